@@ -1,0 +1,43 @@
+# coevo: `make run` runs the quickstart scenario, `make test` runs the tests.
+# Both set up the virtualenv .venv from pyproject.toml first if it is missing or stale.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SCENARIO ?= scenarios/quickstart.toml
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-slow lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/coevo run $(SCENARIO)
+
+test: install
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-slow: install
+	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: install
+	$(BIN)/python bench/bench_log.py
+	$(BIN)/python bench/world_baselines.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

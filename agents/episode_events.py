@@ -1,0 +1,76 @@
+"""Episode events: what env workers and the scheduler record about episodes.
+
+An episode is planned (``EpisodeAssigned``, by the scheduler), begins (``EpisodeStarted``),
+advances one turn per ``StepTaken`` and ends with ``EpisodeFinished`` or ``EpisodeAborted``.
+Every field is data the world or the agent produced, so replay folds these events and never
+re-runs a world.
+"""
+
+from __future__ import annotations
+
+from engine.events import Event, event
+
+
+@event
+class EpisodeAssigned(Event, tag="episode_assigned", frozen=True, kw_only=True):
+    """The scheduler handed episode ``episode`` (the ``index``-th of the run) to ``worker``."""
+
+    episode: str
+    index: int
+    worker: str
+    family: str
+    variant: int
+    split: str
+    seed: int
+    purpose: str = "train"
+
+
+@event
+class EpisodeStarted(Event, tag="episode_started", frozen=True, kw_only=True):
+    """The world was reset: the goal, the first observation and its admissible actions."""
+
+    episode: str
+    worker: str
+    goal: str
+    observation: str
+    admissible: tuple[str, ...]
+
+
+@event
+class StepTaken(Event, tag="step_taken", frozen=True, kw_only=True):
+    """One turn: the action chosen and what the world answered."""
+
+    episode: str
+    turn: int
+    action: str
+    observation: str
+    admissible: tuple[str, ...]
+    reward: float
+    done: bool
+    score: float
+
+
+@event
+class EpisodeFinished(Event, tag="episode_finished", frozen=True, kw_only=True):
+    """The episode ended (success, failure or step limit)."""
+
+    episode: str
+    worker: str
+    family: str
+    variant: int
+    split: str
+    steps: int
+    score: float
+    success: bool
+    total_reward: float
+    purpose: str = "train"
+
+
+@event
+class EpisodeAborted(Event, tag="episode_aborted", frozen=True, kw_only=True):
+    """The episode could not finish (the world failed, the worker was restarted)."""
+
+    episode: str
+    worker: str
+    reason: str
+    purpose: str = "train"

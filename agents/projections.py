@@ -1,0 +1,117 @@
+"""Domain projections: pure folds of episode events into tables a researcher can query.
+
+``EpisodeTable`` holds one row per episode (who ran it, on what, how it ended) and a summary per
+task family; it is what ``coevo replay`` prints and what the run's checksums cover.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from agents.episode_events import (
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
+from engine.events import Envelope, Event
+
+
+class EpisodeRow(msgspec.Struct, kw_only=True):
+    """One episode as the log tells it."""
+
+    index: int
+    worker: str
+    family: str
+    variant: int
+    split: str
+    seed: int
+    purpose: str
+    status: str = "assigned"
+    steps: int = 0
+    score: float = 0.0
+    total_reward: float = 0.0
+    success: bool = False
+    assigned_seq: int = -1
+    ended_seq: int = -1
+
+
+class FamilyRow(msgspec.Struct, kw_only=True):
+    """Outcome counts of one task family."""
+
+    episodes: int = 0
+    successes: int = 0
+    aborted: int = 0
+    steps: int = 0
+
+
+class EpisodeTableState(msgspec.Struct, kw_only=True):
+    """State of :class:`EpisodeTable`."""
+
+    episodes: dict[str, EpisodeRow] = msgspec.field(default_factory=dict)
+    families: dict[str, FamilyRow] = msgspec.field(default_factory=dict)
+    steps: int = 0
+
+
+class EpisodeTable:
+    """Every episode's row, and per-family success counts."""
+
+    name = "episodes"
+    state_type = EpisodeTableState
+
+    def initial(self) -> EpisodeTableState:
+        return EpisodeTableState()
+
+    def evolve(self, state: EpisodeTableState, env: Envelope[Event]) -> EpisodeTableState:
+        ev = env.event
+        if isinstance(ev, StepTaken):
+            state.steps += 1
+            row = state.episodes.get(ev.episode)
+            if row is not None:
+                row.steps = ev.turn + 1
+        elif isinstance(ev, EpisodeAssigned):
+            state.episodes[ev.episode] = EpisodeRow(
+                index=ev.index,
+                worker=ev.worker,
+                family=ev.family,
+                variant=ev.variant,
+                split=ev.split,
+                seed=ev.seed,
+                purpose=ev.purpose,
+                assigned_seq=env.seq,
+            )
+        elif isinstance(ev, EpisodeStarted):
+            row = state.episodes.get(ev.episode)
+            if row is not None:
+                row.status = "running"
+        elif isinstance(ev, EpisodeFinished):
+            _finish(state, ev, env.seq)
+        elif isinstance(ev, EpisodeAborted):
+            _abort(state, ev, env.seq)
+        return state
+
+
+def _finish(state: EpisodeTableState, ev: EpisodeFinished, seq: int) -> None:
+    row = state.episodes.get(ev.episode)
+    if row is None or row.status in ("finished", "aborted"):
+        return
+    row.status = "finished"
+    row.steps = ev.steps
+    row.score = ev.score
+    row.total_reward = ev.total_reward
+    row.success = ev.success
+    row.ended_seq = seq
+    fam = state.families.setdefault(row.family, FamilyRow())
+    fam.episodes += 1
+    fam.successes += int(ev.success)
+    fam.steps += ev.steps
+
+
+def _abort(state: EpisodeTableState, ev: EpisodeAborted, seq: int) -> None:
+    row = state.episodes.get(ev.episode)
+    if row is None or row.status in ("finished", "aborted"):
+        return
+    row.status = "aborted"
+    row.ended_seq = seq
+    state.families.setdefault(row.family, FamilyRow()).aborted += 1

@@ -1,0 +1,171 @@
+"""Actors: trio tasks that receive committed events and emit new ones.
+
+An actor shares nothing with other actors: it learns about the world only from the envelopes
+delivered to its mailbox (the event types it ``subscribes`` to, after they were committed to the
+log) and changes it only by emitting events. That is what lets a later backend place actors on
+other machines without changing them.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+import structlog
+import trio
+
+from engine.events import Envelope, Event
+from engine.seeds import derive_rng
+
+if TYPE_CHECKING:
+    from engine.runtime import Runtime
+
+T = TypeVar("T")
+
+
+class Actor(abc.ABC):
+    """Base class of actors. Subclasses set ``subscribes`` and implement :meth:`run`."""
+
+    subscribes: ClassVar[tuple[type[Event], ...]] = ()
+
+    @abc.abstractmethod
+    async def run(self, ctx: Context) -> None:
+        """The actor's life. Returning ends the actor (and the run, for the driver)."""
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """How the runtime starts and supervises one actor.
+
+    Attributes:
+        name: unique actor name; also its identity for seeds and in envelopes.
+        factory: builds a fresh actor (called again on every restart).
+        on_failure: "restart" (up to ``max_restarts`` times) or "stop" (fail the run).
+        max_restarts: restarts allowed before the failure stops the run.
+        driver: the run completes when this actor's ``run`` returns.
+        accepts: optional filter on subscribed events (e.g. only those addressed to this actor).
+    """
+
+    name: str
+    factory: Callable[[], Actor]
+    on_failure: Literal["restart", "stop"] = "stop"
+    max_restarts: int = 3
+    driver: bool = False
+    accepts: Callable[[Event], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name == "runtime":
+            raise ValueError(f"invalid actor name {self.name!r}")
+        if self.on_failure not in ("restart", "stop"):
+            raise ValueError(f"on_failure must be 'restart' or 'stop', got {self.on_failure!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+
+
+class Context:
+    """What an actor may use: its mailbox, its seeds, ``emit``, a logger and worker threads.
+
+    Attributes:
+        name: the actor's name.
+        seed: the actor's seed, derived from the run seed and the name.
+        run_seed: the run seed (derive further seeds with :meth:`rng`).
+        attempt: 0 on first start, n after the n-th restart.
+        log: a structlog logger bound to the actor.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        name: str,
+        mailbox: Mailbox,
+        *,
+        source: bool,
+        attempt: int,
+    ) -> None:
+        self._runtime = runtime
+        self._mailbox = mailbox
+        self._source = source
+        self.name = name
+        self.run_seed = runtime.seed
+        self.seed = runtime.actor_seed(name)
+        self.attempt = attempt
+        self.current: Envelope[Event] | None = None
+        self.log = structlog.get_logger("coevo").bind(actor=name)
+
+    def rng(self, *identity: str | int) -> random.Random:
+        """A random stream for ``identity`` under the run seed (independent of scheduling)."""
+        return derive_rng(self.run_seed, *identity)
+
+    async def emit(
+        self, ev: Event, *, corr: str | None = None, cause: int | Literal[False] | None = False
+    ) -> None:
+        """Queue ``ev`` for the log; it is delivered to subscribers once committed.
+
+        ``cause`` defaults to the seq of the envelope being handled and ``corr`` to its
+        correlation id. An actor with no subscriptions (a pure source) waits here while the
+        write buffer is full; an actor that reacts to events never waits (its output is bounded
+        by its input), which keeps back-pressure free of cycles.
+        """
+        current = self.current
+        if cause is False:
+            cause = current.seq if current is not None else None
+        if corr is None:
+            corr = current.corr if current is not None else ""
+        await self._runtime.submit(self.name, ev, cause, corr, wait=self._source)
+
+    def events(self) -> AsyncIterator[Envelope[Event]]:
+        """Iterate the envelopes delivered to this actor, in seq order.
+
+        Sets :attr:`current` to the envelope being handled (for causation). The iterator is a
+        plain object, not an async generator, so leaving the loop early needs no cleanup.
+        """
+        return _Inbox(self, self._mailbox)
+
+    async def to_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn(*args)`` in a worker thread (never on the event loop)."""
+        return await trio.to_thread.run_sync(fn, *args)
+
+
+class Mailbox:
+    """An actor's bounded inbox of committed envelopes.
+
+    Delivered batches are flattened here; the mailbox outlives an actor's restarts, so a
+    restarted actor continues after the envelope its predecessor failed on.
+    """
+
+    def __init__(self, channel: trio.MemoryReceiveChannel[list[Envelope[Event]]]) -> None:
+        self.channel = channel
+        self._batch: list[Envelope[Event]] = []
+        self._i = 0
+
+    async def receive(self) -> Envelope[Event]:
+        """The next envelope. Raises ``trio.EndOfChannel`` when the run closes the mailbox."""
+        if self._i >= len(self._batch):
+            self._batch = await self.channel.receive()
+            self._i = 0
+        env = self._batch[self._i]
+        self._i += 1
+        return env
+
+
+class _Inbox:
+    """Async iterator over a :class:`Mailbox` that records the envelope being handled."""
+
+    def __init__(self, ctx: Context, mailbox: Mailbox) -> None:
+        self._ctx = ctx
+        self._mailbox = mailbox
+
+    def __aiter__(self) -> _Inbox:
+        return self
+
+    async def __anext__(self) -> Envelope[Event]:
+        try:
+            env = await self._mailbox.receive()
+        except trio.EndOfChannel:
+            self._ctx.current = None
+            raise StopAsyncIteration from None
+        self._ctx.current = env
+        return env

@@ -1,0 +1,296 @@
+"""The ``coevo`` command line: validate, run, replay and list events.
+
+Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
+exit code (2 for bad input); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+from rich.console import Console
+
+from engine.errors import CoevoError, RunNotFound
+from engine.rundir import RunDir, default_run_dir, find_run, new_run_id
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``coevo`` script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CoevoError as exc:
+        print(f"coevo: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("coevo: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="coevo", description="Event-sourced engine for co-evolving LLM agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a scenario file and print it resolved")
+    p.add_argument("file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", help="run a scenario into a new run directory")
+    p.add_argument("file")
+    p.add_argument("--out", help="run directory (default: runs/<name>-<time>-<id>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("replay", help="rebuild state from a run's log, or verify it")
+    p.add_argument("run")
+    p.add_argument("--until", type=int, metavar="SEQ", help="state after event SEQ")
+    p.add_argument("--verify", action="store_true", help="re-fold and check every checksum")
+    p.add_argument("--json", action="store_true", help="print the state as JSON")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("log", help="list a run's events")
+    p.add_argument("run")
+    p.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
+    p.add_argument("--actor", action="append", default=[], help="emitting actor (repeatable)")
+    p.add_argument("--episode", default="", help="correlation / episode id")
+    p.add_argument("--from", dest="start", type=int, default=0, metavar="SEQ")
+    p.add_argument("--to", dest="stop", type=int, default=None, metavar="SEQ", help="exclusive")
+    p.add_argument("--limit", type=int, default=None, help="at most this many events")
+    p.add_argument("--json", action="store_true", help="JSON lines")
+    p.add_argument("--follow", action="store_true", help="keep printing new events (live run)")
+    p.set_defaults(func=cmd_log)
+    return parser
+
+
+# --- validate / run -------------------------------------------------------------------------
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from scenarios.assemble import assemble
+    from scenarios.loader import load_scenario, resolved_toml
+
+    scenario = load_scenario(args.file, args.set)
+    assembly = assemble(scenario, args.file)
+    sys.stdout.write(resolved_toml(scenario))
+    print(
+        f"# valid: {len(assembly.tasks)} tasks, {scenario.run.episodes} episodes, "
+        f"{len(assembly.specs)} actors",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from scenarios.loader import load_scenario
+
+    scenario = load_scenario(args.file, args.set)
+    run_id = new_run_id()
+    out = Path(args.out) if args.out else default_run_dir(Path("runs"), scenario.name, run_id)
+    rd = RunDir(out)
+    if rd.exists():
+        raise _InputError(f"{out}: already holds a run; choose another --out")
+    return _execute(scenario, args.file, rd, run_id, quiet=args.quiet)
+
+
+def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool) -> int:
+    from engine.console import RunProgress, actors_table, families_table
+    from engine.events import event_types
+    from engine.lifecycle import RunStarted
+    from engine.logsetup import close_logging, configure_logging
+    from engine.runtime import Runtime
+    from scenarios.assemble import assemble
+    from scenarios.loader import resolved_toml, scenario_hash
+    from stores.eventlog import LOG_FORMAT, RunMeta
+    from stores.lmdb_log import LmdbEventLog
+
+    text = resolved_toml(scenario)
+    digest = scenario_hash(text)
+    assembly = assemble(scenario, source, handle_signals=True)
+    console = Console(stderr=True, quiet=quiet)
+    rd.root.mkdir(parents=True, exist_ok=True)
+    rd.scenario.write_text(text, encoding="utf-8")
+    configure_logging(console, scenario.logging.level, rd.structlog)
+    version = _version()
+    meta = RunMeta(
+        run_id=run_id,
+        created_ns=time.time_ns(),
+        coevo_version=version,
+        log_format=LOG_FORMAT,
+        scenario_name=scenario.name,
+        scenario_toml=text,
+        scenario_hash=digest,
+        seed=scenario.seed,
+        event_versions={tag: cls.version for tag, cls in event_types().items()},
+    )
+    started = RunStarted(
+        run_id=run_id,
+        scenario=scenario.name,
+        scenario_hash=digest,
+        seed=scenario.seed,
+        coevo_version=version,
+    )
+    log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
+    progress = RunProgress(console, scenario.run.episodes, enabled=scenario.logging.progress)
+    runtime = Runtime(
+        log,
+        started,
+        assembly.specs,
+        assembly.projections,
+        seed=scenario.seed,
+        config=assembly.config,
+        observers=[progress.observe],
+    )
+    console.print(f"run {run_id}: {scenario.name} -> {rd.root}")
+    try:
+        with progress:
+            outcome = trio.run(runtime.run)
+    finally:
+        log.close()
+        close_logging()
+    console.print(actors_table(runtime.states["actor_stats"]))
+    console.print(families_table(runtime.states["episodes"]))
+    console.print(
+        f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
+        f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")
+    )
+    return outcome.exit_code
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("coevo")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class _InputError(CoevoError):
+    """Bad command-line input that no more specific error describes."""
+
+    exit_code = 2
+
+
+# --- replay / log ---------------------------------------------------------------------------
+
+
+def _open_run(path: str) -> Any:
+    from stores.lmdb_log import LmdbEventLog
+
+    rd = find_run(path)
+    try:
+        return LmdbEventLog.open(rd.log, writable=False)
+    except CoevoError:
+        raise
+    except Exception as exc:  # lmdb's own errors: the directory is there but not readable
+        raise RunNotFound(f"{path}: cannot open event log ({type(exc).__name__}: {exc})") from None
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from engine.console import actors_table, families_table
+    from engine.replay import replay_until, verify_log
+    from scenarios.assemble import projections
+
+    log = _open_run(args.run)
+    try:
+        if args.verify:
+            result = verify_log(log, projections())
+            if not result.ok:
+                raise _VerifyFailed(f"{args.run}: {result.error}")
+            print(f"verified {result.events} events, {result.checks} checksums: ok")
+            return 0
+        fold, snap = replay_until(log, projections(), args.until)
+    finally:
+        log.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(fold.states).decode() + "\n")
+        return 0
+    console = Console()
+    start = f"snapshot after seq {snap}" if snap is not None else "the beginning"
+    console.print(f"state after seq {fold.last_seq} (folded from {start})")
+    console.print(actors_table(fold.states["actor_stats"]))
+    console.print(families_table(fold.states["episodes"]))
+    kinds = fold.states["actor_stats"].kinds
+    console.print("events by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())))
+    return 0
+
+
+class _VerifyFailed(CoevoError):
+    """``replay --verify`` found a corrupted record or a divergent checksum."""
+
+    exit_code = 1
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from engine.replay import EventFilter, follow, iter_events
+
+    for name, value in (("--from", args.start), ("--to", args.stop), ("--limit", args.limit)):
+        if value is not None and value < 0:
+            raise _InputError(f"{name} must be >= 0, got {value}")
+    flt = EventFilter(
+        kinds=frozenset(args.kind),
+        actors=frozenset(args.actor),
+        corr=args.episode,
+        start=args.start,
+        stop=args.stop,
+    )
+    log = _open_run(args.run)
+    try:
+        if args.follow:
+            return _follow(log, flt, args)
+        for count, env in enumerate(iter_events(log, flt)):
+            if args.limit is not None and count >= args.limit:
+                break
+            _print_envelope(env, args.json)
+    finally:
+        log.close()
+    return 0
+
+
+def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
+    from engine.replay import follow
+
+    async def tail() -> None:
+        count = 0
+        async for env in follow(log, flt):
+            if args.limit is not None and count >= args.limit:
+                return
+            _print_envelope(env, args.json)
+            sys.stdout.flush()
+            count += 1
+
+    try:
+        trio.run(tail)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _print_envelope(env: Any, as_json: bool) -> None:
+    from engine.console import envelope_dict, envelope_line
+
+    if as_json:
+        sys.stdout.write(msgspec.json.encode(envelope_dict(env)).decode() + "\n")
+    else:
+        sys.stdout.write(envelope_line(env) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

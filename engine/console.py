@@ -1,0 +1,143 @@
+"""What a person sees on the terminal: the live progress of a run and readable tables.
+
+Nothing here decides anything; it renders events and projection states.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engine.events import Envelope, Event
+
+
+class RunProgress:
+    """A progress bar over ended episodes, fed by the runtime's committed batches.
+
+    On a terminal it is a live bar; elsewhere (CI, a pipe) it prints a line every 10%.
+    """
+
+    def __init__(self, console: Console, total: int, *, enabled: bool = True) -> None:
+        self._console = console
+        self._total = total
+        self._enabled = enabled
+        self._done = 0
+        self._success = 0
+        self._events = 0
+        self._next_line = 0.1
+        self._t0 = time.monotonic()
+        self._live = enabled and console.is_terminal
+        self._progress = Progress(
+            TextColumn("[bold]episodes"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("success {task.fields[rate]}"),
+            TextColumn("{task.fields[eps]} events/s"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not self._live,
+        )
+        self._task = self._progress.add_task("episodes", total=total, rate="-", eps="-")
+
+    def __enter__(self) -> RunProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._progress.__exit__(exc_type, exc, tb)
+
+    def observe(self, batch: list[Envelope[Event]]) -> None:
+        """Runtime observer: count ended episodes in a committed batch."""
+        self._events += len(batch)
+        for env in batch:
+            tag = env.event.__struct_config__.tag
+            if tag == "episode_finished":
+                self._done += 1
+                self._success += int(getattr(env.event, "success", False))
+            elif tag == "episode_aborted":
+                self._done += 1
+        self._render()
+
+    def _render(self) -> None:
+        rate = f"{self._success / self._done:.0%}" if self._done else "-"
+        eps = f"{self._events / max(time.monotonic() - self._t0, 1e-9):,.0f}"
+        self._progress.update(self._task, completed=self._done, rate=rate, eps=eps)
+        if self._enabled and not self._live and self._done >= self._next_line * self._total:
+            self._console.print(f"episodes {self._done}/{self._total}  success {rate}  {eps} ev/s")
+            while self._next_line * self._total <= self._done:
+                self._next_line += 0.1
+
+
+def families_table(episodes_state: Any) -> Table:
+    """Per-family outcome table of an ``EpisodeTable`` state."""
+    table = Table(title="episodes by family")
+    for col in ("family", "episodes", "success", "aborted", "mean steps"):
+        table.add_column(col, justify="right" if col != "family" else "left")
+    for name, row in sorted(episodes_state.families.items()):
+        n = max(row.episodes, 1)
+        table.add_row(
+            name,
+            str(row.episodes),
+            f"{row.successes / n:.1%}" if row.episodes else "-",
+            str(row.aborted),
+            f"{row.steps / n:.1f}" if row.episodes else "-",
+        )
+    return table
+
+
+def actors_table(actor_state: Any) -> Table:
+    """Per-actor table of an ``ActorStats`` state."""
+    table = Table(title="actors")
+    for col in ("actor", "emitted", "starts", "failures", "restarts", "first seq", "last seq"):
+        table.add_column(col, justify="right" if col != "actor" else "left")
+    for name, row in sorted(actor_state.actors.items()):
+        table.add_row(
+            name,
+            str(row.emitted),
+            str(row.starts),
+            str(row.failures),
+            str(row.restarts),
+            str(row.first_seq),
+            str(row.last_seq),
+        )
+    return table
+
+
+def envelope_dict(env: Envelope[Event]) -> dict[str, Any]:
+    """An envelope as a plain dict (the JSON-lines form of ``coevo log --json``)."""
+    return {
+        "seq": env.seq,
+        "run": env.run,
+        "t": env.t,
+        "actor": env.actor,
+        "cause": env.cause,
+        "corr": env.corr,
+        "v": env.v,
+        "event": msgspec.to_builtins(env.event),
+    }
+
+
+def envelope_line(env: Envelope[Event], width: int = 160) -> str:
+    """One readable line per envelope: seq, time, actor, kind, correlation, fields."""
+    fields: Mapping[str, Any] = msgspec.to_builtins(env.event)
+    body = " ".join(f"{k}={_short(v)}" for k, v in fields.items() if k != "kind")
+    stamp = time.strftime("%H:%M:%S", time.gmtime(env.t / 1e9))
+    line = f"{env.seq:>8} {stamp} {env.actor:<12} {fields['kind']:<20} {env.corr:<10} {body}"
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _short(value: Any) -> str:
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= 60 else text[:59] + "…"

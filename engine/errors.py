@@ -1,0 +1,102 @@
+"""The error tree of coevo: one root, a few precise leaves.
+
+Every error a user can cause (bad scenario, missing run, corrupted log) derives from
+:class:`CoevoError`; the CLI prints its message on one line and exits with its ``exit_code``.
+Internal invariants use ``assert`` and are bugs, not members of this tree.
+"""
+
+from __future__ import annotations
+
+
+class CoevoError(Exception):
+    """Root of every error coevo raises on purpose. ``exit_code`` is what the CLI returns."""
+
+    exit_code: int = 1
+
+
+class ScenarioInvalid(CoevoError):
+    """A scenario file cannot be used: unreadable, not TOML, or not valid against the schema.
+
+    The message names the file and, where known, the key path (``$.run.episodes``). Raised before
+    anything runs; a run never starts from an invalid scenario.
+    """
+
+    exit_code = 2
+
+    def __init__(self, source: str, message: str) -> None:
+        self.source = source
+        self.detail = message
+        super().__init__(f"{source}: {message}")
+
+
+class RunNotFound(CoevoError):
+    """A path given as a run directory holds no coevo event log (or does not exist)."""
+
+    exit_code = 2
+
+
+class LogError(CoevoError):
+    """Base of the errors raised by an event log."""
+
+
+class LogCorrupted(LogError):
+    """A stored record failed its checksum or could not be decoded.
+
+    ``seq`` is the sequence number of the first bad record. Never raised for a record that merely
+    belongs to an older schema version (those are upcast), only for bytes that are not what was
+    written.
+    """
+
+    def __init__(self, seq: int, reason: str) -> None:
+        self.seq = seq
+        self.reason = reason
+        super().__init__(f"event log corrupted at seq {seq}: {reason}")
+
+
+class SequenceConflict(LogError):
+    """An append did not start at the log's next sequence number (another writer got there first,
+    or the caller's view of the log is stale). Nothing of the batch was written."""
+
+    def __init__(self, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"sequence conflict: append starts at seq {actual}, but the log's next seq is "
+            f"{expected}"
+        )
+
+
+class LogLocked(LogError):
+    """A second writer tried to open a log that already has one. Readers are never refused."""
+
+
+class LogClosed(LogError):
+    """The log was used after ``close()``."""
+
+
+class SchemaTooNew(LogError):
+    """The log was written by a newer coevo whose event schema this version cannot read."""
+
+
+class ReplayDiverged(CoevoError):
+    """Re-folding the log did not reproduce a projection checksum recorded during the run.
+
+    ``seq`` is the first checkpoint whose digest differs; everything before it agreed.
+    """
+
+    def __init__(self, seq: int, projection: str, recorded: str, derived: str) -> None:
+        self.seq = seq
+        self.projection = projection
+        super().__init__(
+            f"replay diverged at seq {seq}: projection {projection!r} recorded digest "
+            f"{recorded[:16]}, re-fold gives {derived[:16]}"
+        )
+
+
+class ActorCrashed(CoevoError):
+    """An actor failed and its supervision policy stopped the run (after any restarts)."""
+
+    def __init__(self, actor: str, error: str) -> None:
+        self.actor = actor
+        self.error = error
+        super().__init__(f"actor {actor!r} failed: {error}")

@@ -1,0 +1,206 @@
+"""Events, their envelope, and the one codec that turns both into stored bytes.
+
+An *event* is a past-tense fact: a frozen msgspec Struct in one tagged union whose tag is given
+explicitly per class (``tag="episode_finished"``), so renaming a class never changes stored bytes.
+Each event class carries a schema ``version``; when the meaning of a class changes, its version
+is bumped and an upcaster ``dict -> dict`` from the old version is registered with
+:func:`upcaster`. Old records are upcast on read, never rewritten.
+
+A stored record is an :class:`Envelope` around one event: the sequence number, the run, the wall
+time of emission, the emitting actor and the causation/correlation ids.
+
+Event classes register themselves with :func:`event`. Modules that define events outside the
+engine are found through the ``coevo.events`` entry-point group, so a log written by a plug-in
+decodes wherever the plug-in is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Generic, TypeVar, Union
+
+import msgspec
+
+from engine.errors import LogCorrupted, SchemaTooNew
+
+__all__ = [
+    "Codec",
+    "Envelope",
+    "Event",
+    "event",
+    "event_types",
+    "upcaster",
+]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Base of every event. Subclasses pass ``tag=...``, ``frozen=True``, ``kw_only=True``."""
+
+    version: ClassVar[int] = 1
+
+
+E = TypeVar("E")
+
+
+class Envelope(msgspec.Struct, Generic[E], frozen=True, kw_only=True, array_like=True):
+    """A stored record: one event and where it came from.
+
+    Attributes:
+        seq: position in the run's total order, contiguous from 0.
+        run: the run id.
+        t: wall-clock time of emission, ns since the epoch (informational, never folded).
+        actor: name of the emitting actor ("runtime" for the engine itself).
+        cause: seq of the event the actor was handling when it emitted this one, if any.
+        corr: correlation id grouping related events (e.g. an episode id), "" if none.
+        v: schema version of ``event``'s class when it was written.
+        event: the event.
+    """
+
+    seq: int
+    run: str
+    t: int
+    actor: str
+    event: E
+    cause: int | None = None
+    corr: str = ""
+    v: int = 1
+
+
+_REGISTRY: dict[str, type[Event]] = {}
+_UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+_ENTRY_POINT_GROUP = "coevo.events"
+_entry_points_loaded = False
+
+EventT = TypeVar("EventT", bound=type[Event])
+
+
+def event(cls: EventT) -> EventT:
+    """Class decorator: register an event class in the union.
+
+    Raises:
+        TypeError: the class has no explicit tag, is not frozen, or reuses another class's tag.
+    """
+    config = cls.__struct_config__
+    tag = config.tag
+    if not isinstance(tag, str) or tag == cls.__name__:
+        raise TypeError(f"event {cls.__name__} needs an explicit snake_case tag=...")
+    if not config.frozen:
+        raise TypeError(f"event {cls.__name__} must be frozen=True")
+    other = _REGISTRY.get(tag)
+    if other is not None and other is not cls:
+        raise TypeError(f"event tag {tag!r} used by both {other.__name__} and {cls.__name__}")
+    _REGISTRY[tag] = cls
+    return cls
+
+
+def upcaster(tag: str, from_version: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn(dict) -> dict`` turning a ``tag`` event of ``from_version`` into the next."""
+
+    def register(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[..., Any]:
+        _UPCASTERS[(tag, from_version)] = fn
+        return fn
+
+    return register
+
+
+def load_event_modules() -> None:
+    """Import every module named in the ``coevo.events`` entry-point group (once)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    importlib.import_module("engine.lifecycle")
+    for ep in entry_points(group=_ENTRY_POINT_GROUP):
+        importlib.import_module(ep.value)
+    _entry_points_loaded = True
+
+
+def event_types() -> dict[str, type[Event]]:
+    """All registered event classes by tag (after loading the plug-in modules)."""
+    load_event_modules()
+    return dict(_REGISTRY)
+
+
+class Codec:
+    """Encodes envelopes to msgpack and decodes them back, upcasting old event versions.
+
+    One instance per process is enough (it is cheap to share and not thread-bound). The decoder
+    is rebuilt when new event classes were registered since it was made.
+    """
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._raw_decoder = msgspec.msgpack.Decoder(Envelope[msgspec.Raw])
+        self._decoder: msgspec.msgpack.Decoder[Envelope[Event]] | None = None
+        self._known = 0
+
+    def encode(self, envelope: Envelope[Event]) -> bytes:
+        """Encode one envelope (its ``v`` must already be the event class's version)."""
+        return self._encoder.encode(envelope)
+
+    def encode_event(self, ev: Event) -> bytes:
+        """Encode a bare event (for digests and tests)."""
+        return self._encoder.encode(ev)
+
+    def decode(self, data: bytes, seq: int) -> Envelope[Event]:
+        """Decode one stored envelope whose key is ``seq``.
+
+        Raises:
+            LogCorrupted: the bytes are not an envelope of a known event, or carry another seq.
+            SchemaTooNew: the event kind or version is newer than this code knows.
+        """
+        decoder = self._typed_decoder()
+        try:
+            env = decoder.decode(data)
+            if env.v != env.event.version:
+                env = self._decode_slow(data, seq)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            env = self._decode_slow(data, seq)
+        if env.seq != seq:
+            raise LogCorrupted(seq, f"record claims seq {env.seq}")
+        return env
+
+    def _typed_decoder(self) -> msgspec.msgpack.Decoder[Envelope[Event]]:
+        if self._decoder is None or self._known != len(_REGISTRY):
+            load_event_modules()
+            union = Union[tuple(_REGISTRY.values())]  # noqa: UP007 - dynamic union
+            self._decoder = msgspec.msgpack.Decoder(Envelope[union])  # type: ignore[valid-type]
+            self._known = len(_REGISTRY)
+        return self._decoder
+
+    def _decode_slow(self, data: bytes, seq: int) -> Envelope[Event]:
+        try:
+            raw_env = self._raw_decoder.decode(data)
+            body = msgspec.msgpack.decode(raw_env.event)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise LogCorrupted(seq, f"not an envelope ({exc})") from None
+        if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+            raise LogCorrupted(seq, "event has no kind")
+        kind: str = body["kind"]
+        cls = _REGISTRY.get(kind)
+        if cls is None:
+            raise SchemaTooNew(f"seq {seq}: unknown event kind {kind!r} (newer coevo or plug-in?)")
+        body = upcast(kind, raw_env.v, cls.version, body, seq)
+        try:
+            ev = msgspec.convert(body, cls)
+        except msgspec.ValidationError as exc:
+            raise LogCorrupted(seq, f"{kind} v{raw_env.v} does not decode: {exc}") from None
+        return msgspec.structs.replace(raw_env, event=ev, v=cls.version)  # type: ignore[return-value]
+
+
+def upcast(kind: str, have: int, want: int, body: dict[str, Any], seq: int) -> dict[str, Any]:
+    """Apply the registered upcasters to bring ``body`` from version ``have`` to ``want``.
+
+    Raises:
+        SchemaTooNew: ``have`` is newer than ``want``.
+        LogCorrupted: an upcaster in the chain is missing.
+    """
+    if have > want:
+        raise SchemaTooNew(f"seq {seq}: {kind} v{have} is newer than this coevo's v{want}")
+    for version in range(have, want):
+        step = _UPCASTERS.get((kind, version))
+        if step is None:
+            raise LogCorrupted(seq, f"no upcaster for {kind} v{version} -> v{version + 1}")
+        body = step(body)
+    return body

@@ -1,0 +1,88 @@
+"""Structured logging: JSON lines to the run directory, readable lines on the console.
+
+Both go through structlog on top of the standard library's logging, so third-party log records
+land in the same places. The console handler prints through a rich Console, so log lines appear
+above a live progress bar instead of tearing it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import structlog
+from rich.console import Console
+
+_SHARED: list[structlog.typing.Processor] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_log_level,
+    structlog.stdlib.add_logger_name,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+
+
+class _RichConsoleHandler(logging.Handler):
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self._console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._console.print(self.format(record), markup=False, highlight=False)
+        except Exception:  # a broken console must not kill the run; stdlib's policy
+            self.handleError(record)
+
+
+def configure_logging(console: Console, level: str, jsonl: Path | None = None) -> None:
+    """Route structlog and stdlib logging to ``console`` (at ``level``) and ``jsonl`` (all).
+
+    Args:
+        console: where readable lines go.
+        level: console level name ("debug", "info", "warning", "error").
+        jsonl: file for JSON lines, or None for console only.
+    """
+    structlog.configure(
+        processors=[*_SHARED, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(logging.DEBUG)
+    con = _RichConsoleHandler(console)
+    con.setLevel(level.upper())
+    con.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.dev.ConsoleRenderer(colors=console.is_terminal),
+            ],
+            foreign_pre_chain=_SHARED,
+        )
+    )
+    root.addHandler(con)
+    if jsonl is not None:
+        fh = logging.FileHandler(jsonl, encoding="utf-8")
+        fh.setLevel(logging.DEBUG)
+        fh.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                processors=[
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.JSONRenderer(),
+                ],
+                foreign_pre_chain=_SHARED,
+            )
+        )
+        root.addHandler(fh)
+
+
+def close_logging() -> None:
+    """Flush and detach every handler (the run directory's file is closed)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        handler.flush()
+        root.removeHandler(handler)
+        handler.close()

@@ -1,0 +1,67 @@
+"""The layout of a run directory and how to open one.
+
+A run directory holds ``log/`` (the LMDB event log, the source of truth), ``coevo.jsonl`` (the
+structured log) and ``scenario.toml`` (the resolved scenario the run was started from).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import RunNotFound
+
+LOG_DIR = "log"
+STRUCTLOG_FILE = "coevo.jsonl"
+SCENARIO_FILE = "scenario.toml"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run directory."""
+
+    root: Path
+
+    @property
+    def log(self) -> Path:
+        return self.root / LOG_DIR
+
+    @property
+    def structlog(self) -> Path:
+        return self.root / STRUCTLOG_FILE
+
+    @property
+    def scenario(self) -> Path:
+        return self.root / SCENARIO_FILE
+
+    def exists(self) -> bool:
+        """True if the directory holds an event log."""
+        return (self.log / "data.mdb").is_file()
+
+
+def new_run_id() -> str:
+    """A fresh, unique run id."""
+    return uuid.uuid4().hex[:12]
+
+
+def default_run_dir(base: Path, scenario_name: str, run_id: str) -> Path:
+    """``base/<scenario>-<UTC time>-<run id>``."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return base / f"{scenario_name}-{stamp}-{run_id[:6]}"
+
+
+def find_run(path: str | Path) -> RunDir:
+    """The run directory at ``path`` (or whose ``log/`` is ``path``).
+
+    Raises:
+        RunNotFound: no event log there.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise RunNotFound(f"{p}: no such run directory")
+    for candidate in (RunDir(p), RunDir(p.parent)):
+        if candidate.exists() and (candidate.root == p or p.name == LOG_DIR):
+            return candidate
+    raise RunNotFound(f"{p}: not a coevo run directory (no {LOG_DIR}/data.mdb inside)")

@@ -1,0 +1,259 @@
+"""The actor runtime on the in-memory log: order, delivery, causation, supervision, stop,
+back-pressure. trio's MockClock with autojump: no real sleeps."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+import trio
+import trio.testing
+
+from engine.actor import Actor, ActorSpec, Context
+from engine.events import Envelope, Event, event
+from engine.lifecycle import (
+    ActorFailed,
+    ActorRestarted,
+    ActorStarted,
+    ProjectionChecked,
+    RunFailed,
+    RunStarted,
+    RunStopped,
+)
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from engine.runtime import RunOutcome, Runtime, RuntimeConfig
+from stores.eventlog import MemoryEventLog
+
+
+@event
+class Ping(Event, tag="test_ping", frozen=True, kw_only=True):
+    n: int
+
+
+@event
+class Pong(Event, tag="test_pong", frozen=True, kw_only=True):
+    n: int
+
+
+class Source(Actor):
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    async def run(self, ctx: Context) -> None:
+        for i in range(self.count):
+            await ctx.emit(Ping(n=i), corr=f"c{i}")
+
+
+class Echo(Actor):
+    """Answers every Ping with a Pong; returns (ends) after ``stop_after`` pings."""
+
+    subscribes = (Ping,)
+
+    def __init__(self, stop_after: int, fail_at: int | None = None, fails: list[int] | None = None):
+        self.stop_after = stop_after
+        self.fail_at = fail_at
+        self.fails = fails if fails is not None else []
+
+    async def run(self, ctx: Context) -> None:
+        seen = 0
+        async for env in ctx.events():
+            assert isinstance(env.event, Ping)
+            if env.event.n == self.fail_at and not self.fails:
+                self.fails.append(env.event.n)
+                raise RuntimeError("boom")
+            await ctx.emit(Pong(n=env.event.n))
+            seen += 1
+            if env.event.n + 1 >= self.stop_after:
+                return
+
+
+def run_runtime(
+    specs: Sequence[ActorSpec], config: RuntimeConfig | None = None, log: MemoryEventLog | None = None
+) -> tuple[MemoryEventLog, RunOutcome]:
+    log = log or MemoryEventLog()
+    started = RunStarted(run_id="r1", scenario="t", scenario_hash="h", seed=3, coevo_version="0")
+    rt = Runtime(log, started, specs, [ActorStats()], seed=3, config=config, clock=lambda: 42)
+    outcome = trio.run(rt.run, clock=trio.testing.MockClock(autojump_threshold=0))
+    return log, outcome
+
+
+def kinds(log: MemoryEventLog) -> list[str]:
+    return [str(e.event.__struct_config__.tag) for e in log.read()]
+
+
+def test_run_is_one_contiguous_total_order_framed_by_start_and_stop() -> None:
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(50)),
+        ActorSpec(name="echo", factory=lambda: Echo(50), driver=True),
+    ]
+    log, outcome = run_runtime(specs, RuntimeConfig(batch_max=7, checksum_every=10))
+    envs = list(log.read())
+    assert [e.seq for e in envs] == list(range(len(envs)))
+    assert isinstance(envs[0].event, RunStarted)
+    assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "completed"
+    assert outcome.reason == "completed" and outcome.exit_code == 0
+    assert outcome.events == len(envs)
+    pings = [e for e in envs if isinstance(e.event, Ping)]
+    pongs = [e for e in envs if isinstance(e.event, Pong)]
+    assert [p.event.n for p in pings] == list(range(50))
+    assert [p.event.n for p in pongs] == list(range(50))
+
+
+def test_reactions_carry_cause_and_correlation_of_what_they_answer() -> None:
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(5)),
+        ActorSpec(name="echo", factory=lambda: Echo(5), driver=True),
+    ]
+    log, _ = run_runtime(specs)
+    by_seq = {e.seq: e for e in log.read()}
+    pongs = [e for e in by_seq.values() if isinstance(e.event, Pong)]
+    for pong in pongs:
+        assert pong.cause is not None
+        ping = by_seq[pong.cause]
+        assert isinstance(ping.event, Ping) and ping.event.n == pong.event.n
+        assert pong.corr == ping.corr == f"c{ping.event.n}"
+        assert pong.actor == "echo" and ping.actor == "src"
+
+
+def test_checksums_follow_the_event_they_cover_and_verify() -> None:
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(40)),
+        ActorSpec(name="echo", factory=lambda: Echo(40), driver=True),
+    ]
+    log, _ = run_runtime(specs, RuntimeConfig(checksum_every=9, batch_max=5))
+    envs = list(log.read())
+    checks = [e for e in envs if isinstance(e.event, ProjectionChecked)]
+    assert len(checks) >= 8
+    for chk in checks:
+        assert isinstance(chk.event, ProjectionChecked)
+        assert chk.event.upto == chk.seq - 1
+    # the final checksum sits right before the final event
+    assert isinstance(envs[-2].event, ProjectionChecked)
+    result = verify_log(log, [ActorStats()])
+    assert result.ok, result.error
+    assert result.checks == len(checks)
+
+
+def test_restart_policy_records_failure_and_continues() -> None:
+    fails: list[int] = []
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(10)),
+        ActorSpec(
+            name="echo",
+            factory=lambda: Echo(10, fail_at=4, fails=fails),
+            driver=True,
+            on_failure="restart",
+            max_restarts=2,
+        ),
+    ]
+    log, outcome = run_runtime(specs)
+    envs = list(log.read())
+    failed = [e.event for e in envs if isinstance(e.event, ActorFailed)]
+    assert len(failed) == 1 and failed[0].action == "restart" and failed[0].actor == "echo"
+    assert "boom" in failed[0].message and "RuntimeError" in failed[0].traceback
+    assert [e.event.attempt for e in envs if isinstance(e.event, ActorRestarted)] == [1]
+    starts = [e.event for e in envs if isinstance(e.event, ActorStarted) and e.actor == "runtime"]
+    assert sorted((s.actor, s.attempt) for s in starts) == [("echo", 0), ("echo", 1), ("src", 0)]
+    assert outcome.reason == "completed"
+    pongs = sorted(e.event.n for e in envs if isinstance(e.event, Pong))
+    assert pongs == [n for n in range(10) if n != 4]  # the ping being handled is lost, no more
+
+
+def test_stop_policy_fails_the_run_and_keeps_what_was_committed() -> None:
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(10)),
+        ActorSpec(name="echo", factory=lambda: Echo(10, fail_at=3), driver=True),
+    ]
+    log, outcome = run_runtime(specs)
+    envs = list(log.read())
+    assert outcome.reason == "failed" and outcome.exit_code == 1
+    assert "echo" in outcome.error and "boom" in outcome.error
+    final = envs[-1].event
+    assert isinstance(final, RunFailed) and "boom" in final.message
+    assert [e.event.action for e in envs if isinstance(e.event, ActorFailed)] == ["stop"]
+    assert sorted(e.event.n for e in envs if isinstance(e.event, Pong)) == [0, 1, 2]
+    assert verify_log(log, [ActorStats()]).ok
+
+
+class Forever(Actor):
+    async def run(self, ctx: Context) -> None:
+        i = 0
+        while True:
+            await ctx.emit(Ping(n=i))
+            i += 1
+            await trio.sleep(1)
+
+
+def test_request_stop_cancels_actors_and_flushes() -> None:
+    log = MemoryEventLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    rt = Runtime(log, started, [ActorSpec(name="f", factory=Forever)], [ActorStats()], seed=0)
+
+    async def main() -> RunOutcome:
+        async with trio.open_nursery() as nursery:
+            result: list[RunOutcome] = []
+
+            async def go() -> None:
+                result.append(await rt.run())
+
+            nursery.start_soon(go)
+            await trio.sleep(10.5)
+            rt.request_stop("requested", 0)
+        return result[0]
+
+    outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    envs = list(log.read())
+    assert outcome.reason == "requested"
+    assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "requested"
+    assert [e.event.n for e in envs if isinstance(e.event, Ping)] == list(range(11))
+
+
+class GatedLog(MemoryEventLog):
+    """A log whose appends wait for a gate (a slow disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
+        self.gate.wait(timeout=10)
+        super().append(envelopes)
+
+
+def test_source_waits_when_write_buffer_is_full() -> None:
+    log = GatedLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    cfg = RuntimeConfig(write_buffer=16, batch_max=4)
+    rt = Runtime(
+        log, started, [ActorSpec(name="src", factory=lambda: Source(200), driver=True)], [], seed=0,
+        config=cfg,
+    )
+    high_water: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rt.run)
+            for _ in range(50):
+                await trio.lowlevel.checkpoint()
+                high_water.append(rt.statistics()["pending"])
+            log.gate.set()
+
+    trio.run(main)
+    assert max(high_water) <= 16 + 2  # lifecycle events of the runtime itself may add a few
+    assert sum(isinstance(e.event, Ping) for e in log.read()) == 200
+
+
+def test_actor_names_must_be_unique() -> None:
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    specs = [ActorSpec(name="a", factory=Forever), ActorSpec(name="a", factory=Forever)]
+    with pytest.raises(ValueError, match="unique"):
+        Runtime(MemoryEventLog(), started, specs, [], seed=0)
+
+
+def test_seeds_depend_on_identity_not_order() -> None:
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=9, coevo_version="0")
+    a = Runtime(MemoryEventLog(), started, [], [], seed=9)
+    b = Runtime(MemoryEventLog(), started, [], [], seed=9)
+    assert a.actor_seed("w1") == b.actor_seed("w1") != a.actor_seed("w2")

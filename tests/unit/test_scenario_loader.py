@@ -1,0 +1,97 @@
+"""Scenario files: every way to be wrong is one clean ScenarioInvalid naming file and key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ScenarioInvalid
+from scenarios.loader import load_scenario, resolved_toml, scenario_hash, to_scenario
+from scenarios.schema import Scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def test_quickstart_is_valid_and_resolves_every_default() -> None:
+    sc = load_scenario(ROOT / "scenarios" / "quickstart.toml")
+    assert sc.name == "quickstart"
+    text = resolved_toml(sc)
+    again = to_scenario(__import__("tomllib").loads(text), "resolved")
+    assert again == sc
+    assert len(scenario_hash(text)) == 64
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ('name = "x"\n[run]\nepisodes = "many"\n', "$.run.episodes"),
+        ('name = "x"\n[run]\nepisodez = 3\n', "unknown field `episodez`"),
+        ("[run]\nepisodes = 3\n", "missing required field `name`"),
+        ('name = "x"\n[run]\nepisodes = 0\n', "$.run.episodes"),
+        ('name = "x"\n[run]\nworkers = 100000\n', "$.run.workers"),
+        ('name = "x"\nseed = -1\n', "$.seed"),
+        ('name = "bad name!"\n', "$.name"),
+        ('name = "x"\n[agent]\nkind = "genius"\n', "$.agent.kind"),
+        ('name = "x"\n[runtime]\non_failure = "ignore"\n', "$.runtime.on_failure"),
+        ('name = "x"\nworld = 3\n', "$.world"),
+        ('name = "x"\n[run\n', "not valid TOML"),
+    ],
+)
+def test_invalid_scenarios_name_the_key_path(tmp_path: Path, body: str, fragment: str) -> None:
+    path = write(tmp_path, body)
+    with pytest.raises(ScenarioInvalid) as info:
+        load_scenario(path)
+    message = str(info.value)
+    assert message.startswith(str(path))
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_unreadable_and_binary_files(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioInvalid, match="cannot read"):
+        load_scenario(tmp_path / "missing.toml")
+    with pytest.raises(ScenarioInvalid, match="is a directory"):
+        load_scenario(tmp_path)
+    with pytest.raises(ScenarioInvalid, match="not UTF-8"):
+        load_scenario(write(tmp_path, b"name = \xff\xfe\x00"))
+
+
+def test_overrides_set_nested_keys_with_toml_values(tmp_path: Path) -> None:
+    path = write(tmp_path, 'name = "x"\n')
+    sc = load_scenario(
+        path, ["run.episodes=12", "runtime.durable=false", "world.families=['a']", "name=y"]
+    )
+    assert sc.run.episodes == 12
+    assert sc.runtime.durable is False
+    assert sc.world.families == ["a"]
+    assert sc.name == "y"
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("run.episodes", "key.path=value"),
+        ("=3", "key.path=value"),
+        ("name.inner=3", "$.name is not a table"),
+        ("run.episodes=-5", "$.run.episodes"),
+        ("run.nope=1", "unknown field `nope`"),
+    ],
+)
+def test_bad_overrides(tmp_path: Path, override: str, fragment: str) -> None:
+    path = write(tmp_path, 'name = "x"\n')
+    with pytest.raises(ScenarioInvalid) as info:
+        load_scenario(path, [override])
+    assert fragment in str(info.value)
+
+
+def test_defaults_form_a_valid_scenario() -> None:
+    sc = to_scenario({"name": "n"}, "inline")
+    assert isinstance(sc, Scenario)
+    assert sc.runtime.durable is True
