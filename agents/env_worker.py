@@ -9,7 +9,7 @@ a fresh world and takes the next assignment.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from agents.episode_events import (
     EpisodeAborted,
@@ -18,18 +18,10 @@ from agents.episode_events import (
     EpisodeStarted,
     StepTaken,
 )
+from agents.scripted import Agent
 from engine.actor import Actor, Context
 from engine.seeds import derive_rng
 from scenarios.worlds.base import Observation, Task, TextWorld
-
-
-class Agent(Protocol):
-    """What acts in an episode: told the goal and first observation, then asked each turn."""
-
-    def reset(self, goal: str, observation: Observation) -> None: ...
-
-    def act(self, observation: Observation) -> str: ...
-
 
 AgentFactory = Callable[[Any], Agent]
 """Builds an agent for one episode from that episode's ``random.Random``."""

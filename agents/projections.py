@@ -6,6 +6,9 @@ task family; it is what ``coevo replay`` prints and what the run's checksums cov
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 
 from agents.episode_events import (
@@ -64,32 +67,36 @@ class EpisodeTable:
         return EpisodeTableState()
 
     def evolve(self, state: EpisodeTableState, env: Envelope[Event]) -> EpisodeTableState:
-        ev = env.event
-        if isinstance(ev, StepTaken):
-            state.steps += 1
-            row = state.episodes.get(ev.episode)
-            if row is not None:
-                row.steps = ev.turn + 1
-        elif isinstance(ev, EpisodeAssigned):
-            state.episodes[ev.episode] = EpisodeRow(
-                index=ev.index,
-                worker=ev.worker,
-                family=ev.family,
-                variant=ev.variant,
-                split=ev.split,
-                seed=ev.seed,
-                purpose=ev.purpose,
-                assigned_seq=env.seq,
-            )
-        elif isinstance(ev, EpisodeStarted):
-            row = state.episodes.get(ev.episode)
-            if row is not None:
-                row.status = "running"
-        elif isinstance(ev, EpisodeFinished):
-            _finish(state, ev, env.seq)
-        elif isinstance(ev, EpisodeAborted):
-            _abort(state, ev, env.seq)
+        handler = _HANDLERS.get(type(env.event))
+        if handler is not None:
+            handler(state, env.event, env.seq)
         return state
+
+
+def _step(state: EpisodeTableState, ev: StepTaken, seq: int) -> None:
+    state.steps += 1
+    row = state.episodes.get(ev.episode)
+    if row is not None:
+        row.steps = ev.turn + 1
+
+
+def _assign(state: EpisodeTableState, ev: EpisodeAssigned, seq: int) -> None:
+    state.episodes[ev.episode] = EpisodeRow(
+        index=ev.index,
+        worker=ev.worker,
+        family=ev.family,
+        variant=ev.variant,
+        split=ev.split,
+        seed=ev.seed,
+        purpose=ev.purpose,
+        assigned_seq=seq,
+    )
+
+
+def _start(state: EpisodeTableState, ev: EpisodeStarted, seq: int) -> None:
+    row = state.episodes.get(ev.episode)
+    if row is not None and row.status == "assigned":
+        row.status = "running"
 
 
 def _finish(state: EpisodeTableState, ev: EpisodeFinished, seq: int) -> None:
@@ -115,3 +122,12 @@ def _abort(state: EpisodeTableState, ev: EpisodeAborted, seq: int) -> None:
     row.status = "aborted"
     row.ended_seq = seq
     state.families.setdefault(row.family, FamilyRow()).aborted += 1
+
+
+_HANDLERS: dict[type[Event], Callable[[EpisodeTableState, Any, int], None]] = {
+    StepTaken: _step,
+    EpisodeAssigned: _assign,
+    EpisodeStarted: _start,
+    EpisodeFinished: _finish,
+    EpisodeAborted: _abort,
+}

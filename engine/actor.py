@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -107,14 +107,23 @@ class Context:
         ``cause`` defaults to the seq of the envelope being handled and ``corr`` to its
         correlation id. An actor with no subscriptions (a pure source) waits here while the
         write buffer is full; an actor that reacts to events never waits (its output is bounded
-        by its input), which keeps back-pressure free of cycles.
+        by its input), which keeps back-pressure free of cycles. ``emit`` is a checkpoint only
+        when it waits.
         """
         current = self.current
         if cause is False:
             cause = current.seq if current is not None else None
         if corr is None:
             corr = current.corr if current is not None else ""
-        await self._runtime.submit(self.name, ev, cause, corr, wait=self._source)
+        runtime = self._runtime
+        if self._source and not runtime.has_space():
+            await runtime.wait_space()
+        runtime.push(self.name, ev, cause, corr)
+
+    async def emit_many(self, events: Sequence[Event], *, corr: str | None = None) -> None:
+        """:meth:`emit` each of ``events`` in order (one wait check per event, no other cost)."""
+        for ev in events:
+            await self.emit(ev, corr=corr)
 
     def events(self) -> AsyncIterator[Envelope[Event]]:
         """Iterate the envelopes delivered to this actor, in seq order.

@@ -239,7 +239,7 @@ class _VerifyFailed(CoevoError):
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from engine.replay import EventFilter, follow, iter_events
+    from engine.replay import EventFilter, iter_events
 
     for name, value in (("--from", args.start), ("--to", args.stop), ("--limit", args.limit)):
         if value is not None and value < 0:

@@ -114,19 +114,17 @@ class ActorStats:
         return ActorStatsState()
 
     def evolve(self, state: ActorStatsState, env: Envelope[Event]) -> ActorStatsState:
-        row = state.actors.get(env.actor)
-        if row is None:
-            row = state.actors[env.actor] = ActorRow(first_seq=env.seq)
+        row = state.actors.get(env.actor) or _row(state, env.actor)
+        if row.emitted == 0:
+            row.first_seq = env.seq
         row.emitted += 1
         row.last_seq = env.seq
         ev = env.event
-        kind = ev.__struct_config__.tag
-        assert isinstance(kind, str)
-        state.kinds[kind] = state.kinds.get(kind, 0) + 1
-        if isinstance(ev, ActorStarted | ActorFailed | ActorRestarted):
-            target = state.actors.get(ev.actor)
-            if target is None:
-                target = state.actors[ev.actor] = ActorRow()
+        kinds = state.kinds
+        kind = tag_of(type(ev))
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if type(ev) in _ACTOR_EVENTS:
+            target = _row(state, ev.actor)  # type: ignore[attr-defined]
             if isinstance(ev, ActorStarted):
                 target.starts += 1
             elif isinstance(ev, ActorFailed):
@@ -134,3 +132,22 @@ class ActorStats:
             else:
                 target.restarts += 1
         return state
+
+
+_ACTOR_EVENTS = frozenset({ActorStarted, ActorFailed, ActorRestarted})
+_TAGS: dict[type[Event], str] = {}
+
+
+def tag_of(cls: type[Event]) -> str:
+    """The stored tag of an event class (cached: folds call this for every event)."""
+    tag = _TAGS.get(cls)
+    if tag is None:
+        tag = _TAGS[cls] = str(cls.__struct_config__.tag)
+    return tag
+
+
+def _row(state: ActorStatsState, actor: str) -> ActorRow:
+    row = state.actors.get(actor)
+    if row is None:
+        row = state.actors[actor] = ActorRow()
+    return row

@@ -87,13 +87,8 @@ class _Subscriber:
     closed: bool = False
 
 
-@dataclass
-class _Pending:
-    actor: str
-    event: Event
-    cause: int | None
-    corr: str
-    t: int
+_Pending = tuple[str, Event, int | None, str, int]
+"""A queued emission: (actor, event, cause, corr, wall time ns)."""
 
 
 @dataclass
@@ -179,20 +174,21 @@ class Runtime:
 
     # --- emission ---------------------------------------------------------------------------
 
-    async def submit(
-        self, actor: str, ev: Event, cause: int | None, corr: str, *, wait: bool
-    ) -> None:
-        """Queue an event for the writer (see :meth:`Context.emit`)."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if wait:
-            while len(self._pending) >= self._cfg.write_buffer:
-                await self._space.park()
-        self._push(actor, ev, cause, corr)
+    def has_space(self) -> bool:
+        """True while the write buffer accepts events from source actors without waiting."""
+        return len(self._pending) < self._cfg.write_buffer
 
-    def _push(self, actor: str, ev: Event, cause: int | None, corr: str) -> None:
-        if not self._pending:
+    async def wait_space(self) -> None:
+        """Wait until the writer has taken events out of a full write buffer."""
+        while len(self._pending) >= self._cfg.write_buffer:
+            await self._space.park()
+
+    def push(self, actor: str, ev: Event, cause: int | None, corr: str) -> None:
+        """Queue an event for the writer (see :meth:`Context.emit`); never waits."""
+        pending = self._pending
+        if not pending:
             self._wake.unpark_all()
-        self._pending.append(_Pending(actor, ev, cause, corr, self._clock()))
+        pending.append((actor, ev, cause, corr, self._clock()))
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -203,15 +199,19 @@ class Runtime:
             LogError: the log failed (the run cannot be recorded any further).
         """
         await trio.to_thread.run_sync(self._rebuild_fold)
+        self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
         async with trio.open_nursery() as root:
             await root.start(self._writer)
             if self._log.next_seq == 0:
-                self._push("runtime", self._run_started, None, "")
+                self.push("runtime", self._run_started, None, "")
             outcome = await self._run_actors()
-            self._push("runtime", self._final_event(outcome), None, "")
+            self.push("runtime", self._final_event(outcome), None, "")
             self._closing = True
             self._wake.unpark_all()
         outcome.events = self._log.next_seq
+        self._log_out.info(
+            "run ended", reason=outcome.reason, exit_code=outcome.exit_code, events=outcome.events
+        )
         return outcome
 
     def _final_event(self, outcome: RunOutcome) -> Event:
@@ -230,6 +230,8 @@ class Runtime:
         try:
             with trio.CancelScope() as scope:
                 self._actor_scope = scope
+                if self._stop_reason is not None:  # stop requested before the actors started
+                    scope.cancel()
                 async with trio.open_nursery() as nursery:
                     if self._cfg.handle_signals:
                         nursery.start_soon(self._watch_signals)
@@ -273,16 +275,15 @@ class Runtime:
         with sub.recv:
             while True:
                 ctx = Context(self, spec.name, mailbox, source=not sub.types, attempt=attempt)
-                self._push("runtime", self._started(spec, actor, attempt), None, "")
+                self._log_out.debug("actor started", started=spec.name, attempt=attempt)
+                self.push("runtime", self._started(spec, actor, attempt), None, "")
                 try:
                     await actor.run(ctx)
                 except Exception as exc:
                     if not self._on_failure(spec, attempt, exc):
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
                     attempt += 1
-                    self._push(
-                        "runtime", ActorRestarted(actor=spec.name, attempt=attempt), None, ""
-                    )
+                    self.push("runtime", ActorRestarted(actor=spec.name, attempt=attempt), None, "")
                     actor = spec.factory()
                     continue
                 if spec.driver:
@@ -301,7 +302,7 @@ class Runtime:
         """Record the failure; True if the actor is to be restarted."""
         restart = spec.on_failure == "restart" and attempt < spec.max_restarts
         tb = "".join(traceback.format_exception(exc, limit=8))
-        self._push(
+        self.push(
             "runtime",
             ActorFailed(
                 actor=spec.name,
@@ -336,7 +337,7 @@ class Runtime:
             self._space.unpark_all()
             committed = await trio.to_thread.run_sync(self._commit, batch)
             for ev in committed.follow_ups:
-                self._push("runtime", ev, None, "")
+                self.push("runtime", ev, None, "")
             for observe in self._observers:
                 observe(committed.envelopes)
             await self._deliver(committed.envelopes)
@@ -346,19 +347,19 @@ class Runtime:
         out: list[Envelope[Event]] = []
         snapshot: tuple[int, dict[str, bytes]] | None = None
         seq = self._log.next_seq
-        for item in batch:
-            final = isinstance(item.event, RunStopped | RunFailed)
-            if final and self._since_check:
-                seq = self._append_check(out, seq, item.t)
+        run_id = self.run_id
+        for actor, ev, cause, corr, t in batch:
+            if self._since_check and isinstance(ev, RunStopped | RunFailed):
+                seq = self._append_check(out, seq, t)
             env = Envelope(
                 seq=seq,
-                run=self.run_id,
-                t=item.t,
-                actor=item.actor,
-                event=item.event,
-                cause=item.cause,
-                corr=item.corr,
-                v=item.event.version,
+                run=run_id,
+                t=t,
+                actor=actor,
+                event=ev,
+                cause=cause,
+                corr=corr,
+                v=ev.version,
             )
             out.append(env)
             seq += 1
@@ -366,7 +367,7 @@ class Runtime:
             self._since_check += 1
             self._since_snapshot += 1
             if self._cfg.checksum_every and self._since_check >= self._cfg.checksum_every:
-                seq = self._append_check(out, seq, item.t)
+                seq = self._append_check(out, seq, t)
             if self._cfg.snapshot_every and self._since_snapshot >= self._cfg.snapshot_every:
                 self._since_snapshot = 0
                 snapshot = (

@@ -52,7 +52,12 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True):
 
 @runtime_checkable
 class TextWorld(Protocol):
-    """A text environment. One instance runs one episode at a time."""
+    """A text environment. One instance runs one episode at a time.
+
+    A world may set a class attribute ``blocking = False`` when ``reset`` and ``step`` take
+    microseconds and touch no process or file (the built-in world): env workers then call them
+    on the event loop instead of in a worker thread. Worlds without it are treated as blocking.
+    """
 
     name: str
 
@@ -69,7 +74,11 @@ class TextWorld(Protocol):
         ...
 
     def reset(self, task: Task, seed: int) -> Observation:
-        """Start an episode of ``task``; the same (task, seed) always gives the same episode."""
+        """Start an episode of ``task``; the same (task, seed) always gives the same episode.
+
+        Raises:
+            ValueError: unknown family, split or variant.
+        """
         ...
 
     def step(self, action: str) -> Observation:

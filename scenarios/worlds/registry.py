@@ -1,0 +1,71 @@
+"""Finding a world by name: the built-in ones by short name, any other by import path.
+
+A scenario names its world either by a built-in name (``"minilab"``) or by an import path
+``"package.module:Class"``; :func:`load_world` imports and constructs it with the scenario's
+options. Every way this can go wrong is a one-line ``ValueError`` naming the world.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from scenarios.worlds.base import TextWorld
+
+BUILTIN_WORLDS: Mapping[str, str] = {
+    "minilab": "scenarios.worlds.minilab:MiniLab",
+}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _resolve(name_or_path: str) -> tuple[str, str]:
+    """``(module, class name)`` for a built-in name or an import path.
+
+    Raises:
+        ValueError: neither a built-in name nor a well-formed ``package.module:Class``.
+    """
+    path = BUILTIN_WORLDS.get(name_or_path, name_or_path)
+    if ":" not in path:
+        known = ", ".join(sorted(BUILTIN_WORLDS))
+        raise ValueError(
+            f"unknown world {name_or_path!r}: use a built-in name ({known}) "
+            "or an import path 'package.module:Class'"
+        )
+    module, _, cls = path.partition(":")
+    if not all(part.isidentifier() for part in module.split(".")) or not cls.isidentifier():
+        raise ValueError(f"bad world import path {path!r}: expected 'package.module:Class'")
+    return module, cls
+
+
+def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
+    """Import and construct a world.
+
+    Args:
+        name_or_path: a key of :data:`BUILTIN_WORLDS` or ``"package.module:Class"``.
+        options: keyword arguments for the world's constructor.
+
+    Returns:
+        The constructed world.
+
+    Raises:
+        ValueError: unknown name, bad import path, module that cannot be imported, missing
+            class, options the constructor rejects, or an object that is not a TextWorld.
+    """
+    module_name, cls_name = _resolve(name_or_path)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import world module {module_name!r}: {_one_line(exc)}") from exc
+    cls = getattr(module, cls_name, None)
+    if cls is None or not callable(cls):
+        raise ValueError(f"world module {module_name!r} has no class {cls_name!r}")
+    try:
+        world = cls(**dict(options))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad options for world {name_or_path!r}: {_one_line(exc)}") from exc
+    if not isinstance(world, TextWorld):
+        raise ValueError(f"world {name_or_path!r} does not implement TextWorld")
+    return world

@@ -1,0 +1,154 @@
+"""The ``coevo`` command as a user runs it: validate, run, replay, log, bad input, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COEVO = str(Path(sys.executable).parent / "coevo")
+QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
+
+
+def coevo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [COEVO, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False
+    )
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("coevo: error: ")
+    assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "qs"
+    proc = coevo("run", QUICKSTART, "--out", str(out), "--set", "run.episodes=60")
+    assert proc.returncode == 0, proc.stderr
+    assert "completed" in proc.stderr
+    return out
+
+
+def test_run_writes_a_run_directory(small_run: Path) -> None:
+    assert (small_run / "log" / "data.mdb").is_file()
+    assert "episodes = 60" in (small_run / "scenario.toml").read_text()
+    lines = (small_run / "coevo.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert any(r["event"] == "run ended" and r["reason"] == "completed" for r in records)
+
+
+def test_replay_verify_and_until(small_run: Path) -> None:
+    proc = coevo("replay", str(small_run), "--verify")
+    assert proc.returncode == 0, proc.stderr
+    assert "checksums: ok" in proc.stdout
+    whole = json.loads(coevo("replay", str(small_run), "--json").stdout)
+    finished = sum(f["episodes"] for f in whole["episodes"]["families"].values())
+    assert finished == 60
+    early = json.loads(coevo("replay", str(small_run), "--until", "100", "--json").stdout)
+    assert sum(r["emitted"] for r in early["actor_stats"]["actors"].values()) == 101
+
+
+def test_log_filters_and_json(small_run: Path) -> None:
+    proc = coevo("log", str(small_run), "--kind", "episode_finished", "--json")
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(rows) == 60
+    assert all(r["event"]["kind"] == "episode_finished" for r in rows)
+    seqs = [r["seq"] for r in rows]
+    assert seqs == sorted(seqs)
+    episode = rows[0]["event"]["episode"]
+    proc = coevo("log", str(small_run), "--episode", episode, "--json")
+    kinds = [json.loads(line)["event"]["kind"] for line in proc.stdout.splitlines()]
+    assert kinds[0] == "episode_assigned" and kinds[1] == "episode_started"
+    assert kinds[-1] == "episode_finished" and set(kinds[2:-1]) == {"step_taken"}
+    proc = coevo("log", str(small_run), "--from", "5", "--to", "8")
+    assert [int(line.split()[0]) for line in proc.stdout.splitlines()] == [5, 6, 7]
+    proc = coevo("log", str(small_run), "--follow", "--limit", "3", timeout=30)
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 3
+
+
+def test_outcomes_do_not_depend_on_worker_count(tmp_path: Path) -> None:
+    tables = []
+    for workers in (1, 5):
+        out = tmp_path / f"w{workers}"
+        proc = coevo(
+            "run", QUICKSTART, "--out", str(out), "--quiet",
+            "--set", "run.episodes=40", "--set", f"run.workers={workers}",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        state = json.loads(coevo("replay", str(out), "--json").stdout)["episodes"]["episodes"]
+        keep = ("family", "variant", "seed", "steps", "score", "success", "status")
+        tables.append({eid: {k: row[k] for k in keep} for eid, row in state.items()})
+    assert tables[0] == tables[1]
+    assert len(tables[0]) == 40
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[run]\nepisodes = -3\n')
+    assert_clean_error(coevo("validate", str(bad)), 2, "$.run.episodes")
+    assert_clean_error(coevo("run", str(bad)), 2, "$.run.episodes")
+    assert_clean_error(coevo("run", str(tmp_path / "nope.toml")), 2, "cannot read")
+    assert_clean_error(coevo("run", QUICKSTART, "--set", "world.families=['nope']"), 2, "nope")
+    assert_clean_error(coevo("run", QUICKSTART, "--set", "world.name=no.such:World"), 2, "world")
+    assert_clean_error(coevo("replay", str(tmp_path)), 2, "not a coevo run directory")
+    assert_clean_error(coevo("log", str(tmp_path / "missing")), 2, "no such run directory")
+    assert_clean_error(coevo("log", QUICKSTART), 2, "not a coevo run directory")
+
+
+def test_out_directory_holding_a_run_is_refused(small_run: Path) -> None:
+    assert_clean_error(coevo("run", QUICKSTART, "--out", str(small_run)), 2, "already holds")
+
+
+def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
+    out = tmp_path / "long"
+    proc = subprocess.Popen(
+        [COEVO, "run", QUICKSTART, "--out", str(out), "--set", "run.episodes=1000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out / "log" / "data.mdb").exists():
+        time.sleep(0.05)
+    time.sleep(1.0)  # let it commit a few thousand events
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    last = coevo("log", str(out), "--json", "--kind", "run_stopped").stdout.splitlines()
+    stopped = json.loads(last[-1])["event"]
+    assert stopped["reason"] == "signal" and stopped["signal"] == "SIGINT"
+    assert coevo("replay", str(out), "--verify").returncode == 0
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
+    out = tmp_path / "term"
+    proc = subprocess.Popen(
+        [COEVO, "run", QUICKSTART, "--out", str(out), "--quiet", "--set", "run.episodes=1000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out / "log" / "data.mdb").exists():
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert coevo("replay", str(out), "--verify").returncode == 0
