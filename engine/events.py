@@ -17,7 +17,7 @@ decodes wherever the plug-in is installed.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Generic, TypeVar, Union
 
@@ -132,18 +132,49 @@ class Codec:
     def __init__(self) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         self._raw_decoder = msgspec.msgpack.Decoder(Envelope[msgspec.Raw])
+        self._raw_list_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
         self._decoder: msgspec.msgpack.Decoder[Envelope[Event]] | None = None
+        self._batch_decoder: msgspec.msgpack.Decoder[list[Envelope[Event]]] | None = None
         self._known = 0
 
     def encode(self, envelope: Envelope[Event]) -> bytes:
         """Encode one envelope (its ``v`` must already be the event class's version)."""
         return self._encoder.encode(envelope)
 
+    def encode_batch(self, envelopes: Sequence[Envelope[Event]]) -> bytes:
+        """Encode consecutive envelopes as one msgpack array (one stored record per commit)."""
+        return self._encoder.encode(envelopes)
+
+    def decode_batch(self, data: bytes | memoryview, first: int) -> list[Envelope[Event]]:
+        """Decode a record written by :meth:`encode_batch` whose first envelope has seq ``first``.
+
+        Raises:
+            LogCorrupted: not an array of envelopes, or their seqs are not ``first, first+1, ..``.
+            SchemaTooNew: an event kind or version newer than this code knows.
+        """
+        self._typed_decoder()
+        assert self._batch_decoder is not None
+        try:
+            envs = self._batch_decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return self._decode_batch_slow(data, first)
+        for offset, env in enumerate(envs):
+            if env.seq != first + offset or env.v != env.event.version:
+                return self._decode_batch_slow(data, first)
+        return envs
+
+    def _decode_batch_slow(self, data: bytes | memoryview, first: int) -> list[Envelope[Event]]:
+        try:
+            raws = self._raw_list_decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise LogCorrupted(first, f"record is not an array of envelopes ({exc})") from None
+        return [self.decode(bytes(raw), first + i) for i, raw in enumerate(raws)]
+
     def encode_event(self, ev: Event) -> bytes:
         """Encode a bare event (for digests and tests)."""
         return self._encoder.encode(ev)
 
-    def decode(self, data: bytes, seq: int) -> Envelope[Event]:
+    def decode(self, data: bytes | memoryview, seq: int) -> Envelope[Event]:
         """Decode one stored envelope whose key is ``seq``.
 
         Raises:
@@ -166,10 +197,11 @@ class Codec:
             load_event_modules()
             union = Union[tuple(_REGISTRY.values())]  # noqa: UP007 - dynamic union
             self._decoder = msgspec.msgpack.Decoder(Envelope[union])  # type: ignore[valid-type]
+            self._batch_decoder = msgspec.msgpack.Decoder(list[Envelope[union]])  # type: ignore[valid-type]
             self._known = len(_REGISTRY)
         return self._decoder
 
-    def _decode_slow(self, data: bytes, seq: int) -> Envelope[Event]:
+    def _decode_slow(self, data: bytes | memoryview, seq: int) -> Envelope[Event]:
         try:
             raw_env = self._raw_decoder.decode(data)
             body = msgspec.msgpack.decode(raw_env.event)

@@ -1,0 +1,697 @@
+"""The event log on LMDB: one directory per run, one writer, any number of readers.
+
+Layout of a log directory:
+
+- ``data.mdb`` / ``lock.mdb``: the LMDB environment with three sub-databases:
+  ``events`` (key: seq as 8-byte big-endian), ``meta`` (the run metadata and the log format)
+  and ``snapshots`` (key: name, NUL, 8-byte big-endian ``upto``).
+- ``writer.lock``: the writer's exclusive ``flock``; it dies with the writer's process.
+
+Every stored value is sealed: a 4-byte big-endian CRC32 over key + payload, then the payload
+(a Codec-encoded envelope for events). A flipped byte is reported as :class:`LogCorrupted`
+naming the record, never decoded into a wrong event.
+
+LMDB forbids opening one environment twice in a process, so all handles on a directory in one
+process share one ``lmdb.Environment`` (reference-counted; read-only until a writer of the
+process joins). The map starts small and doubles on ``MapFullError``; readers adopt a map grown
+by another process on ``MapResizedError``. Remaps (and aborts of write transactions, which
+py-lmdb makes wait for every thread's LMDB call) wait until no read transaction of the process
+is open, and no read transaction outlives one chunk of :data:`READ_CHUNK` records.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar, Union
+
+import lmdb
+import msgspec
+
+from engine.errors import LogClosed, LogCorrupted, LogError, LogLocked, SchemaTooNew
+from engine.events import Codec, Envelope, Event, event_types
+from stores.eventlog import LOG_FORMAT, RunMeta, VerifyReport, check_batch
+
+if TYPE_CHECKING:
+    from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
+
+__all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "LmdbEventLog"]
+
+DEFAULT_MAP_SIZE = 64 * 1024 * 1024
+"""Initial map size of a new log; the map doubles whenever it is full."""
+
+READ_CHUNK = 256
+"""Records decoded per read transaction: short transactions, little per-chunk overhead, and
+few decoded envelopes alive at once (larger chunks measured slower: the GC scans them)."""
+
+DATA_FILE = "data.mdb"
+LOCK_FILE = "writer.lock"
+_PAGE = 4096
+_MAX_NAME_BYTES = 400  # LMDB's default maximum key size is 511 bytes
+_MAX_SEQ = 2**64 - 1
+_SEQ = struct.Struct(">Q")
+_CRC = struct.Struct(">I")
+_DB_NAMES = (b"events", b"meta", b"snapshots")
+_META_RUN = b"run"
+_META_FORMAT = b"log_format"
+_META_DECODER = msgspec.msgpack.Decoder(RunMeta)
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER: tuple[int, msgspec.msgpack.Decoder[Envelope[Event]]] | None = None
+
+T = TypeVar("T")
+Txn = lmdb.Transaction  # bytes-valued transactions only (no ``buffers=True``)
+
+
+def _seal(key: bytes, payload: bytes) -> bytes:
+    """A stored value: CRC32 over ``key + payload`` (4 bytes, big-endian), then the payload."""
+    return zlib.crc32(payload, zlib.crc32(key)).to_bytes(4, "big") + payload
+
+
+def _unseal(key: bytes, value: bytes) -> bytes | None:
+    """The payload of a sealed value, or None if its checksum does not match."""
+    payload = value[4:]
+    if len(value) < 4 or int.from_bytes(value[:4], "big") != zlib.crc32(payload, zlib.crc32(key)):
+        return None
+    return payload
+
+
+def _next_seq(cursor: lmdb.Cursor[bytes]) -> int:
+    """One past the last key of the events database (0 when empty)."""
+    return int.from_bytes(cursor.key(), "big") + 1 if cursor.last() else 0
+
+
+def _snapshot_prefix(name: str) -> bytes:
+    """Key prefix of snapshot ``name``.
+
+    Raises:
+        ValueError: the name contains NUL or is too long for an LMDB key.
+    """
+    raw = name.encode()
+    if b"\0" in raw:
+        raise ValueError(f"snapshot name must not contain NUL: {name!r}")
+    if len(raw) > _MAX_NAME_BYTES:
+        raise ValueError(f"snapshot name longer than {_MAX_NAME_BYTES} bytes: {name[:40]!r}...")
+    return raw + b"\0"
+
+
+def _envelope_decoder() -> Callable[[bytes], Envelope[Event]]:
+    """``decode`` of one typed envelope decoder over every registered event class.
+
+    The fast path only: a record it refuses, or one of an old version, goes through
+    :meth:`Codec.decode`, which upcasts and names the error.
+    """
+    global _DECODER
+    kinds = event_types()
+    if _DECODER is None or _DECODER[0] != len(kinds):
+        union = Union[tuple(kinds.values())]  # noqa: UP007 - dynamic union
+        _DECODER = len(kinds), msgspec.msgpack.Decoder(Envelope[union])  # type: ignore[valid-type]
+    return _DECODER[1].decode
+
+
+def _lock_writer(path: Path) -> int:
+    """Take the log's writer lock (exclusive, non-blocking ``flock``) and note our pid in it.
+
+    Returns:
+        The lock file's descriptor; closing it (or the process dying) releases the lock.
+
+    Raises:
+        LogLocked: another handle, in this process or another, holds it.
+    """
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LogLocked(
+            f"event log at {path} already has a writer (pid {holder}); "
+            "open it with writable=False to read"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _open_env(
+    path: Path, create: bool, writable: bool, map_size: int, durable: bool
+) -> tuple[lmdb.Environment, list[_Db]]:
+    """Open the environment and its three databases (created if ``create``).
+
+    A reader's environment is read-only: it opens the databases without a write transaction,
+    so it never waits on the writer. ``map_size`` 0 adopts the size recorded in the file.
+
+    Raises:
+        LogError: LMDB refused to open it, or it holds no coevo event log.
+    """
+    flags = {"create": create, "readonly": not writable, "sync": durable, "metasync": durable}
+    try:
+        env = lmdb.open(str(path), map_size=map_size, max_dbs=len(_DB_NAMES), **flags)
+    except lmdb.Error as exc:
+        raise LogError(f"cannot open event log at {path}: {exc}") from None
+    try:
+        if writable:  # py-lmdb keeps database handles opened in a write transaction only
+            with env.begin(write=True) as txn:
+                dbs = [env.open_db(name, txn=txn, create=create) for name in _DB_NAMES]
+        else:
+            dbs = [env.open_db(name, create=False) for name in _DB_NAMES]
+    except lmdb.NotFoundError:
+        env.close()
+        raise LogError(f"no coevo event log at {path} (LMDB file without its databases)") from None
+    except BaseException:
+        env.close()
+        raise
+    return env, dbs
+
+
+class _SharedEnv:
+    """The process's one ``lmdb.Environment`` for a log directory, with a remap gate.
+
+    ``reading()`` brackets every read transaction; ``exclusive()`` waits until none is open and
+    keeps new ones out, so that a remap or a reopen never pulls memory from under a reader.
+    Instances live in ``_ENVS`` while they have users (:meth:`acquire` / :meth:`release`).
+    """
+
+    def __init__(
+        self, path: Path, key: tuple[int, int], env: lmdb.Environment, dbs: list[_Db], durable: bool
+    ) -> None:
+        self.path = path
+        self.key = key
+        self.env = env
+        self.events, self.meta, self.snapshots = dbs
+        self.synced = durable
+        self.users = 0
+        self.write_lock = threading.RLock()  # one write transaction or remap at a time
+        self._cond = threading.Condition()
+        self._active = 0
+        self._exclusive = False
+
+    @classmethod
+    def acquire(
+        cls, path: Path, create: bool, writable: bool, map_size: int, durable: bool
+    ) -> _SharedEnv:
+        """The shared environment of ``path`` (opened on first use), with one more user."""
+        with _ENVS_LOCK:
+            shared = None if create else _ENVS.get(_file_key(path))
+            if shared is None:
+                env, dbs = _open_env(path, create, writable, map_size, durable)
+                shared = cls(path, _file_key(path), env, dbs, durable)
+                _ENVS[shared.key] = shared
+            elif writable and not shared.writable:
+                shared.reopen(writable=True, durable=durable)
+            shared.users += 1
+            return shared
+
+    def release(self) -> None:
+        """Drop one user; the last one closes the environment."""
+        with _ENVS_LOCK:
+            self.users -= 1
+            if self.users == 0:
+                del _ENVS[self.key]
+                self.env.close()
+
+    @property
+    def writable(self) -> bool:
+        return not self.env.flags()["readonly"]
+
+    @contextmanager
+    def reading(self) -> Iterator[lmdb.Environment]:
+        """Bracket a read transaction (it holds off remaps and write aborts); yields the env."""
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield self.env
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the write lock, wait until no read transaction of this process is open, and
+        keep new ones out. Needed by ``set_mapsize``, and by a write transaction's abort:
+        py-lmdb's abort waits until no thread is inside LMDB, which two busy readers prevent."""
+        with self.write_lock:
+            with self._cond:
+                self._exclusive = True
+                while self._active:
+                    self._cond.wait()
+            try:
+                yield
+            finally:
+                with self._cond:
+                    self._exclusive = False
+                    self._cond.notify_all()
+
+    def resize(self, grow: bool) -> None:
+        """Double the map (``grow``, after ``MapFullError``) or adopt the size another process
+        grew it to (after ``MapResizedError``). The caller holds :meth:`exclusive`."""
+        self.env.set_mapsize(self.env.info()["map_size"] * 2 if grow else 0)
+
+    def reopen(self, writable: bool, durable: bool) -> None:
+        """Reopen the environment, e.g. read-write for a writer joining this process's readers."""
+        with self.exclusive():
+            self.env.close()
+            try:
+                opened = _open_env(self.path, False, writable, 0, durable)
+            except BaseException:  # back to the environment as it was
+                opened = _open_env(self.path, False, not writable, 0, self.synced)
+                self.env, (self.events, self.meta, self.snapshots) = opened
+                raise
+            self.env, (self.events, self.meta, self.snapshots) = opened
+            self.synced = durable
+
+
+_ENVS: dict[tuple[int, int], _SharedEnv] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _file_key(path: Path) -> tuple[int, int]:
+    st = os.stat(path / DATA_FILE)
+    return st.st_dev, st.st_ino
+
+
+class LmdbEventLog:
+    """The :class:`~stores.eventlog.EventLog` on LMDB. Build with :meth:`create` or :meth:`open`.
+
+    A writable handle holds the writer lock until :meth:`close`; a read-only one never locks and
+    always sees the latest committed state. Handles are usable from several threads. Handles of
+    one process share the environment's fsync setting: a durable writer joining one opened
+    without fsync syncs after each commit; a non-durable one joining a syncing one syncs too.
+    """
+
+    def __init__(
+        self, path: Path, shared: _SharedEnv, lock_fd: int | None, durable: bool, codec: Codec
+    ) -> None:
+        self._path = path
+        self._shared = shared
+        self._lock_fd = lock_fd
+        self._sync_after_commit = durable and not shared.synced
+        self._codec = codec
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        meta: RunMeta,
+        *,
+        durable: bool = True,
+        map_size: int = DEFAULT_MAP_SIZE,
+        codec: Codec | None = None,
+    ) -> LmdbEventLog:
+        """Create a new log in directory ``path`` (made if missing) and open it as the writer.
+
+        Args:
+            path: the log directory; it must not hold a log yet.
+            meta: the run metadata, stored with the current :data:`LOG_FORMAT`.
+            durable: fsync every commit; False survives a process kill, not a power loss.
+            map_size: initial map size in bytes (rounded up to 4 KiB); it grows as needed.
+            codec: the codec to share, if any.
+
+        Raises:
+            ValueError: ``map_size`` is not positive.
+            LogError: a log already exists at ``path``, or LMDB cannot create it there.
+            LogLocked: another writer holds the directory's lock.
+        """
+        if map_size <= 0:
+            raise ValueError(f"map_size must be positive, got {map_size}")
+        log_dir = Path(path)
+        if (log_dir / DATA_FILE).exists():
+            raise LogError(f"an event log already exists at {log_dir}")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        size = -(-map_size // _PAGE) * _PAGE
+        return cls._assemble(log_dir, meta, True, durable, codec or Codec(), size)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        writable: bool = False,
+        durable: bool = True,
+        codec: Codec | None = None,
+    ) -> LmdbEventLog:
+        """Open an existing log, as a reader or (``writable=True``) as its one writer.
+
+        Args:
+            path: the log directory.
+            writable: take the writer lock and allow appends.
+            durable: fsync every commit (writers only).
+            codec: the codec to share, if any.
+
+        Raises:
+            LogError: ``path`` holds no coevo event log.
+            LogLocked: ``writable`` and another writer holds the lock.
+            SchemaTooNew: the log's format is newer than this coevo's :data:`LOG_FORMAT`.
+        """
+        log_dir = Path(path)
+        if not (log_dir / DATA_FILE).is_file():
+            raise LogError(f"no coevo event log at {log_dir}")
+        return cls._assemble(log_dir, None, writable, durable, codec or Codec(), 0)
+
+    @classmethod
+    def _assemble(
+        cls,
+        path: Path,
+        meta: RunMeta | None,
+        writable: bool,
+        durable: bool,
+        codec: Codec,
+        size: int,
+    ) -> LmdbEventLog:
+        """Lock (writers), share the environment, then create the log with ``meta`` or (None)
+        check the format of the existing one. Nothing stays locked or open if this raises."""
+        lock_fd = _lock_writer(path) if writable else None
+        try:
+            if meta is not None and (path / DATA_FILE).exists():  # lost a race to create
+                raise LogError(f"an event log already exists at {path}")
+            shared = _SharedEnv.acquire(path, meta is not None, writable, size, durable)
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+        log = cls(path, shared, lock_fd, durable, codec)
+        try:
+            if meta is not None:
+                log._write(partial(log._init_meta, meta=meta))
+            else:
+                log._check_format()
+        except BaseException:
+            log.close()
+            raise
+        return log
+
+    @property
+    def path(self) -> Path:
+        """The log directory."""
+        return self._path
+
+    @property
+    def writable(self) -> bool:
+        """Whether this handle holds the writer lock."""
+        return self._lock_fd is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def next_seq(self) -> int:
+        """Sequence number of the next event, from the latest committed state.
+
+        Raises:
+            LogClosed: the handle is closed.
+        """
+        self._check_open()
+        return self._read_txn(lambda txn: _next_seq(txn.cursor(self._shared.events)))
+
+    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
+        """Append a batch in one write transaction: all of it is committed, or none of it.
+
+        Raises:
+            SequenceConflict: the batch does not continue the committed log.
+            LogError: the handle is read-only.
+            LogClosed: the handle is closed.
+        """
+        self._check_writable()
+        if envelopes:
+            payloads = [self._codec.encode(env) for env in envelopes]
+            self._write(partial(self._append_txn, envelopes=envelopes, payloads=payloads))
+
+    def read(self, start: int = 0, stop: int | None = None) -> Iterator[Envelope[Event]]:
+        """Yield committed envelopes with ``start <= seq < stop`` in order.
+
+        ``stop=None`` means the log's end when iteration starts. Records are read in short
+        transactions of :data:`READ_CHUNK` records; none is held while the caller runs.
+
+        Raises:
+            LogCorrupted: a record fails its checksum, does not decode, or is missing.
+            SchemaTooNew: a record's event is newer than this coevo knows.
+            LogClosed: the handle is closed.
+        """
+        seq, end = max(start, 0), stop
+        while end is None or seq < end:
+            self._check_open()
+            chunk, end = self._read_txn(partial(self._read_chunk, first=seq, end=end))
+            if not chunk:
+                return
+            yield from chunk
+            seq += len(chunk)
+
+    def read_meta(self) -> RunMeta | None:
+        """The run metadata, or None if none was written.
+
+        Raises:
+            LogError: the stored metadata fails its checksum or does not decode.
+            LogClosed: the handle is closed.
+        """
+        self._check_open()
+        payload = self._read_txn(partial(self._get_meta, key=_META_RUN))
+        try:
+            return None if payload is None else _META_DECODER.decode(payload)
+        except msgspec.MsgspecError as exc:
+            raise LogError(f"run metadata of {self._path} does not decode: {exc}") from None
+
+    def write_meta(self, meta: RunMeta) -> None:
+        """Store the run metadata, replacing the earlier one.
+
+        Raises:
+            LogError: the handle is read-only.
+            LogClosed: the handle is closed.
+        """
+        self._check_writable()
+        value = _seal(_META_RUN, _ENCODER.encode(meta))
+        self._write(lambda txn: txn.put(_META_RUN, value, db=self._shared.meta))
+
+    def put_snapshot(self, name: str, upto: int, data: bytes) -> None:
+        """Store projection ``name``'s encoded state after folding events ``<= upto``.
+
+        Raises:
+            ValueError: ``name`` contains NUL or is longer than 400 bytes.
+            LogError: no event ``upto`` is committed, or the handle is read-only.
+            LogClosed: the handle is closed.
+        """
+        self._check_writable()
+        key = _snapshot_prefix(name) + _SEQ.pack(min(max(upto, 0), _MAX_SEQ))
+        value = _seal(key, bytes(data))
+
+        def put(txn: Txn[bytes]) -> None:
+            if not 0 <= upto < _next_seq(txn.cursor(self._shared.events)):
+                msg = f"snapshot of {name!r} after seq {upto}, but the log has no such seq"
+                raise LogError(msg)
+            txn.put(key, value, db=self._shared.snapshots)
+
+        self._write(put)
+
+    def get_snapshot(self, name: str, at_or_before: int) -> tuple[int, bytes] | None:
+        """The newest snapshot of ``name`` with ``upto <= at_or_before``, as ``(upto, data)``.
+
+        Raises:
+            ValueError: ``name`` contains NUL or is longer than 400 bytes.
+            LogCorrupted: that snapshot fails its checksum (``seq`` is its ``upto``).
+            LogClosed: the handle is closed.
+        """
+        self._check_open()
+        prefix = _snapshot_prefix(name)
+        if at_or_before < 0:
+            return None
+        target = prefix + _SEQ.pack(min(at_or_before, _MAX_SEQ))
+        found = self._read_txn(partial(self._find_snapshot, prefix=prefix, target=target))
+        if found is None:
+            return None
+        key, value = found
+        upto, data = int.from_bytes(key[len(prefix) :], "big"), _unseal(key, value)
+        if data is None:
+            raise LogCorrupted(upto, f"snapshot {name!r} fails its checksum")
+        return upto, data
+
+    def verify(self) -> VerifyReport:
+        """Check every event record: key contiguity from 0, checksum, decode.
+
+        Returns:
+            A report naming the first bad seq; a corrupted record is reported, never raised.
+
+        Raises:
+            LogClosed: the handle is closed.
+        """
+        self._check_open()
+        records = 0
+        try:
+            for _ in self.read():
+                records += 1
+        except LogClosed:
+            raise
+        except LogError as exc:
+            return VerifyReport(records=records, ok=False, first_bad=records, error=str(exc))
+        return VerifyReport(records=records, ok=True)
+
+    def close(self) -> None:
+        """Release the environment and the writer lock. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shared.release()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> LmdbEventLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "closed" if self._closed else "writer" if self.writable else "reader"
+        return f"<LmdbEventLog {str(self._path)!r} {mode}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosed(f"event log at {self._path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._lock_fd is None:
+            raise LogError(f"event log at {self._path} is open read-only")
+
+    def _read_txn(self, body: Callable[[Txn[bytes]], T]) -> T:
+        """Run ``body`` in a fresh read transaction, adopting a map grown by another process."""
+        while True:
+            try:
+                with self._shared.reading() as env, env.begin() as txn:
+                    return body(txn)
+            except lmdb.MapResizedError:
+                with self._shared.exclusive():
+                    self._shared.resize(grow=False)
+
+    def _write(self, body: Callable[[Txn[bytes]], T]) -> T:
+        """Run ``body`` in a write transaction and commit, growing the map when it is full."""
+        shared = self._shared
+        with shared.write_lock:
+            while True:
+                txn = shared.env.begin(write=True)
+                try:
+                    result = body(txn)
+                    txn.commit()
+                except BaseException as exc:
+                    with shared.exclusive():
+                        txn.abort()  # a no-op if a failed commit aborted it already
+                        if not isinstance(exc, lmdb.MapFullError | lmdb.MapResizedError):
+                            raise
+                        shared.resize(grow=isinstance(exc, lmdb.MapFullError))
+                    continue
+                if self._sync_after_commit:
+                    shared.env.sync(True)
+                return result
+
+    def _init_meta(self, txn: Txn[bytes], meta: RunMeta) -> None:
+        for key, value in ((_META_FORMAT, LOG_FORMAT), (_META_RUN, meta)):
+            txn.put(key, _seal(key, _ENCODER.encode(value)), db=self._shared.meta)
+
+    def _check_format(self) -> None:
+        """Raise unless the log records a format this coevo reads."""
+        payload = self._read_txn(partial(self._get_meta, key=_META_FORMAT))
+        if payload is None:
+            raise LogError(f"no coevo event log at {self._path} (no log format recorded)")
+        log_format = msgspec.msgpack.decode(payload, type=int)
+        if log_format > LOG_FORMAT:
+            raise SchemaTooNew(
+                f"event log at {self._path} has format {log_format}; this coevo reads up to "
+                f"{LOG_FORMAT} (upgrade coevo)"
+            )
+
+    def _get_meta(self, txn: Txn[bytes], key: bytes) -> bytes | None:
+        value = txn.get(key, db=self._shared.meta)
+        payload = None if value is None else _unseal(key, value)
+        if value is not None and payload is None:
+            raise LogError(f"metadata {key.decode()!r} of {self._path} fails its checksum")
+        return payload
+
+    def _append_txn(
+        self, txn: Txn[bytes], envelopes: Sequence[Envelope[Event]], payloads: list[bytes]
+    ) -> None:
+        cursor = txn.cursor(self._shared.events)
+        first = _next_seq(cursor)
+        check_batch(first, envelopes)
+        keys = [_SEQ.pack(seq) for seq in range(first, first + len(payloads))]
+        items = [(key, _seal(key, payload)) for key, payload in zip(keys, payloads, strict=True)]
+        _, added = cursor.putmulti(items, append=True)
+        assert added == len(items), "MDB_APPEND refused a key past the last one"
+
+    def _read_chunk(
+        self, txn: Txn[bytes], first: int, end: int | None
+    ) -> tuple[list[Envelope[Event]], int]:
+        """Decode up to :data:`READ_CHUNK` records from ``first`` (the hot path of replay).
+
+        Keys are not decoded: every payload carries its own seq, so a gap shows up as a record
+        with an unexpected seq, which goes to :meth:`_decode_slow` like any refused record.
+
+        Returns:
+            The envelopes and ``end`` (the committed next seq if ``end`` was None).
+        """
+        cursor = txn.cursor(self._shared.events)
+        end = _next_seq(cursor) if end is None else end
+        limit = min(end, first + READ_CHUNK)
+        out: list[Envelope[Event]] = []
+        if first >= limit or not cursor.set_range(_SEQ.pack(first)):
+            return out, end
+        crc32, stored_crc, decode, seq = zlib.crc32, _CRC.unpack_from, _envelope_decoder(), first
+        for key, value in cursor.iternext():
+            if seq == limit:
+                break
+            payload = value[4:]
+            try:
+                sound = stored_crc(value)[0] == crc32(payload, crc32(key))
+                env = decode(payload) if sound else None
+            except (struct.error, msgspec.MsgspecError):
+                env = None
+            if env is None or env.seq != seq or env.v != env.event.version:
+                try:
+                    env = self._decode_slow(key, value, seq)
+                except LogError:
+                    if out:  # hand over the good records first; the next chunk raises
+                        break
+                    raise
+            out.append(env)
+            seq += 1
+        return out, end
+
+    def _decode_slow(self, key: bytes, value: bytes, seq: int) -> Envelope[Event]:
+        """Decode a record the fast path refused: say why, or upcast an old version.
+
+        Raises:
+            LogCorrupted: the key is not ``seq`` (a gap), the checksum fails, or it won't decode.
+            SchemaTooNew: the event is newer than this coevo knows.
+        """
+        if key != _SEQ.pack(seq):
+            raise LogCorrupted(seq, f"record missing: the next key is {key.hex()}")
+        payload = _unseal(key, value)
+        if payload is None:
+            raise LogCorrupted(seq, "checksum mismatch")
+        return self._codec.decode(payload, seq)
+
+    def _find_snapshot(
+        self, txn: Txn[bytes], prefix: bytes, target: bytes
+    ) -> tuple[bytes, bytes] | None:
+        """The greatest snapshot key ``<= target`` under ``prefix``, with its value."""
+        cursor = txn.cursor(self._shared.snapshots)
+        if cursor.set_range(target):
+            if cursor.key() != target and not cursor.prev():
+                return None
+        elif not cursor.last():
+            return None
+        key: bytes = cursor.key()
+        if not key.startswith(prefix) or len(key) != len(prefix) + _SEQ.size:
+            return None
+        return key, cursor.value()

@@ -1,0 +1,212 @@
+"""The EventLog Protocol, once: every backend must pass the same abstract test case."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.errors import LogClosed, LogError, SequenceConflict
+from engine.events import Envelope, Event
+from engine.lifecycle import ActorStarted, RunFailed, RunStarted, RunStopped
+from stores.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta
+from stores.lmdb_log import LmdbEventLog
+
+META = RunMeta(
+    run_id="run-1",
+    created_ns=1_700_000_000_000_000_000,
+    coevo_version="0.1.0",
+    log_format=LOG_FORMAT,
+    scenario_name="contract",
+    scenario_toml='name = "contract"\n',
+    scenario_hash="0" * 64,
+    seed=7,
+    event_versions={"run_started": 1},
+)
+
+
+def make_event(seq: int) -> Event:
+    """A deterministic lifecycle event per seq, cycling through a few kinds."""
+    kinds: list[Event] = [
+        RunStarted(run_id="run-1", scenario="s", scenario_hash="h", seed=seq, coevo_version="0"),
+        ActorStarted(actor=f"actor-{seq}", actor_type="env", seed=seq, attempt=seq % 3),
+        RunFailed(error_type="ValueError", message=f"ünïcode {seq} ✓", actor="", exit_code=2),
+        RunStopped(reason="completed"),
+    ]
+    return kinds[seq % len(kinds)]
+
+
+def envelopes(start: int, count: int) -> list[Envelope[Event]]:
+    """``count`` envelopes with seqs ``start, start + 1, ...``."""
+    return [
+        Envelope(seq=s, run="run-1", t=1000 + s, actor="runtime", event=make_event(s), corr="c")
+        for s in range(start, start + count)
+    ]
+
+
+class EventLogContract:
+    """Abstract test case of the EventLog Protocol. Subclasses implement :meth:`make`."""
+
+    def make(self, tmp_path: Path) -> EventLog:
+        """A new, empty, writable log whose metadata is :data:`META`."""
+        raise NotImplementedError
+
+    @pytest.fixture
+    def log(self, tmp_path: Path) -> Iterator[EventLog]:
+        log = self.make(tmp_path)
+        yield log
+        log.close()
+
+    def test_satisfies_the_protocol(self, log: EventLog) -> None:
+        assert isinstance(log, EventLog)
+
+    def test_new_log_is_empty(self, log: EventLog) -> None:
+        assert log.next_seq == 0
+        assert list(log.read()) == []
+        assert log.verify().ok
+
+    def test_appended_batches_read_back_in_order(self, log: EventLog) -> None:
+        log.append(envelopes(0, 3))
+        log.append(envelopes(3, 1))
+        log.append(envelopes(4, 5))
+        assert log.next_seq == 9
+        assert list(log.read()) == envelopes(0, 9)
+
+    def test_empty_batch_changes_nothing(self, log: EventLog) -> None:
+        log.append(envelopes(0, 2))
+        log.append([])
+        assert log.next_seq == 2
+
+    @pytest.mark.parametrize(
+        ("start", "stop", "expected"),
+        [
+            (0, None, range(0, 10)),
+            (3, None, range(3, 10)),
+            (3, 7, range(3, 7)),
+            (0, 0, range(0)),
+            (7, 3, range(0)),
+            (9, 100, range(9, 10)),
+            (10, None, range(0)),
+            (50, 60, range(0)),
+            (-5, 2, range(0, 2)),
+        ],
+    )
+    def test_read_range(self, log: EventLog, start: int, stop: int | None, expected: range) -> None:
+        log.append(envelopes(0, 10))
+        assert [env.seq for env in log.read(start, stop)] == list(expected)
+        assert list(log.read(start, stop)) == [envelopes(0, 10)[s] for s in expected]
+
+    @pytest.mark.parametrize(
+        "batch",
+        [
+            envelopes(3, 2),  # starts past the end
+            envelopes(1, 2),  # starts inside the log
+            envelopes(2, 1) + envelopes(4, 1),  # a gap inside the batch
+            envelopes(2, 2) + envelopes(3, 1),  # a repeated seq
+        ],
+        ids=["ahead", "behind", "gap", "repeat"],
+    )
+    def test_conflicting_batch_writes_nothing(
+        self, log: EventLog, batch: list[Envelope[Event]]
+    ) -> None:
+        log.append(envelopes(0, 2))
+        with pytest.raises(SequenceConflict) as info:
+            log.append(batch)
+        assert info.value.expected != info.value.actual
+        assert log.next_seq == 2
+        assert list(log.read()) == envelopes(0, 2)
+        log.append(envelopes(2, 2))
+        assert log.next_seq == 4
+
+    def test_meta_round_trips_and_is_replaced(self, log: EventLog) -> None:
+        assert log.read_meta() == META
+        newer = RunMeta(**{**_fields(META), "scenario_name": "ünïcode ✓", "seed": 2**63})
+        log.write_meta(newer)
+        assert log.read_meta() == newer
+
+    def test_snapshot_at_or_before(self, log: EventLog) -> None:
+        log.append(envelopes(0, 30))
+        log.put_snapshot("counts", 9, b"nine")
+        log.put_snapshot("counts", 19, b"nineteen")
+        log.put_snapshot("counts-extra", 15, b"other projection")
+        log.put_snapshot("", 5, b"")
+        assert log.get_snapshot("counts", 8) is None
+        assert log.get_snapshot("counts", 9) == (9, b"nine")
+        assert log.get_snapshot("counts", 18) == (9, b"nine")
+        assert log.get_snapshot("counts", 19) == (19, b"nineteen")
+        assert log.get_snapshot("counts", 10**20) == (19, b"nineteen")
+        assert log.get_snapshot("counts-extra", 29) == (15, b"other projection")
+        assert log.get_snapshot("", 29) == (5, b"")
+        assert log.get_snapshot("count", 29) is None
+        assert log.get_snapshot("missing", 29) is None
+        assert log.get_snapshot("counts", -1) is None
+
+    def test_snapshot_is_replaced_at_same_upto(self, log: EventLog) -> None:
+        log.append(envelopes(0, 5))
+        log.put_snapshot("p", 4, b"old")
+        log.put_snapshot("p", 4, b"new")
+        assert log.get_snapshot("p", 4) == (4, b"new")
+
+    @pytest.mark.parametrize("upto", [-1, 5, 6])
+    def test_snapshot_past_the_log_is_refused(self, log: EventLog, upto: int) -> None:
+        log.append(envelopes(0, 5))
+        with pytest.raises(LogError, match="no such seq"):
+            log.put_snapshot("p", upto, b"x")
+        assert log.get_snapshot("p", 100) is None
+
+    def test_verify_counts_records(self, log: EventLog) -> None:
+        log.append(envelopes(0, 12))
+        report = log.verify()
+        assert report.ok
+        assert report.records == 12
+        assert report.first_bad is None
+
+    def test_close_is_idempotent_and_final(self, log: EventLog) -> None:
+        log.append(envelopes(0, 2))
+        log.close()
+        log.close()
+        with pytest.raises(LogClosed):
+            log.append(envelopes(2, 1))
+        with pytest.raises(LogClosed):
+            list(log.read())
+        with pytest.raises(LogClosed):
+            log.read_meta()
+        with pytest.raises(LogClosed):
+            log.write_meta(META)
+        with pytest.raises(LogClosed):
+            log.put_snapshot("p", 0, b"")
+        with pytest.raises(LogClosed):
+            log.get_snapshot("p", 0)
+        with pytest.raises(LogClosed):
+            log.verify()
+
+
+def _fields(meta: RunMeta) -> dict[str, object]:
+    return {name: getattr(meta, name) for name in meta.__struct_fields__}
+
+
+class TestMemoryEventLog(EventLogContract):
+    def make(self, tmp_path: Path) -> EventLog:
+        log = MemoryEventLog()
+        log.write_meta(META)
+        return log
+
+
+class TestLmdbEventLog(EventLogContract):
+    def make(self, tmp_path: Path) -> EventLog:
+        return LmdbEventLog.create(tmp_path / "log", META, durable=False)
+
+    def test_reopened_log_holds_everything(self, tmp_path: Path) -> None:
+        log = LmdbEventLog.create(tmp_path / "log", META)
+        log.append(envelopes(0, 4))
+        log.append(envelopes(4, 4))
+        log.append(envelopes(8, 3))
+        log.put_snapshot("p", 7, b"seven")
+        log.close()
+        with LmdbEventLog.open(tmp_path / "log") as again:
+            assert again.next_seq == 11
+            assert list(again.read()) == envelopes(0, 11)
+            assert again.read_meta() == META
+            assert again.get_snapshot("p", 10) == (7, b"seven")
+            assert again.verify().ok

@@ -1,0 +1,182 @@
+"""Generated event streams survive both stores unchanged; a flipped stored byte never passes."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import lmdb
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.errors import LogCorrupted
+from engine.events import Envelope, Event, event_types
+from stores import lmdb_log
+from stores.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta
+from stores.lmdb_log import LmdbEventLog
+
+META = RunMeta(
+    run_id="property",
+    created_ns=0,
+    coevo_version="0.1.0",
+    log_format=LOG_FORMAT,
+    scenario_name="property",
+    scenario_toml="",
+    scenario_hash="",
+    seed=0,
+    event_versions={},
+)
+MSGPACK_INT = st.integers(-(2**63), 2**64 - 1)
+TEXT = st.text(max_size=20) | st.sampled_from(["", "\x00", "ünïcode ✓ 🚀", "a" * 300])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def field_strategy(tp: Any) -> st.SearchStrategy[Any]:
+    """A strategy for one event field annotation (the types lifecycle events use)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return MSGPACK_INT
+    if tp is float:
+        return st.floats(allow_nan=False)
+    if tp is str:
+        return TEXT
+    if origin is tuple:
+        return st.lists(field_strategy(args[0]), max_size=3).map(tuple)
+    if origin is dict:
+        return st.dictionaries(field_strategy(args[0]), field_strategy(args[1]), max_size=3)
+    if type(None) in args:
+        return st.none() | field_strategy(next(a for a in args if a is not type(None)))
+    raise NotImplementedError(f"no strategy for field type {tp!r}")
+
+
+def event_strategy(cls: type[Event]) -> st.SearchStrategy[Event]:
+    fields = {f.name: field_strategy(f.type) for f in msgspec.structs.fields(cls)}
+    return st.fixed_dictionaries(fields).map(lambda kw: cls(**kw))
+
+
+LIFECYCLE = sorted(
+    (cls for cls in event_types().values() if cls.__module__ == "engine.lifecycle"),
+    key=lambda cls: cls.__name__,
+)
+EVENTS = st.one_of([event_strategy(cls) for cls in LIFECYCLE])
+
+
+@st.composite
+def streams(draw: st.DrawFn, max_size: int = 40) -> list[Envelope[Event]]:
+    """Envelopes with seqs 0, 1, ... around generated lifecycle events."""
+    evs = draw(st.lists(EVENTS, max_size=max_size))
+    return [
+        Envelope(
+            seq=seq,
+            run=draw(TEXT),
+            t=draw(st.integers(0, 2**64 - 1)),
+            actor=draw(TEXT),
+            event=ev,
+            cause=draw(st.none() | st.integers(0, 2**64 - 1)),
+            corr=draw(TEXT),
+            v=type(ev).version,
+        )
+        for seq, ev in enumerate(evs)
+    ]
+
+
+def batched(envs: list[Envelope[Event]], sizes: list[int]) -> Iterator[list[Envelope[Event]]]:
+    """Cut ``envs`` into batches of the given sizes (the rest as one last batch)."""
+    start = 0
+    for size in sizes:
+        yield envs[start : start + size]
+        start += size
+    yield envs[start:]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def short_read_chunks() -> Iterator[None]:
+    """Read in chunks of 3 records, so that streams span many read transactions."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lmdb_log, "READ_CHUNK", 3)
+        yield
+
+
+def fill(log: EventLog, envs: list[Envelope[Event]], sizes: list[int]) -> None:
+    for batch in batched(envs, sizes):
+        log.append(batch)
+    assert log.next_seq == len(envs)
+
+
+@SETTINGS
+@given(envs=streams(), sizes=st.lists(st.integers(0, 9), max_size=8), bounds=st.data())
+def test_stream_round_trips_through_the_twin(
+    envs: list[Envelope[Event]], sizes: list[int], bounds: st.DataObject
+) -> None:
+    log = MemoryEventLog()
+    fill(log, envs, sizes)
+    assert list(log.read()) == envs
+    start, stop = bounds.draw(st.integers(-2, 45)), bounds.draw(st.none() | st.integers(-2, 45))
+    assert list(log.read(start, stop)) == envs[max(start, 0) : stop]
+
+
+@SETTINGS
+@given(envs=streams(), sizes=st.lists(st.integers(0, 9), max_size=8), bounds=st.data())
+def test_stream_round_trips_through_lmdb(
+    envs: list[Envelope[Event]], sizes: list[int], bounds: st.DataObject
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "log"
+        with LmdbEventLog.create(path, META, durable=False, map_size=32 * 1024) as log:
+            fill(log, envs, sizes)
+            assert list(log.read()) == envs
+        with LmdbEventLog.open(path) as log:
+            assert list(log.read()) == envs
+            start = bounds.draw(st.integers(-2, 45))
+            stop = bounds.draw(st.none() | st.integers(-2, 45))
+            assert list(log.read(start, stop)) == envs[max(start, 0) : stop]
+            assert log.verify().records == len(envs)
+
+
+def flip_stored_byte(path: Path, seq: int, position: int, mask: int) -> int:
+    """XOR one byte of the stored value of event ``seq`` (a raw LMDB write).
+
+    Returns:
+        The byte's index in the value (``position`` modulo the value's length).
+    """
+    with lmdb.open(str(path), max_dbs=3, create=False) as env:
+        events = env.open_db(b"events", create=False)
+        with env.begin(write=True, db=events) as txn:
+            key = seq.to_bytes(8, "big")
+            value = bytearray(txn.get(key))
+            index = position % len(value)
+            value[index] ^= mask
+            txn.put(key, bytes(value))
+    return index
+
+
+@SETTINGS
+@given(
+    envs=streams(max_size=12).filter(bool),
+    pick=st.integers(0, 11),
+    position=st.integers(0, 10_000),
+    mask=st.integers(1, 255),
+)
+def test_flipped_byte_is_reported_at_its_seq(
+    envs: list[Envelope[Event]], pick: int, position: int, mask: int
+) -> None:
+    seq = pick % len(envs)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "log"
+        with LmdbEventLog.create(path, META, durable=False) as log:
+            log.append(envs)
+        flip_stored_byte(path, seq, position, mask)
+        with LmdbEventLog.open(path) as log:
+            with pytest.raises(LogCorrupted) as info:
+                list(log.read())
+            assert info.value.seq == seq
+            report = log.verify()
+            assert (report.ok, report.first_bad, report.records) == (False, seq, seq)
+            assert list(log.read(0, seq)) == envs[:seq]
+            assert list(log.read(seq + 1)) == envs[seq + 1 :]

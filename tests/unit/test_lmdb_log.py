@@ -1,0 +1,412 @@
+"""LmdbEventLog beyond the Protocol: the writer lock, map growth, readers in other processes,
+format checks, durability modes and corruption reports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import zlib
+from pathlib import Path
+
+import lmdb
+import msgspec
+import pytest
+
+from engine.errors import (
+    LogClosed,
+    LogCorrupted,
+    LogError,
+    LogLocked,
+    SchemaTooNew,
+    SequenceConflict,
+)
+from engine.events import Envelope, Event
+from engine.lifecycle import ActorStarted, RunStopped
+from stores import lmdb_log
+from stores.eventlog import LOG_FORMAT, RunMeta
+from stores.lmdb_log import LmdbEventLog
+
+ROOT = Path(__file__).resolve().parents[2]
+META = RunMeta(
+    run_id="unit",
+    created_ns=0,
+    coevo_version="0.1.0",
+    log_format=LOG_FORMAT,
+    scenario_name="unit",
+    scenario_toml="",
+    scenario_hash="",
+    seed=0,
+    event_versions={},
+)
+
+
+def envelopes(start: int, count: int, pad: str = "") -> list[Envelope[Event]]:
+    return [
+        Envelope(
+            seq=s,
+            run="unit",
+            t=s,
+            actor="runtime",
+            event=ActorStarted(actor=f"worker-{s}{pad}", actor_type="env", seed=s),
+        )
+        for s in range(start, start + count)
+    ]
+
+
+def python(code: str, **kwargs: object) -> subprocess.Popen[str]:
+    """Start ``python -c code`` with the repository importable, pipes on stdin/stdout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def raw_put(path: Path, db: bytes, key: bytes, value: bytes | None) -> None:
+    """Write (or delete, for None) one raw LMDB record, bypassing the log."""
+    with lmdb.open(str(path), max_dbs=3, create=False) as env:
+        handle = env.open_db(db, create=False)
+        with env.begin(write=True, db=handle) as txn:
+            if value is None:
+                txn.delete(key)
+            else:
+                txn.put(key, value)
+
+
+def raw_get(path: Path, db: bytes, key: bytes) -> bytes:
+    with lmdb.open(str(path), max_dbs=3, create=False, readonly=True) as env:
+        handle = env.open_db(db, create=False)
+        with env.begin(db=handle) as txn:
+            value = txn.get(key)
+    assert value is not None
+    return value
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "run" / "log"
+
+
+# -- the writer lock -------------------------------------------------------------------------
+
+
+def test_second_writer_in_same_process_is_refused(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as writer:
+        with pytest.raises(LogLocked, match=f"already has a writer \\(pid {os.getpid()}\\)"):
+            LmdbEventLog.open(path, writable=True)
+        with LmdbEventLog.open(path) as reader:  # readers are never refused
+            writer.append(envelopes(0, 2))
+            assert reader.next_seq == 2
+    with LmdbEventLog.open(path, writable=True) as writer:  # the lock died with close()
+        writer.append(envelopes(2, 1))
+        assert writer.next_seq == 3
+
+
+def test_second_writer_in_other_process_is_refused(path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from engine.errors import LogLocked\n"
+        "from stores.lmdb_log import LmdbEventLog\n"
+        "try:\n"
+        "    LmdbEventLog.open(sys.argv[1], writable=True)\n"
+        "except LogLocked as exc:\n"
+        "    print('locked:', exc)\n"
+        "else:\n"
+        "    print('opened')\n"
+    )
+    with LmdbEventLog.create(path, META):
+        child = python(code.replace("sys.argv[1]", repr(str(path))))
+        out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    assert out.startswith(f"locked: event log at {path} already has a writer (pid {os.getpid()})")
+
+
+def test_create_over_existing_log_is_refused(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 3))
+    with pytest.raises(LogError, match="already exists"):
+        LmdbEventLog.create(path, META)
+    with LmdbEventLog.open(path) as log:
+        assert list(log.read()) == envelopes(0, 3)
+
+
+def test_create_with_bad_map_size_is_refused(path: Path) -> None:
+    with pytest.raises(ValueError, match="map_size must be positive"):
+        LmdbEventLog.create(path, META, map_size=0)
+
+
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir(parents=True)])
+def test_open_without_a_log_is_a_clear_error(path: Path, make: object) -> None:
+    make(path)  # type: ignore[operator]
+    with pytest.raises(LogError, match="no coevo event log at"):
+        LmdbEventLog.open(path)
+    with pytest.raises(LogError, match="no coevo event log at"):
+        LmdbEventLog.open(path, writable=True)
+
+
+def test_read_only_handle_refuses_writes(path: Path) -> None:
+    LmdbEventLog.create(path, META).close()
+    with LmdbEventLog.open(path) as reader:
+        assert not reader.writable
+        for attempt in (
+            lambda: reader.append(envelopes(0, 1)),
+            lambda: reader.write_meta(META),
+            lambda: reader.put_snapshot("p", 0, b""),
+        ):
+            with pytest.raises(LogError, match="read-only") as info:
+                attempt()
+            assert not isinstance(info.value, LogClosed)
+
+
+def test_closed_handle_reports_closed(path: Path) -> None:
+    log = LmdbEventLog.create(path, META)
+    log.close()
+    assert log.closed
+    with pytest.raises(LogClosed, match="is closed"):
+        _ = log.next_seq
+
+
+# -- the map ---------------------------------------------------------------------------------
+
+
+def test_map_grows_from_tiny(path: Path) -> None:
+    with LmdbEventLog.create(path, META, durable=False, map_size=64 * 1024) as log:
+        for start in range(0, 3000, 50):
+            log.append(envelopes(start, 50))
+        log.append(envelopes(3000, 2000, pad="x" * 100))  # one batch far larger than the map
+        assert log.next_seq == 5000
+        assert list(log.read()) == envelopes(0, 3000) + envelopes(3000, 2000, pad="x" * 100)
+    with LmdbEventLog.open(path, writable=True, durable=False) as log:  # reopen adopts the size
+        log.append(envelopes(5000, 1000))
+        assert log.verify().records == 6000
+
+
+READER = """
+import sys
+import threading
+from stores.lmdb_log import LmdbEventLog
+log = LmdbEventLog.open(sys.argv[1])
+for line in sys.stdin:
+    events = list(log.read())
+    seqs_ok = [e.seq for e in events] == list(range(len(events)))
+    print(log.next_seq, len(events), seqs_ok, log.verify().ok, flush=True)
+log.close()
+"""
+
+
+def test_reader_in_other_process_sees_later_appends_past_map_growth(path: Path) -> None:
+    with LmdbEventLog.create(path, META, durable=False, map_size=64 * 1024) as writer:
+        writer.append(envelopes(0, 10))
+        reader = python(READER.replace("sys.argv[1]", repr(str(path))))
+        assert reader.stdin is not None and reader.stdout is not None
+        reader.stdin.write("read\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().split() == ["10", "10", "True", "True"]
+        for start in range(10, 4010, 100):  # grows the map several times under the reader
+            writer.append(envelopes(start, 100, pad="y" * 50))
+        reader.stdin.write("read\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().split() == ["4010", "4010", "True", "True"]
+        _, err = reader.communicate(timeout=30)
+    assert reader.returncode == 0, err
+
+
+def test_reader_opened_first_in_process_then_writer(path: Path) -> None:
+    LmdbEventLog.create(path, META, map_size=64 * 1024).close()
+    with LmdbEventLog.open(path) as reader:
+        with LmdbEventLog.open(path, writable=True, durable=False) as writer:
+            writer.append(envelopes(0, 2000))  # grows the map shared with the reader
+            assert reader.next_seq == 2000
+            assert list(reader.read(1990)) == envelopes(1990, 10)
+        assert reader.next_seq == 2000
+
+
+# -- format, durability ----------------------------------------------------------------------
+
+
+def sealed(key: bytes, payload: bytes) -> bytes:
+    return zlib.crc32(payload, zlib.crc32(key)).to_bytes(4, "big") + payload
+
+
+def test_newer_log_format_is_refused(path: Path) -> None:
+    LmdbEventLog.create(path, META).close()
+    assert raw_get(path, b"meta", b"log_format") == sealed(
+        b"log_format", msgspec.msgpack.encode(LOG_FORMAT)
+    )
+    raw_put(path, b"meta", b"log_format", sealed(b"log_format", msgspec.msgpack.encode(99)))
+    with pytest.raises(SchemaTooNew, match="format 99"):
+        LmdbEventLog.open(path)
+    with pytest.raises(SchemaTooNew):
+        LmdbEventLog.open(path, writable=True)
+    raw_put(path, b"meta", b"log_format", sealed(b"log_format", msgspec.msgpack.encode(1)))
+    with LmdbEventLog.open(path, writable=True) as log:  # the refused writer left no lock
+        log.append(envelopes(0, 1))
+
+
+def test_log_without_format_record_is_not_a_log(path: Path) -> None:
+    LmdbEventLog.create(path, META).close()
+    raw_put(path, b"meta", b"log_format", None)
+    with pytest.raises(LogError, match="no coevo event log"):
+        LmdbEventLog.open(path)
+
+
+def test_not_durable_log_works_and_persists(path: Path) -> None:
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        log.append(envelopes(0, 1000))
+        log.append(envelopes(1000, 1000))
+    with LmdbEventLog.open(path, writable=True, durable=False) as log:
+        log.append(envelopes(2000, 5))
+    with LmdbEventLog.open(path) as log:
+        assert list(log.read()) == envelopes(0, 2005)
+
+
+def test_writers_of_either_durability_share_a_readers_env(path: Path) -> None:
+    """A reader keeps the environment of a non-durable writer open; a durable writer joins it
+    (and syncs each commit itself), then a non-durable one. Durability itself needs a power cut
+    to observe; this checks that commits made through the shared environment all land."""
+    with LmdbEventLog.create(path, META, durable=False) as writer:
+        writer.append(envelopes(0, 3))
+        reader = LmdbEventLog.open(path)
+    for durable, start in ((True, 3), (False, 6)):
+        with LmdbEventLog.open(path, writable=True, durable=durable) as writer:
+            writer.append(envelopes(start, 3))
+            assert reader.next_seq == start + 3
+    assert list(reader.read()) == envelopes(0, 9)
+    reader.close()
+
+
+# -- corruption ------------------------------------------------------------------------------
+
+
+def test_verify_names_first_corrupted_record(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 20))
+    key = (7).to_bytes(8, "big")
+    value = bytearray(raw_get(path, b"events", key))
+    value[-1] ^= 0x40
+    raw_put(path, b"events", key, bytes(value))
+    with LmdbEventLog.open(path) as log:
+        report = log.verify()
+        assert (report.ok, report.first_bad, report.records) == (False, 7, 7)
+        assert "seq 7" in report.error and "checksum" in report.error
+        seen: list[int] = []
+        with pytest.raises(LogCorrupted) as info:
+            seen.extend(env.seq for env in log.read())
+        assert info.value.seq == 7
+        assert seen == list(range(7))  # every good record before it was delivered
+
+
+def test_missing_record_is_a_gap(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 10))
+    raw_put(path, b"events", (4).to_bytes(8, "big"), None)
+    with LmdbEventLog.open(path) as log:
+        report = log.verify()
+        assert (report.ok, report.first_bad) == (False, 4)
+        assert "record missing" in report.error
+        with pytest.raises(LogCorrupted, match="record missing") as info:
+            list(log.read(4, 6))
+        assert info.value.seq == 4
+        assert list(log.read(5)) == envelopes(5, 5)
+
+
+def test_record_under_wrong_key_is_corrupted(path: Path) -> None:
+    """A checksummed record moved under another key fails: the CRC covers the key."""
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 3))
+    raw_put(path, b"events", (1).to_bytes(8, "big"), raw_get(path, b"events", bytes(8)))
+    with LmdbEventLog.open(path) as log:
+        assert log.verify().first_bad == 1
+
+
+def test_record_of_unknown_event_kind_is_reported(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 2))
+        log.append([Envelope(seq=2, run="unit", t=0, actor="runtime", event=RunStopped(reason=""))])
+    key = (2).to_bytes(8, "big")
+    payload = raw_get(path, b"events", key)[4:].replace(b"run_stopped", b"run_stoppez")
+    raw_put(path, b"events", key, sealed(key, payload))
+    with LmdbEventLog.open(path) as log:
+        report = log.verify()
+        assert (report.ok, report.first_bad) == (False, 2)
+        with pytest.raises(SchemaTooNew, match="run_stoppez"):
+            list(log.read())
+
+
+def test_corrupted_snapshot_and_meta_are_reported(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 5))
+        log.put_snapshot("proj", 3, b"state")
+    key = b"proj\x00" + (3).to_bytes(8, "big")
+    stored = raw_get(path, b"snapshots", key)
+    raw_put(path, b"snapshots", key, bytes([stored[0] ^ 0xFF]) + stored[1:])
+    raw_put(path, b"meta", b"run", raw_get(path, b"meta", b"run")[:-1])
+    with LmdbEventLog.open(path) as log:
+        with pytest.raises(LogCorrupted, match="snapshot 'proj'") as info:
+            log.get_snapshot("proj", 4)
+        assert info.value.seq == 3
+        with pytest.raises(LogError, match="fails its checksum"):
+            log.read_meta()
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "x" * 401])
+def test_bad_snapshot_names_are_refused(path: Path, name: str) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 1))
+        with pytest.raises(ValueError, match="snapshot name"):
+            log.put_snapshot(name, 0, b"")
+
+
+def test_reads_span_many_chunks(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lmdb_log, "READ_CHUNK", 7)
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        log.append(envelopes(0, 100))
+        assert list(log.read()) == envelopes(0, 100)
+        assert list(log.read(13, 71)) == envelopes(13, 58)
+        reading = log.read(95)
+        assert next(reading).seq == 95
+        log.append(envelopes(100, 10))  # a read under way ends where the log ended
+        assert [env.seq for env in reading] == [96, 97, 98, 99]
+
+
+@pytest.mark.timeout(60, method="thread")  # a starved abort blocks in C
+def test_threads_read_while_the_map_grows(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remaps wait for the other threads' read transactions (no read sees a vanished map), and
+    aborted writes (conflicts, full map) do not starve behind two busy readers."""
+    monkeypatch.setattr(lmdb_log, "READ_CHUNK", 16)
+    writer = LmdbEventLog.create(path, META, durable=False, map_size=64 * 1024)
+    readers = [LmdbEventLog.open(path) for _ in range(2)]
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read_until_done(reader: LmdbEventLog) -> None:
+        try:
+            while not done.is_set():
+                seqs = [env.seq for env in reader.read()]
+                assert seqs == list(range(len(seqs)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read_until_done, args=(r,)) for r in readers]
+    for thread in threads:
+        thread.start()
+    try:
+        for start in range(0, 2000, 40):
+            writer.append(envelopes(start, 40, pad="z" * 40))
+            with pytest.raises(SequenceConflict):
+                writer.append(envelopes(start, 1))
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert [list(r.read()) for r in readers] == [envelopes(0, 2000, pad="z" * 40)] * 2
+    for log in (writer, *readers):
+        log.close()
