@@ -6,7 +6,7 @@ task family; it is what ``coevo replay`` prints and what the run's checksums cov
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -67,9 +67,16 @@ class EpisodeTable:
         return EpisodeTableState()
 
     def evolve(self, state: EpisodeTableState, env: Envelope[Event]) -> EpisodeTableState:
-        handler = _HANDLERS.get(type(env.event))
-        if handler is not None:
-            handler(state, env.event, env.seq)
+        return self.evolve_many(state, (env,))
+
+    def evolve_many(
+        self, state: EpisodeTableState, envs: Sequence[Envelope[Event]]
+    ) -> EpisodeTableState:
+        handlers = _HANDLERS
+        for env in envs:
+            handler = handlers.get(type(env.event))
+            if handler is not None:
+                handler(state, env.event, env.seq)
         return state
 
 

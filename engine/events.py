@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=False):
     """Base of every event. Subclasses pass ``tag=...``, ``frozen=True``, ``kw_only=True``."""
 
     version: ClassVar[int] = 1
@@ -44,7 +44,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
 E = TypeVar("E")
 
 
-class Envelope(msgspec.Struct, Generic[E], frozen=True, kw_only=True, array_like=True):
+class Envelope(msgspec.Struct, Generic[E], frozen=True, kw_only=True, array_like=True, gc=False):
     """A stored record: one event and where it came from.
 
     Attributes:

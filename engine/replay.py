@@ -14,7 +14,7 @@ import trio
 from engine.errors import LogCorrupted, ReplayDiverged, SchemaTooNew
 from engine.events import Envelope, Event
 from engine.lifecycle import ProjectionChecked
-from engine.projection import Fold, Projection, decode_state
+from engine.projection import Fold, Projection, decode_state, fold_stream
 from stores.eventlog import EventLog
 
 
@@ -42,7 +42,7 @@ def replay_until(
             fold = Fold(projections, states)
             fold.last_seq = upto
             start_snapshot = upto
-    fold.apply_all(log.read(fold.last_seq + 1, end + 1))
+    fold_stream(fold, log.read(fold.last_seq + 1, end + 1))
     return fold, start_snapshot
 
 
@@ -65,14 +65,21 @@ def verify_log(log: EventLog, projections: Sequence[Projection]) -> VerifyResult
     """
     fold = Fold(projections)
     checks = 0
+    pending: list[Envelope[Event]] = []  # read, not yet folded
     try:
         for env in log.read(0):
-            ev = env.event
-            if isinstance(ev, ProjectionChecked):
-                _compare(fold, env.seq, ev)
+            if isinstance(env.event, ProjectionChecked):
+                fold.apply_all(pending)
+                pending = []
+                _compare(fold, env.seq, env.event)
                 checks += 1
-            fold.apply(env)
+            pending.append(env)
+            if len(pending) >= 1024:
+                fold.apply_all(pending)
+                pending = []
+        fold.apply_all(pending)
     except (LogCorrupted, SchemaTooNew) as exc:
+        fold.apply_all(pending)
         bad = exc.seq if isinstance(exc, LogCorrupted) else fold.last_seq + 1
         return VerifyResult(fold.last_seq + 1, checks, False, str(exc), bad)
     except ReplayDiverged as exc:

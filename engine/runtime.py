@@ -38,11 +38,19 @@ from engine.lifecycle import (
     RunStopped,
     SnapshotTaken,
 )
-from engine.projection import Fold, Projection, decode_state, digest_bytes, encode_state
+from engine.projection import (
+    Fold,
+    Projection,
+    decode_state,
+    digest_bytes,
+    encode_state,
+    fold_stream,
+)
 from engine.seeds import derive_seed
 from stores.eventlog import EventLog
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_FINAL_EVENTS = frozenset({RunStopped, RunFailed})
 
 
 class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,7 +153,8 @@ class Runtime:
         self._routes: dict[type[Event], list[_Subscriber]] = {}
         self._fold = Fold(self._projections)
         self._since_check = 0
-        self._since_snapshot = 0
+        self._snapshot_seq = -1
+        self._next = 0
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
@@ -162,13 +171,13 @@ class Runtime:
     @property
     def next_seq(self) -> int:
         """Sequence number the next committed event gets."""
-        return self._log.next_seq
+        return self._next
 
     def statistics(self) -> dict[str, Any]:
         """Pending events, committed events and per-mailbox queue lengths."""
         return {
             "pending": len(self._pending),
-            "committed": self._log.next_seq,
+            "committed": self._next,
             "mailboxes": {s.spec.name: s.send.statistics().current_buffer_used for s in self._subs},
         }
 
@@ -199,16 +208,17 @@ class Runtime:
             LogError: the log failed (the run cannot be recorded any further).
         """
         await trio.to_thread.run_sync(self._rebuild_fold)
+        self._next = self._log.next_seq
         self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
         async with trio.open_nursery() as root:
             await root.start(self._writer)
-            if self._log.next_seq == 0:
+            if self._next == 0:
                 self.push("runtime", self._run_started, None, "")
             outcome = await self._run_actors()
             self.push("runtime", self._final_event(outcome), None, "")
             self._closing = True
             self._wake.unpark_all()
-        outcome.events = self._log.next_seq
+        outcome.events = self._next
         self._log_out.info(
             "run ended", reason=outcome.reason, exit_code=outcome.exit_code, events=outcome.events
         )
@@ -343,55 +353,61 @@ class Runtime:
             await self._deliver(committed.envelopes)
 
     def _commit(self, batch: list[_Pending]) -> _Committed:
-        """Number, fold and append one batch (runs in a worker thread)."""
-        out: list[Envelope[Event]] = []
-        snapshot: tuple[int, dict[str, bytes]] | None = None
-        seq = self._log.next_seq
-        run_id = self.run_id
-        for actor, ev, cause, corr, t in batch:
-            if self._since_check and isinstance(ev, RunStopped | RunFailed):
-                seq = self._append_check(out, seq, t)
-            env = Envelope(
-                seq=seq,
-                run=run_id,
-                t=t,
-                actor=actor,
-                event=ev,
-                cause=cause,
-                corr=corr,
-                v=ev.version,
-            )
-            out.append(env)
-            seq += 1
-            self._fold.apply(env)
-            self._since_check += 1
-            self._since_snapshot += 1
-            if self._cfg.checksum_every and self._since_check >= self._cfg.checksum_every:
-                seq = self._append_check(out, seq, t)
-            if self._cfg.snapshot_every and self._since_snapshot >= self._cfg.snapshot_every:
-                self._since_snapshot = 0
-                snapshot = (
-                    seq - 1,
-                    {name: encode_state(st) for name, st in self._fold.states.items()},
-                )
-        self._log.append(out)
-        if snapshot is None:
-            return _Committed(out)
-        upto, blobs = snapshot
-        for name, data in blobs.items():
-            self._log.put_snapshot(name, upto, data)
-        digests = {name: digest_bytes(data) for name, data in blobs.items()}
-        taken = SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))
-        return _Committed(out, [taken])
+        """Number, fold and append one batch (runs in a worker thread).
 
-    def _append_check(self, out: list[Envelope[Event]], seq: int, t: int) -> int:
-        """Append a :class:`ProjectionChecked` covering events ``< seq``; return the next seq."""
+        The engine's hot loop: envelopes are built in one pass and folded in segments, cut
+        where a :class:`ProjectionChecked` goes (every ``checksum_every`` events, and right
+        before the run's final event).
+        """
+        out: list[Envelope[Event]] = []
+        append = out.append
+        seq = self._next
+        run_id = self.run_id
+        every = self._cfg.checksum_every if self._projections else 0
+        folded = 0  # out[:folded] is folded
+        for actor, ev, cause, corr, t in batch:
+            if every and type(ev) in _FINAL_EVENTS and self._since_check + len(out) > folded:
+                seq = self._checkpoint(out, folded, seq, t)
+                folded = len(out)
+            v = ev.version
+            append(
+                Envelope(
+                    seq=seq, run=run_id, t=t, actor=actor, event=ev, cause=cause, corr=corr, v=v
+                )
+            )
+            seq += 1
+            if every and self._since_check + len(out) - folded >= every:
+                seq = self._checkpoint(out, folded, seq, t)
+                folded = len(out)
+        if self._projections:
+            self._fold.apply_all(out[folded:])
+            self._since_check += len(out) - folded
+        self._log.append(out)
+        self._next = seq
+        return _Committed(out, self._maybe_snapshot(seq - 1))
+
+    def _checkpoint(self, out: list[Envelope[Event]], folded: int, seq: int, t: int) -> int:
+        """Fold ``out[folded:]``, append a :class:`ProjectionChecked` covering events
+        ``< seq`` and fold it too; return the next seq."""
+        self._fold.apply_all(out[folded:])
         self._since_check = 0
         check = ProjectionChecked(upto=seq - 1, digests=self._fold.digests())
         env = Envelope(seq=seq, run=self.run_id, t=t, actor="runtime", event=check, v=check.version)
         out.append(env)
-        self._fold.apply(env)
+        self._fold.apply_all([env])
         return seq + 1
+
+    def _maybe_snapshot(self, upto: int) -> list[Event]:
+        """Store the projection states after ``upto`` if ``snapshot_every`` events passed."""
+        every = self._cfg.snapshot_every
+        if not (self._projections and every and upto - self._snapshot_seq >= every):
+            return []
+        self._snapshot_seq = upto
+        blobs = {name: encode_state(st) for name, st in self._fold.states.items()}
+        for name, data in blobs.items():
+            self._log.put_snapshot(name, upto, data)
+        digests = {name: digest_bytes(data) for name, data in blobs.items()}
+        return [SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))]
 
     def _rebuild_fold(self) -> None:
         """Fold an existing log (resume) so checksums continue from its state."""
@@ -410,7 +426,7 @@ class Runtime:
         if states:
             self._fold = Fold(self._projections, states)
             start = upto + 1
-        self._fold.apply_all(self._log.read(start))
+        fold_stream(self._fold, self._log.read(start))
 
     async def _deliver(self, envelopes: list[Envelope[Event]]) -> None:
         per_sub: dict[_Subscriber, list[Envelope[Event]]] = {}

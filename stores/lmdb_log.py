@@ -30,13 +30,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import TYPE_CHECKING, TypeVar
 
 import lmdb
 import msgspec
 
 from engine.errors import LogClosed, LogCorrupted, LogError, LogLocked, SchemaTooNew
-from engine.events import Codec, Envelope, Event, event_types
+from engine.events import Codec, Envelope, Event
 from stores.eventlog import LOG_FORMAT, RunMeta, VerifyReport, check_batch
 
 if TYPE_CHECKING:
@@ -58,12 +58,12 @@ _MAX_NAME_BYTES = 400  # LMDB's default maximum key size is 511 bytes
 _MAX_SEQ = 2**64 - 1
 _SEQ = struct.Struct(">Q")
 _CRC = struct.Struct(">I")
+_HEAD = struct.Struct(">II")  # CRC32, number of envelopes in the record
 _DB_NAMES = (b"events", b"meta", b"snapshots")
 _META_RUN = b"run"
 _META_FORMAT = b"log_format"
 _META_DECODER = msgspec.msgpack.Decoder(RunMeta)
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODER: tuple[int, msgspec.msgpack.Decoder[Envelope[Event]]] | None = None
 
 T = TypeVar("T")
 Txn = lmdb.Transaction  # bytes-valued transactions only (no ``buffers=True``)
@@ -83,8 +83,25 @@ def _unseal(key: bytes, value: bytes) -> bytes | None:
 
 
 def _next_seq(cursor: lmdb.Cursor[bytes]) -> int:
-    """One past the last key of the events database (0 when empty)."""
-    return int.from_bytes(cursor.key(), "big") + 1 if cursor.last() else 0
+    """One past the last seq of the events database (0 when empty).
+
+    Raises:
+        LogCorrupted: the last record's header is damaged.
+    """
+    if not cursor.last():
+        return 0
+    first = int.from_bytes(cursor.key(), "big")
+    value = cursor.value()
+    if len(value) < _HEAD.size:
+        raise LogCorrupted(first, "record shorter than its header")
+    return first + _HEAD.unpack_from(value)[1]
+
+
+def _seal_batch(key: bytes, count: int, payload: bytes) -> bytes:
+    """An events value: CRC32 over key + count + payload, the count, then the payload."""
+    head = count.to_bytes(4, "big")
+    crc = zlib.crc32(payload, zlib.crc32(head, zlib.crc32(key)))
+    return crc.to_bytes(4, "big") + head + payload
 
 
 def _snapshot_prefix(name: str) -> bytes:
@@ -99,44 +116,6 @@ def _snapshot_prefix(name: str) -> bytes:
     if len(raw) > _MAX_NAME_BYTES:
         raise ValueError(f"snapshot name longer than {_MAX_NAME_BYTES} bytes: {name[:40]!r}...")
     return raw + b"\0"
-
-
-def _envelope_decoder() -> Callable[[bytes], Envelope[Event]]:
-    """``decode`` of one typed envelope decoder over every registered event class.
-
-    The fast path only: a record it refuses, or one of an old version, goes through
-    :meth:`Codec.decode`, which upcasts and names the error.
-    """
-    global _DECODER
-    kinds = event_types()
-    if _DECODER is None or _DECODER[0] != len(kinds):
-        union = Union[tuple(kinds.values())]  # noqa: UP007 - dynamic union
-        _DECODER = len(kinds), msgspec.msgpack.Decoder(Envelope[union])  # type: ignore[valid-type]
-    return _DECODER[1].decode
-
-
-def _lock_writer(path: Path) -> int:
-    """Take the log's writer lock (exclusive, non-blocking ``flock``) and note our pid in it.
-
-    Returns:
-        The lock file's descriptor; closing it (or the process dying) releases the lock.
-
-    Raises:
-        LogLocked: another handle, in this process or another, holds it.
-    """
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise LogLocked(
-            f"event log at {path} already has a writer (pid {holder}); "
-            "open it with writable=False to read"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _open_env(
@@ -273,6 +252,30 @@ class _SharedEnv:
 
 _ENVS: dict[tuple[int, int], _SharedEnv] = {}
 _ENVS_LOCK = threading.Lock()
+
+
+def _lock_writer(path: Path) -> int:
+    """Take the log's writer lock (exclusive, non-blocking ``flock``) and note our pid in it.
+
+    Returns:
+        The lock file's descriptor; closing it (or the process dying) releases the lock.
+
+    Raises:
+        LogLocked: another handle, in this process or another, holds it.
+    """
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LogLocked(
+            f"event log at {path} already has a writer (pid {holder}); "
+            "open it with writable=False to read"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _file_key(path: Path) -> tuple[int, int]:
@@ -426,8 +429,8 @@ class LmdbEventLog:
         """
         self._check_writable()
         if envelopes:
-            payloads = [self._codec.encode(env) for env in envelopes]
-            self._write(partial(self._append_txn, envelopes=envelopes, payloads=payloads))
+            payload = self._codec.encode_batch(envelopes)
+            self._write(partial(self._append_txn, envelopes=envelopes, payload=payload))
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Envelope[Event]]:
         """Yield committed envelopes with ``start <= seq < stop`` in order.
@@ -580,7 +583,7 @@ class LmdbEventLog:
         shared = self._shared
         with shared.write_lock:
             while True:
-                txn = shared.env.begin(write=True)
+                txn = shared.env.begin(write=True, buffers=True)
                 try:
                     result = body(txn)
                     txn.commit()
@@ -619,67 +622,65 @@ class LmdbEventLog:
         return payload
 
     def _append_txn(
-        self, txn: Txn[bytes], envelopes: Sequence[Envelope[Event]], payloads: list[bytes]
+        self, txn: Txn[bytes], envelopes: Sequence[Envelope[Event]], payload: bytes
     ) -> None:
         cursor = txn.cursor(self._shared.events)
         first = _next_seq(cursor)
         check_batch(first, envelopes)
-        keys = [_SEQ.pack(seq) for seq in range(first, first + len(payloads))]
-        items = [(key, _seal(key, payload)) for key, payload in zip(keys, payloads, strict=True)]
-        _, added = cursor.putmulti(items, append=True)
-        assert added == len(items), "MDB_APPEND refused a key past the last one"
+        key = _SEQ.pack(first)
+        added = cursor.put(key, _seal_batch(key, len(envelopes), payload), append=True)
+        assert added, "MDB_APPEND refused a key past the last one"
 
     def _read_chunk(
         self, txn: Txn[bytes], first: int, end: int | None
     ) -> tuple[list[Envelope[Event]], int]:
-        """Decode up to :data:`READ_CHUNK` records from ``first`` (the hot path of replay).
-
-        Keys are not decoded: every payload carries its own seq, so a gap shows up as a record
-        with an unexpected seq, which goes to :meth:`_decode_slow` like any refused record.
+        """Decode the records holding seqs ``first ..`` up to about :data:`READ_CHUNK` events
+        (the hot path of replay): one CRC and one msgspec call per record.
 
         Returns:
-            The envelopes and ``end`` (the committed next seq if ``end`` was None).
+            The envelopes with ``first <= seq < end``, and ``end`` (the committed next seq if
+            ``end`` was None).
         """
         cursor = txn.cursor(self._shared.events)
         end = _next_seq(cursor) if end is None else end
-        limit = min(end, first + READ_CHUNK)
         out: list[Envelope[Event]] = []
-        if first >= limit or not cursor.set_range(_SEQ.pack(first)):
+        if first >= end or not _seek_record(cursor, first):
             return out, end
-        crc32, stored_crc, decode, seq = zlib.crc32, _CRC.unpack_from, _envelope_decoder(), first
+        expected = int.from_bytes(cursor.key(), "big")
         for key, value in cursor.iternext():
-            if seq == limit:
+            if expected >= end or len(out) >= READ_CHUNK:
                 break
-            payload = value[4:]
             try:
-                sound = stored_crc(value)[0] == crc32(payload, crc32(key))
-                env = decode(payload) if sound else None
-            except (struct.error, msgspec.MsgspecError):
-                env = None
-            if env is None or env.seq != seq or env.v != env.event.version:
-                try:
-                    env = self._decode_slow(key, value, seq)
-                except LogError:
-                    if out:  # hand over the good records first; the next chunk raises
-                        break
-                    raise
-            out.append(env)
-            seq += 1
+                envs = self._decode_record(key, value, expected)
+            except LogError:
+                if out:  # hand over the good records first; the next chunk raises
+                    break
+                raise
+            expected += len(envs)
+            out.extend(env for env in envs if first <= env.seq < end)
         return out, end
 
-    def _decode_slow(self, key: bytes, value: bytes, seq: int) -> Envelope[Event]:
-        """Decode a record the fast path refused: say why, or upcast an old version.
+    def _decode_record(self, key: bytes, value: bytes, expected: int) -> list[Envelope[Event]]:
+        """The envelopes of one record, which must start at seq ``expected``.
 
         Raises:
-            LogCorrupted: the key is not ``seq`` (a gap), the checksum fails, or it won't decode.
-            SchemaTooNew: the event is newer than this coevo knows.
+            LogCorrupted: a gap before the record, a checksum mismatch, a wrong count, or
+                bytes that are not envelopes.
+            SchemaTooNew: an event newer than this coevo knows.
         """
-        if key != _SEQ.pack(seq):
-            raise LogCorrupted(seq, f"record missing: the next key is {key.hex()}")
-        payload = _unseal(key, value)
-        if payload is None:
-            raise LogCorrupted(seq, "checksum mismatch")
-        return self._codec.decode(payload, seq)
+        first = int.from_bytes(key, "big")
+        if first != expected:
+            raise LogCorrupted(expected, f"record missing: the next record starts at {first}")
+        if len(value) < _HEAD.size:
+            raise LogCorrupted(first, "record shorter than its header")
+        crc, count = _HEAD.unpack_from(value)
+        view = memoryview(value)
+        if crc != zlib.crc32(view[8:], zlib.crc32(view[4:8], zlib.crc32(key))):
+            raise LogCorrupted(first, f"checksum mismatch in the record of seqs {first}..")
+        envs = self._codec.decode_batch(view[8:], first)
+        if len(envs) != count:
+            raise LogCorrupted(first, f"record holds {len(envs)} events, its header says {count}")
+        return envs
 
     def _find_snapshot(
         self, txn: Txn[bytes], prefix: bytes, target: bytes
@@ -695,3 +696,11 @@ class LmdbEventLog:
         if not key.startswith(prefix) or len(key) != len(prefix) + _SEQ.size:
             return None
         return key, cursor.value()
+
+
+def _seek_record(cursor: lmdb.Cursor[bytes], seq: int) -> bool:
+    """Position ``cursor`` on the record holding ``seq`` (the last key ``<= seq``)."""
+    key = _SEQ.pack(seq)
+    if cursor.set_range(key):
+        return cursor.key() == key or cursor.prev()
+    return cursor.last()

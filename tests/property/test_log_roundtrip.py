@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,11 @@ def fill(log: EventLog, envs: list[Envelope[Event]], sizes: list[int]) -> None:
     assert log.next_seq == len(envs)
 
 
+def in_range(envs: list[Envelope[Event]], start: int, stop: int | None) -> list[Envelope[Event]]:
+    """The Protocol's reading of ``read(start, stop)``: ``start <= seq < stop``."""
+    return [e for e in envs if e.seq >= start and (stop is None or e.seq < stop)]
+
+
 @SETTINGS
 @given(envs=streams(), sizes=st.lists(st.integers(0, 9), max_size=8), bounds=st.data())
 def test_stream_round_trips_through_the_twin(
@@ -118,7 +124,7 @@ def test_stream_round_trips_through_the_twin(
     fill(log, envs, sizes)
     assert list(log.read()) == envs
     start, stop = bounds.draw(st.integers(-2, 45)), bounds.draw(st.none() | st.integers(-2, 45))
-    assert list(log.read(start, stop)) == envs[max(start, 0) : stop]
+    assert list(log.read(start, stop)) == in_range(envs, start, stop)
 
 
 @SETTINGS
@@ -135,12 +141,12 @@ def test_stream_round_trips_through_lmdb(
             assert list(log.read()) == envs
             start = bounds.draw(st.integers(-2, 45))
             stop = bounds.draw(st.none() | st.integers(-2, 45))
-            assert list(log.read(start, stop)) == envs[max(start, 0) : stop]
+            assert list(log.read(start, stop)) == in_range(envs, start, stop)
             assert log.verify().records == len(envs)
 
 
-def flip_stored_byte(path: Path, seq: int, position: int, mask: int) -> int:
-    """XOR one byte of the stored value of event ``seq`` (a raw LMDB write).
+def flip_stored_byte(path: Path, first: int, position: int, mask: int) -> int:
+    """XOR one byte of the stored record that starts at seq ``first`` (a raw LMDB write).
 
     Returns:
         The byte's index in the value (``position`` modulo the value's length).
@@ -148,7 +154,7 @@ def flip_stored_byte(path: Path, seq: int, position: int, mask: int) -> int:
     with lmdb.open(str(path), max_dbs=3, create=False) as env:
         events = env.open_db(b"events", create=False)
         with env.begin(write=True, db=events) as txn:
-            key = seq.to_bytes(8, "big")
+            key = first.to_bytes(8, "big")
             value = bytearray(txn.get(key))
             index = position % len(value)
             value[index] ^= mask
@@ -159,24 +165,30 @@ def flip_stored_byte(path: Path, seq: int, position: int, mask: int) -> int:
 @SETTINGS
 @given(
     envs=streams(max_size=12).filter(bool),
+    cuts=st.lists(st.integers(1, 11), max_size=4),
     pick=st.integers(0, 11),
     position=st.integers(0, 10_000),
     mask=st.integers(1, 255),
 )
-def test_flipped_byte_is_reported_at_its_seq(
-    envs: list[Envelope[Event]], pick: int, position: int, mask: int
+def test_flipped_byte_is_reported_at_its_record(
+    envs: list[Envelope[Event]], cuts: list[int], pick: int, position: int, mask: int
 ) -> None:
-    seq = pick % len(envs)
+    """One record per appended batch: a flipped byte anywhere in a record is reported at the
+    record's first seq; everything before it and after it still reads back."""
+    bounds = sorted({0, len(envs), *(c for c in cuts if c < len(envs))})
+    batches = list(itertools.pairwise(bounds))
+    first, end = batches[pick % len(batches)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "log"
         with LmdbEventLog.create(path, META, durable=False) as log:
-            log.append(envs)
-        flip_stored_byte(path, seq, position, mask)
+            for a, b in batches:
+                log.append(envs[a:b])
+        flip_stored_byte(path, first, position, mask)
         with LmdbEventLog.open(path) as log:
             with pytest.raises(LogCorrupted) as info:
                 list(log.read())
-            assert info.value.seq == seq
+            assert info.value.seq == first
             report = log.verify()
-            assert (report.ok, report.first_bad, report.records) == (False, seq, seq)
-            assert list(log.read(0, seq)) == envs[:seq]
-            assert list(log.read(seq + 1)) == envs[seq + 1 :]
+            assert (report.ok, report.first_bad, report.records) == (False, first, first)
+            assert list(log.read(0, first)) == envs[:first]
+            assert list(log.read(end, len(envs))) == envs[end:]

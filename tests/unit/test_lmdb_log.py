@@ -232,7 +232,22 @@ def test_reader_opened_first_in_process_then_writer(path: Path) -> None:
 
 
 def sealed(key: bytes, payload: bytes) -> bytes:
+    """A sealed meta or snapshot value: CRC32 over key + payload, then the payload."""
     return zlib.crc32(payload, zlib.crc32(key)).to_bytes(4, "big") + payload
+
+
+def sealed_record(key: bytes, count: int, payload: bytes) -> bytes:
+    """A sealed events record: CRC32 over key + count + payload, the count, the payload."""
+    head = count.to_bytes(4, "big")
+    return (
+        zlib.crc32(payload, zlib.crc32(head, zlib.crc32(key))).to_bytes(4, "big") + head + payload
+    )
+
+
+def append_one_by_one(log: LmdbEventLog, envs: list[Envelope[Event]]) -> None:
+    """One record per event (one append per event), so a record is a seq."""
+    for env in envs:
+        log.append([env])
 
 
 def test_newer_log_format_is_refused(path: Path) -> None:
@@ -287,7 +302,7 @@ def test_writers_of_either_durability_share_a_readers_env(path: Path) -> None:
 
 def test_verify_names_first_corrupted_record(path: Path) -> None:
     with LmdbEventLog.create(path, META) as log:
-        log.append(envelopes(0, 20))
+        append_one_by_one(log, envelopes(0, 20))
     key = (7).to_bytes(8, "big")
     value = bytearray(raw_get(path, b"events", key))
     value[-1] ^= 0x40
@@ -305,7 +320,7 @@ def test_verify_names_first_corrupted_record(path: Path) -> None:
 
 def test_missing_record_is_a_gap(path: Path) -> None:
     with LmdbEventLog.create(path, META) as log:
-        log.append(envelopes(0, 10))
+        append_one_by_one(log, envelopes(0, 10))
     raw_put(path, b"events", (4).to_bytes(8, "big"), None)
     with LmdbEventLog.open(path) as log:
         report = log.verify()
@@ -320,7 +335,7 @@ def test_missing_record_is_a_gap(path: Path) -> None:
 def test_record_under_wrong_key_is_corrupted(path: Path) -> None:
     """A checksummed record moved under another key fails: the CRC covers the key."""
     with LmdbEventLog.create(path, META) as log:
-        log.append(envelopes(0, 3))
+        append_one_by_one(log, envelopes(0, 3))
     raw_put(path, b"events", (1).to_bytes(8, "big"), raw_get(path, b"events", bytes(8)))
     with LmdbEventLog.open(path) as log:
         assert log.verify().first_bad == 1
@@ -331,8 +346,8 @@ def test_record_of_unknown_event_kind_is_reported(path: Path) -> None:
         log.append(envelopes(0, 2))
         log.append([Envelope(seq=2, run="unit", t=0, actor="runtime", event=RunStopped(reason=""))])
     key = (2).to_bytes(8, "big")
-    payload = raw_get(path, b"events", key)[4:].replace(b"run_stopped", b"run_stoppez")
-    raw_put(path, b"events", key, sealed(key, payload))
+    payload = raw_get(path, b"events", key)[8:].replace(b"run_stopped", b"run_stoppez")
+    raw_put(path, b"events", key, sealed_record(key, 1, payload))
     with LmdbEventLog.open(path) as log:
         report = log.verify()
         assert (report.ok, report.first_bad) == (False, 2)

@@ -1,0 +1,239 @@
+"""Engine throughput next to the raw LMDB floor, measured in the same process.
+
+Four numbers, each the median of several runs over the same events (realistic ``StepTaken``
+events: an observation line and a list of admissible actions):
+
+- raw append: LMDB puts of pre-encoded, pre-sealed bytes, ``batch`` per durable transaction;
+- engine append: the same events emitted by a source actor through the runtime (envelope,
+  seq, projection fold + checksums, encode, CRC, durable group commit) into an LmdbEventLog;
+- raw scan + decode: an LMDB cursor over the engine's log, msgspec-decoding every envelope;
+- engine replay: ``coevo replay --verify``'s work (CRC check, decode, fold, checksum compare).
+
+Run: ``.venv/bin/python bench/bench_log.py [--events N] [--repeats R] [--batch B]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Union
+
+import lmdb
+import msgspec
+import trio
+from rich.console import Console
+
+from agents.episode_events import StepTaken
+from agents.projections import EpisodeTable
+from engine.actor import Actor, ActorSpec, Context
+from engine.events import Codec, Envelope, Event, event_types
+from engine.lifecycle import RunStarted
+from engine.logsetup import configure_logging
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from engine.runtime import Runtime, RuntimeConfig
+from stores.eventlog import LOG_FORMAT, RunMeta
+from stores.lmdb_log import LmdbEventLog
+
+ADMISSIBLE = tuple(f"open {x}" for x in ("box", "crate", "chest", "sack", "drawer", "cabinet"))
+
+
+def make_events(n: int) -> list[Event]:
+    return [
+        StepTaken(
+            episode=f"ep{i // 15:06d}",
+            turn=i % 15,
+            action=ADMISSIBLE[i % 6],
+            observation=f"you open the {ADMISSIBLE[i % 6][5:]}. inside you see a tin wire.",
+            admissible=ADMISSIBLE,
+            reward=0.0,
+            done=False,
+            score=0.0,
+        )
+        for i in range(n)
+    ]
+
+
+def meta() -> RunMeta:
+    return RunMeta(
+        run_id="bench",
+        created_ns=0,
+        coevo_version="bench",
+        log_format=LOG_FORMAT,
+        scenario_name="bench",
+        scenario_toml="",
+        scenario_hash="",
+        seed=0,
+        event_versions={t: c.version for t, c in event_types().items()},
+    )
+
+
+def raw_append(path: Path, records: list[tuple[bytes, bytes]], per_txn: int) -> float:
+    """Raw durable LMDB puts of pre-encoded values, ``per_txn`` records per transaction.
+
+    Returns:
+        Events per second, counting ``events_per_record`` events per record.
+    """
+    env = lmdb.open(str(path), map_size=4 << 30, max_dbs=3, sync=True, metasync=True)
+    db = env.open_db(b"events")
+    t0 = time.perf_counter()
+    for i in range(0, len(records), per_txn):
+        with env.begin(write=True) as txn:
+            txn.cursor(db).putmulti(records[i : i + per_txn], append=True)
+    elapsed = time.perf_counter() - t0
+    env.close()
+    return elapsed
+
+
+class Source(Actor):
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+
+    async def run(self, ctx: Context) -> None:
+        for ev in self.events:
+            await ctx.emit(ev)
+
+
+def engine_append(path: Path, events: list[Event], batch: int, checksums: bool) -> float:
+    log = LmdbEventLog.create(path, meta(), durable=True, map_size=1 << 30)
+    started = RunStarted(run_id="bench", scenario="b", scenario_hash="", seed=0, coevo_version="")
+    config = RuntimeConfig(
+        batch_max=batch, write_buffer=4 * batch, checksum_every=1000 if checksums else 0,
+        snapshot_every=0,
+    )  # fmt: skip
+    projections = [ActorStats(), EpisodeTable()] if checksums else []
+    spec = ActorSpec(name="source", factory=lambda: Source(events), driver=True)
+    runtime = Runtime(log, started, [spec], projections, seed=0, config=config)
+    t0 = time.perf_counter()
+    outcome = trio.run(runtime.run)
+    elapsed = time.perf_counter() - t0
+    log.close()
+    return outcome.events / elapsed
+
+
+def raw_scan_decode(path: Path, batched: bool) -> float:
+    """A raw cursor scan decoding every stored value (one envelope, or a record's array)."""
+    union = Union[tuple(event_types().values())]  # noqa: UP007 - dynamic union
+    one = msgspec.msgpack.Decoder(Envelope[union])  # type: ignore[valid-type]
+    many = msgspec.msgpack.Decoder(list[Envelope[union]])  # type: ignore[valid-type]
+    env = lmdb.open(str(path), readonly=True, max_dbs=3, lock=False)
+    db = env.open_db(b"events", create=False)
+    t0 = time.perf_counter()
+    n = 0
+    with env.begin(buffers=True) as txn:
+        for _, value in txn.cursor(db):
+            if batched:
+                n += len(many.decode(value[8:]))
+            else:
+                one.decode(value)
+                n += 1
+    elapsed = time.perf_counter() - t0
+    env.close()
+    return n / elapsed
+
+
+def engine_replay(path: Path) -> float:
+    log = LmdbEventLog.open(path, writable=False)
+    t0 = time.perf_counter()
+    result = verify_log(log, [ActorStats(), EpisodeTable()])
+    elapsed = time.perf_counter() - t0
+    log.close()
+    assert result.ok, result.error
+    return result.events / elapsed
+
+
+def median_of(repeats: int, fn: Callable[[], float]) -> float:
+    return statistics.median(fn() for _ in range(repeats))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=1000)
+    args = parser.parse_args()
+    configure_logging(Console(stderr=True), "warning")
+    n, batch = args.events, args.batch
+    events = make_events(n)
+    codec = Codec()
+    envs = [
+        Envelope(seq=i, run="bench", t=0, actor="source", event=ev) for i, ev in enumerate(events)
+    ]
+    per_event = [(i.to_bytes(8, "big"), codec.encode(env)) for i, env in enumerate(envs)]
+    per_batch = []
+    for i in range(0, n, batch):
+        key, payload = i.to_bytes(8, "big"), codec.encode_batch(envs[i : i + batch])
+        head = min(batch, n - i).to_bytes(4, "big")
+        crc = zlib.crc32(payload, zlib.crc32(head, zlib.crc32(key))).to_bytes(4, "big")
+        per_batch.append((key, crc + head + payload))
+    base = Path(tempfile.mkdtemp(prefix="coevo-bench-", dir=os.environ.get("BENCH_DIR")))
+    counter = iter(range(10**6))
+
+    def fresh() -> Path:
+        path = base / f"r{next(counter)}"
+        path.mkdir()
+        return path
+
+    rows: dict[str, tuple[float, str]] = {}
+    try:
+        raw_events = fresh()
+        rows["raw append: one record per event, 1000 per txn"] = (
+            median_of(args.repeats, lambda: n / raw_append(fresh(), per_event, batch)),
+            "append",
+        )
+        raw_append(raw_events, per_event, batch)
+        rows["raw append: one record per 1000 events, 1 per txn"] = (
+            median_of(args.repeats, lambda: n / raw_append(fresh(), per_batch, 1)),
+            "append",
+        )
+        rows["engine append, no projections"] = (
+            median_of(args.repeats, lambda: engine_append(fresh(), events, batch, False)),
+            "append",
+        )
+        rows["engine append, 2 projections + checksums"] = (
+            median_of(args.repeats, lambda: engine_append(fresh(), events, batch, True)),
+            "append",
+        )
+        replay_log = fresh()
+        engine_append(replay_log, events, batch, True)
+        rows["raw scan + decode: one record per event"] = (
+            median_of(args.repeats, lambda: raw_scan_decode(raw_events, False)),
+            "scan",
+        )
+        rows["raw scan + decode: the engine's batch records"] = (
+            median_of(args.repeats, lambda: raw_scan_decode(replay_log, True)),
+            "scan",
+        )
+        rows["engine replay --verify (CRC, decode, fold 2 projections, check)"] = (
+            median_of(args.repeats, lambda: engine_replay(replay_log)),
+            "scan",
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    report(rows, args)
+
+
+def report(rows: dict[str, tuple[float, str]], args: argparse.Namespace) -> None:
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, lmdb {lmdb.__version__}, "
+          f"msgspec {msgspec.__version__}; {args.events} StepTaken events, batch {args.batch}, "
+          f"median of {args.repeats}")  # fmt: skip
+    floors = {
+        kind: next(rate for rate, k in rows.values() if k == kind) for kind in ("append", "scan")
+    }
+    print("| measurement | events/s | vs per-event raw floor |")
+    print("|---|---:|---:|")
+    for name, (rate, kind) in rows.items():
+        print(f"| {name} | {rate:,.0f} | {rate / floors[kind]:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
