@@ -18,7 +18,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -100,9 +100,11 @@ _Pending = tuple[str, Event, int | None, str, int]
 
 
 @dataclass
-class _Committed:
+class _Prepared:
+    """A numbered and folded batch on its way to the log, with the snapshot to store after it."""
+
     envelopes: list[Envelope[Event]]
-    follow_ups: list[Event] = field(default_factory=list[Event])
+    snapshot: tuple[int, dict[str, bytes]] | None = None
 
 
 class Runtime:
@@ -155,6 +157,7 @@ class Runtime:
         self._since_check = 0
         self._snapshot_seq = -1
         self._next = 0
+        self._committed = 0
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
@@ -177,7 +180,7 @@ class Runtime:
         """Pending events, committed events and per-mailbox queue lengths."""
         return {
             "pending": len(self._pending),
-            "committed": self._next,
+            "committed": self._committed,
             "mailboxes": {s.spec.name: s.send.statistics().current_buffer_used for s in self._subs},
         }
 
@@ -208,7 +211,7 @@ class Runtime:
             LogError: the log failed (the run cannot be recorded any further).
         """
         await trio.to_thread.run_sync(self._rebuild_fold)
-        self._next = self._log.next_seq
+        self._next = self._committed = self._log.next_seq
         self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
         async with trio.open_nursery() as root:
             await root.start(self._writer)
@@ -218,7 +221,7 @@ class Runtime:
             self.push("runtime", self._final_event(outcome), None, "")
             self._closing = True
             self._wake.unpark_all()
-        outcome.events = self._next
+        outcome.events = self._committed
         self._log_out.info(
             "run ended", reason=outcome.reason, exit_code=outcome.exit_code, events=outcome.events
         )
@@ -345,15 +348,24 @@ class Runtime:
             batch = self._pending[:n]
             del self._pending[:n]
             self._space.unpark_all()
-            committed = await trio.to_thread.run_sync(self._commit, batch)
-            for ev in committed.follow_ups:
-                self.push("runtime", ev, None, "")
+            prepared = await trio.to_thread.run_sync(self._commit, batch)
             for observe in self._observers:
-                observe(committed.envelopes)
-            await self._deliver(committed.envelopes)
+                observe(prepared.envelopes)
+            await self._deliver(prepared.envelopes)
 
-    def _commit(self, batch: list[_Pending]) -> _Committed:
-        """Number, fold and append one batch (runs in a worker thread).
+    def _commit(self, batch: list[_Pending]) -> _Prepared:
+        """Prepare one batch and append it (one transaction) with its snapshot (worker thread)."""
+        prepared = self._prepare(batch)
+        self._log.append(prepared.envelopes)
+        self._committed = prepared.envelopes[-1].seq + 1
+        if prepared.snapshot is not None:
+            upto, blobs = prepared.snapshot
+            for name, data in blobs.items():
+                self._log.put_snapshot(name, upto, data)
+        return prepared
+
+    def _prepare(self, batch: list[_Pending]) -> _Prepared:
+        """Number and fold one batch.
 
         The engine's hot loop: envelopes are built in one pass and folded in segments, cut
         where a :class:`ProjectionChecked` goes (every ``checksum_every`` events, and right
@@ -382,9 +394,9 @@ class Runtime:
         if self._projections:
             self._fold.apply_all(out[folded:])
             self._since_check += len(out) - folded
-        self._log.append(out)
-        self._next = seq
-        return _Committed(out, self._maybe_snapshot(seq - 1))
+        snapshot = self._maybe_snapshot(out, seq - 1)
+        self._next = out[-1].seq + 1
+        return _Prepared(out, snapshot)
 
     def _checkpoint(self, out: list[Envelope[Event]], folded: int, seq: int, t: int) -> int:
         """Fold ``out[folded:]``, append a :class:`ProjectionChecked` covering events
@@ -397,17 +409,28 @@ class Runtime:
         self._fold.apply_all([env])
         return seq + 1
 
-    def _maybe_snapshot(self, upto: int) -> list[Event]:
-        """Store the projection states after ``upto`` if ``snapshot_every`` events passed."""
+    def _maybe_snapshot(
+        self, out: list[Envelope[Event]], upto: int
+    ) -> tuple[int, dict[str, bytes]] | None:
+        """If ``snapshot_every`` events passed: encode the projection states after ``upto``
+        and append a :class:`SnapshotTaken` (the blobs are stored right after the batch)."""
         every = self._cfg.snapshot_every
         if not (self._projections and every and upto - self._snapshot_seq >= every):
-            return []
+            return None
+        if type(out[-1].event) in _FINAL_EVENTS:  # the final event stays the last one
+            return None
         self._snapshot_seq = upto
         blobs = {name: encode_state(st) for name, st in self._fold.states.items()}
-        for name, data in blobs.items():
-            self._log.put_snapshot(name, upto, data)
         digests = {name: digest_bytes(data) for name, data in blobs.items()}
-        return [SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))]
+        taken = SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))
+        t = out[-1].t
+        env = Envelope(
+            seq=upto + 1, run=self.run_id, t=t, actor="runtime", event=taken, v=taken.version
+        )
+        out.append(env)
+        self._fold.apply_all([env])
+        self._since_check += 1
+        return upto, blobs
 
     def _rebuild_fold(self) -> None:
         """Fold an existing log (resume) so checksums continue from its state."""

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from agents.scripted import Explorer, RandomAgent
-
-from agents.env_worker import Agent, EnvWorker
+from agents.env_worker import EnvWorker
 from agents.projections import EpisodeTable
 from agents.scheduler import Scheduler
+from agents.scripted import Agent, Explorer, RandomAgent
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Event

@@ -420,7 +420,7 @@ class LmdbEventLog:
         return self._read_txn(lambda txn: _next_seq(txn.cursor(self._shared.events)))
 
     def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
-        """Append a batch in one write transaction: all of it is committed, or none of it.
+        """Append a batch as one record in one write transaction: all of it, or none of it.
 
         Raises:
             SequenceConflict: the batch does not continue the committed log.
