@@ -3,31 +3,28 @@
 Layout of a log directory:
 
 - ``data.mdb`` / ``lock.mdb``: the LMDB environment with three sub-databases:
-  ``events`` (key: seq as 8-byte big-endian), ``meta`` (the run metadata and the log format)
-  and ``snapshots`` (key: name, NUL, 8-byte big-endian ``upto``).
+  ``events`` (one record per appended batch; key: the batch's first seq, 8-byte big-endian),
+  ``meta`` (the run metadata and the log format) and ``snapshots`` (key: name, NUL, 8-byte
+  big-endian ``upto``).
 - ``writer.lock``: the writer's exclusive ``flock``; it dies with the writer's process.
 
-Every stored value is sealed: a 4-byte big-endian CRC32 over key + payload, then the payload
-(a Codec-encoded envelope for events). A flipped byte is reported as :class:`LogCorrupted`
-naming the record, never decoded into a wrong event.
+An events record is a 4-byte big-endian CRC32 over key + count + payload, the 4-byte count of
+envelopes, then the payload: the batch as one msgpack array of envelopes (one commit of the
+runtime's group commit). One record per batch makes appends one put and reads one CRC and one
+msgspec call per batch. Meta and snapshot values are a CRC32 over key + payload, then the
+payload. A flipped byte is reported as :class:`LogCorrupted` naming the first seq of its
+record, never decoded into a wrong event; the records around it still read.
 
-LMDB forbids opening one environment twice in a process, so all handles on a directory in one
-process share one ``lmdb.Environment`` (reference-counted; read-only until a writer of the
-process joins). The map starts small and doubles on ``MapFullError``; readers adopt a map grown
-by another process on ``MapResizedError``. Remaps (and aborts of write transactions, which
-py-lmdb makes wait for every thread's LMDB call) wait until no read transaction of the process
-is open, and no read transaction outlives one chunk of :data:`READ_CHUNK` records.
+The environment plumbing (one shared environment per process, safe remaps, the writer lock)
+is in :mod:`stores.lmdb_env`. The map starts small and doubles on ``MapFullError``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import struct
-import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -35,12 +32,13 @@ from typing import TYPE_CHECKING, TypeVar
 import lmdb
 import msgspec
 
-from engine.errors import LogClosed, LogCorrupted, LogError, LogLocked, SchemaTooNew
+from engine.errors import LogClosed, LogCorrupted, LogError, SchemaTooNew
 from engine.events import Codec, Envelope, Event
 from stores.eventlog import LOG_FORMAT, RunMeta, VerifyReport, check_batch
+from stores.lmdb_env import DATA_FILE, SharedEnv, lock_writer
 
 if TYPE_CHECKING:
-    from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
+    pass  # pyright: ignore[reportPrivateUsage]
 
 __all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "LmdbEventLog"]
 
@@ -48,25 +46,22 @@ DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 """Initial map size of a new log; the map doubles whenever it is full."""
 
 READ_CHUNK = 256
-"""Records decoded per read transaction: short transactions, little per-chunk overhead, and
-few decoded envelopes alive at once (larger chunks measured slower: the GC scans them)."""
+"""Events decoded per read transaction (rounded up to whole records): short transactions and
+few decoded envelopes alive at once."""
 
-DATA_FILE = "data.mdb"
-LOCK_FILE = "writer.lock"
 _PAGE = 4096
 _MAX_NAME_BYTES = 400  # LMDB's default maximum key size is 511 bytes
 _MAX_SEQ = 2**64 - 1
 _SEQ = struct.Struct(">Q")
 _CRC = struct.Struct(">I")
 _HEAD = struct.Struct(">II")  # CRC32, number of envelopes in the record
-_DB_NAMES = (b"events", b"meta", b"snapshots")
 _META_RUN = b"run"
 _META_FORMAT = b"log_format"
 _META_DECODER = msgspec.msgpack.Decoder(RunMeta)
 _ENCODER = msgspec.msgpack.Encoder()
 
 T = TypeVar("T")
-Txn = lmdb.Transaction  # bytes-valued transactions only (no ``buffers=True``)
+Txn = lmdb.Transaction  # read transactions return bytes; the write path uses buffers
 
 
 def _seal(key: bytes, payload: bytes) -> bytes:
@@ -118,171 +113,6 @@ def _snapshot_prefix(name: str) -> bytes:
     return raw + b"\0"
 
 
-def _open_env(
-    path: Path, create: bool, writable: bool, map_size: int, durable: bool
-) -> tuple[lmdb.Environment, list[_Db]]:
-    """Open the environment and its three databases (created if ``create``).
-
-    A reader's environment is read-only: it opens the databases without a write transaction,
-    so it never waits on the writer. ``map_size`` 0 adopts the size recorded in the file.
-
-    Raises:
-        LogError: LMDB refused to open it, or it holds no coevo event log.
-    """
-    flags = {"create": create, "readonly": not writable, "sync": durable, "metasync": durable}
-    try:
-        env = lmdb.open(str(path), map_size=map_size, max_dbs=len(_DB_NAMES), **flags)
-    except lmdb.Error as exc:
-        raise LogError(f"cannot open event log at {path}: {exc}") from None
-    try:
-        if writable:  # py-lmdb keeps database handles opened in a write transaction only
-            with env.begin(write=True) as txn:
-                dbs = [env.open_db(name, txn=txn, create=create) for name in _DB_NAMES]
-        else:
-            dbs = [env.open_db(name, create=False) for name in _DB_NAMES]
-    except lmdb.NotFoundError:
-        env.close()
-        raise LogError(f"no coevo event log at {path} (LMDB file without its databases)") from None
-    except BaseException:
-        env.close()
-        raise
-    return env, dbs
-
-
-class _SharedEnv:
-    """The process's one ``lmdb.Environment`` for a log directory, with a remap gate.
-
-    ``reading()`` brackets every read transaction; ``exclusive()`` waits until none is open and
-    keeps new ones out, so that a remap or a reopen never pulls memory from under a reader.
-    Instances live in ``_ENVS`` while they have users (:meth:`acquire` / :meth:`release`).
-    """
-
-    def __init__(
-        self, path: Path, key: tuple[int, int], env: lmdb.Environment, dbs: list[_Db], durable: bool
-    ) -> None:
-        self.path = path
-        self.key = key
-        self.env = env
-        self.events, self.meta, self.snapshots = dbs
-        self.synced = durable
-        self.users = 0
-        self.write_lock = threading.RLock()  # one write transaction or remap at a time
-        self._cond = threading.Condition()
-        self._active = 0
-        self._exclusive = False
-
-    @classmethod
-    def acquire(
-        cls, path: Path, create: bool, writable: bool, map_size: int, durable: bool
-    ) -> _SharedEnv:
-        """The shared environment of ``path`` (opened on first use), with one more user."""
-        with _ENVS_LOCK:
-            shared = None if create else _ENVS.get(_file_key(path))
-            if shared is None:
-                env, dbs = _open_env(path, create, writable, map_size, durable)
-                shared = cls(path, _file_key(path), env, dbs, durable)
-                _ENVS[shared.key] = shared
-            elif writable and not shared.writable:
-                shared.reopen(writable=True, durable=durable)
-            shared.users += 1
-            return shared
-
-    def release(self) -> None:
-        """Drop one user; the last one closes the environment."""
-        with _ENVS_LOCK:
-            self.users -= 1
-            if self.users == 0:
-                del _ENVS[self.key]
-                self.env.close()
-
-    @property
-    def writable(self) -> bool:
-        return not self.env.flags()["readonly"]
-
-    @contextmanager
-    def reading(self) -> Iterator[lmdb.Environment]:
-        """Bracket a read transaction (it holds off remaps and write aborts); yields the env."""
-        with self._cond:
-            while self._exclusive:
-                self._cond.wait()
-            self._active += 1
-        try:
-            yield self.env
-        finally:
-            with self._cond:
-                self._active -= 1
-                if not self._active:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the write lock, wait until no read transaction of this process is open, and
-        keep new ones out. Needed by ``set_mapsize``, and by a write transaction's abort:
-        py-lmdb's abort waits until no thread is inside LMDB, which two busy readers prevent."""
-        with self.write_lock:
-            with self._cond:
-                self._exclusive = True
-                while self._active:
-                    self._cond.wait()
-            try:
-                yield
-            finally:
-                with self._cond:
-                    self._exclusive = False
-                    self._cond.notify_all()
-
-    def resize(self, grow: bool) -> None:
-        """Double the map (``grow``, after ``MapFullError``) or adopt the size another process
-        grew it to (after ``MapResizedError``). The caller holds :meth:`exclusive`."""
-        self.env.set_mapsize(self.env.info()["map_size"] * 2 if grow else 0)
-
-    def reopen(self, writable: bool, durable: bool) -> None:
-        """Reopen the environment, e.g. read-write for a writer joining this process's readers."""
-        with self.exclusive():
-            self.env.close()
-            try:
-                opened = _open_env(self.path, False, writable, 0, durable)
-            except BaseException:  # back to the environment as it was
-                opened = _open_env(self.path, False, not writable, 0, self.synced)
-                self.env, (self.events, self.meta, self.snapshots) = opened
-                raise
-            self.env, (self.events, self.meta, self.snapshots) = opened
-            self.synced = durable
-
-
-_ENVS: dict[tuple[int, int], _SharedEnv] = {}
-_ENVS_LOCK = threading.Lock()
-
-
-def _lock_writer(path: Path) -> int:
-    """Take the log's writer lock (exclusive, non-blocking ``flock``) and note our pid in it.
-
-    Returns:
-        The lock file's descriptor; closing it (or the process dying) releases the lock.
-
-    Raises:
-        LogLocked: another handle, in this process or another, holds it.
-    """
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise LogLocked(
-            f"event log at {path} already has a writer (pid {holder}); "
-            "open it with writable=False to read"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def _file_key(path: Path) -> tuple[int, int]:
-    st = os.stat(path / DATA_FILE)
-    return st.st_dev, st.st_ino
-
-
 class LmdbEventLog:
     """The :class:`~stores.eventlog.EventLog` on LMDB. Build with :meth:`create` or :meth:`open`.
 
@@ -293,7 +123,7 @@ class LmdbEventLog:
     """
 
     def __init__(
-        self, path: Path, shared: _SharedEnv, lock_fd: int | None, durable: bool, codec: Codec
+        self, path: Path, shared: SharedEnv, lock_fd: int | None, durable: bool, codec: Codec
     ) -> None:
         self._path = path
         self._shared = shared
@@ -374,11 +204,11 @@ class LmdbEventLog:
     ) -> LmdbEventLog:
         """Lock (writers), share the environment, then create the log with ``meta`` or (None)
         check the format of the existing one. Nothing stays locked or open if this raises."""
-        lock_fd = _lock_writer(path) if writable else None
+        lock_fd = lock_writer(path) if writable else None
         try:
             if meta is not None and (path / DATA_FILE).exists():  # lost a race to create
                 raise LogError(f"an event log already exists at {path}")
-            shared = _SharedEnv.acquire(path, meta is not None, writable, size, durable)
+            shared = SharedEnv.acquire(path, meta is not None, writable, size, durable)
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)

@@ -1,0 +1,195 @@
+"""The LMDB environment under an event log: opened once per process, shared, remapped safely,
+and the writer's lock file.
+
+py-lmdb forbids opening one environment twice in a process, so every :class:`LmdbEventLog`
+handle on a directory in one process shares one :class:`SharedEnv` (reference-counted,
+read-only until a writer of the process joins). Remaps (map growth, adopting a map grown by
+another process) and aborts of write transactions wait until no read transaction of the
+process is open.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import lmdb
+
+from engine.errors import LogError, LogLocked
+
+if TYPE_CHECKING:
+    from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
+
+DATA_FILE = "data.mdb"
+LOCK_FILE = "writer.lock"
+DB_NAMES = (b"events", b"meta", b"snapshots")
+
+
+def open_env(
+    path: Path, create: bool, writable: bool, map_size: int, durable: bool
+) -> tuple[lmdb.Environment, list[_Db]]:
+    """Open the environment and its three databases (created if ``create``).
+
+    A reader's environment is read-only: it opens the databases without a write transaction,
+    so it never waits on the writer. ``map_size`` 0 adopts the size recorded in the file.
+
+    Raises:
+        LogError: LMDB refused to open it, or it holds no coevo event log.
+    """
+    flags = {"create": create, "readonly": not writable, "sync": durable, "metasync": durable}
+    try:
+        env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
+    except lmdb.Error as exc:
+        raise LogError(f"cannot open event log at {path}: {exc}") from None
+    try:
+        if writable:  # py-lmdb keeps database handles opened in a write transaction only
+            with env.begin(write=True) as txn:
+                dbs = [env.open_db(name, txn=txn, create=create) for name in DB_NAMES]
+        else:
+            dbs = [env.open_db(name, create=False) for name in DB_NAMES]
+    except lmdb.NotFoundError:
+        env.close()
+        raise LogError(f"no coevo event log at {path} (LMDB file without its databases)") from None
+    except BaseException:
+        env.close()
+        raise
+    return env, dbs
+
+
+class SharedEnv:
+    """The process's one ``lmdb.Environment`` for a log directory, with a remap gate.
+
+    ``reading()`` brackets every read transaction; ``exclusive()`` waits until none is open and
+    keeps new ones out, so that a remap or a reopen never pulls memory from under a reader.
+    Instances live in ``_ENVS`` while they have users (:meth:`acquire` / :meth:`release`).
+    """
+
+    def __init__(
+        self, path: Path, key: tuple[int, int], env: lmdb.Environment, dbs: list[_Db], durable: bool
+    ) -> None:
+        self.path = path
+        self.key = key
+        self.env = env
+        self.events, self.meta, self.snapshots = dbs
+        self.synced = durable
+        self.users = 0
+        self.write_lock = threading.RLock()  # one write transaction or remap at a time
+        self._cond = threading.Condition()
+        self._active = 0
+        self._exclusive = False
+
+    @classmethod
+    def acquire(
+        cls, path: Path, create: bool, writable: bool, map_size: int, durable: bool
+    ) -> SharedEnv:
+        """The shared environment of ``path`` (opened on first use), with one more user."""
+        with _ENVS_LOCK:
+            shared = None if create else _ENVS.get(_file_key(path))
+            if shared is None:
+                env, dbs = open_env(path, create, writable, map_size, durable)
+                shared = cls(path, _file_key(path), env, dbs, durable)
+                _ENVS[shared.key] = shared
+            elif writable and not shared.writable:
+                shared.reopen(writable=True, durable=durable)
+            shared.users += 1
+            return shared
+
+    def release(self) -> None:
+        """Drop one user; the last one closes the environment."""
+        with _ENVS_LOCK:
+            self.users -= 1
+            if self.users == 0:
+                del _ENVS[self.key]
+                self.env.close()
+
+    @property
+    def writable(self) -> bool:
+        return not self.env.flags()["readonly"]
+
+    @contextmanager
+    def reading(self) -> Iterator[lmdb.Environment]:
+        """Bracket a read transaction (it holds off remaps and write aborts); yields the env."""
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield self.env
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the write lock, wait until no read transaction of this process is open, and
+        keep new ones out. Needed by ``set_mapsize``, and by a write transaction's abort:
+        py-lmdb's abort waits until no thread is inside LMDB, which two busy readers prevent."""
+        with self.write_lock:
+            with self._cond:
+                self._exclusive = True
+                while self._active:
+                    self._cond.wait()
+            try:
+                yield
+            finally:
+                with self._cond:
+                    self._exclusive = False
+                    self._cond.notify_all()
+
+    def resize(self, grow: bool) -> None:
+        """Double the map (``grow``, after ``MapFullError``) or adopt the size another process
+        grew it to (after ``MapResizedError``). The caller holds :meth:`exclusive`."""
+        self.env.set_mapsize(self.env.info()["map_size"] * 2 if grow else 0)
+
+    def reopen(self, writable: bool, durable: bool) -> None:
+        """Reopen the environment, e.g. read-write for a writer joining this process's readers."""
+        with self.exclusive():
+            self.env.close()
+            try:
+                opened = open_env(self.path, False, writable, 0, durable)
+            except BaseException:  # back to the environment as it was
+                opened = open_env(self.path, False, not writable, 0, self.synced)
+                self.env, (self.events, self.meta, self.snapshots) = opened
+                raise
+            self.env, (self.events, self.meta, self.snapshots) = opened
+            self.synced = durable
+
+
+_ENVS: dict[tuple[int, int], SharedEnv] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def lock_writer(path: Path) -> int:
+    """Take the log's writer lock (exclusive, non-blocking ``flock``) and note our pid in it.
+
+    Returns:
+        The lock file's descriptor; closing it (or the process dying) releases the lock.
+
+    Raises:
+        LogLocked: another handle, in this process or another, holds it.
+    """
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LogLocked(
+            f"event log at {path} already has a writer (pid {holder}); "
+            "open it with writable=False to read"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _file_key(path: Path) -> tuple[int, int]:
+    st = os.stat(path / DATA_FILE)
+    return st.st_dev, st.st_ino
