@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Union
 
@@ -40,7 +40,7 @@ from engine.logsetup import configure_logging
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime, RuntimeConfig
-from stores.eventlog import LOG_FORMAT, RunMeta
+from stores.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta, check_batch
 from stores.lmdb_log import LmdbEventLog
 
 ADMISSIBLE = tuple(f"open {x}" for x in ("box", "crate", "chest", "sack", "drawer", "cabinet"))
@@ -102,8 +102,29 @@ class Source(Actor):
             await ctx.emit(ev)
 
 
-def engine_append(path: Path, events: list[Event], batch: int, checksums: bool) -> float:
-    log = LmdbEventLog.create(path, meta(), durable=True, map_size=1 << 30)
+class NullLog(MemoryEventLog):
+    """Keeps nothing: the runtime's own CPU cost, without any storage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count = 0
+
+    @property
+    def next_seq(self) -> int:
+        return self._count
+
+    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
+        check_batch(self._count, envelopes)
+        self._count += len(envelopes)
+
+
+def engine_append(
+    path: Path, events: list[Event], batch: int, checksums: bool, durable: bool = True
+) -> float:
+    if path.name == "null":
+        log: EventLog = NullLog()
+    else:
+        log = LmdbEventLog.create(path, meta(), durable=durable, map_size=1 << 30)
     started = RunStarted(run_id="bench", scenario="b", scenario_hash="", seed=0, coevo_version="")
     config = RuntimeConfig(
         batch_max=batch, write_buffer=4 * batch, checksum_every=1000 if checksums else 0,
@@ -200,6 +221,14 @@ def main() -> None:
         )
         rows["engine append, 2 projections + checksums"] = (
             median_of(args.repeats, lambda: engine_append(fresh(), events, batch, True)),
+            "append",
+        )
+        rows["(engine append, no projections, durable = false)"] = (
+            median_of(args.repeats, lambda: engine_append(fresh(), events, batch, False, False)),
+            "append",
+        )
+        rows["(engine runtime into a log that stores nothing: CPU ceiling)"] = (
+            median_of(args.repeats, lambda: engine_append(base / "null", events, batch, False)),
             "append",
         )
         replay_log = fresh()

@@ -453,8 +453,13 @@ class Runtime:
 
     async def _deliver(self, envelopes: list[Envelope[Event]]) -> None:
         per_sub: dict[_Subscriber, list[Envelope[Event]]] = {}
+        routes = self._routes
         for env in envelopes:
-            for sub in self._routes_for(type(env.event)):
+            cls = type(env.event)
+            subs = routes.get(cls)
+            if subs is None:
+                subs = self._routes_for(cls)
+            for sub in subs:
                 accepts = sub.spec.accepts
                 if accepts is None or accepts(env.event):
                     per_sub.setdefault(sub, []).append(env)
