@@ -66,9 +66,6 @@ class EpisodeTable:
     def initial(self) -> EpisodeTableState:
         return EpisodeTableState()
 
-    def evolve(self, state: EpisodeTableState, env: Envelope[Event]) -> EpisodeTableState:
-        return self.evolve_many(state, (env,))
-
     def evolve_many(
         self, state: EpisodeTableState, envs: Sequence[Envelope[Event]]
     ) -> EpisodeTableState:

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agents.episode_events import EpisodeAborted, EpisodeAssigned, EpisodeFinished
+from agents.episode_events import (
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+)
 from engine.actor import Actor, Context
 from engine.lifecycle import ActorRestarted
 from engine.seeds import derive_rng, derive_seed
@@ -38,7 +43,7 @@ def episode_id(index: int) -> str:
 class Scheduler(Actor):
     """Assigns ``episodes`` episodes over ``workers``, one in flight per worker."""
 
-    subscribes = (EpisodeFinished, EpisodeAborted, ActorRestarted)
+    subscribes = (EpisodeStarted, EpisodeFinished, EpisodeAborted, ActorRestarted)
 
     def __init__(self, tasks: Sequence[Task], episodes: int, workers: Sequence[str]) -> None:
         if episodes < 1:
@@ -52,6 +57,7 @@ class Scheduler(Actor):
     async def run(self, ctx: Context) -> None:
         next_index = 0
         in_flight: dict[str, str] = {}  # worker -> episode id
+        started: set[str] = set()  # episodes whose worker has begun them
         ended = 0
         for worker in self._workers[: self._episodes]:
             await self._assign(ctx, next_index, worker)
@@ -59,9 +65,14 @@ class Scheduler(Actor):
             next_index += 1
         async for env in ctx.events():
             ev = env.event
+            if isinstance(ev, EpisodeStarted):
+                started.add(ev.episode)
+                continue
             if isinstance(ev, ActorRestarted):
+                # an episode the failed worker had begun is lost; one it had not begun is still
+                # in its mailbox and the restarted worker runs it
                 episode = in_flight.get(ev.actor)
-                if episode is None:
+                if episode is None or episode not in started:
                     continue
                 await ctx.emit(
                     EpisodeAborted(episode=episode, worker=ev.actor, reason="worker restarted")
@@ -71,6 +82,7 @@ class Scheduler(Actor):
             if in_flight.get(ev.worker) != ev.episode:
                 continue  # already counted (an abort recorded for a restarted worker)
             del in_flight[ev.worker]
+            started.discard(ev.episode)
             ended += 1
             if ended == self._episodes:
                 return

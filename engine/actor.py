@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -119,11 +119,6 @@ class Context:
         if self._source and not runtime.has_space():
             await runtime.wait_space()
         runtime.push(self.name, ev, cause, corr)
-
-    async def emit_many(self, events: Sequence[Event], *, corr: str | None = None) -> None:
-        """:meth:`emit` each of ``events`` in order (one wait check per event, no other cost)."""
-        for ev in events:
-            await self.emit(ev, corr=corr)
 
     def events(self) -> AsyncIterator[Envelope[Event]]:
         """Iterate the envelopes delivered to this actor, in seq order.

@@ -124,9 +124,6 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
     digest = scenario_hash(text)
     assembly = assemble(scenario, source, handle_signals=True)
     console = Console(stderr=True, quiet=quiet)
-    rd.root.mkdir(parents=True, exist_ok=True)
-    rd.scenario.write_text(text, encoding="utf-8")
-    configure_logging(console, scenario.logging.level, rd.structlog)
     version = _version()
     meta = RunMeta(
         run_id=run_id,
@@ -146,7 +143,16 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
         seed=scenario.seed,
         coevo_version=version,
     )
-    log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
+    try:  # the log first: creating it claims the directory (a second run is refused)
+        log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
+    except OSError as exc:
+        raise _InputError(f"{rd.root}: cannot create the run directory: {exc.strerror}") from None
+    try:
+        rd.scenario.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        log.close()
+        raise _InputError(f"{rd.scenario}: cannot write: {exc.strerror}") from None
+    configure_logging(console, scenario.logging.level, rd.structlog)
     progress = RunProgress(console, scenario.run.episodes, enabled=scenario.logging.progress)
     runtime = Runtime(
         log,
@@ -208,6 +214,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from engine.replay import replay_until, verify_log
     from scenarios.assemble import projections
 
+    if args.until is not None and args.until < 0:
+        raise _InputError(f"--until must be >= 0, got {args.until}")
+    if args.verify and (args.until is not None or args.json):
+        raise _InputError("--verify checks the whole log; it takes no --until or --json")
     log = _open_run(args.run)
     try:
         if args.verify:
@@ -220,7 +230,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     finally:
         log.close()
     if args.json:
-        sys.stdout.write(msgspec.json.encode(fold.states).decode() + "\n")
+        sys.stdout.write(msgspec.json.encode(fold.states, order="deterministic").decode() + "\n")
         return 0
     console = Console()
     start = f"snapshot after seq {snap}" if snap is not None else "the beginning"

@@ -81,7 +81,8 @@ class SchemaTooNew(LogError):
 class ReplayDiverged(CoevoError):
     """Re-folding the log did not reproduce a projection checksum recorded during the run.
 
-    ``seq`` is the first checkpoint whose digest differs; everything before it agreed.
+    ``seq`` is the last event the differing checksum covers: the divergence lies after the
+    previous checksum (which agreed) and at or before ``seq``.
     """
 
     def __init__(self, seq: int, projection: str, recorded: str, derived: str) -> None:

@@ -170,10 +170,6 @@ class Codec:
             raise LogCorrupted(first, f"record is not an array of envelopes ({exc})") from None
         return [self.decode(bytes(raw), first + i) for i, raw in enumerate(raws)]
 
-    def encode_event(self, ev: Event) -> bytes:
-        """Encode a bare event (for digests and tests)."""
-        return self._encoder.encode(ev)
-
     def decode(self, data: bytes | memoryview, seq: int) -> Envelope[Event]:
         """Decode one stored envelope whose key is ``seq``.
 
@@ -234,5 +230,10 @@ def upcast(kind: str, have: int, want: int, body: dict[str, Any], seq: int) -> d
         step = _UPCASTERS.get((kind, version))
         if step is None:
             raise LogCorrupted(seq, f"no upcaster for {kind} v{version} -> v{version + 1}")
-        body = step(body)
+        try:
+            body = step(body)
+        except Exception as exc:  # an upcaster that cannot read this record
+            raise LogCorrupted(
+                seq, f"upcasting {kind} v{version} -> v{version + 1} failed: {exc!r}"
+            ) from None
     return body

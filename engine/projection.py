@@ -1,10 +1,11 @@
 """Projections: pure folds over the event log, their digests and snapshots.
 
 A projection turns the stream of envelopes into a state (an episode table, per-actor counts).
-``evolve(state, envelope) -> state`` does no I/O, reads no clock and draws no random numbers; it
-takes ownership of ``state`` and may update it in place (replay folds millions of events, and a
-copy per event would dominate). States are msgspec-encodable, so they can be digested and
-snapshotted; the digest of a state is the BLAKE2b of its deterministic msgpack encoding.
+``evolve_many(state, envelopes) -> state`` does no I/O, reads no clock and draws no random
+numbers; it takes ownership of ``state`` and may update it in place (replay folds millions
+of events, and a copy per event would dominate). States are msgspec-encodable, so they can
+be digested and snapshotted; the digest of a state is the BLAKE2b of its deterministic
+msgpack encoding.
 """
 
 from __future__ import annotations
@@ -31,13 +32,9 @@ class Projection(Protocol):
         """A fresh state (before any event)."""
         ...
 
-    def evolve(self, state: Any, env: Envelope[Event]) -> Any:
-        """The state after ``env``. May mutate and return ``state``."""
-        ...
-
     def evolve_many(self, state: Any, envs: Sequence[Envelope[Event]]) -> Any:
-        """The state after ``envs`` in order: ``evolve`` folded, in one call (the hot path of
-        replay; a projection implements it as a tight loop)."""
+        """The state after ``envs``, folded in order (a tight loop: replay calls it with
+        thousands of envelopes). May mutate and return ``state``."""
         ...
 
 
@@ -71,10 +68,6 @@ class Fold:
         self.projections = tuple(projections)
         self.states: dict[str, Any] = states or {p.name: p.initial() for p in projections}
         self.last_seq = -1
-
-    def apply(self, env: Envelope[Event]) -> None:
-        """Fold one envelope into every projection."""
-        self.apply_all([env])
 
     def apply_all(self, envs: Sequence[Envelope[Event]]) -> None:
         """Fold many envelopes in order (projection by projection: they are independent)."""
@@ -130,9 +123,6 @@ class ActorStats:
 
     def initial(self) -> ActorStatsState:
         return ActorStatsState()
-
-    def evolve(self, state: ActorStatsState, env: Envelope[Event]) -> ActorStatsState:
-        return self.evolve_many(state, (env,))
 
     def evolve_many(
         self, state: ActorStatsState, envs: Sequence[Envelope[Event]]

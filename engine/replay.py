@@ -13,7 +13,7 @@ import trio
 
 from engine.errors import LogCorrupted, ReplayDiverged, SchemaTooNew
 from engine.events import Envelope, Event
-from engine.lifecycle import ProjectionChecked
+from engine.lifecycle import ProjectionChecked, SnapshotTaken
 from engine.projection import Fold, Projection, decode_state, fold_stream
 from stores.eventlog import EventLog
 
@@ -58,17 +58,19 @@ class VerifyResult:
 
 
 def verify_log(log: EventLog, projections: Sequence[Projection]) -> VerifyResult:
-    """Re-fold the whole log and compare with every recorded :class:`ProjectionChecked`.
+    """Re-fold the whole log and compare with every recorded :class:`ProjectionChecked` and
+    :class:`SnapshotTaken` (both carry the digests of every projection after ``upto``).
 
     Stops at the first corrupted record or divergent checksum, and names it; a corrupted record
-    is never folded.
+    is never folded. On a live run, verifies the events committed when it started.
     """
     fold = Fold(projections)
     checks = 0
+    end = log.next_seq  # a live run keeps writing: verify what was there when we started
     pending: list[Envelope[Event]] = []  # read, not yet folded
     try:
-        for env in log.read(0):
-            if isinstance(env.event, ProjectionChecked):
+        for env in log.read(0, end):
+            if isinstance(env.event, ProjectionChecked | SnapshotTaken):
                 fold.apply_all(pending)
                 pending = []
                 _compare(fold, env.seq, env.event)
@@ -84,13 +86,14 @@ def verify_log(log: EventLog, projections: Sequence[Projection]) -> VerifyResult
         return VerifyResult(fold.last_seq + 1, checks, False, str(exc), bad)
     except ReplayDiverged as exc:
         return VerifyResult(fold.last_seq + 1, checks, False, str(exc), exc.seq)
-    if fold.last_seq + 1 != log.next_seq:
-        msg = f"log has {log.next_seq} events but only {fold.last_seq + 1} were read"
+    if fold.last_seq + 1 != end:
+        msg = f"log has {end} events but only {fold.last_seq + 1} were read"
         return VerifyResult(fold.last_seq + 1, checks, False, msg, fold.last_seq + 1)
     return VerifyResult(fold.last_seq + 1, checks, True)
 
 
-def _compare(fold: Fold, seq: int, check: ProjectionChecked) -> None:
+def _compare(fold: Fold, seq: int, check: ProjectionChecked | SnapshotTaken) -> None:
+    """Compare the fold after ``check.upto`` with the digests the writer recorded."""
     if check.upto != fold.last_seq:
         raise ReplayDiverged(seq, "*", f"upto {check.upto}", f"folded to {fold.last_seq}")
     derived = fold.digests()

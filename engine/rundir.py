@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import RunNotFound
+from stores.lmdb_env import DATA_FILE
 
 LOG_DIR = "log"
 STRUCTLOG_FILE = "coevo.jsonl"
@@ -38,7 +39,7 @@ class RunDir:
 
     def exists(self) -> bool:
         """True if the directory holds an event log."""
-        return (self.log / "data.mdb").is_file()
+        return (self.log / DATA_FILE).is_file()
 
 
 def new_run_id() -> str:
@@ -64,4 +65,4 @@ def find_run(path: str | Path) -> RunDir:
     for candidate in (RunDir(p), RunDir(p.parent)):
         if candidate.exists() and (candidate.root == p or p.name == LOG_DIR):
             return candidate
-    raise RunNotFound(f"{p}: not a coevo run directory (no {LOG_DIR}/data.mdb inside)")
+    raise RunNotFound(f"{p}: not a coevo run directory (no {LOG_DIR}/{DATA_FILE} inside)")

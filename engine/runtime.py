@@ -14,6 +14,7 @@ and the run ends with :class:`RunStopped`.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 import traceback
@@ -41,16 +42,24 @@ from engine.lifecycle import (
 from engine.projection import (
     Fold,
     Projection,
-    decode_state,
     digest_bytes,
     encode_state,
-    fold_stream,
 )
+from engine.replay import replay_until
 from engine.seeds import derive_seed
 from stores.eventlog import EventLog
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _FINAL_EVENTS = frozenset({RunStopped, RunFailed})
+
+
+def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of a (nested) exception group: the error that ended the run, raised
+    plainly so that callers can catch ``LogError`` and friends."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]  # pyright: ignore[reportUnknownMemberType]
+    return first
 
 
 class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -213,14 +222,17 @@ class Runtime:
         await trio.to_thread.run_sync(self._rebuild_fold)
         self._next = self._committed = self._log.next_seq
         self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
-        async with trio.open_nursery() as root:
-            await root.start(self._writer)
-            if self._next == 0:
-                self.push("runtime", self._run_started, None, "")
-            outcome = await self._run_actors()
-            self.push("runtime", self._final_event(outcome), None, "")
-            self._closing = True
-            self._wake.unpark_all()
+        try:
+            async with trio.open_nursery() as root:
+                await root.start(self._writer)
+                if self._next == 0:
+                    self.push("runtime", self._run_started, None, "")
+                outcome = await self._run_actors()
+                self.push("runtime", self._final_event(outcome), None, "")
+                self._closing = True
+                self._wake.unpark_all()
+        except BaseExceptionGroup as group:
+            raise _sole_error(group) from None
         outcome.events = self._committed
         self._log_out.info(
             "run ended", reason=outcome.reason, exit_code=outcome.exit_code, events=outcome.events
@@ -237,10 +249,10 @@ class Runtime:
         return RunStopped(reason=reason, signal=sig, exit_code=outcome.exit_code)
 
     async def _run_actors(self) -> RunOutcome:
-        for spec in self._specs:
-            self._subscribe(spec)
         crashes: list[ActorCrashed] = []
         try:
+            for spec in self._specs:
+                self._subscribe(spec)
             with trio.CancelScope() as scope:
                 self._actor_scope = scope
                 if self._stop_reason is not None:  # stop requested before the actors started
@@ -275,7 +287,11 @@ class Runtime:
     # --- supervision ------------------------------------------------------------------------
 
     def _subscribe(self, spec: ActorSpec) -> None:
-        actor = spec.factory()
+        try:
+            actor = spec.factory()
+        except Exception as exc:
+            self._on_failure(dataclasses.replace(spec, on_failure="stop"), 0, exc)
+            raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
         send, recv = trio.open_memory_channel[list[Envelope[Event]]](self._cfg.mailbox)
         self._subs.append(_Subscriber(spec, tuple(actor.subscribes), send, recv, actor))
 
@@ -283,21 +299,22 @@ class Runtime:
         spec = sub.spec
         attempt = 0
         actor, sub.first = sub.first, None
-        assert actor is not None
         mailbox = Mailbox(sub.recv)
         with sub.recv:
             while True:
-                ctx = Context(self, spec.name, mailbox, source=not sub.types, attempt=attempt)
-                self._log_out.debug("actor started", started=spec.name, attempt=attempt)
-                self.push("runtime", self._started(spec, actor, attempt), None, "")
                 try:
+                    if actor is None:
+                        actor = spec.factory()
+                    ctx = Context(self, spec.name, mailbox, source=not sub.types, attempt=attempt)
+                    self._log_out.debug("actor started", started=spec.name, attempt=attempt)
+                    self.push("runtime", self._started(spec, actor, attempt), None, "")
                     await actor.run(ctx)
                 except Exception as exc:
                     if not self._on_failure(spec, attempt, exc):
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
                     attempt += 1
                     self.push("runtime", ActorRestarted(actor=spec.name, attempt=attempt), None, "")
-                    actor = spec.factory()
+                    actor = None
                     continue
                 if spec.driver:
                     self.request_stop("completed", 0)
@@ -375,10 +392,12 @@ class Runtime:
         append = out.append
         seq = self._next
         run_id = self.run_id
-        every = self._cfg.checksum_every if self._projections else 0
+        folding = bool(self._projections)
+        every = self._cfg.checksum_every if folding else 0
         folded = 0  # out[:folded] is folded
         for actor, ev, cause, corr, t in batch:
-            if every and type(ev) in _FINAL_EVENTS and self._since_check + len(out) > folded:
+            final = type(ev) in _FINAL_EVENTS
+            if folding and final and self._since_check + len(out) > folded:
                 seq = self._checkpoint(out, folded, seq, t)
                 folded = len(out)
             v = ev.version
@@ -388,10 +407,10 @@ class Runtime:
                 )
             )
             seq += 1
-            if every and self._since_check + len(out) - folded >= every:
+            if every and not final and self._since_check + len(out) - folded >= every:
                 seq = self._checkpoint(out, folded, seq, t)
                 folded = len(out)
-        if self._projections:
+        if folding:
             self._fold.apply_all(out[folded:])
             self._since_check += len(out) - folded
         snapshot = self._maybe_snapshot(out, seq - 1)
@@ -433,23 +452,9 @@ class Runtime:
         return upto, blobs
 
     def _rebuild_fold(self) -> None:
-        """Fold an existing log (resume) so checksums continue from its state."""
-        start = 0
-        if self._log.next_seq == 0:
-            return
-        states: dict[str, Any] = {}
-        upto = -1
-        for proj in self._projections:
-            snap = self._log.get_snapshot(proj.name, self._log.next_seq - 1)
-            if snap is None:
-                states = {}
-                break
-            upto = snap[0] if not states else min(upto, snap[0])
-            states[proj.name] = decode_state(proj, snap[1])
-        if states:
-            self._fold = Fold(self._projections, states)
-            start = upto + 1
-        fold_stream(self._fold, self._log.read(start))
+        """Fold an existing log (a resumed run) so checksums continue from its state."""
+        if self._log.next_seq:
+            self._fold, _ = replay_until(self._log, self._projections)
 
     async def _deliver(self, envelopes: list[Envelope[Event]]) -> None:
         per_sub: dict[_Subscriber, list[Envelope[Event]]] = {}

@@ -111,17 +111,26 @@ def _make_world(name: str, options: dict[str, Any], source: str) -> TextWorld:
 
 def _tasks(world: TextWorld, scenario: Scenario, source: str) -> tuple[Task, ...]:
     try:
-        offered = world.families()
-        families = scenario.world.families or list(offered)
-        unknown = [f for f in families if f not in offered]
-        if unknown:
-            raise ScenarioInvalid(
-                source,
-                f"$.world.families: unknown {unknown}; {world.name} offers {list(offered)}",
-            )
-        tasks = [t for fam in families for t in world.tasks(fam, scenario.world.split)]
+        return _list_tasks(world, scenario, source)
+    except ScenarioInvalid:
+        raise
+    except Exception as exc:  # a plug-in world failing to list its tasks
+        raise ScenarioInvalid(
+            source, f"$.world: {world.name} could not list tasks: {type(exc).__name__}: {exc}"
+        ) from None
     finally:
         world.close()
+
+
+def _list_tasks(world: TextWorld, scenario: Scenario, source: str) -> tuple[Task, ...]:
+    offered = world.families()
+    families = scenario.world.families or list(offered)
+    unknown = [f for f in families if f not in offered]
+    if unknown:
+        raise ScenarioInvalid(
+            source, f"$.world.families: unknown {unknown}; {world.name} offers {list(offered)}"
+        )
+    tasks = [t for fam in families for t in world.tasks(fam, scenario.world.split)]
     if not tasks:
         raise ScenarioInvalid(source, f"$.world: no {scenario.world.split} tasks in {families}")
     return tuple(tasks)

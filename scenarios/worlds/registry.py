@@ -40,6 +40,14 @@ def _resolve(name_or_path: str) -> tuple[str, str]:
     return module, cls
 
 
+_WORLD_METHODS = ("families", "tasks", "reset", "step", "close")
+
+
+def path_of(module: str, cls: str) -> str:
+    """``module:Class`` as written in scenario files."""
+    return f"{module}:{cls}"
+
+
 def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
     """Import and construct a world.
 
@@ -60,12 +68,19 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
     except ImportError as exc:
         raise ValueError(f"cannot import world module {module_name!r}: {_one_line(exc)}") from exc
     cls = getattr(module, cls_name, None)
-    if cls is None or not callable(cls):
+    if not isinstance(cls, type):
         raise ValueError(f"world module {module_name!r} has no class {cls_name!r}")
+    missing = [m for m in _WORLD_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"{path_of(module_name, cls_name)} is not a TextWorld (lacks {missing})")
     try:
         world = cls(**dict(options))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"bad options for world {name_or_path!r}: {_one_line(exc)}") from exc
+    except Exception as exc:  # a plug-in's own failure: reported, never a traceback
+        raise ValueError(
+            f"world {name_or_path!r} failed to start: {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
     if not isinstance(world, TextWorld):
         raise ValueError(f"world {name_or_path!r} does not implement TextWorld")
     return world
