@@ -111,6 +111,31 @@ def test_out_directory_holding_a_run_is_refused(small_run: Path) -> None:
     assert_clean_error(coevo("run", QUICKSTART, "--out", str(small_run)), 2, "already holds")
 
 
+def test_out_that_is_a_file_and_bad_replay_arguments(tmp_path: Path, small_run: Path) -> None:
+    afile = tmp_path / "plain"
+    afile.write_text("x")
+    assert_clean_error(coevo("run", QUICKSTART, "--out", str(afile)), 2, "cannot create")
+    assert_clean_error(coevo("replay", str(small_run), "--until", "-1"), 2, "--until")
+    assert_clean_error(coevo("replay", str(small_run), "--verify", "--json"), 2, "--verify")
+
+
+def test_replay_until_starts_from_a_snapshot(tmp_path: Path) -> None:
+    out = tmp_path / "snap"
+    proc = coevo(
+        "run", QUICKSTART, "--out", str(out), "--quiet",
+        "--set", "run.episodes=80", "--set", "runtime.snapshot_every=300",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert coevo("replay", str(out), "--verify").returncode == 0
+    proc = coevo("replay", str(out), "--until", "900")
+    assert "folded from snapshot after seq" in proc.stdout, proc.stdout
+    with_snapshot = json.loads(coevo("replay", str(out), "--until", "900", "--json").stdout)
+    listed = coevo("log", str(out), "--to", "901", "--kind", "episode_finished", "--json")
+    ended = len(listed.stdout.splitlines())
+    families = with_snapshot["episodes"]["families"].values()
+    assert sum(f["episodes"] + f["aborted"] for f in families) == ended
+
+
 def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
     out = tmp_path / "long"
     proc = subprocess.Popen(
@@ -124,6 +149,9 @@ def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
     while time.monotonic() < deadline and not (out / "log" / "data.mdb").exists():
         time.sleep(0.05)
     time.sleep(1.0)  # let it commit a few thousand events
+    live = coevo("log", str(out), "--follow", "--limit", "25", "--json", timeout=60)
+    assert live.returncode == 0 and len(live.stdout.splitlines()) == 25
+    assert coevo("replay", str(out), "--verify").returncode == 0  # verifies a live run
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

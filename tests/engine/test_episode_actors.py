@@ -1,0 +1,89 @@
+"""Scheduler and env workers on the runtime: budgets, restarts, outcomes independent of timing."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+
+from agents.env_worker import EnvWorker
+from agents.episode_events import EpisodeAborted, EpisodeAssigned, EpisodeFinished
+from agents.projections import EpisodeTable
+from agents.scheduler import Scheduler
+from agents.scripted import Explorer
+from engine.actor import ActorSpec
+from engine.lifecycle import ActorRestarted, RunStarted, RunStopped
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from engine.runtime import Runtime
+from scenarios.worlds.base import TextWorld
+from scenarios.worlds.minilab import MiniLab
+from stores.eventlog import MemoryEventLog
+
+STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=5, coevo_version="0")
+
+
+class FlakyFactory:
+    """Builds a MiniLab, except that its first ``failures`` calls raise."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def __call__(self) -> TextWorld:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("world failed to start")
+        return MiniLab(families=("fetch",), train_variants=20)
+
+
+def run_episodes(episodes: int, workers: int, make_world: FlakyFactory) -> MemoryEventLog:
+    tasks = MiniLab(families=("fetch",), train_variants=20).tasks("fetch", "train")
+    names = [f"w{i}" for i in range(workers)]
+    specs = [
+        ActorSpec(name="scheduler", factory=partial(Scheduler, tasks, episodes, names), driver=True)
+    ]
+    for name in names:
+        specs.append(
+            ActorSpec(
+                name=name,
+                factory=partial(EnvWorker, make_world, Explorer),
+                on_failure="restart",
+                max_restarts=3,
+                accepts=lambda ev, name=name: getattr(ev, "worker", None) == name,
+            )
+        )
+    log = MemoryEventLog()
+    runtime = Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=5)
+    trio.run(runtime.run)
+    return log
+
+
+def test_every_planned_episode_ends_exactly_once() -> None:
+    log = run_episodes(12, 3, FlakyFactory(0))
+    envs = list(log.read())
+    assigned = [e.event.episode for e in envs if isinstance(e.event, EpisodeAssigned)]
+    finished = [e.event.episode for e in envs if isinstance(e.event, EpisodeFinished)]
+    assert sorted(assigned) == sorted(finished) == [f"ep{i:06d}" for i in range(12)]
+    assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "completed"
+    assert verify_log(log, [ActorStats(), EpisodeTable()]).ok
+
+
+def test_worker_restarted_before_its_episode_began_still_runs_it() -> None:
+    log = run_episodes(6, 2, FlakyFactory(1))
+    envs = list(log.read())
+    assert any(isinstance(e.event, ActorRestarted) for e in envs)
+    assert not any(isinstance(e.event, EpisodeAborted) for e in envs)
+    finished = [e.event.episode for e in envs if isinstance(e.event, EpisodeFinished)]
+    assert sorted(finished) == [f"ep{i:06d}" for i in range(6)]
+
+
+def test_episode_outcomes_do_not_depend_on_worker_count() -> None:
+    def outcomes(workers: int) -> dict[str, tuple[int, float, bool]]:
+        envs = run_episodes(10, workers, FlakyFactory(0)).read()
+        return {
+            e.event.episode: (e.event.steps, e.event.score, e.event.success)
+            for e in envs
+            if isinstance(e.event, EpisodeFinished)
+        }
+
+    assert outcomes(1) == outcomes(4)
