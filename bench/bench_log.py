@@ -40,7 +40,7 @@ from engine.logsetup import configure_logging
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime, RuntimeConfig
-from stores.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta, check_batch
+from stores.eventlog import EventLog, MemoryEventLog, RunMeta, check_batch, new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 ADMISSIBLE = tuple(f"open {x}" for x in ("box", "crate", "chest", "sack", "drawer", "cabinet"))
@@ -63,17 +63,7 @@ def make_events(n: int) -> list[Event]:
 
 
 def meta() -> RunMeta:
-    return RunMeta(
-        run_id="bench",
-        created_ns=0,
-        coevo_version="bench",
-        log_format=LOG_FORMAT,
-        scenario_name="bench",
-        scenario_toml="",
-        scenario_hash="",
-        seed=0,
-        event_versions={t: c.version for t, c in event_types().items()},
-    )
+    return new_run_meta("bench", scenario_name="bench", seed=0, coevo_version="bench")
 
 
 def raw_append(path: Path, records: list[tuple[bytes, bytes]], per_txn: int) -> float:

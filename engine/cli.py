@@ -111,13 +111,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool) -> int:
     from engine.console import RunProgress, actors_table, families_table
-    from engine.events import event_types
     from engine.lifecycle import RunStarted
     from engine.logsetup import close_logging, configure_logging
     from engine.runtime import Runtime
     from scenarios.assemble import assemble
     from scenarios.loader import resolved_toml, scenario_hash
-    from stores.eventlog import LOG_FORMAT, RunMeta
+    from stores.eventlog import new_run_meta
     from stores.lmdb_log import LmdbEventLog
 
     text = resolved_toml(scenario)
@@ -125,16 +124,14 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
     assembly = assemble(scenario, source, handle_signals=True)
     console = Console(stderr=True, quiet=quiet)
     version = _version()
-    meta = RunMeta(
-        run_id=run_id,
-        created_ns=time.time_ns(),
-        coevo_version=version,
-        log_format=LOG_FORMAT,
+    meta = new_run_meta(
+        run_id,
         scenario_name=scenario.name,
+        seed=scenario.seed,
+        coevo_version=version,
         scenario_toml=text,
         scenario_hash=digest,
-        seed=scenario.seed,
-        event_versions={tag: cls.version for tag, cls in event_types().items()},
+        created_ns=time.time_ns(),
     )
     started = RunStarted(
         run_id=run_id,

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from engine.errors import LogClosed, LogError, SequenceConflict
-from engine.events import Codec, Envelope, Event
+from engine.events import Codec, Envelope, Event, event_types
 
 LOG_FORMAT = 1
 """Version of the on-disk layout and envelope format. A log with a larger number is refused."""
@@ -44,6 +44,30 @@ class RunMeta(msgspec.Struct, frozen=True, kw_only=True):
     scenario_hash: str
     seed: int
     event_versions: dict[str, int]
+
+
+def new_run_meta(
+    run_id: str,
+    *,
+    scenario_name: str,
+    seed: int,
+    coevo_version: str,
+    scenario_toml: str = "",
+    scenario_hash: str = "",
+    created_ns: int = 0,
+) -> RunMeta:
+    """Run metadata for a new log, with this coevo's log format and event versions."""
+    return RunMeta(
+        run_id=run_id,
+        created_ns=created_ns,
+        coevo_version=coevo_version,
+        log_format=LOG_FORMAT,
+        scenario_name=scenario_name,
+        scenario_toml=scenario_toml,
+        scenario_hash=scenario_hash,
+        seed=seed,
+        event_versions={tag: cls.version for tag, cls in event_types().items()},
+    )
 
 
 class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,24 +17,14 @@ from pathlib import Path
 
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorStarted, RunStopped
-from stores.eventlog import LOG_FORMAT, RunMeta
+from stores.eventlog import new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = 7
 KILLS = 5
 SEED = 20240611
-META = RunMeta(
-    run_id="sigkill",
-    created_ns=0,
-    coevo_version="0.1.0",
-    log_format=LOG_FORMAT,
-    scenario_name="sigkill",
-    scenario_toml="",
-    scenario_hash="",
-    seed=SEED,
-    event_versions={},
-)
+META = new_run_meta("sigkill", scenario_name="sigkill", seed=SEED, coevo_version="0.1.0")
 
 
 def make_event(seq: int) -> Event:

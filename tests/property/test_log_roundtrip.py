@@ -17,20 +17,10 @@ from hypothesis import strategies as st
 from engine.errors import LogCorrupted
 from engine.events import Envelope, Event, event_types
 from stores import lmdb_log
-from stores.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta
+from stores.eventlog import EventLog, MemoryEventLog, new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
-META = RunMeta(
-    run_id="property",
-    created_ns=0,
-    coevo_version="0.1.0",
-    log_format=LOG_FORMAT,
-    scenario_name="property",
-    scenario_toml="",
-    scenario_hash="",
-    seed=0,
-    event_versions={},
-)
+META = new_run_meta("property", scenario_name="property", seed=0, coevo_version="0.1.0")
 MSGPACK_INT = st.integers(-(2**63), 2**64 - 1)
 TEXT = st.text(max_size=20) | st.sampled_from(["", "\x00", "ünïcode ✓ 🚀", "a" * 300])
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,20 +21,10 @@ from engine.errors import SequenceConflict
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted, ActorStarted, RunStopped
 from stores import lmdb_log
-from stores.eventlog import LOG_FORMAT, MemoryEventLog, RunMeta
+from stores.eventlog import MemoryEventLog, new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
-META = RunMeta(
-    run_id="stateful",
-    created_ns=0,
-    coevo_version="0.1.0",
-    log_format=LOG_FORMAT,
-    scenario_name="stateful",
-    scenario_toml="",
-    scenario_hash="",
-    seed=0,
-    event_versions={},
-)
+META = new_run_meta("stateful", scenario_name="stateful", seed=0, coevo_version="0.1.0")
 
 names = st.text(max_size=6)
 events: st.SearchStrategy[Event] = st.one_of(

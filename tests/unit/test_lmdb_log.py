@@ -25,21 +25,11 @@ from engine.errors import (
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted, RunStopped
 from stores import lmdb_log
-from stores.eventlog import LOG_FORMAT, RunMeta
+from stores.eventlog import LOG_FORMAT, new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
-META = RunMeta(
-    run_id="unit",
-    created_ns=0,
-    coevo_version="0.1.0",
-    log_format=LOG_FORMAT,
-    scenario_name="unit",
-    scenario_toml="",
-    scenario_hash="",
-    seed=0,
-    event_versions={},
-)
+META = new_run_meta("unit", scenario_name="unit", seed=0, coevo_version="0.1.0")
 
 
 def envelopes(start: int, count: int, pad: str = "") -> list[Envelope[Event]]:
