@@ -136,10 +136,10 @@ def test_replay_until_starts_from_a_snapshot(tmp_path: Path) -> None:
     assert sum(f["episodes"] + f["aborted"] for f in families) == ended
 
 
-def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
-    out = tmp_path / "long"
+def start_long_run(out: Path, *extra: str) -> subprocess.Popen[str]:
+    """Start a run far too long to finish and wait until its log exists."""
     proc = subprocess.Popen(
-        [COEVO, "run", QUICKSTART, "--out", str(out), "--set", "run.episodes=1000000"],
+        [COEVO, "run", QUICKSTART, "--out", str(out), "--set", "run.episodes=1000000", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -148,6 +148,12 @@ def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (out / "log" / "data.mdb").exists():
         time.sleep(0.05)
+    return proc
+
+
+def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
+    out = tmp_path / "long"
+    proc = start_long_run(out)
     time.sleep(1.0)  # let it commit a few thousand events
     live = coevo("log", str(out), "--follow", "--limit", "25", "--json", timeout=60)
     assert live.returncode == 0 and len(live.stdout.splitlines()) == 25
@@ -165,16 +171,7 @@ def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
     out = tmp_path / "term"
-    proc = subprocess.Popen(
-        [COEVO, "run", QUICKSTART, "--out", str(out), "--quiet", "--set", "run.episodes=1000000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (out / "log" / "data.mdb").exists():
-        time.sleep(0.05)
+    proc = start_long_run(out, "--quiet")
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
