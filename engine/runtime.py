@@ -165,8 +165,7 @@ class Runtime:
         self._fold = Fold(self._projections)
         self._since_check = 0
         self._snapshot_seq = -1
-        self._next = 0
-        self._committed = 0
+        self._next = 0  # seq of the next event to commit (= events committed)
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
@@ -189,7 +188,7 @@ class Runtime:
         """Pending events, committed events and per-mailbox queue lengths."""
         return {
             "pending": len(self._pending),
-            "committed": self._committed,
+            "committed": self._next,
             "mailboxes": {s.spec.name: s.send.statistics().current_buffer_used for s in self._subs},
         }
 
@@ -220,7 +219,7 @@ class Runtime:
             LogError: the log failed (the run cannot be recorded any further).
         """
         await trio.to_thread.run_sync(self._rebuild_fold)
-        self._next = self._committed = self._log.next_seq
+        self._next = self._log.next_seq
         self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
         try:
             async with trio.open_nursery() as root:
@@ -233,7 +232,7 @@ class Runtime:
                 self._wake.unpark_all()
         except BaseExceptionGroup as group:
             raise _sole_error(group) from None
-        outcome.events = self._committed
+        outcome.events = self._next
         self._log_out.info(
             "run ended", reason=outcome.reason, exit_code=outcome.exit_code, events=outcome.events
         )
@@ -374,7 +373,7 @@ class Runtime:
         """Prepare one batch and append it (one transaction) with its snapshot (worker thread)."""
         prepared = self._prepare(batch)
         self._log.append(prepared.envelopes)
-        self._committed = prepared.envelopes[-1].seq + 1
+        self._next = prepared.envelopes[-1].seq + 1
         if prepared.snapshot is not None:
             upto, blobs = prepared.snapshot
             for name, data in blobs.items():
@@ -414,7 +413,6 @@ class Runtime:
             self._fold.apply_all(out[folded:])
             self._since_check += len(out) - folded
         snapshot = self._maybe_snapshot(out, seq - 1)
-        self._next = out[-1].seq + 1
         return _Prepared(out, snapshot)
 
     def _checkpoint(self, out: list[Envelope[Event]], folded: int, seq: int, t: int) -> int:
