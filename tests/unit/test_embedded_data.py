@@ -1,0 +1,332 @@
+"""The embedded model's pure parts: spec checks, play on train variants only, the word-level
+tokenizer (coverage, exact round trips, the chat template), samples and batches."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from agents.embedded import (
+    BUCKET,
+    SPECIAL_TOKENS,
+    EmbeddedSpec,
+    Episode,
+    batch_plan,
+    build_tokenizer,
+    cache_key,
+    collate,
+    decode_response,
+    encode_prompts,
+    episode_texts,
+    lr_at,
+    make_samples,
+    play,
+    pretrain_episodes,
+    pretrain_loss,
+    prompt_texts,
+    reflection_conversation,
+    reflection_steps,
+    split_train,
+    split_words,
+    turn_conversations,
+    word_pieces,
+)
+from agents.prompts import encode_prompt, encode_response, reflection_messages, turn_messages
+from agents.scripted import hindsight_note, parse_note
+from scenarios.worlds.minilab import MiniLab
+
+SMALL = EmbeddedSpec(episodes_per_family=12, eval_variants=3)
+
+
+@pytest.fixture(scope="module")
+def world() -> MiniLab:
+    return MiniLab()
+
+
+@pytest.fixture(scope="module")
+def default_play(world: MiniLab) -> list[Episode]:
+    """The pre-training play of the default spec (about half a second)."""
+    return pretrain_episodes(world, EmbeddedSpec())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_play: list[Episode]):
+    texts = [t for ep in default_play for t in episode_texts(ep)]
+    return build_tokenizer(*word_pieces(texts + list(prompt_texts(default_play[0]))), 1024)
+
+
+@pytest.fixture(scope="module")
+def episodes(world: MiniLab) -> list[Episode]:
+    return pretrain_episodes(world, SMALL)
+
+
+def heldout_play(world: MiniLab) -> list[Episode]:
+    """Every held-out variant, played once by the Explorer and once by a random agent."""
+    return [
+        play(world, task, 0, name, random.Random(f"{task.variant}/{name}"))
+        for family in world.families()
+        for task in world.tasks(family, "heldout")
+        for name in ("explorer", "random")
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"world": ""}, "world must be a non-empty name"),
+        ({"hidden_size": 0}, "hidden_size must be >= 1, got 0"),
+        ({"steps": -3}, "steps must be >= 1, got -3"),
+        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+        ({"window": -1}, "window must be >= 0, got -1"),
+        ({"eval_variants": -1}, "eval_variants must be >= 0, got -1"),
+        ({"explorer_share": 1.5}, "explorer_share must be between 0 and 1, got 1.5"),
+        ({"reflection_share": -0.1}, "reflection_share must be between 0 and 1, got -0.1"),
+        (
+            {"hidden_size": 100, "heads": 3},
+            "hidden_size must be a multiple of 2 * heads (rotary heads have an even size), "
+            "got 100 and 3",
+        ),
+        (
+            {"hidden_size": 36, "heads": 4},
+            "hidden_size must be a multiple of 2 * heads (rotary heads have an even size), "
+            "got 36 and 4",
+        ),
+        ({"heads": 4, "kv_heads": 3}, "heads must be a multiple of kv_heads, got 4 and 3"),
+        ({"lr": 0.0}, "lr must be a positive number, got 0.0"),
+        ({"lr": float("nan")}, "lr must be a positive number, got nan"),
+        ({"steps": 10, "warmup": 11}, "warmup must be <= steps, got 11 > 10"),
+        ({"prompt_loss_weight": -1.0}, "prompt_loss_weight must be >= 0, got -1.0"),
+    ],
+)
+def test_spec_rejects_bad_fields_with_exact_messages(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        EmbeddedSpec(**fields)
+
+
+def test_cache_key_follows_the_spec_not_the_order_of_options() -> None:
+    options = {"families": ["fetch", "heat"], "train_variants": 50}
+    first = EmbeddedSpec(world_options=options)
+    assert cache_key(first) == cache_key(
+        EmbeddedSpec(world_options=dict(reversed(options.items())))
+    )
+    assert re.fullmatch(r"[0-9a-f]{20}", cache_key(first))
+    assert cache_key(first) != cache_key(EmbeddedSpec())
+    assert cache_key(EmbeddedSpec(seed=1)) != cache_key(EmbeddedSpec())
+    assert cache_key(EmbeddedSpec()) == cache_key(EmbeddedSpec())
+
+
+# ---------------------------------------------------------------------------------------------
+# Play
+
+
+def test_pretraining_plays_only_train_variants_and_keeps_the_last_ones_back() -> None:
+    world = MiniLab(train_variants=10)
+    spec = EmbeddedSpec(episodes_per_family=25, eval_variants=3)
+    played = pretrain_episodes(world, spec)
+    assert len(played) == 25 * len(world.families())
+    assert {ep.task.split for ep in played} == {"train"}
+    assert {ep.task.variant for ep in played} == set(range(7))  # 7, 8, 9 are kept back
+    _, kept = split_train(world, "paint", 3)
+    assert [t.variant for t in kept] == [7, 8, 9]
+
+
+def test_split_train_needs_a_variant_left_for_pretraining() -> None:
+    with pytest.raises(ValueError, match=r"^fetch has 3 train variants: need more than "):
+        split_train(MiniLab(train_variants=3), "fetch", 3)
+
+
+def test_play_is_seeded_mixed_and_not_filtered_by_outcome(
+    world: MiniLab, default_play: list[Episode]
+) -> None:
+    assert pretrain_episodes(world, SMALL) == pretrain_episodes(world, SMALL)
+    assert pretrain_episodes(world, SMALL) != pretrain_episodes(
+        world, EmbeddedSpec(episodes_per_family=12, eval_variants=3, seed=1)
+    )
+    agents = Counter(ep.agent for ep in default_play)
+    assert 0.75 < agents["explorer"] / len(default_play) < 0.85  # explorer_share 0.8
+    outcomes = Counter((ep.task.family, ep.success) for ep in default_play)
+    for family in ("heat", "unlock", "circuit", "paint"):  # failures kept, successes too
+        assert outcomes[family, False] > 0 and outcomes[family, True] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+def test_every_word_of_the_world_is_one_token(tokenizer, default_play: list[Episode]) -> None:
+    vocab = tokenizer.get_vocab()
+    texts = {t for ep in default_play for t in episode_texts(ep)}
+    words = {w for t in texts for w in split_words(t)}
+    assert 130 <= len(words) <= 250  # minilab's 129 words, some with a leading space or newline
+    assert words <= set(vocab)
+    assert 263 + len(words) <= len(tokenizer) <= 263 + 3 * len(words)  # specials, bytes, merges
+    assert [vocab[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+    assert tokenizer.eos_token == "<eom>" and tokenizer.pad_token == "<pad>"
+
+
+def test_word_pieces_are_deterministic(default_play: list[Episode]) -> None:
+    texts = [t for ep in default_play[:100] for t in episode_texts(ep)]
+    assert word_pieces(texts) == word_pieces(list(reversed(texts)))
+
+
+def test_heldout_text_has_no_unknown_word(world: MiniLab, tokenizer) -> None:
+    heldout = heldout_play(world)
+    texts = {t for ep in heldout for t in episode_texts(ep)}
+    texts |= {t for ep in heldout[:10] for t in prompt_texts(ep)}
+    assert {w for t in texts for w in split_words(t)} - set(tokenizer.get_vocab()) == set()
+    ids = tokenizer(sorted(texts), add_special_tokens=False)["input_ids"]
+    assert [len(row) for row in ids] == [len(split_words(t)) for t in sorted(texts)]
+
+
+def test_decoding_gives_the_text_back_exactly(tokenizer, episodes: list[Episode]) -> None:
+    texts = {t for ep in episodes for t in episode_texts(ep)}
+    texts |= {t for ep in episodes[:5] for t in prompt_texts(ep)}
+    texts |= {"an unseen Word, 42 + ü!"}  # spelled in pieces, never lost
+    for text in texts:
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_split_words_keeps_punctuation_apart() -> None:
+    assert split_words("plan: open box, take apple.\nfound: x.") == [
+        "plan", ":", "Ġopen", "Ġbox", ",", "Ġtake", "Ġapple", ".Ċ", "found", ":", "Ġx", ".",
+    ]  # fmt: skip
+
+
+def test_a_decoded_note_parses_to_the_same_plan_and_avoid_list(
+    tokenizer, default_play: list[Episode]
+) -> None:
+    notes = {hindsight_note(ep.transcript) for ep in default_play}
+    assert any(parse_note(note)[0] for note in notes) and any(parse_note(n)[1] for n in notes)
+    for note in notes:
+        ids = encode_response(tokenizer, note)
+        assert ids[-1] == tokenizer.eos_token_id
+        decoded = decode_response(tokenizer, [*ids, *tokenizer.encode("open box")])
+        assert decoded == note
+        assert parse_note(decoded) == parse_note(note)
+
+
+def test_chat_template_renders_roles_and_the_assistant_header(tokenizer) -> None:
+    messages = turn_messages(
+        "heat the clay jug.", [("look", "you see an oven.")], "you see an oven."
+    )
+    ids = encode_prompt(tokenizer, messages)
+    rendered = tokenizer.decode(ids)
+    assert rendered == tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert rendered.startswith("<system>you act in a text lab")
+    assert "<eom><user>goal: heat the clay jug.\n> look\nyou see an oven.\nnow: " in rendered
+    assert rendered.endswith("<eom><assistant>")
+    with pytest.raises(Exception, match="unknown role: tool"):
+        encode_prompt(tokenizer, [{"role": "tool", "content": "look"}])
+
+
+def test_tips_are_one_token_each_around_whole_words(tokenizer) -> None:
+    note = "plan: open box, take apple.\nfound: apple after open box."
+    messages = turn_messages("find the apple.", [], "you see a box.", tips=[note, "avoid: look."])
+    ids = encode_prompt(tokenizer, messages)
+    vocab = tokenizer.get_vocab()
+    assert ids.count(vocab["<tip>"]) == 2 and ids.count(vocab["</tip>"]) == 2
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[tokens.index("<tip>") + 1 : tokens.index("<tip>") + 4] == ["Ġplan", ":", "Ġopen"]
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Samples and batches
+
+
+def test_turn_samples_are_the_prompt_of_each_turn_and_the_action(
+    tokenizer, episodes: list[Episode]
+) -> None:
+    window = 2
+    pools = make_samples(tokenizer, episodes[:6], window)
+    turns = [(ep, t) for ep in episodes[:6] for t in range(len(ep.transcript))]
+    assert len(pools["turn"]) == len(turns)
+    for sample, (ep, t) in zip(pools["turn"], turns, strict=True):
+        history = ep.history
+        observation = history[t - 1][1] if t else ep.first
+        messages = turn_messages(ep.goal, history[:t], observation, window=window)
+        assert list(sample.prompt) == encode_prompt(tokenizer, messages)
+        assert decode_response(tokenizer, sample.response) == ep.transcript[t][0]
+        assert sample.response[-1] == tokenizer.eos_token_id
+
+
+def test_reflection_samples_are_the_episode_and_its_hindsight_note(
+    tokenizer, episodes: list[Episode]
+) -> None:
+    pools = make_samples(tokenizer, episodes, SMALL.window)
+    assert len(pools["reflection"]) == len(episodes)
+    for sample, ep in zip(pools["reflection"], episodes, strict=True):
+        messages = reflection_messages(ep.goal, ep.first, ep.history, success=ep.success)
+        assert list(sample.prompt) == encode_prompt(tokenizer, messages)
+        assert decode_response(tokenizer, sample.response) == hindsight_note(ep.transcript)
+
+
+def test_batch_encoding_equals_encode_prompt(tokenizer, episodes: list[Episode]) -> None:
+    conversations = [c for ep in episodes[:4] for c in turn_conversations(ep, 4)]
+    conversations += [reflection_conversation(ep) for ep in episodes[:4]]
+    assert encode_prompts(tokenizer, conversations) == [
+        encode_prompt(tokenizer, c) for c in conversations
+    ]
+
+
+def test_reflection_steps_spread_the_share_exactly() -> None:
+    assert reflection_steps(8, 0.25) == [False, False, False, True] * 2
+    assert sum(reflection_steps(1000, 0.3)) == 300
+    assert not any(reflection_steps(10, 0.0)) and all(reflection_steps(10, 1.0))
+
+
+def test_batch_plan_cycles_every_sample_and_groups_lengths() -> None:
+    spec = EmbeddedSpec(steps=32, batch_size=4, reflection_share=0.5, warmup=0)
+    lengths = {"turn": [i % 50 for i in range(4 * BUCKET)], "reflection": list(range(200))}
+    plan = batch_plan(lengths, spec)
+    assert plan == batch_plan(lengths, spec)
+    assert [kind for kind, _ in plan] == ["turn", "reflection"] * 16
+    turns = [i for kind, batch in plan if kind == "turn" for i in batch]
+    assert Counter(Counter(turns).values()) == {2: 4 * BUCKET}  # 64 draws: two passes over 32
+    assert all(len(batch) == 4 for _, batch in plan)
+    first = [batch for kind, batch in plan[:16] if kind == "reflection"]
+    spans = [max(b) - min(b) for b in first]
+    assert max(spans) < 100  # sorted within a bucket of 32 draws out of 200
+
+
+def test_collate_masks_the_response_tokens_to_predict(tokenizer, episodes: list[Episode]) -> None:
+    samples = make_samples(tokenizer, episodes[:2], 4)["turn"][:5]
+    ids, attention, response, prompt = collate(samples, tokenizer.pad_token_id)
+    assert ids.shape[1] == max(len(s.prompt) + len(s.response) for s in samples)
+    targets = ids[:, 1:]
+    assert targets[response.bool()].tolist() == [t for s in samples for t in s.response]
+    assert int(prompt.sum()) == sum(len(s.prompt) - 1 for s in samples)
+    assert int(attention.sum()) == sum(len(s.prompt) + len(s.response) for s in samples)
+    assert not (response.bool() & prompt.bool()).any()
+
+
+def test_pretrain_loss_weights_prompt_tokens_only_when_asked() -> None:
+    losses = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    response = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    prompt = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    loss, response_loss = pretrain_loss(losses, response, prompt, 0.0)
+    assert loss.item() == response_loss.item() == 3.5
+    loss, response_loss = pretrain_loss(losses, response, prompt, 0.5)
+    assert loss.item() == 3.5 + 0.5 * 1.5 and response_loss.item() == 3.5
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
+    spec = EmbeddedSpec(steps=100, warmup=10, lr=1e-3)
+    assert lr_at(0, spec) == pytest.approx(1e-4)
+    assert lr_at(9, spec) == pytest.approx(1e-3)
+    assert lr_at(10, spec) == pytest.approx(1e-3)
+    assert lr_at(100, spec) == pytest.approx(1e-4)
+    rates = [lr_at(s, spec) for s in range(10, 100)]
+    assert rates == sorted(rates, reverse=True)
