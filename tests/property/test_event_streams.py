@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, get_args, get_origin
 
 import msgspec
@@ -35,8 +36,10 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         return st.text(max_size=30)
     if tp is bool:
         return st.booleans()
-    if origin is tuple:
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         return st.lists(strategy_for(args[0]), max_size=4).map(tuple)
+    if origin is tuple:  # fixed length: tuple[str, str]
+        return st.tuples(*(strategy_for(a) for a in args))
     if origin is dict:
         return st.dictionaries(strategy_for(args[0]), strategy_for(args[1]), max_size=3)
     if type(None) in args:
@@ -203,3 +206,30 @@ def test_episode_table_counts_each_episode_end_once(events: list[Event]) -> None
     state = fold.states["episodes"]
     got = {f: (r.episodes, r.successes, r.aborted) for f, r in state.families.items()}
     assert got == reference_family_counts(events)
+
+
+ACTOR_NAMES = st.sampled_from([f"a{i}" for i in range(12)] + ["runtime"])
+
+
+@settings(max_examples=200)
+@given(
+    events=st.lists(st.tuples(ACTOR_NAMES, DOMAIN_EVENT), max_size=80),
+    cuts=st.lists(st.integers(1, 79), max_size=6),
+)
+def test_actor_stats_bulk_fold_equals_the_fold_one_by_one(
+    events: list[tuple[str, Event]], cuts: list[int]
+) -> None:
+    """``evolve_many`` counts a batch in bulk; whatever the batches, it ends where the fold one
+    envelope at a time ends, down to the order of the rows."""
+    envs = [
+        Envelope(seq=i, run="r", t=0, actor=actor, event=ev, v=1)
+        for i, (actor, ev) in enumerate(events)
+    ]
+    stats = ActorStats()
+    bounds = sorted({0, len(envs), *(c for c in cuts if c < len(envs))})
+    bulk = stats.initial()
+    for a, b in itertools.pairwise(bounds):
+        bulk = stats.evolve_many(bulk, envs[a:b])
+    each = stats.evolve_each(stats.initial(), envs)
+    assert msgspec.to_builtins(bulk) == msgspec.to_builtins(each)
+    assert list(bulk.actors) == list(each.actors) and list(bulk.kinds) == list(each.kinds)

@@ -1,0 +1,361 @@
+"""The policy's model core: score admissible actions or generate text with a causal LM, and
+compute the log-probs a learner trains on.
+
+Two ways to act, both recorded with token ids and log-probs:
+
+- **score** (how small models act in text worlds, as in GLAM): every admissible action is
+  scored by the sum of its token log-probs after the prompt, and one is sampled from the
+  softmax of those scores over the candidates (divided by the temperature). The action's
+  log-prob under the policy is that softmax's, so the learner's ratio is over actions.
+- **generate** (real instruction-tuned LLMs): the response is sampled token by token; its
+  log-prob is the sum of its tokens' (tempered) log-probs.
+
+Scoring packs a prompt and all its candidates into one row: each candidate attends to the
+prompt and to itself only, with positions that restart after the prompt, so one forward pass
+scores every candidate without repeating the prompt.
+
+Every draw uses a uniform number from the request's own ``random.Random``, so what is sampled
+does not depend on which requests shared a forward pass.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Ids = Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """Prompts and their candidates packed one row per prompt.
+
+    Attributes:
+        input_ids: (B, L) token ids, right-padded.
+        attention: (B, 1, L, L) additive float mask (0 where attention is allowed).
+        positions: (B, L) position ids.
+        rows, at, tokens: for every candidate token, its row, the position whose logits
+            predict it, and the token id; each (N,).
+        owner: (N,) the flat index of the candidate each token belongs to.
+        counts: the number of candidates of each row.
+    """
+
+    input_ids: torch.Tensor
+    attention: torch.Tensor
+    positions: torch.Tensor
+    rows: torch.Tensor
+    at: torch.Tensor
+    tokens: torch.Tensor
+    owner: torch.Tensor
+    counts: tuple[int, ...]
+
+
+def _row_layout(
+    prompt: Ids, candidates: Sequence[Ids]
+) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """One row's ids, positions and ``(offset, length)`` of each candidate."""
+    if not prompt:
+        raise ValueError("a prompt must have at least one token")
+    if not candidates or any(len(c) == 0 for c in candidates):
+        raise ValueError("every request needs at least one non-empty candidate")
+    p = len(prompt)
+    ids = list(prompt)
+    positions = list(range(p))
+    spans: list[tuple[int, int]] = []
+    for cand in candidates:
+        spans.append((len(ids), len(cand)))
+        ids += cand
+        positions += range(p, p + len(cand))
+    return ids, positions, spans
+
+
+def pack(prompts: Sequence[Ids], candidates: Sequence[Sequence[Ids]], pad_id: int) -> Packed:
+    """Pack each prompt with its candidates into one row (see the module docstring).
+
+    Raises:
+        ValueError: lengths differ, a prompt is empty or a candidate list is empty.
+    """
+    if len(prompts) != len(candidates):
+        raise ValueError(f"{len(prompts)} prompts but {len(candidates)} candidate lists")
+    layouts = [_row_layout(p, c) for p, c in zip(prompts, candidates, strict=True)]
+    width = max(len(ids) for ids, _, _ in layouts)
+    batch = len(layouts)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    positions = torch.zeros((batch, width), dtype=torch.long)
+    allowed = torch.zeros((batch, width, width), dtype=torch.bool)
+    allowed[:, torch.arange(width), torch.arange(width)] = True  # padding sees itself: no NaN
+    rows: list[int] = []
+    at: list[int] = []
+    tokens: list[int] = []
+    owner: list[int] = []
+    flat = 0
+    for b, (ids, pos, spans) in enumerate(layouts):
+        p = len(prompts[b])
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        positions[b, : len(pos)] = torch.tensor(pos)
+        allowed[b, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+        for off, n in spans:
+            allowed[b, off : off + n, :p] = True
+            allowed[b, off : off + n, off : off + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            for i in range(n):
+                rows.append(b)
+                at.append(p - 1 if i == 0 else off + i - 1)
+                tokens.append(ids[off + i])
+                owner.append(flat)
+            flat += 1
+    attention = torch.zeros((batch, 1, width, width))
+    attention.masked_fill_(~allowed[:, None], torch.finfo(attention.dtype).min)
+    return Packed(
+        input_ids=input_ids,
+        attention=attention,
+        positions=positions,
+        rows=torch.tensor(rows),
+        at=torch.tensor(at),
+        tokens=torch.tensor(tokens),
+        owner=torch.tensor(owner),
+        counts=tuple(len(c) for c in candidates),
+    )
+
+
+def candidate_scores(
+    model: Any, packed: Packed, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score packed candidates in one forward pass (with or without grad, as the caller's
+    context decides).
+
+    Returns:
+        ``(scores, token_logp)``: the sum of token log-probs of every candidate, flat over rows
+        (sum(counts),), and the log-prob of every candidate token (N,).
+    """
+    logits = model(
+        input_ids=packed.input_ids.to(device),
+        attention_mask=packed.attention.to(device),
+        position_ids=packed.positions.to(device),
+    ).logits  # (B, L, V)
+    picked = logits[packed.rows.to(device), packed.at.to(device)]  # (N, V)
+    token_logp = picked.float().log_softmax(-1).gather(1, packed.tokens.to(device)[:, None])[:, 0]
+    scores = torch.zeros(sum(packed.counts), device=device)
+    return scores.index_add(0, packed.owner.to(device), token_logp), token_logp
+
+
+def split_rows(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
+    """Split a flat per-candidate tensor into one tensor per row."""
+    return list(torch.split(flat, list(counts)))
+
+
+def sample_index(scores: Sequence[float], temperature: float, u: float) -> tuple[int, float]:
+    """Draw one index from ``softmax(scores / temperature)`` by inverting its CDF at ``u``.
+
+    Args:
+        scores: unnormalised log-scores.
+        temperature: > 0 samples; 0 takes the first maximum (greedy).
+        u: a uniform number in [0, 1) from the request's own stream.
+
+    Returns:
+        The index and its log-prob under the tempered softmax (under temperature 1 when greedy).
+
+    Raises:
+        ValueError: no scores, a negative temperature or ``u`` outside [0, 1).
+    """
+    if not scores:
+        raise ValueError("no scores to sample from")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0.0 <= u < 1.0:
+        raise ValueError(f"u must be in [0, 1), got {u}")
+    if temperature == 0:
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        return best, log_softmax(scores, 1.0)[best]
+    logps = log_softmax(scores, temperature)
+    cdf: list[float] = []
+    acc = 0.0
+    for lp in logps:
+        acc += math.exp(lp)
+        cdf.append(acc)
+    index = min(bisect.bisect_right(cdf, u * acc), len(scores) - 1)
+    return index, logps[index]
+
+
+def log_softmax(scores: Sequence[float], temperature: float) -> list[float]:
+    """``log softmax(scores / temperature)`` in float64."""
+    scaled = [s / temperature for s in scores]
+    top = max(scaled)
+    norm = top + math.log(sum(math.exp(s - top) for s in scaled))
+    return [s - norm for s in scaled]
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One scored decision: the chosen candidate and the numbers behind it."""
+
+    index: int
+    logp: float
+    scores: tuple[float, ...]
+    token_logps: tuple[float, ...]
+
+
+def score_and_choose(
+    model: Any,
+    prompts: Sequence[Ids],
+    candidates: Sequence[Sequence[Ids]],
+    rngs: Sequence[random.Random],
+    *,
+    temperature: float,
+    pad_id: int,
+    device: torch.device,
+) -> list[Choice]:
+    """Score every request's candidates in one forward pass and draw one per request."""
+    packed = pack(prompts, candidates, pad_id)
+    with torch.no_grad():
+        flat, token_logp = candidate_scores(model, packed, device)
+    by_candidate: list[list[float]] = [[] for _ in range(len(flat))]
+    for owner, lp in zip(packed.owner.tolist(), token_logp.double().cpu().tolist(), strict=True):
+        by_candidate[owner].append(lp)
+    choices = []
+    first = 0
+    for row, scores in enumerate(split_rows(flat.double().cpu(), packed.counts)):
+        s = tuple(scores.tolist())
+        index, logp = sample_index(s, temperature, rngs[row].random())
+        tokens = tuple(by_candidate[first + index])
+        choices.append(Choice(index=index, logp=logp, scores=s, token_logps=tokens))
+        first += packed.counts[row]
+    return choices
+
+
+def chosen_action_logps(
+    model: Any,
+    prompts: Sequence[Ids],
+    candidates: Sequence[Sequence[Ids]],
+    choices: Sequence[int],
+    *,
+    temperature: float,
+    pad_id: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """Log-prob of each chosen candidate under the candidate softmax, with grad: (B, 1)."""
+    packed = pack(prompts, candidates, pad_id)
+    flat, _ = candidate_scores(model, packed, device)  # (sum(counts),)
+    t = temperature if temperature > 0 else 1.0
+    out = [
+        (row / t).log_softmax(0)[k]
+        for row, k in zip(split_rows(flat, packed.counts), choices, strict=True)
+    ]
+    return torch.stack(out)[:, None]  # (B, 1)
+
+
+def response_logps(
+    model: Any,
+    prompts: Sequence[Ids],
+    responses: Sequence[Ids],
+    *,
+    temperature: float,
+    pad_id: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each response after its prompt, with grad.
+
+    Returns:
+        ``(logp, mask)``, both (B, T) with T the longest response; mask is 1 on real tokens.
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
+    longest = max(len(r) for r in responses)
+    batch = len(prompts)
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((batch, width), dtype=torch.long)
+    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        ids[b, : len(p) + len(r)] = torch.tensor([*p, *r])
+        attn[b, : len(p) + len(r)] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits  # (B, L, V)
+    t = temperature if temperature > 0 else 1.0
+    logp = torch.zeros((batch, longest), device=device)
+    mask = torch.zeros((batch, longest), device=device)
+    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        n = len(r)
+        rows = (logits[b, len(p) - 1 : len(p) - 1 + n].float() / t).log_softmax(-1)  # (n, V)
+        logp[b, :n] = rows.gather(1, torch.tensor(r, device=device)[:, None])[:, 0]
+        mask[b, :n] = 1.0
+    return logp, mask
+
+
+def generate(
+    model: Any,
+    prompts: Sequence[Ids],
+    rngs: Sequence[random.Random],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    device: torch.device,
+) -> list[tuple[list[int], list[float]]]:
+    """Sample a response per prompt, token by token with a KV cache (prompts left-padded).
+
+    Each token is drawn by inverting the tempered softmax's CDF at a uniform number from the
+    row's own stream (greedy at temperature 0; its log-probs are then at temperature 1).
+
+    Returns:
+        Per prompt: the response ids (ending with ``eos_id`` unless cut at ``max_new_tokens``)
+        and each token's log-prob under the sampling distribution.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    batch, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((batch, width), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.tensor(list(p))
+        attn[b, width - len(p) :] = 1
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    out: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
+    done = [False] * batch
+    with torch.no_grad():
+        step = model(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            position_ids=positions.to(device),
+            use_cache=True,
+        )
+        for _ in range(max_new_tokens):
+            last = step.logits[:, -1].float()  # (B, V)
+            nxt = [
+                _draw(last[b], temperature, rngs[b], out[b]) if not done[b] else pad_id
+                for b in range(batch)
+            ]
+            done = [d or n == eos_id for d, n in zip(done, nxt, strict=True)]
+            if all(done):
+                break
+            attn = torch.cat([attn, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+            positions = positions[:, -1:] + 1
+            step = model(
+                input_ids=torch.tensor(nxt, device=device)[:, None],
+                attention_mask=attn.to(device),
+                position_ids=positions.to(device),
+                cache=step.cache,
+                use_cache=True,
+            )
+    return out
+
+
+def _draw(
+    logits: torch.Tensor, temperature: float, rng: random.Random, out: tuple[list[int], list[float]]
+) -> int:
+    """Draw one token from ``logits`` (V,) and append it and its log-prob to ``out``."""
+    if temperature == 0:
+        logp = logits.log_softmax(-1)
+        token = int(logp.argmax())
+    else:
+        logp = (logits / temperature).log_softmax(-1)
+        cdf = logp.double().exp().cumsum(0)
+        token = int(torch.searchsorted(cdf, rng.random() * float(cdf[-1]), right=True))
+        token = min(token, logits.shape[0] - 1)
+    out[0].append(token)
+    out[1].append(float(logp[token]))
+    return token

@@ -1,0 +1,164 @@
+"""The policy's model core: packed candidate scoring equals scoring each candidate alone,
+sampling does not depend on batching, and the learner's log-probs equal the sampler's."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from agents.policy import (
+    chosen_action_logps,
+    generate,
+    log_softmax,
+    pack,
+    response_logps,
+    sample_index,
+    score_and_choose,
+)
+
+CPU = torch.device("cpu")
+PROMPTS = [[3, 4, 5, 6], [7, 8], [9, 10, 11, 12, 13, 14]]
+CANDIDATES = [[[5, 6], [7], [8, 9, 10]], [[11], [12, 13]], [[1, 2], [3, 4], [5], [6]]]
+
+
+@pytest.fixture(scope="module")
+def model() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def naive_score(model: Qwen2ForCausalLM, prompt: list[int], cand: list[int]) -> float:
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + cand])).logits.log_softmax(-1)[0]
+    return sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(cand))
+
+
+def rngs(*seeds: int) -> list[random.Random]:
+    return [random.Random(s) for s in seeds]
+
+
+def test_packed_scores_equal_scoring_each_candidate_alone(model: Qwen2ForCausalLM) -> None:
+    choices = score_and_choose(
+        model, PROMPTS, CANDIDATES, rngs(0, 1, 2), temperature=1.0, pad_id=0, device=CPU
+    )
+    for prompt, cands, choice in zip(PROMPTS, CANDIDATES, choices, strict=True):
+        expected = [naive_score(model, prompt, c) for c in cands]
+        assert choice.scores == pytest.approx(expected, abs=1e-4)
+        chosen = cands[choice.index]
+        assert sum(choice.token_logps) == pytest.approx(expected[choice.index], abs=1e-4)
+        assert len(choice.token_logps) == len(chosen)
+
+
+def test_sampling_does_not_depend_on_batching(model: Qwen2ForCausalLM) -> None:
+    for seed in range(20):
+        seeds = [seed * 3, seed * 3 + 1, seed * 3 + 2]
+        batched = score_and_choose(
+            model, PROMPTS, CANDIDATES, rngs(*seeds), temperature=1.0, pad_id=0, device=CPU
+        )
+        alone = [
+            score_and_choose(model, [p], [c], rngs(s), temperature=1.0, pad_id=0, device=CPU)[0]
+            for p, c, s in zip(PROMPTS, CANDIDATES, seeds, strict=True)
+        ]
+        assert [c.index for c in batched] == [c.index for c in alone]
+        assert [c.logp for c in batched] == pytest.approx([c.logp for c in alone], abs=1e-6)
+
+
+def test_generation_does_not_depend_on_batching(model: Qwen2ForCausalLM) -> None:
+    kw = dict(temperature=1.0, max_new_tokens=6, eos_id=1, pad_id=0, device=CPU)
+    batched = generate(model, PROMPTS, rngs(5, 6, 7), **kw)
+    alone = [
+        generate(model, [p], rngs(s), **kw)[0] for p, s in zip(PROMPTS, (5, 6, 7), strict=True)
+    ]
+    assert [ids for ids, _ in batched] == [ids for ids, _ in alone]
+    for (_, a), (_, b) in zip(batched, alone, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_learner_logps_equal_the_sampler_logps(model: Qwen2ForCausalLM) -> None:
+    choices = score_and_choose(
+        model, PROMPTS, CANDIDATES, rngs(3, 4, 5), temperature=0.7, pad_id=0, device=CPU
+    )
+    logp = chosen_action_logps(
+        model,
+        PROMPTS,
+        CANDIDATES,
+        [c.index for c in choices],
+        temperature=0.7,
+        pad_id=0,
+        device=CPU,
+    )  # (B, 1)
+    assert logp.shape == (3, 1)
+    assert logp[:, 0].tolist() == pytest.approx([c.logp for c in choices], abs=1e-5)
+    drawn = generate(
+        model,
+        PROMPTS,
+        rngs(1, 2, 3),
+        temperature=1.0,
+        max_new_tokens=5,
+        eos_id=1,
+        pad_id=0,
+        device=CPU,
+    )
+    logp, mask = response_logps(
+        model, PROMPTS, [ids for ids, _ in drawn], temperature=1.0, pad_id=0, device=CPU
+    )
+    for b, (ids, lps) in enumerate(drawn):
+        assert mask[b].sum() == len(ids)
+        assert logp[b, : len(ids)].tolist() == pytest.approx(lps, abs=1e-5)
+
+
+def test_candidate_logps_carry_gradient(model: Qwen2ForCausalLM) -> None:
+    logp = chosen_action_logps(
+        model, PROMPTS, CANDIDATES, [0, 1, 2], temperature=1.0, pad_id=0, device=CPU
+    )
+    logp.sum().backward()
+    norm = sum(float(p.grad.norm()) for p in model.parameters() if p.grad is not None)
+    model.zero_grad(set_to_none=True)
+    assert norm > 1e-3
+
+
+def test_sample_index_inverts_the_cdf() -> None:
+    scores = [math.log(0.2), math.log(0.3), math.log(0.5)]
+    assert sample_index(scores, 1.0, 0.0)[0] == 0
+    assert sample_index(scores, 1.0, 0.19)[0] == 0
+    assert sample_index(scores, 1.0, 0.21)[0] == 1
+    assert sample_index(scores, 1.0, 0.49)[0] == 1
+    index, logp = sample_index(scores, 1.0, 0.51)
+    assert index == 2 and logp == pytest.approx(math.log(0.5))
+    assert sample_index(scores, 0.0, 0.99) == (2, pytest.approx(math.log(0.5)))
+    # temperature 2 flattens: probabilities proportional to sqrt(p)
+    flat = log_softmax(scores, 2.0)
+    z = sum(math.sqrt(p) for p in (0.2, 0.3, 0.5))
+    assert [math.exp(x) for x in flat] == pytest.approx([math.sqrt(p) / z for p in (0.2, 0.3, 0.5)])
+
+
+def test_sample_index_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="no scores"):
+        sample_index([], 1.0, 0.5)
+    with pytest.raises(ValueError, match="temperature"):
+        sample_index([0.0], -1.0, 0.5)
+    with pytest.raises(ValueError, match="u must be"):
+        sample_index([0.0], 1.0, 1.0)
+
+
+def test_pack_rejects_empty_input() -> None:
+    with pytest.raises(ValueError, match="prompt"):
+        pack([[]], [[[1]]], 0)
+    with pytest.raises(ValueError, match="candidate"):
+        pack([[1]], [[]], 0)
+    with pytest.raises(ValueError, match="2 prompts but 1"):
+        pack([[1], [2]], [[[1]]], 0)
