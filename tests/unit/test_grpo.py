@@ -1,4 +1,5 @@
-"""GRPO pieces against hand-computed values: advantages, clipped loss, KL, masking."""
+"""GRPO pieces against hand-computed values: advantages (agents/advantages.py), clipped loss,
+KL, masking (agents/grpo.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,19 @@ import math
 import pytest
 import torch
 
+from agents.advantages import (
+    group_advantages,
+    group_stats,
+    subgroup_advantages,
+    subgroup_weights,
+)
 from agents.grpo import (
     AGGREGATIONS,
     aggregate,
     clipped_policy_loss,
-    group_advantages,
-    group_stats,
     kl_penalty,
     low_prob_mask,
     masked_mean,
-    subgroup_advantages,
-    subgroup_weights,
 )
 
 LOG = math.log
