@@ -1,6 +1,10 @@
 """The env worker: runs the episodes assigned to it, one at a time, and records every turn.
 
-One world instance per worker. A world that declares ``blocking = False`` (the built-in one,
+One world instance per worker. The agent is either scripted (an :class:`Agent` built per
+episode, acting synchronously) or the policy: the worker then renders each turn's prompt, emits
+:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`.
+
+ A world that declares ``blocking = False`` (the built-in one,
 microseconds per step) is stepped on the event loop; any other world is stepped in a worker
 thread. A world that raises ends the episode with :class:`EpisodeAborted`; the worker then builds
 a fresh world and takes the next assignment.
@@ -9,6 +13,7 @@ a fresh world and takes the next assignment.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agents.episode_events import (
@@ -18,31 +23,64 @@ from agents.episode_events import (
     EpisodeStarted,
     StepTaken,
 )
+from agents.policy_events import ActionRequested, ActionSampled
+from agents.prompts import Step, turn_messages
 from agents.scripted import Agent
 from engine.actor import Actor, Context
-from engine.seeds import derive_rng
+from engine.events import Envelope, Event
+from engine.seeds import derive_rng, derive_seed
 from scenarios.worlds.base import Observation, Task, TextWorld
 
 AgentFactory = Callable[[Any], Agent]
 """Builds an agent for one episode from that episode's ``random.Random``."""
 
 
+@dataclass(frozen=True)
+class PromptSettings:
+    """How a policy-driven worker renders prompts (see :func:`agents.prompts.turn_messages`).
+
+    Attributes:
+        window: past turns shown.
+        list_actions: list the admissible actions in the prompt.
+        greedy_eval: act greedily in evaluation episodes (purpose "eval").
+    """
+
+    window: int = 4
+    list_actions: bool = False
+    greedy_eval: bool = False
+
+
 class EnvWorker(Actor):
-    """Runs assigned episodes in its own world with a fresh agent per episode."""
+    """Runs assigned episodes in its own world, with a scripted agent or the policy.
 
-    subscribes = (EpisodeAssigned,)
+    Args:
+        make_world: builds the worker's world (in a worker thread).
+        make_agent: builds a scripted agent per episode; None means the policy acts.
+        prompt: prompt settings when the policy acts.
+    """
 
-    def __init__(self, make_world: Callable[[], TextWorld], make_agent: AgentFactory) -> None:
+    subscribes = (EpisodeAssigned, ActionSampled)
+
+    def __init__(
+        self,
+        make_world: Callable[[], TextWorld],
+        make_agent: AgentFactory | None,
+        prompt: PromptSettings | None = None,
+    ) -> None:
         self._make_world = make_world
         self._make_agent = make_agent
+        self._prompt = prompt or PromptSettings()
 
     async def run(self, ctx: Context) -> None:
         world = await ctx.to_thread(self._make_world)
+        inbox = ctx.events()
         try:
-            async for env in ctx.events():
+            async for env in inbox:
+                if isinstance(env.event, ActionSampled):
+                    continue  # an answer for an episode lost in a restart
                 assert isinstance(env.event, EpisodeAssigned)
                 try:
-                    await self._episode(ctx, world, env.event)
+                    await self._episode(ctx, world, env.event, inbox)
                 except Exception as exc:  # the world failed: record, rebuild, go on
                     await ctx.emit(
                         EpisodeAborted(
@@ -58,7 +96,9 @@ class EnvWorker(Actor):
         finally:
             world.close()
 
-    async def _episode(self, ctx: Context, world: TextWorld, job: EpisodeAssigned) -> None:
+    async def _episode(
+        self, ctx: Context, world: TextWorld, job: EpisodeAssigned, inbox: Any
+    ) -> None:
         blocking = getattr(world, "blocking", True)
 
         async def call(fn: Callable[..., Observation], *args: Any) -> Observation:
@@ -66,8 +106,11 @@ class EnvWorker(Actor):
 
         task = Task(family=job.family, variant=job.variant, split=job.split)
         obs = await call(world.reset, task, job.seed)
-        agent = self._make_agent(derive_rng(job.seed, "agent"))
-        agent.reset(obs.goal, obs)
+        if self._make_agent is not None:
+            agent = self._make_agent(derive_rng(job.seed, "agent"))
+            agent.reset(obs.goal, obs)
+        else:
+            agent = _PolicyAgent(ctx, job, inbox, self._prompt, obs.goal)
         await ctx.emit(
             EpisodeStarted(
                 episode=job.episode,
@@ -80,8 +123,13 @@ class EnvWorker(Actor):
         turn = 0
         total = 0.0
         while not obs.done:
-            action = agent.act(obs)
+            if isinstance(agent, _PolicyAgent):
+                action = await agent.act(obs, turn)
+            else:
+                action = agent.act(obs)
             obs = await call(world.step, action)
+            if isinstance(agent, _PolicyAgent):
+                agent.history.append((action, obs.text))
             total += obs.reward
             await ctx.emit(
                 StepTaken(
@@ -110,3 +158,51 @@ class EnvWorker(Actor):
                 purpose=job.purpose,
             )
         )
+
+
+class _PolicyAgent:
+    """The policy as seen from one episode: renders the prompt, asks, waits for the answer."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        job: EpisodeAssigned,
+        inbox: Any,
+        prompt: PromptSettings,
+        goal: str,
+    ) -> None:
+        self._ctx = ctx
+        self._job = job
+        self._inbox = inbox
+        self._prompt = prompt
+        self._goal = goal
+        self.history: list[Step] = []
+
+    async def act(self, obs: Observation, turn: int) -> str:
+        messages = turn_messages(
+            self._goal,
+            self.history,
+            obs.text,
+            admissible=obs.admissible if self._prompt.list_actions else None,
+            window=self._prompt.window,
+        )
+        job = self._job
+        await self._ctx.emit(
+            ActionRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                turn=turn,
+                messages=tuple((m["role"], m["content"]) for m in messages),
+                admissible=obs.admissible,
+                seed=derive_seed(job.seed, "act", turn),
+                greedy=self._prompt.greedy_eval and job.purpose == "eval",
+            )
+        )
+        while True:
+            env: Envelope[Event] = await self._inbox.__anext__()
+            ev = env.event
+            if isinstance(ev, ActionSampled) and (ev.episode, ev.turn) == (job.episode, turn):
+                return ev.action
+            if isinstance(ev, EpisodeAssigned):
+                raise RuntimeError(f"{ev.episode} assigned while {job.episode} is running")
+            # else: a late answer for an episode lost in a restart

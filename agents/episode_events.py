@@ -13,7 +13,10 @@ from engine.events import Event, event
 
 @event
 class EpisodeAssigned(Event, tag="episode_assigned", frozen=True, kw_only=True):
-    """The scheduler handed episode ``episode`` (the ``index``-th of the run) to ``worker``."""
+    """The scheduler handed episode ``episode`` (the ``index``-th of the run) to ``worker``.
+
+    ``purpose`` is "train" or "eval" (evaluation episodes of a learning run).
+    """
 
     episode: str
     index: int

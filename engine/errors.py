@@ -29,6 +29,17 @@ class ScenarioInvalid(CoevoError):
         super().__init__(f"{source}: {message}")
 
 
+class ModelUnavailable(CoevoError):
+    """A model directory or checkpoint could not be loaded (missing, not a transformers model,
+    weights that do not fit), or the device it was asked on does not exist.
+
+    Raised before actors start or by the actor loading it; unlike :class:`ScenarioInvalid`, the
+    scenario file itself is valid.
+    """
+
+    exit_code = 2
+
+
 class RunNotFound(CoevoError):
     """A path given as a run directory holds no coevo event log (or does not exist)."""
 

@@ -1,0 +1,273 @@
+"""The learner actor: turns a :class:`GradientRequested` into a new policy version.
+
+It keeps every :class:`ActionSampled` of training episodes until a request names their episode,
+then trains on those turns with the request's advantages and loss settings (in a worker thread),
+writes the new weights as a safetensors checkpoint and emits :class:`PolicyUpdated`. Samples
+older than the request's staleness bound are dropped and counted, never trained on.
+
+:func:`grpo_step` is the update itself, free of actors and events, so a plain synchronous loop
+(``bench/grpo_sync.py``) runs exactly the same maths.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agents.episode_events import EpisodeAborted, EpisodeFinished
+from agents.grpo import clipped_policy_loss, kl_penalty
+from agents.policy import chosen_action_logps, response_logps
+from agents.policy_events import ActionSampled, GradientRequested, PolicyUpdated
+from engine.actor import Actor, Context
+from stores.checkpoints import Checkpoints, param_digest
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One turn to train on: what the behaviour policy did, and its advantage."""
+
+    turn: ActionSampled
+    adv: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """Means over an update's minibatches."""
+
+    samples: int
+    loss: float
+    grad_norm: float
+    clip_frac: float
+    kl: float
+    ratio_mean: float
+    ref_kl: float
+
+
+class Trainee:
+    """The model being trained, its optimiser and (when ``kl_coef`` > 0) a frozen reference.
+
+    Args:
+        model: the causal LM (its weights are policy version 0).
+        tokenizer: its tokenizer (for the pad id and for checkpoints).
+        device: where the model lives.
+        reference: keep a frozen copy of the initial weights for the KL term.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, reference: bool) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.reference = copy.deepcopy(model).eval() if reference else None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def optimiser(self, lr: float) -> torch.optim.Optimizer:
+        """The AdamW optimiser, created on first use; ``lr`` applies from this step on."""
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return self.optimizer
+
+
+def sample_logps(
+    model: Any, batch: Sequence[Sample], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Current log-probs, behaviour log-probs and mask of a minibatch (all one mode).
+
+    In "score" mode a sample is one action-level log-prob (the candidate softmax): (B, 1).
+    In "generate" mode it is the response's token log-probs: (B, T).
+    """
+    turns = [s.turn for s in batch]
+    if turns[0].mode == "score":
+        logp = chosen_action_logps(
+            model,
+            [t.prompt_ids for t in turns],
+            [t.candidates for t in turns],
+            [t.choice for t in turns],
+            temperature=turns[0].temperature,
+            pad_id=pad_id,
+            device=device,
+        )  # (B, 1)
+        old = torch.tensor([[t.logp] for t in turns], device=device)
+        return logp, old, torch.ones_like(old)
+    logp, mask = response_logps(
+        model,
+        [t.prompt_ids for t in turns],
+        [t.response_ids for t in turns],
+        temperature=turns[0].temperature,
+        pad_id=pad_id,
+        device=device,
+    )  # (B, T)
+    old = torch.zeros_like(logp)
+    for b, t in enumerate(turns):
+        old[b, : len(t.token_logps)] = torch.tensor(t.token_logps)
+    return logp, old, mask
+
+
+def grpo_step(
+    trainee: Trainee, samples: Sequence[Sample], req: GradientRequested, seed: int
+) -> StepStats:
+    """Run ``req.epochs`` passes of minibatch clipped-ratio updates over ``samples``.
+
+    Minibatches are drawn in an order shuffled by ``seed``; a minibatch never mixes "score"
+    and "generate" samples or temperatures.
+    """
+    model = trainee.model
+    model.train()
+    opt = trainee.optimiser(req.lr)
+    rng = random.Random(seed)
+    totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
+    steps = 0
+    for _ in range(req.epochs):
+        for batch in _minibatches(samples, req.minibatch, rng):
+            stats = _one_step(trainee, opt, batch, req)
+            for key, value in stats.items():
+                totals[key] += value
+            steps += 1
+    model.eval()
+    mean = {k: v / max(steps, 1) for k, v in totals.items()}
+    return StepStats(samples=len(samples), **mean)
+
+
+def _minibatches(samples: Sequence[Sample], size: int, rng: random.Random) -> list[list[Sample]]:
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    by_kind: dict[tuple[str, float], list[Sample]] = {}
+    for i in order:
+        t = samples[i].turn
+        by_kind.setdefault((t.mode, t.temperature), []).append(samples[i])
+    return [group[k : k + size] for group in by_kind.values() for k in range(0, len(group), size)]
+
+
+def _one_step(
+    trainee: Trainee, opt: torch.optim.Optimizer, batch: list[Sample], req: GradientRequested
+) -> dict[str, float]:
+    logp, old_logp, mask = sample_logps(trainee.model, batch, trainee.pad_id, trainee.device)
+    adv = torch.tensor([s.adv for s in batch], device=trainee.device)  # (B,)
+    out = clipped_policy_loss(
+        logp,
+        old_logp,
+        adv,
+        mask,
+        clip_low=req.clip_low,
+        clip_high=req.clip_high,
+        dual_clip=req.dual_clip,
+        aggregation=req.aggregation,
+    )
+    loss = out.loss
+    ref_kl = 0.0
+    if req.kl_coef > 0 and trainee.reference is not None:
+        with torch.no_grad():
+            ref_logp, _, _ = sample_logps(trainee.reference, batch, trainee.pad_id, trainee.device)
+        kl = kl_penalty(logp, ref_logp, mask, aggregation=req.aggregation)
+        loss = loss + req.kl_coef * kl
+        ref_kl = float(kl.detach())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), req.max_grad_norm)
+    opt.step()
+    return dict(
+        loss=float(loss.detach()),
+        grad_norm=float(grad_norm),
+        clip_frac=out.clip_frac,
+        kl=out.approx_kl,
+        ratio_mean=out.ratio_mean,
+        ref_kl=ref_kl,
+    )
+
+
+class Learner(Actor):
+    """Trains on requested episodes and publishes each new version as a checkpoint.
+
+    Args:
+        load: builds the :class:`Trainee` (called in a worker thread at start).
+        checkpoints: where new versions are written.
+    """
+
+    subscribes = (ActionSampled, EpisodeFinished, EpisodeAborted, GradientRequested)
+
+    def __init__(self, load: Callable[[], Trainee], checkpoints: Checkpoints) -> None:
+        self._load = load
+        self._checkpoints = checkpoints
+
+    async def run(self, ctx: Context) -> None:
+        trainee = await ctx.to_thread(self._load)
+        turns: dict[str, list[ActionSampled]] = {}
+        ended: set[str] = set()
+        version = 0
+        async for env in ctx.events():
+            ev = env.event
+            if isinstance(ev, ActionSampled):
+                turns.setdefault(ev.episode, []).append(ev)
+            elif isinstance(ev, EpisodeFinished | EpisodeAborted):
+                if ev.purpose != "train" or isinstance(ev, EpisodeAborted):
+                    turns.pop(ev.episode, None)  # never trained on
+                else:
+                    ended.add(ev.episode)
+            else:
+                assert isinstance(ev, GradientRequested)
+                samples, stale = _collect(ev, turns, ended, version)
+                version = await self._update(ctx, trainee, ev, samples, stale, version)
+
+    async def _update(
+        self,
+        ctx: Context,
+        trainee: Trainee,
+        req: GradientRequested,
+        samples: list[Sample],
+        stale: int,
+        version: int,
+    ) -> int:
+        start = time.perf_counter()
+        seed = ctx.rng("update", req.update).getrandbits(63)
+        stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed)
+        name = await ctx.to_thread(
+            self._checkpoints.save, version + 1, trainee.model, trainee.tokenizer
+        )
+        digest = await ctx.to_thread(param_digest, trainee.model)
+        await ctx.emit(
+            PolicyUpdated(
+                policy_version=version + 1,
+                update=req.update,
+                samples=stats.samples,
+                stale=stale,
+                loss=stats.loss,
+                grad_norm=stats.grad_norm,
+                clip_frac=stats.clip_frac,
+                kl=stats.kl,
+                ratio_mean=stats.ratio_mean,
+                ref_kl=stats.ref_kl,
+                digest=digest,
+                checkpoint=name,
+                seconds=time.perf_counter() - start,
+            )
+        )
+        return version + 1
+
+
+def _collect(
+    req: GradientRequested,
+    turns: dict[str, list[ActionSampled]],
+    ended: set[str],
+    version: int,
+) -> tuple[list[Sample], int]:
+    """The request's samples (removed from ``turns``) and how many were too stale to use."""
+    samples: list[Sample] = []
+    stale = 0
+    for episode, adv in zip(req.episodes, req.advantages, strict=True):
+        if episode not in ended:
+            raise RuntimeError(f"gradient requested for {episode}, which has not finished")
+        ended.discard(episode)
+        for turn in turns.pop(episode, []):
+            if version - turn.policy_version > req.max_staleness:
+                stale += 1
+            else:
+                samples.append(Sample(turn, adv))
+    return samples, stale

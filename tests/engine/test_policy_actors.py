@@ -1,0 +1,228 @@
+"""Env workers driven by the inference actor, and the GRPO trainer's schedule, on the runtime.
+
+The model is replaced by a fake runner whose choice depends on the request's seed only (as the
+real one's does), so these tests are about the plumbing: every request answered once, batches
+bounded, what is sampled independent of batching and worker count, versions followed, the
+staleness bound kept.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+import trio
+import trio.testing
+
+from agents.env_worker import EnvWorker, PromptSettings
+from agents.episode_events import EpisodeFinished, StepTaken
+from agents.inference import InferenceActor
+from agents.policy_events import (
+    ActionRequested,
+    ActionSampled,
+    AdvantagesComputed,
+    EvalRoundFinished,
+    GradientRequested,
+    PolicyUpdated,
+)
+from agents.projections import EpisodeTable
+from agents.scheduler import Scheduler
+from agents.trainer import GrpoTrainer
+from engine.actor import Actor, ActorSpec, Context
+from engine.lifecycle import RunStarted, RunStopped
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from engine.runtime import Runtime
+from scenarios.schema import EvalConfig, GrpoConfig
+from scenarios.worlds.minilab import MiniLab
+from stores.checkpoints import MemoryCheckpoints
+from stores.eventlog import MemoryEventLog
+
+STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=9, coevo_version="0")
+
+
+def make_world() -> MiniLab:
+    return MiniLab(families=("heat",), train_variants=10, heldout_variants=4)
+
+
+class FakeRunner:
+    """Picks an admissible action from the request's own seed; records batch sizes."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.batches: list[int] = []
+
+    def answer(self, requests: Sequence[ActionRequested]) -> list[ActionSampled]:
+        self.batches.append(len(requests))
+        out = []
+        for req in requests:
+            k = random.Random(req.seed).randrange(len(req.admissible))
+            out.append(
+                ActionSampled(
+                    episode=req.episode,
+                    worker=req.worker,
+                    turn=req.turn,
+                    policy_version=self.version,
+                    action=req.admissible[k],
+                    prompt_ids=(1, 2),
+                    response_ids=(3,),
+                    token_logps=(-1.0,),
+                    choice=k,
+                    logp=-1.0,
+                    temperature=1.0,
+                )
+            )
+        return out
+
+    def load(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.version = version
+
+
+def worker_specs(names: list[str]) -> list[ActorSpec]:
+    return [
+        ActorSpec(
+            name=name,
+            factory=partial(EnvWorker, make_world, None, PromptSettings(window=2)),
+            accepts=lambda ev, name=name: getattr(ev, "worker", None) == name,
+        )
+        for name in names
+    ]
+
+
+def rollout(workers: int, batch_max: int, runner: FakeRunner) -> MemoryEventLog:
+    tasks = make_world().tasks("heat", "train")
+    names = [f"w{i}" for i in range(workers)]
+    specs = [
+        ActorSpec(name="scheduler", factory=partial(Scheduler, tasks, 12, names), driver=True),
+        ActorSpec(
+            name="inference",
+            factory=partial(
+                InferenceActor, lambda: runner, MemoryCheckpoints(), batch_max=batch_max
+            ),
+        ),
+        *worker_specs(names),
+    ]
+    log = MemoryEventLog()
+    trio.run(Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=9).run)
+    return log
+
+
+def actions(log: MemoryEventLog) -> dict[tuple[str, int], str]:
+    return {
+        (e.event.episode, e.event.turn): e.event.action
+        for e in log.read()
+        if isinstance(e.event, StepTaken)
+    }
+
+
+def test_every_request_is_answered_once_in_bounded_batches() -> None:
+    runner = FakeRunner()
+    log = rollout(4, 3, runner)
+    envs = list(log.read())
+    requests = [
+        (e.event.episode, e.event.turn) for e in envs if isinstance(e.event, ActionRequested)
+    ]
+    answers = [(e.event.episode, e.event.turn) for e in envs if isinstance(e.event, ActionSampled)]
+    assert sorted(requests) == sorted(answers) and len(set(answers)) == len(answers)
+    assert sum(runner.batches) == len(requests) and max(runner.batches) <= 3
+    finished = [e for e in envs if isinstance(e.event, EpisodeFinished)]
+    assert len(finished) == 12
+    assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "completed"
+    # each answer is caused by its request
+    by_seq = {e.seq: e.event for e in envs}
+    for e in envs:
+        if isinstance(e.event, ActionSampled):
+            cause = by_seq[e.cause]
+            assert isinstance(cause, ActionRequested) and cause.turn == e.event.turn
+
+
+def test_what_is_sampled_does_not_depend_on_batching_or_workers() -> None:
+    alone = actions(rollout(1, 1, FakeRunner()))
+    batched = actions(rollout(4, 4, FakeRunner()))
+    assert alone == batched and len(alone) > 12
+
+
+class FakeLearner(Actor):
+    """Answers each gradient request with a new version after some (virtual) time."""
+
+    subscribes = (GradientRequested,)
+
+    def __init__(self, checkpoints: MemoryCheckpoints) -> None:
+        self.checkpoints = checkpoints
+
+    async def run(self, ctx: Context) -> None:
+        version = 0
+        async for env in ctx.events():
+            assert isinstance(env.event, GradientRequested)
+            await trio.sleep(0.05)
+            version += 1
+            name = self.checkpoints.save(version, torch.nn.Linear(1, 1), None)
+            await ctx.emit(
+                PolicyUpdated(
+                    policy_version=version,
+                    update=env.event.update,
+                    samples=1,
+                    stale=0,
+                    loss=0.0,
+                    grad_norm=0.0,
+                    clip_frac=0.0,
+                    kl=0.0,
+                    ratio_mean=1.0,
+                    ref_kl=0.0,
+                    digest="d",
+                    checkpoint=name,
+                    seconds=0.05,
+                )
+            )
+
+
+def train(max_staleness: int) -> list:
+    world = make_world()
+    names = ["w0", "w1", "w2"]
+    grpo = GrpoConfig(group_size=3, groups_per_update=2, max_staleness=max_staleness)
+    evaluation = EvalConfig(every=2, episodes=4)
+    trainer = GrpoTrainer(
+        world.tasks("heat", "train"), world.tasks("heat", "heldout"), 24, names, grpo, evaluation
+    )
+    checkpoints = MemoryCheckpoints()
+    specs = [
+        ActorSpec(name="trainer", factory=lambda: trainer, driver=True),
+        ActorSpec(
+            name="inference",
+            factory=partial(InferenceActor, FakeRunner, checkpoints, batch_max=4),
+        ),
+        ActorSpec(name="learner", factory=partial(FakeLearner, checkpoints)),
+        *worker_specs(names),
+    ]
+    log = MemoryEventLog()
+    clock = trio.testing.MockClock(autojump_threshold=0)  # the learner's "work" takes no time
+    trio.run(Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=9).run, clock=clock)
+    assert verify_log(log, [ActorStats(), EpisodeTable()]).ok
+    return [e.event for e in log.read()]
+
+
+def test_trainer_requests_every_update_and_evaluates_on_schedule() -> None:
+    events = train(max_staleness=1)
+    requests = [ev for ev in events if isinstance(ev, GradientRequested)]
+    assert [r.update for r in requests] == [0, 1, 2, 3]
+    assert all(len(r.episodes) == 6 for r in requests)
+    groups = [ev for ev in events if isinstance(ev, AdvantagesComputed)]
+    assert len(groups) == 8 and all(len(g.episodes) == 3 for g in groups)
+    rounds = [ev for ev in events if isinstance(ev, EvalRoundFinished)]
+    assert [r.policy_version for r in rounds] == [0, 2, 4]
+    train_eps = [ev for ev in events if isinstance(ev, EpisodeFinished) and ev.purpose == "train"]
+    assert len(train_eps) == 24
+
+
+def test_no_sample_is_staler_than_the_bound() -> None:
+    for bound in (0, 1):
+        events = train(max_staleness=bound)
+        version_of: dict[str, set[int]] = {}
+        for ev in events:
+            if isinstance(ev, ActionSampled):
+                version_of.setdefault(ev.episode, set()).add(ev.policy_version)
+        for req in (ev for ev in events if isinstance(ev, GradientRequested)):
+            oldest = min(min(version_of[e]) for e in req.episodes)
+            assert req.update - oldest <= bound
