@@ -87,7 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from scenarios.loader import load_scenario, resolved_toml
 
     scenario = load_scenario(args.file, args.set)
-    assembly = assemble(scenario, args.file)
+    assembly = assemble(scenario, args.file, prepare_model=False)
     sys.stdout.write(resolved_toml(scenario))
     print(
         f"# valid: {len(assembly.tasks)} tasks, {scenario.run.episodes} episodes, "
@@ -121,8 +121,8 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
 
     text = resolved_toml(scenario)
     digest = scenario_hash(text)
-    assembly = assemble(scenario, source, handle_signals=True)
     console = Console(stderr=True, quiet=quiet)
+    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
     version = _version()
     meta = new_run_meta(
         run_id,
@@ -150,7 +150,7 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
         log.close()
         raise _InputError(f"{rd.scenario}: cannot write: {exc.strerror}") from None
     configure_logging(console, scenario.logging.level, rd.structlog)
-    progress = RunProgress(console, scenario.run.episodes, enabled=scenario.logging.progress)
+    progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
     runtime = Runtime(
         log,
         started,
@@ -169,6 +169,14 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
         close_logging()
     console.print(actors_table(runtime.states["actor_stats"]))
     console.print(families_table(runtime.states["episodes"]))
+    if assembly.report is not None:
+        reader = _open_run(str(rd.root))
+        try:
+            lines = assembly.report(rd.root, (env.event for env in reader.read(0, None)))
+        finally:
+            reader.close()
+        for line in lines:
+            console.print(line)
     console.print(
         f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
         f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")

@@ -6,6 +6,7 @@ Nothing here decides anything; it renders events and projection states.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -21,15 +22,19 @@ from engine.events import Envelope, Event
 class RunProgress:
     """A progress bar over ended episodes, fed by the runtime's committed batches.
 
-    On a terminal it is a live bar; elsewhere (CI, a pipe) it prints a line every 10%.
+    On a terminal it is a live bar; elsewhere (CI, a pipe) it prints a line every 10%. The
+    success shown is over the last :attr:`WINDOW` ended episodes (evaluation episodes of a
+    learning run are left out: their rounds show as "heldout").
     """
+
+    WINDOW = 200
 
     def __init__(self, console: Console, total: int, *, enabled: bool = True) -> None:
         self._console = console
         self._total = total
         self._enabled = enabled
         self._done = 0
-        self._success = 0
+        self._recent: deque[bool] = deque(maxlen=self.WINDOW)
         self._events = 0
         self._next_line = 0.1
         self._t0 = time.monotonic()
@@ -39,12 +44,18 @@ class RunProgress:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("success {task.fields[rate]}"),
+            TextColumn("{task.fields[learning]}"),
             TextColumn("{task.fields[eps]} events/s"),
             TimeElapsedColumn(),
             console=console,
             disable=not self._live,
         )
-        self._task = self._progress.add_task("episodes", total=total, rate="-", eps="-")
+        self._version = 0
+        self._updates_t0: float | None = None
+        self._eval = "-"
+        self._task = self._progress.add_task(
+            "episodes", total=total, rate="-", eps="-", learning=""
+        )
 
     def __enter__(self) -> RunProgress:
         self._progress.__enter__()
@@ -62,20 +73,42 @@ class RunProgress:
         """Runtime observer: count ended episodes in a committed batch."""
         self._events += len(batch)
         for env in batch:
-            tag = env.event.__struct_config__.tag
+            ev = env.event
+            tag = ev.__struct_config__.tag
+            if getattr(ev, "purpose", "train") != "train":
+                continue  # evaluation episodes are reported by their round
             if tag == "episode_finished":
                 self._done += 1
-                self._success += int(getattr(env.event, "success", False))
+                self._recent.append(bool(getattr(ev, "success", False)))
             elif tag == "episode_aborted":
                 self._done += 1
+                self._recent.append(False)
+            elif tag == "policy_updated":
+                self._version = int(getattr(ev, "policy_version", 0))
+                if self._updates_t0 is None:
+                    self._updates_t0 = time.monotonic()
+            elif tag == "eval_round_finished":
+                self._eval = f"{getattr(ev, 'success', 0.0):.0%}"
         self._render()
 
+    def _learning(self) -> str:
+        if not self._version and self._eval == "-":
+            return ""
+        elapsed = time.monotonic() - (self._updates_t0 or time.monotonic())
+        rate = f"{(self._version - 1) / elapsed:.2f}" if elapsed > 0 and self._version > 1 else "-"
+        return f"v{self._version} ({rate} upd/s)  heldout {self._eval}"
+
     def _render(self) -> None:
-        rate = f"{self._success / self._done:.0%}" if self._done else "-"
+        rate = f"{sum(self._recent) / len(self._recent):.0%}" if self._recent else "-"
         eps = f"{self._events / max(time.monotonic() - self._t0, 1e-9):,.0f}"
-        self._progress.update(self._task, completed=self._done, rate=rate, eps=eps)
+        learning = self._learning()
+        self._progress.update(
+            self._task, completed=self._done, rate=rate, eps=eps, learning=learning
+        )
         if self._enabled and not self._live and self._done >= self._next_line * self._total:
-            self._console.print(f"episodes {self._done}/{self._total}  success {rate}  {eps} ev/s")
+            self._console.print(
+                f"episodes {self._done}/{self._total}  success {rate}  {learning}  {eps} ev/s"
+            )
             while self._next_line * self._total <= self._done:
                 self._next_line += 0.1
 

@@ -7,15 +7,18 @@ it is given.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from agents.env_worker import EnvWorker
+from agents.curves import report as curves_report
+from agents.env_worker import EnvWorker, PromptSettings
 from agents.projections import EpisodeTable
 from agents.scheduler import Scheduler
 from agents.scripted import Agent, Explorer, RandomAgent
+from agents.trainer import GrpoTrainer
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Event
@@ -26,16 +29,31 @@ from scenarios.worlds.base import Task, TextWorld
 from scenarios.worlds.registry import load_world
 
 SCHEDULER = "scheduler"
+TRAINER = "trainer"
 
 
 @dataclass(frozen=True)
 class Assembly:
-    """Everything a run needs besides its log."""
+    """Everything a run needs besides its log.
+
+    Attributes:
+        specs: the actors.
+        projections: what is folded, checksummed and snapshotted.
+        config: the engine knobs.
+        tasks: the tasks episodes are drawn from.
+        episodes: the episodes the progress bar counts (training episodes of a learning run).
+        model: the policy model directory (None without a policy).
+        report: writes a finished run's reports into its directory from its events and
+            returns lines to print (learning curves); None when there is nothing to report.
+    """
 
     specs: tuple[ActorSpec, ...]
     projections: tuple[Projection, ...]
     config: RuntimeConfig
     tasks: tuple[Task, ...]
+    episodes: int = 0
+    model: Path | None = None
+    report: Callable[[Path, Iterable[Event]], list[str]] | None = None
 
 
 def projections() -> tuple[Projection, ...]:
@@ -48,6 +66,8 @@ def assemble(
     source: str,
     *,
     handle_signals: bool = False,
+    run_dir: Path | None = None,
+    prepare_model: bool = True,
 ) -> Assembly:
     """Build the run described by ``scenario``.
 
@@ -55,33 +75,97 @@ def assemble(
         scenario: the validated scenario.
         source: the scenario's file name (for error messages).
         handle_signals: let SIGINT/SIGTERM stop the run gracefully.
+        run_dir: the run directory (checkpoints go to ``run_dir/checkpoints``); None keeps
+            checkpoints in memory.
+        prepare_model: build (or find in the cache) the embedded model now; False only checks
+            the settings (``coevo validate``).
 
     Raises:
-        ScenarioInvalid: the world cannot be built or a family does not exist.
+        ScenarioInvalid: the world cannot be built, a family does not exist, or the settings
+            do not fit together.
+        ModelUnavailable: the policy model cannot be found or built.
     """
     make_world = partial(_make_world, scenario.world.name, dict(scenario.world.options), source)
-    tasks = _tasks(make_world(), scenario, source)
+    tasks = _tasks(make_world(), scenario, scenario.world.split, source)
     workers = [f"worker-{i}" for i in range(scenario.run.workers)]
-    specs: list[ActorSpec] = [
+    config = runtime_config(scenario, handle_signals)
+    if scenario.run.method == "rollout" and scenario.agent.kind != "policy":
+        specs = [_scheduler(tasks, scenario.run.episodes, workers)]
+        specs += _workers(scenario, workers, make_world, _agent_factory(scenario.agent.kind))
+        return Assembly(tuple(specs), projections(), config, tasks, scenario.run.episodes)
+    _check_learning(scenario, source)
+    from scenarios.policy_setup import policy_actors  # torch and transformers: only here
+
+    specs = _workers(scenario, workers, make_world, None)
+    actors, model = policy_actors(scenario, source, run_dir, prepare_model)
+    specs += actors
+    if scenario.run.method == "grpo":
+        heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
+        trainer = _trainer(scenario, tasks, heldout, workers, source)
+        episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
+        specs.insert(0, ActorSpec(name=TRAINER, factory=lambda: trainer, driver=True))
+    else:
+        episodes = scenario.run.episodes
+        specs.insert(0, _scheduler(tasks, episodes, workers))
+    title = f"{scenario.name} (seed {scenario.seed})"
+    report = partial(curves_report, title=title) if scenario.run.method == "grpo" else None
+    return Assembly(tuple(specs), projections(), config, tasks, episodes, model, report)
+
+
+def _scheduler(tasks: tuple[Task, ...], episodes: int, workers: list[str]) -> ActorSpec:
+    return ActorSpec(
+        name=SCHEDULER,
+        factory=partial(Scheduler, tasks, episodes, workers),
+        on_failure="stop",
+        driver=True,
+    )
+
+
+def _workers(
+    scenario: Scenario,
+    workers: list[str],
+    make_world: Callable[[], TextWorld],
+    make_agent: Callable[[random.Random], Agent] | None,
+) -> list[ActorSpec]:
+    prompt = PromptSettings(
+        window=scenario.policy.window,
+        list_actions=scenario.policy.list_actions or scenario.policy.mode == "generate",
+        greedy_eval=scenario.eval.greedy,
+    )
+    return [
         ActorSpec(
-            name=SCHEDULER,
-            factory=partial(Scheduler, tasks, scenario.run.episodes, workers),
-            on_failure="stop",
-            driver=True,
+            name=name,
+            factory=partial(EnvWorker, make_world, make_agent, prompt),
+            on_failure=scenario.runtime.on_failure,
+            max_restarts=scenario.runtime.max_restarts,
+            accepts=partial(_addressed_to, name),
         )
+        for name in workers
     ]
-    make_agent = _agent_factory(scenario.agent.kind)
-    for name in workers:
-        specs.append(
-            ActorSpec(
-                name=name,
-                factory=partial(EnvWorker, make_world, make_agent),
-                on_failure=scenario.runtime.on_failure,
-                max_restarts=scenario.runtime.max_restarts,
-                accepts=partial(_addressed_to, name),
-            )
+
+
+def _check_learning(scenario: Scenario, source: str) -> None:
+    if scenario.agent.kind != "policy":
+        raise ScenarioInvalid(
+            source,
+            f'$.agent.kind: run.method = {scenario.run.method!r} needs kind = "policy", '
+            f"got {scenario.agent.kind!r}",
         )
-    return Assembly(tuple(specs), projections(), runtime_config(scenario, handle_signals), tasks)
+
+
+def _trainer(
+    scenario: Scenario,
+    tasks: tuple[Task, ...],
+    heldout: tuple[Task, ...],
+    workers: list[str],
+    source: str,
+) -> GrpoTrainer:
+    try:
+        return GrpoTrainer(
+            tasks, heldout, scenario.run.episodes, workers, scenario.grpo, scenario.eval
+        )
+    except ValueError as exc:
+        raise ScenarioInvalid(source, f"$.run: {exc}") from None
 
 
 def runtime_config(scenario: Scenario, handle_signals: bool = False) -> RuntimeConfig:
@@ -109,9 +193,9 @@ def _make_world(name: str, options: dict[str, Any], source: str) -> TextWorld:
         raise ScenarioInvalid(source, f"$.world: {exc}") from None
 
 
-def _tasks(world: TextWorld, scenario: Scenario, source: str) -> tuple[Task, ...]:
+def _tasks(world: TextWorld, scenario: Scenario, split: str, source: str) -> tuple[Task, ...]:
     try:
-        return _list_tasks(world, scenario, source)
+        return _list_tasks(world, scenario, split, source)
     except ScenarioInvalid:
         raise
     except Exception as exc:  # a plug-in world failing to list its tasks
@@ -122,7 +206,7 @@ def _tasks(world: TextWorld, scenario: Scenario, source: str) -> tuple[Task, ...
         world.close()
 
 
-def _list_tasks(world: TextWorld, scenario: Scenario, source: str) -> tuple[Task, ...]:
+def _list_tasks(world: TextWorld, scenario: Scenario, split: str, source: str) -> tuple[Task, ...]:
     offered = world.families()
     families = scenario.world.families or list(offered)
     unknown = [f for f in families if f not in offered]
@@ -130,15 +214,17 @@ def _list_tasks(world: TextWorld, scenario: Scenario, source: str) -> tuple[Task
         raise ScenarioInvalid(
             source, f"$.world.families: unknown {unknown}; {world.name} offers {list(offered)}"
         )
-    tasks = [t for fam in families for t in world.tasks(fam, scenario.world.split)]
+    tasks = [t for fam in families for t in world.tasks(fam, split)]
     if not tasks:
-        raise ScenarioInvalid(source, f"$.world: no {scenario.world.split} tasks in {families}")
+        raise ScenarioInvalid(source, f"$.world: no {split} tasks in {families}")
     return tuple(tasks)
 
 
-def _agent_factory(kind: str) -> Callable[[random.Random], Agent]:
+def _agent_factory(kind: str) -> Callable[[random.Random], Agent] | None:
     if kind == "random":
         return RandomAgent
     if kind == "explorer":
         return Explorer
+    if kind == "policy":
+        return None
     raise ValueError(f"unknown agent kind {kind!r}")

@@ -34,20 +34,120 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The agent acting in the world (scripted here; learned policies come with the learner).
+    """The agent acting in the world.
 
     Attributes:
-        kind: "random" (uniform over admissible actions) or "explorer" (memoryless heuristic).
+        kind: "random" (uniform over admissible actions), "explorer" (memoryless heuristic) or
+            "policy" (the ``[policy]`` language model, through the inference actor).
     """
 
-    kind: Literal["random", "explorer"] = "random"
+    kind: Literal["random", "explorer", "policy"] = "random"
 
 
 class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The budget: how many episodes, on how many concurrent env workers."""
+    """The budget: how many (training) episodes, on how many concurrent env workers.
+
+    Attributes:
+        episodes: episodes to play; with ``method = "grpo"`` the training episodes (rounded
+            down to whole updates of ``groups_per_update * group_size``).
+        workers: concurrent env workers.
+        method: "rollout" (play, no learning) or "grpo" (learn with GRPO; needs
+            ``agent.kind = "policy"``).
+    """
 
     episodes: Annotated[int, Meta(ge=1, le=10_000_000)] = 100
     workers: Annotated[int, Meta(ge=1, le=256)] = 4
+    method: Literal["rollout", "grpo"] = "rollout"
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The policy model and how it acts.
+
+    Attributes:
+        model: "embedded" (the built-in small model, built and cached on first use) or the path
+            of a local Hugging Face model directory (its tokenizer and chat template).
+        embedded: fields of ``agents.embedded.EmbeddedSpec`` to change (embedded model only).
+        device: "cpu", "cuda", "cuda:N" or "auto" (cuda when available).
+        threads: torch CPU threads (0: torch's default). One can beat two on a shared machine.
+        mode: "score" (sample among the admissible actions by their log-probs) or "generate"
+            (free text; for instruction-tuned models).
+        temperature: sampling temperature (0: greedy).
+        max_new_tokens: longest generated response ("generate" mode).
+        window: past turns shown in the prompt.
+        list_actions: list the admissible actions in the prompt (always in "generate" mode).
+        batch_max: most requests in one forward pass of the inference actor.
+        batch_wait_ms: how long the inference actor waits to fill a batch.
+    """
+
+    model: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
+    embedded: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
+    device: Annotated[str, Meta(pattern=r"^(cpu|cuda|cuda:[0-9]+|auto)$")] = "cpu"
+    threads: Annotated[int, Meta(ge=0, le=256)] = 1
+    mode: Literal["score", "generate"] = "score"
+    temperature: Annotated[float, Meta(ge=0, le=10)] = 1.0
+    max_new_tokens: Annotated[int, Meta(ge=1, le=4096)] = 24
+    window: Annotated[int, Meta(ge=0, le=100)] = 4
+    list_actions: bool = False
+    batch_max: Annotated[int, Meta(ge=1, le=4096)] = 16
+    batch_wait_ms: Annotated[float, Meta(ge=0, le=10_000)] = 2.0
+
+
+class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """GRPO: the knobs of ``agents/grpo.py`` and of the trainer and learner actors.
+
+    Attributes:
+        reward: the outcome reward R of an episode: its final "score" (in minilab 1.0 at
+            success, a little for true subgoals otherwise) or "success" (1 or 0).
+        group_size: rollouts per task (K).
+        groups_per_update: groups (tasks) per gradient update.
+        epochs: passes over an update's samples.
+        minibatch: samples (turns) per optimiser step.
+        lr: AdamW learning rate.
+        clip_low, clip_high: the ratio clip range ``[1 - clip_low, 1 + clip_high]``.
+        dual_clip: dual-clip constant c > 1 for negative advantages (0: off).
+        kl_coef: weight of the KL to the frozen initial policy (0: no reference model).
+        std_norm: divide advantages by the group's std (False: mean-only).
+        aggregation: "seq-mean-token-mean", "token-mean" or "seq-mean-token-sum".
+        max_grad_norm: gradient clipping norm.
+        max_staleness: how many versions older than the one being trained a sample may be
+            (0: fully synchronous; 1: roll out the next batch while the learner trains).
+        keep_checkpoints: the newest checkpoints kept on disk (the final one is always kept).
+    """
+
+    reward: Literal["score", "success"] = "score"
+    group_size: Annotated[int, Meta(ge=2, le=1024)] = 8
+    groups_per_update: Annotated[int, Meta(ge=1, le=4096)] = 4
+    epochs: Annotated[int, Meta(ge=1, le=100)] = 1
+    minibatch: Annotated[int, Meta(ge=1, le=65_536)] = 64
+    lr: Annotated[float, Meta(gt=0, le=1)] = 3e-4
+    clip_low: Annotated[float, Meta(gt=0, lt=1)] = 0.2
+    clip_high: Annotated[float, Meta(gt=0, le=10)] = 0.2
+    dual_clip: Annotated[float, Meta(ge=0, le=1000)] = 0.0
+    kl_coef: Annotated[float, Meta(ge=0, le=100)] = 0.0
+    std_norm: bool = True
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"] = (
+        "seq-mean-token-mean"
+    )
+    max_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
+    max_staleness: Annotated[int, Meta(ge=0, le=100)] = 1
+    keep_checkpoints: Annotated[int, Meta(ge=1, le=1_000_000)] = 3
+
+
+class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Evaluation rounds on held-out variants, as their own episodes and events.
+
+    Attributes:
+        every: updates between rounds (0: no evaluation); a round also runs before the first
+            update and after the last.
+        episodes: episodes per round (one per task, cycling through the held-out tasks).
+        split: the variants evaluated on.
+        greedy: act greedily instead of sampling at the policy's temperature.
+    """
+
+    every: NonNegInt = 5
+    episodes: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
+    split: Literal["train", "heldout"] = "heldout"
+    greedy: bool = False
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -66,7 +166,7 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """
 
     durable: bool = True
-    batch_max: Annotated[int, Meta(ge=1, le=100_000)] = 1024
+    batch_max: Annotated[int, Meta(ge=1, le=100_000)] = 4096
     batch_wait_ms: Annotated[float, Meta(ge=0, le=10_000)] = 0.0
     write_buffer: Annotated[int, Meta(ge=1, le=10_000_000)] = 8192
     mailbox: Annotated[int, Meta(ge=1, le=100_000)] = 64
@@ -92,5 +192,8 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     world: WorldConfig = msgspec.field(default_factory=WorldConfig)
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    grpo: GrpoConfig = msgspec.field(default_factory=GrpoConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COEVO = str(Path(sys.executable).parent / "coevo")
-QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
+EXPLORE = str(ROOT / "scenarios" / "explore.toml")
 
 
 def coevo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -35,7 +35,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], code: int, fragme
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "qs"
-    proc = coevo("run", QUICKSTART, "--out", str(out), "--set", "run.episodes=60")
+    proc = coevo("run", EXPLORE, "--out", str(out), "--set", "run.episodes=60")
     assert proc.returncode == 0, proc.stderr
     assert "completed" in proc.stderr
     return out
@@ -83,7 +83,7 @@ def test_outcomes_do_not_depend_on_worker_count(tmp_path: Path) -> None:
     for workers in (1, 5):
         out = tmp_path / f"w{workers}"
         proc = coevo(
-            "run", QUICKSTART, "--out", str(out), "--quiet",
+            "run", EXPLORE, "--out", str(out), "--quiet",
             "--set", "run.episodes=40", "--set", f"run.workers={workers}",
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
@@ -100,21 +100,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert_clean_error(coevo("validate", str(bad)), 2, "$.run.episodes")
     assert_clean_error(coevo("run", str(bad)), 2, "$.run.episodes")
     assert_clean_error(coevo("run", str(tmp_path / "nope.toml")), 2, "cannot read")
-    assert_clean_error(coevo("run", QUICKSTART, "--set", "world.families=['nope']"), 2, "nope")
-    assert_clean_error(coevo("run", QUICKSTART, "--set", "world.name=no.such:World"), 2, "world")
+    assert_clean_error(coevo("run", EXPLORE, "--set", "world.families=['nope']"), 2, "nope")
+    assert_clean_error(coevo("run", EXPLORE, "--set", "world.name=no.such:World"), 2, "world")
     assert_clean_error(coevo("replay", str(tmp_path)), 2, "not a coevo run directory")
     assert_clean_error(coevo("log", str(tmp_path / "missing")), 2, "no such run directory")
-    assert_clean_error(coevo("log", QUICKSTART), 2, "not a coevo run directory")
+    assert_clean_error(coevo("log", EXPLORE), 2, "not a coevo run directory")
 
 
 def test_out_directory_holding_a_run_is_refused(small_run: Path) -> None:
-    assert_clean_error(coevo("run", QUICKSTART, "--out", str(small_run)), 2, "already holds")
+    assert_clean_error(coevo("run", EXPLORE, "--out", str(small_run)), 2, "already holds")
 
 
 def test_out_that_is_a_file_and_bad_replay_arguments(tmp_path: Path, small_run: Path) -> None:
     afile = tmp_path / "plain"
     afile.write_text("x")
-    assert_clean_error(coevo("run", QUICKSTART, "--out", str(afile)), 2, "cannot create")
+    assert_clean_error(coevo("run", EXPLORE, "--out", str(afile)), 2, "cannot create")
     assert_clean_error(coevo("replay", str(small_run), "--until", "-1"), 2, "--until")
     assert_clean_error(coevo("replay", str(small_run), "--verify", "--json"), 2, "--verify")
 
@@ -122,7 +122,7 @@ def test_out_that_is_a_file_and_bad_replay_arguments(tmp_path: Path, small_run: 
 def test_replay_until_starts_from_a_snapshot(tmp_path: Path) -> None:
     out = tmp_path / "snap"
     proc = coevo(
-        "run", QUICKSTART, "--out", str(out), "--quiet",
+        "run", EXPLORE, "--out", str(out), "--quiet",
         "--set", "run.episodes=80", "--set", "runtime.snapshot_every=300",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -139,7 +139,7 @@ def test_replay_until_starts_from_a_snapshot(tmp_path: Path) -> None:
 def start_long_run(out: Path, *extra: str) -> subprocess.Popen[str]:
     """Start a run far too long to finish and wait until its log exists."""
     proc = subprocess.Popen(
-        [COEVO, "run", QUICKSTART, "--out", str(out), "--set", "run.episodes=1000000", *extra],
+        [COEVO, "run", EXPLORE, "--out", str(out), "--set", "run.episodes=1000000", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

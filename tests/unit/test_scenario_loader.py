@@ -19,9 +19,10 @@ def write(tmp_path: Path, text: str | bytes) -> Path:
     return path
 
 
-def test_quickstart_is_valid_and_resolves_every_default() -> None:
-    sc = load_scenario(ROOT / "scenarios" / "quickstart.toml")
-    assert sc.name == "quickstart"
+@pytest.mark.parametrize("name", ["quickstart", "grpo", "explore"])
+def test_shipped_scenarios_are_valid_and_resolve_every_default(name: str) -> None:
+    sc = load_scenario(ROOT / "scenarios" / f"{name}.toml")
+    assert sc.name == name
     text = resolved_toml(sc)
     again = to_scenario(__import__("tomllib").loads(text), "resolved")
     assert again == sc
@@ -42,6 +43,11 @@ def test_quickstart_is_valid_and_resolves_every_default() -> None:
         ('name = "x"\n[runtime]\non_failure = "ignore"\n', "$.runtime.on_failure"),
         ('name = "x"\nworld = 3\n', "$.world"),
         ('name = "x"\n[run\n', "not valid TOML"),
+        ('name = "x"\n[grpo]\ngroup_size = 1\n', "$.grpo.group_size"),
+        ('name = "x"\n[grpo]\nclip_low = 1.5\n', "$.grpo.clip_low"),
+        ('name = "x"\n[policy]\ndevice = "tpu"\n', "$.policy.device"),
+        ('name = "x"\n[policy]\nmode = "telepathy"\n', "$.policy.mode"),
+        ('name = "x"\n[run]\nmethod = "ppo"\n', "$.run.method"),
     ],
 )
 def test_invalid_scenarios_name_the_key_path(tmp_path: Path, body: str, fragment: str) -> None:

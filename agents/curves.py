@@ -1,0 +1,166 @@
+"""Learning curves of a run, folded from its log: train success per block of episodes, held-out
+success per evaluation round, and the learner's numbers per update.
+
+:func:`fold_curves` is pure (events in, rows out); :func:`write_curves` writes the CSV files and
+one PNG into the run directory; :func:`report` does both for a finished run and returns the
+summary lines the CLI prints.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents.episode_events import EpisodeFinished
+from agents.policy_events import EvalRoundFinished, PolicyUpdated
+from engine.events import Event
+
+TRAIN_CSV = "curve_train.csv"
+EVAL_CSV = "curve_heldout.csv"
+UPDATES_CSV = "updates.csv"
+PNG = "curves.png"
+
+
+@dataclass
+class Curves:
+    """The rows of the three curves.
+
+    Attributes:
+        train: ``(episodes, success, score)`` per block of ``block`` training episodes
+            (``episodes`` counts training episodes up to the end of the block).
+        heldout: ``(train_episodes, version, success, score)`` per evaluation round.
+        updates: ``(version, loss, grad_norm, clip_frac, kl, samples, seconds)`` per update.
+    """
+
+    block: int
+    train: list[tuple[int, float, float]] = field(default_factory=list[tuple[int, float, float]])
+    heldout: list[tuple[int, int, float, float]] = field(
+        default_factory=list[tuple[int, int, float, float]]
+    )
+    updates: list[tuple[int, float, float, float, float, int, float]] = field(
+        default_factory=list[tuple[int, float, float, float, float, int, float]]
+    )
+
+
+def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
+    """Fold a run's events into its curves (pure).
+
+    Raises:
+        ValueError: ``block`` is not positive.
+    """
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    curves = Curves(block=block)
+    n = 0
+    wins = 0
+    score = 0.0
+    for ev in events:
+        if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
+            n += 1
+            wins += int(ev.success)
+            score += ev.score
+            if n % block == 0:
+                curves.train.append((n, wins / block, score / block))
+                wins, score = 0, 0.0
+        elif isinstance(ev, EvalRoundFinished):
+            curves.heldout.append((ev.train_episodes, ev.policy_version, ev.success, ev.score))
+        elif isinstance(ev, PolicyUpdated):
+            curves.updates.append(
+                (
+                    ev.policy_version,
+                    ev.loss,
+                    ev.grad_norm,
+                    ev.clip_frac,
+                    ev.kl,
+                    ev.samples,
+                    ev.seconds,
+                )
+            )
+    return curves
+
+
+def write_curves(run_dir: Path, curves: Curves, title: str = "") -> list[Path]:
+    """Write the CSV files and the PNG into ``run_dir``; returns their paths."""
+    paths = [
+        _csv(run_dir / TRAIN_CSV, ("episodes", "success", "score"), curves.train),
+        _csv(run_dir / EVAL_CSV, ("train_episodes", "version", "success", "score"), curves.heldout),
+        _csv(
+            run_dir / UPDATES_CSV,
+            ("version", "loss", "grad_norm", "clip_frac", "kl", "samples", "seconds"),
+            curves.updates,
+        ),
+    ]
+    paths.append(plot_curves(run_dir / PNG, curves, title))
+    return paths
+
+
+def _csv(path: Path, header: tuple[str, ...], rows: Iterable[tuple[float, ...]]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
+    """Success vs training episodes (train blocks and held-out rounds), and the loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    if curves.train:
+        xs, ys, _ = zip(*curves.train, strict=True)
+        ax.plot(xs, ys, label=f"train (blocks of {curves.block})", alpha=0.7)
+    if curves.heldout:
+        xs, _, ys, _ = zip(*curves.heldout, strict=True)
+        ax.plot(xs, ys, marker="o", label="held-out")
+    ax.set_xlabel("training episodes")
+    ax.set_ylabel("success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if curves.updates:
+        versions = [row[0] for row in curves.updates]
+        ax2.plot(versions, [row[1] for row in curves.updates], label="loss")
+        ax2.plot(versions, [row[4] for row in curves.updates], label="approx KL")
+        ax2.set_xlabel("policy version")
+        ax2.grid(alpha=0.3)
+        ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def summary_lines(curves: Curves) -> list[str]:
+    """What the CLI prints at the end of a learning run."""
+    lines = []
+    if curves.heldout:
+        first, last = curves.heldout[0], curves.heldout[-1]
+        lines.append(
+            f"held-out success: {first[2]:.1%} at version {first[1]} -> "
+            f"{last[2]:.1%} at version {last[1]} ({len(curves.heldout)} rounds)"
+        )
+    if curves.train:
+        lines.append(
+            f"train success: first block {curves.train[0][1]:.1%}, "
+            f"last block {curves.train[-1][1]:.1%} (blocks of {curves.block})"
+        )
+    if curves.updates:
+        secs = sum(row[6] for row in curves.updates)
+        lines.append(f"updates: {len(curves.updates)}, {secs:.1f} s in the learner")
+    return lines
+
+
+def report(run_dir: Path, events: Iterable[Event], title: str = "") -> list[str]:
+    """Fold ``events``, write the curves into ``run_dir``, return the summary lines."""
+    curves = fold_curves(events)
+    if not (curves.updates or curves.heldout):
+        return []
+    paths = write_curves(run_dir, curves, title)
+    return [*summary_lines(curves), f"curves: {', '.join(p.name for p in paths)} in {run_dir}"]

@@ -1,0 +1,125 @@
+"""The policy side of assembly: the model directory, the inference and learner actors, and the
+loaders they call at start.
+
+Kept apart from :mod:`scenarios.assemble` because it imports torch and transformers (seconds):
+scenarios without a policy never import it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import msgspec
+import torch
+
+from agents.embedded import EmbeddedSpec, ensure_embedded
+from agents.inference import ActSettings, InferenceActor, PolicyRunner
+from agents.learner import Learner, Trainee
+from engine.actor import ActorSpec
+from engine.errors import ModelUnavailable, ScenarioInvalid
+from scenarios.schema import Scenario
+from stores.checkpoints import (
+    Checkpoints,
+    DirCheckpoints,
+    MemoryCheckpoints,
+    load_model_dir,
+    resolve_device,
+)
+
+INFERENCE = "inference"
+LEARNER = "learner"
+
+
+def policy_actors(
+    scenario: Scenario, source: str, run_dir: Path | None, prepare_model: bool
+) -> tuple[list[ActorSpec], Path | None]:
+    """The inference actor (and the learner, for a learning method) and the model directory.
+
+    Raises:
+        ScenarioInvalid: ``policy.embedded`` is invalid.
+        ModelUnavailable: the model cannot be found or built.
+    """
+    if scenario.policy.threads:
+        torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
+    model = policy_model_dir(scenario, source) if prepare_model else None
+    checkpoints: Checkpoints = (
+        DirCheckpoints(run_dir / "checkpoints", keep=scenario.grpo.keep_checkpoints)
+        if run_dir is not None
+        else MemoryCheckpoints()
+    )
+    return _policy_actors(scenario, model, checkpoints), model
+
+
+def _policy_actors(
+    scenario: Scenario, model: Path | None, checkpoints: Checkpoints
+) -> list[ActorSpec]:
+    p = scenario.policy
+    load_runner = partial(load_runner_for, scenario, model)
+    specs = [
+        ActorSpec(
+            name=INFERENCE,
+            factory=partial(
+                InferenceActor,
+                load_runner,
+                checkpoints,
+                batch_max=p.batch_max,
+                batch_wait=p.batch_wait_ms / 1000.0,
+            ),
+        )
+    ]
+    if scenario.run.method == "grpo":
+        load_trainee = partial(load_trainee_for, scenario, model)
+        specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
+    return specs
+
+
+def policy_model_dir(scenario: Scenario, source: str) -> Path:
+    """The policy's model directory: a local path, or the embedded model (built on first use,
+    then taken from the cache).
+
+    Raises:
+        ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
+        ModelUnavailable: the path holds no model.
+    """
+    p = scenario.policy
+    if p.model != "embedded":
+        path = Path(p.model).expanduser()
+        if not (path / "config.json").is_file():
+            raise ModelUnavailable(f"policy.model = {p.model!r}: no model directory there")
+        return path
+    fields = {"world": scenario.world.name, "world_options": dict(scenario.world.options)}
+    fields["window"] = p.window
+    unknown = sorted(set(p.embedded) - set(EmbeddedSpec.__struct_fields__))
+    if unknown:
+        raise ScenarioInvalid(
+            source,
+            f"$.policy.embedded: unknown field(s) {unknown}; "
+            f"known: {sorted(EmbeddedSpec.__struct_fields__)}",
+        )
+    fields.update(p.embedded)
+    try:
+        spec = msgspec.convert(fields, EmbeddedSpec)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ScenarioInvalid(source, f"$.policy.embedded: {exc}") from None
+    return ensure_embedded(spec, threads=p.threads or None)
+
+
+def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
+    """The inference actor's model, tokenizer and settings (blocking)."""
+    assert model is not None, "the model directory is prepared before the run starts"
+    p = scenario.policy
+    device = resolve_device(p.device)
+    net, tokenizer = load_model_dir(model, device)
+    settings = ActSettings(
+        mode=p.mode, temperature=p.temperature, max_new_tokens=p.max_new_tokens, device=device
+    )
+    return PolicyRunner(net, tokenizer, settings)
+
+
+def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
+    """The learner's model, tokenizer and optional reference (blocking)."""
+    assert model is not None, "the model directory is prepared before the run starts"
+    device = resolve_device(scenario.policy.device)
+    net, tokenizer = load_model_dir(model, device)
+    return Trainee(net, tokenizer, device, reference=scenario.grpo.kl_coef > 0)

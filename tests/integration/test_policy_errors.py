@@ -1,0 +1,43 @@
+"""Bad learning settings end in one line and exit 2, before anything runs or is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["agent.kind=explorer"], 'needs kind = "policy"'),
+        (["run.episodes=16"], "less than one update"),
+        (["policy.model=/no/such/model"], "/no/such/model"),
+        (["policy.embedded={hidden_sise = 3}"], "$.policy.embedded"),
+        (["policy.embedded={layers = 0}"], "$.policy.embedded"),
+    ],
+)
+def test_bad_learning_settings_are_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], fragment: str
+) -> None:
+    args = ["run", QUICKSTART, "--out", str(tmp_path / "run"), "--quiet"]
+    for item in overrides:
+        args += ["--set", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("coevo: error:") and "\n" not in err
+    assert fragment in err
+
+
+def test_validate_checks_learning_settings_without_building_the_model(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    assert main(["validate", QUICKSTART]) == 0
+    assert 'method = "grpo"' in capsys.readouterr().out
+    assert not (tmp_path / "cache").exists()

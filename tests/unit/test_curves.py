@@ -1,0 +1,105 @@
+"""Learning curves folded from events, and the trainer's pure helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents.curves import fold_curves, report, summary_lines
+from agents.episode_events import EpisodeFinished
+from agents.policy_events import EvalRoundFinished, PolicyUpdated
+from agents.trainer import eval_tasks, rule_name
+from scenarios.schema import GrpoConfig
+from scenarios.worlds.base import Task
+
+
+def finished(i: int, success: bool, purpose: str = "train") -> EpisodeFinished:
+    return EpisodeFinished(
+        episode=f"ep{i:06d}",
+        worker="w",
+        family="heat",
+        variant=i,
+        split="train",
+        steps=3,
+        score=1.0 if success else 0.1,
+        success=success,
+        total_reward=1.0,
+        purpose=purpose,
+    )
+
+
+def updated(version: int) -> PolicyUpdated:
+    return PolicyUpdated(
+        policy_version=version,
+        update=version - 1,
+        samples=10,
+        stale=0,
+        loss=0.5 / version,
+        grad_norm=1.0,
+        clip_frac=0.1,
+        kl=0.01,
+        ratio_mean=1.0,
+        ref_kl=0.0,
+        digest="d",
+        checkpoint=f"checkpoints/v{version:06d}",
+        seconds=0.5,
+    )
+
+
+def test_train_blocks_count_training_episodes_only() -> None:
+    events = [finished(i, i % 2 == 0) for i in range(8)]
+    events.insert(3, finished(100, True, purpose="eval"))
+    curves = fold_curves(events, block=4)
+    assert curves.train == [(4, 0.5, pytest.approx(0.55)), (8, 0.5, pytest.approx(0.55))]
+
+
+def test_heldout_rounds_and_updates_become_rows() -> None:
+    events = [
+        EvalRoundFinished(
+            round=0, policy_version=0, episodes=4, success=0.25, score=0.3, train_episodes=0
+        ),
+        updated(1),
+        updated(2),
+        EvalRoundFinished(
+            round=1, policy_version=2, episodes=4, success=0.75, score=0.8, train_episodes=64
+        ),
+    ]
+    curves = fold_curves(events)
+    assert curves.heldout == [(0, 0, 0.25, 0.3), (64, 2, 0.75, 0.8)]
+    assert [row[0] for row in curves.updates] == [1, 2]
+    assert summary_lines(curves)[0] == (
+        "held-out success: 25.0% at version 0 -> 75.0% at version 2 (2 rounds)"
+    )
+
+
+def test_report_writes_csv_and_png(tmp_path: Path) -> None:
+    events = [finished(i, i % 3 == 0) for i in range(128)] + [updated(1)]
+    lines = report(tmp_path, events, title="t")
+    assert lines[-1].startswith("curves: curve_train.csv")
+    assert (tmp_path / "curve_train.csv").read_text().splitlines()[0] == "episodes,success,score"
+    assert len((tmp_path / "curve_train.csv").read_text().splitlines()) == 3
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_of_a_run_without_learning_writes_nothing(tmp_path: Path) -> None:
+    assert report(tmp_path, [finished(0, True)]) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_block_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="block"):
+        fold_curves([], block=0)
+
+
+def test_eval_tasks_spread_over_the_heldout_tasks() -> None:
+    tasks = [Task(family="heat", variant=v, split="heldout") for v in range(10)]
+    assert [t.variant for t in eval_tasks(tasks, 5)] == [0, 2, 4, 6, 8]
+    assert [t.variant for t in eval_tasks(tasks[:3], 6)] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="no evaluation tasks"):
+        eval_tasks([], 3)
+
+
+def test_rule_names_the_formula() -> None:
+    assert rule_name(GrpoConfig()) == "grpo-std-score"
+    assert rule_name(GrpoConfig(std_norm=False, reward="success")) == "grpo-mean-success"
