@@ -122,7 +122,8 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
     ax.set_ylabel("success")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if curves.train or curves.heldout:
+        ax.legend()
     if curves.updates:
         versions = [row[0] for row in curves.updates]
         ax2.plot(versions, [row[1] for row in curves.updates], label="loss")

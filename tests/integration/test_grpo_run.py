@@ -149,3 +149,33 @@ def test_the_log_verifies_and_the_curves_are_written(run_dir: Path) -> None:
         assert (run_dir / name).stat().st_size > 0
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["v000001", "v000002", "v000003"]
+
+
+def test_generate_mode_learns_from_free_text(tmp_path: Path) -> None:
+    """Free-text actions: token-level samples, invalid answers recorded and still trained on."""
+    text = TINY.replace("[policy]\n", '[policy]\nmode = "generate"\nmax_new_tokens = 6\n')
+    text = text.replace("episodes = 24", "episodes = 8").replace("every = 2", "every = 0")
+    scenario = tmp_path / "gen.toml"
+    scenario.write_text(text)
+    out = tmp_path / "run"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    try:
+        assert main(["run", str(scenario), "--out", str(out), "--quiet"]) == 0
+    finally:
+        mp.undo()
+    log = LmdbEventLog.open(out / "log", writable=False)
+    try:
+        events = [env.event for env in log.read(0, None)]
+    finally:
+        log.close()
+    sampled = of(events, ActionSampled)
+    assert sampled and all(s.mode == "generate" and not s.candidates for s in sampled)
+    for s in sampled:
+        assert len(s.response_ids) == len(s.token_logps) <= 6
+        assert s.logp == pytest.approx(sum(s.token_logps))
+    requests = of(events, ActionRequested)
+    assert all("actions: " in dict(r.messages)["user"] for r in requests)  # listed when generating
+    (update,) = of(events, PolicyUpdated)
+    assert update.samples == len(sampled)
+    assert main(["replay", str(out), "--verify"]) == 0
