@@ -70,104 +70,94 @@ class PolicyRunner:
         return ids
 
     def answer(self, requests: Sequence[ActionRequested]) -> list[ActionSampled]:
-        """One :class:`ActionSampled` per request, from one forward pass (one per token in
-        "generate" mode)."""
-        prompts = [
-            encode_prompt(self.tokenizer, [{"role": r, "content": c} for r, c in req.messages])
-            for req in requests
-        ]
-        rngs = [random.Random(req.seed) for req in requests]
-        if self.settings.mode == "score":
-            return self._score(requests, prompts, rngs)
-        return self._generate(requests, prompts, rngs)
-
-    def _temperature(self, req: ActionRequested) -> float:
-        return 0.0 if req.greedy else self.settings.temperature
+        """One :class:`ActionSampled` per request, in request order, from one forward pass per
+        temperature (one per token in "generate" mode)."""
+        out: list[ActionSampled | None] = [None] * len(requests)
+        temperature = [0.0 if r.greedy else self.settings.temperature for r in requests]
+        # one temperature per forward pass; greedy and sampled requests rarely mix
+        for temp in sorted(set(temperature)):
+            idx = [i for i, t in enumerate(temperature) if t == temp]
+            group = [requests[i] for i in idx]
+            prompts = [
+                encode_prompt(self.tokenizer, [{"role": r, "content": c} for r, c in req.messages])
+                for req in group
+            ]
+            rngs = [random.Random(req.seed) for req in group]
+            act = self._score if self.settings.mode == "score" else self._generate
+            for i, answer in zip(idx, act(group, prompts, rngs, temp), strict=True):
+                out[i] = answer
+        return [a for a in out if a is not None]
 
     def _score(
         self,
         requests: Sequence[ActionRequested],
         prompts: list[list[int]],
         rngs: list[random.Random],
+        temp: float,
     ) -> list[ActionSampled]:
         cands = [[self.response_ids(a) for a in req.admissible] for req in requests]
-        out: list[ActionSampled] = []
-        # one temperature per forward pass; greedy and sampled requests rarely mix
-        for temp in sorted({self._temperature(r) for r in requests}):
-            idx = [i for i, r in enumerate(requests) if self._temperature(r) == temp]
-            choices = score_and_choose(
-                self.model,
-                [prompts[i] for i in idx],
-                [cands[i] for i in idx],
-                [rngs[i] for i in idx],
-                temperature=temp,
-                pad_id=self._pad,
-                device=self.settings.device,
+        choices = score_and_choose(
+            self.model,
+            prompts,
+            cands,
+            rngs,
+            temperature=temp,
+            pad_id=self._pad,
+            device=self.settings.device,
+        )
+        return [
+            _sampled(
+                req,
+                self.version,
+                temp,
+                prompt,
+                req.admissible[ch.index],
+                cand[ch.index],
+                ch.token_logps,
+                ch.logp,
+                candidates=tuple(tuple(c) for c in cand),
+                candidate_scores=ch.scores,
+                choice=ch.index,
+                mode="score",
             )
-            for i, ch in zip(idx, choices, strict=True):
-                req = requests[i]
-                out.append(
-                    ActionSampled(
-                        episode=req.episode,
-                        worker=req.worker,
-                        turn=req.turn,
-                        policy_version=self.version,
-                        action=req.admissible[ch.index],
-                        prompt_ids=tuple(prompts[i]),
-                        response_ids=tuple(cands[i][ch.index]),
-                        token_logps=ch.token_logps,
-                        candidates=tuple(tuple(c) for c in cands[i]),
-                        candidate_scores=ch.scores,
-                        choice=ch.index,
-                        logp=ch.logp,
-                        temperature=temp,
-                        mode="score",
-                    )
-                )
-        order = {(r.episode, r.turn): k for k, r in enumerate(requests)}
-        return sorted(out, key=lambda s: order[(s.episode, s.turn)])
+            for req, prompt, cand, ch in zip(requests, prompts, cands, choices, strict=True)
+        ]
 
     def _generate(
         self,
         requests: Sequence[ActionRequested],
         prompts: list[list[int]],
         rngs: list[random.Random],
+        temp: float,
     ) -> list[ActionSampled]:
-        eos = self.tokenizer.eos_token_id
-        out: list[ActionSampled] = []
-        for temp in sorted({self._temperature(r) for r in requests}):
-            idx = [i for i, r in enumerate(requests) if self._temperature(r) == temp]
-            drawn = generate(
-                self.model,
-                [prompts[i] for i in idx],
-                [rngs[i] for i in idx],
-                temperature=temp,
-                max_new_tokens=self.settings.max_new_tokens,
-                eos_id=eos,
-                pad_id=self._pad,
-                device=self.settings.device,
-            )
-            for i, (ids, logps) in zip(idx, drawn, strict=True):
-                req = requests[i]
-                text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-                out.append(
-                    ActionSampled(
-                        episode=req.episode,
-                        worker=req.worker,
-                        turn=req.turn,
-                        policy_version=self.version,
-                        action=text,
-                        prompt_ids=tuple(prompts[i]),
-                        response_ids=tuple(ids),
-                        token_logps=tuple(logps),
-                        logp=sum(logps),
-                        temperature=temp,
-                        mode="generate",
-                        valid=text in req.admissible,
-                    )
+        drawn = generate(
+            self.model,
+            prompts,
+            rngs,
+            temperature=temp,
+            max_new_tokens=self.settings.max_new_tokens,
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self._pad,
+            device=self.settings.device,
+        )
+        out = []
+        for req, prompt, (ids, logps) in zip(requests, prompts, drawn, strict=True):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+            out.append(
+                _sampled(
+                    req,
+                    self.version,
+                    temp,
+                    prompt,
+                    text,
+                    ids,
+                    tuple(logps),
+                    sum(logps),
+                    mode="generate",
+                    valid=text in req.admissible,
                 )
-        order = {(r.episode, r.turn): k for k, r in enumerate(requests)}
-        return sorted(out, key=lambda s: order[(s.episode, s.turn)])
+            )
+        return out
 
     def load(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights with ``state``, now policy ``version``."""
@@ -248,3 +238,29 @@ async def _next(inbox: Any) -> Envelope[Event] | None:
         return await inbox.__anext__()
     except StopAsyncIteration:
         return None
+
+
+def _sampled(
+    req: ActionRequested,
+    version: int,
+    temp: float,
+    prompt: list[int],
+    action: str,
+    response: Sequence[int],
+    token_logps: tuple[float, ...],
+    logp: float,
+    **extra: Any,
+) -> ActionSampled:
+    return ActionSampled(
+        episode=req.episode,
+        worker=req.worker,
+        turn=req.turn,
+        policy_version=version,
+        action=action,
+        prompt_ids=tuple(prompt),
+        response_ids=tuple(response),
+        token_logps=token_logps,
+        logp=logp,
+        temperature=temp,
+        **extra,
+    )

@@ -64,6 +64,27 @@ def eval_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
     return [tasks[i * len(tasks) // n] for i in range(n)]
 
 
+def gradient_request(
+    grpo: GrpoConfig, update: int, episodes: Sequence[str], advantages: Sequence[float]
+) -> GradientRequested:
+    """The request for update ``update`` with the scenario's loss settings."""
+    return GradientRequested(
+        update=update,
+        episodes=tuple(episodes),
+        advantages=tuple(advantages),
+        epochs=grpo.epochs,
+        minibatch=grpo.minibatch,
+        lr=grpo.lr,
+        clip_low=grpo.clip_low,
+        clip_high=grpo.clip_high,
+        dual_clip=grpo.dual_clip or None,
+        kl_coef=grpo.kl_coef,
+        aggregation=grpo.aggregation,
+        max_grad_norm=grpo.max_grad_norm,
+        max_staleness=grpo.max_staleness,
+    )
+
+
 def rule_name(grpo: GrpoConfig) -> str:
     """The advantage formula's name, as recorded in :class:`AdvantagesComputed`."""
     return f"grpo-{'std' if grpo.std_norm else 'mean'}-{grpo.reward}"
@@ -273,22 +294,5 @@ class GrpoTrainer(Actor):
             episodes += eps
             advantages += advs
         self._done = []
-        g = self._grpo
-        await ctx.emit(
-            GradientRequested(
-                update=self._requested,
-                episodes=tuple(episodes),
-                advantages=tuple(advantages),
-                epochs=g.epochs,
-                minibatch=g.minibatch,
-                lr=g.lr,
-                clip_low=g.clip_low,
-                clip_high=g.clip_high,
-                dual_clip=g.dual_clip or None,
-                kl_coef=g.kl_coef,
-                aggregation=g.aggregation,
-                max_grad_norm=g.max_grad_norm,
-                max_staleness=g.max_staleness,
-            )
-        )
+        await ctx.emit(gradient_request(self._grpo, self._requested, episodes, advantages))
         self._requested += 1

@@ -67,11 +67,10 @@ progress = false
 """
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("grpo")
-    scenario = root / "tiny.toml"
-    scenario.write_text(TINY)
+def run_scenario(root: Path, text: str) -> Path:
+    """Run ``text`` as a scenario into ``root/run``, the model cached under ``root/cache``."""
+    scenario = root / "scenario.toml"
+    scenario.write_text(text)
     out = root / "run"
     mp = pytest.MonkeyPatch()
     mp.setenv("COEVO_CACHE", str(root / "cache"))
@@ -82,13 +81,22 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def events(run_dir: Path) -> list[Event]:
+def read_events(run_dir: Path) -> list[Event]:
     log = LmdbEventLog.open(run_dir / "log", writable=False)
     try:
         return [env.event for env in log.read(0, None)]
     finally:
         log.close()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_scenario(tmp_path_factory.mktemp("grpo"), TINY)
+
+
+@pytest.fixture(scope="module")
+def events(run_dir: Path) -> list[Event]:
+    return read_events(run_dir)
 
 
 def of(events: list[Event], kind: type) -> list:
@@ -155,20 +163,8 @@ def test_generate_mode_learns_from_free_text(tmp_path: Path) -> None:
     """Free-text actions: token-level samples, invalid answers recorded and still trained on."""
     text = TINY.replace("[policy]\n", '[policy]\nmode = "generate"\nmax_new_tokens = 6\n')
     text = text.replace("episodes = 24", "episodes = 8").replace("every = 2", "every = 0")
-    scenario = tmp_path / "gen.toml"
-    scenario.write_text(text)
-    out = tmp_path / "run"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COEVO_CACHE", str(tmp_path / "cache"))
-    try:
-        assert main(["run", str(scenario), "--out", str(out), "--quiet"]) == 0
-    finally:
-        mp.undo()
-    log = LmdbEventLog.open(out / "log", writable=False)
-    try:
-        events = [env.event for env in log.read(0, None)]
-    finally:
-        log.close()
+    out = run_scenario(tmp_path, text)
+    events = read_events(out)
     sampled = of(events, ActionSampled)
     assert sampled and all(s.mode == "generate" and not s.candidates for s in sampled)
     for s in sampled:
