@@ -1,12 +1,14 @@
 """Engine throughput next to the raw LMDB floor, measured in the same process.
 
-Four numbers, each the median of several runs over the same events (realistic ``StepTaken``
-events: an observation line and a list of admissible actions):
+Four numbers, each the median of several rounds over the same events (realistic ``StepTaken``
+events: an observation line and a list of admissible actions); every round measures every row
+once, so that floors and engine see the same moment of a noisy machine:
 
 - raw append: LMDB puts of pre-encoded, pre-sealed bytes, ``batch`` per durable transaction;
-- engine append: the same events emitted by a source actor through the runtime (envelope,
-  seq, projection fold + checksums, encode, CRC, durable group commit) into an LmdbEventLog;
-- raw scan + decode: an LMDB cursor over the engine's log, msgspec-decoding every envelope;
+- engine append: the same events emitted by a source actor through the runtime with its default
+  :class:`RuntimeConfig` (envelope, seq, projection fold + checksums + snapshots, encode, CRC,
+  durable group commits of up to ``batch_max`` events) into an LmdbEventLog;
+- raw scan + decode: an LMDB cursor over every record, msgspec-decoding every envelope;
 - engine replay: ``coevo replay --verify``'s work (CRC check, decode, fold, checksum compare).
 
 Run: ``.venv/bin/python bench/bench_log.py [--events N] [--repeats R] [--batch B]``.
@@ -40,7 +42,15 @@ from engine.logsetup import configure_logging
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime, RuntimeConfig
-from stores.eventlog import EventLog, MemoryEventLog, RunMeta, check_batch, new_run_meta
+from stores.eventlog import (
+    EncodedBatch,
+    EventLog,
+    MemoryEventLog,
+    RunMeta,
+    Snapshot,
+    check_batch,
+    new_run_meta,
+)
 from stores.lmdb_log import LmdbEventLog
 
 ADMISSIBLE = tuple(f"open {x}" for x in ("box", "crate", "chest", "sack", "drawer", "cabinet"))
@@ -103,26 +113,28 @@ class NullLog(MemoryEventLog):
     def next_seq(self) -> int:
         return self._count
 
-    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
-        check_batch(self._count, envelopes)
-        self._count += len(envelopes)
+    def encode(self, envelopes: Sequence[Envelope[Event]]) -> EncodedBatch:
+        check_batch(envelopes[0].seq, envelopes)
+        return EncodedBatch(envelopes[0].seq, len(envelopes), [])
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        assert batch.first == self._count
+        self._count += batch.count
 
 
 def engine_append(
-    path: Path, events: list[Event], batch: int, checksums: bool, durable: bool = True
+    path: Path, events: list[Event], projections: bool, durable: bool = True
 ) -> float:
+    """The runtime with its default :class:`RuntimeConfig` (group commits of up to
+    ``batch_max`` events, checksums and snapshots at the default cadence)."""
     if path.name == "null":
         log: EventLog = NullLog()
     else:
         log = LmdbEventLog.create(path, meta(), durable=durable, map_size=1 << 30)
     started = RunStarted(run_id="bench", scenario="b", scenario_hash="", seed=0, coevo_version="")
-    config = RuntimeConfig(
-        batch_max=batch, write_buffer=4 * batch, checksum_every=1000 if checksums else 0,
-        snapshot_every=0,
-    )  # fmt: skip
-    projections = [ActorStats(), EpisodeTable()] if checksums else []
+    folds = [ActorStats(), EpisodeTable()] if projections else []
     spec = ActorSpec(name="source", factory=lambda: Source(events), driver=True)
-    runtime = Runtime(log, started, [spec], projections, seed=0, config=config)
+    runtime = Runtime(log, started, [spec], folds, seed=0, config=RuntimeConfig())
     t0 = time.perf_counter()
     outcome = trio.run(runtime.run)
     elapsed = time.perf_counter() - t0
@@ -131,10 +143,12 @@ def engine_append(
 
 
 def raw_scan_decode(path: Path, batched: bool) -> float:
-    """A raw cursor scan decoding every stored value (one envelope, or a record's array)."""
+    """A raw cursor scan decoding every stored value: one envelope, or (``batched``) an engine
+    record, an array of parts that are arrays of envelopes (no CRC check, no fold)."""
     union = Union[tuple(event_types().values())]  # noqa: UP007 - dynamic union
     one = msgspec.msgpack.Decoder(Envelope[union])  # type: ignore[valid-type]
     many = msgspec.msgpack.Decoder(list[Envelope[union]])  # type: ignore[valid-type]
+    parts = msgspec.msgpack.Decoder(list[msgspec.Raw])
     env = lmdb.open(str(path), readonly=True, max_dbs=3, lock=False)
     db = env.open_db(b"events", create=False)
     t0 = time.perf_counter()
@@ -142,7 +156,8 @@ def raw_scan_decode(path: Path, batched: bool) -> float:
     with env.begin(buffers=True) as txn:
         for _, value in txn.cursor(db):
             if batched:
-                n += len(many.decode(value[8:]))
+                for part in parts.decode(value[8:]):
+                    n += len(many.decode(part))
             else:
                 one.decode(value)
                 n += 1
@@ -159,10 +174,6 @@ def engine_replay(path: Path) -> float:
     log.close()
     assert result.ok, result.error
     return result.events / elapsed
-
-
-def median_of(repeats: int, fn: Callable[[], float]) -> float:
-    return statistics.median(fn() for _ in range(repeats))
 
 
 def main() -> None:
@@ -193,58 +204,47 @@ def main() -> None:
         path.mkdir()
         return path
 
-    rows: dict[str, tuple[float, str]] = {}
     try:
-        raw_events = fresh()
-        rows["raw append: one record per event, 1000 per txn"] = (
-            median_of(args.repeats, lambda: n / raw_append(fresh(), per_event, batch)),
-            "append",
-        )
+        raw_events, replay_log = fresh(), fresh()
         raw_append(raw_events, per_event, batch)
-        rows["raw append: one record per 1000 events, 1 per txn"] = (
-            median_of(args.repeats, lambda: n / raw_append(fresh(), per_batch, 1)),
-            "append",
-        )
-        rows["engine append, no projections"] = (
-            median_of(args.repeats, lambda: engine_append(fresh(), events, batch, False)),
-            "append",
-        )
-        rows["engine append, 2 projections + checksums"] = (
-            median_of(args.repeats, lambda: engine_append(fresh(), events, batch, True)),
-            "append",
-        )
-        rows["(engine append, no projections, durable = false)"] = (
-            median_of(args.repeats, lambda: engine_append(fresh(), events, batch, False, False)),
-            "append",
-        )
-        rows["(engine runtime into a log that stores nothing: CPU ceiling)"] = (
-            median_of(args.repeats, lambda: engine_append(base / "null", events, batch, False)),
-            "append",
-        )
-        replay_log = fresh()
-        engine_append(replay_log, events, batch, True)
-        rows["raw scan + decode: one record per event"] = (
-            median_of(args.repeats, lambda: raw_scan_decode(raw_events, False)),
-            "scan",
-        )
-        rows["raw scan + decode: the engine's batch records"] = (
-            median_of(args.repeats, lambda: raw_scan_decode(replay_log, True)),
-            "scan",
-        )
-        rows["engine replay --verify (CRC, decode, fold 2 projections, check)"] = (
-            median_of(args.repeats, lambda: engine_replay(replay_log)),
-            "scan",
-        )
+        engine_append(replay_log, events, True)
+        rows: list[tuple[str, str, Callable[[], float]]] = [
+            ("raw append: one record per event, 1000 per txn", "append",
+             lambda: n / raw_append(fresh(), per_event, batch)),
+            ("raw append: one record per 1000 events, 1 per txn", "append",
+             lambda: n / raw_append(fresh(), per_batch, 1)),
+            ("engine append, no projections", "append",
+             lambda: engine_append(fresh(), events, False)),
+            ("engine append, 2 projections + checksums + snapshots", "append",
+             lambda: engine_append(fresh(), events, True)),
+            ("(engine append, no projections, durable = false)", "append",
+             lambda: engine_append(fresh(), events, False, False)),
+            ("(engine runtime into a log that stores nothing: CPU ceiling)", "append",
+             lambda: engine_append(base / "null", events, False)),
+            ("raw scan + decode: one record per event", "scan",
+             lambda: raw_scan_decode(raw_events, False)),
+            ("raw scan + decode: the engine's records", "scan",
+             lambda: raw_scan_decode(replay_log, True)),
+            ("engine replay --verify (CRC, decode, fold 2 projections, check)", "scan",
+             lambda: engine_replay(replay_log)),
+        ]  # fmt: skip
+        rates: dict[str, list[float]] = {name: [] for name, _, _ in rows}
+        for _ in range(args.repeats):  # every row once per round: floors and engine side by side
+            for name, _, measure in rows:
+                rates[name].append(measure())
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    report(rows, args)
+    report({name: (statistics.median(rates[name]), kind) for name, kind, _ in rows}, args)
 
 
 def report(rows: dict[str, tuple[float, str]], args: argparse.Namespace) -> None:
+    cfg = RuntimeConfig()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, lmdb {lmdb.__version__}, "
-          f"msgspec {msgspec.__version__}; {args.events} StepTaken events, batch {args.batch}, "
-          f"median of {args.repeats}")  # fmt: skip
+          f"msgspec {msgspec.__version__}; {args.events} StepTaken events; raw: {args.batch} "
+          f"per txn; engine: RuntimeConfig defaults (batch_max {cfg.batch_max}, write_buffer "
+          f"{cfg.write_buffer}, checksum_every {cfg.checksum_every}, snapshot_every "
+          f"{cfg.snapshot_every}); median of {args.repeats}")  # fmt: skip
     floors = {
         kind: next(rate for rate, k in rows.values() if k == kind) for kind in ("append", "scan")
     }

@@ -86,6 +86,7 @@ class Context:
         attempt: int,
     ) -> None:
         self._runtime = runtime
+        self._push = runtime.push
         self._mailbox = mailbox
         self._source = source
         self.name = name
@@ -111,14 +112,18 @@ class Context:
         when it waits.
         """
         current = self.current
-        if cause is False:
-            cause = current.seq if current is not None else None
-        if corr is None:
-            corr = current.corr if current is not None else ""
-        runtime = self._runtime
-        if self._source and not runtime.has_space():
-            await runtime.wait_space()
-        runtime.push(self.name, ev, cause, corr)
+        if current is None:
+            if cause is False:
+                cause = None
+            if corr is None:
+                corr = ""
+        else:
+            if cause is False:
+                cause = current.seq
+            if corr is None:
+                corr = current.corr
+        while not self._push(self.name, ev, cause, corr, self._source):
+            await self._runtime.wait_space()
 
     def events(self) -> AsyncIterator[Envelope[Event]]:
         """Iterate the envelopes delivered to this actor, in seq order.

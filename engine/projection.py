@@ -11,8 +11,9 @@ msgpack encoding.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -20,6 +21,7 @@ from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted
 
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
+T = TypeVar("T")
 
 
 class Projection(Protocol):
@@ -83,17 +85,6 @@ class Fold:
         return {name: digest_state(state) for name, state in self.states.items()}
 
 
-def fold_stream(fold: Fold, envs: Iterable[Envelope[Event]], chunk: int = 1024) -> None:
-    """Fold an iterable of envelopes (a log read) in chunks of ``chunk``."""
-    buf: list[Envelope[Event]] = []
-    for env in envs:
-        buf.append(env)
-        if len(buf) >= chunk:
-            fold.apply_all(buf)
-            buf = []
-    fold.apply_all(buf)
-
-
 # --- engine projections ---------------------------------------------------------------------
 
 
@@ -127,6 +118,30 @@ class ActorStats:
     def evolve_many(
         self, state: ActorStatsState, envs: Sequence[Envelope[Event]]
     ) -> ActorStatsState:
+        classes = _tally([type(env.event) for env in envs])
+        if not _ACTOR_EVENTS.isdisjoint(classes):  # rare: fold one by one, rows in stream order
+            return self.evolve_each(state, envs)
+        names = [env.actor for env in envs]
+        backwards = names[::-1]
+        actors, end = state.actors, len(envs) - 1
+        for name, count in _tally(names).items():
+            row = actors.get(name)
+            if row is None:
+                row = actors[name] = ActorRow()
+            if row.emitted == 0:
+                row.first_seq = envs[names.index(name)].seq
+            row.emitted += count
+            row.last_seq = envs[end - backwards.index(name)].seq
+        kinds, tags = state.kinds, _TAGS
+        for cls, count in classes.items():
+            kind = tags.get(cls) or tag_of(cls)
+            kinds[kind] = kinds.get(kind, 0) + count
+        return state
+
+    def evolve_each(
+        self, state: ActorStatsState, envs: Sequence[Envelope[Event]]
+    ) -> ActorStatsState:
+        """The fold one envelope at a time (what :meth:`evolve_many` computes in bulk)."""
         actors, kinds, tags = state.actors, state.kinds, _TAGS
         for env in envs:
             row = actors.get(env.actor)
@@ -155,6 +170,15 @@ class ActorStats:
 
 _ACTOR_EVENTS = frozenset({ActorStarted, ActorFailed, ActorRestarted})
 _TAGS: dict[type[Event], str] = {}
+
+
+def _tally(items: list[T]) -> dict[T, int]:
+    """How often each item occurs, in order of first occurrence (counted in C: a batch holds
+    few distinct actors and kinds, so one ``list.count`` each beats a Counter)."""
+    distinct = dict.fromkeys(items)
+    if len(distinct) > 8:
+        return Counter(items)
+    return {item: items.count(item) for item in distinct}
 
 
 def tag_of(cls: type[Event]) -> str:

@@ -1,11 +1,14 @@
 """The actor runtime: one nursery, one writer, one total order.
 
 Actors emit events into a bounded write buffer. A single writer task takes the buffer in batches
-(group commit), gives each event the next sequence number, folds it into the run's projections,
-appends the batch to the log in a worker thread (one transaction, fsync when durable) and only
-then delivers the envelopes to the mailboxes of the actors subscribed to them. Every
-``checksum_every`` events the writer inserts a :class:`ProjectionChecked` right after the event
-it covers, and every ``snapshot_every`` events it stores the projection states beside the log.
+(group commit: whatever is queued, up to ``batch_max``), gives each event the next sequence
+number and folds it into the run's projections, and hands the batch to the log's writing thread,
+which appends it in one transaction (fsync when durable). While that commit is under way the
+writer numbers the next batch; a batch's envelopes are delivered to the mailboxes of the actors
+subscribed to them only once its commit returned, in commit order. Every ``checksum_every``
+events the writer inserts a :class:`ProjectionChecked` right after the event it covers, and
+every ``snapshot_every`` events it stores the projection states beside the log, in the same
+transaction as the batch that records the :class:`SnapshotTaken`.
 
 Supervision: an actor that raises produces :class:`ActorFailed`; its spec restarts it (up to a
 limit) or stops the run. SIGINT/SIGTERM cancel the actors, the writer flushes what was emitted,
@@ -14,8 +17,12 @@ and the run ends with :class:`RunStopped`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import queue
 import signal
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -47,7 +54,7 @@ from engine.projection import (
 )
 from engine.replay import replay_until
 from engine.seeds import derive_seed
-from stores.eventlog import EventLog
+from stores.eventlog import EncodedBatch, EventLog, Snapshot
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _FINAL_EVENTS = frozenset({RunStopped, RunFailed})
@@ -66,22 +73,28 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Knobs of the runtime (the scenario's ``[runtime]`` table maps onto these).
 
     Attributes:
-        batch_max: most events committed in one transaction.
+        batch_max: most events committed in one transaction. The writer commits whatever is
+            queued, up to this; a large cap lets a loaded run spread each fsync over more events.
         batch_wait: seconds the writer lingers for more events before a partial batch (0: none).
         write_buffer: events a source actor may have queued before ``emit`` waits.
         mailbox: batches an actor's mailbox holds before delivery waits.
         checksum_every: events between projection checksums (0: only at the end).
         snapshot_every: events between projection snapshots (0: never).
         handle_signals: turn SIGINT/SIGTERM into a graceful stop (main thread only).
+        switch_interval: while the run lasts, the seconds a thread may keep the GIL while
+            another waits for it (``sys.setswitchinterval``; 0: leave it as it is). The log's
+            writing thread needs the GIL for a moment after each LMDB call; at Python's
+            default of 5 ms it waits that long whenever the actors keep the event loop busy.
     """
 
-    batch_max: int = 1024
+    batch_max: int = 4096
     batch_wait: float = 0.0
     write_buffer: int = 8192
     mailbox: int = 64
     checksum_every: int = 1000
     snapshot_every: int = 20000
     handle_signals: bool = False
+    switch_interval: float = 0.001
 
 
 @dataclass
@@ -110,10 +123,63 @@ _Pending = tuple[str, Event, int | None, str, int]
 
 @dataclass
 class _Prepared:
-    """A numbered and folded batch on its way to the log, with the snapshot to store after it."""
+    """A numbered, folded and encoded batch on its way to the log, with the snapshots taken
+    in it."""
 
     envelopes: list[Envelope[Event]]
-    snapshot: tuple[int, dict[str, bytes]] | None = None
+    snapshots: list[Snapshot]
+    encoded: EncodedBatch
+
+
+_IN_FLIGHT = 2
+"""Batches between numbering and delivery: one being committed, the next one waiting for it."""
+
+
+class _Committer:
+    """The log's writing thread: appends numbered batches in order, one transaction each (with
+    the snapshots taken in the batch), and reports each one to the event loop.
+
+    A plain thread with a queue rather than a trio worker-thread hop per batch: while it waits
+    for the fsync of batch k (without the GIL), the event loop numbers, folds and encodes batch
+    k+1. It does little that needs the GIL, since every time it lets go of it (each LMDB call)
+    it may wait to get it back. After an error it commits nothing more.
+
+    Args:
+        log: the run's event log.
+        report: called on the event loop with each batch and None, or the error that stopped
+            the thread.
+    """
+
+    def __init__(
+        self, log: EventLog, report: Callable[[_Prepared, BaseException | None], None]
+    ) -> None:
+        self._log = log
+        self._report = report
+        self._token = trio.lowlevel.current_trio_token()
+        self._jobs: queue.SimpleQueue[_Prepared | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="coevo-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, prepared: _Prepared) -> None:
+        """Queue a batch for commit (never waits)."""
+        self._jobs.put(prepared)
+
+    def stop(self) -> None:
+        """Let the thread finish what it was given and wait for it (blocking)."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        log, jobs, report = self._log, self._jobs, self._report
+        while (prepared := jobs.get()) is not None:
+            try:
+                log.append_encoded(prepared.encoded, snapshots=prepared.snapshots)
+            except BaseException as exc:
+                self._token.run_sync_soon(report, prepared, exc)
+                return
+            self._token.run_sync_soon(report, prepared, None)
 
 
 class Runtime:
@@ -165,7 +231,14 @@ class Runtime:
         self._fold = Fold(self._projections)
         self._since_check = 0
         self._snapshot_seq = -1
+        self._seq = 0  # seq the next numbered event gets
         self._next = 0  # seq of the next event to commit (= events committed)
+        self._in_flight = 0  # batches numbered and not yet delivered
+        self._committed: collections.deque[tuple[_Prepared, BaseException | None]] = (
+            collections.deque()
+        )
+        self._delivered = trio.lowlevel.ParkingLot()
+        self._fed_all = False
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
@@ -176,7 +249,8 @@ class Runtime:
 
     @property
     def states(self) -> dict[str, Any]:
-        """The projections' states as of the last commit (read them, do not change them)."""
+        """The projections' states after the last numbered batch: at most two batches ahead of
+        the log during the run, the whole log's once it has ended (read, do not change them)."""
         return self._fold.states
 
     @property
@@ -194,21 +268,27 @@ class Runtime:
 
     # --- emission ---------------------------------------------------------------------------
 
-    def has_space(self) -> bool:
-        """True while the write buffer accepts events from source actors without waiting."""
-        return len(self._pending) < self._cfg.write_buffer
-
     async def wait_space(self) -> None:
         """Wait until the writer has taken events out of a full write buffer."""
         while len(self._pending) >= self._cfg.write_buffer:
             await self._space.park()
 
-    def push(self, actor: str, ev: Event, cause: int | None, corr: str) -> None:
-        """Queue an event for the writer (see :meth:`Context.emit`); never waits."""
+    def push(
+        self, actor: str, ev: Event, cause: int | None, corr: str, bounded: bool = False
+    ) -> bool:
+        """Queue an event for the writer (see :meth:`Context.emit`); never waits.
+
+        Returns:
+            False, with nothing queued, if ``bounded`` (a source actor's event) and the write
+            buffer is full: the caller waits (:meth:`wait_space`) and pushes again.
+        """
         pending = self._pending
+        if bounded and len(pending) >= self._cfg.write_buffer:
+            return False
         if not pending:
             self._wake.unpark_all()
         pending.append((actor, ev, cause, corr, self._clock()))
+        return True
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -219,7 +299,7 @@ class Runtime:
             LogError: the log failed (the run cannot be recorded any further).
         """
         await trio.to_thread.run_sync(self._rebuild_fold)
-        self._next = self._log.next_seq
+        self._seq = self._next = self._log.next_seq
         self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
         try:
             async with trio.open_nursery() as root:
@@ -352,102 +432,138 @@ class Runtime:
     # --- writer -----------------------------------------------------------------------------
 
     async def _writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        """Feed numbered batches to the log's writing thread and deliver what it committed."""
+        committer = _Committer(self._log, self._on_committed)
+        interval = sys.getswitchinterval()
+        if self._cfg.switch_interval > 0:
+            sys.setswitchinterval(self._cfg.switch_interval)
+        committer.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._deliverer)
+                task_status.started()
+                await self._feed(committer)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(committer.stop)
+            sys.setswitchinterval(interval)
+
+    async def _feed(self, committer: _Committer) -> None:
+        """Take batches off the write buffer, number, fold and encode them, and queue them for
+        the committer; at most ``_IN_FLIGHT`` batches are between here and their delivery."""
+        cfg = self._cfg
         while True:
-            while not self._pending:
-                if self._closing:
+            while not self._pending or self._in_flight >= _IN_FLIGHT:
+                if self._closing and not self._pending:
+                    self._fed_all = True
+                    self._delivered.unpark_all()
                     return
                 await self._wake.park()
-            if self._cfg.batch_wait > 0 and len(self._pending) < self._cfg.batch_max:
-                await trio.sleep(self._cfg.batch_wait)
-            n = min(len(self._pending), self._cfg.batch_max)
+            if cfg.batch_wait > 0 and len(self._pending) < cfg.batch_max:
+                await trio.sleep(cfg.batch_wait)
+            n = min(len(self._pending), cfg.batch_max)
             batch = self._pending[:n]
             del self._pending[:n]
             self._space.unpark_all()
-            prepared = await trio.to_thread.run_sync(self._commit, batch)
+            self._in_flight += 1
+            envelopes, snapshots = self._prepare(batch)
+            committer.submit(_Prepared(envelopes, snapshots, self._log.encode(envelopes)))
+
+    def _on_committed(self, prepared: _Prepared, error: BaseException | None) -> None:
+        """The committer's report of one batch (run on the event loop, in commit order)."""
+        self._committed.append((prepared, error))
+        self._delivered.unpark_all()
+
+    async def _deliverer(self) -> None:
+        """Deliver committed batches in order; raise the committer's error, if any."""
+        committed = self._committed
+        while True:
+            while not committed:
+                if self._fed_all and not self._in_flight:
+                    return
+                await self._delivered.park()
+            prepared, error = committed.popleft()
+            if error is not None:
+                raise error
+            envelopes = prepared.envelopes
+            self._next = envelopes[-1].seq + 1
             for observe in self._observers:
-                observe(prepared.envelopes)
-            await self._deliver(prepared.envelopes)
+                observe(envelopes)
+            await self._deliver(envelopes)
+            self._in_flight -= 1
+            self._wake.unpark_all()
 
-    def _commit(self, batch: list[_Pending]) -> _Prepared:
-        """Prepare one batch and append it (one transaction) with its snapshot (worker thread)."""
-        prepared = self._prepare(batch)
-        self._log.append(prepared.envelopes)
-        self._next = prepared.envelopes[-1].seq + 1
-        if prepared.snapshot is not None:
-            upto, blobs = prepared.snapshot
-            for name, data in blobs.items():
-                self._log.put_snapshot(name, upto, data)
-        return prepared
+    def _prepare(self, batch: list[_Pending]) -> tuple[list[Envelope[Event]], list[Snapshot]]:
+        """Number and fold one batch (the engine's hot loop); return its envelopes and the
+        snapshots taken in it.
 
-    def _prepare(self, batch: list[_Pending]) -> _Prepared:
-        """Number and fold one batch.
-
-        The engine's hot loop: envelopes are built in one pass and folded in segments, cut
-        where a :class:`ProjectionChecked` goes (every ``checksum_every`` events, and right
-        before the run's final event).
+        Envelopes are built and folded a segment at a time, each segment ending where a
+        :class:`ProjectionChecked` goes: after every ``checksum_every`` events, and right
+        before the run's final event (the last event ever queued).
         """
         out: list[Envelope[Event]] = []
-        append = out.append
-        seq = self._next
-        run_id = self.run_id
-        folding = bool(self._projections)
-        every = self._cfg.checksum_every if folding else 0
-        folded = 0  # out[:folded] is folded
-        for actor, ev, cause, corr, t in batch:
-            final = type(ev) in _FINAL_EVENTS
-            if folding and final and self._since_check + len(out) > folded:
-                seq = self._checkpoint(out, folded, seq, t)
-                folded = len(out)
-            v = ev.version
-            append(
-                Envelope(
-                    seq=seq, run=run_id, t=t, actor=actor, event=ev, cause=cause, corr=corr, v=v
-                )
-            )
-            seq += 1
-            if every and not final and self._since_check + len(out) - folded >= every:
-                seq = self._checkpoint(out, folded, seq, t)
-                folded = len(out)
-        if folding:
-            self._fold.apply_all(out[folded:])
-            self._since_check += len(out) - folded
-        snapshot = self._maybe_snapshot(out, seq - 1)
-        return _Prepared(out, snapshot)
+        final = batch[-1] if type(batch[-1][1]) in _FINAL_EVENTS else None
+        body = batch if final is None else batch[:-1]
+        every = self._cfg.checksum_every if self._projections else 0
+        start = 0
+        while start < len(body):
+            stop = start + max(every - self._since_check, 1) if every else len(body)
+            self._number(body[start:stop], out)
+            if every and self._since_check >= every:
+                self._checkpoint(out, out[-1].t)
+            start = stop
+        if final is not None:
+            if self._projections and self._since_check:
+                self._checkpoint(out, final[4])
+            self._number([final], out)
+        return out, self._maybe_snapshot(out)
 
-    def _checkpoint(self, out: list[Envelope[Event]], folded: int, seq: int, t: int) -> int:
-        """Fold ``out[folded:]``, append a :class:`ProjectionChecked` covering events
-        ``< seq`` and fold it too; return the next seq."""
-        self._fold.apply_all(out[folded:])
+    def _number(self, pending: list[_Pending], out: list[Envelope[Event]]) -> None:
+        """Append envelopes of ``pending`` to ``out`` with the next seqs, and fold them."""
+        run_id = self.run_id
+        envs = [
+            Envelope(
+                seq=seq, run=run_id, t=t, actor=actor, event=ev, cause=cause, corr=corr,
+                v=ev.version,
+            )
+            for seq, (actor, ev, cause, corr, t) in enumerate(pending, self._seq)
+        ]  # fmt: skip
+        self._seq += len(envs)
+        out.extend(envs)
+        if self._projections:
+            self._fold.apply_all(envs)
+            self._since_check += len(envs)
+
+    def _checkpoint(self, out: list[Envelope[Event]], t: int) -> None:
+        """Append a :class:`ProjectionChecked` covering the events numbered so far, and fold
+        it too (it is not counted towards the next one)."""
+        check = ProjectionChecked(upto=self._seq - 1, digests=self._fold.digests())
+        self._append_own(out, check, t)
         self._since_check = 0
-        check = ProjectionChecked(upto=seq - 1, digests=self._fold.digests())
-        env = Envelope(seq=seq, run=self.run_id, t=t, actor="runtime", event=check, v=check.version)
+
+    def _append_own(self, out: list[Envelope[Event]], ev: Event, t: int) -> None:
+        """Append and fold an event of the runtime's own (checksums, snapshots)."""
+        env = Envelope(seq=self._seq, run=self.run_id, t=t, actor="runtime", event=ev, v=ev.version)
+        self._seq += 1
         out.append(env)
         self._fold.apply_all([env])
-        return seq + 1
 
-    def _maybe_snapshot(
-        self, out: list[Envelope[Event]], upto: int
-    ) -> tuple[int, dict[str, bytes]] | None:
-        """If ``snapshot_every`` events passed: encode the projection states after ``upto``
-        and append a :class:`SnapshotTaken` (the blobs are stored right after the batch)."""
-        every = self._cfg.snapshot_every
+    def _maybe_snapshot(self, out: list[Envelope[Event]]) -> list[Snapshot]:
+        """If ``snapshot_every`` events passed: encode the projection states after the last
+        numbered event and append a :class:`SnapshotTaken` (the states are stored in the
+        batch's commit)."""
+        every, upto = self._cfg.snapshot_every, self._seq - 1
         if not (self._projections and every and upto - self._snapshot_seq >= every):
-            return None
+            return []
         if type(out[-1].event) in _FINAL_EVENTS:  # the final event stays the last one
-            return None
+            return []
         self._snapshot_seq = upto
         blobs = {name: encode_state(st) for name, st in self._fold.states.items()}
         digests = {name: digest_bytes(data) for name, data in blobs.items()}
         taken = SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))
-        t = out[-1].t
-        env = Envelope(
-            seq=upto + 1, run=self.run_id, t=t, actor="runtime", event=taken, v=taken.version
-        )
-        out.append(env)
-        self._fold.apply_all([env])
+        self._append_own(out, taken, out[-1].t)
         self._since_check += 1
-        return upto, blobs
+        return [(name, upto, data) for name, data in blobs.items()]
 
     def _rebuild_fold(self) -> None:
         """Fold an existing log (a resumed run) so checksums continue from its state."""
@@ -455,14 +571,16 @@ class Runtime:
             self._fold, _ = replay_until(self._log, self._projections)
 
     async def _deliver(self, envelopes: list[Envelope[Event]]) -> None:
+        """Hand every subscriber the envelopes it subscribes to and accepts, in seq order.
+        Most envelopes of a busy run have no subscriber (steps, checksums): the kinds in the
+        batch are looked up once, and a batch with none routed costs one list comprehension."""
+        kinds = [type(env.event) for env in envelopes]
+        routed = {cls: subs for cls in dict.fromkeys(kinds) if (subs := self._routes_for(cls))}
+        if not routed:
+            return
         per_sub: dict[_Subscriber, list[Envelope[Event]]] = {}
-        routes = self._routes
-        for env in envelopes:
-            cls = type(env.event)
-            subs = routes.get(cls)
-            if subs is None:
-                subs = self._routes_for(cls)
-            for sub in subs:
+        for env, cls in zip(envelopes, kinds, strict=True):
+            for sub in routed.get(cls, ()):
                 accepts = sub.spec.accepts
                 if accepts is None or accepts(env.event):
                     per_sub.setdefault(sub, []).append(env)

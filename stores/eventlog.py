@@ -9,6 +9,7 @@ encoded bytes, so it exercises the same codec.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -16,8 +17,9 @@ import msgspec
 from engine.errors import LogClosed, LogError, SequenceConflict
 from engine.events import Codec, Envelope, Event, event_types
 
-LOG_FORMAT = 1
-"""Version of the on-disk layout and envelope format. A log with a larger number is refused."""
+LOG_FORMAT = 2
+"""Version of the on-disk layout and envelope format. A log with a larger number is refused.
+2: an LMDB record holds its batch in parts (1: in one array; still read and appended to)."""
 
 
 class RunMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +72,26 @@ def new_run_meta(
     )
 
 
+Snapshot = tuple[str, int, bytes]
+"""A projection snapshot to store: the projection's name, the last seq folded, the state."""
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch in a log's stored form, from :meth:`EventLog.encode`, for
+    :meth:`EventLog.append_encoded` of the same log.
+
+    Attributes:
+        first: seq of the first envelope (unused when the batch is empty).
+        count: envelopes in the batch.
+        pieces: the encoded bytes, in the log's own layout.
+    """
+
+    first: int
+    count: int
+    pieces: list[bytes]
+
+
 class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
     """Result of checking every record of a log: checksum, decode, contiguous seq."""
 
@@ -88,12 +110,40 @@ class EventLog(Protocol):
         """Sequence number the next appended event must carry (= number of events)."""
         ...
 
-    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
-        """Append a batch atomically: all of it is committed, or none of it.
+    def append(
+        self, envelopes: Sequence[Envelope[Event]], *, snapshots: Sequence[Snapshot] = ()
+    ) -> None:
+        """Append a batch atomically: all of it is committed, or none of it
+        (``append_encoded(encode(envelopes), snapshots=snapshots)``).
+
+        Args:
+            envelopes: the batch.
+            snapshots: ``(name, upto, data)`` stored as :meth:`put_snapshot` does, in the same
+                commit as the batch (``upto`` may be a seq of the batch).
 
         Raises:
             SequenceConflict: the batch does not start at ``next_seq`` or is not contiguous.
-            LogError: the log is read-only or closed.
+            LogError: a snapshot's ``upto`` is not in the log after the batch; the log is
+                read-only or closed.
+        """
+        ...
+
+    def encode(self, envelopes: Sequence[Envelope[Event]]) -> EncodedBatch:
+        """The encoding half of an append: no I/O, no lock, any thread (a writer encodes the
+        next batch while the previous one commits).
+
+        Raises:
+            SequenceConflict: the envelopes' seqs are not consecutive.
+        """
+        ...
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        """The storing half of an append, for a batch from this log's :meth:`encode`.
+
+        Raises:
+            SequenceConflict: the batch does not start at ``next_seq``.
+            LogError: a snapshot's ``upto`` is not in the log after the batch; the log is
+                read-only or closed.
         """
         ...
 
@@ -102,6 +152,17 @@ class EventLog(Protocol):
 
         Raises:
             LogCorrupted: a record fails its checksum or does not decode.
+        """
+        ...
+
+    def read_chunks(
+        self, start: int = 0, stop: int | None = None
+    ) -> Iterator[list[Envelope[Event]]]:
+        """Like :meth:`read`, in lists of consecutive envelopes (for folds over many events).
+
+        Raises:
+            LogCorrupted: a record fails its checksum or does not decode (after the chunks
+                before it).
         """
         ...
 
@@ -130,11 +191,20 @@ class EventLog(Protocol):
         ...
 
 
+def check_snapshot(name: str, upto: int, end: int) -> None:
+    """Raise :class:`LogError` unless ``upto`` is a seq of a log of ``end`` events."""
+    if not 0 <= upto < end:
+        raise LogError(f"snapshot of {name!r} after seq {upto}, but the log has no such seq")
+
+
 def check_batch(next_seq: int, envelopes: Sequence[Envelope[Event]]) -> None:
     """Raise :class:`SequenceConflict` unless ``envelopes`` continue the log at ``next_seq``."""
     for offset, env in enumerate(envelopes):
         if env.seq != next_seq + offset:
             raise SequenceConflict(next_seq + offset, env.seq)
+
+
+_MEMORY_CHUNK = 256
 
 
 class MemoryEventLog:
@@ -151,17 +221,50 @@ class MemoryEventLog:
     def next_seq(self) -> int:
         return len(self._records)
 
-    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
+    def append(
+        self, envelopes: Sequence[Envelope[Event]], *, snapshots: Sequence[Snapshot] = ()
+    ) -> None:
         self._check_open()
-        check_batch(len(self._records), envelopes)
-        encoded = [self._codec.encode(env) for env in envelopes]
-        self._records.extend(encoded)
+        self.append_encoded(self.encode(envelopes), snapshots=snapshots)
+
+    def encode(self, envelopes: Sequence[Envelope[Event]]) -> EncodedBatch:
+        first = envelopes[0].seq if envelopes else 0
+        check_batch(first, envelopes)
+        return EncodedBatch(first, len(envelopes), [self._codec.encode(e) for e in envelopes])
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        self._check_open()
+        if batch.count and batch.first != len(self._records):
+            raise SequenceConflict(len(self._records), batch.first)
+        end = len(self._records) + batch.count
+        for name, upto, _ in snapshots:
+            check_snapshot(name, upto, end)
+        self._records.extend(batch.pieces)
+        for name, upto, data in snapshots:
+            self._snapshots.setdefault(name, {})[upto] = bytes(data)
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Envelope[Event]]:
         self._check_open()
         end = len(self._records) if stop is None else min(stop, len(self._records))
         for seq in range(max(start, 0), end):
             yield self._codec.decode(self._records[seq], seq)
+
+    def read_chunks(
+        self, start: int = 0, stop: int | None = None
+    ) -> Iterator[list[Envelope[Event]]]:
+        chunk: list[Envelope[Event]] = []
+        try:
+            for env in self.read(start, stop):
+                chunk.append(env)
+                if len(chunk) == _MEMORY_CHUNK:
+                    yield chunk
+                    chunk = []
+        except LogError:
+            if chunk:  # the good records first, as the LMDB log does
+                yield chunk
+            raise
+        if chunk:
+            yield chunk
 
     def read_meta(self) -> RunMeta | None:
         self._check_open()
@@ -172,10 +275,7 @@ class MemoryEventLog:
         self._meta = meta
 
     def put_snapshot(self, name: str, upto: int, data: bytes) -> None:
-        self._check_open()
-        if not 0 <= upto < len(self._records):
-            raise LogError(f"snapshot of {name!r} after seq {upto}, but the log has no such seq")
-        self._snapshots.setdefault(name, {})[upto] = bytes(data)
+        self.append([], snapshots=[(name, upto, data)])
 
     def get_snapshot(self, name: str, at_or_before: int) -> tuple[int, bytes] | None:
         self._check_open()

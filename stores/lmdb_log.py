@@ -9,11 +9,14 @@ Layout of a log directory:
 - ``writer.lock``: the writer's exclusive ``flock``; it dies with the writer's process.
 
 An events record is a 4-byte big-endian CRC32 over key + count + payload, the 4-byte count of
-envelopes, then the payload: the batch as one msgpack array of envelopes (one commit of the
-runtime's group commit). One record per batch makes appends one put and reads one CRC and one
-msgspec call per batch. Meta and snapshot values are a CRC32 over key + payload, then the
-payload. A flipped byte is reported as :class:`LogCorrupted` naming the first seq of its
-record, never decoded into a wrong event; the records around it still read.
+envelopes, then the payload: the batch (one commit of the runtime's group commit) as a msgpack
+array of parts, each part a msgpack array of up to :data:`RECORD_PART` envelopes (log format 2;
+format 1 stored the batch as one array of envelopes, and is still read and appended to). One
+record per batch makes an append one put; a read checks one CRC per record and decodes one part
+at a time with one msgspec call, so that a reader holds a part's envelopes, not a whole large
+batch's. Meta and snapshot values are a CRC32 over key + payload, then the payload. A flipped
+byte is reported as :class:`LogCorrupted` naming the first seq of its record, never decoded
+into a wrong event; the records around it still read.
 
 The environment plumbing (one shared environment per process, safe remaps, the writer lock)
 is in :mod:`stores.lmdb_env`. The map starts small and doubles on ``MapFullError``.
@@ -32,36 +35,47 @@ from typing import TYPE_CHECKING, TypeVar
 import lmdb
 import msgspec
 
-from engine.errors import LogClosed, LogCorrupted, LogError, SchemaTooNew
+from engine.errors import LogClosed, LogCorrupted, LogError, SchemaTooNew, SequenceConflict
 from engine.events import Codec, Envelope, Event
-from stores.eventlog import LOG_FORMAT, RunMeta, VerifyReport, check_batch
+from stores.eventlog import (
+    LOG_FORMAT,
+    EncodedBatch,
+    RunMeta,
+    Snapshot,
+    VerifyReport,
+    check_batch,
+    check_snapshot,
+)
 from stores.lmdb_env import DATA_FILE, SharedEnv, lock_writer
 
 if TYPE_CHECKING:
-    pass  # pyright: ignore[reportPrivateUsage]
+    from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
 
-__all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "LmdbEventLog"]
+__all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "RECORD_PART", "LmdbEventLog"]
 
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 """Initial map size of a new log; the map doubles whenever it is full."""
 
 READ_CHUNK = 256
-"""Events decoded per read transaction (rounded up to whole records): short transactions and
-few decoded envelopes alive at once."""
+"""Events taken per read transaction (rounded up to whole parts): short transactions."""
+
+RECORD_PART = 512
+"""Most envelopes in one part of a record: what a reader decodes and hands over at a time."""
 
 _PAGE = 4096
 _MAX_NAME_BYTES = 400  # LMDB's default maximum key size is 511 bytes
 _MAX_SEQ = 2**64 - 1
 _SEQ = struct.Struct(">Q")
-_CRC = struct.Struct(">I")
 _HEAD = struct.Struct(">II")  # CRC32, number of envelopes in the record
 _META_RUN = b"run"
 _META_FORMAT = b"log_format"
 _META_DECODER = msgspec.msgpack.Decoder(RunMeta)
+_PARTS_DECODER = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _ENCODER = msgspec.msgpack.Encoder()
 
 T = TypeVar("T")
-Txn = lmdb.Transaction  # read transactions return bytes; the write path uses buffers
+Txn = lmdb.Transaction  # values are bytes, or views of the map where buffers=True
+_Put = tuple["_Db", bytes, bytes | bytearray]  # a database, a key and a value to store
 
 
 def _seal(key: bytes, payload: bytes) -> bytes:
@@ -81,22 +95,58 @@ def _next_seq(cursor: lmdb.Cursor[bytes]) -> int:
     """One past the last seq of the events database (0 when empty).
 
     Raises:
-        LogCorrupted: the last record's header is damaged.
+        LogCorrupted: the last record fails its checksum (its count cannot be trusted).
     """
     if not cursor.last():
         return 0
-    first = int.from_bytes(cursor.key(), "big")
-    value = cursor.value()
+    key: bytes = cursor.key()
+    first = int.from_bytes(key, "big")
+    return first + _record_count(first, key, cursor.value())
+
+
+def _record_count(first: int, key: bytes, value: bytes) -> int:
+    """The count of an events record whose checksum holds.
+
+    Raises:
+        LogCorrupted: the record is shorter than its header or fails its checksum.
+    """
     if len(value) < _HEAD.size:
         raise LogCorrupted(first, "record shorter than its header")
-    return first + _HEAD.unpack_from(value)[1]
+    crc, count = _HEAD.unpack_from(value)
+    view = memoryview(value)
+    if crc != zlib.crc32(view[8:], zlib.crc32(view[4:8], zlib.crc32(key))):
+        raise LogCorrupted(first, f"checksum mismatch in the record of seqs {first}..")
+    return count
 
 
-def _seal_batch(key: bytes, count: int, payload: bytes) -> bytes:
-    """An events value: CRC32 over key + count + payload, the count, then the payload."""
-    head = count.to_bytes(4, "big")
-    crc = zlib.crc32(payload, zlib.crc32(head, zlib.crc32(key)))
-    return crc.to_bytes(4, "big") + head + payload
+def _seal_record(key: bytes, count: int, pieces: list[bytes]) -> bytearray:
+    """An events value: CRC32 over key + count + payload, the count, then the payload (the
+    concatenation of ``pieces``). One copy and one CRC call: ``zlib.crc32`` lets go of the GIL
+    on large inputs, and each time the writing thread waits to get it back."""
+    value = bytearray().join([bytes(4), count.to_bytes(4, "big"), *pieces])
+    value[:4] = zlib.crc32(memoryview(value)[4:], zlib.crc32(key)).to_bytes(4, "big")
+    return value
+
+
+def _array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items (fixarray, array 16 or array 32)."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _array_len(data: memoryview) -> int | None:
+    """The item count in the msgpack array header at the start of ``data`` (None: no array)."""
+    tag = data[0] if len(data) else None
+    if tag is not None and 0x90 <= tag <= 0x9F:
+        return tag & 0x0F
+    if tag == 0xDC and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big")
+    if tag == 0xDD and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big")
+    return None
 
 
 def _snapshot_prefix(name: str) -> bytes:
@@ -131,6 +181,8 @@ class LmdbEventLog:
         self._sync_after_commit = durable and not shared.synced
         self._codec = codec
         self._closed = False
+        self._appended = 0  # a writer's next seq: it alone appends, under the writer lock
+        self._format = LOG_FORMAT  # of the log's records (an older log keeps its own)
 
     @classmethod
     def create(
@@ -219,6 +271,8 @@ class LmdbEventLog:
                 log._write(partial(log._init_meta, meta=meta))
             else:
                 log._check_format()
+            if writable:
+                log._appended = log.next_seq
         except BaseException:
             log.close()
             raise
@@ -244,43 +298,107 @@ class LmdbEventLog:
         """Sequence number of the next event, from the latest committed state.
 
         Raises:
+            LogCorrupted: the last record fails its checksum.
             LogClosed: the handle is closed.
         """
         self._check_open()
         return self._read_txn(lambda txn: _next_seq(txn.cursor(self._shared.events)))
 
-    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
-        """Append a batch as one record in one write transaction: all of it, or none of it.
+    def append(
+        self, envelopes: Sequence[Envelope[Event]], *, snapshots: Sequence[Snapshot] = ()
+    ) -> None:
+        """Append a batch as one record, and any snapshots, in one write transaction: all of
+        it, or none of it (``append_encoded(encode(envelopes), snapshots=snapshots)``).
+
+        Args:
+            envelopes: the batch.
+            snapshots: ``(name, upto, data)`` stored as :meth:`put_snapshot` does (``upto`` may
+                be a seq of the batch).
 
         Raises:
             SequenceConflict: the batch does not continue the committed log.
-            LogError: the handle is read-only.
+            ValueError: a snapshot name contains NUL or is longer than 400 bytes.
+            LogError: a snapshot's ``upto`` is not in the log after the batch, or the handle is
+                read-only.
             LogClosed: the handle is closed.
         """
         self._check_writable()
-        if envelopes:
-            payload = self._codec.encode_batch(envelopes)
-            self._write(partial(self._append_txn, envelopes=envelopes, payload=payload))
+        self.append_encoded(self.encode(envelopes), snapshots=snapshots)
+
+    def encode(self, envelopes: Sequence[Envelope[Event]]) -> EncodedBatch:
+        """The msgspec work of an append (a record's parts), for :meth:`append_encoded`; no
+        transaction, any thread.
+
+        Raises:
+            SequenceConflict: the envelopes' seqs are not consecutive.
+        """
+        first = envelopes[0].seq if envelopes else 0
+        check_batch(first, envelopes)
+        return EncodedBatch(
+            first, len(envelopes), self._encode_parts(envelopes) if envelopes else []
+        )
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        """Append a batch from :meth:`encode` as one record, and any snapshots, in one write
+        transaction (see :meth:`append`).
+
+        Raises:
+            SequenceConflict: the batch does not start at the log's next seq.
+            ValueError: a snapshot name contains NUL or is longer than 400 bytes.
+            LogError: a snapshot's ``upto`` is not in the log after the batch, or the handle is
+                read-only.
+            LogClosed: the handle is closed.
+        """
+        self._check_writable()
+        if batch.count and batch.first != self._appended:
+            raise SequenceConflict(self._appended, batch.first)
+        end = self._appended + batch.count
+        puts: list[_Put] = [self._snapshot_put(n, upto, data, end) for n, upto, data in snapshots]
+        if batch.count:
+            key = _SEQ.pack(batch.first)
+            puts.insert(0, (self._shared.events, key, _seal_record(key, batch.count, batch.pieces)))
+        if puts:
+            self._write(partial(self._put_all, puts=puts))
+        self._appended = end
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Envelope[Event]]:
         """Yield committed envelopes with ``start <= seq < stop`` in order.
 
         ``stop=None`` means the log's end when iteration starts. Records are read in short
-        transactions of :data:`READ_CHUNK` records; none is held while the caller runs.
+        transactions of about :data:`READ_CHUNK` events; none is held while the caller runs.
 
         Raises:
             LogCorrupted: a record fails its checksum, does not decode, or is missing.
             SchemaTooNew: a record's event is newer than this coevo knows.
             LogClosed: the handle is closed.
         """
+        for chunk in self.read_chunks(start, stop):
+            yield from chunk
+
+    def read_chunks(
+        self, start: int = 0, stop: int | None = None
+    ) -> Iterator[list[Envelope[Event]]]:
+        """Like :meth:`read`, one part of a record (up to :data:`RECORD_PART` envelopes) at a
+        time: a read transaction checks whole records and copies their parts out, and each
+        part is decoded only when the caller asks for it.
+
+        Raises:
+            LogCorrupted: a record fails its checksum, does not decode, or is missing (after
+                the chunks before it).
+            SchemaTooNew: a record's event is newer than this coevo knows.
+            LogClosed: the handle is closed.
+        """
         seq, end = max(start, 0), stop
         while end is None or seq < end:
             self._check_open()
-            chunk, end = self._read_txn(partial(self._read_chunk, first=seq, end=end))
-            if not chunk:
+            parts, end = self._read_txn(partial(self._read_parts, first=seq, end=end), True)
+            if not parts:
                 return
-            yield from chunk
-            seq += len(chunk)
+            for first, data in parts:
+                chunk = self._codec.decode_batch(data, first)[max(seq - first, 0) : end - first]
+                if chunk:
+                    yield chunk
+                    seq = chunk[-1].seq + 1
 
     def read_meta(self) -> RunMeta | None:
         """The run metadata, or None if none was written.
@@ -315,17 +433,7 @@ class LmdbEventLog:
             LogError: no event ``upto`` is committed, or the handle is read-only.
             LogClosed: the handle is closed.
         """
-        self._check_writable()
-        key = _snapshot_prefix(name) + _SEQ.pack(min(max(upto, 0), _MAX_SEQ))
-        value = _seal(key, bytes(data))
-
-        def put(txn: Txn[bytes]) -> None:
-            if not 0 <= upto < _next_seq(txn.cursor(self._shared.events)):
-                msg = f"snapshot of {name!r} after seq {upto}, but the log has no such seq"
-                raise LogError(msg)
-            txn.put(key, value, db=self._shared.snapshots)
-
-        self._write(put)
+        self.append([], snapshots=[(name, upto, data)])
 
     def get_snapshot(self, name: str, at_or_before: int) -> tuple[int, bytes] | None:
         """The newest snapshot of ``name`` with ``upto <= at_or_before``, as ``(upto, data)``.
@@ -398,11 +506,12 @@ class LmdbEventLog:
         if self._lock_fd is None:
             raise LogError(f"event log at {self._path} is open read-only")
 
-    def _read_txn(self, body: Callable[[Txn[bytes]], T]) -> T:
-        """Run ``body`` in a fresh read transaction, adopting a map grown by another process."""
+    def _read_txn(self, body: Callable[[Txn[bytes]], T], buffers: bool = False) -> T:
+        """Run ``body`` in a fresh read transaction, adopting a map grown by another process.
+        With ``buffers``, values are views of the map, valid only inside ``body``."""
         while True:
             try:
-                with self._shared.reading() as env, env.begin() as txn:
+                with self._shared.reading() as env, env.begin(buffers=buffers) as txn:
                     return body(txn)
             except lmdb.MapResizedError:
                 with self._shared.exclusive():
@@ -433,7 +542,7 @@ class LmdbEventLog:
             txn.put(key, _seal(key, _ENCODER.encode(value)), db=self._shared.meta)
 
     def _check_format(self) -> None:
-        """Raise unless the log records a format this coevo reads."""
+        """Raise unless the log records a format this coevo reads; note the format."""
         payload = self._read_txn(partial(self._get_meta, key=_META_FORMAT))
         if payload is None:
             raise LogError(f"no coevo event log at {self._path} (no log format recorded)")
@@ -443,6 +552,7 @@ class LmdbEventLog:
                 f"event log at {self._path} has format {log_format}; this coevo reads up to "
                 f"{LOG_FORMAT} (upgrade coevo)"
             )
+        self._format = log_format
 
     def _get_meta(self, txn: Txn[bytes], key: bytes) -> bytes | None:
         value = txn.get(key, db=self._shared.meta)
@@ -451,66 +561,105 @@ class LmdbEventLog:
             raise LogError(f"metadata {key.decode()!r} of {self._path} fails its checksum")
         return payload
 
-    def _append_txn(
-        self, txn: Txn[bytes], envelopes: Sequence[Envelope[Event]], payload: bytes
-    ) -> None:
-        cursor = txn.cursor(self._shared.events)
-        first = _next_seq(cursor)
-        check_batch(first, envelopes)
-        key = _SEQ.pack(first)
-        added = cursor.put(key, _seal_batch(key, len(envelopes), payload), append=True)
-        assert added, "MDB_APPEND refused a key past the last one"
+    def _snapshot_put(
+        self, name: str, upto: int, data: bytes, end: int
+    ) -> tuple[_Db, bytes, bytes]:
+        """The snapshots database, key and sealed value of a snapshot in a log of ``end`` events.
 
-    def _read_chunk(
+        Raises:
+            ValueError: ``name`` contains NUL or is too long for an LMDB key.
+            LogError: ``upto`` is not a seq of the log.
+        """
+        key = _snapshot_prefix(name) + _SEQ.pack(min(max(upto, 0), _MAX_SEQ))
+        check_snapshot(name, upto, end)
+        return self._shared.snapshots, key, _seal(key, bytes(data))
+
+    def _put_all(self, txn: Txn[bytes], puts: list[_Put]) -> None:
+        """Put an events record past the last one (the writer lock keeps ``_appended`` right;
+        MDB_APPEND refuses a key that is not past the last one all the same) and snapshots."""
+        events = self._shared.events
+        for db, key, value in puts:
+            added = txn.put(key, value, db=db, append=db is events)
+            assert added, "MDB_APPEND refused a key past the last one"
+
+    def _read_parts(
         self, txn: Txn[bytes], first: int, end: int | None
-    ) -> tuple[list[Envelope[Event]], int]:
-        """Decode the records holding seqs ``first ..`` up to about :data:`READ_CHUNK` events
-        (the hot path of replay): one CRC and one msgspec call per record.
+    ) -> tuple[list[tuple[int, bytes]], int]:
+        """The parts holding seqs ``first ..`` of the records from the one holding ``first``,
+        up to about :data:`READ_CHUNK` events (the hot path of replay): each record's CRC and
+        counts checked, its parts copied out of the map undecoded.
 
         Returns:
-            The envelopes with ``first <= seq < end``, and ``end`` (the committed next seq if
-            ``end`` was None).
+            ``(first seq, bytes)`` of every part with events in ``first <= seq < end``, and
+            ``end`` (the committed next seq if ``end`` was None).
         """
         cursor = txn.cursor(self._shared.events)
-        end = _next_seq(cursor) if end is None else end
-        out: list[Envelope[Event]] = []
+        if end is None:
+            try:
+                end = _next_seq(cursor)
+            except LogCorrupted as exc:  # read up to the damaged last record, which raises
+                end = exc.seq + 1
+        out: list[tuple[int, bytes]] = []
         if first >= end or not _seek_record(cursor, first):
             return out, end
-        expected = int.from_bytes(cursor.key(), "big")
-        for key, value in cursor.iternext():
-            if expected >= end or len(out) >= READ_CHUNK:
-                break
+        expected, taken = int.from_bytes(cursor.key(), "big"), 0
+        while expected < end and taken < READ_CHUNK:
+            key, value = cursor.item()  # views of the map: copied out below, never kept
             try:
-                envs = self._decode_record(key, value, expected)
+                parts = self._record_parts(key, value, expected)
             except LogError:
                 if out:  # hand over the good records first; the next chunk raises
                     break
                 raise
-            expected += len(envs)
-            out.extend(env for env in envs if first <= env.seq < end)
+            for seq, part, count in parts:
+                expected = seq + count
+                if expected > first and seq < end:
+                    out.append((seq, bytes(part)))
+                    taken += count
+            if not cursor.next():
+                break
         return out, end
 
-    def _decode_record(self, key: bytes, value: bytes, expected: int) -> list[Envelope[Event]]:
-        """The envelopes of one record, which must start at seq ``expected``.
+    def _record_parts(
+        self, key: bytes, value: bytes, expected: int
+    ) -> list[tuple[int, memoryview | msgspec.Raw, int]]:
+        """The parts of one record, which must start at seq ``expected``: ``(first seq, part,
+        count)`` each.
 
         Raises:
-            LogCorrupted: a gap before the record, a checksum mismatch, a wrong count, or
-                bytes that are not envelopes.
-            SchemaTooNew: an event newer than this coevo knows.
+            LogCorrupted: a gap before the record, a checksum mismatch, parts that are not
+                arrays, or counts that do not add up to the record's.
         """
         first = int.from_bytes(key, "big")
         if first != expected:
             raise LogCorrupted(expected, f"record missing: the next record starts at {first}")
-        if len(value) < _HEAD.size:
-            raise LogCorrupted(first, "record shorter than its header")
-        crc, count = _HEAD.unpack_from(value)
-        view = memoryview(value)
-        if crc != zlib.crc32(view[8:], zlib.crc32(view[4:8], zlib.crc32(key))):
-            raise LogCorrupted(first, f"checksum mismatch in the record of seqs {first}..")
-        envs = self._codec.decode_batch(view[8:], first)
-        if len(envs) != count:
-            raise LogCorrupted(first, f"record holds {len(envs)} events, its header says {count}")
-        return envs
+        count = _record_count(first, key, value)
+        payload = memoryview(value)[8:]
+        try:
+            parts = _PARTS_DECODER.decode(payload) if self._format >= 2 else [payload]
+        except msgspec.MsgspecError:
+            raise LogCorrupted(first, "record is not an array of parts") from None
+        out: list[tuple[int, memoryview | msgspec.Raw, int]] = []
+        seq = first
+        for part in parts:
+            n = _array_len(memoryview(part))
+            if n is None:
+                raise LogCorrupted(first, "record part is not an array of envelopes")
+            out.append((seq, part, n))
+            seq += n
+        if seq - first != count:
+            raise LogCorrupted(first, f"record holds {seq - first} events, its header says {count}")
+        return out
+
+    def _encode_parts(self, envelopes: Sequence[Envelope[Event]]) -> list[bytes]:
+        """The payload of a record of ``envelopes``, in pieces to be concatenated."""
+        if self._format < 2:
+            return [self._codec.encode_batch(envelopes)]
+        parts = [
+            self._codec.encode_batch(envelopes[lo : lo + RECORD_PART])
+            for lo in range(0, len(envelopes), RECORD_PART)
+        ]
+        return [_array_header(len(parts)), *parts]
 
     def _find_snapshot(
         self, txn: Txn[bytes], prefix: bytes, target: bytes

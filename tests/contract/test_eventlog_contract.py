@@ -96,6 +96,16 @@ class EventLogContract:
         log.append(envelopes(0, 10))
         assert [env.seq for env in log.read(start, stop)] == list(expected)
         assert list(log.read(start, stop)) == [envelopes(0, 10)[s] for s in expected]
+        chunks = list(log.read_chunks(start, stop))
+        assert all(chunks)
+        assert [env.seq for chunk in chunks for env in chunk] == list(expected)
+
+    def test_chunks_are_the_range_in_order(self, log: EventLog) -> None:
+        for first in range(0, 1200, 300):
+            log.append(envelopes(first, 300))
+        chunks = list(log.read_chunks(150, 1190))
+        assert len(chunks) > 1 and all(chunks)
+        assert [env for chunk in chunks for env in chunk] == envelopes(150, 1040)
 
     @pytest.mark.parametrize(
         "batch",
@@ -118,6 +128,24 @@ class EventLogContract:
         assert list(log.read()) == envelopes(0, 2)
         log.append(envelopes(2, 2))
         assert log.next_seq == 4
+
+    def test_encoded_batch_appends_like_the_batch(self, log: EventLog) -> None:
+        log.append(envelopes(0, 2))
+        batch = log.encode(envelopes(2, 3))
+        assert log.next_seq == 2  # encoding stores nothing
+        log.append_encoded(batch, snapshots=[("p", 4, b"four")])
+        assert list(log.read()) == envelopes(0, 5)
+        assert log.get_snapshot("p", 9) == (4, b"four")
+
+    def test_encoded_batch_must_continue_the_log(self, log: EventLog) -> None:
+        log.append(envelopes(0, 2))
+        stale = log.encode(envelopes(1, 2))
+        with pytest.raises(SequenceConflict) as info:
+            log.append_encoded(stale)
+        assert (info.value.expected, info.value.actual) == (2, 1)
+        assert list(log.read()) == envelopes(0, 2)
+        with pytest.raises(SequenceConflict):
+            log.encode(envelopes(2, 1) + envelopes(4, 1))
 
     def test_meta_round_trips_and_is_replaced(self, log: EventLog) -> None:
         assert log.read_meta() == META
@@ -154,6 +182,29 @@ class EventLogContract:
         with pytest.raises(LogError, match="no such seq"):
             log.put_snapshot("p", upto, b"x")
         assert log.get_snapshot("p", 100) is None
+
+    def test_snapshots_commit_with_their_batch(self, log: EventLog) -> None:
+        log.append(envelopes(0, 2))
+        log.append(envelopes(2, 3), snapshots=[("p", 3, b"three"), ("q", 4, b"four")])
+        assert log.next_seq == 5
+        assert log.get_snapshot("p", 10) == (3, b"three")
+        assert log.get_snapshot("q", 10) == (4, b"four")
+
+    @pytest.mark.parametrize(
+        ("first", "upto", "error"),
+        [(2, 5, LogError), (2, -1, LogError), (3, 2, SequenceConflict)],
+        ids=["snapshot past the batch", "negative upto", "batch conflicts"],
+    )
+    def test_refused_batch_keeps_neither_events_nor_snapshots(
+        self, log: EventLog, first: int, upto: int, error: type[Exception]
+    ) -> None:
+        log.append(envelopes(0, 2))
+        with pytest.raises(error):
+            log.append(envelopes(first, 3), snapshots=[("p", 1, b"ok"), ("q", upto, b"x")])
+        assert log.next_seq == 2
+        assert log.get_snapshot("p", 10) is None and log.get_snapshot("q", 10) is None
+        log.append(envelopes(2, 3))
+        assert list(log.read()) == envelopes(0, 5)
 
     def test_verify_counts_records(self, log: EventLog) -> None:
         log.append(envelopes(0, 12))

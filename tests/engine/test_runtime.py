@@ -3,6 +3,7 @@ back-pressure. trio's MockClock with autojump: no real sleeps."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -12,7 +13,8 @@ import trio
 import trio.testing
 
 from engine.actor import Actor, ActorSpec, Context
-from engine.events import Envelope, Event, event
+from engine.errors import LogError
+from engine.events import Event, event
 from engine.lifecycle import (
     ActorFailed,
     ActorRestarted,
@@ -26,7 +28,7 @@ from engine.projection import ActorStats, Fold, tag_of
 from engine.replay import replay_until, verify_log
 from engine.runtime import RunOutcome, Runtime, RuntimeConfig
 from engine.seeds import derive_seed
-from stores.eventlog import MemoryEventLog
+from stores.eventlog import EncodedBatch, MemoryEventLog, Snapshot
 
 FROZEN_EPISODE_SEED = 5564015917193321374
 
@@ -236,9 +238,9 @@ class GatedLog(MemoryEventLog):
         super().__init__()
         self.gate = threading.Event()
 
-    def append(self, envelopes: Sequence[Envelope[Event]]) -> None:
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
         self.gate.wait(timeout=10)
-        super().append(envelopes)
+        super().append_encoded(batch, snapshots=snapshots)
 
 
 def test_source_waits_when_write_buffer_is_full() -> None:
@@ -355,3 +357,87 @@ def test_factory_failure_at_start_fails_the_run_cleanly() -> None:
     assert outcome.reason == "failed" and "no such model" in outcome.error
     names = kinds_of(log)
     assert names[-1] == "run_failed" and "actor_failed" in names
+
+
+class WatchfulEcho(Actor):
+    """Records, for every delivered Ping, whether the log already held it."""
+
+    subscribes = (Ping,)
+
+    def __init__(self, log: MemoryEventLog, seen: list[tuple[int, int]], count: int) -> None:
+        self.log = log
+        self.seen = seen
+        self.count = count
+
+    async def run(self, ctx: Context) -> None:
+        async for env in ctx.events():
+            self.seen.append((env.seq, self.log.next_seq))
+            if len(self.seen) == self.count:
+                return
+
+
+class SlowLog(MemoryEventLog):
+    """A log whose commits take a (real, short) while: delivery must wait for them."""
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        threading.Event().wait(0.002)
+        super().append_encoded(batch, snapshots=snapshots)
+
+
+def test_events_are_delivered_only_once_the_log_holds_them() -> None:
+    log = SlowLog()
+    seen: list[tuple[int, int]] = []
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(300)),
+        ActorSpec(name="echo", factory=lambda: WatchfulEcho(log, seen, 300), driver=True),
+    ]
+    run_runtime(specs, RuntimeConfig(batch_max=7, checksum_every=10), log=log)
+    assert len(seen) == 300
+    assert all(seq < committed for seq, committed in seen)
+
+
+class FailingLog(MemoryEventLog):
+    """A log whose ``fail_at``-th append fails (a full disk)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.appends = 0
+        self.fail_at = fail_at
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        self.appends += 1
+        if self.appends == self.fail_at:
+            raise LogError("disk full")
+        super().append_encoded(batch, snapshots=snapshots)
+
+
+def test_a_failing_log_ends_the_run_with_its_error_and_delivers_nothing_uncommitted() -> None:
+    log = FailingLog(fail_at=3)
+    seen: list[tuple[int, int]] = []
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(100)),
+        ActorSpec(name="echo", factory=lambda: WatchfulEcho(log, seen, 100), driver=True),
+    ]
+    with pytest.raises(LogError, match="disk full"):
+        run_runtime(specs, RuntimeConfig(batch_max=4), log=log)
+    assert all(seq < committed for seq, committed in seen)
+    assert log.appends == 3  # nothing is appended after the failure
+    assert not any(t.name == "coevo-writer" for t in threading.enumerate())
+
+
+class IntervalProbe(Actor):
+    def __init__(self, seen: list[float]) -> None:
+        self.seen = seen
+
+    async def run(self, ctx: Context) -> None:
+        self.seen.append(sys.getswitchinterval())
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.0007])
+def test_switch_interval_holds_for_the_run_only(interval: float) -> None:
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    specs = [ActorSpec(name="probe", factory=lambda: IntervalProbe(seen), driver=True)]
+    run_runtime(specs, RuntimeConfig(switch_interval=interval))
+    assert seen == [pytest.approx(interval or before)]
+    assert sys.getswitchinterval() == before

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine.errors import SequenceConflict
+from engine.errors import LogError, SequenceConflict
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted, ActorStarted, RunStopped
 from stores import lmdb_log
@@ -158,6 +158,19 @@ class LogVsTwin(RuleBasedStateMachine):
             self.writer.put_snapshot(name, upto, data)
         for at in (upto, upto + 3):
             assert self.writer.get_snapshot(name, at) == self.twin.get_snapshot(name, at)
+
+    @rule(evs=batches, upto=seqs, data=st.binary(max_size=8), name=st.sampled_from(["a", "b"]))
+    def append_with_snapshot(self, evs: list[Event], upto: int, data: bytes, name: str) -> None:
+        """A batch and a snapshot commit together, or (``upto`` outside the log) neither does."""
+        batch = envelopes(self.twin.next_seq, evs)
+        refused = set[str]()
+        for label, log in (("twin", self.twin), ("lmdb", self.writer)):
+            try:
+                log.append(batch, snapshots=[(name, upto, data)])
+            except LogError:
+                refused.add(label)
+        assert refused in (set(), {"twin", "lmdb"})
+        assert self.writer.get_snapshot(name, upto) == self.twin.get_snapshot(name, upto)
 
     @invariant()
     def same_next_seq(self) -> None:

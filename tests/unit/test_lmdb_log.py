@@ -345,6 +345,52 @@ def test_record_of_unknown_event_kind_is_reported(path: Path) -> None:
             list(log.read())
 
 
+def test_record_whose_parts_do_not_add_up_is_corrupted(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 2))
+        log.append(envelopes(2, 3))
+    key = (2).to_bytes(8, "big")
+    raw_put(path, b"events", key, sealed_record(key, 4, raw_get(path, b"events", key)[8:]))
+    with LmdbEventLog.open(path) as log:
+        assert log.verify().first_bad == 2
+        with pytest.raises(LogCorrupted, match="holds 3 events, its header says 4") as info:
+            list(log.read(0, 5))
+        assert info.value.seq == 2
+
+
+def test_records_hold_their_batch_in_parts(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lmdb_log, "RECORD_PART", 3)
+    monkeypatch.setattr(lmdb_log, "READ_CHUNK", 4)
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        log.append(envelopes(0, 10))
+        log.append(envelopes(10, 5))
+    parts = msgspec.msgpack.decode(raw_get(path, b"events", bytes(8))[8:])
+    assert [len(part) for part in parts] == [3, 3, 3, 1]
+    with LmdbEventLog.open(path) as log:
+        for start in range(16):
+            for stop in range(start, 17):
+                chunks = list(log.read_chunks(start, stop))
+                assert all(0 < len(chunk) <= 3 for chunk in chunks)
+                assert [env for chunk in chunks for env in chunk] == envelopes(0, 15)[start:stop]
+
+
+def test_format_1_log_is_read_and_appended_to_in_its_format(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log written before records were split into parts (format 1: a record is one array of
+    envelopes) reads as before and keeps that layout when a newer writer appends to it."""
+    monkeypatch.setattr(lmdb_log, "LOG_FORMAT", 1)
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        log.append(envelopes(0, 600))
+    monkeypatch.undo()
+    with LmdbEventLog.open(path, writable=True, durable=False) as log:
+        log.append(envelopes(600, 5))
+        assert list(log.read()) == envelopes(0, 605) and log.verify().ok
+    for first, count in ((0, 600), (600, 5)):
+        stored = msgspec.msgpack.decode(raw_get(path, b"events", first.to_bytes(8, "big"))[8:])
+        assert [env[0] for env in stored] == list(range(first, first + count))  # envelopes
+
+
 def test_corrupted_snapshot_and_meta_are_reported(path: Path) -> None:
     with LmdbEventLog.create(path, META) as log:
         log.append(envelopes(0, 5))
