@@ -10,7 +10,7 @@ Every number comes from the run logs this script writes under ``--runs`` (defaul
 - curves: ``scenarios/grpo.toml`` for each ``--seeds``; held-out success per evaluation round
   and train success per block, per seed and their mean.
 - rollout: env steps/s of policy rollouts (no learning) with ``--workers`` concurrent env
-  workers and batched inference, against one worker with unbatched inference (batch of 1),
+  workers (8 and 32) and batched inference, against one worker with unbatched inference,
   same episodes, same model.
 - sync: the quickstart's GRPO budget through coevo (actors, durable log) and through
   ``bench/grpo_sync.py`` (a plain synchronous loop, no actors, no log), same model, same
@@ -20,7 +20,6 @@ Every number comes from the run logs this script writes under ``--runs`` (defaul
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -136,17 +135,22 @@ def part_rollout(args: argparse.Namespace) -> list[str]:
         f"run.episodes={args.rollout_episodes}",
         *args.set,
     ]
+    configs = [("1 worker, unbatched (batch_max 1)", ["run.workers=1", "policy.batch_max=1"])]
+    configs += [
+        (f"{n} workers, batched (batch_max {n})", [f"run.workers={n}", f"policy.batch_max={n}"])
+        for n in args.workers
+    ]
     rows = []
-    for label, extra in (
-        (f"{args.workers} workers, batched (batch_max 16)", [f"run.workers={args.workers}"]),
-        ("1 worker, unbatched (batch_max 1)", ["run.workers=1", "policy.batch_max=1"]),
-    ):
+    for label, extra in configs:
         envs = run(args.quickstart, args.runs / f"rollout-{len(rows)}", base + extra)
         n, secs = steps(envs), wall_seconds(envs)
         rows.append((label, n, secs, n / secs))
     lines = ["| rollout | env steps | wall | env steps/s |", "|---|---:|---:|---:|"]
     lines += [f"| {label} | {n} | {secs:.1f} s | {rate:.0f} |" for label, n, secs, rate in rows]
-    lines.append(f"\nSpeed-up of batched inference: {rows[0][3] / rows[1][3]:.2f}x.")
+    lines.append("")
+    lines += [
+        f"{label}: {rate / rows[0][3]:.2f}x one unbatched worker." for label, _, _, rate in rows[1:]
+    ]
     return lines
 
 
@@ -201,7 +205,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "grpo.toml")
     parser.add_argument("--quickstart", type=Path, default=ROOT / "scenarios" / "quickstart.toml")
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rollout-episodes", type=int, default=200)
     parser.add_argument("--set", action="append", default=[], help="extra scenario overrides")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench")
@@ -222,7 +226,7 @@ def main() -> None:
             + "\n"
         )
         print("\n".join(report[part]))
-    (args.out / "last_run.json").write_text(json.dumps({"parts": parts, "runs": str(args.runs)}))
+    print(f"runs: {args.runs}; fragments: {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
