@@ -109,9 +109,15 @@ def plot_seeds(per_seed: dict[int, Curves], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     for seed, c in per_seed.items():
         xs = [row[0] for row in c.heldout]
-        ax.plot(xs, [row[2] for row in c.heldout], marker="o", label=f"held-out, seed {seed}")
+        (line,) = ax.plot(
+            xs, [row[2] for row in c.heldout], marker="o", label=f"held-out, seed {seed}"
+        )
         ax.plot(
-            [row[0] for row in c.train], [row[1] for row in c.train], alpha=0.35, linestyle="--"
+            [row[0] for row in c.train],
+            [row[1] for row in c.train],
+            alpha=0.35,
+            linestyle="--",
+            color=line.get_color(),
         )
     ax.set_xlabel("training episodes")
     ax.set_ylabel("success")
