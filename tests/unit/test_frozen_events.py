@@ -26,6 +26,13 @@ def test_every_event_type_has_frozen_bytes() -> None:
     assert not missing, f"add frozen samples for new event types: {sorted(missing)}"
 
 
+def test_every_frozen_event_type_is_registered_by_the_entry_points() -> None:
+    """A module missing from ``[project.entry-points."coevo.events"]`` (or stale install
+    metadata) would make its logs unreadable by the CLI."""
+    unregistered = set(FROZEN) - project_event_tags()
+    assert not unregistered, f"not registered through coevo.events: {sorted(unregistered)}"
+
+
 @pytest.mark.parametrize("tag", sorted(FROZEN))
 def test_frozen_bytes_decode_to_the_same_facts(tag: str) -> None:
     sample = FROZEN[tag]
