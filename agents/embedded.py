@@ -69,6 +69,7 @@ import transformers
 from tokenizers import models, pre_tokenizers, trainers
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
+from agents.policy import generate, score_and_choose
 from agents.prompts import (
     Message,
     Step,
@@ -515,40 +516,7 @@ def model_config(spec: EmbeddedSpec, tokenizer: Any) -> Qwen2Config:
 
 
 # ---------------------------------------------------------------------------------------------
-# Using a model: scoring actions, greedy notes, the quality checks
-
-
-@torch.inference_mode()
-def score_responses(
-    model: Any, prompt: Sequence[int], responses: Sequence[Sequence[int]], pad_id: int
-) -> list[float]:
-    """The log-probability of each response (its tokens summed) after ``prompt``; the prompt
-    runs once and the responses share its cache."""
-    out = model(input_ids=torch.tensor([list(prompt)]), use_cache=True)
-    first = torch.log_softmax(out.logits[0, -1].float(), -1)  # (V,)
-    width = max(len(r) for r in responses)
-    ids = torch.full((len(responses), width), pad_id, dtype=torch.long)  # (B, R)
-    mask = torch.zeros((len(responses), width))  # (B, R)
-    for b, response in enumerate(responses):
-        ids[b, : len(response)] = torch.tensor(list(response))
-        mask[b, : len(response)] = 1
-    out.cache.batch_repeat_interleave(len(responses))
-    attention = torch.cat([torch.ones((len(responses), len(prompt))), mask], 1).long()
-    logits = model(input_ids=ids, attention_mask=attention, cache=out.cache).logits  # (B, R, V)
-    rest = next_token_losses(logits, ids) * mask[:, 1:]  # (B, R-1)
-    return (first[ids[:, 0]] - rest.sum(1)).tolist()
-
-
-@torch.inference_mode()
-def greedy_response(model: Any, prompt: Sequence[int], eos_id: int, max_new: int) -> list[int]:
-    """The greedy continuation of ``prompt`` up to end-of-message (excluded), at most
-    ``max_new`` tokens."""
-    out = model(input_ids=torch.tensor([list(prompt)]), use_cache=True)
-    ids: list[int] = []
-    while len(ids) < max_new and (token := int(out.logits[0, -1].argmax())) != eos_id:
-        ids.append(token)
-        out = model(input_ids=torch.tensor([[token]]), cache=out.cache, use_cache=True)
-    return ids
+# Using a model (through agents.policy): the quality checks
 
 
 class PolicyAgent:
@@ -581,12 +549,16 @@ class PolicyAgent:
         actions = observation.admissible
         responses = [encode_response(self._tok, a) for a in actions]
         prompt = encode_prompt(self._tok, messages)
-        scores = score_responses(self._model, prompt, responses, self._tok.pad_token_id)
-        if self._rng is None:
-            self._last = actions[max(range(len(actions)), key=scores.__getitem__)]
-        else:
-            weights = [math.exp(score - max(scores)) for score in scores]
-            self._last = self._rng.choices(actions, weights=weights)[0]
+        (choice,) = score_and_choose(
+            self._model,
+            [prompt],
+            [responses],
+            [self._rng or random.Random(0)],  # greedy draws nothing from it
+            temperature=0.0 if self._rng is None else 1.0,
+            pad_id=self._tok.pad_token_id,
+            device=torch.device("cpu"),
+        )
+        self._last = actions[choice.index]
         return self._last
 
 
@@ -637,9 +609,17 @@ def note_check(model: Any, tokenizer: Any, world: TextWorld, spec: EmbeddedSpec)
     for episode, prompt in zip(episodes, prompts, strict=True):
         target = hindsight_note(episode.transcript)
         room = min(len(tokenizer.encode(target)) + 16, spec.max_positions - len(prompt))
-        note = decode_response(
-            tokenizer, greedy_response(model, prompt, tokenizer.eos_token_id, room)
+        ((ids, _),) = generate(
+            model,
+            [prompt],
+            [random.Random(0)],  # greedy draws nothing from it
+            temperature=0.0,
+            max_new_tokens=room,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            device=torch.device("cpu"),
         )
+        note = decode_response(tokenizer, ids)
         exact.append(note == target)
         same.append(parse_note(note) == parse_note(target))
         if parse_note(target)[0]:

@@ -4,6 +4,7 @@ cache, the lock, a falling loss, and that a partial build is never returned."""
 from __future__ import annotations
 
 import json
+import random
 import threading
 from pathlib import Path
 
@@ -20,9 +21,9 @@ from agents.embedded import (
     collate,
     ensure_embedded,
     next_token_losses,
-    score_responses,
     split_words,
 )
+from agents.policy import score_and_choose
 from agents.prompts import encode_prompt, encode_response, turn_messages
 
 TINY = EmbeddedSpec(
@@ -177,14 +178,23 @@ def test_threads_are_checked_and_restored(tmp_path: Path, monkeypatch: pytest.Mo
     assert torch.get_num_threads() == before
 
 
-def test_scoring_with_a_shared_prompt_cache_equals_full_forwards(built) -> None:
+def test_packed_scoring_equals_full_forwards(built) -> None:
     path, _ = built
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     prompt = encode_prompt(tokenizer, turn_messages("heat the clay jug.", [], "you see an oven."))
     actions = ["look", "take clay jug", "put clay jug in oven", "turn on oven"]
     responses = [encode_response(tokenizer, a) for a in actions]
-    scores = score_responses(model, prompt, responses, tokenizer.pad_token_id)
+    (choice,) = score_and_choose(
+        model,
+        [prompt],
+        [responses],
+        [random.Random(0)],
+        temperature=1.0,
+        pad_id=tokenizer.pad_token_id,
+        device=torch.device("cpu"),
+    )
+    scores = list(choice.scores)
     samples = [Sample("turn", tuple(prompt), tuple(r)) for r in responses]
     ids, attention, response, _ = collate(samples, tokenizer.pad_token_id)
     with torch.inference_mode():
