@@ -132,7 +132,7 @@ class GrpoTrainer(Actor):
         self._free: list[str] = []
         self._groups: dict[str, _Group] = {}
         self._owner: dict[str, str] = {}  # episode -> group
-        self._done: list[str] = []  # completed groups not yet trained on
+        # completed groups not yet trained on, in completion order
         self._pending: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {}
         self._rounds: dict[str, _Round] = {}  # episode -> its eval round
         self._index = 0
@@ -281,18 +281,16 @@ class GrpoTrainer(Actor):
             )
         )
         del self._groups[gid]
-        self._done.append(gid)
         self._pending[gid] = (tuple(episodes), tuple(advantages))
-        if len(self._done) == self._grpo.groups_per_update:
+        if len(self._pending) == self._grpo.groups_per_update:
             await self._request(ctx)
 
     async def _request(self, ctx: Context) -> None:
         episodes: list[str] = []
         advantages: list[float] = []
-        for gid in self._done:
-            eps, advs = self._pending.pop(gid)
+        for eps, advs in self._pending.values():
             episodes += eps
             advantages += advs
-        self._done = []
+        self._pending.clear()
         await ctx.emit(gradient_request(self._grpo, self._requested, episodes, advantages))
         self._requested += 1
