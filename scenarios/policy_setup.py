@@ -14,8 +14,10 @@ import msgspec
 import torch
 
 from agents.embedded import EmbeddedSpec, ensure_embedded
+from agents.embedder import make_embedder
 from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.learner import Learner, Trainee
+from agents.memory import MemoryActor, MemorySettings
 from engine.actor import ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.schema import Scenario
@@ -29,6 +31,7 @@ from stores.checkpoints import (
 
 INFERENCE = "inference"
 LEARNER = "learner"
+MEMORY = "memory"
 
 
 def policy_actors(
@@ -68,10 +71,24 @@ def _policy_actors(
             ),
         )
     ]
-    if scenario.run.method == "grpo":
+    if scenario.run.method == "empo2":
+        specs.append(memory_actor(scenario))
+    if scenario.run.method in ("grpo", "empo2"):
         load_trainee = partial(load_trainee_for, scenario, model)
         specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
     return specs
+
+
+def memory_actor(scenario: Scenario) -> ActorSpec:
+    """EMPO2's memory actor with the scenario's embedder and bank rules."""
+    e = scenario.empo2
+    settings = MemorySettings(
+        capacity=e.capacity, threshold=e.threshold, top_k=e.top_k, index=e.index
+    )
+    return ActorSpec(
+        name=MEMORY,
+        factory=partial(MemoryActor, partial(make_embedder, e.embedder), settings),
+    )
 
 
 def policy_model_dir(scenario: Scenario, source: str) -> Path:
@@ -112,7 +129,12 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     device = resolve_device(p.device)
     net, tokenizer = load_model_dir(model, device)
     settings = ActSettings(
-        mode=p.mode, temperature=p.temperature, max_new_tokens=p.max_new_tokens, device=device
+        mode=p.mode,
+        temperature=p.temperature,
+        max_new_tokens=p.max_new_tokens,
+        tip_tokens=scenario.empo2.tip_tokens,
+        tip_temperature=scenario.empo2.tip_temperature,
+        device=device,
     )
     return PolicyRunner(net, tokenizer, settings)
 
