@@ -27,6 +27,8 @@ from agents.episode_events import (
     EpisodeStarted,
     StepTaken,
 )
+from agents.extraction import extract_messages
+from agents.extractor_events import ExtractionRequested
 from agents.memory_events import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
 from agents.policy_events import ActionRequested, ActionSampled
 from agents.prompts import Step, reflection_messages, state_text, turn_messages
@@ -151,6 +153,8 @@ class EnvWorker(Actor):
             turn += 1
         if isinstance(agent, _PolicyAgent) and job.reflect:
             await agent.reflect(obs)
+        if isinstance(agent, _PolicyAgent) and job.extract:
+            await agent.extract(obs)
         await ctx.emit(
             EpisodeFinished(
                 episode=job.episode,
@@ -184,14 +188,20 @@ class _PolicyAgent:
         self._prompt = prompt
         self._goal = first.goal
         self._first = first.text
-        self._slot = slot_of(job.scope, job.family, job.variant)
+        guided = job.rollout.startswith("guided")
+        self._slot = slot_of(job.scope, job.family, None if guided else job.variant)
+        self._entry: TipsRetrieved | None = None  # the bank entry of a guided episode
         self.history: list[Step] = []
 
     async def act(self, obs: Observation, turn: int) -> str:
         job = self._job
         tips: tuple[str, ...] = ()
-        if job.rollout != "plain":
-            tips = await self._tips(obs, turn)
+        if job.rollout.startswith("guided"):
+            if self._entry is None:
+                self._entry = await self._retrieve(obs, turn, rule="diverse", k=1)
+            tips = self._entry.tips
+        elif job.rollout != "plain":
+            tips = (await self._retrieve(obs, turn)).tips
         messages = turn_messages(
             self._goal,
             self.history,
@@ -216,7 +226,9 @@ class _PolicyAgent:
         assert isinstance(answer, ActionSampled)
         return answer.action
 
-    async def _tips(self, obs: Observation, turn: int) -> tuple[str, ...]:
+    async def _retrieve(
+        self, obs: Observation, turn: int, rule: str = "threshold", k: int = 0
+    ) -> TipsRetrieved:
         job = self._job
         await self._ctx.emit(
             RetrievalRequested(
@@ -225,11 +237,34 @@ class _PolicyAgent:
                 turn=turn,
                 slot=self._slot,
                 query=state_text(self._goal, self.history, obs.text, window=self._prompt.window),
+                rule=rule,
+                k=k,
             )
         )
         found = await self._wait(TipsRetrieved, turn)
         assert isinstance(found, TipsRetrieved)
-        return found.tips
+        return found
+
+    async def extract(self, last: Observation) -> None:
+        """Send the finished episode to the extractor's queue, with the entry it was shown."""
+        job = self._job
+        used = self._entry
+        entry = (used.tip_ids[0], used.tips[0]) if used is not None and used.tip_ids else None
+        messages = extract_messages(
+            self._goal, self._first, self.history, success=last.success, entry=entry
+        )
+        await self._ctx.emit(
+            ExtractionRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                slot=slot_of(job.scope, job.family),
+                entry=entry[0] if entry else -1,
+                messages=tuple((m["role"], m["content"]) for m in messages),
+                success=last.success,
+                score=last.score,
+                seed=derive_seed(job.seed, "extract"),
+            )
+        )
 
     async def reflect(self, last: Observation) -> None:
         """Ask the policy for a tip on the finished episode (answered to the memory actor)."""

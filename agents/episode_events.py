@@ -19,7 +19,10 @@ class EpisodeAssigned(Event, tag="episode_assigned", frozen=True, kw_only=True):
     ``rollout`` is "plain" (no memory), "tips" (tips retrieved each turn, trained on as shown)
     or "distill" (tips retrieved each turn, trained on with the tips removed from the prompt);
     ``scope`` is the memory the episode reads and writes (see ``agents.memory_events``);
-    ``reflect`` asks the policy for a tip on the finished episode.
+    ``reflect`` asks the policy for a tip on the finished episode. Complementary RL's: rollout
+    "guided" (one bank entry, retrieved at the start from the family's partition, shown every
+    turn) or "guided-distill" (the same, trained on with the entry removed); ``extract`` sends
+    the finished episode to the extractor.
     """
 
     episode: str
@@ -33,6 +36,7 @@ class EpisodeAssigned(Event, tag="episode_assigned", frozen=True, kw_only=True):
     rollout: str = "plain"
     scope: str = ""
     reflect: bool = False
+    extract: bool = False
 
 
 @event

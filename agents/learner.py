@@ -285,5 +285,5 @@ def _collect(
             if version - turn.policy_version > req.max_staleness:
                 stale += 1
             else:
-                samples.append(Sample(turn, adv, distill=rollout == "distill"))
+                samples.append(Sample(turn, adv, distill=rollout.endswith("distill")))
     return samples, stale

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from agents.advantages import group_advantages, group_stats
+from agents.advantages import group_advantages, group_stats, subgroup_advantages, subgroup_weights
 from agents.empo2 import intrinsic_reward, rollout_of
 from agents.episode_events import EpisodeAborted, EpisodeAssigned, EpisodeFinished
+from agents.extractor_events import MergeDue
 from agents.memory_events import TipRejected, TipsRetrieved, TipStored
 from agents.policy_events import (
     AdaptRoundFinished,
@@ -42,7 +43,7 @@ from agents.policy_events import (
 from agents.scheduler import episode_id, plan_episode
 from engine.actor import Actor, Context
 from engine.seeds import derive_seed
-from scenarios.schema import Empo2Config, EvalConfig, GrpoConfig
+from scenarios.schema import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from scenarios.worlds.base import Task
 
 ADV_EPS = 1e-6
@@ -102,8 +103,10 @@ def gradient_request(
     )
 
 
-def rule_name(grpo: GrpoConfig) -> str:
+def rule_name(grpo: GrpoConfig, comp: ComplementaryConfig | None = None) -> str:
     """The advantage formula's name, as recorded in :class:`AdvantagesComputed`."""
+    if comp is not None:
+        return f"subgroup-{'std' if comp.subgroup_std else 'mean'}-weighted-{grpo.reward}"
     return f"grpo-{'std' if grpo.std_norm else 'mean'}-{grpo.reward}"
 
 
@@ -135,7 +138,12 @@ class GrpoTrainer(Actor):
         workers: env worker names.
         grpo: the GRPO settings.
         evaluation: the evaluation settings.
-        empo2: EMPO2's settings, or None for plain GRPO.
+        empo2: EMPO2's settings, or None.
+        complementary: Complementary RL's settings, or None. Each group is split into a guided
+            half (one bank entry shown) and a free half, with subgroup advantages; every
+            training episode goes to the extractor; the first ``warmup`` steps (a step is one
+            update's worth of groups) retrieve nothing and train nothing; a merge is due every
+            ``merge_every`` steps.
     """
 
     subscribes = (
@@ -156,12 +164,14 @@ class GrpoTrainer(Actor):
         grpo: GrpoConfig,
         evaluation: EvalConfig,
         empo2: Empo2Config | None = None,
+        complementary: ComplementaryConfig | None = None,
     ) -> None:
         per_update = grpo.group_size * grpo.groups_per_update
-        if episodes < per_update:
+        warmup = complementary.warmup if complementary else 0
+        if episodes < per_update * (warmup + 1):
             raise ValueError(
-                f"run.episodes = {episodes} is less than one update "
-                f"(group_size * groups_per_update = {per_update})"
+                f"run.episodes = {episodes} is less than {warmup} warm-up steps and one update "
+                f"(group_size * groups_per_update = {per_update} episodes each)"
             )
         if not tasks or not workers:
             raise ValueError("the trainer needs tasks and workers")
@@ -172,7 +182,10 @@ class GrpoTrainer(Actor):
         self._adapt_tasks = (
             eval_tasks(heldout, evaluation.adapt_tasks) if evaluation.adapt_attempts else []
         )
-        self._updates = episodes // per_update
+        self._steps = episodes // per_update
+        self._warmup = warmup
+        self._updates = self._steps - warmup
+        self._comp = complementary
         self._workers = tuple(workers)
         self._grpo = grpo
         self._eval = evaluation
@@ -190,6 +203,7 @@ class GrpoTrainer(Actor):
         self._index = 0
         self._planned = 0
         self._requested = 0
+        self._stepped = 0  # steps whose groups all ended (warm-up included)
         self._version = 0
         self._round = 0
 
@@ -237,8 +251,8 @@ class GrpoTrainer(Actor):
         """Plan what may start, then hand queued episodes to free workers."""
         per = self._grpo.groups_per_update
         while (
-            self._planned < self._updates * per
-            and self._version >= self._planned // per - self._grpo.max_staleness
+            self._planned < self._steps * per
+            and self._version >= self._planned // per - self._warmup - self._grpo.max_staleness
             and len(self._queue) < len(self._free)
         ):
             self._plan_group(ctx)
@@ -252,8 +266,8 @@ class GrpoTrainer(Actor):
         task, _ = plan_episode(ctx.run_seed, g, self._tasks)
         gid = f"g{g:05d}"
         group = _Group(task=task, episodes=[], rollouts=[])
-        for _ in range(self._grpo.group_size):
-            rollout = self._rollout(ctx, g // self._grpo.groups_per_update, self._index)
+        for k in range(self._grpo.group_size):
+            rollout = self._rollout(ctx, g // self._grpo.groups_per_update, self._index, k)
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
             group.episodes.append(job.episode)
             group.rollouts.append(rollout)
@@ -264,11 +278,14 @@ class GrpoTrainer(Actor):
         self._groups[gid] = group
         self._planned += 1
 
-    def _rollout(self, ctx: Context, update: int, index: int) -> str:
+    def _rollout(self, ctx: Context, step: int, index: int, member: int) -> str:
+        if self._comp is not None:
+            guided = step >= self._warmup and member < self._grpo.group_size // 2
+            return self._comp.guided_rollout if guided else "plain"
         e = self._empo2
         if e is None:
             return "plain"
-        key = update if e.draw == "update" else index
+        key = step if e.draw == "update" else index
         return rollout_of(ctx.run_seed, e.draw, key, e.p, e.q)
 
     def _job(
@@ -294,9 +311,8 @@ class GrpoTrainer(Actor):
             purpose=purpose,
             rollout=rollout,
             scope=scope,
-            reflect=(self._empo2 is not None and purpose == "train")
-            if reflect is None
-            else reflect,
+            reflect=self._reflects(purpose) if reflect is None else reflect,
+            extract=self._comp is not None and purpose == "train",
         )
 
     def _reflects(self, purpose: str) -> bool:
@@ -410,7 +426,7 @@ class GrpoTrainer(Actor):
                     episodes=n,
                     success=r.successes / n,
                     score=r.score / n,
-                    train_episodes=self._requested * self._per_update(),
+                    train_episodes=self._stepped * self._per_update(),
                 )
             )
 
@@ -427,33 +443,41 @@ class GrpoTrainer(Actor):
             self._similar.pop(e, None)
         coef = self._empo2.novelty_coef if self._novelty() else 0.0
         rewards = [o + coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
-        advantages = (
-            group_advantages(rewards, std_norm=self._grpo.std_norm, eps=ADV_EPS) if rewards else []
-        )
+        advantages = self._advantages(rewards, rollouts)
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)
         await ctx.emit(
             AdvantagesComputed(
                 group=gid,
-                update=self._requested,
+                update=self._stepped - self._warmup,
                 family=group.task.family,
                 variant=group.task.variant,
                 episodes=tuple(episodes),
                 rewards=tuple(rewards),
                 advantages=tuple(advantages),
-                rule=rule_name(self._grpo),
+                rule=rule_name(self._grpo, self._comp),
                 eps=ADV_EPS,
                 mean=mean,
                 std=std,
                 outcomes=tuple(outcomes) if self._novelty() else (),
                 intrinsic=tuple(intrinsic) if self._novelty() else (),
                 intrinsic_coef=coef,
-                rollouts=tuple(rollouts) if self._empo2 else (),
+                rollouts=tuple(rollouts) if self._empo2 or self._comp else (),
             )
         )
         del self._groups[gid]
         self._pending[gid] = (tuple(episodes), tuple(advantages), tuple(rollouts))
         if len(self._pending) == self._grpo.groups_per_update:
             await self._request(ctx)
+
+    def _advantages(self, rewards: list[float], rollouts: list[str]) -> list[float]:
+        """GRPO's group advantages, or Complementary RL's weighted subgroup advantages."""
+        if not rewards:
+            return []
+        if self._comp is None:
+            return group_advantages(rewards, std_norm=self._grpo.std_norm, eps=ADV_EPS)
+        guided = [r.startswith("guided") for r in rollouts]
+        adv = subgroup_advantages(rewards, guided, std_norm=self._comp.subgroup_std, eps=ADV_EPS)
+        return [a * w for a, w in zip(adv, subgroup_weights(guided), strict=True)]
 
     def _novelty(self) -> bool:
         return self._empo2 is not None and self._empo2.novelty
@@ -474,12 +498,18 @@ class GrpoTrainer(Actor):
             advantages += advs
             rollouts += rolls
         self._pending.clear()
+        step = self._stepped
+        self._stepped += 1
+        if self._comp is not None and (step + 1) % self._comp.merge_every == 0:
+            await ctx.emit(MergeDue(step=step))
+        if step < self._warmup:
+            return  # warm-up: the bank fills, the policy waits
         req = gradient_request(
             self._grpo,
             self._requested,
             episodes,
             advantages,
-            rollouts if self._empo2 else (),
+            rollouts if self._empo2 or self._comp else (),
             self._empo2,
         )
         await ctx.emit(req)

@@ -30,7 +30,7 @@ from scenarios.worlds.registry import load_world
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
-LEARNING = ("grpo", "empo2")
+LEARNING = ("grpo", "empo2", "complementary")
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,7 @@ def _trainer(
             scenario.grpo,
             scenario.eval,
             scenario.empo2 if scenario.run.method == "empo2" else None,
+            scenario.complementary if scenario.run.method == "complementary" else None,
         )
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run: {exc}") from None

@@ -53,12 +53,14 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         workers: concurrent env workers.
         method: "rollout" (play, no learning), "grpo" (learn with GRPO) or "empo2" (GRPO's
             loss with EMPO2's tip memory, rollout modes and novelty bonus: the ``[empo2]``
-            section); learning needs ``agent.kind = "policy"``.
+            section) or "complementary" (Complementary RL: an extractor model writes the
+            bank, guided and free subgroups, credit; the ``[complementary]`` section); learning
+            needs ``agent.kind = "policy"``.
     """
 
     episodes: Annotated[int, Meta(ge=1, le=10_000_000)] = 100
     workers: Annotated[int, Meta(ge=1, le=256)] = 4
-    method: Literal["rollout", "grpo", "empo2"] = "rollout"
+    method: Literal["rollout", "grpo", "empo2", "complementary"] = "rollout"
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -198,6 +200,61 @@ class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     novelty_coef: Annotated[float, Meta(ge=0, le=100)] = 0.1
 
 
+class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Complementary RL (``run.method = "complementary"``): the extractor, its bank and credit.
+
+    Attributes:
+        extractor: the extractor's starting weights: "embedded" (a copy of the embedded base
+            model, which was pre-trained to write notes) or a local Hugging Face model path.
+        guided_rollout: "guided" (the entry stays in the prompt the actor is trained on) or
+            "guided-distill" (combined with EMPO2's off-policy distillation: trained without).
+        warmup: steps (an update's worth of groups each) with no retrieval and no actor update
+            while the bank fills.
+        merge_every: steps between merge passes over the bank.
+        merge_chunk: entries per merge request.
+        subgroup_std: divide the subgroup advantages by their std (released code: mean-only).
+        embedder, index: as in ``[empo2]``.
+        capacity: entries per family partition (FIFO).
+        lam: weight of the retrieval-count penalty in the re-ranking.
+        recent: an entry picked in its partition's last ``recent`` retrievals is penalised.
+        pool: candidates re-ranked per entry retrieved.
+        temperature, max_new_tokens, max_ops: how the extractor writes.
+        plain_add: read an answer with no operation syntax as one ``add`` of its text.
+        batch: credited calls per extractor update.
+        lr, clip_low, clip_high, max_grad_norm: the extractor's CISPO update.
+        alpha, cooldown: the count-aware reweighting.
+        credit: "success" (+1 / -1 per guided episode, the paper's) or "score"
+            (``2 * score - 1``).
+        merge_max: most merge chunks per partition per pass (the newest entries).
+    """
+
+    extractor: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
+    guided_rollout: Literal["guided", "guided-distill"] = "guided"
+    warmup: Annotated[int, Meta(ge=0, le=10_000)] = 5
+    merge_every: Annotated[int, Meta(ge=1, le=10_000)] = 5
+    merge_chunk: Annotated[int, Meta(ge=2, le=100)] = 5
+    subgroup_std: bool = False
+    embedder: Literal["minilm", "hashing"] = "minilm"
+    index: Literal["usearch", "exact"] = "usearch"
+    capacity: Annotated[int, Meta(ge=1, le=10_000_000)] = 20_000
+    lam: Annotated[float, Meta(ge=0, le=100)] = 0.4
+    recent: Annotated[int, Meta(ge=0, le=1_000_000)] = 8
+    pool: Annotated[int, Meta(ge=1, le=1000)] = 16
+    temperature: Annotated[float, Meta(ge=0, le=10)] = 1.0
+    max_new_tokens: Annotated[int, Meta(ge=1, le=4096)] = 64
+    max_ops: Annotated[int, Meta(ge=1, le=100)] = 3
+    plain_add: bool = True
+    batch: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
+    lr: Annotated[float, Meta(gt=0, le=1)] = 1e-4
+    clip_low: Annotated[float, Meta(gt=0, lt=1)] = 0.1
+    clip_high: Annotated[float, Meta(gt=0, le=10)] = 0.1
+    max_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
+    alpha: Annotated[float, Meta(ge=0, le=100)] = 0.5
+    cooldown: Annotated[int, Meta(ge=0, le=1_000_000)] = 1
+    credit: Literal["success", "score"] = "success"
+    merge_max: Annotated[int, Meta(ge=1, le=1_000_000)] = 16
+
+
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Engine knobs (see ``engine.runtime.RuntimeConfig``) and supervision.
 
@@ -244,5 +301,6 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     grpo: GrpoConfig = msgspec.field(default_factory=GrpoConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     empo2: Empo2Config = msgspec.field(default_factory=Empo2Config)
+    complementary: ComplementaryConfig = msgspec.field(default_factory=ComplementaryConfig)
     runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agents.extractor_events import ExtractorCalled
 from agents.memory import MemorySettings, TipBank
 from agents.memory_events import (
     RetrievalRequested,
@@ -121,7 +122,70 @@ def test_slots_are_separate_and_an_empty_slot_answers_nothing(bank: TipBank) -> 
 
 
 def test_settings_reject_nonsense() -> None:
-    with pytest.raises(ValueError, match="capacity and top_k"):
+    with pytest.raises(ValueError, match="capacity, top_k and pool"):
         MemorySettings(capacity=0)
     with pytest.raises(ValueError, match="threshold"):
         MemorySettings(threshold=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Complementary RL: extractor operations and diversified retrieval
+
+
+def called(*ops: tuple[str, tuple[int, ...], str], call: str = "x9") -> ExtractorCalled:
+    return ExtractorCalled(
+        call=call,
+        task="extract",
+        source="ep7",
+        slot=SLOT,
+        prompt_ids=(),
+        response_ids=(),
+        token_logps=(),
+        text="",
+        temperature=1.0,
+        extractor_version=0,
+        ops=ops,
+    )
+
+
+def test_operations_add_replace_and_discard_with_their_lineage() -> None:
+    bank = TipBank(MemorySettings(index="exact"), dim=3)
+    out = bank.apply(
+        called(("add", (), "a"), ("add", (), "b"), ("return", (), "")),
+        [unit(1, 0, 0), unit(0, 1, 0)],
+    )
+    assert [(e.tip_id, e.call, e.parents) for e in out] == [(0, "x9", ()), (1, "x9", ())]  # type: ignore[attr-defined]
+    out = bank.apply(called(("merge", (0, 1), "a and b"), call="x10"), [unit(1, 1, 0)])
+    assert out[:2] == [
+        TipEvicted(tip_id=0, slot=SLOT, reason="merge"),
+        TipEvicted(tip_id=1, slot=SLOT, reason="merge"),
+    ]
+    stored = out[2]
+    assert isinstance(stored, TipStored) and (stored.tip_id, stored.parents, stored.call) == (
+        2,
+        (0, 1),
+        "x10",
+    )
+    out = bank.apply(called(("update", (0,), "gone"), ("discard", (2,), "")), [unit(0, 0, 1)])
+    assert out == [
+        TipRejected(episode="ep7", slot=SLOT, reason="gone", call="x9"),
+        TipEvicted(tip_id=2, slot=SLOT, reason="discard"),
+    ]
+    assert bank.size(SLOT) == 0
+
+
+def test_diverse_retrieval_penalises_popular_and_recent_entries() -> None:
+    bank = TipBank(MemorySettings(index="exact", lam=0.4, recent=1), dim=3)
+    bank.apply(called(("add", (), "best"), ("add", (), "second")), [unit(1, 0, 0), unit(1, 0.3, 0)])
+    ask = RetrievalRequested(
+        episode="q", worker="w", turn=0, slot=SLOT, query="", rule="diverse", k=1
+    )
+    first = bank.retrieve(ask, unit(1, 0, 0))
+    assert first.tip_ids == (0,) and first.calls == ("x9",) and first.scores == (0.0,)
+    # "best" was just picked: -0 - 0.4 log 2 - 1 < "second"'s -1
+    second = bank.retrieve(ask, unit(1, 0, 0))
+    assert second.tip_ids == (1,) and second.scores == (-1.0,)
+    # both were picked once; only "second" was picked in the last retrieval (the window of 1)
+    third = bank.retrieve(ask, unit(1, 0, 0))
+    assert third.tip_ids == (0,)
+    assert third.scores == pytest.approx((-0.4 * np.log(2),))
