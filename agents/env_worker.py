@@ -189,7 +189,7 @@ class _PolicyAgent:
         self._goal = first.goal
         self._first = first.text
         guided = job.rollout.startswith("guided")
-        self._slot = slot_of(job.scope, job.family, None if guided else job.variant)
+        self._slot = job.slot or slot_of(job.scope, job.family, None if guided else job.variant)
         self._entry: TipsRetrieved | None = None  # the bank entry of a guided episode
         self.history: list[Step] = []
 

@@ -31,7 +31,7 @@ from agents.advantages import group_advantages, group_stats, subgroup_advantages
 from agents.empo2 import intrinsic_reward, rollout_of
 from agents.episode_events import EpisodeAborted, EpisodeAssigned, EpisodeFinished
 from agents.extractor_events import MergeDue
-from agents.memory_events import TipRejected, TipsRetrieved, TipStored
+from agents.memory_events import TipRejected, TipsRetrieved, TipStored, slot_of
 from agents.policy_events import (
     AdaptRoundFinished,
     AdvantagesComputed,
@@ -269,6 +269,8 @@ class GrpoTrainer(Actor):
         for k in range(self._grpo.group_size):
             rollout = self._rollout(ctx, g // self._grpo.groups_per_update, self._index, k)
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
+            if self._empo2 is not None and self._empo2.memory == "family":
+                job = msgspec.structs.replace(job, slot=slot_of("train", task.family))
             group.episodes.append(job.episode)
             group.rollouts.append(rollout)
             self._owner[job.episode] = gid

@@ -22,8 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from extractor_report import Coevolution, coevolution_table, fold_coevolution, plot_coevolution
 
 from agents.episode_events import EpisodeAssigned, EpisodeFinished
+from agents.extractor_events import ExtractorUpdated
 from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
 from stores.lmdb_log import LmdbEventLog
@@ -157,22 +161,14 @@ def final_eval(run: Path, families: tuple[str, ...], episodes: int) -> tuple[int
 
 
 def final_table(
-    facts: dict[str, list[RunFacts]],
-    finals: dict[tuple[str, int], tuple[int, int]],
-    families: tuple[str, ...],
-    episodes: int,
+    facts: dict[str, list[RunFacts]], finals: dict[tuple[str, int], tuple[int, int]]
 ) -> list[str]:
-    lines = [
-        "| method | "
-        + " | ".join(f"seed {f.seed}" for f in next(iter(facts.values())))
-        + " | pooled |"
-    ]
-    lines.append("|---|" + "---:|" * (len(next(iter(facts.values()))) + 1))
+    lines = ["| method | per seed | pooled |", "|---|---|---:|"]
     for name, runs in facts.items():
-        cells = [rate(*finals[name, f.seed]) for f in runs]
+        cells = ", ".join(f"seed {f.seed}: {rate(*finals[name, f.seed])}" for f in runs)
         w = sum(finals[name, f.seed][0] for f in runs)
         n = sum(finals[name, f.seed][1] for f in runs)
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {rate(w, n)} |")
+        lines.append(f"| {name} | {cells} | {rate(w, n)} |")
     return lines
 
 
@@ -279,6 +275,9 @@ def main() -> None:
     parser.add_argument("--baseline", default="grpo=scenarios/grpo.toml", help="NAME=SCENARIO")
     parser.add_argument("--reuse", action="append", default=[], help="NAME=DIR of NAME-seedN runs")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--seeds-of", action="append", default=[], help="NAME=0,1: other seeds for one method"
+    )
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--hard", nargs="+", default=["circuit"])
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "methods")
@@ -294,9 +293,13 @@ def main() -> None:
     args = parser.parse_args()
     specs = dict(item.split("=", 1) for item in [args.baseline, *args.method])
     where = {name: args.runs for name in specs} | dict(r.split("=", 1) for r in args.reuse)
+    seeds = {name: list(args.seeds) for name in specs}
+    for item in args.seeds_of:
+        name, _, listed = item.partition("=")
+        seeds[name] = [int(x) for x in listed.split(",")]
     jobs = []
     for name, scenario in specs.items():
-        for seed in args.seeds:
+        for seed in seeds[name]:
             out = Path(where[name]) / f"{name}-seed{seed}"
             if read_run(out) is None:
                 if out.exists():
@@ -305,11 +308,14 @@ def main() -> None:
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     facts: dict[str, list[RunFacts]] = {}
+    coevolution: dict[str, list[tuple[int, Coevolution]]] = {}
     for name in specs:
-        for seed in args.seeds:
+        for seed in seeds[name]:
             got = read_run(Path(where[name]) / f"{name}-seed{seed}")
             assert got is not None
             facts.setdefault(name, []).append(fold(name, seed, *got))
+            if any(isinstance(ev, ExtractorUpdated) for ev in got[0]):
+                coevolution.setdefault(name, []).append((seed, fold_coevolution(got[0])))
     hard = tuple(args.hard)
     png = plot(facts, hard, args.out / f"{args.tag}.png")
     lines = [*table(facts, hard), "", *adapt_table(facts), "", f"![]({png.name})"]
@@ -319,15 +325,18 @@ def main() -> None:
                 Path(where[name]) / f"{name}-seed{seed}", hard, args.final_eval
             )
             for name in specs
-            for seed in args.seeds
+            for seed in seeds[name]
         }
         lines += [
             "",
             f"Last policy, {args.final_eval} held-out episodes of {'+'.join(hard)} "
             "each, no memory:",
             "",
-            *final_table(facts, finals, hard, args.final_eval),
+            *final_table(facts, finals),
         ]
+    if coevolution:
+        extractor_png = plot_coevolution(coevolution, args.out / f"{args.tag}_extractor.png")
+        lines += ["", *coevolution_table(coevolution), "", f"![]({extractor_png.name})"]
     (args.out / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

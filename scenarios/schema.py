@@ -182,6 +182,9 @@ class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         novelty: add the intrinsic reward ``1 / (n + 1)`` (mean over an episode's turns) to
             the outcome of tip-mode episodes.
         novelty_coef: its weight.
+        memory: "variant" (one memory slot per task variant, the paper's) or "family" (one per
+            task family: tips written on other variants of the family are found by similarity;
+            for worlds whose variants rarely recur in a run's budget).
     """
 
     p: Annotated[float, Meta(ge=0, le=1)] = 0.25
@@ -198,6 +201,7 @@ class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     low_prob_delta: Annotated[float, Meta(lt=0, ge=-1000)] = -5.0
     novelty: bool = True
     novelty_coef: Annotated[float, Meta(ge=0, le=100)] = 0.1
+    memory: Literal["variant", "family"] = "variant"
 
 
 class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
