@@ -169,8 +169,9 @@ class GrpoTrainer(Actor):
         per_update = grpo.group_size * grpo.groups_per_update
         warmup = complementary.warmup if complementary else 0
         if episodes < per_update * (warmup + 1):
+            steps = f"{warmup} warm-up steps and one update" if warmup else "one update"
             raise ValueError(
-                f"run.episodes = {episodes} is less than {warmup} warm-up steps and one update "
+                f"run.episodes = {episodes} is less than {steps} "
                 f"(group_size * groups_per_update = {per_update} episodes each)"
             )
         if not tasks or not workers:
