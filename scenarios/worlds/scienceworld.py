@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import heapq
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -88,6 +89,12 @@ _STOP_WORDS = frozenset(
 )
 """Words of goal texts too common to say which objects matter."""
 _AMBIGUOUS = "Ambiguous request"
+STABLE_HASH_FLAGS = ("-XX:+UnlockExperimentalVMOptions", "-XX:hashCode=2")
+"""Every object's identity hash is the same constant, so the hash sets ScienceWorld keeps
+objects in iterate in insertion order: room and container contents, and the names that tell
+two objects of one kind apart in valid actions (``yellow paint`` vs ``yellow paint in wood
+cup``), come out the same in every run and every JVM. Without it they vary between resets even
+in one JVM. It cost no measurable speed (docs/ENVIRONMENTS.md)."""
 
 
 class JvmFailed(RuntimeError):
@@ -108,11 +115,11 @@ class JvmHung(JvmFailed):
 def normalise(text: str) -> str:
     """ScienceWorld's text with every list of objects in a fixed order.
 
-    ScienceWorld lists the contents of rooms and containers in an order that changes from run
-    to run for objects of the same name (three wood cups holding different paints). Both forms
-    are sorted: tab-indented lines that follow each other at one indentation, and inline lists
-    (``In the sink is: a, b.``, ``(containing a, b)``, ``you see: a, b.``). Trailing spaces
-    and blank edges are dropped. Everything else is left as it is.
+    ScienceWorld lists the contents of rooms and containers in the iteration order of hash
+    sets, which changes from run to run unless the JVM runs with :data:`STABLE_HASH_FLAGS`.
+    Both forms of list are sorted: tab-indented lines that follow each other at one
+    indentation, and inline lists (``In the sink is: a, b.``, ``(containing a, b)``,
+    ``You also see: a, b.``). Trailing spaces and blank edges are dropped; nothing else changes.
     """
     lines = [_canon(line.rstrip()) for line in text.strip().split("\n")]
     out: list[str] = []
@@ -132,7 +139,7 @@ def _tabs(line: str) -> int:
     return len(line) - len(line.lstrip("\t"))
 
 
-_OPENER = re.compile(r"\(containing |(?:\bis|you see|you need to mix): ?")
+_OPENER = re.compile(r"\(containing |(?:\bis|\bsee|you need to mix): ?")
 
 
 def _canon(s: str) -> str:
@@ -243,6 +250,20 @@ def rank_actions(actions: Iterable[str], goal: str, limit: int) -> tuple[str, ..
     return tuple(a for _, _, a in sorted(chosen))
 
 
+class _Py4jSendErrors(logging.Filter):
+    """Drops py4j's root-logger traceback for a command the JVM never answered: the world
+    raises :class:`JvmDied` or :class:`JvmHung` for it, and that is what gets recorded."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "Exception while sending command."
+            and record.pathname.endswith("java_gateway.py")
+        )
+
+
+_PY4J_FILTER = _Py4jSendErrors()
+
+
 class _Jvm:
     """One ScienceWorld JVM behind py4j, every call under a deadline.
 
@@ -255,7 +276,8 @@ class _Jvm:
         from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
         from scienceworld.constants import BASEPATH, JAR_PATH
 
-        self.output: collections.deque[str] = collections.deque(maxlen=20)
+        logging.getLogger().addFilter(_PY4J_FILTER)  # once: filters are a set
+        self.stderr: collections.deque[str] = collections.deque(maxlen=20)
         self.hung = False
         try:
             port, proc = launch_gateway(
@@ -265,21 +287,22 @@ class _Jvm:
                 cwd=BASEPATH,
                 return_proc=True,
                 create_new_process_group=True,  # Ctrl-C goes to coevo, which stops the run
-                redirect_stdout=self.output,
-                redirect_stderr=self.output,
+                redirect_stdout=collections.deque(maxlen=0),  # ScienceWorld's debug prints
+                redirect_stderr=self.stderr,
             )
         except ValueError as exc:  # the JVM printed no port: it failed to start
             raise JvmDied(f"scienceworld JVM failed to start: {exc}") from None
         self.proc: subprocess.Popen[bytes] = proc
         self.pid: int = proc.pid
         self.gateway: Any = JavaGateway(
-            gateway_parameters=GatewayParameters(port=port, auto_field=True),
+            gateway_parameters=GatewayParameters(
+                port=port, auto_field=True, enable_memory_management=False
+            ),
             java_process=proc,
         )
+        jvm = self.gateway.jvm
         self.server: Any = self.call(
-            "start",
-            timeout,
-            lambda: self.gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface(),
+            "start", timeout, lambda: jvm.scienceworld.runtime.pythonapi.PythonInterface()
         )
 
     def call(self, what: str, timeout: float, fn: Callable[[], T]) -> T:
@@ -312,39 +335,29 @@ class _Jvm:
         self.proc.kill()
 
     def _failure(self, what: str, timeout: float) -> JvmFailed:
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.gateway.close()
+        self.close()
         if self.hung:
             return JvmHung(
                 f"scienceworld JVM (pid {self.pid}) did not answer {what} within {timeout:g}s; "
                 "killed it"
             )
-        tail = " | ".join(line.strip() for line in self.output if line.strip())[-300:]
+        tail = " | ".join(line.strip() for line in self.stderr if line.strip())[-300:]
         return JvmDied(
-            f"scienceworld JVM (pid {self.pid}) died during {what} (exit code {code})"
-            + (f": {tail}" if tail else "")
+            f"scienceworld JVM (pid {self.pid}) died during {what} "
+            f"(exit code {self.proc.returncode})" + (f": {tail}" if tail else "")
         )
 
     def close(self) -> None:
-        """End the JVM (closing its stdin ends it; killed if it lingers) and reap it."""
-        if self.proc.poll() is None:
-            self.gateway.close()
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        else:
-            self.gateway.close()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        """End the JVM (closing its stdin ends it; killed if it lingers) and reap it; py4j's
+        own thread closes its output pipes. Safe to call twice."""
+        self.gateway.close()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 _SPLIT_CACHE: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
@@ -374,6 +387,8 @@ class ScienceWorld:
         variants: the first this many variations of each split (0: all).
         resolve_ambiguity: answer ScienceWorld's "Ambiguous request" with its first choice.
         normalise: sort object lists in observations (:func:`normalise`).
+        stable_hashes: run the JVM with :data:`STABLE_HASH_FLAGS`, which makes ScienceWorld's
+            hash-ordered collections iterate in a fixed order (see there).
         jvm_memory: the JVM's heap bound (``-Xmx``).
         jvm_options: further JVM flags.
         step_timeout: seconds a step may take before the JVM counts as hung.
@@ -397,6 +412,7 @@ class ScienceWorld:
         variants: int = 0,
         resolve_ambiguity: bool = True,
         normalise: bool = True,
+        stable_hashes: bool = True,
         jvm_memory: str = "512m",
         jvm_options: Sequence[str] = (),
         step_timeout: float = 60.0,
@@ -417,7 +433,8 @@ class ScienceWorld:
         self._normalise = check_bool("normalise", normalise)
         if not re.fullmatch(r"[1-9][0-9]*[kmgKMG]?", str(jvm_memory)):
             raise ValueError(f"jvm_memory must look like '512m' or '2g', got {jvm_memory!r}")
-        self._jvm_options = (f"-Xmx{jvm_memory}", *check_jvm_options(jvm_options))
+        stable = STABLE_HASH_FLAGS if check_bool("stable_hashes", stable_hashes) else ()
+        self._jvm_options = (f"-Xmx{jvm_memory}", *stable, *check_jvm_options(jvm_options))
         self.step_timeout = check_float("step_timeout", step_timeout, 0.1, 86_400)
         self.start_timeout = check_float("start_timeout", start_timeout, 1, 86_400)
         self._jvm: _Jvm | None = None
