@@ -18,6 +18,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,10 @@ _BANNER_CHARS = frozenset(" _|\\/$<>")
 _NOISE_LINES = frozenset(
     {"Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?"}
 )
-_GENERATE_LOCK = threading.Lock()
-"""TextWorld's generator is not known to be thread-safe: one game at a time per process."""
+_TW_LOCK = threading.RLock()
+"""TextWorld is not thread-safe: games loaded in two threads at once corrupt its logic parser
+(tatsu) state. Every call into it (generate, start, reset, step) holds this process-wide lock;
+the calls are pure Python under the GIL, so little parallelism is lost."""
 
 
 def clean(feedback: str) -> str:
@@ -71,6 +74,14 @@ def clean(feedback: str) -> str:
         if line or (lines and lines[-1]):
             lines.append(line)
     return "\n".join(lines).strip()
+
+
+def _quiet_jericho() -> None:
+    """Ignore jericho's warning that a game is "not fully supported": it says so of every
+    TextWorld game (jericho knows Infocom's games), and TextWorld keeps the score itself.
+    Installed again on every use, since tests reset the filters; an identical filter replaces
+    the earlier one, so the list does not grow."""
+    warnings.filterwarnings("ignore", message=r"Game '.*' is not fully supported")
 
 
 def game_seed(family: str, variant: int, seed: int) -> int:
@@ -180,8 +191,8 @@ class TextWorldGames:
         if not path.is_file():
             self._generate(task, path)
         self._episode = None
-        env = self._open(path)
-        state = env.reset()
+        with _TW_LOCK:
+            state = self._open(path).reset()
         walkthrough = tuple(str(a) for a in (state.get("extra.walkthrough") or ()))
         goal = " ".join(str(state.objective).split())
         self._episode = _Episode(task, goal, float(state.max_score), walkthrough)
@@ -196,7 +207,8 @@ class TextWorldGames:
         ep = self._episode
         if ep is None or ep.done:
             raise RuntimeError("step() called before reset() or after the episode ended")
-        state, points, done = self._env.step(action)
+        with _TW_LOCK:
+            state, points, done = self._env.step(action)
         ep.steps += 1
         won = bool(state.won)
         scale = ep.max_score or 1.0
@@ -217,7 +229,8 @@ class TextWorldGames:
         env, self._env, self._env_path = self._env, None, None
         self._episode = None
         if env is not None:
-            env.close()
+            with _TW_LOCK:
+                env.close()
 
     # -- beyond the protocol ------------------------------------------------------------------
 
@@ -262,6 +275,7 @@ class TextWorldGames:
     def _open(self, path: Path) -> Any:
         if self._env_path != path:
             self.close()
+            _quiet_jericho()
             infos = self._tw.EnvInfos(
                 admissible_commands=True,
                 objective=True,
@@ -280,7 +294,8 @@ class TextWorldGames:
         import textworld.challenges
         import textworld.generator
 
-        with _GENERATE_LOCK:
+        _quiet_jericho()  # the generator plays the walkthrough to check it
+        with _TW_LOCK:
             if path.is_file():  # another worker of this process made it meanwhile
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
