@@ -36,8 +36,8 @@ FAMILIES = ("coin_collector", "treasure_hunter", "cooking")
 CHALLENGE = {f: f"tw-{f}" for f in FAMILIES}
 HELDOUT_BASE = 1_000_000
 """Held-out variant ids start here, as in minilab."""
-LEVELS = {"coin_collector": (1, 100), "treasure_hunter": (1, 30)}
-"""Levels TextWorld accepts (coin collector above 100 needs more than 100 rooms)."""
+MAX_ROOMS = 100
+"""TextWorld 1.7 compiles games of at most 100 rooms."""
 COOKING_DEFAULTS: Mapping[str, int | bool] = {
     "recipe": 1,
     "take": 1,
@@ -140,11 +140,7 @@ class TextWorldGames:
         if unknown:
             raise ValueError(f"unknown textworld families {unknown}; known: {', '.join(FAMILIES)}")
         self._families = tuple(f for f in FAMILIES if f in names)
-        self.level = check_int("level", level, 1, 300)
-        for family in self._families:
-            low, high = LEVELS.get(family, (1, 300))
-            if family in LEVELS and not low <= level <= high:
-                raise ValueError(f"level must be between {low} and {high} for {family}")
+        self.level = _check_level(level, self._families)
         self._cooking = _cooking_settings(cooking or {})
         self.train_games = check_int("train_games", train_games, 1, 100_000)
         self.heldout_games = check_int("heldout_games", heldout_games, 0, 100_000)
@@ -319,6 +315,25 @@ def _commands(state: Any) -> tuple[str, ...]:
 
 def _flag(value: int | bool) -> str:
     return "" if value is True else str(value)
+
+
+def _check_level(level: object, families: Sequence[str]) -> int:
+    """The level, checked against every family that uses it.
+
+    Coin collector (1-300): the quest is ``(level - 1) % 100 + 1`` rooms long and every 100
+    levels add that many distractor rooms; TextWorld refuses games of more than 100 rooms.
+    Treasure hunter: 1-30.
+    """
+    value = check_int("level", level, 1, 300)
+    if "treasure_hunter" in families and value > 30:
+        raise ValueError(f"level must be between 1 and 30 for treasure_hunter, got {value}")
+    rooms = ((value - 1) // 100 + 1) * ((value - 1) % 100 + 1)
+    if "coin_collector" in families and rooms > MAX_ROOMS:
+        raise ValueError(
+            f"level {value} makes coin_collector games of {rooms} rooms; TextWorld allows "
+            f"{MAX_ROOMS} (levels 1-100 and 101-150)"
+        )
+    return value
 
 
 def _cooking_settings(value: object) -> dict[str, int | bool]:
