@@ -85,17 +85,17 @@ def random_actions(world: ScienceWorld, task: Task, steps: int, seed: int) -> li
 
 
 def test_registry_builds_it_and_lists_its_own_splits(world: ScienceWorld) -> None:
-    built = load_world("scienceworld", {"tasks": ["1-1", "find-living-thing"], "variants": 3})
-    try:
-        assert built.families() == ("boil", "find-living-thing")
-        assert [t.variant for t in built.tasks("boil", "train")] == [0, 1, 2]
-    finally:
-        built.close()
     train = {t.variant for t in world.tasks("boil", "train")}
     dev = {t.variant for t in world.tasks("boil", "heldout")}
     assert len(train) == 14 and len(dev) == 7 and not train & dev
     with pytest.raises(ValueError, match="no variation"):
         world.reset(Task(family="boil", variant=min(dev), split="train"), seed=0)
+    built = load_world("scienceworld", {"tasks": ["1-1", "find-living-thing"], "variants": 3})
+    try:  # the splits are read once per process: this world starts no JVM
+        assert built.families() == ("boil", "find-living-thing")
+        assert [t.variant for t in built.tasks("boil", "train")] == [0, 1, 2]
+    finally:
+        built.close()
 
 
 def test_gold_path_succeeds_with_per_step_rewards(world: ScienceWorld) -> None:
@@ -141,22 +141,21 @@ def test_same_actions_give_the_same_turns_in_one_jvm_and_across_jvms(
         other.close()
 
 
-def test_a_hung_jvm_is_killed_and_the_next_reset_starts_a_new_one() -> None:
-    w = ScienceWorld(tasks=["boil"], step_timeout=2.0)
-    try:
-        w.reset(BOIL, seed=0)
-        pid = w.jvm_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
-        with pytest.raises(JvmHung, match=rf"pid {pid}\) did not answer"):
-            w.step("look around")
-        assert pid not in jvm_pids() and w.jvm_pid is None
-        with pytest.raises(RuntimeError, match="before reset"):
-            w.step("look around")
-        assert w.reset(BOIL, seed=0).admissible
-        assert w.jvm_pid not in (None, pid)
-    finally:
-        w.close()
+def test_a_hung_jvm_is_killed_and_the_next_reset_starts_a_new_one(
+    world: ScienceWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(world, "step_timeout", 2.0)
+    world.reset(BOIL, seed=0)
+    pid = world.jvm_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    with pytest.raises(JvmHung, match=rf"pid {pid}\) did not answer step 'look around' within 2s"):
+        world.step("look around")
+    assert pid not in jvm_pids() and world.jvm_pid is None
+    with pytest.raises(RuntimeError, match="before reset"):
+        world.step("look around")
+    assert world.reset(BOIL, seed=0).admissible
+    assert world.jvm_pid not in (None, pid)
 
 
 class KillsItsJvm(ScienceWorld):
