@@ -34,6 +34,8 @@ from scenarios.worlds.options import (
 
 FAMILIES = ("coin_collector", "treasure_hunter", "cooking")
 CHALLENGE = {f: f"tw-{f}" for f in FAMILIES}
+OPEN_GAMES = 8
+"""Game interpreters a world keeps open (each holds its own copy of jericho's library)."""
 HELDOUT_BASE = 1_000_000
 """Held-out variant ids start here, as in minilab."""
 MAX_ROOMS = 100
@@ -151,7 +153,7 @@ class TextWorldGames:
         version = str(self._tw.__version__)
         self.cache = Path(cache_dir) if cache_dir else cache_root() / "textworld" / version
         self._env: Any = None
-        self._env_path: Path | None = None
+        self._envs: dict[Path, Any] = {}
         self._episode: _Episode | None = None
         self.generated = 0
         """Games this instance generated (the rest came from the cache)."""
@@ -221,11 +223,11 @@ class TextWorldGames:
         )
 
     def close(self) -> None:
-        """Close the game's interpreter. Safe to call twice."""
-        env, self._env, self._env_path = self._env, None, None
+        """Close the games' interpreters. Safe to call twice."""
+        envs, self._envs, self._env = self._envs, {}, None
         self._episode = None
-        if env is not None:
-            with _TW_LOCK:
+        with _TW_LOCK:
+            for env in envs.values():
                 env.close()
 
     # -- beyond the protocol ------------------------------------------------------------------
@@ -269,8 +271,10 @@ class TextWorldGames:
             raise ValueError(f"{task.family} has no {task.split} variant {task.variant}")
 
     def _open(self, path: Path) -> Any:
-        if self._env_path != path:
-            self.close()
+        """The interpreter of ``path``'s game, started once and kept among the
+        :data:`OPEN_GAMES` most recently used (starting one takes tens of milliseconds)."""
+        env = self._envs.pop(path, None)
+        if env is None:
             _quiet_jericho()
             infos = self._tw.EnvInfos(
                 admissible_commands=True,
@@ -280,9 +284,13 @@ class TextWorldGames:
                 lost=True,
                 extras=["walkthrough"],
             )
-            self._env = self._tw.start(str(path), request_infos=infos)
-            self._env_path = path
-        return self._env
+            env = self._tw.start(str(path), request_infos=infos)
+        self._envs[path] = env  # most recent last
+        while len(self._envs) > OPEN_GAMES:
+            oldest = next(iter(self._envs))
+            self._envs.pop(oldest).close()
+        self._env = env
+        return env
 
     def _generate(self, task: Task, path: Path) -> None:
         """Generate and compile ``task``'s game into ``path`` (and its ``.json`` beside it),

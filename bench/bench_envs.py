@@ -1,0 +1,282 @@
+"""Steps per second of the real environments: the library called directly, the coevo adapter
+called directly, and the adapter through a whole coevo run (``coevo run``: env workers, the
+durable event log, projections).
+
+Run: ``.venv/bin/python bench/bench_envs.py`` (needs ``make install-envs`` and Java; about five
+minutes on 2 cores). Results: docs/BENCHMARKS.md.
+
+Every row plays the same workload: ``--episodes`` episodes spread over the same tasks, each of
+at most ``--max-steps`` steps of uniformly random admissible actions, resets included. Process
+and JVM start-up are left out (each row warms up with one reset first; a coevo run is timed from
+its first ``EpisodeStarted`` to its last ``EpisodeFinished``). Random play differs between rows
+(episodes that fail early are shorter), so each row also reports its mean episode length.
+
+For ScienceWorld it also reports the JVM's resident memory after the direct rows: the library's
+own JVM (no heap bound) and the adapter's (``-Xmx512m``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agents.episode_events import EpisodeFinished, EpisodeStarted, StepTaken  # noqa: E402
+from scenarios.worlds.base import Task  # noqa: E402
+from scenarios.worlds.registry import load_world  # noqa: E402
+from stores.lmdb_log import LmdbEventLog  # noqa: E402
+
+COEVO = str(Path(sys.executable).parent / "coevo")
+SW_FAMILIES = ["boil", "find-living-thing"]
+SW_OPTIONS: dict[str, Any] = {"variants": 2, "max_actions": 48}
+TW_FAMILIES = ["coin_collector", "treasure_hunter", "cooking"]
+TW_OPTIONS: dict[str, Any] = {"level": 2, "train_games": 2, "cooking": {"recipe": 1, "take": 1}}
+
+
+@dataclass
+class Row:
+    what: str
+    steps: int
+    episodes: int
+    seconds: float
+    note: str = ""
+
+    def line(self) -> str:
+        rate = self.steps / self.seconds
+        mean = self.steps / self.episodes
+        return f"| {self.what} | {self.steps} | {mean:.1f} | {self.seconds:.1f} | {rate:.1f} |"
+
+
+def plan(tasks: list[Task], episodes: int) -> list[Task]:
+    return [tasks[i % len(tasks)] for i in range(episodes)]
+
+
+def timed_loop(
+    episodes: list[Task],
+    reset: Callable[[Task], list[str]],
+    step: Callable[[str], tuple[bool, list[str]]],
+    max_steps: int,
+    seed: int,
+) -> tuple[int, float]:
+    """Play ``episodes`` with random actions; returns (steps, seconds). ``reset`` returns the
+    first admissible list, ``step`` returns (done, admissible)."""
+    rng = random.Random(seed)
+    reset(episodes[0])  # warm-up, not timed
+    steps = 0
+    start = time.perf_counter()
+    for task in episodes:
+        actions = reset(task)
+        for _ in range(max_steps):
+            done, actions = step(rng.choice(actions))
+            steps += 1
+            if done or not actions:
+                break
+    return steps, time.perf_counter() - start
+
+
+def adapter_row(
+    name: str, options: dict[str, Any], episodes: list[Task], max_steps: int, seed: int
+) -> tuple[Row, Any]:
+    world = load_world(name, {**options, "max_steps": max_steps})
+
+    def reset(task: Task) -> list[str]:
+        return list(world.reset(task, seed=0).admissible)
+
+    def step(action: str) -> tuple[bool, list[str]]:
+        obs = world.step(action)
+        return obs.done, list(obs.admissible)
+
+    steps, seconds = timed_loop(episodes, reset, step, max_steps, seed)
+    return Row(f"{name} adapter, called directly", steps, len(episodes), seconds), world
+
+
+def sciworld_library_row(episodes: list[Task], max_steps: int, seed: int) -> tuple[Row, int]:
+    from scienceworld import ScienceWorldEnv
+
+    env = ScienceWorldEnv("", envStepLimit=max_steps)
+
+    def reset(task: Task) -> list[str]:
+        env.load(task.family, task.variant, "", False)
+        _, info = env.reset()
+        return [a for a in info["valid"] if a != "reset task"]
+
+    def step(action: str) -> tuple[bool, list[str]]:
+        _, _, done, info = env.step(action)
+        return done, [a for a in info["valid"] if a != "reset task"]
+
+    try:
+        steps, seconds = timed_loop(episodes, reset, step, max_steps, seed)
+        rss = jvm_rss(env._gateway.java_process.pid)
+    finally:
+        env.close()
+    return Row("ScienceWorldEnv (the library), called directly", steps, len(episodes), seconds), rss
+
+
+def textworld_library_row(world: Any, episodes: list[Task], max_steps: int, seed: int) -> Row:
+    import textworld
+
+    infos = textworld.EnvInfos(admissible_commands=True, won=True, lost=True)
+    envs: dict[Path, Any] = {}
+    current: list[Any] = []
+
+    def reset(task: Task) -> list[str]:
+        path = world.game_path(task)
+        if path not in envs:
+            envs[path] = textworld.start(str(path), request_infos=infos)
+        current[:] = [envs[path]]
+        return list(current[0].reset().admissible_commands)
+
+    def step(action: str) -> tuple[bool, list[str]]:
+        state, _, done = current[0].step(action)
+        return bool(done), list(state.admissible_commands or ())
+
+    try:
+        steps, seconds = timed_loop(episodes, reset, step, max_steps, seed)
+    finally:
+        for env in envs.values():
+            env.close()
+    return Row("textworld.start (the library), called directly", steps, len(episodes), seconds)
+
+
+def coevo_row(
+    name: str,
+    families: list[str],
+    options: dict[str, Any],
+    episodes: int,
+    workers: int,
+    max_steps: int,
+    tmp: Path,
+) -> Row:
+    import tomli_w
+
+    doc = {
+        "name": f"bench-{name}-{workers}",
+        "seed": 1,
+        "world": {
+            "name": name,
+            "families": families,
+            "options": {**options, "max_steps": max_steps},
+        },
+        "agent": {"kind": "random"},
+        "run": {"episodes": episodes, "workers": workers},
+        "logging": {"progress": False},
+    }
+    scenario = tmp / f"{name}-{workers}.toml"
+    scenario.write_text(tomli_w.dumps(doc))
+    out = tmp / f"run-{name}-{workers}"
+    subprocess.run(
+        [COEVO, "run", str(scenario), "--out", str(out), "--quiet"], check=True, capture_output=True
+    )
+    log = LmdbEventLog.open(out / "log")
+    try:
+        events = [(env.t, env.event) for env in log.read()]
+    finally:
+        log.close()
+    first = min(t for t, e in events if isinstance(e, EpisodeStarted))
+    last = max(t for t, e in events if isinstance(e, EpisodeFinished))
+    steps = sum(isinstance(e, StepTaken) for _, e in events)
+    done = sum(isinstance(e, EpisodeFinished) for _, e in events)
+    label = f"through coevo run, {workers} worker{'s' if workers > 1 else ''}"
+    return Row(label, steps, done, (last - first) / 1e9)
+
+
+def jvm_rss(pid: int) -> int:
+    """Resident memory (VmRSS) of a process in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def bench_sciworld(args: argparse.Namespace, tmp: Path) -> list[str]:
+    lister = load_world("scienceworld", SW_OPTIONS)
+    tasks = [t for f in SW_FAMILIES for t in lister.tasks(f, "train")]
+    lister.close()
+    episodes = plan(tasks, args.episodes)
+    library, library_rss = sciworld_library_row(episodes, args.max_steps, args.seed)
+    adapter, world = adapter_row("scienceworld", SW_OPTIONS, episodes, args.max_steps, args.seed)
+    adapter_rss = jvm_rss(world.jvm_pid)
+    world.close()
+    rows = [library, adapter]
+    rows += [
+        coevo_row("scienceworld", SW_FAMILIES, SW_OPTIONS, args.episodes, w, args.max_steps, tmp)
+        for w in args.workers
+    ]
+    lines = table(f"ScienceWorld ({', '.join(SW_FAMILIES)}, first 2 train variations each)", rows)
+    lines.append(
+        f"JVM resident memory after the direct rows: library (no heap bound) {library_rss} MiB, "
+        f"adapter (-Xmx512m) {adapter_rss} MiB"
+    )
+    return lines
+
+
+def bench_textworld(args: argparse.Namespace, tmp: Path) -> list[str]:
+    options = {**TW_OPTIONS, "cache_dir": str(tmp / "games")}
+    adapter_world = load_world("textworld", {**options, "max_steps": args.max_steps})
+    tasks = [t for f in TW_FAMILIES for t in adapter_world.tasks(f, "train")]
+    for task in tasks:  # generate the games first: not part of any row
+        adapter_world.reset(task, seed=0)
+    episodes = plan(tasks, args.episodes)
+    library = textworld_library_row(adapter_world, episodes, args.max_steps, args.seed)
+    adapter_world.close()
+    adapter, world = adapter_row("textworld", options, episodes, args.max_steps, args.seed)
+    world.close()
+    rows = [library, adapter]
+    rows += [
+        coevo_row("textworld", TW_FAMILIES, options, args.episodes, w, args.max_steps, tmp)
+        for w in args.workers
+    ]
+    return table(f"TextWorld ({', '.join(TW_FAMILIES)}, level 2, 2 games each)", rows)
+
+
+def table(title: str, rows: list[Row]) -> list[str]:
+    lines = [
+        f"### {title}",
+        "",
+        "| how | steps | steps/episode | seconds | steps/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [row.line() for row in rows]
+    direct = rows[0].steps / rows[0].seconds
+    lines.append("")
+    lines += [
+        f"- {row.what}: {row.steps / row.seconds / direct:.0%} of the library's rate"
+        for row in rows[1:]
+    ]
+    lines.append("")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", choices=["scienceworld", "textworld", "all"], default="all")
+    parser.add_argument("--episodes", type=int, default=12)
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load = os.getloadavg()[0]
+    print(f"# {when}, Python {platform.python_version()}, {os.cpu_count()} CPUs, load {load:.1f}")
+    print(f"# {' '.join(sys.argv)}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.env in ("scienceworld", "all"):
+            print("\n".join(bench_sciworld(args, Path(tmp))), flush=True)
+        if args.env in ("textworld", "all"):
+            print("\n".join(bench_textworld(args, Path(tmp))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
