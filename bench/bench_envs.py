@@ -22,6 +22,7 @@ import argparse
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,12 +53,6 @@ class Row:
     steps: int
     episodes: int
     seconds: float
-    note: str = ""
-
-    def line(self) -> str:
-        rate = self.steps / self.seconds
-        mean = self.steps / self.episodes
-        return f"| {self.what} | {self.steps} | {mean:.1f} | {self.seconds:.1f} | {rate:.1f} |"
 
 
 def plan(tasks: list[Task], episodes: int) -> list[Task]:
@@ -213,62 +208,82 @@ def bench_sciworld(args: argparse.Namespace, tmp: Path) -> list[str]:
     tasks = [t for f in SW_FAMILIES for t in lister.tasks(f, "train")]
     lister.close()
     episodes = plan(tasks, args.episodes)
-    library, library_rss = sciworld_library_row(episodes, args.max_steps, args.seed)
-    adapter, world = adapter_row("scienceworld", SW_OPTIONS, episodes, args.max_steps, args.seed)
-    adapter_rss = jvm_rss(world.jvm_pid)
-    world.close()
-    rows = [library, adapter]
-    rows += [coevo_row("scienceworld", SW_FAMILIES, SW_OPTIONS, args, w, tmp) for w in args.workers]
-    lines = table(f"ScienceWorld ({', '.join(SW_FAMILIES)}, first 2 train variations each)", rows)
-    lines.append(
-        f"JVM resident memory after the direct rows: library (no heap bound) {library_rss} MiB, "
-        f"adapter (-Xmx512m) {adapter_rss} MiB"
-    )
-    return lines
+    rounds: list[list[Row]] = []
+    for k in range(args.rounds):
+        here = tmp / f"sw{k}"
+        here.mkdir()
+        library, library_rss = sciworld_library_row(episodes, args.max_steps, args.seed + k)
+        adapter, world = adapter_row(
+            "scienceworld", SW_OPTIONS, episodes, args.max_steps, args.seed + k
+        )
+        adapter_rss = jvm_rss(world.jvm_pid)
+        world.close()
+        rows = [library, adapter]
+        rows += [
+            coevo_row("scienceworld", SW_FAMILIES, SW_OPTIONS, args, w, here) for w in args.workers
+        ]
+        rounds.append(rows)
+        print(
+            f"# round {k}: JVM resident memory after the direct rows: library (no heap bound) "
+            f"{library_rss} MiB, adapter (-Xmx512m) {adapter_rss} MiB",
+            flush=True,
+        )
+    return table(f"ScienceWorld ({', '.join(SW_FAMILIES)}, first 2 train variations each)", rounds)
 
 
 def bench_textworld(args: argparse.Namespace, tmp: Path) -> list[str]:
     options = {**TW_OPTIONS, "cache_dir": str(tmp / "games")}
-    adapter_world = load_world("textworld", {**options, "max_steps": args.max_steps})
-    tasks = [t for f in TW_FAMILIES for t in adapter_world.tasks(f, "train")]
+    games = load_world("textworld", {**options, "max_steps": args.max_steps})
+    tasks = [t for f in TW_FAMILIES for t in games.tasks(f, "train")]
     for task in tasks:  # generate the games first: not part of any row
-        adapter_world.reset(task, seed=0)
+        games.reset(task, seed=0)
     episodes = plan(tasks, args.episodes)
-    library = textworld_library_row(adapter_world, episodes, args.max_steps, args.seed)
-    adapter_world.close()
-    adapter, world = adapter_row("textworld", options, episodes, args.max_steps, args.seed)
-    world.close()
-    rows = [library, adapter]
-    rows += [coevo_row("textworld", TW_FAMILIES, options, args, w, tmp) for w in args.workers]
-    rows.append(coevo_row("textworld", TW_FAMILIES, options, args, 1, tmp, durable=False))
-    return table(f"TextWorld ({', '.join(TW_FAMILIES)}, level 2, 2 games each)", rows)
+    rounds: list[list[Row]] = []
+    for k in range(args.rounds):
+        here = tmp / f"tw{k}"
+        here.mkdir()
+        rows = [textworld_library_row(games, episodes, args.max_steps, args.seed + k)]
+        adapter, world = adapter_row("textworld", options, episodes, args.max_steps, args.seed + k)
+        world.close()
+        rows.append(adapter)
+        rows += [coevo_row("textworld", TW_FAMILIES, options, args, w, here) for w in args.workers]
+        rows.append(coevo_row("textworld", TW_FAMILIES, options, args, 1, here, durable=False))
+        rounds.append(rows)
+    games.close()
+    return table(f"TextWorld ({', '.join(TW_FAMILIES)}, level 2, 2 games each)", rounds)
 
 
-def table(title: str, rows: list[Row]) -> list[str]:
+def table(title: str, rounds: list[list[Row]]) -> list[str]:
+    """Median steps/s of each row over the rounds (and its range), and the median of its
+    per-round ratio to the library row of the same round."""
     lines = [
         f"### {title}",
         "",
-        "| how | steps | steps/episode | seconds | steps/s |",
-        "|---|---:|---:|---:|---:|",
+        f"{len(rounds)} rounds, every row once a round; medians, range in brackets.",
+        "",
+        "| how | steps/episode | steps/s | vs the library |",
+        "|---|---:|---:|---:|",
     ]
-    lines += [row.line() for row in rows]
-    direct = rows[0].steps / rows[0].seconds
-    lines.append("")
-    lines += [
-        f"- {row.what}: {row.steps / row.seconds / direct:.0%} of the library's rate"
-        for row in rows[1:]
-    ]
+    for i, row in enumerate(rounds[0]):
+        rates = [r[i].steps / r[i].seconds for r in rounds]
+        ratios = [rate / (r[0].steps / r[0].seconds) for rate, r in zip(rates, rounds, strict=True)]
+        mean_len = statistics.mean(r[i].steps / r[i].episodes for r in rounds)
+        lines.append(
+            f"| {row.what} | {mean_len:.1f} | {statistics.median(rates):.1f} "
+            f"[{min(rates):.1f}-{max(rates):.1f}] | {statistics.median(ratios):.0%} |"
+        )
     lines.append("")
     return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--env", choices=["scienceworld", "textworld", "all"], default="all")
     parser.add_argument("--episodes", type=int, default=12)
     parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = os.getloadavg()[0]

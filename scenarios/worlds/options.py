@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
+from typing import Any, cast
 
 
 def check_int(name: str, value: object, low: int, high: int) -> int:
@@ -67,9 +68,10 @@ def check_names(name: str, value: object) -> tuple[str, ...]:
     Raises:
         ValueError: not a list or tuple of strings, empty, or with repeats.
     """
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+    items = cast("Sequence[object]", value) if isinstance(value, list | tuple) else None
+    if items is None or not all(isinstance(v, str) for v in items):
         raise ValueError(f"{name} must be a list of names, got {value!r}")
-    names = tuple(str(v) for v in value)
+    names = tuple(str(v) for v in items)
     if not names:
         raise ValueError(f"{name} must not be empty")
     if len(set(names)) != len(names):
@@ -90,12 +92,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("COEVO_CACHE") or Path.home() / ".cache" / "coevo")
 
 
-def import_extra(module: str, extra: str) -> ModuleType:
+def import_extra(module: str, extra: str) -> Any:
     """Import the third-party package behind an optional extra.
 
     Args:
         module: the package to import (``"scienceworld"``).
         extra: the name of coevo's extra that installs it.
+
+    Returns:
+        The module, typed ``Any``: the third-party packages behind the extras have no type
+        information, and their use stays inside the adapters.
 
     Raises:
         ExtraMissing: the package is not installed; the message says how to install it.

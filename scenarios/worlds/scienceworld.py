@@ -273,18 +273,17 @@ class _Jvm:
     """
 
     def __init__(self, options: Sequence[str], timeout: float) -> None:
-        from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
-        from scienceworld.constants import BASEPATH, JAR_PATH
-
+        gateway = import_extra("py4j.java_gateway", "scienceworld")
+        constants = import_extra("scienceworld.constants", "scienceworld")
         logging.getLogger().addFilter(_PY4J_FILTER)  # once: filters are a set
         self.stderr: collections.deque[str] = collections.deque(maxlen=20)
         self.hung = False
         try:
-            port, proc = launch_gateway(
-                classpath=JAR_PATH,
+            port, proc = gateway.launch_gateway(
+                classpath=constants.JAR_PATH,
                 javaopts=list(options),
                 die_on_exit=True,  # the JVM exits when this process does (stdin closes)
-                cwd=BASEPATH,
+                cwd=constants.BASEPATH,
                 return_proc=True,
                 create_new_process_group=True,  # Ctrl-C goes to coevo, which stops the run
                 redirect_stdout=collections.deque(maxlen=0),  # ScienceWorld's debug prints
@@ -292,10 +291,10 @@ class _Jvm:
             )
         except ValueError as exc:  # the JVM printed no port: it failed to start
             raise JvmDied(f"scienceworld JVM failed to start: {exc}") from None
-        self.proc: subprocess.Popen[bytes] = proc
-        self.pid: int = proc.pid
-        self.gateway: Any = JavaGateway(
-            gateway_parameters=GatewayParameters(
+        self.proc: Any = proc  # a subprocess.Popen
+        self.pid = int(proc.pid)
+        self.gateway: Any = gateway.JavaGateway(
+            gateway_parameters=gateway.GatewayParameters(
                 port=port, auto_field=True, enable_memory_management=False
             ),
             java_process=proc,
@@ -313,7 +312,7 @@ class _Jvm:
             JvmHung: no answer within ``timeout`` seconds (the JVM has been killed).
             RuntimeError: ScienceWorld raised a Java exception (the JVM lives on).
         """
-        from py4j.protocol import Py4JError, Py4JJavaError
+        protocol = import_extra("py4j.protocol", "scienceworld")
 
         if self.proc.poll() is not None:
             raise self._failure(what, timeout)
@@ -322,10 +321,10 @@ class _Jvm:
         timer.start()
         try:
             return fn()
-        except Py4JJavaError as exc:
+        except protocol.Py4JJavaError as exc:
             detail = " ".join(str(exc.java_exception).split())
             raise RuntimeError(f"scienceworld failed in {what}: {detail}") from None
-        except Py4JError:
+        except protocol.Py4JError:
             raise self._failure(what, timeout) from None
         finally:
             timer.cancel()
@@ -612,13 +611,12 @@ class ScienceWorld:
 
 
 def _task_names(tasks: object) -> tuple[str, ...]:
-    from scienceworld.constants import ID2TASK
-
-    known = tuple(ID2TASK.values())
+    id2task: dict[str, str] = dict(import_extra("scienceworld.constants", "scienceworld").ID2TASK)
+    known = tuple(id2task.values())
     if tasks is None:
         return known
     names = check_names("tasks", tasks)
-    resolved = tuple(ID2TASK.get(n, n) for n in names)
+    resolved = tuple(id2task.get(n, n) for n in names)
     unknown = [n for n, r in zip(names, resolved, strict=True) if r not in known]
     if unknown:
         raise ValueError(
@@ -650,8 +648,9 @@ def check_jvm_options(value: object) -> tuple[str, ...]:
     Raises:
         ValueError: anything else.
     """
-    if not isinstance(value, list | tuple) or not all(
-        isinstance(v, str) and v.startswith("-") for v in value
-    ):
+    if value == [] or value == ():
+        return ()
+    flags = check_names("jvm_options", value)
+    if not all(f.startswith("-") for f in flags):
         raise ValueError(f"jvm_options must be a list of flags such as '-Xss4m', got {value!r}")
-    return tuple(str(v) for v in value)
+    return flags

@@ -148,7 +148,7 @@ class TextWorldGames:
         self.heldout_games = check_int("heldout_games", heldout_games, 0, 100_000)
         self.seed = check_int("seed", seed, 0, 2**31 - 1)
         self.max_steps = check_int("max_steps", max_steps, 1, 100_000)
-        if cache_dir is not None and not isinstance(cache_dir, str):
+        if cache_dir is not None and not isinstance(cache_dir, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f"cache_dir must be a path, got {cache_dir!r}")
         version = str(self._tw.__version__)
         self.cache = Path(cache_dir) if cache_dir else cache_root() / "textworld" / version
@@ -295,23 +295,22 @@ class TextWorldGames:
     def _generate(self, task: Task, path: Path) -> None:
         """Generate and compile ``task``'s game into ``path`` (and its ``.json`` beside it),
         atomically: a game is built in a temporary directory and moved into place."""
-        import textworld.challenges
-        import textworld.generator
-
+        challenges = import_extra("textworld.challenges", "textworld")
+        generator = import_extra("textworld.generator", "textworld")
         _quiet_jericho()  # the generator plays the walkthrough to check it
         with _TW_LOCK:
             if path.is_file():  # another worker of this process made it meanwhile
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent, prefix=".gen-") as tmp:
-                options = textworld.GameOptions()
+                options = self._tw.GameOptions()
                 options.seeds = game_seed(task.family, task.variant, self.seed)
                 options.path = str(Path(tmp) / path.name)
                 options.file_ext = ".z8"
                 options.force_recompile = True
-                _, make, _ = textworld.challenges.CHALLENGES[CHALLENGE[task.family]]
+                _, make, _ = challenges.CHALLENGES[CHALLENGE[task.family]]
                 game = make(settings=self.settings(task.family, task.split), options=options)
-                built = Path(textworld.generator.compile_game(game, options))
+                built = Path(generator.compile_game(game, options))
                 os.replace(built.with_suffix(".json"), path.with_suffix(".json"))
                 os.replace(built, path)  # last: a .z8 in the cache means a whole game
             self.generated += 1
@@ -347,10 +346,11 @@ def _check_level(level: object, families: Sequence[str]) -> int:
 def _cooking_settings(value: object) -> dict[str, int | bool]:
     if not isinstance(value, Mapping):
         raise ValueError(f"cooking must be a table of settings, got {value!r}")
-    unknown = sorted(set(value) - set(COOKING_DEFAULTS))
+    settings: Mapping[str, object] = value  # pyright: ignore[reportUnknownVariableType]
+    unknown = sorted(set(settings) - set(COOKING_DEFAULTS))
     if unknown:
         raise ValueError(f"unknown cooking settings {unknown}; known: {list(COOKING_DEFAULTS)}")
-    merged: dict[str, int | bool] = {**COOKING_DEFAULTS, **value}
+    merged: dict[str, object] = {**COOKING_DEFAULTS, **settings}
     out: dict[str, int | bool] = {}
     for key, default in COOKING_DEFAULTS.items():
         if isinstance(default, bool):
