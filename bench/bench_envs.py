@@ -5,12 +5,15 @@ durable event log, projections).
 Run: ``.venv/bin/python bench/bench_envs.py`` (needs ``make install-envs`` and Java; about five
 minutes on 2 cores). Results: docs/BENCHMARKS.md.
 
-Every row plays the same workload: ``--episodes`` episodes spread over the same tasks, each of
-at most ``--max-steps`` steps of uniformly random admissible actions, resets included. Process
-and JVM start-up are left out: each direct row warms up with one reset first, and a coevo run
-is timed from the moment every worker has begun its first episode to the last
-``EpisodeFinished``, counting the steps logged in that window. Random play differs between rows
-(episodes that fail early are shorter), so each row also reports its mean episode length.
+Every row plays the same episodes: those a ``coevo run`` of ``--episodes`` episodes with seed
+:data:`RUN_SEED` plans (task and episode seed), each acted by coevo's random agent with that
+episode's own rng, for at most ``--max-steps`` steps, resets included. The library rows build
+their action lists as the adapters do (ScienceWorld: ``rank_actions`` over the library's valid
+actions; TextWorld: sorted), so the agent makes the same choices everywhere (ScienceWorld's
+library runs without stable hashes, so an object's name can differ now and then). Process and
+JVM start-up are left out: each direct row warms up with one reset first, and a coevo run is
+timed from the moment every worker has begun its first episode to the last
+``EpisodeFinished``, counting the steps logged in that window.
 
 For ScienceWorld it also reports the JVM's resident memory after the direct rows: the library's
 own JVM (no heap bound) and the adapter's (``-Xmx512m``).
@@ -21,13 +24,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.episode_events import EpisodeFinished, EpisodeStarted, StepTaken  # noqa: E402
-from scenarios.worlds.base import Task  # noqa: E402
+from agents.scheduler import plan_episode  # noqa: E402
+from agents.scripted import RandomAgent  # noqa: E402
+from engine.seeds import derive_rng  # noqa: E402
+from scenarios.worlds.base import Observation, Task  # noqa: E402
 from scenarios.worlds.registry import load_world  # noqa: E402
+from scenarios.worlds.scienceworld import rank_actions  # noqa: E402
 from stores.lmdb_log import LmdbEventLog  # noqa: E402
 
 COEVO = str(Path(sys.executable).parent / "coevo")
+RUN_SEED = 1
 SW_FAMILIES = ["boil", "find-living-thing"]
 SW_OPTIONS: dict[str, Any] = {"variants": 2, "max_actions": 48}
 TW_FAMILIES = ["coin_collector", "treasure_hunter", "cooking"]
@@ -55,27 +62,28 @@ class Row:
     seconds: float
 
 
-def plan(tasks: list[Task], episodes: int) -> list[Task]:
-    return [tasks[i % len(tasks)] for i in range(episodes)]
+def plan(tasks: list[Task], episodes: int) -> list[tuple[Task, int]]:
+    """The episodes a ``coevo run`` with seed :data:`RUN_SEED` plays: (task, episode seed)."""
+    return [plan_episode(RUN_SEED, i, tasks) for i in range(episodes)]
 
 
 def timed_loop(
-    episodes: list[Task],
-    reset: Callable[[Task], list[str]],
-    step: Callable[[str], tuple[bool, list[str]]],
+    episodes: list[tuple[Task, int]],
+    reset: Callable[[Task], Sequence[str]],
+    step: Callable[[str], tuple[bool, Sequence[str]]],
     max_steps: int,
-    seed: int,
 ) -> tuple[int, float]:
-    """Play ``episodes`` with random actions; returns (steps, seconds). ``reset`` returns the
-    first admissible list, ``step`` returns (done, admissible)."""
-    rng = random.Random(seed)
-    reset(episodes[0])  # warm-up, not timed
+    """Play ``episodes`` as coevo's random agent would (same rng per episode); returns (steps,
+    seconds). ``reset`` returns the first admissible list, ``step`` (done, admissible)."""
+    reset(episodes[0][0])  # warm-up, not timed
     steps = 0
     start = time.perf_counter()
-    for task in episodes:
+    for task, seed in episodes:
+        agent = RandomAgent(derive_rng(seed, "agent"))
         actions = reset(task)
         for _ in range(max_steps):
-            done, actions = step(rng.choice(actions))
+            action = agent.act(Observation(text="", admissible=tuple(actions), goal=""))
+            done, actions = step(action)
             steps += 1
             if done or not actions:
                 break
@@ -83,63 +91,69 @@ def timed_loop(
 
 
 def adapter_row(
-    name: str, options: dict[str, Any], episodes: list[Task], max_steps: int, seed: int
+    name: str, options: dict[str, Any], episodes: list[tuple[Task, int]], max_steps: int
 ) -> tuple[Row, Any]:
     world = load_world(name, {**options, "max_steps": max_steps})
 
-    def reset(task: Task) -> list[str]:
-        return list(world.reset(task, seed=0).admissible)
+    def reset(task: Task) -> Sequence[str]:
+        return world.reset(task, seed=0).admissible
 
-    def step(action: str) -> tuple[bool, list[str]]:
+    def step(action: str) -> tuple[bool, Sequence[str]]:
         obs = world.step(action)
-        return obs.done, list(obs.admissible)
+        return obs.done, obs.admissible
 
-    steps, seconds = timed_loop(episodes, reset, step, max_steps, seed)
+    steps, seconds = timed_loop(episodes, reset, step, max_steps)
     return Row(f"{name} adapter, called directly", steps, len(episodes), seconds), world
 
 
-def sciworld_library_row(episodes: list[Task], max_steps: int, seed: int) -> tuple[Row, int]:
+def sciworld_library_row(episodes: list[tuple[Task, int]], max_steps: int) -> tuple[Row, int]:
+    """ScienceWorld's own ``ScienceWorldEnv``; its valid actions go through the adapter's
+    ``rank_actions`` so the agent chooses from the same lists as in the other rows."""
     from scienceworld import ScienceWorldEnv
 
     env = ScienceWorldEnv("", envStepLimit=max_steps)
+    goal = [""]
 
-    def reset(task: Task) -> list[str]:
+    def reset(task: Task) -> Sequence[str]:
         env.load(task.family, task.variant, "", False)
         _, info = env.reset()
-        return [a for a in info["valid"] if a != "reset task"]
+        goal[0] = str(info["taskDesc"])
+        return rank_actions(info["valid"], goal[0], SW_OPTIONS["max_actions"])
 
-    def step(action: str) -> tuple[bool, list[str]]:
+    def step(action: str) -> tuple[bool, Sequence[str]]:
         _, _, done, info = env.step(action)
-        return done, [a for a in info["valid"] if a != "reset task"]
+        return done, rank_actions(info["valid"], goal[0], SW_OPTIONS["max_actions"])
 
     try:
-        steps, seconds = timed_loop(episodes, reset, step, max_steps, seed)
+        steps, seconds = timed_loop(episodes, reset, step, max_steps)
         rss = jvm_rss(env._gateway.java_process.pid)
     finally:
         env.close()
     return Row("ScienceWorldEnv (the library), called directly", steps, len(episodes), seconds), rss
 
 
-def textworld_library_row(world: Any, episodes: list[Task], max_steps: int, seed: int) -> Row:
+def textworld_library_row(world: Any, episodes: list[tuple[Task, int]], max_steps: int) -> Row:
+    """``textworld.start`` on the same game files, admissible commands sorted as the adapter
+    sorts them."""
     import textworld
 
     infos = textworld.EnvInfos(admissible_commands=True, won=True, lost=True)
     envs: dict[Path, Any] = {}
     current: list[Any] = []
 
-    def reset(task: Task) -> list[str]:
+    def reset(task: Task) -> Sequence[str]:
         path = world.game_path(task)
         if path not in envs:
             envs[path] = textworld.start(str(path), request_infos=infos)
         current[:] = [envs[path]]
-        return list(current[0].reset().admissible_commands)
+        return sorted(set(current[0].reset().admissible_commands))
 
-    def step(action: str) -> tuple[bool, list[str]]:
+    def step(action: str) -> tuple[bool, Sequence[str]]:
         state, _, done = current[0].step(action)
-        return bool(done), list(state.admissible_commands or ())
+        return bool(done or state.won or state.lost), sorted(set(state.admissible_commands or ()))
 
     try:
-        steps, seconds = timed_loop(episodes, reset, step, max_steps, seed)
+        steps, seconds = timed_loop(episodes, reset, step, max_steps)
     finally:
         for env in envs.values():
             env.close()
@@ -161,7 +175,7 @@ def coevo_row(
 
     doc = {
         "name": f"bench-{name}-{workers}",
-        "seed": 1,
+        "seed": RUN_SEED,
         "world": {
             "name": name,
             "families": families,
@@ -212,10 +226,8 @@ def bench_sciworld(args: argparse.Namespace, tmp: Path) -> list[str]:
     for k in range(args.rounds):
         here = tmp / f"sw{k}"
         here.mkdir()
-        library, library_rss = sciworld_library_row(episodes, args.max_steps, args.seed + k)
-        adapter, world = adapter_row(
-            "scienceworld", SW_OPTIONS, episodes, args.max_steps, args.seed + k
-        )
+        library, library_rss = sciworld_library_row(episodes, args.max_steps)
+        adapter, world = adapter_row("scienceworld", SW_OPTIONS, episodes, args.max_steps)
         adapter_rss = jvm_rss(world.jvm_pid)
         world.close()
         rows = [library, adapter]
@@ -242,8 +254,8 @@ def bench_textworld(args: argparse.Namespace, tmp: Path) -> list[str]:
     for k in range(args.rounds):
         here = tmp / f"tw{k}"
         here.mkdir()
-        rows = [textworld_library_row(games, episodes, args.max_steps, args.seed + k)]
-        adapter, world = adapter_row("textworld", options, episodes, args.max_steps, args.seed + k)
+        rows = [textworld_library_row(games, episodes, args.max_steps)]
+        adapter, world = adapter_row("textworld", options, episodes, args.max_steps)
         world.close()
         rows.append(adapter)
         rows += [coevo_row("textworld", TW_FAMILIES, options, args, w, here) for w in args.workers]
@@ -282,7 +294,6 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=12)
     parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2])
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
