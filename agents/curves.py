@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.episode_events import EpisodeFinished
-from agents.policy_events import EvalRoundFinished, PolicyUpdated
+from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from engine.events import Event
 
 TRAIN_CSV = "curve_train.csv"
 EVAL_CSV = "curve_heldout.csv"
 UPDATES_CSV = "updates.csv"
+ADAPT_CSV = "adaptation.csv"
 PNG = "curves.png"
 
 
@@ -32,6 +33,8 @@ class Curves:
             (``episodes`` counts training episodes up to the end of the block).
         heldout: ``(train_episodes, version, success, score)`` per evaluation round.
         updates: ``(version, loss, grad_norm, clip_frac, kl, samples, seconds)`` per update.
+        adapt: ``(version, attempt, success, score)`` per attempt of each adaptation round
+            (EMPO2's test: attempt 1 has an empty memory).
     """
 
     block: int
@@ -41,6 +44,9 @@ class Curves:
     )
     updates: list[tuple[int, float, float, float, float, int, float]] = field(
         default_factory=list[tuple[int, float, float, float, float, int, float]]
+    )
+    adapt: list[tuple[int, int, float, float]] = field(
+        default_factory=list[tuple[int, int, float, float]]
     )
 
 
@@ -66,6 +72,9 @@ def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
                 wins, score = 0, 0.0
         elif isinstance(ev, EvalRoundFinished):
             curves.heldout.append((ev.train_episodes, ev.policy_version, ev.success, ev.score))
+        elif isinstance(ev, AdaptRoundFinished):
+            for a, (success, score) in enumerate(zip(ev.success, ev.score, strict=True)):
+                curves.adapt.append((ev.policy_version, a + 1, success, score))
         elif isinstance(ev, PolicyUpdated):
             curves.updates.append(
                 (
@@ -92,6 +101,9 @@ def write_curves(run_dir: Path, curves: Curves, title: str = "") -> list[Path]:
             curves.updates,
         ),
     ]
+    if curves.adapt:
+        header = ("version", "attempt", "success", "score")
+        paths.append(_csv(run_dir / ADAPT_CSV, header, curves.adapt))
     paths.append(plot_curves(run_dir / PNG, curves, title))
     return paths
 
@@ -155,6 +167,10 @@ def summary_lines(curves: Curves) -> list[str]:
     if curves.updates:
         secs = sum(row[6] for row in curves.updates)
         lines.append(f"updates: {len(curves.updates)}, {secs:.1f} s in the learner")
+    versions = sorted({row[0] for row in curves.adapt})
+    for v in versions:
+        rates = " -> ".join(f"{row[2]:.1%}" for row in curves.adapt if row[0] == v)
+        lines.append(f"adaptation at version {v} (memory, no update), success by attempt: {rates}")
     return lines
 
 

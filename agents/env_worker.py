@@ -2,7 +2,11 @@
 
 One world instance per worker. The agent is either scripted (an :class:`Agent` built per
 episode, acting synchronously) or the policy: the worker then renders each turn's prompt, emits
-:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`.
+:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`. In EMPO2's
+tip modes (``rollout`` "tips" or "distill") it first asks the memory for tips
+(:class:`RetrievalRequested`, answered by :class:`TipsRetrieved`) and shows them in the prompt;
+when the assignment says ``reflect``, it asks the policy for a tip on the finished episode
+(:class:`ReflectionRequested`) and moves on without waiting for it.
 
  A world that declares ``blocking = False`` (the built-in one,
 microseconds per step) is stepped on the event loop; any other world is stepped in a worker
@@ -23,8 +27,11 @@ from agents.episode_events import (
     EpisodeStarted,
     StepTaken,
 )
+from agents.extraction import extract_messages
+from agents.extractor_events import ExtractionRequested
+from agents.memory_events import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
 from agents.policy_events import ActionRequested, ActionSampled
-from agents.prompts import Step, turn_messages
+from agents.prompts import Step, reflection_messages, state_text, turn_messages
 from agents.scripted import Agent
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
@@ -59,7 +66,7 @@ class EnvWorker(Actor):
         prompt: prompt settings when the policy acts.
     """
 
-    subscribes = (EpisodeAssigned, ActionSampled)
+    subscribes = (EpisodeAssigned, ActionSampled, TipsRetrieved)
 
     def __init__(
         self,
@@ -76,7 +83,7 @@ class EnvWorker(Actor):
         inbox = ctx.events()
         try:
             async for env in inbox:
-                if isinstance(env.event, ActionSampled):
+                if isinstance(env.event, ActionSampled | TipsRetrieved):
                     continue  # an answer for an episode lost in a restart
                 assert isinstance(env.event, EpisodeAssigned)
                 try:
@@ -110,7 +117,7 @@ class EnvWorker(Actor):
             agent = self._make_agent(derive_rng(job.seed, "agent"))
             agent.reset(obs.goal, obs)
         else:
-            agent = _PolicyAgent(ctx, job, inbox, self._prompt, obs.goal)
+            agent = _PolicyAgent(ctx, job, inbox, self._prompt, obs)
         await ctx.emit(
             EpisodeStarted(
                 episode=job.episode,
@@ -144,6 +151,10 @@ class EnvWorker(Actor):
                 )
             )
             turn += 1
+        if isinstance(agent, _PolicyAgent) and job.reflect:
+            await agent.reflect(obs)
+        if isinstance(agent, _PolicyAgent) and job.extract:
+            await agent.extract(obs)
         await ctx.emit(
             EpisodeFinished(
                 episode=job.episode,
@@ -169,24 +180,36 @@ class _PolicyAgent:
         job: EpisodeAssigned,
         inbox: Any,
         prompt: PromptSettings,
-        goal: str,
+        first: Observation,
     ) -> None:
         self._ctx = ctx
         self._job = job
         self._inbox = inbox
         self._prompt = prompt
-        self._goal = goal
+        self._goal = first.goal
+        self._first = first.text
+        guided = job.rollout.startswith("guided")
+        self._slot = job.slot or slot_of(job.scope, job.family, None if guided else job.variant)
+        self._entry: TipsRetrieved | None = None  # the bank entry of a guided episode
         self.history: list[Step] = []
 
     async def act(self, obs: Observation, turn: int) -> str:
+        job = self._job
+        tips: tuple[str, ...] = ()
+        if job.rollout.startswith("guided"):
+            if self._entry is None:
+                self._entry = await self._retrieve(obs, turn, rule="diverse", k=1)
+            tips = self._entry.tips
+        elif job.rollout != "plain":
+            tips = (await self._retrieve(obs, turn)).tips
         messages = turn_messages(
             self._goal,
             self.history,
             obs.text,
             admissible=obs.admissible if self._prompt.list_actions else None,
+            tips=tips,
             window=self._prompt.window,
         )
-        job = self._job
         await self._ctx.emit(
             ActionRequested(
                 episode=job.episode,
@@ -196,13 +219,78 @@ class _PolicyAgent:
                 admissible=obs.admissible,
                 seed=derive_seed(job.seed, "act", turn),
                 greedy=self._prompt.greedy_eval and job.purpose == "eval",
+                tips=tips,
             )
         )
+        answer = await self._wait(ActionSampled, turn)
+        assert isinstance(answer, ActionSampled)
+        return answer.action
+
+    async def _retrieve(
+        self, obs: Observation, turn: int, rule: str = "threshold", k: int = 0
+    ) -> TipsRetrieved:
+        job = self._job
+        await self._ctx.emit(
+            RetrievalRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                turn=turn,
+                slot=self._slot,
+                query=state_text(self._goal, self.history, obs.text, window=self._prompt.window),
+                rule=rule,
+                k=k,
+            )
+        )
+        found = await self._wait(TipsRetrieved, turn)
+        assert isinstance(found, TipsRetrieved)
+        return found
+
+    async def extract(self, last: Observation) -> None:
+        """Send the finished episode to the extractor's queue, with the entry it was shown."""
+        job = self._job
+        used = self._entry
+        entry = (used.tip_ids[0], used.tips[0]) if used is not None and used.tip_ids else None
+        messages = extract_messages(
+            self._goal, self._first, self.history, success=last.success, entry=entry
+        )
+        await self._ctx.emit(
+            ExtractionRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                slot=slot_of(job.scope, job.family),
+                entry=entry[0] if entry else -1,
+                messages=tuple((m["role"], m["content"]) for m in messages),
+                success=last.success,
+                score=last.score,
+                seed=derive_seed(job.seed, "extract"),
+            )
+        )
+
+    async def reflect(self, last: Observation) -> None:
+        """Ask the policy for a tip on the finished episode (answered to the memory actor)."""
+        job = self._job
+        messages = reflection_messages(self._goal, self._first, self.history, success=last.success)
+        await self._ctx.emit(
+            ReflectionRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                slot=self._slot,
+                messages=tuple((m["role"], m["content"]) for m in messages),
+                key=state_text(self._goal, self.history, last.text, window=self._prompt.window),
+                score=last.score,
+                success=last.success,
+                seed=derive_seed(job.seed, "reflect"),
+            )
+        )
+
+    async def _wait(self, kind: type[Event], turn: int) -> Event:
+        """The next ``kind`` answer for this episode's ``turn``; late answers for an episode
+        lost in a restart are skipped."""
+        job = self._job
         while True:
             env: Envelope[Event] = await self._inbox.__anext__()
             ev = env.event
-            if isinstance(ev, ActionSampled) and (ev.episode, ev.turn) == (job.episode, turn):
-                return ev.action
+            if isinstance(ev, kind) and (ev.episode, ev.turn) == (job.episode, turn):  # type: ignore[attr-defined]
+                return ev
             if isinstance(ev, EpisodeAssigned):
                 raise RuntimeError(f"{ev.episode} assigned while {job.episode} is running")
-            # else: a late answer for an episode lost in a restart

@@ -15,7 +15,15 @@ from engine.events import Event, event
 class EpisodeAssigned(Event, tag="episode_assigned", frozen=True, kw_only=True):
     """The scheduler handed episode ``episode`` (the ``index``-th of the run) to ``worker``.
 
-    ``purpose`` is "train" or "eval" (evaluation episodes of a learning run).
+    ``purpose`` is "train" or "eval" (evaluation episodes of a learning run). EMPO2's fields:
+    ``rollout`` is "plain" (no memory), "tips" (tips retrieved each turn, trained on as shown)
+    or "distill" (tips retrieved each turn, trained on with the tips removed from the prompt);
+    ``scope`` is the memory the episode reads and writes (see ``agents.memory_events``) and
+    ``slot``, when set, the exact memory slot (else the variant's slot within ``scope``);
+    ``reflect`` asks the policy for a tip on the finished episode. Complementary RL's: rollout
+    "guided" (one bank entry, retrieved at the start from the family's partition, shown every
+    turn) or "guided-distill" (the same, trained on with the entry removed); ``extract`` sends
+    the finished episode to the extractor.
     """
 
     episode: str
@@ -26,6 +34,11 @@ class EpisodeAssigned(Event, tag="episode_assigned", frozen=True, kw_only=True):
     split: str
     seed: int
     purpose: str = "train"
+    rollout: str = "plain"
+    scope: str = ""
+    reflect: bool = False
+    extract: bool = False
+    slot: str = ""
 
 
 @event

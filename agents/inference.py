@@ -5,6 +5,9 @@ Requests (:class:`ActionRequested`) are committed events; the actor takes the fi
 :class:`ActionSampled` each, and loads a new policy version when a :class:`PolicyUpdated`
 arrives (between batches, so every answer names the version that produced it). Each request
 carries its own seed, so what is sampled does not depend on how requests were batched.
+
+EMPO2's reflections (:class:`ReflectionRequested`) are answered here too, by generation, with
+one :class:`TipProposed` each: the tip is written by the same policy that acts.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 import trio
 
+from agents.memory_events import ReflectionRequested, TipProposed
 from agents.policy import generate, score_and_choose
 from agents.policy_events import ActionRequested, ActionSampled, PolicyUpdated
-from agents.prompts import encode_prompt, encode_response
+from agents.prompts import encode_prompt, encode_response, strip_tips
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
 from stores.checkpoints import Checkpoints, load_weights
@@ -33,12 +38,16 @@ class ActSettings:
         mode: "score" or "generate".
         temperature: sampling temperature (0: greedy).
         max_new_tokens: longest generated response.
+        tip_tokens: longest reflection (EMPO2's tip).
+        tip_temperature: sampling temperature of reflections (0: greedy).
         device: the torch device of the model.
     """
 
     mode: str = "score"
     temperature: float = 1.0
     max_new_tokens: int = 24
+    tip_tokens: int = 64
+    tip_temperature: float = 0.0
     device: torch.device = torch.device("cpu")  # noqa: RUF009 (immutable)
 
 
@@ -85,8 +94,48 @@ class PolicyRunner:
             rngs = [random.Random(req.seed) for req in group]
             act = self._score if self.settings.mode == "score" else self._generate
             for i, answer in zip(idx, act(group, prompts, rngs, temp), strict=True):
-                out[i] = answer
+                out[i] = self._with_bare_prompt(requests[i], answer)
         return [a for a in out if a is not None]
+
+    def _with_bare_prompt(self, req: ActionRequested, answer: ActionSampled) -> ActionSampled:
+        if not req.tips:
+            return answer
+        messages = [{"role": r, "content": c} for r, c in req.messages]
+        bare = encode_prompt(self.tokenizer, strip_tips(messages, req.tips))
+        return msgspec.structs.replace(answer, bare_prompt_ids=tuple(bare))
+
+    def reflect(self, requests: Sequence[ReflectionRequested]) -> list[TipProposed]:
+        """One :class:`TipProposed` per request, in request order, generated in one batch."""
+        temp = self.settings.tip_temperature
+        prompts = [
+            encode_prompt(self.tokenizer, [{"role": r, "content": c} for r, c in req.messages])
+            for req in requests
+        ]
+        drawn = generate(
+            self.model,
+            prompts,
+            [random.Random(req.seed) for req in requests],
+            temperature=temp,
+            max_new_tokens=self.settings.tip_tokens,
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self._pad,
+            device=self.settings.device,
+        )
+        return [
+            TipProposed(
+                episode=req.episode,
+                slot=req.slot,
+                key=req.key,
+                score=req.score,
+                text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+                prompt_ids=tuple(prompt),
+                response_ids=tuple(ids),
+                token_logps=tuple(logps),
+                temperature=temp,
+                policy_version=self.version,
+            )
+            for req, prompt, (ids, logps) in zip(requests, prompts, drawn, strict=True)
+        ]
 
     def _score(
         self,
@@ -175,7 +224,7 @@ class InferenceActor(Actor):
         batch_wait: seconds to wait for more requests after the first.
     """
 
-    subscribes = (ActionRequested, PolicyUpdated)
+    subscribes = (ActionRequested, ReflectionRequested, PolicyUpdated)
 
     def __init__(
         self,
@@ -220,12 +269,17 @@ class InferenceActor(Actor):
     async def _answer(
         self, ctx: Context, runner: PolicyRunner, batch: list[Envelope[Event]]
     ) -> None:
-        requests = [env.event for env in batch]
-        assert all(isinstance(r, ActionRequested) for r in requests)
+        acts = [env for env in batch if isinstance(env.event, ActionRequested)]
+        reflections = [env for env in batch if isinstance(env.event, ReflectionRequested)]
         self.batches.append(len(batch))
-        answers = await ctx.to_thread(runner.answer, requests)
-        for env, answer in zip(batch, answers, strict=True):
-            await ctx.emit(answer, cause=env.seq, corr=env.corr)
+        if acts:
+            answers = await ctx.to_thread(runner.answer, [env.event for env in acts])
+            for env, answer in zip(acts, answers, strict=True):
+                await ctx.emit(answer, cause=env.seq, corr=env.corr)
+        if reflections:
+            tips = await ctx.to_thread(runner.reflect, [env.event for env in reflections])
+            for env, tip in zip(reflections, tips, strict=True):
+                await ctx.emit(tip, cause=env.seq, corr=env.corr)
 
     async def _update(self, ctx: Context, runner: PolicyRunner, ev: PolicyUpdated) -> None:
         state = await ctx.to_thread(self._checkpoints.load, ev.checkpoint)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from agents.episode_events import EpisodeAborted, EpisodeFinished
-from agents.grpo import clipped_policy_loss, kl_penalty
+from agents.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.policy import chosen_action_logps, response_logps
 from agents.policy_events import ActionSampled, GradientRequested, PolicyUpdated
 from engine.actor import Actor, Context
@@ -30,10 +30,22 @@ from stores.checkpoints import Checkpoints, param_digest
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One turn to train on: what the behaviour policy did, and its advantage."""
+    """One turn to train on: what the behaviour policy did, and its advantage.
+
+    ``distill`` (EMPO2's off-policy update): the current policy reads the prompt with the tip
+    spans removed, while the old log-probs stay those of the tip-conditioned behaviour policy.
+    """
 
     turn: ActionSampled
     adv: float
+    distill: bool = False
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        """The prompt the current policy is trained on."""
+        if self.distill and self.turn.bare_prompt_ids:
+            return self.turn.bare_prompt_ids
+        return self.turn.prompt_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +97,11 @@ def sample_logps(
     In "generate" mode it is the response's token log-probs: (B, T).
     """
     turns = [s.turn for s in batch]
+    prompts = [s.prompt_ids for s in batch]
     if turns[0].mode == "score":
         logp = chosen_action_logps(
             model,
-            [t.prompt_ids for t in turns],
+            prompts,
             [t.candidates for t in turns],
             [t.choice for t in turns],
             temperature=turns[0].temperature,
@@ -99,7 +112,7 @@ def sample_logps(
         return logp, old, torch.ones_like(old)
     logp, mask = response_logps(
         model,
-        [t.prompt_ids for t in turns],
+        prompts,
         [t.response_ids for t in turns],
         temperature=turns[0].temperature,
         pad_id=pad_id,
@@ -150,6 +163,8 @@ def _one_step(
     trainee: Trainee, opt: torch.optim.Optimizer, batch: list[Sample], req: GradientRequested
 ) -> dict[str, float]:
     logp, old_logp, mask = sample_logps(trainee.model, batch, trainee.pad_id, trainee.device)
+    if req.low_prob_delta is not None:
+        mask = mask * low_prob_mask(old_logp, mask, req.low_prob_delta)[:, None]  # (B, T)
     adv = torch.tensor([s.adv for s in batch], device=trainee.device)  # (B,)
     out = clipped_policy_loss(
         logp,
@@ -261,7 +276,8 @@ def _collect(
     """The request's samples (removed from ``turns``) and how many were too stale to use."""
     samples: list[Sample] = []
     stale = 0
-    for episode, adv in zip(req.episodes, req.advantages, strict=True):
+    rollouts = req.rollouts or ("plain",) * len(req.episodes)
+    for episode, adv, rollout in zip(req.episodes, req.advantages, rollouts, strict=True):
         if episode not in ended:
             raise RuntimeError(f"gradient requested for {episode}, which has not finished")
         ended.discard(episode)
@@ -269,5 +285,5 @@ def _collect(
             if version - turn.policy_version > req.max_staleness:
                 stale += 1
             else:
-                samples.append(Sample(turn, adv))
+                samples.append(Sample(turn, adv, distill=rollout.endswith("distill")))
     return samples, stale

@@ -54,6 +54,8 @@ class ActionSampled(Event, tag="action_sampled", frozen=True, kw_only=True):
         mode: "score" or "generate".
         valid: False when a generated action was not admissible (the world then answers
             "you can not do that.").
+        bare_prompt_ids: when the prompt showed tips, its token ids with the tip spans removed
+            (what EMPO2's off-policy distillation trains the current policy on); else empty.
     """
 
     episode: str
@@ -71,6 +73,7 @@ class ActionSampled(Event, tag="action_sampled", frozen=True, kw_only=True):
     temperature: float
     mode: str = "score"
     valid: bool = True
+    bare_prompt_ids: tuple[int, ...] = ()
 
 
 @event
@@ -79,6 +82,10 @@ class AdvantagesComputed(Event, tag="advantages_computed", frozen=True, kw_only=
 
     ``rule`` names the formula (e.g. ``"grpo-std"`` or ``"grpo-mean"``); ``eps`` is the
     denominator's epsilon. Every turn of ``episodes[i]`` gets ``advantages[i]``.
+
+    With EMPO2's novelty bonus, ``rewards[i] = outcomes[i] + intrinsic_coef * intrinsic[i]``:
+    the outcome and the intrinsic reward are recorded apart (both empty without the bonus,
+    when ``rewards`` are the outcomes). ``rollouts[i]`` is the episode's rollout mode.
     """
 
     group: str
@@ -92,6 +99,10 @@ class AdvantagesComputed(Event, tag="advantages_computed", frozen=True, kw_only=
     eps: float
     mean: float
     std: float
+    outcomes: tuple[float, ...] = ()
+    intrinsic: tuple[float, ...] = ()
+    intrinsic_coef: float = 0.0
+    rollouts: tuple[str, ...] = ()
 
 
 @event
@@ -100,12 +111,18 @@ class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=Tr
 
     The samples are every turn of ``episodes``, each with its episode's advantage; the loss
     settings are recorded so that an update can be re-derived from the log alone.
+    ``rollouts[i]`` is EMPO2's rollout mode of ``episodes[i]`` (empty: all "plain"): the turns
+    of a "distill" episode are trained with the tips removed from the current policy's prompt
+    (``ActionSampled.bare_prompt_ids``) against the tip-conditioned behaviour log-probs.
+    ``low_prob_delta``: EMPO2's sequence-level low-probability masking threshold (None: off).
     """
 
     update: int
     episodes: tuple[str, ...]
     advantages: tuple[float, ...]
     mode: str = "on-policy"
+    rollouts: tuple[str, ...] = ()
+    low_prob_delta: float | None = None
     epochs: int = 1
     minibatch: int = 64
     lr: float = 1e-3
@@ -167,3 +184,21 @@ class EvalRoundFinished(Event, tag="eval_round_finished", frozen=True, kw_only=T
     success: float
     score: float
     train_episodes: int
+
+
+@event
+class AdaptRoundFinished(Event, tag="adapt_round_finished", frozen=True, kw_only=True):
+    """EMPO2's adaptation test ended: ``tasks`` held-out tasks, each played ``attempts`` times
+    in a row by the policy at ``policy_version`` with a memory of its own and no weight update.
+
+    ``success[a]`` and ``score[a]`` are the rates at attempt ``a`` (attempt 0: empty memory);
+    ``aborted`` episodes count as failures.
+    """
+
+    round: int
+    policy_version: int
+    tasks: int
+    attempts: int
+    success: tuple[float, ...]
+    score: tuple[float, ...]
+    aborted: int

@@ -76,6 +76,30 @@ def turn_messages(
     ]
 
 
+def state_text(goal: str, history: Sequence[Step], observation: str, *, window: int = 4) -> str:
+    """The state of an episode as memory sees it: the user message of a turn without actions
+    or tips (a retrieval's query, and the key a tip is stored under)."""
+    return turn_messages(goal, history, observation, window=window)[1]["content"]
+
+
+def strip_tips(messages: Sequence[Message], tips: Sequence[str]) -> list[dict[str, str]]:
+    """``messages`` as :func:`turn_messages` renders them with ``tips=()``: the tip lines that
+    it appended to the user message removed (EMPO2's off-policy input).
+
+    Raises:
+        ValueError: the user message does not end with those tips' lines.
+    """
+    out = [dict(m) for m in messages]
+    if not tips:
+        return out
+    suffix = "".join(f"\n<tip> {tip} </tip>" for tip in tips)
+    user = out[-1]
+    if user["role"] != "user" or not user["content"].endswith(suffix):
+        raise ValueError("the last message is not a user message ending with these tips")
+    user["content"] = user["content"][: -len(suffix)]
+    return out
+
+
 def reflection_messages(
     goal: str, first_observation: str, history: Sequence[Step], *, success: bool
 ) -> list[dict[str, str]]:

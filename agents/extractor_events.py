@@ -1,0 +1,150 @@
+"""Complementary RL's events: the extractor's calls, the credit they earn, and its updates.
+
+An extractor call is born from a finished training episode (``ExtractionRequested``, by the env
+worker: the trajectory, the outcome and the entry the actor used) or from a chunk of the bank
+(``MergeRequested``, by the memory actor when the trainer says a merge is due). The extractor
+answers with ``ExtractorCalled``: its prompt and response token ids and log-probs, and the bank
+operations parsed from the response (none, with the parser's errors, when it is malformed). The
+memory actor applies the operations (``TipStored`` with the call and the parent entries,
+``TipEvicted`` for replaced, merged and discarded entries).
+
+Every guided episode's outcome becomes a ``CreditAssigned`` for the call behind the entry it
+used; when the extractor's buffer holds enough credited calls the credit actor asks for an
+update (``ExtractorGradientRequested``, naming the credits it consumed) and the extractor
+answers with ``ExtractorUpdated``.
+
+Operations are recorded as ``(op, ids, content)`` triples: ``("add", (), text)``,
+``("update", (3, 5), text)``, ``("merge", (3, 5), text)``, ``("rewrite", (4,), text)``,
+``("discard", (2, 7), "")``.
+"""
+
+from __future__ import annotations
+
+from engine.events import Event, event
+
+Op = tuple[str, tuple[int, ...], str]
+
+
+@event
+class ExtractionRequested(Event, tag="extraction_requested", frozen=True, kw_only=True):
+    """A finished training episode goes to the extractor's queue.
+
+    ``entry`` is the bank entry the actor was shown (-1: a free episode); ``messages`` the
+    extraction prompt.
+    """
+
+    episode: str
+    worker: str
+    slot: str
+    entry: int
+    messages: tuple[tuple[str, str], ...]
+    success: bool
+    score: float
+    seed: int
+
+
+@event
+class MergeRequested(Event, tag="merge_requested", frozen=True, kw_only=True):
+    """The memory actor hands a chunk of ``slot``'s entries to the extractor to merge."""
+
+    step: int
+    slot: str
+    entries: tuple[int, ...]
+    messages: tuple[tuple[str, str], ...]
+    seed: int
+
+
+@event
+class MergeDue(Event, tag="merge_due", frozen=True, kw_only=True):
+    """The trainer asks the memory actor for a merge pass over the bank (every few steps)."""
+
+    step: int
+
+
+@event
+class ExtractorCalled(Event, tag="extractor_called", frozen=True, kw_only=True):
+    """One extractor call: what it read and wrote, and the operations parsed from it.
+
+    Attributes:
+        call: the call's id (``x`` + the request's sequence number), named by every entry it
+            writes and every credit it earns.
+        task: "extract" (an episode) or "merge" (a chunk of entries).
+        source: the episode (extract) or the merge step (merge), as text.
+        slot: the bank partition the operations apply to.
+        ops: the parsed operations, applied in order.
+        errors: the parser's message for every piece it refused.
+        malformed: nothing usable could be parsed.
+        extractor_version: the extractor weights that answered.
+    """
+
+    call: str
+    task: str
+    source: str
+    slot: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    token_logps: tuple[float, ...]
+    text: str
+    temperature: float
+    extractor_version: int
+    ops: tuple[Op, ...] = ()
+    errors: tuple[str, ...] = ()
+    malformed: bool = False
+
+
+@event
+class CreditAssigned(Event, tag="credit_assigned", frozen=True, kw_only=True):
+    """A guided episode's outcome credited to the call that wrote the entry it used.
+
+    ``credit`` is +1 (success) or -1 (failure); ``rule`` names the formula.
+    """
+
+    episode: str
+    entry: int
+    call: str
+    success: bool
+    credit: float
+    step: int
+    rule: str = "outcome-pm1"
+
+
+@event
+class ExtractorGradientRequested(
+    Event, tag="extractor_gradient_requested", frozen=True, kw_only=True
+):
+    """The credit actor asks for extractor update ``update`` on ``calls``.
+
+    ``rewards[i]`` is call i's mean credit so far, ``advantages[i]`` its reward minus the
+    batch mean, ``weights[i]`` the count-aware reweighting (0 in cooldown), ``credits`` the
+    episodes whose :class:`CreditAssigned` this update consumes (one credit per episode). The
+    loss settings are recorded so the update re-derives from the log.
+    """
+
+    update: int
+    step: int
+    calls: tuple[str, ...]
+    rewards: tuple[float, ...]
+    advantages: tuple[float, ...]
+    weights: tuple[float, ...]
+    credits: tuple[str, ...]
+    lr: float
+    clip_low: float = 0.1
+    clip_high: float = 0.1
+    max_grad_norm: float = 1.0
+    alpha: float = 0.5
+    cooldown: int = 1
+
+
+@event
+class ExtractorUpdated(Event, tag="extractor_updated", frozen=True, kw_only=True):
+    """The extractor applied update ``update``: it is now ``extractor_version``."""
+
+    extractor_version: int
+    update: int
+    samples: int
+    loss: float
+    grad_norm: float
+    clip_frac: float
+    digest: str
+    checkpoint: str
+    seconds: float

@@ -1,0 +1,345 @@
+"""Methods against the GRPO baseline, measured from run logs: held-out success without memory
+(overall and per family, the hard families called out), the adaptation test (held-out tasks
+played several times in a row with memory and no weight update), learning curves as a PNG.
+
+    .venv/bin/python bench/method_results.py --method empo2=scenarios/empo2.toml \\
+        --baseline grpo=scenarios/grpo.toml --seeds 0 1 2 --parallel 3
+
+Runs go to ``--runs/<name>-seed<N>``; a run directory that already holds a finished run is
+read, not rerun (so the baseline's runs from ``bench/grpo_results.py`` can be reused with
+``--reuse grpo=runs/bench/20261130-123247``). Runs of one call are started ``--parallel`` at a
+time as separate ``coevo run`` processes. The markdown table and the PNG go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from extractor_report import Coevolution, coevolution_table, fold_coevolution, plot_coevolution
+
+from agents.episode_events import EpisodeAssigned, EpisodeFinished
+from agents.extractor_events import ExtractorUpdated
+from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
+from engine.events import Event
+from stores.lmdb_log import LmdbEventLog
+
+ROOT = Path(__file__).resolve().parents[1]
+HARD = ("circuit", "paint")
+
+
+@dataclass
+class RunFacts:
+    """What one run measured, folded from its log."""
+
+    name: str
+    seed: int
+    rounds: list[tuple[int, int, float]] = field(default_factory=list)  # (episodes, v, success)
+    # round -> family -> (successes, episodes)
+    by_family: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    adapt: list[AdaptRoundFinished] = field(default_factory=list)
+    wall: float = 0.0
+
+    def family_success(self, round_: int, families: tuple[str, ...]) -> tuple[int, int]:
+        wins = n = 0
+        for fam, (w, k) in self.by_family.get(round_, {}).items():
+            if fam in families:
+                wins, n = wins + w, n + k
+        return wins, n
+
+
+def fold(name: str, seed: int, events: list[Event], wall: float) -> RunFacts:
+    """The facts of one run (pure)."""
+    facts = RunFacts(name, seed, wall=wall)
+    round_of: dict[str, int] = {}
+    family_of: dict[str, str] = {}
+    current = -1
+    for ev in events:
+        if isinstance(ev, EvalRoundStarted):
+            current = ev.round
+        elif isinstance(ev, EpisodeAssigned) and ev.purpose == "eval" and not ev.scope:
+            round_of[ev.episode] = current
+            family_of[ev.episode] = ev.family
+        elif isinstance(ev, EpisodeFinished) and ev.episode in round_of:
+            fams = facts.by_family.setdefault(round_of[ev.episode], {})
+            row = fams.setdefault(family_of[ev.episode], [0, 0])
+            row[0] += int(ev.success)
+            row[1] += 1
+        elif isinstance(ev, EvalRoundFinished):
+            facts.rounds.append((ev.train_episodes, ev.policy_version, ev.success))
+        elif isinstance(ev, AdaptRoundFinished):
+            facts.adapt.append(ev)
+    return facts
+
+
+def read_run(path: Path) -> tuple[list[Event], float] | None:
+    """A finished run's events and wall seconds, or None when there is no finished run."""
+    if not (path / "log").exists():
+        return None
+    log = LmdbEventLog.open(path / "log", writable=False)
+    try:
+        envs = list(log.read(0, None))
+    finally:
+        log.close()
+    if not envs or envs[-1].event.__struct_config__.tag != "run_stopped":
+        return None
+    return [e.event for e in envs], (envs[-1].t - envs[0].t) / 1e9
+
+
+def run_all(jobs: list[tuple[Path, Path, int]], parallel: int) -> None:
+    """Run ``(scenario, out, seed)`` jobs, ``parallel`` at a time, each a ``coevo run``."""
+    coevo = str(Path(sys.executable).with_name("coevo"))
+    pending = list(jobs)
+    running: list[tuple[subprocess.Popen[bytes], Path]] = []
+    while pending or running:
+        while pending and len(running) < parallel:
+            scenario, out, seed = pending.pop(0)
+            print(f"start {out.name}", flush=True)
+            cmd = [coevo, "run", str(scenario), "--out", str(out), "--quiet", "--set"]
+            proc = subprocess.Popen([*cmd, f"seed={seed}"], stdout=subprocess.DEVNULL)
+            running.append((proc, out))
+        time.sleep(2)
+        for proc, out in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, out))
+                print(f"done {out.name}: exit {proc.returncode}", flush=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{out} failed with exit {proc.returncode}")
+
+
+FINAL_EVAL = """name = "final-eval"
+seed = {seed}
+description = "held-out evaluation of a finished run's last policy, without memory"
+
+[world]
+name = "minilab"
+families = {families}
+split = "heldout"
+
+[agent]
+kind = "policy"
+
+[run]
+episodes = {episodes}
+workers = 16
+method = "rollout"
+
+[policy]
+model = "{model}"
+threads = 1
+batch_max = 16
+
+[logging]
+progress = false
+"""
+
+
+def final_eval(run: Path, families: tuple[str, ...], episodes: int) -> tuple[int, int]:
+    """Successes and episodes of the run's last policy on ``episodes`` held-out episodes of
+    ``families``, no memory (a ``rollout`` run of its last checkpoint; reused when present)."""
+    out = run / f"final-eval-{'-'.join(families)}-{episodes}"
+    if read_run(out) is None:
+        model = max((run / "checkpoints").glob("v*"))
+        scenario = run / f"{out.name}.toml"
+        fams = "[" + ", ".join(f'"{f}"' for f in families) + "]"
+        scenario.write_text(
+            FINAL_EVAL.format(seed=7, families=fams, episodes=episodes, model=model.resolve())
+        )
+        run_all([(scenario, out, 7)], 1)
+    got = read_run(out)
+    assert got is not None
+    done = [e for e in got[0] if isinstance(e, EpisodeFinished)]
+    return sum(e.success for e in done), len(done)
+
+
+def final_table(
+    facts: dict[str, list[RunFacts]], finals: dict[tuple[str, int], tuple[int, int]]
+) -> list[str]:
+    lines = ["| method | per seed | pooled |", "|---|---|---:|"]
+    for name, runs in facts.items():
+        cells = ", ".join(f"seed {f.seed}: {rate(*finals[name, f.seed])}" for f in runs)
+        w = sum(finals[name, f.seed][0] for f in runs)
+        n = sum(finals[name, f.seed][1] for f in runs)
+        lines.append(f"| {name} | {cells} | {rate(w, n)} |")
+    return lines
+
+
+def rate(wins: int, n: int) -> str:
+    return f"{wins / n:.3f} ({wins}/{n})" if n else "-"
+
+
+def table(facts: dict[str, list[RunFacts]], families: tuple[str, ...]) -> list[str]:
+    """Held-out success without memory at the first and last round, overall and on the hard
+    families, per run, then pooled per method."""
+    lines = [
+        "| method | seed | held-out v0 | held-out final | hard families v0 | hard families final "
+        "| wall |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, runs in facts.items():
+        pooled = [0, 0, 0, 0]
+        for f in runs:
+            first, last = f.rounds[0], f.rounds[-1]
+            h0 = f.family_success(0, families)
+            h1 = f.family_success(len(f.rounds) - 1, families)
+            pooled = [pooled[0] + h0[0], pooled[1] + h0[1], pooled[2] + h1[0], pooled[3] + h1[1]]
+            lines.append(
+                f"| {name} | {f.seed} | {first[2]:.3f} | {last[2]:.3f} (v{last[1]}) | "
+                f"{rate(*h0)} | {rate(*h1)} | {f.wall:.0f} s |"
+            )
+        mean0 = statistics.mean(f.rounds[0][2] for f in runs)
+        mean1 = statistics.mean(f.rounds[-1][2] for f in runs)
+        lines.append(
+            f"| **{name}** | mean | {mean0:.3f} | {mean1:.3f} | {rate(pooled[0], pooled[1])} | "
+            f"{rate(pooled[2], pooled[3])} | |"
+        )
+    return lines
+
+
+def adapt_table(facts: dict[str, list[RunFacts]]) -> list[str]:
+    """Success by attempt in each adaptation round, per run, and pooled."""
+    lines = ["| method | seed | version | tasks | success by attempt (1 = empty memory) |"]
+    lines.append("|---|---:|---:|---:|---|")
+    for name, runs in facts.items():
+        pooled: dict[str, list[float]] = {}
+        for f in runs:
+            for a in f.adapt:
+                by = " -> ".join(f"{s:.3f}" for s in a.success)
+                lines.append(f"| {name} | {f.seed} | v{a.policy_version} | {a.tasks} | {by} |")
+                key = "first" if a.policy_version == 0 else "last"
+                pooled.setdefault(key, [0.0] * a.attempts)
+                pooled[key] = [p + s * a.tasks for p, s in zip(pooled[key], a.success, strict=True)]
+        for key, wins in pooled.items():
+            n = sum(
+                a.tasks
+                for f in runs
+                for a in f.adapt
+                if (a.policy_version == 0) == (key == "first")
+            )
+            by = " -> ".join(f"{w / n:.3f}" for w in wins)
+            lines.append(f"| **{name}** | pooled | {key} round | {n} | {by} |")
+    return lines
+
+
+def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (name, runs), color in zip(
+        facts.items(), ("tab:blue", "tab:orange", "tab:green"), strict=False
+    ):
+        for f in runs:
+            xs = [r[0] for r in f.rounds]
+            axes[0].plot(xs, [r[2] for r in f.rounds], color=color, alpha=0.35, marker=".")
+            hard = [f.family_success(i, families) for i in range(len(f.rounds))]
+            axes[1].plot(
+                xs, [w / n if n else 0 for w, n in hard], color=color, alpha=0.35, marker="."
+            )
+        xs = [r[0] for r in runs[0].rounds]
+        means = [statistics.mean(f.rounds[i][2] for f in runs) for i in range(len(xs))]
+        axes[0].plot(xs, means, color=color, linewidth=2.5, label=f"{name} (mean of {len(runs)})")
+        pooled = []
+        for i in range(len(xs)):
+            w = sum(f.family_success(i, families)[0] for f in runs)
+            n = sum(f.family_success(i, families)[1] for f in runs)
+            pooled.append(w / n if n else 0)
+        axes[1].plot(xs, pooled, color=color, linewidth=2.5, label=f"{name} (pooled)")
+    axes[0].set_title("held-out success without memory")
+    axes[1].set_title(f"held-out success, {'+'.join(families)}")
+    for ax in axes:
+        ax.set_xlabel("training episodes")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--method", action="append", default=[], help="NAME=SCENARIO")
+    parser.add_argument("--baseline", default="grpo=scenarios/grpo.toml", help="NAME=SCENARIO")
+    parser.add_argument("--reuse", action="append", default=[], help="NAME=DIR of NAME-seedN runs")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--seeds-of", action="append", default=[], help="NAME=0,1: other seeds for one method"
+    )
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--hard", nargs="+", default=["circuit"])
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "methods")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument("--tag", default="methods", help="file names of the table and PNG")
+    parser.add_argument(
+        "--final-eval",
+        type=int,
+        default=0,
+        help="held-out episodes of the hard families "
+        "played by each run's last policy without memory (0: skip)",
+    )
+    args = parser.parse_args()
+    specs = dict(item.split("=", 1) for item in [args.baseline, *args.method])
+    where = {name: args.runs for name in specs} | dict(r.split("=", 1) for r in args.reuse)
+    seeds = {name: list(args.seeds) for name in specs}
+    for item in args.seeds_of:
+        name, _, listed = item.partition("=")
+        seeds[name] = [int(x) for x in listed.split(",")]
+    jobs = []
+    for name, scenario in specs.items():
+        for seed in seeds[name]:
+            out = Path(where[name]) / f"{name}-seed{seed}"
+            if read_run(out) is None:
+                if out.exists():
+                    raise SystemExit(f"{out} holds an unfinished run: remove it")
+                jobs.append((Path(scenario), out, seed))
+    args.runs.mkdir(parents=True, exist_ok=True)
+    run_all(jobs, args.parallel)
+    facts: dict[str, list[RunFacts]] = {}
+    coevolution: dict[str, list[tuple[int, Coevolution]]] = {}
+    for name in specs:
+        for seed in seeds[name]:
+            got = read_run(Path(where[name]) / f"{name}-seed{seed}")
+            assert got is not None
+            facts.setdefault(name, []).append(fold(name, seed, *got))
+            if any(isinstance(ev, ExtractorUpdated) for ev in got[0]):
+                coevolution.setdefault(name, []).append((seed, fold_coevolution(got[0])))
+    hard = tuple(args.hard)
+    png = plot(facts, hard, args.out / f"{args.tag}.png")
+    lines = [*table(facts, hard), "", *adapt_table(facts), "", f"![]({png.name})"]
+    if args.final_eval:
+        finals = {
+            (name, seed): final_eval(
+                Path(where[name]) / f"{name}-seed{seed}", hard, args.final_eval
+            )
+            for name in specs
+            for seed in seeds[name]
+        }
+        lines += [
+            "",
+            f"Last policy, {args.final_eval} held-out episodes of {'+'.join(hard)} "
+            "each, no memory:",
+            "",
+            *final_table(facts, finals),
+        ]
+    if coevolution:
+        extractor_png = plot_coevolution(coevolution, args.out / f"{args.tag}_extractor.png")
+        lines += ["", *coevolution_table(coevolution), "", f"![]({extractor_png.name})"]
+    (args.out / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

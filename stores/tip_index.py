@@ -1,0 +1,373 @@
+"""Vector search over tip embeddings: the store behind EMPO2's tip memory.
+
+A :class:`VectorIndex` maps integer keys (tip ids) to unit vectors and answers k-nearest-neighbour
+queries by cosine similarity. :class:`UsearchIndex` is the store a run uses (usearch HNSW, exact
+below a size threshold); :class:`ExactIndex` is its in-memory twin: numpy brute force in float64,
+the reference model in tests.
+
+Answers are ordered best first; keys with equal similarity come smaller key first. Similarities
+are clipped to ``[-1, 1]`` (float32 rounding can otherwise give ``1 + 1e-7`` for a duplicate).
+
+Determinism: both backends give the same answers for the same sequence of calls. For
+:class:`UsearchIndex` this holds because vectors are inserted on one thread (usearch's HNSW build
+is order-dependent, and concurrent insertion is not reproducible); searches may use many threads,
+as they do not change the graph. In the exact regime (``len(index) <= exact_below``) its answers
+equal :class:`ExactIndex`'s up to float32 rounding of the similarities (about 1e-7): only keys
+whose similarities differ by less than that may come in another order. Above it, answers are
+approximate (HNSW): recall below 1, and ties at the k-th place are not resolved by key.
+
+Neither index is safe for concurrent calls: one owner (the memory actor) calls it, from one
+thread at a time (``trio.to_thread.run_sync``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, cast, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+from usearch.index import BatchMatches, Index, Matches
+
+UNIT_TOLERANCE = 1e-3
+"""How far a row's L2 norm may be from 1 before ``add``/``search`` refuse it."""
+
+SIMILARITY_BLOCK = 1 << 22
+"""At most this many similarities (float64: 32 MiB) are held at once by :class:`ExactIndex`."""
+
+Hits = list[list[tuple[int, float]]]
+"""Per query, ``(key, cosine similarity)`` pairs, best first."""
+
+
+@runtime_checkable
+class VectorIndex(Protocol):
+    """A set of ``key -> unit vector`` answering cosine k-NN queries.
+
+    Keys are distinct non-negative ints (below 2**64). Vectors are float32 rows of length
+    ``dim``, L2-normalised by the caller (norm within :data:`UNIT_TOLERANCE` of 1).
+    """
+
+    dim: int
+
+    def add(self, keys: Sequence[int], vectors: np.ndarray) -> None:
+        """Insert ``vectors[i]`` under ``keys[i]``; all or nothing.
+
+        Raises:
+            ValueError: a key is already present, repeated, or negative; ``vectors`` is not a
+                float32 ``(len(keys), dim)`` array of finite unit rows.
+        """
+        ...
+
+    def remove(self, keys: Sequence[int]) -> None:
+        """Delete ``keys``; all or nothing. A removed key may be added again.
+
+        Raises:
+            KeyError: a key is not present.
+            ValueError: a key is repeated.
+        """
+        ...
+
+    def search(self, queries: np.ndarray, k: int) -> Hits:
+        """The up to ``k`` most similar keys per query row, best first, ties by smaller key.
+
+        Args:
+            queries: float32 ``(q, dim)``, finite unit rows.
+            k: how many neighbours per query (0 gives empty lists).
+
+        Returns:
+            ``q`` lists of ``(key, cosine similarity)``; empty lists for an empty index.
+
+        Raises:
+            ValueError: ``k`` is negative or ``queries`` has the wrong shape, dtype or norms.
+        """
+        ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+
+def check_vectors(what: str, vectors: np.ndarray, rows: int | None, dim: int) -> None:
+    """Validate a float32 ``(rows, dim)`` array of finite unit rows.
+
+    Args:
+        what: the argument's name, for the message ("vectors", "queries").
+        vectors: the array.
+        rows: the expected row count, or None for any.
+        dim: the expected row length.
+
+    Raises:
+        ValueError: with a message naming ``what`` and what is wrong.
+    """
+    if not isinstance(vectors, np.ndarray):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f"{what} must be a numpy array, got {type(vectors).__name__}")
+    if vectors.dtype != np.float32:
+        raise ValueError(f"{what} must have dtype float32, got {vectors.dtype}")
+    expected = f"({'n' if rows is None else rows}, {dim})"
+    if vectors.ndim != 2 or vectors.shape[1] != dim or rows not in (None, vectors.shape[0]):
+        raise ValueError(f"{what} must have shape {expected}, got {vectors.shape}")
+    if not np.isfinite(vectors).all():
+        raise ValueError(f"{what} must be finite (found NaN or inf)")
+    norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
+    bad = np.flatnonzero(np.abs(norms - 1.0) > UNIT_TOLERANCE)
+    if bad.size:
+        raise ValueError(
+            f"{what} rows must be L2-normalised: row {int(bad[0])} has norm {norms[bad[0]]:.6g}"
+        )
+
+
+def check_keys(keys: Sequence[int]) -> np.ndarray:
+    """The keys as a uint64 array, checked to be distinct non-negative ints.
+
+    Raises:
+        ValueError: a key is not an int, is negative or too large, or is repeated.
+    """
+    checked: list[int] = []
+    for key in keys:
+        value = as_key(key)
+        if value is None:
+            raise ValueError(f"keys must be ints, got {key!r}")
+        if not 0 <= value < 2**64:
+            raise ValueError(f"keys must be in [0, 2**64), got {key}")
+        checked.append(value)
+    array = np.array(checked, dtype=np.uint64)
+    if len(np.unique(array)) != len(array):
+        raise ValueError("keys must be distinct within one call")
+    return array
+
+
+def as_key(key: object) -> int | None:
+    """``key`` as a Python int if it is an int or numpy integer (not a bool), else None."""
+    if isinstance(key, bool) or not isinstance(key, int | np.integer):
+        return None
+    return int(cast("int | np.integer[Any]", key))
+
+
+def check_k(k: int) -> None:
+    """Raises: ValueError: ``k`` is not a non-negative int."""
+    value = as_key(k)
+    if value is None or value < 0:
+        raise ValueError(f"k must be a non-negative int, got {k!r}")
+
+
+def rank(keys: np.ndarray, sims: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The ``k`` best ``(key, similarity)`` pairs: similarity descending, then key ascending.
+
+    Args:
+        keys: uint64 ``(n,)``.
+        sims: float ``(n,)``, already clipped to ``[-1, 1]``.
+        k: how many to keep.
+    """
+    if k < len(sims):
+        # Everything tied with the k-th best goes into the sort, so ties cut by key.
+        kth = np.partition(sims, len(sims) - k)[len(sims) - k]
+        keep = np.flatnonzero(sims >= kth)
+        keys, sims = keys[keep], sims[keep]
+    order = np.lexsort((keys, -sims))[:k]
+    return [(int(keys[i]), float(sims[i])) for i in order]
+
+
+class ExactIndex:
+    """Brute-force cosine search in float64 over rows kept in a numpy matrix: the in-memory twin
+    of :class:`UsearchIndex` and the reference model its tests compare against.
+
+    Args:
+        dim: the vector length.
+    """
+
+    def __init__(self, dim: int) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.dim = dim
+        self._rows = np.zeros((0, dim), dtype=np.float64)  # (capacity, dim), unit rows
+        self._keys = np.zeros(0, dtype=np.uint64)  # (capacity,)
+        self._where: dict[int, int] = {}  # key -> row
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return as_key(key) in self._where
+
+    def add(self, keys: Sequence[int], vectors: np.ndarray) -> None:
+        array = check_keys(keys)
+        check_vectors("vectors", vectors, len(array), self.dim)
+        present = [int(key) for key in array if int(key) in self._where]
+        if present:
+            raise ValueError(f"key {present[0]} is already in the index")
+        n = len(self._where)
+        self._reserve(n + len(array))
+        rows = vectors.astype(np.float64)
+        self._rows[n : n + len(array)] = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        self._keys[n : n + len(array)] = array
+        for offset, key in enumerate(array):
+            self._where[int(key)] = n + offset
+
+    def remove(self, keys: Sequence[int]) -> None:
+        array = check_keys(keys)
+        missing = [int(key) for key in array if int(key) not in self._where]
+        if missing:
+            raise KeyError(missing[0])
+        for key in array:
+            row, last = self._where.pop(int(key)), len(self._where)
+            if row != last:  # move the last row into the hole
+                self._rows[row] = self._rows[last]
+                self._keys[row] = self._keys[last]
+                self._where[int(self._keys[row])] = row
+
+    def search(self, queries: np.ndarray, k: int) -> Hits:
+        check_k(k)
+        check_vectors("queries", queries, None, self.dim)
+        n = len(self._where)
+        if n == 0 or k == 0:
+            return [[] for _ in range(len(queries))]
+        q = queries.astype(np.float64)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        rows, keys = self._rows[:n], self._keys[:n]
+        hits: Hits = []
+        step = max(1, SIMILARITY_BLOCK // n)  # queries per block: bounded memory
+        for start in range(0, len(q), step):
+            sims = np.clip(q[start : start + step] @ rows.T, -1.0, 1.0)  # (step, n)
+            hits.extend(rank(keys, row, k) for row in sims)
+        return hits
+
+    def _reserve(self, size: int) -> None:
+        if size <= len(self._keys):
+            return
+        capacity = max(size, 2 * len(self._keys), 16)
+        rows = np.zeros((capacity, self.dim), dtype=np.float64)
+        keys = np.zeros(capacity, dtype=np.uint64)
+        rows[: len(self._where)] = self._rows[: len(self._where)]
+        keys[: len(self._where)] = self._keys[: len(self._where)]
+        self._rows, self._keys = rows, keys
+
+
+class UsearchIndex:
+    """A usearch index (cosine metric, float32 storage): exhaustive search while it holds at most
+    ``exact_below`` vectors, HNSW approximate search above that.
+
+    Args:
+        dim: the vector length.
+        connectivity: HNSW edges per node (usearch's M); more is better recall, more memory.
+        expansion_add: candidate list size while inserting (efConstruction).
+        expansion_search: candidate list size while searching (ef); at least ``k`` is used.
+        exact_below: search exhaustively while ``len(index) <= exact_below``, so small
+            per-slot indexes give exact answers (EMPO2: at most 1,000 tips per task slot).
+        search_threads: threads per ``search`` call (0: all cores); searches are reproducible
+            with any count. Inserts always use one thread, which keeps the graph reproducible.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        connectivity: int = 16,
+        expansion_add: int = 128,
+        expansion_search: int = 64,
+        exact_below: int = 2048,
+        search_threads: int = 1,
+    ) -> None:
+        for name, value in (
+            ("dim", dim),
+            ("connectivity", connectivity),
+            ("expansion_add", expansion_add),
+            ("expansion_search", expansion_search),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, value in (("exact_below", exact_below), ("search_threads", search_threads)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        self.dim = dim
+        self.exact_below = exact_below
+        self.search_threads = search_threads
+        self._index = Index(
+            ndim=dim,
+            metric="cos",
+            dtype="f32",
+            connectivity=connectivity,
+            expansion_add=expansion_add,
+            expansion_search=expansion_search,
+        )
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        value = as_key(key)
+        return value is not None and 0 <= value < 2**64 and bool(self._index.contains(value))
+
+    @property
+    def exact(self) -> bool:
+        """Whether searches are exhaustive at the current size."""
+        return len(self) <= self.exact_below
+
+    def add(self, keys: Sequence[int], vectors: np.ndarray) -> None:
+        array = check_keys(keys)
+        check_vectors("vectors", vectors, len(array), self.dim)
+        present = array[self._present(array)]
+        if len(present):
+            raise ValueError(f"key {int(present[0])} is already in the index")
+        if len(array):
+            self._index.add(array, np.ascontiguousarray(vectors), threads=1)
+
+    def remove(self, keys: Sequence[int]) -> None:
+        array = check_keys(keys)
+        missing = array[~self._present(array)]
+        if len(missing):
+            raise KeyError(int(missing[0]))
+        if len(array):
+            self._index.remove(array)
+
+    def search(self, queries: np.ndarray, k: int) -> Hits:
+        check_k(k)
+        check_vectors("queries", queries, None, self.dim)
+        n = len(self)
+        if n == 0 or k == 0 or len(queries) == 0:
+            return [[] for _ in range(len(queries))]
+        exact = n <= self.exact_below
+        # Exhaustive: ask for every key, so the cut at k can break ties by key.
+        count = n if exact else min(k, n)
+        matches = self._index.search(
+            np.ascontiguousarray(queries), count, exact=exact, threads=self.search_threads
+        )
+        return _hits(matches, k)
+
+    def _present(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        if not len(keys):
+            return np.zeros(0, dtype=np.bool_)
+        return np.asarray(self._index.contains(keys), dtype=np.bool_)
+
+
+def _hits(matches: Matches | BatchMatches, k: int) -> Hits:
+    """Ranked hits from usearch's answer: a BatchMatches, or a Matches for a single query row
+    (usearch unwraps a batch of one)."""
+    if isinstance(matches, Matches):
+        keys = matches.keys[None, :]
+        distances = matches.distances[None, :]
+        counts = [len(matches.keys)]
+    else:
+        keys, distances = matches.keys, matches.distances
+        counts = [int(c) for c in matches.counts]
+    sims = np.clip(1.0 - distances.astype(np.float64), -1.0, 1.0)
+    return [rank(keys[i, :c], sims[i, :c], k) for i, c in enumerate(counts)]
+
+
+def make_index(kind: Literal["usearch", "exact"], dim: int, **options: int) -> VectorIndex:
+    """A new, empty index of the named backend.
+
+    Args:
+        kind: "usearch" (:class:`UsearchIndex`) or "exact" (:class:`ExactIndex`).
+        dim: the vector length.
+        **options: keyword arguments of :class:`UsearchIndex` (none for "exact").
+
+    Raises:
+        ValueError: unknown ``kind``, or options for "exact".
+    """
+    if kind == "usearch":
+        return UsearchIndex(dim, **options)
+    if kind == "exact":
+        if options:
+            raise ValueError(f"the exact index takes no options, got {sorted(options)}")
+        return ExactIndex(dim)
+    raise ValueError(f"unknown index kind {kind!r}; expected 'usearch' or 'exact'")

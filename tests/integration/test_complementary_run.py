@@ -1,0 +1,134 @@
+"""A tiny Complementary RL run end to end through the CLI: the extractor fills the bank, guided
+episodes use its entries, credit flows back to the calls that wrote them, both models' weights
+change, every credit, extractor request and subgroup advantage re-derives from the log, and the
+log verifies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_grpo_run import TINY, of, read_events, run_scenario
+
+from agents.advantages import subgroup_advantages, subgroup_weights
+from agents.credit_actor import CreditBook, CreditSettings
+from agents.episode_events import EpisodeAssigned, EpisodeFinished
+from agents.extractor_events import (
+    CreditAssigned,
+    ExtractionRequested,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+    MergeDue,
+    MergeRequested,
+)
+from agents.memory_events import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
+from agents.policy_events import AdvantagesComputed, GradientRequested, PolicyUpdated
+from engine.cli import main
+from engine.events import Event
+from stores.checkpoints import load_model_dir, param_digest
+
+COMPLEMENTARY = (
+    TINY.replace('name = "tiny-grpo"', 'name = "tiny-complementary"')
+    .replace('method = "grpo"', 'method = "complementary"')
+    .replace("episodes = 24", "episodes = 32")
+    .replace("temperature = 5.0", "temperature = 10.0")  # varied outcomes, so varied credit
+    .replace(
+        "[logging]",
+        '[complementary]\nwarmup = 1\nmerge_every = 2\nbatch = 3\nembedder = "hashing"\n'
+        'max_new_tokens = 12\nlr = 0.05\ncredit = "score"\n\n[logging]',
+    )
+)
+SETTINGS = CreditSettings(batch=3, lr=0.05, rule="score")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("complementary")
+    run_scenario(path, COMPLEMENTARY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def events(root: Path) -> list[Event]:
+    return read_events(root / "run")
+
+
+def test_groups_split_into_guided_and_free_halves_after_the_warm_up(events: list[Event]) -> None:
+    train = [e for e in of(events, EpisodeAssigned) if e.purpose == "train"]
+    assert all(e.extract and not e.reflect for e in train)
+    rollouts = [e.rollout for e in train]
+    assert rollouts[:8] == ["plain"] * 8  # warm-up: one step of 2 groups of 4
+    assert rollouts[8:] == ["guided", "guided", "plain", "plain"] * 6
+    guided = {e.episode for e in train if e.rollout == "guided"}
+    asked = of(events, RetrievalRequested)
+    assert {r.episode for r in asked} == guided
+    assert all(r.turn == 0 and r.rule == "diverse" and r.k == 1 for r in asked)
+    requests = of(events, GradientRequested)
+    assert [r.update for r in requests] == [0, 1, 2]  # no update for the warm-up step
+
+
+def test_subgroup_advantages_re_derive_from_rewards(events: list[Event]) -> None:
+    for g in of(events, AdvantagesComputed):
+        assert g.rule == "subgroup-mean-weighted-score"
+        flags = [r == "guided" for r in g.rollouts]
+        adv = subgroup_advantages(g.rewards, flags, std_norm=False, eps=g.eps)
+        weighted = [a * w for a, w in zip(adv, subgroup_weights(flags), strict=True)]
+        assert list(g.advantages) == weighted
+
+
+def test_every_episode_goes_to_the_extractor_and_its_operations_are_applied(
+    events: list[Event],
+) -> None:
+    train = {e.episode for e in of(events, EpisodeFinished) if e.purpose == "train"}
+    assert {r.episode for r in of(events, ExtractionRequested)} == train
+    calls = {c.call: c for c in of(events, ExtractorCalled)}
+    assert {c.source for c in calls.values() if c.task == "extract"} == train
+    stored = of(events, TipStored)
+    assert stored, "plain notes are read as adds: the bank should fill"
+    for tip in stored:
+        op = calls[tip.call].ops[0]
+        assert op[0] in ("add", "update", "merge", "rewrite") and op[2].strip() == tip.text
+    writes = sum(1 for c in calls.values() for op in c.ops if op[0] != "return")
+    refused = len(of(events, TipRejected))
+    assert len(stored) + refused >= writes - sum(
+        1 for c in calls.values() for op in c.ops if op[0] == "discard"
+    )
+    merges = of(events, MergeRequested)
+    assert merges and {m.step for m in merges} == {d.step for d in of(events, MergeDue)}
+
+
+def test_credits_and_extractor_requests_re_derive_from_the_log(events: list[Event]) -> None:
+    book = CreditBook()
+    derived: list[Event] = []
+    for ev in events:
+        if isinstance(ev, TipsRetrieved | EpisodeFinished):
+            derived += book.decide(ev, SETTINGS)
+    recorded = [ev for ev in events if isinstance(ev, CreditAssigned | ExtractorGradientRequested)]
+    assert derived == recorded
+    credits = of(events, CreditAssigned)
+    assert credits
+    writer = {t.tip_id: t.call for t in of(events, TipStored)}
+    score = {e.episode: e.score for e in of(events, EpisodeFinished)}
+    for c in credits:
+        assert c.call == writer[c.entry] and c.credit == 2 * score[c.episode] - 1
+
+
+def test_both_models_change(root: Path, events: list[Event]) -> None:
+    (model_dir,) = (root / "cache" / "embedded").glob("*[!k]")
+    base, _ = load_model_dir(model_dir, torch.device("cpu"))
+    start = param_digest(base)
+    policy = of(events, PolicyUpdated)
+    assert any(u.digest != start for u in policy)
+    extractor = of(events, ExtractorUpdated)
+    assert [u.update for u in extractor] == [
+        r.update for r in of(events, ExtractorGradientRequested)
+    ]
+    trained = [u for u in extractor if u.samples > 0]
+    assert trained, "some extractor batch should carry unequal credit"
+    assert trained[-1].digest != start and trained[0].grad_norm > 0
+
+
+def test_the_log_verifies(root: Path) -> None:
+    assert main(["replay", str(root / "run"), "--verify"]) == 0
