@@ -1,5 +1,6 @@
-"""The ScienceWorld and TextWorld scenario files: they validate against the schema (always) and
-run end to end with the embedded policy (``slow``, with the extras installed)."""
+"""The ScienceWorld and TextWorld scenario files (rollout, GRPO, EMPO2, Complementary RL): they
+validate against the schema (always) and run end to end with the embedded policy (``slow``,
+with the extras installed)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ COEVO = str(Path(sys.executable).parent / "coevo")
 FILES = {
     "sciworld_rollout": "scienceworld",
     "sciworld_grpo": "scienceworld",
+    "sciworld_empo2": "scienceworld",
     "textworld_rollout": "textworld",
     "textworld_grpo": "textworld",
+    "textworld_empo2": "textworld",
+    "textworld_complementary": "textworld",
 }
 
 
@@ -29,7 +33,7 @@ def test_the_scenario_validates_and_pins_the_minilab_model(name: str) -> None:
     scenario = load_scenario(ROOT / "scenarios" / f"{name}.toml")
     assert scenario.world.name == FILES[name]
     assert scenario.policy.embedded == {"world": "minilab", "world_options": {}, "window": 4}
-    assert scenario.run.method == ("grpo" if name.endswith("grpo") else "rollout")
+    assert scenario.run.method == name.split("_")[1]
 
 
 @pytest.mark.slow
@@ -55,6 +59,6 @@ def test_the_scenario_runs_end_to_end(name: str, tmp_path: Path) -> None:
     kinds = [json.loads(line)["event"]["kind"] for line in log.stdout.splitlines()]
     assert "episode_aborted" not in kinds
     assert kinds.count("episode_finished") >= load_scenario(out / "scenario.toml").run.episodes
-    if name.endswith("grpo"):
-        assert kinds.count("policy_updated") == 2
+    updates = {"rollout": 0, "grpo": 2, "empo2": 2, "complementary": 1}[name.split("_")[1]]
+    assert kinds.count("policy_updated") == updates
     assert kinds[-1] == "run_stopped"
