@@ -126,6 +126,20 @@ def test_admissible_lists_are_bounded_ordered_and_exclude_reset(world: ScienceWo
     assert len(set(obs.admissible)) == len(obs.admissible)
 
 
+def test_templates_and_simplifications_reach_the_jvm() -> None:
+    w = ScienceWorld(tasks=["boil"], actions="templates", simplifications="easy")
+    try:
+        obs = w.reset(BOIL, seed=0)
+        assert obs.admissible[:3] == ("look around", "inventory", "task")
+        assert {"open OBJ", "move OBJ to OBJ", "teleport OBJ"} <= set(obs.admissible)
+        assert "reset task" not in obs.admissible
+        assert "connect OBJ to OBJ" not in obs.admissible  # easy: no electrical actions
+        assert "A door to the kitchen (that is open)" in obs.text  # easy: doors open
+        assert w.step("teleport to kitchen").text == "You teleport to the kitchen."
+    finally:
+        w.close()
+
+
 def test_same_actions_give_the_same_turns_in_one_jvm_and_across_jvms(
     world: ScienceWorld,
 ) -> None:
