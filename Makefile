@@ -5,10 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ENVS_STAMP := $(VENV)/.installed-envs
 SCENARIO ?= scenarios/quickstart.toml
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow lint format bench results model clean
+.PHONY: install install-envs run test test-slow lint format bench results model clean
 
 install: $(STAMP)
 
@@ -17,6 +18,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# the extras for the real environments (ScienceWorld, TextWorld): their tests run in `make test`
+# once installed, and are skipped otherwise
+install-envs: $(ENVS_STAMP)
+
+$(ENVS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,scienceworld,textworld]'
+	touch $(ENVS_STAMP)
 
 run: install
 	$(BIN)/coevo run $(SCENARIO)

@@ -11,10 +11,16 @@ import importlib
 from collections.abc import Mapping
 
 from scenarios.worlds.base import TextWorld
+from scenarios.worlds.options import ExtraMissing
 
 BUILTIN_WORLDS: Mapping[str, str] = {
     "minilab": "scenarios.worlds.minilab:MiniLab",
+    "scienceworld": "scenarios.worlds.scienceworld:ScienceWorld",
+    "textworld": "scenarios.worlds.textworld:TextWorldGames",
 }
+"""Short names of the worlds coevo ships. ``scienceworld`` and ``textworld`` need the extras of
+the same names (``pip install -e '.[scienceworld]'``); their modules import nothing heavy until a
+world is built."""
 
 
 def _one_line(exc: BaseException) -> str:
@@ -60,7 +66,8 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
 
     Raises:
         ValueError: unknown name, bad import path, module that cannot be imported, missing
-            class, options the constructor rejects, or an object that is not a TextWorld.
+            class, a missing optional extra, options the constructor rejects, or an object that
+            is not a TextWorld.
     """
     module_name, cls_name = _resolve(name_or_path)
     try:
@@ -75,6 +82,8 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
         raise ValueError(f"{path_of(module_name, cls_name)} is not a TextWorld (lacks {missing})")
     try:
         world = cls(**dict(options))
+    except ExtraMissing as exc:
+        raise ValueError(f"world {name_or_path!r} is not available: {_one_line(exc)}") from exc
     except (TypeError, ValueError) as exc:
         raise ValueError(f"bad options for world {name_or_path!r}: {_one_line(exc)}") from exc
     except Exception as exc:  # a plug-in's own failure: reported, never a traceback

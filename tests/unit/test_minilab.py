@@ -286,7 +286,7 @@ def test_families_option_selects_and_orders_families() -> None:
 
 
 def test_load_world_builds_builtin_and_imported_worlds() -> None:
-    assert set(BUILTIN_WORLDS) == {"minilab"}
+    assert set(BUILTIN_WORLDS) == {"minilab", "scienceworld", "textworld"}
     world = load_world("minilab", {"families": ["heat"], "max_steps": 5})
     assert isinstance(world, MiniLab) and world.families() == ("heat",)
     assert isinstance(load_world("scenarios.worlds.minilab:MiniLab", {}), MiniLab)
@@ -295,7 +295,11 @@ def test_load_world_builds_builtin_and_imported_worlds() -> None:
 @pytest.mark.parametrize(
     ("name", "options", "message"),
     [
-        ("scienceworld", {}, "unknown world 'scienceworld': use a built-in name (minilab)"),
+        (
+            "alfworld",
+            {},
+            "unknown world 'alfworld': use a built-in name (minilab, scienceworld, textworld)",
+        ),
         ("pkg.mod:", {}, "bad world import path 'pkg.mod:'"),
         ("no_such_module_xyz:World", {}, "cannot import world module 'no_such_module_xyz'"),
         ("scenarios.worlds.minilab:Nope", {}, "has no class 'Nope'"),

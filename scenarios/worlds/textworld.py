@@ -1,0 +1,363 @@
+"""TextWorld (PyPI ``textworld``, the engine under ALFWorld) games as a coevo world.
+
+Families are TextWorld's challenges: ``coin_collector``, ``treasure_hunter`` and ``cooking``.
+Each variant is one game, generated offline by TextWorld's own generator and Inform 7 compiler
+from the world's options and a seed derived from the variant, and kept in a cache directory
+keyed by those options (``$COEVO_CACHE/textworld/...``), so a second run, or a second world with
+the same options, reuses the games. Train variants are ``0 .. train_games - 1``, held-out ones
+``1_000_000 ..``; cooking games draw their foods from TextWorld's own train and valid splits.
+
+TextWorld reports a cumulative score; the world turns it into a per-turn reward and scales it
+by the game's maximum, so the score is 1.0 exactly when the game is won. Observations lose the
+title banner, the prompt and the status line (room, score and moves) TextWorld appends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from scenarios.worlds.base import SPLITS, Observation, Task
+from scenarios.worlds.options import (
+    cache_root,
+    check_bool,
+    check_int,
+    check_names,
+    import_extra,
+)
+
+FAMILIES = ("coin_collector", "treasure_hunter", "cooking")
+CHALLENGE = {f: f"tw-{f}" for f in FAMILIES}
+OPEN_GAMES = 8
+"""Game interpreters a world keeps open (each holds its own copy of jericho's library)."""
+HELDOUT_BASE = 1_000_000
+"""Held-out variant ids start here, as in minilab."""
+MAX_ROOMS = 100
+"""TextWorld 1.7 compiles games of at most 100 rooms."""
+COOKING_DEFAULTS: Mapping[str, int | bool] = {
+    "recipe": 1,
+    "take": 1,
+    "go": 1,
+    "open": False,
+    "cook": False,
+    "cut": False,
+    "drop": False,
+}
+_BANNER_CHARS = frozenset(" _|\\/$<>")
+_NOISE_LINES = frozenset(
+    {"Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?"}
+)
+_TW_LOCK = threading.RLock()
+"""TextWorld is not thread-safe: games loaded in two threads at once corrupt its logic parser
+(tatsu) state. Every call into it (generate, start, reset, step) holds this process-wide lock;
+the calls are pure Python under the GIL, so little parallelism is lost."""
+
+
+def clean(feedback: str) -> str:
+    """TextWorld's feedback without the banner, the prompt and the status line.
+
+    Drops lines drawn only with the banner's characters (which also covers the bare ``>``
+    prompt), the prompt line that carries the status (``>   -= Kitchen =-0/1``) and the
+    restart question after the end; strips every line and keeps at most one blank line in a row.
+    """
+    lines: list[str] = []
+    for raw in feedback.split("\n"):
+        line = raw.strip()
+        if line.startswith(">") or line in _NOISE_LINES:
+            continue
+        if line and set(line) <= _BANNER_CHARS:
+            continue
+        if line or (lines and lines[-1]):
+            lines.append(line)
+    return "\n".join(lines).strip()
+
+
+def _quiet_jericho() -> None:
+    """Ignore jericho's warning that a game is "not fully supported": it says so of every
+    TextWorld game (jericho knows Infocom's games), and TextWorld keeps the score itself.
+    Installed again on every use, since tests reset the filters; an identical filter replaces
+    the earlier one, so the list does not grow."""
+    warnings.filterwarnings("ignore", message=r"Game '.*' is not fully supported")
+
+
+def game_seed(family: str, variant: int, seed: int) -> int:
+    """The generator seed of a variant: a stable hash (TextWorld takes seeds below 2**31)."""
+    text = f"textworld/{family}/{variant}/{seed}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") % (2**31 - 1)
+
+
+class _Episode:
+    def __init__(self, task: Task, goal: str, max_score: float, walkthrough: tuple[str, ...]):
+        self.task = task
+        self.goal = goal
+        self.max_score = max_score
+        self.walkthrough = walkthrough
+        self.steps = 0
+        self.points = 0.0
+        self.done = False
+
+
+class TextWorldGames:
+    """TextWorld challenge games as a coevo world (see the module docstring).
+
+    Args:
+        families: challenges offered (default all three, in :data:`FAMILIES` order).
+        level: difficulty of coin collector (1-100) and treasure hunter (1-30) games.
+        cooking: cooking settings, TextWorld's ``tw-cooking`` flags: ``recipe`` (ingredients,
+            1-5), ``take`` (ingredients to find, 0-recipe), ``go`` (rooms: 1, 6, 9 or 12),
+            ``open``, ``cook``, ``cut``, ``drop`` (booleans).
+        train_games: train variants (games) per family.
+        heldout_games: held-out variants per family.
+        seed: the generation seed every game's own seed derives from.
+        max_steps: step limit of every episode.
+        cache_dir: where games are kept (default ``$COEVO_CACHE/textworld``).
+
+    Raises:
+        ValueError: the ``textworld`` extra is missing or an option is wrong.
+    """
+
+    name = "textworld"
+
+    def __init__(
+        self,
+        *,
+        families: Sequence[str] = FAMILIES,
+        level: int = 1,
+        cooking: Mapping[str, int | bool] | None = None,
+        train_games: int = 8,
+        heldout_games: int = 4,
+        seed: int = 0,
+        max_steps: int = 50,
+        cache_dir: str | None = None,
+    ) -> None:
+        self._tw = import_extra("textworld", "textworld")
+        names = check_names("families", families)
+        unknown = [f for f in names if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"unknown textworld families {unknown}; known: {', '.join(FAMILIES)}")
+        self._families = tuple(f for f in FAMILIES if f in names)
+        self.level = _check_level(level, self._families)
+        self._cooking = _cooking_settings(cooking or {})
+        self.train_games = check_int("train_games", train_games, 1, 100_000)
+        self.heldout_games = check_int("heldout_games", heldout_games, 0, 100_000)
+        self.seed = check_int("seed", seed, 0, 2**31 - 1)
+        self.max_steps = check_int("max_steps", max_steps, 1, 100_000)
+        if cache_dir is not None and not isinstance(cache_dir, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f"cache_dir must be a path, got {cache_dir!r}")
+        version = str(self._tw.__version__)
+        self.cache = Path(cache_dir) if cache_dir else cache_root() / "textworld" / version
+        self._env: Any = None
+        self._envs: dict[Path, Any] = {}
+        self._episode: _Episode | None = None
+        self.generated = 0
+        """Games this instance generated (the rest came from the cache)."""
+
+    # -- the TextWorld protocol -------------------------------------------------------------
+
+    def families(self) -> tuple[str, ...]:
+        """The challenges this world offers."""
+        return self._families
+
+    def tasks(self, family: str, split: str) -> list[Task]:
+        """The games of ``family`` in ``split`` (nothing is generated until one is reset).
+
+        Raises:
+            ValueError: unknown family or split.
+        """
+        self._check(family, split)
+        if split == "train":
+            return [Task(family=family, variant=v, split=split) for v in range(self.train_games)]
+        ids = range(HELDOUT_BASE, HELDOUT_BASE + self.heldout_games)
+        return [Task(family=family, variant=v, split=split) for v in ids]
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        """Start ``task``'s game (generating it first if the cache lacks it). TextWorld games
+        have no randomness of their own, so the seed is not used.
+
+        Raises:
+            ValueError: unknown family, split or variant.
+        """
+        del seed
+        self._check_variant(task)
+        path = self.game_path(task)
+        if not path.is_file():
+            self._generate(task, path)
+        self._episode = None
+        with _TW_LOCK:
+            state = self._open(path).reset()
+        walkthrough = tuple(str(a) for a in (state.get("extra.walkthrough") or ()))
+        goal = " ".join(str(state.objective).split())
+        self._episode = _Episode(task, goal, float(state.max_score), walkthrough)
+        return Observation(text=clean(state.feedback), admissible=_commands(state), goal=goal)
+
+    def step(self, action: str) -> Observation:
+        """Apply ``action``; a command the game does not understand wastes the turn.
+
+        Raises:
+            RuntimeError: before ``reset`` or after the episode is done.
+        """
+        ep = self._episode
+        if ep is None or ep.done:
+            raise RuntimeError("step() called before reset() or after the episode ended")
+        with _TW_LOCK:
+            state, points, done = self._env.step(action)
+        ep.steps += 1
+        won = bool(state.won)
+        scale = ep.max_score or 1.0
+        reward, ep.points = (float(points) - ep.points) / scale, float(points)
+        ep.done = bool(done) or won or bool(state.lost) or ep.steps >= self.max_steps
+        return Observation(
+            text=clean(state.feedback),
+            admissible=() if ep.done else _commands(state),
+            goal=ep.goal,
+            reward=reward,
+            done=ep.done,
+            score=ep.points / scale,
+            success=won,
+        )
+
+    def close(self) -> None:
+        """Close the games' interpreters. Safe to call twice."""
+        envs, self._envs, self._env = self._envs, {}, None
+        self._episode = None
+        with _TW_LOCK:
+            for env in envs.values():
+                env.close()
+
+    # -- beyond the protocol ------------------------------------------------------------------
+
+    def walkthrough(self) -> tuple[str, ...]:
+        """The current game's walkthrough (TextWorld's winning command sequence).
+
+        Raises:
+            RuntimeError: before ``reset``.
+        """
+        if self._episode is None:
+            raise RuntimeError("walkthrough() needs a reset() first")
+        return self._episode.walkthrough
+
+    def settings(self, family: str, split: str) -> dict[str, Any]:
+        """The ``tw-make`` settings of ``family`` (cooking's depend on the split)."""
+        if family == "cooking":
+            tw_split = "train" if split == "train" else "valid"
+            return {**self._cooking, "recipe_seed": 0, "split": tw_split}
+        return {"level": self.level}
+
+    def game_path(self, task: Task) -> Path:
+        """Where ``task``'s game is cached: a directory per family and settings, a file per
+        variant."""
+        settings = self.settings(task.family, task.split)
+        slug = "-".join(f"{k}{_flag(v)}" for k, v in sorted(settings.items()) if v is not False)
+        return self.cache / f"{task.family}-{slug}-seed{self.seed}" / f"v{task.variant}.z8"
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check(self, family: str, split: str) -> None:
+        if family not in self._families:
+            raise ValueError(f"unknown textworld family {family!r}; offered: {self._families}")
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of: {', '.join(SPLITS)}")
+
+    def _check_variant(self, task: Task) -> None:
+        self._check(task.family, task.split)
+        ids = {t.variant for t in self.tasks(task.family, task.split)}
+        if task.variant not in ids:
+            raise ValueError(f"{task.family} has no {task.split} variant {task.variant}")
+
+    def _open(self, path: Path) -> Any:
+        """The interpreter of ``path``'s game, started once and kept among the
+        :data:`OPEN_GAMES` most recently used (starting one takes tens of milliseconds)."""
+        env = self._envs.pop(path, None)
+        if env is None:
+            _quiet_jericho()
+            infos = self._tw.EnvInfos(
+                admissible_commands=True,
+                objective=True,
+                max_score=True,
+                won=True,
+                lost=True,
+                extras=["walkthrough"],
+            )
+            env = self._tw.start(str(path), request_infos=infos)
+        self._envs[path] = env  # most recent last
+        while len(self._envs) > OPEN_GAMES:
+            oldest = next(iter(self._envs))
+            self._envs.pop(oldest).close()
+        self._env = env
+        return env
+
+    def _generate(self, task: Task, path: Path) -> None:
+        """Generate and compile ``task``'s game into ``path`` (and its ``.json`` beside it),
+        atomically: a game is built in a temporary directory and moved into place."""
+        challenges = import_extra("textworld.challenges", "textworld")
+        generator = import_extra("textworld.generator", "textworld")
+        _quiet_jericho()  # the generator plays the walkthrough to check it
+        with _TW_LOCK:
+            if path.is_file():  # another worker of this process made it meanwhile
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent, prefix=".gen-") as tmp:
+                options = self._tw.GameOptions()
+                options.seeds = game_seed(task.family, task.variant, self.seed)
+                options.path = str(Path(tmp) / path.name)
+                options.file_ext = ".z8"
+                options.force_recompile = True
+                _, make, _ = challenges.CHALLENGES[CHALLENGE[task.family]]
+                game = make(settings=self.settings(task.family, task.split), options=options)
+                built = Path(generator.compile_game(game, options))
+                os.replace(built.with_suffix(".json"), path.with_suffix(".json"))
+                os.replace(built, path)  # last: a .z8 in the cache means a whole game
+            self.generated += 1
+
+
+def _commands(state: Any) -> tuple[str, ...]:
+    return tuple(sorted(set(str(c) for c in (state.admissible_commands or ()))))
+
+
+def _flag(value: int | bool) -> str:
+    return "" if value is True else str(value)
+
+
+def _check_level(level: object, families: Sequence[str]) -> int:
+    """The level, checked against every family that uses it.
+
+    Coin collector (1-300): the quest is ``(level - 1) % 100 + 1`` rooms long and every 100
+    levels add that many distractor rooms; TextWorld refuses games of more than 100 rooms.
+    Treasure hunter: 1-30.
+    """
+    value = check_int("level", level, 1, 300)
+    if "treasure_hunter" in families and value > 30:
+        raise ValueError(f"level must be between 1 and 30 for treasure_hunter, got {value}")
+    rooms = ((value - 1) // 100 + 1) * ((value - 1) % 100 + 1)
+    if "coin_collector" in families and rooms > MAX_ROOMS:
+        raise ValueError(
+            f"level {value} makes coin_collector games of {rooms} rooms; TextWorld allows "
+            f"{MAX_ROOMS} (levels 1-100 and 101-150)"
+        )
+    return value
+
+
+def _cooking_settings(value: object) -> dict[str, int | bool]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"cooking must be a table of settings, got {value!r}")
+    settings: Mapping[str, object] = value  # pyright: ignore[reportUnknownVariableType]
+    unknown = sorted(set(settings) - set(COOKING_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown cooking settings {unknown}; known: {list(COOKING_DEFAULTS)}")
+    merged: dict[str, object] = {**COOKING_DEFAULTS, **settings}
+    out: dict[str, int | bool] = {}
+    for key, default in COOKING_DEFAULTS.items():
+        if isinstance(default, bool):
+            out[key] = check_bool(f"cooking.{key}", merged[key])
+    out["recipe"] = check_int("cooking.recipe", merged["recipe"], 1, 5)
+    out["take"] = check_int("cooking.take", merged["take"], 0, int(out["recipe"]))
+    out["go"] = check_int("cooking.go", merged["go"], 1, 12)
+    if out["go"] not in (1, 6, 9, 12):
+        raise ValueError(f"cooking.go must be 1, 6, 9 or 12, got {out['go']}")
+    return out

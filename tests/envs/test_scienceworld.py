@@ -1,0 +1,226 @@
+"""The ScienceWorld adapter against the real simulator: a gold-path episode that must succeed,
+determinism of observations and action lists, failure recorded as such, a hung JVM, and a run of
+the engine whose JVM is killed mid-episode. Skipped without the ``scienceworld`` extra or Java.
+
+At most two JVMs live at once: the module's ``world`` and one per test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+
+pytest.importorskip("scienceworld")
+if shutil.which("java") is None:
+    pytest.skip("ScienceWorld needs Java on PATH", allow_module_level=True)
+
+from agents.env_worker import EnvWorker
+from agents.episode_events import EpisodeAborted, EpisodeFinished, StepTaken
+from agents.projections import EpisodeTable
+from agents.scheduler import Scheduler
+from agents.scripted import RandomAgent
+from engine.actor import ActorSpec
+from engine.lifecycle import RunStarted, RunStopped
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from engine.runtime import Runtime
+from scenarios.worlds.base import Observation, Task
+from scenarios.worlds.registry import load_world
+from scenarios.worlds.scienceworld import JvmHung, ScienceWorld
+from stores.eventlog import new_run_meta
+from stores.lmdb_log import LmdbEventLog
+
+BOIL = Task(family="boil", variant=0)
+LIVING = Task(family="find-living-thing", variant=4)
+
+
+def jvm_pids() -> set[int]:
+    """The ScienceWorld JVMs running on this machine that this process started."""
+    out = subprocess.run(
+        ["pgrep", "-P", str(os.getpid()), "-f", "scienceworld.jar"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return {int(p) for p in out.stdout.split()}
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[ScienceWorld]:
+    w = ScienceWorld(tasks=["boil", "find-living-thing"], max_steps=60)
+    yield w
+    w.close()
+
+
+def play(world: ScienceWorld, task: Task, actions: list[str]) -> list[Observation]:
+    obs = [world.reset(task, seed=0)]
+    for action in actions:
+        if obs[-1].done:
+            break
+        obs.append(world.step(action))
+    return obs
+
+
+def random_actions(world: ScienceWorld, task: Task, steps: int, seed: int) -> list[str]:
+    """A random walk that avoids ``focus on`` (which ends most tasks at once)."""
+    rng = random.Random(seed)
+    obs = world.reset(task, seed=0)
+    actions: list[str] = []
+    for _ in range(steps):
+        choices = [a for a in obs.admissible if not a.startswith("focus on")]
+        actions.append(rng.choice(choices))
+        obs = world.step(actions[-1])
+        if obs.done:
+            break
+    return actions
+
+
+def test_registry_builds_it_and_lists_its_own_splits(world: ScienceWorld) -> None:
+    train = {t.variant for t in world.tasks("boil", "train")}
+    dev = {t.variant for t in world.tasks("boil", "heldout")}
+    assert len(train) == 14 and len(dev) == 7 and not train & dev
+    with pytest.raises(ValueError, match="no variation"):
+        world.reset(Task(family="boil", variant=min(dev), split="train"), seed=0)
+    built = load_world("scienceworld", {"tasks": ["1-1", "find-living-thing"], "variants": 3})
+    try:  # the splits are read once per process: this world starts no JVM
+        assert built.families() == ("boil", "find-living-thing")
+        assert [t.variant for t in built.tasks("boil", "train")] == [0, 1, 2]
+    finally:
+        built.close()
+
+
+def test_gold_path_succeeds_with_per_step_rewards(world: ScienceWorld) -> None:
+    gold = list(world.gold_actions(BOIL))
+    obs = play(world, BOIL, gold)
+    assert obs[0].goal.startswith("Your task is to boil water")
+    last = obs[-1]
+    assert last.done and last.success and last.score == 1.0
+    assert sum(o.reward for o in obs) == pytest.approx(1.0)
+    assert all(o.reward >= 0 for o in obs)
+    assert last.admissible == ()
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        world.step("look around")
+
+
+def test_wrong_focus_fails_the_task_with_a_negative_score(world: ScienceWorld) -> None:
+    world.reset(Task(family="find-living-thing", variant=0), seed=0)
+    end = world.step("focus on picture")  # a picture is not a living thing
+    assert end.done and not end.success
+    assert end.score < 0 and end.reward == end.score
+
+
+def test_admissible_lists_are_bounded_ordered_and_exclude_reset(world: ScienceWorld) -> None:
+    obs = world.reset(BOIL, seed=0)
+    assert 0 < len(obs.admissible) <= world.max_actions
+    assert obs.admissible[:2] == ("look around", "inventory")
+    assert "reset task" not in obs.admissible
+    assert len(set(obs.admissible)) == len(obs.admissible)
+
+
+def test_templates_and_simplifications_reach_the_jvm() -> None:
+    w = ScienceWorld(tasks=["boil"], actions="templates", simplifications="easy")
+    try:
+        obs = w.reset(BOIL, seed=0)
+        assert obs.admissible[:3] == ("look around", "inventory", "task")
+        assert {"open OBJ", "move OBJ to OBJ", "teleport OBJ"} <= set(obs.admissible)
+        assert "reset task" not in obs.admissible
+        assert "connect OBJ to OBJ" not in obs.admissible  # easy: no electrical actions
+        assert "A door to the kitchen (that is open)" in obs.text  # easy: doors open
+        assert w.step("teleport to kitchen").text == "You teleport to the kitchen."
+    finally:
+        w.close()
+
+
+def test_same_actions_give_the_same_turns_in_one_jvm_and_across_jvms(
+    world: ScienceWorld,
+) -> None:
+    # find-living-thing 4 has two yellow paints: without stable hashes the names ScienceWorld
+    # gives them in valid actions, and the order of room contents, change between resets
+    actions = random_actions(world, LIVING, steps=9, seed=4)
+    first = play(world, LIVING, actions)
+    assert play(world, LIVING, actions) == first
+    other = ScienceWorld(tasks=[LIVING.family], max_steps=60)
+    try:
+        assert play(other, LIVING, actions) == first
+    finally:
+        other.close()
+
+
+def test_a_hung_jvm_is_killed_and_the_next_reset_starts_a_new_one(
+    world: ScienceWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(world, "step_timeout", 2.0)
+    world.reset(BOIL, seed=0)
+    pid = world.jvm_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    with pytest.raises(JvmHung, match=rf"pid {pid}\) did not answer step 'look around' within 2s"):
+        world.step("look around")
+    assert pid not in jvm_pids() and world.jvm_pid is None
+    with pytest.raises(RuntimeError, match="before reset"):
+        world.step("look around")
+    assert world.reset(BOIL, seed=0).admissible
+    assert world.jvm_pid not in (None, pid)
+
+
+class KillsItsJvm(ScienceWorld):
+    """Kills its own JVM with SIGKILL before the third step of the first episode it plays."""
+
+    kills = 0
+
+    def step(self, action: str) -> Observation:
+        episode = self._episode
+        if KillsItsJvm.kills == 0 and episode is not None and episode.steps == 2:
+            KillsItsJvm.kills += 1
+            assert self.jvm_pid is not None
+            os.kill(self.jvm_pid, signal.SIGKILL)
+        return super().step(action)
+
+
+def test_a_jvm_killed_mid_episode_aborts_only_that_episode(tmp_path: Path) -> None:
+    before = jvm_pids()
+    make_world = partial(KillsItsJvm, tasks=["boil"], max_steps=5)
+    tasks = [BOIL]
+    names = ["w0"]
+    specs = [
+        ActorSpec(name="scheduler", factory=partial(Scheduler, tasks, 3, names), driver=True),
+        ActorSpec(
+            name="w0",
+            factory=partial(EnvWorker, make_world, RandomAgent),
+            accepts=lambda ev: getattr(ev, "worker", None) == "w0",
+        ),
+    ]
+    meta = new_run_meta("sw", scenario_name="sw", seed=1, coevo_version="0")
+    log = LmdbEventLog.create(tmp_path / "log", meta, durable=False)
+    started = RunStarted(run_id="sw", scenario="sw", scenario_hash="h", seed=1, coevo_version="0")
+    runtime = Runtime(log, started, specs, [ActorStats(), EpisodeTable()], seed=1)
+    trio.run(runtime.run)
+    log.close()
+
+    reader = LmdbEventLog.open(tmp_path / "log")
+    try:
+        events = [env.event for env in reader.read()]
+        assert verify_log(reader, [ActorStats(), EpisodeTable()]).ok
+    finally:
+        reader.close()
+    aborted = [e for e in events if isinstance(e, EpisodeAborted)]
+    finished = [e for e in events if isinstance(e, EpisodeFinished)]
+    assert (
+        len(aborted) == 1
+        and "JvmDied" in aborted[0].reason
+        and "died during step" in (aborted[0].reason)
+    )
+    assert len(finished) == 2 and all(f.steps >= 1 for f in finished)
+    logged = [e for e in events if isinstance(e, StepTaken) and e.episode == aborted[0].episode]
+    assert [s.turn for s in logged] == [0, 1]  # the turns before the kill stay in the log
+    assert isinstance(events[-1], RunStopped) and events[-1].reason == "completed"
+    assert jvm_pids() == before  # the dead JVM was reaped, the replacement closed

@@ -1,0 +1,155 @@
+"""The TextWorld adapter against real generated games: the walkthrough wins every family,
+cumulative score becomes per-step reward, the banner and status line are gone, a second world
+reuses the cached games, two runs agree, and a scenario runs end to end through ``coevo run``.
+Skipped without the ``textworld`` extra.
+
+Games are generated once per module into a temporary cache with the options of
+``scenarios/textworld_rollout.toml``, so the ``coevo run`` test finds them there.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("textworld")
+
+from scenarios.worlds.base import Observation, Task
+from scenarios.worlds.registry import load_world
+from scenarios.worlds.textworld import FAMILIES, TextWorldGames
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "scenarios" / "textworld_rollout.toml"
+COEVO = str(Path(sys.executable).parent / "coevo")
+STATUS = re.compile(r"-=.*=-\s*\d+/\d+")
+
+
+def scenario_options() -> dict[str, Any]:
+    with SCENARIO.open("rb") as f:
+        return dict(tomllib.load(f)["world"]["options"])
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("coevo-cache")
+
+
+@pytest.fixture(scope="module")
+def world(cache: Path) -> Iterator[TextWorldGames]:
+    w = TextWorldGames(**scenario_options(), cache_dir=str(cache / "games"))
+    yield w
+    w.close()
+
+
+def play(world: TextWorldGames, task: Task, actions: list[str]) -> list[Observation]:
+    obs = [world.reset(task, seed=0)]
+    for action in actions:
+        if obs[-1].done:
+            break
+        obs.append(world.step(action))
+    return obs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_walkthrough_wins_with_per_step_rewards(world: TextWorldGames, family: str) -> None:
+    task = world.tasks(family, "train")[0]
+    world.reset(task, seed=0)
+    walkthrough = list(world.walkthrough())
+    obs = play(world, task, walkthrough)
+    assert len(obs) == len(walkthrough) + 1
+    last = obs[-1]
+    assert last.done and last.success and last.score == pytest.approx(1.0)
+    assert last.admissible == ()
+    rewards = [o.reward for o in obs]
+    assert sum(rewards) == pytest.approx(1.0) and min(rewards) >= 0
+    for o in obs[1:]:  # a reward exactly where the game says the score went up
+        assert (o.reward > 0) == ("Your score has just gone up" in o.text)
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        world.step("look")
+
+
+def test_observations_lose_banner_prompt_and_status_line(world: TextWorldGames) -> None:
+    task = world.tasks("cooking", "train")[0]
+    obs = play(world, task, ["look", "inventory", "examine cookbook"])
+    assert obs[0].goal and obs[0].goal in obs[0].text
+    for o in obs:
+        assert not STATUS.search(o.text) and "$$" not in o.text
+        assert not any(line.startswith(">") for line in o.text.splitlines())
+        assert "\n\n\n" not in o.text and o.text == o.text.strip()
+        assert list(o.admissible) == sorted(set(o.admissible))
+
+
+def test_a_second_world_with_the_same_options_reuses_the_games(
+    world: TextWorldGames, cache: Path
+) -> None:
+    task = world.tasks("coin_collector", "train")[0]
+    first = world.reset(task, seed=0)
+    again = TextWorldGames(**scenario_options(), cache_dir=str(world.cache))
+    other = TextWorldGames(**{**scenario_options(), "seed": 1}, cache_dir=str(world.cache))
+    try:
+        assert again.reset(task, seed=5) == first and again.generated == 0
+        assert other.game_path(task) != world.game_path(task)
+    finally:
+        again.close()
+        other.close()
+
+
+def test_two_runs_of_one_game_agree(world: TextWorldGames) -> None:
+    task = world.tasks("treasure_hunter", "train")[0]
+    obs = world.reset(task, seed=0)
+    rng = random.Random(0)
+    actions = []
+    for _ in range(8):
+        actions.append(rng.choice(obs.admissible))
+        obs = world.step(actions[-1])
+        if obs.done:
+            break
+    assert play(world, task, actions) == play(world, task, actions)
+
+
+def test_the_step_limit_ends_an_episode_unsolved(world: TextWorldGames) -> None:
+    short = TextWorldGames(**{**scenario_options(), "max_steps": 2}, cache_dir=str(world.cache))
+    try:
+        obs = play(short, short.tasks("cooking", "train")[0], ["look", "look", "look"])
+    finally:
+        short.close()
+    assert len(obs) == 3 and obs[-1].done and not obs[-1].success
+
+
+def test_options_are_checked_with_one_line_errors() -> None:
+    with pytest.raises(ValueError, match="level must be between 1 and 30 for treasure_hunter"):
+        load_world("textworld", {"level": 40})
+    with pytest.raises(ValueError, match=r"unknown cooking settings \['knife'\]"):
+        load_world("textworld", {"cooking": {"knife": True}})
+    with pytest.raises(ValueError, match="unknown textworld families"):
+        load_world("textworld", {"families": ["zork"]})
+
+
+def test_a_rollout_scenario_runs_end_to_end(world: TextWorldGames, cache: Path) -> None:
+    run = cache / "run"  # one game per family: the ones the walkthrough test generated
+    sets = ["agent.kind=random", "world.options.train_games=1"]
+    sets.append(f"world.options.cache_dir={world.cache}")
+    args = [COEVO, "run", str(SCENARIO), "--out", str(run)]
+    args += [arg for item in sets for arg in ("--set", item)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = subprocess.run(
+        [COEVO, "log", str(run), "--kind", "episode_finished", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    finished = [json.loads(line)["event"] for line in out.stdout.splitlines()]
+    assert len(finished) == tomllib.loads(SCENARIO.read_text())["run"]["episodes"]
+    assert {f["family"] for f in finished} <= set(FAMILIES)
+    assert all(f["steps"] >= 1 for f in finished)
+    assert (run / "scenario.toml").is_file()
