@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import trio
+
 from agents.episode_events import (
     EpisodeAborted,
     EpisodeAssigned,
@@ -101,7 +103,8 @@ class EnvWorker(Actor):
                     await ctx.to_thread(world.close)
                     world = await ctx.to_thread(self._make_world)
         finally:
-            world.close()
+            with trio.CancelScope(shield=True):  # a JVM may take seconds to exit
+                await ctx.to_thread(world.close)
 
     async def _episode(
         self, ctx: Context, world: TextWorld, job: EpisodeAssigned, inbox: Any
