@@ -35,6 +35,7 @@ class Curves:
         updates: ``(version, loss, grad_norm, clip_frac, kl, samples, seconds)`` per update.
         adapt: ``(version, attempt, success, score)`` per attempt of each adaptation round
             (EMPO2's test: attempt 1 has an empty memory).
+        heldout_memory: as ``heldout``, for rounds played with the bank (Complementary RL).
     """
 
     block: int
@@ -46,6 +47,9 @@ class Curves:
         default_factory=list[tuple[int, float, float, float, float, int, float]]
     )
     adapt: list[tuple[int, int, float, float]] = field(
+        default_factory=list[tuple[int, int, float, float]]
+    )
+    heldout_memory: list[tuple[int, int, float, float]] = field(
         default_factory=list[tuple[int, int, float, float]]
     )
 
@@ -70,8 +74,12 @@ def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
             if n % block == 0:
                 curves.train.append((n, wins / block, score / block))
                 wins, score = 0, 0.0
-        elif isinstance(ev, EvalRoundFinished):
+        elif isinstance(ev, EvalRoundFinished) and not ev.memory:
             curves.heldout.append((ev.train_episodes, ev.policy_version, ev.success, ev.score))
+        elif isinstance(ev, EvalRoundFinished):
+            curves.heldout_memory.append(
+                (ev.train_episodes, ev.policy_version, ev.success, ev.score)
+            )
         elif isinstance(ev, AdaptRoundFinished):
             for a, (success, score) in enumerate(zip(ev.success, ev.score, strict=True)):
                 curves.adapt.append((ev.policy_version, a + 1, success, score))
@@ -87,6 +95,8 @@ def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
                     ev.seconds,
                 )
             )
+    curves.heldout.sort(key=lambda row: row[1])  # rounds may end out of order
+    curves.heldout_memory.sort(key=lambda row: row[1])
     return curves
 
 
@@ -167,6 +177,12 @@ def summary_lines(curves: Curves) -> list[str]:
     if curves.updates:
         secs = sum(row[6] for row in curves.updates)
         lines.append(f"updates: {len(curves.updates)}, {secs:.1f} s in the learner")
+    if curves.heldout_memory:
+        first, last = curves.heldout_memory[0], curves.heldout_memory[-1]
+        lines.append(
+            f"held-out success with the bank: {first[2]:.1%} at version {first[1]} -> "
+            f"{last[2]:.1%} at version {last[1]}"
+        )
     versions = sorted({row[0] for row in curves.adapt})
     for v in versions:
         rates = " -> ".join(f"{row[2]:.1%}" for row in curves.adapt if row[0] == v)

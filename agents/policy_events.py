@@ -167,16 +167,22 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
 
 @event
 class EvalRoundStarted(Event, tag="eval_round_started", frozen=True, kw_only=True):
-    """An evaluation round on held-out variants begins, with the policy at ``policy_version``."""
+    """An evaluation round on held-out variants begins, with the policy at ``policy_version``.
+
+    ``memory``: the episodes are shown the training bank's entries (Complementary RL's
+    evaluation with its bank; a round without memory of the same number plays the same tasks).
+    """
 
     round: int
     policy_version: int
     episodes: int
+    memory: bool = False
 
 
 @event
 class EvalRoundFinished(Event, tag="eval_round_finished", frozen=True, kw_only=True):
-    """An evaluation round ended: its success rate and mean score over ``episodes``."""
+    """An evaluation round ended: its success rate and mean score over ``episodes``
+    (``memory`` as in :class:`EvalRoundStarted`)."""
 
     round: int
     policy_version: int
@@ -184,6 +190,7 @@ class EvalRoundFinished(Event, tag="eval_round_finished", frozen=True, kw_only=T
     success: float
     score: float
     train_episodes: int
+    memory: bool = False
 
 
 @event

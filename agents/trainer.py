@@ -63,6 +63,7 @@ class _Round:
     number: int
     version: int
     episodes: set[str]
+    memory: bool = False
     successes: int = 0
     score: float = 0.0
     ended: int = 0
@@ -323,17 +324,30 @@ class GrpoTrainer(Actor):
         return self._empo2 is not None and purpose == "train"
 
     async def _start_round(self, ctx: Context) -> None:
-        jobs = [self._job(ctx, t, "eval") for t in self._eval_tasks]
-        r = _Round(number=self._round, version=self._version, episodes={j.episode for j in jobs})
+        number = self._round
         self._round += 1
+        await self._round_of(ctx, number, [self._job(ctx, t, "eval") for t in self._eval_tasks])
+        if self._comp is not None:  # the same tasks again, each shown an entry of the bank
+            guided = self._comp.guided_rollout
+            jobs = [
+                self._job(ctx, t, "eval", rollout=guided, scope="train") for t in self._eval_tasks
+            ]
+            await self._round_of(ctx, number, jobs, memory=True)
+        if self._adapt_tasks and self._version in (0, self._updates):
+            self._start_adapt(ctx, number)
+
+    async def _round_of(
+        self, ctx: Context, number: int, jobs: list[EpisodeAssigned], memory: bool = False
+    ) -> None:
+        r = _Round(number, self._version, {j.episode for j in jobs}, memory)
         for job in jobs:
             self._rounds[job.episode] = r
         self._queue.extendleft(reversed(jobs))  # evaluation goes first
         await ctx.emit(
-            EvalRoundStarted(round=r.number, policy_version=r.version, episodes=len(jobs))
+            EvalRoundStarted(
+                round=r.number, policy_version=r.version, episodes=len(jobs), memory=memory
+            )
         )
-        if self._adapt_tasks and self._version in (0, self._updates):
-            self._start_adapt(ctx, r.number)
 
     def _start_adapt(self, ctx: Context, number: int) -> None:
         n = self._eval.adapt_attempts
@@ -430,6 +444,7 @@ class GrpoTrainer(Actor):
                     success=r.successes / n,
                     score=r.score / n,
                     train_episodes=self._stepped * self._per_update(),
+                    memory=r.memory,
                 )
             )
 

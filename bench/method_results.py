@@ -43,6 +43,7 @@ class RunFacts:
     name: str
     seed: int
     rounds: list[tuple[int, int, float]] = field(default_factory=list)  # (episodes, v, success)
+    memory_rounds: list[tuple[int, int, float]] = field(default_factory=list)  # with the bank
     # round -> family -> (successes, episodes)
     by_family: dict[int, dict[str, list[int]]] = field(default_factory=dict)
     adapt: list[AdaptRoundFinished] = field(default_factory=list)
@@ -73,10 +74,14 @@ def fold(name: str, seed: int, events: list[Event], wall: float) -> RunFacts:
             row = fams.setdefault(family_of[ev.episode], [0, 0])
             row[0] += int(ev.success)
             row[1] += 1
+        elif isinstance(ev, EvalRoundFinished) and ev.memory:
+            facts.memory_rounds.append((ev.train_episodes, ev.policy_version, ev.success))
         elif isinstance(ev, EvalRoundFinished):
             facts.rounds.append((ev.train_episodes, ev.policy_version, ev.success))
         elif isinstance(ev, AdaptRoundFinished):
             facts.adapt.append(ev)
+    facts.rounds.sort(key=lambda row: row[1])  # rounds may end out of order
+    facts.memory_rounds.sort(key=lambda row: row[1])
     return facts
 
 
@@ -201,6 +206,10 @@ def table(facts: dict[str, list[RunFacts]], families: tuple[str, ...]) -> list[s
             f"| **{name}** | mean | {mean0:.3f} | {mean1:.3f} | {rate(pooled[0], pooled[1])} | "
             f"{rate(pooled[2], pooled[3])} | |"
         )
+        if all(f.memory_rounds for f in runs):
+            m0 = statistics.mean(f.memory_rounds[0][2] for f in runs)
+            m1 = statistics.mean(f.memory_rounds[-1][2] for f in runs)
+            lines.append(f"| **{name}, with its bank** | mean | {m0:.3f} | {m1:.3f} | | | |")
     return lines
 
 

@@ -87,7 +87,7 @@ class RunProgress:
                 self._version = int(getattr(ev, "policy_version", 0))
                 if self._updates_t0 is None:
                     self._updates_t0 = time.monotonic()
-            elif tag == "eval_round_finished":
+            elif tag == "eval_round_finished" and not getattr(ev, "memory", False):
                 self._eval = f"{getattr(ev, 'success', 0.0):.0%}"
         self._render()
 

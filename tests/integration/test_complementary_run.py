@@ -24,7 +24,12 @@ from agents.extractor_events import (
     MergeRequested,
 )
 from agents.memory_events import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
-from agents.policy_events import AdvantagesComputed, GradientRequested, PolicyUpdated
+from agents.policy_events import (
+    AdvantagesComputed,
+    EvalRoundFinished,
+    GradientRequested,
+    PolicyUpdated,
+)
 from engine.cli import main
 from engine.events import Event
 from stores.checkpoints import load_model_dir, param_digest
@@ -62,7 +67,8 @@ def test_groups_split_into_guided_and_free_halves_after_the_warm_up(events: list
     assert rollouts[:8] == ["plain"] * 8  # warm-up: one step of 2 groups of 4
     assert rollouts[8:] == ["guided", "guided", "plain", "plain"] * 6
     guided = {e.episode for e in train if e.rollout == "guided"}
-    asked = of(events, RetrievalRequested)
+    trained = {e.episode for e in train}
+    asked = [r for r in of(events, RetrievalRequested) if r.episode in trained]
     assert {r.episode for r in asked} == guided
     assert all(r.turn == 0 and r.rule == "diverse" and r.k == 1 for r in asked)
     requests = of(events, GradientRequested)
@@ -132,3 +138,15 @@ def test_both_models_change(root: Path, events: list[Event]) -> None:
 
 def test_the_log_verifies(root: Path) -> None:
     assert main(["replay", str(root / "run"), "--verify"]) == 0
+
+
+def test_every_evaluation_round_is_played_without_and_with_the_bank(events: list[Event]) -> None:
+    rounds = of(events, EvalRoundFinished)
+    assert sorted(r.round for r in rounds if not r.memory) == [0, 1, 2]
+    assert sorted(r.round for r in rounds if r.memory) == [0, 1, 2]
+    evals = [e for e in of(events, EpisodeAssigned) if e.purpose == "eval"]
+    with_bank = [e for e in evals if e.rollout == "guided"]
+    assert len(with_bank) == len(evals) // 2 == 3 * 6
+    assert all(e.scope == "train" and not e.extract for e in with_bank)
+    asked = {r.episode: r.slot for r in of(events, RetrievalRequested)}
+    assert all(asked[e.episode] == f"train/{e.family}" for e in with_bank)

@@ -145,7 +145,7 @@ def test_every_turn_is_sampled_within_the_staleness_bound(events: list[Event]) -
 
 def test_evaluation_rounds_run_on_heldout_variants(events: list[Event]) -> None:
     rounds = of(events, EvalRoundFinished)
-    assert [r.policy_version for r in rounds] == [0, 2, 3]
+    assert sorted(r.policy_version for r in rounds) == [0, 2, 3]  # rounds may end out of order
     evals = [ev for ev in of(events, EpisodeFinished) if ev.purpose == "eval"]
     assert len(evals) == 3 * 6
     assert all(ev.split == "heldout" for ev in evals)
