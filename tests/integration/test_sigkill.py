@@ -85,7 +85,10 @@ def kill_after(writer: subprocess.Popen[str], commits: int, delay: float) -> int
         reported.append(int(line))
     time.sleep(delay)
     os.kill(writer.pid, signal.SIGKILL)
-    rest, _ = writer.communicate(timeout=30)
+    # read the rest through the same text stream: readline() may already hold later lines in
+    # its buffer, which communicate() (reading the file descriptor) would never see
+    rest = writer.stdout.read()
+    writer.communicate(timeout=30)  # waits, and closes the pipes
     assert writer.returncode == -signal.SIGKILL
     return max(reported + [int(line) for line in rest.split()])
 
