@@ -55,6 +55,7 @@ class CreditBook:
         used: episode -> (entry, call) of the extractor-written entry it was shown.
         credits: every ``(call, credit)`` so far, in order.
         pending: calls with credit since the last update, in order, with their episodes.
+        consumed: the episodes of those credits, in credit order.
         trained: call -> (times trained on, last update) for the reweighting.
         updates: extractor updates requested so far.
     """
@@ -62,6 +63,7 @@ class CreditBook:
     used: dict[str, tuple[int, str]] = field(default_factory=dict[str, tuple[int, str]])
     credits: list[tuple[str, float]] = field(default_factory=list[tuple[str, float]])
     pending: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
+    consumed: list[str] = field(default_factory=list[str])
     trained: dict[str, tuple[int, int]] = field(default_factory=dict[str, tuple[int, int]])
     updates: int = 0
 
@@ -79,6 +81,7 @@ class CreditBook:
         credit = credit_of(ev, settings.rule)
         self.credits.append((call, credit))
         self.pending.setdefault(call, []).append(ev.episode)
+        self.consumed.append(ev.episode)
         out: list[Event] = [
             CreditAssigned(
                 episode=ev.episode,
@@ -109,7 +112,7 @@ class CreditBook:
             rewards=tuple(rewards[c] for c in calls),
             advantages=tuple(extractor_advantages(rewards, calls)),
             weights=tuple(weights),
-            credits=tuple(e for c in calls for e in self.pending[c]),
+            credits=tuple(self.consumed),
             lr=s.lr,
             clip_low=s.clip_low,
             clip_high=s.clip_high,
@@ -122,6 +125,7 @@ class CreditBook:
                 count, _ = self.trained.get(call, (0, None))
                 self.trained[call] = (count + 1, step)
         self.pending.clear()
+        self.consumed.clear()
         self.updates += 1
         return req
 
