@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extractor_report import Coevolution, coevolution_table, fold_coevolution, plot_coevolution
 
 from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.extractor_events import ExtractorUpdated
+from agents.extractor_events import ExtractorCalled
 from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
 from stores.lmdb_log import LmdbEventLog
@@ -323,7 +323,7 @@ def main() -> None:
             got = read_run(Path(where[name]) / f"{name}-seed{seed}")
             assert got is not None
             facts.setdefault(name, []).append(fold(name, seed, *got))
-            if any(isinstance(ev, ExtractorUpdated) for ev in got[0]):
+            if any(isinstance(ev, ExtractorCalled) for ev in got[0]):
                 coevolution.setdefault(name, []).append((seed, fold_coevolution(got[0])))
     hard = tuple(args.hard)
     png = plot(facts, hard, args.out / f"{args.tag}.png")
