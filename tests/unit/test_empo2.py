@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ from agents.learner import Sample, Trainee, grpo_step, sample_logps
 from agents.policy import chosen_action_logps
 from agents.policy_events import ActionRequested, GradientRequested
 from agents.prompts import encode_prompt, strip_tips, turn_messages
+from agents.trainer import GrpoTrainer
+from scenarios.schema import Empo2Config, EvalConfig, GrpoConfig
 from scenarios.worlds.minilab import MiniLab
 
 # ---------------------------------------------------------------------------------------------
@@ -226,3 +229,27 @@ def test_low_prob_masking_drops_unlikely_responses_from_the_loss(model, tokenize
     masked = grpo_step(trainee, samples, _request(low_prob_delta=highest / 2), seed=0)
     assert masked.grad_norm == 0.0 and masked.loss == 0.0
     assert not math.isnan(masked.ratio_mean)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory slots
+
+
+@pytest.mark.parametrize(("memory", "slots"), [("variant", {""}), ("family", {"train/heat"})])
+def test_the_memory_setting_names_the_slot_of_training_episodes(memory: str, slots: set) -> None:
+    world = MiniLab()
+    trainer = GrpoTrainer(
+        world.tasks("heat", "train"),
+        world.tasks("heat", "heldout"),
+        64,
+        ["w0"],
+        GrpoConfig(group_size=4, groups_per_update=2),
+        EvalConfig(every=0),
+        Empo2Config(p=1.0, memory=memory),  # type: ignore[arg-type]
+    )
+    ctx = SimpleNamespace(run_seed=3)
+    for _ in range(4):
+        trainer._plan_group(ctx)  # type: ignore[arg-type]
+    jobs = list(trainer._queue)
+    assert {j.slot for j in jobs} == slots  # "": the worker uses the variant's slot
+    assert len({j.variant for j in jobs}) == 4 and all(j.reflect for j in jobs)
