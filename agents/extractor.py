@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import trio
 
 from agents.cispo import cispo_loss
 from agents.extraction import (
@@ -217,10 +216,7 @@ class ExtractorActor(Actor):
         calls: dict[str, ExtractorCalled] = {}  # every call, until it is trained on
         inbox = ctx.events()
         async for first in inbox:
-            batch = [first]
-            with trio.move_on_after(self._batch_wait):
-                while len(batch) < self._batch_max:
-                    batch.append(await inbox.__anext__())
+            batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
             requests = [env for env in batch if isinstance(env.event, Request)]
             if requests:
                 await self._answer(ctx, ext, requests)

@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 import torch
-import trio
 
 from agents.memory_events import ReflectionRequested, TipProposed
 from agents.policy import generate, score_and_choose
@@ -246,8 +245,7 @@ class InferenceActor(Actor):
         runner = await ctx.to_thread(self._load)
         inbox = ctx.events()
         pending: Envelope[Event] | None = None
-        closed = False
-        while not closed:
+        while True:
             env = pending or await _next(inbox)
             pending = None
             if env is None:
@@ -255,15 +253,9 @@ class InferenceActor(Actor):
             if isinstance(env.event, PolicyUpdated):
                 await self._update(ctx, runner, env.event)
                 continue
-            batch = [env]
-            with trio.move_on_after(self._batch_wait):
-                while len(batch) < self._batch_max:
-                    more = await _next(inbox)
-                    closed = more is None
-                    if more is None or isinstance(more.event, PolicyUpdated):
-                        pending = more
-                        break
-                    batch.append(more)
+            batch, pending = await inbox.gather(
+                env, self._batch_max, self._batch_wait, stop=_is_update
+            )
             await self._answer(ctx, runner, batch)
 
     async def _answer(
@@ -285,6 +277,10 @@ class InferenceActor(Actor):
         state = await ctx.to_thread(self._checkpoints.load, ev.checkpoint)
         await ctx.to_thread(runner.load, state, ev.policy_version)
         ctx.log.debug("policy loaded", version=ev.policy_version)
+
+
+def _is_update(ev: Event) -> bool:
+    return isinstance(ev, PolicyUpdated)
 
 
 async def _next(inbox: Any) -> Envelope[Event] | None:

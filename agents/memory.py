@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
-import trio
 
 from agents.credit import diversified_scores
 from agents.embedder import Embedder
@@ -309,10 +308,7 @@ class MemoryActor(Actor):
         bank = TipBank(self._settings, embedder.dim)
         inbox = ctx.events()
         async for first in inbox:
-            batch = [first]
-            with trio.move_on_after(self._batch_wait):
-                while len(batch) < self._batch_max:
-                    batch.append(await inbox.__anext__())
+            batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
             await self._apply(ctx, bank, embedder, batch)
 
     async def _apply(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -125,13 +125,13 @@ class Context:
         while not self._push(self.name, ev, cause, corr, self._source):
             await self._runtime.wait_space()
 
-    def events(self) -> AsyncIterator[Envelope[Event]]:
+    def events(self) -> Inbox:
         """Iterate the envelopes delivered to this actor, in seq order.
 
         Sets :attr:`current` to the envelope being handled (for causation). The iterator is a
         plain object, not an async generator, so leaving the loop early needs no cleanup.
         """
-        return _Inbox(self, self._mailbox)
+        return Inbox(self, self._mailbox)
 
     async def to_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` in a worker thread (never on the event loop)."""
@@ -160,14 +160,14 @@ class Mailbox:
         return env
 
 
-class _Inbox:
+class Inbox:
     """Async iterator over a :class:`Mailbox` that records the envelope being handled."""
 
     def __init__(self, ctx: Context, mailbox: Mailbox) -> None:
         self._ctx = ctx
         self._mailbox = mailbox
 
-    def __aiter__(self) -> _Inbox:
+    def __aiter__(self) -> Inbox:
         return self
 
     async def __anext__(self) -> Envelope[Event]:
@@ -178,3 +178,37 @@ class _Inbox:
             raise StopAsyncIteration from None
         self._ctx.current = env
         return env
+
+    async def gather(
+        self,
+        first: Envelope[Event],
+        max_size: int,
+        wait: float,
+        *,
+        stop: Callable[[Event], bool] | None = None,
+    ) -> tuple[list[Envelope[Event]], Envelope[Event] | None]:
+        """``first`` and the envelopes that arrive within ``wait`` seconds after it, at most
+        ``max_size`` in all: a batch of requests for one model call.
+
+        Args:
+            first: the envelope that starts the batch.
+            max_size: most envelopes in the batch.
+            wait: seconds to wait for more after ``first``.
+            stop: ends the batch at an envelope it accepts, which is returned apart for the
+                caller to handle next (e.g. a new policy version between batches).
+
+        Returns:
+            ``(batch, held)``: ``held`` is the envelope ``stop`` accepted, or None. The batch
+            also ends when the mailbox closes; iterating again then ends at once.
+        """
+        batch = [first]
+        with trio.move_on_after(wait):
+            while len(batch) < max_size:
+                try:
+                    env = await self.__anext__()
+                except StopAsyncIteration:
+                    break
+                if stop is not None and stop(env.event):
+                    return batch, env
+                batch.append(env)
+        return batch, None
