@@ -33,7 +33,7 @@ from agents.extraction import extract_messages
 from agents.extractor_events import ExtractionRequested
 from agents.memory_events import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
 from agents.policy_events import ActionRequested, ActionSampled
-from agents.prompts import Step, reflection_messages, state_text, turn_messages
+from agents.prompts import Step, reflection_messages, state_text, to_pairs, turn_messages
 from agents.scripted import Agent
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
@@ -218,7 +218,7 @@ class _PolicyAgent:
                 episode=job.episode,
                 worker=self._ctx.name,
                 turn=turn,
-                messages=tuple((m["role"], m["content"]) for m in messages),
+                messages=to_pairs(messages),
                 admissible=obs.admissible,
                 seed=derive_seed(job.seed, "act", turn),
                 greedy=self._prompt.greedy_eval and job.purpose == "eval",
@@ -262,7 +262,7 @@ class _PolicyAgent:
                 worker=self._ctx.name,
                 slot=slot_of(job.scope, job.family),
                 entry=entry[0] if entry else -1,
-                messages=tuple((m["role"], m["content"]) for m in messages),
+                messages=to_pairs(messages),
                 success=last.success,
                 score=last.score,
                 seed=derive_seed(job.seed, "extract"),
@@ -278,7 +278,7 @@ class _PolicyAgent:
                 episode=job.episode,
                 worker=self._ctx.name,
                 slot=self._slot,
-                messages=tuple((m["role"], m["content"]) for m in messages),
+                messages=to_pairs(messages),
                 key=state_text(self._goal, self.history, last.text, window=self._prompt.window),
                 score=last.score,
                 success=last.success,

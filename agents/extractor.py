@@ -12,7 +12,6 @@ never shares parameters with the policy.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,8 +42,8 @@ from agents.extractor_events import (
     MergeRequested,
     Op,
 )
-from agents.policy import generate, response_logps
-from agents.prompts import encode_prompt
+from agents.inference import write_replies
+from agents.policy import response_logps
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
 from stores.checkpoints import Checkpoints, param_digest
@@ -92,23 +91,17 @@ class ExtractorModel:
     def answer(self, requests: Sequence[Request], calls: Sequence[str]) -> list[ExtractorCalled]:
         """One :class:`ExtractorCalled` per request, generated in one batch."""
         s = self.settings
-        prompts = [
-            encode_prompt(self.tokenizer, [{"role": r, "content": c} for r, c in req.messages])
-            for req in requests
-        ]
-        drawn = generate(
+        replies = write_replies(
             self.model,
-            prompts,
-            [random.Random(req.seed) for req in requests],
+            self.tokenizer,
+            requests,
             temperature=s.temperature,
             max_new_tokens=s.max_new_tokens,
-            eos_id=self.tokenizer.eos_token_id,
-            pad_id=self.pad_id,
             device=s.device,
         )
         out = []
-        for req, call, prompt, (ids, logps) in zip(requests, calls, prompts, drawn, strict=True):
-            text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        for req, call, reply in zip(requests, calls, replies, strict=True):
+            text = reply.text
             if isinstance(req, ExtractionRequested):
                 known = {req.entry} if req.entry >= 0 else set()
                 parsed = parse_extraction(text, known_ids=known, max_ops=s.max_ops)
@@ -125,9 +118,9 @@ class ExtractorModel:
                     task=task,
                     source=source,
                     slot=req.slot,
-                    prompt_ids=tuple(prompt),
-                    response_ids=tuple(ids),
-                    token_logps=tuple(logps),
+                    prompt_ids=tuple(reply.prompt),
+                    response_ids=tuple(reply.ids),
+                    token_logps=tuple(reply.logps),
                     text=text,
                     temperature=s.temperature,
                     extractor_version=self.version,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import torch
@@ -23,7 +23,7 @@ import torch
 from agents.memory_events import ReflectionRequested, TipProposed
 from agents.policy import generate, score_and_choose
 from agents.policy_events import ActionRequested, ActionSampled, PolicyUpdated
-from agents.prompts import encode_prompt, encode_response, strip_tips
+from agents.prompts import encode_prompt, encode_response, from_pairs, strip_tips
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
 from stores.checkpoints import Checkpoints, load_weights
@@ -48,6 +48,54 @@ class ActSettings:
     tip_tokens: int = 64
     tip_temperature: float = 0.0
     device: torch.device = torch.device("cpu")  # noqa: RUF009 (immutable)
+
+
+class Written(Protocol):
+    """A request for free text: its prompt as ``(role, content)`` pairs and its own seed."""
+
+    @property
+    def messages(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def seed(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Generated free text: the prompt's ids, the response's ids, log-probs and text."""
+
+    prompt: list[int]
+    ids: list[int]
+    logps: list[float]
+    text: str
+
+
+def write_replies(
+    model: Any,
+    tokenizer: Any,
+    requests: Sequence[Written],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    device: torch.device,
+) -> list[Reply]:
+    """Generate one reply per request in one batch, each from the request's own seed (the
+    policy's reflections, the extractor's answers)."""
+    prompts = [encode_prompt(tokenizer, from_pairs(req.messages)) for req in requests]
+    drawn = generate(
+        model,
+        prompts,
+        [random.Random(req.seed) for req in requests],
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        device=device,
+    )
+    return [
+        Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip())
+        for prompt, (ids, logps) in zip(prompts, drawn, strict=True)
+    ]
 
 
 class PolicyRunner:
@@ -86,10 +134,7 @@ class PolicyRunner:
         for temp in sorted(set(temperature)):
             idx = [i for i, t in enumerate(temperature) if t == temp]
             group = [requests[i] for i in idx]
-            prompts = [
-                encode_prompt(self.tokenizer, [{"role": r, "content": c} for r, c in req.messages])
-                for req in group
-            ]
+            prompts = [encode_prompt(self.tokenizer, from_pairs(req.messages)) for req in group]
             rngs = [random.Random(req.seed) for req in group]
             act = self._score if self.settings.mode == "score" else self._generate
             for i, answer in zip(idx, act(group, prompts, rngs, temp), strict=True):
@@ -99,25 +144,18 @@ class PolicyRunner:
     def _with_bare_prompt(self, req: ActionRequested, answer: ActionSampled) -> ActionSampled:
         if not req.tips:
             return answer
-        messages = [{"role": r, "content": c} for r, c in req.messages]
-        bare = encode_prompt(self.tokenizer, strip_tips(messages, req.tips))
+        bare = encode_prompt(self.tokenizer, strip_tips(from_pairs(req.messages), req.tips))
         return msgspec.structs.replace(answer, bare_prompt_ids=tuple(bare))
 
     def reflect(self, requests: Sequence[ReflectionRequested]) -> list[TipProposed]:
         """One :class:`TipProposed` per request, in request order, generated in one batch."""
         temp = self.settings.tip_temperature
-        prompts = [
-            encode_prompt(self.tokenizer, [{"role": r, "content": c} for r, c in req.messages])
-            for req in requests
-        ]
-        drawn = generate(
+        replies = write_replies(
             self.model,
-            prompts,
-            [random.Random(req.seed) for req in requests],
+            self.tokenizer,
+            requests,
             temperature=temp,
             max_new_tokens=self.settings.tip_tokens,
-            eos_id=self.tokenizer.eos_token_id,
-            pad_id=self._pad,
             device=self.settings.device,
         )
         return [
@@ -126,14 +164,14 @@ class PolicyRunner:
                 slot=req.slot,
                 key=req.key,
                 score=req.score,
-                text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
-                prompt_ids=tuple(prompt),
-                response_ids=tuple(ids),
-                token_logps=tuple(logps),
+                text=reply.text,
+                prompt_ids=tuple(reply.prompt),
+                response_ids=tuple(reply.ids),
+                token_logps=tuple(reply.logps),
                 temperature=temp,
                 policy_version=self.version,
             )
-            for req, prompt, (ids, logps) in zip(requests, prompts, drawn, strict=True)
+            for req, reply in zip(requests, replies, strict=True)
         ]
 
     def _score(

@@ -33,6 +33,7 @@ from agents.memory_events import (
     TipsRetrieved,
     TipStored,
 )
+from agents.prompts import to_pairs
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
 from stores.tip_index import VectorIndex, make_index
@@ -348,7 +349,7 @@ class MemoryActor(Actor):
                         step=due.step,
                         slot=slot,
                         entries=tuple(chunk),
-                        messages=tuple((m["role"], m["content"]) for m in messages),
+                        messages=to_pairs(messages),
                         seed=ctx.rng("merge", due.step, slot, k).getrandbits(63),
                     )
                 )

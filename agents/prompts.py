@@ -123,6 +123,20 @@ def reflection_messages(
     ]
 
 
+Pairs = tuple[tuple[str, str], ...]
+"""Messages as events record them: ``(role, content)`` pairs."""
+
+
+def to_pairs(messages: Sequence[Message]) -> Pairs:
+    """``messages`` as the ``(role, content)`` pairs an event records."""
+    return tuple((m["role"], m["content"]) for m in messages)
+
+
+def from_pairs(pairs: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+    """The messages an event's ``(role, content)`` pairs record."""
+    return [{"role": role, "content": content} for role, content in pairs]
+
+
 def encode_prompt(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:
     """The token ids of ``messages`` followed by the assistant's turn header.
 
