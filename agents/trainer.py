@@ -204,7 +204,6 @@ class GrpoTrainer(Actor):
         self._adapts: dict[str, _Adapt] = {}  # episode -> its adaptation round
         self._index = 0
         self._planned = 0
-        self._requested = 0
         self._stepped = 0  # steps whose groups all ended (warm-up included)
         self._version = 0
         self._round = 0
@@ -524,11 +523,10 @@ class GrpoTrainer(Actor):
             return  # warm-up: the bank fills, the policy waits
         req = gradient_request(
             self._grpo,
-            self._requested,
+            step - self._warmup,
             episodes,
             advantages,
             rollouts if self._empo2 or self._comp else (),
             self._empo2,
         )
         await ctx.emit(req)
-        self._requested += 1
