@@ -7,15 +7,17 @@ scenarios without a policy never import it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import torch
 
 from agents.credit_actor import CreditActor, CreditSettings
 from agents.embedded import EmbeddedSpec, ensure_embedded
-from agents.embedder import make_embedder
+from agents.embedder import Embedder, make_embedder, minilm_dir
 from agents.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
 from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.learner import Learner, Trainee
@@ -90,6 +92,18 @@ def _policy_actors(
     return specs
 
 
+def embedder_for(name: Literal["minilm", "hashing"]) -> Callable[[], Embedder]:
+    """What builds the memory's embedder in its actor; a missing MiniLM package is reported
+    now, as a one-line error before the run starts, not as an actor failure.
+
+    Raises:
+        ModelUnavailable: ``name`` is "minilm" and its package is missing or incomplete.
+    """
+    if name == "minilm":
+        minilm_dir()
+    return partial(make_embedder, name)
+
+
 def memory_actor(scenario: Scenario) -> ActorSpec:
     """EMPO2's memory actor with the scenario's embedder and bank rules."""
     e = scenario.empo2
@@ -98,7 +112,7 @@ def memory_actor(scenario: Scenario) -> ActorSpec:
     )
     return ActorSpec(
         name=MEMORY,
-        factory=partial(MemoryActor, partial(make_embedder, e.embedder), settings),
+        factory=partial(MemoryActor, embedder_for(e.embedder), settings),
     )
 
 
@@ -122,7 +136,7 @@ def complementary_actors(
     )
     memory = partial(
         MemoryActor,
-        partial(make_embedder, c.embedder),
+        embedder_for(c.embedder),
         bank,
         merge_chunk=c.merge_chunk,
         merge_max=c.merge_max,

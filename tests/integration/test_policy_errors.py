@@ -41,3 +41,14 @@ def test_validate_checks_learning_settings_without_building_the_model(
     assert main(["validate", QUICKSTART]) == 0
     assert 'method = "grpo"' in capsys.readouterr().out
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("scenario", ["empo2.toml", "complementary.toml"])
+def test_a_missing_embedding_model_is_one_line_and_exit_2_before_the_run(
+    scenario: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agents.embedder.MINILM_PACKAGE", "no_such_minilm_package")
+    assert main(["validate", str(ROOT / "scenarios" / scenario)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("coevo: error:") and "\n" not in err
+    assert "all-MiniLM-L6-v2 is not installed" in err and "hashing" in err
