@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 import structlog
@@ -438,18 +438,43 @@ def _buckets(order: Iterator[int], lengths: Sequence[int], size: int, rng: rando
     return batches
 
 
+class TrainSpec(Protocol):
+    """What :func:`batch_plan`, :func:`lr_at` and :func:`train` read of a spec
+    (:class:`EmbeddedSpec`, or the extractor's :class:`agents.extractor_base.OpsSpec`)."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def prompt_loss_weight(self) -> float: ...
+
+
+def step_kinds(spec: EmbeddedSpec) -> list[str]:
+    """The kind of samples each pre-training step trains on: ``"turn"`` or ``"reflection"``."""
+    return [
+        "reflection" if reflect else "turn"
+        for reflect in reflection_steps(spec.steps, spec.reflection_share)
+    ]
+
+
 def batch_plan(
-    lengths: dict[str, Sequence[int]], spec: EmbeddedSpec
+    lengths: dict[str, Sequence[int]], spec: TrainSpec, kinds: Sequence[str]
 ) -> list[tuple[str, list[int]]]:
-    """Per step, a kind and ``batch_size`` indices into that kind's samples, whose token counts
-    are ``lengths[kind]``: each kind cycled in a fresh shuffled order per pass, :data:`BUCKET`
-    batches at a time grouped by length."""
+    """Per step, its kind (``kinds[step]``) and ``batch_size`` indices into that kind's samples,
+    whose token counts are ``lengths[kind]``: each kind cycled in a fresh shuffled order per
+    pass, :data:`BUCKET` batches at a time grouped by length."""
     rng = random.Random(f"coevo.embedded/batches/{spec.seed}")
-    orders = {kind: _cycle(len(lengths[kind]), rng) for kind in ("turn", "reflection")}
-    queued: dict[str, list[list[int]]] = {"turn": [], "reflection": []}
+    orders = {kind: _cycle(len(lengths[kind]), rng) for kind in lengths}
+    queued: dict[str, list[list[int]]] = {kind: [] for kind in lengths}
     plan = []
-    for reflect in reflection_steps(spec.steps, spec.reflection_share):
-        kind = "reflection" if reflect else "turn"
+    for kind in kinds:
         if not queued[kind]:
             queued[kind] = _buckets(orders[kind], lengths[kind], spec.batch_size, rng)
         plan.append((kind, queued[kind].pop()))
@@ -490,7 +515,7 @@ def pretrain_loss(
     return response_loss + prompt_weight * prompt_loss, response_loss
 
 
-def lr_at(step: int, spec: EmbeddedSpec) -> float:
+def lr_at(step: int, spec: TrainSpec) -> float:
     """Linear warmup over ``warmup`` steps, then cosine decay to a tenth of ``lr``."""
     if step < spec.warmup:
         return spec.lr * (step + 1) / spec.warmup
@@ -666,18 +691,24 @@ def _curve(values: Sequence[float], points: int = 20) -> dict:
     }
 
 
-def _train(
-    model: Any, pools: dict, spec: EmbeddedSpec, pad_id: int, progress: Progress | None
+def train(
+    model: Any,
+    pools: dict[str, list[Sample]],
+    spec: TrainSpec,
+    kinds: Sequence[str],
+    pad_id: int,
+    progress: Progress | None,
 ) -> dict:
-    """Pre-train ``model`` in place; the response-loss curves and token counts."""
+    """Train ``model`` in place on ``pools`` (samples by kind), step ``i`` on a batch of kind
+    ``kinds[i]``; the response-loss curve per kind and the token count."""
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.01)
     lengths = {
         kind: [len(s.prompt) + len(s.response) for s in pool] for kind, pool in pools.items()
     }
-    curves: dict[str, list[float]] = {"turn": [], "reflection": []}
+    curves: dict[str, list[float]] = {kind: [] for kind in pools}
     tokens = 0
     model.train()
-    for step, (kind, indices) in enumerate(batch_plan(lengths, spec)):
+    for step, (kind, indices) in enumerate(batch_plan(lengths, spec, kinds)):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec)
         ids, attention, response, prompt = collate([pools[kind][i] for i in indices], pad_id)
@@ -732,7 +763,7 @@ def build(spec: EmbeddedSpec, out: Path, progress: Progress | None = None) -> di
             model = Qwen2ForCausalLM(model_config(spec, tokenizer))
             _log().info("embedded.data", **data)
             wall = {"data": time.perf_counter() - started}
-            training = _train(model, pools, spec, tokenizer.pad_token_id, progress)
+            training = train(model, pools, spec, step_kinds(spec), tokenizer.pad_token_id, progress)
             wall["train"] = time.perf_counter() - started - wall["data"]
             policy = policy_check(model, tokenizer, world, spec)
             notes = note_check(model, tokenizer, world, spec)
@@ -767,8 +798,8 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("COEVO_CACHE") or Path.home() / ".cache" / "coevo")
 
 
-def _complete(path: Path) -> bool:
-    return all((path / name).is_file() for name in REQUIRED_FILES)
+def _complete(path: Path, required: Sequence[str]) -> bool:
+    return all((path / name).is_file() for name in required)
 
 
 @contextmanager
@@ -781,6 +812,46 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def cached_build(
+    root: Path,
+    key: str,
+    required: Sequence[str],
+    build_into: Callable[[Path], object],
+    threads: int | None = None,
+) -> Path:
+    """``root / key``, built by ``build_into(tmp)`` on first use.
+
+    The build goes to a temporary directory, renamed into place once every file of
+    ``required`` is there (the last one written last), under an exclusive file lock: two
+    processes never build one key at once, and a partial build is never returned (a leftover
+    one is removed before building again).
+
+    Raises:
+        ValueError: bad ``threads``.
+    """
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    final = root / key
+    if _complete(final, required):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f"{key}.lock"), _torch_threads(threads):
+        if _complete(final, required):
+            return final
+        for stale in [*root.glob(f".{key}.*"), *([final] if final.exists() else [])]:
+            shutil.rmtree(stale)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+        try:
+            _log().info("embedded.build", key=key, path=str(final))
+            build_into(tmp)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    _log().info("embedded.built", key=key, path=str(final))
+    return final
+
+
 def ensure_embedded(
     spec: EmbeddedSpec,
     cache_root: Path | None = None,
@@ -788,11 +859,8 @@ def ensure_embedded(
     threads: int | None = None,
     progress: Progress | None = None,
 ) -> Path:
-    """The directory of the model built from ``spec``, built on first use.
-
-    The build goes to a temporary directory, renamed into place once complete, under an
-    exclusive file lock: two processes never build one spec at once, and a partial build is
-    never returned (a leftover one is removed before building again).
+    """The directory of the model built from ``spec``, built on first use
+    (:func:`cached_build`).
 
     Args:
         spec: what to build.
@@ -809,29 +877,10 @@ def ensure_embedded(
     Raises:
         ValueError: bad ``threads``, or a world or options that :func:`load_world` rejects.
     """
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
     root = Path(cache_root or default_cache_root()) / "embedded"
-    key = cache_key(spec)
-    final = root / key
-    if _complete(final):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / f"{key}.lock"), _torch_threads(threads):
-        if _complete(final):
-            return final
-        for stale in [*root.glob(f".{key}.*"), *([final] if final.exists() else [])]:
-            shutil.rmtree(stale)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-        try:
-            _log().info("embedded.build", key=key, path=str(final))
-            build(spec, tmp, progress)
-            tmp.rename(final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    _log().info("embedded.built", key=key, path=str(final))
-    return final
+    return cached_build(
+        root, cache_key(spec), REQUIRED_FILES, lambda tmp: build(spec, tmp, progress), threads
+    )
 
 
 def summary(report: dict) -> str:

@@ -32,6 +32,7 @@ from agents.embedded import (
     reflection_steps,
     split_train,
     split_words,
+    step_kinds,
     turn_conversations,
     word_pieces,
 )
@@ -290,8 +291,8 @@ def test_reflection_steps_spread_the_share_exactly() -> None:
 def test_batch_plan_cycles_every_sample_and_groups_lengths() -> None:
     spec = EmbeddedSpec(steps=32, batch_size=4, reflection_share=0.5, warmup=0)
     lengths = {"turn": [i % 50 for i in range(4 * BUCKET)], "reflection": list(range(200))}
-    plan = batch_plan(lengths, spec)
-    assert plan == batch_plan(lengths, spec)
+    plan = batch_plan(lengths, spec, step_kinds(spec))
+    assert plan == batch_plan(lengths, spec, step_kinds(spec))
     assert [kind for kind, _ in plan] == ["turn", "reflection"] * 16
     turns = [i for kind, batch in plan if kind == "turn" for i in batch]
     assert Counter(Counter(turns).values()) == {2: 4 * BUCKET}  # 64 draws: two passes over 32
