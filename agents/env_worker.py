@@ -254,7 +254,7 @@ class _PolicyAgent:
         used = self._entry
         entry = (used.tip_ids[0], used.tips[0]) if used is not None and used.tip_ids else None
         messages = extract_messages(
-            self._goal, self._first, self.history, success=last.success, entry=entry
+            self._goal, self._first, self.history, success=last.success, entry=entry and entry[1]
         )
         await self._ctx.emit(
             ExtractionRequested(

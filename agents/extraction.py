@@ -3,8 +3,9 @@ the experience bank, and the parsing of what it answers.
 
 Pure: no I/O, no model. The extractor starts from the same small base model that was
 pre-trained to write reflection notes (:func:`agents.prompts.reflection_messages`), so its user
-message is a reflection prompt plus one line naming the entry the actor used. Entries of the
-bank are referred to by integer id.
+message is a reflection prompt plus one line naming the entry the actor used. Prompts show
+entries by position (``entry 1``, ``entry 2``, ...), answers name them so, and
+:func:`to_bank_ids` turns the parsed positions into the bank's ids.
 
 Two answer formats are accepted, whichever yields more valid operations (JSON on a tie):
 
@@ -54,6 +55,10 @@ from typing import NamedTuple
 
 from agents.prompts import Step, reflection_messages
 
+SHOWN_ID = 1
+"""Prompts show entries by position, counting from this, not by their bank ids: a model this
+small cannot copy a three-digit id it read hundreds of tokens earlier, while ``1`` is one token
+(the same positions are what the operation stage teaches, :mod:`agents.extractor_base`)."""
 MAX_CONTENT_CHARS = 1000
 """The longest entry text accepted, in characters (after stripping)."""
 MAX_JSON_STARTS = 64
@@ -150,20 +155,21 @@ def extract_messages(
     history: Sequence[Step],
     *,
     success: bool,
-    entry: tuple[int, str] | None,
+    entry: str | None,
     max_ops: int = 3,
 ) -> list[dict[str, str]]:
     """The messages that ask the extractor for operations on the bank after an episode.
 
     The user message is :func:`agents.prompts.reflection_messages`' (goal, start, every turn,
-    outcome) followed by ``entry <id>: <text>`` for the entry the actor used, or ``entry: none``.
+    outcome) followed by ``entry 1: <text>`` for the entry the actor used, or ``entry: none``.
+    Answers name it as ``1`` (:data:`SHOWN_ID`); :func:`to_bank_ids` maps that back.
 
     Args:
         goal: the task's goal text.
         first_observation: the observation after reset.
         history: every turn of the episode as ``(action, observation)``, oldest first.
         success: whether the episode reached its goal.
-        entry: ``(id, text)`` of the entry in the actor's prompt, or None (a free episode).
+        entry: the text of the entry in the actor's prompt, or None (a free episode).
         max_ops: the most operations to ask for (tell :func:`parse_extraction` the same).
 
     Returns:
@@ -174,34 +180,61 @@ def extract_messages(
     """
     _check_max_ops(max_ops)
     user = reflection_messages(goal, first_observation, history, success=success)[1]["content"]
-    used = f"entry {entry[0]}: {entry[1]}" if entry is not None else "entry: none"
+    used = f"entry {SHOWN_ID}: {entry}" if entry is not None else "entry: none"
     return [
         {"role": "system", "content": EXTRACT_SYSTEM.format(max_ops=max_ops)},
         {"role": "user", "content": f"{user}\n{used}"},
     ]
 
 
-def merge_messages(entries: Sequence[tuple[int, str]]) -> list[dict[str, str]]:
+def merge_messages(texts: Sequence[str]) -> list[dict[str, str]]:
     """The messages that ask the extractor to merge, rewrite or discard a chunk of entries.
 
     Args:
-        entries: the chunk as ``(id, text)``, shown one ``entry <id>: <text>`` line each.
+        texts: the chunk's entry texts, shown ``entry <k>: <text>`` with ``k`` counting from
+            1; answers name the entries by ``k`` (:func:`to_bank_ids` maps them back).
 
     Returns:
         A system and a user message.
 
     Raises:
-        ValueError: ``entries`` is empty or repeats an id.
+        ValueError: ``texts`` is empty.
     """
-    if not entries:
-        raise ValueError("entries must not be empty")
-    ids = [i for i, _ in entries]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"entry ids must be distinct, got {ids}")
+    if not texts:
+        raise ValueError("texts must not be empty")
     return [
         {"role": "system", "content": MERGE_SYSTEM},
-        {"role": "user", "content": "\n".join(f"entry {i}: {text}" for i, text in entries)},
+        {"role": "user", "content": "\n".join(f"entry {k}: {t}" for k, t in enumerate(texts, 1))},
     ]
+
+
+def shown_ids(count: int) -> range:
+    """The ids a prompt showing ``count`` entries names them by: ``1 .. count``."""
+    return range(SHOWN_ID, SHOWN_ID + count)
+
+
+def to_bank_ids(parsed: Parsed, ids: Sequence[int]) -> Parsed:
+    """``parsed`` with every id ``k`` an answer named (``1 .. len(ids)``, as the prompt showed
+    the entries) replaced by the bank's id ``ids[k - 1]``.
+
+    Raises:
+        ValueError: an operation names an id outside ``1 .. len(ids)`` (the parser, told
+            :func:`shown_ids`, never keeps one).
+    """
+
+    def bank(k: int) -> int:
+        if not SHOWN_ID <= k < SHOWN_ID + len(ids):
+            raise ValueError(f"id {k} was not shown (1 .. {len(ids)})")
+        return ids[k - SHOWN_ID]
+
+    ops: list[ExtractOp | MergeOp] = []
+    for op in parsed.ops:
+        if isinstance(op, Update | Merge | Discard):
+            op = replace(op, ids=tuple(bank(k) for k in op.ids))
+        elif isinstance(op, Rewrite):
+            op = replace(op, id=bank(op.id))
+        ops.append(op)
+    return replace(parsed, ops=tuple(ops))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from agents.extraction import (
     Update,
     parse_extraction,
     parse_merge,
+    shown_ids,
+    to_bank_ids,
 )
 from agents.extractor_events import (
     ExtractionRequested,
@@ -103,15 +105,17 @@ class ExtractorModel:
         for req, call, reply in zip(requests, calls, replies, strict=True):
             text = reply.text
             if isinstance(req, ExtractionRequested):
-                known = {req.entry} if req.entry >= 0 else set()
-                parsed = parse_extraction(text, known_ids=known, max_ops=s.max_ops)
+                ids = [req.entry] if req.entry >= 0 else []
+                parsed = parse_extraction(text, known_ids=shown_ids(len(ids)), max_ops=s.max_ops)
                 if s.plain_add and parsed.malformed and 0 < len(text) <= MAX_CONTENT_CHARS:
                     note = "no operation syntax: read as one add"
                     parsed = Parsed((Add(text),), (*parsed.errors, note), False, "plain")
                 task, source = "extract", req.episode
             else:
-                parsed = parse_merge(text, chunk_ids=set(req.entries))
+                ids = list(req.entries)
+                parsed = parse_merge(text, chunk_ids=shown_ids(len(ids)))
                 task, source = "merge", f"merge{req.step}"
+            parsed = to_bank_ids(parsed, ids)
             out.append(
                 ExtractorCalled(
                     call=call,

@@ -343,7 +343,7 @@ class MemoryActor(Actor):
                 chunk = ids[k : k + self._merge_chunk]
                 if len(chunk) < 2:
                     continue
-                messages = merge_messages([(i, bank.tips[i].text) for i in chunk])
+                messages = merge_messages([bank.tips[i].text for i in chunk])
                 out.append(
                     MergeRequested(
                         step=due.step,

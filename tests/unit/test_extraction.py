@@ -4,6 +4,7 @@ partial and malformed answers with their exact errors, and never raising on any 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,8 @@ from agents.extraction import (
     merge_messages,
     parse_extraction,
     parse_merge,
+    shown_ids,
+    to_bank_ids,
 )
 from agents.prompts import reflection_messages
 
@@ -44,11 +47,11 @@ def merge(text: str) -> Parsed:
 def test_extract_messages_are_a_reflection_prompt_plus_the_entry_used() -> None:
     history = [("open door", "the door opens"), ("go hall", "you are in the hall")]
     messages = extract_messages(
-        "boil water", "you are in the kitchen", history, success=False, entry=(12, "heat first")
+        "boil water", "you are in the kitchen", history, success=False, entry="heat first"
     )
     reflection = reflection_messages("boil water", "you are in the kitchen", history, success=False)
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[1]["content"] == reflection[1]["content"] + "\nentry 12: heat first"
+    assert messages[1]["content"] == reflection[1]["content"] + "\nentry 1: heat first"
     assert messages[1]["content"].splitlines() == [
         "goal: boil water",
         "start: you are in the kitchen",
@@ -57,7 +60,7 @@ def test_extract_messages_are_a_reflection_prompt_plus_the_entry_used() -> None:
         "> go hall",
         "you are in the hall",
         "outcome: failure",
-        "entry 12: heat first",
+        "entry 1: heat first",
     ]
     assert "at most 3 lines" in messages[0]["content"]
 
@@ -70,14 +73,27 @@ def test_extract_messages_without_an_entry_and_other_max_ops() -> None:
         extract_messages("g", "s", [], success=True, entry=None, max_ops=0)
 
 
-def test_merge_messages_list_the_chunk() -> None:
-    messages = merge_messages([(4, "take the key"), (7, "the key opens the box")])
-    assert messages[1]["content"] == "entry 4: take the key\nentry 7: the key opens the box"
+def test_merge_messages_list_the_chunk_by_position() -> None:
+    messages = merge_messages(["take the key", "the key opens the box"])
+    assert messages[1]["content"] == "entry 1: take the key\nentry 2: the key opens the box"
     assert "merge <ids>" in messages[0]["content"]
-    with pytest.raises(ValueError, match="entries must not be empty"):
+    with pytest.raises(ValueError, match="texts must not be empty"):
         merge_messages([])
-    with pytest.raises(ValueError, match=r"entry ids must be distinct, got \[4, 4\]"):
-        merge_messages([(4, "a"), (4, "b")])
+
+
+def test_positions_named_by_an_answer_map_to_bank_ids() -> None:
+    bank = [40, 17, 93]
+    text = "merge 1,3: heat first\nrewrite 2: the key\nreturn"
+    parsed = to_bank_ids(parse_merge(text, chunk_ids=shown_ids(3)), bank)
+    assert parsed.ops == (Merge((40, 93), "heat first"), Rewrite(17, "the key"))
+    parsed = to_bank_ids(parse_merge("discard 2", chunk_ids=shown_ids(3)), bank)
+    assert parsed.ops == (Discard((17,)),)
+    parsed = parse_extraction("update 1: x\nadd: y", known_ids=shown_ids(1), max_ops=3)
+    assert to_bank_ids(parsed, [523]).ops == (Update((523,), "x"), Add("y"))
+    refused = parse_extraction("update 523: x", known_ids=shown_ids(1), max_ops=3)
+    assert refused.malformed and to_bank_ids(refused, [523]) == refused
+    with pytest.raises(ValueError, match=r"id 4 was not shown \(1 .. 3\)"):
+        to_bank_ids(replace(parsed, ops=(Discard((4,)),)), bank)
 
 
 # ---------------------------------------------------------------------------------------------
