@@ -19,6 +19,7 @@ from agents.credit_actor import CreditActor, CreditSettings
 from agents.embedded import EmbeddedSpec, ensure_embedded
 from agents.embedder import Embedder, make_embedder, minilm_dir
 from agents.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
+from agents.extractor_base import OpsSpec, ensure_extractor_base
 from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.learner import Learner, Trainee
 from agents.memory import MemoryActor, MemorySettings
@@ -46,11 +47,14 @@ def policy_actors(
     """The inference actor (and the learner, for a learning method) and the model directory.
 
     Raises:
-        ScenarioInvalid: ``policy.embedded`` is invalid.
-        ModelUnavailable: the model cannot be found or built.
+        ScenarioInvalid: ``policy.embedded`` or the extractor's settings are invalid.
+        ModelUnavailable: a model cannot be found or built.
     """
     if scenario.policy.threads:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
+    extracting = scenario.run.method == "complementary"
+    if extracting:
+        extractor_model_dir(scenario, source, None)  # its settings, before anything is built
     model = policy_model_dir(scenario, source) if prepare_model else None
     keep = scenario.grpo.keep_checkpoints
     checkpoints: Checkpoints = (
@@ -59,12 +63,16 @@ def policy_actors(
     extractor: Checkpoints = (
         DirCheckpoints(run_dir / "extractor", keep=keep) if run_dir else MemoryCheckpoints()
     )
-    return _policy_actors(scenario, model, checkpoints, extractor), model
+    extractor_dir = None
+    if extracting and model is not None:
+        extractor_dir = extractor_model_dir(scenario, source, model)
+    return _policy_actors(scenario, model, extractor_dir, checkpoints, extractor), model
 
 
 def _policy_actors(
     scenario: Scenario,
     model: Path | None,
+    extractor_dir: Path | None,
     checkpoints: Checkpoints,
     extractor_checkpoints: Checkpoints,
 ) -> list[ActorSpec]:
@@ -85,7 +93,7 @@ def _policy_actors(
     if scenario.run.method == "empo2":
         specs.append(memory_actor(scenario))
     if scenario.run.method == "complementary":
-        specs += complementary_actors(scenario, model, extractor_checkpoints)
+        specs += complementary_actors(scenario, extractor_dir, extractor_checkpoints)
     if scenario.run.method in ("grpo", "empo2", "complementary"):
         load_trainee = partial(load_trainee_for, scenario, model)
         specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
@@ -162,10 +170,9 @@ def complementary_actors(
 def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
     """The extractor's own copy of its starting weights (blocking)."""
     c = scenario.complementary
-    path = model if c.extractor == "embedded" else Path(c.extractor).expanduser()
-    assert path is not None, "the model directory is prepared before the run starts"
+    assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)
-    net, tokenizer = load_model_dir(path, device)
+    net, tokenizer = load_model_dir(model, device)
     settings = ExtractorSettings(
         temperature=c.temperature,
         max_new_tokens=c.max_new_tokens,
@@ -186,25 +193,79 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
     """
     p = scenario.policy
     if p.model != "embedded":
-        path = Path(p.model).expanduser()
-        if not (path / "config.json").is_file():
-            raise ModelUnavailable(f"policy.model = {p.model!r}: no model directory there")
-        return path
+        return _model_path(p.model, "policy.model")
+    return ensure_embedded(embedded_spec(scenario, source), threads=p.threads or None)
+
+
+def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:
+    """The spec of the embedded policy model: the scenario's world and window, and the fields
+    of ``policy.embedded``.
+
+    Raises:
+        ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
+    """
+    p = scenario.policy
     fields = {"world": scenario.world.name, "world_options": dict(scenario.world.options)}
     fields["window"] = p.window
-    unknown = sorted(set(p.embedded) - set(EmbeddedSpec.__struct_fields__))
+    fields.update(_known_fields(p.embedded, EmbeddedSpec, "$.policy.embedded", source))
+    try:
+        return msgspec.convert(fields, EmbeddedSpec)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ScenarioInvalid(source, f"$.policy.embedded: {exc}") from None
+
+
+def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> Path | None:
+    """The extractor's starting weights: the policy's model directory (``"embedded"``), the
+    embedded model taught the operation format (``"embedded-ops"``, built on first use, see
+    :mod:`agents.extractor_base`), or a local path.
+
+    Args:
+        model: the policy's model directory; None to check the settings only (and return
+            None).
+
+    Raises:
+        ScenarioInvalid: ``"embedded-ops"`` without the embedded policy model, or
+            ``complementary.ops`` names an unknown or invalid field.
+        ModelUnavailable: the path holds no model.
+    """
+    c = scenario.complementary
+    if c.extractor == "embedded":
+        return model
+    if c.extractor != "embedded-ops":
+        return _model_path(c.extractor, "complementary.extractor") if model else None
+    if scenario.policy.model != "embedded":
+        raise ScenarioInvalid(
+            source,
+            '$.complementary.extractor: "embedded-ops" teaches the embedded model the '
+            f"operation format, but policy.model is {scenario.policy.model!r}",
+        )
+    fields = {"max_ops": c.max_ops, "max_new_tokens": c.max_new_tokens}
+    fields.update(_known_fields(c.ops, OpsSpec, "$.complementary.ops", source))
+    try:
+        ops = msgspec.convert(fields, OpsSpec)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ScenarioInvalid(source, f"$.complementary.ops: {exc}") from None
+    base = embedded_spec(scenario, source)
+    if model is None:
+        return None
+    return ensure_extractor_base(model, base, ops, threads=scenario.policy.threads or None)
+
+
+def _known_fields(fields: dict, struct: type, where: str, source: str) -> dict:
+    unknown = sorted(set(fields) - set(struct.__struct_fields__))  # type: ignore[attr-defined]
     if unknown:
         raise ScenarioInvalid(
             source,
-            f"$.policy.embedded: unknown field(s) {unknown}; "
-            f"known: {sorted(EmbeddedSpec.__struct_fields__)}",
+            f"{where}: unknown field(s) {unknown}; known: {sorted(struct.__struct_fields__)}",  # type: ignore[attr-defined]
         )
-    fields.update(p.embedded)
-    try:
-        spec = msgspec.convert(fields, EmbeddedSpec)
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise ScenarioInvalid(source, f"$.policy.embedded: {exc}") from None
-    return ensure_embedded(spec, threads=p.threads or None)
+    return fields
+
+
+def _model_path(value: str, key: str) -> Path:
+    path = Path(value).expanduser()
+    if not (path / "config.json").is_file():
+        raise ModelUnavailable(f"{key} = {value!r}: no model directory there")
+    return path
 
 
 def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:

@@ -209,7 +209,10 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
 
     Attributes:
         extractor: the extractor's starting weights: "embedded" (a copy of the embedded base
-            model, which was pre-trained to write notes) or a local Hugging Face model path.
+            model, which was pre-trained to write notes), "embedded-ops" (that model taught
+            the operation format first, see ``agents.extractor_base``) or a local Hugging
+            Face model path.
+        ops: fields of ``agents.extractor_base.OpsSpec`` to change ("embedded-ops" only).
         guided_rollout: "guided" (the entry stays in the prompt the actor is trained on) or
             "guided-distill" (combined with EMPO2's off-policy distillation: trained without).
         warmup: steps (an update's worth of groups each) with no retrieval and no actor update
@@ -233,6 +236,7 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     """
 
     extractor: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
+    ops: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     guided_rollout: Literal["guided", "guided-distill"] = "guided"
     warmup: Annotated[int, Meta(ge=0, le=10_000)] = 5
     merge_every: Annotated[int, Meta(ge=1, le=10_000)] = 5

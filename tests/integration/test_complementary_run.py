@@ -42,7 +42,9 @@ COMPLEMENTARY = (
     .replace(
         "[logging]",
         '[complementary]\nwarmup = 1\nmerge_every = 2\nbatch = 3\nembedder = "hashing"\n'
-        'max_new_tokens = 12\nlr = 0.05\ncredit = "score"\n\n[logging]',
+        'max_new_tokens = 12\nlr = 0.05\ncredit = "score"\nextractor = "embedded-ops"\n\n'
+        "[complementary.ops]\nepisodes_per_family = 3\nsteps = 8\nwarmup = 1\nchecks = 1\n\n"
+        "[logging]",
     )
 )
 SETTINGS = CreditSettings(batch=3, lr=0.05, rule="score")
@@ -123,10 +125,11 @@ def test_credits_and_extractor_requests_re_derive_from_the_log(events: list[Even
 
 def test_both_models_change(root: Path, events: list[Event]) -> None:
     (model_dir,) = (root / "cache" / "embedded").glob("*[!k]")
-    base, _ = load_model_dir(model_dir, torch.device("cpu"))
-    start = param_digest(base)
+    (ops_dir,) = (root / "cache" / "extractor").glob("*[!k]")  # "embedded-ops"
+    start = param_digest(load_model_dir(model_dir, torch.device("cpu"))[0])
     policy = of(events, PolicyUpdated)
     assert any(u.digest != start for u in policy)
+    start = param_digest(load_model_dir(ops_dir, torch.device("cpu"))[0])
     extractor = of(events, ExtractorUpdated)
     assert [u.update for u in extractor] == [
         r.update for r in of(events, ExtractorGradientRequested)

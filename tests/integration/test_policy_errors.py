@@ -34,6 +34,33 @@ def test_bad_learning_settings_are_one_line_and_exit_2(
     assert fragment in err
 
 
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["complementary.ops={stepz = 3}"], "$.complementary.ops: unknown field(s) ['stepz']"),
+        (["complementary.ops={merge_chunk = 1}"], "$.complementary.ops: merge_chunk must be"),
+        (["policy.model=/no/such/model"], '"embedded-ops" teaches the embedded model'),
+    ],
+)
+def test_bad_extractor_settings_are_one_line_and_exit_2_before_any_build(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: list[str],
+    fragment: str,
+) -> None:
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    args = ["run", str(ROOT / "scenarios" / "complementary.toml"), "--quiet"]
+    args += ["--out", str(tmp_path / "run"), "--set", 'complementary.extractor="embedded-ops"']
+    for item in overrides:
+        args += ["--set", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("coevo: error:") and "\n" not in err
+    assert fragment in err
+    assert not (tmp_path / "cache").exists()
+
+
 def test_validate_checks_learning_settings_without_building_the_model(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

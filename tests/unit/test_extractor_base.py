@@ -1,0 +1,105 @@
+"""The extractor's operation stage, pure parts: the teaching rule, its prompts, and that every
+target parses to the operations it means."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agents.embedded import EmbeddedSpec, pretrain_episodes
+from agents.extraction import Add, Discard, Merge, Return, Update, parse_extraction, parse_merge
+from agents.extractor_base import (
+    EMPTY_NOTE,
+    OpsSpec,
+    extraction_target,
+    merge_target,
+    one_line,
+    ops_key,
+    teaching_items,
+)
+from scenarios.worlds.minilab import MiniLab
+
+NOTE = "plan: open crate, take ball. found: ball after open crate."
+
+
+def test_one_line_joins_the_lines_of_a_note() -> None:
+    assert one_line("plan: a, b.\n found: x after a. \n\navoid: c.") == (
+        "plan: a, b. found: x after a. avoid: c."
+    )
+
+
+def test_extraction_target_follows_the_rule() -> None:
+    assert extraction_target(NOTE, success=True, entry=None) == f"add: {NOTE}"
+    assert extraction_target(NOTE, success=False, entry=(7, NOTE)) == "return"
+    assert extraction_target(NOTE, success=True, entry=(7, "plan: none.")) == f"update 7: {NOTE}"
+    assert extraction_target(NOTE, success=False, entry=(7, "plan: none.")) == f"add: {NOTE}"
+
+
+def test_merge_target_merges_duplicates_and_discards_empty_notes() -> None:
+    entries = [(4, "a."), (9, EMPTY_NOTE), (2, "b."), (5, "a."), (3, EMPTY_NOTE), (8, "a.")]
+    assert merge_target(entries) == "merge 4,5,8: a.\ndiscard 9,3"
+    assert merge_target([(1, "a."), (2, "b.")]) == "return"
+    assert merge_target([(1, EMPTY_NOTE), (2, EMPTY_NOTE)]) == "discard 1,2"
+
+
+@pytest.mark.parametrize(
+    ("target", "ids", "expected"),
+    [
+        (f"add: {NOTE}", (), (Add(NOTE),)),
+        (f"update 7: {NOTE}", (7,), (Update((7,), NOTE),)),
+        ("return", (7,), (Return(),)),
+    ],
+)
+def test_extraction_targets_parse_to_what_they_mean(target, ids, expected) -> None:
+    parsed = parse_extraction(target, known_ids=ids, max_ops=3)
+    assert parsed.ops == expected and not parsed.errors
+
+
+def test_merge_targets_parse_to_what_they_mean() -> None:
+    entries = [(4, "a."), (9, EMPTY_NOTE), (5, "a.")]
+    parsed = parse_merge(merge_target(entries), chunk_ids=[4, 9, 5])
+    assert parsed.ops == (Merge((4, 5), "a."), Discard((9,))) and not parsed.errors
+
+
+def test_teaching_items_are_deterministic_and_every_target_parses() -> None:
+    world = MiniLab(families=("fetch", "heat"), train_variants=12)
+    episodes = pretrain_episodes(world, EmbeddedSpec(episodes_per_family=12, eval_variants=2))
+    spec = OpsSpec(merge_chunk=4)
+    items = teaching_items(episodes, spec, random.Random(3))
+    assert items == teaching_items(episodes, spec, random.Random(3))
+    assert [it.kind for it in items] == ["extract", "merge"] * len(episodes)
+    kinds = set()
+    for item in items:
+        if item.kind == "extract":
+            parsed = parse_extraction(item.target, known_ids=item.ids, max_ops=spec.max_ops)
+            last = item.messages[1]["content"].rsplit("\n", 1)[1]
+            assert last.startswith(f"entry {item.ids[0]}: ") if item.ids else last == "entry: none"
+        else:
+            parsed = parse_merge(item.target, chunk_ids=item.ids)
+            assert 2 <= len(item.ids) <= 4
+        assert not parsed.malformed and not parsed.errors, item.target
+        kinds.update(type(op).__name__ for op in parsed.ops)
+    assert {"Add", "Update", "Return", "Merge"} <= kinds
+
+
+def test_the_key_changes_with_the_base_and_the_spec() -> None:
+    base = EmbeddedSpec()
+    assert ops_key(base, OpsSpec()) == ops_key(EmbeddedSpec(), OpsSpec())
+    assert ops_key(base, OpsSpec(steps=10, warmup=1)) != ops_key(base, OpsSpec())
+    assert ops_key(EmbeddedSpec(seed=1), OpsSpec()) != ops_key(base, OpsSpec())
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"steps": 0}, "steps must be >= 1"),
+        ({"merge_share": 1.5}, "merge_share must be between 0 and 1"),
+        ({"merge_chunk": 1}, "merge_chunk must be >= 2"),
+        ({"lr": float("nan")}, "lr must be a positive number"),
+        ({"warmup": 50, "steps": 10}, "warmup must be <= steps"),
+    ],
+)
+def test_bad_specs_are_refused(fields, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        OpsSpec(**fields)
