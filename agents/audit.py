@@ -22,20 +22,20 @@ from agents.audit_index import (
     Credited,
     Duplicated,
     Evicted,
+    Outcome,
     Retrieved,
     Stored,
     TipRow,
-    consumer,
+    applied,
+    consumers,
     fetch,
-    outcome,
-    refs,
+    outcomes,
     tip_rows,
+    weighed,
 )
 from agents.extractor_events import (
     ExtractionRequested,
     ExtractorCalled,
-    ExtractorGradientRequested,
-    ExtractorUpdated,
     MergeRequested,
 )
 from agents.memory_events import ReflectionRequested, TipProposed
@@ -177,11 +177,14 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     stored_seq, st = stored[0]
     evicted = [(seq, r.reason) for seq, r in rows if isinstance(r, Evicted)]
     evicted_seq, reason = evicted[0] if evicted else (None, "")
+    retrieved = [(seq, r) for seq, r in rows if isinstance(r, Retrieved)]
+    ends = outcomes(index, [r.episode for _, r in retrieved])
     uses = tuple(
-        _use(index, seq, r, stored_seq, evicted_seq) for seq, r in rows if isinstance(r, Retrieved)
+        _use(seq, r, end, stored_seq, evicted_seq)
+        for (seq, r), end in zip(retrieved, ends, strict=True)
     )
     credits = _credits(index, rows)
-    updates = _updates(log, index, credits)
+    updates = _updates(index, st.call, credits)
     number = {s.request_seq: s.update for s in updates}
     credits = tuple(
         msgspec.structs.replace(c, update=number[c.request_seq]) if c.request_seq in number else c
@@ -208,9 +211,8 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     )
 
 
-def _use(index: FactIndex, seq: int, r: Retrieved, stored: int, evicted: int | None) -> Use:
+def _use(seq: int, r: Retrieved, end: Outcome | None, stored: int, evicted: int | None) -> Use:
     alive = stored < seq and (evicted is None or evicted > seq)
-    end = outcome(index, r.episode)
     base = Use(
         seq=seq,
         episode=r.episode,
@@ -234,58 +236,44 @@ def _use(index: FactIndex, seq: int, r: Retrieved, stored: int, evicted: int | N
 
 
 def _credits(index: FactIndex, rows: list[tuple[int, TipRow]]) -> tuple[Credit, ...]:
-    out: list[Credit] = []
-    for seq, r in rows:
-        if not isinstance(r, Credited):
-            continue
-        end = outcome(index, r.episode)
-        out.append(
-            Credit(
-                seq=seq,
-                episode=r.episode,
-                call=r.call,
-                success=r.success,
-                episode_score=end.score if end is not None else None,
-                rule=r.rule,
-                credit=r.credit,
-                step=r.step,
-                request_seq=consumer(index, r.episode),
-            )
+    credited = [(seq, r) for seq, r in rows if isinstance(r, Credited)]
+    episodes = [r.episode for _, r in credited]
+    ends, requests = outcomes(index, episodes), consumers(index, episodes)
+    return tuple(
+        Credit(
+            seq=seq,
+            episode=r.episode,
+            call=r.call,
+            success=r.success,
+            episode_score=end.score if end is not None else None,
+            rule=r.rule,
+            credit=r.credit,
+            step=r.step,
+            request_seq=request,
         )
-    return tuple(out)
+        for (seq, r), end, request in zip(credited, ends, requests, strict=True)
+    )
 
 
-def _updates(
-    log: EventLog, index: FactIndex, credits: tuple[Credit, ...]
-) -> tuple[ExtractorStep, ...]:
+def _updates(index: FactIndex, call: str, credits: tuple[Credit, ...]) -> tuple[ExtractorStep, ...]:
     """The extractor updates that consumed ``credits`` (each once), with what they did."""
-    seqs = sorted({c.request_seq for c in credits if c.request_seq is not None})
-    requests = fetch(log, seqs)
-    calls = {c.request_seq: c.call for c in credits}
+    used = {c.request_seq for c in credits if c.request_seq is not None}
+    lines = [(seq, w) for seq, w in weighed(index, call) if seq in used]
+    done = applied(index, [w.update for _, w in lines])
     out: list[ExtractorStep] = []
-    for seq in seqs:
-        req = requests[seq].event
-        assert isinstance(req, ExtractorGradientRequested)
-        i = req.calls.index(calls[seq])
+    for (seq, w), upd in zip(lines, done, strict=True):
         step = ExtractorStep(
-            update=req.update,
+            update=w.update,
             request_seq=seq,
-            call=req.calls[i],
-            reward=req.rewards[i],
-            advantage=req.advantages[i],
-            weight=req.weights[i],
-            batch=len(req.calls),
+            call=call,
+            reward=w.reward,
+            advantage=w.advantage,
+            weight=w.weight,
+            batch=w.batch,
         )
-        done = [s for s, kind in refs(index, "x", str(req.update)) if kind == "extractor_updated"]
-        if done:
-            upd = fetch(log, done[:1])[done[0]].event
-            assert isinstance(upd, ExtractorUpdated)
+        if upd is not None:
             step = msgspec.structs.replace(
-                step,
-                version=upd.extractor_version,
-                samples=upd.samples,
-                loss=upd.loss,
-                digest=upd.digest,
+                step, version=upd.version, samples=upd.samples, loss=upd.loss, digest=upd.digest
             )
         out.append(step)
     return tuple(out)

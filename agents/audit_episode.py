@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agents.audit_index import consumer, fetch, refs
+from agents.audit_index import applied, consumer, fetch, refs, weighed
 from agents.episode_events import (
     EpisodeAborted,
     EpisodeAssigned,
@@ -23,8 +23,6 @@ from agents.episode_events import (
 from agents.extractor_events import (
     CreditAssigned,
     ExtractorCalled,
-    ExtractorGradientRequested,
-    ExtractorUpdated,
 )
 from agents.memory_events import TipProposed, TipRejected, TipsRetrieved, TipStored
 from agents.policy_events import (
@@ -298,24 +296,18 @@ def _credit(
     assert isinstance(c, CreditAssigned)
     out = EpisodeCredit(seq=env.seq, entry=c.entry, call=c.call, credit=c.credit, rule=c.rule)
     seq = consumer(index, episode)
-    if seq is None:
+    line = next((w for s, w in weighed(index, c.call) if s == seq), None)
+    if line is None:
         return out
-    req = fetch(log, [seq])[seq].event
-    assert isinstance(req, ExtractorGradientRequested)
-    i = req.calls.index(c.call)
-    out = msgspec.structs.replace(
+    [done] = applied(index, [line.update])
+    return msgspec.structs.replace(
         out,
-        update=req.update,
-        reward=req.rewards[i],
-        advantage=req.advantages[i],
-        weight=req.weights[i],
+        update=line.update,
+        reward=line.reward,
+        advantage=line.advantage,
+        weight=line.weight,
+        version=done.version if done is not None else -1,
     )
-    done = [s for s, kind in refs(index, "x", str(req.update)) if kind == "extractor_updated"]
-    if done:
-        upd = fetch(log, done[:1])[done[0]].event
-        assert isinstance(upd, ExtractorUpdated)
-        out = msgspec.structs.replace(out, version=upd.extractor_version)
-    return out
 
 
 def _written(log: EventLog, index: FactIndex, envs: list[Envelope[Event]]) -> tuple[Written, ...]:

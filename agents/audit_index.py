@@ -15,6 +15,8 @@ Keys (bytes, ``S`` = 8-byte big-endian seq):
   extractor call, ``x`` extractor update, ``u`` policy update
 - ``o`` + episode -> :class:`Outcome`
 - ``k`` + episode -> ``S`` of the extractor request that consumed the episode's credit
+- ``w`` + call + NUL + ``S`` -> :class:`Weighed` (the call in the extractor request at ``S``)
+- ``v`` + update (8 bytes) -> :class:`Applied` (what extractor update ``update`` did)
 
 :func:`refresh` indexes the log from the index's ``upto`` to the log's end when called, so a
 live run costs only its new tail.
@@ -22,7 +24,7 @@ live run costs only its new tail.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -63,7 +65,7 @@ from engine.events import Envelope, Event
 from stores.eventlog import EventLog
 from stores.fact_index import Fact, FactIndex, LmdbFactIndex, MemoryFactIndex
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 """Bumped when the facts change; an index of another format is rebuilt."""
 
 REFRESH_CHUNK = 20_000
@@ -144,10 +146,32 @@ class Outcome(msgspec.Struct, frozen=True, array_like=True, tag="outcome"):
     aborted: str = ""
 
 
+class Weighed(msgspec.Struct, frozen=True, array_like=True, tag="weighed"):
+    """An extractor call's line in one :class:`ExtractorGradientRequested`."""
+
+    update: int
+    reward: float
+    advantage: float
+    weight: float
+    batch: int
+
+
+class Applied(msgspec.Struct, frozen=True, array_like=True, tag="applied"):
+    """What an :class:`ExtractorUpdated` says about its update."""
+
+    seq: int
+    version: int
+    samples: int
+    loss: float
+    digest: str
+
+
 TipRow = Stored | Evicted | Child | Retrieved | Credited | Duplicated
 _ROW_DECODER = msgspec.msgpack.Decoder(Union[TipRow])  # noqa: UP007 - a runtime union
 _REF_DECODER = msgspec.msgpack.Decoder(Ref)
 _OUTCOME_DECODER = msgspec.msgpack.Decoder(Outcome)
+_WEIGHED_DECODER = msgspec.msgpack.Decoder(Weighed)
+_APPLIED_DECODER = msgspec.msgpack.Decoder(Applied)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
@@ -227,6 +251,21 @@ def _extractor_request(ev: ExtractorGradientRequested, env: Envelope[Event]) -> 
         *_refs("c", ev.calls, env.seq, kind),
         *_refs("x", [str(ev.update)], env.seq, kind),
         *[(b"k" + ep.encode(), _seq(env.seq)) for ep in ev.credits],
+        *[
+            (
+                b"w" + call.encode() + b"\0" + _seq(env.seq),
+                _ENCODER.encode(Weighed(ev.update, r, a, w, len(ev.calls))),
+            )
+            for call, r, a, w in zip(ev.calls, ev.rewards, ev.advantages, ev.weights, strict=True)
+        ],
+    ]
+
+
+def _extractor_updated(ev: ExtractorUpdated, env: Envelope[Event]) -> list[Fact]:
+    row = Applied(env.seq, ev.extractor_version, ev.samples, ev.loss, ev.digest)
+    return [
+        (b"v" + ev.update.to_bytes(8, "big"), _ENCODER.encode(row)),
+        *_refs("x", [str(ev.update)], env.seq, "extractor_updated"),
     ]
 
 
@@ -262,7 +301,7 @@ _FACTS: dict[type[Event], Callable[[Any, Envelope[Event]], list[Fact]]] = {
     TipEvicted: lambda ev, env: [_row(ev.tip_id, env.seq, Evicted(ev.reason))],
     CreditAssigned: _credit,
     ExtractorGradientRequested: _extractor_request,
-    ExtractorUpdated: lambda ev, env: _refs("x", [str(ev.update)], env.seq, "extractor_updated"),
+    ExtractorUpdated: _extractor_updated,
     ExtractorCalled: _extractor_called,
     EpisodeFinished: _outcome,
     EpisodeAborted: _outcome,
@@ -332,14 +371,38 @@ def refs(index: FactIndex, namespace: str, name: str) -> list[tuple[int, str]]:
 
 def outcome(index: FactIndex, episode: str) -> Outcome | None:
     """How ``episode`` ended, or None (unknown, or still running)."""
-    raw = index.get(b"o" + episode.encode())
-    return None if raw is None else _OUTCOME_DECODER.decode(raw)
+    return outcomes(index, [episode])[0]
+
+
+def outcomes(index: FactIndex, episodes: Sequence[str]) -> list[Outcome | None]:
+    """How each of ``episodes`` ended (None: unknown, or still running), in one read."""
+    raws = index.get_many([b"o" + ep.encode() for ep in episodes])
+    return [None if raw is None else _OUTCOME_DECODER.decode(raw) for raw in raws]
 
 
 def consumer(index: FactIndex, episode: str) -> int | None:
     """The seq of the extractor request that consumed ``episode``'s credit, or None."""
-    raw = index.get(b"k" + episode.encode())
-    return None if raw is None else int.from_bytes(raw, "big")
+    return consumers(index, [episode])[0]
+
+
+def consumers(index: FactIndex, episodes: Sequence[str]) -> list[int | None]:
+    """:func:`consumer` of each of ``episodes``, in one read."""
+    raws = index.get_many([b"k" + ep.encode() for ep in episodes])
+    return [None if raw is None else int.from_bytes(raw, "big") for raw in raws]
+
+
+def weighed(index: FactIndex, call: str) -> list[tuple[int, Weighed]]:
+    """Every extractor request that named ``call``, as ``(request seq, its line)``."""
+    prefix = b"w" + call.encode() + b"\0"
+    return [
+        (int.from_bytes(k[-8:], "big"), _WEIGHED_DECODER.decode(v)) for k, v in index.scan(prefix)
+    ]
+
+
+def applied(index: FactIndex, updates: Sequence[int]) -> list[Applied | None]:
+    """What each extractor update of ``updates`` did (None: not applied yet), in one read."""
+    raws = index.get_many([b"v" + u.to_bytes(8, "big") for u in updates])
+    return [None if raw is None else _APPLIED_DECODER.decode(raw) for raw in raws]
 
 
 def fetch(log: EventLog, seqs: Iterable[int]) -> dict[int, Envelope[Event]]:

@@ -60,6 +60,10 @@ class FactIndex(Protocol):
         """The value of ``key``, or None."""
         ...
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The value of each of ``keys`` (None where absent), read at one point in time."""
+        ...
+
     def scan(self, prefix: bytes) -> list[Fact]:
         """Every ``(key, value)`` whose key starts with ``prefix``, in key order."""
         ...
@@ -101,6 +105,9 @@ class MemoryFactIndex:
 
     def get(self, key: bytes) -> bytes | None:
         return self._values.get(key)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [self._values.get(k) for k in keys]
 
     def scan(self, prefix: bytes) -> list[Fact]:
         if not self._sorted:
@@ -194,6 +201,9 @@ class LmdbFactIndex:
 
     def get(self, key: bytes) -> bytes | None:
         return self._read(lambda txn: txn.get(key, db=self._facts))
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return self._read(lambda txn: [txn.get(k, db=self._facts) for k in keys])
 
     def scan(self, prefix: bytes) -> list[Fact]:
         def body(txn: lmdb.Transaction) -> list[Fact]:

@@ -47,6 +47,11 @@ class FactIndexContract:
         assert [k for k, _ in index.scan(b"t")] == [b"t", b"ta\x00", b"ta\x01", b"tb\x02"]
         assert index.scan(b"z") == []
 
+    def test_get_many_answers_each_key(self, index: FactIndex) -> None:
+        index.extend(0, 1, [(b"a", b"1"), (b"c", b"3")])
+        assert index.get_many([b"c", b"b", b"a"]) == [b"3", None, b"1"]
+        assert index.get_many([]) == []
+
     def test_a_key_written_again_is_overwritten(self, index: FactIndex) -> None:
         index.extend(0, 1, [(b"k", b"old")])
         index.extend(1, 2, [(b"k", b"new")])

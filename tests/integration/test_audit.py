@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from audit_golden import golden_stream, write_run
 
-from agents.audit_index import INDEX_DIR
+from agents.audit_index import INDEX_DIR, index_ident
 from agents.memory_events import TipsRetrieved
 from engine.cli import main
 from engine.events import Envelope
@@ -209,7 +209,7 @@ def test_a_live_run_indexes_only_its_new_tail(
     cut = next(i for i, e in enumerate(STREAM.envs) if e.event.__struct_config__.tag == "merge_due")
     root = write_run(tmp_path, STREAM.envs[:cut])
     assert audit_json(capsys, str(root), "tip", "0")["uses"] == []
-    with LmdbFactIndex.open(root / INDEX_DIR, "golden:audit-v1") as index:
+    with LmdbFactIndex.open(root / INDEX_DIR, index_ident("golden")) as index:
         assert index.upto == cut
     log = LmdbEventLog.open(root / "log", writable=True, durable=False)
     try:
@@ -238,7 +238,7 @@ def test_a_live_run_indexes_only_its_new_tail(
         assert [(u["episode"], u["ended"]) for u in uses] == [("ep006", True), ("ep008", False)]
     finally:
         log.close()
-    with LmdbFactIndex.open(root / INDEX_DIR, "golden:audit-v1") as index:
+    with LmdbFactIndex.open(root / INDEX_DIR, index_ident("golden")) as index:
         assert index.upto == len(STREAM.envs) + 1
 
 
