@@ -234,7 +234,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         out.append(
             f"  mean advantage guided {g[0]:+.4f} -> {g[1]:+.4f}, free {f[0]:+.4f} -> {f[1]:+.4f}"
         )
-    if a.entries:
+    if a.entries and top:
         out.append(
             f"  entries (top {top} by change of their credit sum): tip credits recorded -> "
             "re-derived"
@@ -243,7 +243,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
             f"    {e.tip:>6} {e.credits:>5} {e.recorded:+9.3f} -> {e.derived:+9.3f}"
             for e in a.entries[:top]
         ]
-    if a.calls:
+    if a.calls and top:
         out.append(
             f"  extractor calls (top {top} by change of push = sum of advantage x weight): call "
             "credits reward push updates, recorded -> re-derived"
