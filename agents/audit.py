@@ -199,7 +199,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         evicted_seq=evicted_seq,
         evicted=reason,
         origin=_origin(log, st),
-        lineage=lineage(index, tip),
+        lineage=_lineage(index, tip, frozenset(), rows),
         children=tuple(r.tip for _, r in rows if isinstance(r, Child)),
         duplicates=tuple(r.call or r.episode for _, r in rows if isinstance(r, Duplicated)),
         uses=uses,
@@ -212,8 +212,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
 
 
 def _use(seq: int, r: Retrieved, end: Outcome | None, stored: int, evicted: int | None) -> Use:
-    alive = stored < seq and (evicted is None or evicted > seq)
-    base = Use(
+    return Use(
         seq=seq,
         episode=r.episode,
         turn=r.turn,
@@ -221,17 +220,12 @@ def _use(seq: int, r: Retrieved, end: Outcome | None, stored: int, evicted: int 
         rank=r.rank,
         similarity=r.similarity,
         score=r.score,
-        alive=alive,
-    )
-    if end is None:
-        return base
-    return msgspec.structs.replace(
-        base,
-        purpose=end.purpose,
-        ended=True,
-        success=end.success,
-        outcome_score=end.score,
-        aborted=end.aborted,
+        alive=stored < seq and (evicted is None or evicted > seq),
+        purpose=end.purpose if end is not None else "",
+        ended=end is not None,
+        success=end is not None and end.success,
+        outcome_score=end.score if end is not None else 0.0,
+        aborted=end.aborted if end is not None else "",
     )
 
 
@@ -343,8 +337,10 @@ def lineage(index: FactIndex, tip: int) -> Lineage:
     return _lineage(index, tip, frozenset())
 
 
-def _lineage(index: FactIndex, tip: int, seen: frozenset[int]) -> Lineage:
-    rows = tip_rows(index, tip)
+def _lineage(
+    index: FactIndex, tip: int, seen: frozenset[int], rows: list[tuple[int, TipRow]] | None = None
+) -> Lineage:
+    rows = tip_rows(index, tip) if rows is None else rows
     stored = next(((s, r) for s, r in rows if isinstance(r, Stored)), None)
     evicted = next((r.reason for _, r in rows if isinstance(r, Evicted)), "")
     if stored is None:
