@@ -18,6 +18,24 @@ def episode_credit(success: bool) -> float:
     return 1.0 if success else -1.0
 
 
+def relative_credit(reward: float, free_rewards: Sequence[float]) -> float:
+    """A guided episode's credit relative to the experience-free half of its group: its reward
+    minus the free episodes' mean reward (0.0 mean when the group has no free episode).
+
+    Credits an entry only for what it added over playing the same task without one; the
+    paper's +1 / -1 credits an entry for tasks the policy solves anyway. A counterfactual
+    rule: it needs the whole group, so only a reader of the finished log can apply it
+    (``coevo audit RUN credit --rule relative``).
+
+    Raises:
+        ValueError: a reward is not finite.
+    """
+    if not all(math.isfinite(r) for r in (reward, *free_rewards)):
+        raise ValueError(f"rewards must be finite, got {reward} and {list(free_rewards)}")
+    baseline = math.fsum(free_rewards) / len(free_rewards) if free_rewards else 0.0
+    return reward - baseline
+
+
 def call_rewards(credits: Iterable[tuple[str, float]]) -> dict[str, float]:
     """r(m): per extractor call, the mean of every credit it received so far.
 

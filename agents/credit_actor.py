@@ -20,6 +20,7 @@ from agents.extractor_events import CreditAssigned, ExtractorGradientRequested
 from agents.memory_events import TipsRetrieved
 from engine.actor import Actor, Context
 from engine.events import Event
+from scenarios.schema import ComplementaryConfig
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class CreditSettings:
         alpha: the count exponent of the reweighting.
         cooldown: updates after training on a call during which its weight is 0.
         rule: "success" (+1 / -1, the paper's) or "score" (``2 * score - 1``: a world's partial
-            score, in [-1, 1] when the score is in [0, 1]).
+            score, in [-1, 1] when the score is in [0, 1]); "relative" (the episode's reward
+            minus its group's free half's mean, :func:`agents.credit.relative_credit`) only in
+            ``coevo audit``, which passes each credit to :meth:`CreditBook.decide`.
     """
 
     batch: int = 64
@@ -67,8 +70,18 @@ class CreditBook:
     trained: dict[str, tuple[int, int]] = field(default_factory=dict[str, tuple[int, int]])
     updates: int = 0
 
-    def decide(self, ev: Event, settings: CreditSettings) -> list[Event]:
-        """The events that ``ev`` causes (and the state change it brings)."""
+    def decide(
+        self, ev: Event, settings: CreditSettings, credit: float | None = None
+    ) -> list[Event]:
+        """The events that ``ev`` causes (and the state change it brings).
+
+        Args:
+            ev: a :class:`TipsRetrieved` or :class:`EpisodeFinished`.
+            settings: the batch size, rule and loss settings.
+            credit: the episode's credit when the caller knows it already (a rule that needs
+                more than the episode, e.g. "relative"); None: :func:`credit_of` under
+                ``settings.rule``.
+        """
         if isinstance(ev, TipsRetrieved):
             if ev.turn == 0 and ev.tip_ids and ev.calls and ev.calls[0]:
                 self.used[ev.episode] = (ev.tip_ids[0], ev.calls[0])
@@ -78,7 +91,8 @@ class CreditBook:
         if used is None or ev.purpose != "train":
             return []
         entry, call = used
-        credit = credit_of(ev, settings.rule)
+        if credit is None:
+            credit = credit_of(ev, settings.rule)
         self.credits.append((call, credit))
         self.pending.setdefault(call, []).append(ev.episode)
         self.consumed.append(ev.episode)
@@ -130,7 +144,22 @@ class CreditBook:
         return req
 
 
-RULES = {"success": "outcome-pm1", "score": "score-2x-1"}
+RULES = {"success": "outcome-pm1", "score": "score-2x-1", "relative": "reward-minus-free-mean"}
+"""Credit rules by name, with the name each records in :class:`CreditAssigned`."""
+
+
+def credit_settings(c: ComplementaryConfig) -> CreditSettings:
+    """The credit actor's settings from a scenario's ``[complementary]`` table."""
+    return CreditSettings(
+        batch=c.batch,
+        lr=c.lr,
+        clip_low=c.clip_low,
+        clip_high=c.clip_high,
+        max_grad_norm=c.max_grad_norm,
+        alpha=c.alpha,
+        cooldown=c.cooldown,
+        rule=c.credit,
+    )
 
 
 def credit_of(ev: EpisodeFinished, rule: str) -> float:
@@ -143,6 +172,8 @@ def credit_of(ev: EpisodeFinished, rule: str) -> float:
         return episode_credit(ev.success)
     if rule == "score":
         return 2.0 * ev.score - 1.0
+    if rule == "relative":
+        raise ValueError("the relative rule needs the episode's group: pass its credit")
     raise ValueError(f"unknown credit rule {rule!r}; known: {sorted(RULES)}")
 
 

@@ -76,6 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON lines")
     p.add_argument("--follow", action="store_true", help="keep printing new events (live run)")
     p.set_defaults(func=cmd_log)
+
+    p = sub.add_parser("audit", help="explain an entry, an episode or the credit from the log")
+    p.add_argument("run")
+    what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print the answer as JSON")
+    common.add_argument("--index", metavar="DIR", help="the audit index (default RUN/audit)")
+    q = what.add_parser("tip", parents=[common], help="an entry's lineage, uses and credit")
+    q.add_argument("id", help="the entry's id (TipStored.tip_id)")
+    q = what.add_parser("episode", parents=[common], help="an episode turn by turn")
+    q.add_argument("id", help="the episode's id (e.g. ep000005)")
+    q = what.add_parser("credit", parents=[common], help="re-derive every credit and advantage")
+    q.add_argument("--rule", help="credit rule: success, score or relative (counterfactual)")
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
+    p.set_defaults(func=cmd_audit)
     return parser
 
 
@@ -305,6 +321,64 @@ def _print_envelope(env: Any, as_json: bool) -> None:
         sys.stdout.write(msgspec.json.encode(envelope_dict(env)).decode() + "\n")
     else:
         sys.stdout.write(envelope_line(env) + "\n")
+
+
+# --- audit --------------------------------------------------------------------------------------
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from agents import audit_render as render
+
+    log = _open_run(args.run)
+    try:
+        if args.what == "credit":
+            answer = _audit_credit(log, args)
+            lines = lambda: render.render_credit(answer, args.top)  # noqa: E731
+        else:
+            answer = _audit_one(log, args)
+            lines = lambda: (  # noqa: E731
+                render.render_tip(answer) if args.what == "tip" else render.render_episode(answer)
+            )
+    finally:
+        log.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
+    else:
+        sys.stdout.write("\n".join(lines()) + "\n")
+    return 0 if args.what != "credit" or answer.counterfactual or answer.match else 1
+
+
+def _audit_one(log: Any, args: argparse.Namespace) -> Any:
+    from agents.audit import audit_tip
+    from agents.audit_episode import audit_episode
+    from agents.audit_index import open_index
+
+    if args.what == "tip" and not args.id.isdigit():
+        raise _InputError(f"entry id must be a non-negative integer, got {args.id!r}")
+    index, note = open_index(find_run(args.run).root, log, Path(args.index) if args.index else None)
+    if note:
+        print(f"coevo: note: {note}", file=sys.stderr)
+    try:
+        if args.what == "tip":
+            return audit_tip(log, index, int(args.id))
+        return audit_episode(log, index, args.id)
+    finally:
+        index.close()
+
+
+def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
+    from agents.audit_credit import AuditSettings, audit_credit, gather, with_overrides
+    from agents.credit_actor import credit_settings
+    from scenarios.loader import parse_toml, to_scenario
+
+    if args.top < 0:
+        raise _InputError(f"--top must be >= 0, got {args.top}")
+    meta = log.read_meta()
+    source = f"{args.run} (its scenario)"
+    scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)
+    base = AuditSettings(credit=credit_settings(scenario.complementary), top_k=scenario.empo2.top_k)
+    settings = with_overrides(base, args.rule, args.set)
+    return audit_credit(gather(log), settings, base)
 
 
 if __name__ == "__main__":

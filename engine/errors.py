@@ -112,3 +112,13 @@ class ActorCrashed(CoevoError):
         self.actor = actor
         self.error = error
         super().__init__(f"actor {actor!r} failed: {error}")
+
+
+class AuditQueryInvalid(CoevoError):
+    """``coevo audit`` was asked about something the run's log does not hold (a tip or episode
+    id it never recorded) or under a rule or setting that does not exist.
+
+    Raised before anything is printed; unlike :class:`RunNotFound`, the run itself is there.
+    """
+
+    exit_code = 2

@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 import torch
 
-from agents.credit_actor import CreditActor, CreditSettings
+from agents.credit_actor import CreditActor, credit_settings
 from agents.embedded import EmbeddedSpec, ensure_embedded
 from agents.embedder import Embedder, make_embedder, minilm_dir
 from agents.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
@@ -132,16 +132,7 @@ def complementary_actors(
     bank = MemorySettings(
         capacity=c.capacity, index=c.index, lam=c.lam, recent=c.recent, pool=c.pool
     )
-    credit = CreditSettings(
-        batch=c.batch,
-        lr=c.lr,
-        clip_low=c.clip_low,
-        clip_high=c.clip_high,
-        max_grad_norm=c.max_grad_norm,
-        alpha=c.alpha,
-        cooldown=c.cooldown,
-        rule=c.credit,
-    )
+    credit = credit_settings(c)
     memory = partial(
         MemoryActor,
         embedder_for(c.embedder),

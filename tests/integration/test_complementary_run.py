@@ -5,6 +5,7 @@ log verifies."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,25 @@ def test_every_evaluation_round_is_played_without_and_with_the_bank(events: list
     assert all(e.scope == "train" and not e.extract for e in with_bank)
     asked = {r.episode: r.slot for r in of(events, RetrievalRequested)}
     assert all(asked[e.episode] == f"train/{e.family}" for e in with_bank)
+
+
+def test_the_audit_re_derives_the_run_and_explains_its_entries(
+    root: Path, events: list[Event], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = str(root / "run")
+    assert main(["audit", run, "credit", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["match"]
+    credits = of(events, CreditAssigned)
+    entry = credits[0].entry
+    assert main(["audit", run, "tip", str(entry), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["origin"]["call"] == credits[0].call
+    mine = [(c.episode, c.credit) for c in credits if c.entry == entry]
+    assert [(c["episode"], c["credit"]) for c in answer["credits"]] == mine
+    assert {u["episode"] for u in answer["uses"]} >= {e for e, _ in mine}
+    guided = next(c.episode for c in credits)
+    assert main(["audit", run, "episode", guided, "--json"]) == 0
+    episode = json.loads(capsys.readouterr().out)
+    assert (
+        episode["credit"]["entry"] == entry and episode["turns"][0]["retrieved"][0]["tip"] == entry
+    )

@@ -1,0 +1,240 @@
+"""The fact index: an ordered byte-key store beside an event log, filled by one replay pass.
+
+``coevo audit`` answers questions about one entry or one episode from facts a pass over the log
+extracted (``agents.audit_index`` decides what they are); this module only keeps them. Keys are
+bytes in lexicographic order, looked up exactly (:meth:`FactIndex.get`) or by prefix
+(:meth:`FactIndex.scan`). The index remembers how far it has read (``upto``: the next seq to
+index), so a second pass over a live run reads only the new tail, and which log it belongs to
+(``ident``: a different one starts it afresh).
+
+:class:`LmdbFactIndex` keeps the facts in their own LMDB environment (a directory beside the
+log's, never inside it); :class:`MemoryFactIndex` is its in-memory twin, also what an audit
+falls back to where the run directory is read-only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol, TypeVar, runtime_checkable
+
+import lmdb
+
+from engine.errors import LogError
+
+__all__ = ["FactIndex", "LmdbFactIndex", "MemoryFactIndex"]
+
+Fact = tuple[bytes, bytes]
+
+_UPTO = b"upto"
+_IDENT = b"ident"
+_INITIAL_MAP = 64 * 1024 * 1024
+T = TypeVar("T")
+
+
+@runtime_checkable
+class FactIndex(Protocol):
+    """An ordered map of byte keys to byte values, extended in contiguous ranges of seqs."""
+
+    @property
+    def upto(self) -> int:
+        """The next seq to index (0: nothing indexed yet)."""
+        ...
+
+    def extend(self, start: int, stop: int, facts: Sequence[Fact]) -> bool:
+        """Add the facts of events ``start <= seq < stop``, atomically, and set ``upto`` to
+        ``stop``. A key already present is overwritten.
+
+        Returns:
+            False, with nothing written, when ``upto`` is no longer ``start`` (another process
+            indexed that range first).
+
+        Raises:
+            ValueError: ``stop < start``.
+        """
+        ...
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, or None."""
+        ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The value of each of ``keys`` (None where absent), read at one point in time."""
+        ...
+
+    def scan(self, prefix: bytes) -> list[Fact]:
+        """Every ``(key, value)`` whose key starts with ``prefix``, in key order."""
+        ...
+
+    def close(self) -> None:
+        """Release the index. Safe to call twice."""
+        ...
+
+
+def _check_range(start: int, stop: int) -> None:
+    if stop < start:
+        raise ValueError(f"stop {stop} is before start {start}")
+
+
+class MemoryFactIndex:
+    """The in-memory twin of :class:`LmdbFactIndex`."""
+
+    def __init__(self) -> None:
+        self._values: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+        self._sorted = True
+        self._upto = 0
+
+    @property
+    def upto(self) -> int:
+        return self._upto
+
+    def extend(self, start: int, stop: int, facts: Sequence[Fact]) -> bool:
+        _check_range(start, stop)
+        if start != self._upto:
+            return False
+        for key, value in facts:
+            if key not in self._values:
+                self._keys.append(key)
+                self._sorted = False
+            self._values[key] = bytes(value)
+        self._upto = stop
+        return True
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._values.get(key)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [self._values.get(k) for k in keys]
+
+    def scan(self, prefix: bytes) -> list[Fact]:
+        if not self._sorted:
+            self._keys.sort()
+            self._sorted = True
+        i = bisect.bisect_left(self._keys, prefix)
+        out: list[Fact] = []
+        while i < len(self._keys) and self._keys[i].startswith(prefix):
+            out.append((self._keys[i], self._values[self._keys[i]]))
+            i += 1
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class LmdbFactIndex:
+    """The :class:`FactIndex` in an LMDB environment of its own. Build with :meth:`open`.
+
+    Several processes may open it at once (LMDB serialises their write transactions; the loser
+    of a race to index the same range is told so by :meth:`extend`). The map doubles when full.
+    """
+
+    def __init__(self, path: Path, env: lmdb.Environment) -> None:
+        self._path = path
+        self._env = env
+        self._facts = env.open_db(b"facts")
+        self._meta = env.open_db(b"meta")
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], ident: str) -> LmdbFactIndex:
+        """Open (or create) the index in directory ``path`` for the log named ``ident``.
+
+        An index made for another ident (another run, another index format) is emptied.
+
+        Raises:
+            OSError: the directory cannot be created or written.
+            LogError: LMDB refused to open it.
+        """
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK):
+            raise PermissionError(f"{root}: not writable")
+        try:
+            env = lmdb.open(str(root), map_size=_INITIAL_MAP, max_dbs=2, sync=False)
+        except lmdb.Error as exc:
+            raise LogError(f"cannot open the fact index at {root}: {exc}") from None
+        index = cls(root, env)
+        try:
+            index._claim(ident.encode())
+        except BaseException:
+            env.close()
+            raise
+        return index
+
+    def _claim(self, ident: bytes) -> None:
+        """Empty the index unless it was made for ``ident``."""
+        with self._env.begin(write=True) as txn:
+            if txn.get(_IDENT, db=self._meta) != ident:
+                txn.drop(self._facts, delete=False)
+                txn.put(_IDENT, ident, db=self._meta)
+                txn.put(_UPTO, (0).to_bytes(8, "big"), db=self._meta)
+
+    @property
+    def path(self) -> Path:
+        """The index directory."""
+        return self._path
+
+    @property
+    def upto(self) -> int:
+        return self._read(self._upto)
+
+    def _upto(self, txn: lmdb.Transaction) -> int:
+        raw = txn.get(_UPTO, db=self._meta)
+        return 0 if raw is None else int.from_bytes(raw, "big")
+
+    def extend(self, start: int, stop: int, facts: Sequence[Fact]) -> bool:
+        _check_range(start, stop)
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    if self._upto(txn) != start:
+                        return False
+                    cursor = txn.cursor(self._facts)
+                    cursor.putmulti(facts)
+                    txn.put(_UPTO, stop.to_bytes(8, "big"), db=self._meta)
+                return True
+            except lmdb.MapFullError:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._read(lambda txn: txn.get(key, db=self._facts))
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return self._read(lambda txn: [txn.get(k, db=self._facts) for k in keys])
+
+    def scan(self, prefix: bytes) -> list[Fact]:
+        def body(txn: lmdb.Transaction) -> list[Fact]:
+            out: list[Fact] = []
+            cursor = txn.cursor(self._facts)
+            if not cursor.set_range(prefix):
+                return out
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                out.append((key, value))
+            return out
+
+        return self._read(body)
+
+    def _read(self, body: Callable[[lmdb.Transaction], T]) -> T:
+        """Run ``body`` in a read transaction, adopting a map another process grew."""
+        while True:
+            try:
+                with self._env.begin() as txn:
+                    return body(txn)
+            except lmdb.MapResizedError:
+                self._env.set_mapsize(0)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
+    def __enter__(self) -> LmdbFactIndex:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

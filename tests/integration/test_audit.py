@@ -1,0 +1,283 @@
+"""``coevo audit`` on a small recorded run with known answers (``audit_golden``): an entry's
+lineage, uses, credits and extractor update; an episode turn by turn; every credit and
+advantage re-derived exactly and under counterfactual rules; a live run's new tail; and bad
+input as one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from audit_golden import golden_stream, write_run
+
+from agents.audit_index import INDEX_DIR, index_ident
+from agents.memory_events import TipsRetrieved
+from engine.cli import main
+from engine.events import Envelope
+from stores.fact_index import LmdbFactIndex
+from stores.lmdb_log import LmdbEventLog
+
+STREAM = golden_stream()
+XA, XB, XM, XC = (STREAM.calls[n] for n in ("xA", "xB", "xM", "xC"))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_run(tmp_path_factory.mktemp("golden"), STREAM.envs)
+
+
+def audit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["audit", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def audit_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    code, out, err = audit(capsys, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_a_merged_entry_names_its_call_its_parents_and_its_replacement(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = audit_json(capsys, str(run), "tip", "2")
+    o = a["origin"]
+    assert (o["kind"], o["call"], o["task"], o["op"], o["merge_step"], o["entries"]) == (
+        "extractor",
+        XM,
+        "merge",
+        "merge",
+        0,
+        [0, 1],
+    )
+    parents = a["lineage"]["parents"]
+    assert [(p["tip"], p["call"], p["source"], p["evicted"]) for p in parents] == [
+        (0, XA, "ep000", "merge"),
+        (1, XB, "ep001", "merge"),
+    ]
+    assert a["children"] == [4] and a["evicted"] == "update"
+
+
+def test_a_credited_entry_lists_its_uses_credits_and_the_update_that_consumed_them(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = audit_json(capsys, str(run), "tip", "2")
+    assert [(u["episode"], u["turn"], u["rank"], u["alive"], u["success"]) for u in a["uses"]] == [
+        ("ep002", 0, 0, True, True),
+        ("ep003", 0, 0, True, False),
+    ]
+    assert [(c["episode"], c["call"], c["credit"], c["update"]) for c in a["credits"]] == [
+        ("ep002", XM, 1.0, 0),
+        ("ep003", XM, -1.0, 0),
+    ]
+    [u] = a["updates"]
+    assert (u["update"], u["call"], u["reward"], u["advantage"], u["weight"], u["batch"]) == (
+        0,
+        XM,
+        0.0,
+        -0.5,
+        1.0,
+        2,
+    )
+    assert (u["version"], u["samples"], u["digest"]) == (1, 2, "e1")
+    assert (a["guided"], a["guided_success"], a["credit_sum"]) == (2, 1, 0.0)
+
+
+def test_an_updated_entry_s_lineage_goes_back_to_the_first_calls(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = audit_json(capsys, str(run), "tip", "4")
+    assert (a["origin"]["call"], a["origin"]["op"], a["origin"]["episodes"]) == (
+        XC,
+        "update",
+        ["ep005"],
+    )
+    node = a["lineage"]
+    assert (node["tip"], [p["tip"] for p in node["parents"]]) == (4, [2])
+    assert [g["tip"] for g in node["parents"][0]["parents"]] == [0, 1]
+    assert [(c["episode"], c["credit"]) for c in a["credits"]] == [("ep006", 1.0)]
+    assert [(u["reward"], u["advantage"]) for u in a["updates"]] == [(1.0, 0.5)]
+
+
+def test_a_reflection_entry_is_used_but_never_credited(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = audit_json(capsys, str(run), "tip", "3")
+    o = a["origin"]
+    assert (o["kind"], o["source"], o["policy_version"], o["episode_success"]) == (
+        "reflection",
+        "ep004",
+        1,
+        False,
+    )
+    assert [u["episode"] for u in a["uses"]] == ["ep007"] and a["credits"] == []
+
+
+def test_an_episode_turn_by_turn_with_its_advantage_update_and_credit(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = audit_json(capsys, str(run), "episode", "ep002")
+    [t] = a["turns"]
+    assert (t["observation"], t["action"], t["logp"], t["admissible"]) == (
+        "you see a can and a stove.",
+        "take can",
+        -0.5,
+        ["look", "take can"],
+    )
+    assert [(s["tip"], s["call"], s["similarity"]) for s in t["retrieved"]] == [(2, XM, 0.75)]
+    assert (a["success"], a["rollout"]) == (True, "guided")
+    adv = a["advantage"]
+    assert (adv["outcome"], adv["reward"], adv["advantage"], adv["group"]) == (1.0, 1.0, 0.5, "g0")
+    assert (a["update"]["update"], a["update"]["version"], a["update"]["advantage"]) == (0, 1, 0.5)
+    c = a["credit"]
+    assert (c["entry"], c["call"], c["credit"], c["update"], c["weight"], c["version"]) == (
+        2,
+        XM,
+        1.0,
+        0,
+        1.0,
+        1,
+    )
+
+
+def test_an_episode_shows_what_it_wrote(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = audit_json(capsys, str(run), "episode", "ep005")
+    assert [(w["kind"], w["call"], w["stored"]) for w in a["written"]] == [("extractor", XC, [4])]
+    b = audit_json(capsys, str(run), "episode", "ep004")
+    assert [(w["kind"], w["stored"]) for w in b["written"]] == [("reflection", [3])]
+
+
+def test_text_answers_name_the_facts(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = audit(capsys, str(run), "tip", "2")
+    assert code == 0
+    assert f"written by extractor call {XM}" in out and "retrieved 2 times in 2 episodes" in out
+    code, out, _ = audit(capsys, str(run), "episode", "ep002")
+    assert code == 0 and "advantage: +0.500000" in out and "-> policy v1" in out
+
+
+def test_credit_and_advantages_re_derive_exactly(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = audit_json(capsys, str(run), "credit")
+    assert a["match"] and not a["counterfactual"]
+    counts = {c["kind"]: (c["recorded"], c["equal"]) for c in a["checks"]}
+    assert counts == {
+        "credit_assigned": (3, 3),
+        "extractor_gradient_requested": (1, 1),
+        "advantages_computed": (1, 1),
+        "gradient_requested": (1, 1),
+    }
+    code, out, _ = audit(capsys, str(run), "credit")
+    assert code == 0 and "every credit and advantage matches the log" in out
+
+
+def test_the_relative_rule_credits_against_the_free_half(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = audit_json(capsys, str(run), "credit", "--rule", "relative")
+    assert a["counterfactual"] and a["rule"] == "relative"
+    # ep002: 1 - mean(0, 1) = 0.5; ep003: -0.5; ep006 has no group: 0.0
+    assert {e["tip"]: (e["recorded"], e["derived"]) for e in a["entries"]} == {
+        2: (0.0, 0.0),
+        4: (1.0, 0.0),
+    }
+    assert (a["credits_changed"], a["credit_sign_flips"]) == (3, 1)
+    pushes = {x["call"]: (x["recorded_push"], x["derived_push"]) for x in a["calls"]}
+    assert pushes == {XM: (-0.5, 0.0), XC: (0.5, 0.0)}
+    assert a["calls_flipped"] == 2
+
+
+def test_counterfactual_settings(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bigger = audit_json(capsys, str(run), "credit", "--set", "batch=3")
+    assert bigger["requests"] == [1, 0]  # two calls never fill a batch of three
+    std = audit_json(capsys, str(run), "credit", "--set", "std_norm=true")
+    assert (std["samples"], std["samples_changed"], std["sample_sign_flips"]) == (4, 4, 0)
+    flat = audit_json(capsys, str(run), "credit", "--set", "split=false")
+    assert flat["samples_changed"] == 0  # balanced rewards: one group gives the same
+    same = audit_json(capsys, str(run), "credit", "--set", "reweight=false")
+    assert same["counterfactual"] and same["credits_changed"] == 0
+
+
+def test_a_live_run_indexes_only_its_new_tail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = next(i for i, e in enumerate(STREAM.envs) if e.event.__struct_config__.tag == "merge_due")
+    root = write_run(tmp_path, STREAM.envs[:cut])
+    assert audit_json(capsys, str(root), "tip", "0")["uses"] == []
+    with LmdbFactIndex.open(root / INDEX_DIR, index_ident("golden")) as index:
+        assert index.upto == cut
+    log = LmdbEventLog.open(root / "log", writable=True, durable=False)
+    try:
+        log.append(STREAM.envs[cut:])
+        assert audit_json(capsys, str(root), "tip", "0")["evicted"] == "merge"
+        extra = Envelope(
+            seq=len(STREAM.envs),
+            run="golden",
+            t=0,
+            actor="memory",
+            event=TipsRetrieved(
+                episode="ep008",
+                worker="w0",
+                turn=0,
+                slot="train/heat",
+                tip_ids=(4,),
+                similarities=(0.5,),
+                ranks=(0,),
+                tips=("t",),
+                similar=1,
+                slot_size=3,
+            ),
+        )
+        log.append([extra])
+        uses = audit_json(capsys, str(root), "tip", "4")["uses"]
+        assert [(u["episode"], u["ended"]) for u in uses] == [("ep006", True), ("ep008", False)]
+    finally:
+        log.close()
+    with LmdbFactIndex.open(root / INDEX_DIR, index_ident("golden")) as index:
+        assert index.upto == len(STREAM.envs) + 1
+
+
+def test_an_unwritable_index_place_falls_back_to_memory(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("x")
+    code, out, err = audit(capsys, str(run), "tip", "2", "--index", str(tmp_path / "file"))
+    assert code == 0 and "written by extractor call" in out
+    assert err.startswith("coevo: note: cannot keep the audit index")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("tip", "abc"), "entry id must be a non-negative integer"),
+        (("tip", "99"), "no entry 99 in this run"),
+        (("episode", "ep999"), "no episode 'ep999'"),
+        (("credit", "--rule", "luck"), "unknown credit rule 'luck'"),
+        (("credit", "--set", "beta=1"), "--set 'beta=1': expected KEY=VALUE"),
+        (("credit", "--set", "batch=0"), "--set batch=0: must be >= 1"),
+        (("credit", "--set", "split=maybe"), "must be true or false"),
+        (("credit", "--top", "-1"), "--top must be >= 0"),
+    ],
+)
+def test_bad_questions_are_one_line_errors(
+    run: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], fragment: str
+) -> None:
+    code, out, err = audit(capsys, str(run), *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("coevo: error: ") and fragment in err
+
+
+def test_not_a_run_directory_is_a_one_line_error(tmp_path: Path) -> None:
+    coevo = str(Path(sys.executable).parent / "coevo")
+    proc = subprocess.run(
+        [coevo, "audit", str(tmp_path), "tip", "1"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)"
+    ]
