@@ -119,10 +119,10 @@ class OpsSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """
 
     episodes_per_family: int = 150
-    steps: int = 300
+    steps: int = 1200
     batch_size: int = 8
     lr: float = 1e-3
-    warmup: int = 20
+    warmup: int = 40
     seed: int = 0
     merge_share: float = 0.3
     guided_share: float = 0.5
