@@ -183,6 +183,16 @@ def check_spec(spec: EmbeddedSpec) -> None:
         raise ValueError(
             f"heads must be a multiple of kv_heads, got {spec.heads} and {spec.kv_heads}"
         )
+    check_schedule(spec)
+
+
+def check_schedule(spec: TrainSpec) -> None:
+    """Validate the training fields of ``spec`` that :func:`check_spec` and the extractor's
+    :class:`~agents.extractor_base.OpsSpec` share (their ranges of counts are checked apart).
+
+    Raises:
+        ValueError: a bad ``lr`` or ``prompt_loss_weight``, or ``warmup > steps``.
+    """
     if not (math.isfinite(spec.lr) and spec.lr > 0):
         raise ValueError(f"lr must be a positive number, got {spec.lr}")
     if spec.warmup > spec.steps:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import time
 from collections import Counter
@@ -50,6 +49,7 @@ from agents.embedded import (
     Sample,
     cache_key,
     cached_build,
+    check_schedule,
     decode_response,
     default_cache_root,
     encode_prompts,
@@ -145,12 +145,7 @@ class OpsSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
                 raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         if self.merge_chunk < 2:
             raise ValueError(f"merge_chunk must be >= 2, got {self.merge_chunk}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        if self.warmup > self.steps:
-            raise ValueError(f"warmup must be <= steps, got {self.warmup} > {self.steps}")
-        if not (math.isfinite(self.prompt_loss_weight) and self.prompt_loss_weight >= 0):
-            raise ValueError(f"prompt_loss_weight must be >= 0, got {self.prompt_loss_weight}")
+        check_schedule(self)
 
 
 def ops_key(base: EmbeddedSpec, spec: OpsSpec) -> str:
