@@ -26,7 +26,7 @@ from engine.projection import ActorStats, Projection
 from engine.runtime import RuntimeConfig
 from scenarios.schema import Scenario
 from scenarios.worlds.base import Task, TextWorld
-from scenarios.worlds.registry import load_world
+from scenarios.worlds.registry import WorldOptionsInvalid, load_world
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
@@ -197,6 +197,8 @@ def _addressed_to(worker: str, ev: Event) -> bool:
 def _make_world(name: str, options: dict[str, Any], source: str) -> TextWorld:
     try:
         return load_world(name, options)
+    except WorldOptionsInvalid as exc:
+        raise ScenarioInvalid(source, f"$.world.options: {exc}") from None
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.world: {exc}") from None
 
