@@ -23,12 +23,13 @@ from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.learner import Learner, Trainee
 from agents.memory import MemoryActor, MemorySettings
 from engine.actor import ActorSpec
-from engine.errors import ModelUnavailable, ScenarioInvalid
+from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     Checkpoints,
     DirCheckpoints,
     MemoryCheckpoints,
+    check_model_dir,
     load_model_dir,
     resolve_device,
 )
@@ -45,13 +46,25 @@ def policy_actors(
 ) -> tuple[list[ActorSpec], Path | None]:
     """The inference actor (and the learner, for a learning method) and the model directory.
 
+    Args:
+        scenario: the validated scenario.
+        source: its file name (for error messages).
+        run_dir: the run directory (checkpoints go there); None keeps them in memory.
+        prepare_model: build (or find in the cache) the embedded model and set torch's threads;
+            False only checks the settings and model directories (``coevo validate``) and
+            returns None as the model directory.
+
     Raises:
         ScenarioInvalid: ``policy.embedded`` is invalid.
-        ModelUnavailable: the model cannot be found or built.
+        ModelUnavailable: a model directory holds no usable model, or the model cannot be built.
     """
-    if scenario.policy.threads:
+    if scenario.policy.threads and prepare_model:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     model = policy_model_dir(scenario, source) if prepare_model else None
+    if not prepare_model:
+        check_policy_model(scenario, source)
+    if scenario.run.method == "complementary" and scenario.complementary.extractor != "embedded":
+        check_model_dir(Path(scenario.complementary.extractor).expanduser(), "extractor")
     keep = scenario.grpo.keep_checkpoints
     checkpoints: Checkpoints = (
         DirCheckpoints(run_dir / "checkpoints", keep=keep) if run_dir else MemoryCheckpoints()
@@ -182,14 +195,34 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
 
     Raises:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
-        ModelUnavailable: the path holds no model.
+        ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
     p = scenario.policy
     if p.model != "embedded":
-        path = Path(p.model).expanduser()
-        if not (path / "config.json").is_file():
-            raise ModelUnavailable(f"policy.model = {p.model!r}: no model directory there")
-        return path
+        return check_model_dir(Path(p.model).expanduser(), "policy.model")
+    return ensure_embedded(embedded_spec(scenario, source), threads=p.threads or None)
+
+
+def check_policy_model(scenario: Scenario, source: str) -> None:
+    """What :func:`policy_model_dir` checks, without building or loading anything.
+
+    Raises:
+        ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
+        ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
+    """
+    if scenario.policy.model != "embedded":
+        check_model_dir(Path(scenario.policy.model).expanduser(), "policy.model")
+    else:
+        embedded_spec(scenario, source)
+
+
+def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:
+    """The spec of the embedded model a scenario asks for (nothing is built).
+
+    Raises:
+        ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
+    """
+    p = scenario.policy
     fields = {"world": scenario.world.name, "world_options": dict(scenario.world.options)}
     fields["window"] = p.window
     unknown = sorted(set(p.embedded) - set(EmbeddedSpec.__struct_fields__))
@@ -201,10 +234,9 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
         )
     fields.update(p.embedded)
     try:
-        spec = msgspec.convert(fields, EmbeddedSpec)
+        return msgspec.convert(fields, EmbeddedSpec)
     except (msgspec.ValidationError, ValueError) as exc:
         raise ScenarioInvalid(source, f"$.policy.embedded: {exc}") from None
-    return ensure_embedded(spec, threads=p.threads or None)
 
 
 def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
