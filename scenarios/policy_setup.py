@@ -64,7 +64,9 @@ def policy_actors(
     if not prepare_model:
         check_policy_model(scenario, source)
     if scenario.run.method == "complementary" and scenario.complementary.extractor != "embedded":
-        check_model_dir(Path(scenario.complementary.extractor).expanduser(), "extractor")
+        check_model_dir(
+            Path(scenario.complementary.extractor).expanduser(), "complementary.extractor"
+        )
     keep = scenario.grpo.keep_checkpoints
     checkpoints: Checkpoints = (
         DirCheckpoints(run_dir / "checkpoints", keep=keep) if run_dir else MemoryCheckpoints()

@@ -244,3 +244,19 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ModelUnavailable, match=r"^checkpoint checkpoints/v000003 is damaged: "):
         store.load(name)
+
+
+def test_a_bad_extractor_directory_is_refused_by_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = str(ROOT / "scenarios" / "complementary.toml")
+    setting = f"complementary.extractor={tmp_path / 'nope'}"
+    assert (
+        main(["validate", scenario, "--set", setting, "--set", "complementary.embedder=hashing"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err == (
+        f"coevo: error: complementary.extractor = '{tmp_path / 'nope'}': no such directory "
+        "(a model is a Hugging Face model directory)\n"
+    )
