@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import msgspec
 import trio
 from rich.console import Console
 
-from engine.errors import CoevoError, RunNotFound
+from engine.errors import CoevoError, LogError, RunNotFound
 from engine.rundir import RunDir, default_run_dir, find_run, new_run_id
 
 __all__ = ["main"]
@@ -226,12 +227,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     log = _open_run(args.run)
     try:
         if args.verify:
-            result = verify_log(log, projections())
+            with _naming(log.path):
+                result = verify_log(log, projections())
             if not result.ok:
-                raise _VerifyFailed(f"{args.run}: {result.error}")
+                raise _VerifyFailed(f"{log.path}: {result.error}")
             print(f"verified {result.events} events, {result.checks} checksums: ok")
             return 0
-        fold, snap = replay_until(log, projections(), args.until)
+        with _naming(log.path):
+            fold, snap = replay_until(log, projections(), args.until)
     finally:
         log.close()
     if args.json:
@@ -245,6 +248,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     kinds = fold.states["actor_stats"].kinds
     console.print("events by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())))
     return 0
+
+
+@contextmanager
+def _naming(where: Path) -> Iterator[None]:
+    """Prefix the log's directory to a log error that does not name it already (a corrupted
+    record names its seq; this says which log)."""
+    try:
+        yield
+    except LogError as exc:
+        if str(where) in str(exc):
+            raise
+        raise _LogUnreadable(f"{where}: {exc}") from None
+
+
+class _LogUnreadable(CoevoError):
+    """A log error raised while reading a run, with the log's directory in its message."""
+
+    exit_code = 1
 
 
 class _VerifyFailed(CoevoError):
@@ -268,12 +289,13 @@ def cmd_log(args: argparse.Namespace) -> int:
     )
     log = _open_run(args.run)
     try:
-        if args.follow:
-            return _follow(log, flt, args)
-        for count, env in enumerate(iter_events(log, flt)):
-            if args.limit is not None and count >= args.limit:
-                break
-            _print_envelope(env, args.json)
+        with _naming(log.path):
+            if args.follow:
+                return _follow(log, flt, args)
+            for count, env in enumerate(iter_events(log, flt)):
+                if args.limit is not None and count >= args.limit:
+                    break
+                _print_envelope(env, args.json)
     finally:
         log.close()
     return 0

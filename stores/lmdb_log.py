@@ -391,7 +391,7 @@ class LmdbEventLog:
         seq, end = max(start, 0), stop
         while end is None or seq < end:
             self._check_open()
-            parts, end = self._read_txn(partial(self._read_parts, first=seq, end=end), True)
+            parts, end = self._read_txn(partial(self._read_parts, first=seq, end=end), True, at=seq)
             if not parts:
                 return
             for first, data in parts:
@@ -506,9 +506,16 @@ class LmdbEventLog:
         if self._lock_fd is None:
             raise LogError(f"event log at {self._path} is open read-only")
 
-    def _read_txn(self, body: Callable[[Txn[bytes]], T], buffers: bool = False) -> T:
+    def _read_txn(
+        self, body: Callable[[Txn[bytes]], T], buffers: bool = False, at: int | None = None
+    ) -> T:
         """Run ``body`` in a fresh read transaction, adopting a map grown by another process.
-        With ``buffers``, values are views of the map, valid only inside ``body``."""
+        With ``buffers``, values are views of the map, valid only inside ``body``.
+
+        Raises:
+            LogCorrupted: LMDB found its own structures damaged while reading from seq ``at``.
+            LogError: the same, with no seq to name (``at`` is None).
+        """
         while True:
             try:
                 with self._shared.reading() as env, env.begin(buffers=buffers) as txn:
@@ -516,6 +523,11 @@ class LmdbEventLog:
             except lmdb.MapResizedError:
                 with self._shared.exclusive():
                     self._shared.resize(grow=False)
+            except lmdb.Error as exc:  # MDB_CORRUPTED, MDB_PAGE_NOTFOUND: damaged pages
+                reason = f"LMDB cannot read the log's pages ({exc})"
+                if at is not None:
+                    raise LogCorrupted(at, reason) from None
+                raise LogError(f"event log at {self._path} is damaged: {reason}") from None
 
     def _write(self, body: Callable[[Txn[bytes]], T]) -> T:
         """Run ``body`` in a write transaction and commit, growing the map when it is full."""
@@ -616,7 +628,13 @@ class LmdbEventLog:
                 if expected > first and seq < end:
                     out.append((seq, bytes(part)))
                     taken += count
-            if not cursor.next():
+            try:
+                more = cursor.next()
+            except lmdb.Error:  # damaged pages past good records: the next chunk raises
+                if out:
+                    break
+                raise
+            if not more:
                 break
         return out, end
 
