@@ -133,10 +133,11 @@ def _workers(
         list_actions=scenario.policy.list_actions or scenario.policy.mode == "generate",
         greedy_eval=scenario.eval.greedy,
     )
+    timeout = scenario.world.step_timeout or None
     return [
         ActorSpec(
             name=name,
-            factory=partial(EnvWorker, make_world, make_agent, prompt),
+            factory=partial(EnvWorker, make_world, make_agent, prompt, timeout),
             on_failure=scenario.runtime.on_failure,
             max_restarts=scenario.runtime.max_restarts,
             accepts=partial(_addressed_to, name),
