@@ -18,7 +18,7 @@ import msgspec
 import trio
 from rich.console import Console
 
-from engine.errors import CoevoError, LogError, RunNotFound
+from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
 from engine.rundir import RunDir, default_run_dir, find_run, new_run_id
 
 __all__ = ["main"]
@@ -145,6 +145,12 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
         log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
     except OSError as exc:
         raise _InputError(f"{rd.root}: cannot create the run directory: {exc.strerror}") from None
+    except LogLocked as exc:  # another process is creating or writing a run there
+        raise _InputError(f"{rd.root}: already holds a run ({exc.holder})") from None
+    except LogError:
+        if rd.exists():  # another process created a run there after our check
+            raise _InputError(f"{rd.root}: already holds a run; choose another --out") from None
+        raise
     try:
         rd.scenario.write_text(text, encoding="utf-8")
     except OSError as exc:

@@ -204,7 +204,8 @@ def lock_writer(path: Path) -> int:
         os.close(fd)
         raise LogLocked(
             f"event log at {path} already has a writer (pid {holder}); "
-            "open it with writable=False to read"
+            "open it with writable=False to read",
+            holder=f"written by pid {holder}",
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
