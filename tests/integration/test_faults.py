@@ -117,6 +117,7 @@ def test_a_second_process_writing_the_same_run_is_refused(tmp_path: Path) -> Non
     assert last["event"]["kind"] == "run_stopped"
 
 
+@pytest.mark.faults
 def test_two_runs_started_at_once_on_one_directory_leave_one_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=40"]

@@ -193,7 +193,7 @@ def test_every_shipped_scenario_is_a_seed_and_the_minilab_ones_validate(
 # --- schema-level mutations: always an error naming the key path ------------------------------
 
 
-@fuzz_settings(300)
+@fuzz_settings(250)
 @given(seed=seeds, leaf=st.sampled_from(LEAVES), data=st.data())
 def test_a_value_of_the_wrong_type_names_its_key_path(
     tmp: Path, capsys: pytest.CaptureFixture[str], seed: str, leaf: Leaf, data: st.DataObject
@@ -204,7 +204,7 @@ def test_a_value_of_the_wrong_type_names_its_key_path(
     assert f"- at `{leaf.dotted}" in outcome.err, outcome
 
 
-@fuzz_settings(300)
+@fuzz_settings(250)
 @given(seed=seeds, leaf=st.sampled_from(NUMERIC), data=st.data())
 def test_a_number_out_of_range_names_its_key_path(
     tmp: Path, capsys: pytest.CaptureFixture[str], seed: str, leaf: Leaf, data: st.DataObject
@@ -219,7 +219,7 @@ def test_a_number_out_of_range_names_its_key_path(
 KEY = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
 
 
-@fuzz_settings(150)
+@fuzz_settings(100)
 @given(seed=seeds, table=st.sampled_from(TABLES), key=KEY, value=st.integers() | st.text())
 def test_an_unknown_key_is_named_with_its_table(
     tmp: Path,
@@ -240,7 +240,7 @@ def test_an_unknown_key_is_named_with_its_table(
         assert f"- at `$.{'.'.join(table)}`" in outcome.err, outcome
 
 
-@fuzz_settings(150)
+@fuzz_settings(100)
 @given(seed=seeds, data=st.data())
 def test_removing_keys_is_valid_or_one_clean_error(
     tmp: Path, capsys: pytest.CaptureFixture[str], seed: str, data: st.DataObject
@@ -278,7 +278,7 @@ EMBEDDED_FIELDS = sorted(
 )
 
 
-@fuzz_settings(150)
+@fuzz_settings(100)
 @given(
     seed=st.sampled_from(sorted(n for n in SEED_DOCS if n not in FOREIGN_WORLDS)),
     where=st.sampled_from(["world.options", "policy.embedded"]),
@@ -306,7 +306,7 @@ def test_world_options_and_embedded_fields_are_checked_by_validate(
 ENCODINGS = ["latin-1", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "cp1252", "utf-8-sig"]
 
 
-@fuzz_settings(100)
+@fuzz_settings(80)
 @given(seed=seeds, encoding=st.sampled_from(ENCODINGS), accent=st.sampled_from("éüñçø"))
 def test_a_file_in_another_encoding_is_one_clean_error(
     tmp: Path, capsys: pytest.CaptureFixture[str], seed: str, encoding: str, accent: str
@@ -320,7 +320,7 @@ def test_a_file_in_another_encoding_is_one_clean_error(
         assert "not UTF-8" in outcome.err, outcome
 
 
-@fuzz_settings(150)
+@fuzz_settings(100)
 @given(seed=seeds, data=st.data())
 def test_garbage_and_truncation_are_one_clean_error(
     tmp: Path, capsys: pytest.CaptureFixture[str], seed: str, data: st.DataObject
@@ -346,7 +346,7 @@ def test_garbage_and_truncation_are_one_clean_error(
 # --- overrides ----------------------------------------------------------------------------------
 
 
-@fuzz_settings(100)
+@fuzz_settings(80)
 @given(
     seed=seeds,
     leaf=st.sampled_from(LEAVES),
