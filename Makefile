@@ -9,7 +9,7 @@ ENVS_STAMP := $(VENV)/.installed-envs
 SCENARIO ?= scenarios/quickstart.toml
 PYTEST_ARGS ?=
 
-.PHONY: install install-envs run test test-slow lint format bench results model clean
+.PHONY: install install-envs run test test-slow test-faults lint format bench results model clean
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ test: install
 
 test-slow: install
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+# the exhaustive fault and bad-input sweeps (docs/RELIABILITY.md): every page of a log
+# overwritten or cut, every record flipped, and the scenario fuzz with ten times its cases
+test-faults: install
+	$(BIN)/pytest -m faults $(PYTEST_ARGS)
+	COEVO_FUZZ_SCALE=10 $(BIN)/pytest tests/property/test_scenario_fuzz.py $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -158,6 +158,22 @@ _AT_LEAST = {
     **dict.fromkeys(("max_positions", "episodes_per_family", "steps", "batch_size"), 1),
     **dict.fromkeys(("eval_variants", "eval_notes", "warmup", "seed", "window"), 0),
 }
+_AT_MOST = {  # far beyond what a CPU build can do; a typo must not allocate terabytes
+    "hidden_size": 8192,
+    "layers": 128,
+    "heads": 256,
+    "kv_heads": 256,
+    "intermediate_size": 65_536,
+    "max_positions": 131_072,
+    "episodes_per_family": 1_000_000,
+    "steps": 10_000_000,
+    "batch_size": 65_536,
+    "eval_variants": 100_000,
+    "eval_notes": 100_000,
+    "warmup": 10_000_000,
+    "seed": 2**63 - 1,
+    "window": 100,
+}
 
 
 def check_spec(spec: EmbeddedSpec) -> None:
@@ -169,8 +185,10 @@ def check_spec(spec: EmbeddedSpec) -> None:
     if not spec.world:
         raise ValueError("world must be a non-empty name")
     for name, low in _AT_LEAST.items():
-        if getattr(spec, name) < low:
-            raise ValueError(f"{name} must be >= {low}, got {getattr(spec, name)}")
+        if not low <= getattr(spec, name) <= _AT_MOST[name]:
+            raise ValueError(
+                f"{name} must be between {low} and {_AT_MOST[name]}, got {getattr(spec, name)}"
+            )
     for name in ("explorer_share", "reflection_share"):
         if not 0.0 <= getattr(spec, name) <= 1.0:
             raise ValueError(f"{name} must be between 0 and 1, got {getattr(spec, name)}")

@@ -8,10 +8,11 @@ tip modes (``rollout`` "tips" or "distill") it first asks the memory for tips
 when the assignment says ``reflect``, it asks the policy for a tip on the finished episode
 (:class:`ReflectionRequested`) and moves on without waiting for it.
 
- A world that declares ``blocking = False`` (the built-in one,
-microseconds per step) is stepped on the event loop; any other world is stepped in a worker
-thread. A world that raises ends the episode with :class:`EpisodeAborted`; the worker then builds
-a fresh world and takes the next assignment.
+A world that declares ``blocking = False`` (the built-in one, microseconds per step) is stepped
+on the event loop; any other world is stepped in a worker thread, and a ``reset`` or ``step``
+that does not return within ``step_timeout`` seconds counts as hung: its thread is abandoned
+(Python cannot stop it) with the world it holds. A world that raises or hangs ends the episode
+with :class:`EpisodeAborted`; the worker then builds a fresh world and takes the next assignment.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class EnvWorker(Actor):
         make_world: builds the worker's world (in a worker thread).
         make_agent: builds a scripted agent per episode; None means the policy acts.
         prompt: prompt settings when the policy acts.
+        step_timeout: seconds a blocking world's ``reset``, ``step`` or ``close`` may take
+            before it counts as hung (None: no limit).
     """
 
     subscribes = (EpisodeAssigned, ActionSampled, TipsRetrieved)
@@ -75,10 +78,14 @@ class EnvWorker(Actor):
         make_world: Callable[[], TextWorld],
         make_agent: AgentFactory | None,
         prompt: PromptSettings | None = None,
+        step_timeout: float | None = None,
     ) -> None:
+        if step_timeout is not None and not step_timeout > 0:
+            raise ValueError(f"step_timeout must be > 0 or None, got {step_timeout}")
         self._make_world = make_world
         self._make_agent = make_agent
         self._prompt = prompt or PromptSettings()
+        self._timeout = step_timeout
 
     async def run(self, ctx: Context) -> None:
         world = await ctx.to_thread(self._make_world)
@@ -100,11 +107,34 @@ class EnvWorker(Actor):
                         )
                     )
                     ctx.log.warning("episode aborted", episode=env.event.episode, error=str(exc))
-                    await ctx.to_thread(world.close)
+                    await self._close(ctx, world)
                     world = await ctx.to_thread(self._make_world)
         finally:
             with trio.CancelScope(shield=True):  # a JVM may take seconds to exit
-                await ctx.to_thread(world.close)
+                await self._close(ctx, world)
+
+    async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a worker thread, abandoned after ``step_timeout`` seconds.
+
+        Raises:
+            TimeoutError: ``fn`` did not return in time (its thread keeps running).
+        """
+        if self._timeout is None:
+            return await trio.to_thread.run_sync(fn, *args)
+        with trio.move_on_after(self._timeout):
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        name = getattr(fn, "__name__", "call")
+        raise TimeoutError(
+            f"world.{name} did not return within {self._timeout:g} s (world.step_timeout); "
+            "its thread and world were abandoned"
+        )
+
+    async def _close(self, ctx: Context, world: TextWorld) -> None:
+        """Close a world; a hung one is left to its abandoned thread."""
+        try:
+            await self._blocking(world.close)
+        except TimeoutError as exc:
+            ctx.log.warning("world close abandoned", error=str(exc))
 
     async def _episode(
         self, ctx: Context, world: TextWorld, job: EpisodeAssigned, inbox: Any
@@ -112,7 +142,7 @@ class EnvWorker(Actor):
         blocking = getattr(world, "blocking", True)
 
         async def call(fn: Callable[..., Observation], *args: Any) -> Observation:
-            return await ctx.to_thread(fn, *args) if blocking else fn(*args)
+            return await self._blocking(fn, *args) if blocking else fn(*args)
 
         task = Task(family=job.family, variant=job.variant, split=job.split)
         obs = await call(world.reset, task, job.seed)

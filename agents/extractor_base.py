@@ -134,18 +134,28 @@ class OpsSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     prompt_loss_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("episodes_per_family", "steps", "batch_size", "max_ops", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "seed", "checks"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name, (low, high) in _RANGES.items():
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(
+                    f"{name} must be between {low} and {high}, got {getattr(self, name)}"
+                )
         for name in ("merge_share", "guided_share", "duplicate_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
-        if self.merge_chunk < 2:
-            raise ValueError(f"merge_chunk must be >= 2, got {self.merge_chunk}")
         check_schedule(self)
+
+
+_RANGES = {
+    "episodes_per_family": (1, 100_000),
+    "steps": (1, 10_000_000),
+    "batch_size": (1, 4096),
+    "max_ops": (1, 100),
+    "max_new_tokens": (1, 4096),
+    "merge_chunk": (2, 100),
+    "warmup": (0, 10_000_000),
+    "seed": (0, 2**63 - 1),
+    "checks": (0, 100_000),
+}
 
 
 def ops_key(base: EmbeddedSpec, spec: OpsSpec) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import msgspec
 import trio
 from rich.console import Console
 
-from engine.errors import CoevoError, RunNotFound
+from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
 from engine.rundir import RunDir, default_run_dir, find_run, new_run_id
 
 __all__ = ["main"]
@@ -160,6 +161,12 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
         log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
     except OSError as exc:
         raise _InputError(f"{rd.root}: cannot create the run directory: {exc.strerror}") from None
+    except LogLocked as exc:  # another process is creating or writing a run there
+        raise _InputError(f"{rd.root}: already holds a run ({exc.holder})") from None
+    except LogError:
+        if rd.exists():  # another process created a run there after our check
+            raise _InputError(f"{rd.root}: already holds a run; choose another --out") from None
+        raise
     try:
         rd.scenario.write_text(text, encoding="utf-8")
     except OSError as exc:
@@ -242,12 +249,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     log = _open_run(args.run)
     try:
         if args.verify:
-            result = verify_log(log, projections())
+            with _naming(log.path):
+                result = verify_log(log, projections())
             if not result.ok:
-                raise _VerifyFailed(f"{args.run}: {result.error}")
+                raise _VerifyFailed(f"{log.path}: {result.error}")
             print(f"verified {result.events} events, {result.checks} checksums: ok")
             return 0
-        fold, snap = replay_until(log, projections(), args.until)
+        with _naming(log.path):
+            fold, snap = replay_until(log, projections(), args.until)
     finally:
         log.close()
     if args.json:
@@ -261,6 +270,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     kinds = fold.states["actor_stats"].kinds
     console.print("events by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())))
     return 0
+
+
+@contextmanager
+def _naming(where: Path) -> Iterator[None]:
+    """Prefix the log's directory to a log error that does not name it already (a corrupted
+    record names its seq; this says which log)."""
+    try:
+        yield
+    except LogError as exc:
+        if str(where) in str(exc):
+            raise
+        raise _LogUnreadable(f"{where}: {exc}") from None
+
+
+class _LogUnreadable(CoevoError):
+    """A log error raised while reading a run, with the log's directory in its message."""
+
+    exit_code = 1
 
 
 class _VerifyFailed(CoevoError):
@@ -284,12 +311,13 @@ def cmd_log(args: argparse.Namespace) -> int:
     )
     log = _open_run(args.run)
     try:
-        if args.follow:
-            return _follow(log, flt, args)
-        for count, env in enumerate(iter_events(log, flt)):
-            if args.limit is not None and count >= args.limit:
-                break
-            _print_envelope(env, args.json)
+        with _naming(log.path):
+            if args.follow:
+                return _follow(log, flt, args)
+            for count, env in enumerate(iter_events(log, flt)):
+                if args.limit is not None and count >= args.limit:
+                    break
+                _print_envelope(env, args.json)
     finally:
         log.close()
     return 0

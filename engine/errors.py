@@ -77,8 +77,33 @@ class SequenceConflict(LogError):
         )
 
 
+class LogWriteFailed(LogError):
+    """The file system refused a commit to the log: the disk is full (LMDB reports it as an
+    I/O error), a quota or file size limit was reached, or the device failed.
+
+    Nothing of that commit was stored; unlike :class:`LogCorrupted`, the stored bytes are intact
+    and the log still reads and verifies up to the commit before. ``seq`` is the first seq of the
+    commit that failed (None for metadata).
+    """
+
+    def __init__(self, path: str, seq: int | None, reason: str) -> None:
+        self.seq = seq
+        what = f"events from seq {seq}" if seq is not None else "metadata"
+        super().__init__(
+            f"cannot write the event log at {path}: {reason} (disk full?); {what} not stored, "
+            "the log keeps every commit before"
+        )
+
+
 class LogLocked(LogError):
-    """A second writer tried to open a log that already has one. Readers are never refused."""
+    """A second writer tried to open a log that already has one. Readers are never refused.
+
+    ``holder`` says who holds the lock (``"written by pid N"``).
+    """
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        self.holder = holder
+        super().__init__(message)
 
 
 class LogClosed(LogError):

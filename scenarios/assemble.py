@@ -26,7 +26,7 @@ from engine.projection import ActorStats, Projection
 from engine.runtime import RuntimeConfig
 from scenarios.schema import Scenario
 from scenarios.worlds.base import Task, TextWorld
-from scenarios.worlds.registry import load_world
+from scenarios.worlds.registry import WorldOptionsInvalid, load_world
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
@@ -133,10 +133,11 @@ def _workers(
         list_actions=scenario.policy.list_actions or scenario.policy.mode == "generate",
         greedy_eval=scenario.eval.greedy,
     )
+    timeout = scenario.world.step_timeout or None
     return [
         ActorSpec(
             name=name,
-            factory=partial(EnvWorker, make_world, make_agent, prompt),
+            factory=partial(EnvWorker, make_world, make_agent, prompt, timeout),
             on_failure=scenario.runtime.on_failure,
             max_restarts=scenario.runtime.max_restarts,
             accepts=partial(_addressed_to, name),
@@ -197,6 +198,8 @@ def _addressed_to(worker: str, ev: Event) -> bool:
 def _make_world(name: str, options: dict[str, Any], source: str) -> TextWorld:
     try:
         return load_world(name, options)
+    except WorldOptionsInvalid as exc:
+        raise ScenarioInvalid(source, f"$.world.options: {exc}") from None
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.world: {exc}") from None
 

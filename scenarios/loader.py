@@ -6,6 +6,7 @@ there is one, the key path; nothing here lets a traceback reach the user.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import tomllib
 from pathlib import Path
@@ -39,7 +40,8 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
 
 
 def read_text(path: str | Path) -> str:
-    """The file's text. Raises :class:`ScenarioInvalid` if it cannot be read as UTF-8."""
+    """The file's text (a UTF-8 byte-order mark dropped). Raises :class:`ScenarioInvalid` if it
+    cannot be read as UTF-8."""
     source = str(path)
     try:
         with open(path, "rb") as fh:
@@ -50,10 +52,25 @@ def read_text(path: str | Path) -> str:
         raise ScenarioInvalid(source, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
         raise ScenarioInvalid(source, f"larger than {MAX_BYTES} bytes; not a scenario file")
+    for bom, encoding in _FOREIGN_BOMS:
+        if data.startswith(bom):
+            raise ScenarioInvalid(
+                source, f"not UTF-8 text (a {encoding} byte-order mark); save it as UTF-8"
+            )
+    if (nul := data.find(b"\0")) >= 0:  # never in TOML; UTF-16 text without a mark has many
+        raise ScenarioInvalid(source, f"not UTF-8 text (NUL byte at offset {nul}: UTF-16? binary?)")
     try:
-        return data.decode("utf-8")
+        return data.removeprefix(codecs.BOM_UTF8).decode("utf-8")  # editors may add a BOM
     except UnicodeDecodeError as exc:
         raise ScenarioInvalid(source, f"not UTF-8 text (bad byte at offset {exc.start})") from None
+
+
+_FOREIGN_BOMS = (  # UTF-32 first: its little-endian mark starts like UTF-16's
+    (codecs.BOM_UTF32_LE, "UTF-32 little-endian"),
+    (codecs.BOM_UTF32_BE, "UTF-32 big-endian"),
+    (codecs.BOM_UTF16_LE, "UTF-16 little-endian"),
+    (codecs.BOM_UTF16_BE, "UTF-16 big-endian"),
+)
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:

@@ -24,12 +24,13 @@ from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.learner import Learner, Trainee
 from agents.memory import MemoryActor, MemorySettings
 from engine.actor import ActorSpec
-from engine.errors import ModelUnavailable, ScenarioInvalid
+from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     Checkpoints,
     DirCheckpoints,
     MemoryCheckpoints,
+    check_model_dir,
     load_model_dir,
     resolve_device,
 )
@@ -46,16 +47,26 @@ def policy_actors(
 ) -> tuple[list[ActorSpec], Path | None]:
     """The inference actor (and the learner, for a learning method) and the model directory.
 
+    Args:
+        scenario: the validated scenario.
+        source: its file name (for error messages).
+        run_dir: the run directory (checkpoints go there); None keeps them in memory.
+        prepare_model: build (or find in the cache) the embedded model and set torch's threads;
+            False only checks the settings and model directories (``coevo validate``) and
+            returns None as the model directory.
+
     Raises:
         ScenarioInvalid: ``policy.embedded`` or the extractor's settings are invalid.
-        ModelUnavailable: a model cannot be found or built.
+        ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
-    if scenario.policy.threads:
+    if scenario.policy.threads and prepare_model:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     extracting = scenario.run.method == "complementary"
     if extracting:
         extractor_model_dir(scenario, source, None)  # its settings, before anything is built
     model = policy_model_dir(scenario, source) if prepare_model else None
+    if not prepare_model:
+        check_policy_model(scenario, source)
     keep = scenario.grpo.keep_checkpoints
     checkpoints: Checkpoints = (
         DirCheckpoints(run_dir / "checkpoints", keep=keep) if run_dir else MemoryCheckpoints()
@@ -180,17 +191,30 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
 
     Raises:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
-        ModelUnavailable: the path holds no model.
+        ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
     p = scenario.policy
     if p.model != "embedded":
-        return _model_path(p.model, "policy.model")
+        return check_model_dir(Path(p.model).expanduser(), "policy.model")
     return ensure_embedded(embedded_spec(scenario, source), threads=p.threads or None)
 
 
+def check_policy_model(scenario: Scenario, source: str) -> None:
+    """What :func:`policy_model_dir` checks, without building or loading anything.
+
+    Raises:
+        ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
+        ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
+    """
+    if scenario.policy.model != "embedded":
+        check_model_dir(Path(scenario.policy.model).expanduser(), "policy.model")
+    else:
+        embedded_spec(scenario, source)
+
+
 def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:
-    """The spec of the embedded policy model: the scenario's world and window, and the fields
-    of ``policy.embedded``.
+    """The spec of the embedded model a scenario asks for (nothing is built): the scenario's
+    world and window, and the fields of ``policy.embedded``.
 
     Raises:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
@@ -217,13 +241,13 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     Raises:
         ScenarioInvalid: ``"embedded-ops"`` without the embedded policy model, or
             ``complementary.ops`` names an unknown or invalid field.
-        ModelUnavailable: the path holds no model.
+        ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
     c = scenario.complementary
     if c.extractor == "embedded":
         return model
     if c.extractor != "embedded-ops":
-        return _model_path(c.extractor, "complementary.extractor") if model else None
+        return check_model_dir(Path(c.extractor).expanduser(), "complementary.extractor")
     if scenario.policy.model != "embedded":
         raise ScenarioInvalid(
             source,
@@ -250,13 +274,6 @@ def _known_fields(fields: dict, struct: type, where: str, source: str) -> dict:
             f"{where}: unknown field(s) {unknown}; known: {sorted(struct.__struct_fields__)}",  # type: ignore[attr-defined]
         )
     return fields
-
-
-def _model_path(value: str, key: str) -> Path:
-    path = Path(value).expanduser()
-    if not (path / "config.json").is_file():
-        raise ModelUnavailable(f"{key} = {value!r}: no model directory there")
-    return path
 
 
 def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:

@@ -25,12 +25,16 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         families: task families to draw episodes from (empty: all the world offers).
         split: variants to draw from: "train" or "heldout".
         options: keyword arguments for the world's constructor.
+        step_timeout: seconds a blocking world's ``reset``, ``step`` or ``close`` may take
+            before the episode is aborted as hung (0: no limit; worlds stepped on the event
+            loop, like minilab, are not timed).
     """
 
     name: Annotated[str, Meta(min_length=1, max_length=300)] = "minilab"
     families: list[Name] = msgspec.field(default_factory=list[str])
     split: Literal["train", "heldout"] = "train"
     options: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
+    step_timeout: Annotated[float, Meta(ge=0, le=86_400)] = 600.0
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -9,12 +9,17 @@ Nothing on disk is pickled: weights are safetensors, config and tokenizer are JS
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers.utils import logging as hf_logging
 
@@ -38,8 +43,165 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
+"""File patterns of pickled weights: named in errors, never opened."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""A model directory needs one of these (a fast tokenizer, sentencepiece, or BPE vocabulary)."""
+
+
+def check_model_dir(path: Path, setting: str = "model") -> Path:
+    """Check, without loading any weights, that ``path`` holds a causal LM coevo can load.
+
+    It must be a directory with a ``config.json`` naming a causal-LM ``model_type`` that
+    transformers knows, a tokenizer (one of :data:`TOKENIZER_FILES`), and safetensors weights
+    (``model.safetensors``, or shards listed in ``model.safetensors.index.json``) whose tensor
+    names and shapes are the ones that config builds (compared on torch's meta device: nothing
+    is allocated). Pickled weights (``pytorch_model.bin``, ``*.pt``) are refused, never opened.
+
+    Args:
+        path: the directory.
+        setting: the scenario setting that named it (for the message).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ModelUnavailable: one line naming ``setting``, the path and what is wrong.
+    """
+    where = f"{setting} = {str(path)!r}"
+    if not path.is_dir():
+        what = "not a directory" if path.exists() else "no such directory"
+        raise ModelUnavailable(f"{where}: {what} (a model is a Hugging Face model directory)")
+    config = _read_config(path, where)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelUnavailable(f"{where}: no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    shards = _safetensors_files(path, where)
+    expected = _expected_shapes(config, where)
+    found: dict[str, tuple[int, ...]] = {}
+    for shard in shards:
+        found.update(_tensor_shapes(shard, where))
+    _compare_shapes(expected, found, where)
+    return path
+
+
+def _read_config(path: Path, where: str) -> Any:
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    file = path / "config.json"
+    if not file.is_file():
+        raise ModelUnavailable(f"{where}: not a model directory (no config.json)")
+    try:
+        doc = json.loads(file.read_bytes())
+    except (ValueError, OSError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        raise ModelUnavailable(f"{where}: config.json is not JSON ({_one_line(exc)})") from None
+    model_type = doc.get("model_type") if isinstance(doc, dict) else None
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelUnavailable(
+            f"{where}: config.json has model_type {model_type!r}, not a causal language model "
+            "that transformers knows"
+        )
+    try:
+        with _quiet_transformers():
+            return AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers' own validation errors have no common base
+        raise ModelUnavailable(f"{where}: config.json is invalid: {_one_line(exc)}") from None
+
+
+def _safetensors_files(path: Path, where: str) -> list[Path]:
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
+        except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelUnavailable(f"{where}: {index.name} is invalid ({_one_line(exc)})") from None
+        missing = [n for n in names if not (path / Path(str(n)).name).is_file()]
+        if missing or not names:
+            raise ModelUnavailable(f"{where}: {index.name} lists missing shards {missing}")
+        return [path / Path(str(n)).name for n in names]
+    pickles = sorted({p.name for pattern in PICKLE_WEIGHTS for p in path.glob(pattern)})
+    if pickles:
+        raise ModelUnavailable(
+            f"{where}: weights only in pickle format ({', '.join(pickles)}); coevo loads "
+            "safetensors only and never unpickles (convert with save_pretrained, "
+            "safe_serialization=True)"
+        )
+    raise ModelUnavailable(f"{where}: no weights (no model.safetensors)")
+
+
+def _tensor_shapes(file: Path, where: str) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes from a safetensors header (the data is not read)."""
+    try:
+        with safe_open(str(file), framework="pt") as f:  # pyright: ignore[reportUnknownVariableType]
+            keys: list[str] = list(f.keys())  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+            return {k: tuple(f.get_slice(k).get_shape()) for k in keys}  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+    except Exception as exc:  # SafetensorError, OSError: a damaged or foreign file
+        raise ModelUnavailable(
+            f"{where}: {file.name} is not a valid safetensors file ({_one_line(exc)})"
+        ) from None
+
+
+def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of the model ``config`` builds, on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with _quiet_transformers(), torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # a config transformers accepts but cannot build
+        raise ModelUnavailable(f"{where}: config.json does not build: {_one_line(exc)}") from None
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _compare_shapes(
+    expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str
+) -> None:
+    """Every stored tensor must be a parameter of the same shape; only tied output weights
+    may be missing. Names may carry a base-model prefix that the causal LM does not."""
+    by_suffix = {k.split(".", 1)[-1]: v for k, v in expected.items()}
+    for name, shape in sorted(found.items()):
+        want = expected.get(name, by_suffix.get(name))
+        if want is None:
+            raise ModelUnavailable(
+                f"{where}: weights do not fit config.json: unexpected tensor {name!r}"
+            )
+        if want != shape:
+            raise ModelUnavailable(
+                f"{where}: weights do not fit config.json: {name} has shape {list(shape)}, "
+                f"the config builds {list(want)}"
+            )
+    stored = set(found) | {k.split(".", 1)[-1] for k in found}
+    missing = [k for k in expected if k not in stored and "lm_head" not in k]
+    if missing:
+        raise ModelUnavailable(
+            f"{where}: weights do not fit config.json: {len(missing)} tensors missing "
+            f"(first {missing[0]!r})"
+        )
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' warnings and load reports (printed to stderr) off while checking."""
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer from a local directory, offline.
+    """Load a causal LM and its tokenizer from a local directory, offline, from safetensors only
+    (checked first by :func:`check_model_dir`; ``use_safetensors=True`` all the same).
 
     Returns:
         ``(model, tokenizer)``, the model in float32 on ``device`` in eval mode.
@@ -50,17 +212,15 @@ def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf_logging.disable_progress_bar()  # a run has its own progress display
-    where = Path(path)
-    if not (where / "config.json").is_file():
-        raise ModelUnavailable(f"{where}: not a model directory (no config.json)")
+    where = check_model_dir(Path(path))
     try:
         with _LOADING:
             tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(
                 where, local_files_only=True, dtype=torch.float32, use_safetensors=True
             )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelUnavailable(f"{where}: cannot load: {exc}") from None
+    except Exception as exc:  # transformers, tokenizers and safetensors errors share no base
+        raise ModelUnavailable(f"{where}: cannot load: {_one_line(exc)}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
@@ -122,15 +282,28 @@ class DirCheckpoints:
         self.keep = keep
 
     def save(self, version: int, model: Any, tokenizer: Any) -> str:
+        """Write ``version`` atomically: into ``.vNNNNNN.partial/``, every file and the
+        directory fsynced, then renamed to ``vNNNNNN/`` and the parent fsynced. The name is
+        returned (and so can reach the log) only after that: a crash at any point leaves
+        either no ``vNNNNNN/`` or a complete one, and a ``.partial`` that the next save of this
+        store removes."""
         name = f"v{version:06d}"
         final = self.root / name
         partial = self.root / f".{name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         hf_logging.disable_progress_bar()
-        model.save_pretrained(partial)
+        model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
+        _fsync_tree(partial)
+        if final.exists():  # written before a crash, never referenced: set aside, then replace
+            stale = self.root / f".{name}.stale"
+            shutil.rmtree(stale, ignore_errors=True)
+            final.rename(stale)
+            partial.rename(final)
+            shutil.rmtree(stale)
+        else:
+            partial.rename(final)
+        _fsync_dir(self.root)
         self._prune()
         return f"{self.root.name}/{name}"
 
@@ -138,12 +311,42 @@ class DirCheckpoints:
         path = self.root / Path(name).name / "model.safetensors"
         if not path.is_file():
             raise ModelUnavailable(f"no checkpoint {name} ({path} is missing)")
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # SafetensorError, OSError: damaged since it was written
+            raise ModelUnavailable(f"checkpoint {name} is damaged: {_one_line(exc)}") from None
 
     def _prune(self) -> None:
         versions = sorted(p for p in self.root.glob("v[0-9]*") if p.is_dir())
         for old in versions[: -self.keep]:
             shutil.rmtree(old)
+        for leftover in self.root.glob(".v[0-9]*.partial"):  # of a save a crash interrupted
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then each directory (deepest first)."""
+    dirs = [root]
+    for path in sorted(root.rglob("*")):
+        if path.is_dir():
+            dirs.append(path)
+        else:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        _fsync_dir(directory)
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory, making the entries created or renamed in it durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class MemoryCheckpoints:

@@ -45,8 +45,10 @@ def open_env(
     try:
         env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
     except lmdb.Error as exc:
-        raise LogError(f"cannot open event log at {path}: {exc}") from None
+        reason = str(exc).removeprefix(f"{path}: ")  # LMDB's messages start with the path
+        raise LogError(f"cannot open event log at {path}: {reason}") from None
     try:
+        check_file_size(path, env)
         if writable:  # py-lmdb keeps database handles opened in a write transaction only
             with env.begin(write=True) as txn:
                 dbs = [env.open_db(name, txn=txn, create=create) for name in DB_NAMES]
@@ -55,10 +57,29 @@ def open_env(
     except lmdb.NotFoundError:
         env.close()
         raise LogError(f"no coevo event log at {path} (LMDB file without its databases)") from None
+    except lmdb.Error as exc:  # MDB_CORRUPTED and friends: damaged pages
+        env.close()
+        raise LogError(f"event log at {path} is damaged: LMDB cannot open it ({exc})") from None
     except BaseException:
         env.close()
         raise
     return env, dbs
+
+
+def check_file_size(path: Path, env: lmdb.Environment) -> None:
+    """Refuse a data file shorter than the pages its last committed transaction uses: LMDB
+    maps the file, and touching a page past its end kills the process with SIGBUS.
+
+    Raises:
+        LogError: the file is truncated.
+    """
+    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    have = os.stat(path / DATA_FILE).st_size
+    if have < need:
+        raise LogError(
+            f"event log at {path} is damaged: {DATA_FILE} has {have} bytes but its last "
+            f"commit uses {need} (the file was truncated)"
+        )
 
 
 class SharedEnv:
@@ -183,7 +204,8 @@ def lock_writer(path: Path) -> int:
         os.close(fd)
         raise LogLocked(
             f"event log at {path} already has a writer (pid {holder}); "
-            "open it with writable=False to read"
+            "open it with writable=False to read",
+            holder=f"written by pid {holder}",
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

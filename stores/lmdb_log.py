@@ -30,12 +30,19 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import lmdb
 import msgspec
 
-from engine.errors import LogClosed, LogCorrupted, LogError, SchemaTooNew, SequenceConflict
+from engine.errors import (
+    LogClosed,
+    LogCorrupted,
+    LogError,
+    LogWriteFailed,
+    SchemaTooNew,
+    SequenceConflict,
+)
 from engine.events import Codec, Envelope, Event
 from stores.eventlog import (
     LOG_FORMAT,
@@ -358,7 +365,7 @@ class LmdbEventLog:
             key = _SEQ.pack(batch.first)
             puts.insert(0, (self._shared.events, key, _seal_record(key, batch.count, batch.pieces)))
         if puts:
-            self._write(partial(self._put_all, puts=puts))
+            self._write(partial(self._put_all, puts=puts), at=batch.first if batch.count else None)
         self._appended = end
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Envelope[Event]]:
@@ -391,7 +398,7 @@ class LmdbEventLog:
         seq, end = max(start, 0), stop
         while end is None or seq < end:
             self._check_open()
-            parts, end = self._read_txn(partial(self._read_parts, first=seq, end=end), True)
+            parts, end = self._read_txn(partial(self._read_parts, first=seq, end=end), True, at=seq)
             if not parts:
                 return
             for first, data in parts:
@@ -506,9 +513,16 @@ class LmdbEventLog:
         if self._lock_fd is None:
             raise LogError(f"event log at {self._path} is open read-only")
 
-    def _read_txn(self, body: Callable[[Txn[bytes]], T], buffers: bool = False) -> T:
+    def _read_txn(
+        self, body: Callable[[Txn[bytes]], T], buffers: bool = False, at: int | None = None
+    ) -> T:
         """Run ``body`` in a fresh read transaction, adopting a map grown by another process.
-        With ``buffers``, values are views of the map, valid only inside ``body``."""
+        With ``buffers``, values are views of the map, valid only inside ``body``.
+
+        Raises:
+            LogCorrupted: LMDB found its own structures damaged while reading from seq ``at``.
+            LogError: the same, with no seq to name (``at`` is None).
+        """
         while True:
             try:
                 with self._shared.reading() as env, env.begin(buffers=buffers) as txn:
@@ -516,9 +530,19 @@ class LmdbEventLog:
             except lmdb.MapResizedError:
                 with self._shared.exclusive():
                     self._shared.resize(grow=False)
+            except lmdb.Error as exc:  # MDB_CORRUPTED, MDB_PAGE_NOTFOUND: damaged pages
+                reason = f"LMDB cannot read the log's pages ({exc})"
+                if at is not None:
+                    raise LogCorrupted(at, reason) from None
+                raise LogError(f"event log at {self._path} is damaged: {reason}") from None
 
-    def _write(self, body: Callable[[Txn[bytes]], T]) -> T:
-        """Run ``body`` in a write transaction and commit, growing the map when it is full."""
+    def _write(self, body: Callable[[Txn[bytes]], T], at: int | None = None) -> T:
+        """Run ``body`` in a write transaction and commit, growing the map when it is full.
+
+        Raises:
+            LogWriteFailed: the commit or its fsync failed (disk full, I/O error); ``at`` is the
+                first seq of the events being written, if any.
+        """
         shared = self._shared
         with shared.write_lock:
             while True:
@@ -530,12 +554,22 @@ class LmdbEventLog:
                     with shared.exclusive():
                         txn.abort()  # a no-op if a failed commit aborted it already
                         if not isinstance(exc, lmdb.MapFullError | lmdb.MapResizedError):
-                            raise
+                            self._raise_write_failed(exc, at)
                         shared.resize(grow=isinstance(exc, lmdb.MapFullError))
                     continue
                 if self._sync_after_commit:
-                    shared.env.sync(True)
+                    try:
+                        shared.env.sync(True)
+                    except lmdb.Error as exc:
+                        self._raise_write_failed(exc, at)
                 return result
+
+    def _raise_write_failed(self, exc: BaseException, at: int | None) -> NoReturn:
+        """Re-raise ``exc``, as :class:`LogWriteFailed` if LMDB reports a failed write."""
+        if isinstance(exc, lmdb.Error):
+            reason = str(exc).removeprefix(f"{self._path}: ")
+            raise LogWriteFailed(str(self._path), at, reason) from None
+        raise exc
 
     def _init_meta(self, txn: Txn[bytes], meta: RunMeta) -> None:
         for key, value in ((_META_FORMAT, LOG_FORMAT), (_META_RUN, meta)):
@@ -616,7 +650,13 @@ class LmdbEventLog:
                 if expected > first and seq < end:
                     out.append((seq, bytes(part)))
                     taken += count
-            if not cursor.next():
+            try:
+                more = cursor.next()
+            except lmdb.Error:  # damaged pages past good records: the next chunk raises
+                if out:
+                    break
+                raise
+            if not more:
                 break
         return out, end
 

@@ -23,6 +23,11 @@ the same names (``pip install -e '.[scienceworld]'``); their modules import noth
 world is built."""
 
 
+class WorldOptionsInvalid(ValueError):
+    """The world's constructor rejected the scenario's ``[world.options]`` (a ``ValueError`` like
+    every other failure of :func:`load_world`; the scenario error names ``$.world.options``)."""
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -65,8 +70,9 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
         The constructed world.
 
     Raises:
+        WorldOptionsInvalid: the constructor rejected ``options`` (TypeError or ValueError).
         ValueError: unknown name, bad import path, module that cannot be imported, missing
-            class, a missing optional extra, options the constructor rejects, or an object that
+            class, a missing optional extra, a constructor failing otherwise, or an object that
             is not a TextWorld.
     """
     module_name, cls_name = _resolve(name_or_path)
@@ -85,7 +91,9 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
     except ExtraMissing as exc:
         raise ValueError(f"world {name_or_path!r} is not available: {_one_line(exc)}") from exc
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"bad options for world {name_or_path!r}: {_one_line(exc)}") from exc
+        raise WorldOptionsInvalid(
+            f"bad options for world {name_or_path!r}: {_one_line(exc)}"
+        ) from exc
     except Exception as exc:  # a plug-in's own failure: reported, never a traceback
         raise ValueError(
             f"world {name_or_path!r} failed to start: {type(exc).__name__}: {_one_line(exc)}"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 
+import pytest
 import trio
+import trio.testing
 
 from agents.env_worker import EnvWorker
 from agents.episode_events import EpisodeAborted, EpisodeAssigned, EpisodeFinished
@@ -16,7 +19,7 @@ from engine.lifecycle import ActorRestarted, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime
-from scenarios.worlds.base import TextWorld
+from scenarios.worlds.base import Observation, Task, TextWorld
 from scenarios.worlds.minilab import MiniLab
 from stores.eventlog import MemoryEventLog
 
@@ -87,3 +90,70 @@ def test_episode_outcomes_do_not_depend_on_worker_count() -> None:
         }
 
     assert outcomes(1) == outcomes(4)
+
+
+class HangingWorld(MiniLab):
+    """A MiniLab stepped in a worker thread whose step hangs (on turn 2) while ``hangs`` has
+    some left, until the test releases it."""
+
+    blocking = True
+
+    def __init__(self, hangs: list[int], release: threading.Event) -> None:
+        super().__init__(families=("fetch",), train_variants=20)
+        self.hangs = hangs
+        self.release = release
+        self.turn = 0
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        self.turn = 0
+        return super().reset(task, seed)
+
+    def step(self, action: str) -> Observation:
+        self.turn += 1
+        if self.hangs[0] and self.turn == 2:
+            self.hangs[0] -= 1
+            self.release.wait()  # hangs; the worker's timeout abandons this thread
+        return super().step(action)
+
+
+def test_a_hung_world_ends_its_episode_by_the_timeout_and_the_run_goes_on() -> None:
+    tasks = MiniLab(families=("fetch",), train_variants=20).tasks("fetch", "train")
+    hangs = [1]
+    release = threading.Event()
+    specs = [
+        ActorSpec(
+            name="scheduler",
+            factory=partial(Scheduler, tasks[:4], 4, ["w0"]),
+            driver=True,
+        ),
+        ActorSpec(
+            name="w0",
+            factory=partial(
+                EnvWorker, partial(HangingWorld, hangs, release), Explorer, step_timeout=600.0
+            ),
+            accepts=lambda ev: getattr(ev, "worker", None) == "w0",
+        ),
+    ]
+    log = MemoryEventLog()
+    runtime = Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=5)
+    clock = trio.testing.MockClock(autojump_threshold=0.5)  # idle 0.5 s: jump to the deadline
+    try:
+        trio.run(runtime.run, clock=clock)
+    finally:
+        release.set()  # let the abandoned thread finish
+    envs = list(log.read())
+    aborted = [e.event for e in envs if isinstance(e.event, EpisodeAborted)]
+    finished = [e.event.episode for e in envs if isinstance(e.event, EpisodeFinished)]
+    assert [a.episode for a in aborted] == ["ep000000"]
+    assert aborted[0].reason == (
+        "TimeoutError: world.step did not return within 600 s (world.step_timeout); "
+        "its thread and world were abandoned"
+    )
+    assert finished == ["ep000001", "ep000002", "ep000003"]
+    assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "completed"
+    assert clock.current_time() >= 600
+
+
+def test_a_step_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="step_timeout must be > 0 or None, got 0"):
+        EnvWorker(MiniLab, Explorer, step_timeout=0)

@@ -55,6 +55,6 @@ def test_the_documented_world_reports_bad_options_on_one_line(plugin_dir: Path) 
     proc = coevo(plugin_dir, "validate", "corridor.toml", "--set", "world.options.length=0")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "coevo: error: corridor.toml: $.world: bad options for world 'corridor:Corridor': "
+        "coevo: error: corridor.toml: $.world.options: bad options for world 'corridor:Corridor': "
         "length must be between 1 and 20, got 0"
     )

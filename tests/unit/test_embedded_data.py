@@ -83,11 +83,13 @@ def heldout_play(world: MiniLab) -> list[Episode]:
     ("fields", "message"),
     [
         ({"world": ""}, "world must be a non-empty name"),
-        ({"hidden_size": 0}, "hidden_size must be >= 1, got 0"),
-        ({"steps": -3}, "steps must be >= 1, got -3"),
-        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
-        ({"window": -1}, "window must be >= 0, got -1"),
-        ({"eval_variants": -1}, "eval_variants must be >= 0, got -1"),
+        ({"hidden_size": 0}, "hidden_size must be between 1 and 8192, got 0"),
+        ({"steps": -3}, "steps must be between 1 and 10000000, got -3"),
+        ({"batch_size": 0}, "batch_size must be between 1 and 65536, got 0"),
+        ({"window": -1}, "window must be between 0 and 100, got -1"),
+        ({"eval_variants": -1}, "eval_variants must be between 0 and 100000, got -1"),
+        ({"hidden_size": 10**9}, "hidden_size must be between 1 and 8192, got 1000000000"),
+        ({"layers": 10**6}, "layers must be between 1 and 128, got 1000000"),
         ({"explorer_share": 1.5}, "explorer_share must be between 0 and 1, got 1.5"),
         ({"reflection_share": -0.1}, "reflection_share must be between 0 and 1, got -0.1"),
         (

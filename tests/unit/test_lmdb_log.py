@@ -461,3 +461,113 @@ def test_threads_read_while_the_map_grows(path: Path, monkeypatch: pytest.Monkey
     assert [list(r.read()) for r in readers] == [envelopes(0, 2000, pad="z" * 40)] * 2
     for log in (writer, *readers):
         log.close()
+
+
+class SeqSpy:
+    """A projection that remembers every seq it folded."""
+
+    name = "spy"
+
+    def initial(self) -> list[int]:
+        return []
+
+    def evolve_many(self, state: list[int], envs: object) -> list[int]:
+        return [*state, *(env.seq for env in envs)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bad", [0, 7, 19])
+def test_verify_never_folds_a_damaged_record(path: Path, bad: int) -> None:
+    from engine.replay import verify_log
+
+    with LmdbEventLog.create(path, META) as log:
+        append_one_by_one(log, envelopes(0, 20))
+    key = bad.to_bytes(8, "big")
+    value = bytearray(raw_get(path, b"events", key))
+    value[-2] ^= 0x01
+    raw_put(path, b"events", key, bytes(value))
+    spy = SeqSpy()
+    with LmdbEventLog.open(path) as log:
+        result = verify_log(log, [spy])
+    assert (result.ok, result.first_bad_seq, result.events) == (False, bad, bad)
+    assert f"corrupted at seq {bad}: checksum mismatch" in result.error
+
+
+def test_verify_folds_exactly_the_records_before_the_damage(path: Path) -> None:
+    from engine.projection import Fold
+    from engine.replay import verify_log
+
+    with LmdbEventLog.create(path, META) as log:
+        append_one_by_one(log, envelopes(0, 12))
+    key = (5).to_bytes(8, "big")
+    raw_put(path, b"events", key, raw_get(path, b"events", key)[:-3])
+    folded: list[Fold] = []
+    real_apply = Fold.apply_all
+
+    def spy_apply(self: Fold, envs: list[Envelope[Event]]) -> None:
+        folded.append(self)
+        real_apply(self, envs)
+
+    with pytest.MonkeyPatch.context() as patch, LmdbEventLog.open(path) as log:
+        patch.setattr(Fold, "apply_all", spy_apply)
+        result = verify_log(log, [SeqSpy()])
+    assert not result.ok and result.first_bad_seq == 5
+    assert folded[-1].states["spy"] == [0, 1, 2, 3, 4]
+
+
+def test_damaged_lmdb_pages_are_reported_at_the_seq_reached(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LMDB's own errors (MDB_CORRUPTED, MDB_PAGE_NOTFOUND) become LogCorrupted at the first
+    seq not yet read; the good records before are delivered first."""
+    with LmdbEventLog.create(path, META) as log:
+        append_one_by_one(log, envelopes(0, 10))
+    damaged = (4).to_bytes(8, "big")  # the page holding records 4.. is unreadable
+
+    class Cursor:
+        def __init__(self, real: lmdb.Cursor) -> None:
+            self.real = real
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.real, name)
+
+        def _landed(self, moved: bool) -> bool:
+            if moved and bytes(self.real.key()) >= damaged:
+                raise lmdb.CorruptedError("mdb_cursor_get: MDB_CORRUPTED: page was wrong type")
+            return moved
+
+        def next(self) -> bool:
+            return self._landed(self.real.next())
+
+        def set_range(self, key: bytes) -> bool:
+            return self._landed(self.real.set_range(key))
+
+    class Txn:
+        def __init__(self, real: lmdb.Transaction) -> None:
+            self.real = real
+
+        def cursor(self, db: object) -> Cursor:
+            return Cursor(self.real.cursor(db))
+
+    real_read_parts = LmdbEventLog._read_parts
+    monkeypatch.setattr(
+        LmdbEventLog,
+        "_read_parts",
+        lambda self, txn, first, end: real_read_parts(self, Txn(txn), first, end),
+    )
+    seen: list[int] = []
+    log = LmdbEventLog.open(path)
+    with pytest.raises(LogCorrupted, match="LMDB cannot read the log's pages") as info:
+        seen.extend(env.seq for env in log.read(0, 10))
+    log.close()
+    assert seen == [0, 1, 2, 3]
+    assert info.value.seq == 4
+
+
+def test_a_truncated_data_file_is_refused_before_it_is_mapped(path: Path) -> None:
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 2000))
+    size = (path / "data.mdb").stat().st_size
+    os.truncate(path / "data.mdb", size - 4096)
+    for writable in (False, True, True):  # a refused writer leaves no lock behind
+        with pytest.raises(LogError, match=r"data\.mdb has \d+ bytes but its last commit uses"):
+            LmdbEventLog.open(path, writable=writable)

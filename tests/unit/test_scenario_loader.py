@@ -101,3 +101,30 @@ def test_defaults_form_a_valid_scenario() -> None:
     sc = to_scenario({"name": "n"}, "inline")
     assert isinstance(sc, Scenario)
     assert sc.runtime.durable is True
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (
+            'name = "x"\n'.encode("utf-16"),
+            "not UTF-8 text (a UTF-16 little-endian byte-order mark)",
+        ),
+        ('name = "x"\n'.encode("utf-16-be"), "not UTF-8 text (NUL byte at offset 0"),
+        (
+            'name = "x"\n'.encode("utf-32"),
+            "not UTF-8 text (a UTF-32 little-endian byte-order mark)",
+        ),
+        ('name = "café"\n'.encode("latin-1"), "not UTF-8 text (bad byte at offset 11)"),
+        (b'name = "x"\x00\n', "not UTF-8 text (NUL byte at offset 10"),
+    ],
+)
+def test_other_encodings_say_so(tmp_path: Path, data: bytes, fragment: str) -> None:
+    with pytest.raises(ScenarioInvalid) as info:
+        load_scenario(write(tmp_path, data))
+    assert fragment in str(info.value)
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    sc = load_scenario(write(tmp_path, '\ufeffname = "x"\n'.encode()))
+    assert sc.name == "x"

@@ -1,0 +1,222 @@
+"""Faults a run meets without being resumed, with real processes: a full disk under the log, a
+second process writing the same run, a world that raises mid-episode and an actor that keeps
+failing. Each ends in a clear message; the log stays valid."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COEVO = str(Path(sys.executable).parent / "coevo")
+EXPLORE = str(ROOT / "scenarios" / "explore.toml")
+LONG_RUN = ("--set", "run.episodes=10000000", "--set", "run.workers=1")
+
+
+def coevo(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [COEVO, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def verified(run: Path) -> int:
+    """The event count ``coevo replay --verify`` reports (it must pass)."""
+    proc = coevo("replay", str(run), "--verify")
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split()[1])
+
+
+def test_a_full_disk_is_one_line_and_the_log_still_verifies(tmp_path: Path) -> None:
+    """The log's file cannot grow past 512 KiB (RLIMIT_FSIZE: the writes fail as on a full disk,
+    and LMDB reports an I/O error): the run stops with one line naming the log and the first
+    seq not stored, and everything committed before verifies."""
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, resource.RLIM_INFINITY))
+
+    run = tmp_path / "run"
+    proc = coevo(
+        "run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=2000",
+        preexec_fn=small_disk,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    prefix = f"coevo: error: cannot write the event log at {run / 'log'}: "
+    assert lines[0].startswith(prefix), lines[0]
+    seq = int(lines[0].split("events from seq ")[1].split()[0])
+    assert lines[0].endswith(f"events from seq {seq} not stored, the log keeps every commit before")
+    assert verified(run) == seq > 0
+    tail = coevo("log", str(run), "--from", str(seq - 1), "--json")
+    assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 1
+
+
+def wait_for_writer(run: Path, proc: subprocess.Popen[str]) -> int:
+    lock = run / "log" / "writer.lock"
+    for _ in range(600):
+        if lock.is_file() and lock.read_text().strip():
+            return int(lock.read_text())
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    pytest.fail("the first run never took the writer lock")
+
+
+def test_a_second_process_writing_the_same_run_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = subprocess.Popen(
+        [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", *LONG_RUN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        pid = wait_for_writer(run, first)
+        assert pid == first.pid
+        second = coevo("run", EXPLORE, "--out", str(run), "--quiet")
+        assert second.returncode == 2
+        assert second.stderr == f"coevo: error: {run}: already holds a run; choose another --out\n"
+        code = (
+            "import sys\n"
+            "from engine.errors import LogLocked\n"
+            "from stores.lmdb_log import LmdbEventLog\n"
+            "try:\n"
+            "    LmdbEventLog.open(sys.argv[1], writable=True)\n"
+            "except LogLocked as exc:\n"
+            "    print(exc)\n"
+            "    sys.exit(3)\n"
+        )
+        writer = subprocess.run(
+            [sys.executable, "-c", code, str(run / "log")],
+            capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+        )  # fmt: skip
+        assert writer.returncode == 3, writer.stderr
+        assert f"already has a writer (pid {first.pid})" in writer.stdout
+        reader = coevo("log", str(run), "--limit", "3", "--json")  # readers are never refused
+        assert reader.returncode == 0 and len(reader.stdout.splitlines()) == 3
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert first.returncode == 143
+    events = verified(run)
+    last = json.loads(coevo("log", str(run), "--from", str(events - 1), "--json").stdout)
+    assert last["event"]["kind"] == "run_stopped"
+
+
+@pytest.mark.faults
+def test_two_runs_started_at_once_on_one_directory_leave_one_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=40"]
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        for _ in range(2)
+    ]
+    outcomes = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    codes = sorted(code for code, _ in outcomes)
+    assert codes in ([0, 0], [0, 2]), outcomes  # [0, 0]: the second started after the first
+    for code, err in outcomes:
+        if code == 2:
+            assert err.startswith(f"coevo: error: {run}: already holds a run"), err
+            assert err.count("\n") == 1
+    verified(run)
+
+
+PLUGIN = '''
+from scenarios.worlds.minilab import MiniLab
+
+BUILT = []
+
+
+class Boom(MiniLab):
+    """MiniLab whose step raises on turn 3 of every 4th episode a world plays; with
+    ``builds``, building more worlds than that in the process raises (assembly builds one,
+    each worker one: a third fails when a worker rebuilds its world after an abort)."""
+
+    def __init__(self, builds=0, **options):
+        if builds and len(BUILT) >= builds:
+            raise RuntimeError("the world cannot be rebuilt")
+        BUILT.append(self)
+        super().__init__(**options)
+        self.episodes = 0
+        self.turn = 0
+
+    def reset(self, task, seed):
+        self.episodes += 1
+        self.turn = 0
+        return super().reset(task, seed)
+
+    def step(self, action):
+        self.turn += 1
+        if self.episodes % 4 == 1 and self.turn == 3:
+            raise RuntimeError(f"boom in {action!r}")
+        return super().step(action)
+'''
+
+
+def plugin_scenario(tmp_path: Path, **runtime: object) -> tuple[Path, dict[str, str]]:
+    (tmp_path / "boomworld.py").write_text(PLUGIN)
+    scenario = tmp_path / "boom.toml"
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in runtime.items())
+    scenario.write_text(
+        'name = "boom"\n[world]\nname = "boomworld:Boom"\nfamilies = ["fetch"]\n'
+        "[world.options]\ntrain_variants = 50\n"
+        + ("builds = 3\n" if runtime else "")
+        + '[agent]\nkind = "explorer"\n[run]\nepisodes = 12\nworkers = 2\n'
+        + ("[runtime]\n" + extra if runtime else "")
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    return scenario, env
+
+
+def test_a_world_raising_mid_episode_aborts_that_episode_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    scenario, env = plugin_scenario(tmp_path)
+    run = tmp_path / "run"
+    proc = coevo("run", str(scenario), "--out", str(run), "--quiet", env=env)
+    assert proc.returncode == 0, proc.stderr
+    log = coevo("log", str(run), "--json", env=env)
+    events = [json.loads(line) for line in log.stdout.splitlines()]
+    aborted = [e["event"] for e in events if e["event"]["kind"] == "episode_aborted"]
+    finished = [e["event"] for e in events if e["event"]["kind"] == "episode_finished"]
+    assert aborted and all(a["reason"].startswith("RuntimeError: boom in ") for a in aborted)
+    assert len(aborted) + len(finished) == 12
+    verified(run)
+
+
+def test_an_actor_that_keeps_failing_stops_the_run_with_its_error(tmp_path: Path) -> None:
+    scenario, env = plugin_scenario(tmp_path, on_failure="stop", max_restarts=0)
+    run = tmp_path / "run"
+    proc = coevo("run", str(scenario), "--out", str(run), env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    said = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert f"events in {run} (exit 1): actor 'worker-" in said
+    assert said.endswith("failed to start: RuntimeError: the world cannot be rebuilt")
+    log = coevo("log", str(run), "--json", env=env)
+    events = [json.loads(line) for line in log.stdout.splitlines()]
+    failed = [e["event"] for e in events if e["event"]["kind"] == "actor_failed"]
+    assert failed and all(f["action"] == "stop" for f in failed)  # every worker rebuilds
+    assert all(f["message"].endswith("RuntimeError: the world cannot be rebuilt") for f in failed)
+    assert all("Traceback" in f["traceback"] for f in failed)  # in the log, not on the console
+    aborted = {e["event"]["worker"] for e in events if e["event"]["kind"] == "episode_aborted"}
+    assert {f["actor"] for f in failed} <= aborted  # each failed after an aborted episode
+    final = events[-1]["event"]
+    assert final["kind"] == "run_failed"
+    reports = [f"actor {f['actor']!r} failed: {f['error_type']}: {f['message']}" for f in failed]
+    assert final["message"] in reports
+    verified(run)

@@ -1,0 +1,262 @@
+"""Model directories and checkpoints: every bad one is a one-line error, nothing is unpickled,
+and a checkpoint is either complete on disk or absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from engine.cli import main
+from engine.errors import ModelUnavailable
+from stores import checkpoints as ckpt
+from stores.checkpoints import DirCheckpoints, check_model_dir, load_model_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
+
+
+def tiny_model() -> tuple[Any, Any]:
+    words = ["<pad>", "<eos>", "<unk>", "look", "open", "door", "take", "key"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
+    )
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(words),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config), tokenizer
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "good"
+    model, tokenizer = tiny_model()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+class Unpickled(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def no_unpickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any unpickling during these tests is a failure, wherever it comes from."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise Unpickled("something tried to unpickle")
+
+    for target in ("pickle.load", "pickle.loads", "torch.load"):
+        monkeypatch.setattr(target, refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+
+
+def edit_config(path: Path, **changes: object) -> None:
+    doc = json.loads((path / "config.json").read_text())
+    doc.update(changes)
+    (path / "config.json").write_text(json.dumps(doc))
+
+
+def write_pickle_weights(path: Path, marker: Path) -> None:
+    """A pytorch_model.bin that creates ``marker`` if anything ever unpickles it."""
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+            return (open, (str(marker), "w"))
+
+    (path / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+
+
+def mutate(case: str, path: Path, marker: Path) -> None:
+    weights = path / "model.safetensors"
+    if case == "missing":
+        shutil.rmtree(path)
+    elif case == "a file":
+        shutil.rmtree(path)
+        path.write_text("not a directory")
+    elif case == "no config":
+        (path / "config.json").unlink()
+    elif case == "config not json":
+        (path / "config.json").write_bytes(b"\xff\xfe{")
+    elif case == "not a causal lm":
+        edit_config(path, model_type="vit")
+    elif case == "unknown architecture":
+        edit_config(path, model_type="zorblax")
+    elif case == "wrong shape":
+        edit_config(path, hidden_size=32)
+    elif case == "wrong layer count":
+        edit_config(path, num_hidden_layers=2)
+    elif case == "no tokenizer":
+        (path / "tokenizer.json").unlink()
+    elif case in ("only a pickle", "no weights"):
+        weights.unlink()
+        if case == "only a pickle":
+            write_pickle_weights(path, marker)
+    elif case == "garbage weights":
+        weights.write_bytes(os.urandom(64))
+    elif case == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        raise AssertionError(case)
+
+
+CASES = {
+    "missing": "no such directory",
+    "a file": "not a directory",
+    "no config": "no config.json",
+    "config not json": "config.json is not JSON",
+    "not a causal lm": "model_type 'vit', not a causal language model",
+    "unknown architecture": "model_type 'zorblax'",
+    "wrong shape": "weights do not fit config.json: model.embed_tokens.weight has shape [8, 16]",
+    "wrong layer count": "config.json is invalid",
+    "no tokenizer": "no tokenizer",
+    "only a pickle": "weights only in pickle format (pytorch_model.bin)",
+    "no weights": "no weights",
+    "garbage weights": "model.safetensors is not a valid safetensors file",
+    "truncated weights": "model.safetensors is not a valid safetensors file",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_model_directory_is_refused_with_one_line(
+    good: Path, tmp_path: Path, case: str
+) -> None:
+    path = tmp_path / "model"
+    shutil.copytree(good, path)
+    marker = tmp_path / "unpickled"
+    mutate(case, path, marker)
+    for attempt in (
+        lambda: check_model_dir(path, "policy.model"),
+        lambda: load_model_dir(path, torch.device("cpu")),
+    ):
+        with pytest.raises(ModelUnavailable) as info:
+            attempt()
+        message = str(info.value)
+        assert CASES[case] in message, message
+        assert "\n" not in message and len(message) < 600
+    assert not marker.exists()
+
+
+def test_pickled_weights_are_refused_by_the_cli_before_anything_runs(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "model"
+    shutil.copytree(good, path)
+    marker = tmp_path / "unpickled"
+    mutate("only a pickle", path, marker)
+    for command in ("validate", "run"):
+        args = [command, QUICKSTART, "--set", f"policy.model={path}"]
+        if command == "run":
+            args += ["--out", str(tmp_path / "run"), "--quiet"]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"coevo: error: policy.model = '{path}': weights only in pickle")
+        assert err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+    assert not marker.exists()
+
+
+def test_a_good_directory_loads(good: Path) -> None:
+    assert check_model_dir(good) == good
+    model, tokenizer = load_model_dir(good, torch.device("cpu"))
+    assert model.config.hidden_size == 16
+    assert tokenizer.pad_token == "<pad>"
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_is_fsynced_before_it_gets_its_name(
+    good: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = tiny_model()
+    store = DirCheckpoints(tmp_path / "checkpoints", keep=2)
+    trail: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, Path.rename
+
+    def fsync(fd: int) -> None:
+        trail.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(self: Path, target: Path) -> Path:
+        trail.append(("rename", str(target)))
+        return real_rename(self, target)
+
+    monkeypatch.setattr(ckpt.os, "fsync", fsync)
+    monkeypatch.setattr(Path, "rename", rename)
+    name = store.save(1, model, tokenizer)
+    final = tmp_path / "checkpoints" / "v000001"
+    assert name == "checkpoints/v000001"
+    renamed = trail.index(("rename", str(final)))
+    synced = {path for op, path in trail[:renamed] if op == "fsync"}
+    partial = tmp_path / "checkpoints" / ".v000001.partial"
+    assert {str(partial / f.name) for f in final.iterdir()} | {str(partial)} <= synced
+    assert ("fsync", str(tmp_path / "checkpoints")) in trail[renamed:]
+    assert set(store.load(name)) == set(model.state_dict()) - {"lm_head.weight"}
+
+
+def test_a_crash_before_the_rename_leaves_no_checkpoint_to_refer_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = tiny_model()
+    store = DirCheckpoints(tmp_path / "checkpoints", keep=2)
+
+    def crash(self: Path, target: Path) -> Path:
+        raise KeyboardInterrupt("killed between write and rename")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "rename", crash)
+        with pytest.raises(KeyboardInterrupt):
+            store.save(1, model, tokenizer)
+    root = tmp_path / "checkpoints"
+    assert [p.name for p in root.iterdir()] == [".v000001.partial"]
+    with pytest.raises(ModelUnavailable, match="no checkpoint checkpoints/v000001"):
+        store.load("checkpoints/v000001")
+    assert store.save(1, model, tokenizer) == "checkpoints/v000001"  # the redo of that update
+    assert sorted(p.name for p in root.iterdir()) == ["v000001"]
+    check_model_dir(root / "v000001")
+
+
+def test_a_damaged_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    model, tokenizer = tiny_model()
+    store = DirCheckpoints(tmp_path / "checkpoints")
+    name = store.save(3, model, tokenizer)
+    weights = tmp_path / "checkpoints" / "v000003" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelUnavailable, match=r"^checkpoint checkpoints/v000003 is damaged: "):
+        store.load(name)
+
+
+def test_a_bad_extractor_directory_is_refused_by_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = str(ROOT / "scenarios" / "complementary.toml")
+    setting = f"complementary.extractor={tmp_path / 'nope'}"
+    assert (
+        main(["validate", scenario, "--set", setting, "--set", "complementary.embedder=hashing"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err == (
+        f"coevo: error: complementary.extractor = '{tmp_path / 'nope'}': no such directory "
+        "(a model is a Hugging Face model directory)\n"
+    )
