@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", type=int, metavar="SEQ", help="state after event SEQ")
     p.add_argument("--verify", action="store_true", help="re-fold and check every checksum")
     p.add_argument("--json", action="store_true", help="print the state as JSON")
+    p.add_argument(
+        "--reexecute-learner",
+        action="store_true",
+        help="re-run every recorded model update from the base weights; check every digest",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("log", help="list a run's events")
@@ -223,8 +228,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise _InputError(f"--until must be >= 0, got {args.until}")
     if args.verify and (args.until is not None or args.json):
         raise _InputError("--verify checks the whole log; it takes no --until or --json")
+    if args.reexecute_learner and (args.until is not None or args.json or args.verify):
+        raise _InputError("--reexecute-learner takes no --until, --json or --verify")
     log = _open_run(args.run)
     try:
+        if args.reexecute_learner:
+            return _reexecute(args.run, log)
         if args.verify:
             result = verify_log(log, projections())
             if not result.ok:
@@ -244,6 +253,37 @@ def cmd_replay(args: argparse.Namespace) -> int:
     console.print(families_table(fold.states["episodes"]))
     kinds = fold.states["actor_stats"].kinds
     console.print("events by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())))
+    return 0
+
+
+def _reexecute(path: str, log: Any) -> int:
+    from engine.console import StepProgress
+    from engine.lifecycle import RunStarted
+    from engine.replay import replay_until
+    from scenarios.assemble import projections
+    from scenarios.policy_setup import reexecution_for
+
+    first = next(iter(log.read(0, 1)), None)
+    if first is None or not isinstance(first.event, RunStarted):
+        raise _InputError(f"{path}: the log does not start with run_started")
+    kinds = replay_until(log, projections())[0].states["actor_stats"].kinds
+    total = kinds.get("policy_updated", 0) + kinds.get("extractor_updated", 0)
+    if total == 0:
+        raise _InputError(f"{path}: the log records no model update to re-execute")
+    console = Console(stderr=True)
+    console.print(f"loading the base models of {path} ...")
+    run = reexecution_for(find_run(path).root, first.event.seed)
+    with StepProgress(console, total, "updates") as progress:
+        summary = run.run(
+            log.read(0, None),
+            lambda c: progress.advance(f"{c.model} v{c.version} {c.digest[:12]} ok"),
+        )
+    extra = f"; {summary.unapplied} requests never applied" if summary.unapplied else ""
+    print(
+        f"re-executed {summary.policy} policy and {summary.extractor} extractor updates: "
+        f"every parameter digest matches the log ({summary.checkpoints} checkpoints on disk "
+        f"compared){extra}"
+    )
     return 0
 
 
