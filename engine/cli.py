@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_replay)
 
+    p = sub.add_parser("report", help="one self-contained HTML page of plots about runs")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--out", help="the HTML file (default: report.html in the first RUN)")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("log", help="list a run's events")
     p.add_argument("run")
     p.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
@@ -291,6 +296,36 @@ class _VerifyFailed(CoevoError):
     """``replay --verify`` found a corrupted record or a divergent checksum."""
 
     exit_code = 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from agents.report import fold_run, render
+
+    roots = [find_run(path).root for path in args.runs]
+    runs = []
+    for path, root in zip(args.runs, roots, strict=True):
+        log = _open_run(path)
+        try:
+            if log.next_seq == 0:
+                raise _InputError(f"{path}: the event log is empty")
+            runs.append(fold_run(_label(root, roots), root, log.read(0, None)))
+        finally:
+            log.close()
+    out = Path(args.out) if args.out else runs[0].path / "report.html"
+    page = render(runs)
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise _InputError(f"{out}: cannot write: {exc.strerror}") from None
+    print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
+    return 0
+
+
+def _label(root: Path, roots: list[Path]) -> str:
+    """A run's name in a report: its directory, with its parent's when that is ambiguous."""
+    if sum(p.name == root.name for p in roots) > 1:
+        return f"{root.parent.name}/{root.name}"
+    return root.name
 
 
 def cmd_log(args: argparse.Namespace) -> int:

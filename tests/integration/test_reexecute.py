@@ -13,8 +13,7 @@ import msgspec
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_complementary_run import COMPLEMENTARY
-from test_grpo_run import of, read_events, run_scenario
+from test_grpo_run import of, read_events
 
 from agents.extractor_events import ExtractorUpdated
 from agents.learner import update_seed
@@ -25,16 +24,10 @@ from engine.lifecycle import RunStarted
 from stores.checkpoints import load_model_dir, param_digest
 from stores.lmdb_log import LmdbEventLog
 
-DISTILL = COMPLEMENTARY.replace(
-    "[complementary]\n", '[complementary]\nguided_rollout = "guided-distill"\n'
-)
-
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("reexecute")
-    run_scenario(path, DISTILL)
-    return path
+def root(distill_root: Path) -> Path:
+    return distill_root
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +43,7 @@ def events(root: Path) -> list[Event]:
 
 def copy_run(root: Path, name: str, edit: Callable[[Event], Event] | None = None) -> Path:
     """A copy of the run (scenario, checkpoints); with ``edit``, its log rewritten through it."""
-    src, out = root / "run", root / name
+    src, out = root / "run", root / f"reexecute-{name}"
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("log") if edit else None)
     if edit is not None:
         reader = LmdbEventLog.open(src / "log")
