@@ -156,7 +156,7 @@ def fold_entries(envelopes: Iterable[Envelope[Event]]) -> tuple[dict[int, Entry]
             )
         elif isinstance(ev, TipEvicted) and ev.tip_id in entries:
             entries[ev.tip_id].fate = ev.reason
-        elif isinstance(ev, TipsRetrieved):
+        elif isinstance(ev, TipsRetrieved) and ev.slot.startswith("train/"):
             for tip in ev.tip_ids:
                 if tip in entries:
                     entries[tip].retrieved += 1
