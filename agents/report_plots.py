@@ -113,23 +113,20 @@ def updates_figure(runs: Sequence[RunData]) -> str:
 
 
 def bank_figures(runs: Sequence[RunData]) -> str:
-    """Bank size over training for every run, and one operations panel per run with a bank."""
+    """Bank size over training for every run, then one operations panel per run with a bank."""
     with_bank = [(i, r) for i, r in enumerate(runs) if r.coevolution.bank_ops]
-    cols = 2 if len(with_bank) == 1 else min(3, len(with_bank))
-    rows = 1 + (len(with_bank) + cols - 1) // cols if len(with_bank) > 1 else 1
-    fig, axes = _figure(rows, cols, height=3.2)
+    panels = 1 + len(with_bank)
+    cols = min(3, panels)
+    fig, axes = _figure((panels + cols - 1) // cols, cols, height=3.2)
     size = axes[0]
     _lines(size, runs, lambda r: r.coevolution.bank, drawstyle="steps-post")
     size.set_title("entries in the training bank")
     size.set_xlabel("training episodes")
-    first_ops = 1 if len(with_bank) == 1 else cols
-    for ax in axes[1:first_ops]:
-        ax.set_visible(False)
-    for ax, (i, r) in zip(axes[first_ops:], with_bank, strict=False):
+    for ax, (i, r) in zip(axes[1:], with_bank, strict=False):
         _ops_panel(ax, r, COLORS[i % 10])
-    for ax in axes[first_ops + len(with_bank) :]:
+    for ax in axes[panels:]:
         ax.set_visible(False)
-    return _finish(fig, [a for a in axes if a.get_visible()], "bank")
+    return _finish(fig, axes[:panels], "bank")
 
 
 def _ops_panel(ax: Any, r: RunData, color: str) -> None:
@@ -177,7 +174,10 @@ def retrieval_figure(runs: Sequence[RunData]) -> str:
             continue
         keys = sorted(n)
         color = COLORS[i % 10]
-        per_block.plot([k * block for k in keys], [n[k] for k in keys], color=color, label=r.label)
+        every = range(r.train_episodes // block + 1)  # blocks without a retrieval count 0
+        per_block.plot(
+            [k * block for k in every], [n[k] for k in every], color=color, label=r.label
+        )
         shown.plot([k * block for k in keys], [tips[k] / n[k] for k in keys], color=color)
         counts = sorted((e.retrieved for e in r.entries.values()), reverse=True)
         if counts:
