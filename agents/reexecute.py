@@ -144,7 +144,10 @@ class Reexecution:
         ev = env.event
         req = self.buffer.observe(ev)
         if req is not None:
-            samples, stale = self.buffer.collect(req)
+            try:
+                samples, stale = self.buffer.collect(req)
+            except RuntimeError as exc:  # the log asks for an episode it never finished
+                raise UpdateDiverged("policy", req.update, env.seq, str(exc)) from None
             self.buffer.version += 1  # the learner serves requests in order, one version each
             self.requests[req.update] = (req, samples, stale)
         elif isinstance(ev, PolicyUpdated):

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_grpo_run import of, read_events
 
+from agents.episode_events import EpisodeFinished
 from agents.extractor_events import ExtractorUpdated
 from agents.learner import update_seed
 from agents.policy_events import ActionSampled, GradientRequested, PolicyUpdated
@@ -200,3 +201,20 @@ def _digest(run: Path, version: int) -> str:
         e for e in read_events(run) if isinstance(e, PolicyUpdated) and e.policy_version == version
     ]
     return ev.digest
+
+
+def test_a_request_for_an_unfinished_episode_is_named(
+    root: Path, events: list[Event], capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = of(events, GradientRequested)[0].episodes[0]
+
+    def tamper(ev: Event) -> Event:
+        if isinstance(ev, EpisodeFinished) and ev.episode == first:
+            return msgspec.structs.replace(ev, purpose="eval")
+        return ev
+
+    run = copy_run(root, "unfinished", tamper)
+    assert main(["replay", str(run), "--reexecute-learner"]) == 1
+    line = first_line(capsys.readouterr().err)
+    assert line.startswith("coevo: error: policy update 0 (seq ")
+    assert line.endswith(f"diverged: gradient requested for {first}, which has not finished")
