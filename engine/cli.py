@@ -1,4 +1,5 @@
-"""The ``coevo`` command line: validate, run, replay and list events.
+"""The ``coevo`` command line: validate, run, replay (and re-execute updates), report, list
+events.
 
 Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
 exit code (2 for bad input); never a traceback.
@@ -312,9 +313,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         finally:
             log.close()
     out = Path(args.out) if args.out else runs[0].path / "report.html"
-    page = render(runs)
+    page = render(runs).encode("utf-8")
     try:
-        out.write_text(page, encoding="utf-8")
+        out.write_bytes(page)
     except OSError as exc:
         raise _InputError(f"{out}: cannot write: {exc.strerror}") from None
     print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
