@@ -1,19 +1,31 @@
 """Learning curves of a run, folded from its log: train success per block of episodes, held-out
-success per evaluation round, and the learner's numbers per update.
+success per evaluation round, and the learner's numbers per update; and the co-evolution of its
+memory: the bank's size and operations, retrievals, credit and the extractor's reward.
 
-:func:`fold_curves` is pure (events in, rows out); :func:`write_curves` writes the CSV files and
-one PNG into the run directory; :func:`report` does both for a finished run and returns the
-summary lines the CLI prints.
+:func:`fold_curves` and :func:`fold_coevolution` are pure (events in, rows out);
+:func:`write_curves` writes the CSV files and one PNG into the run directory; :func:`report`
+does both for a finished run and returns the summary lines the CLI prints. ``coevo report``
+(:mod:`agents.report`) and the benchmarks plot the same rows.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.episode_events import EpisodeFinished
+from agents.extractor_events import (
+    CreditAssigned,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+)
+from agents.memory_events import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from engine.events import Event
 
@@ -98,6 +110,94 @@ def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
     curves.heldout.sort(key=lambda row: row[1])  # rounds may end out of order
     curves.heldout_memory.sort(key=lambda row: row[1])
     return curves
+
+
+@dataclass
+class Coevolution:
+    """A run's memory and extractor facts; ``x`` is the training episodes ended so far.
+
+    Attributes:
+        credits: ``(x, credit)`` per credit, in order.
+        bank: ``(x, entries)`` after each change of the training bank (scope "train"; EMPO2's
+            adaptation rounds write memories of their own, left out).
+        bank_ops: ``(x, what)`` per change or refusal in the training bank: "stored",
+            "evicted:<reason>", "rejected:<reason>".
+        retrievals: ``(x, entries shown, entries in the slot)`` per training retrieval.
+        extractor: ``(x, mean reward of the batch, loss, samples)`` per extractor update.
+        ops: operation counts of all extractor calls.
+        calls: extraction and merge calls; ``malformed`` of them had no usable operation,
+            ``plain`` were read as one add.
+        updates: extractor updates, ``trained`` of them with a gradient (samples > 0).
+    """
+
+    credits: list[tuple[int, float]] = field(default_factory=list[tuple[int, float]])
+    bank: list[tuple[int, int]] = field(default_factory=list[tuple[int, int]])
+    bank_ops: list[tuple[int, str]] = field(default_factory=list[tuple[int, str]])
+    retrievals: list[tuple[int, int, int]] = field(default_factory=list[tuple[int, int, int]])
+    extractor: list[tuple[int, float, float, int]] = field(
+        default_factory=list[tuple[int, float, float, int]]
+    )
+    ops: Counter[str] = field(default_factory=Counter[str])
+    calls: int = 0
+    malformed: int = 0
+    plain: int = 0
+    updates: int = 0
+    trained: int = 0
+
+
+def fold_coevolution(events: Iterable[Event]) -> Coevolution:
+    """The memory and extractor facts of a run (pure)."""
+    c = Coevolution()
+    ended = 0
+    size = 0
+    train_slots: set[str] = set()
+    rewards: dict[int, float] = {}
+    for ev in events:
+        if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
+            ended += 1
+        elif isinstance(ev, CreditAssigned):
+            c.credits.append((ended, ev.credit))
+        elif isinstance(ev, TipStored | TipEvicted | TipRejected) and _in_training(ev.slot):
+            if isinstance(ev, TipStored):
+                size += 1
+                c.bank_ops.append((ended, "stored"))
+            elif isinstance(ev, TipEvicted):
+                size -= 1
+                c.bank_ops.append((ended, f"evicted:{ev.reason}"))
+            else:
+                c.bank_ops.append((ended, f"rejected:{ev.reason}"))
+            if not isinstance(ev, TipRejected):
+                c.bank.append((ended, size))
+                train_slots.add(ev.slot)
+        elif isinstance(ev, TipsRetrieved) and _in_training(ev.slot):
+            c.retrievals.append((ended, len(ev.tip_ids), ev.slot_size))
+        elif isinstance(ev, ExtractorCalled):
+            c.calls += 1
+            c.malformed += int(ev.malformed)
+            c.plain += int(any(e.startswith("no operation syntax") for e in ev.errors))
+            c.ops.update(op for op, _, _ in ev.ops)
+        elif isinstance(ev, ExtractorGradientRequested):
+            rewards[ev.update] = math.fsum(ev.rewards) / max(len(ev.rewards), 1)
+        elif isinstance(ev, ExtractorUpdated):
+            c.updates += 1
+            c.trained += int(ev.samples > 0)
+            c.extractor.append((ended, rewards.pop(ev.update, 0.0), ev.loss, ev.samples))
+    return c
+
+
+def _in_training(slot: str) -> bool:
+    return slot.split("/", 1)[0] == "train"
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start).
+
+    Raises:
+        ValueError: ``window`` is not positive.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 def write_curves(run_dir: Path, curves: Curves, title: str = "") -> list[Path]:

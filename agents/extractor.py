@@ -87,6 +87,7 @@ class ExtractorModel:
         self.tokenizer = tokenizer
         self.settings = settings
         self.version = 0
+        self.digest = ""  # of the current weights, once computed (the actor does at start)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.optimizer: torch.optim.Optimizer | None = None
 
@@ -210,6 +211,7 @@ class ExtractorActor(Actor):
 
     async def run(self, ctx: Context) -> None:
         ext = await ctx.to_thread(self._load)
+        ext.digest = await ctx.to_thread(param_digest, ext.model)
         calls: dict[str, ExtractorCalled] = {}  # every call, until it is trained on
         inbox = ctx.events()
         async for first in inbox:
@@ -243,6 +245,7 @@ class ExtractorActor(Actor):
         ext.version += 1
         name = await ctx.to_thread(self._checkpoints.save, ext.version, ext.model, ext.tokenizer)
         digest = await ctx.to_thread(param_digest, ext.model)
+        parent, ext.digest = ext.digest, digest
         await ctx.emit(
             ExtractorUpdated(
                 extractor_version=ext.version,
@@ -254,6 +257,7 @@ class ExtractorActor(Actor):
                 digest=digest,
                 checkpoint=name,
                 seconds=time.perf_counter() - start,
+                parent_digest=parent,
             )
         )
 

@@ -137,7 +137,11 @@ class ExtractorGradientRequested(
 
 @event
 class ExtractorUpdated(Event, tag="extractor_updated", frozen=True, kw_only=True):
-    """The extractor applied update ``update``: it is now ``extractor_version``."""
+    """The extractor applied update ``update``: it is now ``extractor_version``.
+
+    ``digest`` is the blake2b of the new parameters, ``parent_digest`` that of the parameters
+    the update started from (version 0: the starting weights; "" in older logs).
+    """
 
     extractor_version: int
     update: int
@@ -148,3 +152,4 @@ class ExtractorUpdated(Event, tag="extractor_updated", frozen=True, kw_only=True
     digest: str
     checkpoint: str
     seconds: float
+    parent_digest: str = ""

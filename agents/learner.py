@@ -25,6 +25,8 @@ from agents.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.policy import chosen_action_logps, response_logps
 from agents.policy_events import ActionSampled, GradientRequested, PolicyUpdated
 from engine.actor import Actor, Context
+from engine.events import Event
+from engine.seeds import derive_rng
 from stores.checkpoints import Checkpoints, param_digest
 
 
@@ -214,22 +216,13 @@ class Learner(Actor):
 
     async def run(self, ctx: Context) -> None:
         trainee = await ctx.to_thread(self._load)
-        turns: dict[str, list[ActionSampled]] = {}
-        ended: set[str] = set()
-        version = 0
+        parent = await ctx.to_thread(param_digest, trainee.model)
+        buffer = SampleBuffer()
         async for env in ctx.events():
-            ev = env.event
-            if isinstance(ev, ActionSampled):
-                turns.setdefault(ev.episode, []).append(ev)
-            elif isinstance(ev, EpisodeFinished | EpisodeAborted):
-                if ev.purpose != "train" or isinstance(ev, EpisodeAborted):
-                    turns.pop(ev.episode, None)  # never trained on
-                else:
-                    ended.add(ev.episode)
-            else:
-                assert isinstance(ev, GradientRequested)
-                samples, stale = _collect(ev, turns, ended, version)
-                version = await self._update(ctx, trainee, ev, samples, stale, version)
+            req = buffer.observe(env.event)
+            if req is not None:
+                samples, stale = buffer.collect(req)
+                parent = await self._update(ctx, trainee, req, samples, stale, buffer, parent)
 
     async def _update(
         self,
@@ -238,18 +231,22 @@ class Learner(Actor):
         req: GradientRequested,
         samples: list[Sample],
         stale: int,
-        version: int,
-    ) -> int:
+        buffer: SampleBuffer,
+        parent: str,
+    ) -> str:
+        """Train, save and announce the next version; returns its digest."""
         start = time.perf_counter()
-        seed = ctx.rng("update", req.update).getrandbits(63)
+        seed = update_seed(ctx.run_seed, req.update)
         stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed)
+        buffer.version += 1
+        version = buffer.version
         name = await ctx.to_thread(
-            self._checkpoints.save, version + 1, trainee.model, trainee.tokenizer
+            self._checkpoints.save, version, trainee.model, trainee.tokenizer
         )
         digest = await ctx.to_thread(param_digest, trainee.model)
         await ctx.emit(
             PolicyUpdated(
-                policy_version=version + 1,
+                policy_version=version,
                 update=req.update,
                 samples=stats.samples,
                 stale=stale,
@@ -262,28 +259,62 @@ class Learner(Actor):
                 digest=digest,
                 checkpoint=name,
                 seconds=time.perf_counter() - start,
+                seed=seed,
+                parent_digest=parent,
             )
         )
-        return version + 1
+        return digest
 
 
-def _collect(
-    req: GradientRequested,
-    turns: dict[str, list[ActionSampled]],
-    ended: set[str],
-    version: int,
-) -> tuple[list[Sample], int]:
-    """The request's samples (removed from ``turns``) and how many were too stale to use."""
-    samples: list[Sample] = []
-    stale = 0
-    rollouts = req.rollouts or ("plain",) * len(req.episodes)
-    for episode, adv, rollout in zip(req.episodes, req.advantages, rollouts, strict=True):
-        if episode not in ended:
-            raise RuntimeError(f"gradient requested for {episode}, which has not finished")
-        ended.discard(episode)
-        for turn in turns.pop(episode, []):
-            if version - turn.policy_version > req.max_staleness:
-                stale += 1
+def update_seed(run_seed: int, update: int) -> int:
+    """The seed that shuffles update ``update``'s minibatches (recorded in
+    :attr:`PolicyUpdated.seed`; logs older than that field re-derive it with this)."""
+    return derive_rng(run_seed, "update", update).getrandbits(63)
+
+
+class SampleBuffer:
+    """What the learner keeps between requests: the turns of finished training episodes, as a
+    fold of the events it subscribes to (the learner and ``coevo replay --reexecute-learner``
+    share it, so both train on the same samples).
+
+    Attributes:
+        version: the policy version the next request trains (the updates applied so far).
+    """
+
+    def __init__(self) -> None:
+        self.turns: dict[str, list[ActionSampled]] = {}
+        self.ended: set[str] = set()
+        self.version = 0
+
+    def observe(self, ev: Event) -> GradientRequested | None:
+        """Fold ``ev``; a :class:`GradientRequested` is returned for the caller to serve."""
+        if isinstance(ev, ActionSampled):
+            self.turns.setdefault(ev.episode, []).append(ev)
+        elif isinstance(ev, EpisodeFinished | EpisodeAborted):
+            if ev.purpose != "train" or isinstance(ev, EpisodeAborted):
+                self.turns.pop(ev.episode, None)  # never trained on
             else:
-                samples.append(Sample(turn, adv, distill=rollout.endswith("distill")))
-    return samples, stale
+                self.ended.add(ev.episode)
+        elif isinstance(ev, GradientRequested):
+            return ev
+        return None
+
+    def collect(self, req: GradientRequested) -> tuple[list[Sample], int]:
+        """The request's samples (removed from the buffer) and how many were too stale to use.
+
+        Raises:
+            RuntimeError: the request names an episode that has not finished.
+        """
+        samples: list[Sample] = []
+        stale = 0
+        rollouts = req.rollouts or ("plain",) * len(req.episodes)
+        for episode, adv, rollout in zip(req.episodes, req.advantages, rollouts, strict=True):
+            if episode not in self.ended:
+                raise RuntimeError(f"gradient requested for {episode}, which has not finished")
+            self.ended.discard(episode)
+            for turn in self.turns.pop(episode, []):
+                if self.version - turn.policy_version > req.max_staleness:
+                    stale += 1
+                else:
+                    samples.append(Sample(turn, adv, distill=rollout.endswith("distill")))
+        return samples, stale

@@ -148,6 +148,10 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
         digest: blake2b of the new parameters, in name order.
         checkpoint: the directory of the safetensors checkpoint written, relative to the run.
         seconds: wall time of the update.
+        seed: the seed that shuffled the minibatches (None in logs written before it was
+            recorded: ``agents.learner.update_seed`` re-derives it from the run seed).
+        parent_digest: the digest of the parameters the update started from (version 0: the
+            base model); "" in older logs.
     """
 
     policy_version: int
@@ -163,6 +167,8 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
     digest: str
     checkpoint: str
     seconds: float
+    seed: int | None = None
+    parent_digest: str = ""
 
 
 @event

@@ -10,64 +10,13 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.episode_events import EpisodeFinished
-from agents.extractor_events import CreditAssigned, ExtractorCalled, ExtractorUpdated
-from agents.memory_events import TipEvicted, TipStored
-from engine.events import Event
+from agents.curves import Coevolution, fold_coevolution, rolling_mean
 
 OPS = ("add", "update", "merge", "rewrite", "discard", "return")
-
-
-@dataclass
-class Coevolution:
-    """One run's extractor facts.
-
-    Attributes:
-        credits: ``(training episodes ended so far, credit)`` per credit, in order.
-        bank: ``(training episodes ended so far, entries in the bank)`` after each change.
-        ops: operation counts of all extractor calls.
-        calls: extraction and merge calls; ``malformed`` of them had no usable operation.
-        updates: extractor updates, ``trained`` of them with a gradient (samples > 0).
-    """
-
-    credits: list[tuple[int, float]] = field(default_factory=list)
-    bank: list[tuple[int, int]] = field(default_factory=list)
-    ops: Counter[str] = field(default_factory=Counter)
-    calls: int = 0
-    malformed: int = 0
-    plain: int = 0
-    updates: int = 0
-    trained: int = 0
-
-
-def fold_coevolution(events: list[Event]) -> Coevolution:
-    """The extractor facts of a run (pure)."""
-    c = Coevolution()
-    ended = 0
-    size = 0
-    for ev in events:
-        if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
-            ended += 1
-        elif isinstance(ev, CreditAssigned):
-            c.credits.append((ended, ev.credit))
-        elif isinstance(ev, TipStored | TipEvicted):
-            size += 1 if isinstance(ev, TipStored) else -1
-            c.bank.append((ended, size))
-        elif isinstance(ev, ExtractorCalled):
-            c.calls += 1
-            c.malformed += int(ev.malformed)
-            c.plain += int(any(e.startswith("no operation syntax") for e in ev.errors))
-            c.ops.update(op for op, _, _ in ev.ops)
-        elif isinstance(ev, ExtractorUpdated):
-            c.updates += 1
-            c.trained += int(ev.samples > 0)
-    return c
 
 
 def quarters(credits: list[tuple[int, float]]) -> list[float]:
@@ -108,11 +57,7 @@ def plot_coevolution(runs: dict[str, list[tuple[int, Coevolution]]], path: Path)
     for name, items in runs.items():
         for seed, c in items:
             xs = [x for x, _ in c.credits]
-            window = 64
-            vals = [x for _, x in c.credits]
-            rolling = [
-                statistics.mean(vals[max(0, i - window + 1) : i + 1]) for i in range(len(vals))
-            ]
+            rolling = rolling_mean([x for _, x in c.credits], 64)
             ax.plot(xs, rolling, label=f"{name} seed {seed}", alpha=0.8)
             ax2.plot([x for x, _ in c.bank], [s for _, s in c.bank], label=f"{name} seed {seed}")
     ax.set_title("extractor's credited reward (rolling mean of 64 credits)")

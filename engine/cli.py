@@ -1,4 +1,5 @@
-"""The ``coevo`` command line: validate, run, replay and list events.
+"""The ``coevo`` command line: validate, run, replay (and re-execute updates), report, list
+events.
 
 Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
 exit code (2 for bad input); never a traceback.
@@ -64,7 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", type=int, metavar="SEQ", help="state after event SEQ")
     p.add_argument("--verify", action="store_true", help="re-fold and check every checksum")
     p.add_argument("--json", action="store_true", help="print the state as JSON")
+    p.add_argument(
+        "--reexecute-learner",
+        action="store_true",
+        help="re-run every recorded model update from the base weights; check every digest",
+    )
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("report", help="one self-contained HTML page of plots about runs")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--out", help="the HTML file (default: report.html in the first RUN)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("log", help="list a run's events")
     p.add_argument("run")
@@ -246,8 +257,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise _InputError(f"--until must be >= 0, got {args.until}")
     if args.verify and (args.until is not None or args.json):
         raise _InputError("--verify checks the whole log; it takes no --until or --json")
+    if args.reexecute_learner and (args.until is not None or args.json or args.verify):
+        raise _InputError("--reexecute-learner takes no --until, --json or --verify")
     log = _open_run(args.run)
     try:
+        if args.reexecute_learner:
+            return _reexecute(args.run, log)
         if args.verify:
             with _naming(log.path):
                 result = verify_log(log, projections())
@@ -290,10 +305,71 @@ class _LogUnreadable(CoevoError):
     exit_code = 1
 
 
+def _reexecute(path: str, log: Any) -> int:
+    from engine.console import StepProgress
+    from engine.lifecycle import RunStarted
+    from engine.replay import replay_until
+    from scenarios.assemble import projections
+    from scenarios.policy_setup import reexecution_for
+
+    first = next(iter(log.read(0, 1)), None)
+    if first is None or not isinstance(first.event, RunStarted):
+        raise _InputError(f"{path}: the log does not start with run_started")
+    kinds = replay_until(log, projections())[0].states["actor_stats"].kinds
+    total = kinds.get("policy_updated", 0) + kinds.get("extractor_updated", 0)
+    if total == 0:
+        raise _InputError(f"{path}: the log records no model update to re-execute")
+    console = Console(stderr=True)
+    console.print(f"loading the base models of {path} ...")
+    run = reexecution_for(find_run(path).root, first.event.seed)
+    with StepProgress(console, total, "updates") as progress:
+        summary = run.run(
+            log.read(0, None),
+            lambda c: progress.advance(f"{c.model} v{c.version} {c.digest[:12]} ok"),
+        )
+    extra = f"; {summary.unapplied} requests never applied" if summary.unapplied else ""
+    print(
+        f"re-executed {summary.policy} policy and {summary.extractor} extractor updates: "
+        f"every parameter digest matches the log ({summary.checkpoints} checkpoints on disk "
+        f"compared){extra}"
+    )
+    return 0
+
+
 class _VerifyFailed(CoevoError):
     """``replay --verify`` found a corrupted record or a divergent checksum."""
 
     exit_code = 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from agents.report import fold_run, render
+
+    roots = [find_run(path).root for path in args.runs]
+    runs = []
+    for path, root in zip(args.runs, roots, strict=True):
+        log = _open_run(path)
+        try:
+            if log.next_seq == 0:
+                raise _InputError(f"{path}: the event log is empty")
+            runs.append(fold_run(_label(root, roots), root, log.read(0, None)))
+        finally:
+            log.close()
+    out = Path(args.out) if args.out else runs[0].path / "report.html"
+    page = render(runs).encode("utf-8")
+    try:
+        out.write_bytes(page)
+    except OSError as exc:
+        raise _InputError(f"{out}: cannot write: {exc.strerror}") from None
+    print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
+    return 0
+
+
+def _label(root: Path, roots: list[Path]) -> str:
+    """A run's name in a report: its directory, with its parent's when that is ambiguous."""
+    if sum(p.name == root.name for p in roots) > 1:
+        return f"{root.parent.name}/{root.name}"
+    return root.name
 
 
 def cmd_log(args: argparse.Namespace) -> int:

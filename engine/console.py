@@ -113,6 +113,53 @@ class RunProgress:
                 self._next_line += 0.1
 
 
+class StepProgress:
+    """A progress bar over ``total`` steps of a long command (e.g. re-executed updates).
+
+    On a terminal it is a live bar showing the last step's label; elsewhere it prints a line
+    every 10%.
+    """
+
+    def __init__(self, console: Console, total: int, what: str) -> None:
+        self._console = console
+        self._total = total
+        self._what = what
+        self._done = 0
+        self._next_line = 0.1
+        self._live = console.is_terminal
+        self._progress = Progress(
+            TextColumn(f"[bold]{what}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[label]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not self._live,
+        )
+        self._task = self._progress.add_task(what, total=total, label="")
+
+    def __enter__(self) -> StepProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._progress.__exit__(exc_type, exc, tb)
+
+    def advance(self, label: str) -> None:
+        """One more step done; ``label`` says which."""
+        self._done += 1
+        self._progress.update(self._task, completed=self._done, label=label)
+        if not self._live and self._done >= self._next_line * self._total:
+            self._console.print(f"{self._what} {self._done}/{self._total}  {label}")
+            while self._next_line * self._total <= self._done:
+                self._next_line += 0.1
+
+
 def families_table(episodes_state: Any) -> Table:
     """Per-family outcome table of an ``EpisodeTable`` state."""
     table = Table(title="episodes by family")

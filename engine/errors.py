@@ -147,3 +147,20 @@ class AuditQueryInvalid(CoevoError):
     """
 
     exit_code = 2
+
+
+class UpdateDiverged(CoevoError):
+    """Re-executing a recorded model update (``coevo replay --reexecute-learner``) did not
+    reproduce what the log records: the parameters' digest, the samples trained on, or the
+    checkpoint on disk.
+
+    Unlike :class:`ReplayDiverged` (a projection's checksum, found by re-folding events), this
+    is found by re-running a model's training step; ``update`` names the first update that
+    differs (every earlier one matched bit for bit).
+    """
+
+    def __init__(self, model: str, update: int, seq: int, reason: str) -> None:
+        self.model = model
+        self.update = update
+        self.seq = seq
+        super().__init__(f"{model} update {update} (seq {seq}) diverged: {reason}")

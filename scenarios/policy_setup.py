@@ -23,8 +23,10 @@ from agents.extractor_base import OpsSpec, ensure_extractor_base
 from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.learner import Learner, Trainee
 from agents.memory import MemoryActor, MemorySettings
+from agents.reexecute import Reexecution
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
+from scenarios.loader import load_scenario
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     Checkpoints,
@@ -299,3 +301,27 @@ def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
     return Trainee(net, tokenizer, device, reference=scenario.grpo.kl_coef > 0)
+
+
+def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
+    """What re-executes a finished run's updates: its scenario's base models at version 0,
+    loaded as the run loaded them (device, torch threads, the embedded model's cache).
+
+    Raises:
+        ScenarioInvalid: the run's ``scenario.toml`` is missing or invalid, or its method
+            trains no model.
+        ModelUnavailable: a base model cannot be found or built.
+    """
+    source = str(run_dir / "scenario.toml")
+    scenario = load_scenario(source)
+    method = scenario.run.method
+    if method not in ("grpo", "empo2", "complementary") or scenario.agent.kind != "policy":
+        raise ScenarioInvalid(source, f"run.method = {method!r} trains no model")
+    if scenario.policy.threads:
+        torch.set_num_threads(scenario.policy.threads)
+    model = policy_model_dir(scenario, source)
+    trainee = load_trainee_for(scenario, model)
+    extractor = None
+    if method == "complementary":
+        extractor = load_extractor_for(scenario, extractor_model_dir(scenario, source, model))
+    return Reexecution(run_dir, run_seed, trainee, extractor)

@@ -1,0 +1,23 @@
+"""A tiny Complementary RL run shared by the modules that only read it (re-execution, report):
+guided episodes trained as distills, so its log holds every kind of update and sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_complementary_run import COMPLEMENTARY
+from test_grpo_run import run_scenario
+
+DISTILL = COMPLEMENTARY.replace(
+    "[complementary]\n", '[complementary]\nguided_rollout = "guided-distill"\n'
+)
+
+
+@pytest.fixture(scope="session")
+def distill_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``root/run`` is the run, ``root/cache`` the cache its embedded model was built in.
+    Tests may add files beside ``run``, never change it."""
+    path = tmp_path_factory.mktemp("distill")
+    run_scenario(path, DISTILL)
+    return path

@@ -1,0 +1,211 @@
+"""``coevo report``: one self-contained HTML page about a tiny Complementary RL run and a run
+without a model side by side; its content read as text, and the page rendered in headless
+Chromium (skipped where Debian's ``chromium`` package is not installed)."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from test_grpo_run import of, read_events
+
+from agents.extractor_events import CreditAssigned
+from agents.memory_events import TipStored
+from engine.cli import main
+from stores.eventlog import new_run_meta
+from stores.lmdb_log import LmdbEventLog
+
+CHROMIUM = shutil.which("chromium")
+SECTIONS = (
+    "Runs",
+    "Success and return vs training episodes",
+    "Policy updates",
+    "Bank size and operations",
+    "Retrieval usage",
+    "Credit and the extractor&#x27;s reward",
+    "Most-credited and most-harmful entries",
+)
+EXPLORE = """name = "explore-tiny"
+[agent]
+kind = "explorer"
+[run]
+episodes = 6
+workers = 2
+[logging]
+progress = false
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(distill_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny Complementary RL run, and a scripted run with no model, bank or credit."""
+    root = tmp_path_factory.mktemp("explore")
+    (root / "explore.toml").write_text(EXPLORE)
+    assert main(["run", str(root / "explore.toml"), "--out", str(root / "run"), "--quiet"]) == 0
+    return distill_root / "run", root / "run"
+
+
+@pytest.fixture(scope="module")
+def page(runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    assert main(["report", str(runs[0]), str(runs[1]), "--out", str(out)]) == 0
+    return out
+
+
+def test_the_page_has_every_section_and_one_plot_per_section_with_data(page: Path) -> None:
+    text = page.read_text()
+    for title in SECTIONS:
+        assert f"<h2>{title}</h2>" in text
+    assert text.count("<svg") == 5  # success, updates, bank, retrieval, credit
+    assert text.count("<figure>") == 5
+    assert "coevo report: run, run" not in text  # two runs named "run": told apart
+
+
+def test_the_page_loads_nothing(page: Path) -> None:
+    text = page.read_text()
+    assert "<script" not in text and "<link" not in text and "<img" not in text
+    assert "@import" not in text
+    assert set(re.findall(r"url\((.)", text)) == {"#"}  # svg clip paths, in the page
+    assert set(re.findall(r'href="(.)', text)) == {"#"}  # anchors and svg uses, in the page
+    for address in re.findall(r"https?://[^\"' )]+", text):
+        assert address.startswith("http://www.w3.org/"), address  # xml namespaces
+
+
+def test_sections_without_data_say_so(page: Path, runs: tuple[Path, Path]) -> None:
+    text = html.unescape(page.read_text())
+    name = f"{runs[1].parent.name}/run (rollout (explorer agent))"
+    assert f"No policy update in: {name}." in text
+    assert f"No bank or memory (nothing stored) in: {name}." in text
+    assert f"No retrieval in: {name}." in text
+    assert f"No credit (no extractor-written entry guided an episode) in: {name}." in text
+    assert (
+        f"No entry of {runs[1].parent.name}/run (rollout (explorer agent)) earned credit." in text
+    )
+
+
+def test_entries_show_their_text_credits_and_lineage_command(
+    page: Path, runs: tuple[Path, Path]
+) -> None:
+    events = read_events(runs[0])
+    total: dict[int, float] = {}
+    for c in of(events, CreditAssigned):
+        total[c.entry] = total.get(c.entry, 0.0) + c.credit
+    assert total, "the tiny run should credit some entries"
+    worst = min(total, key=lambda e: (total[e], e))
+    stored = {t.tip_id: t for t in of(events, TipStored)}
+    text = page.read_text()
+    card = text[text.index(f'<div class="entry" id="r0-tip{worst}">') :]
+    card = card[: card.index("</div>")]
+    assert f"total credit <b>{total[worst]:+.2f}</b>" in card
+    assert f"<blockquote>{html.escape(stored[worst].text)}</blockquote>" in card
+    assert f"extractor call {stored[worst].call} (extract of ep" in card
+    assert f"<code>coevo audit {runs[0]} tip {worst}</code>" in card
+
+
+def test_the_default_output_is_the_first_runs_report_html(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(runs[1])]) == 0
+    assert (runs[1] / "report.html").stat().st_size > 1000
+    assert capsys.readouterr().out.startswith(f"report: {runs[1] / 'report.html'} (")
+
+
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"
+    empty = tmp_path / "empty"
+    meta = new_run_meta("r0", scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
+    LmdbEventLog.create(empty / "log", meta, durable=False).close()
+    assert main(["report", str(empty)]) == 2
+    assert capsys.readouterr().err == f"coevo: error: {empty}: the event log is empty\n"
+    out = tmp_path / "no" / "such" / "dir.html"
+    assert main(["report", str(runs[1]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"coevo: error: {out}: cannot write: No such file or directory\n"
+
+
+class _Dom(HTMLParser):
+    """Counts what a browser's DOM holds: headings, and the drawing elements of each svg."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headings: list[str] = []
+        self.svgs: list[int] = []
+        self.tbody = 0
+        self._in: str | None = None
+        self._depth = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "svg":
+            self.svgs.append(0)
+            self._depth += 1
+        elif self._depth and tag in ("path", "use", "rect", "text"):
+            self.svgs[-1] += 1
+        elif tag in ("h1", "h2"):
+            self._in = tag
+            self.headings.append("")
+        self.tbody += tag == "tbody"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg":
+            self._depth -= 1
+        elif tag == self._in:
+            self._in = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in:
+            self.headings[-1] += data
+
+
+def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+    ]
+    return subprocess.run(
+        [CHROMIUM, *flags, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_headless_chromium_renders_the_headings_and_the_plots(page: Path, tmp_path: Path) -> None:
+    dom = _Dom()
+    dom.feed(_chromium("--dump-dom", page.as_uri(), profile=tmp_path / "profile").stdout)
+    assert dom.tbody, "the DOM should be the browser's (it adds <tbody> to tables)"
+    assert dom.headings[0].startswith("coevo report: ")
+    assert [h.replace("'", "&#x27;") for h in dom.headings[1:]] == list(SECTIONS)
+    assert len(dom.svgs) == 5 and min(dom.svgs) > 20, dom.svgs
+    shot = tmp_path / "page.png"
+    _chromium(
+        f"--screenshot={shot}", "--window-size=1280,2600", page.as_uri(), profile=tmp_path / "p2"
+    )
+    from PIL import Image  # matplotlib's own dependency
+
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1280, 2600)
+    colors = image.getcolors(maxcolors=1 << 20)
+    assert colors is not None
+    blue = sum(n for n, (r, g, b) in colors if abs(r - 31) + abs(g - 119) + abs(b - 180) < 40)
+    ink = sum(n for n, rgb in colors if rgb != (255, 255, 255))
+    assert blue > 1000, "the first run's curves (tab:blue) should be drawn"
+    assert ink > 0.05 * 1280 * 2600, "the page should not be blank"

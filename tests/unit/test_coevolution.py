@@ -1,0 +1,158 @@
+"""The co-evolution fold (bank, retrievals, credit, extractor rewards) and the report's entry
+ledger, from hand-written event streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_curves import finished
+
+from agents.curves import fold_coevolution, rolling_mean
+from agents.extractor_events import (
+    CreditAssigned,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+)
+from agents.memory_events import TipEvicted, TipRejected, TipsRetrieved, TipStored
+from agents.report import block_size, fold_entries, fold_run, render
+from engine.events import Envelope, Event
+
+
+def stored(tip: int, call: str = "x1", slot: str = "train/heat", parents=()) -> TipStored:
+    return TipStored(
+        tip_id=tip,
+        slot=slot,
+        episode="",
+        text=f"tip {tip} <b>",
+        score=0.0,
+        key="k",
+        call=call,
+        parents=parents,
+    )
+
+
+def retrieved(tips: tuple[int, ...], slot: str = "train/heat") -> TipsRetrieved:
+    return TipsRetrieved(
+        episode="ep",
+        worker="w",
+        turn=0,
+        slot=slot,
+        tip_ids=tips,
+        similarities=(1.0,) * len(tips),
+        ranks=tuple(range(len(tips))),
+        tips=("t",) * len(tips),
+        similar=len(tips),
+        slot_size=3,
+    )
+
+
+def credit(entry: int, value: float, episode: str) -> CreditAssigned:
+    return CreditAssigned(
+        episode=episode, entry=entry, call="x1", success=value > 0, credit=value, step=0
+    )
+
+
+def called(call: str) -> ExtractorCalled:
+    return ExtractorCalled(
+        call=call,
+        task="extract",
+        source="ep000001",
+        slot="train/heat",
+        prompt_ids=(1,),
+        response_ids=(2,),
+        token_logps=(-0.1,),
+        text="t",
+        temperature=1.0,
+        extractor_version=0,
+        ops=(("add", (), "t"),),
+    )
+
+
+STREAM: list[Event] = [
+    called("x1"),
+    stored(0),
+    stored(1),
+    finished(0, True),
+    TipRejected(episode="", slot="train/heat", reason="duplicate", duplicate_of=0, call="x1"),
+    stored(9, slot="adapt0/heat/1"),  # an adaptation round's memory: not the training bank
+    retrieved((0,)),
+    retrieved((0, 1)),
+    retrieved((1,), slot="adapt0/heat/1"),
+    finished(1, False),
+    credit(0, 1.0, "ep1"),
+    credit(0, -1.0, "ep2"),
+    credit(1, -1.0, "ep3"),
+    ExtractorGradientRequested(
+        update=0,
+        step=0,
+        calls=("x1",),
+        rewards=(0.5, -0.5),
+        advantages=(1.0, -1.0),
+        weights=(1.0, 1.0),
+        credits=("ep1",),
+        lr=0.1,
+    ),
+    ExtractorUpdated(
+        extractor_version=1,
+        update=0,
+        samples=1,
+        loss=0.25,
+        grad_norm=1.0,
+        clip_frac=0.0,
+        digest="d",
+        checkpoint="extractor/v000001",
+        seconds=0.1,
+    ),
+    TipEvicted(tip_id=1, slot="train/heat", reason="merge"),
+    stored(2, parents=(1,)),
+]
+
+
+def test_the_fold_follows_the_training_bank_only() -> None:
+    c = fold_coevolution(STREAM)
+    assert c.bank == [(0, 1), (0, 2), (2, 1), (2, 2)]
+    assert c.bank_ops == [
+        (0, "stored"),
+        (0, "stored"),
+        (1, "rejected:duplicate"),
+        (2, "evicted:merge"),
+        (2, "stored"),
+    ]
+    assert c.retrievals == [(1, 1, 3), (1, 2, 3)]
+    assert c.credits == [(2, 1.0), (2, -1.0), (2, -1.0)]
+    assert c.extractor == [(2, 0.0, 0.25, 1)]
+    assert (c.calls, c.updates, c.trained, c.ops["add"]) == (1, 1, 1, 1)
+
+
+def test_entries_gather_what_the_log_says_of_each() -> None:
+    envs = [Envelope(seq=i, run="r", t=0, actor="a", event=ev) for i, ev in enumerate(STREAM)]
+    entries, calls = fold_entries(envs)
+    assert sorted(entries) == [0, 1, 2]  # tip 9 lives in an adaptation memory
+    assert entries[0].credits == [("ep1", 1.0), ("ep2", -1.0)] and entries[0].total == 0.0
+    assert entries[0].retrieved == 2 and entries[1].retrieved == 1
+    assert entries[1].fate == "merge" and entries[2].parents == (1,)
+    assert calls["x1"].seq == 0 and calls["x1"].source == "ep000001"
+
+
+def test_rolling_mean() -> None:
+    assert rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    with pytest.raises(ValueError, match="window"):
+        rolling_mean([1.0], 0)
+
+
+def test_block_size_shrinks_for_short_runs() -> None:
+    assert [block_size(n) for n in (0, 25, 320, 1024, 100_000)] == [1, 2, 32, 64, 64]
+
+
+def test_a_page_escapes_entry_text_and_links_parents_shown(tmp_path: Path) -> None:
+    envs = [Envelope(seq=i, run="r", t=0, actor="a", event=ev) for i, ev in enumerate(STREAM)]
+    envs.append(Envelope(seq=len(envs), run="r", t=0, actor="a", event=credit(2, 1.0, "ep4")))
+    envs.append(Envelope(seq=len(envs), run="r", t=0, actor="a", event=credit(1, 1.0, "ep5")))
+    page = render([fold_run("one", tmp_path, envs)])
+    assert render([fold_run("one", tmp_path, envs)]) == page  # the same log, the same bytes
+    assert "tip 2 &lt;b&gt;" in page and "tip 2 <b>" not in page
+    assert 'id="r0-tip2"' in page and 'id="r0-tip1"' not in page  # 1's credits sum to 0
+    assert "<dt>parents</dt><dd>#1</dd>" in page  # not shown, so not a link
+    assert "no run_stopped yet (still running, or killed)" in page
