@@ -45,18 +45,10 @@ import torch
 from agents.embedded import (
     EmbeddedSpec,
     Episode,
-    Progress,
-    Sample,
     cache_key,
-    cached_build,
-    check_schedule,
     decode_response,
-    default_cache_root,
-    encode_prompts,
     play_mix,
-    reflection_steps,
     split_train,
-    train,
 )
 from agents.extraction import (
     SHOWN_ID,
@@ -67,6 +59,16 @@ from agents.extraction import (
     shown_ids,
 )
 from agents.policy import generate
+from agents.pretrain import (
+    Progress,
+    Sample,
+    cached_build,
+    check_schedule,
+    default_cache_root,
+    encode_prompts,
+    reflection_steps,
+    train,
+)
 from agents.prompts import encode_response
 from agents.scripted import hindsight_note
 from scenarios.worlds.registry import load_world
@@ -420,7 +422,7 @@ def ensure_extractor_base(
         base_dir: the embedded base model built from ``base``.
         base: its spec (the world, and which train variants are held back).
         spec: the operation stage (default :class:`OpsSpec`).
-        cache_root: the cache (default :func:`agents.embedded.default_cache_root`).
+        cache_root: the cache (default :func:`agents.pretrain.default_cache_root`).
         threads, progress: as for :func:`agents.embedded.ensure_embedded`.
 
     Raises:

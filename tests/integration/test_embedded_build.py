@@ -16,14 +16,16 @@ import agents.embedded as embedded
 from agents.embedded import (
     REQUIRED_FILES,
     EmbeddedSpec,
-    Sample,
     cache_key,
-    collate,
     ensure_embedded,
-    next_token_losses,
     split_words,
 )
 from agents.policy import score_and_choose
+from agents.pretrain import (
+    Sample,
+    collate,
+    next_token_losses,
+)
 from agents.prompts import encode_prompt, encode_response, turn_messages
 
 TINY = EmbeddedSpec(

@@ -11,30 +11,32 @@ import pytest
 import torch
 
 from agents.embedded import (
-    BUCKET,
     SPECIAL_TOKENS,
     EmbeddedSpec,
     Episode,
-    batch_plan,
     build_tokenizer,
     cache_key,
-    collate,
     decode_response,
-    encode_prompts,
     episode_texts,
-    lr_at,
     make_samples,
     play,
     pretrain_episodes,
-    pretrain_loss,
     prompt_texts,
     reflection_conversation,
-    reflection_steps,
     split_train,
     split_words,
     step_kinds,
     turn_conversations,
     word_pieces,
+)
+from agents.pretrain import (
+    BUCKET,
+    batch_plan,
+    collate,
+    encode_prompts,
+    lr_at,
+    pretrain_loss,
+    reflection_steps,
 )
 from agents.prompts import encode_prompt, encode_response, reflection_messages, turn_messages
 from agents.scripted import hindsight_note, parse_note
