@@ -20,12 +20,20 @@ from typing import Any
 
 import torch
 
-from agents.episode_events import EpisodeAborted, EpisodeFinished
+from agents.episode_events import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
 from agents.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.policy import chosen_action_logps, response_logps
 from agents.policy_events import ActionSampled, GradientRequested, PolicyUpdated
 from engine.actor import Actor, Context
-from stores.checkpoints import Checkpoints, param_digest
+from engine.errors import ModelUnavailable, ResumeDiverged
+from engine.events import Envelope, Event
+from stores.checkpoints import (
+    Checkpoints,
+    load_weights,
+    optimizer_tensors,
+    param_digest,
+    restore_optimizer,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,55 +209,103 @@ def _one_step(
 class Learner(Actor):
     """Trains on requested episodes and publishes each new version as a checkpoint.
 
+    Each checkpoint holds the optimiser's state too, so a resumed run (:meth:`recover`)
+    continues from the newest version the log names with the moments it had.
+
     Args:
         load: builds the :class:`Trainee` (called in a worker thread at start).
         checkpoints: where new versions are written.
     """
 
-    subscribes = (ActionSampled, EpisodeFinished, EpisodeAborted, GradientRequested)
+    subscribes = (
+        ActionSampled,
+        EpisodeFinished,
+        EpisodeAborted,
+        EpisodeAbandoned,
+        GradientRequested,
+        PolicyUpdated,
+    )
 
     def __init__(self, load: Callable[[], Trainee], checkpoints: Checkpoints) -> None:
         self._load = load
         self._checkpoints = checkpoints
+        self._turns: dict[str, list[ActionSampled]] = {}
+        self._ended: set[str] = set()
+        self._version = 0
+        self._committed = 0  # the newest version whose PolicyUpdated came back from the log
+        self._backlog: list[GradientRequested] = []  # requests a resumed run still owes
+        self._trainee: Trainee | None = None
 
     async def run(self, ctx: Context) -> None:
-        trainee = await ctx.to_thread(self._load)
-        turns: dict[str, list[ActionSampled]] = {}
-        ended: set[str] = set()
-        version = 0
+        trainee = self._trainee or await ctx.to_thread(self._load)
+        for req in self._backlog:
+            await self._update(ctx, trainee, req)
+        self._backlog.clear()
         async for env in ctx.events():
-            ev = env.event
-            if isinstance(ev, ActionSampled):
-                turns.setdefault(ev.episode, []).append(ev)
-            elif isinstance(ev, EpisodeFinished | EpisodeAborted):
-                if ev.purpose != "train" or isinstance(ev, EpisodeAborted):
-                    turns.pop(ev.episode, None)  # never trained on
-                else:
-                    ended.add(ev.episode)
+            if isinstance(env.event, GradientRequested):
+                await self._update(ctx, trainee, env.event)
             else:
-                assert isinstance(ev, GradientRequested)
-                samples, stale = _collect(ev, turns, ended, version)
-                version = await self._update(ctx, trainee, ev, samples, stale, version)
+                self._fold(env.event)
 
-    async def _update(
-        self,
-        ctx: Context,
-        trainee: Trainee,
-        req: GradientRequested,
-        samples: list[Sample],
-        stale: int,
-        version: int,
-    ) -> int:
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Fold the log's samples and requests, load the newest version it names (weights and
+        optimiser), and keep the requests no :class:`PolicyUpdated` answered for :meth:`run`.
+
+        Raises:
+            ResumeDiverged: the newest checkpoint the log names is missing.
+        """
+        done = {env.event.update for env in history if isinstance(env.event, PolicyUpdated)}
+        latest: PolicyUpdated | None = None
+        for env in history:
+            ev = env.event
+            if isinstance(ev, GradientRequested):
+                if ev.update in done:
+                    _collect(ev, self._turns, self._ended, self._version)
+                else:
+                    self._backlog.append(ev)
+            elif isinstance(ev, PolicyUpdated):
+                latest = ev
+                self._version = self._committed = ev.policy_version
+            else:
+                self._fold(ev)
+        trainee = await ctx.to_thread(self._load)
+        if latest is not None:
+            try:
+                await ctx.to_thread(self._restore, trainee, latest.checkpoint)
+            except ModelUnavailable as exc:
+                raise ResumeDiverged(f"the learner cannot resume: {exc}") from None
+            ctx.log.info("learner resumed", version=latest.policy_version)
+        self._trainee = trainee
+
+    def _restore(self, trainee: Trainee, checkpoint: str) -> None:
+        load_weights(trainee.model, self._checkpoints.load(checkpoint))
+        state = self._checkpoints.load_optimizer(checkpoint)
+        if state is not None:
+            restore_optimizer(trainee.model, trainee.optimiser(0.0), state)
+
+    def _fold(self, ev: Event) -> None:
+        """Keep training turns until a request takes them; forget the rest."""
+        if isinstance(ev, ActionSampled):
+            self._turns.setdefault(ev.episode, []).append(ev)
+        elif isinstance(ev, EpisodeFinished) and ev.purpose == "train":
+            self._ended.add(ev.episode)
+        elif isinstance(ev, EpisodeFinished | EpisodeAborted | EpisodeAbandoned):
+            self._turns.pop(ev.episode, None)  # never trained on (or re-run from scratch)
+        elif isinstance(ev, PolicyUpdated):
+            self._committed = ev.policy_version
+
+    async def _update(self, ctx: Context, trainee: Trainee, req: GradientRequested) -> None:
         start = time.perf_counter()
+        samples, stale = _collect(req, self._turns, self._ended, self._version)
+        version = self._version + 1
         seed = ctx.rng("update", req.update).getrandbits(63)
         stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed)
-        name = await ctx.to_thread(
-            self._checkpoints.save, version + 1, trainee.model, trainee.tokenizer
-        )
+        name = await ctx.to_thread(self._save, trainee, version, req.lr)
         digest = await ctx.to_thread(param_digest, trainee.model)
+        self._version = version
         await ctx.emit(
             PolicyUpdated(
-                policy_version=version + 1,
+                policy_version=version,
                 update=req.update,
                 samples=stats.samples,
                 stale=stale,
@@ -264,7 +320,14 @@ class Learner(Actor):
                 seconds=time.perf_counter() - start,
             )
         )
-        return version + 1
+
+    def _save(self, trainee: Trainee, version: int, lr: float) -> str:
+        """Write ``version`` with the optimiser's state; keep every version the log may still
+        name as its newest (blocking)."""
+        moments = optimizer_tensors(trainee.model, trainee.optimiser(lr))
+        return self._checkpoints.save(
+            version, trainee.model, trainee.tokenizer, moments, protect_from=self._committed
+        )
 
 
 def _collect(
