@@ -9,7 +9,7 @@ ENVS_STAMP := $(VENV)/.installed-envs
 SCENARIO ?= scenarios/quickstart.toml
 PYTEST_ARGS ?=
 
-.PHONY: install install-envs run test test-slow lint format bench results model clean
+.PHONY: install install-envs run test test-slow test-faults lint format bench results model clean
 
 install: $(STAMP)
 
@@ -35,6 +35,11 @@ test: install
 
 test-slow: install
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+# fault injection: runs killed (SIGKILL) or stopped (SIGINT) at random points and resumed, the
+# slow sweeps included (several minutes)
+test-faults: install
+	$(BIN)/pytest tests/faults -m '' -s $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

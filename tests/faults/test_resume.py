@@ -89,6 +89,7 @@ def check_resumed(
     assert comparable(final) == comparable(reference)
 
 
+@pytest.mark.slow
 def test_uninterrupted_runs_are_deterministic(root: Path, reference: list[Envelope[Event]]) -> None:
     """The premise of the comparison: the same scenario run twice gives the same events (as
     a multiset: the interleaving of actors depends on timing) and the same digest."""
@@ -124,3 +125,32 @@ def test_resume_of_a_completed_run_or_of_no_run_is_one_line_and_exit_2(
     assert main(["resume", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a coevo run directory" in err
+
+
+SWEEP_KILLS = 20
+
+
+@pytest.mark.slow
+def test_sweep_of_random_kills_each_resumed(
+    root: Path, reference: list[Envelope[Event]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At least ``SWEEP_KILLS`` stops at random points (1 in 5 a SIGINT, the others SIGKILL,
+    many during a resume's own start), in chains of resumes until each run completes."""
+    rng = random.Random(20)
+    n = len(reference)
+    survived = chains = 0
+    while survived < SWEEP_KILLS:
+        kills: list[tuple[int, int]] = []
+        at = 0
+        while at < n:
+            at += rng.randrange(20, n // 8)
+            sig = signal.SIGINT if rng.random() < 0.2 else signal.SIGKILL
+            kills.append((sig, at))
+        name = f"sweep{chains}"
+        final, after = interrupted_run(root, name, kills)
+        check_resumed(root / name, final, after, reference)
+        survived += len(after)
+        chains += 1
+        with capsys.disabled():
+            abandoned = sum(isinstance(env.event, EpisodeAbandoned) for env in final)
+            print(f"\nchain {name}: {len(after)} stops survived, {abandoned} episodes abandoned")
