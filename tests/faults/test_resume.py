@@ -131,6 +131,7 @@ SWEEP_KILLS = 20
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_sweep_of_random_kills_each_resumed(
     root: Path, reference: list[Envelope[Event]], capsys: pytest.CaptureFixture[str]
 ) -> None:
