@@ -36,11 +36,13 @@ test: install
 test-slow: install
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
 
-# the exhaustive fault and bad-input sweeps (docs/RELIABILITY.md): every page of a log
-# overwritten or cut, every record flipped, and the scenario fuzz with ten times its cases
+# the fault and bad-input sweeps (docs/RELIABILITY.md): every page of a log overwritten or cut,
+# every record flipped, the scenario fuzz with ten times its cases, and runs killed (SIGKILL) or
+# stopped (SIGINT) at random points and resumed (the slow sweeps included; tens of minutes)
 test-faults: install
 	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 	COEVO_FUZZ_SCALE=10 $(BIN)/pytest tests/property/test_scenario_fuzz.py $(PYTEST_ARGS)
+	$(BIN)/pytest tests/faults -m '' -s $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

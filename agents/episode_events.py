@@ -1,7 +1,9 @@
 """Episode events: what env workers and the scheduler record about episodes.
 
 An episode is planned (``EpisodeAssigned``, by the scheduler), begins (``EpisodeStarted``),
-advances one turn per ``StepTaken`` and ends with ``EpisodeFinished`` or ``EpisodeAborted``.
+advances one turn per ``StepTaken`` and ends with ``EpisodeFinished`` or ``EpisodeAborted``. A
+resumed run records the episodes its previous session left running as ``EpisodeAbandoned`` and
+assigns them again (same id, same seed).
 Every field is data the world or the agent produced, so replay folds these events and never
 re-runs a world.
 """
@@ -89,4 +91,15 @@ class EpisodeAborted(Event, tag="episode_aborted", frozen=True, kw_only=True):
     episode: str
     worker: str
     reason: str
+    purpose: str = "train"
+
+
+@event
+class EpisodeAbandoned(Event, tag="episode_abandoned", frozen=True, kw_only=True):
+    """The run stopped (or was killed) while the episode was running; ``coevo resume`` drops
+    what its attempt recorded (turns, samples) and assigns it again with the same id and seed.
+    Unlike :class:`EpisodeAborted`, the episode is not over: it is re-run."""
+
+    episode: str
+    worker: str
     purpose: str = "train"

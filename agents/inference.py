@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import msgspec
 import torch
 
+from agents.episode_events import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
 from agents.memory_events import ReflectionRequested, TipProposed
 from agents.policy import generate, score_and_choose
 from agents.policy_events import ActionRequested, ActionSampled, PolicyUpdated
@@ -278,9 +279,35 @@ class InferenceActor(Actor):
         self._batch_max = batch_max
         self._batch_wait = batch_wait
         self.batches: list[int] = []  # sizes, for statistics
+        self._runner: PolicyRunner | None = None
+        self._owed: list[Envelope[Event]] = []  # a resumed run's unanswered reflections
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Load the newest policy version the log names, and owe an answer to each reflection
+        of a finished episode that has none (an action request without its answer belongs to
+        an episode the resumed run abandons and re-runs)."""
+        latest: PolicyUpdated | None = None
+        asked: dict[str, Envelope[Event]] = {}
+        for env in history:
+            ev = env.event
+            if isinstance(ev, PolicyUpdated):
+                latest = ev
+            elif isinstance(ev, ReflectionRequested):
+                asked[ev.episode] = env
+            elif isinstance(ev, TipProposed | EpisodeAbandoned | EpisodeAborted):
+                asked.pop(ev.episode, None)
+        finished = {env.event.episode for env in history if isinstance(env.event, EpisodeFinished)}
+        self._owed = [env for episode, env in asked.items() if episode in finished]
+        runner = await ctx.to_thread(self._load)
+        if latest is not None:
+            await self._update(ctx, runner, latest)
+        self._runner = runner
 
     async def run(self, ctx: Context) -> None:
-        runner = await ctx.to_thread(self._load)
+        runner = self._runner or await ctx.to_thread(self._load)
+        if self._owed:
+            await self._answer(ctx, runner, self._owed)
+            self._owed = []
         inbox = ctx.events()
         pending: Envelope[Event] | None = None
         while True:

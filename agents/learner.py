@@ -20,14 +20,21 @@ from typing import Any
 
 import torch
 
-from agents.episode_events import EpisodeAborted, EpisodeFinished
+from agents.episode_events import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
 from agents.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.policy import chosen_action_logps, response_logps
 from agents.policy_events import ActionSampled, GradientRequested, PolicyUpdated
 from engine.actor import Actor, Context
-from engine.events import Event
+from engine.errors import ModelUnavailable, ResumeDiverged
+from engine.events import Envelope, Event
 from engine.seeds import derive_rng
-from stores.checkpoints import Checkpoints, param_digest
+from stores.checkpoints import (
+    Checkpoints,
+    load_weights,
+    optimizer_tensors,
+    param_digest,
+    restore_optimizer,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,47 +210,91 @@ def _one_step(
 class Learner(Actor):
     """Trains on requested episodes and publishes each new version as a checkpoint.
 
+    Each checkpoint holds the optimiser's state too, so a resumed run (:meth:`recover`)
+    continues from the newest version the log names with the moments it had.
+
     Args:
         load: builds the :class:`Trainee` (called in a worker thread at start).
         checkpoints: where new versions are written.
     """
 
-    subscribes = (ActionSampled, EpisodeFinished, EpisodeAborted, GradientRequested)
+    subscribes = (
+        ActionSampled,
+        EpisodeFinished,
+        EpisodeAborted,
+        EpisodeAbandoned,
+        GradientRequested,
+        PolicyUpdated,
+    )
 
     def __init__(self, load: Callable[[], Trainee], checkpoints: Checkpoints) -> None:
         self._load = load
         self._checkpoints = checkpoints
+        self._buffer = SampleBuffer()
+        self._committed = 0  # the newest version whose PolicyUpdated came back from the log
+        self._backlog: list[GradientRequested] = []  # requests a resumed run still owes
+        self._trainee: Trainee | None = None
+        self._parent = ""  # the digest the next update starts from
 
     async def run(self, ctx: Context) -> None:
-        trainee = await ctx.to_thread(self._load)
-        parent = await ctx.to_thread(param_digest, trainee.model)
-        buffer = SampleBuffer()
+        trainee = self._trainee or await ctx.to_thread(self._load)
+        if not self._parent:
+            self._parent = await ctx.to_thread(param_digest, trainee.model)
+        for req in self._backlog:
+            await self._update(ctx, trainee, req)
+        self._backlog.clear()
         async for env in ctx.events():
-            req = buffer.observe(env.event)
+            if isinstance(env.event, PolicyUpdated):
+                self._committed = env.event.policy_version
+            req = self._buffer.observe(env.event)
             if req is not None:
-                samples, stale = buffer.collect(req)
-                parent = await self._update(ctx, trainee, req, samples, stale, buffer, parent)
+                await self._update(ctx, trainee, req)
 
-    async def _update(
-        self,
-        ctx: Context,
-        trainee: Trainee,
-        req: GradientRequested,
-        samples: list[Sample],
-        stale: int,
-        buffer: SampleBuffer,
-        parent: str,
-    ) -> str:
-        """Train, save and announce the next version; returns its digest."""
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Fold the log's samples and requests, load the newest version it names (weights and
+        optimiser), and keep the requests no :class:`PolicyUpdated` answered for :meth:`run`.
+
+        Raises:
+            ResumeDiverged: the newest checkpoint the log names is missing.
+        """
+        done = {env.event.update for env in history if isinstance(env.event, PolicyUpdated)}
+        latest: PolicyUpdated | None = None
+        for env in history:
+            ev = env.event
+            req = self._buffer.observe(ev)
+            if req is not None and req.update in done:
+                self._buffer.collect(req)
+            elif req is not None:
+                self._backlog.append(req)
+            elif isinstance(ev, PolicyUpdated):
+                latest = ev
+                self._buffer.version = self._committed = ev.policy_version
+        trainee = await ctx.to_thread(self._load)
+        if latest is not None:
+            try:
+                await ctx.to_thread(self._restore, trainee, latest.checkpoint)
+            except ModelUnavailable as exc:
+                raise ResumeDiverged(f"the learner cannot resume: {exc}") from None
+            self._parent = latest.digest
+            ctx.log.info("learner resumed", version=latest.policy_version)
+        self._trainee = trainee
+
+    def _restore(self, trainee: Trainee, checkpoint: str) -> None:
+        load_weights(trainee.model, self._checkpoints.load(checkpoint))
+        state = self._checkpoints.load_optimizer(checkpoint)
+        if state is not None:
+            restore_optimizer(trainee.model, trainee.optimiser(0.0), state)
+
+    async def _update(self, ctx: Context, trainee: Trainee, req: GradientRequested) -> None:
+        """Train, save and announce the next version."""
         start = time.perf_counter()
+        samples, stale = self._buffer.collect(req)
+        version = self._buffer.version + 1
         seed = update_seed(ctx.run_seed, req.update)
         stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed)
-        buffer.version += 1
-        version = buffer.version
-        name = await ctx.to_thread(
-            self._checkpoints.save, version, trainee.model, trainee.tokenizer
-        )
+        name = await ctx.to_thread(self._save, trainee, version, req.lr)
         digest = await ctx.to_thread(param_digest, trainee.model)
+        self._buffer.version = version
         await ctx.emit(
             PolicyUpdated(
                 policy_version=version,
@@ -260,10 +311,18 @@ class Learner(Actor):
                 checkpoint=name,
                 seconds=time.perf_counter() - start,
                 seed=seed,
-                parent_digest=parent,
+                parent_digest=self._parent,
             )
         )
-        return digest
+        self._parent = digest
+
+    def _save(self, trainee: Trainee, version: int, lr: float) -> str:
+        """Write ``version`` with the optimiser's state; keep every version the log may still
+        name as its newest (blocking)."""
+        moments = optimizer_tensors(trainee.model, trainee.optimiser(lr))
+        return self._checkpoints.save(
+            version, trainee.model, trainee.tokenizer, moments, protect_from=self._committed
+        )
 
 
 def update_seed(run_seed: int, update: int) -> int:
@@ -295,6 +354,8 @@ class SampleBuffer:
                 self.turns.pop(ev.episode, None)  # never trained on
             else:
                 self.ended.add(ev.episode)
+        elif isinstance(ev, EpisodeAbandoned):
+            self.turns.pop(ev.episode, None)  # a resumed run plays it again from the start
         elif isinstance(ev, GradientRequested):
             return ev
         return None

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from agents.episode_events import (
+    EpisodeAbandoned,
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
@@ -128,10 +129,18 @@ def _abort(state: EpisodeTableState, ev: EpisodeAborted, seq: int) -> None:
     state.families.setdefault(row.family, FamilyRow()).aborted += 1
 
 
+def _abandon(state: EpisodeTableState, ev: EpisodeAbandoned, seq: int) -> None:
+    """A resumed run re-runs the episode; its row says so until it is assigned again."""
+    row = state.episodes.get(ev.episode)
+    if row is not None and row.status in ("assigned", "running"):
+        row.status = "abandoned"
+
+
 _HANDLERS: dict[type[Event], Callable[[EpisodeTableState, Any, int], None]] = {
     StepTaken: _step,
     EpisodeAssigned: _assign,
     EpisodeStarted: _start,
     EpisodeFinished: _finish,
     EpisodeAborted: _abort,
+    EpisodeAbandoned: _abandon,
 }

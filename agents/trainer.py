@@ -24,12 +24,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, cast
 
 import msgspec
 
 from agents.advantages import group_advantages, group_stats, subgroup_advantages, subgroup_weights
 from agents.empo2 import intrinsic_reward, rollout_of
-from agents.episode_events import EpisodeAborted, EpisodeAssigned, EpisodeFinished
+from agents.episode_events import (
+    EpisodeAbandoned,
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+)
 from agents.extractor_events import MergeDue
 from agents.memory_events import TipRejected, TipsRetrieved, TipStored, slot_of
 from agents.policy_events import (
@@ -42,11 +48,55 @@ from agents.policy_events import (
 )
 from agents.scheduler import episode_id, plan_episode
 from engine.actor import Actor, Context
+from engine.errors import ResumeDiverged
+from engine.events import Envelope, Event
+from engine.lifecycle import RunResumed
 from engine.seeds import derive_seed
 from scenarios.schema import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from scenarios.worlds.base import Task
 
 ADV_EPS = 1e-6
+
+_Emitted = tuple[Event, str, int | None]
+"""An event the trainer emitted, with its correlation id and cause."""
+
+
+class _Replay:
+    """The context the trainer is replayed in (``coevo resume``): it records what the
+    trainer emits instead of queuing it."""
+
+    def __init__(self, run_seed: int) -> None:
+        self.run_seed = run_seed
+        self.current: Envelope[Event] | None = None
+        self.emitted: list[_Emitted] = []
+
+    async def emit(
+        self, ev: Event, *, corr: str | None = None, cause: int | Literal[False] | None = False
+    ) -> None:
+        env = self.current
+        if cause is False:
+            cause = env.seq if env is not None else None
+        if corr is None:
+            corr = env.corr if env is not None else ""
+        self.emitted.append((ev, corr, cause))
+
+    def settle(self, logged: list[Event]) -> list[_Emitted]:
+        """Check that the replay emitted ``logged`` first; return (and forget) the rest.
+
+        Raises:
+            ResumeDiverged: the replay emitted something else.
+        """
+        head = [ev for ev, _, _ in self.emitted[: len(logged)]]
+        if head != logged:
+            pairs = enumerate(zip(head, logged, strict=False))
+            at = next((i for i, (a, b) in pairs if a != b), len(head))
+            raise ResumeDiverged(
+                f"the trainer's replay emits {head[at] if at < len(head) else 'nothing'!r} "
+                f"where the log has {logged[at]!r} (its event {at})"
+            )
+        tail = self.emitted[len(logged) :]
+        del self.emitted[len(logged) :]
+        return tail
 
 
 @dataclass
@@ -207,6 +257,9 @@ class GrpoTrainer(Actor):
         self._stepped = 0  # steps whose groups all ended (warm-up included)
         self._version = 0
         self._round = 0
+        self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
+        self._done = False
+        self._tail: list[_Emitted] | None = None  # set by recover: what the log lacks
 
     @property
     def updates(self) -> int:
@@ -214,31 +267,92 @@ class GrpoTrainer(Actor):
         return self._updates
 
     async def run(self, ctx: Context) -> None:
+        if self._tail is None:
+            await self._begin(ctx)
+        else:
+            await self._resume(ctx, self._tail)
+        if self._done or self._finished():
+            return
+        async for env in ctx.events():
+            if await self._handle(ctx, env.event):
+                return
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Replay the trainer on the log's events: it plans and decides as it did, which must
+        give what it logged (else :class:`ResumeDiverged`); what it would have emitted beyond
+        the log is kept for :meth:`run`, which resumes (:meth:`_resume`) before going on.
+        Each earlier resume in ``history`` is replayed too."""
+        replay = _Replay(ctx.run_seed)
+        rctx = cast(Context, replay)
+        logged = [env for env in history if env.actor == ctx.name]
+        await self._begin(rctx)
+        for env in history:
+            ev = env.event
+            if isinstance(ev, RunResumed):
+                n = sum(1 for e in logged if e.seq < env.seq)
+                tail = replay.settle([e.event for e in logged[:n]])
+                await self._resume(rctx, tail)
+            elif isinstance(ev, self.subscribes) and not self._done:
+                replay.current = env
+                self._done = await self._handle(rctx, ev)
+                replay.current = None
+        self._tail = replay.settle([e.event for e in logged])
+
+    async def _begin(self, ctx: Context) -> None:
         self._free = list(self._workers)
         if self._eval_tasks:
             await self._start_round(ctx)
         await self._fill(ctx)
-        async for env in ctx.events():
-            ev = env.event
-            if isinstance(ev, PolicyUpdated):
-                self._version = ev.policy_version
-                if self._eval_tasks and (
-                    ev.policy_version % self._eval.every == 0 or ev.policy_version == self._updates
-                ):
-                    await self._start_round(ctx)
-            elif isinstance(ev, TipsRetrieved):
-                if ev.episode in self._similar:
-                    self._similar[ev.episode].append(ev.similar)
-            elif isinstance(ev, TipStored | TipRejected):
-                if ev.episode in self._adapts:
-                    await self._adapt_tip(ctx, ev.episode)
+
+    async def _handle(self, ctx: Context, ev: Event) -> bool:
+        """React to one event; True when the run's work is done."""
+        if isinstance(ev, PolicyUpdated):
+            self._version = ev.policy_version
+            if self._eval_tasks and (
+                ev.policy_version % self._eval.every == 0 or ev.policy_version == self._updates
+            ):
+                await self._start_round(ctx)
+        elif isinstance(ev, TipsRetrieved):
+            if ev.episode in self._similar:
+                self._similar[ev.episode].append(ev.similar)
+        elif isinstance(ev, TipStored | TipRejected):
+            if ev.episode in self._adapts:
+                await self._adapt_tip(ctx, ev.episode)
+        else:
+            assert isinstance(ev, EpisodeFinished | EpisodeAborted)
+            self._running.pop(ev.episode, None)
+            self._free.append(ev.worker)
+            await self._ended(ctx, ev)
+        if self._finished():
+            return True
+        await self._fill(ctx)
+        return False
+
+    async def _resume(self, ctx: Context, tail: list[_Emitted]) -> None:
+        """Continue after the log's end: emit what the replay decided beyond it (assignments
+        excepted: they never reached a worker), record every episode left running as
+        :class:`EpisodeAbandoned`, and queue them all again (same id and seed) ahead of the
+        rest, on workers that are all free."""
+        unlogged = set[str]()
+        for ev, corr, cause in tail:
+            if isinstance(ev, EpisodeAssigned):
+                unlogged.add(ev.episode)
             else:
-                assert isinstance(ev, EpisodeFinished | EpisodeAborted)
-                self._free.append(ev.worker)
-                await self._ended(ctx, ev)
-            if self._finished():
-                return
-            await self._fill(ctx)
+                await ctx.emit(ev, corr=corr, cause=cause)
+        again = sorted(self._running.values(), key=lambda job: job.index)
+        for job in again:
+            if job.episode not in unlogged:
+                await ctx.emit(
+                    EpisodeAbandoned(episode=job.episode, worker=job.worker, purpose=job.purpose),
+                    corr=job.episode,
+                    cause=None,
+                )
+            if job.episode in self._similar:
+                self._similar[job.episode] = []
+        self._running.clear()
+        self._queue.extendleft(msgspec.structs.replace(j, worker="") for j in reversed(again))
+        self._free = list(self._workers)
+        await self._fill(ctx)
 
     def _finished(self) -> bool:
         return (
@@ -260,7 +374,9 @@ class GrpoTrainer(Actor):
         while self._queue and self._free:
             job = self._queue.popleft()
             worker = self._free.pop(0)
-            await ctx.emit(msgspec.structs.replace(job, worker=worker), corr=job.episode)
+            assigned = msgspec.structs.replace(job, worker=worker)
+            self._running[job.episode] = assigned
+            await ctx.emit(assigned, corr=job.episode)
 
     def _plan_group(self, ctx: Context) -> None:
         g = self._planned
@@ -510,7 +626,8 @@ class GrpoTrainer(Actor):
         episodes: list[str] = []
         advantages: list[float] = []
         rollouts: list[str] = []
-        for eps, advs, rolls in self._pending.values():
+        for gid in sorted(self._pending):  # group order, not completion order
+            eps, advs, rolls = self._pending[gid]
             episodes += eps
             advantages += advs
             rollouts += rolls

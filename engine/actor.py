@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -34,6 +34,15 @@ class Actor(abc.ABC):
     @abc.abstractmethod
     async def run(self, ctx: Context) -> None:
         """The actor's life. Returning ends the actor (and the run, for the driver)."""
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:  # noqa: B027
+        """Rebuild the state a resumed run's actor had (``coevo resume``), before :meth:`run`.
+
+        Called once, on the first start of a resumed run. ``history`` is every event the
+        earlier sessions committed, in seq order; each earlier resume begins with a
+        ``RunResumed``. The default keeps nothing: actors with state worth keeping override
+        it (and may emit what the log lacks once :meth:`run` starts).
+        """
 
 
 @dataclass(frozen=True)

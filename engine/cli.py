@@ -1,5 +1,5 @@
-"""The ``coevo`` command line: validate, run, replay (and re-execute updates), report, list
-events.
+"""The ``coevo`` command line: validate, run, resume, replay (and re-execute updates), report,
+audit and list events.
 
 Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
 exit code (2 for bad input); never a traceback.
@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("resume", help="continue a stopped, failed or killed run from its log")
+    p.add_argument("run")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("replay", help="rebuild state from a run's log, or verify it")
     p.add_argument("run")
@@ -138,10 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool) -> int:
-    from engine.console import RunProgress, actors_table, families_table
     from engine.lifecycle import RunStarted
-    from engine.logsetup import close_logging, configure_logging
-    from engine.runtime import Runtime
     from scenarios.assemble import assemble
     from scenarios.loader import resolved_toml, scenario_hash
     from stores.eventlog import new_run_meta
@@ -149,7 +151,6 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
 
     text = resolved_toml(scenario)
     digest = scenario_hash(text)
-    console = Console(stderr=True, quiet=quiet)
     assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
     version = _version()
     meta = new_run_meta(
@@ -183,6 +184,26 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
     except OSError as exc:
         log.close()
         raise _InputError(f"{rd.scenario}: cannot write: {exc.strerror}") from None
+    return _drive(scenario, assembly, log, rd, started, quiet=quiet)
+
+
+def _drive(
+    scenario: Any,
+    assembly: Any,
+    log: Any,
+    rd: RunDir,
+    started: Any,
+    *,
+    quiet: bool,
+    resumed: Any = None,
+    history: Sequence[Any] = (),
+) -> int:
+    """Run the assembled actors over ``log`` (new or resumed), then print the summary."""
+    from engine.console import RunProgress, actors_table, families_table
+    from engine.logsetup import close_logging, configure_logging
+    from engine.runtime import Runtime
+
+    console = Console(stderr=True, quiet=quiet)
     configure_logging(console, scenario.logging.level, rd.structlog)
     progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
     runtime = Runtime(
@@ -193,8 +214,12 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
         seed=scenario.seed,
         config=assembly.config,
         observers=[progress.observe],
+        resumed=resumed,
+        history=history,
     )
-    console.print(f"run {run_id}: {scenario.name} -> {rd.root}")
+    run_id = started.run_id
+    verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
+    console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
         with progress:
             outcome = trio.run(runtime.run)
@@ -216,6 +241,55 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
         f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")
     )
     return outcome.exit_code
+
+
+RESUMABLE = ("grpo",)
+"""The methods whose every actor rebuilds its state on resume."""
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from engine.errors import NothingToResume
+    from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
+    from scenarios.assemble import assemble
+    from scenarios.loader import parse_toml, to_scenario
+    from stores.lmdb_log import LmdbEventLog
+
+    rd = find_run(args.run)
+    reader = _open_run(args.run)
+    try:
+        meta = reader.read_meta()
+        history = list(reader.read(0, None))
+    finally:
+        reader.close()
+    if meta is None or not history:
+        raise RunNotFound(f"{args.run}: the run's log is empty; nothing to resume")
+    last = history[-1]
+    if isinstance(last.event, RunStopped) and last.event.reason == "completed":
+        raise NothingToResume(
+            f"{args.run}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
+        )
+    source = f"{args.run} (its scenario)"
+    scenario = to_scenario(parse_toml(meta.scenario_toml, source), source)
+    if scenario.run.method not in RESUMABLE:
+        raise _InputError(
+            f"{args.run}: resume supports run.method in {list(RESUMABLE)}, "
+            f"this run is {scenario.run.method!r}"
+        )
+    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+    log = LmdbEventLog.open(rd.log, writable=True, durable=scenario.runtime.durable)
+    ended = isinstance(last.event, RunStopped | RunFailed)
+    previous = str(last.event.__struct_config__.tag) if ended else ""
+    resumed = RunResumed(after=last.seq, previous=previous, coevo_version=_version())
+    started = RunStarted(
+        run_id=meta.run_id,
+        scenario=meta.scenario_name,
+        scenario_hash=meta.scenario_hash,
+        seed=meta.seed,
+        coevo_version=meta.coevo_version,
+    )
+    return _drive(
+        scenario, assembly, log, rd, started, quiet=args.quiet, resumed=resumed, history=history
+    )
 
 
 def _version() -> str:

@@ -130,6 +130,21 @@ class ReplayDiverged(CoevoError):
         )
 
 
+class NothingToResume(CoevoError):
+    """``coevo resume`` was pointed at a run that completed: its log ends with a
+    ``run_stopped`` event whose reason is "completed". (A directory that is not a run is
+    :class:`RunNotFound`.)"""
+
+    exit_code = 2
+
+
+class ResumeDiverged(CoevoError):
+    """An actor rebuilding its state for ``coevo resume`` found that the log and the code do
+    not agree on what the run did (its replay would emit events other than those the log
+    holds, or a checkpoint the log refers to is missing). Unlike :class:`ReplayDiverged`, it
+    is about an actor's private state, not a projection checksum."""
+
+
 class ActorCrashed(CoevoError):
     """An actor failed and its supervision policy stopped the run (after any restarts)."""
 

@@ -30,6 +30,17 @@ class RunStopped(Event, tag="run_stopped", frozen=True, kw_only=True):
 
 
 @event
+class RunResumed(Event, tag="run_resumed", frozen=True, kw_only=True):
+    """``coevo resume`` continued the run after event ``after``, the last one the previous
+    session committed. ``previous`` is how that session ended: the kind of its final event
+    ("run_stopped", "run_failed") or "" when it was killed before writing one."""
+
+    after: int
+    previous: str = ""
+    coevo_version: str = ""
+
+
+@event
 class RunFailed(Event, tag="run_failed", frozen=True, kw_only=True):
     """The run ended because of an error (an actor past its restarts, a store failure)."""
 

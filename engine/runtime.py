@@ -42,6 +42,7 @@ from engine.lifecycle import (
     ActorStarted,
     ProjectionChecked,
     RunFailed,
+    RunResumed,
     RunStarted,
     RunStopped,
     SnapshotTaken,
@@ -196,6 +197,9 @@ class Runtime:
         observers: callbacks given every committed batch, in order, on the event loop (a
             progress display); they are not actors and leave no trace in the log. They must be
             quick and must not raise.
+        resumed: for ``coevo resume``: the first event of the new session, written before any
+            actor starts; each actor's :meth:`Actor.recover` is then given ``history``.
+        history: the events of the earlier sessions, in seq order (with ``resumed``).
     """
 
     def __init__(
@@ -209,6 +213,8 @@ class Runtime:
         config: RuntimeConfig | None = None,
         clock: Callable[[], int] = time.time_ns,
         observers: Sequence[Callable[[list[Envelope[Event]]], None]] = (),
+        resumed: RunResumed | None = None,
+        history: Sequence[Envelope[Event]] = (),
     ) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -222,6 +228,8 @@ class Runtime:
         self._cfg = config or RuntimeConfig()
         self._clock = clock
         self._observers = tuple(observers)
+        self._resumed = resumed
+        self._history = history
         self._pending: list[_Pending] = []
         self._wake = trio.lowlevel.ParkingLot()
         self._space = trio.lowlevel.ParkingLot()
@@ -306,6 +314,8 @@ class Runtime:
                 await root.start(self._writer)
                 if self._next == 0:
                     self.push("runtime", self._run_started, None, "")
+                elif self._resumed is not None:
+                    self.push("runtime", self._resumed, None, "")
                 outcome = await self._run_actors()
                 self.push("runtime", self._final_event(outcome), None, "")
                 self._closing = True
@@ -387,6 +397,8 @@ class Runtime:
                     ctx = Context(self, spec.name, mailbox, source=not sub.types, attempt=attempt)
                     self._log_out.debug("actor started", started=spec.name, attempt=attempt)
                     self.push("runtime", self._started(spec, actor, attempt), None, "")
+                    if self._resumed is not None and attempt == 0:
+                        await actor.recover(ctx, self._history)
                     await actor.run(ctx)
                 except Exception as exc:
                     if not self._on_failure(spec, attempt, exc):

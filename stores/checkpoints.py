@@ -1,7 +1,8 @@
 """Model checkpoints: loading a local Hugging Face model directory, writing a policy version as a
 safetensors checkpoint that ``from_pretrained`` loads, and reading one back into a live model.
 
-Nothing on disk is pickled: weights are safetensors, config and tokenizer are JSON.
+Nothing on disk is pickled: weights and the optimiser's state are safetensors, config and
+tokenizer are JSON.
 :class:`DirCheckpoints` is the store a run uses (``checkpoints/v000012/`` in the run directory);
 :class:`MemoryCheckpoints` is its in-memory twin for tests.
 """
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers.utils import logging as hf_logging
 
 from engine.errors import ModelUnavailable
@@ -251,11 +252,58 @@ def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
         model.tie_weights()
 
 
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+def optimizer_tensors(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The optimiser's per-parameter state as named tensors (``"<param>::<key>"``), for a
+    safetensors file: AdamW's ``step``, ``exp_avg`` and ``exp_avg_sq``."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, torch.Tensor] = {}
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            tensor = value if torch.is_tensor(value) else torch.tensor(value)
+            out[f"{names[id(param)]}::{key}"] = tensor.detach().to("cpu").contiguous().clone()
+    return out
+
+
+def restore_optimizer(
+    model: Any, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]
+) -> None:
+    """Put the state :func:`optimizer_tensors` wrote back into ``optimizer`` (over ``model``'s
+    parameters); ``step`` stays on the CPU, as torch keeps it.
+
+    Raises:
+        ModelUnavailable: a name does not match the model's parameters.
+    """
+    params = dict(model.named_parameters())
+    for name, tensor in tensors.items():
+        pname, _, key = name.rpartition("::")
+        if pname not in params:
+            raise ModelUnavailable(f"optimizer state names {pname!r}, not a model parameter")
+        param = params[pname]
+        optimizer.state[param][key] = tensor if key == "step" else tensor.to(param.device)
+
+
 class Checkpoints(Protocol):
     """Where policy versions are written and read back."""
 
-    def save(self, version: int, model: Any, tokenizer: Any) -> str:
-        """Write ``model`` as ``version``; returns the checkpoint's name."""
+    def save(
+        self,
+        version: int,
+        model: Any,
+        tokenizer: Any,
+        optimizer: dict[str, torch.Tensor] | None = None,
+        *,
+        protect_from: int | None = None,
+    ) -> str:
+        """Write ``model`` (and the optimiser's tensors) as ``version``; returns the
+        checkpoint's name. Pruning never removes a version >= ``protect_from`` (the oldest
+        one the log may still name as its newest)."""
+        ...
+
+    def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
+        """The optimiser tensors saved with ``name``, or None if none were."""
         ...
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
@@ -281,12 +329,21 @@ class DirCheckpoints:
         self.root = root
         self.keep = keep
 
-    def save(self, version: int, model: Any, tokenizer: Any) -> str:
-        """Write ``version`` atomically: into ``.vNNNNNN.partial/``, every file and the
-        directory fsynced, then renamed to ``vNNNNNN/`` and the parent fsynced. The name is
-        returned (and so can reach the log) only after that: a crash at any point leaves
-        either no ``vNNNNNN/`` or a complete one, and a ``.partial`` that the next save of this
-        store removes."""
+    def save(
+        self,
+        version: int,
+        model: Any,
+        tokenizer: Any,
+        optimizer: dict[str, torch.Tensor] | None = None,
+        *,
+        protect_from: int | None = None,
+    ) -> str:
+        """Write ``version`` (with the optimiser's tensors, if given) atomically: into
+        ``.vNNNNNN.partial/``, every file and the directory fsynced, then renamed to
+        ``vNNNNNN/`` and the parent fsynced. The name is returned (and so can reach the log)
+        only after that: a crash at any point leaves either no ``vNNNNNN/`` or a complete one,
+        and a ``.partial`` that the next save of this store removes. Pruning then keeps the
+        newest ``keep`` versions and every version >= ``protect_from``."""
         name = f"v{version:06d}"
         final = self.root / name
         partial = self.root / f".{name}.partial"
@@ -294,6 +351,8 @@ class DirCheckpoints:
         hf_logging.disable_progress_bar()
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
+        if optimizer is not None:
+            save_file(optimizer, str(partial / OPTIMIZER_FILE))
         _fsync_tree(partial)
         if final.exists():  # written before a crash, never referenced: set aside, then replace
             stale = self.root / f".{name}.stale"
@@ -304,8 +363,12 @@ class DirCheckpoints:
         else:
             partial.rename(final)
         _fsync_dir(self.root)
-        self._prune()
+        self._prune(protect_from)
         return f"{self.root.name}/{name}"
+
+    def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
+        path = self.root / Path(name).name / OPTIMIZER_FILE
+        return load_file(str(path)) if path.is_file() else None
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
         path = self.root / Path(name).name / "model.safetensors"
@@ -316,10 +379,11 @@ class DirCheckpoints:
         except Exception as exc:  # SafetensorError, OSError: damaged since it was written
             raise ModelUnavailable(f"checkpoint {name} is damaged: {_one_line(exc)}") from None
 
-    def _prune(self) -> None:
+    def _prune(self, protect_from: int | None) -> None:
         versions = sorted(p for p in self.root.glob("v[0-9]*") if p.is_dir())
         for old in versions[: -self.keep]:
-            shutil.rmtree(old)
+            if protect_from is None or int(old.name[1:]) < protect_from:
+                shutil.rmtree(old)
         for leftover in self.root.glob(".v[0-9]*.partial"):  # of a save a crash interrupted
             shutil.rmtree(leftover, ignore_errors=True)
 
@@ -354,11 +418,26 @@ class MemoryCheckpoints:
 
     def __init__(self) -> None:
         self.saved: dict[str, dict[str, torch.Tensor]] = {}
+        self.optimizers: dict[str, dict[str, torch.Tensor]] = {}
 
-    def save(self, version: int, model: Any, tokenizer: Any) -> str:
+    def save(
+        self,
+        version: int,
+        model: Any,
+        tokenizer: Any,
+        optimizer: dict[str, torch.Tensor] | None = None,
+        *,
+        protect_from: int | None = None,
+    ) -> str:
         name = f"checkpoints/v{version:06d}"
         self.saved[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if optimizer is not None:
+            self.optimizers[name] = {k: v.clone() for k, v in optimizer.items()}
         return name
+
+    def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
+        saved = self.optimizers.get(name)
+        return None if saved is None else {k: v.clone() for k, v in saved.items()}
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
         try:
