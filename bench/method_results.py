@@ -245,9 +245,10 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (name, runs), color in zip(
-        facts.items(), ("tab:blue", "tab:orange", "tab:green"), strict=False
-    ):
+    palette = [f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown")]
+    if len(facts) > len(palette):
+        raise ValueError(f"at most {len(palette)} methods per plot, got {len(facts)}")
+    for (name, runs), color in zip(facts.items(), palette, strict=False):
         for f in runs:
             xs = [r[0] for r in f.rounds]
             axes[0].plot(xs, [r[2] for r in f.rounds], color=color, alpha=0.35, marker=".")
@@ -258,13 +259,26 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
         xs = [r[0] for r in runs[0].rounds]
         means = [statistics.mean(f.rounds[i][2] for f in runs) for i in range(len(xs))]
         axes[0].plot(xs, means, color=color, linewidth=2.5, label=f"{name} (mean of {len(runs)})")
+        if all(f.memory_rounds for f in runs):
+            bank_xs = [r[0] for r in runs[0].memory_rounds]
+            bank = [
+                statistics.mean(f.memory_rounds[i][2] for f in runs) for i in range(len(bank_xs))
+            ]
+            axes[0].plot(
+                bank_xs,
+                bank,
+                color=color,
+                linewidth=1.8,
+                linestyle="--",
+                label=f"{name}, with its bank",
+            )
         pooled = []
         for i in range(len(xs)):
             w = sum(f.family_success(i, families)[0] for f in runs)
             n = sum(f.family_success(i, families)[1] for f in runs)
             pooled.append(w / n if n else 0)
         axes[1].plot(xs, pooled, color=color, linewidth=2.5, label=f"{name} (pooled)")
-    axes[0].set_title("held-out success without memory")
+    axes[0].set_title("held-out success without memory (dashed: with the bank)")
     axes[1].set_title(f"held-out success, {'+'.join(families)}")
     for ax in axes:
         ax.set_xlabel("training episodes")
