@@ -68,6 +68,7 @@ from agents.pretrain import (
     Progress,
     Sample,
     cached_build,
+    check_ranges,
     check_schedule,
     default_cache_root,
     encode_prompts,
@@ -153,26 +154,21 @@ class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):
         check_spec(self)
 
 
-_AT_LEAST = {
-    **dict.fromkeys(("hidden_size", "layers", "heads", "kv_heads", "intermediate_size"), 1),
-    **dict.fromkeys(("max_positions", "episodes_per_family", "steps", "batch_size"), 1),
-    **dict.fromkeys(("eval_variants", "eval_notes", "warmup", "seed", "window"), 0),
-}
-_AT_MOST = {  # far beyond what a CPU build can do; a typo must not allocate terabytes
-    "hidden_size": 8192,
-    "layers": 128,
-    "heads": 256,
-    "kv_heads": 256,
-    "intermediate_size": 65_536,
-    "max_positions": 131_072,
-    "episodes_per_family": 1_000_000,
-    "steps": 10_000_000,
-    "batch_size": 65_536,
-    "eval_variants": 100_000,
-    "eval_notes": 100_000,
-    "warmup": 10_000_000,
-    "seed": 2**63 - 1,
-    "window": 100,
+_RANGES = {  # the highs are far beyond what a CPU build can do: a typo must not allocate terabytes
+    "hidden_size": (1, 8192),
+    "layers": (1, 128),
+    "heads": (1, 256),
+    "kv_heads": (1, 256),
+    "intermediate_size": (1, 65_536),
+    "max_positions": (1, 131_072),
+    "episodes_per_family": (1, 1_000_000),
+    "steps": (1, 10_000_000),
+    "batch_size": (1, 65_536),
+    "eval_variants": (0, 100_000),
+    "eval_notes": (0, 100_000),
+    "warmup": (0, 10_000_000),
+    "seed": (0, 2**63 - 1),
+    "window": (0, 100),
 }
 
 
@@ -184,14 +180,7 @@ def check_spec(spec: EmbeddedSpec) -> None:
     """
     if not spec.world:
         raise ValueError("world must be a non-empty name")
-    for name, low in _AT_LEAST.items():
-        if not low <= getattr(spec, name) <= _AT_MOST[name]:
-            raise ValueError(
-                f"{name} must be between {low} and {_AT_MOST[name]}, got {getattr(spec, name)}"
-            )
-    for name in ("explorer_share", "reflection_share"):
-        if not 0.0 <= getattr(spec, name) <= 1.0:
-            raise ValueError(f"{name} must be between 0 and 1, got {getattr(spec, name)}")
+    check_ranges(spec, _RANGES, ("explorer_share", "reflection_share"))
     if spec.hidden_size % (2 * spec.heads):
         raise ValueError(
             "hidden_size must be a multiple of 2 * heads (rotary heads have an even size), "

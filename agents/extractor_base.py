@@ -63,6 +63,7 @@ from agents.pretrain import (
     Progress,
     Sample,
     cached_build,
+    check_ranges,
     check_schedule,
     default_cache_root,
     encode_prompts,
@@ -136,14 +137,7 @@ class OpsSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     prompt_loss_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        for name, (low, high) in _RANGES.items():
-            if not low <= getattr(self, name) <= high:
-                raise ValueError(
-                    f"{name} must be between {low} and {high}, got {getattr(self, name)}"
-                )
-        for name in ("merge_share", "guided_share", "duplicate_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+        check_ranges(self, _RANGES, ("merge_share", "guided_share", "duplicate_share"))
         check_schedule(self)
 
 

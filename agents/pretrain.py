@@ -51,6 +51,23 @@ class TrainSpec(Protocol):
     def prompt_loss_weight(self) -> float: ...
 
 
+def check_ranges(
+    spec: object, ranges: dict[str, tuple[float, float]], shares: Sequence[str] = ()
+) -> None:
+    """Validate the fields of ``spec`` named in ``ranges`` (``name: (low, high)``, inclusive)
+    and the ``shares`` (fractions between 0 and 1).
+
+    Raises:
+        ValueError: the first field out of its range, named with the range.
+    """
+    for name, (low, high) in ranges.items():
+        if not low <= getattr(spec, name) <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {getattr(spec, name)}")
+    for name in shares:
+        if not 0.0 <= getattr(spec, name) <= 1.0:
+            raise ValueError(f"{name} must be between 0 and 1, got {getattr(spec, name)}")
+
+
 def check_schedule(spec: TrainSpec) -> None:
     """Validate the training fields that :class:`agents.embedded.EmbeddedSpec` and
     :class:`agents.extractor_base.OpsSpec` share (their ranges of counts are checked apart).
