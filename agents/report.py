@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import io
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,73 +235,89 @@ def _missing(runs: list[RunData], has: list[bool], what: str) -> list[str]:
     return [_none(f"{what}: {', '.join(lacking)}.")] if lacking else []
 
 
-def _success(runs: list[RunData]) -> list[str]:
-    has = [bool(r.curves.train or r.curves.heldout) for r in runs]
-    out = _missing(runs, has, "No finished training episode or evaluation round in")
+def _plotted(
+    runs: list[RunData],
+    has: list[bool],
+    missing: str,
+    draw: Callable[[list[RunData]], str],
+    caption: str,
+) -> list[str]:
+    """A section's figure, ``draw(runs)`` with ``caption``, drawn when any run has data
+    (``has``), and a line naming the runs without (``missing``)."""
+    out = _missing(runs, has, missing)
     if any(has):
-        blocks = ", ".join(sorted({str(r.curves.block) for r in runs}))
-        out.insert(
-            0,
-            _figure(
-                success_figure(runs),
-                f"Train curves: mean over blocks of {blocks} training episodes. Held-out: "
-                "each evaluation round on held-out variants (dashed: played with the bank). "
-                "Return is the episode's final score.",
-            ),
-        )
+        out.insert(0, _figure(draw(runs), caption))
     return out
+
+
+def _success(runs: list[RunData]) -> list[str]:
+    blocks = ", ".join(sorted({str(r.curves.block) for r in runs}))
+    return _plotted(
+        runs,
+        [bool(r.curves.train or r.curves.heldout) for r in runs],
+        "No finished training episode or evaluation round in",
+        success_figure,
+        f"Train curves: mean over blocks of {blocks} training episodes. Held-out: "
+        "each evaluation round on held-out variants (dashed: played with the bank). "
+        "Return is the episode's final score.",
+    )
 
 
 def _updates(runs: list[RunData]) -> list[str]:
-    has = [bool(r.curves.updates) for r in runs]
-    out = _missing(runs, has, "No policy update in")
-    if any(has):
-        caption = "Per update (means over its minibatches): loss, gradient norm before clipping, "
-        caption += "fraction of clipped ratios, approximate KL to the sampling policy."
-        out.insert(0, _figure(updates_figure(runs), caption))
-    return out
+    return _plotted(
+        runs,
+        [bool(r.curves.updates) for r in runs],
+        "No policy update in",
+        updates_figure,
+        "Per update (means over its minibatches): loss, gradient norm before clipping, "
+        "fraction of clipped ratios, approximate KL to the sampling policy.",
+    )
 
 
 def _bank(runs: list[RunData]) -> list[str]:
-    has = [bool(r.coevolution.bank_ops) for r in runs]
-    out = _missing(runs, has, "No bank or memory (nothing stored) in")
-    if any(has):
-        caption = "Entries in the training bank, and what happened to it per block of training "
-        caption += "episodes: stored, evicted (by reason), rejected (by reason)."
-        out.insert(0, _figure(bank_figures(runs), caption))
-        for r in runs:
-            ops = r.coevolution.ops
-            if ops:
-                done = ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
-                out.append(
-                    _none(
-                        f"{r.label}: {r.coevolution.calls} extractor calls "
-                        f"({r.coevolution.malformed} malformed, {r.coevolution.plain} read as "
-                        f"one add); operations: {done}."
-                    )
+    out = _plotted(
+        runs,
+        [bool(r.coevolution.bank_ops) for r in runs],
+        "No bank or memory (nothing stored) in",
+        bank_figures,
+        "Entries in the training bank, and what happened to it per block of training "
+        "episodes: stored, evicted (by reason), rejected (by reason).",
+    )
+    for r in runs:
+        ops = r.coevolution.ops
+        if ops:
+            done = ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
+            out.append(
+                _none(
+                    f"{r.label}: {r.coevolution.calls} extractor calls "
+                    f"({r.coevolution.malformed} malformed, {r.coevolution.plain} read as "
+                    f"one add); operations: {done}."
                 )
+            )
     return out
 
 
 def _retrieval(runs: list[RunData]) -> list[str]:
-    has = [bool(r.coevolution.retrievals) for r in runs]
-    out = _missing(runs, has, "No retrieval in")
-    if any(has):
-        caption = "Training retrievals per block of training episodes, entries shown per "
-        caption += "retrieval, and how often each entry was shown."
-        out.insert(0, _figure(retrieval_figure(runs), caption))
-    return out
+    return _plotted(
+        runs,
+        [bool(r.coevolution.retrievals) for r in runs],
+        "No retrieval in",
+        retrieval_figure,
+        "Training retrievals per block of training episodes, entries shown per "
+        "retrieval, and how often each entry was shown.",
+    )
 
 
 def _credit(runs: list[RunData]) -> list[str]:
-    has = [bool(r.coevolution.credits) for r in runs]
-    out = _missing(runs, has, "No credit (no extractor-written entry guided an episode) in")
-    if any(has):
-        caption = "Distribution of the total credit per entry; the credits' rolling mean (64) "
-        caption += "over training with each extractor update's mean batch reward (dots); "
-        caption += "the extractor's CISPO loss per update."
-        out.insert(0, _figure(credit_figure(runs), caption))
-    return out
+    return _plotted(
+        runs,
+        [bool(r.coevolution.credits) for r in runs],
+        "No credit (no extractor-written entry guided an episode) in",
+        credit_figure,
+        "Distribution of the total credit per entry; the credits' rolling mean (64) "
+        "over training with each extractor update's mean batch reward (dots); "
+        "the extractor's CISPO loss per update.",
+    )
 
 
 def _entries(runs: list[RunData]) -> list[str]:
