@@ -64,8 +64,8 @@ def policy_actors(
     if scenario.policy.threads and prepare_model:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     extracting = scenario.run.method == "complementary"
-    if extracting:
-        extractor_model_dir(scenario, source, None)  # its settings, before anything is built
+    # the extractor's settings (and a local path) are checked before anything is built
+    extractor_dir = extractor_model_dir(scenario, source, None) if extracting else None
     model = policy_model_dir(scenario, source) if prepare_model else None
     if not prepare_model:
         check_policy_model(scenario, source)
@@ -76,8 +76,7 @@ def policy_actors(
     extractor: Checkpoints = (
         DirCheckpoints(run_dir / "extractor", keep=keep) if run_dir else MemoryCheckpoints()
     )
-    extractor_dir = None
-    if extracting and model is not None:
+    if extracting and extractor_dir is None and model is not None:
         extractor_dir = extractor_model_dir(scenario, source, model)
     return _policy_actors(scenario, model, extractor_dir, checkpoints, extractor), model
 
@@ -237,8 +236,9 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     :mod:`agents.extractor_base`), or a local path.
 
     Args:
-        model: the policy's model directory; None to check the settings only (and return
-            None).
+        model: the policy's model directory, or None before it is prepared: then only the
+            settings are checked and None is returned, except for a local path, which is
+            checked and returned (it needs nothing built).
 
     Raises:
         ScenarioInvalid: ``"embedded-ops"`` without the embedded policy model, or
