@@ -266,13 +266,24 @@ def play_mix(
     return episodes
 
 
+def play_families(
+    world: TextWorld, spec: EmbeddedSpec, count: int, held_back: bool, purpose: str
+) -> list[Episode]:
+    """:func:`play_mix` of ``count`` episodes per family, family by family, on its train
+    variants for training (``held_back`` False) or on the last ``spec.eval_variants`` of them,
+    kept back for checks (a family with none is skipped)."""
+    return [
+        ep
+        for family in world.families()
+        for tasks in [split_train(world, family, spec.eval_variants)[int(held_back)]]
+        if tasks
+        for ep in play_mix(world, tasks, count, spec, purpose)
+    ]
+
+
 def pretrain_episodes(world: TextWorld, spec: EmbeddedSpec) -> list[Episode]:
     """The pre-training play: train variants only, never the held-back ones."""
-    episodes = []
-    for family in world.families():
-        train = split_train(world, family, spec.eval_variants)[0]
-        episodes += play_mix(world, train, spec.episodes_per_family, spec, "pretrain")
-    return episodes
+    return play_families(world, spec, spec.episodes_per_family, False, "pretrain")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,13 +520,7 @@ def note_check(model: Any, tokenizer: Any, world: TextWorld, spec: EmbeddedSpec)
     """Greedy notes on fresh episodes of the held-back variants against their hindsight notes:
     exact, read by :func:`parse_note` as the same plan and avoid list, and exact among the
     notes with a plan. A note is cut 16 tokens past its target's length."""
-    episodes = [
-        ep
-        for family in world.families()
-        for tasks in [split_train(world, family, spec.eval_variants)[1]]
-        if tasks
-        for ep in play_mix(world, tasks, spec.eval_notes, spec, "check")
-    ]
+    episodes = play_families(world, spec, spec.eval_notes, True, "check")
     exact, same, planned = [], [], []
     prompts = encode_prompts(tokenizer, [reflection_conversation(ep) for ep in episodes])
     for episode, prompt in zip(episodes, prompts, strict=True):

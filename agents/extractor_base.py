@@ -47,8 +47,7 @@ from agents.embedded import (
     Episode,
     cache_key,
     decode_response,
-    play_mix,
-    split_train,
+    play_families,
 )
 from agents.extraction import (
     SHOWN_ID,
@@ -330,16 +329,6 @@ def answer_check(
 # Building and caching (the shell)
 
 
-def _episodes(world: Any, base: EmbeddedSpec, count: int, held_back: bool, purpose: str) -> list:
-    return [
-        ep
-        for family in world.families()
-        for tasks in [split_train(world, family, base.eval_variants)[int(held_back)]]
-        if tasks
-        for ep in play_mix(world, tasks, count, base, purpose)
-    ]
-
-
 def _lengths(pools: dict[str, list[Sample]]) -> dict:
     return {
         kind: {
@@ -365,10 +354,10 @@ def build_ops(
             model, tokenizer = load_model_dir(base_dir, torch.device("cpu"))
             add_op_words(model, tokenizer)
             limit = model.config.max_position_embeddings
-            taught = _episodes(world, base, spec.episodes_per_family, False, f"ops/{spec.seed}")
+            taught = play_families(world, base, spec.episodes_per_family, False, f"ops/{spec.seed}")
             items = teaching_items(taught, spec, rng)
             pools, dropped = encode_items(tokenizer, items, limit)
-            held = _episodes(world, base, spec.checks, True, f"ops-check/{spec.seed}")
+            held = play_families(world, base, spec.checks, True, f"ops-check/{spec.seed}")
             checks = teaching_items(held, spec, rng)
             before = answer_check(model, tokenizer, checks, spec, limit)
             kinds = [
