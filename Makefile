@@ -40,7 +40,7 @@ test-slow: install
 # every record flipped, the scenario fuzz with ten times its cases, and runs killed (SIGKILL) or
 # stopped (SIGINT) at random points and resumed (the slow sweeps included; tens of minutes)
 test-faults: install
-	$(BIN)/pytest -m faults $(PYTEST_ARGS)
+	$(BIN)/pytest -m faults --ignore=tests/faults $(PYTEST_ARGS)
 	COEVO_FUZZ_SCALE=10 $(BIN)/pytest tests/property/test_scenario_fuzz.py $(PYTEST_ARGS)
 	$(BIN)/pytest tests/faults -m '' -s $(PYTEST_ARGS)
 

@@ -26,7 +26,7 @@ from agents.advantages import group_advantages, group_stats, subgroup_advantages
 from agents.credit import relative_credit
 from agents.credit_actor import RULES, CreditBook, CreditSettings
 from agents.empo2 import intrinsic_reward
-from agents.episode_events import EpisodeFinished
+from agents.episode_events import EpisodeAbandoned, EpisodeFinished
 from agents.extractor_events import CreditAssigned, ExtractorGradientRequested
 from agents.memory_events import TipsRetrieved
 from agents.policy_events import AdvantagesComputed, GradientRequested
@@ -116,7 +116,8 @@ class CreditInputs:
     """What re-deriving credits and advantages reads from a log, gathered in one pass.
 
     Attributes:
-        stream: every :class:`TipsRetrieved` and :class:`EpisodeFinished`, in log order.
+        stream: every :class:`TipsRetrieved`, :class:`EpisodeFinished` and
+            :class:`EpisodeAbandoned`, in log order (what the credit actor folds).
         recorded: every :class:`CreditAssigned` and :class:`ExtractorGradientRequested`.
         groups: every :class:`AdvantagesComputed`, with its seq.
         requests: every :class:`GradientRequested`, with its seq.
@@ -146,12 +147,11 @@ def gather(log: EventLog) -> CreditInputs:
         for env in chunk:
             ev = env.event
             kind = type(ev)
-            if kind is TipsRetrieved or kind is EpisodeFinished:
+            if kind is TipsRetrieved or kind is EpisodeFinished or kind is EpisodeAbandoned:
                 out.stream.append(ev)
                 if isinstance(ev, TipsRetrieved):
                     out.similar.setdefault(ev.episode, []).append(ev.similar)
-                else:
-                    assert isinstance(ev, EpisodeFinished)
+                elif isinstance(ev, EpisodeFinished):
                     out.finished[ev.episode] = ev
             elif kind is CreditAssigned or kind is ExtractorGradientRequested:
                 out.recorded.append(ev)

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agents.credit import call_rewards, episode_credit, extractor_advantages, reweight
-from agents.episode_events import EpisodeFinished
+from agents.episode_events import EpisodeAbandoned, EpisodeFinished
 from agents.extractor_events import CreditAssigned, ExtractorGradientRequested
 from agents.memory_events import TipsRetrieved
-from engine.actor import Actor, Context
+from engine.actor import Context
 from engine.events import Event
+from engine.recovery import Replayed
 from scenarios.schema import ComplementaryConfig
 
 
@@ -76,7 +77,8 @@ class CreditBook:
         """The events that ``ev`` causes (and the state change it brings).
 
         Args:
-            ev: a :class:`TipsRetrieved` or :class:`EpisodeFinished`.
+            ev: a :class:`TipsRetrieved`, :class:`EpisodeFinished` or :class:`EpisodeAbandoned`
+                (the attempt's retrieval no longer counts: the episode is played again).
             settings: the batch size, rule and loss settings.
             credit: the episode's credit when the caller knows it already (a rule that needs
                 more than the episode, e.g. "relative"); None: :func:`credit_of` under
@@ -86,9 +88,9 @@ class CreditBook:
             if ev.turn == 0 and ev.tip_ids and ev.calls and ev.calls[0]:
                 self.used[ev.episode] = (ev.tip_ids[0], ev.calls[0])
             return []
-        assert isinstance(ev, EpisodeFinished)
+        assert isinstance(ev, EpisodeFinished | EpisodeAbandoned)
         used = self.used.pop(ev.episode, None)
-        if used is None or ev.purpose != "train":
+        if isinstance(ev, EpisodeAbandoned) or used is None or ev.purpose != "train":
             return []
         entry, call = used
         if credit is None:
@@ -177,20 +179,23 @@ def credit_of(ev: EpisodeFinished, rule: str) -> float:
     raise ValueError(f"unknown credit rule {rule!r}; known: {sorted(RULES)}")
 
 
-class CreditActor(Actor):
+class CreditActor(Replayed):
     """Credits extractor calls with the outcomes of the episodes their entries guided.
+
+    Its state is the :class:`CreditBook`, a fold of what it receives, so a resumed run
+    replays it on the log (:meth:`Replayed.recover`).
 
     Args:
         settings: batch size and the extractor's loss settings.
     """
 
-    subscribes = (TipsRetrieved, EpisodeFinished)
+    subscribes = (TipsRetrieved, EpisodeFinished, EpisodeAbandoned)
 
     def __init__(self, settings: CreditSettings) -> None:
         self._settings = settings
+        self._book = CreditBook()
 
-    async def run(self, ctx: Context) -> None:
-        book = CreditBook()
-        async for env in ctx.events():
-            for out in book.decide(env.event, self._settings):
-                await ctx.emit(out, cause=env.seq, corr=env.corr)
+    async def handle(self, ctx: Context, ev: Event) -> bool:
+        for out in self._book.decide(ev, self._settings):
+            await ctx.emit(out)
+        return False

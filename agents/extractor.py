@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from agents.cispo import cispo_loss
+from agents.episode_events import EpisodeAbandoned, EpisodeFinished
 from agents.extraction import (
     MAX_CONTENT_CHARS,
     Add,
@@ -47,8 +48,15 @@ from agents.extractor_events import (
 from agents.inference import write_replies
 from agents.policy import response_logps
 from engine.actor import Actor, Context
+from engine.errors import ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
-from stores.checkpoints import Checkpoints, param_digest
+from stores.checkpoints import (
+    Checkpoints,
+    load_weights,
+    optimizer_tensors,
+    param_digest,
+    restore_optimizer,
+)
 
 Request = ExtractionRequested | MergeRequested
 
@@ -90,6 +98,14 @@ class ExtractorModel:
         self.digest = ""  # of the current weights, once computed (the actor does at start)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.optimizer: torch.optim.Optimizer | None = None
+
+    def optimiser(self, lr: float) -> torch.optim.Optimizer:
+        """The AdamW optimiser, created on first use; ``lr`` applies from this step on."""
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return self.optimizer
 
     def answer(self, requests: Sequence[Request], calls: Sequence[str]) -> list[ExtractorCalled]:
         """One :class:`ExtractorCalled` per request, generated in one batch."""
@@ -159,10 +175,7 @@ def extractor_step(
         return StepStats(samples=0, loss=0.0, grad_norm=0.0, clip_frac=0.0)
     model, device = ext.model, ext.settings.device
     model.train()
-    if ext.optimizer is None:
-        ext.optimizer = torch.optim.AdamW(model.parameters(), lr=req.lr, weight_decay=0.0)
-    for group in ext.optimizer.param_groups:
-        group["lr"] = req.lr
+    opt = ext.optimiser(req.lr)
     logp, mask = response_logps(
         model,
         [c.prompt_ids for c in batch],
@@ -176,16 +189,19 @@ def extractor_step(
         old[b, : len(c.token_logps)] = torch.tensor(c.token_logps)
     adv = torch.tensor([adv_of[c.call] for c in batch], device=device)  # (B,)
     out = cispo_loss(logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high)
-    ext.optimizer.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=True)
     out.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), req.max_grad_norm)
-    ext.optimizer.step()
+    opt.step()
     model.eval()
     return StepStats(len(batch), float(out.loss.detach()), float(grad_norm), out.clip_frac)
 
 
 class ExtractorActor(Actor):
     """Writes bank operations for finished episodes and merge chunks; trains on credit.
+
+    Each checkpoint holds the optimiser's state too, so a resumed run (:meth:`recover`)
+    continues from the newest version the log names with the moments it had.
 
     Args:
         load: builds the :class:`ExtractorModel` (called in a worker thread at start).
@@ -194,7 +210,13 @@ class ExtractorActor(Actor):
         batch_wait: seconds to wait for more requests after the first.
     """
 
-    subscribes = (ExtractionRequested, MergeRequested, ExtractorCalled, ExtractorGradientRequested)
+    subscribes = (
+        ExtractionRequested,
+        MergeRequested,
+        ExtractorCalled,
+        ExtractorGradientRequested,
+        ExtractorUpdated,
+    )
 
     def __init__(
         self,
@@ -208,42 +230,107 @@ class ExtractorActor(Actor):
         self._checkpoints = checkpoints
         self._batch_max = batch_max
         self._batch_wait = batch_wait
+        self._ext: ExtractorModel | None = None  # set by recover
+        self._calls: dict[str, ExtractorCalled] = {}  # every call (an update names some)
+        self._committed = 0  # the newest version whose ExtractorUpdated came back from the log
+        self._backlog: list[Envelope[Event]] = []  # what a resumed run still owes, in order
 
     async def run(self, ctx: Context) -> None:
-        ext = await ctx.to_thread(self._load)
-        ext.digest = await ctx.to_thread(param_digest, ext.model)
-        calls: dict[str, ExtractorCalled] = {}  # every call, until it is trained on
+        ext = self._ext or await ctx.to_thread(self._load)
+        if not ext.digest:
+            ext.digest = await ctx.to_thread(param_digest, ext.model)
+        for k in range(0, len(self._backlog), self._batch_max):  # in order, batched as live
+            await self._serve(ctx, ext, self._backlog[k : k + self._batch_max])
+        self._backlog = []
         inbox = ctx.events()
         async for first in inbox:
             batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
-            requests = [env for env in batch if isinstance(env.event, Request)]
-            if requests:
-                await self._answer(ctx, ext, requests)
-            for env in batch:
-                if isinstance(env.event, ExtractorCalled):
-                    calls[env.event.call] = env.event
-                elif isinstance(env.event, ExtractorGradientRequested):
-                    await self._update(ctx, ext, env.event, calls)
+            await self._serve(ctx, ext, batch)
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Fold the log's calls, load the newest version it names (weights and optimiser),
+        and owe :meth:`run` every request and update the log does not answer. An extraction
+        request of an attempt that did not finish is not owed: its episode is abandoned and
+        played again.
+
+        Raises:
+            ResumeDiverged: the newest checkpoint the log names is missing or damaged.
+        """
+        latest: ExtractorUpdated | None = None
+        done: set[int] = set()
+        for env in history:
+            ev = env.event
+            if isinstance(ev, ExtractorCalled):
+                self._calls[ev.call] = ev
+            elif isinstance(ev, ExtractorUpdated):
+                latest = ev
+                done.add(ev.update)
+        finished = {e.event.episode for e in history if isinstance(e.event, EpisodeFinished)}
+        abandoned = {
+            e.event.episode: e.seq for e in history if isinstance(e.event, EpisodeAbandoned)
+        }
+        for env in history:
+            ev = env.event
+            if isinstance(ev, ExtractorGradientRequested):
+                owed = ev.update not in done
+            elif isinstance(ev, ExtractionRequested):
+                owed = (
+                    call_id(env.seq) not in self._calls
+                    and ev.episode in finished
+                    and abandoned.get(ev.episode, -1) < env.seq
+                )
+            else:
+                owed = isinstance(ev, MergeRequested) and call_id(env.seq) not in self._calls
+            if owed:
+                self._backlog.append(env)
+        ext = await ctx.to_thread(self._load)
+        if latest is not None:
+            try:
+                await ctx.to_thread(self._restore, ext, latest)
+            except ModelUnavailable as exc:
+                raise ResumeDiverged(f"the extractor cannot resume: {exc}") from None
+            self._committed = latest.extractor_version
+            ctx.log.info("extractor resumed", version=ext.version, owed=len(self._backlog))
+        self._ext = ext
+
+    def _restore(self, ext: ExtractorModel, latest: ExtractorUpdated) -> None:
+        load_weights(ext.model, self._checkpoints.load(latest.checkpoint))
+        state = self._checkpoints.load_optimizer(latest.checkpoint)
+        if state is not None:
+            restore_optimizer(ext.model, ext.optimiser(0.0), state)
+        ext.version = latest.extractor_version
+        ext.digest = latest.digest
+
+    async def _serve(self, ctx: Context, ext: ExtractorModel, batch: list[Envelope[Event]]) -> None:
+        """Answer the batch's requests together (with the weights as they are), then fold its
+        calls and make its updates, in order."""
+        requests = [env for env in batch if isinstance(env.event, Request)]
+        if requests:
+            await self._answer(ctx, ext, requests)
+        for env in batch:
+            ev = env.event
+            if isinstance(ev, ExtractorCalled):
+                self._calls[ev.call] = ev
+            elif isinstance(ev, ExtractorUpdated):
+                self._committed = ev.extractor_version
+            elif isinstance(ev, ExtractorGradientRequested):
+                await self._update(ctx, ext, ev)
 
     async def _answer(self, ctx: Context, ext: ExtractorModel, envs: list[Envelope[Event]]) -> None:
         requests = [env.event for env in envs]
-        ids = [f"x{env.seq}" for env in envs]
+        ids = [call_id(env.seq) for env in envs]
         answers = await ctx.to_thread(ext.answer, requests, ids)
         for env, answer in zip(envs, answers, strict=True):
             await ctx.emit(answer, cause=env.seq, corr=env.corr)
 
     async def _update(
-        self,
-        ctx: Context,
-        ext: ExtractorModel,
-        req: ExtractorGradientRequested,
-        calls: dict[str, ExtractorCalled],
+        self, ctx: Context, ext: ExtractorModel, req: ExtractorGradientRequested
     ) -> None:
         start = time.perf_counter()
-        chosen = [calls[c] for c in req.calls]
+        chosen = [self._calls[c] for c in req.calls]
         stats = await ctx.to_thread(extractor_step, ext, chosen, req)
         ext.version += 1
-        name = await ctx.to_thread(self._checkpoints.save, ext.version, ext.model, ext.tokenizer)
+        name = await ctx.to_thread(self._save, ext, req.lr)
         digest = await ctx.to_thread(param_digest, ext.model)
         parent, ext.digest = ext.digest, digest
         await ctx.emit(
@@ -260,6 +347,19 @@ class ExtractorActor(Actor):
                 parent_digest=parent,
             )
         )
+
+    def _save(self, ext: ExtractorModel, lr: float) -> str:
+        """Write the current version with the optimiser's state; keep every version the log
+        may still name as its newest (blocking)."""
+        moments = optimizer_tensors(ext.model, ext.optimiser(lr))
+        return self._checkpoints.save(
+            ext.version, ext.model, ext.tokenizer, moments, protect_from=self._committed
+        )
+
+
+def call_id(seq: int) -> str:
+    """The id of the extractor call answering the request at ``seq``."""
+    return f"x{seq}"
 
 
 def _op_triple(op: ExtractOp | MergeOp) -> Op:

@@ -305,9 +305,9 @@ class InferenceActor(Actor):
 
     async def run(self, ctx: Context) -> None:
         runner = self._runner or await ctx.to_thread(self._load)
-        if self._owed:
-            await self._answer(ctx, runner, self._owed)
-            self._owed = []
+        for k in range(0, len(self._owed), self._batch_max):  # in order, batched as live
+            await self._answer(ctx, runner, self._owed[k : k + self._batch_max])
+        self._owed = []
         inbox = ctx.events()
         pending: Envelope[Event] | None = None
         while True:

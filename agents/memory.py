@@ -17,12 +17,14 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
 import numpy as np
 
 from agents.credit import diversified_scores
 from agents.embedder import Embedder
+from agents.episode_events import EpisodeAbandoned, EpisodeFinished
 from agents.extraction import merge_messages
 from agents.extractor_events import ExtractorCalled, MergeDue, MergeRequested
 from agents.memory_events import (
@@ -35,7 +37,9 @@ from agents.memory_events import (
 )
 from agents.prompts import to_pairs
 from engine.actor import Actor, Context
+from engine.errors import ResumeDiverged
 from engine.events import Envelope, Event
+from engine.recovery import Emitted, ReplayContext
 from stores.tip_index import VectorIndex, make_index
 
 
@@ -220,13 +224,37 @@ class TipBank:
             calls=tuple(self.tips[key].call for key, _ in shown),
         )
 
+    def evolve(self, ev: Event, vector: np.ndarray | None = None) -> None:
+        """Apply an event this bank emitted, rebuilding the bank from the log (a resumed
+        run); ``vector`` (dim,) embeds a :class:`TipStored`'s key. Events that change nothing
+        (:class:`TipRejected`, a "threshold" retrieval, a merge request) are ignored.
+
+        Raises:
+            ValueError: ``ev`` does not follow from the bank's state (a tip id out of order,
+                an eviction of a tip the bank does not hold).
+        """
+        if isinstance(ev, TipStored):
+            if ev.tip_id != self._next_id or vector is None:
+                raise ValueError(f"tip {ev.tip_id} stored; the bank's next id is {self._next_id}")
+            self._next_id += 1
+            tip = Tip(ev.tip_id, ev.slot, ev.text, ev.score, ev.episode, ev.call, ev.parents)
+            self._place(tip, vector)
+        elif isinstance(ev, TipEvicted):
+            if ev.tip_id not in self.tips:
+                raise ValueError(f"tip {ev.tip_id} evicted, but the bank does not hold it")
+            self._evict(ev.tip_id, ev.reason)
+        elif isinstance(ev, TipsRetrieved) and ev.scores:  # a "diverse" pick counts
+            slot = self._slots[ev.slot]
+            slot.retrievals += 1
+            for key in ev.tip_ids:
+                self.tips[key].retrieved += 1
+                self.tips[key].last_pick = slot.retrievals
+
     def _insert(self, tip: Tip, key: str, vector: np.ndarray) -> list[Event]:
         if not tip.text:
             return [TipRejected(episode=tip.episode, slot=tip.slot, reason="empty", call=tip.call)]
         slot = self._slots.get(tip.slot)
-        if slot is None:
-            slot = self._slots[tip.slot] = _Slot(make_index(self.settings.index, self.dim))  # type: ignore[arg-type]
-        if tip.text in slot.by_text:
+        if slot is not None and tip.text in slot.by_text:
             return [
                 TipRejected(
                     episode=tip.episode,
@@ -238,10 +266,7 @@ class TipBank:
             ]
         tip.tip_id = self._next_id
         self._next_id += 1
-        slot.index.add([tip.tip_id], vector.reshape(1, -1).astype(np.float32))
-        slot.order.append(tip.tip_id)
-        slot.by_text[tip.text] = tip.tip_id
-        self.tips[tip.tip_id] = tip
+        slot = self._place(tip, vector)
         events: list[Event] = [
             TipStored(
                 tip_id=tip.tip_id,
@@ -257,6 +282,17 @@ class TipBank:
         if len(slot.order) > self.settings.capacity:
             events.append(self._evict(slot.order[0], "fifo"))
         return events
+
+    def _place(self, tip: Tip, vector: np.ndarray) -> _Slot:
+        """Put ``tip`` (its id set) into its slot, creating the slot on first use."""
+        slot = self._slots.get(tip.slot)
+        if slot is None:
+            slot = self._slots[tip.slot] = _Slot(make_index(self.settings.index, self.dim))  # type: ignore[arg-type]
+        slot.index.add([tip.tip_id], vector.reshape(1, -1).astype(np.float32))
+        slot.order.append(tip.tip_id)
+        slot.by_text[tip.text] = tip.tip_id
+        self.tips[tip.tip_id] = tip
+        return slot
 
     def _evict(self, tip_id: int, reason: str) -> TipEvicted:
         old = self.tips.pop(tip_id)
@@ -303,14 +339,67 @@ class MemoryActor(Actor):
         self._merge_chunk = merge_chunk
         self._merge_max = merge_max
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._restored: tuple[TipBank, Embedder] | None = None  # set by recover
+        self._tail: list[Emitted] = []  # what a resumed run's bank decided but never logged
+        self._owed: list[Envelope[Event]] = []  # what it received but never applied
 
     async def run(self, ctx: Context) -> None:
-        embedder = await ctx.to_thread(self._make_embedder)
-        bank = TipBank(self._settings, embedder.dim)
+        if self._restored is None:
+            embedder = await ctx.to_thread(self._make_embedder)
+            bank = TipBank(self._settings, embedder.dim)
+        else:
+            bank, embedder = self._restored
+        for ev, corr, cause in self._tail:
+            await ctx.emit(ev, corr=corr, cause=cause)
+        if self._owed:
+            await self._apply(ctx, bank, embedder, self._owed)
+        self._tail, self._owed = [], []
         inbox = ctx.events()
         async for first in inbox:
             batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
             await self._apply(ctx, bank, embedder, batch)
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Rebuild the bank as a fold of what it emitted (:meth:`TipBank.evolve`, each stored
+        tip's key embedded again), finish the message it was answering when the run stopped,
+        and owe :meth:`run` the messages it never applied. Retrieval requests left unanswered
+        are not owed, nor is a tip or an extraction of an episode that did not finish: their
+        episodes are abandoned and played again.
+
+        Raises:
+            ResumeDiverged: the log's bank events do not follow from one another, or
+                answering the last message again gives other events than the log's.
+        """
+        mine = [env for env in history if env.actor == ctx.name]
+        last = mine[-1].cause if mine else None  # the message it was answering last
+        if last is None and mine:
+            raise ResumeDiverged(f"the {ctx.name} emitted {mine[-1].event!r} with no cause")
+        done = [env.event for env in mine if env.cause != last]
+        embedder = await ctx.to_thread(self._make_embedder)
+        bank = TipBank(self._settings, embedder.dim)
+        keys = [ev.key for ev in done if isinstance(ev, TipStored)]
+        vectors = iter(await ctx.to_thread(self._embed, embedder, keys))
+        try:
+            for ev in done:
+                bank.evolve(ev, next(vectors) if isinstance(ev, TipStored) else None)
+        except ValueError as exc:
+            raise ResumeDiverged(f"the {ctx.name} cannot rebuild its bank: {exc}") from None
+        received = [env for env in history if isinstance(env.event, self.subscribes)]
+        if last is not None:
+            replay = ReplayContext(ctx.name, ctx.run_seed)
+            again = [env for env in received if env.seq == last]
+            await self._apply(cast(Context, replay), bank, embedder, again)
+            self._tail = replay.settle([env.event for env in mine if env.cause == last])
+        finished = {e.event.episode for e in history if isinstance(e.event, EpisodeFinished)}
+        abandoned = {
+            e.event.episode: e.seq for e in history if isinstance(e.event, EpisodeAbandoned)
+        }
+        after = last if last is not None else -1
+        self._owed = [
+            env for env in received if env.seq > after and _owed(env, finished, abandoned)
+        ]
+        self._restored = bank, embedder
+        ctx.log.info("memory resumed", tips=len(bank.tips), owed=len(self._owed))
 
     async def _apply(
         self, ctx: Context, bank: TipBank, embedder: Embedder, batch: list[Envelope[Event]]
@@ -369,6 +458,19 @@ class MemoryActor(Actor):
             self._cache.move_to_end(t)
             out.append(self._cache[t])
         return out
+
+
+def _owed(env: Envelope[Event], finished: set[str], abandoned: dict[str, int]) -> bool:
+    """Whether a message the bank never applied is applied on resume: not a retrieval (its
+    episode was running, so it is abandoned), nor a tip or extraction of an attempt that did
+    not finish (the episode is running, or was abandoned after the message)."""
+    ev = env.event
+    if isinstance(ev, RetrievalRequested):
+        return False
+    episode = ev.episode if isinstance(ev, TipProposed) else None
+    if isinstance(ev, ExtractorCalled) and ev.task == "extract":
+        episode = ev.source
+    return episode is None or (episode in finished and abandoned.get(episode, -1) < env.seq)
 
 
 def _texts_of(ev: Event) -> list[str]:

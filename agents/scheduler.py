@@ -8,16 +8,20 @@ what each episode is never depends on which worker ran it or when.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from agents.episode_events import (
+    EpisodeAbandoned,
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
     EpisodeStarted,
 )
-from engine.actor import Actor, Context
+from engine.actor import Context
+from engine.events import Event
 from engine.lifecycle import ActorRestarted
+from engine.recovery import Emitted, Replayed
 from engine.seeds import derive_rng, derive_seed
 from scenarios.worlds.base import Task
 
@@ -40,8 +44,13 @@ def episode_id(index: int) -> str:
     return f"ep{index:06d}"
 
 
-class Scheduler(Actor):
-    """Assigns ``episodes`` episodes over ``workers``, one in flight per worker."""
+class Scheduler(Replayed):
+    """Assigns ``episodes`` episodes over ``workers``, one in flight per worker.
+
+    A resumed run (:meth:`Replayed.recover`) records the episodes its previous session left
+    running as :class:`EpisodeAbandoned` and assigns them again (same index and seed) before
+    any new one.
+    """
 
     subscribes = (EpisodeStarted, EpisodeFinished, EpisodeAborted, ActorRestarted)
 
@@ -53,56 +62,83 @@ class Scheduler(Actor):
         self._tasks = tuple(tasks)
         self._episodes = episodes
         self._workers = tuple(workers)
+        self._next = 0  # the next new episode's index
+        self._again: deque[int] = deque()  # abandoned episodes to assign first
+        self._running: dict[str, EpisodeAssigned] = {}  # worker -> its episode
+        self._started: set[str] = set()  # episodes whose worker has begun them
+        self._ended = 0
 
-    async def run(self, ctx: Context) -> None:
-        next_index = 0
-        in_flight: dict[str, str] = {}  # worker -> episode id
-        started: set[str] = set()  # episodes whose worker has begun them
-        ended = 0
-        for worker in self._workers[: self._episodes]:
-            await self._assign(ctx, next_index, worker)
-            in_flight[worker] = episode_id(next_index)
-            next_index += 1
-        async for env in ctx.events():
-            ev = env.event
-            if isinstance(ev, EpisodeStarted):
-                started.add(ev.episode)
-                continue
-            if isinstance(ev, ActorRestarted):
-                # an episode the failed worker had begun is lost; one it had not begun is still
-                # in its mailbox and the restarted worker runs it
-                episode = in_flight.get(ev.actor)
-                if episode is None or episode not in started:
-                    continue
+    async def begin(self, ctx: Context) -> None:
+        for worker in self._workers:
+            await self._assign(ctx, worker)
+
+    async def handle(self, ctx: Context, ev: Event) -> bool:
+        if isinstance(ev, EpisodeStarted):
+            self._started.add(ev.episode)
+            return False
+        if isinstance(ev, ActorRestarted):
+            # an episode the failed worker had begun is lost; one it had not begun is still
+            # in its mailbox and the restarted worker runs it
+            job = self._running.get(ev.actor)
+            if job is not None and job.episode in self._started:
                 await ctx.emit(
-                    EpisodeAborted(episode=episode, worker=ev.actor, reason="worker restarted")
+                    EpisodeAborted(episode=job.episode, worker=ev.actor, reason="worker restarted")
                 )
-                continue
-            assert isinstance(ev, EpisodeFinished | EpisodeAborted)
-            if in_flight.get(ev.worker) != ev.episode:
-                continue  # already counted (an abort recorded for a restarted worker)
-            del in_flight[ev.worker]
-            started.discard(ev.episode)
-            ended += 1
-            if ended == self._episodes:
-                return
-            if next_index < self._episodes:
-                await self._assign(ctx, next_index, ev.worker)
-                in_flight[ev.worker] = episode_id(next_index)
-                next_index += 1
+            return False
+        assert isinstance(ev, EpisodeFinished | EpisodeAborted)
+        job = self._running.get(ev.worker)
+        if job is None or job.episode != ev.episode:
+            return False  # already counted (an abort recorded for a restarted worker)
+        del self._running[ev.worker]
+        self._started.discard(ev.episode)
+        self._ended += 1
+        if self.finished():
+            return True
+        await self._assign(ctx, ev.worker)
+        return False
 
-    async def _assign(self, ctx: Context, index: int, worker: str) -> None:
+    async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
+        """Emit what the replay decided beyond the log (assignments excepted: they never
+        reached a worker), record every episode left running as abandoned, and assign them
+        again, then new ones, to workers that are all free."""
+        unlogged = {ev.episode for ev, _, _ in tail if isinstance(ev, EpisodeAssigned)}
+        for ev, corr, cause in tail:
+            if not isinstance(ev, EpisodeAssigned):
+                await ctx.emit(ev, corr=corr, cause=cause)
+        again = sorted(self._running.values(), key=lambda job: job.index)
+        for job in again:
+            if job.episode not in unlogged:
+                await ctx.emit(
+                    EpisodeAbandoned(episode=job.episode, worker=job.worker, purpose=job.purpose),
+                    corr=job.episode,
+                    cause=None,
+                )
+        self._again.extend(job.index for job in again)
+        self._running.clear()
+        self._started.clear()
+        await self.begin(ctx)
+
+    def finished(self) -> bool:
+        return self._ended == self._episodes
+
+    async def _assign(self, ctx: Context, worker: str) -> None:
+        """Give ``worker`` the next episode to run, if any is left."""
+        if self._again:
+            index = self._again.popleft()
+        elif self._next < self._episodes:
+            index, self._next = self._next, self._next + 1
+        else:
+            return
         task, seed = plan_episode(ctx.run_seed, index, self._tasks)
         eid = episode_id(index)
-        await ctx.emit(
-            EpisodeAssigned(
-                episode=eid,
-                index=index,
-                worker=worker,
-                family=task.family,
-                variant=task.variant,
-                split=task.split,
-                seed=seed,
-            ),
-            corr=eid,
+        job = EpisodeAssigned(
+            episode=eid,
+            index=index,
+            worker=worker,
+            family=task.family,
+            variant=task.variant,
+            split=task.split,
+            seed=seed,
         )
+        self._running[worker] = job
+        await ctx.emit(job, corr=eid)

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast
 
 import msgspec
 
@@ -47,56 +46,14 @@ from agents.policy_events import (
     PolicyUpdated,
 )
 from agents.scheduler import episode_id, plan_episode
-from engine.actor import Actor, Context
-from engine.errors import ResumeDiverged
-from engine.events import Envelope, Event
-from engine.lifecycle import RunResumed
+from engine.actor import Context
+from engine.events import Event
+from engine.recovery import Emitted, Replayed
 from engine.seeds import derive_seed
 from scenarios.schema import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from scenarios.worlds.base import Task
 
 ADV_EPS = 1e-6
-
-_Emitted = tuple[Event, str, int | None]
-"""An event the trainer emitted, with its correlation id and cause."""
-
-
-class _Replay:
-    """The context the trainer is replayed in (``coevo resume``): it records what the
-    trainer emits instead of queuing it."""
-
-    def __init__(self, run_seed: int) -> None:
-        self.run_seed = run_seed
-        self.current: Envelope[Event] | None = None
-        self.emitted: list[_Emitted] = []
-
-    async def emit(
-        self, ev: Event, *, corr: str | None = None, cause: int | Literal[False] | None = False
-    ) -> None:
-        env = self.current
-        if cause is False:
-            cause = env.seq if env is not None else None
-        if corr is None:
-            corr = env.corr if env is not None else ""
-        self.emitted.append((ev, corr, cause))
-
-    def settle(self, logged: list[Event]) -> list[_Emitted]:
-        """Check that the replay emitted ``logged`` first; return (and forget) the rest.
-
-        Raises:
-            ResumeDiverged: the replay emitted something else.
-        """
-        head = [ev for ev, _, _ in self.emitted[: len(logged)]]
-        if head != logged:
-            pairs = enumerate(zip(head, logged, strict=False))
-            at = next((i for i, (a, b) in pairs if a != b), len(head))
-            raise ResumeDiverged(
-                f"the trainer's replay emits {head[at] if at < len(head) else 'nothing'!r} "
-                f"where the log has {logged[at]!r} (its event {at})"
-            )
-        tail = self.emitted[len(logged) :]
-        del self.emitted[len(logged) :]
-        return tail
 
 
 @dataclass
@@ -179,7 +136,7 @@ class _Adapt:
     aborted: int = 0
 
 
-class GrpoTrainer(Actor):
+class GrpoTrainer(Replayed):
     """Plans, feeds and trains a GRPO run (an EMPO2 run with ``empo2`` settings).
 
     Args:
@@ -258,53 +215,19 @@ class GrpoTrainer(Actor):
         self._version = 0
         self._round = 0
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
-        self._done = False
-        self._tail: list[_Emitted] | None = None  # set by recover: what the log lacks
 
     @property
     def updates(self) -> int:
         """The number of updates this run makes."""
         return self._updates
 
-    async def run(self, ctx: Context) -> None:
-        if self._tail is None:
-            await self._begin(ctx)
-        else:
-            await self._resume(ctx, self._tail)
-        if self._done or self._finished():
-            return
-        async for env in ctx.events():
-            if await self._handle(ctx, env.event):
-                return
-
-    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
-        """Replay the trainer on the log's events: it plans and decides as it did, which must
-        give what it logged (else :class:`ResumeDiverged`); what it would have emitted beyond
-        the log is kept for :meth:`run`, which resumes (:meth:`_resume`) before going on.
-        Each earlier resume in ``history`` is replayed too."""
-        replay = _Replay(ctx.run_seed)
-        rctx = cast(Context, replay)
-        logged = [env for env in history if env.actor == ctx.name]
-        await self._begin(rctx)
-        for env in history:
-            ev = env.event
-            if isinstance(ev, RunResumed):
-                n = sum(1 for e in logged if e.seq < env.seq)
-                tail = replay.settle([e.event for e in logged[:n]])
-                await self._resume(rctx, tail)
-            elif isinstance(ev, self.subscribes) and not self._done:
-                replay.current = env
-                self._done = await self._handle(rctx, ev)
-                replay.current = None
-        self._tail = replay.settle([e.event for e in logged])
-
-    async def _begin(self, ctx: Context) -> None:
+    async def begin(self, ctx: Context) -> None:
         self._free = list(self._workers)
         if self._eval_tasks:
             await self._start_round(ctx)
         await self._fill(ctx)
 
-    async def _handle(self, ctx: Context, ev: Event) -> bool:
+    async def handle(self, ctx: Context, ev: Event) -> bool:
         """React to one event; True when the run's work is done."""
         if isinstance(ev, PolicyUpdated):
             self._version = ev.policy_version
@@ -323,12 +246,12 @@ class GrpoTrainer(Actor):
             self._running.pop(ev.episode, None)
             self._free.append(ev.worker)
             await self._ended(ctx, ev)
-        if self._finished():
+        if self.finished():
             return True
         await self._fill(ctx)
         return False
 
-    async def _resume(self, ctx: Context, tail: list[_Emitted]) -> None:
+    async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
         """Continue after the log's end: emit what the replay decided beyond it (assignments
         excepted: they never reached a worker), record every episode left running as
         :class:`EpisodeAbandoned`, and queue them all again (same id and seed) ahead of the
@@ -354,7 +277,7 @@ class GrpoTrainer(Actor):
         self._free = list(self._workers)
         await self._fill(ctx)
 
-    def _finished(self) -> bool:
+    def finished(self) -> bool:
         return (
             self._version == self._updates
             and not self._rounds

@@ -243,10 +243,6 @@ def _drive(
     return outcome.exit_code
 
 
-RESUMABLE = ("grpo",)
-"""The methods whose every actor rebuilds its state on resume."""
-
-
 def cmd_resume(args: argparse.Namespace) -> int:
     from engine.errors import NothingToResume
     from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
@@ -270,11 +266,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
         )
     source = f"{args.run} (its scenario)"
     scenario = to_scenario(parse_toml(meta.scenario_toml, source), source)
-    if scenario.run.method not in RESUMABLE:
-        raise _InputError(
-            f"{args.run}: resume supports run.method in {list(RESUMABLE)}, "
-            f"this run is {scenario.run.method!r}"
-        )
     assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
     log = LmdbEventLog.open(rd.log, writable=True, durable=scenario.runtime.durable)
     ended = isinstance(last.event, RunStopped | RunFailed)

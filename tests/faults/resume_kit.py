@@ -25,7 +25,11 @@ import msgspec
 
 from agents.episode_events import EpisodeAbandoned
 from agents.policy_events import PolicyUpdated
+from engine.errors import LogError
 from engine.events import Envelope, Event
+from engine.lifecycle import RunResumed, RunStopped
+from engine.replay import verify_log
+from scenarios.assemble import projections
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +83,54 @@ progress = false
 """A tiny GRPO scenario that is deterministic on CPU (see docs/RELIABILITY.md, Resume): 3
 updates, an evaluation round after the second and the last, one checkpoint kept."""
 
+EMPO2 = (
+    GRPO.replace('name = "resume-grpo"', 'name = "resume-empo2"')
+    .replace('method = "grpo"', 'method = "empo2"')
+    .replace("episodes = 3\n", "episodes = 3\nadapt_attempts = 2\nadapt_tasks = 2\n")
+    .replace(
+        "[logging]",
+        '[empo2]\np = 1.0\nq = 0.5\ndraw = "episode"\nembedder = "hashing"\ntip_tokens = 6\n\n'
+        "[logging]",
+    )
+)
+"""The GRPO scenario as EMPO2: every training episode reflected on, half of them with tips
+shown, the adaptation test in the first and last evaluation rounds."""
+
+COMPLEMENTARY = (
+    GRPO.replace('name = "resume-grpo"', 'name = "resume-complementary"')
+    .replace('method = "grpo"', 'method = "complementary"')
+    .replace("episodes = 24", "episodes = 32")
+    .replace(
+        "[logging]",
+        '[complementary]\nwarmup = 1\nmerge_every = 2\nbatch = 3\nembedder = "hashing"\n'
+        'max_new_tokens = 12\nlr = 0.05\ncredit = "score"\nextractor = "embedded-ops"\n\n'
+        "[complementary.ops]\nepisodes_per_family = 3\nsteps = 8\nwarmup = 1\nchecks = 1\n\n"
+        "[logging]",
+    )
+)
+"""The GRPO scenario as Complementary RL: a warm-up step, then guided and free halves, the
+extractor trained every 3 credited calls and a merge pass every 2 steps."""
+
+ROLLOUT = """
+name = "resume-rollout"
+seed = 11
+
+[world]
+name = "minilab"
+split = "train"
+
+[agent]
+kind = "explorer"
+
+[run]
+episodes = 400
+workers = 4
+
+[logging]
+progress = false
+"""
+"""Scripted explorers, no model: each episode a pure function of its seed."""
+
 
 def coevo(args: list[str], cache: Path) -> subprocess.Popen[bytes]:
     """Start ``coevo ARGS`` in a subprocess with the model cache at ``cache``."""
@@ -95,7 +147,10 @@ def next_seq(run: Path) -> int:
     """Events the run's log holds now (0 before it exists)."""
     if not (run / "log" / "data.mdb").is_file():
         return 0
-    log = LmdbEventLog.open(run / "log", writable=False)
+    try:
+        log = LmdbEventLog.open(run / "log", writable=False)
+    except LogError:  # the run is creating it: the file is there, its databases not yet
+        return 0
     try:
         return log.next_seq
     finally:
@@ -171,6 +226,11 @@ def duplicates(envs: list[Envelope[Event]]) -> list[str]:
         "policy_updated": "policy_version",
         "gradient_requested": "update",
         "advantages_computed": "group",
+        "tip_stored": "tip_id",
+        "extractor_called": "call",
+        "extractor_updated": "extractor_version",
+        "extractor_gradient_requested": "update",
+        "credit_assigned": "episode",
     }
     seen: Counter[str] = Counter()
     for env in envs:
@@ -179,3 +239,52 @@ def duplicates(envs: list[Envelope[Event]]) -> list[str]:
             seen[f"{kind}:{getattr(env.event, keys[kind])}"] += 1
         seen[f"seq:{env.seq}"] += 1
     return sorted(k for k, n in seen.items() if n > 1)
+
+
+def stop_and_resume(
+    root: Path,
+    scenario: Path,
+    name: str,
+    kills: list[tuple[int, int]],
+    cache: Path | None = None,
+) -> tuple[list[Envelope[Event]], list[list[Envelope[Event]]]]:
+    """Run ``scenario`` into ``root/name``, send each ``(signal, after this many events)`` in
+    turn (the first to the run, the next ones to the resumes), then resume until it completes.
+    Models are cached under ``cache`` (default: ``root``).
+
+    Returns:
+        The final log and the log as it was after each stop.
+    """
+    run = root / name
+    cache = cache or root
+    proc = coevo(["run", str(scenario), "--out", str(run), "--quiet"], cache)
+    after: list[list[Envelope[Event]]] = []
+    for sig, events in kills:
+        code = stop_at(proc, run, events, sig)
+        if code is None:  # it completed before the kill point
+            return read_log(run), after
+        after.append(read_log(run))
+        proc = coevo(["resume", str(run), "--quiet"], cache)
+    finish(proc)
+    return read_log(run), after
+
+
+def check_consistent(
+    run: Path, final: list[Envelope[Event]], after: list[list[Envelope[Event]]]
+) -> None:
+    """What every resumed run must show, deterministic or not: the log verifies, nothing
+    committed before a stop was lost or changed, no fact is recorded twice, and the run
+    completed with one ``run_resumed`` per stop."""
+    log = LmdbEventLog.open(run / "log", writable=False)
+    try:
+        result = verify_log(log, projections())
+    finally:
+        log.close()
+    assert result.ok, result.error
+    assert [env.seq for env in final] == list(range(len(final)))
+    for before in after:
+        assert final[: len(before)] == before
+    assert duplicates(final) == []
+    last = final[-1].event
+    assert isinstance(last, RunStopped) and last.reason == "completed"
+    assert sum(isinstance(env.event, RunResumed) for env in final) == len(after)

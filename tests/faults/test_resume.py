@@ -12,22 +12,19 @@ from pathlib import Path
 import pytest
 from resume_kit import (
     GRPO,
+    check_consistent,
     coevo,
     comparable,
-    duplicates,
     final_digest,
     finish,
     read_log,
-    stop_at,
+    stop_and_resume,
 )
 
 from agents.episode_events import EpisodeAbandoned
 from engine.cli import main
 from engine.events import Envelope, Event
-from engine.lifecycle import RunResumed, RunStopped
-from engine.replay import verify_log
-from scenarios.assemble import projections
-from stores.lmdb_log import LmdbEventLog
+from engine.lifecycle import RunFailed, RunResumed, RunStopped
 
 
 @pytest.fixture(scope="module")
@@ -47,23 +44,7 @@ def reference(root: Path) -> list[Envelope[Event]]:
 def interrupted_run(
     root: Path, name: str, kills: list[tuple[int, int]]
 ) -> tuple[list[Envelope[Event]], list[list[Envelope[Event]]]]:
-    """Run the scenario into ``root/name``, send each ``(signal, after this many events)`` in
-    turn (the first to the run, the next ones to the resumes), then resume until it completes.
-
-    Returns:
-        The final log and the log as it was after each stop.
-    """
-    run = root / name
-    proc = coevo(["run", str(root / "scenario.toml"), "--out", str(run), "--quiet"], root)
-    after: list[list[Envelope[Event]]] = []
-    for sig, events in kills:
-        code = stop_at(proc, run, events, sig)
-        if code is None:  # it completed before the kill point
-            return read_log(run), after
-        after.append(read_log(run))
-        proc = coevo(["resume", str(run), "--quiet"], root)
-    finish(proc)
-    return read_log(run), after
+    return stop_and_resume(root, root / "scenario.toml", name, kills)
 
 
 def check_resumed(
@@ -72,19 +53,7 @@ def check_resumed(
     after: list[list[Envelope[Event]]],
     reference: list[Envelope[Event]],
 ) -> None:
-    log = LmdbEventLog.open(run / "log", writable=False)
-    try:
-        result = verify_log(log, projections())
-    finally:
-        log.close()
-    assert result.ok, result.error
-    assert [env.seq for env in final] == list(range(len(final)))
-    for before in after:  # nothing committed before a stop is lost or changed
-        assert final[: len(before)] == before
-    assert duplicates(final) == []
-    last = final[-1].event
-    assert isinstance(last, RunStopped) and last.reason == "completed"
-    assert sum(isinstance(env.event, RunResumed) for env in final) == len(after)
+    check_consistent(run, final, after)
     assert final_digest(final) == final_digest(reference)
     assert comparable(final) == comparable(reference)
 
@@ -125,6 +94,38 @@ def test_resume_of_a_completed_run_or_of_no_run_is_one_line_and_exit_2(
     assert main(["resume", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a coevo run directory" in err
+
+
+def test_a_failed_run_resumes_and_ends_as_if_it_had_not_failed(
+    root: Path, reference: list[Envelope[Event]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The learner raises in its second update: the run fails (``run_failed``, exit 1). The
+    resume owes that update and ends with the uninterrupted run's digest and events."""
+    import agents.learner
+
+    real = agents.learner.grpo_step
+    calls = []
+
+    def failing(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected learner failure")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setenv("COEVO_CACHE", str(root))
+    monkeypatch.setattr(agents.learner, "grpo_step", failing)
+    run = root / "failed"
+    args = ["run", str(root / "scenario.toml"), "--out", str(run), "--quiet"]
+    assert main(args) == 1
+    before = read_log(run)
+    failed = before[-1].event
+    assert isinstance(failed, RunFailed) and "injected learner failure" in failed.message
+    monkeypatch.setattr(agents.learner, "grpo_step", real)
+    assert main(["resume", str(run), "--quiet"]) == 0
+    final = read_log(run)
+    check_resumed(run, final, [before], reference)
+    resumed = next(env.event for env in final if isinstance(env.event, RunResumed))
+    assert resumed.previous == "run_failed"
 
 
 SWEEP_KILLS = 20

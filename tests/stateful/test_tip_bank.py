@@ -1,18 +1,23 @@
 """The tip bank on usearch against a brute-force reference: random stores (with duplicates and
-evictions) and retrievals over a few slots must give the same events."""
+evictions) and retrievals over a few slots must give the same events. And the bank rebuilt from
+the events it emitted (what ``coevo resume`` does) is the same bank."""
 
 from __future__ import annotations
 
+import copy
 import itertools
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from agents.extractor_events import ExtractorCalled
 from agents.memory import MemorySettings, TipBank
 from agents.memory_events import RetrievalRequested, TipProposed, TipRejected, TipStored
+from engine.events import Event
 
 DIM = 6
 SETTINGS = MemorySettings(capacity=4, threshold=0.3, top_k=3, index="usearch")
@@ -108,3 +113,110 @@ BankVsBruteForce.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None
 )
 TestBankVsBruteForce = BankVsBruteForce.TestCase
+
+
+def text_vector(text: str) -> np.ndarray:
+    """The vector a text embeds to in :class:`BankRebuiltFromItsEvents` (a fixed function)."""
+    return vector(zlib.crc32(text.encode()))
+
+
+class BankRebuiltFromItsEvents(RuleBasedStateMachine):
+    """``coevo resume`` rebuilds the bank by folding the events it emitted
+    (:meth:`TipBank.evolve`): after any mix of stores, extractor operations (which evict and
+    refuse) and retrievals under both rules (which count picks), the rebuilt bank must hold
+    the same tips, counts and order, and answer the same."""
+
+    @initialize()
+    def start(self) -> None:
+        self.bank = TipBank(DIVERSE, DIM)
+        self.events: list[Event] = []
+        self.calls = 0
+
+    @rule(slot=st.sampled_from(SLOTS), text=st.sampled_from(TEXTS), score=st.floats(0, 1))
+    def store(self, slot: str, text: str, score: float) -> None:
+        tip = TipProposed(
+            episode="e",
+            slot=slot,
+            key=f"key of {text}",
+            score=score,
+            text=text,
+            prompt_ids=(),
+            response_ids=(),
+            token_logps=(),
+            temperature=0.0,
+            policy_version=0,
+        )
+        self.events += self.bank.store(tip, text_vector(tip.key))
+
+    @rule(
+        slot=st.sampled_from(SLOTS),
+        ops=st.lists(
+            st.tuples(
+                st.sampled_from(["add", "update", "merge", "discard", "return"]),
+                st.lists(st.integers(0, 30), max_size=2),
+                st.sampled_from(TEXTS),
+            ),
+            max_size=3,
+        ),
+    )
+    def extract(self, slot: str, ops: list[tuple[str, list[int], str]]) -> None:
+        self.calls += 1
+        triples = tuple(
+            (op, () if op == "add" else tuple(ids), "" if op == "discard" else text)
+            for op, ids, text in ops
+        )
+        called = ExtractorCalled(
+            call=f"x{self.calls}",
+            task="extract",
+            source=f"ep{self.calls}",
+            slot=slot,
+            prompt_ids=(),
+            response_ids=(),
+            token_logps=(),
+            text="",
+            temperature=1.0,
+            extractor_version=0,
+            ops=triples,
+        )
+        contents = [c for op, _, c in triples if op not in ("discard", "return")]
+        self.events += self.bank.apply(called, [text_vector(c) for c in contents])
+
+    @rule(slot=st.sampled_from(SLOTS), seed=st.integers(0, 10_000), diverse=st.booleans())
+    def retrieve(self, slot: str, seed: int, diverse: bool) -> None:
+        req = RetrievalRequested(
+            episode="q",
+            worker="w",
+            turn=0,
+            slot=slot,
+            query="",
+            rule="diverse" if diverse else "threshold",
+            k=1 if diverse else 0,
+        )
+        self.events.append(self.bank.retrieve(req, vector(seed + 1_000_000)))
+
+    @invariant()
+    def rebuilt_bank_is_the_bank(self) -> None:
+        rebuilt = TipBank(DIVERSE, DIM)
+        for ev in self.events:
+            rebuilt.evolve(ev, text_vector(ev.key) if isinstance(ev, TipStored) else None)
+        assert rebuilt.tips == self.bank.tips
+        assert rebuilt.slots() == self.bank.slots()
+        for slot in SLOTS:
+            assert rebuilt.entries(slot) == self.bank.entries(slot)
+            probe = RetrievalRequested(episode="p", worker="w", turn=0, slot=slot, query="")
+            q = vector(7)
+            assert rebuilt.retrieve(probe, q) == self.bank.retrieve(probe, q)
+        pick = RetrievalRequested(
+            episode="p", worker="w", turn=0, slot=SLOTS[0], query="", rule="diverse", k=1
+        )
+        assert rebuilt.retrieve(pick, vector(8)) == copy.deepcopy(self.bank).retrieve(
+            pick, vector(8)
+        )
+
+
+DIVERSE = MemorySettings(capacity=4, threshold=0.3, top_k=3, index="exact", recent=2, pool=3)
+
+BankRebuiltFromItsEvents.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, deadline=None
+)
+TestBankRebuiltFromItsEvents = BankRebuiltFromItsEvents.TestCase

@@ -1,0 +1,203 @@
+"""``coevo resume`` of rollout, EMPO2 and Complementary RL runs (GRPO: test_resume.py).
+
+A scripted rollout is deterministic, so a run killed and resumed must have the events of the
+same run left alone. EMPO2's and Complementary RL's runs are not deterministic even when left
+alone: the memory's writes (a reflection, an extraction) race its reads (the next episode's
+retrieval), see docs/RELIABILITY.md. For them a resume is checked for what it owes: the log
+verifies, nothing committed is lost or recorded twice, every request of a finished episode is
+answered exactly once, the bank's events follow from one another, the version chains of both
+models are unbroken, every update re-executes bit for bit from the log (the resumed learner
+and extractor trained from the weights and optimiser moments they had), and every credit
+re-derives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from resume_kit import (
+    COMPLEMENTARY,
+    EMPO2,
+    ROLLOUT,
+    check_consistent,
+    coevo,
+    comparable,
+    finish,
+    read_log,
+    stop_and_resume,
+)
+
+from agents.episode_events import EpisodeAbandoned, EpisodeFinished
+from agents.extractor_events import (
+    ExtractionRequested,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+    MergeRequested,
+)
+from agents.memory_events import (
+    ReflectionRequested,
+    TipEvicted,
+    TipProposed,
+    TipRejected,
+    TipsRetrieved,
+    TipStored,
+)
+from agents.policy_events import PolicyUpdated
+from engine.cli import main
+from engine.events import Envelope, Event
+
+
+def kills(rng: random.Random, n: int, stops: int) -> list[tuple[int, int]]:
+    """``stops`` stops at increasing random points of a run of about ``n`` events, the
+    first a SIGINT, the others SIGKILL."""
+    points = sorted(rng.sample(range(n // 10, n - n // 10), stops))
+    return [(signal.SIGINT if i == 0 else signal.SIGKILL, at) for i, at in enumerate(points)]
+
+
+def scenario(root: Path, text: str) -> Path:
+    path = root / "scenario.toml"
+    path.write_text(text)
+    return path
+
+
+# --- rollout ------------------------------------------------------------------------------------
+
+
+def test_a_rollout_stopped_three_times_ends_as_the_run_left_alone(tmp_path: Path) -> None:
+    toml = scenario(tmp_path, ROLLOUT)
+    finish(coevo(["run", str(toml), "--out", str(tmp_path / "ref"), "--quiet"], tmp_path))
+    reference = read_log(tmp_path / "ref")
+    stops = kills(random.Random(3), len(reference), 3)
+    final, after = stop_and_resume(tmp_path, toml, "stopped", stops)
+    assert len(after) == 3, "the run ended before a stop"
+    check_consistent(tmp_path / "stopped", final, after)
+    assert comparable(final) == comparable(reference)
+    assert any(isinstance(env.event, EpisodeAbandoned) for env in final)
+
+
+# --- what every resumed learning run owes --------------------------------------------------------
+
+
+def answered_once(final: list[Envelope[Event]]) -> None:
+    """Every request of an attempt that finished is answered exactly once (a reflection by a
+    tip, a tip by the bank, an extraction or a merge by an extractor call); a request of an
+    abandoned attempt at most once (before the stop, never after the resume)."""
+    finished = {env.event.episode for env in final if isinstance(env.event, EpisodeFinished)}
+    abandoned = {
+        env.event.episode: env.seq for env in final if isinstance(env.event, EpisodeAbandoned)
+    }
+    answers = (TipProposed, TipStored, TipRejected, ExtractorCalled)
+    causes = Counter(env.cause for env in final if isinstance(env.event, answers))
+    for env in final:
+        ev = env.event
+        if isinstance(ev, ReflectionRequested | TipProposed | ExtractionRequested):
+            live = ev.episode in finished and abandoned.get(ev.episode, -1) < env.seq
+            assert causes[env.seq] == 1 if live else causes[env.seq] <= 1, (env.seq, ev)
+        elif isinstance(ev, MergeRequested):
+            assert causes[env.seq] == 1, (env.seq, ev)
+
+
+def versions_chain(final: list[Envelope[Event]], kind: type, field: str) -> None:
+    """Versions 1, 2, ... in order, each starting from the digest its predecessor ended at."""
+    updates = [env.event for env in final if isinstance(env.event, kind)]
+    assert [getattr(u, field) for u in updates] == list(range(1, len(updates) + 1))
+    for before, now in itertools.pairwise(updates):
+        assert now.parent_digest == before.digest
+
+
+def bank_follows(final: list[Envelope[Event]]) -> None:
+    """Tip ids are given out in order, an eviction names a tip held, and a retrieval shows
+    only tips held when it answered."""
+    held: set[int] = set()
+    next_id = 0
+    for env in final:
+        ev = env.event
+        if isinstance(ev, TipStored):
+            assert ev.tip_id == next_id
+            held.add(ev.tip_id)
+            next_id += 1
+        elif isinstance(ev, TipEvicted):
+            held.remove(ev.tip_id)
+        elif isinstance(ev, TipsRetrieved):
+            assert set(ev.tip_ids) <= held, env.seq
+
+
+def reexecutes(run: Path, cache: Path) -> None:
+    """``coevo replay --reexecute-learner`` re-derives every update's digest."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COEVO_CACHE", str(cache))
+        assert main(["replay", str(run), "--reexecute-learner"]) == 0
+
+
+LENGTH = {"empo2": 3500, "complementary": 3000}
+"""About how many events each tiny run logs (stops fall between 10% and 90% of it)."""
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The models' cache, shared by this module's runs (each builds them once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def stopped_run(
+    root: Path, cache: Path, method: str, seed: int, stops: int
+) -> tuple[Path, list[Envelope[Event]], list[list[Envelope[Event]]]]:
+    """Run the tiny ``method`` scenario with ``stops`` stops, resumed after each."""
+    root.mkdir(parents=True, exist_ok=True)
+    toml = scenario(root, EMPO2 if method == "empo2" else COMPLEMENTARY)
+    plan = kills(random.Random(seed), LENGTH[method], stops)
+    final, after = stop_and_resume(root, toml, "stopped", plan, cache)
+    assert len(after) == stops, "the run ended before a stop"
+    return root / "stopped", final, after
+
+
+def test_an_empo2_run_stopped_twice_resumes_consistently(tmp_path: Path, cache: Path) -> None:
+    run, final, after = stopped_run(tmp_path, cache, "empo2", 5, 2)
+    check_consistent(run, final, after)
+    answered_once(final)
+    bank_follows(final)
+    versions_chain(final, PolicyUpdated, "policy_version")
+    reexecutes(run, cache)
+
+
+def test_a_complementary_run_stopped_twice_resumes_consistently(
+    tmp_path: Path, cache: Path
+) -> None:
+    run, final, after = stopped_run(tmp_path, cache, "complementary", 6, 2)
+    check_consistent(run, final, after)
+    answered_once(final)
+    bank_follows(final)
+    versions_chain(final, PolicyUpdated, "policy_version")
+    versions_chain(final, ExtractorUpdated, "extractor_version")
+    asked = [env.event.update for env in final if isinstance(env.event, ExtractorGradientRequested)]
+    made = [env.event.update for env in final if isinstance(env.event, ExtractorUpdated)]
+    assert made == asked
+    calls = [env.event.call for env in final if isinstance(env.event, ExtractorCalled)]
+    assert len(calls) == len(set(calls))
+    reexecutes(run, cache)
+    assert main(["audit", str(run), "credit"]) == 0
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("method", ["empo2", "complementary"])
+def test_sweep_of_stops_each_resumed(tmp_path: Path, cache: Path, method: str) -> None:
+    """Ten stops in chains of resumes, checked as above after each chain completes."""
+    survived = 0
+    for chain in range(5):
+        run, final, after = stopped_run(tmp_path / f"c{chain}", cache, method, 100 + chain, 2)
+        check_consistent(run, final, after)
+        answered_once(final)
+        bank_follows(final)
+        versions_chain(final, PolicyUpdated, "policy_version")
+        reexecutes(run, cache)
+        survived += len(after)
+        if method == "complementary":
+            assert main(["audit", str(run), "credit"]) == 0
+    assert survived == 10
