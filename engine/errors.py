@@ -77,6 +77,14 @@ class SequenceConflict(LogError):
         )
 
 
+class NotALog(LogError):
+    """The path holds an LMDB file, but not a coevo event log (another program's database).
+    Bad input, like :class:`RunNotFound`; unlike :class:`LogCorrupted`, nothing says it ever
+    was a coevo log."""
+
+    exit_code = 2
+
+
 class LogWriteFailed(LogError):
     """The file system refused a commit to the log: the disk is full (LMDB reports it as an
     I/O error), a quota or file size limit was reached, or the device failed.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from engine.errors import LogError, LogLocked
+from engine.errors import LogError, LogLocked, NotALog
 
 if TYPE_CHECKING:
     from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
@@ -56,7 +56,7 @@ def open_env(
             dbs = [env.open_db(name, create=False) for name in DB_NAMES]
     except lmdb.NotFoundError:
         env.close()
-        raise LogError(f"no coevo event log at {path} (LMDB file without its databases)") from None
+        raise NotALog(f"no coevo event log at {path} (LMDB file without its databases)") from None
     except lmdb.Error as exc:  # MDB_CORRUPTED and friends: damaged pages
         env.close()
         raise LogError(f"event log at {path} is damaged: LMDB cannot open it ({exc})") from None

@@ -187,7 +187,9 @@ def test_a_complementary_run_stopped_twice_resumes_consistently(
 @pytest.mark.faults
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("method", ["empo2", "complementary"])
-def test_sweep_of_stops_each_resumed(tmp_path: Path, cache: Path, method: str) -> None:
+def test_sweep_of_stops_each_resumed(
+    tmp_path: Path, cache: Path, method: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Ten stops in chains of resumes, checked as above after each chain completes."""
     survived = 0
     for chain in range(5):
@@ -200,4 +202,19 @@ def test_sweep_of_stops_each_resumed(tmp_path: Path, cache: Path, method: str) -
         survived += len(after)
         if method == "complementary":
             assert main(["audit", str(run), "credit"]) == 0
+        with capsys.disabled():
+            abandoned = sum(isinstance(env.event, EpisodeAbandoned) for env in final)
+            signals = ", ".join(f"{sig.name} at {at}" for sig, at in plan_of(method, chain))
+            print(
+                f"\n{method} chain {chain}: {len(after)} stops survived ({signals}), "
+                f"{abandoned} episodes abandoned, {len(final)} events"
+            )
     assert survived == 10
+
+
+def plan_of(method: str, chain: int) -> list[tuple[signal.Signals, int]]:
+    """The stops of a sweep's chain (as :func:`stopped_run` draws them)."""
+    return [
+        (signal.Signals(sig), at)
+        for sig, at in kills(random.Random(100 + chain), LENGTH[method], 2)
+    ]

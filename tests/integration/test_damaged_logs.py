@@ -280,6 +280,8 @@ def test_directories_that_are_not_runs(run_dir: Path, tmp_path: Path) -> None:
         path, fragment = paths[result.name]
         assert_one_line(result, fragment, str(path))
         assert result.out == ""
+        if result.name in ("missing", "empty", "a file", "another LMDB"):
+            assert result.code == 2, result  # bad input, as a wrong path is
 
 
 @pytest.mark.faults
