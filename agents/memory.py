@@ -361,8 +361,10 @@ class MemoryActor(Actor):
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Rebuild the bank as a fold of what it emitted (:meth:`TipBank.evolve`, each stored
-        tip's key embedded again), finish the message it was answering when the run stopped,
-        and owe :meth:`run` the messages it never applied. Retrieval requests left unanswered
+        tip's key embedded again), finish the message it was answering when the run stopped
+        (a retrieval has one answer, so its is folded like the rest; any other message is
+        answered again and what the log lacks of its answer kept for :meth:`run`), and owe
+        :meth:`run` the messages it never applied. Retrieval requests left unanswered
         are not owed, nor is a tip or an extraction of an episode that did not finish: their
         episodes are abandoned and played again.
 
@@ -374,20 +376,24 @@ class MemoryActor(Actor):
         last = mine[-1].cause if mine else None  # the message it was answering last
         if last is None and mine:
             raise ResumeDiverged(f"the {ctx.name} emitted {mine[-1].event!r} with no cause")
-        done = [env.event for env in mine if env.cause != last]
+        received = [env for env in history if isinstance(env.event, self.subscribes)]
+        again = [env for env in received if env.seq == last]
+        if last is not None and not again:
+            raise ResumeDiverged(f"the {ctx.name} answered seq {last}, which it never received")
+        if again and isinstance(again[0].event, RetrievalRequested):
+            again = []  # one answer, complete: folded (answering again re-embeds the query)
+        done = [env.event for env in mine if not again or env.cause != last]
         embedder = await ctx.to_thread(self._make_embedder)
         bank = TipBank(self._settings, embedder.dim)
         keys = [ev.key for ev in done if isinstance(ev, TipStored)]
-        vectors = iter(await ctx.to_thread(self._embed, embedder, keys))
+        vectors = iter(await ctx.to_thread(embed_all, embedder, keys))
         try:
             for ev in done:
                 bank.evolve(ev, next(vectors) if isinstance(ev, TipStored) else None)
         except ValueError as exc:
             raise ResumeDiverged(f"the {ctx.name} cannot rebuild its bank: {exc}") from None
-        received = [env for env in history if isinstance(env.event, self.subscribes)]
-        if last is not None:
+        if again:
             replay = ReplayContext(ctx.name, ctx.run_seed)
-            again = [env for env in received if env.seq == last]
             await self._apply(cast(Context, replay), bank, embedder, again)
             self._tail = replay.settle([env.event for env in mine if env.cause == last])
         finished = {e.event.episode for e in history if isinstance(e.event, EpisodeFinished)}
@@ -458,6 +464,16 @@ class MemoryActor(Actor):
             self._cache.move_to_end(t)
             out.append(self._cache[t])
         return out
+
+
+def embed_all(embedder: Embedder, texts: Sequence[str], chunk: int = 1024) -> list[np.ndarray]:
+    """Vectors of ``texts`` (each distinct text embedded once, ``chunk`` at a time; blocking)."""
+    distinct = list(dict.fromkeys(texts))
+    vectors: dict[str, np.ndarray] = {}
+    for k in range(0, len(distinct), chunk):
+        part = distinct[k : k + chunk]
+        vectors.update(zip(part, embedder.embed(part), strict=True))
+    return [vectors[t] for t in texts]
 
 
 def _owed(env: Envelope[Event], finished: set[str], abandoned: dict[str, int]) -> bool:

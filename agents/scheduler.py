@@ -103,8 +103,15 @@ class Scheduler(Replayed):
         again, then new ones, to workers that are all free."""
         unlogged = {ev.episode for ev, _, _ in tail if isinstance(ev, EpisodeAssigned)}
         for ev, corr, cause in tail:
-            if not isinstance(ev, EpisodeAssigned):
-                await ctx.emit(ev, corr=corr, cause=cause)
+            if isinstance(ev, EpisodeAssigned):
+                continue
+            if isinstance(ev, EpisodeAborted):  # a restarted worker's: it ends the episode now
+                job = self._running.get(ev.worker)
+                if job is not None and job.episode == ev.episode:
+                    del self._running[ev.worker]
+                    self._started.discard(ev.episode)
+                    self._ended += 1
+            await ctx.emit(ev, corr=corr, cause=cause)
         again = sorted(self._running.values(), key=lambda job: job.index)
         for job in again:
             if job.episode not in unlogged:

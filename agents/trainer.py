@@ -272,6 +272,8 @@ class GrpoTrainer(Replayed):
                 )
             if job.episode in self._similar:
                 self._similar[job.episode] = []
+            if job.episode in self._adapts:  # the re-run's own tip is awaited
+                self._adapts[job.episode].tip_done.discard(job.episode)
         self._running.clear()
         self._queue.extendleft(msgspec.structs.replace(j, worker="") for j in reversed(again))
         self._free = list(self._workers)

@@ -196,7 +196,7 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
     """
     p = scenario.policy
     if p.model != "embedded":
-        return check_model_dir(Path(p.model).expanduser(), "policy.model")
+        return check_model_dir(Path(p.model).expanduser(), f"{source}: $.policy.model")
     return ensure_embedded(embedded_spec(scenario, source), threads=p.threads or None)
 
 
@@ -208,7 +208,7 @@ def check_policy_model(scenario: Scenario, source: str) -> None:
         ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
     if scenario.policy.model != "embedded":
-        check_model_dir(Path(scenario.policy.model).expanduser(), "policy.model")
+        check_model_dir(Path(scenario.policy.model).expanduser(), f"{source}: $.policy.model")
     else:
         embedded_spec(scenario, source)
 
@@ -249,12 +249,13 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     if c.extractor == "embedded":
         return model
     if c.extractor != "embedded-ops":
-        return check_model_dir(Path(c.extractor).expanduser(), "complementary.extractor")
+        where = f"{source}: $.complementary.extractor"
+        return check_model_dir(Path(c.extractor).expanduser(), where)
     if scenario.policy.model != "embedded":
         raise ScenarioInvalid(
             source,
             '$.complementary.extractor: "embedded-ops" teaches the embedded model the '
-            f"operation format, but policy.model is {scenario.policy.model!r}",
+            f"operation format, but $.policy.model is {scenario.policy.model!r}",
         )
     fields = {"max_ops": c.max_ops, "max_new_tokens": c.max_new_tokens}
     fields.update(_known_fields(c.ops, OpsSpec, "$.complementary.ops", source))

@@ -303,7 +303,11 @@ class Checkpoints(Protocol):
         ...
 
     def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
-        """The optimiser tensors saved with ``name``, or None if none were."""
+        """The optimiser tensors saved with ``name``, or None if none were.
+
+        Raises:
+            ModelUnavailable: they were saved but cannot be read back.
+        """
         ...
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
@@ -368,7 +372,14 @@ class DirCheckpoints:
 
     def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
         path = self.root / Path(name).name / OPTIMIZER_FILE
-        return load_file(str(path)) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # SafetensorError, OSError: damaged since it was written
+            raise ModelUnavailable(
+                f"optimizer state of {name} is damaged: {_one_line(exc)}"
+            ) from None
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
         path = self.root / Path(name).name / "model.safetensors"

@@ -169,7 +169,8 @@ def test_pickled_weights_are_refused_by_the_cli_before_anything_runs(
             args += ["--out", str(tmp_path / "run"), "--quiet"]
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"coevo: error: policy.model = '{path}': weights only in pickle")
+        prefix = f"coevo: error: {QUICKSTART}: $.policy.model = '{path}': weights only in pickle"
+        assert err.startswith(prefix)
         assert err.count("\n") == 1
     assert not (tmp_path / "run").exists()
     assert not marker.exists()
@@ -257,6 +258,7 @@ def test_a_bad_extractor_directory_is_refused_by_validate(
     )
     err = capsys.readouterr().err
     assert err == (
-        f"coevo: error: complementary.extractor = '{tmp_path / 'nope'}': no such directory "
+        f"coevo: error: {scenario}: $.complementary.extractor = '{tmp_path / 'nope'}': "
+        "no such directory "
         "(a model is a Hugging Face model directory)\n"
     )

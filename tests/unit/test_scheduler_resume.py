@@ -1,0 +1,145 @@
+"""The scheduler rebuilt for ``coevo resume`` (:class:`engine.recovery.Replayed`): replayed on a
+log it must reproduce, then continuing where the log ends."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+import trio
+
+from agents.episode_events import (
+    EpisodeAbandoned,
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+)
+from agents.scheduler import Scheduler
+from engine.actor import Context
+from engine.errors import ResumeDiverged
+from engine.events import Envelope, Event
+from engine.lifecycle import ActorRestarted
+from engine.recovery import ReplayContext
+from scenarios.worlds.base import Task
+
+TASKS = [Task(family="fetch", variant=v, split="train") for v in range(3)]
+WORKERS = ("w0", "w1")
+SEED = 4
+
+
+def logged(events: list[tuple[str, Event]]) -> list[Envelope[Event]]:
+    return [
+        Envelope(seq=i, run="r", t=0, actor=actor, event=ev) for i, (actor, ev) in enumerate(events)
+    ]
+
+
+def live_log(episodes: int, ends: list[tuple[str, Event]]) -> list[Envelope[Event]]:
+    """What a live scheduler emits for ``ends`` (the other actors' events), interleaved as a
+    log would hold them: each of its events right after the event that caused it."""
+    out: list[tuple[str, Event]] = []
+    sched = Scheduler(TASKS, episodes, WORKERS)
+    ctx = ReplayContext("scheduler", SEED)
+
+    async def drive() -> None:
+        await sched.begin(cast(Context, ctx))
+        out.extend(("scheduler", ev) for ev, _, _ in ctx.emitted)
+        ctx.emitted.clear()
+        for actor, ev in ends:
+            out.append((actor, ev))
+            await sched.handle(cast(Context, ctx), ev)
+            out.extend(("scheduler", e) for e, _, _ in ctx.emitted)
+            ctx.emitted.clear()
+
+    trio.run(drive)
+    return logged(out)
+
+
+def resumed(history: list[Envelope[Event]], episodes: int) -> tuple[Scheduler, list[Event]]:
+    """A scheduler recovered on ``history``, and what it emits when it resumes."""
+    sched = Scheduler(TASKS, episodes, WORKERS)
+    ctx = ReplayContext("scheduler", SEED)
+
+    async def go() -> None:
+        await sched.recover(cast(Context, ctx), history)
+        assert sched._tail is not None
+        await sched.resume(cast(Context, ctx), sched._tail)
+
+    trio.run(go)
+    return sched, [ev for ev, _, _ in ctx.emitted]
+
+
+def started(ep: str, worker: str) -> EpisodeStarted:
+    return EpisodeStarted(episode=ep, worker=worker, goal="", observation="", admissible=())
+
+
+def finished(ep: str, worker: str) -> EpisodeFinished:
+    return EpisodeFinished(
+        episode=ep,
+        worker=worker,
+        family="fetch",
+        variant=0,
+        split="train",
+        steps=1,
+        score=1.0,
+        success=True,
+        total_reward=1.0,
+    )
+
+
+def test_episodes_left_running_are_abandoned_and_assigned_again_first() -> None:
+    history = live_log(5, [("w0", started("ep000000", "w0")), ("w0", finished("ep000000", "w0"))])
+    sched, out = resumed(history, 5)
+    # ep000001 (w1) and ep000002 (w0, assigned after ep000000) were running
+    assert [(type(e).__name__, e.episode) for e in out] == [  # type: ignore[attr-defined]
+        ("EpisodeAbandoned", "ep000001"),
+        ("EpisodeAbandoned", "ep000002"),
+        ("EpisodeAssigned", "ep000001"),
+        ("EpisodeAssigned", "ep000002"),
+    ]
+    again = [e for e in out if isinstance(e, EpisodeAssigned)]
+    first = {e.episode: e for e in (env.event for env in history) if isinstance(e, EpisodeAssigned)}
+    for job in again:  # the same episode: index and seed
+        assert (job.index, job.seed) == (first[job.episode].index, first[job.episode].seed)
+    assert not sched.finished()
+
+
+def test_an_abort_the_log_lacks_ends_its_episode_instead_of_abandoning_it() -> None:
+    """A worker restarted, the run stopped before the scheduler's abort was committed: the
+    resume records the abort, does not also abandon and re-run that episode, and hands the
+    worker the next new episode."""
+    ends = [("w0", started("ep000000", "w0")), ("runtime", ActorRestarted(actor="w0", attempt=1))]
+    full = live_log(3, ends)
+    assert isinstance(full[-1].event, EpisodeAborted)
+    sched, out = resumed(full[:-1], 3)
+    assert isinstance(out[0], EpisodeAborted) and out[0].episode == "ep000000"
+    assert not any(isinstance(e, EpisodeAbandoned) and e.episode == "ep000000" for e in out)
+    assigned = [e.episode for e in out if isinstance(e, EpisodeAssigned)]
+    assert "ep000000" not in assigned and assigned == ["ep000001", "ep000002"]
+    ctx = cast(Context, ReplayContext("scheduler", SEED))
+
+    async def finish_both() -> list[bool]:
+        jobs = [e for e in out if isinstance(e, EpisodeAssigned)]
+        return [await sched.handle(ctx, finished(j.episode, j.worker)) for j in jobs]
+
+    assert trio.run(finish_both) == [False, True]  # 3 ended: the aborted one counted once
+
+
+def test_a_log_the_replay_does_not_reproduce_is_refused() -> None:
+    history = live_log(5, [("w0", started("ep000000", "w0")), ("w0", finished("ep000000", "w0"))])
+    first = history[0]
+    assert isinstance(first.event, EpisodeAssigned)
+    wrong = Envelope(
+        seq=0,
+        run="r",
+        t=0,
+        actor="scheduler",
+        event=EpisodeAssigned(
+            **{
+                **{f: getattr(first.event, f) for f in first.event.__struct_fields__},
+                "seed": first.event.seed + 1,
+            }
+        ),
+    )
+    with pytest.raises(ResumeDiverged, match="scheduler's replay emits"):
+        resumed([wrong, *history[1:]], 5)
