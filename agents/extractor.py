@@ -46,6 +46,7 @@ from agents.extractor_events import (
     Op,
 )
 from agents.inference import write_replies
+from agents.learner import adamw
 from agents.policy import response_logps
 from engine.actor import Actor, Context
 from engine.errors import ModelUnavailable, ResumeDiverged
@@ -101,10 +102,7 @@ class ExtractorModel:
 
     def optimiser(self, lr: float) -> torch.optim.Optimizer:
         """The AdamW optimiser, created on first use; ``lr`` applies from this step on."""
-        if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.optimizer = adamw(self.model, self.optimizer, lr)
         return self.optimizer
 
     def answer(self, requests: Sequence[Request], calls: Sequence[str]) -> list[ExtractorCalled]:

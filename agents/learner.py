@@ -90,11 +90,18 @@ class Trainee:
 
     def optimiser(self, lr: float) -> torch.optim.Optimizer:
         """The AdamW optimiser, created on first use; ``lr`` applies from this step on."""
-        if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.optimizer = adamw(self.model, self.optimizer, lr)
         return self.optimizer
+
+
+def adamw(model: Any, optimizer: torch.optim.Optimizer | None, lr: float) -> torch.optim.Optimizer:
+    """``optimizer``, or a new AdamW without weight decay over ``model``'s parameters if None,
+    with ``lr`` from its next step on (the policy's and the extractor's optimiser)."""
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return optimizer
 
 
 def sample_logps(

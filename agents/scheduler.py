@@ -9,7 +9,7 @@ what each episode is never depends on which worker ran it or when.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from agents.episode_events import (
     EpisodeAbandoned,
@@ -42,6 +42,24 @@ def plan_episode(run_seed: int, index: int, tasks: Sequence[Task]) -> tuple[Task
 def episode_id(index: int) -> str:
     """The id of the ``index``-th episode."""
     return f"ep{index:06d}"
+
+
+async def abandon_running(
+    ctx: Context, running: Iterable[EpisodeAssigned], tail: Sequence[Emitted]
+) -> list[EpisodeAssigned]:
+    """Record the episodes a stopped run left running as :class:`EpisodeAbandoned` and return
+    them in index order, to be run again (a resume). An assignment in ``tail`` (what the
+    replay decided beyond the log) never reached its worker: it is run again, not abandoned."""
+    unlogged = {ev.episode for ev, _, _ in tail if isinstance(ev, EpisodeAssigned)}
+    again = sorted(running, key=lambda job: job.index)
+    for job in again:
+        if job.episode not in unlogged:
+            await ctx.emit(
+                EpisodeAbandoned(episode=job.episode, worker=job.worker, purpose=job.purpose),
+                corr=job.episode,
+                cause=None,
+            )
+    return again
 
 
 class Scheduler(Replayed):
@@ -101,7 +119,6 @@ class Scheduler(Replayed):
         """Emit what the replay decided beyond the log (assignments excepted: they never
         reached a worker), record every episode left running as abandoned, and assign them
         again, then new ones, to workers that are all free."""
-        unlogged = {ev.episode for ev, _, _ in tail if isinstance(ev, EpisodeAssigned)}
         for ev, corr, cause in tail:
             if isinstance(ev, EpisodeAssigned):
                 continue
@@ -112,14 +129,7 @@ class Scheduler(Replayed):
                     self._started.discard(ev.episode)
                     self._ended += 1
             await ctx.emit(ev, corr=corr, cause=cause)
-        again = sorted(self._running.values(), key=lambda job: job.index)
-        for job in again:
-            if job.episode not in unlogged:
-                await ctx.emit(
-                    EpisodeAbandoned(episode=job.episode, worker=job.worker, purpose=job.purpose),
-                    corr=job.episode,
-                    cause=None,
-                )
+        again = await abandon_running(ctx, self._running.values(), tail)
         self._again.extend(job.index for job in again)
         self._running.clear()
         self._started.clear()

@@ -30,7 +30,6 @@ import msgspec
 from agents.advantages import group_advantages, group_stats, subgroup_advantages, subgroup_weights
 from agents.empo2 import intrinsic_reward, rollout_of
 from agents.episode_events import (
-    EpisodeAbandoned,
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
@@ -45,7 +44,7 @@ from agents.policy_events import (
     GradientRequested,
     PolicyUpdated,
 )
-from agents.scheduler import episode_id, plan_episode
+from agents.scheduler import abandon_running, episode_id, plan_episode
 from engine.actor import Context
 from engine.events import Event
 from engine.recovery import Emitted, Replayed
@@ -256,20 +255,11 @@ class GrpoTrainer(Replayed):
         excepted: they never reached a worker), record every episode left running as
         :class:`EpisodeAbandoned`, and queue them all again (same id and seed) ahead of the
         rest, on workers that are all free."""
-        unlogged = set[str]()
         for ev, corr, cause in tail:
-            if isinstance(ev, EpisodeAssigned):
-                unlogged.add(ev.episode)
-            else:
+            if not isinstance(ev, EpisodeAssigned):
                 await ctx.emit(ev, corr=corr, cause=cause)
-        again = sorted(self._running.values(), key=lambda job: job.index)
+        again = await abandon_running(ctx, self._running.values(), tail)
         for job in again:
-            if job.episode not in unlogged:
-                await ctx.emit(
-                    EpisodeAbandoned(episode=job.episode, worker=job.worker, purpose=job.purpose),
-                    corr=job.episode,
-                    cause=None,
-                )
             if job.episode in self._similar:
                 self._similar[job.episode] = []
             if job.episode in self._adapts:  # the re-run's own tip is awaited
