@@ -157,6 +157,7 @@ class TipBank:
             vec = next(contents) if op != "discard" and op != "return" else None
             if op == "return":
                 continue
+            ids = tuple(dict.fromkeys(ids))  # the parser refuses repeated ids; never evict twice
             gone = [i for i in ids if i not in self.tips or self.tips[i].slot != called.slot]
             if gone:
                 events.append(self._refused(called, "gone"))

@@ -220,3 +220,38 @@ BankRebuiltFromItsEvents.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None
 )
 TestBankRebuiltFromItsEvents = BankRebuiltFromItsEvents.TestCase
+
+
+def test_an_operation_naming_an_entry_twice_evicts_it_once() -> None:
+    """Found by ``BankRebuiltFromItsEvents``: ``update`` of entries (2, 2) raised KeyError."""
+    bank = TipBank(DIVERSE, DIM)
+    for text in ("tip 0", "tip 1", "tip 2"):
+        tip = TipProposed(
+            episode="e",
+            slot="s",
+            key=text,
+            score=0.0,
+            text=text,
+            prompt_ids=(),
+            response_ids=(),
+            token_logps=(),
+            temperature=0.0,
+            policy_version=0,
+        )
+        bank.store(tip, text_vector(text))
+    called = ExtractorCalled(
+        call="x1",
+        task="extract",
+        source="ep1",
+        slot="s",
+        prompt_ids=(),
+        response_ids=(),
+        token_logps=(),
+        text="",
+        temperature=1.0,
+        extractor_version=0,
+        ops=(("update", (2, 2), "tip 3"),),
+    )
+    out = bank.apply(called, [text_vector("tip 3")])
+    assert [type(e).__name__ for e in out] == ["TipEvicted", "TipStored"]
+    assert bank.entries("s") == [0, 1, 3]
