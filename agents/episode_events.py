@@ -10,7 +10,9 @@ re-runs a world.
 
 from __future__ import annotations
 
-from engine.events import Event, event
+from collections.abc import Callable, Iterable
+
+from engine.events import Envelope, Event, event
 
 
 @event
@@ -103,3 +105,22 @@ class EpisodeAbandoned(Event, tag="episode_abandoned", frozen=True, kw_only=True
     episode: str
     worker: str
     purpose: str = "train"
+
+
+def finished_attempts(history: Iterable[Envelope[Event]]) -> Callable[[str, int], bool]:
+    """For a resumed run: whether what an episode asked for at a seq (a reflection, an
+    extraction, a tip) came from an attempt that finished, i.e. the episode finished and was
+    not abandoned after that seq. What an attempt still running or abandoned asked for is not
+    owed an answer: its episode is played again and asks again."""
+    finished: set[str] = set()
+    abandoned: dict[str, int] = {}
+    for env in history:
+        if isinstance(env.event, EpisodeFinished):
+            finished.add(env.event.episode)
+        elif isinstance(env.event, EpisodeAbandoned):
+            abandoned[env.event.episode] = env.seq
+
+    def of_finished(episode: str, seq: int) -> bool:
+        return episode in finished and abandoned.get(episode, -1) < seq
+
+    return of_finished

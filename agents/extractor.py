@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from agents.cispo import cispo_loss
-from agents.episode_events import EpisodeAbandoned, EpisodeFinished
+from agents.episode_events import finished_attempts
 from agents.extraction import (
     MAX_CONTENT_CHARS,
     Add,
@@ -263,20 +263,13 @@ class ExtractorActor(Actor):
             elif isinstance(ev, ExtractorUpdated):
                 latest = ev
                 done.add(ev.update)
-        finished = {e.event.episode for e in history if isinstance(e.event, EpisodeFinished)}
-        abandoned = {
-            e.event.episode: e.seq for e in history if isinstance(e.event, EpisodeAbandoned)
-        }
+        of_finished = finished_attempts(history)
         for env in history:
             ev = env.event
             if isinstance(ev, ExtractorGradientRequested):
                 owed = ev.update not in done
             elif isinstance(ev, ExtractionRequested):
-                owed = (
-                    call_id(env.seq) not in self._calls
-                    and ev.episode in finished
-                    and abandoned.get(ev.episode, -1) < env.seq
-                )
+                owed = call_id(env.seq) not in self._calls and of_finished(ev.episode, env.seq)
             else:
                 owed = isinstance(ev, MergeRequested) and call_id(env.seq) not in self._calls
             if owed:

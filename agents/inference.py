@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgspec
 import torch
 
-from agents.episode_events import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
+from agents.episode_events import finished_attempts
 from agents.memory_events import ReflectionRequested, TipProposed
 from agents.policy import generate, score_and_choose
 from agents.policy_events import ActionRequested, ActionSampled, PolicyUpdated
@@ -287,17 +287,20 @@ class InferenceActor(Actor):
         of a finished episode that has none (an action request without its answer belongs to
         an episode the resumed run abandons and re-runs)."""
         latest: PolicyUpdated | None = None
-        asked: dict[str, Envelope[Event]] = {}
+        answered: set[int | None] = set()
         for env in history:
-            ev = env.event
-            if isinstance(ev, PolicyUpdated):
-                latest = ev
-            elif isinstance(ev, ReflectionRequested):
-                asked[ev.episode] = env
-            elif isinstance(ev, TipProposed | EpisodeAbandoned | EpisodeAborted):
-                asked.pop(ev.episode, None)
-        finished = {env.event.episode for env in history if isinstance(env.event, EpisodeFinished)}
-        self._owed = [env for episode, env in asked.items() if episode in finished]
+            if isinstance(env.event, PolicyUpdated):
+                latest = env.event
+            elif isinstance(env.event, TipProposed):
+                answered.add(env.cause)
+        of_finished = finished_attempts(history)
+        self._owed = [
+            env
+            for env in history
+            if isinstance(env.event, ReflectionRequested)
+            and env.seq not in answered
+            and of_finished(env.event.episode, env.seq)
+        ]
         runner = await ctx.to_thread(self._load)
         if latest is not None:
             await self._update(ctx, runner, latest)

@@ -24,7 +24,7 @@ import numpy as np
 
 from agents.credit import diversified_scores
 from agents.embedder import Embedder
-from agents.episode_events import EpisodeAbandoned, EpisodeFinished
+from agents.episode_events import finished_attempts
 from agents.extraction import merge_messages
 from agents.extractor_events import ExtractorCalled, MergeDue, MergeRequested
 from agents.memory_events import (
@@ -397,14 +397,9 @@ class MemoryActor(Actor):
             replay = ReplayContext(ctx.name, ctx.run_seed)
             await self._apply(cast(Context, replay), bank, embedder, again)
             self._tail = replay.settle([env.event for env in mine if env.cause == last])
-        finished = {e.event.episode for e in history if isinstance(e.event, EpisodeFinished)}
-        abandoned = {
-            e.event.episode: e.seq for e in history if isinstance(e.event, EpisodeAbandoned)
-        }
+        of_finished = finished_attempts(history)
         after = last if last is not None else -1
-        self._owed = [
-            env for env in received if env.seq > after and _owed(env, finished, abandoned)
-        ]
+        self._owed = [env for env in received if env.seq > after and _owed(env, of_finished)]
         self._restored = bank, embedder
         ctx.log.info("memory resumed", tips=len(bank.tips), owed=len(self._owed))
 
@@ -477,17 +472,17 @@ def embed_all(embedder: Embedder, texts: Sequence[str], chunk: int = 1024) -> li
     return [vectors[t] for t in texts]
 
 
-def _owed(env: Envelope[Event], finished: set[str], abandoned: dict[str, int]) -> bool:
+def _owed(env: Envelope[Event], of_finished: Callable[[str, int], bool]) -> bool:
     """Whether a message the bank never applied is applied on resume: not a retrieval (its
     episode was running, so it is abandoned), nor a tip or extraction of an attempt that did
-    not finish (the episode is running, or was abandoned after the message)."""
+    not finish (:func:`agents.episode_events.finished_attempts`)."""
     ev = env.event
     if isinstance(ev, RetrievalRequested):
         return False
     episode = ev.episode if isinstance(ev, TipProposed) else None
     if isinstance(ev, ExtractorCalled) and ev.task == "extract":
         episode = ev.source
-    return episode is None or (episode in finished and abandoned.get(episode, -1) < env.seq)
+    return episode is None or of_finished(episode, env.seq)
 
 
 def _texts_of(ev: Event) -> list[str]:
