@@ -104,16 +104,23 @@ class Scheduler(Replayed):
                 )
             return False
         assert isinstance(ev, EpisodeFinished | EpisodeAborted)
-        job = self._running.get(ev.worker)
-        if job is None or job.episode != ev.episode:
-            return False  # already counted (an abort recorded for a restarted worker)
-        del self._running[ev.worker]
-        self._started.discard(ev.episode)
-        self._ended += 1
+        if not self._end(ev):
+            return False
         if self.finished():
             return True
         await self._assign(ctx, ev.worker)
         return False
+
+    def _end(self, ev: EpisodeFinished | EpisodeAborted) -> bool:
+        """Count the end of the episode ``ev.worker`` is running; False if that is not
+        ``ev.episode`` (already counted: an abort recorded for a restarted worker)."""
+        job = self._running.get(ev.worker)
+        if job is None or job.episode != ev.episode:
+            return False
+        del self._running[ev.worker]
+        self._started.discard(ev.episode)
+        self._ended += 1
+        return True
 
     async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
         """Emit what the replay decided beyond the log (assignments excepted: they never
@@ -123,11 +130,7 @@ class Scheduler(Replayed):
             if isinstance(ev, EpisodeAssigned):
                 continue
             if isinstance(ev, EpisodeAborted):  # a restarted worker's: it ends the episode now
-                job = self._running.get(ev.worker)
-                if job is not None and job.episode == ev.episode:
-                    del self._running[ev.worker]
-                    self._started.discard(ev.episode)
-                    self._ended += 1
+                self._end(ev)
             await ctx.emit(ev, corr=corr, cause=cause)
         again = await abandon_running(ctx, self._running.values(), tail)
         self._again.extend(job.index for job in again)
