@@ -120,17 +120,7 @@ class Context:
         by its input), which keeps back-pressure free of cycles. ``emit`` is a checkpoint only
         when it waits.
         """
-        current = self.current
-        if current is None:
-            if cause is False:
-                cause = None
-            if corr is None:
-                corr = ""
-        else:
-            if cause is False:
-                cause = current.seq
-            if corr is None:
-                corr = current.corr
+        corr, cause = provenance(self.current, corr, cause)
         while not self._push(self.name, ev, cause, corr, self._source):
             await self._runtime.wait_space()
 
@@ -145,6 +135,18 @@ class Context:
     async def to_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` in a worker thread (never on the event loop)."""
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def provenance(
+    current: Envelope[Event] | None, corr: str | None, cause: int | Literal[False] | None
+) -> tuple[str, int | None]:
+    """The correlation id and cause an emitted event gets (see :meth:`Context.emit`): by
+    default those of ``current``, the envelope being handled (none: "" and None)."""
+    if cause is False:
+        cause = current.seq if current is not None else None
+    if corr is None:
+        corr = current.corr if current is not None else ""
+    return corr, cause
 
 
 class Mailbox:

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import trio
 
-from engine.actor import Actor, Context
+from engine.actor import Actor, Context, provenance
 from engine.errors import ResumeDiverged
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed
@@ -51,12 +51,7 @@ class ReplayContext:
     async def emit(
         self, ev: Event, *, corr: str | None = None, cause: int | Literal[False] | None = False
     ) -> None:
-        env = self.current
-        if cause is False:
-            cause = env.seq if env is not None else None
-        if corr is None:
-            corr = env.corr if env is not None else ""
-        self.emitted.append((ev, corr, cause))
+        self.emitted.append((ev, *provenance(self.current, corr, cause)))
 
     def settle(self, logged: Sequence[Event]) -> list[Emitted]:
         """Check that the replay emitted ``logged`` first; return (and forget) the rest.
