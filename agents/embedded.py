@@ -47,11 +47,9 @@ import argparse
 import hashlib
 import json
 import platform
-import random
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +61,9 @@ import transformers
 from tokenizers import models, pre_tokenizers, trainers
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
-from agents.policy import generate, score_and_choose
+from agents.model_checks import note_check, policy_check
+from agents.note_probe import note_probe
+from agents.notes import entry_text
 from agents.pretrain import (
     Progress,
     Sample,
@@ -75,18 +75,18 @@ from agents.pretrain import (
     reflection_steps,
     train,
 )
-from agents.prompts import (
-    Step,
-    encode_prompt,
-    encode_response,
-    reflection_messages,
-    turn_messages,
+from agents.pretrain_play import (
+    Episode,
+    pretrain_episodes,
+    reflection_conversation,
+    turn_conversations,
 )
-from agents.scripted import Explorer, RandomAgent, Turn, hindsight_note, parse_note, run_episode
-from scenarios.worlds.base import Observation, Task, TextWorld
+from agents.prompts import encode_response, reflection_messages, turn_messages
+from agents.scripted import hindsight_note
+from scenarios.worlds.base import TextWorld
 from scenarios.worlds.registry import load_world
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Part of the cache key: bump it when the same spec would build a different model."""
 
 PAD, EOM, TIP_OPEN, TIP_CLOSE = "<pad>", "<eom>", "<tip>", "</tip>"
@@ -105,8 +105,6 @@ REQUIRED_FILES = (
     "tokenizer_config.json",
     "pretrain.json",  # written last
 )
-CHECK_SEEDS = {"greedy": 1, "sampled": 2, "explorer": 4}
-"""Episodes per held-back variant in the policy check (greedy play is deterministic)."""
 
 
 class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,6 +125,13 @@ class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):
         window: the ``window`` of :func:`agents.prompts.turn_messages`.
         reflection_share: the share of batches (so of samples) that are reflections.
         prompt_loss_weight: the weight of the LM loss on prompt tokens.
+        note_episodes_per_family: pre-training episodes per family with notes shown, played
+            by the Explorer following them (:func:`agents.pretrain_play.note_episodes`).
+        note_tries: Explorer episodes per variant searched for a success to write its note.
+        entry_share: the share of those episodes showing notes as entries (one line, no
+            ``found``), the rest as written.
+        probe_variants, probe_seeds: the note probe (:mod:`agents.note_probe`): held-out
+            variants per family and episodes per variant and condition (0 variants: none).
     """
 
     world: str = "minilab"
@@ -141,7 +146,7 @@ class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):
     explorer_share: float = 0.8
     eval_variants: int = 4
     eval_notes: int = 4
-    steps: int = 800
+    steps: int = 4000
     batch_size: int = 8
     lr: float = 3e-3
     warmup: int = 40
@@ -149,6 +154,11 @@ class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):
     window: int = 4
     reflection_share: float = 0.25
     prompt_loss_weight: float = 1.0
+    note_episodes_per_family: int = 200
+    note_tries: int = 64
+    entry_share: float = 0.5
+    probe_variants: int = 20
+    probe_seeds: int = 2
 
     def __post_init__(self) -> None:
         check_spec(self)
@@ -169,6 +179,10 @@ _RANGES = {  # the highs are far beyond what a CPU build can do: a typo must not
     "warmup": (0, 10_000_000),
     "seed": (0, 2**63 - 1),
     "window": (0, 100),
+    "note_episodes_per_family": (0, 1_000_000),
+    "note_tries": (1, 100_000),
+    "probe_variants": (0, 100_000),
+    "probe_seeds": (1, 1000),
 }
 
 
@@ -180,7 +194,7 @@ def check_spec(spec: EmbeddedSpec) -> None:
     """
     if not spec.world:
         raise ValueError("world must be a non-empty name")
-    check_ranges(spec, _RANGES, ("explorer_share", "reflection_share"))
+    check_ranges(spec, _RANGES, ("explorer_share", "reflection_share", "entry_share"))
     if spec.hidden_size % (2 * spec.heads):
         raise ValueError(
             "hidden_size must be a multiple of 2 * heads (rotary heads have an even size), "
@@ -200,93 +214,6 @@ def cache_key(spec: EmbeddedSpec) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Play: deterministic given the world, the spec and the seeds
-
-
-@dataclass(frozen=True, slots=True)
-class Episode:
-    """One episode of scripted play, as text: ``agent`` is ``"explorer"`` or ``"random"``,
-    ``first`` the observation after reset, ``admissible`` the actions offered before each
-    turn."""
-
-    task: Task
-    agent: str
-    goal: str
-    first: str
-    transcript: tuple[Turn, ...]
-    admissible: tuple[tuple[str, ...], ...]
-    success: bool
-
-    @property
-    def history(self) -> list[Step]:
-        """``(action, observation text)`` per turn, as prompts show it."""
-        return [(action, text) for action, text, _ in self.transcript]
-
-
-def play(world: TextWorld, task: Task, seed: int, agent_name: str, rng: random.Random) -> Episode:
-    """One episode of ``task`` by a fresh Explorer (without a note) or RandomAgent on ``rng``."""
-    agent = Explorer(rng) if agent_name == "explorer" else RandomAgent(rng)
-    obs = world.reset(task, seed)
-    agent.reset(obs.goal, obs)
-    goal, first, turns, offered = obs.goal, obs.text, [], []
-    while not obs.done:
-        offered.append(tuple(obs.admissible))
-        action = agent.act(obs)
-        obs = world.step(action)
-        turns.append((action, obs.text, obs.reward))
-    return Episode(task, agent_name, goal, first, tuple(turns), tuple(offered), obs.success)
-
-
-def split_train(world: TextWorld, family: str, eval_variants: int) -> tuple[list[Task], list[Task]]:
-    """The train variants of ``family`` for pre-training, and the last ``eval_variants``.
-
-    Raises:
-        ValueError: no train variant would be left for pre-training.
-    """
-    tasks = list(world.tasks(family, "train"))
-    if len(tasks) <= eval_variants:
-        raise ValueError(
-            f"{family} has {len(tasks)} train variants: need more than eval_variants "
-            f"({eval_variants})"
-        )
-    return tasks[: len(tasks) - eval_variants], tasks[len(tasks) - eval_variants :]
-
-
-def play_mix(
-    world: TextWorld, tasks: Sequence[Task], count: int, spec: EmbeddedSpec, purpose: str
-) -> list[Episode]:
-    """``count`` episodes over ``tasks`` in turn, by the Explorer with probability
-    ``spec.explorer_share`` and by RandomAgent otherwise, seeded from the spec and purpose."""
-    episodes = []
-    for i in range(count):
-        task = tasks[i % len(tasks)]
-        rng = random.Random(f"coevo.embedded/{purpose}/{spec.seed}/{task.family}/{i}")
-        name = "explorer" if rng.random() < spec.explorer_share else "random"
-        episodes.append(play(world, task, i, name, rng))
-    return episodes
-
-
-def play_families(
-    world: TextWorld, spec: EmbeddedSpec, count: int, held_back: bool, purpose: str
-) -> list[Episode]:
-    """:func:`play_mix` of ``count`` episodes per family, family by family, on its train
-    variants for training (``held_back`` False) or on the last ``spec.eval_variants`` of them,
-    kept back for checks (a family with none is skipped)."""
-    return [
-        ep
-        for family in world.families()
-        for tasks in [split_train(world, family, spec.eval_variants)[int(held_back)]]
-        if tasks
-        for ep in play_mix(world, tasks, count, spec, purpose)
-    ]
-
-
-def pretrain_episodes(world: TextWorld, spec: EmbeddedSpec) -> list[Episode]:
-    """The pre-training play: train variants only, never the held-back ones."""
-    return play_families(world, spec, spec.episodes_per_family, False, "pretrain")
-
-
-# ---------------------------------------------------------------------------------------------
 # The tokenizer
 
 
@@ -301,10 +228,11 @@ def split_words(text: str) -> list[str]:
 
 
 def episode_texts(episode: Episode) -> Iterator[str]:
-    """Every text of an episode: goal, observations, actions, admissible lists and its note
-    (also as a tip shows it, after a space)."""
+    """Every text of an episode: goal, observations, actions, admissible lists, its note (also
+    as a tip shows it, after a space, and as an entry) and the tips it was shown."""
     note = hindsight_note(episode.transcript)
-    yield from (episode.goal, episode.first, note, f" {note} ")
+    yield from (episode.goal, episode.first, note, f" {note} ", f" {entry_text(note)} ")
+    yield from (f" {tip} " for tip in episode.tips)
     for action, text, _ in episode.transcript:
         yield from (action, text)
     for actions in episode.admissible:
@@ -359,33 +287,8 @@ def build_tokenizer(
     )
 
 
-def decode_response(tokenizer: Any, ids: Sequence[int]) -> str:
-    """The text of a response: ``ids`` up to the first end-of-message, specials dropped. A
-    decoded hindsight note is the note itself, so :func:`parse_note` reads it the same."""
-    ids = list(ids)
-    if tokenizer.eos_token_id in ids:
-        ids = ids[: ids.index(tokenizer.eos_token_id)]
-    return tokenizer.decode(ids, skip_special_tokens=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # Samples, batches and the loss (pure)
-
-
-def turn_conversations(episode: Episode, window: int) -> list[list[dict[str, str]]]:
-    """The prompt of each turn: no admissible list, no tips, the last ``window`` turns."""
-    history, first = episode.history, episode.first
-    return [
-        turn_messages(episode.goal, history[:t], history[t - 1][1] if t else first, window=window)
-        for t in range(len(history))
-    ]
-
-
-def reflection_conversation(episode: Episode) -> list[dict[str, str]]:
-    """The prompt that asks for a note on the whole episode."""
-    return reflection_messages(
-        episode.goal, episode.first, episode.history, success=episode.success
-    )
 
 
 def make_samples(
@@ -439,119 +342,11 @@ def model_config(spec: EmbeddedSpec, tokenizer: Any) -> Qwen2Config:
 
 
 # ---------------------------------------------------------------------------------------------
-# Using a model (through agents.policy): the quality checks
-
-
-class PolicyAgent:
-    """Plays by scoring every admissible action as a response: it takes the most likely one,
-    or, given an ``rng``, samples one from the softmax of the scores.
-
-    Args:
-        model: a causal LM; tokenizer: its tokenizer.
-        window: the turns of history its prompts show.
-        rng: None for greedy play, else the sampling rng.
-    """
-
-    def __init__(
-        self, model: Any, tokenizer: Any, window: int, rng: random.Random | None = None
-    ) -> None:
-        self._model, self._tok, self._window, self._rng = model, tokenizer, window, rng
-        self._goal = ""
-        self._history: list[Step] = []
-        self._last: str | None = None
-
-    def reset(self, goal: str, observation: Observation) -> None:
-        """Start a new episode."""
-        self._goal, self._history, self._last = goal, [], None
-
-    def act(self, observation: Observation) -> str:
-        """The chosen admissible action."""
-        if self._last is not None:
-            self._history.append((self._last, observation.text))
-        messages = turn_messages(self._goal, self._history, observation.text, window=self._window)
-        actions = observation.admissible
-        responses = [encode_response(self._tok, a) for a in actions]
-        prompt = encode_prompt(self._tok, messages)
-        (choice,) = score_and_choose(
-            self._model,
-            [prompt],
-            [responses],
-            [self._rng or random.Random(0)],  # greedy draws nothing from it
-            temperature=0.0 if self._rng is None else 1.0,
-            pad_id=self._tok.pad_token_id,
-            device=torch.device("cpu"),
-        )
-        self._last = actions[choice.index]
-        return self._last
+# Building and caching (the shell)
 
 
 def _rate(flags: Sequence[bool]) -> float | None:
     return round(sum(flags) / len(flags), 4) if flags else None
-
-
-def policy_check(model: Any, tokenizer: Any, world: TextWorld, spec: EmbeddedSpec) -> dict:
-    """Success on the held-back train variants of greedy and sampled play and of the Explorer
-    (:data:`CHECK_SEEDS` episodes per variant)."""
-    agents: dict[str, Callable[[int], Any]] = {
-        "greedy": lambda seed: PolicyAgent(model, tokenizer, spec.window),
-        "sampled": lambda seed: PolicyAgent(model, tokenizer, spec.window, random.Random(seed)),
-        "explorer": lambda seed: Explorer(random.Random(seed)),
-    }
-    flags: dict[str, dict[str, list[bool]]] = {"all": {name: [] for name in agents}}
-    for family in world.families():
-        tasks = split_train(world, family, spec.eval_variants)[1]
-        flags[family] = {
-            name: [
-                run_episode(world, task, seed, make(seed)).success
-                for task in tasks
-                for seed in range(CHECK_SEEDS[name])
-            ]
-            for name, make in agents.items()
-        }
-        for name in agents:
-            flags["all"][name] += flags[family][name]
-    return {
-        group: {"variants": len(f["greedy"]), **{name: _rate(f[name]) for name in agents}}
-        for group, f in flags.items()
-    }
-
-
-def note_check(model: Any, tokenizer: Any, world: TextWorld, spec: EmbeddedSpec) -> dict:
-    """Greedy notes on fresh episodes of the held-back variants against their hindsight notes:
-    exact, read by :func:`parse_note` as the same plan and avoid list, and exact among the
-    notes with a plan. A note is cut 16 tokens past its target's length."""
-    episodes = play_families(world, spec, spec.eval_notes, True, "check")
-    exact, same, planned = [], [], []
-    prompts = encode_prompts(tokenizer, [reflection_conversation(ep) for ep in episodes])
-    for episode, prompt in zip(episodes, prompts, strict=True):
-        target = hindsight_note(episode.transcript)
-        room = min(len(tokenizer.encode(target)) + 16, spec.max_positions - len(prompt))
-        ((ids, _),) = generate(
-            model,
-            [prompt],
-            [random.Random(0)],  # greedy draws nothing from it
-            temperature=0.0,
-            max_new_tokens=room,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            device=torch.device("cpu"),
-        )
-        note = decode_response(tokenizer, ids)
-        exact.append(note == target)
-        same.append(parse_note(note) == parse_note(target))
-        if parse_note(target)[0]:
-            planned.append(note == target)
-    return {
-        "notes": len(exact),
-        "exact": _rate(exact),
-        "same_plan_and_avoid": _rate(same),
-        "notes_with_a_plan": len(planned),
-        "exact_with_a_plan": _rate(planned),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Building and caching (the shell)
 
 
 def _log() -> Any:
@@ -569,10 +364,18 @@ def _prepare(world: TextWorld, spec: EmbeddedSpec) -> tuple[Any, dict, dict]:
         raise ValueError(
             f"a sample has {longest} tokens, more than max_positions ({spec.max_positions})"
         )
+    noted = [ep for ep in episodes if ep.kind != "none"]
     data = {
         "episodes": len(episodes),
         "explorer_episodes": sum(ep.agent == "explorer" for ep in episodes),
-        "play_success": _rate([ep.success for ep in episodes]),
+        "play_success": _rate([ep.success for ep in episodes if ep.kind == "none"]),
+        "note_episodes": {
+            kind: {
+                "episodes": sum(ep.kind == kind for ep in noted),
+                "success": _rate([ep.success for ep in noted if ep.kind == kind]),
+            }
+            for kind in dict.fromkeys(ep.kind for ep in noted)
+        },
         "turn_samples": len(pools["turn"]),
         "reflection_samples": len(pools["reflection"]),
         "vocab_size": len(tokenizer),
@@ -597,6 +400,16 @@ def build(spec: EmbeddedSpec, out: Path, progress: Progress | None = None) -> di
             wall["train"] = time.perf_counter() - started - wall["data"]
             policy = policy_check(model, tokenizer, world, spec)
             notes = note_check(model, tokenizer, world, spec)
+            probe = note_probe(
+                model,
+                tokenizer,
+                lambda: load_world(spec.world, spec.world_options),
+                variants=spec.probe_variants,
+                seeds=spec.probe_seeds,
+                tries=spec.note_tries,
+                window=spec.window,
+            )
+            wall["checks"] = time.perf_counter() - started - wall["data"] - wall["train"]
     finally:
         world.close()
     model.save_pretrained(out)
@@ -609,7 +422,7 @@ def build(spec: EmbeddedSpec, out: Path, progress: Progress | None = None) -> di
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data,
         "training": training,
-        "quality": {"policy": policy, "notes": notes},
+        "quality": {"policy": policy, "notes": notes, "note_probe": probe},
         "threads": torch.get_num_threads(),
         "wall_s": {name: round(seconds, 2) for name, seconds in wall.items()},
         "versions": {
@@ -672,8 +485,26 @@ def summary(report: dict) -> str:
             f"greedy notes on {notes['notes']} fresh episodes: exact {notes['exact']}, same "
             f"plan and avoid {notes['same_plan_and_avoid']}; exact {notes['exact_with_a_plan']} "
             f"of the {notes['notes_with_a_plan']} with a plan",
+            *probe_lines(quality.get("note_probe", {})),
         ]
     )
+
+
+def probe_lines(probe: dict) -> list[str]:
+    """The note probe's lines of :func:`summary`: success by kind of note shown (as written
+    and as entries), on how many held-out variants, and the two ratios to no note."""
+    every = probe.get("all", {})
+    if not every.get("written"):
+        return []
+    lines = [f"note probe, {every['variants']} held-out variants (sampled play):"]
+    for form in ("written", "entry"):
+        rates = ", ".join(f"{kind} {rate}" for kind, rate in every[form].items())
+        lines.append(f"  notes {form}: {rates}")
+    lines.append(
+        f"  helpful / none {every['helpful_vs_none']} (goal >= 2), wrong / none "
+        f"{every['wrong_vs_none']} (goal >= 0.9)"
+    )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

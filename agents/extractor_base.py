@@ -22,7 +22,11 @@ actually help the actor is left for RL to find:
   duplicated on purpose): ``merge <ids>: <note>`` for each group of identical notes,
   ``discard <ids>`` for the notes that say nothing (``plan: none.``), ``return`` when neither.
 
-Notes are written on one line (``one_line``), since the line format reads one operation a line.
+Notes are written as entries (:func:`agents.notes.entry_text`): the plan and avoid lines on
+one line (the line format reads one operation a line), without the ``found`` line, which says
+where things were in one variant and rarely holds in another. What carries over between
+variants is the plan's commitments and the actions to avoid (minilab's rules: which device,
+key, wire or paint), and those are what an entry of a family-wide bank keeps.
 The build checks greedy answers on fresh episodes of the held-back train variants before and
 after the stage (valid answers, exact targets, operation mix) and writes them to ``ops.json``.
 """
@@ -42,13 +46,7 @@ from typing import Any
 import msgspec
 import torch
 
-from agents.embedded import (
-    EmbeddedSpec,
-    Episode,
-    cache_key,
-    decode_response,
-    play_families,
-)
+from agents.embedded import EmbeddedSpec, cache_key
 from agents.extraction import (
     SHOWN_ID,
     extract_messages,
@@ -57,6 +55,7 @@ from agents.extraction import (
     parse_merge,
     shown_ids,
 )
+from agents.notes import EMPTY_NOTE, entry_text
 from agents.policy import generate
 from agents.pretrain import (
     Progress,
@@ -69,7 +68,8 @@ from agents.pretrain import (
     reflection_steps,
     train,
 )
-from agents.prompts import encode_response
+from agents.pretrain_play import Episode, play_families
+from agents.prompts import decode_response, encode_response
 from agents.scripted import hindsight_note
 from scenarios.worlds.registry import load_world
 from stores.checkpoints import load_model_dir
@@ -79,14 +79,11 @@ __all__ = [
     "ensure_extractor_base",
     "extraction_target",
     "merge_target",
-    "one_line",
     "ops_key",
 ]
 
-OPS_FORMAT_VERSION = 1
+OPS_FORMAT_VERSION = 2
 """Part of the cache key: bump it when the same spec would build a different model."""
-EMPTY_NOTE = "plan: none."
-"""The note of an episode in which nothing earned reward, and nothing failed."""
 REQUIRED_FILES = (
     "config.json",
     "model.safetensors",
@@ -164,16 +161,11 @@ def ops_key(base: EmbeddedSpec, spec: OpsSpec) -> str:
 # The teaching rule (pure)
 
 
-def one_line(note: str) -> str:
-    """``note``'s non-empty lines, stripped and joined by one space."""
-    return " ".join(line.strip() for line in note.splitlines() if line.strip())
-
-
 def extraction_target(note: str, *, success: bool, entry: tuple[int, str] | None) -> str:
     """The answer taught for an extraction prompt (the rule in the module docstring).
 
     Args:
-        note: the episode's note, on one line.
+        note: the episode's note, as an entry (:func:`agents.notes.entry_text`).
         success: whether the episode reached its goal.
         entry: ``(id, text)`` of the entry shown, or None.
     """
@@ -216,7 +208,7 @@ class Item:
 def extract_item(episode: Episode, notes: Sequence[str], spec: OpsSpec, rng: random.Random) -> Item:
     """The extraction prompt of ``episode``, showing an entry drawn from ``notes`` (the
     family's notes) with probability ``spec.guided_share``."""
-    note = one_line(hindsight_note(episode.transcript))
+    note = entry_text(hindsight_note(episode.transcript))
     entry = rng.choice(notes) if notes and rng.random() < spec.guided_share else None
     messages = extract_messages(
         episode.goal,
@@ -248,7 +240,7 @@ def teaching_items(episodes: Sequence[Episode], spec: OpsSpec, rng: random.Rando
     other episodes of the same family."""
     notes: dict[str, list[str]] = {}
     for ep in episodes:
-        notes.setdefault(ep.task.family, []).append(one_line(hindsight_note(ep.transcript)))
+        notes.setdefault(ep.task.family, []).append(entry_text(hindsight_note(ep.transcript)))
     items = []
     for ep in episodes:
         family = notes[ep.task.family]

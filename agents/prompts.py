@@ -160,3 +160,13 @@ def encode_response(tokenizer: Tokenizer, text: str) -> list[int]:
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos token: responses could not end")
     return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+
+
+def decode_response(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text of a response: ``ids`` up to the first end-of-message, specials dropped. A
+    decoded hindsight note is the note itself, so :func:`agents.scripted.parse_note` reads it
+    the same."""
+    ids = list(ids)
+    if tokenizer.eos_token_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(ids, skip_special_tokens=True)

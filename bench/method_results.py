@@ -18,8 +18,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,17 +101,20 @@ def read_run(path: Path) -> tuple[list[Event], float] | None:
     return [e.event for e in envs], (envs[-1].t - envs[0].t) / 1e9
 
 
-def run_all(jobs: list[tuple[Path, Path, int]], parallel: int) -> None:
-    """Run ``(scenario, out, seed)`` jobs, ``parallel`` at a time, each a ``coevo run``."""
+def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
+    """Run ``(scenario, out, seed[, sets])`` jobs, ``parallel`` at a time, each a ``coevo run``
+    (``sets``: ``key.path=value`` overrides)."""
     coevo = str(Path(sys.executable).with_name("coevo"))
     pending = list(jobs)
     running: list[tuple[subprocess.Popen[bytes], Path]] = []
     while pending or running:
         while pending and len(running) < parallel:
-            scenario, out, seed = pending.pop(0)
+            scenario, out, seed, *more = pending.pop(0)
             print(f"start {out.name}", flush=True)
-            cmd = [coevo, "run", str(scenario), "--out", str(out), "--quiet", "--set"]
-            proc = subprocess.Popen([*cmd, f"seed={seed}"], stdout=subprocess.DEVNULL)
+            sets = [f"seed={seed}", *(more[0] if more else [])]
+            cmd = [coevo, "run", str(scenario), "--out", str(out), "--quiet"]
+            cmd += [arg for s in sets for arg in ("--set", s)]
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
             running.append((proc, out))
         time.sleep(2)
         for proc, out in list(running):

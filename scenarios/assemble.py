@@ -7,7 +7,7 @@ it is given.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -87,7 +87,7 @@ def assemble(
         ModelUnavailable: the policy model cannot be found or built.
     """
     make_world = partial(_make_world, scenario.world.name, dict(scenario.world.options), source)
-    tasks = _tasks(make_world(), scenario, scenario.world.split, source)
+    tasks = _tasks(make_world(), scenario, scenario.world.split, source, scenario.world.pool)
     workers = [f"worker-{i}" for i in range(scenario.run.workers)]
     config = runtime_config(scenario, handle_signals)
     if scenario.run.method == "rollout" and scenario.agent.kind != "policy":
@@ -204,9 +204,13 @@ def _make_world(name: str, options: dict[str, Any], source: str) -> TextWorld:
         raise ScenarioInvalid(source, f"$.world: {exc}") from None
 
 
-def _tasks(world: TextWorld, scenario: Scenario, split: str, source: str) -> tuple[Task, ...]:
+def _tasks(
+    world: TextWorld, scenario: Scenario, split: str, source: str, pool: int = 0
+) -> tuple[Task, ...]:
+    """The tasks of ``split`` in the scenario's families; with ``pool``, the first ``pool``
+    of each family (``world.pool``: the training set revisited)."""
     try:
-        return _list_tasks(world, scenario, split, source)
+        return _list_tasks(world, scenario, split, source, pool)
     except ScenarioInvalid:
         raise
     except Exception as exc:  # a plug-in world failing to list its tasks
@@ -217,7 +221,9 @@ def _tasks(world: TextWorld, scenario: Scenario, split: str, source: str) -> tup
         world.close()
 
 
-def _list_tasks(world: TextWorld, scenario: Scenario, split: str, source: str) -> tuple[Task, ...]:
+def _list_tasks(
+    world: TextWorld, scenario: Scenario, split: str, source: str, pool: int
+) -> tuple[Task, ...]:
     offered = world.families()
     families = scenario.world.families or list(offered)
     unknown = [f for f in families if f not in offered]
@@ -225,10 +231,14 @@ def _list_tasks(world: TextWorld, scenario: Scenario, split: str, source: str) -
         raise ScenarioInvalid(
             source, f"$.world.families: unknown {unknown}; {world.name} offers {list(offered)}"
         )
-    tasks = [t for fam in families for t in world.tasks(fam, split)]
+    tasks = [t for fam in families for t in _first(world.tasks(fam, split), pool)]
     if not tasks:
         raise ScenarioInvalid(source, f"$.world: no {split} tasks in {families}")
     return tuple(tasks)
+
+
+def _first(tasks: Sequence[Task], pool: int) -> Sequence[Task]:
+    return tasks[:pool] if pool else tasks
 
 
 def _agent_factory(kind: str) -> Callable[[random.Random], Agent] | None:

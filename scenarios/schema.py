@@ -28,6 +28,10 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         step_timeout: seconds a blocking world's ``reset``, ``step`` or ``close`` may take
             before the episode is aborted as hung (0: no limit; worlds stepped on the event
             loop, like minilab, are not timed).
+        pool: training draws from the first ``pool`` variants of each family of ``split``
+            only, so each is met many times (the papers train on a fixed set of tasks for many
+            passes); 0 draws from every variant. Evaluation rounds are not limited by it: with
+            ``eval.split = "heldout"`` they stay on variants never trained on.
     """
 
     name: Annotated[str, Meta(min_length=1, max_length=300)] = "minilab"
@@ -35,6 +39,7 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     split: Literal["train", "heldout"] = "train"
     options: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     step_timeout: Annotated[float, Meta(ge=0, le=86_400)] = 600.0
+    pool: NonNegInt = 0
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -154,10 +159,14 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             a memory of its own (tips from the earlier attempts, no weight update); attempt 1
             has an empty memory. Needs ``run.method = "empo2"``.
         adapt_tasks: tasks of an adaptation round.
+        final_episodes: episodes of the last round (after the last update), and of its round
+            with the bank (0: ``episodes``): the final figures, which need more episodes than
+            the rounds that draw the curve.
     """
 
     every: NonNegInt = 5
     episodes: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
+    final_episodes: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
     split: Literal["train", "heldout"] = "heldout"
     greedy: bool = False
     adapt_attempts: Annotated[int, Meta(ge=0, le=100)] = 0

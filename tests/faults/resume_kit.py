@@ -65,6 +65,9 @@ kv_heads = 1
 intermediate_size = 64
 eval_variants = 1
 eval_notes = 1
+note_episodes_per_family = 8
+probe_variants = 2
+probe_seeds = 1
 
 [grpo]
 group_size = 4

@@ -38,6 +38,9 @@ TINY = EmbeddedSpec(
     episodes_per_family=10,
     eval_variants=1,
     eval_notes=1,
+    note_episodes_per_family=8,
+    probe_variants=2,
+    probe_seeds=1,
     steps=40,
     batch_size=4,
     lr=1e-2,
@@ -67,11 +70,16 @@ def test_the_report_describes_the_build(built) -> None:
     path, calls = built
     report = json.loads((path / "pretrain.json").read_text())
     assert report["key"] == cache_key(TINY) and report["spec"]["steps"] == 40
-    assert report["data"]["episodes"] == 20
-    assert report["data"]["turn_samples"] > 20 and report["data"]["reflection_samples"] == 20
+    assert report["data"]["episodes"] == 20 + 16  # 8 episodes per family with notes shown
+    assert sum(k["episodes"] for k in report["data"]["note_episodes"].values()) == 16
+    assert report["data"]["turn_samples"] > 36 and report["data"]["reflection_samples"] == 36
     assert report["threads"] == 1 and set(report["versions"]) >= {"torch", "transformers"}
     assert report["quality"]["policy"]["all"]["variants"] == 2
     assert report["quality"]["notes"]["notes"] == 2
+    probe = report["quality"]["note_probe"]
+    assert set(probe) == {"fetch", "heat", "all"} and probe["fetch"]["variants"] == 0  # no trap
+    assert probe["all"]["variants"] == probe["heat"]["variants"] <= 2
+    assert set(probe["all"]["written"]) == {"none", "variant", "wrong", "family", "unrelated"}
     assert 0 < report["parameters"] < 100_000
     turn = report["training"]["loss"]["turn"]
     assert turn["last"] < 0.7 * turn["first"]  # the loss went down

@@ -28,6 +28,7 @@ seed = 3
 
 [world]
 families = ["fetch"]
+pool = 2  # training revisits variants 0 and 1; evaluation stays on held-out ones
 
 [agent]
 kind = "policy"
@@ -51,6 +52,9 @@ kv_heads = 1
 intermediate_size = 64
 eval_variants = 1
 eval_notes = 1
+note_episodes_per_family = 8
+probe_variants = 2
+probe_seeds = 1
 
 [grpo]
 group_size = 4
@@ -149,6 +153,13 @@ def test_evaluation_rounds_run_on_heldout_variants(events: list[Event]) -> None:
     evals = [ev for ev in of(events, EpisodeFinished) if ev.purpose == "eval"]
     assert len(evals) == 3 * 6
     assert all(ev.split == "heldout" for ev in evals)
+    assert len({ev.variant for ev in evals}) > 2
+
+
+def test_training_revisits_the_pool_of_variants(events: list[Event]) -> None:
+    train = [ev for ev in of(events, EpisodeFinished) if ev.purpose == "train"]
+    assert len(train) == 24
+    assert {(ev.split, ev.variant) for ev in train} == {("train", 0), ("train", 1)}
 
 
 def test_the_log_verifies_and_the_curves_are_written(run_dir: Path) -> None:

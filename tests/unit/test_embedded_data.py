@@ -13,20 +13,13 @@ import torch
 from agents.embedded import (
     SPECIAL_TOKENS,
     EmbeddedSpec,
-    Episode,
     build_tokenizer,
     cache_key,
-    decode_response,
     episode_texts,
     make_samples,
-    play,
-    pretrain_episodes,
     prompt_texts,
-    reflection_conversation,
-    split_train,
     split_words,
     step_kinds,
-    turn_conversations,
     word_pieces,
 )
 from agents.pretrain import (
@@ -38,11 +31,25 @@ from agents.pretrain import (
     pretrain_loss,
     reflection_steps,
 )
-from agents.prompts import encode_prompt, encode_response, reflection_messages, turn_messages
-from agents.scripted import hindsight_note, parse_note
+from agents.pretrain_play import (
+    Episode,
+    play,
+    pretrain_episodes,
+    reflection_conversation,
+    split_train,
+    turn_conversations,
+)
+from agents.prompts import (
+    decode_response,
+    encode_prompt,
+    encode_response,
+    reflection_messages,
+    turn_messages,
+)
+from agents.scripted import Explorer, RandomAgent, hindsight_note, parse_note
 from scenarios.worlds.minilab import MiniLab
 
-SMALL = EmbeddedSpec(episodes_per_family=12, eval_variants=3)
+SMALL = EmbeddedSpec(episodes_per_family=12, eval_variants=3, note_episodes_per_family=12)
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +77,10 @@ def episodes(world: MiniLab) -> list[Episode]:
 def heldout_play(world: MiniLab) -> list[Episode]:
     """Every held-out variant, played once by the Explorer and once by a random agent."""
     return [
-        play(world, task, 0, name, random.Random(f"{task.variant}/{name}"))
+        play(world, task, 0, agent(random.Random(f"{task.variant}/{name}")), name)
         for family in world.families()
         for task in world.tasks(family, "heldout")
-        for name in ("explorer", "random")
+        for name, agent in (("explorer", Explorer), ("random", RandomAgent))
     ]
 
 
@@ -109,6 +116,13 @@ def heldout_play(world: MiniLab) -> list[Episode]:
         ({"lr": float("nan")}, "lr must be a positive number, got nan"),
         ({"steps": 10, "warmup": 11}, "warmup must be <= steps, got 11 > 10"),
         ({"prompt_loss_weight": -1.0}, "prompt_loss_weight must be >= 0, got -1.0"),
+        (
+            {"note_episodes_per_family": -1},
+            "note_episodes_per_family must be between 0 and 1000000, got -1",
+        ),
+        ({"note_tries": 0}, "note_tries must be between 1 and 100000, got 0"),
+        ({"entry_share": 2.0}, "entry_share must be between 0 and 1, got 2.0"),
+        ({"probe_seeds": 0}, "probe_seeds must be between 1 and 1000, got 0"),
     ],
 )
 def test_spec_rejects_bad_fields_with_exact_messages(fields: dict, message: str) -> None:
@@ -134,9 +148,10 @@ def test_cache_key_follows_the_spec_not_the_order_of_options() -> None:
 
 def test_pretraining_plays_only_train_variants_and_keeps_the_last_ones_back() -> None:
     world = MiniLab(train_variants=10)
-    spec = EmbeddedSpec(episodes_per_family=25, eval_variants=3)
+    spec = EmbeddedSpec(episodes_per_family=25, eval_variants=3, note_episodes_per_family=6)
     played = pretrain_episodes(world, spec)
-    assert len(played) == 25 * len(world.families())
+    assert len(played) == (25 + 6) * len(world.families())
+    assert sum(ep.kind == "none" for ep in played) == 25 * len(world.families())
     assert {ep.task.split for ep in played} == {"train"}
     assert {ep.task.variant for ep in played} == set(range(7))  # 7, 8, 9 are kept back
     _, kept = split_train(world, "paint", 3)
@@ -153,11 +168,14 @@ def test_play_is_seeded_mixed_and_not_filtered_by_outcome(
 ) -> None:
     assert pretrain_episodes(world, SMALL) == pretrain_episodes(world, SMALL)
     assert pretrain_episodes(world, SMALL) != pretrain_episodes(
-        world, EmbeddedSpec(episodes_per_family=12, eval_variants=3, seed=1)
+        world,
+        EmbeddedSpec(episodes_per_family=12, eval_variants=3, note_episodes_per_family=12, seed=1),
     )
-    agents = Counter(ep.agent for ep in default_play)
-    assert 0.75 < agents["explorer"] / len(default_play) < 0.85  # explorer_share 0.8
-    outcomes = Counter((ep.task.family, ep.success) for ep in default_play)
+    plain = [ep for ep in default_play if ep.kind == "none"]
+    agents = Counter(ep.agent for ep in plain)
+    assert 0.75 < agents["explorer"] / len(plain) < 0.85  # explorer_share 0.8
+    assert {ep.agent for ep in default_play if ep.kind != "none"} == {"explorer"}
+    outcomes = Counter((ep.task.family, ep.success) for ep in plain)
     for family in ("heat", "unlock", "circuit", "paint"):  # failures kept, successes too
         assert outcomes[family, False] > 0 and outcomes[family, True] > 0
 

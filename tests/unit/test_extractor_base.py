@@ -7,26 +7,20 @@ import random
 
 import pytest
 
-from agents.embedded import EmbeddedSpec, pretrain_episodes
+from agents.embedded import EmbeddedSpec
 from agents.extraction import Add, Discard, Merge, Return, Update, parse_extraction, parse_merge
 from agents.extractor_base import (
-    EMPTY_NOTE,
     OpsSpec,
     extraction_target,
     merge_target,
-    one_line,
     ops_key,
     teaching_items,
 )
+from agents.notes import EMPTY_NOTE
+from agents.pretrain_play import pretrain_episodes
 from scenarios.worlds.minilab import MiniLab
 
-NOTE = "plan: open crate, take ball. found: ball after open crate."
-
-
-def test_one_line_joins_the_lines_of_a_note() -> None:
-    assert one_line("plan: a, b.\n found: x after a. \n\navoid: c.") == (
-        "plan: a, b. found: x after a. avoid: c."
-    )
+NOTE = "plan: open crate, take ball. avoid: take rock."
 
 
 def test_extraction_target_follows_the_rule() -> None:

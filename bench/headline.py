@@ -1,0 +1,252 @@
+"""docs/RESULTS.md's headline table in one command: GRPO, EMPO2, Complementary RL, its frozen-
+extractor control and the combination, several seeds each, final figures from the last
+evaluation round of every run (``eval.final_episodes`` held-out episodes by the last policy,
+without memory; Complementary RL's also with its bank; EMPO2's adaptation test), as means with
+95% bootstrap intervals over seeds and episodes (:mod:`agents.intervals`), the hard family on
+its own, and the ratios the issue sets goals for.
+
+    .venv/bin/python bench/headline.py --seeds 0 1 2 3 4 --parallel 2
+
+Runs go to ``--runs/<method>-seed<N>`` (a finished run there is read, not rerun), the table to
+``--out/headline.md`` with ``headline.json`` and ``headline.png``, and the learning curves to
+``headline_curves.png``. ``--methods`` picks some of them; ``--set NAME:key=value`` changes a
+method's scenario (as ``coevo run --set``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from method_results import fold, plot, read_run, run_all
+
+from agents.episode_events import EpisodeAssigned, EpisodeFinished
+from agents.intervals import Groups, Interval, bootstrap_mean, bootstrap_ratio
+from agents.policy_events import PolicyUpdated
+from engine.events import Event
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = {
+    "grpo": "scenarios/grpo.toml",
+    "empo2": "scenarios/empo2.toml",
+    "complementary": "scenarios/complementary.toml",
+    "complementary-frozen": "scenarios/complementary_frozen.toml",
+    "complementary-distill": "scenarios/complementary_distill.toml",
+}
+BASELINE = "grpo"
+
+
+@dataclass
+class Final:
+    """One run's last evaluation: per episode of each kind, ``(family, success)``; the
+    adaptation test's success per task, by attempt."""
+
+    plain: list[tuple[str, bool]] = field(default_factory=list[tuple[str, bool]])
+    bank: list[tuple[str, bool]] = field(default_factory=list[tuple[str, bool]])
+    adapt: dict[str, list[bool]] = field(default_factory=dict[str, list[bool]])
+
+
+def final_of(events: list[Event]) -> Final:
+    """The episodes of the run's last round: the evaluation episodes assigned after its last
+    policy update (nothing but that round and the adaptation test starts then)."""
+    last = max((i for i, ev in enumerate(events) if isinstance(ev, PolicyUpdated)), default=-1)
+    kind: dict[str, tuple[str, str]] = {}
+    out = Final()
+    for ev in events[last + 1 :]:
+        if isinstance(ev, EpisodeAssigned) and ev.purpose == "eval":
+            kind[ev.episode] = (ev.scope, ev.family)
+        elif isinstance(ev, EpisodeFinished) and ev.episode in kind:
+            scope, family = kind[ev.episode]
+            if scope.startswith("adapt"):
+                out.adapt.setdefault(scope, []).append(ev.success)
+            else:
+                (out.bank if scope else out.plain).append((family, ev.success))
+    return out
+
+
+def groups(finals: list[Final], what: str, families: tuple[str, ...] = ()) -> Groups:
+    """Per seed, the 0/1 successes of ``what`` ("plain" or "bank"), of ``families`` only when
+    given; seeds without any are left out."""
+    out = []
+    for f in finals:
+        rows = getattr(f, what)
+        values = [float(ok) for fam, ok in rows if not families or fam in families]
+        if values:
+            out.append(values)
+    return out
+
+
+def attempt(finals: list[Final], k: int) -> Groups:
+    """Per seed, the 0/1 success of attempt ``k`` of every adaptation task."""
+    return [[float(a[k]) for a in f.adapt.values() if len(a) > k] for f in finals if f.adapt]
+
+
+def _cell(groups_: Groups) -> Interval | None:
+    return bootstrap_mean(groups_) if groups_ else None
+
+
+def _ratio(top: Groups, bottom: Groups) -> Interval | None:
+    if not top or not bottom or not any(v for g in bottom for v in g):
+        return None
+    return bootstrap_ratio(top, bottom)
+
+
+def summarize(finals: dict[str, list[Final]], hard: tuple[str, ...]) -> dict:
+    """Every figure of the table, as intervals (None where a method has no such measure)."""
+    base = finals.get(BASELINE, [])
+    out: dict = {}
+    for name, runs in finals.items():
+        row = {
+            "seeds": len(runs),
+            "plain": _cell(groups(runs, "plain")),
+            "hard": _cell(groups(runs, "plain", hard)),
+            "bank": _cell(groups(runs, "bank")),
+            "bank_hard": _cell(groups(runs, "bank", hard)),
+            "attempts": [_cell(attempt(runs, k)) for k in range(_attempts(runs))],
+        }
+        if name != BASELINE and base:
+            row["plain_vs_grpo"] = _ratio(groups(runs, "plain"), groups(base, "plain"))
+            row["hard_vs_grpo"] = _ratio(groups(runs, "plain", hard), groups(base, "plain", hard))
+            row["bank_vs_grpo"] = _ratio(groups(runs, "bank"), groups(base, "plain"))
+        if row["attempts"]:
+            row["adapt_last_vs_first"] = _ratio(
+                attempt(runs, -1 % _attempts(runs)), attempt(runs, 0)
+            )
+        out[name] = row
+    return out
+
+
+def _attempts(runs: list[Final]) -> int:
+    return min((len(a) for f in runs for a in f.adapt.values()), default=0)
+
+
+def _fmt(x: Interval | None) -> str:
+    return "-" if x is None else str(x)
+
+
+def table(summary: dict, hard: tuple[str, ...]) -> list[str]:
+    hard_name = "+".join(hard)
+    lines = [
+        f"| method | seeds | held-out, no memory | {hard_name}, no memory | with its memory "
+        f"| vs GRPO, no memory | vs GRPO, {hard_name} | vs GRPO, with memory |",
+        "|---|---:|---|---|---|---|---|---|",
+    ]
+    for name, row in summary.items():
+        memory = row["bank"] or (row["attempts"][-1] if row["attempts"] else None)
+        lines.append(
+            f"| {name} | {row['seeds']} | {_fmt(row['plain'])} | {_fmt(row['hard'])} | "
+            f"{_fmt(memory)} | {_fmt(row.get('plain_vs_grpo'))} | {_fmt(row.get('hard_vs_grpo'))} "
+            f"| {_fmt(row.get('bank_vs_grpo'))} |"
+        )
+    adapt = {n: r for n, r in summary.items() if r["attempts"]}
+    if adapt:
+        lines += [
+            "",
+            "| method | adaptation attempt | success | last / first |",
+            "|---|---:|---|---|",
+        ]
+        for name, row in adapt.items():
+            for k, cell in enumerate(row["attempts"]):
+                ratio = _fmt(row["adapt_last_vs_first"]) if k == len(row["attempts"]) - 1 else ""
+                lines.append(f"| {name} | {k + 1} | {_fmt(cell)} | {ratio} |")
+    return lines
+
+
+def bars(summary: dict, path: Path) -> Path:
+    """Held-out success without and with memory per method, with the intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4))
+    for k, (key, label) in enumerate((("plain", "no memory"), ("memory", "with its memory"))):
+        xs, ys, errs = [], [], [[], []]
+        for i, name in enumerate(names):
+            row = summary[name]
+            cell = (
+                row["plain"]
+                if key == "plain"
+                else row["bank"] or (row["attempts"][-1] if row["attempts"] else None)
+            )
+            if cell is None:
+                continue
+            xs.append(i + (k - 0.5) * 0.38)
+            ys.append(cell.value)
+            errs[0].append(cell.value - cell.low)
+            errs[1].append(cell.high - cell.value)
+        ax.bar(xs, ys, width=0.36, yerr=errs, capsize=3, label=label)
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel("held-out success (95% bootstrap interval)")
+    ax.set_ylim(0, 1)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, Interval):
+        return {"value": value.value, "low": value.low, "high": value.high, "n": value.episodes}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--hard", nargs="+", default=["circuit"])
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "headline")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument("--set", action="append", default=[], help="METHOD:key.path=value")
+    args = parser.parse_args()
+    extra: dict[str, list[str]] = {}
+    for item in args.set:
+        name, _, assignment = item.partition(":")
+        extra.setdefault(name, []).append(assignment)
+    jobs = []
+    for name in args.methods:
+        for seed in args.seeds:
+            out = args.runs / f"{name}-seed{seed}"
+            if read_run(out) is None:
+                if out.exists():
+                    raise SystemExit(f"{out} holds an unfinished run: resume or remove it")
+                jobs.append((ROOT / METHODS[name], out, seed, extra.get(name, [])))
+    args.runs.mkdir(parents=True, exist_ok=True)
+    run_all(jobs, args.parallel)
+    finals: dict[str, list[Final]] = {}
+    facts = {}
+    for name in args.methods:
+        for seed in args.seeds:
+            got = read_run(args.runs / f"{name}-seed{seed}")
+            assert got is not None
+            finals.setdefault(name, []).append(final_of(got[0]))
+            facts.setdefault(name, []).append(fold(name, seed, *got))
+    hard = tuple(args.hard)
+    summary = summarize(finals, hard)
+    lines = table(summary, hard)
+    png = bars(summary, args.out / "headline.png")
+    curves = plot(facts, hard, args.out / "headline_curves.png")
+    lines += ["", f"![]({png.name})", "", f"![]({curves.name})"]
+    (args.out / "headline.md").write_text("\n".join(lines) + "\n")
+    (args.out / "headline.json").write_text(json.dumps(_jsonable(summary), indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

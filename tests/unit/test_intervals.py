@@ -1,0 +1,60 @@
+"""Bootstrap intervals (agents/intervals.py): seeded, they cover the truth at about their
+level, widen with seed-to-seed spread, and refuse what has no mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.intervals import bootstrap_mean, bootstrap_ratio
+
+
+def test_constant_values_have_a_point_interval() -> None:
+    got = bootstrap_mean([[1.0] * 10, [1.0] * 5])
+    assert (got.value, got.low, got.high, got.seeds, got.episodes) == (1.0, 1.0, 1.0, 2, 15)
+
+
+def test_the_same_data_and_seed_give_the_same_interval() -> None:
+    data = [[0, 1, 1, 0, 1], [0, 0, 1]]
+    assert bootstrap_mean(data) == bootstrap_mean(data)
+    assert bootstrap_mean(data, seed=1) != bootstrap_mean(data, seed=2)
+
+
+def test_intervals_cover_the_true_mean_at_about_their_level() -> None:
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(60):
+        seeds = [rng.binomial(1, 0.3, size=300).tolist() for _ in range(5)]
+        got = bootstrap_mean(seeds, rounds=1000)
+        assert got.low <= got.value <= got.high
+        hits += got.low <= 0.3 <= got.high
+    assert hits >= 51  # 95% of 60 is 57; a bootstrap of 5 seeds is a little narrow
+
+
+def test_spread_between_seeds_widens_the_interval() -> None:
+    alike = [[0.0, 1.0] * 50 for _ in range(4)]
+    apart = [[0.0] * 100, [1.0] * 100, [0.0] * 100, [1.0] * 100]
+    narrow, wide = bootstrap_mean(alike), bootstrap_mean(apart)
+    assert narrow.value == wide.value == 0.5
+    assert wide.high - wide.low > 3 * (narrow.high - narrow.low)
+
+
+def test_a_ratio_of_equal_sides_brackets_one_and_a_clear_gain_excludes_it() -> None:
+    rng = np.random.default_rng(3)
+    base = [rng.binomial(1, 0.3, size=300).tolist() for _ in range(5)]
+    same = [rng.binomial(1, 0.3, size=300).tolist() for _ in range(5)]
+    better = [rng.binomial(1, 0.6, size=300).tolist() for _ in range(5)]
+    assert bootstrap_ratio(same, base).low < 1 < bootstrap_ratio(same, base).high
+    gain = bootstrap_ratio(better, base)
+    assert gain.low > 1.5 and gain.value == pytest.approx(np.mean(better) / np.mean(base))
+
+
+@pytest.mark.parametrize("groups", [[], [[]], [[1.0], []], [[float("nan")]]])
+def test_what_has_no_mean_is_refused(groups) -> None:
+    with pytest.raises(ValueError):
+        bootstrap_mean(groups)
+
+
+def test_a_ratio_over_zero_is_refused() -> None:
+    with pytest.raises(ValueError, match="bottom mean is 0"):
+        bootstrap_ratio([[1, 0]], [[0, 0]])
