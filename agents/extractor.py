@@ -165,14 +165,15 @@ def extractor_step(
     """One CISPO step on the calls' responses, each with advantage ``A(m) * w(m)``.
 
     Calls with weight 0 (cooldown) or no response tokens are left out; with none left the
-    weights are unchanged.
+    weights are unchanged. The model stays in eval mode (dropout off), so the on-policy ratio
+    is exactly 1.
     """
     adv_of = {c: a * w for c, a, w in zip(req.calls, req.advantages, req.weights, strict=True)}
     batch = [c for c in calls if adv_of[c.call] != 0.0 and c.response_ids]
     if not batch:
         return StepStats(samples=0, loss=0.0, grad_norm=0.0, clip_frac=0.0)
     model, device = ext.model, ext.settings.device
-    model.train()
+    model.eval()
     opt = ext.optimiser(req.lr)
     logp, mask = response_logps(
         model,
@@ -191,7 +192,6 @@ def extractor_step(
     out.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), req.max_grad_norm)
     opt.step()
-    model.eval()
     return StepStats(len(batch), float(out.loss.detach()), float(grad_norm), out.clip_frac)
 
 

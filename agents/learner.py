@@ -146,10 +146,11 @@ def grpo_step(
     """Run ``req.epochs`` passes of minibatch clipped-ratio updates over ``samples``.
 
     Minibatches are drawn in an order shuffled by ``seed``; a minibatch never mixes "score"
-    and "generate" samples or temperatures.
+    and "generate" samples or temperatures. The model stays in eval mode (dropout off, as when
+    it sampled), so an on-policy ratio is exactly 1; gradients flow all the same.
     """
     model = trainee.model
-    model.train()
+    model.eval()
     opt = trainee.optimiser(req.lr)
     rng = random.Random(seed)
     totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
@@ -160,7 +161,6 @@ def grpo_step(
             for key, value in stats.items():
                 totals[key] += value
             steps += 1
-    model.eval()
     mean = {k: v / max(steps, 1) for k, v in totals.items()}
     return StepStats(samples=len(samples), **mean)
 

@@ -138,6 +138,20 @@ def test_one_update_moves_each_action_the_way_its_advantage_says(mode: str, sign
     assert bool((sign * moved > 0).all()), moved
 
 
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_an_update_with_dropout_in_the_model_is_on_policy_with_ratio_one(mode: str) -> None:
+    """Dropout stays off while training: the first minibatch, before any step, sees exactly the
+    behaviour log-probs (ratio 1, KL 0), and gradients still flow."""
+    model = tiny_model(dropout=0.5)
+    turns = TURNS[mode](model)
+    trainee = Trainee(model, TOKENIZER, CPU, reference=False)
+    stats = grpo_step(trainee, [Sample(t, 1.0) for t in turns], request(), seed=0)
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-5)
+    assert stats.kl == pytest.approx(0.0, abs=1e-6)
+    assert stats.clip_frac == 0.0 and stats.grad_norm > 0
+    assert not model.training
+
+
 # ---------------------------------------------------------------------------------------------
 # The extractor's step
 
@@ -206,6 +220,20 @@ def test_one_cispo_update_moves_each_response_the_way_its_advantage_says(sign: f
     extractor_step(ext, calls, ext_request(calls, [sign] * 3))
     moved = response_sums(ext, calls) - before
     assert bool((sign * moved > 0).all()), moved
+
+
+def test_a_cispo_update_with_dropout_in_the_model_is_on_policy() -> None:
+    """On-policy the clipped weight is 1, so the loss is minus the advantage-weighted token
+    mean of the behaviour log-probs; dropout in training mode would change every log-prob."""
+    ext = extractor(dropout=0.5)
+    calls = calls_of(ext)
+    advantages = [1.0, -0.5, 2.0]
+    stats = extractor_step(ext, calls, ext_request(calls, advantages))
+    tokens = sum(len(c.response_ids) for c in calls)
+    expected = -sum(a * sum(c.token_logps) for a, c in zip(advantages, calls, strict=True))
+    assert stats.loss == pytest.approx(expected / tokens, abs=1e-5)
+    assert stats.clip_frac == 0.0 and stats.grad_norm > 0
+    assert not ext.model.training
 
 
 # ---------------------------------------------------------------------------------------------
