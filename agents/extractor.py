@@ -164,8 +164,9 @@ def extractor_step(
 ) -> StepStats:
     """One CISPO step on the calls' responses, each with advantage ``A(m) * w(m)``.
 
-    Calls with weight 0 (cooldown) or no response tokens are left out; with none left the
-    weights are unchanged. The model stays in eval mode (dropout off), so the on-policy ratio
+    Calls with weight 0 (cooldown) or no response tokens are left out. With none left there
+    is no signal: no optimiser step, so the weights (and AdamW's moments) stay as they are. The
+    model stays in eval mode (dropout off), so the on-policy ratio
     is exactly 1.
     """
     adv_of = {c: a * w for c, a, w in zip(req.calls, req.advantages, req.weights, strict=True)}

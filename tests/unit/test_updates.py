@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -17,6 +18,7 @@ from agents.extractor_events import ExtractorCalled, ExtractorGradientRequested
 from agents.learner import Sample, SampleBuffer, Trainee, grpo_step
 from agents.policy import chosen_action_logps, response_logps
 from agents.policy_events import ActionSampled, GradientRequested
+from stores.checkpoints import param_digest
 
 CPU = torch.device("cpu")
 TOKENIZER = SimpleNamespace(pad_token_id=0)
@@ -152,6 +154,29 @@ def test_an_update_with_dropout_in_the_model_is_on_policy_with_ratio_one(mode: s
     assert not model.training
 
 
+def no_signal(mode: str, turns: list[ActionSampled]) -> tuple[list[Sample], GradientRequested]:
+    if mode == "zero-advantage":
+        return [Sample(t, 0.0) for t in turns], request()
+    # every response holds a token below the threshold: all masked out of the loss
+    highest = max(max(t.token_logps) for t in turns)
+    return [Sample(t, 1.0) for t in turns], request(low_prob_delta=highest / 2)
+
+
+@pytest.mark.parametrize("mode", ["zero-advantage", "all-masked"])
+def test_an_update_without_signal_leaves_the_weights_unchanged(mode: str) -> None:
+    """AdamW's momentum from an earlier update must not move the weights when an update has
+    no signal (and no KL term)."""
+    model = tiny_model()
+    turns = generate_turns(model)
+    trainee = Trainee(model, TOKENIZER, CPU, reference=False)
+    grpo_step(trainee, [Sample(t, 1.0) for t in turns], request(), seed=0)  # builds momentum
+    digest = param_digest(model)
+    samples, req = no_signal(mode, turns)
+    stats = grpo_step(trainee, samples, msgspec.structs.replace(req, update=1), seed=1)
+    assert param_digest(model) == digest
+    assert stats.grad_norm == 0.0 and stats.samples == len(turns)
+
+
 # ---------------------------------------------------------------------------------------------
 # The extractor's step
 
@@ -234,6 +259,17 @@ def test_a_cispo_update_with_dropout_in_the_model_is_on_policy() -> None:
     assert stats.loss == pytest.approx(expected / tokens, abs=1e-5)
     assert stats.clip_frac == 0.0 and stats.grad_norm > 0
     assert not ext.model.training
+
+
+def test_an_extractor_update_without_signal_leaves_the_weights_unchanged() -> None:
+    ext = extractor()
+    calls = calls_of(ext)
+    extractor_step(ext, calls, ext_request(calls, [1.0, -1.0, 0.5]))  # builds momentum
+    digest = param_digest(ext.model)
+    stats = extractor_step(ext, calls, ext_request(calls, [1.0, -1.0, 0.5], [0.0, 0.0, 0.0]))
+    assert param_digest(ext.model) == digest and stats.samples == 0
+    extractor_step(ext, calls, ext_request(calls, [0.0, 0.0, 0.0]))
+    assert param_digest(ext.model) == digest
 
 
 # ---------------------------------------------------------------------------------------------
