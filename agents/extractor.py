@@ -164,10 +164,11 @@ def extractor_step(
 ) -> StepStats:
     """One CISPO step on the calls' responses, each with advantage ``A(m) * w(m)``.
 
-    Calls with weight 0 (cooldown) or no response tokens are left out. With none left there
-    is no signal: no optimiser step, so the weights (and AdamW's moments) stay as they are. The
-    model stays in eval mode (dropout off), so the on-policy ratio
-    is exactly 1.
+    Calls whose ``A(m) * w(m)`` is 0 (cooldown) or with no response tokens add nothing to the
+    loss and are left out of the forward pass, but their tokens still count in the token mean
+    (:func:`agents.cispo.cispo_loss`'s ``tokens``). With none left there is no signal: no
+    optimiser step, the weights (and AdamW's moments) are unchanged. The model stays in eval
+    mode (dropout off), so the on-policy ratio is exactly 1.
     """
     adv_of = {c: a * w for c, a, w in zip(req.calls, req.advantages, req.weights, strict=True)}
     batch = [c for c in calls if adv_of[c.call] != 0.0 and c.response_ids]
@@ -188,7 +189,10 @@ def extractor_step(
     for b, c in enumerate(batch):
         old[b, : len(c.token_logps)] = torch.tensor(c.token_logps)
     adv = torch.tensor([adv_of[c.call] for c in batch], device=device)  # (B,)
-    out = cispo_loss(logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high)
+    tokens = sum(len(c.response_ids) for c in calls)  # sum_i |m_i| over the whole batch
+    out = cispo_loss(
+        logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high, tokens=tokens
+    )
     opt.zero_grad(set_to_none=True)
     out.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), req.max_grad_norm)

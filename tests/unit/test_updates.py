@@ -5,6 +5,7 @@ and every turn trains with its own episode's advantage and distill flag."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import msgspec
@@ -270,6 +271,22 @@ def test_an_extractor_update_without_signal_leaves_the_weights_unchanged() -> No
     assert param_digest(ext.model) == digest and stats.samples == 0
     extractor_step(ext, calls, ext_request(calls, [0.0, 0.0, 0.0]))
     assert param_digest(ext.model) == digest
+
+
+def test_a_cooled_down_call_still_counts_in_cispos_token_mean() -> None:
+    """``J = sum_i sum_t ... / sum_i |m_i|`` over the whole batch: a call in cooldown (weight
+    0) adds nothing above the line but its tokens below it, so leaving it out of the loss
+    must not scale up the other calls' gradients."""
+    ext = extractor()
+    calls = calls_of(ext)
+    alone = copy.deepcopy(ext)
+    with_cooled = extractor_step(ext, calls, ext_request(calls, [1.0, -1.0, 0.5], [1, 1, 0]))
+    kept = calls[:2]
+    without = extractor_step(alone, kept, ext_request(kept, [1.0, -1.0]))
+    share = sum(len(c.response_ids) for c in kept) / sum(len(c.response_ids) for c in calls)
+    assert with_cooled.samples == without.samples == 2
+    assert with_cooled.loss == pytest.approx(without.loss * share, rel=1e-5)
+    assert with_cooled.grad_norm == pytest.approx(without.grad_norm * share, rel=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
