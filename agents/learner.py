@@ -150,7 +150,17 @@ def grpo_step(
     it sampled), so an on-policy ratio is exactly 1; gradients flow all the same. A minibatch
     with no signal (every advantage 0 or every token masked, and no KL term) makes no optimiser
     step: AdamW's momentum would otherwise move the weights.
+
+    Raises:
+        ValueError: ``req.low_prob_delta`` is set and a sample is a "score" turn (EMPO2's
+            low-probability masking thresholds sampled tokens' log-probs; a scenario refuses
+            the combination).
     """
+    if req.low_prob_delta is not None and any(s.turn.mode == "score" for s in samples):
+        raise ValueError(
+            'low-probability masking needs "generate" mode: a "score" action\'s log-prob is '
+            "over the admissible actions, not a sampled token's"
+        )
     model = trainee.model
     model.eval()
     opt = trainee.optimiser(req.lr)
