@@ -272,6 +272,7 @@ class _PolicyAgent:
                 query=state_text(self._goal, self.history, obs.text, window=self._prompt.window),
                 rule=rule,
                 k=k,
+                read_only=job.purpose != "train",  # evaluation never changes the bank
             )
         )
         found = await self._wait(TipsRetrieved, turn)

@@ -164,15 +164,18 @@ def extractor_step(
 ) -> StepStats:
     """One CISPO step on the calls' responses, each with advantage ``A(m) * w(m)``.
 
-    Calls with weight 0 (cooldown) or no response tokens are left out; with none left the
-    weights are unchanged.
+    Calls whose ``A(m) * w(m)`` is 0 (cooldown) or with no response tokens add nothing to the
+    loss and are left out of the forward pass, but their tokens still count in the token mean
+    (:func:`agents.cispo.cispo_loss`'s ``tokens``). With none left there is no signal: no
+    optimiser step, the weights (and AdamW's moments) are unchanged. The model stays in eval
+    mode (dropout off), so the on-policy ratio is exactly 1.
     """
     adv_of = {c: a * w for c, a, w in zip(req.calls, req.advantages, req.weights, strict=True)}
     batch = [c for c in calls if adv_of[c.call] != 0.0 and c.response_ids]
     if not batch:
         return StepStats(samples=0, loss=0.0, grad_norm=0.0, clip_frac=0.0)
     model, device = ext.model, ext.settings.device
-    model.train()
+    model.eval()
     opt = ext.optimiser(req.lr)
     logp, mask = response_logps(
         model,
@@ -186,12 +189,14 @@ def extractor_step(
     for b, c in enumerate(batch):
         old[b, : len(c.token_logps)] = torch.tensor(c.token_logps)
     adv = torch.tensor([adv_of[c.call] for c in batch], device=device)  # (B,)
-    out = cispo_loss(logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high)
+    tokens = sum(len(c.response_ids) for c in calls)  # sum_i |m_i| over the whole batch
+    out = cispo_loss(
+        logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high, tokens=tokens
+    )
     opt.zero_grad(set_to_none=True)
     out.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), req.max_grad_norm)
     opt.step()
-    model.eval()
     return StepStats(len(batch), float(out.loss.detach()), float(grad_norm), out.clip_frac)
 
 

@@ -146,10 +146,23 @@ def grpo_step(
     """Run ``req.epochs`` passes of minibatch clipped-ratio updates over ``samples``.
 
     Minibatches are drawn in an order shuffled by ``seed``; a minibatch never mixes "score"
-    and "generate" samples or temperatures.
+    and "generate" samples or temperatures. The model stays in eval mode (dropout off, as when
+    it sampled), so an on-policy ratio is exactly 1; gradients flow all the same. A minibatch
+    with no signal (every advantage 0 or every token masked, and no KL term) makes no optimiser
+    step: AdamW's momentum would otherwise move the weights.
+
+    Raises:
+        ValueError: ``req.low_prob_delta`` is set and a sample is a "score" turn (EMPO2's
+            low-probability masking thresholds sampled tokens' log-probs; a scenario refuses
+            the combination).
     """
+    if req.low_prob_delta is not None and any(s.turn.mode == "score" for s in samples):
+        raise ValueError(
+            'low-probability masking needs "generate" mode: a "score" action\'s log-prob is '
+            "over the admissible actions, not a sampled token's"
+        )
     model = trainee.model
-    model.train()
+    model.eval()
     opt = trainee.optimiser(req.lr)
     rng = random.Random(seed)
     totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
@@ -160,7 +173,6 @@ def grpo_step(
             for key, value in stats.items():
                 totals[key] += value
             steps += 1
-    model.eval()
     mean = {k: v / max(steps, 1) for k, v in totals.items()}
     return StepStats(samples=len(samples), **mean)
 
@@ -194,19 +206,23 @@ def _one_step(
     )
     loss = out.loss
     ref_kl = 0.0
-    if req.kl_coef > 0 and trainee.reference is not None:
+    with_kl = req.kl_coef > 0 and trainee.reference is not None
+    if with_kl:
         with torch.no_grad():
             ref_logp, _, _ = sample_logps(trainee.reference, batch, trainee.pad_id, trainee.device)
         kl = kl_penalty(logp, ref_logp, mask, aggregation=req.aggregation)
         loss = loss + req.kl_coef * kl
         ref_kl = float(kl.detach())
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), req.max_grad_norm)
-    opt.step()
+    grad_norm = 0.0
+    if with_kl or bool(((adv != 0) & (mask != 0).any(-1)).any()):  # else no signal: no step
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), req.max_grad_norm)
+        opt.step()
+        grad_norm = float(norm)
     return dict(
         loss=float(loss.detach()),
-        grad_norm=float(grad_norm),
+        grad_norm=grad_norm,
         clip_frac=out.clip_frac,
         kl=out.approx_kl,
         ratio_mean=out.ratio_mean,

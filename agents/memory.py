@@ -9,7 +9,9 @@ log order, so what it answers never depends on how requests were batched.
 
 Retrieval follows EMPO2's released code: the ``top_k`` tips most similar to the query, those
 with cosine similarity above ``threshold`` kept, shown ordered by their stored score
-(descending; ties by similarity).
+(descending; ties by similarity). Complementary RL's "diverse" rule counts each pick (retrieval
+counts, recency) except for a read-only request (an evaluation episode's), so evaluation never
+changes what training retrieves.
 """
 
 from __future__ import annotations
@@ -184,7 +186,8 @@ class TipBank:
 
     def _diverse(self, req: RetrievalRequested, vector: np.ndarray) -> TipsRetrieved:
         """Complementary RL's pick: ``k`` of the ``pool * k`` most similar, re-ranked by
-        ``-rank - lam * log(1 + retrieved) - [picked in the last `recent` retrievals]``."""
+        ``-rank - lam * log(1 + retrieved) - [picked in the last `recent` retrievals]``. The
+        pick counts (retrieval counts, recency) unless the request is read-only."""
         slot = self._slots.get(req.slot)
         k = max(req.k, 1)
         if slot is None or not slot.order:
@@ -197,10 +200,8 @@ class TipBank:
             list(range(len(found))), [t.retrieved for t in tips], recent, lam=self.settings.lam
         )
         picked = sorted(range(len(found)), key=lambda r: (-scores[r], r))[:k]
-        slot.retrievals += 1
-        for r in picked:
-            tips[r].retrieved += 1
-            tips[r].last_pick = slot.retrievals
+        if not req.read_only:
+            self._count(slot, [tips[r] for r in picked])
         answer = self._answer(req, [found[r] for r in picked], picked, len(found))
         return msgspec.structs.replace(answer, scores=tuple(scores[r] for r in picked))
 
@@ -223,12 +224,14 @@ class TipBank:
             similar=similar,
             slot_size=self.size(req.slot),
             calls=tuple(self.tips[key].call for key, _ in shown),
+            read_only=req.read_only,
         )
 
     def evolve(self, ev: Event, vector: np.ndarray | None = None) -> None:
         """Apply an event this bank emitted, rebuilding the bank from the log (a resumed
         run); ``vector`` (dim,) embeds a :class:`TipStored`'s key. Events that change nothing
-        (:class:`TipRejected`, a "threshold" retrieval, a merge request) are ignored.
+        (:class:`TipRejected`, a "threshold" or read-only retrieval, a merge request) are
+        ignored.
 
         Raises:
             ValueError: ``ev`` does not follow from the bank's state (a tip id out of order,
@@ -244,12 +247,16 @@ class TipBank:
             if ev.tip_id not in self.tips:
                 raise ValueError(f"tip {ev.tip_id} evicted, but the bank does not hold it")
             self._evict(ev.tip_id, ev.reason)
-        elif isinstance(ev, TipsRetrieved) and ev.scores:  # a "diverse" pick counts
-            slot = self._slots[ev.slot]
-            slot.retrievals += 1
-            for key in ev.tip_ids:
-                self.tips[key].retrieved += 1
-                self.tips[key].last_pick = slot.retrievals
+        elif isinstance(ev, TipsRetrieved) and ev.scores and not ev.read_only:
+            self._count(self._slots[ev.slot], [self.tips[key] for key in ev.tip_ids])
+
+    @staticmethod
+    def _count(slot: _Slot, picked: list[Tip]) -> None:
+        """A "diverse" pick of ``picked`` counts: one more retrieval of the slot, and of each."""
+        slot.retrievals += 1
+        for tip in picked:
+            tip.retrieved += 1
+            tip.last_pick = slot.retrievals
 
     def _insert(self, tip: Tip, key: str, vector: np.ndarray) -> list[Event]:
         if not tip.text:

@@ -33,7 +33,9 @@ class RetrievalRequested(Event, tag="retrieval_requested", frozen=True, kw_only=
 
     ``rule`` is "threshold" (EMPO2: the most similar above a threshold, by stored score) or
     "diverse" (Complementary RL: the best ``k`` after re-ranking by rank, retrieval count and
-    recent use, no threshold).
+    recent use, no threshold). ``read_only`` (an evaluation episode's retrieval): the answer is
+    what a training retrieval would get now, but the pick is not counted, so evaluation never
+    changes what training retrieves (a "threshold" retrieval never changes the bank anyway).
     """
 
     episode: str
@@ -43,6 +45,7 @@ class RetrievalRequested(Event, tag="retrieval_requested", frozen=True, kw_only=
     query: str
     rule: str = "threshold"
     k: int = 0
+    read_only: bool = False
 
 
 @event
@@ -59,6 +62,9 @@ class TipsRetrieved(Event, tag="tips_retrieved", frozen=True, kw_only=True):
         slot_size: tips in the slot when it was searched.
         scores: with the "diverse" rule, each tip's re-ranking score.
         calls: the extractor call that wrote each tip ("" for a reflection).
+        read_only: the request's: a "diverse" pick that was not counted (the bank's retrieval
+            counts and recency are as before it; :meth:`agents.memory.TipBank.evolve` folds it
+            as nothing). False in logs written before the field: every pick counted then.
     """
 
     episode: str
@@ -73,6 +79,7 @@ class TipsRetrieved(Event, tag="tips_retrieved", frozen=True, kw_only=True):
     slot_size: int
     scores: tuple[float, ...] = ()
     calls: tuple[str, ...] = ()
+    read_only: bool = False
 
 
 @event

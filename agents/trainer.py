@@ -2,12 +2,15 @@
 
 It plans groups of K rollouts of one task, keeps every env worker busy, computes each group's
 advantages when its last episode ends (:class:`AdvantagesComputed`), asks the learner for an
-update every ``groups_per_update`` groups (:class:`GradientRequested`), runs evaluation rounds on
-held-out variants, and returns (ending the run) after the last update's evaluation.
+update once every group planned for it has ended (:class:`GradientRequested`), runs evaluation
+rounds on held-out variants, and returns (ending the run) after the last update's evaluation.
 
-Staleness: group ``g`` feeds update ``g // groups_per_update``, which produces version
-``g // groups_per_update + 1``. A group starts only once the policy is at least at version
-``g // groups_per_update - max_staleness``, so no sample is older than the bound allows.
+Batching is by plan, never by completion order: group ``g`` belongs to step
+``g // groups_per_update`` (its rollout mode, its warm-up or not, were drawn for that step), and
+feeds that step's update whenever it ends. A step whose groups have all ended waits for the steps
+before it, so requests go out in step order. Staleness: step ``s`` (after the warm-up) is update
+``s - warmup``, which produces version ``s - warmup + 1``. A group starts only once the policy is
+at least at version ``s - warmup - max_staleness``, so no sample is older than the bound allows.
 
 What each episode is (task, seed) is a pure function of the run seed and its index, so it never
 depends on which worker ran it or when.
@@ -57,11 +60,21 @@ ADV_EPS = 1e-6
 
 @dataclass
 class _Group:
+    index: int  # g: the group feeds step g // groups_per_update
     task: Task
     episodes: list[str]
     rollouts: list[str]
     outcomes: dict[str, float] = field(default_factory=dict[str, float])
     ended: int = 0
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What an ended group gives its step's update."""
+
+    episodes: tuple[str, ...]
+    advantages: tuple[float, ...]
+    rollouts: tuple[str, ...]
 
 
 @dataclass
@@ -204,13 +217,13 @@ class GrpoTrainer(Replayed):
         self._groups: dict[str, _Group] = {}
         self._owner: dict[str, str] = {}  # episode -> group
         self._similar: dict[str, list[int]] = {}  # train episode -> per-turn similar tips
-        # completed groups not yet trained on, in completion order
-        self._pending: dict[str, tuple[tuple[str, ...], tuple[float, ...], tuple[str, ...]]] = {}
+        # step -> its groups that ended (by group index), until the step is requested
+        self._pending: dict[int, dict[int, _Batch]] = {}
         self._rounds: dict[str, _Round] = {}  # episode -> its eval round
         self._adapts: dict[str, _Adapt] = {}  # episode -> its adaptation round
         self._index = 0
         self._planned = 0
-        self._stepped = 0  # steps whose groups all ended (warm-up included)
+        self._stepped = 0  # steps requested: all their groups ended, in order (warm-up included)
         self._version = 0
         self._round = 0
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
@@ -297,7 +310,7 @@ class GrpoTrainer(Replayed):
         g = self._planned
         task, _ = plan_episode(ctx.run_seed, g, self._tasks)
         gid = f"g{g:05d}"
-        group = _Group(task=task, episodes=[], rollouts=[])
+        group = _Group(index=g, task=task, episodes=[], rollouts=[])
         for k in range(self._grpo.group_size):
             rollout = self._rollout(ctx, g // self._grpo.groups_per_update, self._index, k)
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
@@ -493,10 +506,11 @@ class GrpoTrainer(Replayed):
         rewards = [o + coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
         advantages = self._advantages(rewards, rollouts)
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)
+        step = group.index // self._grpo.groups_per_update
         await ctx.emit(
             AdvantagesComputed(
                 group=gid,
-                update=self._stepped - self._warmup,
+                update=step - self._warmup,
                 family=group.task.family,
                 variant=group.task.variant,
                 episodes=tuple(episodes),
@@ -513,9 +527,10 @@ class GrpoTrainer(Replayed):
             )
         )
         del self._groups[gid]
-        self._pending[gid] = (tuple(episodes), tuple(advantages), tuple(rollouts))
-        if len(self._pending) == self._grpo.groups_per_update:
-            await self._request(ctx)
+        batch = _Batch(tuple(episodes), tuple(advantages), tuple(rollouts))
+        self._pending.setdefault(step, {})[group.index] = batch
+        while len(self._pending.get(self._stepped, ())) == self._grpo.groups_per_update:
+            await self._request(ctx, self._pending.pop(self._stepped))
 
     def _advantages(self, rewards: list[float], rollouts: list[str]) -> list[float]:
         """GRPO's group advantages, or Complementary RL's weighted subgroup advantages."""
@@ -537,16 +552,16 @@ class GrpoTrainer(Replayed):
         assert self._empo2 is not None
         return intrinsic_reward(self._similar.get(episode, []), cap=self._empo2.top_k)
 
-    async def _request(self, ctx: Context) -> None:
+    async def _request(self, ctx: Context, groups: dict[int, _Batch]) -> None:
+        """Step ``self._stepped``'s update from its ``groups``, in group order (a warm-up step
+        trains nothing)."""
         episodes: list[str] = []
         advantages: list[float] = []
         rollouts: list[str] = []
-        for gid in sorted(self._pending):  # group order, not completion order
-            eps, advs, rolls = self._pending[gid]
-            episodes += eps
-            advantages += advs
-            rollouts += rolls
-        self._pending.clear()
+        for g in sorted(groups):  # group order, not completion order
+            episodes += groups[g].episodes
+            advantages += groups[g].advantages
+            rollouts += groups[g].rollouts
         step = self._stepped
         self._stepped += 1
         if self._comp is not None and (step + 1) % self._comp.merge_every == 0:

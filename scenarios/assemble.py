@@ -153,6 +153,14 @@ def _check_learning(scenario: Scenario, source: str) -> None:
             f'$.agent.kind: run.method = {scenario.run.method!r} needs kind = "policy", '
             f"got {scenario.agent.kind!r}",
         )
+    e = scenario.empo2
+    if scenario.run.method == "empo2" and e.low_prob_mask and scenario.policy.mode == "score":
+        raise ScenarioInvalid(
+            source,
+            '$.empo2.low_prob_mask: needs policy.mode = "generate" (it thresholds the '
+            'log-probs of sampled tokens; a "score" action\'s log-prob is over the admissible '
+            "actions and falls below low_prob_delta when there are many)",
+        )
 
 
 def _trainer(

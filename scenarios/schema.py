@@ -189,8 +189,10 @@ class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         top_k: most tips shown per turn.
         tip_tokens: longest tip generated.
         tip_temperature: sampling temperature of reflections (0: greedy).
-        low_prob_mask: drop from the loss every response whose lowest behaviour log-prob is
-            below ``low_prob_delta`` (sequence level).
+        low_prob_mask: drop from the loss every response whose lowest behaviour token log-prob
+            is below ``low_prob_delta`` (sequence level). Needs ``policy.mode = "generate"``:
+            a "score" action is not sampled token by token, and its log-prob over ~150
+            admissible actions would be below the threshold every turn.
         low_prob_delta: that threshold (EMPO2's code: -5.0).
         novelty: add the intrinsic reward ``1 / (n + 1)`` (mean over an episode's turns) to
             the outcome of tip-mode episodes.

@@ -154,6 +154,10 @@ def test_every_evaluation_round_is_played_without_and_with_the_bank(events: list
     assert all(e.scope == "train" and not e.extract for e in with_bank)
     asked = {r.episode: r.slot for r in of(events, RetrievalRequested)}
     assert all(asked[e.episode] == f"train/{e.family}" for e in with_bank)
+    # evaluation reads the training bank without counting its picks
+    shown = {e.episode for e in with_bank}
+    assert all(r.read_only == (r.episode in shown) for r in of(events, RetrievalRequested))
+    assert all(t.read_only == (t.episode in shown) for t in of(events, TipsRetrieved))
 
 
 def test_the_audit_re_derives_the_run_and_explains_its_entries(

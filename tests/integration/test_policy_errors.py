@@ -20,6 +20,10 @@ QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
         (["policy.model=/no/such/model"], "/no/such/model"),
         (["policy.embedded={hidden_sise = 3}"], "$.policy.embedded"),
         (["policy.embedded={layers = 0}"], "$.policy.embedded"),
+        (
+            ['run.method="empo2"', "empo2.low_prob_mask=true"],
+            '$.empo2.low_prob_mask: needs policy.mode = "generate"',
+        ),
     ],
 )
 def test_bad_learning_settings_are_one_line_and_exit_2(

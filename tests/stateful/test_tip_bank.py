@@ -123,8 +123,9 @@ def text_vector(text: str) -> np.ndarray:
 class BankRebuiltFromItsEvents(RuleBasedStateMachine):
     """``coevo resume`` rebuilds the bank by folding the events it emitted
     (:meth:`TipBank.evolve`): after any mix of stores, extractor operations (which evict and
-    refuse) and retrievals under both rules (which count picks), the rebuilt bank must hold
-    the same tips, counts and order, and answer the same."""
+    refuse) and retrievals under both rules, for training (a "diverse" pick counts) or
+    evaluation (read-only), the rebuilt bank must hold the same tips, counts and order, and
+    answer the same."""
 
     @initialize()
     def start(self) -> None:
@@ -181,8 +182,13 @@ class BankRebuiltFromItsEvents(RuleBasedStateMachine):
         contents = [c for op, _, c in triples if op not in ("discard", "return")]
         self.events += self.bank.apply(called, [text_vector(c) for c in contents])
 
-    @rule(slot=st.sampled_from(SLOTS), seed=st.integers(0, 10_000), diverse=st.booleans())
-    def retrieve(self, slot: str, seed: int, diverse: bool) -> None:
+    @rule(
+        slot=st.sampled_from(SLOTS),
+        seed=st.integers(0, 10_000),
+        diverse=st.booleans(),
+        read_only=st.booleans(),
+    )
+    def retrieve(self, slot: str, seed: int, diverse: bool, read_only: bool) -> None:
         req = RetrievalRequested(
             episode="q",
             worker="w",
@@ -191,8 +197,12 @@ class BankRebuiltFromItsEvents(RuleBasedStateMachine):
             query="",
             rule="diverse" if diverse else "threshold",
             k=1 if diverse else 0,
+            read_only=read_only,
         )
+        before = copy.deepcopy(self.bank.tips)
         self.events.append(self.bank.retrieve(req, vector(seed + 1_000_000)))
+        if read_only:  # an evaluation's retrieval changes nothing training sees
+            assert self.bank.tips == before
 
     @invariant()
     def rebuilt_bank_is_the_bank(self) -> None:

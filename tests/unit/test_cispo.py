@@ -50,6 +50,20 @@ def test_loss_and_gradient_by_hand() -> None:
     assert out.approx_kl == pytest.approx(sum((r - 1) - LOG(r) for r in ratios) / 5)
 
 
+def test_the_token_mean_is_over_the_whole_batch() -> None:
+    """``tokens`` counts the responses left out of these rows (weight 0) too: 5 tokens here
+    of 8 in the batch, so the loss and its gradient are 5/8 of the rows' own token mean."""
+    logp, old, adv, mask = ragged()
+    own = cispo_loss(logp, old, adv, mask)
+    whole = cispo_loss(logp, old, adv, mask, tokens=8)
+    assert whole.loss.item() == pytest.approx(own.loss.item() * 5 / 8)
+    whole.loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0, 0].item() == pytest.approx(-1.1 * 2 / 8)
+    with pytest.raises(ValueError, match="tokens = 4 is fewer than the batch's 5"):
+        cispo_loss(logp, old, adv, mask, tokens=4)
+
+
 @pytest.mark.parametrize(
     ("ratio", "adv", "weight"),
     [

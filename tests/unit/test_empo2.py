@@ -3,6 +3,7 @@ two inputs and low-probability masking in the learner."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from types import SimpleNamespace
@@ -153,10 +154,8 @@ def model(tokenizer):
     return Qwen2ForCausalLM(config).eval()
 
 
-@pytest.fixture(scope="module")
-def sampled(model, tokenizer):
-    """Turns answered by the runner with tips shown (so they carry ``bare_prompt_ids``)."""
-    runner = PolicyRunner(model, tokenizer, ActSettings(temperature=1.0))
+def tipped_requests() -> list[ActionRequested]:
+    """One turn per note, the note shown as a tip."""
     requests = []
     for turn, tip in enumerate(NOTES):
         messages = turn_messages("find the apple.", [], "you see a box.", tips=[tip])
@@ -171,7 +170,14 @@ def sampled(model, tokenizer):
                 tips=(tip,),
             )
         )
-    return runner.answer(requests)
+    return requests
+
+
+@pytest.fixture(scope="module")
+def sampled(model, tokenizer):
+    """Turns answered by the runner with tips shown (so they carry ``bare_prompt_ids``)."""
+    runner = PolicyRunner(model, tokenizer, ActSettings(temperature=1.0))
+    return runner.answer(tipped_requests())
 
 
 def test_the_runner_records_the_prompt_without_tips(sampled, tokenizer) -> None:
@@ -210,19 +216,31 @@ def _request(**kw) -> GradientRequested:
     return GradientRequested(update=0, episodes=("ep0",), advantages=(1.0,), lr=1e-2, **kw)
 
 
-def test_low_prob_masking_drops_unlikely_responses_from_the_loss(model, tokenizer, sampled) -> None:
-    samples = [Sample(s, 1.0, distill=True) for s in sampled]
-    lowest = min(s.logp for s in sampled)
-    trainee = Trainee(model, tokenizer, torch.device("cpu"), reference=False)
-    # a threshold below every behaviour log-prob keeps everything: a real step
+def test_low_prob_masking_drops_unlikely_responses_from_the_loss(model, tokenizer) -> None:
+    """Generate mode: a response is dropped when one of its sampled tokens was unlikely."""
+    settings = ActSettings(mode="generate", temperature=1.0, max_new_tokens=6)
+    turns = PolicyRunner(model, tokenizer, settings).answer(tipped_requests())
+    samples = [Sample(s, 1.0, distill=True) for s in turns]
+    trainee = Trainee(copy.deepcopy(model), tokenizer, torch.device("cpu"), reference=False)
+    # a threshold below every behaviour token log-prob keeps everything: a real step
+    lowest = min(min(s.token_logps) for s in turns)
     kept = grpo_step(trainee, samples, _request(low_prob_delta=lowest - 1.0), seed=0)
     assert kept.grad_norm > 0
-    # a threshold above every log-prob: nothing is trained on
-    highest = max(s.logp for s in sampled)
+    # a threshold above every response's least likely token: nothing is trained on
+    highest = max(min(s.token_logps) for s in turns)
     assert highest < 0
     masked = grpo_step(trainee, samples, _request(low_prob_delta=highest / 2), seed=0)
     assert masked.grad_norm == 0.0 and masked.loss == 0.0
     assert not math.isnan(masked.ratio_mean)
+
+
+def test_low_prob_masking_is_refused_for_scored_actions(model, tokenizer, sampled) -> None:
+    """A scored action's log-prob is over the admissible actions (about -log of their number),
+    not a sampled token's: the threshold would mask by the size of the action list."""
+    trainee = Trainee(copy.deepcopy(model), tokenizer, torch.device("cpu"), reference=False)
+    samples = [Sample(s, 1.0) for s in sampled]
+    with pytest.raises(ValueError, match='low-probability masking needs "generate" mode'):
+        grpo_step(trainee, samples, _request(low_prob_delta=-5.0), seed=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -189,3 +189,45 @@ def test_diverse_retrieval_penalises_popular_and_recent_entries() -> None:
     third = bank.retrieve(ask, unit(1, 0, 0))
     assert third.tip_ids == (0,)
     assert third.scores == pytest.approx((-0.4 * np.log(2),))
+
+
+def test_an_evaluation_retrieval_leaves_what_training_retrieves_unchanged() -> None:
+    """A read-only ("diverse") retrieval, an evaluation episode's, answers like a training one
+    would but counts no pick: the bank's counts and recency stay, and the next training
+    retrieval answers as if the evaluation never happened. The bank rebuilt from its events
+    (a resumed run) agrees."""
+    settings = MemorySettings(index="exact", lam=0.4, recent=1)
+    ops = called(("add", (), "best"), ("add", (), "second"))
+    vectors = [unit(1, 0, 0), unit(1, 0.3, 0)]
+
+    def ask(read_only: bool) -> RetrievalRequested:
+        return RetrievalRequested(
+            episode="q",
+            worker="w",
+            turn=0,
+            slot=SLOT,
+            query="",
+            rule="diverse",
+            k=1,
+            read_only=read_only,
+        )
+
+    evaluated, untouched = TipBank(settings, dim=3), TipBank(settings, dim=3)
+    events = evaluated.apply(ops, vectors)
+    untouched.apply(ops, vectors)
+    train = [evaluated.retrieve(ask(False), unit(1, 0, 0))]
+    untouched.retrieve(ask(False), unit(1, 0, 0))
+    state = [(t.retrieved, t.last_pick) for t in evaluated.tips.values()]
+    peeks = [evaluated.retrieve(ask(True), unit(1, 0, 0)) for _ in range(3)]
+    assert all(p.read_only and p.tip_ids == (1,) for p in peeks)  # training's next pick
+    assert [(t.retrieved, t.last_pick) for t in evaluated.tips.values()] == state
+    after = evaluated.retrieve(ask(False), unit(1, 0, 0))
+    assert after == untouched.retrieve(ask(False), unit(1, 0, 0))
+    assert after.tip_ids == (1,) and not after.read_only
+    rebuilt = TipBank(settings, dim=3)
+    for ev in [*events, *train, *peeks, after]:
+        rebuilt.evolve(ev, vectors[ev.tip_id] if isinstance(ev, TipStored) else None)
+    assert rebuilt.tips == evaluated.tips
+    assert rebuilt.retrieve(ask(False), unit(1, 0, 0)) == evaluated.retrieve(
+        ask(False), unit(1, 0, 0)
+    )

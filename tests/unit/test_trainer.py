@@ -1,0 +1,237 @@
+"""The trainer as a pure driver (a fake context, no runtime): groups feed the update they were
+planned for, whatever order they end in, and a run it drove replays to the same log."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.episode_events import EpisodeAssigned, EpisodeFinished
+from agents.extractor_events import MergeDue
+from agents.policy_events import AdvantagesComputed, GradientRequested, PolicyUpdated
+from agents.trainer import GrpoTrainer
+from engine.actor import Context
+from engine.events import Envelope, Event
+from engine.recovery import ReplayContext
+from scenarios.schema import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
+from scenarios.worlds.base import Task
+
+SEED = 11
+TASKS = [Task(family="heat", variant=v, split="train") for v in range(6)]
+HELDOUT = [Task(family="heat", variant=100 + v, split="heldout") for v in range(2)]
+
+
+def finished(job: EpisodeAssigned) -> EpisodeFinished:
+    score = (job.index * 7 % 5) / 4  # groups with a spread of rewards
+    return EpisodeFinished(
+        episode=job.episode,
+        worker=job.worker,
+        family=job.family,
+        variant=job.variant,
+        split=job.split,
+        steps=1,
+        score=score,
+        success=score == 1.0,
+        total_reward=score,
+        purpose=job.purpose,
+    )
+
+
+def updated(req: GradientRequested) -> PolicyUpdated:
+    return PolicyUpdated(
+        policy_version=req.update + 1,
+        update=req.update,
+        samples=1,
+        stale=0,
+        loss=0.0,
+        grad_norm=0.0,
+        clip_frac=0.0,
+        kl=0.0,
+        ratio_mean=1.0,
+        ref_kl=0.0,
+        digest="d",
+        checkpoint=f"v{req.update + 1}",
+        seconds=0.0,
+    )
+
+
+class Drive:
+    """A trainer driven to its end by a fake world and learner: ``choose`` picks, among the
+    episodes running and (when one is owed) "update", what happens next."""
+
+    def __init__(self, trainer: GrpoTrainer, choose: Callable[[list[str]], str]) -> None:
+        self.trainer = trainer
+        self.choose = choose
+        self.log: list[tuple[str, Event]] = []
+        self.running: dict[str, EpisodeAssigned] = {}
+        self.owed: list[GradientRequested] = []
+        self.version = 0
+        self.version_at: dict[str, int] = {}  # episode -> policy version when it was assigned
+        self.ctx = ReplayContext("trainer", SEED)
+
+    def _collect(self) -> None:
+        for ev, _, _ in self.ctx.emitted:
+            self.log.append(("trainer", ev))
+            if isinstance(ev, EpisodeAssigned):
+                self.running[ev.episode] = ev
+                self.version_at[ev.episode] = self.version
+            elif isinstance(ev, GradientRequested):
+                self.owed.append(ev)
+        self.ctx.emitted.clear()
+
+    def run(self) -> list[tuple[str, Event]]:
+        ctx = cast(Context, self.ctx)
+
+        async def go() -> None:
+            await self.trainer.begin(ctx)
+            self._collect()
+            done = False
+            while not done:
+                pick = self.choose(sorted(self.running) + (["update"] if self.owed else []))
+                if pick == "update":
+                    ev: Event = updated(self.owed.pop(0))
+                    self.version += 1
+                else:
+                    ev = finished(self.running.pop(pick))
+                self.log.append(("world", ev))
+                done = await self.trainer.handle(ctx, ev)
+                self._collect()
+
+        trio.run(go)
+        assert not self.running and not self.owed
+        return self.log
+
+
+def of(log: list[tuple[str, Event]], kind: type) -> list:
+    return [ev for _, ev in log if isinstance(ev, kind)]
+
+
+def planned_steps(log: list[tuple[str, Event]], grpo: GrpoConfig) -> dict[str, int]:
+    """Training episode -> the step it was planned for: the ``k``-th training assignment is a
+    member of group ``k // group_size``, which feeds step ``group // groups_per_update``."""
+    train = [ev for ev in of(log, EpisodeAssigned) if ev.purpose == "train"]
+    return {
+        ev.episode: k // grpo.group_size // grpo.groups_per_update for k, ev in enumerate(train)
+    }
+
+
+def trainer_of(
+    grpo: GrpoConfig,
+    episodes: int,
+    workers: int,
+    empo2: Empo2Config | None = None,
+    comp: ComplementaryConfig | None = None,
+    evaluation: EvalConfig | None = None,
+) -> GrpoTrainer:
+    return GrpoTrainer(
+        TASKS,
+        HELDOUT,
+        episodes,
+        [f"w{i}" for i in range(workers)],
+        grpo,
+        evaluation or EvalConfig(every=0),
+        empo2,
+        comp,
+    )
+
+
+def test_a_late_group_feeds_the_update_it_was_planned_for() -> None:
+    """Four groups of two in flight (two updates of two groups): groups 0, 2 and 3 end before
+    group 1. Update 0 waits for group 1 and trains on groups 0 and 1; update 1 on 2 and 3."""
+    grpo = GrpoConfig(group_size=2, groups_per_update=2, max_staleness=1)
+    order = ["ep000000", "ep000001", "ep000004", "ep000005", "ep000006", "ep000007"]
+    order += ["ep000002", "ep000003"]
+    queue = iter(order)
+
+    def choose(options: list[str]) -> str:
+        return "update" if "update" in options else next(queue)
+
+    trainer = trainer_of(grpo, 8, 8)
+    log = Drive(trainer, choose).run()
+    requests = of(log, GradientRequested)
+    assert [(r.update, r.episodes) for r in requests] == [
+        (0, ("ep000000", "ep000001", "ep000002", "ep000003")),
+        (1, ("ep000004", "ep000005", "ep000006", "ep000007")),
+    ]
+    groups = {g.group: g.update for g in of(log, AdvantagesComputed)}
+    assert groups == {"g00000": 0, "g00001": 0, "g00002": 1, "g00003": 1}
+    # nothing is requested before group 1's last episode ends: update 1's groups waited
+    first = next(i for i, (_, ev) in enumerate(log) if isinstance(ev, GradientRequested))
+    last = next(
+        i
+        for i, (_, ev) in enumerate(log)
+        if getattr(ev, "episode", "") == "ep000003" and isinstance(ev, EpisodeFinished)
+    )
+    assert first > last
+
+
+METHODS = {
+    "grpo": dict(grpo=GrpoConfig(group_size=2, groups_per_update=2, max_staleness=1)),
+    "empo2": dict(
+        grpo=GrpoConfig(group_size=2, groups_per_update=2, max_staleness=1),
+        empo2=Empo2Config(p=0.5, q=0.5, embedder="hashing"),
+    ),
+    "complementary": dict(
+        grpo=GrpoConfig(group_size=4, groups_per_update=2, max_staleness=2),
+        comp=ComplementaryConfig(warmup=1, merge_every=2, embedder="hashing"),
+    ),
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), workers=st.integers(1, 12))
+def test_groups_feed_their_planned_update_whatever_order_they_end_in(
+    method: str, data: st.DataObject, workers: int
+) -> None:
+    kw = METHODS[method]
+    grpo = kw["grpo"]
+    comp = kw.get("comp")
+    per_step = grpo.group_size * grpo.groups_per_update
+    steps = 4
+    evaluation = EvalConfig(every=2, episodes=2)
+    trainer = trainer_of(grpo, per_step * steps, workers, kw.get("empo2"), comp, evaluation)
+    drive = Drive(trainer, lambda options: data.draw(st.sampled_from(options)))
+    log = drive.run()
+
+    step_of = planned_steps(log, grpo)
+    warmup = comp.warmup if comp else 0
+    requests = of(log, GradientRequested)
+    assert [r.update for r in requests] == list(range(steps - warmup))
+    for r in requests:
+        members = sorted(e for e, s in step_of.items() if s == r.update + warmup)
+        assert list(r.episodes) == members  # the planned step's groups, all of them, in order
+        if method == "empo2":  # one rollout mode per update
+            assert len(set(r.rollouts)) == 1
+        # no turn is staler than the bound: each episode started at an allowed version
+        assert all(drive.version_at[e] >= r.update - grpo.max_staleness for e in r.episodes)
+    for g in of(log, AdvantagesComputed):
+        assert {step_of[e] - warmup for e in g.episodes} == {g.update}
+    if comp is not None:  # every guided episode is trained on; none vanished into a warm-up
+        groups = of(log, AdvantagesComputed)
+        guided = {
+            e for g in groups for e, ro in zip(g.episodes, g.rollouts, strict=True) if ro != "plain"
+        }
+        trained = {
+            e
+            for r in requests
+            for e, ro in zip(r.episodes, r.rollouts, strict=True)
+            if ro != "plain"
+        }
+        assert guided and trained == guided
+        assert [m.step for m in of(log, MergeDue)] == [1, 3]
+
+    # the trainer is rebuilt on resume by replaying it on the log: the replay reproduces it
+    envs = [
+        Envelope(seq=i, run="r", t=0, actor=actor, event=ev) for i, (actor, ev) in enumerate(log)
+    ]
+    cut = data.draw(st.integers(0, len(envs)))
+    again = trainer_of(grpo, per_step * steps, workers, kw.get("empo2"), comp, evaluation)
+    trio.run(again.recover, cast(Context, ReplayContext("trainer", SEED)), envs[:cut])
+    if cut == len(envs):
+        assert again._tail == []
