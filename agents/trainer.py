@@ -200,6 +200,8 @@ class GrpoTrainer(Replayed):
             raise ValueError("eval.adapt_attempts needs a memory: run.method = 'empo2'")
         self._tasks = tuple(tasks)
         self._eval_tasks = eval_tasks(heldout, evaluation.episodes) if evaluation.every else []
+        final = evaluation.final_episodes
+        self._final_tasks = eval_tasks(heldout, final) if evaluation.every and final else []
         self._adapt_tasks = (
             eval_tasks(heldout, evaluation.adapt_tasks) if evaluation.adapt_attempts else []
         )
@@ -369,11 +371,13 @@ class GrpoTrainer(Replayed):
     async def _start_round(self, ctx: Context) -> None:
         number = self._round
         self._round += 1
-        await self._round_of(ctx, number, [self._job(ctx, t, "eval") for t in self._eval_tasks])
+        last = self._version == self._updates and self._final_tasks
+        tasks = self._final_tasks if last else self._eval_tasks
+        await self._round_of(ctx, number, [self._job(ctx, t, "eval") for t in tasks])
         if self._comp is not None:  # the same tasks again, each shown an entry of the bank
             guided = self._comp.guided_rollout
             jobs = [
-                self._job(ctx, t, "eval", rollout=guided, scope="train") for t in self._eval_tasks
+                self._job(ctx, t, "eval", rollout=guided, scope="train") for t in tasks
             ]
             await self._round_of(ctx, number, jobs, memory=True)
         if self._adapt_tasks and self._version in (0, self._updates):

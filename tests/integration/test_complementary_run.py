@@ -150,7 +150,9 @@ def test_every_evaluation_round_is_played_without_and_with_the_bank(events: list
     assert sorted(r.round for r in rounds if r.memory) == [0, 1, 2]
     evals = [e for e in of(events, EpisodeAssigned) if e.purpose == "eval"]
     with_bank = [e for e in evals if e.rollout == "guided"]
-    assert len(with_bank) == len(evals) // 2 == 3 * 6
+    assert len(with_bank) == len(evals) // 2 == 6 + 6 + 9  # the last round: final_episodes
+    last = [r for r in rounds if r.round == 2]
+    assert [r.episodes for r in last] == [9, 9]
     assert all(e.scope == "train" and not e.extract for e in with_bank)
     asked = {r.episode: r.slot for r in of(events, RetrievalRequested)}
     assert all(asked[e.episode] == f"train/{e.family}" for e in with_bank)

@@ -65,6 +65,7 @@ max_staleness = 1
 [eval]
 every = 2
 episodes = 6
+final_episodes = 9  # the round after the last update: the final figures
 
 [logging]
 progress = false
@@ -150,8 +151,9 @@ def test_every_turn_is_sampled_within_the_staleness_bound(events: list[Event]) -
 def test_evaluation_rounds_run_on_heldout_variants(events: list[Event]) -> None:
     rounds = of(events, EvalRoundFinished)
     assert sorted(r.policy_version for r in rounds) == [0, 2, 3]  # rounds may end out of order
+    assert {r.policy_version: r.episodes for r in rounds} == {0: 6, 2: 6, 3: 9}
     evals = [ev for ev in of(events, EpisodeFinished) if ev.purpose == "eval"]
-    assert len(evals) == 3 * 6
+    assert len(evals) == 6 + 6 + 9
     assert all(ev.split == "heldout" for ev in evals)
     assert len({ev.variant for ev in evals}) > 2
 
