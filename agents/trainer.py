@@ -376,9 +376,7 @@ class GrpoTrainer(Replayed):
         await self._round_of(ctx, number, [self._job(ctx, t, "eval") for t in tasks])
         if self._comp is not None:  # the same tasks again, each shown an entry of the bank
             guided = self._comp.guided_rollout
-            jobs = [
-                self._job(ctx, t, "eval", rollout=guided, scope="train") for t in tasks
-            ]
+            jobs = [self._job(ctx, t, "eval", rollout=guided, scope="train") for t in tasks]
             await self._round_of(ctx, number, jobs, memory=True)
         if self._adapt_tasks and self._version in (0, self._updates):
             self._start_adapt(ctx, number)
