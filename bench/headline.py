@@ -220,8 +220,8 @@ def main() -> None:
         name, _, assignment = item.partition(":")
         extra.setdefault(name, []).append(assignment)
     jobs = []
-    for name in args.methods:
-        for seed in args.seeds:
+    for seed in args.seeds:  # seed by seed: every method's first seeds finish first
+        for name in args.methods:
             out = args.runs / f"{name}-seed{seed}"
             if read_run(out) is None:
                 if out.exists():
