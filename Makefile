@@ -9,7 +9,7 @@ ENVS_STAMP := $(VENV)/.installed-envs
 SCENARIO ?= scenarios/quickstart.toml
 PYTEST_ARGS ?=
 
-.PHONY: install install-envs run test test-slow test-faults lint format bench results model clean
+.PHONY: install install-envs run test test-slow test-faults lint format bench results headline model clean
 
 install: $(STAMP)
 
@@ -60,6 +60,12 @@ bench: install
 # synchronous loop (about an hour on 2 cores)
 results: install
 	$(BIN)/python bench/grpo_results.py
+
+# the headline table of docs/RESULTS.md: GRPO, EMPO2, Complementary RL, its frozen control and
+# the combination, 5 seeds each, final figures with 95% bootstrap intervals (runs/headline; a
+# finished run is read, not rerun; hours on 2 cores)
+headline: install
+	$(BIN)/python bench/headline.py --seeds 0 1 2 3 4 --parallel 2
 
 # build (or find in the cache) the embedded default model and print its report
 model: install

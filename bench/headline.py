@@ -28,7 +28,7 @@ from method_results import fold, plot, read_run, run_all
 
 from agents.episode_events import EpisodeAssigned, EpisodeFinished
 from agents.intervals import Groups, Interval, bootstrap_mean, bootstrap_ratio
-from agents.policy_events import PolicyUpdated
+from agents.policy_events import EvalRoundFinished
 from engine.events import Event
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,20 +53,28 @@ class Final:
 
 
 def final_of(events: list[Event]) -> Final:
-    """The episodes of the run's last round: the evaluation episodes assigned after its last
-    policy update (nothing but that round and the adaptation test starts then)."""
-    last = max((i for i, ev in enumerate(events) if isinstance(ev, PolicyUpdated)), default=-1)
-    kind: dict[str, tuple[str, str]] = {}
+    """The episodes of the run's last round. The trainer creates each round's episodes with
+    consecutive indices, and the last round's (without and with the bank) after every other
+    evaluation episode, so they are the evaluation episodes with the highest indices, as many
+    as its :class:`EvalRoundFinished` counts; its adaptation test's scopes name its number."""
+    rounds = [ev for ev in events if isinstance(ev, EvalRoundFinished)]
+    last = max((r.round for r in rounds), default=-1)
+    size = {r.memory: r.episodes for r in rounds if r.round == last}
+    assigned = sorted(
+        (ev.index, ev.episode, ev.scope, ev.family)
+        for ev in events
+        if isinstance(ev, EpisodeAssigned) and ev.purpose == "eval"
+    )
+    plain = [a for a in assigned if not a[2]][-size.get(False, 0) or len(assigned) :]
+    bank = [a for a in assigned if a[2] == "train"][-size.get(True, 0) or len(assigned) :]
+    adapt = [a for a in assigned if a[2].startswith(f"adapt{last}-")]
+    success = {ev.episode: ev.success for ev in events if isinstance(ev, EpisodeFinished)}
     out = Final()
-    for ev in events[last + 1 :]:
-        if isinstance(ev, EpisodeAssigned) and ev.purpose == "eval":
-            kind[ev.episode] = (ev.scope, ev.family)
-        elif isinstance(ev, EpisodeFinished) and ev.episode in kind:
-            scope, family = kind[ev.episode]
-            if scope.startswith("adapt"):
-                out.adapt.setdefault(scope, []).append(ev.success)
-            else:
-                (out.bank if scope else out.plain).append((family, ev.success))
+    out.plain = [(fam, success[ep]) for _, ep, _, fam in plain if ep in success and False in size]
+    out.bank = [(fam, success[ep]) for _, ep, _, fam in bank if ep in success and True in size]
+    for _, ep, scope, _ in adapt:  # attempts in index order
+        if ep in success:
+            out.adapt.setdefault(scope, []).append(success[ep])
     return out
 
 

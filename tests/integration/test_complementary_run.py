@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_import import load_bench
 from test_grpo_run import TINY, of, read_events, run_scenario
 
 from agents.advantages import subgroup_advantages, subgroup_weights
@@ -182,3 +183,13 @@ def test_the_audit_re_derives_the_run_and_explains_its_entries(
     assert (
         episode["credit"]["entry"] == entry and episode["turns"][0]["retrieved"][0]["tip"] == entry
     )
+
+
+def test_the_headline_reads_the_last_round_with_and_without_the_bank(root: Path) -> None:
+    headline = load_bench("headline")
+    got = headline.read_run(root / "run")
+    assert got is not None
+    final = headline.final_of(got[0])
+    assert len(final.plain) == len(final.bank) == 9 and not final.adapt
+    table = "\n".join(headline.table(headline.summarize({"c": [final]}, ("fetch",)), ("fetch",)))
+    assert table.count("\n") == 2 and "| c | 1 |" in table

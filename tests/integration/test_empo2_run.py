@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_import import load_bench
 from test_grpo_run import TINY, of, read_events, run_scenario
 
 from agents.empo2 import intrinsic_reward
@@ -161,3 +162,16 @@ def test_the_adaptation_rounds_play_attempts_in_a_row(events: list[Event]) -> No
 
 def test_the_log_verifies(root: Path) -> None:
     assert main(["replay", str(root / "run"), "--verify"]) == 0
+
+
+def test_the_headline_reads_the_last_round_and_the_adaptation_test(root: Path) -> None:
+    headline = load_bench("headline")
+    got = headline.read_run(root / "run")
+    assert got is not None
+    final = headline.final_of(got[0])
+    assert len(final.plain) == 9 and not final.bank  # eval.final_episodes in TINY
+    assert len(final.adapt) == 2 and all(len(a) == 2 for a in final.adapt.values())
+    summary = headline.summarize({"empo2": [final, final]}, ("fetch",))
+    row = summary["empo2"]
+    assert row["plain"].episodes == 18 and row["plain"].seeds == 2
+    assert len(row["attempts"]) == 2 and row["bank"] is None
