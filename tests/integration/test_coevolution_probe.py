@@ -150,8 +150,11 @@ def test_the_control_shares_version_0s_bank_and_so_its_outcomes(result: dict[str
     assert control["outcomes"] == v0["outcomes"]  # the same bank, episodes and seeds
 
 
-def test_the_same_seed_gives_the_same_numbers(root: Path, result: dict[str, Any]) -> None:
-    again = probe(root / "probe-again", str(root / "run"), "--versions", "0")
+def test_the_same_seed_gives_the_same_numbers(
+    root: Path, result: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    again = probe(root / "probe-again", str(root / "run"), "--versions", "0", "--json")
+    assert json.loads(capsys.readouterr().out) == again  # --json prints what probe.json holds
     assert [b["label"] for b in again["banks"]] == ["no bank", "v0"]
     for label in ("no bank", "v0"):
         assert banks(again)[label] == banks(result)[label]
