@@ -270,7 +270,7 @@ def _result(
     by_family = {
         f: mean_interval(
             [int(e.success) for e in played if e.family == f],
-            seed=derive_seed(setup.seed, "bootstrap", label, f),
+            seed=_bootstrap_seed(setup),
             resamples=setup.resamples,
         )
         for f in families
@@ -281,15 +281,19 @@ def _result(
         origin=writer.origin if writer else "",
         digest=writer.digest if writer else "",
         stats=rebuilt.stats() if rebuilt else None,
-        success=mean_interval(
-            outcomes, seed=derive_seed(setup.seed, "bootstrap", label), resamples=setup.resamples
-        ),
+        success=mean_interval(outcomes, seed=_bootstrap_seed(setup), resamples=setup.resamples),
         score=sum(e.score for e in played) / len(played),
         by_family=by_family,
         shown=sum(e.entry >= 0 for e in played) / len(played),
         distinct=len({e.entry for e in played if e.entry >= 0}),
         outcomes=outcomes,
     )
+
+
+def _bootstrap_seed(setup: Setup) -> int:
+    """One resampling stream for every interval: the same outcomes (two banks that write the
+    same entries) get the same interval, and banks are resampled on the same episodes."""
+    return derive_seed(setup.seed, "bootstrap")
 
 
 def _compare(
@@ -307,7 +311,7 @@ def _compare(
             difference=paired_difference(
                 of[b].outcomes,
                 of[r].outcomes,
-                seed=derive_seed(setup.seed, "paired", b, r),
+                seed=_bootstrap_seed(setup),
                 resamples=setup.resamples,
             ),
         )

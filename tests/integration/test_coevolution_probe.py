@@ -148,6 +148,7 @@ def test_the_control_shares_version_0s_bank_and_so_its_outcomes(result: dict[str
     assert "same weights and settings as v0" in control["origin"]
     assert control["digest"] == v0["digest"] and control["stats"] == v0["stats"]
     assert control["outcomes"] == v0["outcomes"]  # the same bank, episodes and seeds
+    assert control["success"] == v0["success"]  # and so the same interval
 
 
 def test_the_same_seed_gives_the_same_numbers(
