@@ -42,6 +42,7 @@ from engine.actor import Actor, Context
 from engine.errors import ResumeDiverged
 from engine.events import Envelope, Event
 from engine.recovery import Emitted, ReplayContext
+from engine.seeds import derive_rng
 from stores.tip_index import VectorIndex, make_index
 
 
@@ -432,26 +433,9 @@ class MemoryActor(Actor):
                 await ctx.emit(item, cause=env.seq, corr=env.corr)
 
     def _merges(self, ctx: Context, bank: TipBank, due: MergeDue) -> list[MergeRequested]:
-        """Every slot's newest ``merge_max * merge_chunk`` entries, oldest first, in
-        consecutive chunks of ``merge_chunk`` (a chunk of one has nothing to merge)."""
-        out = []
-        for slot in bank.slots():
-            ids = bank.entries(slot)[-self._merge_max * self._merge_chunk :]
-            for k in range(0, len(ids), self._merge_chunk):
-                chunk = ids[k : k + self._merge_chunk]
-                if len(chunk) < 2:
-                    continue
-                messages = merge_messages([bank.tips[i].text for i in chunk])
-                out.append(
-                    MergeRequested(
-                        step=due.step,
-                        slot=slot,
-                        entries=tuple(chunk),
-                        messages=to_pairs(messages),
-                        seed=ctx.rng("merge", due.step, slot, k).getrandbits(63),
-                    )
-                )
-        return out
+        return merge_requests(
+            bank, due.step, ctx.run_seed, chunk=self._merge_chunk, most=self._merge_max
+        )
 
     def _embed(self, embedder: Embedder, texts: Sequence[str]) -> list[np.ndarray]:
         """Vectors of ``texts``, from the cache where possible (turn-0 queries of a group, and
@@ -467,6 +451,32 @@ class MemoryActor(Actor):
             self._cache.move_to_end(t)
             out.append(self._cache[t])
         return out
+
+
+def merge_requests(
+    bank: TipBank, step: int, run_seed: int, *, chunk: int, most: int
+) -> list[MergeRequested]:
+    """A merge pass's requests (pure): every slot's newest ``most * chunk`` entries, oldest
+    first, in consecutive chunks of ``chunk`` (a chunk of one has nothing to merge), each with
+    its seed drawn from the run seed, the step, the slot and the chunk's offset."""
+    out = []
+    for slot in bank.slots():
+        ids = bank.entries(slot)[-most * chunk :]
+        for k in range(0, len(ids), chunk):
+            part = ids[k : k + chunk]
+            if len(part) < 2:
+                continue
+            messages = merge_messages([bank.tips[i].text for i in part])
+            out.append(
+                MergeRequested(
+                    step=step,
+                    slot=slot,
+                    entries=tuple(part),
+                    messages=to_pairs(messages),
+                    seed=derive_rng(run_seed, "merge", step, slot, k).getrandbits(63),
+                )
+            )
+    return out
 
 
 def embed_all(embedder: Embedder, texts: Sequence[str], chunk: int = 1024) -> list[np.ndarray]:

@@ -117,17 +117,22 @@ class Reexecution:
     Args:
         run_dir: the run directory (checkpoints are read relative to it).
         run_seed: the run's seed (for logs that predate :attr:`PolicyUpdated.seed`).
-        trainee: the policy at version 0, with a fresh optimiser.
+        trainee: the policy at version 0, with a fresh optimiser (None: re-execute the
+            extractor's updates only; a policy update fed to it then diverges).
         extractor: the extractor at its starting weights (None: the run has none).
     """
 
     def __init__(
-        self, run_dir: Path, run_seed: int, trainee: Trainee, extractor: ExtractorModel | None
+        self,
+        run_dir: Path,
+        run_seed: int,
+        trainee: Trainee | None,
+        extractor: ExtractorModel | None,
     ) -> None:
         self.run_seed = run_seed
         self.trainee = trainee
         self.extractor = extractor
-        self.policy = _Model("policy", trainee.model, run_dir)
+        self.policy = _Model("policy", trainee.model, run_dir) if trainee else None
         self.ext = _Model("extractor", extractor.model, run_dir) if extractor else None
         self.buffer = SampleBuffer()
         self.requests: dict[int, tuple[GradientRequested, list[Sample], int]] = {}
@@ -178,6 +183,8 @@ class Reexecution:
         return self.summary
 
     def _policy(self, env: Envelope[Event], ev: PolicyUpdated) -> Checked:
+        if self.trainee is None or self.policy is None:
+            raise UpdateDiverged("policy", ev.update, env.seq, "no policy to re-execute it on")
         if ev.update not in self.requests:
             raise UpdateDiverged("policy", ev.update, env.seq, "no GradientRequested before it")
         req, samples, stale = self.requests.pop(ev.update)

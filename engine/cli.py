@@ -1,5 +1,5 @@
 """The ``coevo`` command line: validate, run, resume, replay (and re-execute updates), report,
-audit and list events.
+probe, audit and list events.
 
 Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
 exit code (2 for bad input); never a traceback.
@@ -81,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN")
     p.add_argument("--out", help="the HTML file (default: report.html in the first RUN)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("probe", help="did the extractor's RL make its bank better? (see docs)")
+    p.add_argument("run")
+    p.add_argument("--control", metavar="RUN", help="the frozen control's run, its extractor too")
+    p.add_argument("--episodes", type=int, default=300, help="held-out episodes per bank")
+    p.add_argument("--versions", default="0,mid,last", help="extractor versions (N, mid, last)")
+    p.add_argument("--policy", default="final", help="the fixed policy: final, base or a PATH")
+    p.add_argument("--greedy", action="store_true", help="extractors answer greedily")
+    p.add_argument("--seed", type=int, default=0, help="the probe's seed (episodes, bootstrap)")
+    p.add_argument("--out", metavar="DIR", help="report, JSON and plot (default: RUN/probe)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("log", help="list a run's events")
     p.add_argument("run")
@@ -435,6 +447,73 @@ def _label(root: Path, roots: list[Path]) -> str:
     if sum(p.name == root.name for p in roots) > 1:
         return f"{root.parent.name}/{root.name}"
     return root.name
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from agents.coevolution_probe import Progress
+    from agents.probe_report import line, to_json, write_probe
+    from scenarios.probe_setup import ProbeOptions, probe_run, read_run
+
+    def read(path: str) -> Iterator[Any]:
+        log = _open_run(path)
+        try:
+            with _naming(log.path):
+                yield from log.read(0, None)
+        finally:
+            log.close()
+
+    run = read_run(args.run, read)
+    control = read_run(args.control, read) if args.control else None
+    options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
+    console = Console(stderr=True)
+    with _Stages(console) as stages:
+        done = (lambda r: None) if args.json else (lambda r: stages.say(line(r)))
+        result = probe_run(run, control, options, Progress(stages.stage, stages.advance, done))
+    out = Path(args.out) if args.out else run.root / "probe"
+    try:
+        paths = write_probe(result, out)
+    except OSError as exc:
+        raise _InputError(f"{out}: cannot write: {exc.strerror}") from None
+    if args.json:
+        sys.stdout.write(to_json(result).decode() + "\n")
+        return 0
+    print(result.verdict)
+    print("probe: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+class _Stages:
+    """One progress bar per stage of a long command (on stderr)."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._bar: Any = None
+
+    def __enter__(self) -> _Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def stage(self, label: str, total: int) -> None:
+        from engine.console import StepProgress
+
+        self._close()
+        self._bar = StepProgress(self._console, max(total, 1), label).__enter__()
+
+    def advance(self, n: int) -> None:
+        for _ in range(n):
+            self._bar.advance("")
+
+    def say(self, text: str) -> None:
+        """A line on stdout, after the current bar."""
+        self._close()
+        print(text, flush=True)
+
+    def _close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
 
 
 def cmd_log(args: argparse.Namespace) -> int:

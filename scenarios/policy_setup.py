@@ -141,9 +141,7 @@ def complementary_actors(
 ) -> list[ActorSpec]:
     """Complementary RL's memory (the bank), extractor and credit actors."""
     c = scenario.complementary
-    bank = MemorySettings(
-        capacity=c.capacity, index=c.index, lam=c.lam, recent=c.recent, pool=c.pool
-    )
+    bank = bank_settings(scenario)
     credit = credit_settings(c)
     memory = partial(
         MemoryActor,
@@ -168,6 +166,14 @@ def complementary_actors(
         ),
         ActorSpec(name=CREDIT, factory=partial(CreditActor, credit)),
     ]
+
+
+def bank_settings(scenario: Scenario) -> MemorySettings:
+    """Complementary RL's bank rules in a scenario."""
+    c = scenario.complementary
+    return MemorySettings(
+        capacity=c.capacity, index=c.index, lam=c.lam, recent=c.recent, pool=c.pool
+    )
 
 
 def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
