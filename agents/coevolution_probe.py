@@ -33,8 +33,8 @@ from agents.bank_rebuild import (
     Rebuilt,
     rebuild_bank,
 )
-from agents.bootstrap import RESAMPLES, Interval, mean_interval, paired_difference
 from agents.inference import PolicyRunner
+from agents.intervals import ROUNDS, Interval, bootstrap_mean, paired_difference
 from agents.memory import MemorySettings
 from agents.probe_play import Played, PlaySettings, episode_seeds, play
 from agents.trainer import eval_tasks
@@ -110,7 +110,7 @@ class Setup:
     play: PlaySettings
     episodes: int
     seed: int = 0
-    resamples: int = RESAMPLES
+    resamples: int = ROUNDS
 
 
 class BankResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -268,10 +268,10 @@ def _result(
     outcomes = [int(e.success) for e in played]
     families = sorted({e.family for e in played})
     by_family = {
-        f: mean_interval(
-            [int(e.success) for e in played if e.family == f],
+        f: bootstrap_mean(
+            [[int(e.success) for e in played if e.family == f]],
             seed=_bootstrap_seed(setup),
-            resamples=setup.resamples,
+            rounds=setup.resamples,
         )
         for f in families
     }
@@ -281,7 +281,7 @@ def _result(
         origin=writer.origin if writer else "",
         digest=writer.digest if writer else "",
         stats=rebuilt.stats() if rebuilt else None,
-        success=mean_interval(outcomes, seed=_bootstrap_seed(setup), resamples=setup.resamples),
+        success=bootstrap_mean([outcomes], seed=_bootstrap_seed(setup), rounds=setup.resamples),
         score=sum(e.score for e in played) / len(played),
         by_family=by_family,
         shown=sum(e.entry >= 0 for e in played) / len(played),
@@ -312,7 +312,7 @@ def _compare(
                 of[b].outcomes,
                 of[r].outcomes,
                 seed=_bootstrap_seed(setup),
-                resamples=setup.resamples,
+                rounds=setup.resamples,
             ),
         )
         for b in later
@@ -340,7 +340,7 @@ def _verdict(
     s = of[last].success
     parts = [
         f"{c.reference}'s {_ci(of[c.reference].success)} "
-        f"(paired difference {c.difference.mean:+.3f} "
+        f"(paired difference {c.difference.value:+.3f} "
         f"[{c.difference.low:+.3f}, {c.difference.high:+.3f}])"
         for c in mine
     ]
@@ -355,4 +355,4 @@ def _verdict(
 
 
 def _ci(i: Interval) -> str:
-    return f"{i.mean:.3f} [{i.low:.3f}, {i.high:.3f}]"
+    return str(i)

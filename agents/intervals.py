@@ -3,8 +3,10 @@
 A learning claim here is a mean over several seeds' runs, each measured on many episodes. Both
 vary, so the interval resamples both (a hierarchical bootstrap): draw the seeds with
 replacement, then each drawn seed's episodes with replacement, and take the mean of all drawn
-episodes. With one seed it is the plain bootstrap over episodes. Ratios of two methods' means
-(``EMPO2 / GRPO``) resample each side independently.
+episodes. With one seed it is the plain percentile bootstrap over episodes. Ratios of two
+methods' means (``EMPO2 / GRPO``) resample each side independently;
+:func:`paired_difference` resamples pairs, for two measurements of the same episodes (the same
+tasks and seeds played with two banks), which is tighter than comparing two intervals.
 
 Pure: the resampling is seeded, so the same numbers give the same interval.
 """
@@ -39,6 +41,14 @@ class Interval:
     def __str__(self) -> str:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
+    def above(self, other: Interval) -> bool:
+        """Whether this interval lies entirely above ``other`` (no overlap)."""
+        return self.low > other.high
+
+
+ROUNDS = 4000
+"""Bootstrap resamples per interval."""
+
 
 def _check(groups: Groups) -> list[np.ndarray]:
     arrays = [np.asarray(g, dtype=np.float64) for g in groups]
@@ -64,17 +74,24 @@ def _resampled_means(arrays: list[np.ndarray], rounds: int, rng: np.random.Gener
     return totals / counts
 
 
+def _check_settings(rounds: int, level: float) -> None:
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+
+
 def bootstrap_mean(
-    groups: Groups, *, rounds: int = 4000, level: float = 0.95, seed: int = 0
+    groups: Groups, *, rounds: int = ROUNDS, level: float = 0.95, seed: int = 0
 ) -> Interval:
     """The mean of every value in ``groups`` and its hierarchical bootstrap interval.
 
     Raises:
-        ValueError: no group, an empty group, a non-finite value, or ``level`` outside (0, 1).
+        ValueError: no group, an empty group, a non-finite value, ``rounds < 1`` or ``level``
+            outside (0, 1).
     """
     arrays = _check(groups)
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    _check_settings(rounds, level)
     rng = np.random.default_rng(seed)
     means = _resampled_means(arrays, rounds, rng)
     tail = (1 - level) / 2 * 100
@@ -85,7 +102,7 @@ def bootstrap_mean(
 
 
 def bootstrap_ratio(
-    top: Groups, bottom: Groups, *, rounds: int = 4000, level: float = 0.95, seed: int = 0
+    top: Groups, bottom: Groups, *, rounds: int = ROUNDS, level: float = 0.95, seed: int = 0
 ) -> Interval:
     """``mean(top) / mean(bottom)`` and its bootstrap interval (each side resampled on its
     own); ``episodes`` counts both sides. A bootstrap round whose bottom mean is 0 gives an
@@ -95,8 +112,7 @@ def bootstrap_ratio(
         ValueError: as :func:`bootstrap_mean`, or ``bottom``'s mean is 0.
     """
     a, b = _check(top), _check(bottom)
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    _check_settings(rounds, level)
     base = float(np.concatenate(b).mean())
     if base == 0:
         raise ValueError("the bottom mean is 0: the ratio is undefined")
@@ -110,3 +126,22 @@ def bootstrap_ratio(
     value = float(np.concatenate(a).mean()) / base
     size = sum(x.size for x in a) + sum(x.size for x in b)
     return Interval(value, float(low), float(high), len(a), size)
+
+
+def paired_difference(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    rounds: int = ROUNDS,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """The mean of ``a[i] - b[i]`` and its bootstrap interval (the pairs resampled).
+
+    Raises:
+        ValueError: ``a`` and ``b`` differ in length, or as :func:`bootstrap_mean`.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired values differ in length: {len(a)} and {len(b)}")
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    return bootstrap_mean([diff.tolist()], rounds=rounds, level=level, seed=seed)

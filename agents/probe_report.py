@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from agents.bootstrap import Interval
 from agents.coevolution_probe import BankResult, ProbeResult
+from agents.intervals import Interval
 
 REPORT = "probe.md"
 JSON = "probe.json"
@@ -37,7 +37,7 @@ def to_json(result: ProbeResult) -> bytes:
 
 def line(r: BankResult) -> str:
     """One bank's console line: who wrote it, its size and the policy's success with it."""
-    fams = "  ".join(f"{f} {i.mean:.3f}" for f, i in r.by_family.items())
+    fams = "  ".join(f"{f} {i.value:.3f}" for f, i in r.by_family.items())
     if r.stats is None:
         bank = "no entries shown"
     else:
@@ -83,7 +83,7 @@ def markdown(result: ProbeResult) -> str:
         ]
         lines += [
             f"| {c.bank} | {c.reference} | {'yes' if c.above else 'no'} | "
-            f"{c.difference.mean:+.3f} [{c.difference.low:+.3f}, {c.difference.high:+.3f}] |"
+            f"{c.difference.value:+.3f} [{c.difference.low:+.3f}, {c.difference.high:+.3f}] |"
             for c in result.comparisons
         ]
     lines += ["", f"![success per bank]({PNG})", "", _HOW]
@@ -148,8 +148,8 @@ def plot(result: ProbeResult, path: Path) -> None:
 def _point(ax: Any, x: float, i: Interval, color: str, label: str | None = None) -> None:
     ax.errorbar(
         [x],
-        [i.mean],
-        yerr=[[i.mean - i.low], [i.high - i.mean]],
+        [i.value],
+        yerr=[[i.value - i.low], [i.high - i.value]],
         fmt="o",
         capsize=4,
         color=color,
@@ -158,4 +158,4 @@ def _point(ax: Any, x: float, i: Interval, color: str, label: str | None = None)
 
 
 def _ci(i: Interval) -> str:
-    return f"{i.mean:.3f} [{i.low:.3f}, {i.high:.3f}]"
+    return f"{i.value:.3f} [{i.low:.3f}, {i.high:.3f}]"

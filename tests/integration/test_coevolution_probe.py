@@ -102,9 +102,9 @@ def test_every_bank_is_played_on_the_same_episodes_with_intervals(
     assert result["extractions"] == sum(c.task == "extract" for c in calls)
     for b in result["banks"]:
         s = b["success"]
-        assert len(b["outcomes"]) == EPISODES and s["n"] == EPISODES
-        assert s["mean"] == pytest.approx(sum(b["outcomes"]) / EPISODES)
-        assert s["low"] <= s["mean"] <= s["high"]
+        assert len(b["outcomes"]) == EPISODES and s["episodes"] == EPISODES
+        assert s["value"] == pytest.approx(sum(b["outcomes"]) / EPISODES)
+        assert s["low"] <= s["value"] <= s["high"]
         assert set(b["by_family"]) == {"fetch"}
         if b["label"] == "no bank":
             assert b["stats"] is None and b["shown"] == 0 and b["distinct"] == 0
@@ -132,7 +132,7 @@ def test_later_versions_are_compared_with_both_frozen_extractors_and_the_verdict
                 of_label[c["bank"]]["outcomes"], of_label[c["reference"]]["outcomes"], strict=True
             )
         ]
-        assert c["difference"]["mean"] == pytest.approx(sum(diffs) / EPISODES)
+        assert c["difference"]["value"] == pytest.approx(sum(diffs) / EPISODES)
     shown = all(c["above"] for c in result["comparisons"] if c["bank"] == f"v{last}")
     assert result["shown"] == shown
     head = "Co-evolution is shown" if shown else "Co-evolution is NOT shown"

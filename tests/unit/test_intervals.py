@@ -3,10 +3,12 @@ level, widen with seed-to-seed spread, and refuse what has no mean."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from agents.intervals import bootstrap_mean, bootstrap_ratio
+from agents.intervals import Interval, bootstrap_mean, bootstrap_ratio, paired_difference
 
 
 def test_constant_values_have_a_point_interval() -> None:
@@ -58,3 +60,34 @@ def test_what_has_no_mean_is_refused(groups) -> None:
 def test_a_ratio_over_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="bottom mean is 0"):
         bootstrap_ratio([[1, 0]], [[0, 0]])
+
+
+def test_one_group_is_close_to_the_normal_interval_of_a_success_rate() -> None:
+    got = bootstrap_mean([[1.0] * 90 + [0.0] * 210])  # p = 0.3 over 300 episodes
+    half = 1.96 * math.sqrt(0.3 * 0.7 / 300)  # 0.052
+    assert got.value == pytest.approx(0.3)
+    assert got.low == pytest.approx(0.3 - half, abs=0.01)
+    assert got.high == pytest.approx(0.3 + half, abs=0.01)
+
+
+def test_paired_resampling_sees_a_small_consistent_gain_two_intervals_do_not() -> None:
+    base = [float(i % 2) for i in range(200)]  # 0.5
+    better = [1.0 if i % 20 == 0 else b for i, b in enumerate(base)]  # +0.05 on the same tasks
+    assert not bootstrap_mean([better]).above(bootstrap_mean([base]))  # they overlap ...
+    diff = paired_difference(better, base)
+    assert diff.value == pytest.approx(0.05) and diff.low > 0  # ... the paired one excludes 0
+    with pytest.raises(ValueError, match="differ in length"):
+        paired_difference([1.0], [1.0, 0.0])
+
+
+def test_above_means_no_overlap() -> None:
+    assert Interval(0.5, 0.41, 0.6, 1, 10).above(Interval(0.3, 0.2, 0.4, 1, 10))
+    assert not Interval(0.5, 0.4, 0.6, 1, 10).above(Interval(0.3, 0.2, 0.4, 1, 10))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [({"rounds": 0}, "rounds"), ({"level": 1.0}, "level")]
+)
+def test_bad_settings_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        bootstrap_mean([[1.0]], **kwargs)
