@@ -86,7 +86,7 @@ from agents.scripted import hindsight_note
 from scenarios.worlds.base import TextWorld
 from scenarios.worlds.registry import load_world
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Part of the cache key: bump it when the same spec would build a different model."""
 
 PAD, EOM, TIP_OPEN, TIP_CLOSE = "<pad>", "<eom>", "<tip>", "</tip>"

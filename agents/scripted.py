@@ -128,7 +128,9 @@ def hindsight_note(transcript: Sequence[Turn]) -> str:
     """A short note on an episode, written from its text alone.
 
     The plan lists, in order, the actions that earned reward and the actions they depended on
-    (where their objects were found and last handled), without looks, inventories or closes;
+    (where their objects were found and last handled), without looks, inventories or closes,
+    and an action done more than once only where it was done last (``open safe`` tried while
+    the safe was locked, then again after unlocking it, is planned after the unlocking);
     found lists where each object turned up; avoid lists the actions that failed the task.
 
     Args:
@@ -141,6 +143,7 @@ def hindsight_note(transcript: Sequence[Turn]) -> str:
     needed, found = _needed_steps(transcript)
     plan = [transcript[i][0] for i in needed]
     plan = [action for action in plan if not action.startswith(_NEVER_IN_PLAN)]
+    plan = [a for k, a in enumerate(plan) if a not in plan[k + 1 :]]  # each where done last
     lines = [f"plan: {', '.join(plan) if plan else 'none'}."]
     if found:
         lines.append(f"found: {', '.join(f'{p} after {transcript[k][0]}' for p, k in found)}.")

@@ -125,6 +125,26 @@ def test_hindsight_note_of_a_failure_says_what_to_avoid() -> None:
     assert parse_note(None) == ([], set())
 
 
+def test_an_action_repeated_in_the_plan_is_kept_where_it_was_done_last() -> None:
+    transcript = [
+        ("open safe", "the safe is locked.", 0.0),
+        ("open drawer", "you open the drawer. inside you see a brass key.", 0.0),
+        ("take brass key", "you take the brass key.", 0.0),
+        ("open safe", "the safe is locked.", 0.0),
+        ("unlock safe with brass key", "you unlock the safe.", 0.1),
+        ("open safe", "you open the safe. inside you see a gem.", 0.0),
+        ("take gem", "you take the gem. you have completed the task.", 0.9),
+    ]
+    plan, _ = parse_note(hindsight_note(transcript))
+    assert plan == [
+        "open drawer",
+        "take brass key",
+        "unlock safe with brass key",
+        "open safe",
+        "take gem",
+    ]
+
+
 def test_explorer_follows_the_plan_of_its_note() -> None:
     world = MiniLab()
     task = world.tasks("unlock", "train")[0]
