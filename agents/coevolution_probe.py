@@ -8,7 +8,7 @@ control's) it rebuilds the bank that extractor would write from the same episode
 one fixed policy with each bank on the same held-out tasks and seeds
 (:mod:`agents.probe_play`), plus once with no bank. Success per bank comes with a 95%
 bootstrap interval, and each later version is compared with every frozen extractor, on the
-same episodes (:mod:`agents.bootstrap`).
+same episodes (:mod:`agents.intervals`).
 
 Co-evolution is shown when the last version's bank raises the policy's success above every
 frozen extractor's bank (version 0, and the control's when given) beyond the 95% intervals:

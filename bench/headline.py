@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from method_results import fold, plot, read_run, run_all
 
 from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.intervals import Groups, Interval, bootstrap_mean, bootstrap_ratio
+from agents.intervals import Groups, Interval, bootstrap_mean, bootstrap_ratio, paired_difference
 from agents.policy_events import EvalRoundFinished
 from engine.events import Event
 
@@ -203,6 +204,65 @@ def bars(summary: dict, path: Path) -> Path:
     return path
 
 
+def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
+    """``coevo probe`` of every seed's Complementary RL run against its frozen control's
+    (``probe.json`` under ``<run>/probe``; reused when there)."""
+    coevo = str(Path(sys.executable).with_name("coevo"))
+    out = []
+    for seed in seeds:
+        run = runs / f"complementary-seed{seed}"
+        control = runs / f"complementary-frozen-seed{seed}"
+        report = run / "probe" / "probe.json"
+        if not report.exists():
+            print(f"probe {run.name}", flush=True)
+            cmd = [coevo, "probe", str(run), "--control", str(control), "--json"]
+            cmd += ["--episodes", str(episodes), "--out", str(report.parent)]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        out.append(json.loads(report.read_text()))
+    return out
+
+
+def probe_summary(reports: list[dict]) -> tuple[list[str], dict]:
+    """The probes pooled over seeds: each bank's success (seeds and episodes resampled), and
+    the last version against version 0 on the same episodes (paired, pooled over seeds)."""
+    labels: dict[str, list[list[float]]] = {}
+    for report in reports:
+        for bank in report["banks"]:
+            labels.setdefault(_role(bank, report), []).append(bank["outcomes"])
+    diffs = []
+    for report in reports:
+        by = {_role(b, report): b["outcomes"] for b in report["banks"]}
+        diffs += [a - b for a, b in zip(by["last"], by["v0"], strict=True)]
+    cells = {role: bootstrap_mean(groups) for role, groups in labels.items()}
+    paired = paired_difference(diffs, [0.0] * len(diffs))
+    shown = cells["last"].above(cells["v0"]) and (
+        "control" not in cells or cells["last"].above(cells["control"])
+    )
+    lines = [
+        f"coevo probe of {len(reports)} seeds ({reports[0]['episodes']} held-out episodes per "
+        "bank and seed, the run's final policy):",
+        "",
+        "| bank | success |",
+        "|---|---|",
+        *[f"| {role} | {cell} |" for role, cell in cells.items()],
+        "",
+        f"last version - version 0, paired over the same episodes: {paired}; co-evolution "
+        f"{'shown' if shown else 'not shown'} (the last version's interval "
+        f"{'lies' if shown else 'does not lie'} above every frozen extractor's).",
+    ]
+    return lines, {"cells": cells, "last_minus_v0": paired, "shown": shown}
+
+
+def _role(bank: dict, report: dict) -> str:
+    """A bank's role across seeds: "no bank", "v0", "control", "last" (the run's newest
+    version) or "mid"."""
+    label = bank["label"]
+    if label in ("no bank", "v0", "control"):
+        return label
+    versions = [b["version"] for b in report["banks"] if b["version"] is not None]
+    return "last" if bank["version"] == max(versions) else "mid"
+
+
 def _jsonable(value: object) -> object:
     if isinstance(value, Interval):
         return {"value": value.value, "low": value.low, "high": value.high, "n": value.episodes}
@@ -222,6 +282,13 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "headline")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--set", action="append", default=[], help="METHOD:key.path=value")
+    parser.add_argument(
+        "--probe",
+        type=int,
+        default=300,
+        help="held-out episodes per bank of the coevo probe of each Complementary RL seed "
+        "against its frozen control (0: no probe)",
+    )
     args = parser.parse_args()
     extra: dict[str, list[str]] = {}
     for item in args.set:
@@ -251,6 +318,10 @@ def main() -> None:
     png = bars(summary, args.out / "headline.png")
     curves = plot(facts, hard, args.out / "headline_curves.png")
     lines += ["", f"![]({png.name})", "", f"![]({curves.name})"]
+    both = {"complementary", "complementary-frozen"} <= set(args.methods)
+    if args.probe and both:
+        probe_lines, summary["probe"] = probe_summary(probe_runs(args.runs, args.seeds, args.probe))
+        lines += ["", *probe_lines]
     (args.out / "headline.md").write_text("\n".join(lines) + "\n")
     (args.out / "headline.json").write_text(json.dumps(_jsonable(summary), indent=1) + "\n")
     print("\n".join(lines))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_import import load_bench
 from test_complementary_run import COMPLEMENTARY
 from test_grpo_run import of, read_events
 
@@ -286,3 +287,17 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("coevo: error: ") and message in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_headline_pools_the_probes_of_several_seeds(result: dict[str, Any]) -> None:
+    headline = load_bench("headline")
+    lines, summary = headline.probe_summary([result, result])
+    cells = summary["cells"]
+    assert {"no bank", "v0", "control", "last"} <= set(cells)
+    assert cells["v0"].seeds == 2 and cells["v0"].episodes == 2 * EPISODES
+    by = banks(result)
+    last = by[max((b for b in by if b.startswith("v")), key=lambda b: by[b]["version"])]
+    gain = (sum(last["outcomes"]) - sum(by["v0"]["outcomes"])) / EPISODES
+    assert summary["last_minus_v0"].value == pytest.approx(gain)
+    assert summary["shown"] == cells["last"].above(cells["v0"])
+    assert any("co-evolution" in line for line in lines)
