@@ -501,8 +501,9 @@ def probe_lines(probe: dict) -> list[str]:
         rates = ", ".join(f"{kind} {rate}" for kind, rate in every[form].items())
         lines.append(f"  notes {form}: {rates}")
     lines.append(
-        f"  helpful / none {every['helpful_vs_none']} (goal >= 2), wrong / none "
-        f"{every['wrong_vs_none']} (goal >= 0.9)"
+        f"  helpful / none {every['helpful_vs_none']} {every.get('helpful_vs_none_interval')} "
+        f"(goal >= 2), wrong / none {every['wrong_vs_none']} "
+        f"{every.get('wrong_vs_none_interval')} (goal >= 0.9)"
     )
     return lines
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from agents.intervals import bootstrap_ratio
 from agents.notes import NoteSource, Shown, render, write_library
 from agents.policy import score_and_choose
 from agents.pretrain import encode_prompts
@@ -152,6 +153,14 @@ def _rate(flags: Sequence[bool]) -> float | None:
 
 def _ratio(rate: float | None, base: float | None) -> float | None:
     return round(rate / base, 3) if rate is not None and base else None
+
+
+def _ratio_interval(top: Sequence[bool], bottom: Sequence[bool]) -> list[float] | None:
+    """The 95% bootstrap interval of ``mean(top) / mean(bottom)`` over episodes."""
+    if not top or not any(bottom):
+        return None
+    got = bootstrap_ratio([[float(x) for x in top]], [[float(x) for x in bottom]])
+    return [round(got.low, 3), round(got.high, 3)]
 
 
 def note_probe(

@@ -92,3 +92,7 @@ def test_the_probe_reports_every_kind_and_the_two_ratios(policy) -> None:
     for form in ("written", "entry"):
         assert set(report["all"][form]) == set(PROBE_KINDS)
     assert "helpful_vs_none" in report["all"] and "wrong_vs_none" in report["all"]
+    for name in ("helpful", "wrong"):
+        interval = report["all"][f"{name}_vs_none_interval"]
+        ratio = report["all"][f"{name}_vs_none"]
+        assert interval is None or interval[0] <= ratio <= interval[1]
