@@ -215,13 +215,10 @@ def note_probe(
         for form, by_kind in forms.items():
             report[group][form] = {kind: _rate(won) for kind, won in by_kind.items()}
         written = report[group]["written"]
-        none = written.get("none")
-        report[group]["helpful_vs_none"] = (
-            round(written["variant"] / none, 3)
-            if none and written.get("variant") is not None
-            else None
-        )
-        report[group]["wrong_vs_none"] = (
-            round(written["wrong"] / none, 3) if none and written.get("wrong") is not None else None
-        )
+        report[group]["helpful_vs_none"] = _ratio(written.get("variant"), written.get("none"))
+        report[group]["wrong_vs_none"] = _ratio(written.get("wrong"), written.get("none"))
+        for name, kind in (("helpful", "variant"), ("wrong", "wrong")):
+            report[group][f"{name}_vs_none_interval"] = _ratio_interval(
+                forms["written"].get(kind, []), forms["written"].get("none", [])
+            )
     return report
