@@ -146,7 +146,7 @@ class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):
     explorer_share: float = 0.8
     eval_variants: int = 4
     eval_notes: int = 4
-    steps: int = 4000
+    steps: int = 6000
     batch_size: int = 8
     lr: float = 3e-3
     warmup: int = 40
