@@ -55,8 +55,8 @@ from agents.extraction import (
     parse_merge,
     shown_ids,
 )
+from agents.model_checks import greedy_answer
 from agents.notes import EMPTY_NOTE, entry_text
-from agents.policy import generate
 from agents.pretrain import (
     Progress,
     Sample,
@@ -69,7 +69,7 @@ from agents.pretrain import (
     train,
 )
 from agents.pretrain_play import Episode, play_families
-from agents.prompts import decode_response, encode_response
+from agents.prompts import encode_response
 from agents.scripted import hindsight_note
 from scenarios.worlds.registry import load_world
 from stores.checkpoints import load_model_dir
@@ -298,17 +298,7 @@ def answer_check(
         valid, exact, ops = 0, 0, Counter[str]()
         for item, prompt in fits:
             room = min(spec.max_new_tokens, max_positions - len(prompt))
-            ((ids, _),) = generate(
-                model,
-                [prompt],
-                [random.Random(0)],  # greedy draws nothing from it
-                temperature=0.0,
-                max_new_tokens=room,
-                eos_id=tokenizer.eos_token_id,
-                pad_id=tokenizer.pad_token_id,
-                device=torch.device("cpu"),
-            )
-            answer = decode_response(tokenizer, ids)
+            answer = greedy_answer(model, tokenizer, prompt, room)
             parsed = _parse(item, answer, spec.max_ops)
             valid += not parsed.malformed
             exact += answer.strip() == item.target

@@ -109,6 +109,21 @@ def policy_check(model: Any, tokenizer: Any, world: TextWorld, spec: CheckSpec) 
     }
 
 
+def greedy_answer(model: Any, tokenizer: Any, prompt: Sequence[int], room: int) -> str:
+    """The model's greedy answer to ``prompt`` on CPU, at most ``room`` tokens, as text."""
+    ((ids, _),) = generate(
+        model,
+        [prompt],
+        [random.Random(0)],  # greedy draws nothing from it
+        temperature=0.0,
+        max_new_tokens=room,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        device=torch.device("cpu"),
+    )
+    return decode_response(tokenizer, ids)
+
+
 def note_check(model: Any, tokenizer: Any, world: TextWorld, spec: CheckSpec) -> dict:
     """Greedy notes on fresh episodes of the held-back variants against their hindsight notes:
     exact, read by :func:`parse_note` as the same plan and avoid list, and exact among the
@@ -119,17 +134,7 @@ def note_check(model: Any, tokenizer: Any, world: TextWorld, spec: CheckSpec) ->
     for episode, prompt in zip(episodes, prompts, strict=True):
         target = hindsight_note(episode.transcript)
         room = min(len(tokenizer.encode(target)) + 16, spec.max_positions - len(prompt))
-        ((ids, _),) = generate(
-            model,
-            [prompt],
-            [random.Random(0)],  # greedy draws nothing from it
-            temperature=0.0,
-            max_new_tokens=room,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            device=torch.device("cpu"),
-        )
-        note = decode_response(tokenizer, ids)
+        note = greedy_answer(model, tokenizer, prompt, room)
         exact.append(note == target)
         same.append(parse_note(note) == parse_note(target))
         if parse_note(target)[0]:
