@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.intervals import bootstrap_mean
+from agents.intervals import bootstrap_mean, bootstrap_ratio
 from agents.policy_events import GradientRequested, PolicyUpdated
 from engine.events import Event
 
@@ -76,14 +76,17 @@ def modes_table(runs: dict[str, list[Modes]]) -> list[str]:
             )
     adapting = {n: its for n, its in runs.items() if any(it.first_adapt for it in its)}
     if adapting:
-        lines += ["", "| method | first round (version 0): success by attempt |", "|---|---|"]
+        lines += [
+            "",
+            "| method | first round (version 0): success by attempt | last / first |",
+            "|---|---|---|",
+        ]
         for name, items in adapting.items():
             k = min(len(a) for it in items for a in it.first_adapt.values())
-            cells = [
-                str(
-                    bootstrap_mean([[float(a[i]) for a in it.first_adapt.values()] for it in items])
-                )
-                for i in range(k)
+            by_attempt = [
+                [[float(a[i]) for a in it.first_adapt.values()] for it in items] for i in range(k)
             ]
-            lines.append(f"| {name} | {' -> '.join(cells)} |")
+            cells = " -> ".join(str(bootstrap_mean(g)) for g in by_attempt)
+            gain = bootstrap_ratio(by_attempt[-1], by_attempt[0]) if k > 1 else "-"
+            lines.append(f"| {name} | {cells} | {gain} |")
     return lines
