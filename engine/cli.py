@@ -256,30 +256,22 @@ def _drive(
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from engine.errors import NothingToResume
     from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
     from scenarios.assemble import assemble
     from scenarios.loader import parse_toml, to_scenario
-    from stores.lmdb_log import LmdbEventLog
 
     rd = find_run(args.run)
-    reader = _open_run(args.run)
-    try:
-        meta = reader.read_meta()
-        history = list(reader.read(0, None))
-    finally:
-        reader.close()
-    if meta is None or not history:
-        raise RunNotFound(f"{args.run}: the run's log is empty; nothing to resume")
-    last = history[-1]
-    if isinstance(last.event, RunStopped) and last.event.reason == "completed":
-        raise NothingToResume(
-            f"{args.run}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
-        )
+    meta = _read_meta(args.run)
     source = f"{args.run} (its scenario)"
     scenario = to_scenario(parse_toml(meta.scenario_toml, source), source)
-    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
-    log = LmdbEventLog.open(rd.log, writable=True, durable=scenario.runtime.durable)
+    log = _open_writer(rd, durable=scenario.runtime.durable)
+    try:  # the history is read under the writer lock: no other session writes after it
+        history = _history(args.run, log)
+        assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+    except BaseException:
+        log.close()
+        raise
+    last = history[-1]
     ended = isinstance(last.event, RunStopped | RunFailed)
     previous = str(last.event.__struct_config__.tag) if ended else ""
     resumed = RunResumed(after=last.seq, previous=previous, coevo_version=_version())
@@ -293,6 +285,58 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _drive(
         scenario, assembly, log, rd, started, quiet=args.quiet, resumed=resumed, history=history
     )
+
+
+def _read_meta(path: str) -> Any:
+    """The run's metadata (its scenario), read without the writer lock: it never changes."""
+    reader = _open_run(path)
+    try:
+        with _naming(reader.path):
+            meta = reader.read_meta()
+    finally:
+        reader.close()
+    if meta is None:
+        raise RunNotFound(f"{path}: the run's log holds no run metadata; nothing to resume")
+    return meta
+
+
+def _open_writer(rd: RunDir, durable: bool) -> Any:
+    """The run's log opened as its one writer, before anything of it is read for a resume.
+
+    Raises:
+        _InputError: another process writes the run (a run or a resume still going).
+    """
+    from stores.lmdb_log import LmdbEventLog
+
+    try:
+        return LmdbEventLog.open(rd.log, writable=True, durable=durable)
+    except LogLocked as exc:
+        raise _InputError(
+            f"{rd.root}: another process is writing this run ({exc.holder}); "
+            "wait for it to end or stop it first"
+        ) from None
+
+
+def _history(path: str, log: Any) -> list[Any]:
+    """Every event of the run, read by its writer.
+
+    Raises:
+        RunNotFound: the log holds no event.
+        NothingToResume: the run completed.
+    """
+    from engine.errors import NothingToResume
+    from engine.lifecycle import RunStopped
+
+    with _naming(log.path):
+        history = list(log.read(0, None))
+    if not history:
+        raise RunNotFound(f"{path}: the run's log is empty; nothing to resume")
+    last = history[-1]
+    if isinstance(last.event, RunStopped) and last.event.reason == "completed":
+        raise NothingToResume(
+            f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
+        )
+    return history
 
 
 def _version() -> str:
@@ -328,7 +372,7 @@ def _open_run(path: str) -> Any:
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.console import actors_table, families_table
     from engine.replay import replay_until, verify_log
-    from scenarios.assemble import projections
+    from scenarios.assemble import fact_checks, projections
 
     if args.until is not None and args.until < 0:
         raise _InputError(f"--until must be >= 0, got {args.until}")
@@ -342,7 +386,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return _reexecute(args.run, log)
         if args.verify:
             with _naming(log.path):
-                result = verify_log(log, projections())
+                result = verify_log(log, projections(), fact_checks())
             if not result.ok:
                 raise _VerifyFailed(f"{log.path}: {result.error}")
             print(f"verified {result.events} events, {result.checks} checksums: ok")

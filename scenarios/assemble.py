@@ -16,6 +16,7 @@ from typing import Any
 from agents.curves import report as curves_report
 from agents.env_worker import EnvWorker, PromptSettings
 from agents.projections import EpisodeTable
+from agents.recorded_once import RecordedOnce
 from agents.scheduler import Scheduler
 from agents.scripted import Agent, Explorer, RandomAgent
 from agents.trainer import GrpoTrainer
@@ -23,6 +24,7 @@ from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Event
 from engine.projection import ActorStats, Projection
+from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from scenarios.schema import Scenario
 from scenarios.worlds.base import Task, TextWorld
@@ -60,6 +62,11 @@ class Assembly:
 def projections() -> tuple[Projection, ...]:
     """The projections every run checksums, snapshots and replays."""
     return (ActorStats(), EpisodeTable())
+
+
+def fact_checks() -> tuple[FactCheck, ...]:
+    """The domain's facts ``coevo replay --verify`` checks are recorded once (fresh state)."""
+    return (RecordedOnce(),)
 
 
 def assemble(
