@@ -151,6 +151,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     rd = RunDir(out)
     if rd.exists():
         raise _InputError(f"{out}: already holds a run; choose another --out")
+    if foreign := rd.foreign():
+        raise _InputError(
+            f"{out}: not empty and not a run (it holds {', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory for --out"
+        )
     return _execute(scenario, args.file, rd, run_id, quiet=args.quiet)
 
 

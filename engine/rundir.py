@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import RunNotFound
-from stores.lmdb_env import DATA_FILE
+from stores.lmdb_env import DATA_FILE, LOG_FILES
 
 LOG_DIR = "log"
 STRUCTLOG_FILE = "coevo.jsonl"
@@ -40,6 +40,23 @@ class RunDir:
     def exists(self) -> bool:
         """True if the directory holds an event log."""
         return (self.log / DATA_FILE).is_file()
+
+    def foreign(self) -> list[str]:
+        """What the directory holds that a run being created there does not write first (a
+        ``log/`` with the event log's files only), sorted: a new run goes only where this is
+        empty, so that it never overwrites or prunes files that are not its own.
+
+        Raises:
+            RunNotFound: the path exists but cannot be listed.
+        """
+        try:
+            names = sorted(p.name for p in self.root.iterdir()) if self.root.is_dir() else []
+            logs = sorted(p.name for p in self.log.iterdir()) if self.log.is_dir() else []
+        except OSError as exc:
+            raise RunNotFound(f"{self.root}: cannot list: {exc.strerror}") from None
+        if self.log.is_dir() and not set(logs) - LOG_FILES:
+            names.remove(LOG_DIR)
+        return names
 
 
 def new_run_id() -> str:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "writer.lock"
+LOG_FILES = frozenset({DATA_FILE, "lock.mdb", LOCK_FILE})
+"""Every file of a log directory: LMDB's data and lock files, the writer's lock."""
 DB_NAMES = (b"events", b"meta", b"snapshots")
 
 

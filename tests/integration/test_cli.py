@@ -111,6 +111,25 @@ def test_out_directory_holding_a_run_is_refused(small_run: Path) -> None:
     assert_clean_error(coevo("run", EXPLORE, "--out", str(small_run)), 2, "already holds")
 
 
+def test_out_directory_that_is_not_empty_is_refused_and_left_alone(
+    tmp_path: Path, small_run: Path
+) -> None:
+    foreign = tmp_path / "mine"
+    (foreign / "checkpoints" / "v000001").mkdir(parents=True)
+    (foreign / "checkpoints" / "v000001" / "model.safetensors").write_bytes(b"weights")
+    (foreign / "scenario.toml").write_text("my notes")
+    before = sorted((p.relative_to(foreign), p.read_bytes()) for p in foreign.rglob("*.*"))
+    proc = coevo("run", EXPLORE, "--out", str(foreign), "--set", "grpo.keep_checkpoints=1")
+    assert_clean_error(proc, 2, f"{foreign}: not empty and not a run (it holds checkpoints, ")
+    after = sorted((p.relative_to(foreign), p.read_bytes()) for p in foreign.rglob("*.*"))
+    assert after == before and not (foreign / "log").exists()
+    inside = small_run / "log"  # a run nested in another run's log
+    entries = sorted(p.name for p in inside.iterdir())
+    assert_clean_error(coevo("run", EXPLORE, "--out", str(inside)), 2, "not empty and not a run")
+    assert sorted(p.name for p in inside.iterdir()) == entries
+    assert coevo("replay", str(small_run), "--verify").returncode == 0
+
+
 def test_out_that_is_a_file_and_bad_replay_arguments(tmp_path: Path, small_run: Path) -> None:
     afile = tmp_path / "plain"
     afile.write_text("x")
