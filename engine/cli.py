@@ -273,13 +273,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log)
         assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+        if not history:  # created, then stopped before its first event: it starts now
+            _keep_scenario(rd, meta.scenario_toml)
     except BaseException:
         log.close()
         raise
-    last = history[-1]
-    ended = isinstance(last.event, RunStopped | RunFailed)
-    previous = str(last.event.__struct_config__.tag) if ended else ""
-    resumed = RunResumed(after=last.seq, previous=previous, coevo_version=_version())
     started = RunStarted(
         run_id=meta.run_id,
         scenario=meta.scenario_name,
@@ -287,9 +285,26 @@ def cmd_resume(args: argparse.Namespace) -> int:
         seed=meta.seed,
         coevo_version=meta.coevo_version,
     )
+    if not history:
+        return _drive(scenario, assembly, log, rd, started, quiet=args.quiet)
+    last = history[-1]
+    ended = isinstance(last.event, RunStopped | RunFailed)
+    previous = str(last.event.__struct_config__.tag) if ended else ""
+    resumed = RunResumed(after=last.seq, previous=previous, coevo_version=_version())
     return _drive(
         scenario, assembly, log, rd, started, quiet=args.quiet, resumed=resumed, history=history
     )
+
+
+def _keep_scenario(rd: RunDir, text: str) -> None:
+    """Write the run's resolved scenario, unless it is there (a run stopped while it was being
+    created may not have written it)."""
+    if rd.scenario.is_file():
+        return
+    try:
+        rd.scenario.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _InputError(f"{rd.scenario}: cannot write: {exc.strerror}") from None
 
 
 def _read_meta(path: str) -> Any:
@@ -323,10 +338,10 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
 
 
 def _history(path: str, log: Any) -> list[Any]:
-    """Every event of the run, read by its writer.
+    """Every event of the run, read by its writer (none: the run was stopped as it was
+    created, before its first event).
 
     Raises:
-        RunNotFound: the log holds no event.
         NothingToResume: the run completed.
     """
     from engine.errors import NothingToResume
@@ -334,10 +349,8 @@ def _history(path: str, log: Any) -> list[Any]:
 
     with _naming(log.path):
         history = list(log.read(0, None))
-    if not history:
-        raise RunNotFound(f"{path}: the run's log is empty; nothing to resume")
-    last = history[-1]
-    if isinstance(last.event, RunStopped) and last.event.reason == "completed":
+    last = history[-1] if history else None
+    if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
         raise NothingToResume(
             f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,27 +21,41 @@ from typing import TYPE_CHECKING
 import lmdb
 
 from engine.errors import LogError, LogLocked, NotALog
+from stores import lmdb_pages
 
 if TYPE_CHECKING:
     from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
 
 DATA_FILE = "data.mdb"
+ENV_LOCK_FILE = "lock.mdb"
 LOCK_FILE = "writer.lock"
-LOG_FILES = frozenset({DATA_FILE, "lock.mdb", LOCK_FILE})
+LOG_FILES = frozenset({DATA_FILE, ENV_LOCK_FILE, LOCK_FILE})
 """Every file of a log directory: LMDB's data and lock files, the writer's lock."""
 DB_NAMES = (b"events", b"meta", b"snapshots")
 
 
+Init = Callable[[lmdb.Transaction, list["_Db"]], None]
+"""What a new log stores in the transaction that creates its databases (its metadata)."""
+
+
+def is_blank(path: Path) -> bool:
+    """True if ``path/data.mdb`` exists and holds no commit: a log whose creation was
+    interrupted before its first transaction (nothing of a run is in it)."""
+    return lmdb_pages.is_blank(path / DATA_FILE)
+
+
 def open_env(
-    path: Path, create: bool, writable: bool, map_size: int, durable: bool
+    path: Path, create: bool, writable: bool, map_size: int, durable: bool, init: Init | None = None
 ) -> tuple[lmdb.Environment, list[_Db]]:
-    """Open the environment and its three databases (created if ``create``).
+    """Open the environment and its three databases (created if ``create``, with ``init`` in
+    the same transaction: a log either holds its databases and metadata or nothing).
 
     A reader's environment is read-only: it opens the databases without a write transaction,
     so it never waits on the writer. ``map_size`` 0 adopts the size recorded in the file.
 
     Raises:
-        LogError: LMDB refused to open it, or it holds no coevo event log.
+        LogError: LMDB refused to open it, it holds no coevo event log, or (``create``) it
+            holds one already.
     """
     flags = {"create": create, "readonly": not writable, "sync": durable, "metasync": durable}
     try:
@@ -53,7 +67,11 @@ def open_env(
         check_file_size(path, env)
         if writable:  # py-lmdb keeps database handles opened in a write transaction only
             with env.begin(write=True) as txn:
+                if create and txn.cursor().first():
+                    raise LogError(f"an event log already exists at {path}")
                 dbs = [env.open_db(name, txn=txn, create=create) for name in DB_NAMES]
+                if init is not None:
+                    init(txn, dbs)
         else:
             dbs = [env.open_db(name, create=False) for name in DB_NAMES]
     except lmdb.NotFoundError:
@@ -108,13 +126,20 @@ class SharedEnv:
 
     @classmethod
     def acquire(
-        cls, path: Path, create: bool, writable: bool, map_size: int, durable: bool
+        cls,
+        path: Path,
+        create: bool,
+        writable: bool,
+        map_size: int,
+        durable: bool,
+        init: Init | None = None,
     ) -> SharedEnv:
-        """The shared environment of ``path`` (opened on first use), with one more user."""
+        """The shared environment of ``path`` (opened on first use), with one more user;
+        ``create`` makes a new log with ``init`` (see :func:`open_env`)."""
         with _ENVS_LOCK:
             shared = None if create else _ENVS.get(_file_key(path))
             if shared is None:
-                env, dbs = open_env(path, create, writable, map_size, durable)
+                env, dbs = open_env(path, create, writable, map_size, durable, init)
                 shared = cls(path, _file_key(path), env, dbs, durable)
                 _ENVS[shared.key] = shared
             elif writable and not shared.writable:

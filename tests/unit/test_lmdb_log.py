@@ -26,6 +26,7 @@ from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted, RunStopped
 from stores import lmdb_log
 from stores.eventlog import LOG_FORMAT, new_run_meta
+from stores.lmdb_env import is_blank
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +126,28 @@ def test_create_over_existing_log_is_refused(path: Path) -> None:
         LmdbEventLog.create(path, META)
     with LmdbEventLog.open(path) as log:
         assert list(log.read()) == envelopes(0, 3)
+
+
+def test_a_creation_interrupted_before_its_commit_leaves_nothing_and_is_redone(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The databases and the metadata are created in one transaction: a process killed while
+    creating leaves a blank data file (a new log is created over it), never databases without
+    their metadata."""
+
+    class Killed:  # the metadata's encoding is the last step before its commit
+        def encode(self, value: object) -> bytes:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(lmdb_log, "_ENCODER", Killed())
+        with pytest.raises(KeyboardInterrupt):
+            LmdbEventLog.create(path, META)
+    assert is_blank(path)  # LMDB's two meta pages of transaction 0, nothing else
+    with pytest.raises(LogError, match="no coevo event log"):
+        LmdbEventLog.open(path)
+    with LmdbEventLog.create(path, META) as log:
+        assert log.read_meta() == META and log.next_seq == 0
 
 
 def test_create_with_bad_map_size_is_refused(path: Path) -> None:
