@@ -252,6 +252,7 @@ def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
         model.tie_weights()
 
 
+WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 
 
@@ -285,6 +286,40 @@ def restore_optimizer(
         optimizer.state[param][key] = tensor if key == "step" else tensor.to(param.device)
 
 
+def restore_checkpoint(
+    checkpoints: Checkpoints,
+    name: str,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    digest: str,
+) -> None:
+    """Load checkpoint ``name`` into ``model`` and ``optimizer`` for a resume, and check that it
+    is what the log says it is: the loaded weights have ``digest`` (recorded when the version
+    was written) and the optimiser's state is there. The log's word alone would let a
+    resume continue from flipped bytes, from another version in this one's place, or with
+    fresh moments after ``optimizer.safetensors`` was deleted.
+
+    Raises:
+        ModelUnavailable: the checkpoint is missing or damaged, its weights' digest is not the
+            log's, or its optimiser state is missing; one line naming the file.
+    """
+    load_weights(model, checkpoints.load(name))
+    got = param_digest(model)
+    if got != digest:
+        raise ModelUnavailable(
+            f"{checkpoints.locate(name, WEIGHTS_FILE)}: the weights have digest {got}, the "
+            f"log records {digest} for {name} (changed since it was written, or another "
+            "version in its place)"
+        )
+    state = checkpoints.load_optimizer(name)
+    if state is None:
+        raise ModelUnavailable(
+            f"{checkpoints.locate(name, OPTIMIZER_FILE)} is missing: the optimiser's state of "
+            f"{name} (resuming without it would train with fresh moments)"
+        )
+    restore_optimizer(model, optimizer, state)
+
+
 class Checkpoints(Protocol):
     """Where policy versions are written and read back."""
 
@@ -316,6 +351,10 @@ class Checkpoints(Protocol):
         Raises:
             ModelUnavailable: no such checkpoint.
         """
+        ...
+
+    def locate(self, name: str, file: str) -> str:
+        """Where ``file`` of checkpoint ``name`` is kept, for messages."""
         ...
 
 
@@ -381,8 +420,11 @@ class DirCheckpoints:
                 f"optimizer state of {name} is damaged: {_one_line(exc)}"
             ) from None
 
+    def locate(self, name: str, file: str) -> str:
+        return str(self.root / Path(name).name / file)
+
     def load(self, name: str) -> dict[str, torch.Tensor]:
-        path = self.root / Path(name).name / "model.safetensors"
+        path = self.root / Path(name).name / WEIGHTS_FILE
         if not path.is_file():
             raise ModelUnavailable(f"no checkpoint {name} ({path} is missing)")
         try:
@@ -449,6 +491,9 @@ class MemoryCheckpoints:
     def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
         saved = self.optimizers.get(name)
         return None if saved is None else {k: v.clone() for k, v in saved.items()}
+
+    def locate(self, name: str, file: str) -> str:
+        return f"{name}/{file} (in memory)"
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
         try:
