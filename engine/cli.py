@@ -257,6 +257,12 @@ def _drive(
         f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
         f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")
     )
+    if quiet and outcome.reason == "failed":  # the one line --quiet keeps
+        print(
+            f"coevo: error: run {run_id} failed: {outcome.events} events in {rd.root}: "
+            f"{outcome.error}",
+            file=sys.stderr,
+        )
     return outcome.exit_code
 
 

@@ -198,6 +198,20 @@ def test_a_world_raising_mid_episode_aborts_that_episode_and_the_run_goes_on(
     verified(run)
 
 
+def test_a_failed_run_or_resume_says_so_in_one_line_even_with_quiet(tmp_path: Path) -> None:
+    """``--quiet`` drops the progress bar and the summary, never the failure: before, a
+    failed run or resume exited 1 and printed nothing."""
+    scenario, env = plugin_scenario(tmp_path, on_failure="stop", max_restarts=0)
+    run = tmp_path / "run"
+    for args in (["run", str(scenario), "--out", str(run)], ["resume", str(run)]):
+        proc = coevo(*args, "--quiet", env=env)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("coevo: error: run ")
+        assert " failed: " in proc.stderr and f" events in {run}: actor 'worker-" in proc.stderr
+        assert proc.stderr.endswith("RuntimeError: the world cannot be rebuilt\n")
+
+
 def test_an_actor_that_keeps_failing_stops_the_run_with_its_error(tmp_path: Path) -> None:
     scenario, env = plugin_scenario(tmp_path, on_failure="stop", max_restarts=0)
     run = tmp_path / "run"
