@@ -11,6 +11,7 @@ process is open.
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -65,6 +66,7 @@ def open_env(
         raise LogError(f"cannot open event log at {path}: {reason}") from None
     try:
         check_file_size(path, env)
+        check_pages(path, env, writable)
         if writable:  # py-lmdb keeps database handles opened in a write transaction only
             with env.begin(write=True) as txn:
                 if create and txn.cursor().first():
@@ -100,6 +102,36 @@ def check_file_size(path: Path, env: lmdb.Environment) -> None:
             f"event log at {path} is damaged: {DATA_FILE} has {have} bytes but its last "
             f"commit uses {need} (the file was truncated)"
         )
+
+
+def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
+    """Check every page LMDB may walk in the newest commit (``lmdb_pages.check_tree``) before
+    anything walks it: LMDB asserts on a damaged branch or leaf page (the process aborts with
+    ``Assertion 'IS_LEAF(mp)' failed``), where coevo reports it. The check holds a read
+    transaction, so a live writer cannot reuse the pages it reads meanwhile. A ``writable``
+    environment's free database is checked too (only writers read it).
+
+    Raises:
+        LogError: a page is not what the page pointing at it says it is.
+    """
+    file = path / DATA_FILE
+    for _ in range(100):  # a live writer may commit twice while we find the meta page
+        with env.begin() as txn:
+            txnid = txn.id()
+            meta = next((m for m in lmdb_pages.read_metas(file) if m and m.txnid == txnid), None)
+            if meta is None:
+                continue
+            if meta.main_root == lmdb_pages.P_INVALID:
+                return  # no database yet
+            with open(file, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                try:
+                    lmdb_pages.check_tree(data, meta, free=writable)
+                except lmdb_pages.PageDamaged as exc:
+                    raise LogError(
+                        f"event log at {path} is damaged: {exc} (commit {txnid}; LMDB would "
+                        "abort reading it)"
+                    ) from None
+            return
 
 
 class SharedEnv:

@@ -85,3 +85,145 @@ def is_blank(path: Path) -> bool:
     except OSError:
         return False
     return size == 2 * psize and all(m is not None and m.main_root == P_INVALID for m in metas)
+
+
+P_BRANCH = 0x01
+P_LEAF = 0x02
+P_OVERFLOW = 0x04
+P_LEAF2 = 0x20
+_KINDS = P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2  # a page's kind bits on disk
+F_BIGDATA = 0x01
+F_SUBDATA = 0x02
+F_DUPDATA = 0x04
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
+_PTR = struct.Struct("<H")
+_PGNO = struct.Struct("<Q")
+_PAGES = struct.Struct("<I")  # an overflow page's page count (in place of lower, upper)
+_SUBDB_ROOT = struct.Struct("<IHHQQQQQ")  # an MDB_db record, as in the meta page
+
+
+class PageDamaged(Exception):
+    """A page of the tree is not what its parent says it is (a message for the log's error)."""
+
+
+def check_tree(data: bytes | memoryview, meta: Meta, free: bool = True) -> int:
+    """Walk every branch and leaf page of the main and free databases and of every named
+    database, as LMDB would, and the first page of every overflow value, checking each before
+    anything reads it: its number is the one its parent names, its kind (branch, leaf,
+    overflow) and depth are the ones expected, and its pointers, nodes and overflow runs lie
+    within the page and the file. LMDB asserts instead (``IS_LEAF(mp)``: the process aborts)
+    when a zeroed or overwritten page is where a branch points.
+
+    Args:
+        data: the data file's bytes (a map of it).
+        meta: the meta page of the transaction to check (its pages must not be reused while
+            this runs: hold a read transaction of it).
+        free: check the free database too (only a writer reads it).
+
+    Returns:
+        The number of pages checked.
+
+    Raises:
+        PageDamaged: the first page that is not what it should be.
+    """
+    walk = _Walk(data, meta)
+    if free:
+        record = _SUBDB_ROOT.unpack_from(data, meta.page * meta.psize + _HEADER.size + _META.size)
+        walk.tree("the free database", record[7], record[2])
+    main = _SUBDB_ROOT.unpack_from(
+        data, meta.page * meta.psize + _HEADER.size + _META.size + _DB.size
+    )
+    for name, root, depth in walk.tree("the main database", main[7], main[2]):
+        walk.tree(f"database {name!r}", root, depth)
+    return len(walk.seen)
+
+
+class _Walk:
+    def __init__(self, data: bytes | memoryview, meta: Meta) -> None:
+        self.data = data
+        self.psize = meta.psize
+        self.last = meta.last_pgno
+        self.seen: set[int] = set()
+
+    def page(self, pgno: int, what: str) -> tuple[int, int]:
+        """The flags and page number field of page ``pgno`` (checked to be in the file)."""
+        if not 2 <= pgno <= self.last or (pgno + 1) * self.psize > len(self.data):
+            raise PageDamaged(f"{what} names page {pgno}, past the file's last page {self.last}")
+        if pgno in self.seen:
+            raise PageDamaged(f"{what} names page {pgno} a second time")
+        self.seen.add(pgno)
+        number, _, flags, _, _ = _HEADER.unpack_from(self.data, pgno * self.psize)
+        if number != pgno:
+            raise PageDamaged(f"page {pgno} ({what}) says it is page {number}")
+        return flags, number
+
+    def tree(self, what: str, root: int, depth: int) -> list[tuple[bytes, int, int]]:
+        """Check the tree at ``root`` of ``depth`` levels; return its named databases (the
+        main database's ``F_SUBDATA`` nodes: name, root, depth)."""
+        if root == P_INVALID:
+            return []
+        if not 1 <= depth <= 32:
+            raise PageDamaged(f"{what} has depth {depth}")
+        named: list[tuple[bytes, int, int]] = []
+        stack = [(root, 1)]
+        while stack:
+            pgno, level = stack.pop()
+            kind = P_BRANCH if level < depth else P_LEAF
+            flags, _ = self.page(pgno, what)
+            if flags & _KINDS != kind:
+                expected = "branch" if kind == P_BRANCH else "leaf"
+                raise PageDamaged(
+                    f"page {pgno} of {what} should be a {expected} page, its flags are {flags:#x}"
+                )
+            for node in self._nodes(pgno, what):
+                lo, hi, nflags, ksize = _NODE.unpack_from(self.data, node)
+                if kind == P_BRANCH:
+                    stack.append((lo | hi << 16 | nflags << 32, level + 1))
+                else:
+                    named += self._leaf(pgno, what, node, lo | hi << 16, nflags, ksize)
+        return named
+
+    def _nodes(self, pgno: int, what: str) -> list[int]:
+        """The offsets (in the file) of the nodes of page ``pgno``, each within the page."""
+        base, psize = pgno * self.psize, self.psize
+        _, _, _, lower, upper = _HEADER.unpack_from(self.data, base)
+        if not _HEADER.size < lower <= upper <= psize or (lower - _HEADER.size) % 2:
+            raise PageDamaged(f"page {pgno} of {what} has bounds {lower}..{upper}")
+        nodes = []
+        for i in range((lower - _HEADER.size) // 2):
+            (ptr,) = _PTR.unpack_from(self.data, base + _HEADER.size + 2 * i)
+            if not upper <= ptr <= psize - _NODE.size:
+                raise PageDamaged(f"page {pgno} of {what}: node {i} at {ptr}, outside {upper}..")
+            (ksize,) = _PTR.unpack_from(self.data, base + ptr + 6)
+            if ptr + _NODE.size + ksize > psize:
+                raise PageDamaged(f"page {pgno} of {what}: node {i}'s key runs past the page")
+            nodes.append(base + ptr)
+        return nodes
+
+    def _leaf(
+        self, pgno: int, what: str, node: int, size: int, flags: int, ksize: int
+    ) -> list[tuple[bytes, int, int]]:
+        """Check a leaf node's value; return the named database it records, if any."""
+        value = node + _NODE.size + ksize
+        if flags & F_DUPDATA:
+            raise PageDamaged(f"page {pgno} of {what}: a duplicate-data node (never written)")
+        if flags & F_BIGDATA:
+            if value + _PGNO.size > (pgno + 1) * self.psize:
+                raise PageDamaged(f"page {pgno} of {what}: a node runs past the page")
+            (first,) = _PGNO.unpack_from(self.data, value)
+            oflags, _ = self.page(first, what)
+            (pages,) = _PAGES.unpack_from(self.data, first * self.psize + 12)
+            if oflags & _KINDS != P_OVERFLOW or not 1 <= pages <= self.last - first + 1:
+                raise PageDamaged(f"page {first} of {what} should start a value of {size} bytes")
+            if pages * self.psize - _HEADER.size < size:
+                raise PageDamaged(f"page {first} of {what}: {pages} pages for {size} bytes")
+            return []
+        if value + size > (pgno + 1) * self.psize:
+            raise PageDamaged(f"page {pgno} of {what}: a node's value runs past the page")
+        if flags & F_SUBDATA:
+            if size != _SUBDB_ROOT.size:
+                raise PageDamaged(f"page {pgno} of {what}: a database record of {size} bytes")
+            record = _SUBDB_ROOT.unpack_from(self.data, value)
+            name = bytes(self.data[node + _NODE.size : value])
+            return [(name, record[7], record[2])]
+        return []
