@@ -14,6 +14,7 @@ import fcntl
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +60,7 @@ def open_env(
             holds one already.
     """
     flags = {"create": create, "readonly": not writable, "sync": durable, "metasync": durable}
+    check_metas(path)
     try:
         env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
     except lmdb.Error as exc:
@@ -102,6 +104,31 @@ def check_file_size(path: Path, env: lmdb.Environment) -> None:
             f"event log at {path} is damaged: {DATA_FILE} has {have} bytes but its last "
             f"commit uses {need} (the file was truncated)"
         )
+
+
+def check_metas(path: Path) -> None:
+    """Refuse a data file whose two meta pages do not record consecutive commits
+    (``lmdb_pages.metas_disagree``): LMDB would silently read it as of an older commit, and a
+    writer would go on from there, over the lost commits.
+
+    A live writer may commit between the reads of the two pages: only a disagreement read
+    twice alike counts.
+
+    Raises:
+        LogError: the meta pages disagree.
+    """
+    seen = None
+    for _ in range(50):
+        metas = lmdb_pages.read_metas(path / DATA_FILE)
+        problem = lmdb_pages.metas_disagree(metas)
+        if problem is None:
+            return
+        if metas == seen:
+            raise LogError(f"event log at {path} is damaged: {problem}")
+        seen = metas
+        time.sleep(0.01)
+    # 50 readings, each different: a writer commits faster than two pages are read; its
+    # commits are what the pages record, so nothing was lost
 
 
 def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:

@@ -227,3 +227,24 @@ class _Walk:
             name = bytes(self.data[node + _NODE.size : value])
             return [(name, record[7], record[2])]
         return []
+
+
+def metas_disagree(metas: tuple[Meta | None, Meta | None]) -> str | None:
+    """Why two readable meta pages cannot both be right, or None.
+
+    Each commit writes its transaction id to meta page ``txnid % 2``, so the two pages always
+    record consecutive commits (both 0 before the first). LMDB reads the newer one and trusts
+    it: when the newer page's id is damaged (zeroed, say), it reads the log as of the older
+    commit and the commits after it are lost without a word.
+    """
+    first, second = metas
+    if first is None or second is None or not (first.valid and second.valid):
+        return None  # a meta page LMDB cannot read: LMDB refuses the file itself
+    if abs(first.txnid - second.txnid) == 1 or first.txnid == second.txnid == 0:
+        return None
+    used = max(first, second, key=lambda m: m.txnid)
+    return (
+        f"its meta pages record commits {first.txnid} (page 0) and {second.txnid} (page 1), "
+        f"which must be consecutive: one is damaged, and LMDB would read the log as of commit "
+        f"{used.txnid}, without the commits after it"
+    )

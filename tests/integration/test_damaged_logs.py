@@ -182,6 +182,16 @@ def overwrite_page(page: int, fill: bytes) -> Damage:
     return damage
 
 
+def zero_newest_txnid(file: Path) -> None:
+    """Zero the transaction id of the newer meta page (its magic and roots intact)."""
+    from stores.lmdb_pages import read_metas
+
+    newest = max((m for m in read_metas(file) if m), key=lambda m: m.txnid)
+    with file.open("r+b") as fh:
+        fh.seek(newest.page * newest.psize + 144)
+        fh.write(bytes(8))
+
+
 def flip_bits(offsets: list[int], bit: int = 3) -> Damage:
     def damage(file: Path) -> None:
         with file.open("r+b") as fh:
@@ -222,6 +232,7 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
         "odd size": (truncate_to(size - 123), "was truncated"),
         "both meta pages zeroed": (overwrite_page(0, bytes(2 * PAGE)), "cannot open event log"),
         "garbage meta page": (overwrite_page(1, random.Random(1).randbytes(PAGE)), ""),
+        "newest meta page's id zeroed": (zero_newest_txnid, "must be consecutive"),
     }
     for seq, offsets, length in records[1::7]:  # a flipped bit inside a record's value
         flip = flip_bits([at + length // 2 for at in offsets])
