@@ -130,11 +130,16 @@ class EnvWorker(Actor):
         )
 
     async def _close(self, ctx: Context, world: TextWorld) -> None:
-        """Close a world; a hung one is left to its abandoned thread."""
+        """Close a world; a hung one is left to its abandoned thread, one that fails to close
+        is dropped all the same (it is never used again)."""
         try:
             await self._blocking(world.close)
         except TimeoutError as exc:
             ctx.log.warning("world close abandoned", error=str(exc))
+        except SystemExit as exc:  # a plug-in's sys.exit() must not end the run
+            ctx.log.warning("world close failed", error=f"sys.exit({exc.code!r})")
+        except Exception as exc:  # the world is dropped: nothing more to do than say so
+            ctx.log.warning("world close failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _episode(
         self, ctx: Context, world: TextWorld, job: EpisodeAssigned, inbox: Any
@@ -142,7 +147,11 @@ class EnvWorker(Actor):
         blocking = getattr(world, "blocking", True)
 
         async def call(fn: Callable[..., Observation], *args: Any) -> Observation:
-            return await self._blocking(fn, *args) if blocking else fn(*args)
+            try:
+                return await self._blocking(fn, *args) if blocking else fn(*args)
+            except SystemExit as exc:  # a plug-in's sys.exit() ends the episode, not the run
+                what = f"world.{getattr(fn, '__name__', 'call')}"
+                raise RuntimeError(f"{what} called sys.exit({exc.code!r})") from None
 
         task = Task(family=job.family, variant=job.variant, split=job.split)
         obs = await call(world.reset, task, job.seed)

@@ -35,13 +35,20 @@ def resolve_device(name: str) -> torch.device:
     """The torch device for a scenario's ``policy.device`` ("auto": cuda when available).
 
     Raises:
-        ModelUnavailable: cuda was asked for and is not available.
+        ModelUnavailable: cuda was asked for and is not available, or not that device.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelUnavailable(f"policy.device = {name!r} but torch sees no CUDA device")
-    return torch.device(name)
+        raise ModelUnavailable(f"device {name!r}: torch sees no CUDA device")
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise ModelUnavailable(
+                f"device {name!r}: torch sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
+            )
+    return device
 
 
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
@@ -61,16 +68,20 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
     is allocated). Pickled weights (``pytorch_model.bin``, ``*.pt``) are refused, never opened.
 
     Args:
-        path: the directory.
+        path: the directory (a leading ``~`` or ``~user`` is expanded).
         setting: the scenario setting that named it (for the message).
 
     Returns:
-        ``path``.
+        ``path``, expanded.
 
     Raises:
         ModelUnavailable: one line naming ``setting``, the path and what is wrong.
     """
     where = f"{setting} = {str(path)!r}"
+    try:
+        path = path.expanduser()
+    except RuntimeError as exc:  # ~user of no such user, or no home directory
+        raise ModelUnavailable(f"{where}: cannot expand '~' ({_one_line(exc)})") from None
     if not path.is_dir():
         what = "not a directory" if path.exists() else "no such directory"
         raise ModelUnavailable(f"{where}: {what} (a model is a Hugging Face model directory)")
@@ -97,8 +108,10 @@ def _read_config(path: Path, where: str) -> Any:
         doc = json.loads(file.read_bytes())
     except (ValueError, OSError) as exc:  # UnicodeDecodeError and JSONDecodeError included
         raise ModelUnavailable(f"{where}: config.json is not JSON ({_one_line(exc)})") from None
+    except RecursionError:  # json recurses once per level of nesting
+        raise ModelUnavailable(f"{where}: config.json is nested too deeply") from None
     model_type = doc.get("model_type") if isinstance(doc, dict) else None
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if not isinstance(model_type, str) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelUnavailable(
             f"{where}: config.json has model_type {model_type!r}, not a causal language model "
             "that transformers knows"
@@ -119,6 +132,8 @@ def _safetensors_files(path: Path, where: str) -> list[Path]:
             names = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
         except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
             raise ModelUnavailable(f"{where}: {index.name} is invalid ({_one_line(exc)})") from None
+        except RecursionError:  # json recurses once per level of nesting
+            raise ModelUnavailable(f"{where}: {index.name} is nested too deeply") from None
         missing = [n for n in names if not (path / Path(str(n)).name).is_file()]
         if missing or not names:
             raise ModelUnavailable(f"{where}: {index.name} lists missing shards {missing}")
