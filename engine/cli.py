@@ -245,14 +245,16 @@ def _drive(
         close_logging()
     console.print(actors_table(runtime.states["actor_stats"]))
     console.print(families_table(runtime.states["episodes"]))
+    unwritten = ""
     if assembly.report is not None:
-        reader = _open_run(str(rd.root))
         try:
-            lines = assembly.report(rd.root, (env.event for env in reader.read(0, None)))
-        finally:
-            reader.close()
-        for line in lines:
-            console.print(line)
+            for line in _report(assembly.report, rd):
+                console.print(line)
+        except OSError as exc:  # a full disk: the log is complete, the plots can wait
+            unwritten = (
+                f"coevo: error: cannot write the run's curves in {rd.root}: "
+                f"{exc.strerror or exc} (the log is complete: coevo report {rd.root} draws them)"
+            )
     console.print(
         f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
         f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")
@@ -263,7 +265,23 @@ def _drive(
             f"{outcome.error}",
             file=sys.stderr,
         )
+    elif unwritten:
+        print(unwritten, file=sys.stderr)
+        return outcome.exit_code or 1
     return outcome.exit_code
+
+
+def _report(report: Any, rd: RunDir) -> list[str]:
+    """A finished run's reports (learning curves), written into its directory from its log.
+
+    Raises:
+        OSError: a file cannot be written.
+    """
+    reader = _open_run(str(rd.root))
+    try:
+        return report(rd.root, (env.event for env in reader.read(0, None)))
+    finally:
+        reader.close()
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

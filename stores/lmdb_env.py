@@ -281,8 +281,14 @@ def lock_writer(path: Path) -> int:
 
     Raises:
         LogLocked: another handle, in this process or another, holds it.
+        LogError: the lock file cannot be opened for writing (a read-only directory).
     """
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # a read-only directory or file system, a full disk
+        raise LogError(
+            f"cannot open the event log at {path} for writing: {exc.strerror or exc}"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -293,8 +299,12 @@ def lock_writer(path: Path) -> int:
             "open it with writable=False to read",
             holder=f"written by pid {holder}",
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:  # a full disk: the lock holds, but say who holds it or nothing
+        os.close(fd)
+        raise LogError(f"cannot write the writer lock of {path}: {exc.strerror or exc}") from None
     return fd
 
 

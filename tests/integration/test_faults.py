@@ -4,9 +4,11 @@ failing. Each ends in a clear message; the log stays valid."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,6 +65,82 @@ def test_a_full_disk_is_one_line_and_the_log_still_verifies(tmp_path: Path) -> N
     assert verified(run) == seq > 0
     tail = coevo("log", str(run), "--from", str(seq - 1), "--json")
     assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 1
+
+
+def test_resume_in_a_read_only_directory_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The writer lock cannot be opened (a read-only file system; as root, chmod would not
+    stop the test): one line, not the OSError's traceback."""
+    from engine.cli import main
+
+    run = tmp_path / "run"
+    assert main(["run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=5"]) == 0
+    capsys.readouterr()
+    real = os.open
+
+    def read_only(path: object, flags: int, *args: object) -> int:
+        if str(path).endswith("writer.lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real(path, flags, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert main(["resume", str(run)]) == 1
+    assert capsys.readouterr().err == (
+        f"coevo: error: cannot open the event log at {run / 'log'} for writing: "
+        "Read-only file system\n"
+    )
+
+
+def test_curves_that_cannot_be_written_are_one_line_and_the_log_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The disk fills up after the log's last commit: the curves cannot be written. One line
+    and exit 1 (the run itself completed), not a traceback."""
+    import dataclasses
+
+    import scenarios.assemble
+    from engine.cli import main
+
+    def full_disk(root: Path, events: object) -> list[str]:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root / "curves.png"))
+
+    assemble = scenarios.assemble.assemble
+    monkeypatch.setattr(
+        scenarios.assemble,
+        "assemble",
+        lambda *a, **k: dataclasses.replace(assemble(*a, **k), report=full_disk),
+    )
+    run = tmp_path / "run"
+    assert main(["run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=5"]) == 1
+    assert capsys.readouterr().err == (
+        f"coevo: error: cannot write the run's curves in {run}: No space left on device (the "
+        f"log is complete: coevo report {run} draws them)\n"
+    )
+    assert verified(run) > 0
+
+
+def test_audit_on_a_full_disk_indexes_in_memory(tmp_path: Path) -> None:
+    """The audit index cannot be written (RLIMIT_FSIZE: as on a full disk), when it is created
+    or when it is filled: the answer comes from an index in memory, with a note."""
+    run = tmp_path / "run"
+    assert (
+        coevo("run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=20").returncode
+        == 0
+    )
+    for limit in (12 * 1024, 40 * 1024):  # its databases, then its facts do not fit
+
+        def small_disk(limit: int = limit) -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+        shutil.rmtree(run / "audit", ignore_errors=True)
+        proc = coevo("audit", str(run), "episode", "ep000001", preexec_fn=small_disk)
+        assert proc.returncode == 0, proc.stderr
+        assert "ended: " in proc.stdout
+        assert proc.stderr.startswith(
+            f"coevo: note: cannot keep the audit index in {run / 'audit'}"
+        )
+        assert proc.stderr.count("\n") == 1 and "indexing in memory" in proc.stderr
 
 
 def wait_for_writer(run: Path, proc: subprocess.Popen[str]) -> int:
