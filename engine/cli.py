@@ -265,10 +265,35 @@ def _drive(
             f"{outcome.error}",
             file=sys.stderr,
         )
-    elif unwritten:
-        print(unwritten, file=sys.stderr)
+        return outcome.exit_code
+    problem = unwritten
+    if outcome.reason == "completed":
+        problem = _all_aborted(runtime.states["episodes"], run_id, rd) or problem
+    if problem:
+        print(problem, file=sys.stderr)
         return outcome.exit_code or 1
     return outcome.exit_code
+
+
+def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
+    """The error line of a run that completed without finishing one episode: every one was
+    aborted (a world that fails every episode); "" otherwise."""
+    from engine.replay import EventFilter, iter_events
+
+    families = episodes.families.values()
+    aborted = sum(f.aborted for f in families)
+    if not aborted or any(f.episodes for f in families):
+        return ""
+    reader = _open_run(str(rd.root))
+    try:
+        first = next(iter_events(reader, EventFilter(kinds=frozenset({"episode_aborted"}))), None)
+    finally:
+        reader.close()
+    return (
+        f"coevo: error: run {run_id} completed, but all {aborted} of its episodes were aborted "
+        f"(the first: {getattr(first and first.event, 'reason', '?')}); coevo log {rd.root} --kind "
+        "episode_aborted lists them"
+    )
 
 
 def _report(report: Any, rd: RunDir) -> list[str]:

@@ -290,6 +290,47 @@ def test_a_failed_run_or_resume_says_so_in_one_line_even_with_quiet(tmp_path: Pa
         assert proc.stderr.endswith("RuntimeError: the world cannot be rebuilt\n")
 
 
+NONE_TEXT = """
+import msgspec
+from scenarios.worlds.minilab import MiniLab
+
+
+class NoText(MiniLab):
+    \"\"\"A plug-in world whose every step observes text=None (a library's missing
+    description), which msgspec Structs do not refuse on construction.\"\"\"
+
+    def step(self, action):
+        return msgspec.structs.replace(super().step(action), text=None)
+"""
+
+
+def test_a_run_whose_every_episode_aborted_says_so_and_its_log_reads(tmp_path: Path) -> None:
+    """A world's bad observations never reach the log (before: the run completed with exit 0
+    and every later ``log``, ``replay``, ``report`` and ``audit`` said the log was corrupted),
+    and a run that finished no episode does not exit 0 as if all were well."""
+    (tmp_path / "notext.py").write_text(NONE_TEXT)
+    scenario = tmp_path / "notext.toml"
+    scenario.write_text(
+        'name = "notext"\n[world]\nname = "notext:NoText"\nfamilies = ["fetch"]\n'
+        '[agent]\nkind = "explorer"\n[run]\nepisodes = 6\nworkers = 2\n'
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    run = tmp_path / "run"
+    proc = coevo("run", str(scenario), "--out", str(run), "--quiet", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("coevo: error: run ")
+    assert "completed, but all 6 of its episodes were aborted (the first: ObservationInvalid: " in (
+        proc.stderr
+    )
+    assert "returned an observation whose text is None, not a string)" in proc.stderr
+    log = coevo("log", str(run), "--json", env=env)
+    assert log.returncode == 0, log.stderr
+    kinds = [json.loads(line)["event"]["kind"] for line in log.stdout.splitlines()]
+    assert kinds.count("episode_aborted") == 6 and "step_taken" not in kinds
+    verified(run)
+
+
 def test_an_actor_that_keeps_failing_stops_the_run_with_its_error(tmp_path: Path) -> None:
     scenario, env = plugin_scenario(tmp_path, on_failure="stop", max_restarts=0)
     run = tmp_path / "run"
