@@ -217,29 +217,32 @@ PLUGIN = '''
 from scenarios.worlds.minilab import MiniLab
 
 BUILT = []
+PLAYED = []
 
 
 class Boom(MiniLab):
-    """MiniLab whose step raises on turn 3 of every 4th episode a world plays; with
-    ``builds``, building more worlds than that in the process raises (assembly builds one,
-    each worker one: a third fails when a worker rebuilds its world after an abort)."""
+    """MiniLab whose step raises on turn 3 of every 4th episode the process plays (a rebuilt
+    world goes on counting); with ``builds``, building more worlds than that in the process
+    raises (assembly builds one, each worker one: a third fails when a worker rebuilds its
+    world after an abort)."""
 
     def __init__(self, builds=0, **options):
         if builds and len(BUILT) >= builds:
             raise RuntimeError("the world cannot be rebuilt")
         BUILT.append(self)
         super().__init__(**options)
-        self.episodes = 0
+        self.episode = 0
         self.turn = 0
 
     def reset(self, task, seed):
-        self.episodes += 1
+        PLAYED.append(task)
+        self.episode = len(PLAYED)
         self.turn = 0
         return super().reset(task, seed)
 
     def step(self, action):
         self.turn += 1
-        if self.episodes % 4 == 1 and self.turn == 3:
+        if self.episode % 4 == 1 and self.turn == 3:
             raise RuntimeError(f"boom in {action!r}")
         return super().step(action)
 '''
@@ -272,7 +275,7 @@ def test_a_world_raising_mid_episode_aborts_that_episode_and_the_run_goes_on(
     aborted = [e["event"] for e in events if e["event"]["kind"] == "episode_aborted"]
     finished = [e["event"] for e in events if e["event"]["kind"] == "episode_finished"]
     assert aborted and all(a["reason"].startswith("RuntimeError: boom in ") for a in aborted)
-    assert len(aborted) + len(finished) == 12
+    assert finished and len(aborted) + len(finished) == 12
     verified(run)
 
 
