@@ -138,10 +138,24 @@ def _drive(
         close_logging()
     console.print(actors_table(runtime.states["actor_stats"]))
     console.print(families_table(runtime.states["episodes"]))
+    return _finish(console, assembly.report, runtime.states["episodes"], outcome, run_id, rd, quiet)
+
+
+def _finish(
+    console: Console,
+    report: Any,
+    episodes: Any,
+    outcome: Any,
+    run_id: str,
+    rd: RunDir,
+    quiet: bool,
+) -> int:
+    """Write the run's reports, print how it ended, and return the exit code: the run's, or 1
+    when it completed but its curves cannot be written or none of its episodes finished."""
     unwritten = ""
-    if assembly.report is not None:
+    if report is not None:
         try:
-            for line in _report(assembly.report, rd):
+            for line in _report(report, rd):
                 console.print(line)
         except OSError as exc:  # a full disk: the log is complete, the plots can wait
             unwritten = (
@@ -161,7 +175,7 @@ def _drive(
         return outcome.exit_code
     problem = unwritten
     if outcome.reason == "completed":
-        problem = _all_aborted(runtime.states["episodes"], run_id, rd) or problem
+        problem = _all_aborted(episodes, run_id, rd) or problem
     if problem:
         print(problem, file=sys.stderr)
         return outcome.exit_code or 1

@@ -42,9 +42,10 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ModelUnavailable(f"device {name!r}: torch sees no CUDA device")
     device = torch.device(name)
-    if device.type == "cuda" and device.index is not None:
+    _, _, number = name.partition(":")  # "cuda:N" (the schema's pattern)
+    if name.startswith("cuda") and number:
         count = torch.cuda.device_count()
-        if device.index >= count:
+        if int(number) >= count:
             raise ModelUnavailable(
                 f"device {name!r}: torch sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
             )

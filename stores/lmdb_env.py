@@ -159,6 +159,8 @@ def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
                         "abort reading it)"
                     ) from None
             return
+    # 100 read transactions, each outrun by two commits before its meta page could be read: a
+    # live writer commits faster than this reads; the pages are left to LMDB's own checks
 
 
 class SharedEnv:

@@ -723,7 +723,7 @@ class LmdbEventLog:
         return key, cursor.value()
 
 
-def _init_meta(txn: Txn[bytes], dbs: list[_Db], meta: RunMeta) -> None:
+def _init_meta(txn: lmdb.Transaction, dbs: list[_Db], meta: RunMeta) -> None:
     """Store a new log's format and run metadata (in the transaction creating its databases)."""
     _, meta_db, _ = dbs
     for key, value in ((_META_FORMAT, LOG_FORMAT), (_META_RUN, meta)):

@@ -7,6 +7,7 @@ What it cannot see, coevo checks here, before LMDB opens the file (the format is
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -14,6 +15,9 @@ from pathlib import Path
 
 MAGIC = 0xBEEFC0DE
 """LMDB's magic number, at the start of each meta record."""
+
+_Data = bytes | memoryview | mmap.mmap
+"""A data file's bytes, or a map of it."""
 
 P_META = 0x08
 P_INVALID = 2**64 - 1
@@ -106,7 +110,7 @@ class PageDamaged(Exception):
     """A page of the tree is not what its parent says it is (a message for the log's error)."""
 
 
-def check_tree(data: bytes | memoryview, meta: Meta, free: bool = True) -> int:
+def check_tree(data: _Data, meta: Meta, free: bool = True) -> int:
     """Walk every branch and leaf page of the main and free databases and of every named
     database, as LMDB would, and the first page of every overflow value, checking each before
     anything reads it: its number is the one its parent names, its kind (branch, leaf,
@@ -139,7 +143,7 @@ def check_tree(data: bytes | memoryview, meta: Meta, free: bool = True) -> int:
 
 
 class _Walk:
-    def __init__(self, data: bytes | memoryview, meta: Meta) -> None:
+    def __init__(self, data: _Data, meta: Meta) -> None:
         self.data = data
         self.psize = meta.psize
         self.last = meta.last_pgno
@@ -189,7 +193,7 @@ class _Walk:
         _, _, _, lower, upper = _HEADER.unpack_from(self.data, base)
         if not _HEADER.size < lower <= upper <= psize or (lower - _HEADER.size) % 2:
             raise PageDamaged(f"page {pgno} of {what} has bounds {lower}..{upper}")
-        nodes = []
+        nodes: list[int] = []
         for i in range((lower - _HEADER.size) // 2):
             (ptr,) = _PTR.unpack_from(self.data, base + _HEADER.size + 2 * i)
             if not upper <= ptr <= psize - _NODE.size:
