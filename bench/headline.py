@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from headline_logs import Modes, modes_of, modes_table
 from method_results import fold, plot, read_run, run_all
 
 from agents.episode_events import EpisodeAssigned, EpisodeFinished
@@ -305,19 +306,21 @@ def main() -> None:
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     finals: dict[str, list[Final]] = {}
+    modes: dict[str, list[Modes]] = {}
     facts = {}
     for name in args.methods:
         for seed in args.seeds:
             got = read_run(args.runs / f"{name}-seed{seed}")
             assert got is not None
             finals.setdefault(name, []).append(final_of(got[0]))
+            modes.setdefault(name, []).append(modes_of(got[0]))
             facts.setdefault(name, []).append(fold(name, seed, *got))
     hard = tuple(args.hard)
     summary = summarize(finals, hard)
     lines = table(summary, hard)
     png = bars(summary, args.out / "headline.png")
     curves = plot(facts, hard, args.out / "headline_curves.png")
-    lines += ["", f"![]({png.name})", "", f"![]({curves.name})"]
+    lines += ["", f"![]({png.name})", "", f"![]({curves.name})", "", *modes_table(modes)]
     both = {"complementary", "complementary-frozen"} <= set(args.methods)
     if args.probe and both:
         probe_lines, summary["probe"] = probe_summary(probe_runs(args.runs, args.seeds, args.probe))

@@ -193,3 +193,12 @@ def test_the_headline_reads_the_last_round_with_and_without_the_bank(root: Path)
     assert len(final.plain) == len(final.bank) == 9 and not final.adapt
     table = "\n".join(headline.table(headline.summarize({"c": [final]}, ("fetch",)), ("fetch",)))
     assert table.count("\n") == 2 and "| c | 1 |" in table
+
+
+def test_the_headline_counts_training_episodes_by_mode(root: Path, events: list[Event]) -> None:
+    modes = load_bench("headline_logs").modes_of(read_events(root / "run"))
+    assert len(modes.success["plain (warm-up)"]) == 8  # one warm-up step of 2 groups of 4
+    train = [e for e in of(events, EpisodeAssigned) if e.purpose == "train"]
+    assert len(modes.success["guided"]) == sum(e.rollout == "guided" for e in train)
+    assert sum(map(len, modes.success.values())) == len(train)
+    assert set(modes.kl) == {"mixed"} and not modes.first_adapt

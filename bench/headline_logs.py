@@ -1,0 +1,89 @@
+"""What the headline runs' logs say about why: how training episodes fared in each rollout mode
+(plain, with tips, distilled, guided by an entry), how far each kind of update moved the policy,
+and the adaptation test with the untrained policy (the first round) beside the last.
+
+Used by ``bench/headline.py``; pure folds of events, pooled over seeds with
+:mod:`agents.intervals`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from agents.episode_events import EpisodeAssigned, EpisodeFinished
+from agents.intervals import bootstrap_mean
+from agents.policy_events import GradientRequested, PolicyUpdated
+from engine.events import Event
+
+
+@dataclass
+class Modes:
+    """One run: training episodes' successes by rollout mode, each update's KL by the mode of
+    its episodes, and the first adaptation round's success per task by attempt."""
+
+    success: dict[str, list[float]] = field(default_factory=dict[str, list[float]])
+    kl: dict[str, list[float]] = field(default_factory=dict[str, list[float]])
+    first_adapt: dict[str, list[bool]] = field(default_factory=dict[str, list[bool]])
+
+
+def modes_of(events: list[Event]) -> Modes:
+    """The :class:`Modes` of one run's events. Complementary RL's free episodes of the warm-up
+    (before any was guided) are counted apart from the free halves of later groups."""
+    out = Modes()
+    assigned = {ev.episode: ev for ev in events if isinstance(ev, EpisodeAssigned)}
+    guided = [j.index for j in assigned.values() if j.purpose == "train" and j.rollout != "plain"]
+    first_guided = (
+        min(guided, default=0)
+        if any(j.rollout.startswith("guided") for j in assigned.values())
+        else 0
+    )
+    updates = {ev.update: ev for ev in events if isinstance(ev, PolicyUpdated)}
+    for ev in events:
+        if isinstance(ev, EpisodeFinished) and ev.episode in assigned:
+            job = assigned[ev.episode]
+            if job.purpose == "train":
+                warm = job.rollout == "plain" and job.index < first_guided  # Complementary RL
+                mode = "plain (warm-up)" if warm else job.rollout
+                out.success.setdefault(mode, []).append(float(ev.success))
+            elif job.scope.startswith("adapt0-"):
+                out.first_adapt.setdefault(job.scope, []).append(ev.success)
+        elif isinstance(ev, GradientRequested) and ev.update in updates:
+            mode = Counter(ev.rollouts or ("plain",)).most_common(1)[0][0]
+            if ev.rollouts and len(set(ev.rollouts)) > 1:
+                mode = "mixed"  # Complementary RL: guided and free halves
+            out.kl.setdefault(mode, []).append(updates[ev.update].kl)
+    return out
+
+
+def modes_table(runs: dict[str, list[Modes]]) -> list[str]:
+    """Per method: training success by rollout mode (episodes pooled over seeds, 95% interval),
+    the mean approximate KL of its updates by mode, and the first adaptation round."""
+    lines = [
+        "| method | rollout mode | training episodes | success | updates | mean KL of an update |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    for name, items in runs.items():
+        modes = sorted({m for it in items for m in it.success} | {m for it in items for m in it.kl})
+        for mode in modes:
+            groups = [it.success[mode] for it in items if it.success.get(mode)]
+            kls = [k for it in items for k in it.kl.get(mode, [])]
+            cell = str(bootstrap_mean(groups)) if groups else "-"
+            kl = f"{statistics.mean(kls):.4f}" if kls else "-"
+            lines.append(
+                f"| {name} | {mode} | {sum(map(len, groups))} | {cell} | {len(kls)} | {kl} |"
+            )
+    adapting = {n: its for n, its in runs.items() if any(it.first_adapt for it in its)}
+    if adapting:
+        lines += ["", "| method | first round (version 0): success by attempt |", "|---|---|"]
+        for name, items in adapting.items():
+            k = min(len(a) for it in items for a in it.first_adapt.values())
+            cells = [
+                str(
+                    bootstrap_mean([[float(a[i]) for a in it.first_adapt.values()] for it in items])
+                )
+                for i in range(k)
+            ]
+            lines.append(f"| {name} | {' -> '.join(cells)} |")
+    return lines
