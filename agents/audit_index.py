@@ -63,7 +63,7 @@ from agents.policy_events import (
 from engine.errors import LogError
 from engine.events import Envelope, Event
 from stores.eventlog import EventLog
-from stores.fact_index import Fact, FactIndex, LmdbFactIndex, MemoryFactIndex
+from stores.fact_index import Fact, FactIndex, IndexWriteFailed, LmdbFactIndex, MemoryFactIndex
 
 INDEX_FORMAT = 2
 """Bumped when the facts change; an index of another format is rebuilt."""
@@ -458,6 +458,11 @@ def open_index(run_root: Path, log: EventLog, where: Path | None = None) -> tupl
         index = MemoryFactIndex()
         note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
     try:
+        refresh(log, index)
+    except IndexWriteFailed as exc:  # a full disk: the index is a cache, the log is intact
+        index.close()
+        index = MemoryFactIndex()
+        note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
         refresh(log, index)
     except BaseException:
         index.close()

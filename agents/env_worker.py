@@ -17,10 +17,12 @@ with :class:`EpisodeAborted`; the worker then builds a fresh world and takes the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import trio
 
 from agents.episode_events import (
@@ -37,9 +39,19 @@ from agents.policy_events import ActionRequested, ActionSampled
 from agents.prompts import Step, reflection_messages, state_text, to_pairs, turn_messages
 from agents.scripted import Agent
 from engine.actor import Actor, Context
+from engine.errors import CoevoError
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng, derive_seed
 from scenarios.worlds.base import Observation, Task, TextWorld
+
+
+class ObservationInvalid(CoevoError):
+    """A world's ``reset`` or ``step`` returned something coevo cannot record or act on: not an
+    :class:`Observation`, a field of another type (``text=None``, a number in
+    ``admissible``), a reward or score that is not a finite number, or no admissible action on
+    a turn that is not done. The episode is aborted with this message, which names the world
+    call; unlike a world that raises, the world answered, wrongly."""
+
 
 AgentFactory = Callable[[Any], Agent]
 """Builds an agent for one episode from that episode's ``random.Random``."""
@@ -130,22 +142,32 @@ class EnvWorker(Actor):
         )
 
     async def _close(self, ctx: Context, world: TextWorld) -> None:
-        """Close a world; a hung one is left to its abandoned thread."""
+        """Close a world; a hung one is left to its abandoned thread, one that fails to close
+        is dropped all the same (it is never used again)."""
         try:
             await self._blocking(world.close)
         except TimeoutError as exc:
             ctx.log.warning("world close abandoned", error=str(exc))
+        except SystemExit as exc:  # a plug-in's sys.exit() must not end the run
+            ctx.log.warning("world close failed", error=f"sys.exit({exc.code!r})")
+        except Exception as exc:  # the world is dropped: nothing more to do than say so
+            ctx.log.warning("world close failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _episode(
         self, ctx: Context, world: TextWorld, job: EpisodeAssigned, inbox: Any
     ) -> None:
         blocking = getattr(world, "blocking", True)
 
-        async def call(fn: Callable[..., Observation], *args: Any) -> Observation:
-            return await self._blocking(fn, *args) if blocking else fn(*args)
+        async def call(fn: Callable[..., Observation], what: str, *args: Any) -> Observation:
+            try:
+                out = await self._blocking(fn, *args) if blocking else fn(*args)
+            except SystemExit as exc:  # a plug-in's sys.exit() ends the episode, not the run
+                raise RuntimeError(f"world.{fn.__name__} called sys.exit({exc.code!r})") from None
+            return checked_observation(out, what)
 
         task = Task(family=job.family, variant=job.variant, split=job.split)
-        obs = await call(world.reset, task, job.seed)
+        reset = f"world.reset({job.family}/{job.variant} {job.split}, seed {job.seed})"
+        obs = await call(world.reset, reset, task, job.seed)
         if self._make_agent is not None:
             agent = self._make_agent(derive_rng(job.seed, "agent"))
             agent.reset(obs.goal, obs)
@@ -167,7 +189,7 @@ class EnvWorker(Actor):
                 action = await agent.act(obs, turn)
             else:
                 action = agent.act(obs)
-            obs = await call(world.step, action)
+            obs = await call(world.step, f"world.step({action!r}) on turn {turn}", action)
             if isinstance(agent, _PolicyAgent):
                 agent.history.append((action, obs.text))
             total += obs.reward
@@ -202,6 +224,78 @@ class EnvWorker(Actor):
                 purpose=job.purpose,
             )
         )
+
+
+def checked_observation(obs: object, call: str) -> Observation:
+    """What a world returned, checked and in builtin types, before anything records or acts on
+    it: numpy scalars (a text game's win flag is often ``numpy.bool_``) become ``float`` and
+    ``bool``; anything else of another type than :class:`Observation` declares is refused.
+
+    Args:
+        obs: the world's answer.
+        call: the world call, for the message (``world.step('open door') on turn 3``).
+
+    Raises:
+        ObservationInvalid: naming ``call`` and what is wrong.
+    """
+    if not isinstance(obs, Observation):
+        raise ObservationInvalid(f"{call} returned {_short(obs)}, not an Observation")
+    try:
+        admissible = _actions(obs.admissible)
+        checked = Observation(
+            text=_text(obs.text, "text"),
+            admissible=admissible,
+            goal=_text(obs.goal, "goal"),
+            reward=_number(obs.reward, "reward"),
+            done=_flag(obs.done, "done"),
+            score=_number(obs.score, "score"),
+            success=_flag(obs.success, "success"),
+        )
+    except ValueError as exc:
+        raise ObservationInvalid(f"{call} returned an observation whose {exc}") from None
+    if not checked.admissible and not checked.done:
+        raise ObservationInvalid(f"{call} returned no admissible action on a turn that is not done")
+    return checked
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{field} is {_short(value)}, not a string")
+    return str(value)
+
+
+def _actions(value: object) -> tuple[str, ...]:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()  # pyright: ignore[reportUnknownMemberType]
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"admissible is {_short(value)}, not a tuple of strings")
+    actions = tuple(value)  # pyright: ignore[reportUnknownArgumentType]
+    for i, action in enumerate(actions):
+        if not isinstance(action, str):
+            raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
+    return tuple(str(a) for a in actions)
+
+
+def _number(value: object, field: str) -> float:
+    if isinstance(value, bool | np.bool_) or not isinstance(
+        value, int | float | np.integer | np.floating
+    ):
+        raise ValueError(f"{field} is {_short(value)}, not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{field} is {number}, not a finite number")
+    return number
+
+
+def _flag(value: object, field: str) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{field} is {_short(value)}, not a bool")
+    return bool(value)
 
 
 class _PolicyAgent:

@@ -53,10 +53,9 @@ from engine.errors import ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
 from stores.checkpoints import (
     Checkpoints,
-    load_weights,
     optimizer_tensors,
     param_digest,
-    restore_optimizer,
+    restore_checkpoint,
 )
 
 Request = ExtractionRequested | MergeRequested
@@ -257,7 +256,8 @@ class ExtractorActor(Actor):
         played again.
 
         Raises:
-            ResumeDiverged: the newest checkpoint the log names is missing or damaged.
+            ResumeDiverged: the newest checkpoint the log names is missing, damaged, not the
+                version the log says (its weights' digest), or without its optimiser state.
         """
         latest: ExtractorUpdated | None = None
         done: set[int] = set()
@@ -290,10 +290,9 @@ class ExtractorActor(Actor):
         self._ext = ext
 
     def _restore(self, ext: ExtractorModel, latest: ExtractorUpdated) -> None:
-        load_weights(ext.model, self._checkpoints.load(latest.checkpoint))
-        state = self._checkpoints.load_optimizer(latest.checkpoint)
-        if state is not None:
-            restore_optimizer(ext.model, ext.optimiser(0.0), state)
+        restore_checkpoint(
+            self._checkpoints, latest.checkpoint, ext.model, ext.optimiser(0.0), latest.digest
+        )
         ext.version = latest.extractor_version
         ext.digest = latest.digest
 

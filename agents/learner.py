@@ -30,10 +30,9 @@ from engine.events import Envelope, Event
 from engine.seeds import derive_rng
 from stores.checkpoints import (
     Checkpoints,
-    load_weights,
     optimizer_tensors,
     param_digest,
-    restore_optimizer,
+    restore_checkpoint,
 )
 
 
@@ -278,7 +277,8 @@ class Learner(Actor):
         optimiser), and keep the requests no :class:`PolicyUpdated` answered for :meth:`run`.
 
         Raises:
-            ResumeDiverged: the newest checkpoint the log names is missing.
+            ResumeDiverged: the newest checkpoint the log names is missing, damaged, not the
+                version the log says (its weights' digest), or without its optimiser state.
         """
         done = {env.event.update for env in history if isinstance(env.event, PolicyUpdated)}
         latest: PolicyUpdated | None = None
@@ -295,18 +295,21 @@ class Learner(Actor):
         trainee = await ctx.to_thread(self._load)
         if latest is not None:
             try:
-                await ctx.to_thread(self._restore, trainee, latest.checkpoint)
+                await ctx.to_thread(self._restore, trainee, latest)
             except ModelUnavailable as exc:
                 raise ResumeDiverged(f"the learner cannot resume: {exc}") from None
             self._parent = latest.digest
             ctx.log.info("learner resumed", version=latest.policy_version)
         self._trainee = trainee
 
-    def _restore(self, trainee: Trainee, checkpoint: str) -> None:
-        load_weights(trainee.model, self._checkpoints.load(checkpoint))
-        state = self._checkpoints.load_optimizer(checkpoint)
-        if state is not None:
-            restore_optimizer(trainee.model, trainee.optimiser(0.0), state)
+    def _restore(self, trainee: Trainee, latest: PolicyUpdated) -> None:
+        restore_checkpoint(
+            self._checkpoints,
+            latest.checkpoint,
+            trainee.model,
+            trainee.optimiser(0.0),
+            latest.digest,
+        )
 
     async def _update(self, ctx: Context, trainee: Trainee, req: GradientRequested) -> None:
         """Train, save and announce the next version."""

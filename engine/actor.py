@@ -96,6 +96,7 @@ class Context:
     ) -> None:
         self._runtime = runtime
         self._push = runtime.push
+        self._check = runtime.check_event
         self._mailbox = mailbox
         self._source = source
         self.name = name
@@ -119,7 +120,12 @@ class Context:
         write buffer is full; an actor that reacts to events never waits (its output is bounded
         by its input), which keeps back-pressure free of cycles. ``emit`` is a checkpoint only
         when it waits.
+
+        Raises:
+            EventInvalid: ``ev`` would not decode from the log (a field of another type than
+                declared); nothing is queued.
         """
+        self._check(ev)
         corr, cause = provenance(self.current, corr, cause)
         while not self._push(self.name, ev, cause, corr, self._source):
             await self._runtime.wait_space()

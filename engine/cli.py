@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,10 @@ import msgspec
 import trio
 from rich.console import Console
 
-from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
-from engine.rundir import RunDir, default_run_dir, find_run, new_run_id
+from engine.cli_common import InputInvalid, naming, open_run
+from engine.cli_run import cmd_resume, cmd_run, cmd_validate
+from engine.errors import CoevoError
+from engine.rundir import find_run
 
 __all__ = ["main"]
 
@@ -124,230 +124,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --- validate / run -------------------------------------------------------------------------
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    from scenarios.assemble import assemble
-    from scenarios.loader import load_scenario, resolved_toml
-
-    scenario = load_scenario(args.file, args.set)
-    assembly = assemble(scenario, args.file, prepare_model=False)
-    sys.stdout.write(resolved_toml(scenario))
-    print(
-        f"# valid: {len(assembly.tasks)} tasks, {scenario.run.episodes} episodes, "
-        f"{len(assembly.specs)} actors",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from scenarios.loader import load_scenario
-
-    scenario = load_scenario(args.file, args.set)
-    run_id = new_run_id()
-    out = Path(args.out) if args.out else default_run_dir(Path("runs"), scenario.name, run_id)
-    rd = RunDir(out)
-    if rd.exists():
-        raise _InputError(f"{out}: already holds a run; choose another --out")
-    return _execute(scenario, args.file, rd, run_id, quiet=args.quiet)
-
-
-def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool) -> int:
-    from engine.lifecycle import RunStarted
-    from scenarios.assemble import assemble
-    from scenarios.loader import resolved_toml, scenario_hash
-    from stores.eventlog import new_run_meta
-    from stores.lmdb_log import LmdbEventLog
-
-    text = resolved_toml(scenario)
-    digest = scenario_hash(text)
-    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
-    version = _version()
-    meta = new_run_meta(
-        run_id,
-        scenario_name=scenario.name,
-        seed=scenario.seed,
-        coevo_version=version,
-        scenario_toml=text,
-        scenario_hash=digest,
-        created_ns=time.time_ns(),
-    )
-    started = RunStarted(
-        run_id=run_id,
-        scenario=scenario.name,
-        scenario_hash=digest,
-        seed=scenario.seed,
-        coevo_version=version,
-    )
-    try:  # the log first: creating it claims the directory (a second run is refused)
-        log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
-    except OSError as exc:
-        raise _InputError(f"{rd.root}: cannot create the run directory: {exc.strerror}") from None
-    except LogLocked as exc:  # another process is creating or writing a run there
-        raise _InputError(f"{rd.root}: already holds a run ({exc.holder})") from None
-    except LogError:
-        if rd.exists():  # another process created a run there after our check
-            raise _InputError(f"{rd.root}: already holds a run; choose another --out") from None
-        raise
-    try:
-        rd.scenario.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        log.close()
-        raise _InputError(f"{rd.scenario}: cannot write: {exc.strerror}") from None
-    return _drive(scenario, assembly, log, rd, started, quiet=quiet)
-
-
-def _drive(
-    scenario: Any,
-    assembly: Any,
-    log: Any,
-    rd: RunDir,
-    started: Any,
-    *,
-    quiet: bool,
-    resumed: Any = None,
-    history: Sequence[Any] = (),
-) -> int:
-    """Run the assembled actors over ``log`` (new or resumed), then print the summary."""
-    from engine.console import RunProgress, actors_table, families_table
-    from engine.logsetup import close_logging, configure_logging
-    from engine.runtime import Runtime
-
-    console = Console(stderr=True, quiet=quiet)
-    configure_logging(console, scenario.logging.level, rd.structlog)
-    progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
-    runtime = Runtime(
-        log,
-        started,
-        assembly.specs,
-        assembly.projections,
-        seed=scenario.seed,
-        config=assembly.config,
-        observers=[progress.observe],
-        resumed=resumed,
-        history=history,
-    )
-    run_id = started.run_id
-    verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
-    console.print(f"run {run_id}: {verb} -> {rd.root}")
-    try:
-        with progress:
-            outcome = trio.run(runtime.run)
-    finally:
-        log.close()
-        close_logging()
-    console.print(actors_table(runtime.states["actor_stats"]))
-    console.print(families_table(runtime.states["episodes"]))
-    if assembly.report is not None:
-        reader = _open_run(str(rd.root))
-        try:
-            lines = assembly.report(rd.root, (env.event for env in reader.read(0, None)))
-        finally:
-            reader.close()
-        for line in lines:
-            console.print(line)
-    console.print(
-        f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
-        f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")
-    )
-    return outcome.exit_code
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    from engine.errors import NothingToResume
-    from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
-    from scenarios.assemble import assemble
-    from scenarios.loader import parse_toml, to_scenario
-    from stores.lmdb_log import LmdbEventLog
-
-    rd = find_run(args.run)
-    reader = _open_run(args.run)
-    try:
-        meta = reader.read_meta()
-        history = list(reader.read(0, None))
-    finally:
-        reader.close()
-    if meta is None or not history:
-        raise RunNotFound(f"{args.run}: the run's log is empty; nothing to resume")
-    last = history[-1]
-    if isinstance(last.event, RunStopped) and last.event.reason == "completed":
-        raise NothingToResume(
-            f"{args.run}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
-        )
-    source = f"{args.run} (its scenario)"
-    scenario = to_scenario(parse_toml(meta.scenario_toml, source), source)
-    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
-    log = LmdbEventLog.open(rd.log, writable=True, durable=scenario.runtime.durable)
-    ended = isinstance(last.event, RunStopped | RunFailed)
-    previous = str(last.event.__struct_config__.tag) if ended else ""
-    resumed = RunResumed(after=last.seq, previous=previous, coevo_version=_version())
-    started = RunStarted(
-        run_id=meta.run_id,
-        scenario=meta.scenario_name,
-        scenario_hash=meta.scenario_hash,
-        seed=meta.seed,
-        coevo_version=meta.coevo_version,
-    )
-    return _drive(
-        scenario, assembly, log, rd, started, quiet=args.quiet, resumed=resumed, history=history
-    )
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("coevo")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-class _InputError(CoevoError):
-    """Bad command-line input that no more specific error describes."""
-
-    exit_code = 2
-
-
 # --- replay / log ---------------------------------------------------------------------------
-
-
-def _open_run(path: str) -> Any:
-    from stores.lmdb_log import LmdbEventLog
-
-    rd = find_run(path)
-    try:
-        return LmdbEventLog.open(rd.log, writable=False)
-    except CoevoError:
-        raise
-    except Exception as exc:  # lmdb's own errors: the directory is there but not readable
-        raise RunNotFound(f"{path}: cannot open event log ({type(exc).__name__}: {exc})") from None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.console import actors_table, families_table
     from engine.replay import replay_until, verify_log
-    from scenarios.assemble import projections
+    from scenarios.assemble import fact_checks, projections
 
     if args.until is not None and args.until < 0:
-        raise _InputError(f"--until must be >= 0, got {args.until}")
+        raise InputInvalid(f"--until must be >= 0, got {args.until}")
     if args.verify and (args.until is not None or args.json):
-        raise _InputError("--verify checks the whole log; it takes no --until or --json")
+        raise InputInvalid("--verify checks the whole log; it takes no --until or --json")
     if args.reexecute_learner and (args.until is not None or args.json or args.verify):
-        raise _InputError("--reexecute-learner takes no --until, --json or --verify")
-    log = _open_run(args.run)
+        raise InputInvalid("--reexecute-learner takes no --until, --json or --verify")
+    log = open_run(args.run)
     try:
         if args.reexecute_learner:
             return _reexecute(args.run, log)
         if args.verify:
-            with _naming(log.path):
-                result = verify_log(log, projections())
+            with naming(log.path):
+                result = verify_log(log, projections(), fact_checks())
             if not result.ok:
                 raise _VerifyFailed(f"{log.path}: {result.error}")
             print(f"verified {result.events} events, {result.checks} checksums: ok")
             return 0
-        with _naming(log.path):
+        with naming(log.path):
             fold, snap = replay_until(log, projections(), args.until)
     finally:
         log.close()
@@ -364,24 +166,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextmanager
-def _naming(where: Path) -> Iterator[None]:
-    """Prefix the log's directory to a log error that does not name it already (a corrupted
-    record names its seq; this says which log)."""
-    try:
-        yield
-    except LogError as exc:
-        if str(where) in str(exc):
-            raise
-        raise _LogUnreadable(f"{where}: {exc}") from None
-
-
-class _LogUnreadable(CoevoError):
-    """A log error raised while reading a run, with the log's directory in its message."""
-
-    exit_code = 1
-
-
 def _reexecute(path: str, log: Any) -> int:
     from engine.console import StepProgress
     from engine.lifecycle import RunStarted
@@ -391,11 +175,11 @@ def _reexecute(path: str, log: Any) -> int:
 
     first = next(iter(log.read(0, 1)), None)
     if first is None or not isinstance(first.event, RunStarted):
-        raise _InputError(f"{path}: the log does not start with run_started")
+        raise InputInvalid(f"{path}: the log does not start with run_started")
     kinds = replay_until(log, projections())[0].states["actor_stats"].kinds
     total = kinds.get("policy_updated", 0) + kinds.get("extractor_updated", 0)
     if total == 0:
-        raise _InputError(f"{path}: the log records no model update to re-execute")
+        raise InputInvalid(f"{path}: the log records no model update to re-execute")
     console = Console(stderr=True)
     console.print(f"loading the base models of {path} ...")
     run = reexecution_for(find_run(path).root, first.event.seed)
@@ -425,10 +209,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     roots = [find_run(path).root for path in args.runs]
     runs = []
     for path, root in zip(args.runs, roots, strict=True):
-        log = _open_run(path)
+        log = open_run(path)
         try:
             if log.next_seq == 0:
-                raise _InputError(f"{path}: the event log is empty")
+                raise InputInvalid(f"{path}: the event log is empty")
             runs.append(fold_run(_label(root, roots), root, log.read(0, None)))
         finally:
             log.close()
@@ -437,7 +221,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         out.write_bytes(page)
     except OSError as exc:
-        raise _InputError(f"{out}: cannot write: {exc.strerror}") from None
+        raise InputInvalid(f"{out}: cannot write: {exc.strerror}") from None
     print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
     return 0
 
@@ -455,9 +239,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from scenarios.probe_setup import ProbeOptions, probe_run, read_run
 
     def read(path: str) -> Iterator[Any]:
-        log = _open_run(path)
+        log = open_run(path)
         try:
-            with _naming(log.path):
+            with naming(log.path):
                 yield from log.read(0, None)
         finally:
             log.close()
@@ -473,7 +257,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     try:
         paths = write_probe(result, out)
     except OSError as exc:
-        raise _InputError(f"{out}: cannot write: {exc.strerror}") from None
+        raise InputInvalid(f"{out}: cannot write: {exc.strerror}") from None
     if args.json:
         sys.stdout.write(to_json(result).decode() + "\n")
         return 0
@@ -521,7 +305,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
     for name, value in (("--from", args.start), ("--to", args.stop), ("--limit", args.limit)):
         if value is not None and value < 0:
-            raise _InputError(f"{name} must be >= 0, got {value}")
+            raise InputInvalid(f"{name} must be >= 0, got {value}")
     flt = EventFilter(
         kinds=frozenset(args.kind),
         actors=frozenset(args.actor),
@@ -529,9 +313,9 @@ def cmd_log(args: argparse.Namespace) -> int:
         start=args.start,
         stop=args.stop,
     )
-    log = _open_run(args.run)
+    log = open_run(args.run)
     try:
-        with _naming(log.path):
+        with naming(log.path):
             if args.follow:
                 return _follow(log, flt, args)
             for count, env in enumerate(iter_events(log, flt)):
@@ -577,7 +361,7 @@ def _print_envelope(env: Any, as_json: bool) -> None:
 def cmd_audit(args: argparse.Namespace) -> int:
     from agents import audit_render as render
 
-    log = _open_run(args.run)
+    log = open_run(args.run)
     try:
         if args.what == "credit":
             answer = _audit_credit(log, args)
@@ -602,7 +386,7 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
     from agents.audit_index import open_index
 
     if args.what == "tip" and not args.id.isdigit():
-        raise _InputError(f"entry id must be a non-negative integer, got {args.id!r}")
+        raise InputInvalid(f"entry id must be a non-negative integer, got {args.id!r}")
     index, note = open_index(find_run(args.run).root, log, Path(args.index) if args.index else None)
     if note:
         print(f"coevo: note: {note}", file=sys.stderr)
@@ -620,7 +404,7 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     from scenarios.loader import parse_toml, to_scenario
 
     if args.top < 0:
-        raise _InputError(f"--top must be >= 0, got {args.top}")
+        raise InputInvalid(f"--top must be >= 0, got {args.top}")
     meta = log.read_meta()
     source = f"{args.run} (its scenario)"
     scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)

@@ -138,6 +138,33 @@ class ReplayDiverged(CoevoError):
         )
 
 
+class LogInconsistent(CoevoError):
+    """The log's records are intact, but its events contradict one another: a fact recorded
+    twice (an episode finished twice, a request answered twice), two sessions resumed after
+    the same seq or a session that does not start where the log ended, or events after the
+    run completed. What two writers on one run leave behind.
+
+    Unlike :class:`LogCorrupted` (bytes that are not what was written) and
+    :class:`ReplayDiverged` (a projection's checksum), every record decodes and every checksum
+    may agree. ``seq`` is the event that repeats or contradicts an earlier one.
+    """
+
+    def __init__(self, seq: int, reason: str) -> None:
+        self.seq = seq
+        self.reason = reason
+        super().__init__(f"event log inconsistent at seq {seq}: {reason}")
+
+
+class EventInvalid(CoevoError):
+    """An actor emitted an event that cannot be recorded: a field holds a value of a type the
+    event does not declare (None for a string, a numpy scalar for a float), so it would not
+    encode, or would encode and never decode back. msgspec Structs do not check types on
+    construction; ``Context.emit`` checks each event before it is queued, so no event that
+    cannot be decoded is ever committed. Raised in the emitting actor (which fails, and is
+    supervised as any failing actor); unlike :class:`LogCorrupted`, the log never holds it.
+    """
+
+
 class NothingToResume(CoevoError):
     """``coevo resume`` was pointed at a run that completed: its log ends with a
     ``run_stopped`` event whose reason is "completed". (A directory that is not a run is

@@ -7,7 +7,9 @@ above a live progress bar instead of tearing it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from pathlib import Path
 
 import structlog
@@ -31,6 +33,46 @@ class _RichConsoleHandler(logging.Handler):
             self._console.print(self.format(record), markup=False, highlight=False)
         except Exception:  # a broken console must not kill the run; stdlib's policy
             self.handleError(record)
+
+
+class _JsonLinesHandler(logging.FileHandler):
+    """The run's JSON lines file. A write that fails (a full disk) stops the file with one
+    warning on the console, where stdlib logging would print a traceback for every record."""
+
+    def __init__(self, path: Path, console: Console) -> None:
+        super().__init__(path, encoding="utf-8")
+        self._console = console
+        self._failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self._failed:
+            super().emit(record)
+
+    def flush(self) -> None:
+        if self._failed:
+            return
+        try:
+            super().flush()
+        except OSError:
+            self._give_up()
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._give_up()
+
+    def _give_up(self) -> None:
+        """Say once why the file stops, and close it (its buffer cannot be written either)."""
+        if self._failed:
+            return
+        self._failed = True
+        error = sys.exc_info()[1]
+        with contextlib.suppress(OSError):  # the failure being reported, once more
+            super().close()
+        self._console.print(
+            f"coevo: warning: {self.baseFilename}: cannot write ({error}); the structured "
+            "log stops here (the event log is not affected)",
+            markup=False,
+            highlight=False,
+        )
 
 
 def configure_logging(console: Console, level: str, jsonl: Path | None = None) -> None:
@@ -65,7 +107,7 @@ def configure_logging(console: Console, level: str, jsonl: Path | None = None) -
     )
     root.addHandler(con)
     if jsonl is not None:
-        fh = logging.FileHandler(jsonl, encoding="utf-8")
+        fh = _JsonLinesHandler(jsonl, console)
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(
             structlog.stdlib.ProcessorFormatter(

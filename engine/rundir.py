@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import RunNotFound
-from stores.lmdb_env import DATA_FILE
+from stores.lmdb_env import DATA_FILE, LOG_FILES, is_blank
 
 LOG_DIR = "log"
 STRUCTLOG_FILE = "coevo.jsonl"
@@ -38,8 +38,26 @@ class RunDir:
         return self.root / SCENARIO_FILE
 
     def exists(self) -> bool:
-        """True if the directory holds an event log."""
-        return (self.log / DATA_FILE).is_file()
+        """True if the directory holds an event log (a blank one, whose creation was
+        interrupted before its first commit, is none: a new run may be created over it)."""
+        return (self.log / DATA_FILE).is_file() and not is_blank(self.log)
+
+    def foreign(self) -> list[str]:
+        """What the directory holds that a run being created there does not write first (a
+        ``log/`` with the event log's files only), sorted: a new run goes only where this is
+        empty, so that it never overwrites or prunes files that are not its own.
+
+        Raises:
+            RunNotFound: the path exists but cannot be listed.
+        """
+        try:
+            names = sorted(p.name for p in self.root.iterdir()) if self.root.is_dir() else []
+            logs = sorted(p.name for p in self.log.iterdir()) if self.log.is_dir() else []
+        except OSError as exc:
+            raise RunNotFound(f"{self.root}: cannot list: {exc.strerror}") from None
+        if self.log.is_dir() and not set(logs) - LOG_FILES:
+            names.remove(LOG_DIR)
+        return names
 
 
 def new_run_id() -> str:
@@ -65,4 +83,9 @@ def find_run(path: str | Path) -> RunDir:
     for candidate in (RunDir(p), RunDir(p.parent)):
         if candidate.exists() and (candidate.root == p or p.name == LOG_DIR):
             return candidate
+    if is_blank(RunDir(p).log):
+        raise RunNotFound(
+            f"{p}: its event log holds nothing (its creation was stopped before the first "
+            "commit); run the scenario again with --out pointing here"
+        )
     raise RunNotFound(f"{p}: not a coevo run directory (no {LOG_DIR}/{DATA_FILE} inside)")

@@ -35,7 +35,7 @@ import trio
 
 from engine.actor import Actor, ActorSpec, Context, Mailbox
 from engine.errors import ActorCrashed
-from engine.events import Envelope, Event
+from engine.events import Codec, Envelope, Event
 from engine.lifecycle import (
     ActorFailed,
     ActorRestarted,
@@ -250,6 +250,9 @@ class Runtime:
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
+        self.check_event = Codec().check
+        """Raise ``EventInvalid`` unless an event would decode from the log (``Context.emit``
+        calls it on every actor's event)."""
 
     def actor_seed(self, name: str) -> int:
         """The seed of actor ``name``."""

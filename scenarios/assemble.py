@@ -11,11 +11,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import msgspec
 
 from agents.curves import report as curves_report
 from agents.env_worker import EnvWorker, PromptSettings
 from agents.projections import EpisodeTable
+from agents.recorded_once import RecordedOnce
 from agents.scheduler import Scheduler
 from agents.scripted import Agent, Explorer, RandomAgent
 from agents.trainer import GrpoTrainer
@@ -23,10 +26,11 @@ from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Event
 from engine.projection import ActorStats, Projection
+from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from scenarios.schema import Scenario
 from scenarios.worlds.base import Task, TextWorld
-from scenarios.worlds.registry import WorldOptionsInvalid, load_world
+from scenarios.worlds.registry import WorldOptionsInvalid, close_world, load_world
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
@@ -60,6 +64,11 @@ class Assembly:
 def projections() -> tuple[Projection, ...]:
     """The projections every run checksums, snapshots and replays."""
     return (ActorStats(), EpisodeTable())
+
+
+def fact_checks() -> tuple[FactCheck, ...]:
+    """The domain's facts ``coevo replay --verify`` checks are recorded once (fresh state)."""
+    return (RecordedOnce(),)
 
 
 def assemble(
@@ -216,33 +225,71 @@ def _tasks(
     world: TextWorld, scenario: Scenario, split: str, source: str, pool: int = 0
 ) -> tuple[Task, ...]:
     """The tasks of ``split`` in the scenario's families; with ``pool``, the first ``pool``
-    of each family (``world.pool``: the training set revisited)."""
+    of each family (``world.pool``: the training set revisited). The world is closed."""
+    name = scenario.world.name
     try:
-        return _list_tasks(world, scenario, split, source, pool)
-    except ScenarioInvalid:
-        raise
-    except Exception as exc:  # a plug-in world failing to list its tasks
-        raise ScenarioInvalid(
-            source, f"$.world: {world.name} could not list tasks: {type(exc).__name__}: {exc}"
+        tasks = _list_tasks(world, scenario, split, source, pool)
+    except BaseException as exc:
+        close_world(world)  # the listing's failure is the one to report
+        if isinstance(exc, SystemExit):  # a plug-in's sys.exit() must not end coevo
+            raise ScenarioInvalid(
+                source, f"$.world: {name} called sys.exit({exc.code!r}) listing its tasks"
+            ) from None
+        if isinstance(exc, ScenarioInvalid) or not isinstance(exc, Exception):
+            raise
+        raise ScenarioInvalid(  # a plug-in world failing to list its tasks
+            source, f"$.world: {name} could not list tasks: {type(exc).__name__}: {exc}"
         ) from None
-    finally:
-        world.close()
+    if problem := close_world(world):
+        raise ScenarioInvalid(source, f"$.world: {name}: {problem}")
+    return tasks
 
 
 def _list_tasks(
     world: TextWorld, scenario: Scenario, split: str, source: str, pool: int
 ) -> tuple[Task, ...]:
-    offered = world.families()
+    name = scenario.world.name
+    listed = tuple(cast("Iterable[object]", world.families()))  # a plug-in's: checked
+    offered = tuple(f for f in listed if isinstance(f, str))
+    if len(offered) != len(listed):
+        raise ScenarioInvalid(source, f"$.world: {name}.families() returned {listed!r}")
     families = scenario.world.families or list(offered)
     unknown = [f for f in families if f not in offered]
     if unknown:
         raise ScenarioInvalid(
-            source, f"$.world.families: unknown {unknown}; {world.name} offers {list(offered)}"
+            source, f"$.world.families: unknown {unknown}; {name} offers {list(offered)}"
         )
-    tasks = [t for fam in families for t in _first(world.tasks(fam, split), pool)]
+    tasks = [
+        _task(task, name, fam, split, source)
+        for fam in families
+        for task in _first(world.tasks(fam, split), pool)
+    ]
     if not tasks:
         raise ScenarioInvalid(source, f"$.world: no {split} tasks in {families}")
     return tuple(tasks)
+
+
+def _task(task: object, name: str, family: str, split: str, source: str) -> Task:
+    """A task a world listed, checked: a :class:`Task` of the family and split asked for,
+    its fields of their types (msgspec Structs do not check on construction, and a task
+    reaches the log in every assignment)."""
+    if not isinstance(task, Task):
+        raise ScenarioInvalid(
+            source, f"$.world: {name}.tasks({family!r}, {split!r}) returned {task!r}, not a Task"
+        )
+    try:
+        checked = msgspec.convert(msgspec.structs.asdict(task), Task)
+    except msgspec.ValidationError as exc:
+        raise ScenarioInvalid(
+            source, f"$.world: {name}.tasks({family!r}, {split!r}) returned {task!r}: {exc}"
+        ) from None
+    if (checked.family, checked.split) != (family, split):
+        raise ScenarioInvalid(
+            source,
+            f"$.world: {name}.tasks({family!r}, {split!r}) returned a task of family "
+            f"{checked.family!r}, split {checked.split!r}",
+        )
+    return checked
 
 
 def _first(tasks: Sequence[Task], pool: int) -> Sequence[Task]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import os
+import stat
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import tomli_w
@@ -19,6 +21,8 @@ from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
 
 MAX_BYTES = 1_000_000
+MAX_DEPTH = 32
+"""The deepest a scenario nests tables and arrays (the shipped ones: 4)."""
 
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
@@ -43,13 +47,25 @@ def read_text(path: str | Path) -> str:
     """The file's text (a UTF-8 byte-order mark dropped). Raises :class:`ScenarioInvalid` if it
     cannot be read as UTF-8."""
     source = str(path)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
+    try:  # non-blocking: opening a FIFO waits for a writer, forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except IsADirectoryError:
         raise ScenarioInvalid(source, "is a directory, not a scenario file") from None
     except OSError as exc:
         raise ScenarioInvalid(source, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ScenarioInvalid(source, "is a directory, not a scenario file")
+        if not stat.S_ISREG(mode):
+            raise ScenarioInvalid(source, "not a regular file (a FIFO, socket or device?)")
+        data = b""
+        while len(data) <= MAX_BYTES and (more := os.read(fd, MAX_BYTES + 1 - len(data))):
+            data += more
+    except OSError as exc:
+        raise ScenarioInvalid(source, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_BYTES:
         raise ScenarioInvalid(source, f"larger than {MAX_BYTES} bytes; not a scenario file")
     for bom, encoding in _FOREIGN_BOMS:
@@ -74,11 +90,31 @@ _FOREIGN_BOMS = (  # UTF-32 first: its little-endian mark starts like UTF-16's
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:
-    """Parse TOML text. Raises :class:`ScenarioInvalid` with TOML's line/column message."""
+    """Parse TOML text. Raises :class:`ScenarioInvalid` with TOML's line/column message, or
+    when it nests deeper than :data:`MAX_DEPTH`."""
     try:
-        return tomllib.loads(text)
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioInvalid(source, f"not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise ScenarioInvalid(source, f"nested too deeply (at most {MAX_DEPTH} levels)") from None
+    _check_depth(doc, source)
+    return doc
+
+
+def _check_depth(doc: dict[str, Any], source: str, where: str = "$") -> None:
+    """Refuse tables and arrays nested deeper than :data:`MAX_DEPTH` (what reads a scenario
+    recurses: the schema, the resolved TOML, a world's options), naming the key path."""
+    stack: list[tuple[object, str, int]] = [(doc, where, 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ScenarioInvalid(source, f"{path}: nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, dict):
+            table = cast("dict[str, object]", value)
+            stack += [(v, f"{path}.{k}", depth + 1) for k, v in table.items()]
+        elif isinstance(value, list):
+            stack += [(v, path, depth + 1) for v in cast("list[object]", value)]
 
 
 def apply_override(doc: dict[str, Any], item: str, source: str) -> None:
@@ -95,14 +131,38 @@ def apply_override(doc: dict[str, Any], item: str, source: str) -> None:
             where = "$." + ".".join(parts[: depth + 1])
             raise ScenarioInvalid(source, f"override {item!r}: {where} is not a table")
         table = child
-    table[parts[-1]] = _parse_value(raw.strip())
+    where = "$." + ".".join(parts)
+    table[parts[-1]] = value = _parse_value(raw.strip(), f"override {item!r}: {where}", source)
+    _check_depth({parts[-1]: value}, source, "$." + ".".join(parts[:-1]) if parts[:-1] else "$")
 
 
-def _parse_value(raw: str) -> Any:
+def _parse_value(raw: str, where: str, source: str) -> Any:
+    """A ``--set`` value: a TOML value, or else the text as a bare string. A TOML value with
+    text after it (``5 x``, ``"a" b``, ``5 # note``) or a value of several lines is refused:
+    the text would be dropped, or the value taken as a string unnoticed."""
+    if "\n" in raw or "\r" in raw:
+        raise ScenarioInvalid(source, f"{where}: a value is one line")
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        if str(exc).startswith("Expected newline or end of document after a statement"):
+            raise ScenarioInvalid(
+                source, f"{where}: text after the value (quote the whole value for a string)"
+            ) from None
         return raw
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise ScenarioInvalid(source, f"{where}: nested too deeply") from None
+    if _parses(f"v = {raw} x"):  # what follows the value is a comment
+        raise ScenarioInvalid(source, f"{where}: a comment after the value")
+    return value
+
+
+def _parses(text: str) -> bool:
+    try:
+        tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return False
+    return True
 
 
 def to_scenario(doc: dict[str, Any], source: str) -> Scenario:

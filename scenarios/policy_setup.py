@@ -25,7 +25,7 @@ from agents.learner import Learner, Trainee
 from agents.memory import MemoryActor, MemorySettings
 from agents.reexecute import Reexecution
 from engine.actor import ActorSpec
-from engine.errors import ScenarioInvalid
+from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
 from scenarios.schema import Scenario
 from stores.checkpoints import (
@@ -61,6 +61,10 @@ def policy_actors(
         ScenarioInvalid: ``policy.embedded`` or the extractor's settings are invalid.
         ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
+    try:  # the device exists: refused now, not by the first actor that loads a model
+        resolve_device(scenario.policy.device)
+    except ModelUnavailable as exc:
+        raise ScenarioInvalid(source, f"$.policy.device: {exc}") from None
     if scenario.policy.threads and prepare_model:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     extracting = scenario.run.method == "complementary"
@@ -202,7 +206,7 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
     """
     p = scenario.policy
     if p.model != "embedded":
-        return check_model_dir(Path(p.model).expanduser(), f"{source}: $.policy.model")
+        return check_model_dir(Path(p.model), f"{source}: $.policy.model")
     return ensure_embedded(embedded_spec(scenario, source), threads=p.threads or None)
 
 
@@ -214,7 +218,7 @@ def check_policy_model(scenario: Scenario, source: str) -> None:
         ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
     if scenario.policy.model != "embedded":
-        check_model_dir(Path(scenario.policy.model).expanduser(), f"{source}: $.policy.model")
+        check_model_dir(Path(scenario.policy.model), f"{source}: $.policy.model")
     else:
         embedded_spec(scenario, source)
 
@@ -256,7 +260,7 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
         return model
     if c.extractor != "embedded-ops":
         where = f"{source}: $.complementary.extractor"
-        return check_model_dir(Path(c.extractor).expanduser(), where)
+        return check_model_dir(Path(c.extractor), where)
     if scenario.policy.model != "embedded":
         raise ScenarioInvalid(
             source,

@@ -379,7 +379,7 @@ def _policy(run: RunLog, model: Path, which: str) -> tuple[PolicyRunner, str]:
             )
         what = f"the run's final policy (version {last.policy_version}, {last.checkpoint})"
     else:
-        path, what = check_model_dir(Path(which).expanduser(), "--policy"), which
+        path, what = check_model_dir(Path(which), "--policy"), which
     net, tokenizer = load_model_dir(path, device)
     if which == "final" and param_digest(net) != run.policy[-1].digest:
         raise ProbeInvalid(

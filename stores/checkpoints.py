@@ -35,13 +35,21 @@ def resolve_device(name: str) -> torch.device:
     """The torch device for a scenario's ``policy.device`` ("auto": cuda when available).
 
     Raises:
-        ModelUnavailable: cuda was asked for and is not available.
+        ModelUnavailable: cuda was asked for and is not available, or not that device.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelUnavailable(f"policy.device = {name!r} but torch sees no CUDA device")
-    return torch.device(name)
+        raise ModelUnavailable(f"device {name!r}: torch sees no CUDA device")
+    device = torch.device(name)
+    _, _, number = name.partition(":")  # "cuda:N" (the schema's pattern)
+    if name.startswith("cuda") and number:
+        count = torch.cuda.device_count()
+        if int(number) >= count:
+            raise ModelUnavailable(
+                f"device {name!r}: torch sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
+            )
+    return device
 
 
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
@@ -61,16 +69,20 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
     is allocated). Pickled weights (``pytorch_model.bin``, ``*.pt``) are refused, never opened.
 
     Args:
-        path: the directory.
+        path: the directory (a leading ``~`` or ``~user`` is expanded).
         setting: the scenario setting that named it (for the message).
 
     Returns:
-        ``path``.
+        ``path``, expanded.
 
     Raises:
         ModelUnavailable: one line naming ``setting``, the path and what is wrong.
     """
     where = f"{setting} = {str(path)!r}"
+    try:
+        path = path.expanduser()
+    except RuntimeError as exc:  # ~user of no such user, or no home directory
+        raise ModelUnavailable(f"{where}: cannot expand '~' ({_one_line(exc)})") from None
     if not path.is_dir():
         what = "not a directory" if path.exists() else "no such directory"
         raise ModelUnavailable(f"{where}: {what} (a model is a Hugging Face model directory)")
@@ -97,8 +109,10 @@ def _read_config(path: Path, where: str) -> Any:
         doc = json.loads(file.read_bytes())
     except (ValueError, OSError) as exc:  # UnicodeDecodeError and JSONDecodeError included
         raise ModelUnavailable(f"{where}: config.json is not JSON ({_one_line(exc)})") from None
+    except RecursionError:  # json recurses once per level of nesting
+        raise ModelUnavailable(f"{where}: config.json is nested too deeply") from None
     model_type = doc.get("model_type") if isinstance(doc, dict) else None
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if not isinstance(model_type, str) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelUnavailable(
             f"{where}: config.json has model_type {model_type!r}, not a causal language model "
             "that transformers knows"
@@ -119,6 +133,8 @@ def _safetensors_files(path: Path, where: str) -> list[Path]:
             names = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
         except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
             raise ModelUnavailable(f"{where}: {index.name} is invalid ({_one_line(exc)})") from None
+        except RecursionError:  # json recurses once per level of nesting
+            raise ModelUnavailable(f"{where}: {index.name} is nested too deeply") from None
         missing = [n for n in names if not (path / Path(str(n)).name).is_file()]
         if missing or not names:
             raise ModelUnavailable(f"{where}: {index.name} lists missing shards {missing}")
@@ -252,6 +268,7 @@ def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
         model.tie_weights()
 
 
+WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 
 
@@ -285,6 +302,40 @@ def restore_optimizer(
         optimizer.state[param][key] = tensor if key == "step" else tensor.to(param.device)
 
 
+def restore_checkpoint(
+    checkpoints: Checkpoints,
+    name: str,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    digest: str,
+) -> None:
+    """Load checkpoint ``name`` into ``model`` and ``optimizer`` for a resume, and check that it
+    is what the log says it is: the loaded weights have ``digest`` (recorded when the version
+    was written) and the optimiser's state is there. The log's word alone would let a
+    resume continue from flipped bytes, from another version in this one's place, or with
+    fresh moments after ``optimizer.safetensors`` was deleted.
+
+    Raises:
+        ModelUnavailable: the checkpoint is missing or damaged, its weights' digest is not the
+            log's, or its optimiser state is missing; one line naming the file.
+    """
+    load_weights(model, checkpoints.load(name))
+    got = param_digest(model)
+    if got != digest:
+        raise ModelUnavailable(
+            f"{checkpoints.locate(name, WEIGHTS_FILE)}: the weights have digest {got}, the "
+            f"log records {digest} for {name} (changed since it was written, or another "
+            "version in its place)"
+        )
+    state = checkpoints.load_optimizer(name)
+    if state is None:
+        raise ModelUnavailable(
+            f"{checkpoints.locate(name, OPTIMIZER_FILE)} is missing: the optimiser's state of "
+            f"{name} (resuming without it would train with fresh moments)"
+        )
+    restore_optimizer(model, optimizer, state)
+
+
 class Checkpoints(Protocol):
     """Where policy versions are written and read back."""
 
@@ -316,6 +367,10 @@ class Checkpoints(Protocol):
         Raises:
             ModelUnavailable: no such checkpoint.
         """
+        ...
+
+    def locate(self, name: str, file: str) -> str:
+        """Where ``file`` of checkpoint ``name`` is kept, for messages."""
         ...
 
 
@@ -381,8 +436,11 @@ class DirCheckpoints:
                 f"optimizer state of {name} is damaged: {_one_line(exc)}"
             ) from None
 
+    def locate(self, name: str, file: str) -> str:
+        return str(self.root / Path(name).name / file)
+
     def load(self, name: str) -> dict[str, torch.Tensor]:
-        path = self.root / Path(name).name / "model.safetensors"
+        path = self.root / Path(name).name / WEIGHTS_FILE
         if not path.is_file():
             raise ModelUnavailable(f"no checkpoint {name} ({path} is missing)")
         try:
@@ -449,6 +507,9 @@ class MemoryCheckpoints:
     def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
         saved = self.optimizers.get(name)
         return None if saved is None else {k: v.clone() for k, v in saved.items()}
+
+    def locate(self, name: str, file: str) -> str:
+        return f"{name}/{file} (in memory)"
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
         try:

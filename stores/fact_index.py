@@ -24,7 +24,7 @@ import lmdb
 
 from engine.errors import LogError
 
-__all__ = ["FactIndex", "LmdbFactIndex", "MemoryFactIndex"]
+__all__ = ["FactIndex", "IndexWriteFailed", "LmdbFactIndex", "MemoryFactIndex"]
 
 Fact = tuple[bytes, bytes]
 
@@ -32,6 +32,12 @@ _UPTO = b"upto"
 _IDENT = b"ident"
 _INITIAL_MAP = 64 * 1024 * 1024
 T = TypeVar("T")
+
+
+class IndexWriteFailed(LogError):
+    """The file system refused a write to a fact index (a full disk, an I/O error): the index
+    keeps what it held before. Unlike :class:`~engine.errors.LogWriteFailed`, the event log is
+    untouched: the index is derived from it, and an audit can index in memory instead."""
 
 
 @runtime_checkable
@@ -146,6 +152,7 @@ class LmdbFactIndex:
 
         Raises:
             OSError: the directory cannot be created or written.
+            IndexWriteFailed: a write failed (a full disk).
             LogError: LMDB refused to open it.
         """
         root = Path(path)
@@ -156,21 +163,31 @@ class LmdbFactIndex:
             env = lmdb.open(str(root), map_size=_INITIAL_MAP, max_dbs=2, sync=False)
         except lmdb.Error as exc:
             raise LogError(f"cannot open the fact index at {root}: {exc}") from None
-        index = cls(root, env)
         try:
+            index = cls(root, env)
             index._claim(ident.encode())
+        except lmdb.Error as exc:  # creating its databases is a write: a full disk fails it
+            env.close()
+            raise IndexWriteFailed(f"cannot write the fact index at {root}: {exc}") from None
         except BaseException:
             env.close()
             raise
         return index
 
     def _claim(self, ident: bytes) -> None:
-        """Empty the index unless it was made for ``ident``."""
-        with self._env.begin(write=True) as txn:
-            if txn.get(_IDENT, db=self._meta) != ident:
-                txn.drop(self._facts, delete=False)
-                txn.put(_IDENT, ident, db=self._meta)
-                txn.put(_UPTO, (0).to_bytes(8, "big"), db=self._meta)
+        """Empty the index unless it was made for ``ident``.
+
+        Raises:
+            IndexWriteFailed: the write failed (a full disk).
+        """
+        try:
+            with self._env.begin(write=True) as txn:
+                if txn.get(_IDENT, db=self._meta) != ident:
+                    txn.drop(self._facts, delete=False)
+                    txn.put(_IDENT, ident, db=self._meta)
+                    txn.put(_UPTO, (0).to_bytes(8, "big"), db=self._meta)
+        except lmdb.Error as exc:
+            raise IndexWriteFailed(f"cannot write the fact index at {self._path}: {exc}") from None
 
     @property
     def path(self) -> Path:
@@ -198,6 +215,10 @@ class LmdbFactIndex:
                 return True
             except lmdb.MapFullError:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            except lmdb.Error as exc:  # a full disk, an I/O error: nothing of it was stored
+                raise IndexWriteFailed(
+                    f"cannot write the fact index at {self._path}: {exc}"
+                ) from None
 
     def get(self, key: bytes) -> bytes | None:
         return self._read(lambda txn: txn.get(key, db=self._facts))

@@ -11,9 +11,11 @@ process is open.
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,27 +23,44 @@ from typing import TYPE_CHECKING
 import lmdb
 
 from engine.errors import LogError, LogLocked, NotALog
+from stores import lmdb_pages
 
 if TYPE_CHECKING:
     from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
 
 DATA_FILE = "data.mdb"
+ENV_LOCK_FILE = "lock.mdb"
 LOCK_FILE = "writer.lock"
+LOG_FILES = frozenset({DATA_FILE, ENV_LOCK_FILE, LOCK_FILE})
+"""Every file of a log directory: LMDB's data and lock files, the writer's lock."""
 DB_NAMES = (b"events", b"meta", b"snapshots")
 
 
+Init = Callable[[lmdb.Transaction, list["_Db"]], None]
+"""What a new log stores in the transaction that creates its databases (its metadata)."""
+
+
+def is_blank(path: Path) -> bool:
+    """True if ``path/data.mdb`` exists and holds no commit: a log whose creation was
+    interrupted before its first transaction (nothing of a run is in it)."""
+    return lmdb_pages.is_blank(path / DATA_FILE)
+
+
 def open_env(
-    path: Path, create: bool, writable: bool, map_size: int, durable: bool
+    path: Path, create: bool, writable: bool, map_size: int, durable: bool, init: Init | None = None
 ) -> tuple[lmdb.Environment, list[_Db]]:
-    """Open the environment and its three databases (created if ``create``).
+    """Open the environment and its three databases (created if ``create``, with ``init`` in
+    the same transaction: a log either holds its databases and metadata or nothing).
 
     A reader's environment is read-only: it opens the databases without a write transaction,
     so it never waits on the writer. ``map_size`` 0 adopts the size recorded in the file.
 
     Raises:
-        LogError: LMDB refused to open it, or it holds no coevo event log.
+        LogError: LMDB refused to open it, it holds no coevo event log, or (``create``) it
+            holds one already.
     """
     flags = {"create": create, "readonly": not writable, "sync": durable, "metasync": durable}
+    check_metas(path)
     try:
         env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
     except lmdb.Error as exc:
@@ -49,9 +68,14 @@ def open_env(
         raise LogError(f"cannot open event log at {path}: {reason}") from None
     try:
         check_file_size(path, env)
+        check_pages(path, env, writable)
         if writable:  # py-lmdb keeps database handles opened in a write transaction only
             with env.begin(write=True) as txn:
+                if create and txn.cursor().first():
+                    raise LogError(f"an event log already exists at {path}")
                 dbs = [env.open_db(name, txn=txn, create=create) for name in DB_NAMES]
+                if init is not None:
+                    init(txn, dbs)
         else:
             dbs = [env.open_db(name, create=False) for name in DB_NAMES]
     except lmdb.NotFoundError:
@@ -82,6 +106,63 @@ def check_file_size(path: Path, env: lmdb.Environment) -> None:
         )
 
 
+def check_metas(path: Path) -> None:
+    """Refuse a data file whose two meta pages do not record consecutive commits
+    (``lmdb_pages.metas_disagree``): LMDB would silently read it as of an older commit, and a
+    writer would go on from there, over the lost commits.
+
+    A live writer may commit between the reads of the two pages: only a disagreement read
+    twice alike counts.
+
+    Raises:
+        LogError: the meta pages disagree.
+    """
+    seen = None
+    for _ in range(50):
+        metas = lmdb_pages.read_metas(path / DATA_FILE)
+        problem = lmdb_pages.metas_disagree(metas)
+        if problem is None:
+            return
+        if metas == seen:
+            raise LogError(f"event log at {path} is damaged: {problem}")
+        seen = metas
+        time.sleep(0.01)
+    # 50 readings, each different: a writer commits faster than two pages are read; its
+    # commits are what the pages record, so nothing was lost
+
+
+def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
+    """Check every page LMDB may walk in the newest commit (``lmdb_pages.check_tree``) before
+    anything walks it: LMDB asserts on a damaged branch or leaf page (the process aborts with
+    ``Assertion 'IS_LEAF(mp)' failed``), where coevo reports it. The check holds a read
+    transaction, so a live writer cannot reuse the pages it reads meanwhile. A ``writable``
+    environment's free database is checked too (only writers read it).
+
+    Raises:
+        LogError: a page is not what the page pointing at it says it is.
+    """
+    file = path / DATA_FILE
+    for _ in range(100):  # a live writer may commit twice while we find the meta page
+        with env.begin() as txn:
+            txnid = txn.id()
+            meta = next((m for m in lmdb_pages.read_metas(file) if m and m.txnid == txnid), None)
+            if meta is None:
+                continue
+            if meta.main_root == lmdb_pages.P_INVALID:
+                return  # no database yet
+            with open(file, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                try:
+                    lmdb_pages.check_tree(data, meta, free=writable)
+                except lmdb_pages.PageDamaged as exc:
+                    raise LogError(
+                        f"event log at {path} is damaged: {exc} (commit {txnid}; LMDB would "
+                        "abort reading it)"
+                    ) from None
+            return
+    # 100 read transactions, each outrun by two commits before its meta page could be read: a
+    # live writer commits faster than this reads; the pages are left to LMDB's own checks
+
+
 class SharedEnv:
     """The process's one ``lmdb.Environment`` for a log directory, with a remap gate.
 
@@ -106,13 +187,20 @@ class SharedEnv:
 
     @classmethod
     def acquire(
-        cls, path: Path, create: bool, writable: bool, map_size: int, durable: bool
+        cls,
+        path: Path,
+        create: bool,
+        writable: bool,
+        map_size: int,
+        durable: bool,
+        init: Init | None = None,
     ) -> SharedEnv:
-        """The shared environment of ``path`` (opened on first use), with one more user."""
+        """The shared environment of ``path`` (opened on first use), with one more user;
+        ``create`` makes a new log with ``init`` (see :func:`open_env`)."""
         with _ENVS_LOCK:
             shared = None if create else _ENVS.get(_file_key(path))
             if shared is None:
-                env, dbs = open_env(path, create, writable, map_size, durable)
+                env, dbs = open_env(path, create, writable, map_size, durable, init)
                 shared = cls(path, _file_key(path), env, dbs, durable)
                 _ENVS[shared.key] = shared
             elif writable and not shared.writable:
@@ -195,8 +283,14 @@ def lock_writer(path: Path) -> int:
 
     Raises:
         LogLocked: another handle, in this process or another, holds it.
+        LogError: the lock file cannot be opened for writing (a read-only directory).
     """
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # a read-only directory or file system, a full disk
+        raise LogError(
+            f"cannot open the event log at {path} for writing: {exc.strerror or exc}"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -207,8 +301,12 @@ def lock_writer(path: Path) -> int:
             "open it with writable=False to read",
             holder=f"written by pid {holder}",
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:  # a full disk: the lock holds, but say who holds it or nothing
+        os.close(fd)
+        raise LogError(f"cannot write the writer lock of {path}: {exc.strerror or exc}") from None
     return fd
 
 

@@ -53,7 +53,7 @@ from stores.eventlog import (
     check_batch,
     check_snapshot,
 )
-from stores.lmdb_env import DATA_FILE, SharedEnv, lock_writer
+from stores.lmdb_env import DATA_FILE, ENV_LOCK_FILE, SharedEnv, is_blank, lock_writer
 
 if TYPE_CHECKING:
     from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
@@ -203,8 +203,14 @@ class LmdbEventLog:
     ) -> LmdbEventLog:
         """Create a new log in directory ``path`` (made if missing) and open it as the writer.
 
+        The databases and the metadata are stored in one transaction: a creation interrupted
+        (a process killed) leaves a blank data file or a whole log, never a log without its
+        metadata. A blank data file (no commit, :func:`~stores.lmdb_env.is_blank`) is
+        replaced.
+
         Args:
-            path: the log directory; it must not hold a log yet.
+            path: the log directory; it must not hold a log yet (a blank data file may be
+                there).
             meta: the run metadata, stored with the current :data:`LOG_FORMAT`.
             durable: fsync every commit; False survives a process kill, not a power loss.
             map_size: initial map size in bytes (rounded up to 4 KiB); it grows as needed.
@@ -218,7 +224,7 @@ class LmdbEventLog:
         if map_size <= 0:
             raise ValueError(f"map_size must be positive, got {map_size}")
         log_dir = Path(path)
-        if (log_dir / DATA_FILE).exists():
+        if (log_dir / DATA_FILE).exists() and not is_blank(log_dir):
             raise LogError(f"an event log already exists at {log_dir}")
         log_dir.mkdir(parents=True, exist_ok=True)
         size = -(-map_size // _PAGE) * _PAGE
@@ -265,18 +271,22 @@ class LmdbEventLog:
         check the format of the existing one. Nothing stays locked or open if this raises."""
         lock_fd = lock_writer(path) if writable else None
         try:
-            if meta is not None and (path / DATA_FILE).exists():  # lost a race to create
-                raise LogError(f"an event log already exists at {path}")
-            shared = SharedEnv.acquire(path, meta is not None, writable, size, durable)
+            init = None
+            if meta is not None:
+                init = partial(_init_meta, meta=meta)
+                if (path / DATA_FILE).exists():
+                    if not is_blank(path):  # lost a race to create
+                        raise LogError(f"an event log already exists at {path}")
+                    for name in (DATA_FILE, ENV_LOCK_FILE):  # a creation killed before it committed
+                        (path / name).unlink(missing_ok=True)
+            shared = SharedEnv.acquire(path, meta is not None, writable, size, durable, init)
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
             raise
         log = cls(path, shared, lock_fd, durable, codec)
         try:
-            if meta is not None:
-                log._write(partial(log._init_meta, meta=meta))
-            else:
+            if meta is None:
                 log._check_format()
             if writable:
                 log._appended = log.next_seq
@@ -571,10 +581,6 @@ class LmdbEventLog:
             raise LogWriteFailed(str(self._path), at, reason) from None
         raise exc
 
-    def _init_meta(self, txn: Txn[bytes], meta: RunMeta) -> None:
-        for key, value in ((_META_FORMAT, LOG_FORMAT), (_META_RUN, meta)):
-            txn.put(key, _seal(key, _ENCODER.encode(value)), db=self._shared.meta)
-
     def _check_format(self) -> None:
         """Raise unless the log records a format this coevo reads; note the format."""
         payload = self._read_txn(partial(self._get_meta, key=_META_FORMAT))
@@ -715,6 +721,13 @@ class LmdbEventLog:
         if not key.startswith(prefix) or len(key) != len(prefix) + _SEQ.size:
             return None
         return key, cursor.value()
+
+
+def _init_meta(txn: lmdb.Transaction, dbs: list[_Db], meta: RunMeta) -> None:
+    """Store a new log's format and run metadata (in the transaction creating its databases)."""
+    _, meta_db, _ = dbs
+    for key, value in ((_META_FORMAT, LOG_FORMAT), (_META_RUN, meta)):
+        txn.put(key, _seal(key, _ENCODER.encode(value)), db=meta_db)
 
 
 def _seek_record(cursor: lmdb.Cursor[bytes], seq: int) -> bool:

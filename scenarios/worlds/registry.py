@@ -80,6 +80,14 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import world module {module_name!r}: {_one_line(exc)}") from exc
+    except SystemExit as exc:  # a plug-in's sys.exit() must not end coevo
+        raise ValueError(
+            f"world module {module_name!r} called sys.exit({exc.code!r}) while importing"
+        ) from None
+    except Exception as exc:  # a plug-in's own failure at import: reported, never a traceback
+        raise ValueError(
+            f"world module {module_name!r} failed to import: {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
         raise ValueError(f"world module {module_name!r} has no class {cls_name!r}")
@@ -94,10 +102,46 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
         raise WorldOptionsInvalid(
             f"bad options for world {name_or_path!r}: {_one_line(exc)}"
         ) from exc
+    except SystemExit as exc:  # a plug-in's sys.exit() must not end coevo
+        raise ValueError(
+            f"world {name_or_path!r} called sys.exit({exc.code!r}) while starting"
+        ) from None
     except Exception as exc:  # a plug-in's own failure: reported, never a traceback
         raise ValueError(
             f"world {name_or_path!r} failed to start: {type(exc).__name__}: {_one_line(exc)}"
         ) from exc
+    _check_name(world, name_or_path)
     if not isinstance(world, TextWorld):
         raise ValueError(f"world {name_or_path!r} does not implement TextWorld")
     return world
+
+
+def _check_name(world: object, name_or_path: str) -> None:
+    """A world's ``name`` must be a string (it is read in messages, and by the TextWorld check).
+
+    Raises:
+        ValueError: reading it raised, or it is not a string.
+    """
+    try:
+        name = getattr(world, "name", None)
+    except Exception as exc:  # a plug-in's property raising: reported, never a traceback
+        raise ValueError(
+            f"world {name_or_path!r}: reading its name raised {type(exc).__name__}: "
+            f"{_one_line(exc)}"
+        ) from exc
+    if not isinstance(name, str):
+        raise ValueError(
+            f'world {name_or_path!r}: its name is {name!r}, not a string (set name = "...")'
+        )
+
+
+def close_world(world: TextWorld) -> str:
+    """Close ``world``; what went wrong, or "" (a world that fails to close is dropped all the
+    same: its caller builds another or ends)."""
+    try:
+        world.close()
+    except SystemExit as exc:  # a plug-in's sys.exit() must not end coevo
+        return f"world.close called sys.exit({exc.code!r})"
+    except Exception as exc:  # reported by the caller; the world is not used again
+        return f"world.close raised {type(exc).__name__}: {_one_line(exc)}"
+    return ""

@@ -157,3 +157,38 @@ def test_a_hung_world_ends_its_episode_by_the_timeout_and_the_run_goes_on() -> N
 def test_a_step_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="step_timeout must be > 0 or None, got 0"):
         EnvWorker(MiniLab, Explorer, step_timeout=0)
+
+
+class ExitingWorld(MiniLab):
+    """A plug-in world that calls ``sys.exit`` in every third episode's second step, and whose
+    ``close`` raises."""
+
+    def __init__(self) -> None:
+        super().__init__(families=("fetch",), train_variants=20)
+        self.episode = self.turn = 0
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        self.episode, self.turn = self.episode + 1, 0
+        return super().reset(task, seed)
+
+    def step(self, action: str) -> Observation:
+        self.turn += 1
+        if self.episode % 3 == 0 and self.turn == 2:
+            raise SystemExit(4)
+        return super().step(action)
+
+    def close(self) -> None:
+        raise OSError("cannot close")
+
+
+def test_a_world_that_calls_sys_exit_or_cannot_close_ends_its_episode_not_the_run() -> None:
+    log = run_episodes(9, 2, ExitingWorld)  # type: ignore[arg-type]
+    envs = list(log.read())
+    aborted = [e.event for e in envs if isinstance(e.event, EpisodeAborted)]
+    finished = [e.event for e in envs if isinstance(e.event, EpisodeFinished)]
+    assert aborted and all(
+        a.reason == "RuntimeError: world.step called sys.exit(4)" for a in aborted
+    )
+    assert len(aborted) + len(finished) == 9
+    assert not any(isinstance(e.event, ActorRestarted) for e in envs)
+    assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "completed"

@@ -6,6 +6,7 @@ committed event is lost or duplicated and the log verifies."""
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from resume_kit import (
 )
 
 from agents.episode_events import EpisodeAbandoned
+from agents.policy_events import PolicyUpdated
 from engine.cli import main
 from engine.events import Envelope, Event
 from engine.lifecycle import RunFailed, RunResumed, RunStopped
@@ -126,6 +128,62 @@ def test_a_failed_run_resumes_and_ends_as_if_it_had_not_failed(
     check_resumed(run, final, [before], reference)
     resumed = next(env.event for env in final if isinstance(env.event, RunResumed))
     assert resumed.previous == "run_failed"
+
+
+def test_a_resume_checks_the_checkpoint_it_loads_against_the_log(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flipped tensor bytes, an older version in the newer's place, or a deleted optimiser
+    state: the resumed learner refuses the checkpoint, naming the file, and trains nothing (it
+    took the log's digest on trust and resumed each with exit 0)."""
+    import agents.learner
+
+    real = agents.learner.grpo_step
+    calls = []
+
+    def failing(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected learner failure")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setenv("COEVO_CACHE", str(root))
+    monkeypatch.setattr(agents.learner, "grpo_step", failing)
+    run = root / "checked"
+    args = ["run", str(root / "scenario.toml"), "--out", str(run), "--quiet"]
+    assert main([*args, "--set", "grpo.keep_checkpoints=2"]) == 1
+    monkeypatch.setattr(agents.learner, "grpo_step", real)
+    newest = Path("checkpoints") / "v000002"
+
+    def flip(copy: Path) -> None:
+        weights = copy / newest / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0x40  # in the last tensor's data
+        weights.write_bytes(bytes(data))
+
+    def older(copy: Path) -> None:
+        shutil.rmtree(copy / newest)
+        (copy / "checkpoints" / "v000001").rename(copy / newest)
+
+    damages = {
+        "flipped": (flip, "model.safetensors: the weights have digest"),
+        "older": (older, "model.safetensors: the weights have digest"),
+        "no optimiser": (
+            lambda copy: (copy / newest / "optimizer.safetensors").unlink(),
+            "optimizer.safetensors is missing",
+        ),
+    }
+    for name, (damage, says) in damages.items():
+        copy = root / f"checked-{name}"
+        shutil.copytree(run, copy)
+        damage(copy)
+        assert main(["resume", str(copy), "--quiet"]) == 1, name
+        final = read_log(copy)
+        failed = final[-1].event
+        assert isinstance(failed, RunFailed), name
+        assert f"the learner cannot resume: {copy / newest}/{says}" in failed.message, name
+        resumed = next(env.seq for env in final if isinstance(env.event, RunResumed))
+        assert not [e for e in final[resumed:] if isinstance(e.event, PolicyUpdated)], name
 
 
 SWEEP_KILLS = 20

@@ -111,6 +111,25 @@ def test_out_directory_holding_a_run_is_refused(small_run: Path) -> None:
     assert_clean_error(coevo("run", EXPLORE, "--out", str(small_run)), 2, "already holds")
 
 
+def test_out_directory_that_is_not_empty_is_refused_and_left_alone(
+    tmp_path: Path, small_run: Path
+) -> None:
+    foreign = tmp_path / "mine"
+    (foreign / "checkpoints" / "v000001").mkdir(parents=True)
+    (foreign / "checkpoints" / "v000001" / "model.safetensors").write_bytes(b"weights")
+    (foreign / "scenario.toml").write_text("my notes")
+    before = sorted((p.relative_to(foreign), p.read_bytes()) for p in foreign.rglob("*.*"))
+    proc = coevo("run", EXPLORE, "--out", str(foreign), "--set", "grpo.keep_checkpoints=1")
+    assert_clean_error(proc, 2, f"{foreign}: not empty and not a run (it holds checkpoints, ")
+    after = sorted((p.relative_to(foreign), p.read_bytes()) for p in foreign.rglob("*.*"))
+    assert after == before and not (foreign / "log").exists()
+    inside = small_run / "log"  # a run nested in another run's log
+    entries = sorted(p.name for p in inside.iterdir())
+    assert_clean_error(coevo("run", EXPLORE, "--out", str(inside)), 2, "not empty and not a run")
+    assert sorted(p.name for p in inside.iterdir()) == entries
+    assert coevo("replay", str(small_run), "--verify").returncode == 0
+
+
 def test_out_that_is_a_file_and_bad_replay_arguments(tmp_path: Path, small_run: Path) -> None:
     afile = tmp_path / "plain"
     afile.write_text("x")
@@ -134,6 +153,42 @@ def test_replay_until_starts_from_a_snapshot(tmp_path: Path) -> None:
     ended = len(listed.stdout.splitlines())
     families = with_snapshot["episodes"]["families"].values()
     assert sum(f["episodes"] + f["aborted"] for f in families) == ended
+
+
+def test_a_run_stopped_as_its_log_was_created_can_be_run_again_or_resumed(tmp_path: Path) -> None:
+    """A process stopped the moment ``log/data.mdb`` appears leaves a blank data file (no
+    commit: the run goes there again) or a log with its metadata and no event (resumed, it
+    starts); never a directory that can be neither resumed nor run into."""
+    import lmdb
+
+    from scenarios.loader import load_scenario, resolved_toml
+    from stores.eventlog import new_run_meta
+    from stores.lmdb_log import LmdbEventLog
+
+    blank = tmp_path / "blank"
+    (blank / "log").mkdir(parents=True)
+    lmdb.open(str(blank / "log"), max_dbs=3).close()  # LMDB's meta pages, nothing committed
+    assert_clean_error(coevo("resume", str(blank)), 2, "run the scenario again with --out")
+    proc = coevo("run", EXPLORE, "--out", str(blank), "--quiet", "--set", "run.episodes=20")
+    assert proc.returncode == 0, proc.stderr
+    assert coevo("replay", str(blank), "--verify").returncode == 0
+    created = tmp_path / "created"
+    text = resolved_toml(load_scenario(EXPLORE, ["run.episodes=20"]))
+    meta = new_run_meta(
+        "r1", scenario_name="explore", seed=1, coevo_version="0", scenario_toml=text
+    )
+    LmdbEventLog.create(created / "log", meta).close()  # no event, no scenario.toml
+    proc = coevo("resume", str(created), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (created / "scenario.toml").read_text() == text
+    events = [
+        json.loads(line)["event"]
+        for line in coevo("log", str(created), "--json").stdout.splitlines()
+    ]
+    assert events[0]["kind"] == "run_started" and events[0]["run_id"] == "r1"
+    assert sum(e["kind"] == "episode_finished" for e in events) == 20
+    assert events[-1]["kind"] == "run_stopped" and events[-1]["reason"] == "completed"
+    assert coevo("replay", str(created), "--verify").returncode == 0
 
 
 def start_long_run(out: Path, *extra: str) -> subprocess.Popen[str]:

@@ -117,6 +117,28 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def deep_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose events database has branch pages (commits of at most 4 events: about 160
+    records on some 70 leaf pages under a branch page), as a long run's has."""
+    out = tmp_path_factory.mktemp("runs") / "deep"
+    scenario = str(ROOT / "scenarios" / "explore.toml")
+    args = ["--set", "run.episodes=40", "--set", "runtime.batch_max=4"]
+    proc = subprocess.run(
+        [COEVO, "run", scenario, "--out", str(out), "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    with lmdb.open(str(out / "log"), max_dbs=3, readonly=True, lock=False) as env:
+        db = env.open_db(b"events", create=False)
+        with env.begin() as txn:
+            assert txn.stat(db)["depth"] >= 2
+    return out
+
+
 def events_in_file(run_dir: Path) -> list[tuple[int, list[int], int]]:
     """``(first seq, offsets, length)`` of each events record's value in data.mdb: every place
     its bytes occur (copy-on-write leaves old copies in free pages; damage goes to all)."""
@@ -160,6 +182,16 @@ def overwrite_page(page: int, fill: bytes) -> Damage:
     return damage
 
 
+def zero_newest_txnid(file: Path) -> None:
+    """Zero the transaction id of the newer meta page (its magic and roots intact)."""
+    from stores.lmdb_pages import read_metas
+
+    newest = max((m for m in read_metas(file) if m), key=lambda m: m.txnid)
+    with file.open("r+b") as fh:
+        fh.seek(newest.page * newest.psize + 144)
+        fh.write(bytes(8))
+
+
 def flip_bits(offsets: list[int], bit: int = 3) -> Damage:
     def damage(file: Path) -> None:
         with file.open("r+b") as fh:
@@ -200,6 +232,7 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
         "odd size": (truncate_to(size - 123), "was truncated"),
         "both meta pages zeroed": (overwrite_page(0, bytes(2 * PAGE)), "cannot open event log"),
         "garbage meta page": (overwrite_page(1, random.Random(1).randbytes(PAGE)), ""),
+        "newest meta page's id zeroed": (zero_newest_txnid, "must be consecutive"),
     }
     for seq, offsets, length in records[1::7]:  # a flipped bit inside a record's value
         flip = flip_bits([at + length // 2 for at in offsets])
@@ -221,6 +254,27 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
     check_damaged(results, expect)
     flipped = [r for r in results if r.name.startswith("record ")]
     assert flipped and all(r.code != 0 for r in flipped)
+
+
+def test_damaged_pages_under_a_branch_page_are_one_line_not_an_abort(
+    deep_run: Path, tmp_path: Path
+) -> None:
+    """LMDB asserts (``Assertion 'IS_LEAF(mp)' failed``: SIGABRT, the child dies) when a
+    branch page points at a zeroed or overwritten page; coevo checks the pages first."""
+    pages = (deep_run / "log" / "data.mdb").stat().st_size // PAGE
+    damages: dict[str, Damage] = {}
+    for page in range(2, pages, 3):
+        damages[f"zeroed page {page}"] = overwrite_page(page, bytes(PAGE))
+        damages[f"garbage page {page}"] = overwrite_page(page, random.Random(page).randbytes(PAGE))
+    cases = []
+    for name, damage in damages.items():
+        path = copy_with(deep_run, tmp_path / name.replace(" ", "-"), damage)
+        cases += [(f"{name}: {c[0]}", [*c, str(path)]) for c in COMMANDS]
+    results = run_cases(cases)
+    check_damaged(results, {})
+    refused = [r for r in results if r.code != 0]
+    assert len(refused) > len(results) // 2
+    assert any("is damaged: page " in r.err for r in refused)
 
 
 def test_a_log_from_a_newer_coevo_is_refused_with_its_seq(run_dir: Path, tmp_path: Path) -> None:
@@ -285,9 +339,14 @@ def test_directories_that_are_not_runs(run_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.faults
-def test_every_page_overwritten_and_every_record_flipped(run_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["run_dir", "deep_run"])
+def test_every_page_overwritten_and_every_record_flipped(
+    which: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """The exhaustive sweep (``make test-faults``): each page zeroed, each page garbage, a cut
-    at each page boundary, and a flipped bit in every record."""
+    at each page boundary, and a flipped bit in every record; of a log whose events database
+    is one leaf page and of one with a branch page above its leaves."""
+    run_dir: Path = request.getfixturevalue(which)
     size = (run_dir / "log" / "data.mdb").stat().st_size
     damages: dict[str, tuple[Damage, str]] = {}
     for page in range(size // PAGE):

@@ -26,7 +26,9 @@ from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted, RunStopped
 from stores import lmdb_log
 from stores.eventlog import LOG_FORMAT, new_run_meta
+from stores.lmdb_env import is_blank
 from stores.lmdb_log import LmdbEventLog
+from stores.lmdb_pages import read_metas
 
 ROOT = Path(__file__).resolve().parents[2]
 META = new_run_meta("unit", scenario_name="unit", seed=0, coevo_version="0.1.0")
@@ -125,6 +127,45 @@ def test_create_over_existing_log_is_refused(path: Path) -> None:
         LmdbEventLog.create(path, META)
     with LmdbEventLog.open(path) as log:
         assert list(log.read()) == envelopes(0, 3)
+
+
+def test_a_creation_interrupted_before_its_commit_leaves_nothing_and_is_redone(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The databases and the metadata are created in one transaction: a process killed while
+    creating leaves a blank data file (a new log is created over it), never databases without
+    their metadata."""
+
+    class Killed:  # the metadata's encoding is the last step before its commit
+        def encode(self, value: object) -> bytes:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(lmdb_log, "_ENCODER", Killed())
+        with pytest.raises(KeyboardInterrupt):
+            LmdbEventLog.create(path, META)
+    assert is_blank(path)  # LMDB's two meta pages of transaction 0, nothing else
+    with pytest.raises(LogError, match="no coevo event log"):
+        LmdbEventLog.open(path)
+    with LmdbEventLog.create(path, META) as log:
+        assert log.read_meta() == META and log.next_seq == 0
+
+
+def test_a_damaged_id_on_the_newest_meta_page_is_refused_not_read_as_an_older_commit(
+    path: Path,
+) -> None:
+    """LMDB reads the meta page with the larger transaction id: with the newest one's id
+    zeroed it read the log as of the commit before, and the last commit was lost silently."""
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 3))
+        log.append(envelopes(3, 2))
+    newest = max((m for m in read_metas(path / "data.mdb") if m), key=lambda m: m.txnid)
+    with (path / "data.mdb").open("r+b") as fh:
+        fh.seek(newest.page * newest.psize + 144)  # the meta record's transaction id
+        fh.write(bytes(8))
+    for writable in (False, True):
+        with pytest.raises(LogError, match="which must be consecutive: one is damaged"):
+            LmdbEventLog.open(path, writable=writable)
 
 
 def test_create_with_bad_map_size_is_refused(path: Path) -> None:

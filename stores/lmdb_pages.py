@@ -1,0 +1,254 @@
+"""LMDB's own structures in a data file, read without LMDB: its two meta pages.
+
+LMDB trusts its file: it reads the newest meta page it finds and walks the pages it names.
+What it cannot see, coevo checks here, before LMDB opens the file (the format is LMDB 0.9's,
+64-bit: a 16-byte page header, then the meta record).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = 0xBEEFC0DE
+"""LMDB's magic number, at the start of each meta record."""
+
+_Data = bytes | memoryview | mmap.mmap
+"""A data file's bytes, or a map of it."""
+
+P_META = 0x08
+P_INVALID = 2**64 - 1
+"""The root of an empty database."""
+
+_HEADER = struct.Struct("<QHHHH")  # page number, pad, flags, lower, upper
+_META = struct.Struct("<II8sQ")  # magic, version, address, map size
+_DB = struct.Struct("<IHHQQQQQ")  # pad (page size, in the free db's), flags, depth, pages x3,
+# entries, root
+_TAIL = struct.Struct("<QQ")  # last page used, transaction id
+
+
+@dataclass(frozen=True)
+class Meta:
+    """One meta page: the transaction it records and the roots it names."""
+
+    page: int
+    flags: int
+    magic: int
+    psize: int
+    main_root: int
+    last_pgno: int
+    txnid: int
+
+    @property
+    def valid(self) -> bool:
+        return self.flags & P_META != 0 and self.magic == MAGIC
+
+
+def read_meta(data: bytes, page: int) -> Meta | None:
+    """The meta record at the start of ``data`` (page ``page``), or None if it is too short."""
+    end = _HEADER.size + _META.size + 2 * _DB.size + _TAIL.size
+    if len(data) < end:
+        return None
+    _, _, flags, _, _ = _HEADER.unpack_from(data)
+    magic, _, _, _ = _META.unpack_from(data, _HEADER.size)
+    free = _DB.unpack_from(data, _HEADER.size + _META.size)
+    main = _DB.unpack_from(data, _HEADER.size + _META.size + _DB.size)
+    last, txnid = _TAIL.unpack_from(data, _HEADER.size + _META.size + 2 * _DB.size)
+    return Meta(page, flags, magic, free[0], main[7], last, txnid)
+
+
+def read_metas(path: Path) -> tuple[Meta | None, Meta | None]:
+    """Both meta pages of ``path`` (a data file); None for one that cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            first = read_meta(fh.read(4096), 0)
+            if first is None or not first.valid or not 512 <= first.psize <= 65536:
+                return first, None
+            fh.seek(first.psize)
+            return first, read_meta(fh.read(4096), 1)
+    except OSError:
+        return None, None
+
+
+def is_blank(path: Path) -> bool:
+    """True if the data file ``path`` is exactly what LMDB writes when it creates an
+    environment, before any commit: two meta pages of transaction 0 naming no database.
+
+    Such a file holds nothing of a log (a creation killed before its first commit); a
+    truncated or damaged log is never blank (its pages record later transactions).
+    """
+    metas = read_metas(path)
+    if not all(m is not None and m.valid and m.txnid == 0 for m in metas):
+        return False
+    psize = metas[0].psize if metas[0] is not None else 0
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return False
+    return size == 2 * psize and all(m is not None and m.main_root == P_INVALID for m in metas)
+
+
+P_BRANCH = 0x01
+P_LEAF = 0x02
+P_OVERFLOW = 0x04
+P_LEAF2 = 0x20
+_KINDS = P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2  # a page's kind bits on disk
+F_BIGDATA = 0x01
+F_SUBDATA = 0x02
+F_DUPDATA = 0x04
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
+_PTR = struct.Struct("<H")
+_PGNO = struct.Struct("<Q")
+_PAGES = struct.Struct("<I")  # an overflow page's page count (in place of lower, upper)
+_SUBDB_ROOT = struct.Struct("<IHHQQQQQ")  # an MDB_db record, as in the meta page
+
+
+class PageDamaged(Exception):
+    """A page of the tree is not what its parent says it is (a message for the log's error)."""
+
+
+def check_tree(data: _Data, meta: Meta, free: bool = True) -> int:
+    """Walk every branch and leaf page of the main and free databases and of every named
+    database, as LMDB would, and the first page of every overflow value, checking each before
+    anything reads it: its number is the one its parent names, its kind (branch, leaf,
+    overflow) and depth are the ones expected, and its pointers, nodes and overflow runs lie
+    within the page and the file. LMDB asserts instead (``IS_LEAF(mp)``: the process aborts)
+    when a zeroed or overwritten page is where a branch points.
+
+    Args:
+        data: the data file's bytes (a map of it).
+        meta: the meta page of the transaction to check (its pages must not be reused while
+            this runs: hold a read transaction of it).
+        free: check the free database too (only a writer reads it).
+
+    Returns:
+        The number of pages checked.
+
+    Raises:
+        PageDamaged: the first page that is not what it should be.
+    """
+    walk = _Walk(data, meta)
+    if free:
+        record = _SUBDB_ROOT.unpack_from(data, meta.page * meta.psize + _HEADER.size + _META.size)
+        walk.tree("the free database", record[7], record[2])
+    main = _SUBDB_ROOT.unpack_from(
+        data, meta.page * meta.psize + _HEADER.size + _META.size + _DB.size
+    )
+    for name, root, depth in walk.tree("the main database", main[7], main[2]):
+        walk.tree(f"database {name!r}", root, depth)
+    return len(walk.seen)
+
+
+class _Walk:
+    def __init__(self, data: _Data, meta: Meta) -> None:
+        self.data = data
+        self.psize = meta.psize
+        self.last = meta.last_pgno
+        self.seen: set[int] = set()
+
+    def page(self, pgno: int, what: str) -> tuple[int, int]:
+        """The flags and page number field of page ``pgno`` (checked to be in the file)."""
+        if not 2 <= pgno <= self.last or (pgno + 1) * self.psize > len(self.data):
+            raise PageDamaged(f"{what} names page {pgno}, past the file's last page {self.last}")
+        if pgno in self.seen:
+            raise PageDamaged(f"{what} names page {pgno} a second time")
+        self.seen.add(pgno)
+        number, _, flags, _, _ = _HEADER.unpack_from(self.data, pgno * self.psize)
+        if number != pgno:
+            raise PageDamaged(f"page {pgno} ({what}) says it is page {number}")
+        return flags, number
+
+    def tree(self, what: str, root: int, depth: int) -> list[tuple[bytes, int, int]]:
+        """Check the tree at ``root`` of ``depth`` levels; return its named databases (the
+        main database's ``F_SUBDATA`` nodes: name, root, depth)."""
+        if root == P_INVALID:
+            return []
+        if not 1 <= depth <= 32:
+            raise PageDamaged(f"{what} has depth {depth}")
+        named: list[tuple[bytes, int, int]] = []
+        stack = [(root, 1)]
+        while stack:
+            pgno, level = stack.pop()
+            kind = P_BRANCH if level < depth else P_LEAF
+            flags, _ = self.page(pgno, what)
+            if flags & _KINDS != kind:
+                expected = "branch" if kind == P_BRANCH else "leaf"
+                raise PageDamaged(
+                    f"page {pgno} of {what} should be a {expected} page, its flags are {flags:#x}"
+                )
+            for node in self._nodes(pgno, what):
+                lo, hi, nflags, ksize = _NODE.unpack_from(self.data, node)
+                if kind == P_BRANCH:
+                    stack.append((lo | hi << 16 | nflags << 32, level + 1))
+                else:
+                    named += self._leaf(pgno, what, node, lo | hi << 16, nflags, ksize)
+        return named
+
+    def _nodes(self, pgno: int, what: str) -> list[int]:
+        """The offsets (in the file) of the nodes of page ``pgno``, each within the page."""
+        base, psize = pgno * self.psize, self.psize
+        _, _, _, lower, upper = _HEADER.unpack_from(self.data, base)
+        if not _HEADER.size < lower <= upper <= psize or (lower - _HEADER.size) % 2:
+            raise PageDamaged(f"page {pgno} of {what} has bounds {lower}..{upper}")
+        nodes: list[int] = []
+        for i in range((lower - _HEADER.size) // 2):
+            (ptr,) = _PTR.unpack_from(self.data, base + _HEADER.size + 2 * i)
+            if not upper <= ptr <= psize - _NODE.size:
+                raise PageDamaged(f"page {pgno} of {what}: node {i} at {ptr}, outside {upper}..")
+            (ksize,) = _PTR.unpack_from(self.data, base + ptr + 6)
+            if ptr + _NODE.size + ksize > psize:
+                raise PageDamaged(f"page {pgno} of {what}: node {i}'s key runs past the page")
+            nodes.append(base + ptr)
+        return nodes
+
+    def _leaf(
+        self, pgno: int, what: str, node: int, size: int, flags: int, ksize: int
+    ) -> list[tuple[bytes, int, int]]:
+        """Check a leaf node's value; return the named database it records, if any."""
+        value = node + _NODE.size + ksize
+        if flags & F_DUPDATA:
+            raise PageDamaged(f"page {pgno} of {what}: a duplicate-data node (never written)")
+        if flags & F_BIGDATA:
+            if value + _PGNO.size > (pgno + 1) * self.psize:
+                raise PageDamaged(f"page {pgno} of {what}: a node runs past the page")
+            (first,) = _PGNO.unpack_from(self.data, value)
+            oflags, _ = self.page(first, what)
+            (pages,) = _PAGES.unpack_from(self.data, first * self.psize + 12)
+            if oflags & _KINDS != P_OVERFLOW or not 1 <= pages <= self.last - first + 1:
+                raise PageDamaged(f"page {first} of {what} should start a value of {size} bytes")
+            if pages * self.psize - _HEADER.size < size:
+                raise PageDamaged(f"page {first} of {what}: {pages} pages for {size} bytes")
+            return []
+        if value + size > (pgno + 1) * self.psize:
+            raise PageDamaged(f"page {pgno} of {what}: a node's value runs past the page")
+        if flags & F_SUBDATA:
+            if size != _SUBDB_ROOT.size:
+                raise PageDamaged(f"page {pgno} of {what}: a database record of {size} bytes")
+            record = _SUBDB_ROOT.unpack_from(self.data, value)
+            name = bytes(self.data[node + _NODE.size : value])
+            return [(name, record[7], record[2])]
+        return []
+
+
+def metas_disagree(metas: tuple[Meta | None, Meta | None]) -> str | None:
+    """Why two readable meta pages cannot both be right, or None.
+
+    Each commit writes its transaction id to meta page ``txnid % 2``, so the two pages always
+    record consecutive commits (both 0 before the first). LMDB reads the newer one and trusts
+    it: when the newer page's id is damaged (zeroed, say), it reads the log as of the older
+    commit and the commits after it are lost without a word.
+    """
+    first, second = metas
+    if first is None or second is None or not (first.valid and second.valid):
+        return None  # a meta page LMDB cannot read: LMDB refuses the file itself
+    if abs(first.txnid - second.txnid) == 1 or first.txnid == second.txnid == 0:
+        return None
+    used = max(first, second, key=lambda m: m.txnid)
+    return (
+        f"its meta pages record commits {first.txnid} (page 0) and {second.txnid} (page 1), "
+        f"which must be consecutive: one is damaged, and LMDB would read the log as of commit "
+        f"{used.txnid}, without the commits after it"
+    )

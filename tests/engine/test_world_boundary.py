@@ -1,0 +1,173 @@
+"""What a world returns is checked at the env worker (issue 16, items 10-12): an observation
+of the wrong types aborts its episode with a message naming the world call, numpy scalars are
+converted, and no event that cannot be decoded is ever committed."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+import trio
+
+from agents.env_worker import EnvWorker, checked_observation
+from agents.episode_events import EpisodeAborted, EpisodeFinished, StepTaken
+from agents.projections import EpisodeTable
+from agents.scheduler import Scheduler
+from agents.scripted import RandomAgent
+from engine.actor import Actor, ActorSpec, Context
+from engine.errors import EventInvalid
+from engine.events import Codec
+from engine.lifecycle import ActorFailed, RunFailed, RunStarted, RunStopped
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from engine.runtime import Runtime
+from scenarios.worlds.base import Observation, Task
+from scenarios.worlds.minilab import MiniLab
+from stores.eventlog import MemoryEventLog
+
+STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=5, coevo_version="0")
+
+
+class OddWorld(MiniLab):
+    """MiniLab whose ``step`` changes fields of its observation on turn 2 of the episodes of
+    even variants (every episode with ``always``); ``odd`` maps a field to the value it gets.
+    Which episodes, not which worker or when, decides."""
+
+    def __init__(self, odd: dict[str, Any], always: bool = False) -> None:
+        super().__init__(families=("fetch",), train_variants=20)
+        self.odd, self.always = odd, always
+        self.chosen = False
+        self.turn = 0
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        self.chosen, self.turn = self.always or task.variant % 2 == 0, 0
+        return super().reset(task, seed)
+
+    def step(self, action: str) -> Observation:
+        self.turn += 1
+        obs = super().step(action)
+        if self.chosen and self.turn == 2 and not obs.done:
+            return msgspec.structs.replace(obs, **self.odd)
+        return obs
+
+
+def run_world(make_world: Any, episodes: int = 8) -> tuple[list[Any], Any]:
+    """Run ``episodes`` random-agent episodes on two workers; every committed event is read
+    back (decoded) from the log."""
+    tasks = MiniLab(families=("fetch",), train_variants=20).tasks("fetch", "train")
+    names = ["w0", "w1"]
+    specs = [
+        ActorSpec(name="scheduler", factory=partial(Scheduler, tasks, episodes, names), driver=True)
+    ]
+    specs += [
+        ActorSpec(
+            name=name,
+            factory=partial(EnvWorker, make_world, RandomAgent),
+            accepts=lambda ev, name=name: getattr(ev, "worker", None) == name,
+        )
+        for name in names
+    ]
+    log = MemoryEventLog()
+    runtime = Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=5)
+    outcome = trio.run(runtime.run)
+    assert verify_log(log, [ActorStats(), EpisodeTable()]).ok
+    return [env.event for env in log.read()], outcome
+
+
+@pytest.mark.parametrize(
+    ("odd", "says"),
+    [
+        ({"text": None}, "returned an observation whose text is None, not a string"),
+        ({"goal": 7}, "returned an observation whose goal is 7, not a string"),
+        ({"admissible": ("look", 3)}, "whose admissible[1] is 3, not a string"),
+        ({"admissible": "look"}, "whose admissible is 'look', not a tuple of strings"),
+        ({"reward": "1"}, "whose reward is '1', not a number"),
+        ({"score": float("nan")}, "whose score is nan, not a finite number"),
+        ({"done": 1}, "whose done is 1, not a bool"),
+        ({"admissible": ()}, "returned no admissible action on a turn that is not done"),
+    ],
+    ids=[
+        "text None",
+        "goal int",
+        "int action",
+        "str actions",
+        "str reward",
+        "nan",
+        "int done",
+        "no action",
+    ],
+)
+def test_an_observation_of_the_wrong_types_aborts_its_episode_naming_the_call(
+    odd: dict[str, Any], says: str
+) -> None:
+    events, outcome = run_world(partial(OddWorld, odd))
+    assert outcome.reason == "completed"
+    aborted = [e for e in events if isinstance(e, EpisodeAborted)]
+    finished = [e for e in events if isinstance(e, EpisodeFinished)]
+    assert aborted and len(aborted) + len(finished) == 8
+    for ev in aborted:
+        assert ev.reason.startswith("ObservationInvalid: world.step('"), ev.reason
+        assert ev.reason.endswith(says) and " on turn 1 returned " in ev.reason, ev.reason
+
+
+def test_numpy_scalars_from_a_world_are_recorded_as_numbers_and_bools() -> None:
+    odd = {"reward": np.float32(0.25), "score": np.float64(0.5), "done": np.bool_(False)}
+    events, outcome = run_world(partial(OddWorld, odd, always=True))
+    assert outcome.reason == "completed"
+    assert not [e for e in events if isinstance(e, EpisodeAborted | ActorFailed)]
+    steps = [e for e in events if isinstance(e, StepTaken) and e.turn == 1]
+    assert steps and all(type(e.reward) is float and type(e.done) is bool for e in steps)
+    assert {e.reward for e in steps} == {0.25}
+
+
+def test_checked_observation_converts_numpy_and_names_a_non_observation() -> None:
+    obs = Observation(
+        text="t",
+        admissible=np.array(["a", "b"]),  # type: ignore[arg-type]
+        goal="g",
+        reward=np.int64(1),  # type: ignore[arg-type]
+        done=np.bool_(True),  # type: ignore[arg-type]
+        score=np.float32(1.0),  # type: ignore[arg-type]
+        success=np.bool_(True),  # type: ignore[arg-type]
+    )
+    checked = checked_observation(obs, "world.step('a')")
+    assert checked == Observation(
+        text="t", admissible=("a", "b"), goal="g", reward=1.0, done=True, score=1.0, success=True
+    )
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(checked), type=Observation) == checked
+    with pytest.raises(Exception, match=r"world.reset\(x\) returned \{'text': 't'\}, not an Obs"):
+        checked_observation({"text": "t"}, "world.reset(x)")
+
+
+class Emitter(Actor):
+    """Emits one step whose observation is None, as a world's unchecked text would make it."""
+
+    subscribes = ()
+
+    async def run(self, ctx: Context) -> None:
+        bad = StepTaken(
+            episode="e", turn=0, action="a", observation=None,  # type: ignore[arg-type]
+            admissible=(), reward=0.0, done=True, score=0.0,
+        )  # fmt: skip
+        await ctx.emit(bad)
+
+
+def test_an_event_that_would_not_decode_fails_its_actor_and_is_never_committed() -> None:
+    log = MemoryEventLog()
+    specs = [ActorSpec(name="emitter", factory=Emitter, driver=True)]
+    outcome = trio.run(Runtime(log, STARTED, specs, [ActorStats()], seed=5).run)
+    assert (
+        outcome.reason == "failed"
+        and "EventInvalid: step_taken cannot be recorded" in outcome.error
+    )
+    events = [env.event for env in log.read()]  # every committed event decodes
+    assert not [e for e in events if isinstance(e, StepTaken)]
+    assert isinstance(events[-1], RunFailed) and not isinstance(events[-1], RunStopped)
+    assert outcome.error.endswith("Expected `str`, got `None` - at `$.observation`")
+    with pytest.raises(EventInvalid, match=r"run_started cannot be recorded: .* `\$.run_id`"):
+        Codec().check(msgspec.structs.replace(events[0], run_id=None))  # type: ignore[arg-type]
+    with pytest.raises(EventInvalid, match="numpy"):
+        Codec().check(msgspec.structs.replace(events[0], seed=np.int64(5)))  # type: ignore[arg-type]

@@ -1,0 +1,177 @@
+"""Bad input that an outside attack sent through ``coevo validate`` (issue 16, item 8): each
+ended in a traceback, a hang, or was accepted. Each must now be one line ``coevo: error: ...``
+and exit 2, before anything runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPLORE = str(ROOT / "scenarios" / "explore.toml")
+QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
+_modules = itertools.count()
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *fragments: str) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("coevo: error: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> str:
+    """A world module with ``source`` on the path under a fresh name; returns ``module:W``."""
+    name = f"attack_world_{next(_modules)}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{name}:W"
+
+
+def test_nesting_deeper_than_any_scenario_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text('name = "x"\nv = ' + "[" * 5000 + "]" * 5000 + "\n")  # RecursionError
+    refused(capsys, ["validate", str(deep)], "nested too deeply")
+    options = tmp_path / "options.toml"
+    options.write_text('name = "x"\n[world.options]\nv = ' + "[" * 300 + "]" * 300 + "\n")
+    refused(capsys, ["validate", str(options)], "$.world.options.v: nested more than 32 levels")
+    nested = "[" * 5000 + "]" * 5000
+    refused(capsys, ["validate", EXPLORE, "--set", f"run.episodes={nested}"], "$.run.episodes")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("5 x", "text after the value"),
+        ('"a" b', "text after the value"),
+        ("5 # a note", "a comment after the value"),
+        ("5\nworkers = 3", "a value is one line"),
+    ],
+)
+def test_text_after_a_set_value_is_refused(
+    capsys: pytest.CaptureFixture[str], value: str, says: str
+) -> None:
+    key = "name" if value.startswith('"') else "run.episodes"
+    refused(capsys, ["validate", EXPLORE, "--set", f"{key}={value}"], f"$.{key}: {says}")
+
+
+def test_a_fifo_as_the_scenario_file_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "scenario.toml"
+    os.mkfifo(fifo)
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "validate", str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=60,  # it waited forever for a writer
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == f"coevo: error: {fifo}: not a regular file (a FIFO, socket or device?)\n"
+
+
+WORLDS = {
+    "raises at import": ("raise ZeroDivisionError('at import')\n", "failed to import: Zero"),
+    "exits at import": ("import sys\nsys.exit(3)\n", "called sys.exit(3) while importing"),
+    "exits when built": (
+        "import sys\nfrom scenarios.worlds.minilab import MiniLab\n"
+        "class W(MiniLab):\n    def __init__(self, **kw):\n        sys.exit('bye')\n",
+        "called sys.exit('bye') while starting",
+    ),
+    "name raises": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n    @property\n"
+        "    def name(self):\n        raise KeyError('no name')\n",
+        "reading its name raised KeyError",
+    ),
+    "close raises": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def close(self):\n        raise OSError('close fails')\n",
+        "world.close raised OSError: close fails",
+    ),
+    "tasks are not tasks": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def tasks(self, family, split):\n        return ['a', 3]\n",
+        ".tasks('fetch', 'train') returned 'a', not a Task",
+    ),
+    "tasks of the wrong types": (
+        "from scenarios.worlds.base import Task\nfrom scenarios.worlds.minilab import MiniLab\n"
+        "class W(MiniLab):\n    def tasks(self, family, split):\n"
+        "        return [Task(family=family, variant='one', split=split)]\n",
+        "Expected `int`, got `str` - at `$.variant`",
+    ),
+    "tasks exit": (
+        "import sys\nfrom scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def families(self):\n        sys.exit(0)\n",
+        "called sys.exit(0) listing its tasks",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(WORLDS))
+def test_a_plugin_world_that_misbehaves_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    source, says = WORLDS[case]
+    world = plugin(tmp_path, monkeypatch, source)
+    argv = ["validate", EXPLORE, "--set", f"world.name={world}", "--set", "world.families=[]"]
+    refused(capsys, argv, "$.world", says)
+
+
+def model_dir(tmp_path: Path, config: object, index: object = None) -> Path:
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    (path / "tokenizer.json").write_text("{}")
+    if index is not None:
+        (path / "model.safetensors.index.json").write_text(index)  # type: ignore[arg-type]
+    return path
+
+
+@pytest.mark.parametrize(
+    ("config", "index", "says"),
+    [
+        ({"model_type": ["qwen2"]}, None, "model_type ['qwen2'], not a causal language model"),
+        ({"model_type": {"a": 1}}, None, "model_type {'a': 1}, not a causal language model"),
+        ('{"a": ' * 5000 + "1" + "}" * 5000, None, "config.json is nested too deeply"),
+        ({"model_type": "qwen2"}, "[" * 5000 + "]" * 5000, "index.json is nested too deeply"),
+    ],
+    ids=["list model_type", "dict model_type", "deep config", "deep index"],
+)
+def test_a_model_directory_with_odd_json_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: object, index: object, says: str
+) -> None:
+    path = model_dir(tmp_path, config, index)
+    refused(capsys, ["validate", QUICKSTART, "--set", f"policy.model={path}"], says)
+
+
+def test_a_home_directory_that_does_not_exist_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["validate", QUICKSTART, "--set", "policy.model=~nosuchuser-coevo/m"]
+    refused(capsys, argv, "$.policy.model = '~nosuchuser-coevo/m': cannot expand '~'")
+
+
+def test_a_device_that_is_not_there_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["validate", QUICKSTART, "--set", "policy.device=cuda:7"]
+    refused(capsys, argv, "$.policy.device: device 'cuda:7': torch sees no CUDA device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    refused(capsys, argv, "device 'cuda:7': torch sees 1 CUDA device(s) (cuda:0 to cuda:0)")

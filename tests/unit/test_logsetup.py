@@ -1,0 +1,32 @@
+"""The run's structured log on a full disk: one warning, never a traceback per record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import structlog
+from rich.console import Console
+
+from engine.logsetup import close_logging, configure_logging
+
+FULL = Path("/dev/full")  # every write fails with ENOSPC
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="no /dev/full")
+def test_a_jsonl_file_that_cannot_be_written_stops_with_one_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging(Console(stderr=True, width=400), "error", FULL)
+    try:
+        log = structlog.get_logger("coevo")
+        for i in range(5):
+            log.info("turn", i=i)
+    finally:
+        close_logging()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Logging error" not in err, err
+    assert err == (
+        "coevo: warning: /dev/full: cannot write ([Errno 28] No space left on device); the "
+        "structured log stops here (the event log is not affected)\n"
+    )

@@ -1,0 +1,107 @@
+"""``replay --verify`` finds a fact recorded twice: what two writers on one run leave behind
+(each record intact, each checksum right)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from agents.episode_events import EpisodeFinished
+from agents.policy_events import ActionSampled
+from engine.events import Envelope, Event
+from engine.lifecycle import RunResumed, RunStarted, RunStopped
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from scenarios.assemble import fact_checks, projections
+from stores.eventlog import MemoryEventLog
+
+START = RunStarted(run_id="r", scenario="s", scenario_hash="h", seed=1, coevo_version="0")
+
+
+def finished(episode: str) -> EpisodeFinished:
+    return EpisodeFinished(
+        episode=episode,
+        worker="worker-0",
+        family="fetch",
+        variant=1,
+        split="train",
+        steps=3,
+        score=1.0,
+        success=True,
+        total_reward=1.0,
+    )
+
+
+def sampled() -> ActionSampled:
+    return ActionSampled(
+        episode="ep000001",
+        worker="worker-0",
+        turn=0,
+        policy_version=0,
+        action="look",
+        prompt_ids=(1,),
+        response_ids=(2,),
+        token_logps=(-0.5,),
+        logp=-0.5,
+        temperature=1.0,
+    )
+
+
+def log_of(events: Sequence[Event | tuple[Event, int]]) -> MemoryEventLog:
+    """A log of ``events`` (an ``(event, cause)`` pair sets the cause)."""
+    log = MemoryEventLog()
+    envs: list[Envelope[Event]] = []
+    for seq, item in enumerate(events):
+        ev, cause = item if isinstance(item, tuple) else (item, None)
+        envs.append(Envelope(seq=seq, run="r", t=seq, actor="a", event=ev, cause=cause, v=1))
+    log.append(envs)
+    return log
+
+
+def verify(events: Sequence[Event | tuple[Event, int]]) -> str:
+    result = verify_log(log_of(events), projections(), fact_checks())
+    return "ok" if result.ok else result.error
+
+
+def test_a_consistent_log_verifies() -> None:
+    resumed = RunResumed(after=2, previous="run_stopped")
+    events = [START, finished("ep0"), RunStopped(reason="signal"), resumed, finished("ep1")]
+    assert verify([*events, RunStopped(reason="completed")]) == "ok"
+
+
+@pytest.mark.parametrize(
+    ("events", "says"),
+    [
+        ([START, finished("ep0"), finished("ep0")], "episode_finished with episode 'ep0' again"),
+        ([START, (sampled(), 0), (sampled(), 0)], "the request at seq 0 answered again"),
+        (
+            [START, RunResumed(after=0), RunResumed(after=0)],
+            "a second run_resumed after seq 0 (the first at seq 1)",
+        ),
+        ([START, finished("ep0"), RunResumed(after=0)], "not the first event of its session"),
+        ([START, RunStopped(reason="completed"), finished("ep0")], "after the run completed"),
+        ([START, START], "run_started again"),
+    ],
+    ids=[
+        "finished twice",
+        "answered twice",
+        "resumed twice",
+        "stale resume",
+        "after the end",
+        "started twice",
+    ],
+)
+def test_a_fact_recorded_twice_fails_verify_at_its_seq(
+    events: list[Event | tuple[Event, int]], says: str
+) -> None:
+    result = verify_log(log_of(events), projections(), fact_checks())
+    assert not result.ok
+    assert result.first_bad_seq == len(events) - 1
+    assert says in result.error
+    assert result.error.startswith(f"event log inconsistent at seq {len(events) - 1}: ")
+
+
+def test_the_engine_checks_its_sessions_without_domain_checks() -> None:
+    result = verify_log(log_of([START, RunResumed(after=0), RunResumed(after=0)]), [ActorStats()])
+    assert not result.ok and "a second run_resumed" in result.error
