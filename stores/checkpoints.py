@@ -102,9 +102,9 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
 
 class _Auto(Protocol):
     """What this module calls on transformers' ``Auto*`` classes; models, configs and tokenizers
-    are ``Any`` here. transformers leaves ``**kwargs`` unannotated and types ``cls`` of
-    ``AutoModelForCausalLM.from_pretrained`` as the instance type, so strict mode reads its
-    own signatures as partially unknown."""
+    are ``Any`` here. transformers leaves ``**kwargs`` unannotated (strict mode reads its
+    signatures as partially unknown) and annotates ``cls`` of
+    ``AutoModelForCausalLM.from_pretrained`` so that pyright cannot bind it to the class."""
 
     def from_pretrained(self, path: Path, /, **kwargs: Any) -> Any: ...
 
