@@ -1,5 +1,6 @@
 # coevo: `make run` runs the quickstart scenario, `make test` runs the tests.
-# Both set up the virtualenv .venv from pyproject.toml first if it is missing or stale.
+# Both set up the virtualenv .venv from pyproject.toml first if it is missing or stale, with the
+# versions pinned in constraints.txt (what CI tested; `make constraints` renews it).
 
 PYTHON ?= python3
 VENV := .venv
@@ -8,15 +9,20 @@ STAMP := $(VENV)/.installed
 ENVS_STAMP := $(VENV)/.installed-envs
 SCENARIO ?= scenarios/quickstart.toml
 PYTEST_ARGS ?=
+CONSTRAINTS := constraints.txt
+LOCK_VENV := .venv-lock
+# the wrapper asks PyPI for a newer pyright on every run; the version is pinned in constraints.txt
+LINT_ENV := PYRIGHT_PYTHON_IGNORE_WARNINGS=1
 
-.PHONY: install install-envs run test test-slow test-faults lint format bench results headline model clean
+.PHONY: install install-envs constraints run test test-slow test-faults lint format bench results \
+	headline model clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel -c $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 # the extras for the real environments (ScienceWorld, TextWorld): their tests run in `make test`
@@ -24,29 +30,51 @@ $(STAMP): pyproject.toml
 install-envs: $(ENVS_STAMP)
 
 $(ENVS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,scienceworld,textworld]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,scienceworld,textworld]' -c $(CONSTRAINTS)
 	touch $(ENVS_STAMP)
+
+# renew constraints.txt after a change of dependencies in pyproject.toml: resolve every extra
+# afresh in a scratch virtualenv (the newest versions pyproject allows) and freeze it (the project
+# itself left out; local version labels such as torch's +cpu dropped, so that PyPI's wheels match)
+constraints:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e '.[dev,scienceworld,textworld]'
+	{ echo "# The versions CI tested (make install uses them). Renew with make constraints."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable | sed -E 's/\+[[:alnum:].]+$$//'; \
+	} > $(CONSTRAINTS)
+	rm -rf $(LOCK_VENV)
 
 run: install
 	$(BIN)/coevo run $(SCENARIO)
 
+# Hypothesis profiles (tests/conftest.py): "ci" derandomized with no deadline, so a run is
+# reproducible and does not depend on the machine's load; "faults" random with more examples
 test: install
-	$(BIN)/pytest $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest $(PYTEST_ARGS)
 
 test-slow: install
-	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -m slow $(PYTEST_ARGS)
 
 # the fault and bad-input sweeps (docs/RELIABILITY.md): every page of a log overwritten or cut,
-# every record flipped, the scenario fuzz with ten times its cases, and runs killed (SIGKILL) or
-# stopped (SIGINT) at random points and resumed (the slow sweeps included; tens of minutes)
+# every record flipped, the scenario fuzz with ten times its cases, the property and stateful
+# tests on fresh random examples, and runs killed (SIGKILL) or stopped (SIGINT) at random points
+# and resumed (the slow sweeps included; tens of minutes)
+test-faults: export HYPOTHESIS_PROFILE = faults
 test-faults: install
 	$(BIN)/pytest -m faults --ignore=tests/faults $(PYTEST_ARGS)
 	COEVO_FUZZ_SCALE=10 $(BIN)/pytest tests/property/test_scenario_fuzz.py $(PYTEST_ARGS)
+	$(BIN)/pytest tests/property tests/stateful --ignore=tests/property/test_scenario_fuzz.py \
+		$(PYTEST_ARGS)
 	$(BIN)/pytest tests/faults -m '' -s $(PYTEST_ARGS)
 
+# ruff (lint, format) and pyright ([tool.pyright] in pyproject.toml: strict on engine/, stores/,
+# scenarios/, standard on agents/); pyright's PyPI wheel brings node as a wheel (nodejs extra)
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(LINT_ENV) $(BIN)/pyright
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -72,4 +100,4 @@ model: install
 	$(BIN)/python -m agents.embedded
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LOCK_VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -279,7 +279,8 @@ def _origin(log: EventLog, st: Stored) -> Origin:
     cause = got.get(st.cause) if st.cause is not None else None
     ev = cause.event if cause is not None else None
     if isinstance(ev, ExtractorCalled):
-        return _call_origin(log, st, cause, ev)  # type: ignore[arg-type]
+        assert cause is not None
+        return _call_origin(log, st, cause, ev)
     if isinstance(ev, TipProposed):
         origin = Origin(
             kind="reflection",

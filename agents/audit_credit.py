@@ -153,8 +153,8 @@ def gather(log: EventLog) -> CreditInputs:
                     out.similar.setdefault(ev.episode, []).append(ev.similar)
                 elif isinstance(ev, EpisodeFinished):
                     out.finished[ev.episode] = ev
-                else:  # the attempt's retrievals no longer count: the trainer forgets them
-                    out.similar.pop(ev.episode, None)
+                elif isinstance(ev, EpisodeAbandoned):  # the attempt's retrievals no longer
+                    out.similar.pop(ev.episode, None)  # count: the trainer forgets them
             elif kind is CreditAssigned or kind is ExtractorGradientRequested:
                 out.recorded.append(ev)
                 out.seqs.append(env.seq)

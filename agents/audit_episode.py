@@ -10,6 +10,8 @@ its entry and the extractor update that consumed it, and the extractor call it f
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import msgspec
 
 from agents.audit_index import applied, consumer, fetch, refs, weighed
@@ -162,8 +164,8 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
     assigned = next(e.event for e in envs if isinstance(e.event, EpisodeAssigned))
     assert isinstance(assigned, EpisodeAssigned)
     started = next((e.event for e in envs if isinstance(e.event, EpisodeStarted)), None)
-    end = next((e for e in envs if isinstance(e.event, EpisodeFinished | EpisodeAborted)), None)
-    fin = end.event if end is not None else None
+    ends = (e.event for e in envs if isinstance(e.event, EpisodeFinished | EpisodeAborted))
+    fin = next(ends, None)
     return EpisodeAudit(
         episode=episode,
         family=assigned.family,
@@ -332,7 +334,14 @@ def _written(log: EventLog, index: FactIndex, envs: list[Envelope[Event]]) -> tu
     return tuple(out)
 
 
-def _effects(envs: list[Envelope[Event]]) -> dict[str, tuple[int, ...] | tuple[str, ...]]:
+class _Effects(TypedDict):
+    """The :class:`Written` fields of a write's outcome."""
+
+    stored: tuple[int, ...]
+    refused: tuple[str, ...]
+
+
+def _effects(envs: list[Envelope[Event]]) -> _Effects:
     stored = tuple(e.event.tip_id for e in envs if isinstance(e.event, TipStored))
     refused = tuple(
         e.event.reason + (f" of {e.event.duplicate_of}" if e.event.duplicate_of >= 0 else "")

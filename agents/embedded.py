@@ -264,7 +264,10 @@ def word_pieces(texts: Iterable[str]) -> tuple[dict[str, int], list[tuple[str, s
     )
     bpe.train_from_iterator(sorted(set(texts)), trainer)
     model = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m.split(" ") if isinstance(m, str) else m) for m in model["merges"]]
+    merges: list[tuple[str, str]] = []
+    for merge in model["merges"]:  # ["a", "b"], or "a b" in the older format
+        first, second = merge.split(" ") if isinstance(merge, str) else merge
+        merges.append((first, second))
     return model["vocab"], merges
 
 
@@ -276,8 +279,10 @@ def build_tokenizer(
     :func:`agents.prompts.encode_prompt` renders."""
     return Qwen2Tokenizer(
         vocab=vocab,
-        merges=list(merges),
-        unk_token=None,
+        # transformers annotates these as list[str] and str; its BPE takes (a, b) pairs, and no
+        # unknown token (every byte is in the vocabulary)
+        merges=list(merges),  # pyright: ignore[reportArgumentType]
+        unk_token=None,  # pyright: ignore[reportArgumentType]
         pad_token=PAD,
         eos_token=EOM,
         extra_special_tokens=list(SPECIAL_TOKENS[2:]),

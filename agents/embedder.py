@@ -195,7 +195,7 @@ def _load_minilm(where: Path, device: str) -> tuple[Any, Any, Any]:
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from stores.checkpoints import _LOADING  # pyright: ignore[reportPrivateUsage]
+    from stores.checkpoints import _LOADING
 
     try:
         torch_device = torch.device(device)
@@ -273,7 +273,7 @@ def _check_texts(texts: Sequence[str]) -> list[str]:
         raise TypeError("embed takes a sequence of texts, not one string")
     out = list(texts)
     for text in out:
-        if not isinstance(text, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+        if not isinstance(text, str):  # a caller's list may hold anything
             raise TypeError(f"texts must be strings, got {type(text).__name__}")
     return out
 

@@ -271,10 +271,10 @@ def _text(value: object, field: str) -> str:
 
 def _actions(value: object) -> tuple[str, ...]:
     if isinstance(value, np.ndarray):
-        value = value.tolist()  # pyright: ignore[reportUnknownMemberType]
+        value = value.tolist()
     if not isinstance(value, tuple | list):
         raise ValueError(f"admissible is {_short(value)}, not a tuple of strings")
-    actions = tuple(value)  # pyright: ignore[reportUnknownArgumentType]
+    actions = tuple(value)
     for i, action in enumerate(actions):
         if not isinstance(action, str):
             raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
@@ -418,7 +418,8 @@ class _PolicyAgent:
         while True:
             env: Envelope[Event] = await self._inbox.__anext__()
             ev = env.event
-            if isinstance(ev, kind) and (ev.episode, ev.turn) == (job.episode, turn):  # type: ignore[attr-defined]
+            # every kind waited for carries the episode and turn it answers
+            if isinstance(ev, kind) and (ev.episode, ev.turn) == (job.episode, turn):  # pyright: ignore[reportAttributeAccessIssue]
                 return ev
             if isinstance(ev, EpisodeAssigned):
                 raise RuntimeError(f"{ev.episode} assigned while {job.episode} is running")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 import msgspec
 import numpy as np
@@ -65,7 +65,7 @@ class MemorySettings:
     capacity: int = 1000
     threshold: float = 0.5
     top_k: int = 10
-    index: str = "usearch"
+    index: Literal["usearch", "exact"] = "usearch"
     lam: float = 0.4
     recent: int = 8
     pool: int = 16
@@ -296,7 +296,7 @@ class TipBank:
         """Put ``tip`` (its id set) into its slot, creating the slot on first use."""
         slot = self._slots.get(tip.slot)
         if slot is None:
-            slot = self._slots[tip.slot] = _Slot(make_index(self.settings.index, self.dim))  # type: ignore[arg-type]
+            slot = self._slots[tip.slot] = _Slot(make_index(self.settings.index, self.dim))
         slot.index.add([tip.tip_id], vector.reshape(1, -1).astype(np.float32))
         slot.order.append(tip.tip_id)
         slot.by_text[tip.text] = tip.tip_id

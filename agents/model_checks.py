@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -20,7 +20,7 @@ from agents.scripted import Explorer, hindsight_note, parse_note, run_episode
 from scenarios.worlds.base import Observation, TextWorld
 
 
-class CheckSpec(PlaySpec):
+class CheckSpec(PlaySpec, Protocol):
     """What the checks read of a spec (an :class:`agents.embedded.EmbeddedSpec`)."""
 
     @property

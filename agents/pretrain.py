@@ -15,7 +15,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -52,7 +52,7 @@ class TrainSpec(Protocol):
 
 
 def check_ranges(
-    spec: object, ranges: dict[str, tuple[float, float]], shares: Sequence[str] = ()
+    spec: object, ranges: Mapping[str, tuple[float, float]], shares: Sequence[str] = ()
 ) -> None:
     """Validate the fields of ``spec`` named in ``ranges`` (``name: (low, high)``, inclusive)
     and the ``shares`` (fractions between 0 and 1).
@@ -122,7 +122,7 @@ def _buckets(order: Iterator[int], lengths: Sequence[int], size: int, rng: rando
 
 
 def batch_plan(
-    lengths: dict[str, Sequence[int]], spec: TrainSpec, kinds: Sequence[str]
+    lengths: Mapping[str, Sequence[int]], spec: TrainSpec, kinds: Sequence[str]
 ) -> list[tuple[str, list[int]]]:
     """Per step, its kind (``kinds[step]``) and ``batch_size`` indices into that kind's samples,
     whose token counts are ``lengths[kind]``: each kind cycled in a fresh shuffled order per
@@ -185,7 +185,7 @@ def _log() -> Any:
 
 
 @contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
+def _torch_threads(threads: int | None) -> Generator[None]:
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -256,7 +256,7 @@ def _complete(path: Path, required: Sequence[str]) -> bool:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path) -> Generator[None]:
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

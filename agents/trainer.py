@@ -504,7 +504,8 @@ class GrpoTrainer(Replayed):
         intrinsic = [self._intrinsic(e, r) for e, r in zip(episodes, rollouts, strict=True)]
         for e in group.episodes:
             self._similar.pop(e, None)
-        coef = self._empo2.novelty_coef if self._novelty() else 0.0
+        empo2 = self._empo2
+        coef = empo2.novelty_coef if empo2 is not None and empo2.novelty else 0.0
         rewards = [o + coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
         advantages = self._advantages(rewards, rollouts)
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)

@@ -204,10 +204,10 @@ class _VerifyFailed(CoevoError):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from agents.report import fold_run, render
+    from agents.report import RunData, fold_run, render
 
     roots = [find_run(path).root for path in args.runs]
-    runs = []
+    runs: list[RunData] = []
     for path, root in zip(args.runs, roots, strict=True):
         log = open_run(path)
         try:
@@ -234,7 +234,7 @@ def _label(root: Path, roots: list[Path]) -> str:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from agents.coevolution_probe import Progress
+    from agents.coevolution_probe import BankResult, Progress
     from agents.probe_report import line, to_json, write_probe
     from scenarios.probe_setup import ProbeOptions, probe_run, read_run
 
@@ -251,7 +251,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
     options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
     console = Console(stderr=True)
     with _Stages(console) as stages:
-        done = (lambda r: None) if args.json else (lambda r: stages.say(line(r)))
+
+        def done(r: BankResult) -> None:
+            if not args.json:
+                stages.say(line(r))
+
         result = probe_run(run, control, options, Progress(stages.stage, stages.advance, done))
     out = Path(args.out) if args.out else run.root / "probe"
     try:

@@ -4,7 +4,7 @@ naming the log in a read error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ class InputInvalid(CoevoError):
 
 
 @contextmanager
-def naming(where: Path) -> Iterator[None]:
+def naming(where: Path) -> Generator[None]:
     """Prefix the log's directory to a log error that does not name it already (a corrupted
     record names its seq; this says which log)."""
     try:

@@ -133,6 +133,7 @@ class Codec:
         self._encoder = msgspec.msgpack.Encoder()
         self._raw_decoder = msgspec.msgpack.Decoder(Envelope[msgspec.Raw])
         self._raw_list_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
+        self._body_decoder = msgspec.msgpack.Decoder(dict[str, Any])
         self._decoder: msgspec.msgpack.Decoder[Envelope[Event]] | None = None
         self._batch_decoder: msgspec.msgpack.Decoder[list[Envelope[Event]]] | None = None
         self._known = 0
@@ -212,20 +213,20 @@ class Codec:
         if self._decoder is None or self._known != len(_REGISTRY):
             load_event_modules()
             union = Union[tuple(_REGISTRY.values())]  # noqa: UP007 - dynamic union
-            self._decoder = msgspec.msgpack.Decoder(Envelope[union])  # type: ignore[valid-type]
-            self._batch_decoder = msgspec.msgpack.Decoder(list[Envelope[union]])  # type: ignore[valid-type]
+            self._decoder = msgspec.msgpack.Decoder(Envelope[union])  # pyright: ignore[reportInvalidTypeForm]
+            self._batch_decoder = msgspec.msgpack.Decoder(list[Envelope[union]])  # pyright: ignore[reportInvalidTypeForm]
             self._known = len(_REGISTRY)
         return self._decoder
 
     def _decode_slow(self, data: bytes | memoryview, seq: int) -> Envelope[Event]:
         try:
             raw_env = self._raw_decoder.decode(data)
-            body = msgspec.msgpack.decode(raw_env.event)
+            body = self._body_decoder.decode(raw_env.event)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise LogCorrupted(seq, f"not an envelope ({exc})") from None
-        if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+        kind = body.get("kind")
+        if not isinstance(kind, str):
             raise LogCorrupted(seq, "event has no kind")
-        kind: str = body["kind"]
         cls = _REGISTRY.get(kind)
         if cls is None:
             raise SchemaTooNew(f"seq {seq}: unknown event kind {kind!r} (newer coevo or plug-in?)")
@@ -234,7 +235,8 @@ class Codec:
             ev = msgspec.convert(body, cls)
         except msgspec.ValidationError as exc:
             raise LogCorrupted(seq, f"{kind} v{raw_env.v} does not decode: {exc}") from None
-        return msgspec.structs.replace(raw_env, event=ev, v=cls.version)  # type: ignore[return-value]
+        # replace keeps the type it was given, Envelope[Raw]; the event is decoded now
+        return msgspec.structs.replace(raw_env, event=ev, v=cls.version)  # pyright: ignore[reportReturnType]
 
 
 def upcast(kind: str, have: int, want: int, body: dict[str, Any], seq: int) -> dict[str, Any]:

@@ -102,8 +102,8 @@ class ActorRow(msgspec.Struct, kw_only=True):
 class ActorStatsState(msgspec.Struct, kw_only=True):
     """State of :class:`ActorStats`: rows by actor name, and event counts by kind."""
 
-    actors: dict[str, ActorRow] = msgspec.field(default_factory=dict)
-    kinds: dict[str, int] = msgspec.field(default_factory=dict)
+    actors: dict[str, ActorRow] = msgspec.field(default_factory=dict[str, ActorRow])
+    kinds: dict[str, int] = msgspec.field(default_factory=dict[str, int])
 
 
 class ActorStats:

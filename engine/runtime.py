@@ -27,7 +27,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 import structlog
@@ -61,12 +61,17 @@ _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _FINAL_EVENTS = frozenset({RunStopped, RunFailed})
 
 
+def _is_group(exc: BaseException) -> TypeGuard[BaseExceptionGroup[BaseException]]:
+    # isinstance alone narrows to BaseExceptionGroup[Unknown]: the members are exceptions
+    return isinstance(exc, BaseExceptionGroup)
+
+
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of a (nested) exception group: the error that ended the run, raised
     plainly so that callers can catch ``LogError`` and friends."""
     first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]  # pyright: ignore[reportUnknownMemberType]
+    while _is_group(first):
+        first = first.exceptions[0]
     return first
 
 
@@ -371,9 +376,9 @@ class Runtime:
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                name = signal.Signals(signum).name
-                self._log_out.warning("signal received, stopping", signal=name)
-                self.request_stop(f"signal:{name}", _SIGNAL_EXIT.get(signum, 1))
+                sig = signal.Signals(signum)
+                self._log_out.warning("signal received, stopping", signal=sig.name)
+                self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))
                 return
 
     # --- supervision ------------------------------------------------------------------------

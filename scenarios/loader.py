@@ -126,11 +126,11 @@ def apply_override(doc: dict[str, Any], item: str, source: str) -> None:
     parts = [part.strip() for part in parts]
     table = doc
     for depth, part in enumerate(parts[:-1]):
-        child = table.setdefault(part, {})
+        child: object = table.setdefault(part, {})
         if not isinstance(child, dict):
             where = "$." + ".".join(parts[: depth + 1])
             raise ScenarioInvalid(source, f"override {item!r}: {where} is not a table")
-        table = child
+        table = cast("dict[str, Any]", child)
     where = "$." + ".".join(parts)
     table[parts[-1]] = value = _parse_value(raw.strip(), f"override {item!r}: {where}", source)
     _check_depth({parts[-1]: value}, source, "$." + ".".join(parts[:-1]) if parts[:-1] else "$")

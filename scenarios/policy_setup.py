@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import torch
@@ -231,7 +231,10 @@ def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
     """
     p = scenario.policy
-    fields = {"world": scenario.world.name, "world_options": dict(scenario.world.options)}
+    fields: dict[str, Any] = {
+        "world": scenario.world.name,
+        "world_options": dict(scenario.world.options),
+    }
     fields["window"] = p.window
     fields.update(_known_fields(p.embedded, EmbeddedSpec, "$.policy.embedded", source))
     try:
@@ -267,7 +270,7 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
             '$.complementary.extractor: "embedded-ops" teaches the embedded model the '
             f"operation format, but $.policy.model is {scenario.policy.model!r}",
         )
-    fields = {"max_ops": c.max_ops, "max_new_tokens": c.max_new_tokens}
+    fields: dict[str, Any] = {"max_ops": c.max_ops, "max_new_tokens": c.max_new_tokens}
     fields.update(_known_fields(c.ops, OpsSpec, "$.complementary.ops", source))
     try:
         ops = msgspec.convert(fields, OpsSpec)
@@ -279,12 +282,14 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     return ensure_extractor_base(model, base, ops, threads=scenario.policy.threads or None)
 
 
-def _known_fields(fields: dict, struct: type, where: str, source: str) -> dict:
-    unknown = sorted(set(fields) - set(struct.__struct_fields__))  # type: ignore[attr-defined]
+def _known_fields(
+    fields: dict[str, Any], struct: type[msgspec.Struct], where: str, source: str
+) -> dict[str, Any]:
+    unknown = sorted(set(fields) - set(struct.__struct_fields__))
     if unknown:
         raise ScenarioInvalid(
             source,
-            f"{where}: unknown field(s) {unknown}; known: {sorted(struct.__struct_fields__)}",  # type: ignore[attr-defined]
+            f"{where}: unknown field(s) {unknown}; known: {sorted(struct.__struct_fields__)}",
         )
     return fields
 

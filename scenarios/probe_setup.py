@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+
+# safetensors types `filename` as a bare os.PathLike, unknown to strict mode
+from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
 
 from agents.bank_rebuild import Answer, RebuildSettings, bank_script
 from agents.coevolution_probe import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
@@ -277,7 +279,7 @@ def _versions(
     """The writers of the wanted versions: from a checkpoint on disk, else re-executed."""
     base = _state(ext.model)
     states: dict[int, tuple[dict[str, torch.Tensor], str]] = {0: (base, "the base")}
-    missing = []
+    missing: list[int] = []
     of = {u.extractor_version: u for u in run.updates}
     for v in (v for v in wanted if v > 0):
         upd = of[v]
@@ -290,7 +292,7 @@ def _versions(
             missing.append(v)
     if missing:
         states.update(_reexecuted(run, model, missing, progress))
-    out = []
+    out: list[Writer] = []
     for v in wanted:
         state, origin = states[v]
         digest = ext.digest if v == 0 else of[v].digest

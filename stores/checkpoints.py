@@ -14,14 +14,16 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+
+# safetensors types `filename` as a bare os.PathLike, unknown to strict mode
+from safetensors.torch import load_file, save_file  # pyright: ignore[reportUnknownVariableType]
 from transformers.utils import logging as hf_logging
 
 from engine.errors import ModelUnavailable
@@ -98,6 +100,21 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
     return path
 
 
+class _Auto(Protocol):
+    """What this module calls on transformers' ``Auto*`` classes; models, configs and tokenizers
+    are ``Any`` here. transformers leaves ``**kwargs`` unannotated (strict mode reads its
+    signatures as partially unknown) and annotates ``cls`` of
+    ``AutoModelForCausalLM.from_pretrained`` so that pyright cannot bind it to the class."""
+
+    def from_pretrained(self, path: Path, /, **kwargs: Any) -> Any: ...
+
+    def from_config(self, config: Any, /) -> Any: ...
+
+
+def _auto(cls: object) -> _Auto:
+    return cast(_Auto, cls)
+
+
 def _read_config(path: Path, where: str) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -111,7 +128,7 @@ def _read_config(path: Path, where: str) -> Any:
         raise ModelUnavailable(f"{where}: config.json is not JSON ({_one_line(exc)})") from None
     except RecursionError:  # json recurses once per level of nesting
         raise ModelUnavailable(f"{where}: config.json is nested too deeply") from None
-    model_type = doc.get("model_type") if isinstance(doc, dict) else None
+    model_type = cast("dict[str, object]", doc).get("model_type") if isinstance(doc, dict) else None
     if not isinstance(model_type, str) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelUnavailable(
             f"{where}: config.json has model_type {model_type!r}, not a causal language model "
@@ -119,7 +136,7 @@ def _read_config(path: Path, where: str) -> Any:
         )
     try:
         with _quiet_transformers():
-            return AutoConfig.from_pretrained(path, local_files_only=True)
+            return _auto(AutoConfig).from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers' own validation errors have no common base
         raise ModelUnavailable(f"{where}: config.json is invalid: {_one_line(exc)}") from None
 
@@ -167,7 +184,7 @@ def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
 
     try:
         with _quiet_transformers(), torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = _auto(AutoModelForCausalLM).from_config(config)
     except Exception as exc:  # a config transformers accepts but cannot build
         raise ModelUnavailable(f"{where}: config.json does not build: {_one_line(exc)}") from None
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -206,7 +223,7 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def _quiet_transformers() -> Generator[None]:
     """transformers' warnings and load reports (printed to stderr) off while checking."""
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -232,8 +249,8 @@ def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
     where = check_model_dir(Path(path))
     try:
         with _LOADING:
-            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
+            tokenizer = _auto(AutoTokenizer).from_pretrained(where, local_files_only=True)
+            model = _auto(AutoModelForCausalLM).from_pretrained(
                 where, local_files_only=True, dtype=torch.float32, use_safetensors=True
             )
     except Exception as exc:  # transformers, tokenizers and safetensors errors share no base

@@ -198,7 +198,7 @@ class LmdbFactIndex:
     def upto(self) -> int:
         return self._read(self._upto)
 
-    def _upto(self, txn: lmdb.Transaction) -> int:
+    def _upto(self, txn: lmdb.Transaction[bytes]) -> int:
         raw = txn.get(_UPTO, db=self._meta)
         return 0 if raw is None else int.from_bytes(raw, "big")
 
@@ -227,7 +227,7 @@ class LmdbFactIndex:
         return self._read(lambda txn: [txn.get(k, db=self._facts) for k in keys])
 
     def scan(self, prefix: bytes) -> list[Fact]:
-        def body(txn: lmdb.Transaction) -> list[Fact]:
+        def body(txn: lmdb.Transaction[bytes]) -> list[Fact]:
             out: list[Fact] = []
             cursor = txn.cursor(self._facts)
             if not cursor.set_range(prefix):
@@ -240,7 +240,7 @@ class LmdbFactIndex:
 
         return self._read(body)
 
-    def _read(self, body: Callable[[lmdb.Transaction], T]) -> T:
+    def _read(self, body: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``body`` in a read transaction, adopting a map another process grew."""
         while True:
             try:

@@ -15,7 +15,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +26,7 @@ from engine.errors import LogError, LogLocked, NotALog
 from stores import lmdb_pages
 
 if TYPE_CHECKING:
-    from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
+    from lmdb import _Database as _Db
 
 DATA_FILE = "data.mdb"
 ENV_LOCK_FILE = "lock.mdb"
@@ -221,7 +221,7 @@ class SharedEnv:
         return not self.env.flags()["readonly"]
 
     @contextmanager
-    def reading(self) -> Iterator[lmdb.Environment]:
+    def reading(self) -> Generator[lmdb.Environment]:
         """Bracket a read transaction (it holds off remaps and write aborts); yields the env."""
         with self._cond:
             while self._exclusive:
@@ -236,7 +236,7 @@ class SharedEnv:
                     self._cond.notify_all()
 
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self) -> Generator[None]:
         """Hold the write lock, wait until no read transaction of this process is open, and
         keep new ones out. Needed by ``set_mapsize``, and by a write transaction's abort:
         py-lmdb's abort waits until no thread is inside LMDB, which two busy readers prevent."""

@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 
 import lmdb
 import msgspec
@@ -56,7 +56,7 @@ from stores.eventlog import (
 from stores.lmdb_env import DATA_FILE, ENV_LOCK_FILE, SharedEnv, is_blank, lock_writer
 
 if TYPE_CHECKING:
-    from lmdb import _Database as _Db  # pyright: ignore[reportPrivateUsage]
+    from lmdb import _Database as _Db
 
 __all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "RECORD_PART", "LmdbEventLog"]
 
@@ -82,6 +82,7 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 T = TypeVar("T")
 Txn = lmdb.Transaction  # values are bytes, or views of the map where buffers=True
+_View = bytes | memoryview  # a value read from either kind of transaction
 _Put = tuple["_Db", bytes, bytes | bytearray]  # a database, a key and a value to store
 
 
@@ -98,7 +99,7 @@ def _unseal(key: bytes, value: bytes) -> bytes | None:
     return payload
 
 
-def _next_seq(cursor: lmdb.Cursor[bytes]) -> int:
+def _next_seq(cursor: lmdb.Cursor[_View]) -> int:
     """One past the last seq of the events database (0 when empty).
 
     Raises:
@@ -106,12 +107,12 @@ def _next_seq(cursor: lmdb.Cursor[bytes]) -> int:
     """
     if not cursor.last():
         return 0
-    key: bytes = cursor.key()
+    key = cursor.key()
     first = int.from_bytes(key, "big")
     return first + _record_count(first, key, cursor.value())
 
 
-def _record_count(first: int, key: bytes, value: bytes) -> int:
+def _record_count(first: int, key: _View, value: _View) -> int:
     """The count of an events record whose checksum holds.
 
     Raises:
@@ -523,8 +524,19 @@ class LmdbEventLog:
         if self._lock_fd is None:
             raise LogError(f"event log at {self._path} is open read-only")
 
+    @overload
     def _read_txn(
-        self, body: Callable[[Txn[bytes]], T], buffers: bool = False, at: int | None = None
+        self,
+        body: Callable[[Txn[bytes]], T],
+        buffers: Literal[False] = False,
+        at: int | None = None,
+    ) -> T: ...
+    @overload
+    def _read_txn(
+        self, body: Callable[[Txn[memoryview]], T], buffers: Literal[True], at: int | None = None
+    ) -> T: ...
+    def _read_txn(
+        self, body: Callable[[Txn[Any]], T], buffers: bool = False, at: int | None = None
     ) -> T:
         """Run ``body`` in a fresh read transaction, adopting a map grown by another process.
         With ``buffers``, values are views of the map, valid only inside ``body``.
@@ -546,7 +558,7 @@ class LmdbEventLog:
                     raise LogCorrupted(at, reason) from None
                 raise LogError(f"event log at {self._path} is damaged: {reason}") from None
 
-    def _write(self, body: Callable[[Txn[bytes]], T], at: int | None = None) -> T:
+    def _write(self, body: Callable[[Txn[memoryview]], T], at: int | None = None) -> T:
         """Run ``body`` in a write transaction and commit, growing the map when it is full.
 
         Raises:
@@ -614,7 +626,7 @@ class LmdbEventLog:
         check_snapshot(name, upto, end)
         return self._shared.snapshots, key, _seal(key, bytes(data))
 
-    def _put_all(self, txn: Txn[bytes], puts: list[_Put]) -> None:
+    def _put_all(self, txn: Txn[memoryview], puts: list[_Put]) -> None:
         """Put an events record past the last one (the writer lock keeps ``_appended`` right;
         MDB_APPEND refuses a key that is not past the last one all the same) and snapshots."""
         events = self._shared.events
@@ -623,7 +635,7 @@ class LmdbEventLog:
             assert added, "MDB_APPEND refused a key past the last one"
 
     def _read_parts(
-        self, txn: Txn[bytes], first: int, end: int | None
+        self, txn: Txn[memoryview], first: int, end: int | None
     ) -> tuple[list[tuple[int, bytes]], int]:
         """The parts holding seqs ``first ..`` of the records from the one holding ``first``,
         up to about :data:`READ_CHUNK` events (the hot path of replay): each record's CRC and
@@ -667,7 +679,7 @@ class LmdbEventLog:
         return out, end
 
     def _record_parts(
-        self, key: bytes, value: bytes, expected: int
+        self, key: memoryview, value: memoryview, expected: int
     ) -> list[tuple[int, memoryview | msgspec.Raw, int]]:
         """The parts of one record, which must start at seq ``expected``: ``(first seq, part,
         count)`` each.
@@ -730,7 +742,7 @@ def _init_meta(txn: lmdb.Transaction, dbs: list[_Db], meta: RunMeta) -> None:
         txn.put(key, _seal(key, _ENCODER.encode(value)), db=meta_db)
 
 
-def _seek_record(cursor: lmdb.Cursor[bytes], seq: int) -> bool:
+def _seek_record(cursor: lmdb.Cursor[_View], seq: int) -> bool:
     """Position ``cursor`` on the record holding ``seq`` (the last key ``<= seq``)."""
     key = _SEQ.pack(seq)
     if cursor.set_range(key):

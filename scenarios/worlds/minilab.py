@@ -211,7 +211,7 @@ def _gen_circuit(rng: random.Random) -> Layout:
     things = ["battery", *WIRES, *rng.sample(ITEMS, 2)]
     start = [(thing, rng.choice(containers)) for thing in things]
     target = rng.choice(BULBS)
-    facts = dict(zip(WIRES, bulbs, strict=True))
+    facts: dict[str, str] = dict(zip(WIRES, bulbs, strict=True))
     facts.update(bulb=target, take_earns="battery")
     goal = f"light the {target}."
     return _layout("circuit", goal, containers, start, facts, [("socket", "put", "in")], BULBS)
@@ -462,7 +462,7 @@ def _check_families(families: object) -> tuple[str, ...]:
         return FAMILIES
     if not isinstance(families, (list, tuple)):
         raise ValueError(f"families must be a list or tuple of family names, got {families!r}")
-    names = cast("list[object]", list(families))
+    names = list(cast("list[object] | tuple[object, ...]", families))
     if not names:
         raise ValueError("families must not be empty")
     for name in names:
