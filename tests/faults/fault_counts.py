@@ -12,9 +12,16 @@ entry's counts. The keys, where they apply:
 - ``lost``: stops after which the final log did not begin with the log as it was;
 - ``duplicated``: facts recorded more than once in a final log (``resume_kit.duplicates``);
 - ``abandoned``: episodes abandoned by a resume and run again;
-- ``damaged_copies``, ``commands``, ``refused``, ``unaffected``: the log damage sweep;
-- ``fuzz_cases``, ``fuzz_refused``: scenario files (and ``--set`` lines) validated by the fuzz;
+- ``damaged_copies``, ``commands``, ``refused_one_line``, ``unaffected``: the log damage sweep
+  (a command on a damaged copy refuses it in one line, or prints what it prints on the intact
+  log);
+- ``fuzz_cases``, ``fuzz_refused``: scenario files (and ``--set`` lines) validated by the fuzz
+  (recorded only at ``COEVO_FUZZ_SCALE`` above 1, as ``make test-faults`` runs it);
+- ``runs_at_once``, ``writers``: two runs started at once on one directory, and how many wrote;
+- ``resumes_refused``: a second resume started while another one loads, refused;
 - ``tracebacks``: outputs that held a Python traceback (a user would have seen it).
+
+String values (a setting such as ``COEVO_FUZZ_SCALE``) are kept in the entry, not totalled.
 """
 
 from __future__ import annotations

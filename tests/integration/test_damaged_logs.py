@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import fault_counts
 import lmdb
 import msgspec
 import pytest
@@ -380,8 +381,15 @@ def test_every_page_overwritten_and_every_record_flipped(
             if fragment:
                 expect[cases[-1][0]] = fragment
     results = run_cases(cases)
-    check_damaged(results, expect, run_dir)
     failed = sum(r.code != 0 for r in results)
+    fault_counts.record(
+        damaged_copies=len(damages),
+        commands=len(results),
+        refused_one_line=failed,
+        unaffected=len(results) - failed,
+        tracebacks=sum("Traceback" in r.err for r in results),
+    )
+    check_damaged(results, expect, run_dir)
     print(
         f"\nlog damage sweep: {len(damages)} damaged copies, {len(results)} commands, "
         f"{failed} refused with one line, {len(results) - failed} unaffected"

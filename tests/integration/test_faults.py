@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import fault_counts
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,6 +209,11 @@ def test_two_runs_started_at_once_on_one_directory_leave_one_run(tmp_path: Path)
         for _ in range(2)
     ]
     outcomes = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    fault_counts.record(
+        runs_at_once=2,
+        writers=sum(code == 0 for code, _ in outcomes),
+        tracebacks=sum("Traceback" in err for _, err in outcomes),
+    )
     assert sorted(code for code, _ in outcomes) == [0, 2], outcomes
     [(_, refused)] = [(code, err) for code, err in outcomes if code == 2]
     assert refused.startswith(f"coevo: error: {run}: already holds a run"), refused
