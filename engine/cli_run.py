@@ -42,9 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = new_run_id()
     out = Path(args.out) if args.out else default_run_dir(Path("runs"), scenario.name, run_id)
     rd = RunDir(out)
-    if rd.exists():
+    foreign = rd.foreign()  # before exists(): a run writes its other files after its log's
+    if rd.exists():  # first commit, so whatever foreign() saw of a run, exists() sees it
         raise InputInvalid(f"{out}: already holds a run; choose another --out")
-    if foreign := rd.foreign():
+    if foreign:
         raise InputInvalid(
             f"{out}: not empty and not a run (it holds {', '.join(foreign[:3])}"
             f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory for --out"

@@ -1,9 +1,10 @@
 """Env workers driven by the inference actor, and the GRPO trainer's schedule, on the runtime.
 
-The model is replaced by a fake runner whose choice depends on the request's seed only (as the
-real one's does), so these tests are about the plumbing: every request answered once, batches
-bounded, what is sampled independent of batching and worker count, versions followed, the
-staleness bound kept.
+Most tests replace the model by a fake runner whose choice depends on the request's seed only,
+so they are about the plumbing: every request answered once, batches bounded, versions
+followed, the staleness bound kept. That what is sampled does not depend on batching or worker
+count is checked with the real runner (a tiny random model, packed scoring of every admissible
+action, a stream per request), whose batches are seen to hold several requests.
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
+import pytest
 import torch
 import trio
 import trio.testing
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from agents.embedded import EmbeddedSpec, build_tokenizer, episode_texts, prompt_texts, word_pieces
 from agents.env_worker import EnvWorker, PromptSettings
 from agents.episode_events import EpisodeFinished, StepTaken
-from agents.inference import InferenceActor
+from agents.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.policy_events import (
     ActionRequested,
     ActionSampled,
@@ -27,6 +32,7 @@ from agents.policy_events import (
     GradientRequested,
     PolicyUpdated,
 )
+from agents.pretrain_play import pretrain_episodes
 from agents.projections import EpisodeTable
 from agents.scheduler import Scheduler
 from agents.trainer import GrpoTrainer
@@ -43,8 +49,8 @@ from stores.eventlog import MemoryEventLog
 STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=9, coevo_version="0")
 
 
-def make_world() -> MiniLab:
-    return MiniLab(families=("heat",), train_variants=10, heldout_variants=4)
+def make_world(max_steps: int | None = None) -> MiniLab:
+    return MiniLab(families=("heat",), train_variants=10, heldout_variants=4, max_steps=max_steps)
 
 
 class FakeRunner:
@@ -80,18 +86,21 @@ class FakeRunner:
         self.version = version
 
 
-def worker_specs(names: list[str]) -> list[ActorSpec]:
+def worker_specs(names: list[str], max_steps: int | None = None) -> list[ActorSpec]:
+    world = partial(make_world, max_steps)
     return [
         ActorSpec(
             name=name,
-            factory=partial(EnvWorker, make_world, None, PromptSettings(window=2)),
+            factory=partial(EnvWorker, world, None, PromptSettings(window=2)),
             accepts=lambda ev, name=name: getattr(ev, "worker", None) == name,
         )
         for name in names
     ]
 
 
-def rollout(workers: int, batch_max: int, runner: FakeRunner) -> MemoryEventLog:
+def rollout(
+    workers: int, batch_max: int, runner: FakeRunner | PolicyRunner, max_steps: int | None = None
+) -> MemoryEventLog:
     tasks = make_world().tasks("heat", "train")
     names = [f"w{i}" for i in range(workers)]
     specs = [
@@ -102,10 +111,11 @@ def rollout(workers: int, batch_max: int, runner: FakeRunner) -> MemoryEventLog:
                 InferenceActor, lambda: runner, MemoryCheckpoints(), batch_max=batch_max
             ),
         ),
-        *worker_specs(names),
+        *worker_specs(names, max_steps),
     ]
     log = MemoryEventLog()
-    trio.run(Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=9).run)
+    clock = trio.testing.MockClock(autojump_threshold=0)  # a batch waits until all workers ask
+    trio.run(Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=9).run, clock=clock)
     return log
 
 
@@ -138,10 +148,48 @@ def test_every_request_is_answered_once_in_bounded_batches() -> None:
             assert isinstance(cause, ActionRequested) and cause.turn == e.event.turn
 
 
-def test_what_is_sampled_does_not_depend_on_batching_or_workers() -> None:
-    alone = actions(rollout(1, 1, FakeRunner()))
-    batched = actions(rollout(4, 4, FakeRunner()))
+class CountingRunner(PolicyRunner):
+    """The real runner, recording the size of every batch it answers."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.batches: list[int] = []
+
+    def answer(self, requests: Sequence[ActionRequested]) -> list[ActionSampled]:
+        self.batches.append(len(requests))
+        return super().answer(requests)
+
+
+@pytest.fixture(scope="module")
+def tiny_policy() -> tuple[Any, Any]:
+    """A tiny random Qwen2 model and a tokenizer of minilab's texts."""
+    play = pretrain_episodes(make_world(), EmbeddedSpec(episodes_per_family=4, eval_variants=1))
+    texts = [t for ep in play for t in episode_texts(ep)] + list(prompt_texts(play[0]))
+    tokenizer = build_tokenizer(*word_pieces(texts), 512)
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen2ForCausalLM(config).eval(), tokenizer
+
+
+def test_what_is_sampled_does_not_depend_on_batching_or_workers(tiny_policy: Any) -> None:
+    model, tokenizer = tiny_policy
+    alone_runner = CountingRunner(model, tokenizer, ActSettings(temperature=1.0))
+    batched_runner = CountingRunner(model, tokenizer, ActSettings(temperature=1.0))
+    alone = actions(rollout(1, 1, alone_runner, max_steps=5))
+    batched = actions(rollout(4, 4, batched_runner, max_steps=5))
+    assert set(alone_runner.batches) == {1}
+    assert max(batched_runner.batches) == 4, batched_runner.batches  # batching happened
     assert alone == batched and len(alone) > 12
+    assert len(set(alone.values())) > 1  # the sampled actions differ: not one fixed choice
 
 
 class FakeLearner(Actor):

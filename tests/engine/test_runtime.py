@@ -412,7 +412,7 @@ class FailingLog(MemoryEventLog):
 
 
 def test_a_failing_log_ends_the_run_with_its_error_and_delivers_nothing_uncommitted() -> None:
-    log = FailingLog(fail_at=3)
+    log = FailingLog(fail_at=6)
     seen: list[tuple[int, int]] = []
     specs = [
         ActorSpec(name="src", factory=lambda: Source(100)),
@@ -420,8 +420,11 @@ def test_a_failing_log_ends_the_run_with_its_error_and_delivers_nothing_uncommit
     ]
     with pytest.raises(LogError, match="disk full"):
         run_runtime(specs, RuntimeConfig(batch_max=4), log=log)
+    pings = [e.seq for e in log.read() if isinstance(e.event, Ping)]
+    assert seen, "nothing was delivered before the failure: the check below would be vacuous"
+    assert [seq for seq, _ in seen] == pings[: len(seen)]  # in order, committed ones only
     assert all(seq < committed for seq, committed in seen)
-    assert log.appends == 3  # nothing is appended after the failure
+    assert log.appends == 6  # nothing is appended after the failure
     assert not any(t.name == "coevo-writer" for t in threading.enumerate())
 
 

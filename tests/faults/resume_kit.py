@@ -12,12 +12,14 @@ What a resume may change, and nothing else:
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,9 @@ from agents.episode_events import EpisodeAbandoned
 from agents.policy_events import PolicyUpdated
 from engine.errors import LogError
 from engine.events import Envelope, Event
-from engine.lifecycle import RunResumed, RunStopped
+from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
 from engine.replay import verify_log
-from scenarios.assemble import projections
+from scenarios.assemble import fact_checks, projections
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,31 +162,51 @@ def next_seq(run: Path) -> int:
         log.close()
 
 
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGKILL: -signal.SIGKILL}
+"""The exit status of a process stopped by each signal: coevo turns SIGINT into a stop with
+exit 130; SIGKILL cannot be caught (``Popen.returncode`` is minus the signal)."""
+
+
 def stop_at(
-    proc: subprocess.Popen[bytes], run: Path, events: int, sig: int, timeout: float = 600
+    proc: subprocess.Popen[bytes],
+    run: Path,
+    events: int,
+    sig: int,
+    timeout: float = 600,
+    errors: list[str] | None = None,
 ) -> int | None:
-    """Send ``sig`` once the log holds ``events`` events; wait for the process to end.
+    """Send ``sig`` once the log holds ``events`` events; wait for the process to end, which
+    must be by that signal (:data:`SIGNAL_EXIT`). Its stderr is appended to ``errors``.
 
     Returns:
-        The exit code, or None if the process ended on its own before that.
+        The exit code, or None if the process ended on its own (exit 0) before that.
     """
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
         if next_seq(run) >= events:
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=timeout)
-            if sig == signal.SIGINT:
-                assert proc.returncode == 130, err.decode()[-2000:]
+            if errors is not None:
+                errors.append(err.decode())
+            if proc.returncode == 0:  # it had exited on its own as the signal was sent
+                return None
+            assert proc.returncode == SIGNAL_EXIT[sig], (proc.returncode, err.decode()[-2000:])
             return proc.returncode
         assert time.monotonic() < deadline, "the run did not reach the kill point in time"
         time.sleep(0.05)
     _, err = proc.communicate()
+    if errors is not None:
+        errors.append(err.decode())
     assert proc.returncode == 0, err.decode()[-2000:]
     return None
 
 
-def finish(proc: subprocess.Popen[bytes], timeout: float = 600) -> None:
+def finish(
+    proc: subprocess.Popen[bytes], timeout: float = 600, errors: list[str] | None = None
+) -> None:
     _, err = proc.communicate(timeout=timeout)
+    if errors is not None:
+        errors.append(err.decode())
     assert proc.returncode == 0, err.decode()[-2000:]
 
 
@@ -221,27 +243,103 @@ def final_digest(envs: list[Envelope[Event]]) -> str:
     return [env.event for env in envs if isinstance(env.event, PolicyUpdated)][-1].digest
 
 
+ONCE = {
+    "episode_finished": ("episode",),
+    "policy_updated": ("policy_version",),
+    "gradient_requested": ("update",),
+    "advantages_computed": ("group",),
+    "tip_stored": ("tip_id",),
+    "extractor_called": ("call",),
+    "extractor_updated": ("extractor_version",),
+    "extractor_gradient_requested": ("update",),
+    "credit_assigned": ("episode",),
+    "merge_requested": ("step", "slot", "entries"),
+}
+"""Facts a run records once, by the fields that name them."""
+
+ONCE_PER_ATTEMPT = {
+    "episode_assigned": ("episode",),
+    "episode_started": ("episode",),
+    "step_taken": ("episode", "turn"),
+    "action_requested": ("episode", "turn"),
+    "action_sampled": ("episode", "turn"),
+    "retrieval_requested": ("episode", "turn"),
+    "tips_retrieved": ("episode", "turn"),
+    "reflection_requested": ("episode",),
+    "tip_proposed": ("episode",),
+    "extraction_requested": ("episode",),
+}
+"""Facts an attempt at an episode records once (an attempt ends at its episode's
+``episode_abandoned``; the next one runs the episode again from its seed)."""
+
+ANSWERS = frozenset({"action_sampled", "tips_retrieved", "tip_proposed", "extractor_called"})
+"""Answers to one request each: their ``cause`` is the request's seq."""
+
+
 def duplicates(envs: list[Envelope[Event]]) -> list[str]:
-    """Facts recorded more than once: an episode finished twice, a policy version or an
-    update's request twice, a group's advantages twice, a seq twice."""
-    keys = {
-        "episode_finished": "episode",
-        "policy_updated": "policy_version",
-        "gradient_requested": "update",
-        "advantages_computed": "group",
-        "tip_stored": "tip_id",
-        "extractor_called": "call",
-        "extractor_updated": "extractor_version",
-        "extractor_gradient_requested": "update",
-        "credit_assigned": "episode",
-    }
+    """Facts recorded more than once: a seq; an episode finished, a policy or extractor
+    version, an update's request, a group's advantages, a stored tip, an extractor call, a
+    credited episode or a merge chunk twice; within one attempt at an episode, its assignment,
+    start, a turn (its step, action request and answer, retrieval and answer), its reflection,
+    tip or extraction request twice; a request answered twice."""
     seen: Counter[str] = Counter()
+    attempt: Counter[str] = Counter()
     for env in envs:
-        kind = str(env.event.__struct_config__.tag)
-        if kind in keys:
-            seen[f"{kind}:{getattr(env.event, keys[kind])}"] += 1
+        ev = env.event
+        kind = str(ev.__struct_config__.tag)
         seen[f"seq:{env.seq}"] += 1
+        if kind in ONCE:
+            seen[f"{kind}:{[getattr(ev, f) for f in ONCE[kind]]}"] += 1
+        elif kind in ONCE_PER_ATTEMPT:
+            key = [getattr(ev, f) for f in ONCE_PER_ATTEMPT[kind]]
+            seen[f"{kind}:{key} attempt {attempt[key[0]]}"] += 1
+        if kind in ANSWERS and env.cause is not None:
+            seen[f"answer to seq {env.cause}"] += 1
+        if isinstance(ev, EpisodeAbandoned):
+            attempt[ev.episode] += 1
     return sorted(k for k, n in seen.items() if n > 1)
+
+
+@dataclass
+class Chain:
+    """A run stopped by signals and resumed after each until it completed.
+
+    Attributes:
+        run: the run directory.
+        final: the completed run's log.
+        after: the log as it was after each stop.
+        signals: the signal of each stop.
+        errors: the stderr of every process (the run, then each resume).
+        late: 1 if a last signal reached the run after it had recorded its completion.
+    """
+
+    run: Path
+    final: list[Envelope[Event]]
+    after: list[list[Envelope[Event]]]
+    signals: list[int] = field(default_factory=list[int])
+    errors: list[str] = field(default_factory=list[str])
+    late: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """What the chain did and what it lost or duplicated (:mod:`fault_counts`'s keys)."""
+        ends = [0, *(len(before) for before in self.after)]
+        return {
+            "stops": len(self.after),
+            "stops_after_completion": self.late,
+            "stops_before_first_commit": sum(b == a for a, b in itertools.pairwise(ends[1:])),
+            "lost": sum(self.final[: len(before)] != before for before in self.after),
+            "duplicated": len(duplicates(self.final)),
+            "abandoned": sum(isinstance(env.event, EpisodeAbandoned) for env in self.final),
+            "events": len(self.final),
+            "tracebacks": sum("Traceback" in err for err in self.errors),
+        }
+
+
+def add_counts(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    """``into`` with ``counts`` added, key by key."""
+    for key, value in counts.items():
+        into[key] = into.get(key, 0) + value
+    return into
 
 
 def stop_and_resume(
@@ -250,37 +348,81 @@ def stop_and_resume(
     name: str,
     kills: list[tuple[int, int]],
     cache: Path | None = None,
-) -> tuple[list[Envelope[Event]], list[list[Envelope[Event]]]]:
+    *,
+    relative: bool = False,
+) -> Chain:
     """Run ``scenario`` into ``root/name``, send each ``(signal, after this many events)`` in
     turn (the first to the run, the next ones to the resumes), then resume until it completes.
     Models are cached under ``cache`` (default: ``root``).
 
+    A stop's point may have passed before its resume started (the previous stop overshot it:
+    a run goes on writing while the signal is sent and handled); the stop then ends the resume
+    as it loads, before its first commit, and leaves the log as it was. With ``relative``, each
+    point counts the events of its own session (after the log the previous stop left), so that
+    every stop interrupts a session that wrote. A stop that lands after the run recorded its
+    completion (as it exits) ends the chain: there is nothing to resume.
+
     Returns:
-        The final log and the log as it was after each stop.
+        The chain: the final log, the log as it was after each stop, the signals, stderr.
     """
     run = root / name
     cache = cache or root
     proc = coevo(["run", str(scenario), "--out", str(run), "--quiet"], cache)
-    after: list[list[Envelope[Event]]] = []
+    chain = Chain(run, [], [])
     for sig, events in kills:
-        code = stop_at(proc, run, events, sig)
-        if code is None:  # it completed before the kill point
-            return read_log(run), after
-        after.append(read_log(run))
+        base = len(chain.after[-1]) if relative and chain.after else 0
+        code = stop_at(proc, run, base + events, sig, errors=chain.errors)
+        log = read_log(run)
+        if code is None or completed(log):  # it completed before the stop
+            chain.late += code is not None
+            chain.final = log
+            return chain
+        chain.after.append(log)
+        chain.signals.append(sig)
         proc = coevo(["resume", str(run), "--quiet"], cache)
-    finish(proc)
-    return read_log(run), after
+    finish(proc, errors=chain.errors)
+    chain.final = read_log(run)
+    return chain
+
+
+def completed(envs: list[Envelope[Event]]) -> bool:
+    """Whether a log records its run's completion."""
+    last = envs[-1].event if envs else None
+    return isinstance(last, RunStopped) and last.reason == "completed"
+
+
+def check_sessions(final: list[Envelope[Event]], after: list[list[Envelope[Event]]]) -> int:
+    """Each session's events follow the previous session's: the run's begin with
+    ``run_started`` at seq 0, and each resume that committed anything begins with one
+    ``run_resumed`` naming the seq it follows and how the session before ended. A resume
+    stopped before its first commit left the log as it was.
+
+    Returns:
+        The number of resumed sessions that committed events.
+    """
+    assert isinstance(final[0].event, RunStarted)
+    ends = [len(before) for before in after] + [len(final)]
+    resumed = [env.seq for env in final if isinstance(env.event, RunResumed)]
+    wrote = [start for start, end in itertools.pairwise(ends) if end > start]
+    assert resumed == wrote, (resumed, ends)
+    for start in wrote:
+        ev = final[start].event
+        before = final[start - 1].event
+        assert isinstance(ev, RunResumed) and ev.after == start - 1
+        ended = isinstance(before, RunStopped | RunFailed)
+        assert ev.previous == (str(before.__struct_config__.tag) if ended else ""), ev
+    return len(wrote)
 
 
 def check_consistent(
     run: Path, final: list[Envelope[Event]], after: list[list[Envelope[Event]]]
 ) -> None:
     """What every resumed run must show, deterministic or not: the log verifies, nothing
-    committed before a stop was lost or changed, no fact is recorded twice, and the run
-    completed with one ``run_resumed`` per stop."""
+    committed before a stop was lost or changed, no fact is recorded twice, every session
+    begins as :func:`check_sessions` says, and the run completed."""
     log = LmdbEventLog.open(run / "log", writable=False)
     try:
-        result = verify_log(log, projections())
+        result = verify_log(log, projections(), fact_checks())
     finally:
         log.close()
     assert result.ok, result.error
@@ -288,6 +430,5 @@ def check_consistent(
     for before in after:
         assert final[: len(before)] == before
     assert duplicates(final) == []
-    last = final[-1].event
-    assert isinstance(last, RunStopped) and last.reason == "completed"
-    assert sum(isinstance(env.event, RunResumed) for env in final) == len(after)
+    assert completed(final)
+    check_sessions(final, after)

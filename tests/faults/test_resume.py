@@ -10,9 +10,12 @@ import shutil
 import signal
 from pathlib import Path
 
+import fault_counts
 import pytest
 from resume_kit import (
     GRPO,
+    Chain,
+    add_counts,
     check_consistent,
     coevo,
     comparable,
@@ -43,9 +46,7 @@ def reference(root: Path) -> list[Envelope[Event]]:
     return read_log(root / "ref")
 
 
-def interrupted_run(
-    root: Path, name: str, kills: list[tuple[int, int]]
-) -> tuple[list[Envelope[Event]], list[list[Envelope[Event]]]]:
+def interrupted_run(root: Path, name: str, kills: list[tuple[int, int]]) -> Chain:
     return stop_and_resume(root, root / "scenario.toml", name, kills)
 
 
@@ -79,7 +80,9 @@ def test_sigint_then_sigkill_of_the_resume_then_resume(
     first = rng.randrange(n // 10, n // 2)
     second = rng.randrange(first + n // 10, n - n // 10)
     kills = [(signal.SIGINT, first), (signal.SIGKILL, second)]
-    final, after = interrupted_run(root, "killed", kills)
+    chain = interrupted_run(root, "killed", kills)
+    fault_counts.record(**chain.counts())
+    final, after = chain.final, chain.after
     assert len(after) == 2, "the run ended before a kill point"
     stopped = after[0][-1].event
     assert isinstance(stopped, RunStopped) and stopped.reason == "signal"
@@ -125,6 +128,7 @@ def test_a_failed_run_resumes_and_ends_as_if_it_had_not_failed(
     monkeypatch.setattr(agents.learner, "grpo_step", real)
     assert main(["resume", str(run), "--quiet"]) == 0
     final = read_log(run)
+    fault_counts.record(**Chain(run, final, [before]).counts())  # the failure as its stop
     check_resumed(run, final, [before], reference)
     resumed = next(env.event for env in final if isinstance(env.event, RunResumed))
     assert resumed.previous == "run_failed"
@@ -199,6 +203,7 @@ def test_sweep_of_random_kills_each_resumed(
     rng = random.Random(20)
     n = len(reference)
     survived = chains = 0
+    counts: dict[str, int] = {}
     while survived < SWEEP_KILLS:
         kills: list[tuple[int, int]] = []
         at = 0
@@ -207,10 +212,15 @@ def test_sweep_of_random_kills_each_resumed(
             sig = signal.SIGINT if rng.random() < 0.2 else signal.SIGKILL
             kills.append((sig, at))
         name = f"sweep{chains}"
-        final, after = interrupted_run(root, name, kills)
-        check_resumed(root / name, final, after, reference)
-        survived += len(after)
+        chain = interrupted_run(root, name, kills)
+        fault_counts.record(**add_counts(counts, chain.counts()), chains=chains + 1)
+        check_resumed(root / name, chain.final, chain.after, reference)
+        survived += len(chain.after)
         chains += 1
         with capsys.disabled():
-            abandoned = sum(isinstance(env.event, EpisodeAbandoned) for env in final)
-            print(f"\nchain {name}: {len(after)} stops survived, {abandoned} episodes abandoned")
+            c = chain.counts()
+            print(
+                f"\nchain {name}: {c['stops']} stops survived "
+                f"({c['stops_before_first_commit']} before the resume's first commit), "
+                f"{c['abandoned']} episodes abandoned"
+            )

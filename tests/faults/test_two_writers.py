@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fault_counts
 import pytest
 from resume_kit import ROLLOUT, ROOT, coevo, duplicates, read_log, stop_at
 
@@ -62,11 +63,17 @@ def test_a_resume_started_while_another_loads_is_refused_and_nothing_is_recorded
         log.close()
     assert result.ok, result.error
     final = read_log(run)
+    (other,) = others
+    fault_counts.record(
+        stops=1,
+        duplicated=len(duplicates(final)),
+        resumes_refused=int(other.returncode == 2),
+        tracebacks=int("Traceback" in other.stderr),
+    )
     assert duplicates(final) == []
     assert sum(isinstance(env.event, RunResumed) for env in final) == 1
     last = final[-1].event
     assert isinstance(last, RunStopped) and last.reason == "completed"
-    (other,) = others
     assert other.returncode == 2, other.stderr
     assert other.stderr.startswith(f"coevo: error: {run}: another process is writing this run")
     assert other.stderr.count("\n") == 1

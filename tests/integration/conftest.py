@@ -1,13 +1,17 @@
 """A tiny Complementary RL run shared by the modules that only read it (re-execution, report):
-guided episodes trained as distills, so its log holds every kind of update and sample."""
+guided episodes trained as distills, so its log holds every kind of update and sample. The
+fault sweeps here record their figures with ``tests/faults/fault_counts.py``."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from test_complementary_run import COMPLEMENTARY
 from test_grpo_run import run_scenario
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))  # fault_counts
 
 DISTILL = COMPLEMENTARY.replace(
     "[complementary]\n", '[complementary]\nguided_rollout = "guided-distill"\n'

@@ -11,6 +11,7 @@ exhaustive sweep (every page of the file overwritten, every record flipped).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import fault_counts
 import lmdb
 import msgspec
 import pytest
@@ -204,12 +206,26 @@ def flip_bits(offsets: list[int], bit: int = 3) -> Damage:
     return damage
 
 
-def check_damaged(results: list[Result], expect: dict[str, str]) -> None:
-    """Every command on a damaged copy: clean exit 0 (damage in unused pages) or one line
-    naming the log; ``coevo log`` never shows an event past the damage."""
+@functools.cache
+def intact_outputs(run_dir: Path) -> dict[tuple[str, ...], Result]:
+    """What each command prints on the undamaged ``run_dir``, by its arguments."""
+    results = run_cases([("intact", [*c, str(run_dir)]) for c in COMMANDS])
+    return {tuple(r.argv[:-1]): r for r in results}
+
+
+def check_damaged(results: list[Result], expect: dict[str, str], intact: Path) -> None:
+    """Every command on a damaged copy of ``intact``: one line naming the log, or exit 0 with
+    exactly what the same command prints on the intact run (the damage hit unused pages);
+    ``coevo log`` never shows an event past the damage."""
+    clean = intact_outputs(intact)
     for result in results:
         if result.code != 0 or result.name in expect:
             assert_one_line(result, "/log", *[f for f in [expect.get(result.name)] if f])
+        else:
+            same = clean[tuple(result.argv[:-1])]
+            assert same.code == 0
+            out = result.out.replace(result.argv[-1], str(intact))
+            assert (out, result.err) == (same.out, same.err), result.name
         if result.argv[0] == "log":
             assert_no_damaged_event_printed(result)
 
@@ -251,7 +267,7 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
             if fragment:
                 expect[cases[-1][0]] = fragment
     results = run_cases(cases)
-    check_damaged(results, expect)
+    check_damaged(results, expect, run_dir)
     flipped = [r for r in results if r.name.startswith("record ")]
     assert flipped and all(r.code != 0 for r in flipped)
 
@@ -271,7 +287,7 @@ def test_damaged_pages_under_a_branch_page_are_one_line_not_an_abort(
         path = copy_with(deep_run, tmp_path / name.replace(" ", "-"), damage)
         cases += [(f"{name}: {c[0]}", [*c, str(path)]) for c in COMMANDS]
     results = run_cases(cases)
-    check_damaged(results, {})
+    check_damaged(results, {}, deep_run)
     refused = [r for r in results if r.code != 0]
     assert len(refused) > len(results) // 2
     assert any("is damaged: page " in r.err for r in refused)
@@ -365,8 +381,15 @@ def test_every_page_overwritten_and_every_record_flipped(
             if fragment:
                 expect[cases[-1][0]] = fragment
     results = run_cases(cases)
-    check_damaged(results, expect)
     failed = sum(r.code != 0 for r in results)
+    fault_counts.record(
+        damaged_copies=len(damages),
+        commands=len(results),
+        refused_one_line=failed,
+        unaffected=len(results) - failed,
+        tracebacks=sum("Traceback" in r.err for r in results),
+    )
+    check_damaged(results, expect, run_dir)
     print(
         f"\nlog damage sweep: {len(damages)} damaged copies, {len(results)} commands, "
         f"{failed} refused with one line, {len(results) - failed} unaffected"

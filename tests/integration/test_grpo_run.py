@@ -4,11 +4,11 @@ than the bound."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
 
-from agents.advantages import group_advantages
 from agents.episode_events import EpisodeFinished
 from agents.policy_events import (
     ActionRequested,
@@ -122,14 +122,27 @@ def test_updates_with_signal_change_the_parameters(events: list[Event]) -> None:
         assert (updates[k].grad_norm > 0) == signal
 
 
+def by_hand(rewards: tuple[float, ...], eps: float) -> list[float]:
+    """GRPO's advantages as ALGORITHMS.md writes them, ``(R_i - mean) / (std + eps)`` with the
+    sample std (ddof=1), in exact rational arithmetic (``statistics``), not the production
+    code's floats; a group whose rewards are all equal carries no signal (0 each)."""
+    if len(set(rewards)) == 1:
+        return [0.0] * len(rewards)
+    mean, std = statistics.mean(rewards), statistics.stdev(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
 def test_advantages_re_derive_from_logged_rewards(events: list[Event]) -> None:
     score = {ev.episode: ev.score for ev in of(events, EpisodeFinished)}
     groups = of(events, AdvantagesComputed)
     assert len(groups) == 6
+    assert any(len(set(g.rewards)) > 1 for g in groups), "no group with a signal to check"
     for g in groups:
         assert g.rule == "grpo-std-score"
         assert list(g.rewards) == [score[e] for e in g.episodes]
-        assert list(g.advantages) == group_advantages(g.rewards, std_norm=True, eps=g.eps)
+        assert g.mean == pytest.approx(statistics.mean(g.rewards), rel=1e-12, abs=1e-15)
+        assert g.std == pytest.approx(statistics.stdev(g.rewards), rel=1e-12, abs=1e-15)
+        assert list(g.advantages) == pytest.approx(by_hand(g.rewards, g.eps), rel=1e-9, abs=1e-12)
     by_episode = {e: a for g in groups for e, a in zip(g.episodes, g.advantages, strict=True)}
     for req in of(events, GradientRequested):
         assert list(req.advantages) == [by_episode[e] for e in req.episodes]

@@ -9,12 +9,12 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_credit_stream import streams
+from test_credit_stream import oracle, streams
 
 from agents.audit import audit_tip, lineage
 from agents.audit_credit import AuditSettings, audit_credit, derive_credits, gather, with_overrides
 from agents.audit_index import refresh
-from agents.credit_actor import CreditBook, CreditSettings
+from agents.credit_actor import CreditSettings
 from agents.episode_events import EpisodeFinished
 from agents.extractor_events import CreditAssigned, ExtractorCalled, ExtractorGradientRequested
 from agents.memory import MemorySettings, TipBank
@@ -197,14 +197,16 @@ def _group_advantages(rewards: list[float], guided: list[bool]) -> list[float]:
 
 
 def _recorded(stream: list[Event], s: CreditSettings) -> MemoryEventLog:
-    """The stream as a run records it: each credit-actor output right after its cause, and a
-    group's advantages once its four episodes (in finishing order) have ended."""
-    out, book = Log(), CreditBook()
+    """The stream as a run records it: each credit-actor output right after its cause (the
+    outputs an oracle written from the paper's definitions gives, not ``CreditBook``'s, which
+    the audit re-derives with), and a group's advantages once its four episodes (in finishing
+    order) have ended."""
+    out = Log()
     shown = {ev.episode for ev in stream if isinstance(ev, TipsRetrieved) and ev.turn == 0}
     group: list[EpisodeFinished] = []
-    for ev in stream:
+    for ev, outputs in zip(stream, oracle(stream, s), strict=True):
         cause = out.add(ev)
-        for made in book.decide(ev, s):
+        for made in outputs:
             out.add(made, cause)
         if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
             group.append(ev)
@@ -234,11 +236,16 @@ def _recorded(stream: list[Event], s: CreditSettings) -> MemoryEventLog:
 
 
 @settings(max_examples=100, deadline=None)
-@given(stream=streams(), batch=st.integers(1, 4), cooldown=st.integers(0, 2))
+@given(
+    stream=streams(),
+    batch=st.integers(1, 4),
+    cooldown=st.integers(0, 2),
+    rule=st.sampled_from(["success", "score"]),
+)
 def test_re_derived_credit_and_advantages_equal_the_recorded(
-    stream: list[Event], batch: int, cooldown: int
+    stream: list[Event], batch: int, cooldown: int, rule: str
 ) -> None:
-    s = CreditSettings(batch=batch, cooldown=cooldown)
+    s = CreditSettings(batch=batch, cooldown=cooldown, rule=rule)
     base = AuditSettings(credit=s)
     inputs = gather(_recorded(stream, s))
     a = audit_credit(inputs, base, base)

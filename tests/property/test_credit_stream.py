@@ -23,6 +23,7 @@ episode_specs = st.lists(
         st.integers(1, 3),  # turns that retrieved
         st.booleans(),  # success
         st.sampled_from(["train", "eval"]),
+        st.sampled_from([0.0, 0.3, 0.5]),  # the score of a failure (a success scores 1)
     ),
     min_size=1,
     max_size=30,
@@ -35,7 +36,7 @@ def streams(draw: st.DrawFn) -> list[Event]:
     order."""
     specs = draw(episode_specs)
     events: list[Event] = []
-    for i, (call, turns, _, _) in enumerate(specs):
+    for i, (call, turns, *_) in enumerate(specs):
         if call is None:
             continue
         events += [
@@ -55,11 +56,11 @@ def streams(draw: st.DrawFn) -> list[Event]:
             for turn in range(turns)
         ]
     order = draw(st.permutations(range(len(specs))))
-    events += [_finished(f"ep{i}", specs[i][2], specs[i][3]) for i in order]
+    events += [_finished(f"ep{i}", specs[i][2], specs[i][3], specs[i][4]) for i in order]
     return events
 
 
-def _finished(ep: str, success: bool, purpose: str) -> EpisodeFinished:
+def _finished(ep: str, success: bool, purpose: str, partial: float = 0.0) -> EpisodeFinished:
     return EpisodeFinished(
         episode=ep,
         worker="w",
@@ -67,11 +68,92 @@ def _finished(ep: str, success: bool, purpose: str) -> EpisodeFinished:
         variant=1,
         split="train",
         steps=3,
-        score=1.0 if success else 0.0,
+        score=1.0 if success else partial,
         success=success,
         total_reward=0.0,
         purpose=purpose,
     )
+
+
+RULE_TAGS = {"success": "outcome-pm1", "score": "score-2x-1"}
+"""The name each credit rule records (docs/AUDIT.md)."""
+
+
+def oracle(stream: list[Event], s: CreditSettings) -> list[list[Event]]:
+    """What the credit actor must emit for each event of ``stream``, written from
+    ALGORITHMS.md section 3 (not from ``CreditBook``): a training episode shown an entry
+    written by an extractor call at turn 0 credits that call (+1 / -1, or ``2 * score - 1``);
+    once ``batch`` calls have new credit, one extractor request for them, in order of their
+    first new credit, with r(m) the mean of all of a call's credits so far, A(m) = r(m) minus
+    the batch's mean r (exactly 0 when every r is equal), and w(m) = 0 if the call was trained
+    on within the last ``cooldown`` updates, else ``(1 + times trained) ** -alpha``."""
+    shown: dict[str, tuple[int, str]] = {}
+    history: dict[str, list[float]] = {}  # call -> every credit so far
+    new: dict[str, None] = {}  # calls with credit since the last request, in order
+    since: list[str] = []  # the episodes of those credits
+    trained: dict[str, list[int]] = {}  # call -> the updates that trained on it
+    updates = 0
+    out: list[list[Event]] = []
+    for ev in stream:
+        made: list[Event] = []
+        out.append(made)
+        if isinstance(ev, TipsRetrieved):
+            if ev.turn == 0 and ev.tip_ids and ev.calls and ev.calls[0]:
+                shown[ev.episode] = (ev.tip_ids[0], ev.calls[0])
+            continue
+        entry_call = shown.pop(getattr(ev, "episode", ""), None)
+        if not isinstance(ev, EpisodeFinished) or entry_call is None or ev.purpose != "train":
+            continue
+        entry, call = entry_call
+        credit = (1.0 if ev.success else -1.0) if s.rule == "success" else 2.0 * ev.score - 1.0
+        history.setdefault(call, []).append(credit)
+        new[call] = None
+        since.append(ev.episode)
+        made.append(
+            CreditAssigned(
+                episode=ev.episode, entry=entry, call=call, success=ev.success, credit=credit,
+                step=updates, rule=RULE_TAGS[s.rule],
+            )
+        )  # fmt: skip
+        if len(new) < s.batch:
+            continue
+        calls = list(new)
+        rewards = [math.fsum(history[c]) / len(history[c]) for c in calls]
+        mean = math.fsum(rewards) / len(rewards)
+        advantages = [0.0 if len(set(rewards)) == 1 else r - mean for r in rewards]
+        weights = []
+        for c in calls:
+            past = trained.get(c, [])
+            cooling = bool(past) and updates - past[-1] <= s.cooldown
+            weights.append(0.0 if cooling else (1 + len(past)) ** -s.alpha)
+        made.append(
+            ExtractorGradientRequested(
+                update=updates, step=updates, calls=tuple(calls), rewards=tuple(rewards),
+                advantages=tuple(advantages), weights=tuple(weights), credits=tuple(since),
+                lr=s.lr, clip_low=s.clip_low, clip_high=s.clip_high,
+                max_grad_norm=s.max_grad_norm, alpha=s.alpha, cooldown=s.cooldown,
+            )
+        )  # fmt: skip
+        for c, w in zip(calls, weights, strict=True):
+            if w > 0:
+                trained.setdefault(c, []).append(updates)
+        new, since, updates = {}, [], updates + 1
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    stream=streams(),
+    batch=st.integers(1, 4),
+    cooldown=st.integers(0, 2),
+    rule=st.sampled_from(["success", "score"]),
+)
+def test_the_credit_book_emits_what_the_oracle_says(
+    stream: list[Event], batch: int, cooldown: int, rule: str
+) -> None:
+    s = CreditSettings(batch=batch, cooldown=cooldown, alpha=0.5, rule=rule)
+    book = CreditBook()
+    assert [book.decide(ev, s) for ev in stream] == oracle(stream, s)
 
 
 @settings(max_examples=150, deadline=None)

@@ -16,11 +16,13 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fault_counts
 import msgspec.inspect as mi
 import pytest
 import tomli_w
@@ -142,9 +144,16 @@ def validate(tmp: Path, data: bytes, capsys: pytest.CaptureFixture[str], *sets: 
     args = ["validate", str(path)]
     for item in sets:
         args += ["--set", item]
-    code = main(args)
+    CASES["fuzz_cases"] += 1
+    try:
+        code = main(args)
+    except BaseException:
+        CASES["tracebacks"] += 1  # an exception escaping main: a user would see a traceback
+        raise
     captured = capsys.readouterr()
     outcome = Outcome(code, captured.out, captured.err)
+    CASES["fuzz_refused"] += code == 2
+    CASES["tracebacks"] += "Traceback" in outcome.err
     assert code in (0, 2), outcome
     if code == 2:
         lines = outcome.err.splitlines()
@@ -153,6 +162,26 @@ def validate(tmp: Path, data: bytes, capsys: pytest.CaptureFixture[str], *sets: 
         assert outcome.out == "", outcome
     assert "Traceback" not in outcome.err
     return outcome
+
+
+CASES: Counter[str] = Counter()
+"""What the fuzz ran: cases validated (a file, its ``--set`` lines), refused, tracebacks."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def counted() -> Iterator[None]:
+    """At the larger scale of ``make test-faults``, record the module's figures
+    (``tests/faults/fault_counts.py``) once all its tests have run."""
+    CASES.clear()
+    yield
+    if SCALE > 1:
+        fault_counts.record(
+            "tests/property/test_scenario_fuzz.py",
+            fuzz_cases=CASES["fuzz_cases"],
+            fuzz_refused=CASES["fuzz_refused"],
+            tracebacks=CASES["tracebacks"],
+            COEVO_FUZZ_SCALE=str(SCALE),
+        )
 
 
 def dump(doc: dict[str, Any]) -> bytes:

@@ -1,11 +1,20 @@
-"""The LMDB log against its in-memory twin: any interleaving of appends (valid and conflicting),
-range reads, reopens, crashes and a concurrent reader leaves both with the same contents."""
+"""The LMDB log against its in-memory twin: any interleaving of appends (valid and conflicting,
+records of several parts), range reads, reopens, crashes and a concurrent reader leaves both
+with the same contents.
+
+A crash is modelled where it can hurt: inside a write transaction that has put part of what it
+commits (its events record, not yet its snapshot), and in the middle of a commit, after LMDB
+wrote the transaction's pages and before it wrote the meta page that makes them the newest
+commit (the meta page is put back as it was). Either way, the process's handles all vanish
+and a new writer must find exactly the commits before, and carry on from there.
+(``tests/unit/test_lmdb_log.py`` kills a real writer process at random moments.)"""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -23,6 +32,7 @@ from engine.lifecycle import ActorRestarted, ActorStarted, RunStopped
 from stores import lmdb_log
 from stores.eventlog import MemoryEventLog, new_run_meta
 from stores.lmdb_log import LmdbEventLog
+from stores.lmdb_pages import read_metas
 
 META = new_run_meta("stateful", scenario_name="stateful", seed=0, coevo_version="0.1.0")
 
@@ -32,7 +42,7 @@ events: st.SearchStrategy[Event] = st.one_of(
     st.builds(ActorRestarted, actor=names, attempt=st.integers(0, 5)),
     st.builds(RunStopped, reason=names),
 )
-batches = st.lists(events, max_size=6)
+batches = st.lists(events, max_size=8)
 seqs = st.integers(-2, 40)
 
 
@@ -43,12 +53,17 @@ def envelopes(start: int, evs: list[Event]) -> list[Envelope[Event]]:
     ]
 
 
+class Crashed(BaseException):
+    """The process dies here (nothing after it runs)."""
+
+
 class LogVsTwin(RuleBasedStateMachine):
     """Drive an LMDB writer (plus, at times, a read-only handle) and the twin in lock-step."""
 
     @initialize()
     def create(self) -> None:
         self.chunk, lmdb_log.READ_CHUNK = lmdb_log.READ_CHUNK, 4  # many short read txns
+        self.part, lmdb_log.RECORD_PART = lmdb_log.RECORD_PART, 3  # records of several parts
         self.dir = Path(tempfile.mkdtemp(prefix="coevo-stateful-"))
         self.path = self.dir / "log"
         self.writer = LmdbEventLog.create(self.path, META, durable=False, map_size=64 * 1024)
@@ -58,6 +73,7 @@ class LogVsTwin(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "dir"):
             lmdb_log.READ_CHUNK = self.chunk
+            lmdb_log.RECORD_PART = self.part
             self.writer.close()
             if self.reader is not None:
                 self.reader.close()
@@ -102,13 +118,62 @@ class LogVsTwin(RuleBasedStateMachine):
         self.writer.close()
         self.writer = LmdbEventLog.open(self.path, writable=True, durable=False)
 
-    @rule()
-    def crash(self) -> None:
-        """The writer vanishes (no further call on it); a new writer finds every commit."""
+    def vanish(self) -> None:
+        """Every handle of the process goes (a crash), then a new writer opens the log: it
+        holds exactly the twin's commits and verifies."""
         self.writer.close()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
         self.writer = LmdbEventLog.open(self.path, writable=True, durable=False)
         assert list(self.writer.read()) == list(self.twin.read())
         assert self.writer.verify().ok
+
+    @rule()
+    def crash(self) -> None:
+        """The process dies between commits."""
+        self.vanish()
+
+    @rule(evs=batches.filter(bool), upto=seqs, data=st.binary(max_size=8))
+    def crash_inside_a_transaction(self, evs: list[Event], upto: int, data: bytes) -> None:
+        """The process dies in a write transaction that has put the batch's record (of several
+        parts) and not yet its snapshot: nothing of it was committed."""
+        batch = envelopes(self.twin.next_seq, evs)
+
+        def dies(txn: Any, puts: list[Any]) -> None:
+            db, key, value = puts[0]
+            txn.put(key, value, db=db, append=True)
+            raise Crashed
+
+        self.writer._put_all = dies  # type: ignore[method-assign]
+        try:
+            self.writer.append(batch, snapshots=[("a", min(max(upto, 0), batch[-1].seq), data)])
+        except Crashed:
+            pass
+        else:
+            raise AssertionError("the transaction was not under way")
+        self.vanish()
+
+    @rule(evs=batches.filter(bool))
+    def crash_before_the_meta_page(self, evs: list[Event]) -> None:
+        """The process dies in a commit after LMDB wrote the transaction's pages and before it
+        wrote the meta page: the meta page of that transaction's slot is as it was."""
+        data = self.path / "data.mdb"
+        older = min((m for m in read_metas(data) if m is not None), key=lambda m: m.txnid)
+        with data.open("rb") as fh:
+            fh.seek(older.page * older.psize)
+            before = fh.read(older.psize)
+        self.writer.append(envelopes(self.twin.next_seq, evs))  # the twin never sees it
+        newest = max((m for m in read_metas(data) if m is not None), key=lambda m: m.txnid)
+        assert newest.page == older.page, "the commit wrote the other meta page"
+        self.writer.close()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        with data.open("r+b") as fh:
+            fh.seek(older.page * older.psize)
+            fh.write(before)
+        self.vanish()
 
     @rule()
     def writer_returns_to_a_reader(self) -> None:

@@ -1,6 +1,7 @@
-"""UsearchIndex (exact regime: small sizes) against ExactIndex, its brute-force twin: any
-interleaving of adds, removes, re-adds and searches, valid or not, leaves both with the same keys
-and gives the same answers.
+"""UsearchIndex (exact regime: small sizes) and ExactIndex, its brute-force twin, against a
+model kept by the test itself (a dict of key -> pool row, with the Protocol's rules for what
+is refused, and cosines computed here in float64): any interleaving of adds, removes, re-adds
+and searches, valid or not, leaves both with the model's keys and gives the model's answers.
 
 Vectors come from a small 8-dim pool with exact duplicates, near-duplicates and antipodes, so
 ties and near-ties are common. Answers are compared up to :data:`TOL`: at each rank both must
@@ -40,12 +41,12 @@ Hits = list[tuple[int, float]]
 
 
 def assert_same_answer(got: Hits, want: Hits, truth: dict[int, float]) -> None:
-    """``got`` (usearch) answers the query as ``want`` (exact) does, up to near-ties.
+    """``got`` answers the query as ``want`` (the model's) does, up to near-ties.
 
     Args:
-        got: usearch's answer.
-        want: the twin's answer.
-        truth: the twin's similarity of every key in the index to the query.
+        got: an index's answer.
+        want: the model's answer.
+        truth: the model's similarity of every key in the index to the query.
     """
     assert len(got) == len(want)
     assert len({key for key, _ in got}) == len(got)
@@ -56,43 +57,70 @@ def assert_same_answer(got: Hits, want: Hits, truth: dict[int, float]) -> None:
         assert sim_a > sim_b or (sim_a == sim_b and key_a < key_b), got
 
 
+def model_answer(held: dict[int, int], query: np.ndarray, k: int) -> tuple[Hits, dict[int, float]]:
+    """The ``k`` best ``(key, cosine)`` of the keys ``held`` (key -> pool row) for ``query``,
+    by similarity then key, and every held key's cosine: plain float64 arithmetic here."""
+    q = query.astype(np.float64) / np.linalg.norm(query.astype(np.float64))
+    truth = {}
+    for key, row in held.items():
+        v = POOL[row].astype(np.float64)
+        truth[key] = float(np.clip(q @ (v / np.linalg.norm(v)), -1.0, 1.0))
+    ranked = sorted(truth.items(), key=lambda item: (-item[1], item[0]))
+    return ranked[:k], truth
+
+
+def refusal(keys: list[int], held: dict[int, int], adding: bool) -> type[Exception] | None:
+    """What the Protocol says an ``add`` (or ``remove``) of ``keys`` raises, given ``held``."""
+    if len(set(keys)) != len(keys):
+        return ValueError
+    if adding:
+        return ValueError if any(k in held for k in keys) else None
+    return KeyError if any(k not in held for k in keys) else None
+
+
 class UsearchVsExact(RuleBasedStateMachine):
-    """Drive a UsearchIndex and an ExactIndex in lock-step."""
+    """Drive a UsearchIndex and an ExactIndex in lock-step with the model."""
 
     @initialize()
     def create(self) -> None:
         self.usearch = UsearchIndex(DIM)
         self.exact = ExactIndex(DIM)
+        self.held: dict[int, int] = {}  # the model: key -> pool row
 
-    def both(self, method: str, *args: object) -> None:
-        """Call ``method`` on both: both succeed, or both fail with the same error type."""
-        outcomes: list[object] = []
+    def both(self, method: str, keys: list[int], *args: object) -> bool:
+        """Call ``method`` on both: each succeeds or fails as the model says. True if done."""
+        expected = refusal(keys, self.held, adding=method == "add")
         for index in (self.usearch, self.exact):
             try:
-                getattr(index, method)(*args)
-                outcomes.append(None)
+                getattr(index, method)(keys, *args)
+                outcome = None
             except (KeyError, ValueError) as exc:
-                outcomes.append(type(exc))
-        assert outcomes[0] == outcomes[1], outcomes
+                outcome = type(exc)
+            assert outcome is expected, (index, method, keys, outcome, expected)
+        return expected is None
 
     @rule(keys=st.lists(KEYS, max_size=5), rows=st.lists(ROWS, min_size=5, max_size=5))
     def add(self, keys: list[int], rows: list[int]) -> None:
-        self.both("add", keys, POOL[rows[: len(keys)]])
+        if self.both("add", keys, POOL[rows[: len(keys)]]):
+            self.held.update(zip(keys, rows, strict=False))
 
     @rule(keys=st.lists(KEYS, max_size=4))
     def remove(self, keys: list[int]) -> None:
-        self.both("remove", keys)
+        if self.both("remove", keys):
+            for key in keys:
+                del self.held[key]
 
     @rule(data=st.data())
     def readd_present(self, data: st.DataObject) -> None:
         """Remove a present key and add it back with another vector."""
-        present = sorted(k for k in range(31) if k in self.exact)
-        if not present:
+        if not self.held:
             return
-        key = data.draw(st.sampled_from(present))
+        key = data.draw(st.sampled_from(sorted(self.held)))
         row = data.draw(ROWS)
-        self.both("remove", [key])
-        self.both("add", [key], POOL[row : row + 1])
+        assert self.both("remove", [key])
+        del self.held[key]
+        assert self.both("add", [key], POOL[row : row + 1])
+        self.held[key] = row
 
     @rule(
         rows=st.lists(ROWS, min_size=1, max_size=3),
@@ -103,18 +131,17 @@ class UsearchVsExact(RuleBasedStateMachine):
         noise = np.random.default_rng(seed).standard_normal((len(rows), DIM))
         queries = np.concatenate([POOL[rows], noise / np.linalg.norm(noise, axis=1)[:, None]])
         queries = queries.astype(np.float32)
-        got = self.usearch.search(queries, k)
-        want = self.exact.search(queries, k)
-        truths = self.exact.search(queries, len(self.exact))
-        for g, w, t in zip(got, want, truths, strict=True):
-            assert_same_answer(g, w, dict(t))
-            assert_same_answer(w, w, dict(t))  # the twin's own order, by the same rules
+        for index in (self.usearch, self.exact):
+            for got, query in zip(index.search(queries, k), queries, strict=True):
+                want, truth = model_answer(self.held, query, k)
+                assert_same_answer(got, want, truth)
 
     @invariant()
     def same_keys(self) -> None:
-        assert len(self.usearch) == len(self.exact)
-        for key in range(31):
-            assert (key in self.usearch) == (key in self.exact)
+        for index in (self.usearch, self.exact):
+            assert len(index) == len(self.held)
+            for key in range(31):
+                assert (key in index) == (key in self.held)
 
 
 UsearchVsExact.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)

@@ -612,3 +612,83 @@ def test_a_truncated_data_file_is_refused_before_it_is_mapped(path: Path) -> Non
     for writable in (False, True, True):  # a refused writer leaves no lock behind
         with pytest.raises(LogError, match=r"data\.mdb has \d+ bytes but its last commit uses"):
             LmdbEventLog.open(path, writable=writable)
+
+
+# -- a writer process killed ---------------------------------------------------------------------
+
+KILLED_WRITER = """
+import random, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_lmdb_log import META, envelopes
+from stores import lmdb_log
+from stores.lmdb_log import LmdbEventLog
+
+lmdb_log.RECORD_PART = 3  # every batch of more than 3 events is a record of several parts
+path, durable, hold = Path({path!r}), {durable!r}, {hold!r}
+log = (LmdbEventLog.open(path, writable=True, durable=durable) if (path / "data.mdb").exists()
+       else LmdbEventLog.create(path, META, durable=durable, map_size=64 * 1024))
+if hold:  # stay inside the next write transaction, its record put, until killed
+    real = log._put_all
+    def held(txn, puts):
+        real(txn, puts)
+        print("inside", flush=True)
+        sys.stdin.readline()
+    log._put_all = held
+rng = random.Random(log.next_seq)
+while True:
+    start = log.next_seq
+    log.append(envelopes(start, rng.randrange(1, 40), pad="p" * rng.randrange(200)))
+    print(log.next_seq, flush=True)
+"""
+
+
+def kill_writer(path: Path, *, durable: bool, commits: int, hold: bool = False) -> list[int]:
+    """Run a writer process that appends batches of random sizes (records of several parts)
+    and SIGKILL it after ``commits`` commits (``hold``: while it is inside the next write
+    transaction, its record put). Returns the log's length after each commit it reported."""
+    code = KILLED_WRITER.format(
+        tests=str(Path(__file__).parent), path=str(path), durable=durable, hold=hold
+    )
+    child = python(code)
+    assert child.stdout is not None
+    reported: list[int] = []
+    while len(reported) < commits:
+        line = child.stdout.readline()
+        assert line, child.communicate()[1]
+        if line.strip() == "inside":
+            break
+        reported.append(int(line))
+    child.kill()
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == -9, err
+    return reported
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_writer_killed_at_any_moment_leaves_whole_commits(path: Path, durable: bool) -> None:
+    """SIGKILL of a writer between or during its commits (it is appending as fast as it can)
+    and inside an open write transaction: the log holds whole records up to a commit at or
+    after the last one reported, each exactly as written, and verifies; the next writer
+    appends after it."""
+    boundaries: set[int] = {0}
+    for round_, commits in enumerate([5, 1, 12, 3, 30, 7]):
+        hold = round_ % 3 == 1
+        reported = kill_writer(path, durable=durable, commits=commits, hold=hold)
+        boundaries.update(reported)
+        with LmdbEventLog.open(path) as log:
+            end = log.next_seq
+            got = list(log.read())
+            assert log.verify().ok
+        if hold:  # killed inside its first transaction: nothing of it was committed
+            assert reported == [] and end == max(boundaries)
+        else:  # every reported commit is there, and perhaps the one under way
+            assert end >= max(boundaries)
+        assert [env.seq for env in got] == list(range(end))
+        for env in got:  # as written: every field derives from the seq
+            assert isinstance(env.event, ActorStarted) and env.t == env.event.seed == env.seq
+            assert env.event.actor.startswith(f"worker-{env.seq}")
+        boundaries.add(end)
+    with LmdbEventLog.open(path, writable=True) as log:
+        log.append(envelopes(end, 2))
+        assert log.next_seq == end + 2 and log.verify().ok
