@@ -63,6 +63,7 @@ test-slow: install
 # and resumed (the slow sweeps included; tens of minutes)
 test-faults: export HYPOTHESIS_PROFILE = faults
 test-faults: install
+	rm -f $${COEVO_FAULT_COUNTS:-runs/faults/counts.json}  # the counts of this sweep only
 	$(BIN)/pytest -m faults --ignore=tests/faults $(PYTEST_ARGS)
 	COEVO_FUZZ_SCALE=10 $(BIN)/pytest tests/property/test_scenario_fuzz.py $(PYTEST_ARGS)
 	$(BIN)/pytest tests/property tests/stateful --ignore=tests/property/test_scenario_fuzz.py \
