@@ -98,7 +98,7 @@ headline: install
 
 # build (or find in the cache) the embedded default model and print its report
 model: install
-	$(BIN)/python -m agents.embedded
+	$(BIN)/python -m agents.models.embedded
 
 clean:
 	rm -rf $(VENV) $(LOCK_VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

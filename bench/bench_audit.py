@@ -29,29 +29,29 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from agents.audit import audit_tip
-from agents.audit_credit import AuditSettings, audit_credit, gather
-from agents.audit_episode import audit_episode
-from agents.audit_index import INDEX_DIR, index_ident, refresh
-from agents.credit_actor import CreditBook, CreditSettings
-from agents.episode_events import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
-from agents.extractor_events import (
+from agents.audit.answers import audit_tip
+from agents.audit.credit import AuditSettings, audit_credit, gather
+from agents.audit.episode import audit_episode
+from agents.audit.index import INDEX_DIR, index_ident, refresh
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
+from agents.events.extractor import (
     ExtractionRequested,
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
     MergeRequested,
 )
-from agents.memory_events import RetrievalRequested, TipEvicted, TipsRetrieved, TipStored
-from agents.policy_events import (
+from agents.events.memory import RetrievalRequested, TipEvicted, TipsRetrieved, TipStored
+from agents.events.policy import (
     ActionRequested,
     ActionSampled,
     AdvantagesComputed,
     GradientRequested,
     PolicyUpdated,
 )
+from agents.learning.credit_actor import CreditBook, CreditSettings
+from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
-from stores.eventlog import new_run_meta
 from stores.fact_index import LmdbFactIndex
 from stores.lmdb_log import LmdbEventLog
 

@@ -37,12 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.episode_events import EpisodeFinished, EpisodeStarted, StepTaken  # noqa: E402
-from agents.scheduler import plan_episode  # noqa: E402
-from agents.scripted import RandomAgent  # noqa: E402
+from agents.acting.scheduler import plan_episode  # noqa: E402
+from agents.acting.scripted import RandomAgent  # noqa: E402
+from agents.events.episodes import EpisodeFinished, EpisodeStarted, StepTaken  # noqa: E402
 from engine.seeds import derive_rng  # noqa: E402
-from scenarios.worlds.base import Observation, Task  # noqa: E402
-from scenarios.worlds.registry import load_world  # noqa: E402
+from engine.world import Observation, Task  # noqa: E402
+from engine.world_registry import load_world  # noqa: E402
 from scenarios.worlds.scienceworld import rank_actions  # noqa: E402
 from stores.lmdb_log import LmdbEventLog  # noqa: E402
 

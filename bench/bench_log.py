@@ -33,16 +33,10 @@ import msgspec
 import trio
 from rich.console import Console
 
-from agents.episode_events import StepTaken
-from agents.projections import EpisodeTable
+from agents.acting.projections import EpisodeTable
+from agents.events.episodes import StepTaken
 from engine.actor import Actor, ActorSpec, Context
-from engine.events import Codec, Envelope, Event, event_types
-from engine.lifecycle import RunStarted
-from engine.logsetup import configure_logging
-from engine.projection import ActorStats
-from engine.replay import verify_log
-from engine.runtime import Runtime, RuntimeConfig
-from stores.eventlog import (
+from engine.eventlog import (
     EncodedBatch,
     EventLog,
     MemoryEventLog,
@@ -51,6 +45,12 @@ from stores.eventlog import (
     check_batch,
     new_run_meta,
 )
+from engine.events import Codec, Envelope, Event, event_types
+from engine.lifecycle import RunStarted
+from engine.projection import ActorStats
+from engine.replay import verify_log
+from engine.runtime import Runtime, RuntimeConfig
+from scenarios.cli.logsetup import configure_logging
 from stores.lmdb_log import LmdbEventLog
 
 ADMISSIBLE = tuple(f"open {x}" for x in ("box", "crate", "chest", "sack", "drawer", "cabinet"))

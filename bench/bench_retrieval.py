@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.embedder import Embedder, HashingEmbedder, MiniLMEmbedder
+from agents.models.embedder import Embedder, HashingEmbedder, MiniLMEmbedder
 from stores.tip_index import ExactIndex, UsearchIndex, VectorIndex
 
 K = 10

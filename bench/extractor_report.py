@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.curves import Coevolution, fold_coevolution, rolling_mean
+from agents.report.curves import Coevolution, fold_coevolution, rolling_mean
 
 OPS = ("add", "update", "merge", "rewrite", "discard", "return")
 

@@ -31,9 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agents.curves import Curves, fold_curves
-from engine.cli import main as coevo
+from agents.report.curves import Curves, fold_curves
 from engine.events import Event
+from scenarios.cli import main as coevo
 from scenarios.loader import load_scenario
 from stores.lmdb_log import LmdbEventLog
 

@@ -18,17 +18,17 @@ from typing import Any
 
 import torch
 
-from agents.advantages import group_advantages
-from agents.inference import ActSettings, PolicyRunner
-from agents.learner import Sample, Trainee, grpo_step
-from agents.policy_events import ActionRequested, ActionSampled
-from agents.prompts import Step, turn_messages
-from agents.scheduler import plan_episode
-from agents.trainer import ADV_EPS, gradient_request
+from agents.acting.inference import ActSettings, PolicyRunner
+from agents.acting.scheduler import plan_episode
+from agents.events.policy import ActionRequested, ActionSampled
+from agents.learning.learner import Sample, Trainee, grpo_step
+from agents.learning.trainer import ADV_EPS, gradient_request
+from agents.methods.advantages import group_advantages
+from agents.models.prompts import Step, turn_messages
 from engine.seeds import derive_rng, derive_seed
+from engine.world import Observation, Task, TextWorld
+from engine.world_registry import load_world
 from scenarios.schema import Scenario
-from scenarios.worlds.base import Observation, Task, TextWorld
-from scenarios.worlds.registry import load_world
 from stores.checkpoints import load_model_dir, load_weights
 
 

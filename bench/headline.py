@@ -2,7 +2,7 @@
 extractor control and the combination, several seeds each, final figures from the last
 evaluation round of every run (``eval.final_episodes`` held-out episodes by the last policy,
 without memory; Complementary RL's also with its bank; EMPO2's adaptation test), as means with
-95% bootstrap intervals over seeds and episodes (:mod:`agents.intervals`), the hard family on
+95% bootstrap intervals over seeds and episodes (:mod:`agents.report.intervals`), the hard family on
 its own, and the ratios the issue sets goals for.
 
     .venv/bin/python bench/headline.py --seeds 0 1 2 3 4 --parallel 2
@@ -28,9 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headline_logs import Modes, modes_of, modes_table
 from method_results import fold, plot, read_run, run_all
 
-from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.intervals import Groups, Interval, bootstrap_mean, bootstrap_ratio, paired_difference
-from agents.policy_events import EvalRoundFinished
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.policy import EvalRoundFinished
+from agents.report.intervals import (
+    Groups,
+    Interval,
+    bootstrap_mean,
+    bootstrap_ratio,
+    paired_difference,
+)
 from engine.events import Event
 
 ROOT = Path(__file__).resolve().parents[1]

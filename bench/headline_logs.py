@@ -3,7 +3,7 @@
 and the adaptation test with the untrained policy (the first round) beside the last.
 
 Used by ``bench/headline.py``; pure folds of events, pooled over seeds with
-:mod:`agents.intervals`.
+:mod:`agents.report.intervals`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.intervals import bootstrap_mean, bootstrap_ratio
-from agents.policy_events import GradientRequested, PolicyUpdated
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.policy import GradientRequested, PolicyUpdated
+from agents.report.intervals import bootstrap_mean, bootstrap_ratio
 from engine.events import Event
 
 

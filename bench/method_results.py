@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from extractor_report import Coevolution, coevolution_table, fold_coevolution, plot_coevolution
 
-from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.extractor_events import ExtractorCalled
-from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.extractor import ExtractorCalled
+from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
 from stores.lmdb_log import LmdbEventLog
 

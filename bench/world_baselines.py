@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/world_baselines.py`` (single thread, a few minutes
 
 Per family it measures, over the first ``--variants`` variants of each split:
 - random: a uniformly random policy (``--repeats`` seeded episodes per train variant);
-- explorer: the memoryless heuristic explorer of agents/scripted.py (same episodes);
+- explorer: the memoryless heuristic explorer of agents/acting/scripted.py (same episodes);
 - +note train / +note heldout: the same explorer given a correct note, the hindsight note of an
   earlier successful episode of the same variant (found by explorers and random agents);
 - +other note: the explorer given the note of a different train variant with the same goal,
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.scripted import Explorer, RandomAgent, hindsight_note, run_episode
-from scenarios.worlds.base import Task
+from agents.acting.scripted import Explorer, RandomAgent, hindsight_note, run_episode
+from engine.world import Task
 from scenarios.worlds.minilab import MiniLab
 
 COLUMNS = (

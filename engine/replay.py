@@ -13,6 +13,7 @@ from typing import Protocol
 import trio
 
 from engine.errors import LogCorrupted, LogInconsistent, ReplayDiverged, SchemaTooNew
+from engine.eventlog import EventLog
 from engine.events import Envelope, Event
 from engine.lifecycle import (
     ProjectionChecked,
@@ -22,7 +23,6 @@ from engine.lifecycle import (
     SnapshotTaken,
 )
 from engine.projection import Fold, Projection, decode_state
-from stores.eventlog import EventLog
 
 
 def replay_until(

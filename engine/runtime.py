@@ -35,6 +35,7 @@ import trio
 
 from engine.actor import Actor, ActorSpec, Context, Mailbox
 from engine.errors import ActorCrashed
+from engine.eventlog import EncodedBatch, EventLog, Snapshot
 from engine.events import Codec, Envelope, Event
 from engine.lifecycle import (
     ActorFailed,
@@ -55,7 +56,6 @@ from engine.projection import (
 )
 from engine.replay import replay_until
 from engine.seeds import derive_seed
-from stores.eventlog import EncodedBatch, EventLog, Snapshot
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _FINAL_EVENTS = frozenset({RunStopped, RunFailed})

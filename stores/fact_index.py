@@ -1,7 +1,7 @@
 """The fact index: an ordered byte-key store beside an event log, filled by one replay pass.
 
 ``coevo audit`` answers questions about one entry or one episode from facts a pass over the log
-extracted (``agents.audit_index`` decides what they are); this module only keeps them. Keys are
+extracted (``agents.audit.index`` decides what they are); this module only keeps them. Keys are
 bytes in lexicographic order, looked up exactly (:meth:`FactIndex.get`) or by prefix
 (:meth:`FactIndex.scan`). The index remembers how far it has read (``upto``: the next seq to
 index), so a second pass over a live run reads only the new tail, and which log it belongs to

@@ -43,8 +43,7 @@ from engine.errors import (
     SchemaTooNew,
     SequenceConflict,
 )
-from engine.events import Codec, Envelope, Event
-from stores.eventlog import (
+from engine.eventlog import (
     LOG_FORMAT,
     EncodedBatch,
     RunMeta,
@@ -53,6 +52,7 @@ from stores.eventlog import (
     check_batch,
     check_snapshot,
 )
+from engine.events import Codec, Envelope, Event
 from stores.lmdb_env import DATA_FILE, ENV_LOCK_FILE, SharedEnv, is_blank, lock_writer
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def _snapshot_prefix(name: str) -> bytes:
 
 
 class LmdbEventLog:
-    """The :class:`~stores.eventlog.EventLog` on LMDB. Build with :meth:`create` or :meth:`open`.
+    """The :class:`~engine.eventlog.EventLog` on LMDB. Build with :meth:`create` or :meth:`open`.
 
     A writable handle holds the writer lock until :meth:`close`; a read-only one never locks and
     always sees the latest committed state. Handles are usable from several threads. Handles of

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import cast
 
-from scenarios.worlds.base import SPLITS, Observation, Task
+from engine.world import SPLITS, Observation, Task
 
 FAMILIES: tuple[str, ...] = ("fetch", "heat", "unlock", "circuit", "paint")
 DEFAULT_MAX_STEPS = {"fetch": 18, "heat": 20, "unlock": 20, "circuit": 18, "paint": 20}

@@ -1,7 +1,7 @@
 """Checks for world options shared by the adapters of real environments.
 
 Each check returns the value in its canonical type or raises a one-line ``ValueError`` naming the
-option, which :func:`scenarios.worlds.registry.load_world` turns into a scenario error.
+option, which :func:`engine.world_registry.load_world` turns into a scenario error.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
+
+from engine.world import ExtraMissing as ExtraMissing  # its home before the world interface moved
 
 
 def check_int(name: str, value: object, low: int, high: int) -> int:
@@ -77,14 +79,6 @@ def check_names(name: str, value: object) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"{name} must not repeat a name, got {list(names)!r}")
     return names
-
-
-class ExtraMissing(ValueError):
-    """A world needs a package from one of coevo's optional extras that is not installed.
-
-    A ``ValueError`` like every option error, so :func:`scenarios.worlds.registry.load_world`
-    reports it as a scenario error; its message says which extra to install.
-    """
 
 
 def cache_root() -> Path:

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from scenarios.worlds.base import SPLITS, Observation, Task
+from engine.world import SPLITS, Observation, Task
 from scenarios.worlds.options import (
     check_bool,
     check_choice,

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scenarios.worlds.base import SPLITS, Observation, Task
+from engine.world import SPLITS, Observation, Task
 from scenarios.worlds.options import (
     cache_root,
     check_bool,

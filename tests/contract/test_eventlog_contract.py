@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine.errors import LogClosed, LogError, SequenceConflict
+from engine.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted, RunFailed, RunStarted, RunStopped
-from stores.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta
 from stores.lmdb_log import LmdbEventLog
 
 META = RunMeta(

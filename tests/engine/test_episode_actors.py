@@ -9,19 +9,19 @@ import pytest
 import trio
 import trio.testing
 
-from agents.env_worker import EnvWorker
-from agents.episode_events import EpisodeAborted, EpisodeAssigned, EpisodeFinished
-from agents.projections import EpisodeTable
-from agents.scheduler import Scheduler
-from agents.scripted import Explorer
+from agents.acting.env_worker import EnvWorker
+from agents.acting.projections import EpisodeTable
+from agents.acting.scheduler import Scheduler
+from agents.acting.scripted import Explorer
+from agents.events.episodes import EpisodeAborted, EpisodeAssigned, EpisodeFinished
 from engine.actor import ActorSpec
+from engine.eventlog import MemoryEventLog
 from engine.lifecycle import ActorRestarted, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime
-from scenarios.worlds.base import Observation, Task, TextWorld
+from engine.world import Observation, Task, TextWorld
 from scenarios.worlds.minilab import MiniLab
-from stores.eventlog import MemoryEventLog
 
 STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=5, coevo_version="0")
 

@@ -14,16 +14,16 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.embedder import HashingEmbedder
-from agents.extractor_events import ExtractorCalled, MergeDue, MergeRequested
-from agents.memory import MemoryActor, MemorySettings, TipBank, merge_requests
-from agents.memory_events import RetrievalRequested, TipProposed, TipsRetrieved
+from agents.events.extractor import ExtractorCalled, MergeDue, MergeRequested
+from agents.events.memory import RetrievalRequested, TipProposed, TipsRetrieved
+from agents.memory.bank import MemoryActor, MemorySettings, TipBank, merge_requests
+from agents.models.embedder import HashingEmbedder
 from engine.actor import Actor, ActorSpec, Context
+from engine.eventlog import MemoryEventLog
 from engine.events import Event
 from engine.lifecycle import RunStarted
 from engine.projection import ActorStats
 from engine.runtime import Runtime
-from stores.eventlog import MemoryEventLog
 
 SEED = 4
 DIM = 32

@@ -20,11 +20,12 @@ import trio
 import trio.testing
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agents.embedded import EmbeddedSpec, build_tokenizer, episode_texts, prompt_texts, word_pieces
-from agents.env_worker import EnvWorker, PromptSettings
-from agents.episode_events import EpisodeFinished, StepTaken
-from agents.inference import ActSettings, InferenceActor, PolicyRunner
-from agents.policy_events import (
+from agents.acting.env_worker import EnvWorker, PromptSettings
+from agents.acting.inference import ActSettings, InferenceActor, PolicyRunner
+from agents.acting.projections import EpisodeTable
+from agents.acting.scheduler import Scheduler
+from agents.events.episodes import EpisodeFinished, StepTaken
+from agents.events.policy import (
     ActionRequested,
     ActionSampled,
     AdvantagesComputed,
@@ -32,19 +33,24 @@ from agents.policy_events import (
     GradientRequested,
     PolicyUpdated,
 )
-from agents.pretrain_play import pretrain_episodes
-from agents.projections import EpisodeTable
-from agents.scheduler import Scheduler
-from agents.trainer import GrpoTrainer
+from agents.learning.trainer import GrpoTrainer
+from agents.methods.settings import EvalConfig, GrpoConfig
+from agents.models.embedded import (
+    EmbeddedSpec,
+    build_tokenizer,
+    episode_texts,
+    prompt_texts,
+    word_pieces,
+)
+from agents.models.pretrain_play import pretrain_episodes
 from engine.actor import Actor, ActorSpec, Context
+from engine.eventlog import MemoryEventLog
 from engine.lifecycle import RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime
-from scenarios.schema import EvalConfig, GrpoConfig
 from scenarios.worlds.minilab import MiniLab
 from stores.checkpoints import MemoryCheckpoints
-from stores.eventlog import MemoryEventLog
 
 STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=9, coevo_version="0")
 

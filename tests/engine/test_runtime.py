@@ -14,6 +14,7 @@ import trio.testing
 
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import LogError
+from engine.eventlog import EncodedBatch, MemoryEventLog, Snapshot
 from engine.events import Event, event
 from engine.lifecycle import (
     ActorFailed,
@@ -28,7 +29,6 @@ from engine.projection import ActorStats, Fold, tag_of
 from engine.replay import replay_until, verify_log
 from engine.runtime import RunOutcome, Runtime, RuntimeConfig
 from engine.seeds import derive_seed
-from stores.eventlog import EncodedBatch, MemoryEventLog, Snapshot
 
 FROZEN_EPISODE_SEED = 5564015917193321374
 

@@ -12,21 +12,21 @@ import numpy as np
 import pytest
 import trio
 
-from agents.env_worker import EnvWorker, checked_observation
-from agents.episode_events import EpisodeAborted, EpisodeFinished, StepTaken
-from agents.projections import EpisodeTable
-from agents.scheduler import Scheduler
-from agents.scripted import RandomAgent
+from agents.acting.env_worker import EnvWorker, checked_observation
+from agents.acting.projections import EpisodeTable
+from agents.acting.scheduler import Scheduler
+from agents.acting.scripted import RandomAgent
+from agents.events.episodes import EpisodeAborted, EpisodeFinished, StepTaken
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import EventInvalid
+from engine.eventlog import MemoryEventLog
 from engine.events import Codec
 from engine.lifecycle import ActorFailed, RunFailed, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime
-from scenarios.worlds.base import Observation, Task
+from engine.world import Observation, Task
 from scenarios.worlds.minilab import MiniLab
-from stores.eventlog import MemoryEventLog
 
 STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=5, coevo_version="0")
 

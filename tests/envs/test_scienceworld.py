@@ -23,20 +23,20 @@ pytest.importorskip("scienceworld")
 if shutil.which("java") is None:
     pytest.skip("ScienceWorld needs Java on PATH", allow_module_level=True)
 
-from agents.env_worker import EnvWorker
-from agents.episode_events import EpisodeAborted, EpisodeFinished, StepTaken
-from agents.projections import EpisodeTable
-from agents.scheduler import Scheduler
-from agents.scripted import RandomAgent
+from agents.acting.env_worker import EnvWorker
+from agents.acting.projections import EpisodeTable
+from agents.acting.scheduler import Scheduler
+from agents.acting.scripted import RandomAgent
+from agents.events.episodes import EpisodeAborted, EpisodeFinished, StepTaken
 from engine.actor import ActorSpec
+from engine.eventlog import new_run_meta
 from engine.lifecycle import RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime
-from scenarios.worlds.base import Observation, Task
-from scenarios.worlds.registry import load_world
+from engine.world import Observation, Task
+from engine.world_registry import load_world
 from scenarios.worlds.scienceworld import JvmHung, ScienceWorld
-from stores.eventlog import new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 BOIL = Task(family="boil", variant=0)

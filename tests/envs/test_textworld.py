@@ -23,8 +23,8 @@ import pytest
 
 pytest.importorskip("textworld")
 
-from scenarios.worlds.base import Observation, Task
-from scenarios.worlds.registry import load_world
+from engine.world import Observation, Task
+from engine.world_registry import load_world
 from scenarios.worlds.textworld import FAMILIES, TextWorldGames
 
 ROOT = Path(__file__).resolve().parents[2]

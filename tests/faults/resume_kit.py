@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-from agents.episode_events import EpisodeAbandoned
-from agents.policy_events import PolicyUpdated
+from agents.events.episodes import EpisodeAbandoned
+from agents.events.policy import PolicyUpdated
 from engine.errors import LogError
 from engine.events import Envelope, Event
 from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
@@ -140,7 +140,7 @@ progress = false
 def coevo(args: list[str], cache: Path) -> subprocess.Popen[bytes]:
     """Start ``coevo ARGS`` in a subprocess with the model cache at ``cache``."""
     return subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", *args],
+        [sys.executable, "-m", "scenarios.cli", *args],
         cwd=ROOT,
         env={**os.environ, "COEVO_CACHE": str(cache), "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,

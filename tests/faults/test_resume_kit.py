@@ -9,8 +9,8 @@ import msgspec
 import pytest
 from resume_kit import Chain, check_sessions, duplicates
 
-from agents.episode_events import EpisodeAbandoned, EpisodeAssigned, EpisodeFinished, StepTaken
-from agents.policy_events import ActionRequested, ActionSampled
+from agents.events.episodes import EpisodeAbandoned, EpisodeAssigned, EpisodeFinished, StepTaken
+from agents.events.policy import ActionRequested, ActionSampled
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed, RunStarted, RunStopped
 

@@ -36,15 +36,15 @@ from resume_kit import (
     stop_and_resume,
 )
 
-from agents.episode_events import EpisodeAbandoned, EpisodeFinished
-from agents.extractor_events import (
+from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
+from agents.events.extractor import (
     ExtractionRequested,
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
     MergeRequested,
 )
-from agents.memory_events import (
+from agents.events.memory import (
     ReflectionRequested,
     RetrievalRequested,
     TipEvicted,
@@ -53,10 +53,10 @@ from agents.memory_events import (
     TipsRetrieved,
     TipStored,
 )
-from agents.policy_events import ActionRequested, ActionSampled, GradientRequested, PolicyUpdated
-from engine.cli import main
+from agents.events.policy import ActionRequested, ActionSampled, GradientRequested, PolicyUpdated
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed
+from scenarios.cli import main
 
 
 def kills(rng: random.Random, n: int, stops: int) -> list[tuple[int, int]]:

@@ -15,10 +15,10 @@ import pytest
 from resume_kit import ROLLOUT, ROOT, coevo, duplicates, read_log, stop_at
 
 import scenarios.assemble
-from engine.cli import main
 from engine.lifecycle import RunResumed, RunStopped
 from engine.replay import verify_log
 from scenarios.assemble import fact_checks, projections
+from scenarios.cli import main
 from stores.lmdb_log import LmdbEventLog
 
 
@@ -43,7 +43,7 @@ def test_a_resume_started_while_another_loads_is_refused_and_nothing_is_recorded
         the first with SIGSTOP after it had read the history)."""
         others.append(
             subprocess.run(
-                [sys.executable, "-m", "engine.cli", "resume", str(run), "--quiet"],
+                [sys.executable, "-m", "scenarios.cli", "resume", str(run), "--quiet"],
                 cwd=ROOT,
                 env={**os.environ, "COEVO_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)},
                 capture_output=True,

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.advantages import group_stats
-from agents.credit_actor import CreditBook, credit_settings
-from agents.episode_events import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
-from agents.extractor_events import (
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
+from agents.events.extractor import (
     ExtractionRequested,
     ExtractorCalled,
     ExtractorUpdated,
     MergeDue,
     MergeRequested,
 )
-from agents.memory_events import (
+from agents.events.memory import (
     ReflectionRequested,
     RetrievalRequested,
     TipEvicted,
@@ -33,16 +31,18 @@ from agents.memory_events import (
     TipsRetrieved,
     TipStored,
 )
-from agents.policy_events import (
+from agents.events.policy import (
     ActionRequested,
     ActionSampled,
     AdvantagesComputed,
     GradientRequested,
     PolicyUpdated,
 )
+from agents.learning.credit_actor import CreditBook, credit_settings
+from agents.methods.advantages import group_stats
+from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from scenarios.loader import parse_toml, to_scenario
-from stores.eventlog import new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 TOML = 'name = "golden"\n[run]\nmethod = "complementary"\n[complementary]\nbatch = 2\n'

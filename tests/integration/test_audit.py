@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from audit_golden import golden_stream, write_run
 
-from agents.audit_index import INDEX_DIR, index_ident
-from agents.memory_events import TipsRetrieved
-from engine.cli import main
+from agents.audit.index import INDEX_DIR, index_ident
+from agents.events.memory import TipsRetrieved
 from engine.events import Envelope
+from scenarios.cli import main
 from stores.fact_index import LmdbFactIndex
 from stores.lmdb_log import LmdbEventLog
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from scenarios.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLORE = str(ROOT / "scenarios" / "explore.toml")
@@ -71,7 +71,7 @@ def test_a_fifo_as_the_scenario_file_is_refused_without_waiting(tmp_path: Path) 
     fifo = tmp_path / "scenario.toml"
     os.mkfifo(fifo)
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "validate", str(fifo)],
+        [sys.executable, "-m", "scenarios.cli", "validate", str(fifo)],
         capture_output=True,
         text=True,
         timeout=60,  # it waited forever for a writer
@@ -107,7 +107,7 @@ WORLDS = {
         ".tasks('fetch', 'train') returned 'a', not a Task",
     ),
     "tasks of the wrong types": (
-        "from scenarios.worlds.base import Task\nfrom scenarios.worlds.minilab import MiniLab\n"
+        "from engine.world import Task\nfrom scenarios.worlds.minilab import MiniLab\n"
         "class W(MiniLab):\n    def tasks(self, family, split):\n"
         "        return [Task(family=family, variant='one', split=split)]\n",
         "Expected `int`, got `str` - at `$.variant`",

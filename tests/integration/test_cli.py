@@ -161,8 +161,8 @@ def test_a_run_stopped_as_its_log_was_created_can_be_run_again_or_resumed(tmp_pa
     starts); never a directory that can be neither resumed nor run into."""
     import lmdb
 
+    from engine.eventlog import new_run_meta
     from scenarios.loader import load_scenario, resolved_toml
-    from stores.eventlog import new_run_meta
     from stores.lmdb_log import LmdbEventLog
 
     blank = tmp_path / "blank"

@@ -16,11 +16,11 @@ from bench_import import load_bench
 from test_complementary_run import COMPLEMENTARY
 from test_grpo_run import of, read_events
 
-from agents.bank_rebuild import RebuildSettings, Rebuilt, bank_script, rebuild_bank
-from agents.extractor_events import ExtractorCalled, ExtractorUpdated
-from agents.memory_events import TipEvicted, TipStored
-from engine.cli import main
+from agents.events.extractor import ExtractorCalled, ExtractorUpdated
+from agents.events.memory import TipEvicted, TipStored
+from agents.memory.bank_rebuild import RebuildSettings, Rebuilt, bank_script, rebuild_bank
 from engine.events import Envelope, Event
+from scenarios.cli import main
 from scenarios.policy_setup import (
     bank_settings,
     embedder_for,

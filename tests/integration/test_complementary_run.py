@@ -13,10 +13,8 @@ import torch
 from bench_import import load_bench
 from test_grpo_run import TINY, of, read_events, run_scenario
 
-from agents.advantages import subgroup_advantages, subgroup_weights
-from agents.credit_actor import CreditBook, CreditSettings
-from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.extractor_events import (
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.extractor import (
     CreditAssigned,
     ExtractionRequested,
     ExtractorCalled,
@@ -25,15 +23,17 @@ from agents.extractor_events import (
     MergeDue,
     MergeRequested,
 )
-from agents.memory_events import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
-from agents.policy_events import (
+from agents.events.memory import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
+from agents.events.policy import (
     AdvantagesComputed,
     EvalRoundFinished,
     GradientRequested,
     PolicyUpdated,
 )
-from engine.cli import main
+from agents.learning.credit_actor import CreditBook, CreditSettings
+from agents.methods.advantages import subgroup_advantages, subgroup_weights
 from engine.events import Event
+from scenarios.cli import main
 from stores.checkpoints import load_model_dir, param_digest
 
 COMPLEMENTARY = (

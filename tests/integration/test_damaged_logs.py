@@ -4,7 +4,7 @@ each print one line naming the problem and where (the log, the seq) and exit non
 crashes (LMDB maps the file: a page past a truncated end is SIGBUS), and no event of a damaged
 record is ever printed or folded.
 
-The commands run in a child process (``engine.cli.main`` in a loop), so that a crash is a
+The commands run in a child process (``scenarios.cli.main`` in a loop), so that a crash is a
 failure of the case that caused it, not of the test session. The ``faults`` marker runs the
 exhaustive sweep (every page of the file overwritten, every record flipped).
 """
@@ -38,7 +38,7 @@ PAGE = 4096
 
 CHILD = """
 import contextlib, io, json, sys
-from engine.cli import main
+from scenarios.cli import main
 for line in sys.stdin:
     name, argv = json.loads(line)
     out, err = io.StringIO(), io.StringIO()

@@ -12,21 +12,21 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import agents.embedded as embedded
-from agents.embedded import (
+import agents.models.embedded as embedded
+from agents.models.embedded import (
     REQUIRED_FILES,
     EmbeddedSpec,
     cache_key,
     ensure_embedded,
     split_words,
 )
-from agents.policy import score_and_choose
-from agents.pretrain import (
+from agents.models.policy import score_and_choose
+from agents.models.pretrain import (
     Sample,
     collate,
     next_token_losses,
 )
-from agents.prompts import encode_prompt, encode_response, turn_messages
+from agents.models.prompts import encode_prompt, encode_response, turn_messages
 
 TINY = EmbeddedSpec(
     world_options={"families": ["fetch", "heat"], "train_variants": 20, "max_steps": 6},

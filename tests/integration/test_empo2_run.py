@@ -12,10 +12,8 @@ import torch
 from bench_import import load_bench
 from test_grpo_run import TINY, of, read_events, run_scenario
 
-from agents.empo2 import intrinsic_reward
-from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.learner import Sample, sample_logps
-from agents.memory_events import (
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.memory import (
     ReflectionRequested,
     RetrievalRequested,
     TipProposed,
@@ -23,7 +21,7 @@ from agents.memory_events import (
     TipsRetrieved,
     TipStored,
 )
-from agents.policy_events import (
+from agents.events.policy import (
     ActionRequested,
     ActionSampled,
     AdaptRoundFinished,
@@ -31,9 +29,11 @@ from agents.policy_events import (
     GradientRequested,
     PolicyUpdated,
 )
-from agents.prompts import encode_prompt, strip_tips
-from engine.cli import main
+from agents.learning.learner import Sample, sample_logps
+from agents.methods.empo2 import intrinsic_reward
+from agents.models.prompts import encode_prompt, strip_tips
 from engine.events import Event
+from scenarios.cli import main
 from stores.checkpoints import DirCheckpoints, load_model_dir, load_weights
 
 EMPO2 = (

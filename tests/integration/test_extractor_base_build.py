@@ -10,8 +10,14 @@ import pytest
 import torch
 from test_embedded_build import TINY
 
-from agents.embedded import ensure_embedded
-from agents.extractor_base import OP_WORDS, REQUIRED_FILES, OpsSpec, ensure_extractor_base, ops_key
+from agents.models.embedded import ensure_embedded
+from agents.models.extractor_base import (
+    OP_WORDS,
+    REQUIRED_FILES,
+    OpsSpec,
+    ensure_extractor_base,
+    ops_key,
+)
 from stores.checkpoints import load_model_dir
 
 OPS = OpsSpec(episodes_per_family=4, steps=12, warmup=1, batch_size=4, checks=1, max_new_tokens=8)

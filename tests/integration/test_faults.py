@@ -73,7 +73,7 @@ def test_resume_in_a_read_only_directory_is_one_line(
 ) -> None:
     """The writer lock cannot be opened (a read-only file system; as root, chmod would not
     stop the test): one line, not the OSError's traceback."""
-    from engine.cli import main
+    from scenarios.cli import main
 
     run = tmp_path / "run"
     assert main(["run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=5"]) == 0
@@ -101,7 +101,7 @@ def test_curves_that_cannot_be_written_are_one_line_and_the_log_is_complete(
     import dataclasses
 
     import scenarios.assemble
-    from engine.cli import main
+    from scenarios.cli import main
 
     def full_disk(root: Path, events: object) -> list[str]:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root / "curves.png"))

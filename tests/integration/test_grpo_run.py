@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.episode_events import EpisodeFinished
-from agents.policy_events import (
+from agents.events.episodes import EpisodeFinished
+from agents.events.policy import (
     ActionRequested,
     ActionSampled,
     AdvantagesComputed,
@@ -18,8 +18,8 @@ from agents.policy_events import (
     GradientRequested,
     PolicyUpdated,
 )
-from engine.cli import main
 from engine.events import Event
+from scenarios.cli import main
 from stores.lmdb_log import LmdbEventLog
 
 TINY = """

@@ -15,8 +15,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from engine.cli import main
 from engine.errors import ModelUnavailable
+from scenarios.cli import main
 from stores import checkpoints as ckpt
 from stores.checkpoints import DirCheckpoints, check_model_dir, load_model_dir
 

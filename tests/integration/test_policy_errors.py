@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from scenarios.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
@@ -78,7 +78,7 @@ def test_validate_checks_learning_settings_without_building_the_model(
 def test_a_missing_embedding_model_is_one_line_and_exit_2_before_the_run(
     scenario: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("agents.embedder.MINILM_PACKAGE", "no_such_minilm_package")
+    monkeypatch.setattr("agents.models.embedder.MINILM_PACKAGE", "no_such_minilm_package")
     assert main(["validate", str(ROOT / "scenarios" / scenario)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("coevo: error:") and "\n" not in err

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.curves import fold_curves
-from engine.cli import main
+from agents.report.curves import fold_curves
+from scenarios.cli import main
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]

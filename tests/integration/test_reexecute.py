@@ -15,13 +15,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_grpo_run import of, read_events
 
-from agents.episode_events import EpisodeFinished
-from agents.extractor_events import ExtractorUpdated
-from agents.learner import update_seed
-from agents.policy_events import ActionSampled, GradientRequested, PolicyUpdated
-from engine.cli import main
+from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import ExtractorUpdated
+from agents.events.policy import ActionSampled, GradientRequested, PolicyUpdated
+from agents.learning.learner import update_seed
 from engine.events import Event
 from engine.lifecycle import RunStarted
+from scenarios.cli import main
 from stores.checkpoints import load_model_dir, param_digest
 from stores.lmdb_log import LmdbEventLog
 

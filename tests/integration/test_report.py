@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from test_grpo_run import of, read_events
 
-from agents.extractor_events import CreditAssigned
-from agents.memory_events import TipStored
-from engine.cli import main
-from stores.eventlog import new_run_meta
+from agents.events.extractor import CreditAssigned
+from agents.events.memory import TipStored
+from engine.eventlog import new_run_meta
+from scenarios.cli import main
 from stores.lmdb_log import LmdbEventLog
 
 CHROMIUM = shutil.which("chromium")

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorStarted, RunStopped
-from stores.eventlog import new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]

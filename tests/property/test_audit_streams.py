@@ -11,23 +11,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_credit_stream import oracle, streams
 
-from agents.audit import audit_tip, lineage
-from agents.audit_credit import AuditSettings, audit_credit, derive_credits, gather, with_overrides
-from agents.audit_index import refresh
-from agents.credit_actor import CreditSettings
-from agents.episode_events import EpisodeFinished
-from agents.extractor_events import CreditAssigned, ExtractorCalled, ExtractorGradientRequested
-from agents.memory import MemorySettings, TipBank
-from agents.memory_events import (
+from agents.audit.answers import audit_tip, lineage
+from agents.audit.credit import AuditSettings, audit_credit, derive_credits, gather, with_overrides
+from agents.audit.index import refresh
+from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import CreditAssigned, ExtractorCalled, ExtractorGradientRequested
+from agents.events.memory import (
     RetrievalRequested,
     TipEvicted,
     TipProposed,
     TipsRetrieved,
     TipStored,
 )
-from agents.policy_events import AdvantagesComputed
+from agents.events.policy import AdvantagesComputed
+from agents.learning.credit_actor import CreditSettings
+from agents.memory.bank import MemorySettings, TipBank
+from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
-from stores.eventlog import MemoryEventLog
 from stores.fact_index import MemoryFactIndex
 
 DIM = 4

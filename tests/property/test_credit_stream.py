@@ -8,10 +8,10 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.credit_actor import CreditBook, CreditSettings
-from agents.episode_events import EpisodeFinished
-from agents.extractor_events import CreditAssigned, ExtractorGradientRequested
-from agents.memory_events import TipsRetrieved
+from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
+from agents.events.memory import TipsRetrieved
+from agents.learning.credit_actor import CreditBook, CreditSettings
 from engine.events import Event
 
 CALLS = ["", "x1", "x2", "x3", "x4", "x5"]  # "" is a reflection tip: never credited

@@ -9,14 +9,14 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.episode_events import (
+from agents.acting.projections import EpisodeTable
+from agents.events.episodes import (
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
     EpisodeStarted,
     StepTaken,
 )
-from agents.projections import EpisodeTable
 from engine.events import Codec, Envelope, Event, event_types
 from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted
 from engine.projection import ActorStats, Fold, decode_state, digest_state, encode_state

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import LogCorrupted
+from engine.eventlog import EventLog, MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event, event_types
 from stores import lmdb_log
-from stores.eventlog import EventLog, MemoryEventLog, new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 META = new_run_meta("property", scenario_name="property", seed=0, coevo_version="0.1.0")

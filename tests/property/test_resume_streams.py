@@ -26,24 +26,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_credit_stream import streams
 
-from agents.credit_actor import CreditActor, CreditSettings
-from agents.episode_events import (
+from agents.acting.scheduler import Scheduler
+from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
     EpisodeStarted,
 )
-from agents.memory_events import TipRejected, TipsRetrieved, TipStored
-from agents.policy_events import GradientRequested, PolicyUpdated
-from agents.scheduler import Scheduler
-from agents.trainer import GrpoTrainer
+from agents.events.memory import TipRejected, TipsRetrieved, TipStored
+from agents.events.policy import GradientRequested, PolicyUpdated
+from agents.learning.credit_actor import CreditActor, CreditSettings
+from agents.learning.trainer import GrpoTrainer
+from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context, provenance
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted
 from engine.recovery import Emitted, Replayed
 from engine.seeds import derive_rng
-from scenarios.schema import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from scenarios.worlds.minilab import MiniLab
 
 SEED = 21

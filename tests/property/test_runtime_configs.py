@@ -17,10 +17,11 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.env_worker import EnvWorker
-from agents.scheduler import Scheduler
-from agents.scripted import Explorer
+from agents.acting.env_worker import EnvWorker
+from agents.acting.scheduler import Scheduler
+from agents.acting.scripted import Explorer
 from engine.actor import ActorSpec
+from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ProjectionChecked, RunStarted, RunStopped, SnapshotTaken
 from engine.projection import Fold, decode_state, encode_state
@@ -28,7 +29,6 @@ from engine.replay import replay_until, verify_log
 from engine.runtime import Runtime, RuntimeConfig
 from scenarios.assemble import fact_checks, projections
 from scenarios.worlds.minilab import MiniLab
-from stores.eventlog import new_run_meta
 from stores.lmdb_log import LmdbEventLog
 
 SEED = 13

@@ -1,6 +1,6 @@
 """Fuzzing `coevo validate` with mutated copies of every shipped scenario.
 
-Each case writes a mutated file and runs ``engine.cli.main(["validate", path])`` in process.
+Each case writes a mutated file and runs ``scenarios.cli.main(["validate", path])`` in process.
 Whatever the mutation, the outcome is exit 0 (still a valid scenario) or exit 2 with exactly
 one line ``coevo: error: <path>: ...`` on stderr and nothing on stdout; an exception escaping
 ``main`` is a traceback a user would see, and fails the test. Mutations that certainly break a
@@ -29,7 +29,7 @@ import tomli_w
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
+from scenarios.cli import main
 from scenarios.schema import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -303,7 +303,7 @@ ANY_VALUE = st.one_of(
 MINILAB_OPTIONS = ["families", "train_variants", "heldout_variants", "max_steps"]
 EMBEDDED_FIELDS = sorted(
     f.name
-    for f in mi.type_info(__import__("agents.embedded").embedded.EmbeddedSpec).fields  # type: ignore[attr-defined]
+    for f in mi.type_info(__import__("agents.models.embedded").models.embedded.EmbeddedSpec).fields  # type: ignore[attr-defined]
 )
 
 

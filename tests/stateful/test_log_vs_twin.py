@@ -27,10 +27,10 @@ from hypothesis.stateful import (
 )
 
 from engine.errors import LogError, SequenceConflict
+from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted, ActorStarted, RunStopped
 from stores import lmdb_log
-from stores.eventlog import MemoryEventLog, new_run_meta
 from stores.lmdb_log import LmdbEventLog
 from stores.lmdb_pages import read_metas
 

@@ -14,9 +14,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from agents.extractor_events import ExtractorCalled
-from agents.memory import MemorySettings, TipBank
-from agents.memory_events import RetrievalRequested, TipProposed, TipRejected, TipStored
+from agents.events.extractor import ExtractorCalled
+from agents.events.memory import RetrievalRequested, TipProposed, TipRejected, TipStored
+from agents.memory.bank import MemorySettings, TipBank
 from engine.events import Event
 
 DIM = 6

@@ -1,6 +1,6 @@
 """Rebuilding a bank from a run's logged requests with another extractor
-(:mod:`agents.bank_rebuild`), on hand-made logs and a scripted extractor: where extractions and
-merge chunks are applied, how the shown entry is found in the rebuilt bank, and that a copy of
+(:mod:`agents.memory.bank_rebuild`), on hand-made logs and a scripted extractor: where extractions
+and merge chunks are applied, how the shown entry is found in the rebuilt bank, and that a copy of
 the rebuilt bank is its state and leaves it alone."""
 
 from __future__ import annotations
@@ -9,7 +9,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agents.bank_rebuild import (
+from agents.events.extractor import (
+    ExtractionRequested,
+    ExtractorCalled,
+    MergeDue,
+    MergeRequested,
+    Op,
+)
+from agents.events.memory import RetrievalRequested, TipEvicted, TipRejected, TipStored
+from agents.memory.bank import MemorySettings
+from agents.memory.bank_rebuild import (
     Extract,
     MergeApply,
     MergePass,
@@ -17,16 +26,7 @@ from agents.bank_rebuild import (
     bank_script,
     rebuild_bank,
 )
-from agents.embedder import make_embedder
-from agents.extractor_events import (
-    ExtractionRequested,
-    ExtractorCalled,
-    MergeDue,
-    MergeRequested,
-    Op,
-)
-from agents.memory import MemorySettings
-from agents.memory_events import RetrievalRequested, TipEvicted, TipRejected, TipStored
+from agents.models.embedder import make_embedder
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng
 

@@ -1,4 +1,5 @@
-"""The extractor's CISPO loss (agents/cispo.py) and its gradient against hand-computed values."""
+"""The extractor's CISPO loss (agents/methods/cispo.py) and its gradient against hand-computed
+values."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 import pytest
 import torch
 
-from agents.cispo import cispo_loss
-from agents.grpo import clipped_policy_loss
+from agents.methods.cispo import cispo_loss
+from agents.methods.grpo import clipped_policy_loss
 
 LOG = math.log
 

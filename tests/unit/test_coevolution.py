@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from test_curves import finished
 
-from agents.curves import fold_coevolution, rolling_mean
-from agents.extractor_events import (
+from agents.events.extractor import (
     CreditAssigned,
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
 )
-from agents.memory_events import TipEvicted, TipRejected, TipsRetrieved, TipStored
-from agents.report import block_size, fold_entries, fold_run, render
+from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
+from agents.report.curves import fold_coevolution, rolling_mean
+from agents.report.page import block_size, fold_entries, fold_run, render
 from engine.events import Envelope, Event
 
 

@@ -1,5 +1,5 @@
 """Credit to extractor calls, count-aware reweighting and diversified retrieval
-(agents/credit.py) against hand-computed values."""
+(agents/methods/credit.py) against hand-computed values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.credit import (
+from agents.methods.credit import (
     call_rewards,
     diversified_scores,
     episode_credit,

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.curves import fold_curves, report, summary_lines
-from agents.episode_events import EpisodeFinished
-from agents.policy_events import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
-from agents.trainer import eval_tasks, rule_name
-from scenarios.schema import GrpoConfig
-from scenarios.worlds.base import Task
+from agents.events.episodes import EpisodeFinished
+from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
+from agents.learning.trainer import eval_tasks, rule_name
+from agents.methods.settings import GrpoConfig
+from agents.report.curves import fold_curves, report, summary_lines
+from engine.world import Task
 
 
 def finished(i: int, success: bool, purpose: str = "train") -> EpisodeFinished:

@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from agents.embedded import (
+from agents.acting.scripted import Explorer, RandomAgent, hindsight_note, parse_note
+from agents.models.embedded import (
     SPECIAL_TOKENS,
     EmbeddedSpec,
     build_tokenizer,
@@ -22,7 +23,7 @@ from agents.embedded import (
     step_kinds,
     word_pieces,
 )
-from agents.pretrain import (
+from agents.models.pretrain import (
     BUCKET,
     batch_plan,
     collate,
@@ -31,7 +32,7 @@ from agents.pretrain import (
     pretrain_loss,
     reflection_steps,
 )
-from agents.pretrain_play import (
+from agents.models.pretrain_play import (
     Episode,
     play,
     pretrain_episodes,
@@ -39,14 +40,13 @@ from agents.pretrain_play import (
     split_train,
     turn_conversations,
 )
-from agents.prompts import (
+from agents.models.prompts import (
     decode_response,
     encode_prompt,
     encode_response,
     reflection_messages,
     turn_messages,
 )
-from agents.scripted import Explorer, RandomAgent, hindsight_note, parse_note
 from scenarios.worlds.minilab import MiniLab
 
 SMALL = EmbeddedSpec(episodes_per_family=12, eval_variants=3, note_episodes_per_family=12)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.embedder import (
+from agents.models.embedder import (
     Embedder,
     HashingEmbedder,
     MiniLMEmbedder,
@@ -153,7 +153,7 @@ def test_minilm_refuses_other_weights(tmp_path: Path) -> None:
 
 HASHING_SCRIPT = """
 import sys
-from agents.embedder import HashingEmbedder
+from agents.models.embedder import HashingEmbedder
 sys.stdout.write(HashingEmbedder(dim=64).embed(sys.argv[1:]).tobytes().hex())
 """
 

@@ -14,16 +14,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agents.embedded import EmbeddedSpec, build_tokenizer, episode_texts, prompt_texts, word_pieces
-from agents.empo2 import draw_rollout, intrinsic_reward, rollout_of
-from agents.inference import ActSettings, PolicyRunner
-from agents.learner import Sample, Trainee, grpo_step, sample_logps
-from agents.policy import chosen_action_logps
-from agents.policy_events import ActionRequested, GradientRequested
-from agents.pretrain_play import pretrain_episodes
-from agents.prompts import encode_prompt, strip_tips, turn_messages
-from agents.trainer import GrpoTrainer
-from scenarios.schema import Empo2Config, EvalConfig, GrpoConfig
+from agents.acting.inference import ActSettings, PolicyRunner
+from agents.events.policy import ActionRequested, GradientRequested
+from agents.learning.learner import Sample, Trainee, grpo_step, sample_logps
+from agents.learning.trainer import GrpoTrainer
+from agents.methods.empo2 import draw_rollout, intrinsic_reward, rollout_of
+from agents.methods.settings import Empo2Config, EvalConfig, GrpoConfig
+from agents.models.embedded import (
+    EmbeddedSpec,
+    build_tokenizer,
+    episode_texts,
+    prompt_texts,
+    word_pieces,
+)
+from agents.models.policy import chosen_action_logps
+from agents.models.pretrain_play import pretrain_episodes
+from agents.models.prompts import encode_prompt, strip_tips, turn_messages
 from scenarios.worlds.minilab import MiniLab
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The extractor's prompts and the parsing of its answers (agents/extraction.py): both formats,
+"""The extractor's prompts and the parsing of its answers (agents/memory/extraction.py): both
+formats,
 partial and malformed answers with their exact errors, and never raising on any string."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.extraction import (
+from agents.memory.extraction import (
     MAX_CONTENT_CHARS,
     Add,
     Discard,
@@ -26,7 +27,7 @@ from agents.extraction import (
     shown_ids,
     to_bank_ids,
 )
-from agents.prompts import reflection_messages
+from agents.models.prompts import reflection_messages
 
 KNOWN = {3, 5}
 CHUNK = {1, 2, 3, 4, 5}

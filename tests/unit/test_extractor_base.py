@@ -7,17 +7,25 @@ import random
 
 import pytest
 
-from agents.embedded import EmbeddedSpec
-from agents.extraction import Add, Discard, Merge, Return, Update, parse_extraction, parse_merge
-from agents.extractor_base import (
+from agents.memory.extraction import (
+    Add,
+    Discard,
+    Merge,
+    Return,
+    Update,
+    parse_extraction,
+    parse_merge,
+)
+from agents.models.embedded import EmbeddedSpec
+from agents.models.extractor_base import (
     OpsSpec,
     extraction_target,
     merge_target,
     ops_key,
     teaching_items,
 )
-from agents.notes import EMPTY_NOTE
-from agents.pretrain_play import pretrain_episodes
+from agents.models.notes import EMPTY_NOTE
+from agents.models.pretrain_play import pretrain_episodes
 from scenarios.worlds.minilab import MiniLab
 
 NOTE = "plan: open crate, take ball. avoid: take rock."

@@ -1,5 +1,6 @@
-"""GRPO pieces against hand-computed values: advantages (agents/advantages.py), clipped loss,
-KL, masking (agents/grpo.py)."""
+"""GRPO pieces against hand-computed values: advantages (agents/methods/advantages.py), clipped
+loss,
+KL, masking (agents/methods/grpo.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import math
 import pytest
 import torch
 
-from agents.advantages import (
+from agents.methods.advantages import (
     group_advantages,
     group_stats,
     subgroup_advantages,
     subgroup_weights,
 )
-from agents.grpo import (
+from agents.methods.grpo import (
     AGGREGATIONS,
     aggregate,
     clipped_policy_loss,

@@ -1,4 +1,4 @@
-"""Bootstrap intervals (agents/intervals.py): seeded, they cover the truth at about their
+"""Bootstrap intervals (agents/report/intervals.py): seeded, they cover the truth at about their
 level, widen with seed-to-seed spread, and refuse what has no mean."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from agents.intervals import Interval, bootstrap_mean, bootstrap_ratio, paired_difference
+from agents.report.intervals import Interval, bootstrap_mean, bootstrap_ratio, paired_difference
 
 
 def test_constant_values_have_a_point_interval() -> None:

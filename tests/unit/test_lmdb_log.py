@@ -22,10 +22,10 @@ from engine.errors import (
     SchemaTooNew,
     SequenceConflict,
 )
+from engine.eventlog import LOG_FORMAT, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted, RunStopped
 from stores import lmdb_log
-from stores.eventlog import LOG_FORMAT, new_run_meta
 from stores.lmdb_env import is_blank
 from stores.lmdb_log import LmdbEventLog
 from stores.lmdb_pages import read_metas

@@ -8,7 +8,7 @@ import pytest
 import structlog
 from rich.console import Console
 
-from engine.logsetup import close_logging, configure_logging
+from scenarios.cli.logsetup import close_logging, configure_logging
 
 FULL = Path("/dev/full")  # every write fails with ENOSPC
 

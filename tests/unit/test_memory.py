@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.extractor_events import ExtractorCalled
-from agents.memory import MemorySettings, TipBank
-from agents.memory_events import (
+from agents.events.extractor import ExtractorCalled
+from agents.events.memory import (
     RetrievalRequested,
     TipEvicted,
     TipProposed,
@@ -16,6 +15,7 @@ from agents.memory_events import (
     TipsRetrieved,
     TipStored,
 )
+from agents.memory.bank import MemorySettings, TipBank
 
 SLOT = "train/heat/3"
 

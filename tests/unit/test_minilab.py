@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.scripted import Explorer, RandomAgent, run_episode
-from scenarios.worlds.base import Observation, Task, TextWorld
+from agents.acting.scripted import Explorer, RandomAgent, run_episode
+from engine.world import Observation, Task, TextWorld
+from engine.world_registry import builtin_worlds, load_world
 from scenarios.worlds.minilab import (
     DEFAULT_MAX_STEPS,
     FAMILIES,
@@ -21,7 +22,6 @@ from scenarios.worlds.minilab import (
     layout_of,
     stable_seed,
 )
-from scenarios.worlds.registry import BUILTIN_WORLDS, load_world
 
 INADMISSIBLE = "you can not do that."
 ROOT = Path(__file__).resolve().parents[2]
@@ -286,7 +286,7 @@ def test_families_option_selects_and_orders_families() -> None:
 
 
 def test_load_world_builds_builtin_and_imported_worlds() -> None:
-    assert set(BUILTIN_WORLDS) == {"minilab", "scienceworld", "textworld"}
+    assert set(builtin_worlds()) == {"minilab", "scienceworld", "textworld"}
     world = load_world("minilab", {"families": ["heat"], "max_steps": 5})
     assert isinstance(world, MiniLab) and world.families() == ("heat",)
     assert isinstance(load_world("scenarios.worlds.minilab:MiniLab", {}), MiniLab)
@@ -305,7 +305,7 @@ def test_load_world_builds_builtin_and_imported_worlds() -> None:
         ("scenarios.worlds.minilab:Nope", {}, "has no class 'Nope'"),
         ("minilab", {"colour": 1}, "bad options for world 'minilab': "),
         ("minilab", {"max_steps": 0}, "bad options for world 'minilab': max_steps must be"),
-        ("scenarios.worlds.base:SPLITS", {}, "has no class 'SPLITS'"),
+        ("engine.world:SPLITS", {}, "has no class 'SPLITS'"),
     ],
 )
 def test_load_world_turns_every_failure_into_one_line(

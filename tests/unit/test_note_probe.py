@@ -1,4 +1,4 @@
-"""The note probe (agents/note_probe.py): lockstep play draws from each episode's own seed
+"""The note probe (agents/models/note_probe.py): lockstep play draws from each episode's own seed
 only, and every condition plays the same variants."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from agents.embedded import (
+from agents.models.embedded import (
     EmbeddedSpec,
     build_tokenizer,
     episode_texts,
@@ -18,9 +18,9 @@ from agents.embedded import (
     prompt_texts,
     word_pieces,
 )
-from agents.note_probe import PROBE_KINDS, Job, note_probe, play_batch, probe_notes
-from agents.notes import follows_to_success
-from agents.pretrain_play import play_families
+from agents.models.note_probe import PROBE_KINDS, Job, note_probe, play_batch, probe_notes
+from agents.models.notes import follows_to_success
+from agents.models.pretrain_play import play_families
 from scenarios.worlds.minilab import MiniLab
 
 SPEC = EmbeddedSpec(

@@ -1,5 +1,5 @@
-"""Notes shown to the policy (agents/notes.py) and the pre-training play that shows them
-(agents/pretrain_play.py): what each kind of note is, that the scripted reader's outcome
+"""Notes shown to the policy (agents/models/notes.py) and the pre-training play that shows them
+(agents/models/pretrain_play.py): what each kind of note is, that the scripted reader's outcome
 matches the kind (a helpful note wins, a wrong one fails), and that turn prompts show them."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from agents.embedded import EmbeddedSpec
-from agents.notes import (
+from agents.acting.scripted import parse_note
+from agents.models.embedded import EmbeddedSpec
+from agents.models.notes import (
     EMPTY_NOTE,
     NoteSource,
     combine_notes,
@@ -19,8 +20,7 @@ from agents.notes import (
     write_library,
     write_notes,
 )
-from agents.pretrain_play import note_episodes, turn_conversations
-from agents.scripted import parse_note
+from agents.models.pretrain_play import note_episodes, turn_conversations
 from scenarios.worlds.minilab import MiniLab
 
 WRITTEN = "plan: open box, take key.\nfound: key after open box.\navoid: take rock."

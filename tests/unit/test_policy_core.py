@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agents.policy import (
+from agents.models.policy import (
     chosen_action_logps,
     generate,
     log_softmax,

@@ -1,4 +1,4 @@
-"""Playing a fixed policy with a bank (:mod:`agents.probe_play`) in the built-in world, with a
+"""Playing a fixed policy with a bank (:mod:`agents.probe.play`) in the built-in world, with a
 scripted stand-in for the policy: each episode is shown its family partition's entry every turn
 as a guided episode is, retrievals count on the bank given, and what is played does not depend
 on how many episodes are live or batched together."""
@@ -11,12 +11,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from agents.embedder import make_embedder
-from agents.extractor_events import ExtractorCalled
-from agents.memory import MemorySettings, TipBank
-from agents.policy_events import ActionRequested
-from agents.probe_play import PlaySettings, episode_seeds, play
-from scenarios.worlds.registry import load_world
+from agents.events.extractor import ExtractorCalled
+from agents.events.policy import ActionRequested
+from agents.memory.bank import MemorySettings, TipBank
+from agents.models.embedder import make_embedder
+from agents.probe.play import PlaySettings, episode_seeds, play
+from engine.world_registry import load_world
 
 EMBED = make_embedder("hashing", dim=64)
 TASKS = [t for f in ("heat", "unlock") for t in load_world("minilab", {}).tasks(f, "heldout")[:3]]

@@ -8,20 +8,20 @@ from typing import cast
 import pytest
 import trio
 
-from agents.episode_events import (
+from agents.acting.scheduler import Scheduler
+from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
     EpisodeStarted,
 )
-from agents.scheduler import Scheduler
 from engine.actor import Context
 from engine.errors import ResumeDiverged
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted
 from engine.recovery import ReplayContext
-from scenarios.worlds.base import Task
+from engine.world import Task
 
 TASKS = [Task(family="fetch", variant=v, split="train") for v in range(3)]
 WORKERS = ("w0", "w1")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agents.scripted import (
+from agents.acting.scripted import (
     EpisodeResult,
     Explorer,
     RandomAgent,
@@ -15,7 +15,7 @@ from agents.scripted import (
     phrases,
     run_episode,
 )
-from scenarios.worlds.base import Task
+from engine.world import Task
 from scenarios.worlds.minilab import MiniLab
 
 COMMIT_VERBS = ("put ", "pour ", "connect ", "unlock ", "turn on ", "stir ")

@@ -11,15 +11,15 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.episode_events import EpisodeAssigned, EpisodeFinished
-from agents.extractor_events import MergeDue
-from agents.policy_events import AdvantagesComputed, GradientRequested, PolicyUpdated
-from agents.trainer import GrpoTrainer
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.extractor import MergeDue
+from agents.events.policy import AdvantagesComputed, GradientRequested, PolicyUpdated
+from agents.learning.trainer import GrpoTrainer
+from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
 from engine.events import Envelope, Event
 from engine.recovery import ReplayContext
-from scenarios.schema import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
-from scenarios.worlds.base import Task
+from engine.world import Task
 
 SEED = 11
 TASKS = [Task(family="heat", variant=v, split="train") for v in range(6)]

@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agents.episode_events import EpisodeFinished
-from agents.extractor import ExtractorModel, ExtractorSettings, extractor_step
-from agents.extractor_events import ExtractorCalled, ExtractorGradientRequested
-from agents.learner import Sample, SampleBuffer, Trainee, grpo_step
-from agents.policy import chosen_action_logps, response_logps
-from agents.policy_events import ActionSampled, GradientRequested
+from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested
+from agents.events.policy import ActionSampled, GradientRequested
+from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step
+from agents.memory.extractor import ExtractorModel, ExtractorSettings, extractor_step
+from agents.models.policy import chosen_action_logps, response_logps
 from stores.checkpoints import param_digest
 
 CPU = torch.device("cpu")

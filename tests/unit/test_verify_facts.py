@@ -7,14 +7,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from agents.episode_events import EpisodeFinished
-from agents.policy_events import ActionSampled
+from agents.events.episodes import EpisodeFinished
+from agents.events.policy import ActionSampled
+from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from scenarios.assemble import fact_checks, projections
-from stores.eventlog import MemoryEventLog
 
 START = RunStarted(run_id="r", scenario="s", scenario_hash="h", seed=1, coevo_version="0")
 

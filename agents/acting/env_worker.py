@@ -1,0 +1,425 @@
+"""The env worker: runs the episodes assigned to it, one at a time, and records every turn.
+
+One world instance per worker. The agent is either scripted (an :class:`Agent` built per
+episode, acting synchronously) or the policy: the worker then renders each turn's prompt, emits
+:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`. In EMPO2's
+tip modes (``rollout`` "tips" or "distill") it first asks the memory for tips
+(:class:`RetrievalRequested`, answered by :class:`TipsRetrieved`) and shows them in the prompt;
+when the assignment says ``reflect``, it asks the policy for a tip on the finished episode
+(:class:`ReflectionRequested`) and moves on without waiting for it.
+
+A world that declares ``blocking = False`` (the built-in one, microseconds per step) is stepped
+on the event loop; any other world is stepped in a worker thread, and a ``reset`` or ``step``
+that does not return within ``step_timeout`` seconds counts as hung: its thread is abandoned
+(Python cannot stop it) with the world it holds. A world that raises or hangs ends the episode
+with :class:`EpisodeAborted`; the worker then builds a fresh world and takes the next assignment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import trio
+
+from agents.acting.scripted import Agent
+from agents.events.episodes import (
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
+from agents.events.extractor import ExtractionRequested
+from agents.events.memory import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
+from agents.events.policy import ActionRequested, ActionSampled
+from agents.memory.extraction import extract_messages
+from agents.models.prompts import Step, reflection_messages, state_text, to_pairs, turn_messages
+from engine.actor import Actor, Context
+from engine.errors import CoevoError
+from engine.events import Envelope, Event
+from engine.seeds import derive_rng, derive_seed
+from engine.world import Observation, Task, TextWorld
+
+
+class ObservationInvalid(CoevoError):
+    """A world's ``reset`` or ``step`` returned something coevo cannot record or act on: not an
+    :class:`Observation`, a field of another type (``text=None``, a number in
+    ``admissible``), a reward or score that is not a finite number, or no admissible action on
+    a turn that is not done. The episode is aborted with this message, which names the world
+    call; unlike a world that raises, the world answered, wrongly."""
+
+
+AgentFactory = Callable[[Any], Agent]
+"""Builds an agent for one episode from that episode's ``random.Random``."""
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """How a policy-driven worker renders prompts (see :func:`agents.models.prompts.turn_messages`).
+
+    Attributes:
+        window: past turns shown.
+        list_actions: list the admissible actions in the prompt.
+        greedy_eval: act greedily in evaluation episodes (purpose "eval").
+    """
+
+    window: int = 4
+    list_actions: bool = False
+    greedy_eval: bool = False
+
+
+class EnvWorker(Actor):
+    """Runs assigned episodes in its own world, with a scripted agent or the policy.
+
+    Args:
+        make_world: builds the worker's world (in a worker thread).
+        make_agent: builds a scripted agent per episode; None means the policy acts.
+        prompt: prompt settings when the policy acts.
+        step_timeout: seconds a blocking world's ``reset``, ``step`` or ``close`` may take
+            before it counts as hung (None: no limit).
+    """
+
+    subscribes = (EpisodeAssigned, ActionSampled, TipsRetrieved)
+
+    def __init__(
+        self,
+        make_world: Callable[[], TextWorld],
+        make_agent: AgentFactory | None,
+        prompt: PromptSettings | None = None,
+        step_timeout: float | None = None,
+    ) -> None:
+        if step_timeout is not None and not step_timeout > 0:
+            raise ValueError(f"step_timeout must be > 0 or None, got {step_timeout}")
+        self._make_world = make_world
+        self._make_agent = make_agent
+        self._prompt = prompt or PromptSettings()
+        self._timeout = step_timeout
+
+    async def run(self, ctx: Context) -> None:
+        world = await ctx.to_thread(self._make_world)
+        inbox = ctx.events()
+        try:
+            async for env in inbox:
+                if isinstance(env.event, ActionSampled | TipsRetrieved):
+                    continue  # an answer for an episode lost in a restart
+                assert isinstance(env.event, EpisodeAssigned)
+                try:
+                    await self._episode(ctx, world, env.event, inbox)
+                except Exception as exc:  # the world failed: record, rebuild, go on
+                    await ctx.emit(
+                        EpisodeAborted(
+                            episode=env.event.episode,
+                            worker=ctx.name,
+                            reason=f"{type(exc).__name__}: {exc}",
+                            purpose=env.event.purpose,
+                        )
+                    )
+                    ctx.log.warning("episode aborted", episode=env.event.episode, error=str(exc))
+                    await self._close(ctx, world)
+                    world = await ctx.to_thread(self._make_world)
+        finally:
+            with trio.CancelScope(shield=True):  # a JVM may take seconds to exit
+                await self._close(ctx, world)
+
+    async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a worker thread, abandoned after ``step_timeout`` seconds.
+
+        Raises:
+            TimeoutError: ``fn`` did not return in time (its thread keeps running).
+        """
+        if self._timeout is None:
+            return await trio.to_thread.run_sync(fn, *args)
+        with trio.move_on_after(self._timeout):
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        name = getattr(fn, "__name__", "call")
+        raise TimeoutError(
+            f"world.{name} did not return within {self._timeout:g} s (world.step_timeout); "
+            "its thread and world were abandoned"
+        )
+
+    async def _close(self, ctx: Context, world: TextWorld) -> None:
+        """Close a world; a hung one is left to its abandoned thread, one that fails to close
+        is dropped all the same (it is never used again)."""
+        try:
+            await self._blocking(world.close)
+        except TimeoutError as exc:
+            ctx.log.warning("world close abandoned", error=str(exc))
+        except SystemExit as exc:  # a plug-in's sys.exit() must not end the run
+            ctx.log.warning("world close failed", error=f"sys.exit({exc.code!r})")
+        except Exception as exc:  # the world is dropped: nothing more to do than say so
+            ctx.log.warning("world close failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _episode(
+        self, ctx: Context, world: TextWorld, job: EpisodeAssigned, inbox: Any
+    ) -> None:
+        blocking = getattr(world, "blocking", True)
+
+        async def call(fn: Callable[..., Observation], what: str, *args: Any) -> Observation:
+            try:
+                out = await self._blocking(fn, *args) if blocking else fn(*args)
+            except SystemExit as exc:  # a plug-in's sys.exit() ends the episode, not the run
+                raise RuntimeError(f"world.{fn.__name__} called sys.exit({exc.code!r})") from None
+            return checked_observation(out, what)
+
+        task = Task(family=job.family, variant=job.variant, split=job.split)
+        reset = f"world.reset({job.family}/{job.variant} {job.split}, seed {job.seed})"
+        obs = await call(world.reset, reset, task, job.seed)
+        if self._make_agent is not None:
+            agent = self._make_agent(derive_rng(job.seed, "agent"))
+            agent.reset(obs.goal, obs)
+        else:
+            agent = _PolicyAgent(ctx, job, inbox, self._prompt, obs)
+        await ctx.emit(
+            EpisodeStarted(
+                episode=job.episode,
+                worker=ctx.name,
+                goal=obs.goal,
+                observation=obs.text,
+                admissible=obs.admissible,
+            )
+        )
+        turn = 0
+        total = 0.0
+        while not obs.done:
+            if isinstance(agent, _PolicyAgent):
+                action = await agent.act(obs, turn)
+            else:
+                action = agent.act(obs)
+            obs = await call(world.step, f"world.step({action!r}) on turn {turn}", action)
+            if isinstance(agent, _PolicyAgent):
+                agent.history.append((action, obs.text))
+            total += obs.reward
+            await ctx.emit(
+                StepTaken(
+                    episode=job.episode,
+                    turn=turn,
+                    action=action,
+                    observation=obs.text,
+                    admissible=obs.admissible,
+                    reward=obs.reward,
+                    done=obs.done,
+                    score=obs.score,
+                )
+            )
+            turn += 1
+        if isinstance(agent, _PolicyAgent) and job.reflect:
+            await agent.reflect(obs)
+        if isinstance(agent, _PolicyAgent) and job.extract:
+            await agent.extract(obs)
+        await ctx.emit(
+            EpisodeFinished(
+                episode=job.episode,
+                worker=ctx.name,
+                family=job.family,
+                variant=job.variant,
+                split=job.split,
+                steps=turn,
+                score=obs.score,
+                success=obs.success,
+                total_reward=total,
+                purpose=job.purpose,
+            )
+        )
+
+
+def checked_observation(obs: object, call: str) -> Observation:
+    """What a world returned, checked and in builtin types, before anything records or acts on
+    it: numpy scalars (a text game's win flag is often ``numpy.bool_``) become ``float`` and
+    ``bool``; anything else of another type than :class:`Observation` declares is refused.
+
+    Args:
+        obs: the world's answer.
+        call: the world call, for the message (``world.step('open door') on turn 3``).
+
+    Raises:
+        ObservationInvalid: naming ``call`` and what is wrong.
+    """
+    if not isinstance(obs, Observation):
+        raise ObservationInvalid(f"{call} returned {_short(obs)}, not an Observation")
+    try:
+        admissible = _actions(obs.admissible)
+        checked = Observation(
+            text=_text(obs.text, "text"),
+            admissible=admissible,
+            goal=_text(obs.goal, "goal"),
+            reward=_number(obs.reward, "reward"),
+            done=_flag(obs.done, "done"),
+            score=_number(obs.score, "score"),
+            success=_flag(obs.success, "success"),
+        )
+    except ValueError as exc:
+        raise ObservationInvalid(f"{call} returned an observation whose {exc}") from None
+    if not checked.admissible and not checked.done:
+        raise ObservationInvalid(f"{call} returned no admissible action on a turn that is not done")
+    return checked
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{field} is {_short(value)}, not a string")
+    return str(value)
+
+
+def _actions(value: object) -> tuple[str, ...]:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"admissible is {_short(value)}, not a tuple of strings")
+    actions = tuple(value)
+    for i, action in enumerate(actions):
+        if not isinstance(action, str):
+            raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
+    return tuple(str(a) for a in actions)
+
+
+def _number(value: object, field: str) -> float:
+    if isinstance(value, bool | np.bool_) or not isinstance(
+        value, int | float | np.integer | np.floating
+    ):
+        raise ValueError(f"{field} is {_short(value)}, not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{field} is {number}, not a finite number")
+    return number
+
+
+def _flag(value: object, field: str) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{field} is {_short(value)}, not a bool")
+    return bool(value)
+
+
+class _PolicyAgent:
+    """The policy as seen from one episode: renders the prompt, asks, waits for the answer."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        job: EpisodeAssigned,
+        inbox: Any,
+        prompt: PromptSettings,
+        first: Observation,
+    ) -> None:
+        self._ctx = ctx
+        self._job = job
+        self._inbox = inbox
+        self._prompt = prompt
+        self._goal = first.goal
+        self._first = first.text
+        guided = job.rollout.startswith("guided")
+        self._slot = job.slot or slot_of(job.scope, job.family, None if guided else job.variant)
+        self._entry: TipsRetrieved | None = None  # the bank entry of a guided episode
+        self.history: list[Step] = []
+
+    async def act(self, obs: Observation, turn: int) -> str:
+        job = self._job
+        tips: tuple[str, ...] = ()
+        if job.rollout.startswith("guided"):
+            if self._entry is None:
+                self._entry = await self._retrieve(obs, turn, rule="diverse", k=1)
+            tips = self._entry.tips
+        elif job.rollout != "plain":
+            tips = (await self._retrieve(obs, turn)).tips
+        messages = turn_messages(
+            self._goal,
+            self.history,
+            obs.text,
+            admissible=obs.admissible if self._prompt.list_actions else None,
+            tips=tips,
+            window=self._prompt.window,
+        )
+        await self._ctx.emit(
+            ActionRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                turn=turn,
+                messages=to_pairs(messages),
+                admissible=obs.admissible,
+                seed=derive_seed(job.seed, "act", turn),
+                greedy=self._prompt.greedy_eval and job.purpose == "eval",
+                tips=tips,
+            )
+        )
+        answer = await self._wait(ActionSampled, turn)
+        assert isinstance(answer, ActionSampled)
+        return answer.action
+
+    async def _retrieve(
+        self, obs: Observation, turn: int, rule: str = "threshold", k: int = 0
+    ) -> TipsRetrieved:
+        job = self._job
+        await self._ctx.emit(
+            RetrievalRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                turn=turn,
+                slot=self._slot,
+                query=state_text(self._goal, self.history, obs.text, window=self._prompt.window),
+                rule=rule,
+                k=k,
+                read_only=job.purpose != "train",  # evaluation never changes the bank
+            )
+        )
+        found = await self._wait(TipsRetrieved, turn)
+        assert isinstance(found, TipsRetrieved)
+        return found
+
+    async def extract(self, last: Observation) -> None:
+        """Send the finished episode to the extractor's queue, with the entry it was shown."""
+        job = self._job
+        used = self._entry
+        entry = (used.tip_ids[0], used.tips[0]) if used is not None and used.tip_ids else None
+        messages = extract_messages(
+            self._goal, self._first, self.history, success=last.success, entry=entry and entry[1]
+        )
+        await self._ctx.emit(
+            ExtractionRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                slot=slot_of(job.scope, job.family),
+                entry=entry[0] if entry else -1,
+                messages=to_pairs(messages),
+                success=last.success,
+                score=last.score,
+                seed=derive_seed(job.seed, "extract"),
+            )
+        )
+
+    async def reflect(self, last: Observation) -> None:
+        """Ask the policy for a tip on the finished episode (answered to the memory actor)."""
+        job = self._job
+        messages = reflection_messages(self._goal, self._first, self.history, success=last.success)
+        await self._ctx.emit(
+            ReflectionRequested(
+                episode=job.episode,
+                worker=self._ctx.name,
+                slot=self._slot,
+                messages=to_pairs(messages),
+                key=state_text(self._goal, self.history, last.text, window=self._prompt.window),
+                score=last.score,
+                success=last.success,
+                seed=derive_seed(job.seed, "reflect"),
+            )
+        )
+
+    async def _wait(self, kind: type[Event], turn: int) -> Event:
+        """The next ``kind`` answer for this episode's ``turn``; late answers for an episode
+        lost in a restart are skipped."""
+        job = self._job
+        while True:
+            env: Envelope[Event] = await self._inbox.__anext__()
+            ev = env.event
+            # every kind waited for carries the episode and turn it answers
+            if isinstance(ev, kind) and (ev.episode, ev.turn) == (job.episode, turn):  # pyright: ignore[reportAttributeAccessIssue]
+                return ev
+            if isinstance(ev, EpisodeAssigned):
+                raise RuntimeError(f"{ev.episode} assigned while {job.episode} is running")

@@ -1,0 +1,384 @@
+"""The inference actor: batches the env workers' action requests into shared forward passes.
+
+Requests (:class:`ActionRequested`) are committed events; the actor takes the first, waits up to
+``batch_wait`` for more (at most ``batch_max``), answers them all from one forward pass with one
+:class:`ActionSampled` each, and loads a new policy version when a :class:`PolicyUpdated`
+arrives (between batches, so every answer names the version that produced it). Each request
+carries its own seed, so what is sampled does not depend on how requests were batched.
+
+EMPO2's reflections (:class:`ReflectionRequested`) are answered here too, by generation, with
+one :class:`TipProposed` each: the tip is written by the same policy that acts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+import torch
+
+from agents.events.episodes import finished_attempts
+from agents.events.memory import ReflectionRequested, TipProposed
+from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
+from agents.models.policy import generate, score_and_choose
+from agents.models.prompts import encode_prompt, encode_response, from_pairs, strip_tips
+from engine.actor import Actor, Context
+from engine.events import Envelope, Event
+from stores.checkpoints import Checkpoints, load_weights
+
+
+@dataclass(frozen=True)
+class ActSettings:
+    """How the policy acts (a scenario's ``[policy]`` section).
+
+    Attributes:
+        mode: "score" or "generate".
+        temperature: sampling temperature (0: greedy).
+        max_new_tokens: longest generated response.
+        tip_tokens: longest reflection (EMPO2's tip).
+        tip_temperature: sampling temperature of reflections (0: greedy).
+        device: the torch device of the model.
+    """
+
+    mode: str = "score"
+    temperature: float = 1.0
+    max_new_tokens: int = 24
+    tip_tokens: int = 64
+    tip_temperature: float = 0.0
+    device: torch.device = torch.device("cpu")  # noqa: RUF009 (immutable)
+
+
+class Written(Protocol):
+    """A request for free text: its prompt as ``(role, content)`` pairs and its own seed."""
+
+    @property
+    def messages(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def seed(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Generated free text: the prompt's ids, the response's ids, log-probs and text."""
+
+    prompt: list[int]
+    ids: list[int]
+    logps: list[float]
+    text: str
+
+
+def write_replies(
+    model: Any,
+    tokenizer: Any,
+    requests: Sequence[Written],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    device: torch.device,
+) -> list[Reply]:
+    """Generate one reply per request in one batch, each from the request's own seed (the
+    policy's reflections, the extractor's answers)."""
+    prompts = [encode_prompt(tokenizer, from_pairs(req.messages)) for req in requests]
+    drawn = generate(
+        model,
+        prompts,
+        [random.Random(req.seed) for req in requests],
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        device=device,
+    )
+    return [
+        Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip())
+        for prompt, (ids, logps) in zip(prompts, drawn, strict=True)
+    ]
+
+
+class PolicyRunner:
+    """A model and tokenizer that answer batches of requests (blocking; run in a thread).
+
+    Args:
+        model: a causal LM in eval mode.
+        tokenizer: its tokenizer (with a chat template and an eos token).
+        settings: how to act.
+        version: the policy version the weights are.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, settings: ActSettings, version: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.version = version
+        self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._responses: dict[str, list[int]] = {}  # action text -> ids (worlds repeat them)
+
+    def response_ids(self, text: str) -> list[int]:
+        """The token ids of ``text`` as a response, cached (a world's actions recur)."""
+        ids = self._responses.get(text)
+        if ids is None:
+            if len(self._responses) >= 65_536:
+                self._responses.clear()
+            ids = self._responses[text] = encode_response(self.tokenizer, text)
+        return ids
+
+    def answer(self, requests: Sequence[ActionRequested]) -> list[ActionSampled]:
+        """One :class:`ActionSampled` per request, in request order, from one forward pass per
+        temperature (one per token in "generate" mode)."""
+        out: list[ActionSampled | None] = [None] * len(requests)
+        temperature = [0.0 if r.greedy else self.settings.temperature for r in requests]
+        # one temperature per forward pass; greedy and sampled requests rarely mix
+        for temp in sorted(set(temperature)):
+            idx = [i for i, t in enumerate(temperature) if t == temp]
+            group = [requests[i] for i in idx]
+            prompts = [encode_prompt(self.tokenizer, from_pairs(req.messages)) for req in group]
+            rngs = [random.Random(req.seed) for req in group]
+            act = self._score if self.settings.mode == "score" else self._generate
+            for i, answer in zip(idx, act(group, prompts, rngs, temp), strict=True):
+                out[i] = self._with_bare_prompt(requests[i], answer)
+        return [a for a in out if a is not None]
+
+    def _with_bare_prompt(self, req: ActionRequested, answer: ActionSampled) -> ActionSampled:
+        if not req.tips:
+            return answer
+        bare = encode_prompt(self.tokenizer, strip_tips(from_pairs(req.messages), req.tips))
+        return msgspec.structs.replace(answer, bare_prompt_ids=tuple(bare))
+
+    def reflect(self, requests: Sequence[ReflectionRequested]) -> list[TipProposed]:
+        """One :class:`TipProposed` per request, in request order, generated in one batch."""
+        temp = self.settings.tip_temperature
+        replies = write_replies(
+            self.model,
+            self.tokenizer,
+            requests,
+            temperature=temp,
+            max_new_tokens=self.settings.tip_tokens,
+            device=self.settings.device,
+        )
+        return [
+            TipProposed(
+                episode=req.episode,
+                slot=req.slot,
+                key=req.key,
+                score=req.score,
+                text=reply.text,
+                prompt_ids=tuple(reply.prompt),
+                response_ids=tuple(reply.ids),
+                token_logps=tuple(reply.logps),
+                temperature=temp,
+                policy_version=self.version,
+            )
+            for req, reply in zip(requests, replies, strict=True)
+        ]
+
+    def _score(
+        self,
+        requests: Sequence[ActionRequested],
+        prompts: list[list[int]],
+        rngs: list[random.Random],
+        temp: float,
+    ) -> list[ActionSampled]:
+        cands = [[self.response_ids(a) for a in req.admissible] for req in requests]
+        choices = score_and_choose(
+            self.model,
+            prompts,
+            cands,
+            rngs,
+            temperature=temp,
+            pad_id=self._pad,
+            device=self.settings.device,
+        )
+        return [
+            _sampled(
+                req,
+                self.version,
+                temp,
+                prompt,
+                req.admissible[ch.index],
+                cand[ch.index],
+                ch.token_logps,
+                ch.logp,
+                candidates=tuple(tuple(c) for c in cand),
+                candidate_scores=ch.scores,
+                choice=ch.index,
+                mode="score",
+            )
+            for req, prompt, cand, ch in zip(requests, prompts, cands, choices, strict=True)
+        ]
+
+    def _generate(
+        self,
+        requests: Sequence[ActionRequested],
+        prompts: list[list[int]],
+        rngs: list[random.Random],
+        temp: float,
+    ) -> list[ActionSampled]:
+        drawn = generate(
+            self.model,
+            prompts,
+            rngs,
+            temperature=temp,
+            max_new_tokens=self.settings.max_new_tokens,
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self._pad,
+            device=self.settings.device,
+        )
+        out = []
+        for req, prompt, (ids, logps) in zip(requests, prompts, drawn, strict=True):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+            out.append(
+                _sampled(
+                    req,
+                    self.version,
+                    temp,
+                    prompt,
+                    text,
+                    ids,
+                    tuple(logps),
+                    sum(logps),
+                    mode="generate",
+                    valid=text in req.admissible,
+                )
+            )
+        return out
+
+    def load(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Replace the weights with ``state``, now policy ``version``."""
+        load_weights(self.model, {k: v.to(self.settings.device) for k, v in state.items()})
+        self.version = version
+
+
+class InferenceActor(Actor):
+    """Answers :class:`ActionRequested` in batches; follows :class:`PolicyUpdated`.
+
+    Args:
+        load: builds the :class:`PolicyRunner` (called in a worker thread at start).
+        checkpoints: where new policy versions are read from.
+        batch_max: most requests per forward pass.
+        batch_wait: seconds to wait for more requests after the first.
+    """
+
+    subscribes = (ActionRequested, ReflectionRequested, PolicyUpdated)
+
+    def __init__(
+        self,
+        load: Callable[[], PolicyRunner],
+        checkpoints: Checkpoints,
+        *,
+        batch_max: int = 16,
+        batch_wait: float = 0.002,
+    ) -> None:
+        if batch_max < 1:
+            raise ValueError(f"batch_max must be >= 1, got {batch_max}")
+        self._load = load
+        self._checkpoints = checkpoints
+        self._batch_max = batch_max
+        self._batch_wait = batch_wait
+        self.batches: list[int] = []  # sizes, for statistics
+        self._runner: PolicyRunner | None = None
+        self._owed: list[Envelope[Event]] = []  # a resumed run's unanswered reflections
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Load the newest policy version the log names, and owe an answer to each reflection
+        of a finished episode that has none (an action request without its answer belongs to
+        an episode the resumed run abandons and re-runs)."""
+        latest: PolicyUpdated | None = None
+        answered: set[int | None] = set()
+        for env in history:
+            if isinstance(env.event, PolicyUpdated):
+                latest = env.event
+            elif isinstance(env.event, TipProposed):
+                answered.add(env.cause)
+        of_finished = finished_attempts(history)
+        self._owed = [
+            env
+            for env in history
+            if isinstance(env.event, ReflectionRequested)
+            and env.seq not in answered
+            and of_finished(env.event.episode, env.seq)
+        ]
+        runner = await ctx.to_thread(self._load)
+        if latest is not None:
+            await self._update(ctx, runner, latest)
+        self._runner = runner
+
+    async def run(self, ctx: Context) -> None:
+        runner = self._runner or await ctx.to_thread(self._load)
+        for k in range(0, len(self._owed), self._batch_max):  # in order, batched as live
+            await self._answer(ctx, runner, self._owed[k : k + self._batch_max])
+        self._owed = []
+        inbox = ctx.events()
+        pending: Envelope[Event] | None = None
+        while True:
+            env = pending or await _next(inbox)
+            pending = None
+            if env is None:
+                return
+            if isinstance(env.event, PolicyUpdated):
+                await self._update(ctx, runner, env.event)
+                continue
+            batch, pending = await inbox.gather(
+                env, self._batch_max, self._batch_wait, stop=_is_update
+            )
+            await self._answer(ctx, runner, batch)
+
+    async def _answer(
+        self, ctx: Context, runner: PolicyRunner, batch: list[Envelope[Event]]
+    ) -> None:
+        acts = [env for env in batch if isinstance(env.event, ActionRequested)]
+        reflections = [env for env in batch if isinstance(env.event, ReflectionRequested)]
+        self.batches.append(len(batch))
+        if acts:
+            answers = await ctx.to_thread(runner.answer, [env.event for env in acts])
+            for env, answer in zip(acts, answers, strict=True):
+                await ctx.emit(answer, cause=env.seq, corr=env.corr)
+        if reflections:
+            tips = await ctx.to_thread(runner.reflect, [env.event for env in reflections])
+            for env, tip in zip(reflections, tips, strict=True):
+                await ctx.emit(tip, cause=env.seq, corr=env.corr)
+
+    async def _update(self, ctx: Context, runner: PolicyRunner, ev: PolicyUpdated) -> None:
+        state = await ctx.to_thread(self._checkpoints.load, ev.checkpoint)
+        await ctx.to_thread(runner.load, state, ev.policy_version)
+        ctx.log.debug("policy loaded", version=ev.policy_version)
+
+
+def _is_update(ev: Event) -> bool:
+    return isinstance(ev, PolicyUpdated)
+
+
+async def _next(inbox: Any) -> Envelope[Event] | None:
+    try:
+        return await inbox.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def _sampled(
+    req: ActionRequested,
+    version: int,
+    temp: float,
+    prompt: list[int],
+    action: str,
+    response: Sequence[int],
+    token_logps: tuple[float, ...],
+    logp: float,
+    **extra: Any,
+) -> ActionSampled:
+    return ActionSampled(
+        episode=req.episode,
+        worker=req.worker,
+        turn=req.turn,
+        policy_version=version,
+        action=action,
+        prompt_ids=tuple(prompt),
+        response_ids=tuple(response),
+        token_logps=token_logps,
+        logp=logp,
+        temperature=temp,
+        **extra,
+    )

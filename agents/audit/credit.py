@@ -1,0 +1,512 @@
+"""``coevo audit RUN credit``: every credit and advantage of a run re-derived from its log with
+the current code, exactly as recorded or under another rule or setting.
+
+The credits and extractor requests come from :meth:`agents.learning.credit_actor.CreditBook.decide`
+folded over the log's retrievals and episode ends, the very fold the credit actor runs; the
+advantages from ``agents.methods.advantages`` applied to each group's outcomes (from
+:class:`EpisodeFinished`) and novelty bonus (from :class:`TipsRetrieved`), as the trainer does.
+Under the run's own settings everything must equal the log, bit for bit (:attr:`CreditAudit.match`);
+under another rule or setting (a counterfactual) the answer says what would change, per entry,
+per extractor call and in aggregate.
+
+One pass over the log (no index): the fold needs every episode end in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgspec
+
+from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
+from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
+from agents.events.memory import TipsRetrieved
+from agents.events.policy import AdvantagesComputed, GradientRequested
+from agents.learning.credit_actor import RULES, CreditBook, CreditSettings
+from agents.methods.advantages import (
+    group_advantages,
+    group_stats,
+    subgroup_advantages,
+    subgroup_weights,
+)
+from agents.methods.credit import relative_credit
+from agents.methods.empo2 import intrinsic_reward
+from engine.errors import AuditQueryInvalid
+from engine.eventlog import EventLog
+from engine.events import Event
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """The rules to re-derive under.
+
+    Attributes:
+        credit: the credit actor's settings (rule, batch, alpha, cooldown, loss settings).
+        std_norm: divide advantages by the (sub)group's std; None: as each group recorded.
+        split: Complementary RL's subgroup advantages; False: one advantage over the group.
+        weighted: Complementary RL's subgroup weights; False: every sample weighs 1.
+        top_k: EMPO2's cap on the similar-tip count of the novelty bonus.
+    """
+
+    credit: CreditSettings
+    std_norm: bool | None = None
+    split: bool = True
+    weighted: bool = True
+    top_k: int = 10
+
+
+SETTABLE = ("batch", "alpha", "cooldown", "reweight", "std_norm", "split", "weighted")
+"""The keys ``--set`` accepts; ``reweight=false`` is ``alpha=0`` and ``cooldown=0``."""
+
+
+def with_overrides(base: AuditSettings, rule: str | None, sets: Sequence[str]) -> AuditSettings:
+    """``base`` under ``--rule`` and ``--set key=value`` overrides.
+
+    Raises:
+        AuditQueryInvalid: an unknown rule or key, or a value of the wrong type or range.
+    """
+    if rule is not None and rule not in RULES:
+        raise AuditQueryInvalid(f"unknown credit rule {rule!r}; known: {', '.join(RULES)}")
+    credit = replace(base.credit, rule=rule) if rule is not None else base.credit
+    out = replace(base, credit=credit)
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in SETTABLE:
+            raise AuditQueryInvalid(
+                f"--set {item!r}: expected KEY=VALUE, KEY one of {', '.join(SETTABLE)}"
+            )
+        value = _parse(key, raw)
+        if key in ("batch", "alpha", "cooldown"):
+            out = replace(out, credit=replace(out.credit, **{key: value}))
+        elif key == "reweight":
+            out = (
+                replace(out, credit=replace(out.credit, alpha=0.0, cooldown=0))
+                if not value
+                else out
+            )
+        else:
+            out = replace(out, **{key: value})
+    return out
+
+
+def _parse(key: str, raw: str) -> Any:
+    try:
+        if key in ("batch", "cooldown"):
+            value: Any = int(raw)
+            low = 1 if key == "batch" else 0
+            if value < low:
+                raise ValueError(f"must be >= {low}")
+        elif key == "alpha":
+            value = float(raw)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError("must be finite and >= 0")
+        else:
+            if raw.lower() not in ("true", "false"):
+                raise ValueError("must be true or false")
+            value = raw.lower() == "true"
+    except ValueError as exc:
+        raise AuditQueryInvalid(f"--set {key}={raw}: {exc}") from None
+    return value
+
+
+# --- the log's inputs --------------------------------------------------------------------------
+
+
+@dataclass
+class CreditInputs:
+    """What re-deriving credits and advantages reads from a log, gathered in one pass.
+
+    Attributes:
+        stream: every :class:`TipsRetrieved`, :class:`EpisodeFinished` and
+            :class:`EpisodeAbandoned`, in log order (what the credit actor folds).
+        recorded: every :class:`CreditAssigned` and :class:`ExtractorGradientRequested`.
+        groups: every :class:`AdvantagesComputed`, with its seq.
+        requests: every :class:`GradientRequested`, with its seq.
+        seqs: the seq of every recorded credit and extractor request, in order.
+        similar: per episode, the similar-tip count of each of its retrievals.
+        end: the log's end when the pass started (a live run goes on after it).
+    """
+
+    stream: list[Event] = field(default_factory=list[Event])
+    recorded: list[Event] = field(default_factory=list[Event])
+    seqs: list[int] = field(default_factory=list[int])
+    groups: list[tuple[int, AdvantagesComputed]] = field(
+        default_factory=list[tuple[int, AdvantagesComputed]]
+    )
+    requests: list[tuple[int, GradientRequested]] = field(
+        default_factory=list[tuple[int, GradientRequested]]
+    )
+    finished: dict[str, EpisodeFinished] = field(default_factory=dict[str, EpisodeFinished])
+    similar: dict[str, list[int]] = field(default_factory=dict[str, list[int]])
+    end: int = 0
+
+
+def gather(log: EventLog) -> CreditInputs:
+    """One pass over ``log`` up to its end as of now."""
+    out = CreditInputs(end=log.next_seq)
+    for chunk in log.read_chunks(0, out.end):
+        for env in chunk:
+            ev = env.event
+            kind = type(ev)
+            if kind is TipsRetrieved or kind is EpisodeFinished or kind is EpisodeAbandoned:
+                out.stream.append(ev)
+                if isinstance(ev, TipsRetrieved):
+                    out.similar.setdefault(ev.episode, []).append(ev.similar)
+                elif isinstance(ev, EpisodeFinished):
+                    out.finished[ev.episode] = ev
+                elif isinstance(ev, EpisodeAbandoned):  # the attempt's retrievals no longer
+                    out.similar.pop(ev.episode, None)  # count: the trainer forgets them
+            elif kind is CreditAssigned or kind is ExtractorGradientRequested:
+                out.recorded.append(ev)
+                out.seqs.append(env.seq)
+            elif isinstance(ev, AdvantagesComputed):
+                out.groups.append((env.seq, ev))
+            elif isinstance(ev, GradientRequested):
+                out.requests.append((env.seq, ev))
+    return out
+
+
+# --- re-deriving --------------------------------------------------------------------------------
+
+
+def derive_credits(inputs: CreditInputs, settings: AuditSettings) -> list[Event]:
+    """The credit actor's output re-folded from the log's retrievals and episode ends."""
+    book = CreditBook()
+    baseline = _relative_credits(inputs) if settings.credit.rule == "relative" else {}
+    out: list[Event] = []
+    for ev in inputs.stream:
+        credit = None
+        if settings.credit.rule == "relative" and isinstance(ev, EpisodeFinished):
+            credit = baseline.get(ev.episode, 0.0)  # 0.0: its group is not recorded (yet)
+        out += book.decide(ev, settings.credit, credit)
+    return out
+
+
+def _relative_credits(inputs: CreditInputs) -> dict[str, float]:
+    """Each grouped episode's reward minus its group's free half's mean reward."""
+    out: dict[str, float] = {}
+    for _, g in inputs.groups:
+        free = [
+            r for r, ro in zip(g.rewards, _rollouts(g), strict=True) if not ro.startswith("guided")
+        ]
+        for ep, r in zip(g.episodes, g.rewards, strict=True):
+            out[ep] = relative_credit(r, free)
+    return out
+
+
+def _rollouts(g: AdvantagesComputed) -> tuple[str, ...]:
+    return g.rollouts if g.rollouts else ("plain",) * len(g.episodes)
+
+
+def derive_group(
+    g: AdvantagesComputed, inputs: CreditInputs, settings: AuditSettings
+) -> AdvantagesComputed:
+    """Group ``g`` re-derived: outcomes from the episodes' ends, the novelty bonus from their
+    retrievals, rewards, then the advantages by the rule ``g`` names (or ``settings``).
+
+    Raises:
+        AuditQueryInvalid: a rule name this coevo does not know, or an episode without an end.
+    """
+    parts = g.rule.split("-")
+    if (
+        len(parts) < 3
+        or parts[0] not in ("grpo", "subgroup")
+        or parts[-1] not in ("score", "success")
+    ):
+        raise AuditQueryInvalid(f"group {g.group}: unknown advantage rule {g.rule!r}")
+    missing = [ep for ep in g.episodes if ep not in inputs.finished]
+    if missing:
+        raise AuditQueryInvalid(f"group {g.group}: no EpisodeFinished for {missing}")
+    ends = [inputs.finished[ep] for ep in g.episodes]
+    outcomes = [e.score if parts[-1] == "score" else (1.0 if e.success else 0.0) for e in ends]
+    rollouts = _rollouts(g)
+    novelty = bool(g.outcomes)
+    intrinsic = [
+        intrinsic_reward(inputs.similar.get(ep, []), cap=settings.top_k)
+        if novelty and ro != "plain"
+        else 0.0
+        for ep, ro in zip(g.episodes, rollouts, strict=True)
+    ]
+    rewards = [o + g.intrinsic_coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
+    std_norm = parts[1] == "std" if settings.std_norm is None else settings.std_norm
+    guided = [ro.startswith("guided") for ro in rollouts]
+    if parts[0] == "grpo" or not settings.split:
+        adv = group_advantages(rewards, std_norm=std_norm, eps=g.eps)
+    else:
+        adv = subgroup_advantages(rewards, guided, std_norm=std_norm, eps=g.eps)
+    if parts[0] == "subgroup" and settings.weighted:
+        adv = [a * w for a, w in zip(adv, subgroup_weights(guided), strict=True)]
+    mean, std = group_stats(rewards)
+    return msgspec.structs.replace(
+        g,
+        rewards=tuple(rewards),
+        advantages=tuple(adv),
+        mean=mean,
+        std=std,
+        outcomes=tuple(outcomes) if novelty else (),
+        intrinsic=tuple(intrinsic) if novelty else (),
+    )
+
+
+# --- comparing ---------------------------------------------------------------------------------
+
+
+class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
+    """The first recorded event the re-derivation does not reproduce: its seq, the fields
+    that differ, and both sides of the first of them."""
+
+    seq: int
+    fields: tuple[str, ...]
+    recorded: str
+    derived: str
+
+
+def _mismatch(seq: int, a: Event, b: Event | None) -> Mismatch:
+    if b is None:
+        return Mismatch(seq=seq, fields=(), recorded=repr(a)[:300], derived="(none)")
+    fields = tuple(f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f))
+    first = fields[0] if fields else ""
+    return Mismatch(
+        seq=seq,
+        fields=fields,
+        recorded=repr(getattr(a, first, a))[:300],
+        derived=repr(getattr(b, first, b))[:300],
+    )
+
+
+class Check(msgspec.Struct, frozen=True, kw_only=True):
+    """Recorded events of one kind against their re-derivation, in order.
+
+    ``pending``: re-derived past the last recorded one (a live run's credit actor has not
+    written them yet).
+    """
+
+    kind: str
+    recorded: int
+    derived: int
+    equal: int
+    pending: int
+    first_mismatch: Mismatch | None = None
+
+
+class EntryChange(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry's credits: how many, and their sum recorded and re-derived."""
+
+    tip: int
+    credits: int
+    recorded: float
+    derived: float
+
+
+class CallChange(msgspec.Struct, frozen=True, kw_only=True):
+    """One extractor call: its final reward r(m), its push (the sum over the updates that
+    trained on it of advantage x weight, what moves its log-probs) and its updates with a
+    non-zero weight, recorded and re-derived."""
+
+    call: str
+    credits: int
+    recorded_reward: float | None
+    derived_reward: float | None
+    recorded_push: float
+    derived_push: float
+    recorded_updates: int
+    derived_updates: int
+
+
+class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
+    """The re-derivation of a run's credits and advantages, and what a counterfactual changes."""
+
+    events: int
+    counterfactual: bool
+    rule: str
+    batch: int
+    alpha: float
+    cooldown: int
+    std_norm: bool | None
+    split: bool
+    weighted: bool
+    match: bool
+    checks: tuple[Check, ...]
+    credits_changed: int
+    credit_sign_flips: int
+    requests: tuple[int, int]
+    calls_flipped: int
+    samples: int
+    samples_changed: int
+    sample_sign_flips: int
+    guided_advantage: tuple[float, float] | None
+    free_advantage: tuple[float, float] | None
+    entries: tuple[EntryChange, ...]
+    calls: tuple[CallChange, ...]
+
+
+def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSettings) -> CreditAudit:
+    """Re-derive ``inputs`` under ``settings`` and compare with what the log recorded
+    (``base``: the run's own settings; anything else is a counterfactual)."""
+    derived = derive_credits(inputs, settings)
+    groups = [(seq, g, derive_group(g, inputs, settings)) for seq, g in inputs.groups]
+    adv = {ep: a for _, _, d in groups for ep, a in zip(d.episodes, d.advantages, strict=True)}
+    grads = [
+        (
+            seq,
+            r,
+            msgspec.structs.replace(r, advantages=tuple(adv.get(e, math.nan) for e in r.episodes)),
+        )
+        for seq, r in inputs.requests
+    ]
+    rec_c, der_c = _of(inputs.recorded, CreditAssigned), _of(derived, CreditAssigned)
+    rec_x, der_x = (
+        _of(inputs.recorded, ExtractorGradientRequested),
+        _of(derived, ExtractorGradientRequested),
+    )
+    seq_of = dict(zip(map(id, inputs.recorded), inputs.seqs, strict=True))
+    checks = (
+        _check("credit_assigned", rec_c, der_c, [seq_of[id(c)] for c in rec_c]),
+        _check("extractor_gradient_requested", rec_x, der_x, [seq_of[id(x)] for x in rec_x]),
+        _check(
+            "advantages_computed",
+            [g for _, g, _ in groups],
+            [d for _, _, d in groups],
+            [s for s, _, _ in groups],
+        ),
+        _check(
+            "gradient_requested",
+            [r for _, r, _ in grads],
+            [d for _, _, d in grads],
+            [s for s, _, _ in grads],
+        ),
+    )
+    samples = [
+        (ro.startswith("guided"), a, b)
+        for _, g, d in groups
+        for ro, a, b in zip(_rollouts(g), g.advantages, d.advantages, strict=True)
+    ]
+    changed = [(a, b) for a, b in zip(rec_c, der_c, strict=False) if a.credit != b.credit]
+    calls = _calls(rec_c, der_c, rec_x, der_x)
+    c = settings.credit
+    return CreditAudit(
+        events=inputs.end,
+        counterfactual=settings != base,
+        rule=c.rule,
+        batch=c.batch,
+        alpha=c.alpha,
+        cooldown=c.cooldown,
+        std_norm=settings.std_norm,
+        split=settings.split,
+        weighted=settings.weighted,
+        match=all(ch.first_mismatch is None for ch in checks),
+        checks=checks,
+        credits_changed=len(changed),
+        credit_sign_flips=sum(1 for a, b in changed if _sign(a.credit) != _sign(b.credit)),
+        requests=(len(rec_x), len(der_x)),
+        calls_flipped=sum(1 for x in calls if _sign(x.recorded_push) != _sign(x.derived_push)),
+        samples=len(samples),
+        samples_changed=sum(1 for _, a, b in samples if a != b),
+        sample_sign_flips=sum(1 for _, a, b in samples if _sign(a) != _sign(b)),
+        guided_advantage=_means([(a, b) for g, a, b in samples if g]),
+        free_advantage=_means([(a, b) for g, a, b in samples if not g])
+        if any(g for g, _, _ in samples)
+        else None,
+        entries=_entries(rec_c, der_c),
+        calls=tuple(calls),
+    )
+
+
+def _of(events: Sequence[Event], kind: type[Any]) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def _check(
+    kind: str, recorded: Sequence[Event], derived: Sequence[Event], seqs: Sequence[int]
+) -> Check:
+    equal = 0
+    mismatch = None
+    for i, (a, b) in enumerate(zip(recorded, derived, strict=False)):
+        if a == b:
+            equal += 1
+        elif mismatch is None:
+            mismatch = _mismatch(seqs[i], a, b)
+    if mismatch is None and len(recorded) > len(derived):
+        mismatch = _mismatch(seqs[len(derived)], recorded[len(derived)], None)
+    return Check(
+        kind=kind,
+        recorded=len(recorded),
+        derived=len(derived),
+        equal=equal,
+        pending=max(len(derived) - len(recorded), 0),
+        first_mismatch=mismatch,
+    )
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _means(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:
+    if not pairs:
+        return None
+    return math.fsum(a for a, _ in pairs) / len(pairs), math.fsum(b for _, b in pairs) / len(pairs)
+
+
+def _entries(
+    recorded: list[CreditAssigned], derived: list[CreditAssigned]
+) -> tuple[EntryChange, ...]:
+    rec: dict[int, list[float]] = defaultdict(list)
+    der: dict[int, list[float]] = defaultdict(list)
+    for c in recorded:
+        rec[c.entry].append(c.credit)
+    for c in derived:
+        der[c.entry].append(c.credit)
+    out = [
+        EntryChange(
+            tip=tip,
+            credits=max(len(rec[tip]), len(der[tip])),
+            recorded=math.fsum(rec[tip]),
+            derived=math.fsum(der[tip]),
+        )
+        for tip in dict.fromkeys([*rec, *der])
+    ]
+    return tuple(sorted(out, key=lambda e: (-abs(e.derived - e.recorded), -e.credits, e.tip)))
+
+
+def _calls(
+    rec_c: list[CreditAssigned],
+    der_c: list[CreditAssigned],
+    rec_x: list[ExtractorGradientRequested],
+    der_x: list[ExtractorGradientRequested],
+) -> list[CallChange]:
+    credits: dict[str, int] = defaultdict(int)
+    for c in der_c or rec_c:
+        credits[c.call] += 1
+    rec, der = _pushes(rec_x), _pushes(der_x)
+    out = [
+        CallChange(
+            call=call,
+            credits=credits[call],
+            recorded_reward=rec[call][0] if call in rec else None,
+            derived_reward=der[call][0] if call in der else None,
+            recorded_push=rec[call][1] if call in rec else 0.0,
+            derived_push=der[call][1] if call in der else 0.0,
+            recorded_updates=rec[call][2] if call in rec else 0,
+            derived_updates=der[call][2] if call in der else 0,
+        )
+        for call in dict.fromkeys([*credits, *rec, *der])
+    ]
+    return sorted(out, key=lambda x: (-abs(x.derived_push - x.recorded_push), x.call))
+
+
+def _pushes(requests: list[ExtractorGradientRequested]) -> dict[str, tuple[float, float, int]]:
+    """Per call: its latest reward, its summed advantage x weight, its updates with weight."""
+    reward: dict[str, float] = {}
+    push: dict[str, list[float]] = defaultdict(list)
+    trained: dict[str, int] = defaultdict(int)
+    for r in requests:
+        for call, rw, a, w in zip(r.calls, r.rewards, r.advantages, r.weights, strict=True):
+            reward[call] = rw
+            push[call].append(a * w)
+            trained[call] += w > 0
+    return {call: (reward[call], math.fsum(push[call]), trained[call]) for call in reward}

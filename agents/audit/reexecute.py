@@ -1,0 +1,232 @@
+"""Re-executing a run's model updates from its log (``coevo replay RUN --reexecute-learner``).
+
+Starting from the base weights (policy version 0, and the extractor's starting copy), every
+recorded update is run again on its recorded inputs, in log order: the policy's
+:class:`GradientRequested` on the turns the learner kept
+(:class:`agents.learning.learner.SampleBuffer`,
+the learner's own fold) with the seed :class:`PolicyUpdated` records, the extractor's
+:class:`ExtractorGradientRequested` on the named :class:`ExtractorCalled` responses. Each
+result must match the log bit for bit: the parameters' digest, the samples trained on, and the
+checkpoint when it is still on disk. The optimisers' state is not stored; it is rebuilt by
+applying the updates in order from the start, as the run did.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested, ExtractorUpdated
+from agents.events.policy import GradientRequested, PolicyUpdated
+from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step, update_seed
+from agents.memory.extractor import ExtractorModel, extractor_step
+from engine.errors import UpdateDiverged
+from engine.events import Envelope, Event
+from stores.checkpoints import load_weights, param_digest
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """One update re-executed and found equal to the log.
+
+    Attributes:
+        model: "policy" or "extractor".
+        update: the update's number.
+        version: the version it produced.
+        digest: the parameters' digest (the log's and the re-execution's).
+        checkpoint: the checkpoint compared with it ("" when no longer on disk).
+    """
+
+    model: str
+    update: int
+    version: int
+    digest: str
+    checkpoint: str
+
+
+@dataclass
+class Summary:
+    """What a whole re-execution checked."""
+
+    policy: int = 0
+    extractor: int = 0
+    checkpoints: int = 0
+    unapplied: int = 0  # requests the run never answered (it stopped first)
+
+
+class _Model:
+    """One model being re-executed: its live weights and a scratch copy for checkpoints."""
+
+    def __init__(self, name: str, model: Any, run_dir: Path) -> None:
+        self.name = name
+        self.model = model
+        self.scratch = copy.deepcopy(model)
+        self.run_dir = run_dir
+        self.digest = param_digest(model)
+        self.version = 0
+
+    def check(self, env: Envelope[Event], update: int, recorded: str, parent: str) -> None:
+        """Compare the digests before and after an update with the log."""
+        if parent and self.version == 0 and parent != self.digest:
+            raise UpdateDiverged(
+                self.name,
+                update,
+                env.seq,
+                f"the starting weights have digest {self.digest}, the run started from "
+                f"{parent} (another base model or cache?)",
+            )
+        self.digest = param_digest(self.model)
+        self.version += 1
+        if self.digest != recorded:
+            raise UpdateDiverged(
+                self.name,
+                update,
+                env.seq,
+                f"re-executed parameters have digest {self.digest}, the log records {recorded}",
+            )
+
+    def check_checkpoint(self, env: Envelope[Event], update: int, name: str) -> str:
+        """Compare the checkpoint ``name`` (relative to the run) with the log, if on disk."""
+        path = self.run_dir / name / "model.safetensors"
+        if not path.is_file():
+            return ""  # pruned: runs keep only the newest few
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError) as exc:
+            raise UpdateDiverged(self.name, update, env.seq, f"{path}: unreadable: {exc}") from None
+        load_weights(self.scratch, state)
+        got = param_digest(self.scratch)
+        if got != self.digest:
+            raise UpdateDiverged(
+                self.name,
+                update,
+                env.seq,
+                f"checkpoint {name} on disk has digest {got}, the log records {self.digest}",
+            )
+        return name
+
+
+class Reexecution:
+    """Folds a run's envelopes in order and re-executes each update when its result appears.
+
+    Args:
+        run_dir: the run directory (checkpoints are read relative to it).
+        run_seed: the run's seed (for logs that predate :attr:`PolicyUpdated.seed`).
+        trainee: the policy at version 0, with a fresh optimiser (None: re-execute the
+            extractor's updates only; a policy update fed to it then diverges).
+        extractor: the extractor at its starting weights (None: the run has none).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        run_seed: int,
+        trainee: Trainee | None,
+        extractor: ExtractorModel | None,
+    ) -> None:
+        self.run_seed = run_seed
+        self.trainee = trainee
+        self.extractor = extractor
+        self.policy = _Model("policy", trainee.model, run_dir) if trainee else None
+        self.ext = _Model("extractor", extractor.model, run_dir) if extractor else None
+        self.buffer = SampleBuffer()
+        self.requests: dict[int, tuple[GradientRequested, list[Sample], int]] = {}
+        self.calls: dict[str, ExtractorCalled] = {}
+        self.ext_requests: dict[int, ExtractorGradientRequested] = {}
+        self.summary = Summary()
+
+    def feed(self, env: Envelope[Event]) -> Checked | None:
+        """Fold one envelope; returns the update it completed, if any.
+
+        Raises:
+            UpdateDiverged: the update it completes does not match the log.
+        """
+        ev = env.event
+        req = self.buffer.observe(ev)
+        if req is not None:
+            try:
+                samples, stale = self.buffer.collect(req)
+            except RuntimeError as exc:  # the log asks for an episode it never finished
+                raise UpdateDiverged("policy", req.update, env.seq, str(exc)) from None
+            self.buffer.version += 1  # the learner serves requests in order, one version each
+            self.requests[req.update] = (req, samples, stale)
+        elif isinstance(ev, PolicyUpdated):
+            return self._policy(env, ev)
+        elif isinstance(ev, ExtractorCalled):
+            self.calls[ev.call] = ev
+        elif isinstance(ev, ExtractorGradientRequested):
+            self.ext_requests[ev.update] = ev
+        elif isinstance(ev, ExtractorUpdated):
+            return self._extractor(env, ev)
+        return None
+
+    def run(
+        self,
+        envelopes: Iterable[Envelope[Event]],
+        on_checked: Callable[[Checked], None] = lambda _: None,
+    ) -> Summary:
+        """Feed every envelope, calling ``on_checked`` after each matching update.
+
+        Raises:
+            UpdateDiverged: the first update that does not match the log.
+        """
+        for env in envelopes:
+            checked = self.feed(env)
+            if checked is not None:
+                on_checked(checked)
+        self.summary.unapplied = len(self.requests) + len(self.ext_requests)
+        return self.summary
+
+    def _policy(self, env: Envelope[Event], ev: PolicyUpdated) -> Checked:
+        if self.trainee is None or self.policy is None:
+            raise UpdateDiverged("policy", ev.update, env.seq, "no policy to re-execute it on")
+        if ev.update not in self.requests:
+            raise UpdateDiverged("policy", ev.update, env.seq, "no GradientRequested before it")
+        req, samples, stale = self.requests.pop(ev.update)
+        seed = ev.seed if ev.seed is not None else update_seed(self.run_seed, ev.update)
+        stats = grpo_step(self.trainee, samples, req, seed)
+        if (stats.samples, stale) != (ev.samples, ev.stale):
+            raise UpdateDiverged(
+                "policy",
+                ev.update,
+                env.seq,
+                f"re-execution trained on {stats.samples} samples ({stale} stale), the log "
+                f"records {ev.samples} ({ev.stale} stale)",
+            )
+        self.policy.check(env, ev.update, ev.digest, ev.parent_digest)
+        name = self.policy.check_checkpoint(env, ev.update, ev.checkpoint)
+        self.summary.policy += 1
+        self.summary.checkpoints += bool(name)
+        return Checked("policy", ev.update, ev.policy_version, ev.digest, name)
+
+    def _extractor(self, env: Envelope[Event], ev: ExtractorUpdated) -> Checked:
+        req = self.ext_requests.pop(ev.update, None)
+        if req is None or self.extractor is None or self.ext is None:
+            raise UpdateDiverged(
+                "extractor", ev.update, env.seq, "no ExtractorGradientRequested before it"
+            )
+        missing = [c for c in req.calls if c not in self.calls]
+        if missing:
+            raise UpdateDiverged(
+                "extractor", ev.update, env.seq, f"calls {missing[:3]} are not in the log"
+            )
+        stats = extractor_step(self.extractor, [self.calls[c] for c in req.calls], req)
+        self.extractor.version += 1
+        if stats.samples != ev.samples:
+            raise UpdateDiverged(
+                "extractor",
+                ev.update,
+                env.seq,
+                f"re-execution trained on {stats.samples} calls, the log records {ev.samples}",
+            )
+        self.ext.check(env, ev.update, ev.digest, ev.parent_digest)
+        name = self.ext.check_checkpoint(env, ev.update, ev.checkpoint)
+        self.summary.extractor += 1
+        self.summary.checkpoints += bool(name)
+        return Checked("extractor", ev.update, ev.extractor_version, ev.digest, name)

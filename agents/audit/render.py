@@ -1,0 +1,257 @@
+"""Plain-text rendering of ``coevo audit``'s answers (``--json`` prints the Structs instead)."""
+
+from __future__ import annotations
+
+from agents.audit.answers import Lineage, TipAudit
+from agents.audit.credit import CreditAudit
+from agents.audit.episode import EpisodeAudit, Turn
+
+MAX_ROWS = 50
+"""Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
+
+
+def _q(text: str, width: int = 90) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= width else text[: width - 3] + "...")
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:+.{digits}f}"
+
+
+def render_tip(a: TipAudit) -> list[str]:
+    """The lines of a tip audit."""
+    o = a.origin
+    where = (
+        f"evicted at seq {a.evicted_seq} ({a.evicted})"
+        if a.evicted_seq is not None
+        else "in the bank"
+    )
+    out = [f"entry {a.tip} in {a.slot}: {_q(a.text)}", f"  stored at seq {a.stored_seq}; {where}"]
+    if o.kind == "extractor":
+        src = f"{o.task} of {', '.join(o.episodes)}" if o.episodes else o.task or "?"
+        if o.episodes and o.episode_success is not None:
+            src += f" ({'success' if o.episode_success else 'failure'}, score {o.episode_score:.2f}"
+            src += f"; it used entry {o.entry_used})" if o.entry_used >= 0 else "; free)"
+        if o.merge_step >= 0:
+            src += f" step {o.merge_step} of entries {list(o.entries)}"
+        out.append(
+            f"  written by extractor call {o.call} at seq {o.seq} ({src}), extractor v"
+            f"{o.extractor_version}, op {o.op or '?'} of {o.ops}"
+        )
+        if o.errors:
+            out.append(f"    parser: {'; '.join(o.errors)}")
+        out.append(f"    response: {_q(o.response)}")
+    else:
+        out.append(
+            f"  written by the policy's reflection on {o.source} at seq {o.seq} (policy v"
+            f"{o.policy_version}, episode score {_f(o.episode_score, 2)})"
+        )
+    out.append("  lineage:")
+    out += _lineage(a.lineage, "    ")
+    if a.children:
+        out.append(f"  replaced by (update / merge): {', '.join(map(str, a.children))}")
+    if a.duplicates:
+        out.append(f"  later proposals refused as duplicates: {', '.join(a.duplicates)}")
+    out.append(
+        f"  retrieved {len(a.uses)} times in {a.guided} episodes ({a.guided_success} succeeded)"
+    )
+    if a.uses:
+        out.append("    seq      episode    turn pos rank  similarity  score    outcome")
+        for u in a.uses[:MAX_ROWS]:
+            end = (
+                "running"
+                if not u.ended
+                else f"aborted: {u.aborted}"
+                if u.aborted
+                else f"{'success' if u.success else 'failure'} {u.outcome_score:.2f} ({u.purpose})"
+            )
+            flag = "" if u.alive else "  NOT IN THE BANK AT THAT SEQ"
+            out.append(
+                f"    {u.seq:<8} {u.episode:<10} {u.turn:>4} {u.position:>3} {u.rank:>4}  "
+                f"{u.similarity:>10.3f}  {_f(u.score, 2):>6}   {end}{flag}"
+            )
+        out += _more(len(a.uses))
+    out.append(f"  credits: {len(a.credits)}, sum {a.credit_sum:+g}")
+    if a.credits:
+        out.append(
+            "    seq      episode    call       outcome          rule           credit  update"
+        )
+        for c in a.credits[:MAX_ROWS]:
+            res = f"{'success' if c.success else 'failure'} {_f(c.episode_score, 2)}"
+            upd = str(c.update) if c.update >= 0 else "pending"
+            out.append(
+                f"    {c.seq:<8} {c.episode:<10} {c.call:<10} {res:<16} {c.rule:<14} "
+                f"{c.credit:+6.3f}  {upd}"
+            )
+        out += _more(len(a.credits))
+    for s in a.updates:
+        done = (
+            f"-> extractor v{s.version}, {s.samples} samples, loss {s.loss:.4f}"
+            if s.version >= 0
+            else "(not applied yet)"
+        )
+        out.append(
+            f"  extractor update {s.update} (request seq {s.request_seq}, {s.batch} calls): call "
+            f"{s.call} reward {s.reward:+.3f}, advantage {s.advantage:+.3f}, weight "
+            f"{s.weight:.3f} {done}"
+        )
+    return out
+
+
+def _lineage(node: Lineage, indent: str) -> list[str]:
+    gone = f" [evicted: {node.evicted}]" if node.evicted else ""
+    who = node.call or f"reflection on {node.source}"
+    lines = [f"{indent}{node.tip} by {who} (from {node.source}){gone}: {_q(node.text, 60)}"]
+    for parent in node.parents:
+        lines += _lineage(parent, indent + "  <- ")
+    return lines
+
+
+def _more(n: int) -> list[str]:
+    return [f"    ... {n - MAX_ROWS} more (--json has them all)"] if n > MAX_ROWS else []
+
+
+def render_episode(a: EpisodeAudit) -> list[str]:
+    """The lines of an episode audit."""
+    out = [
+        f"episode {a.episode}: {a.family} variant {a.variant}, {a.purpose}, rollout {a.rollout}, "
+        f"{a.worker}",
+        f"  goal: {a.goal}",
+    ]
+    for t in a.turns:
+        out += _turn(t)
+    if a.ended == "finished":
+        out.append(
+            f"  ended: {'success' if a.success else 'failure'}, score {a.score:.3f}, "
+            f"{a.steps} steps, total reward {a.total_reward:+.3f}"
+        )
+    else:
+        out.append(f"  ended: {a.ended}")
+    if a.advantage is not None:
+        v = a.advantage
+        out.append(
+            f"  reward: outcome {v.outcome:.4f} + {v.intrinsic_coef:g} x intrinsic "
+            f"{v.intrinsic:.4f} = {v.reward:.4f} (group {v.group}: "
+            f"{[round(r, 4) for r in v.group_rewards]})"
+        )
+        out.append(
+            f"  advantage: {v.advantage:+.6f} for each of its {len(a.turns)} samples (rule "
+            f"{v.rule}, rollout {v.rollout}, seq {v.seq})"
+        )
+    else:
+        out.append("  advantage: none (not a trained episode, or its group has not ended)")
+    if a.update is not None:
+        u = a.update
+        done = (
+            f"-> policy v{u.version} ({u.samples} samples, {u.stale} stale, loss {u.loss:+.4f}, "
+            f"kl {u.kl:.4f}, digest {u.digest[:12]})"
+            if u.version >= 0
+            else "(not applied yet)"
+        )
+        out.append(
+            f"  update {u.update} (gradient request seq {u.seq}, advantage {u.advantage:+.6f}) "
+            + done
+        )
+    if a.credit is not None:
+        c = a.credit
+        line = f"  credit: entry {c.entry} (call {c.call}) {c.credit:+.3f} ({c.rule}, seq {c.seq})"
+        if c.update >= 0:
+            line += (
+                f" -> extractor update {c.update}: reward {_f(c.reward)}, advantage "
+                f"{_f(c.advantage)}, weight {c.weight:.3f}"
+                + (f" -> extractor v{c.version}" if c.version >= 0 else "")
+            )
+        out.append(line)
+    for w in a.written:
+        what = f"extractor call {w.call}" if w.kind == "extractor" else "reflection"
+        ops = f" ops [{', '.join(w.ops)}]" if w.ops else ""
+        out.append(
+            f"  wrote: {what} (seq {w.seq}){ops}: {_q(w.text, 60)} -> stored {list(w.stored)}"
+            + (f", refused {list(w.refused)}" if w.refused else "")
+        )
+    return out
+
+
+def _turn(t: Turn) -> list[str]:
+    out = [
+        f"  turn {t.turn} (seq {t.seq}, policy v{t.policy_version})",
+        f"    obs: {_q(t.observation, 110)}",
+    ]
+    out.append(f"    admissible: {' | '.join(t.admissible)}")
+    for s in t.retrieved:
+        out.append(
+            f"    retrieved entry {s.tip} ({s.call or 'reflection'}; rank {s.rank}, similarity "
+            f"{s.similarity:.3f}, score {_f(s.score, 2)}): {_q(s.text, 60)}"
+        )
+    if t.tips_shown and not t.retrieved:
+        out.append(f"    {t.tips_shown} entries shown (retrieved at an earlier turn)")
+    valid = "" if t.valid else " (not admissible)"
+    out.append(
+        f"    action: {t.action}{valid}  logp {_f(t.logp, 4)}  -> reward {t.reward:+g}, score "
+        f"{t.score:.3f}{', done' if t.done else ''}"
+    )
+    return out
+
+
+def render_credit(a: CreditAudit, top: int) -> list[str]:
+    """The lines of a credit audit; ``top`` rows of the per-entry and per-call tables."""
+    adv = "as recorded" if a.std_norm is None else f"std_norm={a.std_norm}"
+    head = "counterfactual" if a.counterfactual else "re-derived with the run's settings"
+    out = [
+        f"credit {head}, from {a.events} events: rule {a.rule}, batch {a.batch}, alpha "
+        f"{a.alpha:g}, cooldown {a.cooldown}; advantages {adv}, split={a.split}, "
+        f"weighted={a.weighted}"
+    ]
+    for c in a.checks:
+        line = (
+            f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} equal"
+        )
+        if c.pending:
+            line += f", {c.pending} not recorded yet"
+        out.append(line)
+        m = c.first_mismatch
+        if m is not None and not a.counterfactual:
+            out.append(f"    first difference at seq {m.seq}: {', '.join(m.fields) or 'missing'}")
+            out.append(f"      recorded:   {m.recorded[:200]}")
+            out.append(f"      re-derived: {m.derived[:200]}")
+    if not a.counterfactual:
+        out.append(
+            "  result: "
+            + ("every credit and advantage matches the log" if a.match else "DIFFERS from the log")
+        )
+    out.append(
+        f"  credits changed: {a.credits_changed} (sign flips {a.credit_sign_flips}); extractor "
+        f"updates {a.requests[0]} -> {a.requests[1]}; calls whose push changes sign: "
+        f"{a.calls_flipped} of {len(a.calls)}"
+    )
+    out.append(
+        f"  samples whose advantage changes: {a.samples_changed} of {a.samples} (sign flips "
+        f"{a.sample_sign_flips})"
+    )
+    if a.guided_advantage is not None and a.free_advantage is not None:
+        g, f = a.guided_advantage, a.free_advantage
+        out.append(
+            f"  mean advantage guided {g[0]:+.4f} -> {g[1]:+.4f}, free {f[0]:+.4f} -> {f[1]:+.4f}"
+        )
+    if a.entries and top:
+        out.append(
+            f"  entries (top {top} by change of their credit sum): tip credits recorded -> "
+            "re-derived"
+        )
+        out += [
+            f"    {e.tip:>6} {e.credits:>5} {e.recorded:+9.3f} -> {e.derived:+9.3f}"
+            for e in a.entries[:top]
+        ]
+    if a.calls and top:
+        out.append(
+            f"  extractor calls (top {top} by change of push = sum of advantage x weight): call "
+            "credits reward push updates, recorded -> re-derived"
+        )
+        out += [
+            f"    {x.call:<10} {x.credits:>4}  {_f(x.recorded_reward)} -> {_f(x.derived_reward)}  "
+            f"{x.recorded_push:+.4f} -> {x.derived_push:+.4f}  "
+            f"{x.recorded_updates} -> {x.derived_updates}"
+            for x in a.calls[:top]
+        ]
+    return out

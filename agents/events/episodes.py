@@ -1,0 +1,126 @@
+"""Episode events: what env workers and the scheduler record about episodes.
+
+An episode is planned (``EpisodeAssigned``, by the scheduler), begins (``EpisodeStarted``),
+advances one turn per ``StepTaken`` and ends with ``EpisodeFinished`` or ``EpisodeAborted``. A
+resumed run records the episodes its previous session left running as ``EpisodeAbandoned`` and
+assigns them again (same id, same seed).
+Every field is data the world or the agent produced, so replay folds these events and never
+re-runs a world.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from engine.events import Envelope, Event, event
+
+
+@event
+class EpisodeAssigned(Event, tag="episode_assigned", frozen=True, kw_only=True):
+    """The scheduler handed episode ``episode`` (the ``index``-th of the run) to ``worker``.
+
+    ``purpose`` is "train" or "eval" (evaluation episodes of a learning run). EMPO2's fields:
+    ``rollout`` is "plain" (no memory), "tips" (tips retrieved each turn, trained on as shown)
+    or "distill" (tips retrieved each turn, trained on with the tips removed from the prompt);
+    ``scope`` is the memory the episode reads and writes (see ``agents.events.memory``) and
+    ``slot``, when set, the exact memory slot (else the variant's slot within ``scope``);
+    ``reflect`` asks the policy for a tip on the finished episode. Complementary RL's: rollout
+    "guided" (one bank entry, retrieved at the start from the family's partition, shown every
+    turn) or "guided-distill" (the same, trained on with the entry removed); ``extract`` sends
+    the finished episode to the extractor.
+    """
+
+    episode: str
+    index: int
+    worker: str
+    family: str
+    variant: int
+    split: str
+    seed: int
+    purpose: str = "train"
+    rollout: str = "plain"
+    scope: str = ""
+    reflect: bool = False
+    extract: bool = False
+    slot: str = ""
+
+
+@event
+class EpisodeStarted(Event, tag="episode_started", frozen=True, kw_only=True):
+    """The world was reset: the goal, the first observation and its admissible actions."""
+
+    episode: str
+    worker: str
+    goal: str
+    observation: str
+    admissible: tuple[str, ...]
+
+
+@event
+class StepTaken(Event, tag="step_taken", frozen=True, kw_only=True):
+    """One turn: the action chosen and what the world answered."""
+
+    episode: str
+    turn: int
+    action: str
+    observation: str
+    admissible: tuple[str, ...]
+    reward: float
+    done: bool
+    score: float
+
+
+@event
+class EpisodeFinished(Event, tag="episode_finished", frozen=True, kw_only=True):
+    """The episode ended (success, failure or step limit)."""
+
+    episode: str
+    worker: str
+    family: str
+    variant: int
+    split: str
+    steps: int
+    score: float
+    success: bool
+    total_reward: float
+    purpose: str = "train"
+
+
+@event
+class EpisodeAborted(Event, tag="episode_aborted", frozen=True, kw_only=True):
+    """The episode could not finish (the world failed, the worker was restarted)."""
+
+    episode: str
+    worker: str
+    reason: str
+    purpose: str = "train"
+
+
+@event
+class EpisodeAbandoned(Event, tag="episode_abandoned", frozen=True, kw_only=True):
+    """The run stopped (or was killed) while the episode was running; ``coevo resume`` drops
+    what its attempt recorded (turns, samples) and assigns it again with the same id and seed.
+    Unlike :class:`EpisodeAborted`, the episode is not over: it is re-run."""
+
+    episode: str
+    worker: str
+    purpose: str = "train"
+
+
+def finished_attempts(history: Iterable[Envelope[Event]]) -> Callable[[str, int], bool]:
+    """For a resumed run: whether what an episode asked for at a seq (a reflection, an
+    extraction, a tip) came from an attempt that finished, i.e. the episode finished and was
+    not abandoned after that seq. What an attempt still running or abandoned asked for is not
+    owed an answer: its episode is played again and asks again."""
+    finished: set[str] = set()
+    abandoned: dict[str, int] = {}
+    for env in history:
+        if isinstance(env.event, EpisodeFinished):
+            finished.add(env.event.episode)
+        elif isinstance(env.event, EpisodeAbandoned):
+            abandoned[env.event.episode] = env.seq
+
+    def of_finished(episode: str, seq: int) -> bool:
+        return episode in finished and abandoned.get(episode, -1) < seq
+
+    return of_finished

@@ -1,0 +1,217 @@
+"""Policy events: what the policy was asked, what it sampled, and how it was trained.
+
+A turn of a policy-driven episode is ``ActionRequested`` (the env worker, with the prompt it
+built) then ``ActionSampled`` (the inference actor: the chosen action with its token ids and
+log-probs, and the policy version that chose it), then the world's ``StepTaken``. A GRPO update
+is ``AdvantagesComputed`` per group and one ``GradientRequested`` (the trainer), then
+``PolicyUpdated`` (the learner). Model output is data: replay folds these events and never
+re-runs a model, and every advantage can be re-derived from the logged rewards.
+
+Fields say ``policy_version``, because ``version`` is an event class's schema version.
+"""
+
+from __future__ import annotations
+
+from engine.events import Event, event
+
+
+@event
+class ActionRequested(Event, tag="action_requested", frozen=True, kw_only=True):
+    """An env worker asks the policy for the next action of ``episode``.
+
+    ``messages`` is the prompt as ``(role, content)`` pairs, exactly as rendered; ``tips`` are
+    the memory entries shown in it (already inside the user message). ``seed`` names the
+    request's own random stream, so what is sampled never depends on how requests were batched.
+    """
+
+    episode: str
+    worker: str
+    turn: int
+    messages: tuple[tuple[str, str], ...]
+    admissible: tuple[str, ...]
+    seed: int
+    greedy: bool = False
+    tips: tuple[str, ...] = ()
+
+
+@event
+class ActionSampled(Event, tag="action_sampled", frozen=True, kw_only=True):
+    """The policy's answer to one :class:`ActionRequested`.
+
+    Attributes:
+        policy_version: the policy version that sampled it.
+        action: the action text sent to the world.
+        prompt_ids: the prompt's token ids.
+        response_ids: the response's token ids (the action, then end-of-sequence).
+        token_logps: the log-prob of each response token under the sampling policy.
+        candidates: token ids of every admissible action ("score" mode; empty in "generate").
+        candidate_scores: the sum of token log-probs of each candidate ("score" mode).
+        choice: the index of the chosen candidate ("score" mode; -1 in "generate").
+        logp: the log-prob of the whole action under the sampling policy: in "score" mode the
+            log-softmax over candidates (at the temperature used), in "generate" mode the sum of
+            ``token_logps``.
+        temperature: the sampling temperature (0 for greedy).
+        mode: "score" or "generate".
+        valid: False when a generated action was not admissible (the world then answers
+            "you can not do that.").
+        bare_prompt_ids: when the prompt showed tips, its token ids with the tip spans removed
+            (what EMPO2's off-policy distillation trains the current policy on); else empty.
+    """
+
+    episode: str
+    worker: str
+    turn: int
+    policy_version: int
+    action: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    token_logps: tuple[float, ...]
+    candidates: tuple[tuple[int, ...], ...] = ()
+    candidate_scores: tuple[float, ...] = ()
+    choice: int = -1
+    logp: float
+    temperature: float
+    mode: str = "score"
+    valid: bool = True
+    bare_prompt_ids: tuple[int, ...] = ()
+
+
+@event
+class AdvantagesComputed(Event, tag="advantages_computed", frozen=True, kw_only=True):
+    """The advantages of one group of rollouts of the same task (pure function of ``rewards``).
+
+    ``rule`` names the formula (e.g. ``"grpo-std"`` or ``"grpo-mean"``); ``eps`` is the
+    denominator's epsilon. Every turn of ``episodes[i]`` gets ``advantages[i]``.
+
+    With EMPO2's novelty bonus, ``rewards[i] = outcomes[i] + intrinsic_coef * intrinsic[i]``:
+    the outcome and the intrinsic reward are recorded apart (both empty without the bonus,
+    when ``rewards`` are the outcomes). ``rollouts[i]`` is the episode's rollout mode.
+    """
+
+    group: str
+    update: int
+    family: str
+    variant: int
+    episodes: tuple[str, ...]
+    rewards: tuple[float, ...]
+    advantages: tuple[float, ...]
+    rule: str
+    eps: float
+    mean: float
+    std: float
+    outcomes: tuple[float, ...] = ()
+    intrinsic: tuple[float, ...] = ()
+    intrinsic_coef: float = 0.0
+    rollouts: tuple[str, ...] = ()
+
+
+@event
+class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=True):
+    """The trainer asks the learner for update ``update`` (it produces version ``update + 1``).
+
+    The samples are every turn of ``episodes``, each with its episode's advantage; the loss
+    settings are recorded so that an update can be re-derived from the log alone.
+    ``rollouts[i]`` is EMPO2's rollout mode of ``episodes[i]`` (empty: all "plain"): the turns
+    of a "distill" episode are trained with the tips removed from the current policy's prompt
+    (``ActionSampled.bare_prompt_ids``) against the tip-conditioned behaviour log-probs.
+    ``low_prob_delta``: EMPO2's sequence-level low-probability masking threshold (None: off).
+    """
+
+    update: int
+    episodes: tuple[str, ...]
+    advantages: tuple[float, ...]
+    mode: str = "on-policy"
+    rollouts: tuple[str, ...] = ()
+    low_prob_delta: float | None = None
+    epochs: int = 1
+    minibatch: int = 64
+    lr: float = 1e-3
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    aggregation: str = "seq-mean-token-mean"
+    max_grad_norm: float = 1.0
+    max_staleness: int = 1
+
+
+@event
+class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
+    """The learner applied update ``update``: the policy is now ``policy_version``.
+
+    Attributes:
+        samples: turns trained on; ``stale`` of the requested turns were dropped because they
+            were sampled by a version older than the staleness bound allows.
+        loss, grad_norm, clip_frac, kl, ratio_mean: means over the update's minibatches
+            (``grad_norm`` before clipping; ``kl`` the approximate KL to the sampling policy).
+        ref_kl: the KL to the frozen reference (0 when ``kl_coef`` is 0).
+        digest: blake2b of the new parameters, in name order.
+        checkpoint: the directory of the safetensors checkpoint written, relative to the run.
+        seconds: wall time of the update.
+        seed: the seed that shuffled the minibatches (None in logs written before it was
+            recorded: ``agents.learning.learner.update_seed`` re-derives it from the run seed).
+        parent_digest: the digest of the parameters the update started from (version 0: the
+            base model); "" in older logs.
+    """
+
+    policy_version: int
+    update: int
+    samples: int
+    stale: int
+    loss: float
+    grad_norm: float
+    clip_frac: float
+    kl: float
+    ratio_mean: float
+    ref_kl: float
+    digest: str
+    checkpoint: str
+    seconds: float
+    seed: int | None = None
+    parent_digest: str = ""
+
+
+@event
+class EvalRoundStarted(Event, tag="eval_round_started", frozen=True, kw_only=True):
+    """An evaluation round on held-out variants begins, with the policy at ``policy_version``.
+
+    ``memory``: the episodes are shown the training bank's entries (Complementary RL's
+    evaluation with its bank; a round without memory of the same number plays the same tasks).
+    """
+
+    round: int
+    policy_version: int
+    episodes: int
+    memory: bool = False
+
+
+@event
+class EvalRoundFinished(Event, tag="eval_round_finished", frozen=True, kw_only=True):
+    """An evaluation round ended: its success rate and mean score over ``episodes``
+    (``memory`` as in :class:`EvalRoundStarted`)."""
+
+    round: int
+    policy_version: int
+    episodes: int
+    success: float
+    score: float
+    train_episodes: int
+    memory: bool = False
+
+
+@event
+class AdaptRoundFinished(Event, tag="adapt_round_finished", frozen=True, kw_only=True):
+    """EMPO2's adaptation test ended: ``tasks`` held-out tasks, each played ``attempts`` times
+    in a row by the policy at ``policy_version`` with a memory of its own and no weight update.
+
+    ``success[a]`` and ``score[a]`` are the rates at attempt ``a`` (attempt 0: empty memory);
+    ``aborted`` episodes count as failures.
+    """
+
+    round: int
+    policy_version: int
+    tasks: int
+    attempts: int
+    success: tuple[float, ...]
+    score: tuple[float, ...]
+    aborted: int

@@ -1,0 +1,407 @@
+"""The learner actor: turns a :class:`GradientRequested` into a new policy version.
+
+It keeps every :class:`ActionSampled` of training episodes until a request names their episode,
+then trains on those turns with the request's advantages and loss settings (in a worker thread),
+writes the new weights as a safetensors checkpoint and emits :class:`PolicyUpdated`. Samples
+older than the request's staleness bound are dropped and counted, never trained on.
+
+:func:`grpo_step` is the update itself, free of actors and events, so a plain synchronous loop
+(``bench/grpo_sync.py``) runs exactly the same maths.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agents.events.episodes import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
+from agents.events.policy import ActionSampled, GradientRequested, PolicyUpdated
+from agents.methods.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
+from agents.models.policy import chosen_action_logps, response_logps
+from engine.actor import Actor, Context
+from engine.errors import ModelUnavailable, ResumeDiverged
+from engine.events import Envelope, Event
+from engine.seeds import derive_rng
+from stores.checkpoints import (
+    Checkpoints,
+    optimizer_tensors,
+    param_digest,
+    restore_checkpoint,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One turn to train on: what the behaviour policy did, and its advantage.
+
+    ``distill`` (EMPO2's off-policy update): the current policy reads the prompt with the tip
+    spans removed, while the old log-probs stay those of the tip-conditioned behaviour policy.
+    """
+
+    turn: ActionSampled
+    adv: float
+    distill: bool = False
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        """The prompt the current policy is trained on."""
+        if self.distill and self.turn.bare_prompt_ids:
+            return self.turn.bare_prompt_ids
+        return self.turn.prompt_ids
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """Means over an update's minibatches."""
+
+    samples: int
+    loss: float
+    grad_norm: float
+    clip_frac: float
+    kl: float
+    ratio_mean: float
+    ref_kl: float
+
+
+class Trainee:
+    """The model being trained, its optimiser and (when ``kl_coef`` > 0) a frozen reference.
+
+    Args:
+        model: the causal LM (its weights are policy version 0).
+        tokenizer: its tokenizer (for the pad id and for checkpoints).
+        device: where the model lives.
+        reference: keep a frozen copy of the initial weights for the KL term.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, reference: bool) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.reference = copy.deepcopy(model).eval() if reference else None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def optimiser(self, lr: float) -> torch.optim.Optimizer:
+        """The AdamW optimiser, created on first use; ``lr`` applies from this step on."""
+        self.optimizer = adamw(self.model, self.optimizer, lr)
+        return self.optimizer
+
+
+def adamw(model: Any, optimizer: torch.optim.Optimizer | None, lr: float) -> torch.optim.Optimizer:
+    """``optimizer``, or a new AdamW without weight decay over ``model``'s parameters if None,
+    with ``lr`` from its next step on (the policy's and the extractor's optimiser)."""
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return optimizer
+
+
+def sample_logps(
+    model: Any, batch: Sequence[Sample], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Current log-probs, behaviour log-probs and mask of a minibatch (all one mode).
+
+    In "score" mode a sample is one action-level log-prob (the candidate softmax): (B, 1).
+    In "generate" mode it is the response's token log-probs: (B, T).
+    """
+    turns = [s.turn for s in batch]
+    prompts = [s.prompt_ids for s in batch]
+    if turns[0].mode == "score":
+        logp = chosen_action_logps(
+            model,
+            prompts,
+            [t.candidates for t in turns],
+            [t.choice for t in turns],
+            temperature=turns[0].temperature,
+            pad_id=pad_id,
+            device=device,
+        )  # (B, 1)
+        old = torch.tensor([[t.logp] for t in turns], device=device)
+        return logp, old, torch.ones_like(old)
+    logp, mask = response_logps(
+        model,
+        prompts,
+        [t.response_ids for t in turns],
+        temperature=turns[0].temperature,
+        pad_id=pad_id,
+        device=device,
+    )  # (B, T)
+    old = torch.zeros_like(logp)
+    for b, t in enumerate(turns):
+        old[b, : len(t.token_logps)] = torch.tensor(t.token_logps)
+    return logp, old, mask
+
+
+def grpo_step(
+    trainee: Trainee, samples: Sequence[Sample], req: GradientRequested, seed: int
+) -> StepStats:
+    """Run ``req.epochs`` passes of minibatch clipped-ratio updates over ``samples``.
+
+    Minibatches are drawn in an order shuffled by ``seed``; a minibatch never mixes "score"
+    and "generate" samples or temperatures. The model stays in eval mode (dropout off, as when
+    it sampled), so an on-policy ratio is exactly 1; gradients flow all the same. A minibatch
+    with no signal (every advantage 0 or every token masked, and no KL term) makes no optimiser
+    step: AdamW's momentum would otherwise move the weights.
+
+    Raises:
+        ValueError: ``req.low_prob_delta`` is set and a sample is a "score" turn (EMPO2's
+            low-probability masking thresholds sampled tokens' log-probs; a scenario refuses
+            the combination).
+    """
+    if req.low_prob_delta is not None and any(s.turn.mode == "score" for s in samples):
+        raise ValueError(
+            'low-probability masking needs "generate" mode: a "score" action\'s log-prob is '
+            "over the admissible actions, not a sampled token's"
+        )
+    model = trainee.model
+    model.eval()
+    opt = trainee.optimiser(req.lr)
+    rng = random.Random(seed)
+    totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
+    steps = 0
+    for _ in range(req.epochs):
+        for batch in _minibatches(samples, req.minibatch, rng):
+            stats = _one_step(trainee, opt, batch, req)
+            for key, value in stats.items():
+                totals[key] += value
+            steps += 1
+    mean = {k: v / max(steps, 1) for k, v in totals.items()}
+    return StepStats(samples=len(samples), **mean)
+
+
+def _minibatches(samples: Sequence[Sample], size: int, rng: random.Random) -> list[list[Sample]]:
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    by_kind: dict[tuple[str, float], list[Sample]] = {}
+    for i in order:
+        t = samples[i].turn
+        by_kind.setdefault((t.mode, t.temperature), []).append(samples[i])
+    return [group[k : k + size] for group in by_kind.values() for k in range(0, len(group), size)]
+
+
+def _one_step(
+    trainee: Trainee, opt: torch.optim.Optimizer, batch: list[Sample], req: GradientRequested
+) -> dict[str, float]:
+    logp, old_logp, mask = sample_logps(trainee.model, batch, trainee.pad_id, trainee.device)
+    if req.low_prob_delta is not None:
+        mask = mask * low_prob_mask(old_logp, mask, req.low_prob_delta)[:, None]  # (B, T)
+    adv = torch.tensor([s.adv for s in batch], device=trainee.device)  # (B,)
+    out = clipped_policy_loss(
+        logp,
+        old_logp,
+        adv,
+        mask,
+        clip_low=req.clip_low,
+        clip_high=req.clip_high,
+        dual_clip=req.dual_clip,
+        aggregation=req.aggregation,
+    )
+    loss = out.loss
+    ref_kl = 0.0
+    with_kl = req.kl_coef > 0 and trainee.reference is not None
+    if with_kl:
+        with torch.no_grad():
+            ref_logp, _, _ = sample_logps(trainee.reference, batch, trainee.pad_id, trainee.device)
+        kl = kl_penalty(logp, ref_logp, mask, aggregation=req.aggregation)
+        loss = loss + req.kl_coef * kl
+        ref_kl = float(kl.detach())
+    grad_norm = 0.0
+    if with_kl or bool(((adv != 0) & (mask != 0).any(-1)).any()):  # else no signal: no step
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), req.max_grad_norm)
+        opt.step()
+        grad_norm = float(norm)
+    return dict(
+        loss=float(loss.detach()),
+        grad_norm=grad_norm,
+        clip_frac=out.clip_frac,
+        kl=out.approx_kl,
+        ratio_mean=out.ratio_mean,
+        ref_kl=ref_kl,
+    )
+
+
+class Learner(Actor):
+    """Trains on requested episodes and publishes each new version as a checkpoint.
+
+    Each checkpoint holds the optimiser's state too, so a resumed run (:meth:`recover`)
+    continues from the newest version the log names with the moments it had.
+
+    Args:
+        load: builds the :class:`Trainee` (called in a worker thread at start).
+        checkpoints: where new versions are written.
+    """
+
+    subscribes = (
+        ActionSampled,
+        EpisodeFinished,
+        EpisodeAborted,
+        EpisodeAbandoned,
+        GradientRequested,
+        PolicyUpdated,
+    )
+
+    def __init__(self, load: Callable[[], Trainee], checkpoints: Checkpoints) -> None:
+        self._load = load
+        self._checkpoints = checkpoints
+        self._buffer = SampleBuffer()
+        self._committed = 0  # the newest version whose PolicyUpdated came back from the log
+        self._backlog: list[GradientRequested] = []  # requests a resumed run still owes
+        self._trainee: Trainee | None = None
+        self._parent = ""  # the digest the next update starts from
+
+    async def run(self, ctx: Context) -> None:
+        trainee = self._trainee or await ctx.to_thread(self._load)
+        if not self._parent:
+            self._parent = await ctx.to_thread(param_digest, trainee.model)
+        for req in self._backlog:
+            await self._update(ctx, trainee, req)
+        self._backlog.clear()
+        async for env in ctx.events():
+            if isinstance(env.event, PolicyUpdated):
+                self._committed = env.event.policy_version
+            req = self._buffer.observe(env.event)
+            if req is not None:
+                await self._update(ctx, trainee, req)
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Fold the log's samples and requests, load the newest version it names (weights and
+        optimiser), and keep the requests no :class:`PolicyUpdated` answered for :meth:`run`.
+
+        Raises:
+            ResumeDiverged: the newest checkpoint the log names is missing, damaged, not the
+                version the log says (its weights' digest), or without its optimiser state.
+        """
+        done = {env.event.update for env in history if isinstance(env.event, PolicyUpdated)}
+        latest: PolicyUpdated | None = None
+        for env in history:
+            ev = env.event
+            req = self._buffer.observe(ev)
+            if req is not None and req.update in done:
+                self._buffer.collect(req)
+            elif req is not None:
+                self._backlog.append(req)
+            elif isinstance(ev, PolicyUpdated):
+                latest = ev
+                self._buffer.version = self._committed = ev.policy_version
+        trainee = await ctx.to_thread(self._load)
+        if latest is not None:
+            try:
+                await ctx.to_thread(self._restore, trainee, latest)
+            except ModelUnavailable as exc:
+                raise ResumeDiverged(f"the learner cannot resume: {exc}") from None
+            self._parent = latest.digest
+            ctx.log.info("learner resumed", version=latest.policy_version)
+        self._trainee = trainee
+
+    def _restore(self, trainee: Trainee, latest: PolicyUpdated) -> None:
+        restore_checkpoint(
+            self._checkpoints,
+            latest.checkpoint,
+            trainee.model,
+            trainee.optimiser(0.0),
+            latest.digest,
+        )
+
+    async def _update(self, ctx: Context, trainee: Trainee, req: GradientRequested) -> None:
+        """Train, save and announce the next version."""
+        start = time.perf_counter()
+        samples, stale = self._buffer.collect(req)
+        version = self._buffer.version + 1
+        seed = update_seed(ctx.run_seed, req.update)
+        stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed)
+        name = await ctx.to_thread(self._save, trainee, version, req.lr)
+        digest = await ctx.to_thread(param_digest, trainee.model)
+        self._buffer.version = version
+        await ctx.emit(
+            PolicyUpdated(
+                policy_version=version,
+                update=req.update,
+                samples=stats.samples,
+                stale=stale,
+                loss=stats.loss,
+                grad_norm=stats.grad_norm,
+                clip_frac=stats.clip_frac,
+                kl=stats.kl,
+                ratio_mean=stats.ratio_mean,
+                ref_kl=stats.ref_kl,
+                digest=digest,
+                checkpoint=name,
+                seconds=time.perf_counter() - start,
+                seed=seed,
+                parent_digest=self._parent,
+            )
+        )
+        self._parent = digest
+
+    def _save(self, trainee: Trainee, version: int, lr: float) -> str:
+        """Write ``version`` with the optimiser's state; keep every version the log may still
+        name as its newest (blocking)."""
+        moments = optimizer_tensors(trainee.model, trainee.optimiser(lr))
+        return self._checkpoints.save(
+            version, trainee.model, trainee.tokenizer, moments, protect_from=self._committed
+        )
+
+
+def update_seed(run_seed: int, update: int) -> int:
+    """The seed that shuffles update ``update``'s minibatches (recorded in
+    :attr:`PolicyUpdated.seed`; logs older than that field re-derive it with this)."""
+    return derive_rng(run_seed, "update", update).getrandbits(63)
+
+
+class SampleBuffer:
+    """What the learner keeps between requests: the turns of finished training episodes, as a
+    fold of the events it subscribes to (the learner and ``coevo replay --reexecute-learner``
+    share it, so both train on the same samples).
+
+    Attributes:
+        version: the policy version the next request trains (the updates applied so far).
+    """
+
+    def __init__(self) -> None:
+        self.turns: dict[str, list[ActionSampled]] = {}
+        self.ended: set[str] = set()
+        self.version = 0
+
+    def observe(self, ev: Event) -> GradientRequested | None:
+        """Fold ``ev``; a :class:`GradientRequested` is returned for the caller to serve."""
+        if isinstance(ev, ActionSampled):
+            self.turns.setdefault(ev.episode, []).append(ev)
+        elif isinstance(ev, EpisodeFinished | EpisodeAborted):
+            if ev.purpose != "train" or isinstance(ev, EpisodeAborted):
+                self.turns.pop(ev.episode, None)  # never trained on
+            else:
+                self.ended.add(ev.episode)
+        elif isinstance(ev, EpisodeAbandoned):
+            self.turns.pop(ev.episode, None)  # a resumed run plays it again from the start
+        elif isinstance(ev, GradientRequested):
+            return ev
+        return None
+
+    def collect(self, req: GradientRequested) -> tuple[list[Sample], int]:
+        """The request's samples (removed from the buffer) and how many were too stale to use.
+
+        Raises:
+            RuntimeError: the request names an episode that has not finished.
+        """
+        samples: list[Sample] = []
+        stale = 0
+        rollouts = req.rollouts or ("plain",) * len(req.episodes)
+        for episode, adv, rollout in zip(req.episodes, req.advantages, rollouts, strict=True):
+            if episode not in self.ended:
+                raise RuntimeError(f"gradient requested for {episode}, which has not finished")
+            self.ended.discard(episode)
+            for turn in self.turns.pop(episode, []):
+                if self.version - turn.policy_version > req.max_staleness:
+                    stale += 1
+                else:
+                    samples.append(Sample(turn, adv, distill=rollout.endswith("distill")))
+        return samples, stale

@@ -1,0 +1,587 @@
+"""The GRPO trainer: the driver of a learning run.
+
+It plans groups of K rollouts of one task, keeps every env worker busy, computes each group's
+advantages when its last episode ends (:class:`AdvantagesComputed`), asks the learner for an
+update once every group planned for it has ended (:class:`GradientRequested`), runs evaluation
+rounds on held-out variants, and returns (ending the run) after the last update's evaluation.
+
+Batching is by plan, never by completion order: group ``g`` belongs to step
+``g // groups_per_update`` (its rollout mode, its warm-up or not, were drawn for that step), and
+feeds that step's update whenever it ends. A step whose groups have all ended waits for the steps
+before it, so requests go out in step order. Staleness: step ``s`` (after the warm-up) is update
+``s - warmup``, which produces version ``s - warmup + 1``. A group starts only once the policy is
+at least at version ``s - warmup - max_staleness``, so no sample is older than the bound allows.
+
+What each episode is (task, seed) is a pure function of the run seed and its index, so it never
+depends on which worker ran it or when.
+
+With EMPO2 settings the trainer also draws each update's (or episode's) rollout mode
+(:func:`agents.methods.empo2.rollout_of`), asks for a reflection on every training episode, adds the
+novelty bonus of tip-mode episodes to their outcome, and in the first and last evaluation rounds
+runs the adaptation test (:class:`_Adapt`): held-out tasks played several times in a row with a
+memory of their own and no weight update.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from agents.acting.scheduler import abandon_running, episode_id, plan_episode
+from agents.events.episodes import (
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+)
+from agents.events.extractor import MergeDue
+from agents.events.memory import TipRejected, TipsRetrieved, TipStored, slot_of
+from agents.events.policy import (
+    AdaptRoundFinished,
+    AdvantagesComputed,
+    EvalRoundFinished,
+    EvalRoundStarted,
+    GradientRequested,
+    PolicyUpdated,
+)
+from agents.methods.advantages import (
+    group_advantages,
+    group_stats,
+    subgroup_advantages,
+    subgroup_weights,
+)
+from agents.methods.empo2 import intrinsic_reward, rollout_of
+from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
+from engine.actor import Context
+from engine.events import Event
+from engine.recovery import Emitted, Replayed
+from engine.seeds import derive_seed
+from engine.world import Task
+
+ADV_EPS = 1e-6
+
+
+@dataclass
+class _Group:
+    index: int  # g: the group feeds step g // groups_per_update
+    task: Task
+    episodes: list[str]
+    rollouts: list[str]
+    outcomes: dict[str, float] = field(default_factory=dict[str, float])
+    ended: int = 0
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What an ended group gives its step's update."""
+
+    episodes: tuple[str, ...]
+    advantages: tuple[float, ...]
+    rollouts: tuple[str, ...]
+
+
+@dataclass
+class _Round:
+    number: int
+    version: int
+    episodes: set[str]
+    memory: bool = False
+    successes: int = 0
+    score: float = 0.0
+    ended: int = 0
+
+
+def eval_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
+    """The ``n`` tasks of every evaluation round: spread evenly over ``tasks``, cycling."""
+    if not tasks:
+        raise ValueError("no evaluation tasks")
+    return [tasks[i * len(tasks) // n] for i in range(n)]
+
+
+def gradient_request(
+    grpo: GrpoConfig,
+    update: int,
+    episodes: Sequence[str],
+    advantages: Sequence[float],
+    rollouts: Sequence[str] = (),
+    empo2: Empo2Config | None = None,
+) -> GradientRequested:
+    """The request for update ``update`` with the scenario's loss settings."""
+    return GradientRequested(
+        update=update,
+        episodes=tuple(episodes),
+        advantages=tuple(advantages),
+        rollouts=tuple(rollouts),
+        low_prob_delta=empo2.low_prob_delta if empo2 and empo2.low_prob_mask else None,
+        epochs=grpo.epochs,
+        minibatch=grpo.minibatch,
+        lr=grpo.lr,
+        clip_low=grpo.clip_low,
+        clip_high=grpo.clip_high,
+        dual_clip=grpo.dual_clip or None,
+        kl_coef=grpo.kl_coef,
+        aggregation=grpo.aggregation,
+        max_grad_norm=grpo.max_grad_norm,
+        max_staleness=grpo.max_staleness,
+    )
+
+
+def rule_name(grpo: GrpoConfig, comp: ComplementaryConfig | None = None) -> str:
+    """The advantage formula's name, as recorded in :class:`AdvantagesComputed`."""
+    if comp is not None:
+        return f"subgroup-{'std' if comp.subgroup_std else 'mean'}-weighted-{grpo.reward}"
+    return f"grpo-{'std' if grpo.std_norm else 'mean'}-{grpo.reward}"
+
+
+@dataclass
+class _Adapt:
+    """An adaptation round in progress: attempt ``a`` of task ``i`` starts once attempt
+    ``a - 1`` has ended and the memory has stored (or refused) its tip."""
+
+    number: int
+    version: int
+    tasks: list[Task]
+    attempts: int
+    successes: list[int]
+    scores: list[float]
+    attempt_of: dict[str, tuple[int, int]] = field(default_factory=dict[str, tuple[int, int]])
+    ended: set[str] = field(default_factory=set[str])
+    tip_done: set[str] = field(default_factory=set[str])
+    last_ended: int = 0
+    aborted: int = 0
+
+
+class GrpoTrainer(Replayed):
+    """Plans, feeds and trains a GRPO run (an EMPO2 run with ``empo2`` settings).
+
+    Args:
+        tasks: training tasks.
+        heldout: evaluation tasks.
+        episodes: training episodes (whole updates of ``groups_per_update * group_size``).
+        workers: env worker names.
+        grpo: the GRPO settings.
+        evaluation: the evaluation settings.
+        empo2: EMPO2's settings, or None.
+        complementary: Complementary RL's settings, or None. Each group is split into a guided
+            half (one bank entry shown) and a free half, with subgroup advantages; every
+            training episode goes to the extractor; the first ``warmup`` steps (a step is one
+            update's worth of groups) retrieve nothing and train nothing; a merge is due every
+            ``merge_every`` steps.
+    """
+
+    subscribes = (
+        EpisodeFinished,
+        EpisodeAborted,
+        PolicyUpdated,
+        TipsRetrieved,
+        TipStored,
+        TipRejected,
+    )
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        heldout: Sequence[Task],
+        episodes: int,
+        workers: Sequence[str],
+        grpo: GrpoConfig,
+        evaluation: EvalConfig,
+        empo2: Empo2Config | None = None,
+        complementary: ComplementaryConfig | None = None,
+    ) -> None:
+        per_update = grpo.group_size * grpo.groups_per_update
+        warmup = complementary.warmup if complementary else 0
+        if episodes < per_update * (warmup + 1):
+            steps = f"{warmup} warm-up steps and one update" if warmup else "one update"
+            raise ValueError(
+                f"run.episodes = {episodes} is less than {steps} "
+                f"(group_size * groups_per_update = {per_update} episodes each)"
+            )
+        if not tasks or not workers:
+            raise ValueError("the trainer needs tasks and workers")
+        if evaluation.adapt_attempts and empo2 is None:
+            raise ValueError("eval.adapt_attempts needs a memory: run.method = 'empo2'")
+        self._tasks = tuple(tasks)
+        self._eval_tasks = eval_tasks(heldout, evaluation.episodes) if evaluation.every else []
+        final = evaluation.final_episodes
+        self._final_tasks = eval_tasks(heldout, final) if evaluation.every and final else []
+        self._adapt_tasks = (
+            eval_tasks(heldout, evaluation.adapt_tasks) if evaluation.adapt_attempts else []
+        )
+        self._steps = episodes // per_update
+        self._warmup = warmup
+        self._updates = self._steps - warmup
+        self._comp = complementary
+        self._workers = tuple(workers)
+        self._grpo = grpo
+        self._eval = evaluation
+        self._empo2 = empo2
+        # run state (set up in run)
+        self._queue: deque[EpisodeAssigned] = deque()
+        self._free: list[str] = []
+        self._groups: dict[str, _Group] = {}
+        self._owner: dict[str, str] = {}  # episode -> group
+        self._similar: dict[str, list[int]] = {}  # train episode -> per-turn similar tips
+        # step -> its groups that ended (by group index), until the step is requested
+        self._pending: dict[int, dict[int, _Batch]] = {}
+        self._rounds: dict[str, _Round] = {}  # episode -> its eval round
+        self._adapts: dict[str, _Adapt] = {}  # episode -> its adaptation round
+        self._index = 0
+        self._planned = 0
+        self._stepped = 0  # steps requested: all their groups ended, in order (warm-up included)
+        self._version = 0
+        self._round = 0
+        self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
+
+    @property
+    def updates(self) -> int:
+        """The number of updates this run makes."""
+        return self._updates
+
+    async def begin(self, ctx: Context) -> None:
+        self._free = list(self._workers)
+        if self._eval_tasks:
+            await self._start_round(ctx)
+        await self._fill(ctx)
+
+    async def handle(self, ctx: Context, ev: Event) -> bool:
+        """React to one event; True when the run's work is done."""
+        if isinstance(ev, PolicyUpdated):
+            self._version = ev.policy_version
+            if self._eval_tasks and (
+                ev.policy_version % self._eval.every == 0 or ev.policy_version == self._updates
+            ):
+                await self._start_round(ctx)
+        elif isinstance(ev, TipsRetrieved):
+            if ev.episode in self._similar:
+                self._similar[ev.episode].append(ev.similar)
+        elif isinstance(ev, TipStored | TipRejected):
+            if ev.episode in self._adapts:
+                await self._adapt_tip(ctx, ev.episode)
+        else:
+            assert isinstance(ev, EpisodeFinished | EpisodeAborted)
+            self._running.pop(ev.episode, None)
+            self._free.append(ev.worker)
+            await self._ended(ctx, ev)
+        if self.finished():
+            return True
+        await self._fill(ctx)
+        return False
+
+    async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
+        """Continue after the log's end: emit what the replay decided beyond it (assignments
+        excepted: they never reached a worker), record every episode left running as
+        :class:`EpisodeAbandoned`, and queue them all again (same id and seed) ahead of the
+        rest, on workers that are all free."""
+        for ev, corr, cause in tail:
+            if not isinstance(ev, EpisodeAssigned):
+                await ctx.emit(ev, corr=corr, cause=cause)
+        again = await abandon_running(ctx, self._running.values(), tail)
+        for job in again:
+            if job.episode in self._similar:
+                self._similar[job.episode] = []
+            if job.episode in self._adapts:  # the re-run's own tip is awaited
+                self._adapts[job.episode].tip_done.discard(job.episode)
+        self._running.clear()
+        self._queue.extendleft(msgspec.structs.replace(j, worker="") for j in reversed(again))
+        self._free = list(self._workers)
+        await self._fill(ctx)
+
+    def finished(self) -> bool:
+        return (
+            self._version == self._updates
+            and not self._rounds
+            and not self._adapts
+            and not self._queue
+        )
+
+    async def _fill(self, ctx: Context) -> None:
+        """Plan what may start, then hand queued episodes to free workers."""
+        per = self._grpo.groups_per_update
+        while (
+            self._planned < self._steps * per
+            and self._version >= self._planned // per - self._warmup - self._grpo.max_staleness
+            and len(self._queue) < len(self._free)
+        ):
+            self._plan_group(ctx)
+        while self._queue and self._free:
+            job = self._queue.popleft()
+            worker = self._free.pop(0)
+            assigned = msgspec.structs.replace(job, worker=worker)
+            self._running[job.episode] = assigned
+            await ctx.emit(assigned, corr=job.episode)
+
+    def _plan_group(self, ctx: Context) -> None:
+        g = self._planned
+        task, _ = plan_episode(ctx.run_seed, g, self._tasks)
+        gid = f"g{g:05d}"
+        group = _Group(index=g, task=task, episodes=[], rollouts=[])
+        for k in range(self._grpo.group_size):
+            rollout = self._rollout(ctx, g // self._grpo.groups_per_update, self._index, k)
+            job = self._job(ctx, task, "train", rollout=rollout, scope="train")
+            if self._empo2 is not None and self._empo2.memory == "family":
+                job = msgspec.structs.replace(job, slot=slot_of("train", task.family))
+            group.episodes.append(job.episode)
+            group.rollouts.append(rollout)
+            self._owner[job.episode] = gid
+            if rollout != "plain":
+                self._similar[job.episode] = []
+            self._queue.append(job)
+        self._groups[gid] = group
+        self._planned += 1
+
+    def _rollout(self, ctx: Context, step: int, index: int, member: int) -> str:
+        if self._comp is not None:
+            guided = step >= self._warmup and member < self._grpo.group_size // 2
+            return self._comp.guided_rollout if guided else "plain"
+        e = self._empo2
+        if e is None:
+            return "plain"
+        key = step if e.draw == "update" else index
+        return rollout_of(ctx.run_seed, e.draw, key, e.p, e.q)
+
+    def _job(
+        self,
+        ctx: Context,
+        task: Task,
+        purpose: str,
+        *,
+        rollout: str = "plain",
+        scope: str = "",
+        reflect: bool | None = None,
+    ) -> EpisodeAssigned:
+        index = self._index
+        self._index += 1
+        return EpisodeAssigned(
+            episode=episode_id(index),
+            index=index,
+            worker="",
+            family=task.family,
+            variant=task.variant,
+            split=task.split,
+            seed=derive_seed(ctx.run_seed, "episode", index),
+            purpose=purpose,
+            rollout=rollout,
+            scope=scope,
+            reflect=self._reflects(purpose) if reflect is None else reflect,
+            extract=self._comp is not None and purpose == "train",
+        )
+
+    def _reflects(self, purpose: str) -> bool:
+        """EMPO2 asks for a tip on every training episode."""
+        return self._empo2 is not None and purpose == "train"
+
+    async def _start_round(self, ctx: Context) -> None:
+        number = self._round
+        self._round += 1
+        last = self._version == self._updates and self._final_tasks
+        tasks = self._final_tasks if last else self._eval_tasks
+        await self._round_of(ctx, number, [self._job(ctx, t, "eval") for t in tasks])
+        if self._comp is not None:  # the same tasks again, each shown an entry of the bank
+            guided = self._comp.guided_rollout
+            jobs = [self._job(ctx, t, "eval", rollout=guided, scope="train") for t in tasks]
+            await self._round_of(ctx, number, jobs, memory=True)
+        if self._adapt_tasks and self._version in (0, self._updates):
+            self._start_adapt(ctx, number)
+
+    async def _round_of(
+        self, ctx: Context, number: int, jobs: list[EpisodeAssigned], memory: bool = False
+    ) -> None:
+        r = _Round(number, self._version, {j.episode for j in jobs}, memory)
+        for job in jobs:
+            self._rounds[job.episode] = r
+        self._queue.extendleft(reversed(jobs))  # evaluation goes first
+        await ctx.emit(
+            EvalRoundStarted(
+                round=r.number, policy_version=r.version, episodes=len(jobs), memory=memory
+            )
+        )
+
+    def _start_adapt(self, ctx: Context, number: int) -> None:
+        n = self._eval.adapt_attempts
+        a = _Adapt(number, self._version, list(self._adapt_tasks), n, [0] * n, [0.0] * n)
+        jobs = [self._adapt_job(ctx, a, i, 0) for i in range(len(a.tasks))]
+        self._queue.extendleft(reversed(jobs))
+
+    def _adapt_job(self, ctx: Context, a: _Adapt, task: int, attempt: int) -> EpisodeAssigned:
+        job = self._job(
+            ctx,
+            a.tasks[task],
+            "eval",
+            rollout="tips",
+            scope=f"adapt{a.number}-t{task}",
+            reflect=attempt + 1 < a.attempts,
+        )
+        self._adapts[job.episode] = a
+        a.attempt_of[job.episode] = (task, attempt)
+        return job
+
+    async def _adapt_ended(self, ctx: Context, ev: EpisodeFinished | EpisodeAborted) -> None:
+        a = self._adapts[ev.episode]
+        _, attempt = a.attempt_of[ev.episode]
+        if isinstance(ev, EpisodeFinished):
+            a.successes[attempt] += int(ev.success)
+            a.scores[attempt] += ev.score
+        else:
+            a.aborted += 1
+            a.tip_done.add(ev.episode)  # no reflection comes for an aborted episode
+        a.ended.add(ev.episode)
+        await self._adapt_next(ctx, ev.episode)
+
+    async def _adapt_tip(self, ctx: Context, episode: str) -> None:
+        self._adapts[episode].tip_done.add(episode)
+        await self._adapt_next(ctx, episode)
+
+    async def _adapt_next(self, ctx: Context, episode: str) -> None:
+        """Start the next attempt once ``episode`` has ended and its tip is stored (the tip may
+        be recorded before or after the episode's end); finish the round after the last."""
+        a = self._adapts[episode]
+        task, attempt = a.attempt_of[episode]
+        last = attempt + 1 == a.attempts
+        if episode not in a.ended or (not last and episode not in a.tip_done):
+            return
+        del self._adapts[episode]
+        if not last:
+            self._queue.appendleft(self._adapt_job(ctx, a, task, attempt + 1))
+            return
+        a.last_ended += 1
+        if a.last_ended == len(a.tasks):
+            n = len(a.tasks)
+            await ctx.emit(
+                AdaptRoundFinished(
+                    round=a.number,
+                    policy_version=a.version,
+                    tasks=n,
+                    attempts=a.attempts,
+                    success=tuple(k / n for k in a.successes),
+                    score=tuple(x / n for x in a.scores),
+                    aborted=a.aborted,
+                )
+            )
+
+    async def _ended(self, ctx: Context, ev: EpisodeFinished | EpisodeAborted) -> None:
+        if ev.episode in self._rounds:
+            await self._round_ended(ctx, ev)
+            return
+        if ev.episode in self._adapts:
+            await self._adapt_ended(ctx, ev)
+            return
+        gid = self._owner.pop(ev.episode)
+        group = self._groups[gid]
+        group.ended += 1
+        if isinstance(ev, EpisodeFinished):
+            group.outcomes[ev.episode] = (
+                ev.score if self._grpo.reward == "score" else (1.0 if ev.success else 0.0)
+            )
+        if group.ended == len(group.episodes):
+            await self._group_done(ctx, gid, group)
+
+    async def _round_ended(self, ctx: Context, ev: EpisodeFinished | EpisodeAborted) -> None:
+        r = self._rounds.pop(ev.episode)
+        r.ended += 1
+        if isinstance(ev, EpisodeFinished):
+            r.successes += int(ev.success)
+            r.score += ev.score
+        if r.ended == len(r.episodes):
+            n = len(r.episodes)
+            await ctx.emit(
+                EvalRoundFinished(
+                    round=r.number,
+                    policy_version=r.version,
+                    episodes=n,
+                    success=r.successes / n,
+                    score=r.score / n,
+                    train_episodes=self._stepped * self._per_update(),
+                    memory=r.memory,
+                )
+            )
+
+    def _per_update(self) -> int:
+        return self._grpo.group_size * self._grpo.groups_per_update
+
+    async def _group_done(self, ctx: Context, gid: str, group: _Group) -> None:
+        kept = [i for i, e in enumerate(group.episodes) if e in group.outcomes]
+        episodes = [group.episodes[i] for i in kept]
+        rollouts = [group.rollouts[i] for i in kept]
+        outcomes = [group.outcomes[e] for e in episodes]
+        intrinsic = [self._intrinsic(e, r) for e, r in zip(episodes, rollouts, strict=True)]
+        for e in group.episodes:
+            self._similar.pop(e, None)
+        empo2 = self._empo2
+        coef = empo2.novelty_coef if empo2 is not None and empo2.novelty else 0.0
+        rewards = [o + coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
+        advantages = self._advantages(rewards, rollouts)
+        mean, std = group_stats(rewards) if rewards else (0.0, 0.0)
+        step = group.index // self._grpo.groups_per_update
+        await ctx.emit(
+            AdvantagesComputed(
+                group=gid,
+                update=step - self._warmup,
+                family=group.task.family,
+                variant=group.task.variant,
+                episodes=tuple(episodes),
+                rewards=tuple(rewards),
+                advantages=tuple(advantages),
+                rule=rule_name(self._grpo, self._comp),
+                eps=ADV_EPS,
+                mean=mean,
+                std=std,
+                outcomes=tuple(outcomes) if self._novelty() else (),
+                intrinsic=tuple(intrinsic) if self._novelty() else (),
+                intrinsic_coef=coef,
+                rollouts=tuple(rollouts) if self._empo2 or self._comp else (),
+            )
+        )
+        del self._groups[gid]
+        batch = _Batch(tuple(episodes), tuple(advantages), tuple(rollouts))
+        self._pending.setdefault(step, {})[group.index] = batch
+        while len(self._pending.get(self._stepped, ())) == self._grpo.groups_per_update:
+            await self._request(ctx, self._pending.pop(self._stepped))
+
+    def _advantages(self, rewards: list[float], rollouts: list[str]) -> list[float]:
+        """GRPO's group advantages, or Complementary RL's weighted subgroup advantages."""
+        if not rewards:
+            return []
+        if self._comp is None:
+            return group_advantages(rewards, std_norm=self._grpo.std_norm, eps=ADV_EPS)
+        guided = [r.startswith("guided") for r in rollouts]
+        adv = subgroup_advantages(rewards, guided, std_norm=self._comp.subgroup_std, eps=ADV_EPS)
+        return [a * w for a, w in zip(adv, subgroup_weights(guided), strict=True)]
+
+    def _novelty(self) -> bool:
+        return self._empo2 is not None and self._empo2.novelty
+
+    def _intrinsic(self, episode: str, rollout: str) -> float:
+        """The novelty bonus of a training episode (0 for plain episodes: no retrieval)."""
+        if rollout == "plain" or not self._novelty():
+            return 0.0
+        assert self._empo2 is not None
+        return intrinsic_reward(self._similar.get(episode, []), cap=self._empo2.top_k)
+
+    async def _request(self, ctx: Context, groups: dict[int, _Batch]) -> None:
+        """Step ``self._stepped``'s update from its ``groups``, in group order (a warm-up step
+        trains nothing)."""
+        episodes: list[str] = []
+        advantages: list[float] = []
+        rollouts: list[str] = []
+        for g in sorted(groups):  # group order, not completion order
+            episodes += groups[g].episodes
+            advantages += groups[g].advantages
+            rollouts += groups[g].rollouts
+        step = self._stepped
+        self._stepped += 1
+        if self._comp is not None and (step + 1) % self._comp.merge_every == 0:
+            await ctx.emit(MergeDue(step=step))
+        if step < self._warmup:
+            return  # warm-up: the bank fills, the policy waits
+        req = gradient_request(
+            self._grpo,
+            step - self._warmup,
+            episodes,
+            advantages,
+            rollouts if self._empo2 or self._comp else (),
+            self._empo2,
+        )
+        await ctx.emit(req)

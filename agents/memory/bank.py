@@ -1,0 +1,514 @@
+"""The memory actor: owns EMPO2's tip bank, stores reflections and answers retrievals.
+
+:class:`TipBank` is the pure core: slots of at most ``capacity`` tips each (FIFO eviction,
+exact-text dedup per slot), each slot a vector index over the tips' keys. It takes vectors, never
+text-to-vector calls, and turns each message into the events that record it, so the bank is a
+fold of its own events. :class:`MemoryActor` is the shell: it batches the requests waiting in
+its mailbox, embeds their texts in one call in a worker thread, and applies them to the bank in
+log order, so what it answers never depends on how requests were batched.
+
+Retrieval follows EMPO2's released code: the ``top_k`` tips most similar to the query, those
+with cosine similarity above ``threshold`` kept, shown ordered by their stored score
+(descending; ties by similarity). Complementary RL's "diverse" rule counts each pick (retrieval
+counts, recency) except for a read-only request (an evaluation episode's), so evaluation never
+changes what training retrieves.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, cast
+
+import msgspec
+import numpy as np
+
+from agents.events.episodes import finished_attempts
+from agents.events.extractor import ExtractorCalled, MergeDue, MergeRequested
+from agents.events.memory import (
+    RetrievalRequested,
+    TipEvicted,
+    TipProposed,
+    TipRejected,
+    TipsRetrieved,
+    TipStored,
+)
+from agents.memory.extraction import merge_messages
+from agents.methods.credit import diversified_scores
+from agents.models.embedder import Embedder
+from agents.models.prompts import to_pairs
+from engine.actor import Actor, Context
+from engine.errors import ResumeDiverged
+from engine.events import Envelope, Event
+from engine.recovery import Emitted, ReplayContext
+from engine.seeds import derive_rng
+from stores.tip_index import VectorIndex, make_index
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """The bank's rules (a scenario's memory keys).
+
+    Attributes:
+        capacity: tips per slot; the oldest is evicted beyond it.
+        threshold: "threshold" rule: a tip is retrieved only if its cosine similarity to the
+            query is above it.
+        top_k: "threshold" rule: most tips retrieved per query.
+        index: "usearch" or "exact" (brute force).
+        lam: "diverse" rule: weight of the retrieval-count penalty.
+        recent: "diverse" rule: an entry picked in the slot's last ``recent`` retrievals is
+            penalised by 1.
+        pool: "diverse" rule: candidates re-ranked per entry asked for.
+    """
+
+    capacity: int = 1000
+    threshold: float = 0.5
+    top_k: int = 10
+    index: Literal["usearch", "exact"] = "usearch"
+    lam: float = 0.4
+    recent: int = 8
+    pool: int = 16
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or self.top_k < 1 or self.pool < 1:
+            raise ValueError(f"capacity, top_k and pool must be >= 1, got {self}")
+        if not -1.0 <= self.threshold < 1.0:
+            raise ValueError(f"threshold must be in [-1, 1), got {self.threshold}")
+        if self.lam < 0 or self.recent < 0:
+            raise ValueError(f"lam and recent must be >= 0, got {self}")
+
+
+@dataclass(slots=True)
+class Tip:
+    """One stored tip (an EMPO2 reflection or an extractor-written entry)."""
+
+    tip_id: int
+    slot: str
+    text: str
+    score: float
+    episode: str
+    call: str = ""
+    parents: tuple[int, ...] = ()
+    retrieved: int = 0
+    last_pick: int = -(10**9)  # the slot's retrieval number when last picked
+
+
+@dataclass
+class _Slot:
+    index: VectorIndex
+    order: deque[int] = field(default_factory=deque[int])  # FIFO, oldest first
+    by_text: dict[str, int] = field(default_factory=dict[str, int])
+    retrievals: int = 0
+
+
+REPLACING = {"update": "update", "merge": "merge", "rewrite": "rewrite"}
+
+
+class TipBank:
+    """Every slot's tips and index.
+
+    Args:
+        settings: the bank's rules.
+        dim: the embedding dimension.
+    """
+
+    def __init__(self, settings: MemorySettings, dim: int) -> None:
+        self.settings = settings
+        self.dim = dim
+        self.tips: dict[int, Tip] = {}
+        self._slots: dict[str, _Slot] = {}
+        self._next_id = 0
+
+    def size(self, slot: str) -> int:
+        """Tips in ``slot`` now."""
+        s = self._slots.get(slot)
+        return len(s.order) if s else 0
+
+    def entries(self, slot: str) -> list[int]:
+        """The ids of ``slot``'s tips, oldest first."""
+        s = self._slots.get(slot)
+        return list(s.order) if s else []
+
+    def slots(self) -> list[str]:
+        """Every slot that holds a tip, in order of creation."""
+        return [name for name, s in self._slots.items() if s.order]
+
+    def store(self, tip: TipProposed, vector: np.ndarray) -> list[Event]:
+        """Store a reflection under its key's ``vector`` (dim,); the events that record it.
+
+        Returns:
+            ``[TipRejected]`` for an empty or duplicate text, else ``[TipStored]`` followed by
+            ``TipEvicted`` when the slot was full.
+        """
+        return self._insert(
+            Tip(-1, tip.slot, tip.text.strip(), tip.score, tip.episode), tip.key, vector
+        )
+
+    def apply(self, called: ExtractorCalled, vectors: Sequence[np.ndarray]) -> list[Event]:
+        """Apply an extractor call's operations in order; ``vectors`` embed the content of
+        each operation that has one (add, update, merge, rewrite), in order.
+
+        The entries an operation replaces are evicted first, then its content is stored. An
+        operation naming an entry that is no longer in the slot is refused with
+        ``TipRejected(reason="gone")``; a content already in the slot with "duplicate" (its
+        replaced entries stay evicted: the bank already says it).
+        """
+        events: list[Event] = []
+        contents = iter(vectors)
+        for op, ids, content in called.ops:
+            vec = next(contents) if op != "discard" and op != "return" else None
+            if op == "return":
+                continue
+            ids = tuple(dict.fromkeys(ids))  # the parser refuses repeated ids; never evict twice
+            gone = [i for i in ids if i not in self.tips or self.tips[i].slot != called.slot]
+            if gone:
+                events.append(self._refused(called, "gone"))
+                continue
+            events += [self._evict(i, REPLACING.get(op, "discard")) for i in ids]
+            if op != "discard":
+                assert vec is not None
+                tip = Tip(-1, called.slot, content.strip(), 0.0, called.source, called.call, ids)
+                events += self._insert(tip, content, vec)
+        return events
+
+    def retrieve(self, req: RetrievalRequested, vector: np.ndarray) -> TipsRetrieved:
+        """The tips of ``req.slot`` for the query embedded as ``vector`` (dim,)."""
+        if req.rule == "diverse":
+            return self._diverse(req, vector)
+        slot = self._slots.get(req.slot)
+        found: list[tuple[int, float]] = []
+        if slot is not None and slot.order:
+            hits = slot.index.search(vector.reshape(1, -1).astype(np.float32), self.settings.top_k)
+            found = [(key, sim) for key, sim in hits[0] if sim > self.settings.threshold]
+        # found is by similarity (rank order); show by stored score, then by rank
+        shown = sorted(range(len(found)), key=lambda r: (-self.tips[found[r][0]].score, r))
+        return self._answer(req, [found[r] for r in shown], list(shown), len(found))
+
+    def _diverse(self, req: RetrievalRequested, vector: np.ndarray) -> TipsRetrieved:
+        """Complementary RL's pick: ``k`` of the ``pool * k`` most similar, re-ranked by
+        ``-rank - lam * log(1 + retrieved) - [picked in the last `recent` retrievals]``. The
+        pick counts (retrieval counts, recency) unless the request is read-only."""
+        slot = self._slots.get(req.slot)
+        k = max(req.k, 1)
+        if slot is None or not slot.order:
+            return self._answer(req, [], [], 0)
+        hits = slot.index.search(vector.reshape(1, -1).astype(np.float32), self.settings.pool * k)
+        found = hits[0]
+        tips = [self.tips[key] for key, _ in found]
+        recent = [slot.retrievals - t.last_pick < self.settings.recent for t in tips]
+        scores = diversified_scores(
+            list(range(len(found))), [t.retrieved for t in tips], recent, lam=self.settings.lam
+        )
+        picked = sorted(range(len(found)), key=lambda r: (-scores[r], r))[:k]
+        if not req.read_only:
+            self._count(slot, [tips[r] for r in picked])
+        answer = self._answer(req, [found[r] for r in picked], picked, len(found))
+        return msgspec.structs.replace(answer, scores=tuple(scores[r] for r in picked))
+
+    def _answer(
+        self,
+        req: RetrievalRequested,
+        shown: list[tuple[int, float]],
+        ranks: list[int],
+        similar: int,
+    ) -> TipsRetrieved:
+        return TipsRetrieved(
+            episode=req.episode,
+            worker=req.worker,
+            turn=req.turn,
+            slot=req.slot,
+            tip_ids=tuple(key for key, _ in shown),
+            similarities=tuple(sim for _, sim in shown),
+            ranks=tuple(ranks),
+            tips=tuple(self.tips[key].text for key, _ in shown),
+            similar=similar,
+            slot_size=self.size(req.slot),
+            calls=tuple(self.tips[key].call for key, _ in shown),
+            read_only=req.read_only,
+        )
+
+    def evolve(self, ev: Event, vector: np.ndarray | None = None) -> None:
+        """Apply an event this bank emitted, rebuilding the bank from the log (a resumed
+        run); ``vector`` (dim,) embeds a :class:`TipStored`'s key. Events that change nothing
+        (:class:`TipRejected`, a "threshold" or read-only retrieval, a merge request) are
+        ignored.
+
+        Raises:
+            ValueError: ``ev`` does not follow from the bank's state (a tip id out of order,
+                an eviction of a tip the bank does not hold).
+        """
+        if isinstance(ev, TipStored):
+            if ev.tip_id != self._next_id or vector is None:
+                raise ValueError(f"tip {ev.tip_id} stored; the bank's next id is {self._next_id}")
+            self._next_id += 1
+            tip = Tip(ev.tip_id, ev.slot, ev.text, ev.score, ev.episode, ev.call, ev.parents)
+            self._place(tip, vector)
+        elif isinstance(ev, TipEvicted):
+            if ev.tip_id not in self.tips:
+                raise ValueError(f"tip {ev.tip_id} evicted, but the bank does not hold it")
+            self._evict(ev.tip_id, ev.reason)
+        elif isinstance(ev, TipsRetrieved) and ev.scores and not ev.read_only:
+            self._count(self._slots[ev.slot], [self.tips[key] for key in ev.tip_ids])
+
+    @staticmethod
+    def _count(slot: _Slot, picked: list[Tip]) -> None:
+        """A "diverse" pick of ``picked`` counts: one more retrieval of the slot, and of each."""
+        slot.retrievals += 1
+        for tip in picked:
+            tip.retrieved += 1
+            tip.last_pick = slot.retrievals
+
+    def _insert(self, tip: Tip, key: str, vector: np.ndarray) -> list[Event]:
+        if not tip.text:
+            return [TipRejected(episode=tip.episode, slot=tip.slot, reason="empty", call=tip.call)]
+        slot = self._slots.get(tip.slot)
+        if slot is not None and tip.text in slot.by_text:
+            return [
+                TipRejected(
+                    episode=tip.episode,
+                    slot=tip.slot,
+                    reason="duplicate",
+                    duplicate_of=slot.by_text[tip.text],
+                    call=tip.call,
+                )
+            ]
+        tip.tip_id = self._next_id
+        self._next_id += 1
+        slot = self._place(tip, vector)
+        events: list[Event] = [
+            TipStored(
+                tip_id=tip.tip_id,
+                slot=tip.slot,
+                episode=tip.episode,
+                text=tip.text,
+                score=tip.score,
+                key=key,
+                call=tip.call,
+                parents=tip.parents,
+            )
+        ]
+        if len(slot.order) > self.settings.capacity:
+            events.append(self._evict(slot.order[0], "fifo"))
+        return events
+
+    def _place(self, tip: Tip, vector: np.ndarray) -> _Slot:
+        """Put ``tip`` (its id set) into its slot, creating the slot on first use."""
+        slot = self._slots.get(tip.slot)
+        if slot is None:
+            slot = self._slots[tip.slot] = _Slot(make_index(self.settings.index, self.dim))
+        slot.index.add([tip.tip_id], vector.reshape(1, -1).astype(np.float32))
+        slot.order.append(tip.tip_id)
+        slot.by_text[tip.text] = tip.tip_id
+        self.tips[tip.tip_id] = tip
+        return slot
+
+    def _evict(self, tip_id: int, reason: str) -> TipEvicted:
+        old = self.tips.pop(tip_id)
+        slot = self._slots[old.slot]
+        slot.order.remove(tip_id)
+        slot.index.remove([tip_id])
+        del slot.by_text[old.text]
+        return TipEvicted(tip_id=tip_id, slot=old.slot, reason=reason)
+
+    def _refused(self, called: ExtractorCalled, reason: str) -> TipRejected:
+        return TipRejected(episode=called.source, slot=called.slot, reason=reason, call=called.call)
+
+
+class MemoryActor(Actor):
+    """Owns the tip bank: stores every :class:`TipProposed`, applies every
+    :class:`ExtractorCalled`, answers every :class:`RetrievalRequested`, and on
+    :class:`MergeDue` hands the bank to the extractor in chunks (:class:`MergeRequested`).
+
+    Args:
+        make_embedder: builds the text embedder (called in a worker thread at start).
+        settings: the bank's rules.
+        batch_max: most requests embedded together.
+        batch_wait: seconds to wait for more requests after the first.
+        merge_chunk: entries per merge request.
+        merge_max: most merge requests per slot per pass (over its newest entries).
+    """
+
+    subscribes = (RetrievalRequested, TipProposed, ExtractorCalled, MergeDue)
+
+    def __init__(
+        self,
+        make_embedder: Callable[[], Embedder],
+        settings: MemorySettings,
+        *,
+        batch_max: int = 64,
+        batch_wait: float = 0.002,
+        merge_chunk: int = 5,
+        merge_max: int = 16,
+    ) -> None:
+        self._make_embedder = make_embedder
+        self._settings = settings
+        self._batch_max = batch_max
+        self._batch_wait = batch_wait
+        self._merge_chunk = merge_chunk
+        self._merge_max = merge_max
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._restored: tuple[TipBank, Embedder] | None = None  # set by recover
+        self._tail: list[Emitted] = []  # what a resumed run's bank decided but never logged
+        self._owed: list[Envelope[Event]] = []  # what it received but never applied
+
+    async def run(self, ctx: Context) -> None:
+        if self._restored is None:
+            embedder = await ctx.to_thread(self._make_embedder)
+            bank = TipBank(self._settings, embedder.dim)
+        else:
+            bank, embedder = self._restored
+        for ev, corr, cause in self._tail:
+            await ctx.emit(ev, corr=corr, cause=cause)
+        if self._owed:
+            await self._apply(ctx, bank, embedder, self._owed)
+        self._tail, self._owed = [], []
+        inbox = ctx.events()
+        async for first in inbox:
+            batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
+            await self._apply(ctx, bank, embedder, batch)
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Rebuild the bank as a fold of what it emitted (:meth:`TipBank.evolve`, each stored
+        tip's key embedded again), finish the message it was answering when the run stopped
+        (a retrieval has one answer, so its is folded like the rest; any other message is
+        answered again and what the log lacks of its answer kept for :meth:`run`), and owe
+        :meth:`run` the messages it never applied. Retrieval requests left unanswered
+        are not owed, nor is a tip or an extraction of an episode that did not finish: their
+        episodes are abandoned and played again.
+
+        Raises:
+            ResumeDiverged: the log's bank events do not follow from one another, or
+                answering the last message again gives other events than the log's.
+        """
+        mine = [env for env in history if env.actor == ctx.name]
+        last = mine[-1].cause if mine else None  # the message it was answering last
+        if last is None and mine:
+            raise ResumeDiverged(f"the {ctx.name} emitted {mine[-1].event!r} with no cause")
+        received = [env for env in history if isinstance(env.event, self.subscribes)]
+        again = [env for env in received if env.seq == last]
+        if last is not None and not again:
+            raise ResumeDiverged(f"the {ctx.name} answered seq {last}, which it never received")
+        if again and isinstance(again[0].event, RetrievalRequested):
+            again = []  # one answer, complete: folded (answering again re-embeds the query)
+        done = [env.event for env in mine if not again or env.cause != last]
+        embedder = await ctx.to_thread(self._make_embedder)
+        bank = TipBank(self._settings, embedder.dim)
+        keys = [ev.key for ev in done if isinstance(ev, TipStored)]
+        vectors = iter(await ctx.to_thread(embed_all, embedder, keys))
+        try:
+            for ev in done:
+                bank.evolve(ev, next(vectors) if isinstance(ev, TipStored) else None)
+        except ValueError as exc:
+            raise ResumeDiverged(f"the {ctx.name} cannot rebuild its bank: {exc}") from None
+        if again:
+            replay = ReplayContext(ctx.name, ctx.run_seed)
+            await self._apply(cast(Context, replay), bank, embedder, again)
+            self._tail = replay.settle([env.event for env in mine if env.cause == last])
+        of_finished = finished_attempts(history)
+        after = last if last is not None else -1
+        self._owed = [env for env in received if env.seq > after and _owed(env, of_finished)]
+        self._restored = bank, embedder
+        ctx.log.info("memory resumed", tips=len(bank.tips), owed=len(self._owed))
+
+    async def _apply(
+        self, ctx: Context, bank: TipBank, embedder: Embedder, batch: list[Envelope[Event]]
+    ) -> None:
+        texts = [_texts_of(env.event) for env in batch]
+        flat = await ctx.to_thread(self._embed, embedder, [t for ts in texts for t in ts])
+        at = 0
+        for env, ts in zip(batch, texts, strict=True):
+            vectors, at = flat[at : at + len(ts)], at + len(ts)
+            ev = env.event
+            if isinstance(ev, TipProposed):
+                out: list[Event] = bank.store(ev, vectors[0])
+            elif isinstance(ev, ExtractorCalled):
+                out = bank.apply(ev, vectors)
+            elif isinstance(ev, MergeDue):
+                out = list(self._merges(ctx, bank, ev))
+            else:
+                assert isinstance(ev, RetrievalRequested)
+                out = [bank.retrieve(ev, vectors[0])]
+            for item in out:
+                await ctx.emit(item, cause=env.seq, corr=env.corr)
+
+    def _merges(self, ctx: Context, bank: TipBank, due: MergeDue) -> list[MergeRequested]:
+        return merge_requests(
+            bank, due.step, ctx.run_seed, chunk=self._merge_chunk, most=self._merge_max
+        )
+
+    def _embed(self, embedder: Embedder, texts: Sequence[str]) -> list[np.ndarray]:
+        """Vectors of ``texts``, from the cache where possible (turn-0 queries of a group, and
+        keys, repeat)."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            for text, vec in zip(missing, embedder.embed(missing), strict=True):
+                self._cache[text] = vec
+                if len(self._cache) > 65_536:
+                    self._cache.popitem(last=False)
+        out = []
+        for t in texts:
+            self._cache.move_to_end(t)
+            out.append(self._cache[t])
+        return out
+
+
+def merge_requests(
+    bank: TipBank, step: int, run_seed: int, *, chunk: int, most: int
+) -> list[MergeRequested]:
+    """A merge pass's requests (pure): every slot's newest ``most * chunk`` entries, oldest
+    first, in consecutive chunks of ``chunk`` (a chunk of one has nothing to merge), each with
+    its seed drawn from the run seed, the step, the slot and the chunk's offset."""
+    out = []
+    for slot in bank.slots():
+        ids = bank.entries(slot)[-most * chunk :]
+        for k in range(0, len(ids), chunk):
+            part = ids[k : k + chunk]
+            if len(part) < 2:
+                continue
+            messages = merge_messages([bank.tips[i].text for i in part])
+            out.append(
+                MergeRequested(
+                    step=step,
+                    slot=slot,
+                    entries=tuple(part),
+                    messages=to_pairs(messages),
+                    seed=derive_rng(run_seed, "merge", step, slot, k).getrandbits(63),
+                )
+            )
+    return out
+
+
+def embed_all(embedder: Embedder, texts: Sequence[str], chunk: int = 1024) -> list[np.ndarray]:
+    """Vectors of ``texts`` (each distinct text embedded once, ``chunk`` at a time; blocking)."""
+    distinct = list(dict.fromkeys(texts))
+    vectors: dict[str, np.ndarray] = {}
+    for k in range(0, len(distinct), chunk):
+        part = distinct[k : k + chunk]
+        vectors.update(zip(part, embedder.embed(part), strict=True))
+    return [vectors[t] for t in texts]
+
+
+def _owed(env: Envelope[Event], of_finished: Callable[[str, int], bool]) -> bool:
+    """Whether a message the bank never applied is applied on resume: not a retrieval (its
+    episode was running, so it is abandoned), nor a tip or extraction of an attempt that did
+    not finish (:func:`agents.events.episodes.finished_attempts`)."""
+    ev = env.event
+    if isinstance(ev, RetrievalRequested):
+        return False
+    episode = ev.episode if isinstance(ev, TipProposed) else None
+    if isinstance(ev, ExtractorCalled) and ev.task == "extract":
+        episode = ev.source
+    return episode is None or of_finished(episode, env.seq)
+
+
+def _texts_of(ev: Event) -> list[str]:
+    """The texts an event needs embedded: a tip's key, a query, or the content of each
+    operation that writes an entry."""
+    if isinstance(ev, TipProposed):
+        return [ev.key]
+    if isinstance(ev, RetrievalRequested):
+        return [ev.query]
+    if isinstance(ev, ExtractorCalled):
+        return [content for op, _, content in ev.ops if op not in ("discard", "return")]
+    return []

@@ -1,0 +1,307 @@
+"""Supervised training of the local models, shared by the embedded policy model
+(:mod:`agents.models.embedded`) and the extractor's operation stage
+(:mod:`agents.models.extractor_base`):
+samples, length-bucketed batches, the loss, the learning-rate schedule, the training loop, and
+the locked, atomic build cache both keep their models in.
+
+Pure but for :func:`train` (which updates a model in place) and :func:`cached_build` (the
+shell: files, a lock, a temporary directory renamed into place).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import structlog
+import torch
+
+from agents.models.prompts import Message
+
+BUCKET = 8
+"""Batches drawn together and grouped by length, so that little of a batch is padding."""
+
+
+Progress = Callable[[int, int, float], None]
+"""Called as ``progress(step, steps, loss)`` after each training step."""
+
+
+class TrainSpec(Protocol):
+    """What :func:`batch_plan`, :func:`lr_at` and :func:`train` read of a spec: an
+    :class:`agents.models.embedded.EmbeddedSpec` or an
+    :class:`agents.models.extractor_base.OpsSpec`."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def prompt_loss_weight(self) -> float: ...
+
+
+def check_ranges(
+    spec: object, ranges: Mapping[str, tuple[float, float]], shares: Sequence[str] = ()
+) -> None:
+    """Validate the fields of ``spec`` named in ``ranges`` (``name: (low, high)``, inclusive)
+    and the ``shares`` (fractions between 0 and 1).
+
+    Raises:
+        ValueError: the first field out of its range, named with the range.
+    """
+    for name, (low, high) in ranges.items():
+        if not low <= getattr(spec, name) <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {getattr(spec, name)}")
+    for name in shares:
+        if not 0.0 <= getattr(spec, name) <= 1.0:
+            raise ValueError(f"{name} must be between 0 and 1, got {getattr(spec, name)}")
+
+
+def check_schedule(spec: TrainSpec) -> None:
+    """Validate the training fields that :class:`agents.models.embedded.EmbeddedSpec` and
+    :class:`agents.models.extractor_base.OpsSpec` share (their ranges of counts are checked apart).
+
+    Raises:
+        ValueError: a bad ``lr`` or ``prompt_loss_weight``, or ``warmup > steps``.
+    """
+    if not (math.isfinite(spec.lr) and spec.lr > 0):
+        raise ValueError(f"lr must be a positive number, got {spec.lr}")
+    if spec.warmup > spec.steps:
+        raise ValueError(f"warmup must be <= steps, got {spec.warmup} > {spec.steps}")
+    if not (math.isfinite(spec.prompt_loss_weight) and spec.prompt_loss_weight >= 0):
+        raise ValueError(f"prompt_loss_weight must be >= 0, got {spec.prompt_loss_weight}")
+
+
+class Sample(NamedTuple):
+    """One training pair; ``kind`` is ``"turn"`` or ``"reflection"``."""
+
+    kind: str
+    prompt: tuple[int, ...]
+    response: tuple[int, ...]
+
+
+def encode_prompts(tokenizer: Any, conversations: Sequence[Sequence[Message]]) -> list[list[int]]:
+    """:func:`agents.models.prompts.encode_prompt` of each conversation, tokenized in one batch."""
+    texts = [
+        tokenizer.apply_chat_template(
+            [dict(m) for m in c], add_generation_prompt=True, tokenize=False
+        )
+        for c in conversations
+    ]
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def reflection_steps(steps: int, share: float) -> list[bool]:
+    """Which steps train on a reflection batch: exactly ``floor(steps * share)``, spread."""
+    return [math.floor((i + 1) * share) > math.floor(i * share) for i in range(steps)]
+
+
+def _cycle(n: int, rng: random.Random) -> Iterator[int]:
+    while True:
+        order = list(range(n))
+        rng.shuffle(order)
+        yield from order
+
+
+def _buckets(order: Iterator[int], lengths: Sequence[int], size: int, rng: random.Random) -> list:
+    drawn = sorted((next(order) for _ in range(BUCKET * size)), key=lambda i: lengths[i])
+    batches = [drawn[k : k + size] for k in range(0, len(drawn), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def batch_plan(
+    lengths: Mapping[str, Sequence[int]], spec: TrainSpec, kinds: Sequence[str]
+) -> list[tuple[str, list[int]]]:
+    """Per step, its kind (``kinds[step]``) and ``batch_size`` indices into that kind's samples,
+    whose token counts are ``lengths[kind]``: each kind cycled in a fresh shuffled order per
+    pass, :data:`BUCKET` batches at a time grouped by length."""
+    rng = random.Random(f"coevo.embedded/batches/{spec.seed}")
+    orders = {kind: _cycle(len(lengths[kind]), rng) for kind in lengths}
+    queued: dict[str, list[list[int]]] = {kind: [] for kind in lengths}
+    plan = []
+    for kind in kinds:
+        if not queued[kind]:
+            queued[kind] = _buckets(orders[kind], lengths[kind], spec.batch_size, rng)
+        plan.append((kind, queued[kind].pop()))
+    return plan
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """``ids`` and ``attention`` (B, T), right-padded; ``response`` and ``prompt`` (B, T - 1):
+    1 where the next token ``ids[:, 1:]`` is a response (or prompt) token."""
+    width = max(len(s.prompt) + len(s.response) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)  # (B, T)
+    attention = torch.zeros_like(ids)  # (B, T)
+    response = torch.zeros((len(samples), width - 1))  # (B, T-1)
+    prompt = torch.zeros_like(response)  # (B, T-1)
+    for b, sample in enumerate(samples):
+        n, m = len(sample.prompt), len(sample.response)
+        ids[b, : n + m] = torch.tensor(sample.prompt + sample.response)
+        attention[b, : n + m] = 1
+        prompt[b, : n - 1] = 1
+        response[b, n - 1 : n + m - 1] = 1
+    return ids, attention, response, prompt
+
+
+def next_token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each next token: logits (B, T, V) and ids (B, T) -> (B, T - 1)."""
+    pred = logits[:, :-1].float()  # (B, T-1, V)
+    return torch.nn.functional.cross_entropy(pred.transpose(1, 2), ids[:, 1:], reduction="none")
+
+
+def pretrain_loss(
+    losses: torch.Tensor, response: torch.Tensor, prompt: torch.Tensor, prompt_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss to minimise and the mean response loss, from (B, T - 1) token losses."""
+    response_loss = (losses * response).sum() / response.sum()
+    if not prompt_weight:
+        return response_loss, response_loss
+    prompt_loss = (losses * prompt).sum() / prompt.sum().clamp(min=1)
+    return response_loss + prompt_weight * prompt_loss, response_loss
+
+
+def lr_at(step: int, spec: TrainSpec) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine decay to a tenth of ``lr``."""
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    return spec.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def _log() -> Any:
+    return structlog.get_logger("coevo").bind(actor="pretrain")
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Generator[None]:
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _curve(values: Sequence[float], points: int = 20) -> dict:
+    """Mean loss over the first and last tenth of the steps, and ``points`` chunk means."""
+    if not values:
+        return {"steps": 0}
+    tenth, chunk = max(1, len(values) // 10), max(1, math.ceil(len(values) / points))
+    chunks = [values[i : i + chunk] for i in range(0, len(values), chunk)]
+    return {
+        "steps": len(values),
+        "first": round(sum(values[:tenth]) / tenth, 4),
+        "last": round(sum(values[-tenth:]) / tenth, 4),
+        "curve": [round(sum(c) / len(c), 4) for c in chunks],
+    }
+
+
+def train(
+    model: Any,
+    pools: dict[str, list[Sample]],
+    spec: TrainSpec,
+    kinds: Sequence[str],
+    pad_id: int,
+    progress: Progress | None,
+) -> dict:
+    """Train ``model`` in place on ``pools`` (samples by kind), step ``i`` on a batch of kind
+    ``kinds[i]``; the response-loss curve per kind and the token count."""
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    lengths = {
+        kind: [len(s.prompt) + len(s.response) for s in pool] for kind, pool in pools.items()
+    }
+    curves: dict[str, list[float]] = {kind: [] for kind in pools}
+    tokens = 0
+    model.train()
+    for step, (kind, indices) in enumerate(batch_plan(lengths, spec, kinds)):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, spec)
+        ids, attention, response, prompt = collate([pools[kind][i] for i in indices], pad_id)
+        losses = next_token_losses(model(input_ids=ids, attention_mask=attention).logits, ids)
+        loss, response_loss = pretrain_loss(losses, response, prompt, spec.prompt_loss_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        curves[kind].append(response_loss.item())
+        tokens += int(attention.sum())
+        if progress is not None:
+            progress(step + 1, spec.steps, curves[kind][-1])
+        if (step + 1) % max(1, spec.steps // 10) == 0:
+            _log().info("pretrain.step", step=step + 1, steps=spec.steps, loss=curves[kind][-1])
+    model.eval()
+    return {"tokens": tokens, "loss": {kind: _curve(values) for kind, values in curves.items()}}
+
+
+def default_cache_root() -> Path:
+    """``$COEVO_CACHE``, else ``~/.cache/coevo``."""
+    return Path(os.environ.get("COEVO_CACHE") or Path.home() / ".cache" / "coevo")
+
+
+def _complete(path: Path, required: Sequence[str]) -> bool:
+    return all((path / name).is_file() for name in required)
+
+
+@contextmanager
+def _locked(path: Path) -> Generator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cached_build(
+    root: Path,
+    key: str,
+    required: Sequence[str],
+    build_into: Callable[[Path], object],
+    threads: int | None = None,
+) -> Path:
+    """``root / key``, built by ``build_into(tmp)`` on first use.
+
+    The build goes to a temporary directory, renamed into place once every file of
+    ``required`` is there (the last one written last), under an exclusive file lock: two
+    processes never build one key at once, and a partial build is never returned (a leftover
+    one is removed before building again).
+
+    Raises:
+        ValueError: bad ``threads``.
+    """
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    final = root / key
+    if _complete(final, required):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f"{key}.lock"), _torch_threads(threads):
+        if _complete(final, required):
+            return final
+        for stale in [*root.glob(f".{key}.*"), *([final] if final.exists() else [])]:
+            shutil.rmtree(stale)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+        try:
+            _log().info("pretrain.build", key=key, path=str(final))
+            build_into(tmp)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    _log().info("pretrain.built", key=key, path=str(final))
+    return final

@@ -1,0 +1,172 @@
+"""What the policy reads and writes: the chat messages of a turn and of a reflection, and their
+token ids.
+
+One format serves every model. Messages are plain ``{"role", "content"}`` dicts rendered by the
+tokenizer's own chat template: a local Hugging Face checkpoint brings its template; the embedded
+default's tokenizer (:mod:`agents.models.embedded`) carries a small one of its own. A response (an
+action, a reflection) is its text followed by the tokenizer's end-of-sequence token, so scoring
+``"open box"`` never also scores ``"open box and ..."``.
+
+Tips (EMPO2's memory, Complementary RL's experience entries) are appended to the user message,
+each inside ``<tip> ... </tip>``. Rendering the same turn with ``tips=()`` gives the prompt with
+the tip spans removed, which is what off-policy distillation trains on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+TURN_SYSTEM = "you act in a text lab to reach the goal. answer with one action."
+REFLECT_SYSTEM = "you read an episode of a text lab and write a short note for the next try."
+
+Message = Mapping[str, str]
+Step = tuple[str, str]
+"""One past turn as the policy sees it: (action, the observation that answered it)."""
+
+
+class Tokenizer(Protocol):
+    """The part of a ``transformers`` tokenizer that prompts use."""
+
+    eos_token_id: int | None
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]: ...
+
+
+def turn_messages(
+    goal: str,
+    history: Sequence[Step],
+    observation: str,
+    *,
+    admissible: Sequence[str] | None = None,
+    tips: Sequence[str] = (),
+    window: int = 4,
+) -> list[dict[str, str]]:
+    """The messages that ask for the next action.
+
+    Args:
+        goal: the task's goal text.
+        history: the episode's earlier turns, oldest first; only the last ``window`` are shown.
+        observation: what the world said last (the first observation on turn 0).
+        admissible: the actions to list in the prompt; None lists none (when the policy scores
+            the admissible actions it does not need to read them).
+        tips: memory entries to show, each inside ``<tip> ... </tip>``.
+        window: how many past turns to show (0 shows none).
+
+    Returns:
+        A system and a user message.
+
+    Raises:
+        ValueError: ``window`` is negative.
+    """
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    lines = [f"goal: {goal}"]
+    shown = history[len(history) - window :] if window else ()
+    lines += [f"> {action}\n{answer}" for action, answer in shown]
+    lines.append(f"now: {observation}")
+    if admissible is not None:
+        lines.append(f"actions: {' | '.join(admissible)}")
+    lines += [f"<tip> {tip} </tip>" for tip in tips]
+    return [
+        {"role": "system", "content": TURN_SYSTEM},
+        {"role": "user", "content": "\n".join(lines)},
+    ]
+
+
+def state_text(goal: str, history: Sequence[Step], observation: str, *, window: int = 4) -> str:
+    """The state of an episode as memory sees it: the user message of a turn without actions
+    or tips (a retrieval's query, and the key a tip is stored under)."""
+    return turn_messages(goal, history, observation, window=window)[1]["content"]
+
+
+def strip_tips(messages: Sequence[Message], tips: Sequence[str]) -> list[dict[str, str]]:
+    """``messages`` as :func:`turn_messages` renders them with ``tips=()``: the tip lines that
+    it appended to the user message removed (EMPO2's off-policy input).
+
+    Raises:
+        ValueError: the user message does not end with those tips' lines.
+    """
+    out = [dict(m) for m in messages]
+    if not tips:
+        return out
+    suffix = "".join(f"\n<tip> {tip} </tip>" for tip in tips)
+    user = out[-1]
+    if user["role"] != "user" or not user["content"].endswith(suffix):
+        raise ValueError("the last message is not a user message ending with these tips")
+    user["content"] = user["content"][: -len(suffix)]
+    return out
+
+
+def reflection_messages(
+    goal: str, first_observation: str, history: Sequence[Step], *, success: bool
+) -> list[dict[str, str]]:
+    """The messages that ask for a note on a finished episode (every turn is shown).
+
+    Args:
+        goal: the task's goal text.
+        first_observation: the observation after reset.
+        history: every turn of the episode, oldest first.
+        success: whether the episode reached its goal.
+
+    Returns:
+        A system and a user message.
+    """
+    lines = [f"goal: {goal}", f"start: {first_observation}"]
+    lines += [f"> {action}\n{answer}" for action, answer in history]
+    lines.append(f"outcome: {'success' if success else 'failure'}")
+    return [
+        {"role": "system", "content": REFLECT_SYSTEM},
+        {"role": "user", "content": "\n".join(lines)},
+    ]
+
+
+Pairs = tuple[tuple[str, str], ...]
+"""Messages as events record them: ``(role, content)`` pairs."""
+
+
+def to_pairs(messages: Sequence[Message]) -> Pairs:
+    """``messages`` as the ``(role, content)`` pairs an event records."""
+    return tuple((m["role"], m["content"]) for m in messages)
+
+
+def from_pairs(pairs: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+    """The messages an event's ``(role, content)`` pairs record."""
+    return [{"role": role, "content": content} for role, content in pairs]
+
+
+def encode_prompt(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:
+    """The token ids of ``messages`` followed by the assistant's turn header.
+
+    Raises:
+        ValueError: the tokenizer has no chat template.
+    """
+    ids = tokenizer.apply_chat_template(
+        [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def encode_response(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The token ids of a response: ``text`` then end-of-sequence.
+
+    Raises:
+        ValueError: the tokenizer has no end-of-sequence token.
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token: responses could not end")
+    return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+
+
+def decode_response(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text of a response: ``ids`` up to the first end-of-message, specials dropped. A
+    decoded hindsight note is the note itself, so :func:`agents.acting.scripted.parse_note` reads it
+    the same."""
+    ids = list(ids)
+    if tokenizer.eos_token_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(ids, skip_special_tokens=True)

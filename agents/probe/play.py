@@ -1,0 +1,218 @@
+"""Playing one fixed policy on fixed tasks, shown a bank's entries as guided episodes are.
+
+A plain synchronous loop, no actors and no log (as ``bench/grpo_sync.py``): ``width`` episodes
+are live at a time, one world each; every tick the live episodes' action requests are answered
+by :meth:`PolicyRunner.answer`, ``batch`` per forward pass, and a finished episode's world
+takes the next episode. Each episode is exactly a held-out episode of the method played with
+its bank (:class:`agents.acting.env_worker._PolicyAgent`): at turn 0 the bank is asked once with the
+"diverse" rule for one entry of the family's training partition, the query being the turn's
+state text, and the entry stays in the prompt every turn
+(:func:`agents.models.prompts.turn_messages`
+with ``tips``). Episodes start in index order, so what each one retrieves does not depend on
+``width`` or ``batch``; each request carries the seed an env worker would derive, so what is
+sampled does not either. Given its tasks and seeds, the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+from agents.acting.inference import PolicyRunner
+from agents.events.memory import RetrievalRequested, slot_of
+from agents.events.policy import ActionRequested
+from agents.memory.bank import TipBank
+from agents.models.prompts import Step, state_text, to_pairs, turn_messages
+from engine.seeds import derive_seed
+from engine.world import Observation, Task, TextWorld
+
+Embed = Callable[[Sequence[str]], list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class PlaySettings:
+    """How the policy is prompted and batched (the run's ``[policy]`` and ``[eval]`` keys).
+
+    Attributes:
+        window: past turns shown.
+        list_actions: list the admissible actions in the prompt.
+        greedy: act greedily (the run's ``eval.greedy``).
+        batch: requests per forward pass.
+        width: episodes live at a time (one world each).
+    """
+
+    window: int = 4
+    list_actions: bool = False
+    greedy: bool = False
+    batch: int = 32
+    width: int = 64
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.width < 1:
+            raise ValueError(f"batch and width must be >= 1, got {self}")
+
+
+class Played(msgspec.Struct, frozen=True, kw_only=True):
+    """One probe episode's outcome and the entry it was shown (-1 and "": none)."""
+
+    index: int
+    family: str
+    variant: int
+    seed: int
+    success: bool
+    score: float
+    steps: int
+    entry: int = -1
+    call: str = ""
+
+
+@dataclass
+class _Live:
+    index: int
+    world: TextWorld
+    obs: Observation
+    goal: str
+    tips: tuple[str, ...]
+    entry: int
+    call: str
+    history: list[Step] = field(default_factory=list[Step])
+
+
+def episode_seeds(seed: int, n: int) -> list[int]:
+    """The seeds of a probe's ``n`` episodes (the same for every bank)."""
+    return [derive_seed(seed, "probe-episode", i) for i in range(n)]
+
+
+def play(
+    runner: PolicyRunner,
+    make_world: Callable[[], TextWorld],
+    tasks: Sequence[Task],
+    seeds: Sequence[int],
+    settings: PlaySettings,
+    bank: TipBank | None = None,
+    embed: Embed | None = None,
+    progress: Callable[[int], None] = lambda _: None,
+) -> list[Played]:
+    """Play ``tasks[i]`` with seed ``seeds[i]`` for every i, shown ``bank``'s entries (None:
+    no bank); ``progress`` is told of each finished episode. Retrievals change ``bank``'s
+    retrieval counts, as the method's do: give it a copy.
+
+    Raises:
+        ValueError: tasks and seeds differ in length, or a bank comes without ``embed``.
+    """
+    if len(tasks) != len(seeds):
+        raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
+    if bank is not None and embed is None:
+        raise ValueError("a bank needs an embed function for its queries")
+    worlds = [make_world() for _ in range(min(settings.width, len(tasks)))]
+    try:
+        return _loop(runner, worlds, tasks, seeds, settings, bank, embed, progress)
+    finally:
+        for world in worlds:
+            world.close()
+
+
+def _loop(
+    runner: PolicyRunner,
+    worlds: list[TextWorld],
+    tasks: Sequence[Task],
+    seeds: Sequence[int],
+    s: PlaySettings,
+    bank: TipBank | None,
+    embed: Embed | None,
+    progress: Callable[[int], None],
+) -> list[Played]:
+    done: list[Played | None] = [None] * len(tasks)
+    live: list[_Live] = []
+    free = list(reversed(worlds))
+    nxt = 0
+    while nxt < len(tasks) or live:
+        while free and nxt < len(tasks):
+            live.append(_start(free.pop(), nxt, tasks[nxt], seeds[nxt], s, bank, embed))
+            nxt += 1
+        requests = [_request(ep, seeds[ep.index], s) for ep in live]
+        answers = []
+        for k in range(0, len(requests), s.batch):
+            answers += runner.answer(requests[k : k + s.batch])
+        still = []
+        for ep, answer in zip(live, answers, strict=True):
+            ep.obs = ep.world.step(answer.action)
+            ep.history.append((answer.action, ep.obs.text))
+            if ep.obs.done:
+                done[ep.index] = _played(ep, tasks[ep.index], seeds[ep.index])
+                free.append(ep.world)
+                progress(1)
+            else:
+                still.append(ep)
+        live = still
+    return [p for p in done if p is not None]
+
+
+def _start(
+    world: TextWorld,
+    index: int,
+    task: Task,
+    seed: int,
+    s: PlaySettings,
+    bank: TipBank | None,
+    embed: Embed | None,
+) -> _Live:
+    obs = world.reset(task, seed)
+    tips: tuple[str, ...] = ()
+    entry, call = -1, ""
+    if bank is not None and embed is not None:
+        query = state_text(obs.goal, [], obs.text, window=s.window)
+        found = bank.retrieve(
+            RetrievalRequested(
+                episode=f"probe{index}",
+                worker="probe",
+                turn=0,
+                slot=slot_of("train", task.family),
+                query=query,
+                rule="diverse",
+                k=1,
+            ),
+            embed([query])[0],
+        )
+        tips = found.tips
+        if found.tip_ids:
+            entry, call = found.tip_ids[0], found.calls[0]
+    return _Live(index, world, obs, obs.goal, tips, entry, call)
+
+
+def _request(ep: _Live, seed: int, s: PlaySettings) -> ActionRequested:
+    messages = turn_messages(
+        ep.goal,
+        ep.history,
+        ep.obs.text,
+        admissible=ep.obs.admissible if s.list_actions else None,
+        tips=ep.tips,
+        window=s.window,
+    )
+    turn = len(ep.history)
+    return ActionRequested(
+        episode=f"probe{ep.index}",
+        worker="probe",
+        turn=turn,
+        messages=to_pairs(messages),
+        admissible=ep.obs.admissible,
+        seed=derive_seed(seed, "act", turn),
+        greedy=s.greedy,
+    )
+
+
+def _played(ep: _Live, task: Task, seed: int) -> Played:
+    return Played(
+        index=ep.index,
+        family=task.family,
+        variant=task.variant,
+        seed=seed,
+        success=ep.obs.success,
+        score=ep.obs.score,
+        steps=len(ep.history),
+        entry=ep.entry,
+        call=ep.call,
+    )

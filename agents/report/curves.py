@@ -1,0 +1,299 @@
+"""Learning curves of a run, folded from its log: train success per block of episodes, held-out
+success per evaluation round, and the learner's numbers per update; and the co-evolution of its
+memory: the bank's size and operations, retrievals, credit and the extractor's reward.
+
+:func:`fold_curves` and :func:`fold_coevolution` are pure (events in, rows out);
+:func:`write_curves` writes the CSV files and one PNG into the run directory; :func:`report`
+does both for a finished run and returns the summary lines the CLI prints. ``coevo report``
+(:mod:`agents.report.page`) and the benchmarks plot the same rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import (
+    CreditAssigned,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+)
+from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
+from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
+from engine.events import Event
+
+TRAIN_CSV = "curve_train.csv"
+EVAL_CSV = "curve_heldout.csv"
+UPDATES_CSV = "updates.csv"
+ADAPT_CSV = "adaptation.csv"
+PNG = "curves.png"
+
+
+@dataclass
+class Curves:
+    """The rows of the three curves.
+
+    Attributes:
+        train: ``(episodes, success, score)`` per block of ``block`` training episodes
+            (``episodes`` counts training episodes up to the end of the block).
+        heldout: ``(train_episodes, version, success, score)`` per evaluation round.
+        updates: ``(version, loss, grad_norm, clip_frac, kl, samples, seconds)`` per update.
+        adapt: ``(version, attempt, success, score)`` per attempt of each adaptation round
+            (EMPO2's test: attempt 1 has an empty memory).
+        heldout_memory: as ``heldout``, for rounds played with the bank (Complementary RL).
+    """
+
+    block: int
+    train: list[tuple[int, float, float]] = field(default_factory=list[tuple[int, float, float]])
+    heldout: list[tuple[int, int, float, float]] = field(
+        default_factory=list[tuple[int, int, float, float]]
+    )
+    updates: list[tuple[int, float, float, float, float, int, float]] = field(
+        default_factory=list[tuple[int, float, float, float, float, int, float]]
+    )
+    adapt: list[tuple[int, int, float, float]] = field(
+        default_factory=list[tuple[int, int, float, float]]
+    )
+    heldout_memory: list[tuple[int, int, float, float]] = field(
+        default_factory=list[tuple[int, int, float, float]]
+    )
+
+
+def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
+    """Fold a run's events into its curves (pure).
+
+    Raises:
+        ValueError: ``block`` is not positive.
+    """
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    curves = Curves(block=block)
+    n = 0
+    wins = 0
+    score = 0.0
+    for ev in events:
+        if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
+            n += 1
+            wins += int(ev.success)
+            score += ev.score
+            if n % block == 0:
+                curves.train.append((n, wins / block, score / block))
+                wins, score = 0, 0.0
+        elif isinstance(ev, EvalRoundFinished) and not ev.memory:
+            curves.heldout.append((ev.train_episodes, ev.policy_version, ev.success, ev.score))
+        elif isinstance(ev, EvalRoundFinished):
+            curves.heldout_memory.append(
+                (ev.train_episodes, ev.policy_version, ev.success, ev.score)
+            )
+        elif isinstance(ev, AdaptRoundFinished):
+            for a, (success, score) in enumerate(zip(ev.success, ev.score, strict=True)):
+                curves.adapt.append((ev.policy_version, a + 1, success, score))
+        elif isinstance(ev, PolicyUpdated):
+            curves.updates.append(
+                (
+                    ev.policy_version,
+                    ev.loss,
+                    ev.grad_norm,
+                    ev.clip_frac,
+                    ev.kl,
+                    ev.samples,
+                    ev.seconds,
+                )
+            )
+    curves.heldout.sort(key=lambda row: row[1])  # rounds may end out of order
+    curves.heldout_memory.sort(key=lambda row: row[1])
+    return curves
+
+
+@dataclass
+class Coevolution:
+    """A run's memory and extractor facts; ``x`` is the training episodes ended so far.
+
+    Attributes:
+        credits: ``(x, credit)`` per credit, in order.
+        bank: ``(x, entries)`` after each change of the training bank (scope "train"; EMPO2's
+            adaptation rounds write memories of their own, left out).
+        bank_ops: ``(x, what)`` per change or refusal in the training bank: "stored",
+            "evicted:<reason>", "rejected:<reason>".
+        retrievals: ``(x, entries shown, entries in the slot)`` per training retrieval.
+        extractor: ``(x, mean reward of the batch, loss, samples)`` per extractor update.
+        ops: operation counts of all extractor calls.
+        calls: extraction and merge calls; ``malformed`` of them had no usable operation,
+            ``plain`` were read as one add.
+        updates: extractor updates, ``trained`` of them with a gradient (samples > 0).
+    """
+
+    credits: list[tuple[int, float]] = field(default_factory=list[tuple[int, float]])
+    bank: list[tuple[int, int]] = field(default_factory=list[tuple[int, int]])
+    bank_ops: list[tuple[int, str]] = field(default_factory=list[tuple[int, str]])
+    retrievals: list[tuple[int, int, int]] = field(default_factory=list[tuple[int, int, int]])
+    extractor: list[tuple[int, float, float, int]] = field(
+        default_factory=list[tuple[int, float, float, int]]
+    )
+    ops: Counter[str] = field(default_factory=Counter[str])
+    calls: int = 0
+    malformed: int = 0
+    plain: int = 0
+    updates: int = 0
+    trained: int = 0
+
+
+def fold_coevolution(events: Iterable[Event]) -> Coevolution:
+    """The memory and extractor facts of a run (pure)."""
+    c = Coevolution()
+    ended = 0
+    size = 0
+    train_slots: set[str] = set()
+    rewards: dict[int, float] = {}
+    for ev in events:
+        if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
+            ended += 1
+        elif isinstance(ev, CreditAssigned):
+            c.credits.append((ended, ev.credit))
+        elif isinstance(ev, TipStored | TipEvicted | TipRejected) and _in_training(ev.slot):
+            if isinstance(ev, TipStored):
+                size += 1
+                c.bank_ops.append((ended, "stored"))
+            elif isinstance(ev, TipEvicted):
+                size -= 1
+                c.bank_ops.append((ended, f"evicted:{ev.reason}"))
+            else:
+                c.bank_ops.append((ended, f"rejected:{ev.reason}"))
+            if not isinstance(ev, TipRejected):
+                c.bank.append((ended, size))
+                train_slots.add(ev.slot)
+        elif isinstance(ev, TipsRetrieved) and _in_training(ev.slot):
+            c.retrievals.append((ended, len(ev.tip_ids), ev.slot_size))
+        elif isinstance(ev, ExtractorCalled):
+            c.calls += 1
+            c.malformed += int(ev.malformed)
+            c.plain += int(any(e.startswith("no operation syntax") for e in ev.errors))
+            c.ops.update(op for op, _, _ in ev.ops)
+        elif isinstance(ev, ExtractorGradientRequested):
+            rewards[ev.update] = math.fsum(ev.rewards) / max(len(ev.rewards), 1)
+        elif isinstance(ev, ExtractorUpdated):
+            c.updates += 1
+            c.trained += int(ev.samples > 0)
+            c.extractor.append((ended, rewards.pop(ev.update, 0.0), ev.loss, ev.samples))
+    return c
+
+
+def _in_training(slot: str) -> bool:
+    return slot.split("/", 1)[0] == "train"
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start).
+
+    Raises:
+        ValueError: ``window`` is not positive.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def write_curves(run_dir: Path, curves: Curves, title: str = "") -> list[Path]:
+    """Write the CSV files and the PNG into ``run_dir``; returns their paths."""
+    paths = [
+        _csv(run_dir / TRAIN_CSV, ("episodes", "success", "score"), curves.train),
+        _csv(run_dir / EVAL_CSV, ("train_episodes", "version", "success", "score"), curves.heldout),
+        _csv(
+            run_dir / UPDATES_CSV,
+            ("version", "loss", "grad_norm", "clip_frac", "kl", "samples", "seconds"),
+            curves.updates,
+        ),
+    ]
+    if curves.adapt:
+        header = ("version", "attempt", "success", "score")
+        paths.append(_csv(run_dir / ADAPT_CSV, header, curves.adapt))
+    paths.append(plot_curves(run_dir / PNG, curves, title))
+    return paths
+
+
+def _csv(path: Path, header: tuple[str, ...], rows: Iterable[tuple[float, ...]]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
+    """Success vs training episodes (train blocks and held-out rounds), and the loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    if curves.train:
+        xs, ys, _ = zip(*curves.train, strict=True)
+        ax.plot(xs, ys, label=f"train (blocks of {curves.block})", alpha=0.7)
+    if curves.heldout:
+        xs, _, ys, _ = zip(*curves.heldout, strict=True)
+        ax.plot(xs, ys, marker="o", label="held-out")
+    ax.set_xlabel("training episodes")
+    ax.set_ylabel("success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if curves.train or curves.heldout:
+        ax.legend()
+    if curves.updates:
+        versions = [row[0] for row in curves.updates]
+        ax2.plot(versions, [row[1] for row in curves.updates], label="loss")
+        ax2.plot(versions, [row[4] for row in curves.updates], label="approx KL")
+        ax2.set_xlabel("policy version")
+        ax2.grid(alpha=0.3)
+        ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def summary_lines(curves: Curves) -> list[str]:
+    """What the CLI prints at the end of a learning run."""
+    lines = []
+    if curves.heldout:
+        first, last = curves.heldout[0], curves.heldout[-1]
+        lines.append(
+            f"held-out success: {first[2]:.1%} at version {first[1]} -> "
+            f"{last[2]:.1%} at version {last[1]} ({len(curves.heldout)} rounds)"
+        )
+    if curves.train:
+        lines.append(
+            f"train success: first block {curves.train[0][1]:.1%}, "
+            f"last block {curves.train[-1][1]:.1%} (blocks of {curves.block})"
+        )
+    if curves.updates:
+        secs = sum(row[6] for row in curves.updates)
+        lines.append(f"updates: {len(curves.updates)}, {secs:.1f} s in the learner")
+    if curves.heldout_memory:
+        first, last = curves.heldout_memory[0], curves.heldout_memory[-1]
+        lines.append(
+            f"held-out success with the bank: {first[2]:.1%} at version {first[1]} -> "
+            f"{last[2]:.1%} at version {last[1]}"
+        )
+    versions = sorted({row[0] for row in curves.adapt})
+    for v in versions:
+        rates = " -> ".join(f"{row[2]:.1%}" for row in curves.adapt if row[0] == v)
+        lines.append(f"adaptation at version {v} (memory, no update), success by attempt: {rates}")
+    return lines
+
+
+def report(run_dir: Path, events: Iterable[Event], title: str = "") -> list[str]:
+    """Fold ``events``, write the curves into ``run_dir``, return the summary lines."""
+    curves = fold_curves(events)
+    if not (curves.updates or curves.heldout):
+        return []
+    paths = write_curves(run_dir, curves, title)
+    return [*summary_lines(curves), f"curves: {', '.join(p.name for p in paths)} in {run_dir}"]

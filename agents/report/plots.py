@@ -1,0 +1,226 @@
+"""The plots of ``coevo report`` (:mod:`agents.report.page`): one matplotlib figure per section,
+every run in its own colour, returned as inline SVG.
+
+Figures are built with :class:`matplotlib.figure.Figure` directly (no pyplot, no global state),
+so rendering is safe in any thread and leaves nothing open.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from matplotlib.ticker import MaxNLocator
+
+from agents.report.curves import rolling_mean
+
+if TYPE_CHECKING:
+    from agents.report.page import RunData
+
+COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+OP_COLORS = {"stored": "#2ca02c", "evicted": "#d62728", "rejected": "#7f7f7f"}
+
+
+def _figure(rows: int, cols: int, height: float = 3.3) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11.5, height * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _finish(fig: Any, axes: Sequence[Any], name: str) -> str:
+    from agents.report.page import svg_of
+
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return svg_of(fig, name)
+
+
+def _empty(ax: Any, text: str = "no data") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", color="#888", transform=ax.transAxes)
+
+
+def _lines(
+    ax: Any,
+    runs: Sequence[RunData],
+    rows_of: Callable[[RunData], Sequence[tuple[float, float]]],
+    **style: Any,
+) -> bool:
+    """One line per run from its ``(x, y)`` rows; False when no run has any."""
+    drawn = False
+    for i, r in enumerate(runs):
+        rows = rows_of(r)
+        if rows:
+            xs, ys = zip(*rows, strict=True)
+            ax.plot(xs, ys, color=COLORS[i % 10], label=r.label, **style)
+            drawn = True
+    return drawn
+
+
+def success_figure(runs: Sequence[RunData]) -> str:
+    """Train and held-out success and return vs training episodes."""
+    fig, axes = _figure(2, 2)
+    panels = (
+        ("train success", lambda r: [(x, s) for x, s, _ in r.curves.train], 1),
+        ("train return (final score)", lambda r: [(x, v) for x, _, v in r.curves.train], 2),
+        ("held-out success", lambda r: [(x, s) for x, _, s, _ in r.curves.heldout], 1),
+        ("held-out return (final score)", lambda r: [(x, v) for x, _, _, v in r.curves.heldout], 2),
+    )
+    for ax, (title, rows_of, col) in zip(axes, panels, strict=True):
+        heldout = title.startswith("held-out")
+        if not _lines(ax, runs, rows_of, marker="o" if heldout else None, markersize=4):
+            _empty(ax)
+        if heldout:
+            for i, r in enumerate(runs):
+                rows = [(row[0], row[col + 1]) for row in r.curves.heldout_memory]
+                if rows:
+                    xs, ys = zip(*rows, strict=True)
+                    ax.plot(
+                        xs, ys, color=COLORS[i % 10], ls="--", marker="s", markersize=3,
+                        label=f"{r.label}, with bank",
+                    )  # fmt: skip
+        ax.set_title(title)
+        ax.set_xlabel("training episodes")
+        ax.set_ylim(-0.03, 1.03)
+    return _finish(fig, axes, "success")
+
+
+def updates_figure(runs: Sequence[RunData]) -> str:
+    """Loss, gradient norm, clip fraction and approximate KL per policy update."""
+    fig, axes = _figure(2, 2, height=3.0)
+    panels = (("loss", 1), ("gradient norm (before clipping)", 2), ("clip fraction", 3))
+    for ax, (title, col) in zip(axes, (*panels, ("approx. KL", 4)), strict=True):
+        _lines(ax, runs, lambda r, c=col: [(u[0], u[c]) for u in r.curves.updates], lw=1.2)
+        ax.set_title(title)
+        ax.set_xlabel("policy version")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _finish(fig, axes, "updates")
+
+
+def bank_figures(runs: Sequence[RunData]) -> str:
+    """Bank size over training for every run, then one operations panel per run with a bank."""
+    with_bank = [(i, r) for i, r in enumerate(runs) if r.coevolution.bank_ops]
+    panels = 1 + len(with_bank)
+    cols = min(3, panels)
+    fig, axes = _figure((panels + cols - 1) // cols, cols, height=3.2)
+    size = axes[0]
+    _lines(size, runs, lambda r: r.coevolution.bank, drawstyle="steps-post")
+    size.set_title("entries in the training bank")
+    size.set_xlabel("training episodes")
+    for ax, (i, r) in zip(axes[1:], with_bank, strict=False):
+        _ops_panel(ax, r, COLORS[i % 10])
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    return _finish(fig, axes[:panels], "bank")
+
+
+def _ops_panel(ax: Any, r: RunData, color: str) -> None:
+    """Stacked bars: the bank's operations per block of training episodes."""
+    block = max(r.curves.block, 1)
+    kinds = sorted({what for _, what in r.coevolution.bank_ops})
+    counts: dict[str, Counter[int]] = {k: Counter() for k in kinds}
+    for x, what in r.coevolution.bank_ops:
+        counts[what][x // block] += 1
+    blocks = range(max(x for x, _ in r.coevolution.bank_ops) // block + 1)
+    bottom = [0] * len(blocks)
+    shades = {"stored": 0, "evicted": 0, "rejected": 0}
+    for kind in kinds:
+        family = kind.split(":")[0]
+        alpha = 1.0 - 0.25 * shades[family]
+        shades[family] += 1
+        heights = [counts[kind][b] for b in blocks]
+        ax.bar(
+            [b * block for b in blocks],
+            heights,
+            width=block * 0.9,
+            align="edge",
+            bottom=bottom,
+            color=OP_COLORS[family],
+            alpha=max(alpha, 0.3),
+            label=kind,
+        )
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_title(f"{r.label}: operations per {block} episodes", color=color, fontsize=10)
+    ax.set_xlabel("training episodes")
+
+
+def retrieval_figure(runs: Sequence[RunData]) -> str:
+    """Retrievals per block, entries shown per retrieval, and how often each entry was shown."""
+    fig, axes = _figure(1, 3, height=3.4)
+    per_block, shown, dist = axes
+    for i, r in enumerate(runs):
+        block = max(r.curves.block, 1)
+        n: Counter[int] = Counter()
+        tips: Counter[int] = Counter()
+        for x, k, _ in r.coevolution.retrievals:
+            n[x // block] += 1
+            tips[x // block] += k
+        if not n:
+            continue
+        keys = sorted(n)
+        color = COLORS[i % 10]
+        every = range(r.train_episodes // block + 1)  # blocks without a retrieval count 0
+        per_block.plot(
+            [k * block for k in every], [n[k] for k in every], color=color, label=r.label
+        )
+        shown.plot([k * block for k in keys], [tips[k] / n[k] for k in keys], color=color)
+        counts = sorted((e.retrieved for e in r.entries.values()), reverse=True)
+        if counts:
+            dist.plot(range(1, len(counts) + 1), counts, color=color, drawstyle="steps-post")
+    per_block.set_title("retrievals per block of training episodes")
+    shown.set_title("entries shown per retrieval (mean)")
+    dist.set_title("times each entry was shown (ranked)")
+    dist.set_xlabel("entries, most shown first")
+    for ax in (per_block, shown):
+        ax.set_xlabel("training episodes")
+    return _finish(fig, axes, "retrieval")
+
+
+def credit_figure(runs: Sequence[RunData]) -> str:
+    """Credit per entry (histogram), credit over training, and the extractor's loss."""
+    fig, axes = _figure(1, 3, height=3.4)
+    hist, over, loss = axes
+    totals = {i: [e.total for e in r.entries.values() if e.credits] for i, r in enumerate(runs)}
+    values = [v for vs in totals.values() for v in vs]
+    if values:
+        lo, hi = min(values), max(values)
+        bins = [lo + (hi - lo) * k / 20 for k in range(21)] if hi > lo else 10
+        for i, vs in totals.items():
+            if vs:
+                hist.hist(vs, bins=bins, color=COLORS[i % 10], alpha=0.55, label=runs[i].label)
+    hist.set_title("total credit per entry")
+    hist.set_xlabel("sum of credits")
+    hist.set_ylabel("entries")
+    for i, r in enumerate(runs):
+        c = r.coevolution
+        color = COLORS[i % 10]
+        if c.credits:
+            xs = [x for x, _ in c.credits]
+            over.plot(xs, rolling_mean([v for _, v in c.credits], 64), color=color, label=r.label)
+        if c.extractor:
+            xs = [row[0] for row in c.extractor]
+            over.plot(xs, [row[1] for row in c.extractor], "o", color=color, markersize=4)
+            loss.plot(range(1, len(xs) + 1), [row[2] for row in c.extractor], color=color)
+            loss.plot(range(1, len(xs) + 1), [row[2] for row in c.extractor], ".", color=color)
+    over.set_title("credit (rolling mean of 64) and batch reward")
+    over.set_xlabel("training episodes")
+    over.set_ylim(-1.05, 1.05)
+    loss.set_title("extractor loss per update")
+    loss.set_xlabel("extractor version")
+    loss.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _finish(fig, axes, "credit")

@@ -1,0 +1,63 @@
+"""What the ``coevo`` commands share: their input error, opening a run's log to read it, and
+naming the log in a read error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.errors import CoevoError, LogError, RunNotFound
+from stores.rundir import find_run
+
+__all__ = ["InputInvalid", "LogUnreadable", "naming", "open_run", "version"]
+
+
+class InputInvalid(CoevoError):
+    """Bad command-line input that no more specific error describes (exit 2)."""
+
+    exit_code = 2
+
+
+@contextmanager
+def naming(where: Path) -> Generator[None]:
+    """Prefix the log's directory to a log error that does not name it already (a corrupted
+    record names its seq; this says which log)."""
+    try:
+        yield
+    except LogError as exc:
+        if str(where) in str(exc):
+            raise
+        raise LogUnreadable(f"{where}: {exc}") from None
+
+
+class LogUnreadable(CoevoError):
+    """A log error raised while reading a run, with the log's directory in its message."""
+
+    exit_code = 1
+
+
+def open_run(path: str) -> Any:
+    """The event log of the run at ``path``, opened for reading."""
+    from stores.lmdb_log import LmdbEventLog
+
+    rd = find_run(path)
+    try:
+        return LmdbEventLog.open(rd.log, writable=False)
+    except CoevoError:
+        raise
+    except Exception as exc:  # lmdb's own errors: the directory is there but not readable
+        raise RunNotFound(f"{path}: cannot open event log ({type(exc).__name__}: {exc})") from None
+
+
+def version() -> str:
+    """This coevo's version (as installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("coevo")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,421 @@
+"""The ``coevo`` command line: validate, run, resume, replay (and re-execute updates), report,
+probe, audit and list events.
+
+Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
+exit code (2 for bad input); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+from rich.console import Console
+
+from engine.errors import CoevoError
+from scenarios.cli.common import InputInvalid, naming, open_run
+from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
+from stores.rundir import find_run
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``coevo`` script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CoevoError as exc:
+        print(f"coevo: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("coevo: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="coevo", description="Event-sourced engine for co-evolving LLM agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a scenario file and print it resolved")
+    p.add_argument("file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", help="run a scenario into a new run directory")
+    p.add_argument("file")
+    p.add_argument("--out", help="run directory (default: runs/<name>-<time>-<id>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("resume", help="continue a stopped, failed or killed run from its log")
+    p.add_argument("run")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("replay", help="rebuild state from a run's log, or verify it")
+    p.add_argument("run")
+    p.add_argument("--until", type=int, metavar="SEQ", help="state after event SEQ")
+    p.add_argument("--verify", action="store_true", help="re-fold and check every checksum")
+    p.add_argument("--json", action="store_true", help="print the state as JSON")
+    p.add_argument(
+        "--reexecute-learner",
+        action="store_true",
+        help="re-run every recorded model update from the base weights; check every digest",
+    )
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("report", help="one self-contained HTML page of plots about runs")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--out", help="the HTML file (default: report.html in the first RUN)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("probe", help="did the extractor's RL make its bank better? (see docs)")
+    p.add_argument("run")
+    p.add_argument("--control", metavar="RUN", help="the frozen control's run, its extractor too")
+    p.add_argument("--episodes", type=int, default=300, help="held-out episodes per bank")
+    p.add_argument("--versions", default="0,mid,last", help="extractor versions (N, mid, last)")
+    p.add_argument("--policy", default="final", help="the fixed policy: final, base or a PATH")
+    p.add_argument("--greedy", action="store_true", help="extractors answer greedily")
+    p.add_argument("--seed", type=int, default=0, help="the probe's seed (episodes, bootstrap)")
+    p.add_argument("--out", metavar="DIR", help="report, JSON and plot (default: RUN/probe)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("log", help="list a run's events")
+    p.add_argument("run")
+    p.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
+    p.add_argument("--actor", action="append", default=[], help="emitting actor (repeatable)")
+    p.add_argument("--episode", default="", help="correlation / episode id")
+    p.add_argument("--from", dest="start", type=int, default=0, metavar="SEQ")
+    p.add_argument("--to", dest="stop", type=int, default=None, metavar="SEQ", help="exclusive")
+    p.add_argument("--limit", type=int, default=None, help="at most this many events")
+    p.add_argument("--json", action="store_true", help="JSON lines")
+    p.add_argument("--follow", action="store_true", help="keep printing new events (live run)")
+    p.set_defaults(func=cmd_log)
+
+    p = sub.add_parser("audit", help="explain an entry, an episode or the credit from the log")
+    p.add_argument("run")
+    what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print the answer as JSON")
+    common.add_argument("--index", metavar="DIR", help="the audit index (default RUN/audit)")
+    q = what.add_parser("tip", parents=[common], help="an entry's lineage, uses and credit")
+    q.add_argument("id", help="the entry's id (TipStored.tip_id)")
+    q = what.add_parser("episode", parents=[common], help="an episode turn by turn")
+    q.add_argument("id", help="the episode's id (e.g. ep000005)")
+    q = what.add_parser("credit", parents=[common], help="re-derive every credit and advantage")
+    q.add_argument("--rule", help="credit rule: success, score or relative (counterfactual)")
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
+    p.set_defaults(func=cmd_audit)
+    return parser
+
+
+# --- replay / log ---------------------------------------------------------------------------
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from engine.replay import replay_until, verify_log
+    from scenarios.assemble import fact_checks, projections
+    from scenarios.cli.console import actors_table, families_table
+
+    if args.until is not None and args.until < 0:
+        raise InputInvalid(f"--until must be >= 0, got {args.until}")
+    if args.verify and (args.until is not None or args.json):
+        raise InputInvalid("--verify checks the whole log; it takes no --until or --json")
+    if args.reexecute_learner and (args.until is not None or args.json or args.verify):
+        raise InputInvalid("--reexecute-learner takes no --until, --json or --verify")
+    log = open_run(args.run)
+    try:
+        if args.reexecute_learner:
+            return _reexecute(args.run, log)
+        if args.verify:
+            with naming(log.path):
+                result = verify_log(log, projections(), fact_checks())
+            if not result.ok:
+                raise _VerifyFailed(f"{log.path}: {result.error}")
+            print(f"verified {result.events} events, {result.checks} checksums: ok")
+            return 0
+        with naming(log.path):
+            fold, snap = replay_until(log, projections(), args.until)
+    finally:
+        log.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(fold.states, order="deterministic").decode() + "\n")
+        return 0
+    console = Console()
+    start = f"snapshot after seq {snap}" if snap is not None else "the beginning"
+    console.print(f"state after seq {fold.last_seq} (folded from {start})")
+    console.print(actors_table(fold.states["actor_stats"]))
+    console.print(families_table(fold.states["episodes"]))
+    kinds = fold.states["actor_stats"].kinds
+    console.print("events by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())))
+    return 0
+
+
+def _reexecute(path: str, log: Any) -> int:
+    from engine.lifecycle import RunStarted
+    from engine.replay import replay_until
+    from scenarios.assemble import projections
+    from scenarios.cli.console import StepProgress
+    from scenarios.policy_setup import reexecution_for
+
+    first = next(iter(log.read(0, 1)), None)
+    if first is None or not isinstance(first.event, RunStarted):
+        raise InputInvalid(f"{path}: the log does not start with run_started")
+    kinds = replay_until(log, projections())[0].states["actor_stats"].kinds
+    total = kinds.get("policy_updated", 0) + kinds.get("extractor_updated", 0)
+    if total == 0:
+        raise InputInvalid(f"{path}: the log records no model update to re-execute")
+    console = Console(stderr=True)
+    console.print(f"loading the base models of {path} ...")
+    run = reexecution_for(find_run(path).root, first.event.seed)
+    with StepProgress(console, total, "updates") as progress:
+        summary = run.run(
+            log.read(0, None),
+            lambda c: progress.advance(f"{c.model} v{c.version} {c.digest[:12]} ok"),
+        )
+    extra = f"; {summary.unapplied} requests never applied" if summary.unapplied else ""
+    print(
+        f"re-executed {summary.policy} policy and {summary.extractor} extractor updates: "
+        f"every parameter digest matches the log ({summary.checkpoints} checkpoints on disk "
+        f"compared){extra}"
+    )
+    return 0
+
+
+class _VerifyFailed(CoevoError):
+    """``replay --verify`` found a corrupted record or a divergent checksum."""
+
+    exit_code = 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from agents.report.page import RunData, fold_run, render
+
+    roots = [find_run(path).root for path in args.runs]
+    runs: list[RunData] = []
+    for path, root in zip(args.runs, roots, strict=True):
+        log = open_run(path)
+        try:
+            if log.next_seq == 0:
+                raise InputInvalid(f"{path}: the event log is empty")
+            runs.append(fold_run(_label(root, roots), root, log.read(0, None)))
+        finally:
+            log.close()
+    out = Path(args.out) if args.out else runs[0].path / "report.html"
+    page = render(runs).encode("utf-8")
+    try:
+        out.write_bytes(page)
+    except OSError as exc:
+        raise InputInvalid(f"{out}: cannot write: {exc.strerror}") from None
+    print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
+    return 0
+
+
+def _label(root: Path, roots: list[Path]) -> str:
+    """A run's name in a report: its directory, with its parent's when that is ambiguous."""
+    if sum(p.name == root.name for p in roots) > 1:
+        return f"{root.parent.name}/{root.name}"
+    return root.name
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from agents.probe.coevolution import BankResult, Progress
+    from agents.probe.report import line, to_json, write_probe
+    from scenarios.probe_setup import ProbeOptions, probe_run, read_run
+
+    def read(path: str) -> Iterator[Any]:
+        log = open_run(path)
+        try:
+            with naming(log.path):
+                yield from log.read(0, None)
+        finally:
+            log.close()
+
+    run = read_run(args.run, read)
+    control = read_run(args.control, read) if args.control else None
+    options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
+    console = Console(stderr=True)
+    with _Stages(console) as stages:
+
+        def done(r: BankResult) -> None:
+            if not args.json:
+                stages.say(line(r))
+
+        result = probe_run(run, control, options, Progress(stages.stage, stages.advance, done))
+    out = Path(args.out) if args.out else run.root / "probe"
+    try:
+        paths = write_probe(result, out)
+    except OSError as exc:
+        raise InputInvalid(f"{out}: cannot write: {exc.strerror}") from None
+    if args.json:
+        sys.stdout.write(to_json(result).decode() + "\n")
+        return 0
+    print(result.verdict)
+    print("probe: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+class _Stages:
+    """One progress bar per stage of a long command (on stderr)."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._bar: Any = None
+
+    def __enter__(self) -> _Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def stage(self, label: str, total: int) -> None:
+        from scenarios.cli.console import StepProgress
+
+        self._close()
+        self._bar = StepProgress(self._console, max(total, 1), label).__enter__()
+
+    def advance(self, n: int) -> None:
+        for _ in range(n):
+            self._bar.advance("")
+
+    def say(self, text: str) -> None:
+        """A line on stdout, after the current bar."""
+        self._close()
+        print(text, flush=True)
+
+    def _close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from engine.replay import EventFilter, iter_events
+
+    for name, value in (("--from", args.start), ("--to", args.stop), ("--limit", args.limit)):
+        if value is not None and value < 0:
+            raise InputInvalid(f"{name} must be >= 0, got {value}")
+    flt = EventFilter(
+        kinds=frozenset(args.kind),
+        actors=frozenset(args.actor),
+        corr=args.episode,
+        start=args.start,
+        stop=args.stop,
+    )
+    log = open_run(args.run)
+    try:
+        with naming(log.path):
+            if args.follow:
+                return _follow(log, flt, args)
+            for count, env in enumerate(iter_events(log, flt)):
+                if args.limit is not None and count >= args.limit:
+                    break
+                _print_envelope(env, args.json)
+    finally:
+        log.close()
+    return 0
+
+
+def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
+    from engine.replay import follow
+
+    async def tail() -> None:
+        count = 0
+        async for env in follow(log, flt):
+            if args.limit is not None and count >= args.limit:
+                return
+            _print_envelope(env, args.json)
+            sys.stdout.flush()
+            count += 1
+
+    try:
+        trio.run(tail)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _print_envelope(env: Any, as_json: bool) -> None:
+    from scenarios.cli.console import envelope_dict, envelope_line
+
+    if as_json:
+        sys.stdout.write(msgspec.json.encode(envelope_dict(env)).decode() + "\n")
+    else:
+        sys.stdout.write(envelope_line(env) + "\n")
+
+
+# --- audit --------------------------------------------------------------------------------------
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from agents.audit import render
+
+    log = open_run(args.run)
+    try:
+        if args.what == "credit":
+            answer = _audit_credit(log, args)
+            lines = lambda: render.render_credit(answer, args.top)  # noqa: E731
+        else:
+            answer = _audit_one(log, args)
+            lines = lambda: (  # noqa: E731
+                render.render_tip(answer) if args.what == "tip" else render.render_episode(answer)
+            )
+    finally:
+        log.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
+    else:
+        sys.stdout.write("\n".join(lines()) + "\n")
+    return 0 if args.what != "credit" or answer.counterfactual or answer.match else 1
+
+
+def _audit_one(log: Any, args: argparse.Namespace) -> Any:
+    from agents.audit.answers import audit_tip
+    from agents.audit.episode import audit_episode
+    from agents.audit.index import open_index
+
+    if args.what == "tip" and not args.id.isdigit():
+        raise InputInvalid(f"entry id must be a non-negative integer, got {args.id!r}")
+    index, note = open_index(find_run(args.run).root, log, Path(args.index) if args.index else None)
+    if note:
+        print(f"coevo: note: {note}", file=sys.stderr)
+    try:
+        if args.what == "tip":
+            return audit_tip(log, index, int(args.id))
+        return audit_episode(log, index, args.id)
+    finally:
+        index.close()
+
+
+def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
+    from agents.audit.credit import AuditSettings, audit_credit, gather, with_overrides
+    from agents.learning.credit_actor import credit_settings
+    from scenarios.loader import parse_toml, to_scenario
+
+    if args.top < 0:
+        raise InputInvalid(f"--top must be >= 0, got {args.top}")
+    meta = log.read_meta()
+    source = f"{args.run} (its scenario)"
+    scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)
+    base = AuditSettings(credit=credit_settings(scenario.complementary), top_k=scenario.empo2.top_k)
+    settings = with_overrides(base, args.rule, args.set)
+    return audit_credit(gather(log), settings, base)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

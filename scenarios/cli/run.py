@@ -1,0 +1,314 @@
+"""The ``coevo`` commands that check and drive a run: ``validate``, ``run`` and ``resume``
+(a run's writer: the log created, or taken over before anything of it is read)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+from rich.console import Console
+
+from engine.errors import LogError, LogLocked, RunNotFound
+from scenarios.cli.common import InputInvalid, naming, open_run, version
+from stores.rundir import RunDir, default_run_dir, find_run, new_run_id
+
+__all__ = ["cmd_resume", "cmd_run", "cmd_validate"]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from scenarios.assemble import assemble
+    from scenarios.loader import load_scenario, resolved_toml
+
+    scenario = load_scenario(args.file, args.set)
+    assembly = assemble(scenario, args.file, prepare_model=False)
+    sys.stdout.write(resolved_toml(scenario))
+    print(
+        f"# valid: {len(assembly.tasks)} tasks, {scenario.run.episodes} episodes, "
+        f"{len(assembly.specs)} actors",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from scenarios.loader import load_scenario
+
+    scenario = load_scenario(args.file, args.set)
+    run_id = new_run_id()
+    out = Path(args.out) if args.out else default_run_dir(Path("runs"), scenario.name, run_id)
+    rd = RunDir(out)
+    foreign = rd.foreign()  # before exists(): a run writes its other files after its log's
+    if rd.exists():  # first commit, so whatever foreign() saw of a run, exists() sees it
+        raise InputInvalid(f"{out}: already holds a run; choose another --out")
+    if foreign:
+        raise InputInvalid(
+            f"{out}: not empty and not a run (it holds {', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory for --out"
+        )
+    return _execute(scenario, args.file, rd, run_id, quiet=args.quiet)
+
+
+def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool) -> int:
+    from engine.eventlog import new_run_meta
+    from engine.lifecycle import RunStarted
+    from scenarios.assemble import assemble
+    from scenarios.loader import resolved_toml, scenario_hash
+    from stores.lmdb_log import LmdbEventLog
+
+    text = resolved_toml(scenario)
+    digest = scenario_hash(text)
+    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+    coevo_version = version()
+    meta = new_run_meta(
+        run_id,
+        scenario_name=scenario.name,
+        seed=scenario.seed,
+        coevo_version=coevo_version,
+        scenario_toml=text,
+        scenario_hash=digest,
+        created_ns=time.time_ns(),
+    )
+    started = RunStarted(
+        run_id=run_id,
+        scenario=scenario.name,
+        scenario_hash=digest,
+        seed=scenario.seed,
+        coevo_version=coevo_version,
+    )
+    try:  # the log first: creating it claims the directory (a second run is refused)
+        log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
+    except OSError as exc:
+        raise InputInvalid(f"{rd.root}: cannot create the run directory: {exc.strerror}") from None
+    except LogLocked as exc:  # another process is creating or writing a run there
+        raise InputInvalid(f"{rd.root}: already holds a run ({exc.holder})") from None
+    except LogError:
+        if rd.exists():  # another process created a run there after our check
+            raise InputInvalid(f"{rd.root}: already holds a run; choose another --out") from None
+        raise
+    try:
+        rd.scenario.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        log.close()
+        raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
+    return _drive(scenario, assembly, log, rd, started, quiet=quiet)
+
+
+def _drive(
+    scenario: Any,
+    assembly: Any,
+    log: Any,
+    rd: RunDir,
+    started: Any,
+    *,
+    quiet: bool,
+    resumed: Any = None,
+    history: Sequence[Any] = (),
+) -> int:
+    """Run the assembled actors over ``log`` (new or resumed), then print the summary."""
+    from engine.runtime import Runtime
+    from scenarios.cli.console import RunProgress, actors_table, families_table
+    from scenarios.cli.logsetup import close_logging, configure_logging
+
+    console = Console(stderr=True, quiet=quiet)
+    configure_logging(console, scenario.logging.level, rd.structlog)
+    progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
+    runtime = Runtime(
+        log,
+        started,
+        assembly.specs,
+        assembly.projections,
+        seed=scenario.seed,
+        config=assembly.config,
+        observers=[progress.observe],
+        resumed=resumed,
+        history=history,
+    )
+    run_id = started.run_id
+    verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
+    console.print(f"run {run_id}: {verb} -> {rd.root}")
+    try:
+        with progress:
+            outcome = trio.run(runtime.run)
+    finally:
+        log.close()
+        close_logging()
+    console.print(actors_table(runtime.states["actor_stats"]))
+    console.print(families_table(runtime.states["episodes"]))
+    return _finish(console, assembly.report, runtime.states["episodes"], outcome, run_id, rd, quiet)
+
+
+def _finish(
+    console: Console,
+    report: Any,
+    episodes: Any,
+    outcome: Any,
+    run_id: str,
+    rd: RunDir,
+    quiet: bool,
+) -> int:
+    """Write the run's reports, print how it ended, and return the exit code: the run's, or 1
+    when it completed but its curves cannot be written or none of its episodes finished."""
+    unwritten = ""
+    if report is not None:
+        try:
+            for line in _report(report, rd):
+                console.print(line)
+        except OSError as exc:  # a full disk: the log is complete, the plots can wait
+            unwritten = (
+                f"coevo: error: cannot write the run's curves in {rd.root}: "
+                f"{exc.strerror or exc} (the log is complete: coevo report {rd.root} draws them)"
+            )
+    console.print(
+        f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
+        f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")
+    )
+    if quiet and outcome.reason == "failed":  # the one line --quiet keeps
+        print(
+            f"coevo: error: run {run_id} failed: {outcome.events} events in {rd.root}: "
+            f"{outcome.error}",
+            file=sys.stderr,
+        )
+        return outcome.exit_code
+    problem = unwritten
+    if outcome.reason == "completed":
+        problem = _all_aborted(episodes, run_id, rd) or problem
+    if problem:
+        print(problem, file=sys.stderr)
+        return outcome.exit_code or 1
+    return outcome.exit_code
+
+
+def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
+    """The error line of a run that completed without finishing one episode: every one was
+    aborted (a world that fails every episode); "" otherwise."""
+    from engine.replay import EventFilter, iter_events
+
+    families = episodes.families.values()
+    aborted = sum(f.aborted for f in families)
+    if not aborted or any(f.episodes for f in families):
+        return ""
+    reader = open_run(str(rd.root))
+    try:
+        first = next(iter_events(reader, EventFilter(kinds=frozenset({"episode_aborted"}))), None)
+    finally:
+        reader.close()
+    return (
+        f"coevo: error: run {run_id} completed, but all {aborted} of its episodes were aborted "
+        f"(the first: {getattr(first and first.event, 'reason', '?')}); coevo log {rd.root} --kind "
+        "episode_aborted lists them"
+    )
+
+
+def _report(report: Any, rd: RunDir) -> list[str]:
+    """A finished run's reports (learning curves), written into its directory from its log.
+
+    Raises:
+        OSError: a file cannot be written.
+    """
+    reader = open_run(str(rd.root))
+    try:
+        return report(rd.root, (env.event for env in reader.read(0, None)))
+    finally:
+        reader.close()
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
+    from scenarios.assemble import assemble
+    from scenarios.loader import parse_toml, to_scenario
+
+    rd = find_run(args.run)
+    meta = _read_meta(args.run)
+    source = f"{args.run} (its scenario)"
+    scenario = to_scenario(parse_toml(meta.scenario_toml, source), source)
+    log = _open_writer(rd, durable=scenario.runtime.durable)
+    try:  # the history is read under the writer lock: no other session writes after it
+        history = _history(args.run, log)
+        assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+        if not history:  # created, then stopped before its first event: it starts now
+            _keep_scenario(rd, meta.scenario_toml)
+    except BaseException:
+        log.close()
+        raise
+    started = RunStarted(
+        run_id=meta.run_id,
+        scenario=meta.scenario_name,
+        scenario_hash=meta.scenario_hash,
+        seed=meta.seed,
+        coevo_version=meta.coevo_version,
+    )
+    if not history:
+        return _drive(scenario, assembly, log, rd, started, quiet=args.quiet)
+    last = history[-1]
+    ended = isinstance(last.event, RunStopped | RunFailed)
+    previous = str(last.event.__struct_config__.tag) if ended else ""
+    resumed = RunResumed(after=last.seq, previous=previous, coevo_version=version())
+    return _drive(
+        scenario, assembly, log, rd, started, quiet=args.quiet, resumed=resumed, history=history
+    )
+
+
+def _keep_scenario(rd: RunDir, text: str) -> None:
+    """Write the run's resolved scenario, unless it is there (a run stopped while it was being
+    created may not have written it)."""
+    if rd.scenario.is_file():
+        return
+    try:
+        rd.scenario.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
+
+
+def _read_meta(path: str) -> Any:
+    """The run's metadata (its scenario), read without the writer lock: it never changes."""
+    reader = open_run(path)
+    try:
+        with naming(reader.path):
+            meta = reader.read_meta()
+    finally:
+        reader.close()
+    if meta is None:
+        raise RunNotFound(f"{path}: the run's log holds no run metadata; nothing to resume")
+    return meta
+
+
+def _open_writer(rd: RunDir, durable: bool) -> Any:
+    """The run's log opened as its one writer, before anything of it is read for a resume.
+
+    Raises:
+        InputInvalid: another process writes the run (a run or a resume still going).
+    """
+    from stores.lmdb_log import LmdbEventLog
+
+    try:
+        return LmdbEventLog.open(rd.log, writable=True, durable=durable)
+    except LogLocked as exc:
+        raise InputInvalid(
+            f"{rd.root}: another process is writing this run ({exc.holder}); "
+            "wait for it to end or stop it first"
+        ) from None
+
+
+def _history(path: str, log: Any) -> list[Any]:
+    """Every event of the run, read by its writer (none: the run was stopped as it was
+    created, before its first event).
+
+    Raises:
+        NothingToResume: the run completed.
+    """
+    from engine.errors import NothingToResume
+    from engine.lifecycle import RunStopped
+
+    with naming(log.path):
+        history = list(log.read(0, None))
+    last = history[-1] if history else None
+    if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
+        raise NothingToResume(
+            f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
+        )
+    return history
