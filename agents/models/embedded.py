@@ -506,11 +506,11 @@ def probe_lines(probe: dict) -> list[str]:
     for form in ("written", "entry"):
         rates = ", ".join(f"{kind} {rate}" for kind, rate in every[form].items())
         lines.append(f"  notes {form}: {rates}")
-    lines.append(
-        f"  helpful / none {every['helpful_vs_none']} {every.get('helpful_vs_none_interval')} "
-        f"(goal >= 2), wrong / none {every['wrong_vs_none']} "
-        f"{every.get('wrong_vs_none_interval')} (goal >= 0.9)"
-    )
+    helpful, wrong = (
+        " ".join(str(x) for x in (every[name], every.get(f"{name}_interval")) if x is not None)
+        for name in ("helpful_vs_none", "wrong_vs_none")
+    )  # a build cached before the probe had intervals has none
+    lines.append(f"  helpful / none {helpful} (goal >= 2), wrong / none {wrong} (goal >= 0.9)")
     return lines
 
 
