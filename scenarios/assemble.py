@@ -21,6 +21,8 @@ from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
 from agents.events.recorded_once import RecordedOnce
 from agents.learning.trainer import GrpoTrainer
+from agents.methods.base import Method
+from agents.methods.registry import build_method
 from agents.report.curves import report as curves_report
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
@@ -187,11 +189,22 @@ def _trainer(
             workers,
             scenario.grpo,
             scenario.eval,
-            scenario.empo2 if scenario.run.method == "empo2" else None,
-            scenario.complementary if scenario.run.method == "complementary" else None,
+            method_of(scenario),
         )
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run: {exc}") from None
+
+
+def method_of(scenario: Scenario) -> Method:
+    """The scenario's learning method, with its settings: a built-in's own section
+    (``[empo2]``, ``[complementary]``).
+
+    Raises:
+        ValueError: see :func:`agents.methods.registry.build_method`.
+    """
+    name = scenario.run.method
+    sections: dict[str, object] = {"empo2": scenario.empo2, "complementary": scenario.complementary}
+    return build_method(name, scenario.grpo, sections.get(name))
 
 
 def runtime_config(scenario: Scenario, handle_signals: bool = False) -> RuntimeConfig:

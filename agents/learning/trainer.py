@@ -15,11 +15,12 @@ at least at version ``s - warmup - max_staleness``, so no sample is older than t
 What each episode is (task, seed) is a pure function of the run seed and its index, so it never
 depends on which worker ran it or when.
 
-With EMPO2 settings the trainer also draws each update's (or episode's) rollout mode
-(:func:`agents.methods.empo2.rollout_of`), asks for a reflection on every training episode, adds the
-novelty bonus of tip-mode episodes to their outcome, and in the first and last evaluation rounds
-runs the adaptation test (:class:`_Adapt`): held-out tasks played several times in a row with a
-memory of their own and no weight update.
+What differs between methods is asked of the run's :class:`agents.methods.base.Method`: each
+training episode's rollout mode and job, a group's rewards and advantages, events due at a step's
+end, the update's loss flags, warm-up steps and a memory evaluation round. The trainer never asks
+which method runs. With a memory (``method.adapts``), the first and last evaluation rounds also run
+the adaptation test (:class:`_Adapt`): held-out tasks played several times in a row with a memory
+of their own and no weight update.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ from agents.events.episodes import (
     EpisodeAssigned,
     EpisodeFinished,
 )
-from agents.events.extractor import MergeDue
-from agents.events.memory import TipRejected, TipsRetrieved, TipStored, slot_of
+from agents.events.memory import TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import (
     AdaptRoundFinished,
     AdvantagesComputed,
@@ -46,13 +46,9 @@ from agents.events.policy import (
     GradientRequested,
     PolicyUpdated,
 )
-from agents.methods.advantages import (
-    group_advantages,
-    group_stats,
-    subgroup_advantages,
-    subgroup_weights,
-)
-from agents.methods.empo2 import intrinsic_reward, rollout_of
+from agents.methods.advantages import group_stats
+from agents.methods.base import ADV_EPS, Method, mode_of
+from agents.methods.builtin import Grpo, grpo_rule
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
 from engine.events import Event
@@ -60,7 +56,7 @@ from engine.recovery import Emitted, Replayed
 from engine.seeds import derive_seed
 from engine.world import Task
 
-ADV_EPS = 1e-6
+__all__ = ["ADV_EPS", "GrpoTrainer", "eval_tasks", "gradient_request", "rule_name"]
 
 
 @dataclass
@@ -132,7 +128,7 @@ def rule_name(grpo: GrpoConfig, comp: ComplementaryConfig | None = None) -> str:
     """The advantage formula's name, as recorded in :class:`AdvantagesComputed`."""
     if comp is not None:
         return f"subgroup-{'std' if comp.subgroup_std else 'mean'}-weighted-{grpo.reward}"
-    return f"grpo-{'std' if grpo.std_norm else 'mean'}-{grpo.reward}"
+    return grpo_rule(grpo)
 
 
 @dataclass
@@ -154,7 +150,7 @@ class _Adapt:
 
 
 class GrpoTrainer(Replayed):
-    """Plans, feeds and trains a GRPO run (an EMPO2 run with ``empo2`` settings).
+    """Plans, feeds and trains a learning run of any :class:`Method` (GRPO by default).
 
     Args:
         tasks: training tasks.
@@ -163,12 +159,7 @@ class GrpoTrainer(Replayed):
         workers: env worker names.
         grpo: the GRPO settings.
         evaluation: the evaluation settings.
-        empo2: EMPO2's settings, or None.
-        complementary: Complementary RL's settings, or None. Each group is split into a guided
-            half (one bank entry shown) and a free half, with subgroup advantages; every
-            training episode goes to the extractor; the first ``warmup`` steps (a step is one
-            update's worth of groups) retrieve nothing and train nothing; a merge is due every
-            ``merge_every`` steps.
+        method: the learning method (None: :class:`agents.methods.builtin.Grpo`).
     """
 
     subscribes = (
@@ -188,11 +179,11 @@ class GrpoTrainer(Replayed):
         workers: Sequence[str],
         grpo: GrpoConfig,
         evaluation: EvalConfig,
-        empo2: Empo2Config | None = None,
-        complementary: ComplementaryConfig | None = None,
+        method: Method | None = None,
     ) -> None:
+        method = method or Grpo(grpo)
         per_update = grpo.group_size * grpo.groups_per_update
-        warmup = complementary.warmup if complementary else 0
+        warmup = method.warmup
         if episodes < per_update * (warmup + 1):
             steps = f"{warmup} warm-up steps and one update" if warmup else "one update"
             raise ValueError(
@@ -201,7 +192,7 @@ class GrpoTrainer(Replayed):
             )
         if not tasks or not workers:
             raise ValueError("the trainer needs tasks and workers")
-        if evaluation.adapt_attempts and empo2 is None:
+        if evaluation.adapt_attempts and not method.adapts:
             raise ValueError("eval.adapt_attempts needs a memory: run.method = 'empo2'")
         self._tasks = tuple(tasks)
         self._eval_tasks = eval_tasks(heldout, evaluation.episodes) if evaluation.every else []
@@ -213,11 +204,10 @@ class GrpoTrainer(Replayed):
         self._steps = episodes // per_update
         self._warmup = warmup
         self._updates = self._steps - warmup
-        self._comp = complementary
+        self._method = method
         self._workers = tuple(workers)
         self._grpo = grpo
         self._eval = evaluation
-        self._empo2 = empo2
         # run state (set up in run)
         self._queue: deque[EpisodeAssigned] = deque()
         self._free: list[str] = []
@@ -319,28 +309,18 @@ class GrpoTrainer(Replayed):
         gid = f"g{g:05d}"
         group = _Group(index=g, task=task, episodes=[], rollouts=[])
         for k in range(self._grpo.group_size):
-            rollout = self._rollout(ctx, g // self._grpo.groups_per_update, self._index, k)
+            step = g // self._grpo.groups_per_update
+            rollout = self._method.rollout(ctx.run_seed, step, self._index, k)
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
-            if self._empo2 is not None and self._empo2.memory == "family":
-                job = msgspec.structs.replace(job, slot=slot_of("train", task.family))
+            job = self._method.shape(job, task)
             group.episodes.append(job.episode)
             group.rollouts.append(rollout)
             self._owner[job.episode] = gid
-            if rollout != "plain":
+            if mode_of(rollout).memory != "none":
                 self._similar[job.episode] = []
             self._queue.append(job)
         self._groups[gid] = group
         self._planned += 1
-
-    def _rollout(self, ctx: Context, step: int, index: int, member: int) -> str:
-        if self._comp is not None:
-            guided = step >= self._warmup and member < self._grpo.group_size // 2
-            return self._comp.guided_rollout if guided else "plain"
-        e = self._empo2
-        if e is None:
-            return "plain"
-        key = step if e.draw == "update" else index
-        return rollout_of(ctx.run_seed, e.draw, key, e.p, e.q)
 
     def _job(
         self,
@@ -350,7 +330,7 @@ class GrpoTrainer(Replayed):
         *,
         rollout: str = "plain",
         scope: str = "",
-        reflect: bool | None = None,
+        reflect: bool = False,
     ) -> EpisodeAssigned:
         index = self._index
         self._index += 1
@@ -365,13 +345,8 @@ class GrpoTrainer(Replayed):
             purpose=purpose,
             rollout=rollout,
             scope=scope,
-            reflect=self._reflects(purpose) if reflect is None else reflect,
-            extract=self._comp is not None and purpose == "train",
+            reflect=reflect,
         )
-
-    def _reflects(self, purpose: str) -> bool:
-        """EMPO2 asks for a tip on every training episode."""
-        return self._empo2 is not None and purpose == "train"
 
     async def _start_round(self, ctx: Context) -> None:
         number = self._round
@@ -379,9 +354,8 @@ class GrpoTrainer(Replayed):
         last = self._version == self._updates and self._final_tasks
         tasks = self._final_tasks if last else self._eval_tasks
         await self._round_of(ctx, number, [self._job(ctx, t, "eval") for t in tasks])
-        if self._comp is not None:  # the same tasks again, each shown an entry of the bank
-            guided = self._comp.guided_rollout
-            jobs = [self._job(ctx, t, "eval", rollout=guided, scope="train") for t in tasks]
+        if (shown := self._method.memory_eval) is not None:  # the same tasks, with the memory
+            jobs = [self._job(ctx, t, "eval", rollout=shown, scope="train") for t in tasks]
             await self._round_of(ctx, number, jobs, memory=True)
         if self._adapt_tasks and self._version in (0, self._updates):
             self._start_adapt(ctx, number)
@@ -506,13 +480,11 @@ class GrpoTrainer(Replayed):
         episodes = [group.episodes[i] for i in kept]
         rollouts = [group.rollouts[i] for i in kept]
         outcomes = [group.outcomes[e] for e in episodes]
-        intrinsic = [self._intrinsic(e, r) for e, r in zip(episodes, rollouts, strict=True)]
+        similar = [self._similar.get(e, []) for e in episodes]
         for e in group.episodes:
             self._similar.pop(e, None)
-        empo2 = self._empo2
-        coef = empo2.novelty_coef if empo2 is not None and empo2.novelty else 0.0
-        rewards = [o + coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
-        advantages = self._advantages(rewards, rollouts)
+        scored = self._method.score(outcomes, rollouts, similar)
+        rewards, advantages = scored.rewards, scored.advantages
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)
         step = group.index // self._grpo.groups_per_update
         await ctx.emit(
@@ -522,43 +494,23 @@ class GrpoTrainer(Replayed):
                 family=group.task.family,
                 variant=group.task.variant,
                 episodes=tuple(episodes),
-                rewards=tuple(rewards),
-                advantages=tuple(advantages),
-                rule=rule_name(self._grpo, self._comp),
+                rewards=rewards,
+                advantages=advantages,
+                rule=scored.rule,
                 eps=ADV_EPS,
                 mean=mean,
                 std=std,
-                outcomes=tuple(outcomes) if self._novelty() else (),
-                intrinsic=tuple(intrinsic) if self._novelty() else (),
-                intrinsic_coef=coef,
-                rollouts=tuple(rollouts) if self._empo2 or self._comp else (),
+                outcomes=scored.outcomes,
+                intrinsic=scored.intrinsic,
+                intrinsic_coef=scored.intrinsic_coef,
+                rollouts=tuple(rollouts) if self._method.records_rollouts else (),
             )
         )
         del self._groups[gid]
-        batch = _Batch(tuple(episodes), tuple(advantages), tuple(rollouts))
+        batch = _Batch(tuple(episodes), advantages, tuple(rollouts))
         self._pending.setdefault(step, {})[group.index] = batch
         while len(self._pending.get(self._stepped, ())) == self._grpo.groups_per_update:
             await self._request(ctx, self._pending.pop(self._stepped))
-
-    def _advantages(self, rewards: list[float], rollouts: list[str]) -> list[float]:
-        """GRPO's group advantages, or Complementary RL's weighted subgroup advantages."""
-        if not rewards:
-            return []
-        if self._comp is None:
-            return group_advantages(rewards, std_norm=self._grpo.std_norm, eps=ADV_EPS)
-        guided = [r.startswith("guided") for r in rollouts]
-        adv = subgroup_advantages(rewards, guided, std_norm=self._comp.subgroup_std, eps=ADV_EPS)
-        return [a * w for a, w in zip(adv, subgroup_weights(guided), strict=True)]
-
-    def _novelty(self) -> bool:
-        return self._empo2 is not None and self._empo2.novelty
-
-    def _intrinsic(self, episode: str, rollout: str) -> float:
-        """The novelty bonus of a training episode (0 for plain episodes: no retrieval)."""
-        if rollout == "plain" or not self._novelty():
-            return 0.0
-        assert self._empo2 is not None
-        return intrinsic_reward(self._similar.get(episode, []), cap=self._empo2.top_k)
 
     async def _request(self, ctx: Context, groups: dict[int, _Batch]) -> None:
         """Step ``self._stepped``'s update from its ``groups``, in group order (a warm-up step
@@ -572,8 +524,8 @@ class GrpoTrainer(Replayed):
             rollouts += groups[g].rollouts
         step = self._stepped
         self._stepped += 1
-        if self._comp is not None and (step + 1) % self._comp.merge_every == 0:
-            await ctx.emit(MergeDue(step=step))
+        for ev in self._method.step_events(step):
+            await ctx.emit(ev)
         if step < self._warmup:
             return  # warm-up: the bank fills, the policy waits
         req = gradient_request(
@@ -581,7 +533,6 @@ class GrpoTrainer(Replayed):
             step - self._warmup,
             episodes,
             advantages,
-            rollouts if self._empo2 or self._comp else (),
-            self._empo2,
+            rollouts if self._method.records_rollouts else (),
         )
-        await ctx.emit(req)
+        await ctx.emit(self._method.loss(req))

@@ -38,6 +38,7 @@ from agents.events.memory import TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.learning.credit_actor import CreditActor, CreditSettings
 from agents.learning.trainer import GrpoTrainer
+from agents.methods.builtin import Complementary, Empo2
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context, provenance
 from engine.events import Envelope, Event
@@ -363,13 +364,13 @@ TRAINERS: dict[str, Callable[[int, int], GrpoTrainer]] = {
         TRAIN, HELDOUT, 4, WORKERS[:workers],
         msgspec.structs.replace(GRPO, max_staleness=staleness),
         EvalConfig(every=2, episodes=1, adapt_attempts=2, adapt_tasks=1),
-        empo2=Empo2Config(p=1.0, q=0.5, draw="episode"),
+        Empo2(GRPO, Empo2Config(p=1.0, q=0.5, draw="episode")),
     ),
     "complementary": lambda staleness, workers: GrpoTrainer(
         TRAIN, HELDOUT, 6, WORKERS[:workers],
         msgspec.structs.replace(GRPO, max_staleness=staleness),
         EvalConfig(every=1, episodes=1),
-        complementary=ComplementaryConfig(warmup=1, merge_every=1),
+        Complementary(GRPO, ComplementaryConfig(warmup=1, merge_every=1)),
     ),
 }  # fmt: skip
 

@@ -18,6 +18,7 @@ from agents.acting.inference import ActSettings, PolicyRunner
 from agents.events.policy import ActionRequested, GradientRequested
 from agents.learning.learner import Sample, Trainee, grpo_step, sample_logps
 from agents.learning.trainer import GrpoTrainer
+from agents.methods.builtin import Empo2
 from agents.methods.empo2 import draw_rollout, intrinsic_reward, rollout_of
 from agents.methods.settings import Empo2Config, EvalConfig, GrpoConfig
 from agents.models.embedded import (
@@ -263,7 +264,7 @@ def test_the_memory_setting_names_the_slot_of_training_episodes(memory: str, slo
         ["w0"],
         GrpoConfig(group_size=4, groups_per_update=2),
         EvalConfig(every=0),
-        Empo2Config(p=1.0, memory=memory),  # type: ignore[arg-type]
+        Empo2(GrpoConfig(), Empo2Config(p=1.0, memory=memory)),  # type: ignore[arg-type]
     )
     ctx = SimpleNamespace(run_seed=3)
     for _ in range(4):

@@ -15,6 +15,7 @@ from agents.events.episodes import EpisodeAssigned, EpisodeFinished
 from agents.events.extractor import MergeDue
 from agents.events.policy import AdvantagesComputed, GradientRequested, PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
+from agents.methods.builtin import Complementary, Empo2
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
 from engine.events import Envelope, Event
@@ -135,8 +136,7 @@ def trainer_of(
         [f"w{i}" for i in range(workers)],
         grpo,
         evaluation or EvalConfig(every=0),
-        empo2,
-        comp,
+        Empo2(grpo, empo2) if empo2 else Complementary(grpo, comp) if comp else None,
     )
 
 

@@ -1,0 +1,142 @@
+"""What a learning method is: the :class:`Method` protocol the trainer drives, the table of
+rollout modes, and the record a method's scoring gives the trainer.
+
+The trainer (:mod:`agents.learning.trainer`) plans groups, keeps workers busy, runs evaluation
+rounds and asks the learner for updates; everything that differs between GRPO, EMPO2,
+Complementary RL and a researcher's own method goes through these hooks:
+
+- :meth:`Method.rollout`: the rollout mode of each training episode (a row of :data:`ROLLOUTS`:
+  whether it reads memory, each turn or once, and whether it is trained without it);
+- :meth:`Method.shape`: what else a training job asks for (a reflection, the extractor, a slot);
+- :meth:`Method.score`: a group's rewards and advantages, and what is recorded with them;
+- :meth:`Method.step_events`: events due when a step's groups have all ended (a merge);
+- :meth:`Method.loss`: the loss flags of an update request (EMPO2's low-probability mask);
+- ``warmup``, ``memory_eval`` and ``adapts``: steps that train nothing, an evaluation round with
+  the memory shown, and whether the adaptation test has a memory to run on.
+
+A method's extra actors (a memory, an extractor, a credit actor) are named by the scenario layer
+(:mod:`scenarios.methods`), which builds them from the method's settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from agents.events.episodes import EpisodeAssigned
+from agents.events.policy import GradientRequested
+from engine.events import Event
+from engine.world import Task
+
+ADV_EPS = 1e-6
+"""The advantages' denominator epsilon, recorded in every :class:`AdvantagesComputed`."""
+
+
+@dataclass(frozen=True)
+class RolloutMode:
+    """How an episode of this mode plays and trains.
+
+    Attributes:
+        name: the mode as recorded in ``EpisodeAssigned.rollout`` and the update's ``rollouts``.
+        memory: "none" (no retrieval), "each-turn" (memory asked at every turn, shown that turn:
+            EMPO2's tips) or "once" (one entry retrieved at the start, shown every turn:
+            Complementary RL's guided episodes).
+        distill: trained with the memory removed from the prompt (off-policy distillation).
+        guided: counts in Complementary RL's guided subgroup.
+    """
+
+    name: str
+    memory: Literal["none", "each-turn", "once"]
+    distill: bool = False
+    guided: bool = False
+
+
+ROLLOUTS: dict[str, RolloutMode] = {
+    m.name: m
+    for m in (
+        RolloutMode("plain", "none"),
+        RolloutMode("tips", "each-turn"),
+        RolloutMode("distill", "each-turn", distill=True),
+        RolloutMode("guided", "once", guided=True),
+        RolloutMode("guided-distill", "once", distill=True, guided=True),
+    )
+}
+"""Every rollout mode, by name: the one table the env worker, the learner and the audit read."""
+
+
+def mode_of(name: str) -> RolloutMode:
+    """The mode named ``name``.
+
+    Raises:
+        ValueError: no such mode.
+    """
+    try:
+        return ROLLOUTS[name]
+    except KeyError:
+        raise ValueError(f"unknown rollout mode {name!r}; known: {sorted(ROLLOUTS)}") from None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A group scored by its method: what the trainer trains on and records.
+
+    Attributes:
+        rewards: per episode, the reward the advantages were computed from.
+        advantages: per episode.
+        rule: the formula's name (``AdvantagesComputed.rule``).
+        outcomes, intrinsic, intrinsic_coef: an intrinsic bonus recorded apart from the outcome
+            (empty and 0 without one).
+    """
+
+    rewards: tuple[float, ...]
+    advantages: tuple[float, ...]
+    rule: str
+    outcomes: tuple[float, ...] = ()
+    intrinsic: tuple[float, ...] = ()
+    intrinsic_coef: float = 0.0
+
+
+@runtime_checkable
+class Method(Protocol):
+    """A learning method as the trainer sees it. Every hook is pure: time and seeds are
+    arguments, so a resumed run (which replays the trainer) decides the same.
+
+    Attributes:
+        name: the method's name, as in ``run.method``.
+        warmup: the first steps (an update's worth of groups each) train nothing.
+        memory_eval: the rollout mode of a second evaluation round of the same tasks, shown the
+            memory (None: no such round).
+        adapts: the method has a tip memory the adaptation test can use.
+        records_rollouts: the rollout modes are recorded in the advantages and requests.
+    """
+
+    name: str
+    warmup: int
+    memory_eval: str | None
+    adapts: bool
+    records_rollouts: bool
+
+    def rollout(self, run_seed: int, step: int, index: int, member: int) -> str:
+        """The rollout mode of the training episode number ``index`` of the run, member
+        ``member`` of its group, planned for step ``step``."""
+        ...
+
+    def shape(self, job: EpisodeAssigned, task: Task) -> EpisodeAssigned:
+        """A training job with the method's requests added (reflection, extraction, slot)."""
+        ...
+
+    def score(
+        self, outcomes: Sequence[float], rollouts: Sequence[str], similar: Sequence[Sequence[int]]
+    ) -> Scored:
+        """A group's advantages from its finished episodes' ``outcomes``, their ``rollouts``
+        and, per episode, the number of similar memory entries at each retrieval."""
+        ...
+
+    def step_events(self, step: int) -> Sequence[Event]:
+        """Events due once step ``step``'s groups have all ended (before its update)."""
+        ...
+
+    def loss(self, req: GradientRequested) -> GradientRequested:
+        """The update request with the method's loss flags set."""
+        ...

@@ -1,0 +1,93 @@
+"""Finding a learning method by name, as worlds are found (:mod:`engine.world_registry`): the
+built-in ones by short name, a plug-in package's by the ``coevo.methods`` entry points, any other
+by import path ``package.module:Class``.
+
+A method class is built as ``Class(grpo, settings)``; its ``Settings`` attribute is the msgspec
+Struct its options decode into (None: it takes none).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+import msgspec
+
+from agents.methods.base import Method
+from agents.methods.builtin import Complementary, Empo2, Grpo
+from agents.methods.settings import GrpoConfig
+
+METHODS_GROUP = "coevo.methods"
+"""The entry-point group a plug-in package names its methods in (``[project.entry-points]``)."""
+
+BUILTIN: Mapping[str, type[Any]] = {"grpo": Grpo, "empo2": Empo2, "complementary": Complementary}
+"""coevo's own methods; their settings are the scenario's ``[empo2]`` and ``[complementary]``."""
+
+_HOOKS = ("rollout", "shape", "score", "step_events", "loss")
+
+
+def installed_methods() -> Mapping[str, str]:
+    """Short names of the methods plug-in packages register, each with its import path."""
+    return {ep.name: ep.value for ep in entry_points(group=METHODS_GROUP)}
+
+
+def method_class(name_or_path: str) -> type[Any]:
+    """The class of a built-in method, an installed one, or ``package.module:Class``.
+
+    Raises:
+        ValueError: unknown name, bad path, a module that fails to import, a missing class,
+            or a class lacking a hook of :class:`Method`.
+    """
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    path = installed_methods().get(name_or_path, name_or_path)
+    if ":" not in path:
+        known = ", ".join(sorted({*BUILTIN, *installed_methods()}))
+        raise ValueError(
+            f"unknown method {name_or_path!r}: use a built-in name ({known}) "
+            "or an import path 'package.module:Class'"
+        )
+    module_name, _, cls_name = path.partition(":")
+    if not all(p.isidentifier() for p in module_name.split(".")) or not cls_name.isidentifier():
+        raise ValueError(f"bad method import path {path!r}: expected 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a plug-in's own failure at import: one line, never a traceback
+        raise ValueError(
+            f"cannot import method module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    cls = getattr(module, cls_name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"method module {module_name!r} has no class {cls_name!r}")
+    missing = [h for h in _HOOKS if not callable(getattr(cls, h, None))]
+    if missing:
+        raise ValueError(f"{path} is not a Method (lacks {missing})")
+    return cls
+
+
+def build_method(
+    name_or_path: str, grpo: GrpoConfig, settings: object = None, options: Mapping[str, Any] = {}
+) -> Method:
+    """Build a method: ``settings`` for a built-in (its scenario section), ``options`` (the
+    scenario's ``[method]`` table) decoded into a plug-in's ``Settings``.
+
+    Raises:
+        ValueError: see :func:`method_class`, or options its ``Settings`` rejects.
+    """
+    cls = method_class(name_or_path)
+    if name_or_path not in BUILTIN:
+        struct = getattr(cls, "Settings", None)
+        if struct is None:
+            if options:
+                raise ValueError(f"method {name_or_path!r} takes no options, got {dict(options)}")
+        else:
+            try:
+                settings = msgspec.convert(dict(options), struct)
+            except msgspec.ValidationError as exc:
+                raise ValueError(f"bad options for method {name_or_path!r}: {exc}") from None
+    method = cls(grpo, settings)
+    if not isinstance(method, Method):
+        raise ValueError(f"method {name_or_path!r} does not implement Method")
+    return method
