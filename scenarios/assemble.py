@@ -22,7 +22,6 @@ from agents.acting.scripted import Agent, Explorer, RandomAgent
 from agents.events.recorded_once import RecordedOnce
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
-from agents.methods.registry import build_method
 from agents.report.curves import report as curves_report
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
@@ -32,11 +31,12 @@ from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from engine.world import Task, TextWorld
 from engine.world_registry import WorldOptionsInvalid, close_world, load_world
+from scenarios.methods import method_of
 from scenarios.schema import Scenario
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
-LEARNING = ("grpo", "empo2", "complementary")
+ROLLOUT = "rollout"
 
 
 @dataclass(frozen=True)
@@ -106,12 +106,14 @@ def assemble(
         specs += _workers(scenario, workers, make_world, _agent_factory(scenario.agent.kind))
         return Assembly(tuple(specs), projections(), config, tasks, scenario.run.episodes)
     _check_learning(scenario, source)
+    if scenario.run.method != ROLLOUT:
+        _method(scenario, source)  # a plug-in's errors, before any model is built
     from scenarios.policy_setup import policy_actors  # torch and transformers: only here
 
     specs = _workers(scenario, workers, make_world, None)
     actors, model = policy_actors(scenario, source, run_dir, prepare_model)
     specs += actors
-    if scenario.run.method in LEARNING:
+    if scenario.run.method != ROLLOUT:
         heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, tasks, heldout, workers, source)
         episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
@@ -120,7 +122,7 @@ def assemble(
         episodes = scenario.run.episodes
         specs.insert(0, _scheduler(tasks, episodes, workers))
     title = f"{scenario.name} (seed {scenario.seed})"
-    report = partial(curves_report, title=title) if scenario.run.method in LEARNING else None
+    report = partial(curves_report, title=title) if scenario.run.method != ROLLOUT else None
     return Assembly(tuple(specs), projections(), config, tasks, episodes, model, report)
 
 
@@ -181,6 +183,7 @@ def _trainer(
     workers: list[str],
     source: str,
 ) -> GrpoTrainer:
+    method = _method(scenario, source)
     try:
         return GrpoTrainer(
             tasks,
@@ -189,22 +192,17 @@ def _trainer(
             workers,
             scenario.grpo,
             scenario.eval,
-            method_of(scenario),
+            method,
         )
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run: {exc}") from None
 
 
-def method_of(scenario: Scenario) -> Method:
-    """The scenario's learning method, with its settings: a built-in's own section
-    (``[empo2]``, ``[complementary]``).
-
-    Raises:
-        ValueError: see :func:`agents.methods.registry.build_method`.
-    """
-    name = scenario.run.method
-    sections: dict[str, object] = {"empo2": scenario.empo2, "complementary": scenario.complementary}
-    return build_method(name, scenario.grpo, sections.get(name))
+def _method(scenario: Scenario, source: str) -> Method:
+    try:
+        return method_of(scenario)
+    except ValueError as exc:
+        raise ScenarioInvalid(source, f"$.run.method: {exc}") from None
 
 
 def runtime_config(scenario: Scenario, handle_signals: bool = False) -> RuntimeConfig:

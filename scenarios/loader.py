@@ -17,6 +17,7 @@ from typing import Any, cast
 import msgspec
 import tomli_w
 
+from agents.methods.registry import BUILTIN, installed_methods
 from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
 
@@ -168,9 +169,19 @@ def _parses(text: str) -> bool:
 def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
     """Validate a parsed document against the schema."""
     try:
-        return msgspec.convert(doc, Scenario)
+        scenario = msgspec.convert(doc, Scenario)
     except msgspec.ValidationError as exc:
         raise ScenarioInvalid(source, str(exc)) from None
+    method = scenario.run.method
+    installed = installed_methods()
+    if method not in {"rollout", *BUILTIN, *installed} and ":" not in method:
+        raise ScenarioInvalid(
+            source,
+            f"$.run.method: unknown method {method!r}: use "
+            f"{', '.join(sorted({'rollout', *BUILTIN, *installed}))} "
+            "or an import path 'package.module:Class'",
+        )
+    return scenario
 
 
 def resolved_toml(scenario: Scenario) -> str:

@@ -27,6 +27,7 @@ from agents.models.extractor_base import OpsSpec, ensure_extractor_base
 from engine.actor import ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
+from scenarios.methods import method_of
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     Checkpoints,
@@ -110,7 +111,8 @@ def _policy_actors(
         specs.append(memory_actor(scenario))
     if scenario.run.method == "complementary":
         specs += complementary_actors(scenario, extractor_dir, extractor_checkpoints)
-    if scenario.run.method in ("grpo", "empo2", "complementary"):
+    if scenario.run.method != "rollout":
+        specs += method_of(scenario).actors()
         load_trainee = partial(load_trainee_for, scenario, model)
         specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
     return specs
@@ -331,7 +333,7 @@ def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
     source = str(run_dir / "scenario.toml")
     scenario = load_scenario(source)
     method = scenario.run.method
-    if method not in ("grpo", "empo2", "complementary") or scenario.agent.kind != "policy":
+    if method == "rollout" or scenario.agent.kind != "policy":
         raise ScenarioInvalid(source, f"run.method = {method!r} trains no model")
     if scenario.policy.threads:
         torch.set_num_threads(scenario.policy.threads)

@@ -66,12 +66,15 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             loss with EMPO2's tip memory, rollout modes and novelty bonus: the ``[empo2]``
             section) or "complementary" (Complementary RL: an extractor model writes the
             bank, guided and free subgroups, credit; the ``[complementary]`` section); learning
-            needs ``agent.kind = "policy"``.
+            needs ``agent.kind = "policy"``. Any other learning method is named by the
+            short name a plug-in package registers (``coevo.methods`` entry points) or by an
+            import path ``package.module:Class`` (docs/METHODS.md); its options are the
+            ``[method]`` table.
     """
 
     episodes: Annotated[int, Meta(ge=1, le=10_000_000)] = 100
     workers: Annotated[int, Meta(ge=1, le=256)] = 4
-    method: Literal["rollout", "grpo", "empo2", "complementary"] = "rollout"
+    method: Annotated[str, Meta(min_length=1, max_length=300)] = "rollout"
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -153,5 +156,6 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     empo2: Empo2Config = msgspec.field(default_factory=Empo2Config)
     complementary: ComplementaryConfig = msgspec.field(default_factory=ComplementaryConfig)
+    method: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)

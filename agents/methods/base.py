@@ -11,11 +11,13 @@ Complementary RL and a researcher's own method goes through these hooks:
 - :meth:`Method.score`: a group's rewards and advantages, and what is recorded with them;
 - :meth:`Method.step_events`: events due when a step's groups have all ended (a merge);
 - :meth:`Method.loss`: the loss flags of an update request (EMPO2's low-probability mask);
+- :meth:`Method.actors`: the actors the method adds to a run (a memory, an insight list);
 - ``warmup``, ``memory_eval`` and ``adapts``: steps that train nothing, an evaluation round with
   the memory shown, and whether the adaptation test has a memory to run on.
 
-A method's extra actors (a memory, an extractor, a credit actor) are named by the scenario layer
-(:mod:`scenarios.methods`), which builds them from the method's settings.
+The built-in methods' actors (EMPO2's memory; Complementary RL's memory, extractor and credit
+actors) are still built by :mod:`scenarios.policy_setup`, which needs the scenario's model
+settings; a plug-in's come from :meth:`Method.actors`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from agents.events.episodes import EpisodeAssigned
 from agents.events.policy import GradientRequested
+from engine.actor import ActorSpec
 from engine.events import Event
 from engine.world import Task
 
@@ -139,4 +142,8 @@ class Method(Protocol):
 
     def loss(self, req: GradientRequested) -> GradientRequested:
         """The update request with the method's loss flags set."""
+        ...
+
+    def actors(self) -> Sequence[ActorSpec]:
+        """The actors this method adds to a run (started with the inference actor)."""
         ...

@@ -20,6 +20,7 @@ from agents.methods.advantages import group_advantages, subgroup_advantages, sub
 from agents.methods.base import ADV_EPS, Scored, mode_of
 from agents.methods.empo2 import intrinsic_reward, rollout_of
 from agents.methods.settings import ComplementaryConfig, Empo2Config, GrpoConfig
+from engine.actor import ActorSpec
 from engine.events import Event
 from engine.world import Task
 
@@ -63,6 +64,9 @@ class Grpo:
 
     def loss(self, req: GradientRequested) -> GradientRequested:
         return req
+
+    def actors(self) -> Sequence[ActorSpec]:
+        return ()  # the built-ins' actors: scenarios.policy_setup
 
 
 class Empo2(Grpo):

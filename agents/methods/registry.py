@@ -25,7 +25,7 @@ METHODS_GROUP = "coevo.methods"
 BUILTIN: Mapping[str, type[Any]] = {"grpo": Grpo, "empo2": Empo2, "complementary": Complementary}
 """coevo's own methods; their settings are the scenario's ``[empo2]`` and ``[complementary]``."""
 
-_HOOKS = ("rollout", "shape", "score", "step_events", "loss")
+_HOOKS = ("rollout", "shape", "score", "step_events", "loss", "actors")
 
 
 def installed_methods() -> Mapping[str, str]:
