@@ -306,10 +306,9 @@ class LmdbEventLog:
     def read_chunks(
         self, start: int = 0, stop: int | None = None
     ) -> Iterator[list[Envelope[Event]]]:
-        """Like :meth:`read`, one part of a record (up to
-        :data:`~stores.lmdb_records.RECORD_PART` envelopes) at a time: a read transaction checks
-        whole records and copies their parts out, and each part is decoded only when the caller
-        asks for it.
+        """Like :meth:`read`, one part of a record (up to :data:`~stores.lmdb_records.RECORD_PART`
+        envelopes) at a time: a read transaction checks whole records and copies their parts out,
+        and each part is decoded only when the caller asks for it.
 
         Raises:
             LogCorrupted: a record fails its checksum, does not decode, or is missing (after
