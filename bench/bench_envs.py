@@ -43,7 +43,7 @@ from agents.events.episodes import EpisodeFinished, EpisodeStarted, StepTaken  #
 from engine.seeds import derive_rng  # noqa: E402
 from engine.world import Observation, Task  # noqa: E402
 from engine.world_registry import load_world  # noqa: E402
-from scenarios.worlds.scienceworld import rank_actions  # noqa: E402
+from scenarios.worlds.scienceworld_text import rank_actions  # noqa: E402
 from stores.lmdb_log import LmdbEventLog  # noqa: E402
 
 COEVO = str(Path(sys.executable).parent / "coevo")

@@ -1,14 +1,14 @@
 """The actor runtime: one nursery, one writer, one total order.
 
 Actors emit events into a bounded write buffer. A single writer task takes the buffer in batches
-(group commit: whatever is queued, up to ``batch_max``), gives each event the next sequence
-number and folds it into the run's projections, and hands the batch to the log's writing thread,
-which appends it in one transaction (fsync when durable). While that commit is under way the
-writer numbers the next batch; a batch's envelopes are delivered to the mailboxes of the actors
-subscribed to them only once its commit returned, in commit order. Every ``checksum_every``
-events the writer inserts a :class:`ProjectionChecked` right after the event it covers, and
-every ``snapshot_every`` events it stores the projection states beside the log, in the same
-transaction as the batch that records the :class:`SnapshotTaken`.
+(group commit: whatever is queued, up to ``batch_max``), gives each event the next sequence number
+and folds it into the run's projections (:mod:`engine.numbering`), and hands the batch to the log's
+writing thread, which appends it in one transaction (fsync when durable). While that commit is under
+way the writer numbers the next batch; a batch's envelopes are delivered to the mailboxes of the
+actors subscribed to them only once its commit returned, in commit order. Every ``checksum_every``
+events the writer inserts a :class:`ProjectionChecked` right after the event it covers, and every
+``snapshot_every`` events it stores the projection states beside the log, in the same transaction as
+the batch that records the :class:`SnapshotTaken`.
 
 Supervision: an actor that raises produces :class:`ActorFailed`; its spec restarts it (up to a
 limit) or stops the run. SIGINT/SIGTERM cancel the actors, the writer flushes what was emitted,
@@ -41,24 +41,17 @@ from engine.lifecycle import (
     ActorFailed,
     ActorRestarted,
     ActorStarted,
-    ProjectionChecked,
     RunFailed,
     RunResumed,
     RunStarted,
     RunStopped,
-    SnapshotTaken,
 )
-from engine.projection import (
-    Fold,
-    Projection,
-    digest_bytes,
-    encode_state,
-)
+from engine.numbering import Numbering, Pending
+from engine.projection import Projection
 from engine.replay import replay_until
 from engine.seeds import derive_seed
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
-_FINAL_EVENTS = frozenset({RunStopped, RunFailed})
 
 
 def _is_group(exc: BaseException) -> TypeGuard[BaseExceptionGroup[BaseException]]:
@@ -121,10 +114,6 @@ class _Subscriber:
     recv: trio.MemoryReceiveChannel[list[Envelope[Event]]]
     first: Actor | None
     closed: bool = False
-
-
-_Pending = tuple[str, Event, int | None, str, int]
-"""A queued emission: (actor, event, cause, corr, wall time ns)."""
 
 
 @dataclass
@@ -235,16 +224,15 @@ class Runtime:
         self._observers = tuple(observers)
         self._resumed = resumed
         self._history = history
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         self._wake = trio.lowlevel.ParkingLot()
         self._space = trio.lowlevel.ParkingLot()
         self._closing = False
         self._subs: list[_Subscriber] = []
         self._routes: dict[type[Event], list[_Subscriber]] = {}
-        self._fold = Fold(self._projections)
-        self._since_check = 0
-        self._snapshot_seq = -1
-        self._seq = 0  # seq the next numbered event gets
+        self._numbering = Numbering(
+            self.run_id, self._projections, self._cfg.checksum_every, self._cfg.snapshot_every
+        )
         self._next = 0  # seq of the next event to commit (= events committed)
         self._in_flight = 0  # batches numbered and not yet delivered
         self._committed: collections.deque[tuple[_Prepared, BaseException | None]] = (
@@ -267,7 +255,7 @@ class Runtime:
     def states(self) -> dict[str, Any]:
         """The projections' states after the last numbered batch: at most two batches ahead of
         the log during the run, the whole log's once it has ended (read, do not change them)."""
-        return self._fold.states
+        return self._numbering.fold.states
 
     @property
     def next_seq(self) -> int:
@@ -315,7 +303,7 @@ class Runtime:
             LogError: the log failed (the run cannot be recorded any further).
         """
         await trio.to_thread.run_sync(self._rebuild_fold)
-        self._seq = self._next = self._log.next_seq
+        self._numbering.seq = self._next = self._log.next_seq
         self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
         try:
             async with trio.open_nursery() as root:
@@ -486,7 +474,7 @@ class Runtime:
             del self._pending[:n]
             self._space.unpark_all()
             self._in_flight += 1
-            envelopes, snapshots = self._prepare(batch)
+            envelopes, snapshots = self._numbering.prepare(batch)
             committer.submit(_Prepared(envelopes, snapshots, self._log.encode(envelopes)))
 
     def _on_committed(self, prepared: _Prepared, error: BaseException | None) -> None:
@@ -513,82 +501,10 @@ class Runtime:
             self._in_flight -= 1
             self._wake.unpark_all()
 
-    def _prepare(self, batch: list[_Pending]) -> tuple[list[Envelope[Event]], list[Snapshot]]:
-        """Number and fold one batch (the engine's hot loop); return its envelopes and the
-        snapshots taken in it.
-
-        Envelopes are built and folded a segment at a time, each segment ending where a
-        :class:`ProjectionChecked` goes: after every ``checksum_every`` events, and right
-        before the run's final event (the last event ever queued).
-        """
-        out: list[Envelope[Event]] = []
-        final = batch[-1] if type(batch[-1][1]) in _FINAL_EVENTS else None
-        body = batch if final is None else batch[:-1]
-        every = self._cfg.checksum_every if self._projections else 0
-        start = 0
-        while start < len(body):
-            stop = start + max(every - self._since_check, 1) if every else len(body)
-            self._number(body[start:stop], out)
-            if every and self._since_check >= every:
-                self._checkpoint(out, out[-1].t)
-            start = stop
-        if final is not None:
-            if self._projections and self._since_check:
-                self._checkpoint(out, final[4])
-            self._number([final], out)
-        return out, self._maybe_snapshot(out)
-
-    def _number(self, pending: list[_Pending], out: list[Envelope[Event]]) -> None:
-        """Append envelopes of ``pending`` to ``out`` with the next seqs, and fold them."""
-        run_id = self.run_id
-        envs = [
-            Envelope(
-                seq=seq, run=run_id, t=t, actor=actor, event=ev, cause=cause, corr=corr,
-                v=ev.version,
-            )
-            for seq, (actor, ev, cause, corr, t) in enumerate(pending, self._seq)
-        ]  # fmt: skip
-        self._seq += len(envs)
-        out.extend(envs)
-        if self._projections:
-            self._fold.apply_all(envs)
-            self._since_check += len(envs)
-
-    def _checkpoint(self, out: list[Envelope[Event]], t: int) -> None:
-        """Append a :class:`ProjectionChecked` covering the events numbered so far, and fold
-        it too (it is not counted towards the next one)."""
-        check = ProjectionChecked(upto=self._seq - 1, digests=self._fold.digests())
-        self._append_own(out, check, t)
-        self._since_check = 0
-
-    def _append_own(self, out: list[Envelope[Event]], ev: Event, t: int) -> None:
-        """Append and fold an event of the runtime's own (checksums, snapshots)."""
-        env = Envelope(seq=self._seq, run=self.run_id, t=t, actor="runtime", event=ev, v=ev.version)
-        self._seq += 1
-        out.append(env)
-        self._fold.apply_all([env])
-
-    def _maybe_snapshot(self, out: list[Envelope[Event]]) -> list[Snapshot]:
-        """If ``snapshot_every`` events passed: encode the projection states after the last
-        numbered event and append a :class:`SnapshotTaken` (the states are stored in the
-        batch's commit)."""
-        every, upto = self._cfg.snapshot_every, self._seq - 1
-        if not (self._projections and every and upto - self._snapshot_seq >= every):
-            return []
-        if type(out[-1].event) in _FINAL_EVENTS:  # the final event stays the last one
-            return []
-        self._snapshot_seq = upto
-        blobs = {name: encode_state(st) for name, st in self._fold.states.items()}
-        digests = {name: digest_bytes(data) for name, data in blobs.items()}
-        taken = SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))
-        self._append_own(out, taken, out[-1].t)
-        self._since_check += 1
-        return [(name, upto, data) for name, data in blobs.items()]
-
     def _rebuild_fold(self) -> None:
         """Fold an existing log (a resumed run) so checksums continue from its state."""
         if self._log.next_seq:
-            self._fold, _ = replay_until(self._log, self._projections)
+            self._numbering.fold, _ = replay_until(self._log, self._projections)
 
     async def _deliver(self, envelopes: list[Envelope[Event]]) -> None:
         """Hand every subscriber the envelopes it subscribes to and accepts, in seq order.

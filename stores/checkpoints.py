@@ -1,10 +1,9 @@
 """Model checkpoints: loading a local Hugging Face model directory, writing a policy version as a
 safetensors checkpoint that ``from_pretrained`` loads, and reading one back into a live model.
 
-Nothing on disk is pickled: weights and the optimiser's state are safetensors, config and
-tokenizer are JSON.
-:class:`DirCheckpoints` is the store a run uses (``checkpoints/v000012/`` in the run directory);
-:class:`MemoryCheckpoints` is its in-memory twin for tests.
+Nothing on disk is pickled: weights and the optimiser's state are safetensors, config and tokenizer
+are JSON. :class:`DirCheckpoints` is the store a run uses (``checkpoints/v000012/`` in the run
+directory); :class:`MemoryCheckpoints` is its in-memory twin for tests.
 """
 
 from __future__ import annotations
@@ -101,10 +100,10 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
 
 
 class _Auto(Protocol):
-    """What this module calls on transformers' ``Auto*`` classes; models, configs and tokenizers
-    are ``Any`` here. transformers leaves ``**kwargs`` unannotated (strict mode reads its
-    signatures as partially unknown) and annotates ``cls`` of
-    ``AutoModelForCausalLM.from_pretrained`` so that pyright cannot bind it to the class."""
+    """What this module calls on transformers' ``Auto*`` classes; models, configs and tokenizers are
+    ``Any`` here. transformers leaves ``**kwargs`` unannotated (strict mode reads its signatures as
+    partially unknown) and annotates ``cls`` of ``AutoModelForCausalLM.from_pretrained`` so that
+    pyright cannot bind it to the class."""
 
     def from_pretrained(self, path: Path, /, **kwargs: Any) -> Any: ...
 

@@ -8,15 +8,9 @@ Layout of a log directory:
   big-endian ``upto``).
 - ``writer.lock``: the writer's exclusive ``flock``; it dies with the writer's process.
 
-An events record is a 4-byte big-endian CRC32 over key + count + payload, the 4-byte count of
-envelopes, then the payload: the batch (one commit of the runtime's group commit) as a msgpack
-array of parts, each part a msgpack array of up to :data:`RECORD_PART` envelopes (log format 2;
-format 1 stored the batch as one array of envelopes, and is still read and appended to). One
-record per batch makes an append one put; a read checks one CRC per record and decodes one part
-at a time with one msgspec call, so that a reader holds a part's envelopes, not a whole large
-batch's. Meta and snapshot values are a CRC32 over key + payload, then the payload. A flipped
-byte is reported as :class:`LogCorrupted` naming the first seq of its record, never decoded
-into a wrong event; the records around it still read.
+How a batch is stored (one CRC-sealed record of parts, read a part at a time) is in
+:mod:`stores.lmdb_records`. A flipped byte is reported as :class:`LogCorrupted` naming the
+first seq of its record, never decoded into a wrong event; the records around it still read.
 
 The environment plumbing (one shared environment per process, safe remaps, the writer lock)
 is in :mod:`stores.lmdb_env`. The map starts small and doubles on ``MapFullError``.
@@ -25,8 +19,6 @@ is in :mod:`stores.lmdb_env`. The map starts small and doubles on ``MapFullError
 from __future__ import annotations
 
 import os
-import struct
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -54,11 +46,24 @@ from engine.eventlog import (
 )
 from engine.events import Codec, Envelope, Event
 from stores.lmdb_env import DATA_FILE, ENV_LOCK_FILE, SharedEnv, is_blank, lock_writer
+from stores.lmdb_records import (
+    MAX_SEQ,
+    SEQ,
+    encode_parts,
+    events_end,
+    find_snapshot,
+    record_parts,
+    seal,
+    seal_record,
+    seek_record,
+    snapshot_prefix,
+    unseal,
+)
 
 if TYPE_CHECKING:
     from lmdb import _Database as _Db
 
-__all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "RECORD_PART", "LmdbEventLog"]
+__all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "LmdbEventLog"]
 
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 """Initial map size of a new log; the map doubles whenever it is full."""
@@ -66,109 +71,15 @@ DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 READ_CHUNK = 256
 """Events taken per read transaction (rounded up to whole parts): short transactions."""
 
-RECORD_PART = 512
-"""Most envelopes in one part of a record: what a reader decodes and hands over at a time."""
-
 _PAGE = 4096
-_MAX_NAME_BYTES = 400  # LMDB's default maximum key size is 511 bytes
-_MAX_SEQ = 2**64 - 1
-_SEQ = struct.Struct(">Q")
-_HEAD = struct.Struct(">II")  # CRC32, number of envelopes in the record
 _META_RUN = b"run"
 _META_FORMAT = b"log_format"
 _META_DECODER = msgspec.msgpack.Decoder(RunMeta)
-_PARTS_DECODER = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _ENCODER = msgspec.msgpack.Encoder()
 
 T = TypeVar("T")
 Txn = lmdb.Transaction  # values are bytes, or views of the map where buffers=True
-_View = bytes | memoryview  # a value read from either kind of transaction
 _Put = tuple["_Db", bytes, bytes | bytearray]  # a database, a key and a value to store
-
-
-def _seal(key: bytes, payload: bytes) -> bytes:
-    """A stored value: CRC32 over ``key + payload`` (4 bytes, big-endian), then the payload."""
-    return zlib.crc32(payload, zlib.crc32(key)).to_bytes(4, "big") + payload
-
-
-def _unseal(key: bytes, value: bytes) -> bytes | None:
-    """The payload of a sealed value, or None if its checksum does not match."""
-    payload = value[4:]
-    if len(value) < 4 or int.from_bytes(value[:4], "big") != zlib.crc32(payload, zlib.crc32(key)):
-        return None
-    return payload
-
-
-def _next_seq(cursor: lmdb.Cursor[_View]) -> int:
-    """One past the last seq of the events database (0 when empty).
-
-    Raises:
-        LogCorrupted: the last record fails its checksum (its count cannot be trusted).
-    """
-    if not cursor.last():
-        return 0
-    key = cursor.key()
-    first = int.from_bytes(key, "big")
-    return first + _record_count(first, key, cursor.value())
-
-
-def _record_count(first: int, key: _View, value: _View) -> int:
-    """The count of an events record whose checksum holds.
-
-    Raises:
-        LogCorrupted: the record is shorter than its header or fails its checksum.
-    """
-    if len(value) < _HEAD.size:
-        raise LogCorrupted(first, "record shorter than its header")
-    crc, count = _HEAD.unpack_from(value)
-    view = memoryview(value)
-    if crc != zlib.crc32(view[8:], zlib.crc32(view[4:8], zlib.crc32(key))):
-        raise LogCorrupted(first, f"checksum mismatch in the record of seqs {first}..")
-    return count
-
-
-def _seal_record(key: bytes, count: int, pieces: list[bytes]) -> bytearray:
-    """An events value: CRC32 over key + count + payload, the count, then the payload (the
-    concatenation of ``pieces``). One copy and one CRC call: ``zlib.crc32`` lets go of the GIL
-    on large inputs, and each time the writing thread waits to get it back."""
-    value = bytearray().join([bytes(4), count.to_bytes(4, "big"), *pieces])
-    value[:4] = zlib.crc32(memoryview(value)[4:], zlib.crc32(key)).to_bytes(4, "big")
-    return value
-
-
-def _array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` items (fixarray, array 16 or array 32)."""
-    if n < 16:
-        return bytes([0x90 | n])
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
-def _array_len(data: memoryview) -> int | None:
-    """The item count in the msgpack array header at the start of ``data`` (None: no array)."""
-    tag = data[0] if len(data) else None
-    if tag is not None and 0x90 <= tag <= 0x9F:
-        return tag & 0x0F
-    if tag == 0xDC and len(data) >= 3:
-        return int.from_bytes(data[1:3], "big")
-    if tag == 0xDD and len(data) >= 5:
-        return int.from_bytes(data[1:5], "big")
-    return None
-
-
-def _snapshot_prefix(name: str) -> bytes:
-    """Key prefix of snapshot ``name``.
-
-    Raises:
-        ValueError: the name contains NUL or is too long for an LMDB key.
-    """
-    raw = name.encode()
-    if b"\0" in raw:
-        raise ValueError(f"snapshot name must not contain NUL: {name!r}")
-    if len(raw) > _MAX_NAME_BYTES:
-        raise ValueError(f"snapshot name longer than {_MAX_NAME_BYTES} bytes: {name[:40]!r}...")
-    return raw + b"\0"
 
 
 class LmdbEventLog:
@@ -320,7 +231,7 @@ class LmdbEventLog:
             LogClosed: the handle is closed.
         """
         self._check_open()
-        return self._read_txn(lambda txn: _next_seq(txn.cursor(self._shared.events)))
+        return self._read_txn(lambda txn: events_end(txn.cursor(self._shared.events)))
 
     def append(
         self, envelopes: Sequence[Envelope[Event]], *, snapshots: Sequence[Snapshot] = ()
@@ -352,9 +263,8 @@ class LmdbEventLog:
         """
         first = envelopes[0].seq if envelopes else 0
         check_batch(first, envelopes)
-        return EncodedBatch(
-            first, len(envelopes), self._encode_parts(envelopes) if envelopes else []
-        )
+        parts = encode_parts(self._codec, envelopes, self._format) if envelopes else []
+        return EncodedBatch(first, len(envelopes), parts)
 
     def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
         """Append a batch from :meth:`encode` as one record, and any snapshots, in one write
@@ -373,8 +283,8 @@ class LmdbEventLog:
         end = self._appended + batch.count
         puts: list[_Put] = [self._snapshot_put(n, upto, data, end) for n, upto, data in snapshots]
         if batch.count:
-            key = _SEQ.pack(batch.first)
-            puts.insert(0, (self._shared.events, key, _seal_record(key, batch.count, batch.pieces)))
+            key = SEQ.pack(batch.first)
+            puts.insert(0, (self._shared.events, key, seal_record(key, batch.count, batch.pieces)))
         if puts:
             self._write(partial(self._put_all, puts=puts), at=batch.first if batch.count else None)
         self._appended = end
@@ -396,9 +306,9 @@ class LmdbEventLog:
     def read_chunks(
         self, start: int = 0, stop: int | None = None
     ) -> Iterator[list[Envelope[Event]]]:
-        """Like :meth:`read`, one part of a record (up to :data:`RECORD_PART` envelopes) at a
-        time: a read transaction checks whole records and copies their parts out, and each
-        part is decoded only when the caller asks for it.
+        """Like :meth:`read`, one part of a record (up to :data:`~stores.lmdb_records.RECORD_PART`
+        envelopes) at a time: a read transaction checks whole records and copies their parts out,
+        and each part is decoded only when the caller asks for it.
 
         Raises:
             LogCorrupted: a record fails its checksum, does not decode, or is missing (after
@@ -440,7 +350,7 @@ class LmdbEventLog:
             LogClosed: the handle is closed.
         """
         self._check_writable()
-        value = _seal(_META_RUN, _ENCODER.encode(meta))
+        value = seal(_META_RUN, _ENCODER.encode(meta))
         self._write(lambda txn: txn.put(_META_RUN, value, db=self._shared.meta))
 
     def put_snapshot(self, name: str, upto: int, data: bytes) -> None:
@@ -462,15 +372,16 @@ class LmdbEventLog:
             LogClosed: the handle is closed.
         """
         self._check_open()
-        prefix = _snapshot_prefix(name)
+        prefix = snapshot_prefix(name)
         if at_or_before < 0:
             return None
-        target = prefix + _SEQ.pack(min(at_or_before, _MAX_SEQ))
-        found = self._read_txn(partial(self._find_snapshot, prefix=prefix, target=target))
+        target = prefix + SEQ.pack(min(at_or_before, MAX_SEQ))
+        snapshots = self._shared.snapshots
+        found = self._read_txn(lambda txn: find_snapshot(txn.cursor(snapshots), prefix, target))
         if found is None:
             return None
         key, value = found
-        upto, data = int.from_bytes(key[len(prefix) :], "big"), _unseal(key, value)
+        upto, data = int.from_bytes(key[len(prefix) :], "big"), unseal(key, value)
         if data is None:
             raise LogCorrupted(upto, f"snapshot {name!r} fails its checksum")
         return upto, data
@@ -608,7 +519,7 @@ class LmdbEventLog:
 
     def _get_meta(self, txn: Txn[bytes], key: bytes) -> bytes | None:
         value = txn.get(key, db=self._shared.meta)
-        payload = None if value is None else _unseal(key, value)
+        payload = None if value is None else unseal(key, value)
         if value is not None and payload is None:
             raise LogError(f"metadata {key.decode()!r} of {self._path} fails its checksum")
         return payload
@@ -622,9 +533,9 @@ class LmdbEventLog:
             ValueError: ``name`` contains NUL or is too long for an LMDB key.
             LogError: ``upto`` is not a seq of the log.
         """
-        key = _snapshot_prefix(name) + _SEQ.pack(min(max(upto, 0), _MAX_SEQ))
+        key = snapshot_prefix(name) + SEQ.pack(min(max(upto, 0), MAX_SEQ))
         check_snapshot(name, upto, end)
-        return self._shared.snapshots, key, _seal(key, bytes(data))
+        return self._shared.snapshots, key, seal(key, bytes(data))
 
     def _put_all(self, txn: Txn[memoryview], puts: list[_Put]) -> None:
         """Put an events record past the last one (the writer lock keeps ``_appended`` right;
@@ -648,17 +559,17 @@ class LmdbEventLog:
         cursor = txn.cursor(self._shared.events)
         if end is None:
             try:
-                end = _next_seq(cursor)
+                end = events_end(cursor)
             except LogCorrupted as exc:  # read up to the damaged last record, which raises
                 end = exc.seq + 1
         out: list[tuple[int, bytes]] = []
-        if first >= end or not _seek_record(cursor, first):
+        if first >= end or not seek_record(cursor, first):
             return out, end
         expected, taken = int.from_bytes(cursor.key(), "big"), 0
         while expected < end and taken < READ_CHUNK:
             key, value = cursor.item()  # views of the map: copied out below, never kept
             try:
-                parts = self._record_parts(key, value, expected)
+                parts = record_parts(key, value, expected, self._format)
             except LogError:
                 if out:  # hand over the good records first; the next chunk raises
                     break
@@ -678,73 +589,9 @@ class LmdbEventLog:
                 break
         return out, end
 
-    def _record_parts(
-        self, key: memoryview, value: memoryview, expected: int
-    ) -> list[tuple[int, memoryview | msgspec.Raw, int]]:
-        """The parts of one record, which must start at seq ``expected``: ``(first seq, part,
-        count)`` each.
-
-        Raises:
-            LogCorrupted: a gap before the record, a checksum mismatch, parts that are not
-                arrays, or counts that do not add up to the record's.
-        """
-        first = int.from_bytes(key, "big")
-        if first != expected:
-            raise LogCorrupted(expected, f"record missing: the next record starts at {first}")
-        count = _record_count(first, key, value)
-        payload = memoryview(value)[8:]
-        try:
-            parts = _PARTS_DECODER.decode(payload) if self._format >= 2 else [payload]
-        except msgspec.MsgspecError:
-            raise LogCorrupted(first, "record is not an array of parts") from None
-        out: list[tuple[int, memoryview | msgspec.Raw, int]] = []
-        seq = first
-        for part in parts:
-            n = _array_len(memoryview(part))
-            if n is None:
-                raise LogCorrupted(first, "record part is not an array of envelopes")
-            out.append((seq, part, n))
-            seq += n
-        if seq - first != count:
-            raise LogCorrupted(first, f"record holds {seq - first} events, its header says {count}")
-        return out
-
-    def _encode_parts(self, envelopes: Sequence[Envelope[Event]]) -> list[bytes]:
-        """The payload of a record of ``envelopes``, in pieces to be concatenated."""
-        if self._format < 2:
-            return [self._codec.encode_batch(envelopes)]
-        parts = [
-            self._codec.encode_batch(envelopes[lo : lo + RECORD_PART])
-            for lo in range(0, len(envelopes), RECORD_PART)
-        ]
-        return [_array_header(len(parts)), *parts]
-
-    def _find_snapshot(
-        self, txn: Txn[bytes], prefix: bytes, target: bytes
-    ) -> tuple[bytes, bytes] | None:
-        """The greatest snapshot key ``<= target`` under ``prefix``, with its value."""
-        cursor = txn.cursor(self._shared.snapshots)
-        if cursor.set_range(target):
-            if cursor.key() != target and not cursor.prev():
-                return None
-        elif not cursor.last():
-            return None
-        key: bytes = cursor.key()
-        if not key.startswith(prefix) or len(key) != len(prefix) + _SEQ.size:
-            return None
-        return key, cursor.value()
-
 
 def _init_meta(txn: lmdb.Transaction, dbs: list[_Db], meta: RunMeta) -> None:
     """Store a new log's format and run metadata (in the transaction creating its databases)."""
     _, meta_db, _ = dbs
     for key, value in ((_META_FORMAT, LOG_FORMAT), (_META_RUN, meta)):
-        txn.put(key, _seal(key, _ENCODER.encode(value)), db=meta_db)
-
-
-def _seek_record(cursor: lmdb.Cursor[_View], seq: int) -> bool:
-    """Position ``cursor`` on the record holding ``seq`` (the last key ``<= seq``)."""
-    key = _SEQ.pack(seq)
-    if cursor.set_range(key):
-        return cursor.key() == key or cursor.prev()
-    return cursor.last()
+        txn.put(key, seal(key, _ENCODER.encode(value)), db=meta_db)

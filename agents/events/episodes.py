@@ -1,11 +1,10 @@
 """Episode events: what env workers and the scheduler record about episodes.
 
-An episode is planned (``EpisodeAssigned``, by the scheduler), begins (``EpisodeStarted``),
-advances one turn per ``StepTaken`` and ends with ``EpisodeFinished`` or ``EpisodeAborted``. A
-resumed run records the episodes its previous session left running as ``EpisodeAbandoned`` and
-assigns them again (same id, same seed).
-Every field is data the world or the agent produced, so replay folds these events and never
-re-runs a world.
+An episode is planned (``EpisodeAssigned``, by the scheduler), begins (``EpisodeStarted``), advances
+one turn per ``StepTaken`` and ends with ``EpisodeFinished`` or ``EpisodeAborted``. A resumed run
+records the episodes its previous session left running as ``EpisodeAbandoned`` and assigns them
+again (same id, same seed). Every field is data the world or the agent produced, so replay folds
+these events and never re-runs a world.
 """
 
 from __future__ import annotations

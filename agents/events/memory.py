@@ -10,9 +10,9 @@ In tip modes, each turn an env worker asks for tips (``RetrievalRequested``, wit
 text) and the memory actor answers (``TipsRetrieved``: ids, cosine similarities, ranks, texts).
 
 A *slot* is ``"{scope}/{family}/{variant}"`` (Complementary RL: ``"{scope}/{family}"``, one
-partition per family): one memory per task variant, and per scope
-(``"train"`` for training; each adaptation round on held-out variants has its own scope, so
-evaluation never reads what another round wrote).
+partition per family): one memory per task variant, and per scope (``"train"`` for training; each
+adaptation round on held-out variants has its own scope, so evaluation never reads what another
+round wrote).
 """
 
 from __future__ import annotations

@@ -2,14 +2,13 @@
 conditions in which pre-training and the note probe show them, and what a scripted reader
 follows when it is shown several.
 
-EMPO2's tips and Complementary RL's entries reach the policy as ``<tip> ... </tip>`` spans in
-its turn prompt (:func:`agents.models.prompts.turn_messages`). An instruction-tuned model reads
-such a hint; the embedded model has to be taught to. Its pre-training
-(:mod:`agents.models.embedded`) plays episodes in which a note is shown and the
-:class:`~agents.acting.scripted.Explorer` acts on it, and the probe
-(:mod:`agents.models.note_probe`) measures whether the built policy gains from a helpful note and
-loses little to a wrong one. Every note here is :func:`~agents.acting.scripted.hindsight_note`
-of an episode's text, never a world's hidden state.
+EMPO2's tips and Complementary RL's entries reach the policy as ``<tip> ... </tip>`` spans in its
+turn prompt (:func:`agents.models.prompts.turn_messages`). An instruction-tuned model reads such a
+hint; the embedded model has to be taught to. Its pre-training (:mod:`agents.models.embedded`) plays
+episodes in which a note is shown and the :class:`~agents.acting.scripted.Explorer` acts on it, and
+the probe (:mod:`agents.models.note_probe`) measures whether the built policy gains from a helpful
+note and loses little to a wrong one. Every note here is
+:func:`~agents.acting.scripted.hindsight_note` of an episode's text, never a world's hidden state.
 
 Kinds of note shown (:data:`NOTE_KINDS`):
 

@@ -1,16 +1,15 @@
 """Playing one fixed policy on fixed tasks, shown a bank's entries as guided episodes are.
 
-A plain synchronous loop, no actors and no log (as ``bench/grpo_sync.py``): ``width`` episodes
-are live at a time, one world each; every tick the live episodes' action requests are answered
-by :meth:`PolicyRunner.answer`, ``batch`` per forward pass, and a finished episode's world
-takes the next episode. Each episode is exactly a held-out episode of the method played with
-its bank (:class:`agents.acting.env_worker._PolicyAgent`): at turn 0 the bank is asked once with the
-"diverse" rule for one entry of the family's training partition, the query being the turn's
-state text, and the entry stays in the prompt every turn
-(:func:`agents.models.prompts.turn_messages`
-with ``tips``). Episodes start in index order, so what each one retrieves does not depend on
-``width`` or ``batch``; each request carries the seed an env worker would derive, so what is
-sampled does not either. Given its tasks and seeds, the result is deterministic.
+A plain synchronous loop, no actors and no log (as ``bench/grpo_sync.py``): ``width`` episodes are
+live at a time, one world each; every tick the live episodes' action requests are answered by
+:meth:`PolicyRunner.answer`, ``batch`` per forward pass, and a finished episode's world takes the
+next episode. Each episode is exactly a held-out episode of the method played with its bank
+(:class:`agents.acting.env_worker._PolicyAgent`): at turn 0 the bank is asked once with the
+"diverse" rule for one entry of the family's training partition, the query being the turn's state
+text, and the entry stays in the prompt every turn (:func:`agents.models.prompts.turn_messages` with
+``tips``). Episodes start in index order, so what each one retrieves does not depend on ``width`` or
+``batch``; each request carries the seed an env worker would derive, so what is sampled does not
+either. Given its tasks and seeds, the result is deterministic.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from engine.world_registry import load_world
 from scenarios.worlds.options import ExtraMissing, import_extra
-from scenarios.worlds.scienceworld import EXCLUDED_ACTIONS, normalise, rank_actions
+from scenarios.worlds.scienceworld_text import EXCLUDED_ACTIONS, normalise, rank_actions
 from scenarios.worlds.textworld import clean, game_seed
 
 ROOM = (

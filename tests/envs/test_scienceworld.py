@@ -36,7 +36,8 @@ from engine.replay import verify_log
 from engine.runtime import Runtime
 from engine.world import Observation, Task
 from engine.world_registry import load_world
-from scenarios.worlds.scienceworld import JvmHung, ScienceWorld
+from scenarios.worlds.scienceworld import ScienceWorld
+from scenarios.worlds.scienceworld_jvm import JvmHung
 from stores.lmdb_log import LmdbEventLog
 
 BOIL = Task(family="boil", variant=0)

@@ -30,7 +30,7 @@ from engine.errors import LogError, SequenceConflict
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted, ActorStarted, RunStopped
-from stores import lmdb_log
+from stores import lmdb_log, lmdb_records
 from stores.lmdb_log import LmdbEventLog
 from stores.lmdb_pages import read_metas
 
@@ -63,7 +63,7 @@ class LogVsTwin(RuleBasedStateMachine):
     @initialize()
     def create(self) -> None:
         self.chunk, lmdb_log.READ_CHUNK = lmdb_log.READ_CHUNK, 4  # many short read txns
-        self.part, lmdb_log.RECORD_PART = lmdb_log.RECORD_PART, 3  # records of several parts
+        self.part, lmdb_records.RECORD_PART = lmdb_records.RECORD_PART, 3  # records in parts
         self.dir = Path(tempfile.mkdtemp(prefix="coevo-stateful-"))
         self.path = self.dir / "log"
         self.writer = LmdbEventLog.create(self.path, META, durable=False, map_size=64 * 1024)
@@ -73,7 +73,7 @@ class LogVsTwin(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "dir"):
             lmdb_log.READ_CHUNK = self.chunk
-            lmdb_log.RECORD_PART = self.part
+            lmdb_records.RECORD_PART = self.part
             self.writer.close()
             if self.reader is not None:
                 self.reader.close()

@@ -121,11 +121,10 @@ def text_vector(text: str) -> np.ndarray:
 
 
 class BankRebuiltFromItsEvents(RuleBasedStateMachine):
-    """``coevo resume`` rebuilds the bank by folding the events it emitted
-    (:meth:`TipBank.evolve`): after any mix of stores, extractor operations (which evict and
-    refuse) and retrievals under both rules, for training (a "diverse" pick counts) or
-    evaluation (read-only), the rebuilt bank must hold the same tips, counts and order, and
-    answer the same."""
+    """``coevo resume`` rebuilds the bank by folding the events it emitted (:meth:`TipBank.evolve`):
+    after any mix of stores, extractor operations (which evict and refuse) and retrievals under both
+    rules, for training (a "diverse" pick counts) or evaluation (read-only), the rebuilt bank must
+    hold the same tips, counts and order, and answer the same."""
 
     @initialize()
     def start(self) -> None:

@@ -1,6 +1,5 @@
 """The extractor's prompts and the parsing of its answers (agents/memory/extraction.py): both
-formats,
-partial and malformed answers with their exact errors, and never raising on any string."""
+formats, partial and malformed answers with their exact errors, and never raising on any string."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from engine.errors import (
 from engine.eventlog import LOG_FORMAT, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted, RunStopped
-from stores import lmdb_log
+from stores import lmdb_log, lmdb_records
 from stores.lmdb_env import is_blank
 from stores.lmdb_log import LmdbEventLog
 from stores.lmdb_pages import read_metas
@@ -400,7 +400,7 @@ def test_record_whose_parts_do_not_add_up_is_corrupted(path: Path) -> None:
 
 
 def test_records_hold_their_batch_in_parts(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lmdb_log, "RECORD_PART", 3)
+    monkeypatch.setattr(lmdb_records, "RECORD_PART", 3)
     monkeypatch.setattr(lmdb_log, "READ_CHUNK", 4)
     with LmdbEventLog.create(path, META, durable=False) as log:
         log.append(envelopes(0, 10))
@@ -621,10 +621,10 @@ import random, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_lmdb_log import META, envelopes
-from stores import lmdb_log
+from stores import lmdb_records
 from stores.lmdb_log import LmdbEventLog
 
-lmdb_log.RECORD_PART = 3  # every batch of more than 3 events is a record of several parts
+lmdb_records.RECORD_PART = 3  # every batch of more than 3 events is a record of several parts
 path, durable, hold = Path({path!r}), {durable!r}, {hold!r}
 log = (LmdbEventLog.open(path, writable=True, durable=durable) if (path / "data.mdb").exists()
        else LmdbEventLog.create(path, META, durable=durable, map_size=64 * 1024))

@@ -13,11 +13,10 @@ import pytest
 from agents.acting.scripted import Explorer, RandomAgent, run_episode
 from engine.world import Observation, Task, TextWorld
 from engine.world_registry import builtin_worlds, load_world
-from scenarios.worlds.minilab import (
-    DEFAULT_MAX_STEPS,
+from scenarios.worlds.minilab import DEFAULT_MAX_STEPS, MiniLab
+from scenarios.worlds.minilab_layouts import (
     FAMILIES,
     HELDOUT_BASE,
-    MiniLab,
     in_heldout_space,
     layout_of,
     stable_seed,

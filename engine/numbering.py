@@ -1,0 +1,131 @@
+"""The writer's pure core: numbering a batch of emitted events, folding it, checksums and
+snapshots.
+
+:class:`Numbering` turns queued emissions into envelopes with consecutive seqs, folds them into
+the run's projections, and inserts the runtime's own events: a :class:`ProjectionChecked` every
+``checksum_every`` events and right before the run's final event, and a :class:`SnapshotTaken`
+(with the encoded states to store in the batch's commit) every ``snapshot_every`` events. No
+I/O, no clock: the wall times come with the emissions. :class:`~engine.runtime.Runtime` runs it
+on the event loop between taking a batch off its write buffer and handing it to the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.eventlog import Snapshot
+from engine.events import Envelope, Event
+from engine.lifecycle import ProjectionChecked, RunFailed, RunStopped, SnapshotTaken
+from engine.projection import Fold, Projection, digest_bytes, encode_state
+
+__all__ = ["FINAL_EVENTS", "Numbering", "Pending"]
+
+FINAL_EVENTS = frozenset({RunStopped, RunFailed})
+"""The kinds of a run's final event: the last event ever queued, checksummed before it."""
+
+Pending = tuple[str, Event, int | None, str, int]
+"""A queued emission: (actor, event, cause, corr, wall time ns)."""
+
+
+class Numbering:
+    """Numbers and folds the batches of one run, in order.
+
+    Args:
+        run_id: the run the envelopes belong to.
+        projections: the folds checksummed and snapshotted.
+        checksum_every: events between projection checksums (0: only at the end).
+        snapshot_every: events between projection snapshots (0: never).
+
+    Attributes:
+        fold: the projections' states after the last numbered event (replaced when a resumed
+            run folds its log first).
+        seq: the seq the next numbered event gets.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        projections: Sequence[Projection],
+        checksum_every: int,
+        snapshot_every: int,
+    ) -> None:
+        self.run_id = run_id
+        self._projections = tuple(projections)
+        self._checksum_every = checksum_every
+        self._snapshot_every = snapshot_every
+        self.fold = Fold(self._projections)
+        self.seq = 0
+        self._since_check = 0
+        self._snapshot_seq = -1
+
+    def prepare(self, batch: list[Pending]) -> tuple[list[Envelope[Event]], list[Snapshot]]:
+        """Number and fold one batch (the engine's hot loop); return its envelopes and the
+        snapshots taken in it.
+
+        Envelopes are built and folded a segment at a time, each segment ending where a
+        :class:`ProjectionChecked` goes: after every ``checksum_every`` events, and right
+        before the run's final event (the last event ever queued).
+        """
+        out: list[Envelope[Event]] = []
+        final = batch[-1] if type(batch[-1][1]) in FINAL_EVENTS else None
+        body = batch if final is None else batch[:-1]
+        every = self._checksum_every if self._projections else 0
+        start = 0
+        while start < len(body):
+            stop = start + max(every - self._since_check, 1) if every else len(body)
+            self._number(body[start:stop], out)
+            if every and self._since_check >= every:
+                self._checkpoint(out, out[-1].t)
+            start = stop
+        if final is not None:
+            if self._projections and self._since_check:
+                self._checkpoint(out, final[4])
+            self._number([final], out)
+        return out, self._maybe_snapshot(out)
+
+    def _number(self, pending: list[Pending], out: list[Envelope[Event]]) -> None:
+        """Append envelopes of ``pending`` to ``out`` with the next seqs, and fold them."""
+        run_id = self.run_id
+        envs = [
+            Envelope(
+                seq=seq, run=run_id, t=t, actor=actor, event=ev, cause=cause, corr=corr,
+                v=ev.version,
+            )
+            for seq, (actor, ev, cause, corr, t) in enumerate(pending, self.seq)
+        ]  # fmt: skip
+        self.seq += len(envs)
+        out.extend(envs)
+        if self._projections:
+            self.fold.apply_all(envs)
+            self._since_check += len(envs)
+
+    def _checkpoint(self, out: list[Envelope[Event]], t: int) -> None:
+        """Append a :class:`ProjectionChecked` covering the events numbered so far, and fold
+        it too (it is not counted towards the next one)."""
+        check = ProjectionChecked(upto=self.seq - 1, digests=self.fold.digests())
+        self._append_own(out, check, t)
+        self._since_check = 0
+
+    def _append_own(self, out: list[Envelope[Event]], ev: Event, t: int) -> None:
+        """Append and fold an event of the runtime's own (checksums, snapshots)."""
+        env = Envelope(seq=self.seq, run=self.run_id, t=t, actor="runtime", event=ev, v=ev.version)
+        self.seq += 1
+        out.append(env)
+        self.fold.apply_all([env])
+
+    def _maybe_snapshot(self, out: list[Envelope[Event]]) -> list[Snapshot]:
+        """If ``snapshot_every`` events passed: encode the projection states after the last
+        numbered event and append a :class:`SnapshotTaken` (the states are stored in the
+        batch's commit)."""
+        every, upto = self._snapshot_every, self.seq - 1
+        if not (self._projections and every and upto - self._snapshot_seq >= every):
+            return []
+        if type(out[-1].event) in FINAL_EVENTS:  # the final event stays the last one
+            return []
+        self._snapshot_seq = upto
+        blobs = {name: encode_state(st) for name, st in self.fold.states.items()}
+        digests = {name: digest_bytes(data) for name, data in blobs.items()}
+        taken = SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))
+        self._append_own(out, taken, out[-1].t)
+        self._since_check += 1
+        return [(name, upto, data) for name, data in blobs.items()]
