@@ -37,7 +37,15 @@ from agents.events.extractor import ExtractionRequested
 from agents.events.memory import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
 from agents.events.policy import ActionRequested, ActionSampled
 from agents.memory.extraction import extract_messages
-from agents.models.prompts import Step, reflection_messages, state_text, to_pairs, turn_messages
+from agents.models.prompts import (
+    TURN_SYSTEM,
+    MemoryPlace,
+    Step,
+    reflection_messages,
+    state_text,
+    to_pairs,
+    turn_messages,
+)
 from engine.actor import Actor, Context
 from engine.errors import CoevoError
 from engine.events import Envelope, Event
@@ -65,11 +73,15 @@ class PromptSettings:
         window: past turns shown.
         list_actions: list the admissible actions in the prompt.
         greedy_eval: act greedily in evaluation episodes (purpose "eval").
+        system: the system message's text.
+        memory: the message the memory's entries are appended to ("user" or "system").
     """
 
     window: int = 4
     list_actions: bool = False
     greedy_eval: bool = False
+    system: str = TURN_SYSTEM
+    memory: MemoryPlace = "user"
 
 
 class EnvWorker(Actor):
@@ -336,6 +348,8 @@ class _PolicyAgent:
             admissible=obs.admissible if self._prompt.list_actions else None,
             tips=tips,
             window=self._prompt.window,
+            system=self._prompt.system,
+            memory=self._prompt.memory,
         )
         await self._ctx.emit(
             ActionRequested(
