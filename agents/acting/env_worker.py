@@ -2,9 +2,10 @@
 
 One world instance per worker. The agent is either scripted (an :class:`Agent` built per
 episode, acting synchronously) or the policy: the worker then renders each turn's prompt, emits
-:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`. In EMPO2's
-tip modes (``rollout`` "tips" or "distill") it first asks the memory for tips
-(:class:`RetrievalRequested`, answered by :class:`TipsRetrieved`) and shows them in the prompt;
+:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`. When the
+job's rollout mode reads memory (:data:`agents.methods.base.ROLLOUTS`: EMPO2's tips each turn,
+Complementary RL's entry once) it first asks the memory (:class:`RetrievalRequested`, answered
+by :class:`TipsRetrieved`) and shows what it found in the prompt;
 when the assignment says ``reflect``, it asks the policy for a tip on the finished episode
 (:class:`ReflectionRequested`) and moves on without waiting for it.
 
@@ -37,6 +38,7 @@ from agents.events.extractor import ExtractionRequested
 from agents.events.memory import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
 from agents.events.policy import ActionRequested, ActionSampled
 from agents.memory.extraction import extract_messages
+from agents.methods.base import mode_of
 from agents.models.prompts import (
     TURN_SYSTEM,
     MemoryPlace,
@@ -327,19 +329,20 @@ class _PolicyAgent:
         self._prompt = prompt
         self._goal = first.goal
         self._first = first.text
-        guided = job.rollout.startswith("guided")
-        self._slot = job.slot or slot_of(job.scope, job.family, None if guided else job.variant)
+        self._mode = mode_of(job.rollout)
+        once = self._mode.memory == "once"  # a guided episode reads its family's partition
+        self._slot = job.slot or slot_of(job.scope, job.family, None if once else job.variant)
         self._entry: TipsRetrieved | None = None  # the bank entry of a guided episode
         self.history: list[Step] = []
 
     async def act(self, obs: Observation, turn: int) -> str:
         job = self._job
         tips: tuple[str, ...] = ()
-        if job.rollout.startswith("guided"):
+        if self._mode.memory == "once":
             if self._entry is None:
                 self._entry = await self._retrieve(obs, turn, rule="diverse", k=1)
             tips = self._entry.tips
-        elif job.rollout != "plain":
+        elif self._mode.memory == "each-turn":
             tips = (await self._retrieve(obs, turn)).tips
         messages = turn_messages(
             self._goal,
