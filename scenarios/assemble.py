@@ -145,6 +145,8 @@ def _workers(
         window=scenario.policy.window,
         list_actions=scenario.policy.list_actions or scenario.policy.mode == "generate",
         greedy_eval=scenario.eval.greedy,
+        system=scenario.prompt.system,
+        memory=scenario.prompt.memory,
     )
     timeout = scenario.world.step_timeout or None
     return [

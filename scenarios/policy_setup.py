@@ -309,6 +309,7 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
         tip_tokens=scenario.empo2.tip_tokens,
         tip_temperature=scenario.empo2.tip_temperature,
         device=device,
+        memory=scenario.prompt.memory,
     )
     return PolicyRunner(net, tokenizer, settings)
 

@@ -203,6 +203,8 @@ def _setup(
             greedy=s.eval.greedy,
             batch=p.batch_max,
             width=2 * p.batch_max,
+            system=s.prompt.system,
+            memory=s.prompt.memory,
         ),
         episodes=options.episodes,
         seed=options.seed,
@@ -389,7 +391,11 @@ def _policy(run: RunLog, model: Path, which: str) -> tuple[PolicyRunner, str]:
         )
     p = s.policy
     settings = ActSettings(
-        mode=p.mode, temperature=p.temperature, max_new_tokens=p.max_new_tokens, device=device
+        mode=p.mode,
+        temperature=p.temperature,
+        max_new_tokens=p.max_new_tokens,
+        device=device,
+        memory=s.prompt.memory,
     )
     return PolicyRunner(net, tokenizer, settings), what
 

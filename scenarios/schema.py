@@ -13,6 +13,7 @@ import msgspec
 from msgspec import Meta
 
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
+from agents.models.prompts import TURN_SYSTEM
 
 PositiveInt = Annotated[int, Meta(ge=1, le=1_000_000_000)]
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
@@ -109,6 +110,21 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     batch_wait_ms: Annotated[float, Meta(ge=0, le=10_000)] = 2.0
 
 
+class PromptConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a turn's prompt says besides the episode (``agents.models.prompts.turn_messages``).
+
+    Attributes:
+        system: the system message's text.
+        memory: the message the memory's entries (EMPO2's tips, Complementary RL's entry) are
+            appended to, each on its own ``<tip> ... </tip>`` line: "user" (after the
+            observation) or "system" (after the system text). Distillation removes them from
+            the same message.
+    """
+
+    system: Annotated[str, Meta(min_length=1, max_length=10_000)] = TURN_SYSTEM
+    memory: Literal["user", "system"] = "user"
+
+
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Engine knobs (see ``engine.runtime.RuntimeConfig``) and supervision.
 
@@ -152,6 +168,7 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    prompt: PromptConfig = msgspec.field(default_factory=PromptConfig)
     grpo: GrpoConfig = msgspec.field(default_factory=GrpoConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     empo2: Empo2Config = msgspec.field(default_factory=Empo2Config)

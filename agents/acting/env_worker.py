@@ -2,9 +2,10 @@
 
 One world instance per worker. The agent is either scripted (an :class:`Agent` built per
 episode, acting synchronously) or the policy: the worker then renders each turn's prompt, emits
-:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`. In EMPO2's
-tip modes (``rollout`` "tips" or "distill") it first asks the memory for tips
-(:class:`RetrievalRequested`, answered by :class:`TipsRetrieved`) and shows them in the prompt;
+:class:`ActionRequested` and waits for the inference actor's :class:`ActionSampled`. When the
+job's rollout mode reads memory (:data:`agents.methods.base.ROLLOUTS`: EMPO2's tips each turn,
+Complementary RL's entry once) it first asks the memory (:class:`RetrievalRequested`, answered
+by :class:`TipsRetrieved`) and shows what it found in the prompt;
 when the assignment says ``reflect``, it asks the policy for a tip on the finished episode
 (:class:`ReflectionRequested`) and moves on without waiting for it.
 
@@ -37,7 +38,16 @@ from agents.events.extractor import ExtractionRequested
 from agents.events.memory import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
 from agents.events.policy import ActionRequested, ActionSampled
 from agents.memory.extraction import extract_messages
-from agents.models.prompts import Step, reflection_messages, state_text, to_pairs, turn_messages
+from agents.methods.base import mode_of
+from agents.models.prompts import (
+    TURN_SYSTEM,
+    MemoryPlace,
+    Step,
+    reflection_messages,
+    state_text,
+    to_pairs,
+    turn_messages,
+)
 from engine.actor import Actor, Context
 from engine.errors import CoevoError
 from engine.events import Envelope, Event
@@ -65,11 +75,15 @@ class PromptSettings:
         window: past turns shown.
         list_actions: list the admissible actions in the prompt.
         greedy_eval: act greedily in evaluation episodes (purpose "eval").
+        system: the system message's text.
+        memory: the message the memory's entries are appended to ("user" or "system").
     """
 
     window: int = 4
     list_actions: bool = False
     greedy_eval: bool = False
+    system: str = TURN_SYSTEM
+    memory: MemoryPlace = "user"
 
 
 class EnvWorker(Actor):
@@ -315,19 +329,20 @@ class _PolicyAgent:
         self._prompt = prompt
         self._goal = first.goal
         self._first = first.text
-        guided = job.rollout.startswith("guided")
-        self._slot = job.slot or slot_of(job.scope, job.family, None if guided else job.variant)
+        self._mode = mode_of(job.rollout)
+        once = self._mode.memory == "once"  # a guided episode reads its family's partition
+        self._slot = job.slot or slot_of(job.scope, job.family, None if once else job.variant)
         self._entry: TipsRetrieved | None = None  # the bank entry of a guided episode
         self.history: list[Step] = []
 
     async def act(self, obs: Observation, turn: int) -> str:
         job = self._job
         tips: tuple[str, ...] = ()
-        if job.rollout.startswith("guided"):
+        if self._mode.memory == "once":
             if self._entry is None:
                 self._entry = await self._retrieve(obs, turn, rule="diverse", k=1)
             tips = self._entry.tips
-        elif job.rollout != "plain":
+        elif self._mode.memory == "each-turn":
             tips = (await self._retrieve(obs, turn)).tips
         messages = turn_messages(
             self._goal,
@@ -336,6 +351,8 @@ class _PolicyAgent:
             admissible=obs.admissible if self._prompt.list_actions else None,
             tips=tips,
             window=self._prompt.window,
+            system=self._prompt.system,
+            memory=self._prompt.memory,
         )
         await self._ctx.emit(
             ActionRequested(

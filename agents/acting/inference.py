@@ -24,7 +24,13 @@ from agents.events.episodes import finished_attempts
 from agents.events.memory import ReflectionRequested, TipProposed
 from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
 from agents.models.policy import generate, score_and_choose
-from agents.models.prompts import encode_prompt, encode_response, from_pairs, strip_tips
+from agents.models.prompts import (
+    MemoryPlace,
+    encode_prompt,
+    encode_response,
+    from_pairs,
+    strip_tips,
+)
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
 from stores.checkpoints import Checkpoints, load_weights
@@ -41,6 +47,8 @@ class ActSettings:
         tip_tokens: longest reflection (EMPO2's tip).
         tip_temperature: sampling temperature of reflections (0: greedy).
         device: the torch device of the model.
+        memory: the message of a prompt its tips were appended to (``[prompt] memory``): where
+            they are removed from for the off-policy (distillation) prompt.
     """
 
     mode: str = "score"
@@ -49,6 +57,7 @@ class ActSettings:
     tip_tokens: int = 64
     tip_temperature: float = 0.0
     device: torch.device = torch.device("cpu")  # noqa: RUF009 (immutable)
+    memory: MemoryPlace = "user"
 
 
 class Written(Protocol):
@@ -145,7 +154,8 @@ class PolicyRunner:
     def _with_bare_prompt(self, req: ActionRequested, answer: ActionSampled) -> ActionSampled:
         if not req.tips:
             return answer
-        bare = encode_prompt(self.tokenizer, strip_tips(from_pairs(req.messages), req.tips))
+        messages = strip_tips(from_pairs(req.messages), req.tips, self.settings.memory)
+        bare = encode_prompt(self.tokenizer, messages)
         return msgspec.structs.replace(answer, bare_prompt_ids=tuple(bare))
 
     def reflect(self, requests: Sequence[ReflectionRequested]) -> list[TipProposed]:

@@ -33,6 +33,7 @@ from agents.methods.advantages import (
     subgroup_advantages,
     subgroup_weights,
 )
+from agents.methods.base import RolloutMode, mode_of
 from agents.methods.credit import relative_credit
 from agents.methods.empo2 import intrinsic_reward
 from engine.errors import AuditQueryInvalid
@@ -190,16 +191,22 @@ def _relative_credits(inputs: CreditInputs) -> dict[str, float]:
     """Each grouped episode's reward minus its group's free half's mean reward."""
     out: dict[str, float] = {}
     for _, g in inputs.groups:
-        free = [
-            r for r, ro in zip(g.rewards, _rollouts(g), strict=True) if not ro.startswith("guided")
-        ]
+        free = [r for r, mode in zip(g.rewards, _modes(g), strict=True) if not mode.guided]
         for ep, r in zip(g.episodes, g.rewards, strict=True):
             out[ep] = relative_credit(r, free)
     return out
 
 
-def _rollouts(g: AdvantagesComputed) -> tuple[str, ...]:
-    return g.rollouts if g.rollouts else ("plain",) * len(g.episodes)
+def _modes(g: AdvantagesComputed) -> tuple[RolloutMode, ...]:
+    """The rollout modes of ``g``'s episodes (all "plain" when it records none).
+
+    Raises:
+        AuditQueryInvalid: a mode this coevo does not know.
+    """
+    try:
+        return tuple(mode_of(ro) for ro in g.rollouts or ("plain",) * len(g.episodes))
+    except ValueError as exc:
+        raise AuditQueryInvalid(f"group {g.group}: {exc}") from None
 
 
 def derive_group(
@@ -223,17 +230,17 @@ def derive_group(
         raise AuditQueryInvalid(f"group {g.group}: no EpisodeFinished for {missing}")
     ends = [inputs.finished[ep] for ep in g.episodes]
     outcomes = [e.score if parts[-1] == "score" else (1.0 if e.success else 0.0) for e in ends]
-    rollouts = _rollouts(g)
+    modes = _modes(g)
     novelty = bool(g.outcomes)
     intrinsic = [
         intrinsic_reward(inputs.similar.get(ep, []), cap=settings.top_k)
-        if novelty and ro != "plain"
+        if novelty and mode.memory != "none"
         else 0.0
-        for ep, ro in zip(g.episodes, rollouts, strict=True)
+        for ep, mode in zip(g.episodes, modes, strict=True)
     ]
     rewards = [o + g.intrinsic_coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
     std_norm = parts[1] == "std" if settings.std_norm is None else settings.std_norm
-    guided = [ro.startswith("guided") for ro in rollouts]
+    guided = [mode.guided for mode in modes]
     if parts[0] == "grpo" or not settings.split:
         adv = group_advantages(rewards, std_norm=std_norm, eps=g.eps)
     else:
@@ -381,9 +388,9 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
         ),
     )
     samples = [
-        (ro.startswith("guided"), a, b)
+        (mode.guided, a, b)
         for _, g, d in groups
-        for ro, a, b in zip(_rollouts(g), g.advantages, d.advantages, strict=True)
+        for mode, a, b in zip(_modes(g), g.advantages, d.advantages, strict=True)
     ]
     changed = [(a, b) for a, b in zip(rec_c, der_c, strict=False) if a.credit != b.credit]
     calls = _calls(rec_c, der_c, rec_x, der_x)

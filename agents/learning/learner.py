@@ -22,6 +22,7 @@ import torch
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
 from agents.events.policy import ActionSampled, GradientRequested, PolicyUpdated
+from agents.methods.base import mode_of
 from agents.methods.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.models.policy import chosen_action_logps, response_logps
 from engine.actor import Actor, Context
@@ -391,6 +392,7 @@ class SampleBuffer:
 
         Raises:
             RuntimeError: the request names an episode that has not finished.
+            ValueError: the request names an unknown rollout mode.
         """
         samples: list[Sample] = []
         stale = 0
@@ -399,9 +401,10 @@ class SampleBuffer:
             if episode not in self.ended:
                 raise RuntimeError(f"gradient requested for {episode}, which has not finished")
             self.ended.discard(episode)
+            distill = mode_of(rollout).distill
             for turn in self.turns.pop(episode, []):
                 if self.version - turn.policy_version > req.max_staleness:
                     stale += 1
                 else:
-                    samples.append(Sample(turn, adv, distill=rollout.endswith("distill")))
+                    samples.append(Sample(turn, adv, distill=distill))
         return samples, stale

@@ -7,18 +7,23 @@ default's tokenizer (:mod:`agents.models.embedded`) carries a small one of its o
 action, a reflection) is its text followed by the tokenizer's end-of-sequence token, so scoring
 ``"open box"`` never also scores ``"open box and ..."``.
 
-Tips (EMPO2's memory, Complementary RL's experience entries) are appended to the user message,
-each inside ``<tip> ... </tip>``. Rendering the same turn with ``tips=()`` gives the prompt with
-the tip spans removed, which is what off-policy distillation trains on.
+Tips (EMPO2's memory, Complementary RL's experience entries) are appended, each on its own line
+inside ``<tip> ... </tip>``, to the user message (the default) or to the system message: a
+scenario's ``[prompt]`` table says which (``memory``), and sets the system message's text
+(``system``). Rendering the same turn with ``tips=()`` gives the prompt with the tip lines removed,
+which is what off-policy distillation trains on (:func:`strip_tips`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 TURN_SYSTEM = "you act in a text lab to reach the goal. answer with one action."
 REFLECT_SYSTEM = "you read an episode of a text lab and write a short note for the next try."
+
+MemoryPlace = Literal["user", "system"]
+"""The message a turn's tips are appended to."""
 
 Message = Mapping[str, str]
 Step = tuple[str, str]
@@ -43,6 +48,8 @@ def turn_messages(
     admissible: Sequence[str] | None = None,
     tips: Sequence[str] = (),
     window: int = 4,
+    system: str = TURN_SYSTEM,
+    memory: MemoryPlace = "user",
 ) -> list[dict[str, str]]:
     """The messages that ask for the next action.
 
@@ -54,6 +61,8 @@ def turn_messages(
             the admissible actions it does not need to read them).
         tips: memory entries to show, each inside ``<tip> ... </tip>``.
         window: how many past turns to show (0 shows none).
+        system: the system message's text.
+        memory: the message the tips are appended to.
 
     Returns:
         A system and a user message.
@@ -69,9 +78,13 @@ def turn_messages(
     lines.append(f"now: {observation}")
     if admissible is not None:
         lines.append(f"actions: {' | '.join(admissible)}")
-    lines += [f"<tip> {tip} </tip>" for tip in tips]
+    shown_tips = [f"<tip> {tip} </tip>" for tip in tips]
+    if memory == "user":
+        lines += shown_tips
+    else:
+        system = "\n".join([system, *shown_tips])
     return [
-        {"role": "system", "content": TURN_SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": "\n".join(lines)},
     ]
 
@@ -82,21 +95,25 @@ def state_text(goal: str, history: Sequence[Step], observation: str, *, window: 
     return turn_messages(goal, history, observation, window=window)[1]["content"]
 
 
-def strip_tips(messages: Sequence[Message], tips: Sequence[str]) -> list[dict[str, str]]:
+def strip_tips(
+    messages: Sequence[Message], tips: Sequence[str], memory: MemoryPlace = "user"
+) -> list[dict[str, str]]:
     """``messages`` as :func:`turn_messages` renders them with ``tips=()``: the tip lines that
-    it appended to the user message removed (EMPO2's off-policy input).
+    it appended to the ``memory`` message (the last, a user message, or the first, the system
+    message) removed (EMPO2's off-policy input).
 
     Raises:
-        ValueError: the user message does not end with those tips' lines.
+        ValueError: that message is not of its role or does not end with those tips' lines.
     """
     out = [dict(m) for m in messages]
     if not tips:
         return out
     suffix = "".join(f"\n<tip> {tip} </tip>" for tip in tips)
-    user = out[-1]
-    if user["role"] != "user" or not user["content"].endswith(suffix):
-        raise ValueError("the last message is not a user message ending with these tips")
-    user["content"] = user["content"][: -len(suffix)]
+    shown = out[-1] if memory == "user" else out[0]
+    if shown["role"] != memory or not shown["content"].endswith(suffix):
+        where = "last" if memory == "user" else "first"
+        raise ValueError(f"the {where} message is not a {memory} message ending with these tips")
+    shown["content"] = shown["content"][: -len(suffix)]
     return out
 
 

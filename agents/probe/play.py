@@ -24,7 +24,14 @@ from agents.acting.inference import PolicyRunner
 from agents.events.memory import RetrievalRequested, slot_of
 from agents.events.policy import ActionRequested
 from agents.memory.bank import TipBank
-from agents.models.prompts import Step, state_text, to_pairs, turn_messages
+from agents.models.prompts import (
+    TURN_SYSTEM,
+    MemoryPlace,
+    Step,
+    state_text,
+    to_pairs,
+    turn_messages,
+)
 from engine.seeds import derive_seed
 from engine.world import Observation, Task, TextWorld
 
@@ -33,7 +40,8 @@ Embed = Callable[[Sequence[str]], list[np.ndarray]]
 
 @dataclass(frozen=True)
 class PlaySettings:
-    """How the policy is prompted and batched (the run's ``[policy]`` and ``[eval]`` keys).
+    """How the policy is prompted and batched (the run's ``[policy]``, ``[prompt]`` and ``[eval]``
+    keys).
 
     Attributes:
         window: past turns shown.
@@ -41,6 +49,8 @@ class PlaySettings:
         greedy: act greedily (the run's ``eval.greedy``).
         batch: requests per forward pass.
         width: episodes live at a time (one world each).
+        system: the system message's text.
+        memory: the message the entry is appended to ("user" or "system").
     """
 
     window: int = 4
@@ -48,6 +58,8 @@ class PlaySettings:
     greedy: bool = False
     batch: int = 32
     width: int = 64
+    system: str = TURN_SYSTEM
+    memory: MemoryPlace = "user"
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.width < 1:
@@ -190,6 +202,8 @@ def _request(ep: _Live, seed: int, s: PlaySettings) -> ActionRequested:
         admissible=ep.obs.admissible if s.list_actions else None,
         tips=ep.tips,
         window=s.window,
+        system=s.system,
+        memory=s.memory,
     )
     turn = len(ep.history)
     return ActionRequested(

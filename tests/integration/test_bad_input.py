@@ -67,6 +67,26 @@ def test_text_after_a_set_value_is_refused(
     refused(capsys, ["validate", EXPLORE, "--set", f"{key}={value}"], f"$.{key}: {says}")
 
 
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ('prompt.memory="assistant"', "Invalid enum value 'assistant' - at `$.prompt.memory`"),
+        ('prompt.system=""', "Expected `str` of length >= 1 - at `$.prompt.system`"),
+        ("prompt.tips=1", "unknown field `tips` - at `$.prompt`"),
+    ],
+)
+def test_a_bad_prompt_setting_is_one_line(
+    capsys: pytest.CaptureFixture[str], setting: str, says: str
+) -> None:
+    refused(capsys, ["validate", EXPLORE, "--set", setting], says)
+
+
+def test_prompt_settings_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["validate", EXPLORE, "--set", 'prompt.memory="system"', "--set", 'prompt.system="act."']
+    assert main(argv) == 0
+    capsys.readouterr()
+
+
 def test_a_fifo_as_the_scenario_file_is_refused_without_waiting(tmp_path: Path) -> None:
     fifo = tmp_path / "scenario.toml"
     os.mkfifo(fifo)

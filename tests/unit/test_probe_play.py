@@ -98,3 +98,16 @@ def test_what_is_played_does_not_depend_on_width_or_batch(width: int, batch: int
     runner = Scripted()
     assert run(runner, bank_of(entries), width=width, batch=batch) == reference
     assert max(runner.batches) <= batch
+
+
+def test_the_run_s_prompt_settings_place_the_entry() -> None:
+    runner = Scripted()
+    settings = PlaySettings(window=2, batch=3, width=4, system="be brief.", memory="system")
+    seeds = episode_seeds(7, len(TASKS))
+    bank = bank_of({"heat": ["heat note"], "unlock": ["unlock note"]})
+    world = lambda: load_world("minilab", {})  # noqa: E731
+    played = play(runner, world, TASKS, seeds, settings, bank, embed)  # type: ignore[arg-type]
+    for p in played:
+        for r in (r for r in runner.requests if r.episode == f"probe{p.index}"):
+            assert r.messages[0] == ("system", f"be brief.\n<tip> {p.family} note </tip>")
+            assert "<tip>" not in r.messages[-1][1]
