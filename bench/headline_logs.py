@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from agents.events.episodes import EpisodeAssigned, EpisodeFinished
 from agents.events.policy import GradientRequested, PolicyUpdated
+from agents.methods.base import mode_of
 from agents.report.intervals import bootstrap_mean, bootstrap_ratio
 from engine.events import Event
 
@@ -35,9 +36,7 @@ def modes_of(events: list[Event]) -> Modes:
     assigned = {ev.episode: ev for ev in events if isinstance(ev, EpisodeAssigned)}
     guided = [j.index for j in assigned.values() if j.purpose == "train" and j.rollout != "plain"]
     first_guided = (
-        min(guided, default=0)
-        if any(j.rollout.startswith("guided") for j in assigned.values())
-        else 0
+        min(guided, default=0) if any(mode_of(j.rollout).guided for j in assigned.values()) else 0
     )
     updates = {ev.update: ev for ev in events if isinstance(ev, PolicyUpdated)}
     for ev in events:
