@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # doc_blocks
 
+from doc_blocks import doc_block
 from headline import BASELINE, Final, final_of, summarize, table
 from headline_logs import Modes, modes_of, modes_table
 from method_results import read_run, run_all
@@ -27,15 +28,6 @@ from method_results import read_run, run_all
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "METHODS.md"
 NAME = "insights"
-
-
-def plugin_source() -> str:
-    """The page's ``insights.py`` block."""
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    found = [b for b in blocks if b.startswith("# insights.py")]
-    if len(found) != 1:
-        raise SystemExit(f"{DOC}: expected one python block starting with '# insights.py'")
-    return found[0]
 
 
 def main() -> None:
@@ -49,7 +41,10 @@ def main() -> None:
     args = parser.parse_args()
     plugin = args.runs / "plugin"
     plugin.mkdir(parents=True, exist_ok=True)
-    (plugin / "insights.py").write_text(plugin_source())
+    try:
+        (plugin / "insights.py").write_text(doc_block(DOC, "# insights.py"))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(plugin), os.environ.get("PYTHONPATH", "")) if p
     )

@@ -5,30 +5,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from doc_blocks import doc_block
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "METHODS.md"
 COEVO = str(Path(sys.executable).parent / "coevo")
 
 
-def doc_block(first_line: str) -> str:
-    """The fenced code block of the page whose first line is ``first_line``."""
-    blocks = re.findall(r"```(?:python|toml)\n(.*?)```", DOC.read_text(), flags=re.S)
-    found = [b for b in blocks if b.startswith(first_line)]
-    assert len(found) == 1, f"one block starting with {first_line!r} expected"
-    return found[0]
-
-
 @pytest.fixture
 def plugin_dir(tmp_path: Path) -> Path:
-    (tmp_path / "insights.py").write_text(doc_block("# insights.py"))
-    (tmp_path / "insights.toml").write_text(doc_block("# insights.toml"))
+    (tmp_path / "insights.py").write_text(doc_block(DOC, "# insights.py"))
+    (tmp_path / "insights.toml").write_text(doc_block(DOC, "# insights.toml"))
     return tmp_path
 
 
