@@ -507,7 +507,8 @@ def probe_lines(probe: dict) -> list[str]:
         rates = ", ".join(f"{kind} {rate}" for kind, rate in every[form].items())
         lines.append(f"  notes {form}: {rates}")
     helpful, wrong = (
-        " ".join(str(x) for x in (every[name], every.get(f"{name}_interval")) if x is not None)
+        f"{every[name]}"
+        + (f" {every[f'{name}_interval']}" if every.get(f"{name}_interval") else "")
         for name in ("helpful_vs_none", "wrong_vs_none")
     )  # a build cached before the probe had intervals has none
     lines.append(f"  helpful / none {helpful} (goal >= 2), wrong / none {wrong} (goal >= 0.9)")

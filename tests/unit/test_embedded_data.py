@@ -18,6 +18,7 @@ from agents.models.embedded import (
     cache_key,
     episode_texts,
     make_samples,
+    probe_lines,
     prompt_texts,
     split_words,
     step_kinds,
@@ -353,3 +354,22 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
     assert lr_at(100, spec) == pytest.approx(1e-4)
     rates = [lr_at(s, spec) for s in range(10, 100)]
     assert rates == sorted(rates, reverse=True)
+
+
+def test_probe_lines_print_intervals_where_the_build_recorded_them() -> None:
+    rates = {"none": 0.1, "variant": 0.4, "wrong": 0.1}
+    every = {"variants": 9, "written": rates, "entry": rates}
+    old = {"all": {**every, "helpful_vs_none": 4.0, "wrong_vs_none": 1.0}}  # cached before
+    *_, line = probe_lines(old)
+    assert line == "  helpful / none 4.0 (goal >= 2), wrong / none 1.0 (goal >= 0.9)"
+    new = {
+        "all": {
+            **old["all"],
+            "helpful_vs_none_interval": [2.7, 6.6],
+            "wrong_vs_none_interval": [0.5, 1.6],
+        }
+    }
+    *_, line = probe_lines(new)
+    assert line == (
+        "  helpful / none 4.0 [2.7, 6.6] (goal >= 2), wrong / none 1.0 [0.5, 1.6] (goal >= 0.9)"
+    )
