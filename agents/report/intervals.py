@@ -122,7 +122,9 @@ def bootstrap_ratio(
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.where(den > 0, num / np.where(den > 0, den, 1), np.inf)
     tail = (1 - level) / 2 * 100
-    low, high = np.percentile(ratios, [tail, 100 - tail])
+    with np.errstate(invalid="ignore"):  # between two infinite ratios: inf - inf
+        bounds = np.percentile(ratios, [tail, 100 - tail])
+    low, high = np.where(np.isnan(bounds), np.inf, bounds)
     value = float(np.concatenate(a).mean()) / base
     size = sum(x.size for x in a) + sum(x.size for x in b)
     return Interval(value, float(low), float(high), len(a), size)

@@ -62,6 +62,11 @@ def test_a_ratio_over_zero_is_refused() -> None:
         bootstrap_ratio([[1, 0]], [[0, 0]])
 
 
+def test_a_bottom_that_often_resamples_to_zero_gives_an_infinite_upper_bound() -> None:
+    got = bootstrap_ratio([[1.0, 1.0], [1.0, 1.0]], [[1.0, 0.0], [1.0, 0.0]])  # no warning
+    assert got.value == 2.0 and got.low == 1.0 and got.high == math.inf
+
+
 def test_one_group_is_close_to_the_normal_interval_of_a_success_rate() -> None:
     got = bootstrap_mean([[1.0] * 90 + [0.0] * 210])  # p = 0.3 over 300 episodes
     half = 1.96 * math.sqrt(0.3 * 0.7 / 300)  # 0.052
