@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from headline_logs import Modes, modes_of, modes_table
+from headline_logs import Modes, modes_of, modes_table, ratio
 from method_results import fold, plot, read_run, run_all
 
 from agents.events.episodes import EpisodeAssigned, EpisodeFinished
@@ -34,7 +34,6 @@ from agents.report.intervals import (
     Groups,
     Interval,
     bootstrap_mean,
-    bootstrap_ratio,
     paired_difference,
 )
 from engine.events import Event
@@ -107,12 +106,6 @@ def _cell(groups_: Groups) -> Interval | None:
     return bootstrap_mean(groups_) if groups_ else None
 
 
-def _ratio(top: Groups, bottom: Groups) -> Interval | None:
-    if not top or not bottom or not any(v for g in bottom for v in g):
-        return None
-    return bootstrap_ratio(top, bottom)
-
-
 def summarize(finals: dict[str, list[Final]], hard: tuple[str, ...]) -> dict:
     """Every figure of the table, as intervals (None where a method has no such measure)."""
     base = finals.get(BASELINE, [])
@@ -127,11 +120,11 @@ def summarize(finals: dict[str, list[Final]], hard: tuple[str, ...]) -> dict:
             "attempts": [_cell(attempt(runs, k)) for k in range(_attempts(runs))],
         }
         if name != BASELINE and base:
-            row["plain_vs_grpo"] = _ratio(groups(runs, "plain"), groups(base, "plain"))
-            row["hard_vs_grpo"] = _ratio(groups(runs, "plain", hard), groups(base, "plain", hard))
-            row["bank_vs_grpo"] = _ratio(groups(runs, "bank"), groups(base, "plain"))
+            row["plain_vs_grpo"] = ratio(groups(runs, "plain"), groups(base, "plain"))
+            row["hard_vs_grpo"] = ratio(groups(runs, "plain", hard), groups(base, "plain", hard))
+            row["bank_vs_grpo"] = ratio(groups(runs, "bank"), groups(base, "plain"))
         if row["attempts"]:
-            row["adapt_last_vs_first"] = _ratio(
+            row["adapt_last_vs_first"] = ratio(
                 attempt(runs, -1 % _attempts(runs)), attempt(runs, 0)
             )
         out[name] = row

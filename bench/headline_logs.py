@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from agents.events.episodes import EpisodeAssigned, EpisodeFinished
 from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.methods.base import mode_of
-from agents.report.intervals import bootstrap_mean, bootstrap_ratio
+from agents.report.intervals import Groups, Interval, bootstrap_mean, bootstrap_ratio
 from engine.events import Event
 
 
@@ -56,6 +56,14 @@ def modes_of(events: list[Event]) -> Modes:
     return out
 
 
+def ratio(top: Groups, bottom: Groups) -> Interval | None:
+    """``mean(top) / mean(bottom)`` with its interval, None where either side is empty or
+    ``bottom`` never succeeded (no ratio to give)."""
+    if not top or not bottom or not any(v for g in bottom for v in g):
+        return None
+    return bootstrap_ratio(top, bottom)
+
+
 def modes_table(runs: dict[str, list[Modes]]) -> list[str]:
     """Per method: training success by rollout mode (episodes pooled over seeds, 95% interval),
     the mean approximate KL of its updates by mode, and the first adaptation round."""
@@ -86,6 +94,6 @@ def modes_table(runs: dict[str, list[Modes]]) -> list[str]:
                 [[float(a[i]) for a in it.first_adapt.values()] for it in items] for i in range(k)
             ]
             cells = " -> ".join(str(bootstrap_mean(g)) for g in by_attempt)
-            gain = bootstrap_ratio(by_attempt[-1], by_attempt[0]) if k > 1 else "-"
-            lines.append(f"| {name} | {cells} | {gain} |")
+            gain = ratio(by_attempt[-1], by_attempt[0]) if k > 1 else None
+            lines.append(f"| {name} | {cells} | {'-' if gain is None else gain} |")
     return lines

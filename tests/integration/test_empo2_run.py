@@ -175,3 +175,14 @@ def test_the_headline_reads_the_last_round_and_the_adaptation_test(root: Path) -
     row = summary["empo2"]
     assert row["plain"].episodes == 18 and row["plain"].seeds == 2
     assert len(row["attempts"]) == 2 and row["bank"] is None
+
+
+def test_the_first_rounds_gain_is_a_ratio_only_where_the_first_attempt_ever_succeeded() -> None:
+    logs = load_bench("headline_logs")
+    never = logs.Modes(first_adapt={"adapt0-t0": [False, True], "adapt0-t1": [False, False]})
+    (*_, row) = logs.modes_table({"empo2": [never, never]})
+    assert row.endswith("| - |")  # no first success: no ratio, and no error
+    once = logs.Modes(first_adapt={"adapt0-t0": [True, True], "adapt0-t1": [False, True]})
+    (*_, row) = logs.modes_table({"empo2": [once, once]})
+    gain = row.rsplit("|", 2)[1].strip()
+    assert gain.startswith("2.0")  # attempt 2: 1.0, attempt 1: 0.5
