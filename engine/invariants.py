@@ -117,7 +117,7 @@ class Registered:
     worlds: frozenset[str] = frozenset()
 
     def applies(self, ctx: CheckContext) -> str:
-        """"" when it applies to ``ctx``'s run, else why not (one short phrase)."""
+        """ "" when it applies to ``ctx``'s run, else why not (one short phrase)."""
         if self.methods and ctx.method not in self.methods:
             return f"for methods {', '.join(sorted(self.methods))}, not {ctx.method or '?'}"
         if self.worlds and ctx.world not in self.worlds:

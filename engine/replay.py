@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+
 import trio
 
 from engine.errors import LogCorrupted, LogInconsistent, ReplayDiverged, SchemaTooNew

@@ -42,9 +42,7 @@ def run_settings(scenario: Any) -> AuditSettings:
     (a generated stream)."""
     if scenario is None:
         return AuditSettings(credit=CreditSettings())
-    return AuditSettings(
-        credit=credit_settings(scenario.complementary), top_k=scenario.empo2.top_k
-    )
+    return AuditSettings(credit=credit_settings(scenario.complementary), top_k=scenario.empo2.top_k)
 
 
 @invariant("credit", methods=("grpo", "empo2", "complementary"))

@@ -61,13 +61,12 @@ class Lineage:
         if ev.call:
             if ev.call not in self._calls:
                 self._fail(seq, f"entry {ev.tip_id} written by call {ev.call!r}, never recorded")
-        elif not ev.parents:
-            if not ev.episode or ev.episode not in self._reflections:
-                self._fail(
-                    seq,
-                    f"entry {ev.tip_id} has no parents and names no extractor call and no "
-                    f"reflection (episode {ev.episode!r})",
-                )
+        elif not ev.parents and (not ev.episode or ev.episode not in self._reflections):
+            self._fail(
+                seq,
+                f"entry {ev.tip_id} has no parents and names no extractor call and no "
+                f"reflection (episode {ev.episode!r})",
+            )
         self._stored[ev.tip_id] = seq
 
     def _fail(self, seq: int, detail: str, *involved: int) -> NoReturn:

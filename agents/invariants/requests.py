@@ -112,9 +112,7 @@ class Requests:
             elif kind is EpisodeAbandoned:
                 self._abandoned[getattr(env.event, "episode")] = env.seq  # noqa: B009
 
-    def _answer(
-        self, env: Envelope[Event], kinds: tuple[type[Event], ...], key: Key
-    ) -> None:
+    def _answer(self, env: Envelope[Event], kinds: tuple[type[Event], ...], key: Key) -> None:
         tag, cause = _tag(env.event), env.cause
         if cause is None:
             self._fail(env.seq, f"{tag} names no request (no cause)")
@@ -131,7 +129,9 @@ class Requests:
             self._fail(env.seq, f"{tag} answers a {_name(kind)} (seq {cause})", cause)
         if key(env.event) != about:
             self._fail(
-                env.seq, f"{tag} is about {key(env.event)}, its request (seq {cause}) {about}", cause
+                env.seq,
+                f"{tag} is about {key(env.event)}, its request (seq {cause}) {about}",
+                cause,
             )
         del self._open[cause]
         self._answered[cause] = env.seq

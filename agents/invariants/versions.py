@@ -99,7 +99,12 @@ class Versions:
         chain.request_seq = seq
 
     def _updated(
-        self, seq: int, chain: _Chain, version: int, update: int, ev: PolicyUpdated | ExtractorUpdated
+        self,
+        seq: int,
+        chain: _Chain,
+        version: int,
+        update: int,
+        ev: PolicyUpdated | ExtractorUpdated,
     ) -> None:
         before = (chain.seq,) if chain.seq >= 0 else ()
         if version != chain.version + 1 or update != version - 1:
