@@ -58,6 +58,15 @@ class Credit:
         self._kept: list[Envelope[Event]] = []
         self._end = 0
 
+    @classmethod
+    def with_settings(cls, settings: AuditSettings | CreditSettings) -> Credit:
+        """The invariant under ``settings`` rather than a run's (a generated stream's own)."""
+        out = cls()
+        if isinstance(settings, CreditSettings):
+            settings = AuditSettings(credit=settings)
+        out._settings = settings
+        return out
+
     def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
         self._kept += [env for env in envs if type(env.event) in _READ]
         if envs:
