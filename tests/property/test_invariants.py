@@ -15,6 +15,7 @@ from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
 from agents.events.policy import ActionSampled, AdvantagesComputed, PolicyUpdated
 from agents.invariants import Credit
+from agents.testing.edits import drop, insert, swap
 from agents.testing.streams import CREDIT, runs
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, Invariant, check_stream, registered
@@ -41,33 +42,6 @@ def caught(envs: Stream, name: str) -> int | None:
     assert report.violation.invariant == name
     assert report.violation.seq in report.violation.involved
     return report.violation.seq
-
-
-def _moved(env: Envelope[Event], seq: int, shift: Callable[[int], int | None]) -> Envelope[Event]:
-    cause = None if env.cause is None else shift(env.cause)
-    ev = env.event
-    if isinstance(ev, RunResumed):
-        after = shift(ev.after)
-        ev = msgspec.structs.replace(ev, after=after if after is not None else ev.after - 1)
-    return msgspec.structs.replace(env, seq=seq, t=seq, cause=cause, event=ev)
-
-
-def insert(envs: Stream, at: int, ev: Event, cause: int | None = None) -> Stream:
-    """``envs`` with ``ev`` at seq ``at``: later seqs, causes and resumes' ``after`` move up."""
-    new = Envelope(seq=at, run="r", t=at, actor="x", event=ev, cause=cause)
-    later = [_moved(env, env.seq + 1, lambda s: s + 1 if s >= at else s) for env in envs[at:]]
-    return [*envs[:at], new, *later]
-
-
-def drop(envs: Stream, at: int) -> Stream:
-    """``envs`` without seq ``at`` (what named it as its cause names nothing)."""
-    shift: Callable[[int], int | None] = lambda s: None if s == at else s - 1 if s > at else s  # noqa: E731
-    return [*envs[:at], *(_moved(env, env.seq - 1, shift) for env in envs[at + 1 :])]
-
-
-def swap(envs: Stream, at: int, ev: Event) -> Stream:
-    """``envs`` with the event at ``at`` replaced by ``ev``."""
-    return [*envs[:at], msgspec.structs.replace(envs[at], event=ev), *envs[at + 1 :]]
 
 
 def pick(data: st.DataObject, envs: Stream, test: Callable[[Event], bool]) -> int:
