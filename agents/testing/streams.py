@@ -105,10 +105,12 @@ class StreamBuilder:
 
     Attributes:
         memory: the stream's memory.
-        envs: the stream so far.
+        credit: the credit actor's settings (:data:`CREDIT`: an extractor request per credit).
+        envs: the stream so far (since the last :meth:`take`).
     """
 
     memory: Memory = "none"
+    credit: CreditSettings = CREDIT
     envs: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
     _running: dict[str, _Episode] = field(default_factory=dict[str, _Episode])
     _episodes: int = 0
@@ -120,15 +122,21 @@ class StreamBuilder:
     _extractor: int = 0
     _merges: int = 0
     _credit: CreditBook = field(default_factory=CreditBook)
+    _seq: int = 0
+
+    def take(self) -> list[Envelope[Event]]:
+        """The envelopes added since the last call (a long stream, written out as it goes)."""
+        out, self.envs = self.envs, []
+        return out
 
     def add(self, ev: Event, cause: int | None = None, actor: str = "a", corr: str = "") -> int:
         """Append ``ev``; returns its seq."""
-        seq = len(self.envs)
+        seq, self._seq = self._seq, self._seq + 1
         self.envs.append(
             Envelope(seq=seq, run="r", t=seq, actor=actor, event=ev, cause=cause, corr=corr)
         )
         if isinstance(ev, TipsRetrieved | EpisodeFinished | EpisodeAbandoned):
-            for out in self._credit.decide(ev, CREDIT):
+            for out in self._credit.decide(ev, self.credit):
                 self._credited(out, seq)
         return seq
 
