@@ -116,8 +116,8 @@ class Registered:
     methods: frozenset[str] = frozenset()
     worlds: frozenset[str] = frozenset()
 
-    def applies(self, ctx: CheckContext) -> str:
-        """ "" when it applies to ``ctx``'s run, else why not (one short phrase)."""
+    def why_not(self, ctx: CheckContext) -> str:
+        """Why it does not apply to ``ctx``'s run (one short phrase; empty when it does)."""
         if self.methods and ctx.method not in self.methods:
             return f"for methods {', '.join(sorted(self.methods))}, not {ctx.method or '?'}"
         if self.worlds and ctx.world not in self.worlds:
@@ -191,8 +191,8 @@ def select(ctx: CheckContext, names: Sequence[str] = ()) -> tuple[list[Registere
         if missing:
             raise KeyError(f"unknown invariant {missing[0]!r}; known: {', '.join(sorted(known))}")
         return [known[n] for n in dict.fromkeys(names)], []
-    chosen = [r for r in known.values() if not r.applies(ctx)]
-    skipped = [f"{r.name}: {r.applies(ctx)}" for r in known.values() if r.applies(ctx)]
+    chosen = [r for r in known.values() if not r.why_not(ctx)]
+    skipped = [f"{r.name}: {r.why_not(ctx)}" for r in known.values() if r.why_not(ctx)]
     return chosen, skipped
 
 
@@ -275,7 +275,9 @@ def check_log(
     log: EventLog, ctx: CheckContext | None = None, names: Sequence[str] = ()
 ) -> CheckReport:
     """Check ``log`` (up to its end as of now) against ``names``, or every invariant that
-    applies to its run (:func:`select`).
+    applies to ``ctx``'s run (:func:`select`; without ``ctx``, the engine knows no scenario,
+    so the invariants scoped to methods or worlds are left out: ``coevo check`` and
+    ``scenarios.checks.check_context`` make a run's context from its scenario).
 
     Raises:
         KeyError: an unknown name.
