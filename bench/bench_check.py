@@ -10,9 +10,9 @@ update every 2 groups; a stop and resume now and then), so that every invariant 
 each pass reads the whole log. Its payloads are small (the builder's), so decoding is cheaper
 than on a real run's log of the same length; real logs are timed too (``--runs DIR ...``).
 
-Then, in one process and ``--rounds`` times each (the median is printed): reading and
-decoding the log alone (the floor), ``check_stream`` with every invariant, and each invariant
-alone.
+Then, in one process and ``--rounds`` times each (the median wall and CPU time are printed):
+reading and decoding the log alone (the floor), ``check_stream`` with every invariant, and
+each invariant alone.
 
 Run: ``.venv/bin/python bench/bench_check.py [--events N] [--rounds R] [--out DIR]
 [--runs RUN ...]``.
@@ -76,13 +76,16 @@ def fresh(names: list[str]) -> list[Invariant]:
     ]
 
 
-def timed(fn: Callable[[], object], rounds: int) -> tuple[float, object]:
-    seconds, out = [], None
+def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float, object]:
+    """Median wall and CPU seconds of ``fn`` over ``rounds`` calls (the machine is shared:
+    CPU time is what the pass itself costs), and its last result."""
+    wall, cpu, out = [], [], None
     for _ in range(rounds):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         out = fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), out
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu), out
 
 
 def measure(path: Path, rounds: int) -> list[str]:
@@ -90,23 +93,23 @@ def measure(path: Path, rounds: int) -> list[str]:
     n = log.next_seq
     rows: list[str] = []
 
-    def row(label: str, seconds: float, note: str = "") -> None:
-        rows.append(f"| {label} | {seconds:.2f} | {n / seconds:,.0f} | {note} |")
+    def row(label: str, wall: float, cpu: float, note: str = "") -> None:
+        rows.append(f"| {label} | {wall:.2f} | {cpu:.2f} | {n / cpu:,.0f} | {note} |")
 
     def read() -> int:
         return sum(len(chunk) for chunk in log.read_chunks(0, n))
 
-    floor, _ = timed(read, rounds)
-    row("read and decode the log (floor)", floor)
+    wall, floor, _ = timed(read, rounds)
+    row("read and decode the log (floor)", wall, floor)
     names = sorted(registered())
-    every, report = timed(lambda: check_stream(log.read_chunks(0, n), fresh(names)), rounds)
+    wall, cpu, report = timed(lambda: check_stream(log.read_chunks(0, n), fresh(names)), rounds)
     assert isinstance(report, msgspec.Struct)
-    row(f"every invariant ({len(names)}), one pass", every, f"violation: {report.violation}")
+    row(f"every invariant ({len(names)}), one pass", wall, cpu, f"violation: {report.violation}")
     for name in names:
-        seconds, report = timed(
+        wall, cpu, report = timed(
             lambda nm=name: check_stream(log.read_chunks(0, n), fresh([nm])), rounds
         )
-        row(f"`{name}` alone", seconds, f"{seconds - floor:+.2f} s over the floor")
+        row(f"`{name}` alone", wall, cpu, f"{cpu - floor:+.2f} s CPU over the floor")
     log.close()
     return rows
 
@@ -124,10 +127,11 @@ def real_runs(runs: list[str], rounds: int) -> list[str]:
         n = log.next_seq
         log.close()
         with contextlib.redirect_stdout(io.StringIO()) as out:
-            seconds, code = timed(lambda r=run: main(["check", r]), rounds)
-        first = out.getvalue().splitlines()[0]
-        rate = f"{n / seconds:,.0f}"
-        rows.append(f"| {Path(run).name} | {n:,} | {seconds:.2f} | {rate} | exit {code}: {first} |")
+            wall, cpu, code = timed(lambda r=run: main(["check", r]), rounds)
+        first = out.getvalue().splitlines()[0].split(": ", 1)[1]
+        rows.append(
+            f"| {Path(run).name} | {wall:.2f} | {cpu:.2f} | {n / cpu:,.0f} | {code} | {first} |"
+        )
     return rows
 
 
@@ -146,11 +150,12 @@ def main() -> None:
             size = build(root, args.events)
             print(f"wrote {size:,} events in {time.perf_counter() - start:.1f} s")
         print(f"# {platform.python_version()}, {platform.machine()}, {args.rounds} rounds (median)")
-        print("| pass | s | events/s | |\n|---|---:|---:|---|")
+        print("| pass | wall s | CPU s | events/CPU s | |\n|---|---:|---:|---:|---|")
         print("\n".join(measure(root, args.rounds)))
         if args.runs:
-            print("\n| real run | events | s (coevo check, in process) | events/s | |")
-            print("|---|---:|---:|---:|---|")
+            head = "real run (`coevo check`, in process) | wall s | CPU s | events/CPU s | exit"
+            print(f"\n| {head} | |")
+            print("|---|---:|---:|---:|---:|---|")
             print("\n".join(real_runs(args.runs, args.rounds)))
     finally:
         if not args.out:

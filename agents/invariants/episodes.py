@@ -34,7 +34,7 @@ class _Attempt:
     ended: int = -1  # seq of its end (-1: running)
 
 
-_KINDS = (EpisodeAssigned, EpisodeStarted, StepTaken, EpisodeFinished, EpisodeAborted)
+_KINDS = frozenset({EpisodeAssigned, EpisodeStarted, StepTaken, EpisodeFinished, EpisodeAborted})
 
 
 @invariant("episodes")

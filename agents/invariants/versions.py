@@ -46,6 +46,18 @@ _USERS_OF_POLICY = (
 )
 
 
+_READ = frozenset(
+    {
+        *_USERS_OF_POLICY,
+        ExtractorCalled,
+        GradientRequested,
+        ExtractorGradientRequested,
+        PolicyUpdated,
+        ExtractorUpdated,
+    }
+)
+
+
 @invariant("versions")
 class Versions:
     """Policy and extractor versions form a chain: update n is requested once and in order,
@@ -62,6 +74,8 @@ class Versions:
         for env in envs:
             ev = env.event
             kind = type(ev)
+            if kind not in _READ:  # most events (turns): one set lookup
+                continue
             if kind in _USERS_OF_POLICY:
                 self._used(env.seq, self._policy, getattr(ev, "policy_version"))  # noqa: B009
             elif isinstance(ev, ExtractorCalled):
