@@ -37,6 +37,7 @@ from agents.learning.credit_actor import CreditSettings
 from agents.testing.streams import StreamBuilder
 from engine.eventlog import new_run_meta
 from engine.invariants import CheckContext, Invariant, check_stream, registered
+from scenarios.cli.check import gc_paused
 from stores.lmdb_log import LmdbEventLog
 
 CREDIT = CreditSettings()
@@ -105,6 +106,14 @@ def measure(path: Path, rounds: int) -> list[str]:
     wall, cpu, report = timed(lambda: check_stream(log.read_chunks(0, n), fresh(names)), rounds)
     assert isinstance(report, msgspec.Struct)
     row(f"every invariant ({len(names)}), one pass", wall, cpu, f"violation: {report.violation}")
+
+    def paused() -> object:
+        with gc_paused():
+            return check_stream(log.read_chunks(0, n), fresh(names))
+
+    wall, cpu, report = timed(paused, rounds)
+    assert isinstance(report, msgspec.Struct)
+    row("the same, garbage collector paused (`coevo check`)", wall, cpu, "")
     for name in names:
         wall, cpu, report = timed(
             lambda nm=name: check_stream(log.read_chunks(0, n), fresh([nm])), rounds
