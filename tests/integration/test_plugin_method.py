@@ -47,6 +47,11 @@ def test_the_documented_method_runs_by_import_path(plugin_dir: Path) -> None:
     assert shown and {t for a in shown for t in a["tips"]} <= {s["text"] for s in stored}
     groups = events(plugin_dir, "advantages_computed")
     assert {r for g in groups for r in g["rollouts"]} == {"tips", "plain"}
+    # the audit re-derives the plug-in's advantages with its own score
+    audit = coevo(plugin_dir, "audit", "run", "credit", "--json")
+    assert audit.returncode == 0, audit.stderr
+    checks = {c["kind"]: c for c in json.loads(audit.stdout)["checks"]}
+    assert checks["advantages_computed"]["equal"] == len(groups) > 0
 
 
 def test_bad_method_options_are_one_line(plugin_dir: Path) -> None:
