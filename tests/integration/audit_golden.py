@@ -47,7 +47,7 @@ from stores.lmdb_log import LmdbEventLog
 
 TOML = (
     'name = "golden"\n[run]\nmethod = "complementary"\n[grpo]\nreward = "success"\n'
-    '[complementary]\nbatch = 2\n'
+    "[complementary]\nbatch = 2\n"
 )
 SETTINGS = credit_settings(to_scenario(parse_toml(TOML, "golden"), "golden").complementary)
 SLOT = "train/heat"
