@@ -50,6 +50,8 @@ from agents.events.policy import (
     PolicyUpdated,
 )
 from agents.learning.credit_actor import CreditBook, CreditSettings
+from agents.methods.builtin import Complementary
+from agents.methods.settings import ComplementaryConfig, GrpoConfig
 from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from stores.fact_index import LmdbFactIndex
@@ -379,7 +381,9 @@ def measure(root: Path, questions: int, seed: int = 1) -> list[str]:
     try:
         inputs_s = time.perf_counter()
         inputs = gather(log)
-        base = AuditSettings(credit=SETTINGS)
+        base = AuditSettings(
+            credit=SETTINGS, method=Complementary(GrpoConfig(), ComplementaryConfig())
+        )
         audit_credit(inputs, base, base)
         lines.append(
             f"credit audit (full pass + re-derivation): {time.perf_counter() - inputs_s:.1f} s"

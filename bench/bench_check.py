@@ -32,9 +32,11 @@ from pathlib import Path
 
 import msgspec
 
+from agents.audit.credit import AuditSettings
 from agents.invariants import Credit
 from agents.learning.credit_actor import CreditSettings
-from agents.testing.streams import StreamBuilder
+from agents.methods.builtin import Grpo
+from agents.testing.streams import GRPO, StreamBuilder
 from engine.eventlog import new_run_meta
 from engine.invariants import CheckContext, Invariant, check_stream, registered
 from scenarios.cli.check import gc_paused
@@ -42,6 +44,8 @@ from stores.lmdb_log import LmdbEventLog
 
 CREDIT = CreditSettings()
 """The credit actor's defaults (an extractor request per 64 credited calls), as a run's."""
+
+AUDIT = AuditSettings(CREDIT, Grpo(GRPO), GRPO.reward)
 
 MIX = ("assign",) * 2 + ("start",) * 2 + ("turn",) * 14 + ("finish",) * 2 + ("merge",)
 
@@ -72,7 +76,7 @@ def build(path: Path, events: int, seed: int = 0) -> int:
 
 def fresh(names: list[str]) -> list[Invariant]:
     return [
-        Credit.with_settings(CREDIT) if n == "credit" else registered()[n].factory(CheckContext())
+        Credit.with_settings(AUDIT) if n == "credit" else registered()[n].factory(CheckContext())
         for n in names
     ]
 

@@ -115,9 +115,12 @@ class Registered:
     doc: str
     methods: frozenset[str] = frozenset()
     worlds: frozenset[str] = frozenset()
+    needs_scenario: bool = False
 
     def why_not(self, ctx: CheckContext) -> str:
         """Why it does not apply to ``ctx``'s run (one short phrase; empty when it does)."""
+        if self.needs_scenario and ctx.scenario is None:
+            return "needs the run's scenario (its settings)"
         if self.methods and ctx.method not in self.methods:
             return f"for methods {', '.join(sorted(self.methods))}, not {ctx.method or '?'}"
         if self.worlds and ctx.world not in self.worlds:
@@ -131,7 +134,11 @@ _loaded = False
 
 
 def invariant(
-    name: str, *, methods: Iterable[str] = (), worlds: Iterable[str] = ()
+    name: str,
+    *,
+    methods: Iterable[str] = (),
+    worlds: Iterable[str] = (),
+    needs_scenario: bool = False,
 ) -> Callable[[Any], Any]:
     """Decorator: register ``name``, built by the decorated callable from a
     :class:`CheckContext` (a class whose ``__init__`` takes the context works as is).
@@ -140,6 +147,7 @@ def invariant(
         name: what ``coevo check --invariant`` calls it.
         methods: apply only to runs of these ``run.method`` values (empty: any).
         worlds: apply only to runs of these ``world.name`` values (empty: any).
+        needs_scenario: apply only where the run's scenario is known (its settings).
 
     Raises:
         ValueError: another callable already registered ``name``.
@@ -151,7 +159,12 @@ def invariant(
             raise ValueError(f"invariant {name!r} registered twice")
         doc = (getattr(factory, "__doc__", None) or "").strip().split("\n\n")[0]
         _REGISTRY[name] = Registered(
-            name, factory, " ".join(doc.split()), frozenset(methods), frozenset(worlds)
+            name,
+            factory,
+            " ".join(doc.split()),
+            frozenset(methods),
+            frozenset(worlds),
+            needs_scenario,
         )
         return factory
 

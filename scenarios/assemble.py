@@ -151,6 +151,9 @@ def _workers(
         greedy_eval=scenario.eval.greedy,
         system=scenario.prompt.system,
         memory=scenario.prompt.memory,
+        reflect=scenario.prompt.reflect,
+        extract=scenario.prompt.extract,
+        max_ops=scenario.complementary.max_ops,
     )
     timeout = scenario.world.step_timeout or None
     return [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from agents.methods.base import Method
 from agents.methods.registry import build_method
 from scenarios.schema import Scenario
@@ -17,3 +19,29 @@ def method_of(scenario: Scenario) -> Method:
     name = scenario.run.method
     sections: dict[str, object] = {"empo2": scenario.empo2, "complementary": scenario.complementary}
     return build_method(name, scenario.grpo, sections.get(name), scenario.method)
+
+
+def method_with(
+    scenario: Scenario,
+    *,
+    std_norm: bool | None = None,
+    split: bool | None = None,
+    weighted: bool | None = None,
+) -> Method:
+    """The scenario's method with advantage settings changed (what ``coevo audit RUN credit
+    --set`` re-derives under): ``std_norm`` for ``[grpo] std_norm`` and ``[complementary]
+    subgroup_std``, ``split`` for ``subgroups``, ``weighted`` for ``subgroup_weights``; None
+    keeps the scenario's.
+
+    Raises:
+        ValueError: see :func:`method_of`.
+    """
+    grpo, comp = scenario.grpo, scenario.complementary
+    if std_norm is not None:
+        grpo = msgspec.structs.replace(grpo, std_norm=std_norm)
+        comp = msgspec.structs.replace(comp, subgroup_std=std_norm)
+    if split is not None:
+        comp = msgspec.structs.replace(comp, subgroups=split)
+    if weighted is not None:
+        comp = msgspec.structs.replace(comp, subgroup_weights=weighted)
+    return method_of(msgspec.structs.replace(scenario, grpo=grpo, complementary=comp))

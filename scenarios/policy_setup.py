@@ -7,22 +7,20 @@ scenarios without a policy never import it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import torch
 
 from agents.acting.inference import ActSettings, InferenceActor, PolicyRunner
 from agents.audit.reexecute import Reexecution
-from agents.learning.credit_actor import CreditActor, credit_settings
 from agents.learning.learner import Learner, Trainee
-from agents.memory.bank import MemoryActor, MemorySettings
-from agents.memory.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
+from agents.memory.extractor import ExtractorModel
+from agents.methods.actors import load_extractor
+from agents.methods.base import Method, RunResources, base_models, method_actors
 from agents.models.embedded import EmbeddedSpec, ensure_embedded
-from agents.models.embedder import Embedder, make_embedder, minilm_dir
 from agents.models.extractor_base import OpsSpec, ensure_extractor_base
 from engine.actor import ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
@@ -40,26 +38,25 @@ from stores.checkpoints import (
 
 INFERENCE = "inference"
 LEARNER = "learner"
-MEMORY = "memory"
-EXTRACTOR = "extractor"
-CREDIT = "credit"
+ROLLOUT = "rollout"
 
 
 def policy_actors(
     scenario: Scenario, source: str, run_dir: Path | None, prepare_model: bool
 ) -> tuple[list[ActorSpec], Path | None]:
-    """The inference actor (and the learner, for a learning method) and the model directory.
+    """The inference actor, and for a learning method its own actors and the learner; the
+    policy's model directory.
 
     Args:
         scenario: the validated scenario.
         source: its file name (for error messages).
         run_dir: the run directory (checkpoints go there); None keeps them in memory.
-        prepare_model: build (or find in the cache) the embedded model and set torch's threads;
-            False only checks the settings and model directories (``coevo validate``) and
-            returns None as the model directory.
+        prepare_model: build (or find in the cache) the embedded model and the method's base
+            models, and set torch's threads; False only checks the settings and model
+            directories (``coevo validate``) and returns None as the model directory.
 
     Raises:
-        ScenarioInvalid: ``policy.embedded`` or the extractor's settings are invalid.
+        ScenarioInvalid: ``policy.embedded`` or the method's base-model settings are invalid.
         ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
     try:  # the device exists: refused now, not by the first actor that loads a model
@@ -68,134 +65,77 @@ def policy_actors(
         raise ScenarioInvalid(source, f"$.policy.device: {exc}") from None
     if scenario.policy.threads and prepare_model:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
-    extracting = scenario.run.method == "complementary"
-    # the extractor's settings (and a local path) are checked before anything is built
-    extractor_dir = extractor_model_dir(scenario, source, None) if extracting else None
+    method = method_of(scenario) if scenario.run.method != ROLLOUT else None
+    roles = _roles(method, source) if method else ()
+    # the base models' settings (and local paths) are checked before anything is built
+    bases = {role: base_model_dir(scenario, source, role, None) for role in roles}
     model = policy_model_dir(scenario, source) if prepare_model else None
     if not prepare_model:
         check_policy_model(scenario, source)
-    keep = scenario.grpo.keep_checkpoints
-    checkpoints: Checkpoints = (
-        DirCheckpoints(run_dir / "checkpoints", keep=keep) if run_dir else MemoryCheckpoints()
+    elif model is not None:
+        bases = {role: base_model_dir(scenario, source, role, model) for role in roles}
+    run = RunResources(
+        device=scenario.policy.device,
+        batch_max=scenario.policy.batch_max,
+        batch_wait=scenario.policy.batch_wait_ms / 1000.0,
+        checkpoints=partial(_store, run_dir, scenario.grpo.keep_checkpoints),
+        base_model=partial(_base, {"policy": model, **bases}),
+        prompts=msgspec.structs.asdict(scenario.prompt),
     )
-    extractor: Checkpoints = (
-        DirCheckpoints(run_dir / "extractor", keep=keep) if run_dir else MemoryCheckpoints()
-    )
-    if extracting and extractor_dir is None and model is not None:
-        extractor_dir = extractor_model_dir(scenario, source, model)
-    return _policy_actors(scenario, model, extractor_dir, checkpoints, extractor), model
+    return _policy_actors(scenario, method, model, run), model
+
+
+def _roles(method: Method, source: str) -> tuple[str, ...]:
+    try:
+        return base_models(method)
+    except ValueError as exc:
+        raise ScenarioInvalid(source, f"$.run.method: {exc}") from None
+
+
+def _store(run_dir: Path | None, keep: int, name: str) -> Checkpoints:
+    """The checkpoint store ``name``: the directory ``run_dir/name``, or memory for a run
+    without a directory."""
+    return DirCheckpoints(run_dir / name, keep=keep) if run_dir else MemoryCheckpoints()
+
+
+def _base(dirs: dict[str, Path | None], role: str) -> Path | None:
+    if role not in dirs:
+        raise KeyError(f"no base model {role!r} was prepared (prepared: {sorted(dirs)})")
+    return dirs[role]
 
 
 def _policy_actors(
-    scenario: Scenario,
-    model: Path | None,
-    extractor_dir: Path | None,
-    checkpoints: Checkpoints,
-    extractor_checkpoints: Checkpoints,
+    scenario: Scenario, method: Method | None, model: Path | None, run: RunResources
 ) -> list[ActorSpec]:
-    p = scenario.policy
+    checkpoints = run.checkpoints("checkpoints")
     load_runner = partial(load_runner_for, scenario, model)
-    specs = [
-        ActorSpec(
-            name=INFERENCE,
-            factory=partial(
-                InferenceActor,
-                load_runner,
-                checkpoints,
-                batch_max=p.batch_max,
-                batch_wait=p.batch_wait_ms / 1000.0,
-            ),
-        )
-    ]
-    if scenario.run.method == "empo2":
-        specs.append(memory_actor(scenario))
-    if scenario.run.method == "complementary":
-        specs += complementary_actors(scenario, extractor_dir, extractor_checkpoints)
-    if scenario.run.method != "rollout":
-        specs += method_of(scenario).actors()
+    inference = partial(
+        InferenceActor,
+        load_runner,
+        checkpoints,
+        batch_max=run.batch_max,
+        batch_wait=run.batch_wait,
+    )
+    specs = [ActorSpec(name=INFERENCE, factory=inference)]
+    if method is not None:
+        specs += method_actors(method, run)
         load_trainee = partial(load_trainee_for, scenario, model)
         specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
     return specs
 
 
-def embedder_for(name: Literal["minilm", "hashing"]) -> Callable[[], Embedder]:
-    """What builds the memory's embedder in its actor; a missing MiniLM package is reported
-    now, as a one-line error before the run starts, not as an actor failure.
+def base_model_dir(scenario: Scenario, source: str, role: str, model: Path | None) -> Path | None:
+    """A method's base model by role (one of :data:`agents.methods.base.BASE_MODEL_ROLES`).
+
+    Args:
+        model: the policy's model directory, or None before it is prepared (then only the
+            settings are checked, see :func:`extractor_model_dir`).
 
     Raises:
-        ModelUnavailable: ``name`` is "minilm" and its package is missing or incomplete.
+        ScenarioInvalid, ModelUnavailable: see :func:`extractor_model_dir`.
     """
-    if name == "minilm":
-        minilm_dir()
-    return partial(make_embedder, name)
-
-
-def memory_actor(scenario: Scenario) -> ActorSpec:
-    """EMPO2's memory actor with the scenario's embedder and bank rules."""
-    e = scenario.empo2
-    settings = MemorySettings(
-        capacity=e.capacity, threshold=e.threshold, top_k=e.top_k, index=e.index
-    )
-    return ActorSpec(
-        name=MEMORY,
-        factory=partial(MemoryActor, embedder_for(e.embedder), settings),
-    )
-
-
-def complementary_actors(
-    scenario: Scenario, model: Path | None, checkpoints: Checkpoints
-) -> list[ActorSpec]:
-    """Complementary RL's memory (the bank), extractor and credit actors."""
-    c = scenario.complementary
-    bank = bank_settings(scenario)
-    credit = credit_settings(c)
-    memory = partial(
-        MemoryActor,
-        embedder_for(c.embedder),
-        bank,
-        merge_chunk=c.merge_chunk,
-        merge_max=c.merge_max,
-    )
-    load = partial(load_extractor_for, scenario, model)
-    p = scenario.policy
-    return [
-        ActorSpec(name=MEMORY, factory=memory),
-        ActorSpec(
-            name=EXTRACTOR,
-            factory=partial(
-                ExtractorActor,
-                load,
-                checkpoints,
-                batch_max=p.batch_max,
-                batch_wait=p.batch_wait_ms / 1000.0,
-            ),
-        ),
-        ActorSpec(name=CREDIT, factory=partial(CreditActor, credit)),
-    ]
-
-
-def bank_settings(scenario: Scenario) -> MemorySettings:
-    """Complementary RL's bank rules in a scenario."""
-    c = scenario.complementary
-    return MemorySettings(
-        capacity=c.capacity, index=c.index, lam=c.lam, recent=c.recent, pool=c.pool
-    )
-
-
-def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
-    """The extractor's own copy of its starting weights (blocking)."""
-    c = scenario.complementary
-    assert model is not None, "the model directory is prepared before the run starts"
-    device = resolve_device(scenario.policy.device)
-    net, tokenizer = load_model_dir(model, device)
-    settings = ExtractorSettings(
-        temperature=c.temperature,
-        max_new_tokens=c.max_new_tokens,
-        max_ops=c.max_ops,
-        plain_add=c.plain_add,
-        device=device,
-    )
-    return ExtractorModel(net, tokenizer, settings)
+    assert role == "extractor", f"base_models() admits only known roles, not {role!r}"
+    return extractor_model_dir(scenario, source, model)
 
 
 def policy_model_dir(scenario: Scenario, source: str) -> Path:
@@ -333,14 +273,18 @@ def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
     """
     source = str(run_dir / "scenario.toml")
     scenario = load_scenario(source)
-    method = scenario.run.method
-    if method == "rollout" or scenario.agent.kind != "policy":
-        raise ScenarioInvalid(source, f"run.method = {method!r} trains no model")
+    if scenario.run.method == ROLLOUT or scenario.agent.kind != "policy":
+        raise ScenarioInvalid(source, f"run.method = {scenario.run.method!r} trains no model")
     if scenario.policy.threads:
         torch.set_num_threads(scenario.policy.threads)
     model = policy_model_dir(scenario, source)
     trainee = load_trainee_for(scenario, model)
     extractor = None
-    if method == "complementary":
+    if "extractor" in _roles(method_of(scenario), source):
         extractor = load_extractor_for(scenario, extractor_model_dir(scenario, source, model))
     return Reexecution(run_dir, run_seed, trainee, extractor)
+
+
+def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
+    """The extractor of a scenario's method from its starting weights (blocking)."""
+    return load_extractor(scenario.complementary, model, scenario.policy.device)

@@ -36,6 +36,8 @@ from agents.events.memory import TipStored
 from agents.events.policy import PolicyUpdated
 from agents.memory.bank_rebuild import Answer, RebuildSettings, bank_script
 from agents.memory.extractor import ExtractorModel
+from agents.methods.actors import bank_settings, embedder_for
+from agents.methods.builtin import Complementary
 from agents.models.embedder import Embedder
 from agents.probe.coevolution import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
 from agents.probe.play import PlaySettings
@@ -45,13 +47,8 @@ from engine.lifecycle import RunStarted
 from engine.world import Task, TextWorld
 from engine.world_registry import load_world
 from scenarios.loader import load_scenario
-from scenarios.policy_setup import (
-    bank_settings,
-    embedder_for,
-    extractor_model_dir,
-    load_extractor_for,
-    policy_model_dir,
-)
+from scenarios.methods import method_of
+from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     check_model_dir,
@@ -101,6 +98,16 @@ class RunLog:
     policy: list[PolicyUpdated] = field(default_factory=list[PolicyUpdated])
 
 
+def _complementary(scenario: Scenario) -> bool:
+    """The scenario's method is Complementary RL (or a plug-in built on it)."""
+    if scenario.run.method == "rollout":
+        return False
+    try:
+        return isinstance(method_of(scenario), Complementary)
+    except ValueError:  # a plug-in that no longer loads: not a run the probe can read
+        return False
+
+
 def read_run(path: str, read: Callable[[str], Iterable[Envelope[Event]]]) -> RunLog:
     """A Complementary RL run's scenario and the events a probe needs.
 
@@ -116,7 +123,7 @@ def read_run(path: str, read: Callable[[str], Iterable[Envelope[Event]]]) -> Run
     root = find_run(path).root
     source = str(root / "scenario.toml")
     scenario = load_scenario(source)
-    if scenario.run.method != "complementary":
+    if not _complementary(scenario):
         raise ProbeInvalid(
             f"{path}: run.method = {scenario.run.method!r}: not a Complementary RL run "
             "(the probe rebuilds an extractor's bank)"
@@ -184,7 +191,7 @@ def _setup(
     embedder = embedder_for(s.complementary.embedder)()
     return Setup(
         script=bank_script(run.envelopes),
-        bank=bank_settings(s),
+        bank=bank_settings(s.complementary),
         dim=embedder.dim,
         embed=_Cached(embedder),
         rebuild=RebuildSettings(
@@ -192,6 +199,7 @@ def _setup(
             merge_chunk=s.complementary.merge_chunk,
             merge_max=s.complementary.merge_max,
             batch=p.batch_max,
+            merge_system=s.prompt.merge,
         ),
         runner=runner,
         policy=policy,

@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from agents.memory.extraction import EXTRACT_SYSTEM, MERGE_SYSTEM
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
-from agents.models.prompts import TURN_SYSTEM
+from agents.models.prompts import REFLECT_SYSTEM, TURN_SYSTEM
 
 PositiveInt = Annotated[int, Meta(ge=1, le=1_000_000_000)]
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
@@ -119,10 +120,20 @@ class PromptConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             appended to, each on its own ``<tip> ... </tip>`` line: "user" (after the
             observation) or "system" (after the system text). Distillation removes them from
             the same message.
+        reflect: the system text of the prompt asking for a reflection (EMPO2's tips).
+        extract: the system text of the prompt asking Complementary RL's extractor for
+            operations after an episode; ``{max_ops}`` in it becomes ``[complementary] max_ops``.
+        merge: the system text of the prompt asking the extractor to tidy a chunk of entries.
+
+    The embedded model learns the default texts in pre-training; other texts are for a real
+    model (or to study what the words change).
     """
 
     system: Annotated[str, Meta(min_length=1, max_length=10_000)] = TURN_SYSTEM
     memory: Literal["user", "system"] = "user"
+    reflect: Annotated[str, Meta(min_length=1, max_length=10_000)] = REFLECT_SYSTEM
+    extract: Annotated[str, Meta(min_length=1, max_length=10_000)] = EXTRACT_SYSTEM
+    merge: Annotated[str, Meta(min_length=1, max_length=10_000)] = MERGE_SYSTEM
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

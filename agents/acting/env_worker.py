@@ -37,9 +37,10 @@ from agents.events.episodes import (
 from agents.events.extractor import ExtractionRequested
 from agents.events.memory import ReflectionRequested, RetrievalRequested, TipsRetrieved, slot_of
 from agents.events.policy import ActionRequested, ActionSampled
-from agents.memory.extraction import extract_messages
+from agents.memory.extraction import EXTRACT_SYSTEM, extract_messages
 from agents.methods.base import mode_of
 from agents.models.prompts import (
+    REFLECT_SYSTEM,
     TURN_SYSTEM,
     MemoryPlace,
     Step,
@@ -77,6 +78,9 @@ class PromptSettings:
         greedy_eval: act greedily in evaluation episodes (purpose "eval").
         system: the system message's text.
         memory: the message the memory's entries are appended to ("user" or "system").
+        reflect: the system text of a reflection's prompt (EMPO2's tips).
+        extract: the system text of an extraction's prompt (Complementary RL's extractor).
+        max_ops: the most operations an extraction's prompt asks for.
     """
 
     window: int = 4
@@ -84,6 +88,9 @@ class PromptSettings:
     greedy_eval: bool = False
     system: str = TURN_SYSTEM
     memory: MemoryPlace = "user"
+    reflect: str = REFLECT_SYSTEM
+    extract: str = EXTRACT_SYSTEM
+    max_ops: int = 3
 
 
 class EnvWorker(Actor):
@@ -396,7 +403,13 @@ class _PolicyAgent:
         used = self._entry
         entry = (used.tip_ids[0], used.tips[0]) if used is not None and used.tip_ids else None
         messages = extract_messages(
-            self._goal, self._first, self.history, success=last.success, entry=entry and entry[1]
+            self._goal,
+            self._first,
+            self.history,
+            success=last.success,
+            entry=entry and entry[1],
+            max_ops=self._prompt.max_ops,
+            system=self._prompt.extract,
         )
         await self._ctx.emit(
             ExtractionRequested(
@@ -414,7 +427,9 @@ class _PolicyAgent:
     async def reflect(self, last: Observation) -> None:
         """Ask the policy for a tip on the finished episode (answered to the memory actor)."""
         job = self._job
-        messages = reflection_messages(self._goal, self._first, self.history, success=last.success)
+        messages = reflection_messages(
+            self._goal, self._first, self.history, success=last.success, system=self._prompt.reflect
+        )
         await self._ctx.emit(
             ReflectionRequested(
                 episode=job.episode,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -27,15 +27,9 @@ from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
 from agents.events.memory import TipsRetrieved
 from agents.events.policy import AdvantagesComputed, GradientRequested
 from agents.learning.credit_actor import RULES, CreditBook, CreditSettings
-from agents.methods.advantages import (
-    group_advantages,
-    group_stats,
-    subgroup_advantages,
-    subgroup_weights,
-)
-from agents.methods.base import RolloutMode, mode_of
+from agents.methods.advantages import group_stats, outcome
+from agents.methods.base import Method, RolloutMode, mode_of
 from agents.methods.credit import relative_credit
-from agents.methods.empo2 import intrinsic_reward
 from engine.errors import AuditQueryInvalid
 from engine.eventlog import EventLog
 from engine.events import Envelope, Event
@@ -47,25 +41,41 @@ class AuditSettings:
 
     Attributes:
         credit: the credit actor's settings (rule, batch, alpha, cooldown, loss settings).
-        std_norm: divide advantages by the (sub)group's std; None: as each group recorded.
-        split: Complementary RL's subgroup advantages; False: one advantage over the group.
-        weighted: Complementary RL's subgroup weights; False: every sample weighs 1.
-        top_k: EMPO2's cap on the similar-tip count of the novelty bonus.
+        method: the run's learning method, whose ``score`` re-derives each group's rewards and
+            advantages as the trainer computed them (None: a run without one).
+        reward: the outcome of an episode: its "score" or its "success" (``[grpo] reward``).
+        method_sets: the ``--set`` overrides ``method`` was built with (none: the run's own).
     """
 
     credit: CreditSettings
-    std_norm: bool | None = None
-    split: bool = True
-    weighted: bool = True
-    top_k: int = 10
+    method: Method | None
+    reward: Literal["score", "success"] = "score"
+    method_sets: tuple[tuple[str, bool], ...] = ()
+
+    def setting(self, key: str, default: bool | None) -> bool | None:
+        """The value ``--set`` gave the method setting ``key``, else ``default``."""
+        return dict(self.method_sets).get(key, default)
 
 
 SETTABLE = ("batch", "alpha", "cooldown", "reweight", "std_norm", "split", "weighted")
 """The keys ``--set`` accepts; ``reweight=false`` is ``alpha=0`` and ``cooldown=0``."""
 
+METHOD_KEYS = ("std_norm", "split", "weighted")
+"""The keys of ``SETTABLE`` that change the method (its scenario settings), not the credit."""
 
-def with_overrides(base: AuditSettings, rule: str | None, sets: Sequence[str]) -> AuditSettings:
+
+def with_overrides(
+    base: AuditSettings,
+    rule: str | None,
+    sets: Sequence[str],
+    method_for: Callable[[Mapping[str, bool]], Method | None],
+) -> AuditSettings:
     """``base`` under ``--rule`` and ``--set key=value`` overrides.
+
+    Args:
+        method_for: the run's method rebuilt with settings overridden (``std_norm``: the group
+            and subgroup advantages' std division; ``split``: Complementary RL's subgroups;
+            ``weighted``: its subgroup weights); called only when one of them is set.
 
     Raises:
         AuditQueryInvalid: an unknown rule or key, or a value of the wrong type or range.
@@ -74,6 +84,7 @@ def with_overrides(base: AuditSettings, rule: str | None, sets: Sequence[str]) -
         raise AuditQueryInvalid(f"unknown credit rule {rule!r}; known: {', '.join(RULES)}")
     credit = replace(base.credit, rule=rule) if rule is not None else base.credit
     out = replace(base, credit=credit)
+    method_sets: dict[str, bool] = {}
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or key not in SETTABLE:
@@ -90,7 +101,9 @@ def with_overrides(base: AuditSettings, rule: str | None, sets: Sequence[str]) -
                 else out
             )
         else:
-            out = replace(out, **{key: value})
+            method_sets[key] = value
+    if method_sets:
+        out = replace(out, method=method_for(method_sets), method_sets=tuple(method_sets.items()))
     return out
 
 
@@ -219,50 +232,39 @@ def _modes(g: AdvantagesComputed) -> tuple[RolloutMode, ...]:
 def derive_group(
     g: AdvantagesComputed, inputs: CreditInputs, settings: AuditSettings
 ) -> AdvantagesComputed:
-    """Group ``g`` re-derived: outcomes from the episodes' ends, the novelty bonus from their
-    retrievals, rewards, then the advantages by the rule ``g`` names (or ``settings``).
+    """Group ``g`` re-derived by the method's own ``score``, as the trainer computed it: the
+    outcomes from the episodes' ends, the similar-tip counts from their retrievals, the rollout
+    modes as recorded.
 
     Raises:
-        AuditQueryInvalid: a rule name this coevo does not know, or an episode without an end.
+        AuditQueryInvalid: a run without a method, an unknown rollout mode, an episode without
+            an end, or a method whose ``score`` refuses the group.
     """
-    parts = g.rule.split("-")
-    if (
-        len(parts) < 3
-        or parts[0] not in ("grpo", "subgroup")
-        or parts[-1] not in ("score", "success")
-    ):
-        raise AuditQueryInvalid(f"group {g.group}: unknown advantage rule {g.rule!r}")
+    method = settings.method
+    if method is None:
+        raise AuditQueryInvalid(f"group {g.group}: the run has no learning method to score it")
+    modes = _modes(g)
     missing = [ep for ep in g.episodes if ep not in inputs.finished]
     if missing:
         raise AuditQueryInvalid(f"group {g.group}: no EpisodeFinished for {missing}")
     ends = [inputs.finished[ep] for ep in g.episodes]
-    outcomes = [e.score if parts[-1] == "score" else (1.0 if e.success else 0.0) for e in ends]
-    modes = _modes(g)
-    novelty = bool(g.outcomes)
-    intrinsic = [
-        intrinsic_reward(inputs.similar.get(ep, []), cap=settings.top_k)
-        if novelty and mode.memory != "none"
-        else 0.0
-        for ep, mode in zip(g.episodes, modes, strict=True)
-    ]
-    rewards = [o + g.intrinsic_coef * x for o, x in zip(outcomes, intrinsic, strict=True)]
-    std_norm = parts[1] == "std" if settings.std_norm is None else settings.std_norm
-    guided = [mode.guided for mode in modes]
-    if parts[0] == "grpo" or not settings.split:
-        adv = group_advantages(rewards, std_norm=std_norm, eps=g.eps)
-    else:
-        adv = subgroup_advantages(rewards, guided, std_norm=std_norm, eps=g.eps)
-    if parts[0] == "subgroup" and settings.weighted:
-        adv = [a * w for a, w in zip(adv, subgroup_weights(guided), strict=True)]
-    mean, std = group_stats(rewards)
+    outcomes = [outcome(e.score, e.success, settings.reward) for e in ends]
+    similar = [inputs.similar.get(ep, []) for ep in g.episodes]
+    try:
+        scored = method.score(outcomes, [m.name for m in modes], similar)
+    except ValueError as exc:
+        raise AuditQueryInvalid(f"group {g.group}: {method.name}.score: {exc}") from None
+    mean, std = group_stats(scored.rewards) if scored.rewards else (0.0, 0.0)
     return msgspec.structs.replace(
         g,
-        rewards=tuple(rewards),
-        advantages=tuple(adv),
+        rewards=scored.rewards,
+        advantages=scored.advantages,
+        rule=scored.rule,
         mean=mean,
         std=std,
-        outcomes=tuple(outcomes) if novelty else (),
-        intrinsic=tuple(intrinsic) if novelty else (),
+        outcomes=scored.outcomes,
+        intrinsic=scored.intrinsic,
+        intrinsic_coef=scored.intrinsic_coef,
     )
 
 
@@ -404,14 +406,14 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
     c = settings.credit
     return CreditAudit(
         events=inputs.end,
-        counterfactual=settings != base,
+        counterfactual=(settings.credit, settings.method_sets) != (base.credit, base.method_sets),
         rule=c.rule,
         batch=c.batch,
         alpha=c.alpha,
         cooldown=c.cooldown,
-        std_norm=settings.std_norm,
-        split=settings.split,
-        weighted=settings.weighted,
+        std_norm=settings.setting("std_norm", None),
+        split=bool(settings.setting("split", True)),
+        weighted=bool(settings.setting("weighted", True)),
         match=all(ch.first_mismatch is None for ch in checks),
         checks=checks,
         credits_changed=len(changed),

@@ -17,7 +17,8 @@ from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
 from agents.events.memory import TipsRetrieved
 from agents.events.policy import AdvantagesComputed, GradientRequested
-from agents.learning.credit_actor import CreditSettings, credit_settings
+from agents.learning.credit_actor import credit_settings
+from agents.methods.registry import build_method
 from engine.errors import AuditQueryInvalid
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, InvariantViolated, invariant
@@ -37,33 +38,44 @@ _READ = frozenset(
 
 
 def run_settings(scenario: Any) -> AuditSettings:
-    """The audit's settings for a run of ``scenario`` (its ``[complementary]`` and
-    ``[empo2]`` sections), as ``coevo audit RUN credit`` takes them; the defaults without one
-    (a generated stream)."""
-    if scenario is None:
-        return AuditSettings(credit=CreditSettings())
-    return AuditSettings(credit=credit_settings(scenario.complementary), top_k=scenario.empo2.top_k)
+    """The audit's settings for a run of ``scenario``, as ``coevo audit RUN credit`` takes
+    them: the credit actor's (``[complementary]``), the run's method (built by the method
+    registry from the scenario's sections, as the run built it; None for a rollout) and the
+    outcome reward (``[grpo] reward``).
+
+    Raises:
+        ValueError: the run's method cannot be built (a plug-in that no longer imports).
+    """
+    name = scenario.run.method
+    sections = {"empo2": scenario.empo2, "complementary": scenario.complementary}
+    method = (
+        None
+        if name == "rollout"
+        else build_method(name, scenario.grpo, sections.get(name), scenario.method)
+    )
+    return AuditSettings(credit_settings(scenario.complementary), method, scenario.grpo.reward)
 
 
-@invariant("credit", methods=("grpo", "empo2", "complementary"))
+@invariant("credit", needs_scenario=True)
 class Credit:
     """Credits and advantages re-derive from the events: every credit, extractor update
     request, group's advantages and policy update request equals what the audit re-derives
-    from the retrievals and episode ends under the run's settings."""
+    from the retrievals and episode ends under the run's settings and its method's own
+    ``score``."""
 
     name = "credit"
 
     def __init__(self, ctx: CheckContext | None = None) -> None:
-        self._settings = run_settings(ctx.scenario if ctx else None)
+        scenario = ctx.scenario if ctx else None
+        self._settings = run_settings(scenario) if scenario is not None else None
         self._kept: list[Envelope[Event]] = []
         self._end = 0
 
     @classmethod
-    def with_settings(cls, settings: AuditSettings | CreditSettings) -> Credit:
-        """The invariant under ``settings`` rather than a run's (a generated stream's own)."""
+    def with_settings(cls, settings: AuditSettings) -> Credit:
+        """The invariant under ``settings`` rather than a run's (a generated stream's own:
+        ``agents.testing.streams.AUDIT``)."""
         out = cls()
-        if isinstance(settings, CreditSettings):
-            settings = AuditSettings(credit=settings)
         out._settings = settings
         return out
 
@@ -74,6 +86,10 @@ class Credit:
 
     def finish(self, completed: bool) -> None:
         """Re-derive everything kept; raise at the first recorded event that differs."""
+        if self._settings is None:  # no run, no settings: nothing to re-derive under
+            raise InvariantViolated(
+                self.name, 0, "no run settings to re-derive under (Credit.with_settings)"
+            )
         try:
             inputs = gather_chunks([self._kept], self._end)
             audit = audit_credit(inputs, self._settings, self._settings)

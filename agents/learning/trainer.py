@@ -46,9 +46,9 @@ from agents.events.policy import (
     GradientRequested,
     PolicyUpdated,
 )
-from agents.methods.advantages import group_stats
+from agents.methods.advantages import group_stats, outcome
 from agents.methods.base import ADV_EPS, Method, mode_of
-from agents.methods.builtin import Grpo, grpo_rule
+from agents.methods.builtin import Grpo, complementary_rule, grpo_rule
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
 from engine.events import Event
@@ -126,9 +126,7 @@ def gradient_request(
 
 def rule_name(grpo: GrpoConfig, comp: ComplementaryConfig | None = None) -> str:
     """The advantage formula's name, as recorded in :class:`AdvantagesComputed`."""
-    if comp is not None:
-        return f"subgroup-{'std' if comp.subgroup_std else 'mean'}-weighted-{grpo.reward}"
-    return grpo_rule(grpo)
+    return complementary_rule(grpo, comp) if comp is not None else grpo_rule(grpo)
 
 
 @dataclass
@@ -446,9 +444,7 @@ class GrpoTrainer(Replayed):
         group = self._groups[gid]
         group.ended += 1
         if isinstance(ev, EpisodeFinished):
-            group.outcomes[ev.episode] = (
-                ev.score if self._grpo.reward == "score" else (1.0 if ev.success else 0.0)
-            )
+            group.outcomes[ev.episode] = outcome(ev.score, ev.success, self._grpo.reward)
         if group.ended == len(group.episodes):
             await self._group_done(ctx, gid, group)
 

@@ -34,7 +34,7 @@ from agents.events.memory import (
     TipsRetrieved,
     TipStored,
 )
-from agents.memory.extraction import merge_messages
+from agents.memory.extraction import MERGE_SYSTEM, merge_messages
 from agents.methods.credit import diversified_scores
 from agents.models.embedder import Embedder
 from agents.models.prompts import to_pairs
@@ -327,6 +327,7 @@ class MemoryActor(Actor):
         batch_wait: seconds to wait for more requests after the first.
         merge_chunk: entries per merge request.
         merge_max: most merge requests per slot per pass (over its newest entries).
+        merge_system: the system text of a merge request's prompt.
     """
 
     subscribes = (RetrievalRequested, TipProposed, ExtractorCalled, MergeDue)
@@ -340,6 +341,7 @@ class MemoryActor(Actor):
         batch_wait: float = 0.002,
         merge_chunk: int = 5,
         merge_max: int = 16,
+        merge_system: str = MERGE_SYSTEM,
     ) -> None:
         self._make_embedder = make_embedder
         self._settings = settings
@@ -347,6 +349,7 @@ class MemoryActor(Actor):
         self._batch_wait = batch_wait
         self._merge_chunk = merge_chunk
         self._merge_max = merge_max
+        self._merge_system = merge_system
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._restored: tuple[TipBank, Embedder] | None = None  # set by recover
         self._tail: list[Emitted] = []  # what a resumed run's bank decided but never logged
@@ -434,7 +437,12 @@ class MemoryActor(Actor):
 
     def _merges(self, ctx: Context, bank: TipBank, due: MergeDue) -> list[MergeRequested]:
         return merge_requests(
-            bank, due.step, ctx.run_seed, chunk=self._merge_chunk, most=self._merge_max
+            bank,
+            due.step,
+            ctx.run_seed,
+            chunk=self._merge_chunk,
+            most=self._merge_max,
+            system=self._merge_system,
         )
 
     def _embed(self, embedder: Embedder, texts: Sequence[str]) -> list[np.ndarray]:
@@ -454,11 +462,18 @@ class MemoryActor(Actor):
 
 
 def merge_requests(
-    bank: TipBank, step: int, run_seed: int, *, chunk: int, most: int
+    bank: TipBank,
+    step: int,
+    run_seed: int,
+    *,
+    chunk: int,
+    most: int,
+    system: str = MERGE_SYSTEM,
 ) -> list[MergeRequested]:
     """A merge pass's requests (pure): every slot's newest ``most * chunk`` entries, oldest
     first, in consecutive chunks of ``chunk`` (a chunk of one has nothing to merge), each with
-    its seed drawn from the run seed, the step, the slot and the chunk's offset."""
+    its seed drawn from the run seed, the step, the slot and the chunk's offset; ``system`` is
+    the prompt's system text."""
     out = []
     for slot in bank.slots():
         ids = bank.entries(slot)[-most * chunk :]
@@ -466,7 +481,7 @@ def merge_requests(
             part = ids[k : k + chunk]
             if len(part) < 2:
                 continue
-            messages = merge_messages([bank.tips[i].text for i in part])
+            messages = merge_messages([bank.tips[i].text for i in part], system)
             out.append(
                 MergeRequested(
                     step=step,

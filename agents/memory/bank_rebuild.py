@@ -41,6 +41,7 @@ from agents.events.extractor import (
 )
 from agents.events.memory import TipEvicted, TipRejected, TipStored
 from agents.memory.bank import MemorySettings, TipBank, merge_requests
+from agents.memory.extraction import MERGE_SYSTEM
 from agents.memory.extractor import call_id
 from engine.events import Envelope, Event
 
@@ -239,12 +240,14 @@ class RebuildSettings:
         run_seed: the run's seed (merge requests draw their seeds from it).
         merge_chunk: entries per merge chunk; ``merge_max``: most chunks per partition.
         batch: requests answered together.
+        merge_system: the system text of a merge request's prompt (``[prompt] merge``).
     """
 
     run_seed: int
     merge_chunk: int = 5
     merge_max: int = 16
     batch: int = 32
+    merge_system: str = MERGE_SYSTEM
 
 
 def rebuild_bank(
@@ -286,6 +289,7 @@ def rebuild_bank(
                 settings.run_seed,
                 chunk=settings.merge_chunk,
                 most=settings.merge_max,
+                system=settings.merge_system,
             )
             ids = [f"m{a.step}-{i}" for i in range(len(reqs))]
             calls = _answer_all(answer, reqs, ids, settings.batch, progress)

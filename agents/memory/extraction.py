@@ -157,6 +157,7 @@ def extract_messages(
     success: bool,
     entry: str | None,
     max_ops: int = 3,
+    system: str = EXTRACT_SYSTEM,
 ) -> list[dict[str, str]]:
     """The messages that ask the extractor for operations on the bank after an episode.
 
@@ -171,6 +172,8 @@ def extract_messages(
         success: whether the episode reached its goal.
         entry: the text of the entry in the actor's prompt, or None (a free episode).
         max_ops: the most operations to ask for (tell :func:`parse_extraction` the same).
+        system: the system message's text (the scenario's ``[prompt] extract``); ``{max_ops}``
+            in it is replaced by ``max_ops``.
 
     Returns:
         A system and a user message.
@@ -182,17 +185,18 @@ def extract_messages(
     user = reflection_messages(goal, first_observation, history, success=success)[1]["content"]
     used = f"entry {SHOWN_ID}: {entry}" if entry is not None else "entry: none"
     return [
-        {"role": "system", "content": EXTRACT_SYSTEM.format(max_ops=max_ops)},
+        {"role": "system", "content": system.replace("{max_ops}", str(max_ops))},
         {"role": "user", "content": f"{user}\n{used}"},
     ]
 
 
-def merge_messages(texts: Sequence[str]) -> list[dict[str, str]]:
+def merge_messages(texts: Sequence[str], system: str = MERGE_SYSTEM) -> list[dict[str, str]]:
     """The messages that ask the extractor to merge, rewrite or discard a chunk of entries.
 
     Args:
         texts: the chunk's entry texts, shown ``entry <k>: <text>`` with ``k`` counting from
             1; answers name the entries by ``k`` (:func:`to_bank_ids` maps them back).
+        system: the system message's text (the scenario's ``[prompt] merge``).
 
     Returns:
         A system and a user message.
@@ -203,7 +207,7 @@ def merge_messages(texts: Sequence[str]) -> list[dict[str, str]]:
     if not texts:
         raise ValueError("texts must not be empty")
     return [
-        {"role": "system", "content": MERGE_SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": "\n".join(f"entry {k}: {t}" for k, t in enumerate(texts, 1))},
     ]
 

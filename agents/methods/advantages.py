@@ -11,6 +11,12 @@ import math
 from collections.abc import Sequence
 
 
+def outcome(score: float, success: bool, reward: str) -> float:
+    """An episode's outcome reward R: its final ``score``, or 1/0 for ``success``, as
+    ``[grpo] reward`` says ("score" or "success")."""
+    return score if reward == "score" else (1.0 if success else 0.0)
+
+
 def group_stats(rewards: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (ddof=1) of a group's rewards.
 

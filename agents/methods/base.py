@@ -11,26 +11,32 @@ Complementary RL and a researcher's own method goes through these hooks:
 - :meth:`Method.score`: a group's rewards and advantages, and what is recorded with them;
 - :meth:`Method.step_events`: events due when a step's groups have all ended (a merge);
 - :meth:`Method.loss`: the loss flags of an update request (EMPO2's low-probability mask);
-- :meth:`Method.actors`: the actors the method adds to a run (a memory, an insight list);
+- :meth:`Method.actors`: the actors the method adds to a run (EMPO2's memory; Complementary RL's
+  bank, extractor and credit actors; a plug-in's insight list), given the run's
+  :class:`RunResources` (device, batching, checkpoint stores, base models);
 - ``warmup``, ``memory_eval`` and ``adapts``: steps that train nothing, an evaluation round with
-  the memory shown, and whether the adaptation test has a memory to run on.
-
-The built-in methods' actors (EMPO2's memory; Complementary RL's memory, extractor and credit
-actors) are still built by :mod:`scenarios.policy_setup`, which needs the scenario's model
-settings; a plug-in's come from :meth:`Method.actors`.
+  the memory shown, and whether the adaptation test has a memory to run on;
+- ``base_models``: the models besides the policy the scenario layer prepares for the method
+  (``"extractor"``: the extractor's starting weights as ``[complementary] extractor`` names
+  them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from agents.events.episodes import EpisodeAssigned
 from agents.events.policy import GradientRequested
 from engine.actor import ActorSpec
 from engine.events import Event
 from engine.world import Task
+
+if TYPE_CHECKING:  # stores.checkpoints imports torch: only where a store is built
+    from stores.checkpoints import Checkpoints
 
 ADV_EPS = 1e-6
 """The advantages' denominator epsilon, recorded in every :class:`AdvantagesComputed`."""
@@ -100,6 +106,32 @@ class Scored:
     intrinsic_coef: float = 0.0
 
 
+@dataclass(frozen=True)
+class RunResources:
+    """What a method's actors may use of the run they join (built by the scenario layer).
+
+    Attributes:
+        device: the scenario's ``policy.device`` ("auto", "cpu", "cuda:0", ...), checked;
+            :func:`stores.checkpoints.resolve_device` turns it into a torch device.
+        batch_max: most requests a model actor answers in one batch.
+        batch_wait: seconds a model actor waits to fill a batch.
+        checkpoints: the checkpoint store named ``name`` (a directory of the run, or memory
+            when the run keeps no directory); the same name on resume gives the same store.
+        base_model: the directory of a prepared base model by role: ``"policy"`` or one the
+            method names in ``base_models``; None when only the settings are being checked
+            (``coevo validate``): load it in the actor, never in :meth:`Method.actors`.
+        prompts: the scenario's ``[prompt]`` texts by name ("system", "reflect", "extract",
+            "merge").
+    """
+
+    device: str
+    batch_max: int
+    batch_wait: float
+    checkpoints: Callable[[str], Checkpoints]
+    base_model: Callable[[str], Path | None]
+    prompts: Mapping[str, str] = field(default_factory=dict[str, str])
+
+
 @runtime_checkable
 class Method(Protocol):
     """A learning method as the trainer sees it. Every hook is pure: time and seeds are
@@ -112,6 +144,9 @@ class Method(Protocol):
             memory (None: no such round).
         adapts: the method has a tip memory the adaptation test can use.
         records_rollouts: the rollout modes are recorded in the advantages and requests.
+
+    An optional attribute ``base_models`` (a tuple of roles, default empty) names the base
+    models besides the policy its actors load (see :class:`RunResources`, :func:`base_models`).
     """
 
     name: str
@@ -144,6 +179,38 @@ class Method(Protocol):
         """The update request with the method's loss flags set."""
         ...
 
-    def actors(self) -> Sequence[ActorSpec]:
-        """The actors this method adds to a run (started with the inference actor)."""
+    def actors(self, run: RunResources) -> Sequence[ActorSpec]:
+        """The actors this method adds to a run (started with the inference actor). Build
+        specs only: models load in the actors, when the run starts."""
         ...
+
+
+BASE_MODEL_ROLES = ("extractor",)
+"""The base-model roles the scenario layer knows how to prepare besides the policy."""
+
+
+def base_models(method: Method) -> tuple[str, ...]:
+    """The base-model roles ``method`` asks for (none when it names none).
+
+    Raises:
+        ValueError: a role this coevo cannot prepare.
+    """
+    roles = tuple(getattr(method, "base_models", ()))
+    unknown = [r for r in roles if r not in BASE_MODEL_ROLES]
+    if unknown:
+        raise ValueError(
+            f"method {method.name!r} asks for base model(s) {unknown}; known roles: "
+            f"{list(BASE_MODEL_ROLES)}"
+        )
+    return roles
+
+
+def method_actors(method: Method, run: RunResources) -> Sequence[ActorSpec]:
+    """``method.actors(run)``; a plug-in written against the first form of the protocol,
+    ``actors(self)`` with no argument, is still called as it was written."""
+    actors = method.actors
+    try:
+        takes_run = bool(inspect.signature(actors).parameters)
+    except (TypeError, ValueError):  # no signature to read (a C callable): the current form
+        takes_run = True
+    return actors(run) if takes_run else actors()  # pyright: ignore[reportCallIssue]

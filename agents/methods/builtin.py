@@ -17,7 +17,7 @@ from agents.events.extractor import MergeDue
 from agents.events.memory import slot_of
 from agents.events.policy import GradientRequested
 from agents.methods.advantages import group_advantages, subgroup_advantages, subgroup_weights
-from agents.methods.base import ADV_EPS, Scored, mode_of
+from agents.methods.base import ADV_EPS, RunResources, Scored, mode_of
 from agents.methods.empo2 import intrinsic_reward, rollout_of
 from agents.methods.settings import ComplementaryConfig, Empo2Config, GrpoConfig
 from engine.actor import ActorSpec
@@ -30,6 +30,14 @@ def grpo_rule(grpo: GrpoConfig) -> str:
     return f"grpo-{'std' if grpo.std_norm else 'mean'}-{grpo.reward}"
 
 
+def complementary_rule(grpo: GrpoConfig, c: ComplementaryConfig) -> str:
+    """Complementary RL's advantage formula's name (``subgroup-mean-weighted-score`` with the
+    method's own settings; ``group-...`` and ``-flat-`` name the ablations)."""
+    split = "subgroup" if c.subgroups else "group"
+    weights = "weighted" if c.subgroup_weights else "flat"
+    return f"{split}-{'std' if c.subgroup_std else 'mean'}-{weights}-{grpo.reward}"
+
+
 class Grpo:
     """Outcome-only GRPO: every episode plain, group advantages, no memory."""
 
@@ -39,6 +47,7 @@ class Grpo:
     memory_eval: str | None = None
     adapts = False
     records_rollouts = False
+    base_models: tuple[str, ...] = ()
 
     def __init__(self, grpo: GrpoConfig, settings: None = None) -> None:
         self._grpo = grpo
@@ -65,8 +74,8 @@ class Grpo:
     def loss(self, req: GradientRequested) -> GradientRequested:
         return req
 
-    def actors(self) -> Sequence[ActorSpec]:
-        return ()  # the built-ins' actors: scenarios.policy_setup
+    def actors(self, run: RunResources) -> Sequence[ActorSpec]:
+        return ()
 
 
 class Empo2(Grpo):
@@ -118,6 +127,11 @@ class Empo2(Grpo):
             return req
         return msgspec.structs.replace(req, low_prob_delta=self._e.low_prob_delta)
 
+    def actors(self, run: RunResources) -> Sequence[ActorSpec]:
+        from agents.methods.actors import empo2_actors  # the memory's imports: when run
+
+        return empo2_actors(self._e)
+
 
 class Complementary(Grpo):
     """Complementary RL: each group split into a guided half (one bank entry) and a free half,
@@ -128,6 +142,7 @@ class Complementary(Grpo):
     Settings = ComplementaryConfig
     name = "complementary"
     records_rollouts = True
+    base_models = ("extractor",)
 
     def __init__(self, grpo: GrpoConfig, settings: ComplementaryConfig) -> None:
         super().__init__(grpo)
@@ -145,13 +160,23 @@ class Complementary(Grpo):
     def score(
         self, outcomes: Sequence[float], rollouts: Sequence[str], similar: Sequence[Sequence[int]]
     ) -> Scored:
-        rule = f"subgroup-{'std' if self._c.subgroup_std else 'mean'}-weighted-{self._grpo.reward}"
+        c = self._c
+        rule = complementary_rule(self._grpo, c)
         if not outcomes:
             return Scored((), (), rule)
         guided = [mode_of(r).guided for r in rollouts]
-        adv = subgroup_advantages(outcomes, guided, std_norm=self._c.subgroup_std, eps=ADV_EPS)
-        weighted = [a * w for a, w in zip(adv, subgroup_weights(guided), strict=True)]
-        return Scored(tuple(outcomes), tuple(weighted), rule)
+        if c.subgroups:
+            adv = subgroup_advantages(outcomes, guided, std_norm=c.subgroup_std, eps=ADV_EPS)
+        else:
+            adv = group_advantages(outcomes, std_norm=c.subgroup_std, eps=ADV_EPS)
+        if c.subgroup_weights:
+            adv = [a * w for a, w in zip(adv, subgroup_weights(guided), strict=True)]
+        return Scored(tuple(outcomes), tuple(adv), rule)
 
     def step_events(self, step: int) -> Sequence[Event]:
         return (MergeDue(step=step),) if (step + 1) % self._c.merge_every == 0 else ()
+
+    def actors(self, run: RunResources) -> Sequence[ActorSpec]:
+        from agents.methods.actors import complementary_actors  # torch: only when run
+
+        return complementary_actors(self._c, run)

@@ -145,6 +145,10 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         merge_every: steps between merge passes over the bank.
         merge_chunk: entries per merge request.
         subgroup_std: divide the subgroup advantages by their std (released code: mean-only).
+        subgroups: advantages within the guided and the free subgroup apart (the method);
+            False: one advantage over the whole group (an ablation).
+        subgroup_weights: weigh each subgroup half of its group (the method); False: every
+            sample weighs 1 (an ablation).
         embedder, index: as in ``[empo2]``.
         capacity: entries per family partition (FIFO).
         lam: weight of the retrieval-count penalty in the re-ranking.
@@ -167,6 +171,8 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     merge_every: Annotated[int, Meta(ge=1, le=10_000)] = 5
     merge_chunk: Annotated[int, Meta(ge=2, le=100)] = 5
     subgroup_std: bool = False
+    subgroups: bool = True
+    subgroup_weights: bool = True
     embedder: Literal["minilm", "hashing"] = "minilm"
     index: Literal["usearch", "exact"] = "usearch"
     capacity: Annotated[int, Meta(ge=1, le=10_000_000)] = 20_000

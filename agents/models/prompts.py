@@ -118,7 +118,12 @@ def strip_tips(
 
 
 def reflection_messages(
-    goal: str, first_observation: str, history: Sequence[Step], *, success: bool
+    goal: str,
+    first_observation: str,
+    history: Sequence[Step],
+    *,
+    success: bool,
+    system: str = REFLECT_SYSTEM,
 ) -> list[dict[str, str]]:
     """The messages that ask for a note on a finished episode (every turn is shown).
 
@@ -127,6 +132,7 @@ def reflection_messages(
         first_observation: the observation after reset.
         history: every turn of the episode, oldest first.
         success: whether the episode reached its goal.
+        system: the system message's text (the scenario's ``[prompt] reflect``).
 
     Returns:
         A system and a user message.
@@ -135,7 +141,7 @@ def reflection_messages(
     lines += [f"> {action}\n{answer}" for action, answer in history]
     lines.append(f"outcome: {'success' if success else 'failure'}")
     return [
-        {"role": "system", "content": REFLECT_SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": "\n".join(lines)},
     ]
 

@@ -7,7 +7,7 @@ which episode or entry it acts on) and played by :class:`StreamBuilder`, which e
 real actors would: advantages through the GRPO method's own ``score``, credits and extractor
 requests through the credit actor's own fold (``CreditBook.decide``). So a stream shrinks
 with its program, to the few operations a failure needs, and every stream holds every
-invariant of :mod:`agents.invariants` (``credit`` under :data:`CREDIT`).
+invariant of :mod:`agents.invariants` (``credit`` under :data:`AUDIT`).
 
 Needs Hypothesis (``pip install 'coevo[testing]'``).
 """
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agents.audit.credit import AuditSettings
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
@@ -64,15 +65,18 @@ except ModuleNotFoundError:  # the optional extra: say how to get it, in one lin
         "coevo's strategies need Hypothesis: pip install 'coevo[testing]'"
     ) from None
 
-__all__ = ["CREDIT", "OPS", "Memory", "StreamBuilder", "runs"]
+__all__ = ["AUDIT", "CREDIT", "OPS", "Memory", "StreamBuilder", "runs"]
 
 Memory = Literal["none", "tips", "extractor"]
 """What the stream's memory is: none, EMPO2-like reflections, or a Complementary RL extractor."""
 
 CREDIT = CreditSettings(batch=1)
-"""The credit settings streams are made with (``agents.invariants.Credit.with_settings``)."""
+"""The credit actor's settings streams are made with (an extractor request per credit)."""
 
 GRPO = GrpoConfig(reward="success", group_size=2)
+
+AUDIT = AuditSettings(CREDIT, Grpo(GRPO), GRPO.reward)
+"""What streams re-derive under (``agents.invariants.Credit.with_settings(AUDIT)``)."""
 GROUPS_PER_UPDATE = 2
 FAMILIES = ("heat", "unlock")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -419,9 +419,29 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     meta = log.read_meta()
     source = f"{args.run} (its scenario)"
     scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)
-    base = AuditSettings(credit=credit_settings(scenario.complementary), top_k=scenario.empo2.top_k)
-    settings = with_overrides(base, args.rule, args.set)
+    method = _method_or_none(scenario, {})
+    base = AuditSettings(credit_settings(scenario.complementary), method, scenario.grpo.reward)
+    settings = with_overrides(
+        base, args.rule, args.set, lambda sets: _method_or_none(scenario, sets)
+    )
     return audit_credit(gather(log), settings, base)
+
+
+def _method_or_none(scenario: Any, sets: Mapping[str, bool]) -> Any:
+    """The run's method with ``--set`` overrides; None for a run without one.
+
+    Raises:
+        AuditQueryInvalid: the method cannot be built (a plug-in that no longer imports).
+    """
+    from engine.errors import AuditQueryInvalid
+    from scenarios.methods import method_with
+
+    if scenario.run.method == "rollout":
+        return None
+    try:
+        return method_with(scenario, **sets)
+    except ValueError as exc:
+        raise AuditQueryInvalid(f"the run's method: {exc}") from None
 
 
 if __name__ == "__main__":

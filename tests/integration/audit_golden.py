@@ -45,7 +45,10 @@ from engine.events import Envelope, Event
 from scenarios.loader import parse_toml, to_scenario
 from stores.lmdb_log import LmdbEventLog
 
-TOML = 'name = "golden"\n[run]\nmethod = "complementary"\n[complementary]\nbatch = 2\n'
+TOML = (
+    'name = "golden"\n[run]\nmethod = "complementary"\n[grpo]\nreward = "success"\n'
+    "[complementary]\nbatch = 2\n"
+)
 SETTINGS = credit_settings(to_scenario(parse_toml(TOML, "golden"), "golden").complementary)
 SLOT = "train/heat"
 TEXTS = {

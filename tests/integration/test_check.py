@@ -61,12 +61,12 @@ def test_a_real_run_holds_every_invariant_that_applies(
 ) -> None:
     assert main(["check", str(run)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"{run}: {len(read(run))} events (completed) hold 6 invariants: ")
+    assert out[0].startswith(f"{run}: {len(read(run))} events (completed) hold 7 invariants: ")
     for name in ("sessions", "episodes", "requests", "versions", "retrievals", "recorded-once"):
         assert name in out[0]
+    assert "credit" in out[0]  # a rollout has no credit to re-derive: it holds
     skipped = [line.strip() for line in out[1:]]
     assert "not checked: lineage: for methods complementary, empo2, not rollout" in skipped
-    assert "not checked: credit: for methods complementary, empo2, grpo, not rollout" in skipped
 
 
 def test_a_violation_is_its_seq_and_the_events_involved_one_line_each(

@@ -19,15 +19,10 @@ from test_grpo_run import of, read_events
 from agents.events.extractor import ExtractorCalled, ExtractorUpdated
 from agents.events.memory import TipEvicted, TipStored
 from agents.memory.bank_rebuild import RebuildSettings, Rebuilt, bank_script, rebuild_bank
+from agents.methods.actors import bank_settings, embedder_for
 from engine.events import Envelope, Event
 from scenarios.cli import main
-from scenarios.policy_setup import (
-    bank_settings,
-    embedder_for,
-    extractor_model_dir,
-    load_extractor_for,
-    policy_model_dir,
-)
+from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
 from scenarios.probe_setup import read_run
 from stores.lmdb_log import LmdbEventLog
 
@@ -198,7 +193,12 @@ def rebuild_v0(run_dir: Path) -> Rebuilt:
     )
     embed = lambda texts: list(embedder.embed(list(texts)))  # noqa: E731
     return rebuild_bank(
-        bank_script(run.envelopes), ext.answer, embed, bank_settings(s), embedder.dim, settings
+        bank_script(run.envelopes),
+        ext.answer,
+        embed,
+        bank_settings(s.complementary),
+        embedder.dim,
+        settings,
     )
 
 

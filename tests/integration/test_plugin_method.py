@@ -3,14 +3,19 @@ runs through ``coevo run`` by import path with no change to coevo, and edits its
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import trio
 from doc_blocks import doc_block
+
+from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "METHODS.md"
@@ -52,6 +57,40 @@ def test_the_documented_method_runs_by_import_path(plugin_dir: Path) -> None:
     assert "not checked: lineage: for methods complementary, empo2, not insights:Insights" in (
         check.stdout
     )
+    assert "credit" in check.stdout.splitlines()[0]  # its advantages re-derive, its own score
+    # the audit re-derives the plug-in's advantages with its own score
+    audit = coevo(plugin_dir, "audit", "run", "credit", "--json")
+    assert audit.returncode == 0, audit.stderr
+    checks = {c["kind"]: c for c in json.loads(audit.stdout)["checks"]}
+    assert checks["advantages_computed"]["equal"] == len(groups) > 0
+    recovers_its_lists(plugin_dir, stored)
+
+
+def recovers_its_lists(plugin_dir: Path, stored: list[dict]) -> None:
+    """The example's ``recover`` (what ``coevo resume`` calls) folds the finished run's log
+    back into the lists its edits describe, with nothing left of any training episode."""
+    sys.path.insert(0, str(plugin_dir))
+    try:
+        insights = importlib.import_module("insights")
+        actor = insights.InsightList(insights.InsightSettings())
+        log = LmdbEventLog.open(plugin_dir / "run" / "log")
+        try:
+            history = [env for chunk in log.read_chunks(0, log.next_seq) for env in chunk]
+        finally:
+            log.close()
+        trio.run(actor.recover, SimpleNamespace(name="insights"), history)
+    finally:
+        sys.path.remove(str(plugin_dir))
+        sys.modules.pop("insights", None)
+    evicted = {e["tip_id"] for e in events(plugin_dir, "tip_evicted")}
+    live = {s["tip_id"]: s for s in stored if s["tip_id"] not in evicted}
+    got = {i.id: i for family in actor._lists.values() for i in family}
+    assert set(got) == set(live) and live and evicted
+    for tip_id, insight in got.items():
+        assert insight.text("heat") == live[tip_id]["text"]
+        assert insight.votes == abs(live[tip_id]["score"])
+    assert actor._next == max(s["tip_id"] for s in stored) + 1
+    assert actor._actions == {}  # every training episode's group was compared
 
 
 def test_bad_method_options_are_one_line(plugin_dir: Path) -> None:

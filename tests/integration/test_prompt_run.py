@@ -1,6 +1,7 @@
 """A tiny EMPO2 run with ``[prompt] memory = "system"`` and a system text of its own: every turn's
 system message is that text, tips go after it and never into the user message, distillation's
-prompts are stripped from the system message, and the run directory keeps the settings."""
+prompts are stripped from the system message, every reflection is asked with the scenario's
+reflection text, and the run directory keeps the settings."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ import torch
 from test_empo2_run import EMPO2
 from test_grpo_run import of, read_events, run_scenario
 
+from agents.events.memory import ReflectionRequested
 from agents.events.policy import ActionRequested, ActionSampled
+from agents.memory.extraction import EXTRACT_SYSTEM, MERGE_SYSTEM
 from agents.models.prompts import encode_prompt, from_pairs, strip_tips
 from engine.events import Event
 from stores.checkpoints import load_model_dir
 
 SYSTEM = "you act in a text lab. answer with one action."
+REFLECT = "note one thing for the next try."
 PROMPT = EMPO2.replace(
-    "[logging]", f'[prompt]\nsystem = "{SYSTEM}"\nmemory = "system"\n\n[logging]'
+    "[logging]",
+    f'[prompt]\nsystem = "{SYSTEM}"\nmemory = "system"\nreflect = "{REFLECT}"\n\n[logging]',
 )
 
 
@@ -45,6 +50,12 @@ def test_tips_are_in_the_system_message_only(events: list[Event]) -> None:
         assert "<tip>" not in user
 
 
+def test_reflections_are_asked_with_the_scenario_text(events: list[Event]) -> None:
+    reflections = of(events, ReflectionRequested)
+    assert reflections
+    assert {r.messages[0] for r in reflections} == {("system", REFLECT)}
+
+
 def test_distillation_strips_the_tips_from_the_system_message(
     root: Path, events: list[Event]
 ) -> None:
@@ -66,4 +77,10 @@ def test_distillation_strips_the_tips_from_the_system_message(
 
 def test_the_run_directory_keeps_the_settings(root: Path) -> None:
     kept = tomllib.loads((root / "run" / "scenario.toml").read_text())
-    assert kept["prompt"] == {"system": SYSTEM, "memory": "system"}
+    assert kept["prompt"] == {
+        "system": SYSTEM,
+        "memory": "system",
+        "reflect": REFLECT,
+        "extract": EXTRACT_SYSTEM,
+        "merge": MERGE_SYSTEM,
+    }

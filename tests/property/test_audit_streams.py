@@ -26,6 +26,8 @@ from agents.events.memory import (
 from agents.events.policy import AdvantagesComputed
 from agents.learning.credit_actor import CreditSettings
 from agents.memory.bank import MemorySettings, TipBank
+from agents.methods.builtin import Complementary
+from agents.methods.settings import ComplementaryConfig, GrpoConfig
 from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
 from stores.fact_index import MemoryFactIndex
@@ -235,6 +237,14 @@ def _recorded(stream: list[Event], s: CreditSettings) -> MemoryEventLog:
     return out.log
 
 
+COMPLEMENTARY = Complementary(GrpoConfig(), ComplementaryConfig())
+"""The method the recorded groups were scored by (its default settings)."""
+
+
+def _no_method(sets: object) -> Complementary:
+    raise AssertionError(f"no method setting is overridden here: {sets}")
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     stream=streams(),
@@ -246,20 +256,20 @@ def test_re_derived_credit_and_advantages_equal_the_recorded(
     stream: list[Event], batch: int, cooldown: int, rule: str
 ) -> None:
     s = CreditSettings(batch=batch, cooldown=cooldown, rule=rule)
-    base = AuditSettings(credit=s)
+    base = AuditSettings(credit=s, method=COMPLEMENTARY)
     inputs = gather(_recorded(stream, s))
     a = audit_credit(inputs, base, base)
     assert a.match and not a.counterfactual
     assert all(c.equal == c.recorded == c.derived and c.pending == 0 for c in a.checks)
     assert a.credits_changed == a.samples_changed == 0
     # no reweighting: every weight 1, every reward as before
-    flat = derive_credits(inputs, with_overrides(base, None, ["reweight=false"]))
+    flat = derive_credits(inputs, with_overrides(base, None, ["reweight=false"], _no_method))
     recorded = [e for e in inputs.recorded if isinstance(e, ExtractorGradientRequested)]
     derived = [e for e in flat if isinstance(e, ExtractorGradientRequested)]
     assert [r.rewards for r in derived] == [r.rewards for r in recorded]
     assert all(w == 1.0 for r in derived for w in r.weights)
     # relative: each credit is the episode's score minus its group's free mean (0 if none)
-    rel = derive_credits(inputs, with_overrides(base, "relative", []))
+    rel = derive_credits(inputs, with_overrides(base, "relative", [], _no_method))
     baseline: dict[str, float] = {}
     for _, g in inputs.groups:
         free = [r for r, ro in zip(g.rewards, g.rollouts, strict=True) if ro == "plain"]

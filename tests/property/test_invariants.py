@@ -16,7 +16,7 @@ from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
 from agents.events.policy import ActionSampled, AdvantagesComputed, PolicyUpdated
 from agents.invariants import Credit
 from agents.testing.edits import drop, insert, swap
-from agents.testing.streams import CREDIT, runs
+from agents.testing.streams import AUDIT, runs
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, Invariant, check_stream, registered
 from engine.lifecycle import RunResumed, RunStopped
@@ -28,7 +28,7 @@ CONTROL = settings(max_examples=40, suppress_health_check=[HealthCheck.filter_to
 def fresh(name: str) -> Invariant:
     """A new instance of ``name`` (``credit`` under the settings streams are made with)."""
     return (
-        Credit.with_settings(CREDIT)
+        Credit.with_settings(AUDIT)
         if name == "credit"
         else registered()[name].factory(CheckContext())
     )

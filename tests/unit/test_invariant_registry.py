@@ -59,12 +59,13 @@ def test_coevos_invariants_are_registered_and_scoped() -> None:
 
 
 def test_a_run_gets_what_applies_to_its_method_and_world() -> None:
-    chosen, skipped = select(CheckContext(method="grpo", world="minilab"))
+    chosen, skipped = select(CheckContext(method="grpo", world="minilab", scenario=object()))
     names = {r.name for r in chosen}
     assert "credit" in names and "lineage" not in names and "test-no-plain" not in names
     assert any(s.startswith("lineage: for methods complementary, empo2, not grpo") for s in skipped)
     mine = {r.name for r in select(CheckContext(method="empo2", world="tests:World"))[0]}
-    assert {"lineage", "credit", "test-no-plain"} <= mine
+    assert {"lineage", "test-no-plain"} <= mine and "credit" not in mine  # no scenario
+    assert "credit: needs the run's scenario (its settings)" in select(CheckContext())[1]
 
 
 def test_names_given_are_run_whatever_their_scope_and_unknown_ones_refused() -> None:

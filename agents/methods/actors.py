@@ -1,0 +1,99 @@
+"""The built-in methods' actors, as their :meth:`~agents.methods.base.Method.actors` hooks build
+them: EMPO2's tip memory; Complementary RL's experience bank, extractor and credit actors.
+
+Only specs are built here (and settings checked); models and embedders load in the actors when
+the run starts. Imported by the hooks when called, so choosing a method imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+from agents.learning.credit_actor import CreditActor, credit_settings
+from agents.memory.bank import MemoryActor, MemorySettings
+from agents.memory.extraction import MERGE_SYSTEM
+from agents.memory.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
+from agents.methods.base import RunResources
+from agents.methods.settings import ComplementaryConfig, Empo2Config
+from agents.models.embedder import Embedder, make_embedder, minilm_dir
+from engine.actor import ActorSpec
+from stores.checkpoints import load_model_dir, resolve_device
+
+MEMORY = "memory"
+EXTRACTOR = "extractor"
+CREDIT = "credit"
+
+
+def embedder_for(name: Literal["minilm", "hashing"]) -> Callable[[], Embedder]:
+    """What builds a memory's embedder in its actor; a missing MiniLM package is reported
+    now, as a one-line error before the run starts, not as an actor failure.
+
+    Raises:
+        ModelUnavailable: ``name`` is "minilm" and its package is missing or incomplete.
+    """
+    if name == "minilm":
+        minilm_dir()
+    return partial(make_embedder, name)
+
+
+def empo2_actors(e: Empo2Config) -> list[ActorSpec]:
+    """EMPO2's memory actor with its embedder and bank rules."""
+    settings = MemorySettings(
+        capacity=e.capacity, threshold=e.threshold, top_k=e.top_k, index=e.index
+    )
+    memory = partial(MemoryActor, embedder_for(e.embedder), settings)
+    return [ActorSpec(name=MEMORY, factory=memory)]
+
+
+def bank_settings(c: ComplementaryConfig) -> MemorySettings:
+    """Complementary RL's bank rules."""
+    return MemorySettings(
+        capacity=c.capacity, index=c.index, lam=c.lam, recent=c.recent, pool=c.pool
+    )
+
+
+def complementary_actors(c: ComplementaryConfig, run: RunResources) -> list[ActorSpec]:
+    """Complementary RL's memory (the bank), extractor and credit actors."""
+    memory = partial(
+        MemoryActor,
+        embedder_for(c.embedder),
+        bank_settings(c),
+        merge_chunk=c.merge_chunk,
+        merge_max=c.merge_max,
+        merge_system=run.prompts.get("merge", MERGE_SYSTEM),
+    )
+    load = partial(load_extractor, c, run.base_model(EXTRACTOR), run.device)
+    extractor = partial(
+        ExtractorActor,
+        load,
+        run.checkpoints(EXTRACTOR),
+        batch_max=run.batch_max,
+        batch_wait=run.batch_wait,
+    )
+    return [
+        ActorSpec(name=MEMORY, factory=memory),
+        ActorSpec(name=EXTRACTOR, factory=extractor),
+        ActorSpec(name=CREDIT, factory=partial(CreditActor, credit_settings(c))),
+    ]
+
+
+def load_extractor(c: ComplementaryConfig, model: Path | None, device: str) -> ExtractorModel:
+    """The extractor's own copy of its starting weights (blocking).
+
+    Raises:
+        ModelUnavailable: the device or the model directory cannot be used.
+    """
+    assert model is not None, "the base models are prepared before the run starts"
+    torch_device = resolve_device(device)
+    net, tokenizer = load_model_dir(model, torch_device)
+    settings = ExtractorSettings(
+        temperature=c.temperature,
+        max_new_tokens=c.max_new_tokens,
+        max_ops=c.max_ops,
+        plain_add=c.plain_add,
+        device=torch_device,
+    )
+    return ExtractorModel(net, tokenizer, settings)

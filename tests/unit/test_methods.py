@@ -1,0 +1,153 @@
+"""The method interface around the hooks: the built-ins' actors come from their ``actors``
+hook, a plug-in's base-model roles are checked, the first form of the hook (no argument) is
+still called, Complementary RL's ablation settings change its scoring and its rule's name, and
+the scenario's prompt texts reach the actors that write prompts."""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from agents.acting.env_worker import EnvWorker, PromptSettings
+from agents.memory.bank import MemoryActor
+from agents.memory.extraction import extract_messages
+from agents.methods.base import RunResources, base_models, method_actors
+from agents.methods.builtin import Complementary, Empo2, Grpo
+from agents.methods.settings import ComplementaryConfig, Empo2Config, GrpoConfig
+from engine.errors import ScenarioInvalid
+from scenarios.assemble import assemble
+from scenarios.loader import parse_toml, to_scenario
+from stores.checkpoints import MemoryCheckpoints
+
+
+class Resources:
+    """A run's resources that record what the hooks ask of them."""
+
+    def __init__(self) -> None:
+        self.stores: list[str] = []
+        self.models: list[str] = []
+
+    def run(self) -> RunResources:
+        return RunResources(
+            device="cpu",
+            batch_max=4,
+            batch_wait=0.001,
+            checkpoints=self._store,
+            base_model=self._model,
+            prompts={"merge": "tidy these notes."},
+        )
+
+    def _store(self, name: str) -> MemoryCheckpoints:
+        self.stores.append(name)
+        return MemoryCheckpoints()
+
+    def _model(self, role: str) -> Path | None:
+        self.models.append(role)
+        return None
+
+
+def test_the_built_ins_bring_their_actors() -> None:
+    grpo = GrpoConfig(group_size=4)
+    res = Resources()
+    assert method_actors(Grpo(grpo), res.run()) == ()
+    empo2 = method_actors(Empo2(grpo, Empo2Config(embedder="hashing")), res.run())
+    assert [a.name for a in empo2] == ["memory"]
+    comp = Complementary(grpo, ComplementaryConfig(embedder="hashing"))
+    actors = method_actors(comp, res.run())
+    assert [a.name for a in actors] == ["memory", "extractor", "credit"]
+    # the extractor's checkpoints keep their directory name, and its base model is asked for
+    assert (res.stores, res.models) == (["extractor"], ["extractor"])
+    assert base_models(comp) == ("extractor",) and base_models(Grpo(grpo)) == ()
+    memory = actors[0].factory
+    assert isinstance(memory, partial) and memory.func is MemoryActor
+    assert memory.keywords["merge_system"] == "tidy these notes."
+
+
+class OldForm(Grpo):
+    """A plug-in written against the first form of the hook."""
+
+    def actors(self):  # type: ignore[override]  # the old form, on purpose
+        return ("old",)
+
+
+def test_the_first_form_of_the_actors_hook_is_still_called() -> None:
+    assert method_actors(OldForm(GrpoConfig()), Resources().run()) == ("old",)
+
+
+class Critic(Grpo):
+    name = "critic"
+    base_models = ("critic",)
+
+
+def test_an_unknown_base_model_role_is_refused(tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(ValueError, match=r"base model\(s\) \['critic'\]; known roles"):
+        base_models(Critic(GrpoConfig()))
+    (tmp_path / "critic_method.py").write_text(
+        "from agents.methods.builtin import Grpo\n\n"
+        "class Critic(Grpo):\n    name = 'critic'\n    base_models = ('critic',)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toml = (
+        'name = "c"\n[run]\nmethod = "critic_method:Critic"\nepisodes = 8\n'
+        '[agent]\nkind = "policy"\n[grpo]\ngroup_size = 2\ngroups_per_update = 1\n'
+    )
+    scenario = to_scenario(parse_toml(toml, "c.toml"), "c.toml")
+    try:
+        with pytest.raises(ScenarioInvalid, match=r"\$\.run\.method: method 'critic' asks"):
+            assemble(scenario, "c.toml", prepare_model=False)
+    finally:
+        sys.modules.pop("critic_method", None)
+
+
+@pytest.mark.parametrize(
+    ("subgroups", "weights", "rule", "advantages"),
+    [
+        # rewards (1, 0 | 1, 1, 0, 0): guided (1, 0) mean 0.5, free (1, 1, 0, 0) mean 0.5;
+        # weights n / (2 n_c): guided 6/4 = 1.5, free 6/8 = 0.75
+        (True, True, "subgroup-mean-weighted-score", (0.75, -0.75, 0.375, 0.375, -0.375, -0.375)),
+        (True, False, "subgroup-mean-flat-score", (0.5, -0.5, 0.5, 0.5, -0.5, -0.5)),
+        (False, False, "group-mean-flat-score", tuple(r - 0.5 for r in (1, 0, 1, 1, 0, 0))),
+    ],
+)
+def test_complementary_ablations_score_and_name_their_rule(
+    subgroups: bool, weights: bool, rule: str, advantages: tuple[float, ...]
+) -> None:
+    c = ComplementaryConfig(subgroups=subgroups, subgroup_weights=weights)
+    rollouts = ["guided", "guided", "plain", "plain", "plain", "plain"]
+    scored = Complementary(GrpoConfig(group_size=6), c).score(
+        [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], rollouts, [[]] * 6
+    )
+    assert scored.rule == rule
+    assert scored.advantages == pytest.approx(advantages)
+
+
+def test_the_extraction_prompt_says_the_scenarios_operation_count() -> None:
+    messages = extract_messages(
+        "g", "start", [], success=True, entry=None, max_ops=5, system="{note} at most {max_ops}"
+    )
+    assert messages[0] == {"role": "system", "content": "{note} at most 5"}
+
+
+def test_the_scenarios_prompt_texts_reach_the_env_workers() -> None:
+    toml = (
+        'name = "p"\n[run]\nmethod = "complementary"\nepisodes = 8\n[agent]\nkind = "policy"\n'
+        "[grpo]\ngroup_size = 2\ngroups_per_update = 1\n"
+        '[complementary]\nmax_ops = 5\nembedder = "hashing"\nwarmup = 1\n'
+        '[prompt]\nreflect = "reflect so."\nextract = "extract {max_ops} so."\n'
+        'merge = "merge so."\n'
+    )
+    scenario = to_scenario(parse_toml(toml, "p.toml"), "p.toml")
+    specs = assemble(scenario, "p.toml", prepare_model=False).specs
+    worker = next(s.factory for s in specs if s.name == "worker-0")
+    assert isinstance(worker, partial) and worker.func is EnvWorker
+    prompt = next(a for a in worker.args if isinstance(a, PromptSettings))
+    assert (prompt.reflect, prompt.extract, prompt.max_ops) == (
+        "reflect so.",
+        "extract {max_ops} so.",
+        5,
+    )
+    memory = next(s.factory for s in specs if s.name == "memory")
+    assert isinstance(memory, partial) and memory.keywords["merge_system"] == "merge so."
