@@ -61,10 +61,19 @@ def invariants_for(
     """Fresh instances of ``names`` (every invariant that applies to ``ctx``'s run when empty).
 
     Returns:
-        The instances, their registrations and what was left out with why.
+        The instances, their registrations and what was left out with why (one that cannot be
+        built for the run, e.g. ``credit`` when the run's plug-in method does not import).
 
     Raises:
         KeyError: an unknown name.
     """
     chosen, skipped = select(ctx, names)
-    return [r.factory(ctx) for r in chosen], chosen, skipped
+    built: list[Invariant] = []
+    kept: list[Registered] = []
+    for r in chosen:
+        try:
+            built.append(r.factory(ctx))
+            kept.append(r)
+        except ValueError as exc:  # e.g. credit without the run's plug-in method: say so
+            skipped.append(f"{r.name}: cannot be built for this run: {exc}")
+    return built, kept, skipped
