@@ -12,7 +12,8 @@ Invariants register by name with :func:`invariant`: the engine's own here (``ses
 domain's in ``agents.invariants``, a plug-in's in its own module, found through the
 ``coevo.invariants`` entry-point group or imported with the method or world that defines it.
 A registration may be scoped to runs of some methods or worlds (an invariant of EMPO2's
-memory means nothing for a rollout); :func:`select` picks what applies to a run.
+memory means nothing for a rollout), or need the run's scenario (``credit`` re-derives under
+the run's settings); :func:`select` picks what applies to a run.
 """
 
 from __future__ import annotations
