@@ -30,15 +30,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
-
 from agents.audit.credit import AuditSettings
 from agents.invariants import Credit
 from agents.learning.credit_actor import CreditSettings
 from agents.methods.builtin import Grpo
 from agents.testing.streams import GRPO, StreamBuilder
 from engine.eventlog import new_run_meta
-from engine.invariants import CheckContext, Invariant, check_stream, registered
+from engine.invariants import CheckContext, CheckReport, Invariant, check_stream, registered
 from scenarios.cli.check import gc_paused
 from stores.lmdb_log import LmdbEventLog
 
@@ -61,7 +59,7 @@ def build(path: Path, events: int, seed: int = 0) -> int:
     try:
         while written < events:
             for _ in range(2000):
-                running = len(builder._running)  # pyright: ignore[reportPrivateUsage]
+                running = len(builder._running)
                 op = "assign" if running < 4 else rng.choice(MIX)
                 builder.play("stop" if rng.random() < 1e-5 else op, rng.randrange(8))
             batch = builder.take()
@@ -108,7 +106,7 @@ def measure(path: Path, rounds: int) -> list[str]:
     row("read and decode the log (floor)", wall, floor)
     names = sorted(registered())
     wall, cpu, report = timed(lambda: check_stream(log.read_chunks(0, n), fresh(names)), rounds)
-    assert isinstance(report, msgspec.Struct)
+    assert isinstance(report, CheckReport)
     row(f"every invariant ({len(names)}), one pass", wall, cpu, f"violation: {report.violation}")
 
     def paused() -> object:
@@ -116,7 +114,7 @@ def measure(path: Path, rounds: int) -> list[str]:
             return check_stream(log.read_chunks(0, n), fresh(names))
 
     wall, cpu, report = timed(paused, rounds)
-    assert isinstance(report, msgspec.Struct)
+    assert isinstance(report, CheckReport) and report.ok
     row("the same, garbage collector paused (`coevo check`)", wall, cpu, "")
     for name in names:
         wall, cpu, report = timed(
@@ -141,7 +139,8 @@ def real_runs(runs: list[str], rounds: int) -> list[str]:
         log.close()
         with contextlib.redirect_stdout(io.StringIO()) as out:
             wall, cpu, code = timed(lambda r=run: main(["check", r]), rounds)
-        first = out.getvalue().splitlines()[0].split(": ", 1)[1]
+        printed: str = out.getvalue()
+        first = printed.splitlines()[0].split(": ", 1)[1]
         rows.append(
             f"| {Path(run).name} | {wall:.2f} | {cpu:.2f} | {n / cpu:,.0f} | {code} | {first} |"
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from typing import Any
 
@@ -70,7 +70,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused() -> Generator[None]:
     """The cyclic garbage collector off for one pass: the invariants' state (dicts and tuples
     of ids and seqs) holds no cycles, and the collector's repeated full scans of it were half
     the CPU time of a pass over a 1M-event log (docs/BENCHMARKS.md)."""
