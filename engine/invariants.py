@@ -223,9 +223,9 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
-    """What a pass checked: the events, the invariants run (and those left out, with why),
-    whether the stream ends with its run's completion, and the first violation (None: every
-    invariant held)."""
+    """What a pass checked: the events (up to the violation, if any), the invariants run (and
+    those left out, with why), whether the stream ends with its run's completion, and the
+    first violation (None: every invariant held)."""
 
     events: int
     invariants: tuple[str, ...]
@@ -262,11 +262,13 @@ def check_stream(
             goes on; only what its events so far contradict is reported).
     """
     names = tuple(i.name for i in invariants)
-    count, last = 0, None
+    count, last, first = 0, None, 0
     try:
         for chunk in chunks:
             if not chunk:
                 continue
+            if last is None:
+                first = chunk[0].seq
             for inv in invariants:
                 inv.check_many(chunk)
             count += len(chunk)
@@ -279,8 +281,9 @@ def check_stream(
         violation = Violation(
             invariant=exc.invariant, seq=exc.seq, message=exc.detail, involved=exc.involved
         )
+        read = max(count, exc.seq + 1 - first)  # up to the violation (or the stream's end)
         return CheckReport(
-            events=count, invariants=names, skipped=tuple(skipped), violation=violation
+            events=read, invariants=names, skipped=tuple(skipped), violation=violation
         )
     return CheckReport(events=count, invariants=names, skipped=tuple(skipped), completed=done)
 

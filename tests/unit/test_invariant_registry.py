@@ -9,10 +9,12 @@ import pytest
 
 from agents.events.episodes import EpisodeAssigned
 from agents.events.policy import ActionRequested
+from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
 from engine.invariants import (
     CheckContext,
     InvariantViolated,
+    check_log,
     check_stream,
     invariant,
     registered,
@@ -102,3 +104,13 @@ def test_what_a_run_owes_by_its_end_is_asked_of_a_completed_stream_only() -> Non
     done = envelopes_of([START, ASSIGNED, ASKED, RunStopped(reason="completed")])
     report = check_stream([done], [requests(CheckContext())])
     assert report.ok and report.completed
+
+
+def test_a_log_is_checked_in_one_call_against_named_invariants() -> None:
+    log = MemoryEventLog()
+    log.append(envelopes_of([START, ASSIGNED, ASSIGNED]))
+    report = check_log(log, names=["episodes", "sessions"])
+    assert report.invariants == ("episodes", "sessions") and report.events == 3
+    assert report.violation is not None and report.violation.seq == 2
+    assert report.violation.involved == (1, 2)
+    assert check_log(log, names=["sessions"]).ok
