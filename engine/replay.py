@@ -8,20 +8,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import trio
 
 from engine.errors import LogCorrupted, LogInconsistent, ReplayDiverged, SchemaTooNew
 from engine.eventlog import EventLog
 from engine.events import Envelope, Event
-from engine.lifecycle import (
-    ProjectionChecked,
-    RunResumed,
-    RunStarted,
-    RunStopped,
-    SnapshotTaken,
-)
+from engine.invariants import Invariant, Sessions, completed
+from engine.lifecycle import ProjectionChecked, SnapshotTaken
 from engine.projection import Fold, Projection, decode_state
 
 
@@ -54,62 +48,8 @@ def replay_until(
     return fold, start_snapshot
 
 
-class FactCheck(Protocol):
-    """A pure check over a log's events in seq order, for facts a log records at most once
-    (an episode's end, a request's answer). One instance checks one pass over one log."""
-
-    def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
-        """Take the next envelopes in order.
-
-        Raises:
-            LogInconsistent: one of them repeats or contradicts an earlier one.
-        """
-        ...
-
-
-class SessionsFollow:
-    """The engine's own facts: ``run_started`` only at seq 0; each ``run_resumed`` is the
-    first event of its session, right after the last event of the one before (``after + 1
-    == seq``; so no two resume after the same seq); nothing follows a ``run_stopped`` whose
-    reason is "completed". A second writer that read a stale log breaks one of these."""
-
-    def __init__(self) -> None:
-        self._completed: int | None = None  # seq of the run_stopped(completed), if any
-        self._resumed: dict[int, int] = {}  # after -> seq of the run_resumed
-
-    def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
-        for env in envs:
-            if self._completed is not None:
-                done = f"run_stopped at seq {self._completed}"
-                raise LogInconsistent(env.seq, f"an event after the run completed ({done})")
-            ev = env.event
-            if type(ev) not in _SESSION_EVENTS:  # the common case, by exact type
-                continue
-            if isinstance(ev, RunStarted) and env.seq != 0:
-                raise LogInconsistent(env.seq, "run_started again (the run started at seq 0)")
-            if isinstance(ev, RunResumed):
-                self._resumed_at(env.seq, ev.after)
-            elif isinstance(ev, RunStopped) and ev.reason == "completed":
-                self._completed = env.seq
-
-    def _resumed_at(self, seq: int, after: int) -> None:
-        if after in self._resumed:
-            first = self._resumed[after]
-            raise LogInconsistent(
-                seq,
-                f"a second run_resumed after seq {after} (the first at seq {first}): two "
-                "sessions wrote from the same state",
-            )
-        if after + 1 != seq:
-            raise LogInconsistent(
-                seq,
-                f"run_resumed after seq {after} is not the first event of its session (the "
-                "session read a log that had changed since)",
-            )
-        self._resumed[after] = seq
-
-
-_SESSION_EVENTS = frozenset({RunStarted, RunResumed, RunStopped})
+FactCheck = Invariant
+"""A check ``verify_log`` runs over the log's events besides the checksums: any invariant."""
 
 
 @dataclass
@@ -128,15 +68,17 @@ def verify_log(
 ) -> VerifyResult:
     """Re-fold the whole log and compare with every recorded :class:`ProjectionChecked` and
     :class:`SnapshotTaken` (both carry the digests of every projection after ``upto``), and
-    check that no fact is recorded twice (:class:`SessionsFollow` and ``facts``).
+    check the invariants ``facts`` (and :class:`~engine.invariants.Sessions`), each finished at
+    the log's end.
 
     Stops at the first corrupted record, divergent checksum or repeated fact, and names it; a
     corrupted record is never folded. On a live run, verifies the events committed when it
     started.
     """
     fold = Fold(projections)
-    facts = (SessionsFollow(), *facts)
+    facts = (Sessions(), *facts)
     checks = 0
+    last: Envelope[Event] | None = None
     try:
         end = log.next_seq  # a live run keeps writing: verify what was there when we started
     except LogCorrupted as exc:  # the last record is damaged: reached, and reported, in order
@@ -154,6 +96,10 @@ def verify_log(
                 _compare(fold, chunk[i].seq, check)
                 checks += 1
             fold.apply_all(chunk[folded:])
+            last = chunk[-1] if chunk else last
+        if fold.last_seq + 1 == end:
+            for fact in facts:
+                fact.finish(completed(last))
     except (LogCorrupted, SchemaTooNew) as exc:
         bad = exc.seq if isinstance(exc, LogCorrupted) else fold.last_seq + 1
         return VerifyResult(fold.last_seq + 1, checks, False, str(exc), bad)

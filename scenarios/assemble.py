@@ -19,13 +19,13 @@ from agents.acting.env_worker import EnvWorker, PromptSettings
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
-from agents.events.recorded_once import RecordedOnce
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
 from agents.report.curves import report as curves_report
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Event
+from engine.invariants import CheckContext, select
 from engine.projection import ActorStats, Projection
 from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
@@ -68,9 +68,13 @@ def projections() -> tuple[Projection, ...]:
     return (ActorStats(), EpisodeTable())
 
 
-def fact_checks() -> tuple[FactCheck, ...]:
-    """The domain's facts ``coevo replay --verify`` checks are recorded once (fresh state)."""
-    return (RecordedOnce(),)
+def fact_checks(ctx: CheckContext | None = None) -> tuple[FactCheck, ...]:
+    """The invariants ``coevo replay --verify`` checks besides the engine's sessions (fresh
+    instances): every registered one that applies to ``ctx``'s run (none given: those that
+    apply to any run; ``scenarios.checks.check_context`` makes a run's)."""
+    ctx = ctx or CheckContext()
+    chosen, _ = select(ctx)
+    return tuple(r.factory(ctx) for r in chosen if r.name != "sessions")
 
 
 def assemble(

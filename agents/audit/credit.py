@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -32,7 +32,7 @@ from agents.methods.base import Method, RolloutMode, mode_of
 from agents.methods.credit import relative_credit
 from engine.errors import AuditQueryInvalid
 from engine.eventlog import EventLog
-from engine.events import Event
+from engine.events import Envelope, Event
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,15 @@ class CreditInputs:
 
 def gather(log: EventLog) -> CreditInputs:
     """One pass over ``log`` up to its end as of now."""
-    out = CreditInputs(end=log.next_seq)
-    for chunk in log.read_chunks(0, out.end):
+    end = log.next_seq
+    return gather_chunks(log.read_chunks(0, end), end)
+
+
+def gather_chunks(chunks: Iterable[Sequence[Envelope[Event]]], end: int) -> CreditInputs:
+    """:func:`gather` over envelopes in seq order that are no log (a live or generated
+    stream, what ``agents.invariants.credit`` kept); ``end`` is the seq after the last."""
+    out = CreditInputs(end=end)
+    for chunk in chunks:
         for env in chunk:
             ev = env.event
             kind = type(ev)

@@ -26,8 +26,8 @@ from agents.events.policy import (
     GradientRequested,
     PolicyUpdated,
 )
-from engine.errors import LogInconsistent
 from engine.events import Envelope, Event
+from engine.invariants import CheckContext, InvariantViolated
 
 _ONCE: dict[type[Event], str] = {
     EpisodeFinished: "episode",
@@ -49,15 +49,19 @@ _ANSWERS: frozenset[type[Event]] = frozenset(
 
 
 class RecordedOnce:
-    """A :class:`~engine.replay.FactCheck`: no fact of :data:`_ONCE` twice, no request
-    answered twice. Pure; one instance per pass over a log."""
+    """Facts a run records at most once: an episode's end, a policy or extractor version, an
+    update's request, a group's advantages, a stored entry, an extractor call, a credited
+    episode; and no request answered twice. An :class:`~engine.invariants.Invariant` (registered
+    as ``recorded-once`` by :mod:`agents.invariants`); pure, one instance per pass."""
 
-    def __init__(self) -> None:
+    name = "recorded-once"
+
+    def __init__(self, ctx: CheckContext | None = None) -> None:
         self._seen: dict[tuple[type[Event], object], int] = {}
         self._answered: dict[int, int] = {}
 
     def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
-        """Raises :class:`LogInconsistent` at the first event that repeats a fact."""
+        """Raises :class:`InvariantViolated` at the first event that repeats a fact."""
         seen, answered = self._seen, self._answered
         for env in envs:
             kind = type(env.event)
@@ -66,15 +70,23 @@ class RecordedOnce:
                 fact = (kind, getattr(env.event, field))
                 if fact in seen:
                     tag = kind.__struct_config__.tag
-                    raise LogInconsistent(
-                        env.seq, f"{tag} with {field} {fact[1]!r} again (first at seq {seen[fact]})"
+                    raise InvariantViolated(
+                        self.name,
+                        env.seq,
+                        f"{tag} with {field} {fact[1]!r} again (first at seq {seen[fact]})",
+                        (seen[fact],),
                     )
                 seen[fact] = env.seq
             if kind in _ANSWERS and env.cause is not None:
                 if env.cause in answered:
-                    raise LogInconsistent(
+                    raise InvariantViolated(
+                        self.name,
                         env.seq,
                         f"the request at seq {env.cause} answered again (first at seq "
                         f"{answered[env.cause]})",
+                        (env.cause, answered[env.cause]),
                     )
                 answered[env.cause] = env.seq
+
+    def finish(self, completed: bool) -> None:
+        return None

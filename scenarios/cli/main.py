@@ -1,5 +1,5 @@
 """The ``coevo`` command line: validate, run, resume, replay (and re-execute updates), report,
-probe, audit and list events.
+probe, audit, list events and check them against the invariants.
 
 Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
 exit code (2 for bad input); never a traceback.
@@ -18,6 +18,7 @@ import trio
 from rich.console import Console
 
 from engine.errors import CoevoError
+from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import InputInvalid, naming, open_run
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
 from stores.rundir import find_run
@@ -121,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
     p.set_defaults(func=cmd_audit)
+
+    add_check(sub)
     return parser
 
 
@@ -130,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.replay import replay_until, verify_log
     from scenarios.assemble import fact_checks, projections
+    from scenarios.checks import check_context
     from scenarios.cli.console import actors_table, families_table
 
     if args.until is not None and args.until < 0:
@@ -144,7 +148,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return _reexecute(args.run, log)
         if args.verify:
             with naming(log.path):
-                result = verify_log(log, projections(), fact_checks())
+                ctx, notes = check_context(log.read_meta(), args.run)
+                result = verify_log(log, projections(), fact_checks(ctx))
+            for note in notes:
+                print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:
                 raise _VerifyFailed(f"{log.path}: {result.error}")
             print(f"verified {result.events} events, {result.checks} checksums: ok")

@@ -32,6 +32,7 @@ from engine.events import Envelope, Event
 from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
 from engine.replay import verify_log
 from scenarios.assemble import fact_checks, projections
+from scenarios.checks import check_context
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -422,10 +423,12 @@ def check_consistent(
     begins as :func:`check_sessions` says, and the run completed."""
     log = LmdbEventLog.open(run / "log", writable=False)
     try:
-        result = verify_log(log, projections(), fact_checks())
+        ctx, notes = check_context(log.read_meta())  # every invariant of the run's method
+        result = verify_log(log, projections(), fact_checks(ctx))
     finally:
         log.close()
     assert result.ok, result.error
+    assert notes == []
     assert [env.seq for env in final] == list(range(len(final)))
     for before in after:
         assert final[: len(before)] == before

@@ -145,6 +145,14 @@ def test_the_log_verifies(root: Path) -> None:
     assert main(["replay", str(root / "run"), "--verify"]) == 0
 
 
+def test_the_run_holds_every_invariant(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``coevo check``: every invariant of a Complementary RL run, lineage and credit too."""
+    assert main(["check", str(root / "run")]) == 0
+    held = capsys.readouterr().out.splitlines()[0]
+    assert "(completed) hold 8 invariants" in held and "credit" in held, held
+    assert "lineage" in held
+
+
 def test_every_evaluation_round_is_played_without_and_with_the_bank(events: list[Event]) -> None:
     rounds = of(events, EvalRoundFinished)
     assert sorted(r.round for r in rounds if not r.memory) == [0, 1, 2]

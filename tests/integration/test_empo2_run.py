@@ -164,6 +164,14 @@ def test_the_log_verifies(root: Path) -> None:
     assert main(["replay", str(root / "run"), "--verify"]) == 0
 
 
+def test_the_run_holds_every_invariant(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``coevo check``: every invariant of an EMPO2 run, lineage and credit included."""
+    assert main(["check", str(root / "run")]) == 0
+    held = capsys.readouterr().out.splitlines()[0]
+    assert "(completed) hold 8 invariants" in held and "credit" in held, held
+    assert "lineage" in held
+
+
 def test_the_headline_reads_the_last_round_and_the_adaptation_test(root: Path) -> None:
     headline = load_bench("headline")
     got = headline.read_run(root / "run")

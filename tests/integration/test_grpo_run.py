@@ -185,6 +185,13 @@ def test_the_log_verifies_and_the_curves_are_written(run_dir: Path) -> None:
     assert checkpoints == ["v000001", "v000002", "v000003"]
 
 
+def test_the_run_holds_every_invariant(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``coevo check``: every invariant that applies to a GRPO run (advantages re-derived)."""
+    assert main(["check", str(run_dir)]) == 0
+    held = capsys.readouterr().out.splitlines()[0]
+    assert "(completed) hold 7 invariants" in held and "credit" in held, held
+
+
 def test_generate_mode_learns_from_free_text(tmp_path: Path) -> None:
     """Free-text actions: token-level samples, invalid answers recorded and still trained on."""
     text = TINY.replace("[policy]\n", '[policy]\nmode = "generate"\nmax_new_tokens = 6\n')

@@ -52,6 +52,12 @@ def test_the_documented_method_runs_by_import_path(plugin_dir: Path) -> None:
     assert shown and {t for a in shown for t in a["tips"]} <= {s["text"] for s in stored}
     groups = events(plugin_dir, "advantages_computed")
     assert {r for g in groups for r in g["rollouts"]} == {"tips", "plain"}
+    check = coevo(plugin_dir, "check", "run")  # the plug-in imported, every invariant that applies
+    assert check.returncode == 0 and check.stderr == "", check.stdout + check.stderr
+    assert "not checked: lineage: for methods complementary, empo2, not insights:Insights" in (
+        check.stdout
+    )
+    assert "credit" in check.stdout.splitlines()[0]  # its advantages re-derive, its own score
     # the audit re-derives the plug-in's advantages with its own score
     audit = coevo(plugin_dir, "audit", "run", "credit", "--json")
     assert audit.returncode == 0, audit.stderr

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from agents.events.episodes import EpisodeFinished
-from agents.events.policy import ActionSampled
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted
+from agents.events.policy import ActionRequested, ActionSampled
 from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed, RunStarted, RunStopped
@@ -26,10 +26,39 @@ def finished(episode: str) -> EpisodeFinished:
         family="fetch",
         variant=1,
         split="train",
-        steps=3,
+        steps=0,
         score=1.0,
         success=True,
         total_reward=1.0,
+    )
+
+
+def begun(episode: str) -> list[Event]:
+    """An episode assigned and started (what a well-formed log holds before its end)."""
+    return [
+        EpisodeAssigned(
+            episode=episode,
+            index=0,
+            worker="worker-0",
+            family="fetch",
+            variant=1,
+            split="train",
+            seed=1,
+        ),
+        EpisodeStarted(
+            episode=episode, worker="worker-0", goal="g", observation="o", admissible=("look",)
+        ),
+    ]
+
+
+def requested() -> ActionRequested:
+    return ActionRequested(
+        episode="ep000001",
+        worker="worker-0",
+        turn=0,
+        messages=(("user", "o"),),
+        admissible=("look",),
+        seed=1,
     )
 
 
@@ -65,22 +94,36 @@ def verify(events: Sequence[Event | tuple[Event, int]]) -> str:
 
 
 def test_a_consistent_log_verifies() -> None:
-    resumed = RunResumed(after=2, previous="run_stopped")
-    events = [START, finished("ep0"), RunStopped(reason="signal"), resumed, finished("ep1")]
+    resumed = RunResumed(after=4, previous="run_stopped")
+    events = [
+        START,
+        *begun("ep0"),
+        finished("ep0"),
+        RunStopped(reason="signal"),
+        resumed,
+        *begun("ep1"),
+        finished("ep1"),
+    ]
     assert verify([*events, RunStopped(reason="completed")]) == "ok"
 
 
 @pytest.mark.parametrize(
     ("events", "says"),
     [
-        ([START, finished("ep0"), finished("ep0")], "episode_finished with episode 'ep0' again"),
-        ([START, (sampled(), 0), (sampled(), 0)], "the request at seq 0 answered again"),
+        (
+            [START, *begun("ep0"), finished("ep0"), finished("ep0")],
+            "ep0 finishes again after it ended at seq 3",
+        ),
+        (
+            [START, *begun("ep000001"), requested(), (sampled(), 3), (sampled(), 3)],
+            "the request at seq 3 answered again",
+        ),
         (
             [START, RunResumed(after=0), RunResumed(after=0)],
             "a second run_resumed after seq 0 (the first at seq 1)",
         ),
-        ([START, finished("ep0"), RunResumed(after=0)], "not the first event of its session"),
-        ([START, RunStopped(reason="completed"), finished("ep0")], "after the run completed"),
+        ([START, *begun("ep0"), RunResumed(after=0)], "not the first event of its session"),
+        ([START, RunStopped(reason="completed"), begun("ep0")[0]], "after the run completed"),
         ([START, START], "run_started again"),
     ],
     ids=[

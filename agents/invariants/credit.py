@@ -1,0 +1,111 @@
+"""``credit``: credits and advantages re-derive from the events.
+
+A thin invariant over ``coevo audit RUN credit`` (:mod:`agents.audit.credit`): it keeps the
+events that audit reads and, at the stream's end, re-derives every ``credit_assigned``,
+``extractor_gradient_requested``, ``advantages_computed`` and ``gradient_requested`` with the
+audit's own code under the run's settings; the first one that differs is the violation. The
+re-derivation itself lives in the audit (and through it the methods' code), never here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agents.audit.credit import AuditSettings, audit_credit, gather_chunks
+from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
+from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
+from agents.events.memory import TipsRetrieved
+from agents.events.policy import AdvantagesComputed, GradientRequested
+from agents.learning.credit_actor import credit_settings
+from agents.methods.registry import build_method
+from engine.errors import AuditQueryInvalid
+from engine.events import Envelope, Event
+from engine.invariants import CheckContext, InvariantViolated, invariant
+
+_READ = frozenset(
+    {
+        TipsRetrieved,
+        EpisodeFinished,
+        EpisodeAbandoned,
+        CreditAssigned,
+        ExtractorGradientRequested,
+        AdvantagesComputed,
+        GradientRequested,
+    }
+)
+"""What :func:`agents.audit.credit.gather` reads of a log."""
+
+
+def run_settings(scenario: Any) -> AuditSettings:
+    """The audit's settings for a run of ``scenario``, as ``coevo audit RUN credit`` takes
+    them: the credit actor's (``[complementary]``), the run's method (built by the method
+    registry from the scenario's sections, as the run built it; None for a rollout) and the
+    outcome reward (``[grpo] reward``).
+
+    Raises:
+        ValueError: the run's method cannot be built (a plug-in that no longer imports).
+    """
+    name = scenario.run.method
+    sections = {"empo2": scenario.empo2, "complementary": scenario.complementary}
+    method = (
+        None
+        if name == "rollout"
+        else build_method(name, scenario.grpo, sections.get(name), scenario.method)
+    )
+    return AuditSettings(credit_settings(scenario.complementary), method, scenario.grpo.reward)
+
+
+@invariant("credit", needs_scenario=True)
+class Credit:
+    """Credits and advantages re-derive from the events: every credit, extractor update
+    request, group's advantages and policy update request equals what the audit re-derives
+    from the retrievals and episode ends under the run's settings and its method's own
+    ``score``."""
+
+    name = "credit"
+
+    def __init__(self, ctx: CheckContext | None = None) -> None:
+        scenario = ctx.scenario if ctx else None
+        self._settings = run_settings(scenario) if scenario is not None else None
+        self._kept: list[Envelope[Event]] = []
+        self._end = 0
+
+    @classmethod
+    def with_settings(cls, settings: AuditSettings) -> Credit:
+        """The invariant under ``settings`` rather than a run's (a generated stream's own:
+        ``agents.testing.streams.AUDIT``)."""
+        out = cls()
+        out._settings = settings
+        return out
+
+    def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
+        self._kept += [env for env in envs if type(env.event) in _READ]
+        if envs:
+            self._end = envs[-1].seq + 1
+
+    def finish(self, completed: bool) -> None:
+        """Re-derive everything kept; raise at the first recorded event that differs."""
+        if self._settings is None:  # no run, no settings: nothing to re-derive under
+            raise InvariantViolated(
+                self.name, 0, "no run settings to re-derive under (Credit.with_settings)"
+            )
+        try:
+            inputs = gather_chunks([self._kept], self._end)
+            audit = audit_credit(inputs, self._settings, self._settings)
+        except AuditQueryInvalid as exc:  # a group the audit cannot re-derive: say which
+            seq = self._kept[-1].seq if self._kept else 0
+            raise InvariantViolated(self.name, seq, f"cannot re-derive: {exc}") from None
+        bad = [c for c in audit.checks if c.first_mismatch is not None]
+        if not bad:
+            return
+        check = min(bad, key=lambda c: c.first_mismatch.seq if c.first_mismatch else 0)
+        m = check.first_mismatch
+        assert m is not None
+        fields = ", ".join(m.fields) or "the whole event"
+        raise InvariantViolated(
+            self.name,
+            m.seq,
+            f"{check.kind} does not re-derive ({fields}): recorded {m.recorded}, "
+            f"re-derived {m.derived}",
+        )

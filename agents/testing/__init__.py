@@ -1,0 +1,3 @@
+"""What plug-in authors test event streams with (docs/TESTING.md): well-formed streams drawn by
+Hypothesis (:mod:`agents.testing.streams`, the ``testing`` extra) and edits of a stream for
+negative controls (:mod:`agents.testing.edits`, no Hypothesis needed)."""

@@ -1,0 +1,595 @@
+"""Hypothesis strategies for well-formed event streams: episodes that are assigned, start, take
+turns and end; requests with their answers; memory entries with lineage, retrievals and
+credits; policy and extractor updates with version chains; sessions stopped and resumed.
+
+A stream is drawn as a short program (a list of operations, each with a number that picks
+which episode or entry it acts on) and played by :class:`StreamBuilder`, which emits what the
+real actors would: advantages through the GRPO method's own ``score``, credits and extractor
+requests through the credit actor's own fold (``CreditBook.decide``). So a stream shrinks
+with its program, to the few operations a failure needs, and every stream holds every
+invariant of :mod:`agents.invariants` (``credit`` under :data:`AUDIT`).
+
+Needs Hypothesis (``pip install 'coevo[testing]'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agents.audit.credit import AuditSettings
+from agents.events.episodes import (
+    EpisodeAbandoned,
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
+from agents.events.extractor import (
+    ExtractionRequested,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+    MergeRequested,
+)
+from agents.events.memory import (
+    ReflectionRequested,
+    RetrievalRequested,
+    TipEvicted,
+    TipProposed,
+    TipRejected,
+    TipsRetrieved,
+    TipStored,
+)
+from agents.events.policy import (
+    ActionRequested,
+    ActionSampled,
+    AdvantagesComputed,
+    GradientRequested,
+    PolicyUpdated,
+)
+from agents.learning.credit_actor import CreditBook, CreditSettings
+from agents.methods.advantages import group_stats
+from agents.methods.base import ADV_EPS
+from agents.methods.builtin import Grpo
+from agents.methods.settings import GrpoConfig
+from engine.events import Envelope, Event
+from engine.lifecycle import RunResumed, RunStarted, RunStopped
+
+try:
+    from hypothesis import strategies as st
+except ModuleNotFoundError:  # the optional extra: say how to get it, in one line
+    raise ModuleNotFoundError(
+        "coevo's strategies need Hypothesis: pip install 'coevo[testing]'"
+    ) from None
+
+__all__ = ["AUDIT", "CREDIT", "OPS", "Memory", "StreamBuilder", "runs"]
+
+Memory = Literal["none", "tips", "extractor"]
+"""What the stream's memory is: none, EMPO2-like reflections, or a Complementary RL extractor."""
+
+CREDIT = CreditSettings(batch=1)
+"""The credit actor's settings streams are made with (an extractor request per credit)."""
+
+GRPO = GrpoConfig(reward="success", group_size=2)
+
+AUDIT = AuditSettings(CREDIT, Grpo(GRPO), GRPO.reward)
+"""What streams re-derive under (``agents.invariants.Credit.with_settings(AUDIT)``)."""
+GROUPS_PER_UPDATE = 2
+FAMILIES = ("heat", "unlock")
+
+OPS = ("assign", "start", "turn", "finish", "abort", "merge", "stop")
+"""The operations of a stream's program."""
+
+_WEIGHTS = {"assign": 3, "start": 3, "turn": 6, "finish": 3, "abort": 1, "merge": 1, "stop": 1}
+"""How often each operation is drawn (turns most: an episode takes several)."""
+
+
+@dataclass
+class _Episode:
+    family: str
+    index: int
+    started: bool = False
+    turns: int = 0
+    entry: int = -1  # the entry a guided episode was shown at turn 0
+
+
+@dataclass
+class _Entry:
+    slot: str
+    text: str
+    call: str
+
+
+@dataclass
+class StreamBuilder:
+    """Plays operations into a well-formed stream (pure: no clock, no randomness of its own).
+
+    Attributes:
+        memory: the stream's memory.
+        credit: the credit actor's settings (:data:`CREDIT`: an extractor request per credit).
+        envs: the stream so far (since the last :meth:`take`).
+    """
+
+    memory: Memory = "none"
+    credit: CreditSettings = CREDIT
+    envs: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
+    _running: dict[str, _Episode] = field(default_factory=dict[str, _Episode])
+    _episodes: int = 0
+    _finished: list[tuple[str, str, bool]] = field(default_factory=list[tuple[str, str, bool]])
+    _groups: list[AdvantagesComputed] = field(default_factory=list[AdvantagesComputed])
+    _bank: dict[int, _Entry] = field(default_factory=dict[int, _Entry])
+    _next_entry: int = 0
+    _policy: int = 0
+    _extractor: int = 0
+    _merges: int = 0
+    _credit: CreditBook = field(default_factory=CreditBook)
+    _seq: int = 0
+
+    def take(self) -> list[Envelope[Event]]:
+        """The envelopes added since the last call (a long stream, written out as it goes)."""
+        out, self.envs = self.envs, []
+        return out
+
+    def add(self, ev: Event, cause: int | None = None, actor: str = "a", corr: str = "") -> int:
+        """Append ``ev``; returns its seq."""
+        seq, self._seq = self._seq, self._seq + 1
+        self.envs.append(
+            Envelope(seq=seq, run="r", t=seq, actor=actor, event=ev, cause=cause, corr=corr)
+        )
+        if isinstance(ev, TipsRetrieved | EpisodeFinished | EpisodeAbandoned):
+            for out in self._credit.decide(ev, self.credit):
+                self._credited(out, seq)
+        return seq
+
+    def play(self, op: str, pick: int) -> None:
+        """One operation; ``pick`` chooses among the episodes or entries it can act on (an
+        operation with nothing to act on does nothing)."""
+        if op == "assign":
+            self.assign()
+            return
+        if op == "merge":
+            self.merge(pick)
+            return
+        if op == "stop":
+            self.stop_and_resume()
+            return
+        candidates = [
+            ep for ep, e in self._running.items() if (op == "start") != e.started or op == "abort"
+        ]
+        if candidates:
+            ep = candidates[pick % len(candidates)]
+            getattr(self, op)(ep, pick)
+
+    def begin(self) -> None:
+        self.add(
+            RunStarted(run_id="r", scenario="s", scenario_hash="h", seed=1, coevo_version="0"),
+            actor="runtime",
+        )
+
+    def assign(self, index: int | None = None, episode: str = "") -> str:
+        index = self._episodes if index is None else index
+        episode = episode or f"ep{index:06d}"
+        family = FAMILIES[index % len(FAMILIES)]
+        rollout = {"none": "plain", "tips": "tips", "extractor": "guided"}[self.memory]
+        self._episodes = max(self._episodes, index + 1)
+        self.add(
+            EpisodeAssigned(
+                episode=episode,
+                index=index,
+                worker=f"worker-{index % 2}",
+                family=family,
+                variant=0,
+                split="train",
+                seed=index,
+                rollout=rollout,
+                reflect=self.memory == "tips",
+                extract=self.memory == "extractor",
+            ),
+            corr=episode,
+        )
+        self._running[episode] = _Episode(family, index)
+        return episode
+
+    def start(self, episode: str, pick: int = 0) -> None:
+        e = self._running[episode]
+        worker = f"worker-{e.index % 2}"
+        ev = EpisodeStarted(
+            episode=episode, worker=worker, goal="g", observation="o", admissible=("a", "b")
+        )
+        self.add(ev, actor=worker, corr=episode)
+        e.started = True
+
+    def turn(self, episode: str, pick: int = 0) -> None:
+        e = self._running[episode]
+        worker, slot = f"worker-{e.index % 2}", f"train/{e.family}"
+        if self.memory == "tips" or (self.memory == "extractor" and e.turns == 0):
+            self._retrieve(episode, e, slot, pick)
+        asked = self.add(
+            ActionRequested(
+                episode=episode,
+                worker=worker,
+                turn=e.turns,
+                messages=(("user", "o"),),
+                admissible=("a", "b"),
+                seed=e.turns,
+            ),
+            actor=worker,
+            corr=episode,
+        )
+        action = ("a", "b")[pick % 2]
+        self.add(
+            ActionSampled(
+                episode=episode,
+                worker=worker,
+                turn=e.turns,
+                policy_version=self._policy,
+                action=action,
+                prompt_ids=(1, 2),
+                response_ids=(3,),
+                token_logps=(-0.5,),
+                logp=-0.5,
+                temperature=1.0,
+            ),
+            cause=asked,
+            actor="inference",
+            corr=episode,
+        )
+        step = StepTaken(
+            episode=episode,
+            turn=e.turns,
+            action=action,
+            observation="o",
+            admissible=("a", "b"),
+            reward=0.0,
+            done=False,
+            score=0.0,
+        )
+        self.add(step, actor=worker, corr=episode)
+        e.turns += 1
+
+    def _retrieve(self, episode: str, e: _Episode, slot: str, pick: int) -> None:
+        worker = f"worker-{e.index % 2}"
+        diverse = self.memory == "extractor"
+        asked = self.add(
+            RetrievalRequested(
+                episode=episode,
+                worker=worker,
+                turn=e.turns,
+                slot=slot,
+                query="o",
+                rule="diverse" if diverse else "threshold",
+                k=1 if diverse else 0,
+            ),
+            actor=worker,
+            corr=episode,
+        )
+        held = sorted(i for i, x in self._bank.items() if x.slot == slot)
+        shown = held[pick % len(held) :][:1] if held and (pick % 3 or diverse) else []
+        if diverse and shown:
+            e.entry = shown[0]
+        self.add(
+            TipsRetrieved(
+                episode=episode,
+                worker=worker,
+                turn=e.turns,
+                slot=slot,
+                tip_ids=tuple(shown),
+                similarities=tuple(0.5 for _ in shown),
+                ranks=tuple(range(len(shown))),
+                tips=tuple(self._bank[i].text for i in shown),
+                similar=len(shown),
+                slot_size=len(held),
+                calls=tuple(self._bank[i].call for i in shown),
+            ),
+            cause=asked,
+            actor="memory",
+            corr=episode,
+        )
+
+    def finish(self, episode: str, pick: int = 0) -> None:
+        e = self._running.pop(episode)
+        worker, success = f"worker-{e.index % 2}", pick % 2 == 0
+        self.add(
+            EpisodeFinished(
+                episode=episode,
+                worker=worker,
+                family=e.family,
+                variant=0,
+                split="train",
+                steps=e.turns,
+                score=1.0 if success else 0.0,
+                success=success,
+                total_reward=1.0 if success else 0.0,
+            ),
+            actor=worker,
+            corr=episode,
+        )
+        if self.memory == "tips":
+            self._reflect(episode, e, worker, success, pick)
+        elif self.memory == "extractor":
+            self._extract(episode, e, worker, success, pick)
+        self._finished.append((episode, e.family, success))
+        self._group()
+
+    def abort(self, episode: str, pick: int = 0) -> None:
+        e = self._running.pop(episode)
+        worker = f"worker-{e.index % 2}"
+        self.add(EpisodeAborted(episode=episode, worker=worker, reason="boom"), corr=episode)
+
+    def _reflect(self, episode: str, e: _Episode, worker: str, success: bool, pick: int) -> None:
+        slot = f"train/{e.family}"
+        asked = self.add(
+            ReflectionRequested(
+                episode=episode,
+                worker=worker,
+                slot=slot,
+                messages=(("user", "reflect"),),
+                key="k",
+                score=1.0 if success else 0.0,
+                success=success,
+                seed=e.index,
+            ),
+            actor=worker,
+            corr=episode,
+        )
+        text = f"tip {pick % 4}"
+        tip = TipProposed(
+            episode=episode,
+            slot=slot,
+            key="k",
+            score=1.0,
+            text=text,
+            prompt_ids=(1,),
+            response_ids=(2,),
+            token_logps=(-0.1,),
+            temperature=1.0,
+            policy_version=self._policy,
+        )
+        proposed = self.add(tip, cause=asked, actor="inference", corr=episode)
+        same = [i for i, x in self._bank.items() if x.slot == slot and x.text == text]
+        if same:
+            rejected = TipRejected(
+                episode=episode, slot=slot, reason="duplicate", duplicate_of=same[0]
+            )
+            self.add(rejected, cause=proposed, actor="memory", corr=episode)
+        else:
+            self._store(slot, text, "", episode, (), proposed)
+
+    def _extract(self, episode: str, e: _Episode, worker: str, success: bool, pick: int) -> None:
+        slot = f"train/{e.family}"
+        asked = self.add(
+            ExtractionRequested(
+                episode=episode,
+                worker=worker,
+                slot=slot,
+                entry=e.entry,
+                messages=(("user", "extract"),),
+                success=success,
+                score=1.0 if success else 0.0,
+                seed=e.index,
+            ),
+            actor=worker,
+            corr=episode,
+        )
+        update = e.entry in self._bank and pick % 2 == 1
+        parents = (e.entry,) if update else ()
+        text = f"entry from {episode}"
+        op = ("update", parents, text) if update else ("add", (), text)
+        self._call("extract", episode, slot, asked, (op,), episode)
+
+    def merge(self, pick: int) -> None:
+        """A merge chunk of two entries of one slot, answered by one merged entry."""
+        slots = sorted({x.slot for x in self._bank.values()})
+        chunks = [s for s in slots if sum(x.slot == s for x in self._bank.values()) >= 2]
+        if self.memory != "extractor" or not chunks:
+            return
+        slot = chunks[pick % len(chunks)]
+        entries = tuple(sorted(i for i, x in self._bank.items() if x.slot == slot)[:2])
+        step, self._merges = self._merges, self._merges + 1
+        asked = self.add(
+            MergeRequested(
+                step=step, slot=slot, entries=entries, messages=(("user", "merge"),), seed=step
+            ),
+            actor="memory",
+        )
+        op = ("merge", entries, f"merged {entries}")
+        self._call("merge", f"merge{step}", slot, asked, (op,), "")
+
+    def _call(
+        self,
+        task: str,
+        source: str,
+        slot: str,
+        asked: int,
+        ops: tuple[tuple[str, tuple[int, ...], str], ...],
+        episode: str,
+    ) -> None:
+        call = f"x{asked}"
+        called = self.add(
+            ExtractorCalled(
+                call=call,
+                task=task,
+                source=source,
+                slot=slot,
+                prompt_ids=(1,),
+                response_ids=(2,),
+                token_logps=(-0.2,),
+                text="ops",
+                temperature=1.0,
+                extractor_version=self._extractor,
+                ops=ops,
+            ),
+            cause=asked,
+            actor="extractor",
+        )
+        for _, parents, text in ops:
+            self._store(slot, text, call, episode, parents, called)
+            for parent in parents:
+                del self._bank[parent]
+                reason = "merge" if task == "merge" else "update"
+                self.add(TipEvicted(tip_id=parent, slot=slot, reason=reason), cause=called)
+
+    def _store(
+        self, slot: str, text: str, call: str, episode: str, parents: tuple[int, ...], cause: int
+    ) -> None:
+        tip_id, self._next_entry = self._next_entry, self._next_entry + 1
+        self._bank[tip_id] = _Entry(slot, text, call)
+        self.add(
+            TipStored(
+                tip_id=tip_id,
+                slot=slot,
+                episode=episode,
+                text=text,
+                score=1.0,
+                key="k",
+                call=call,
+                parents=parents,
+            ),
+            cause=cause,
+            actor="memory",
+        )
+
+    def _credited(self, ev: Event, cause: int) -> None:
+        """What the credit actor emitted after ``cause`` (a credit, an extractor request),
+        with the extractor's update answering each request."""
+        seq = self.add(ev, cause=cause, actor="credit")
+        if isinstance(ev, ExtractorGradientRequested):
+            self._extractor += 1
+            self.add(
+                ExtractorUpdated(
+                    extractor_version=self._extractor,
+                    update=ev.update,
+                    samples=len(ev.calls),
+                    loss=0.0,
+                    grad_norm=0.0,
+                    clip_frac=0.0,
+                    digest=f"x{self._extractor}",
+                    checkpoint="",
+                    seconds=0.0,
+                    parent_digest=f"x{self._extractor - 1}",
+                ),
+                cause=seq,
+                actor="extractor",
+            )
+
+    def _group(self) -> None:
+        """A group of the method's size finished: its advantages (GRPO's own ``score``), and
+        an update every :data:`GROUPS_PER_UPDATE` groups."""
+        if len(self._finished) < GRPO.group_size:
+            return
+        members, self._finished = (
+            self._finished[: GRPO.group_size],
+            self._finished[GRPO.group_size :],
+        )
+        outcomes = [1.0 if ok else 0.0 for _, _, ok in members]
+        scored = Grpo(GRPO).score(outcomes, ["plain"] * len(outcomes), [[] for _ in outcomes])
+        mean, std = group_stats(scored.rewards)
+        group = AdvantagesComputed(
+            group=f"g{len(self._groups)}",
+            update=self._policy,
+            family=members[0][1],
+            variant=0,
+            episodes=tuple(ep for ep, _, _ in members),
+            rewards=scored.rewards,
+            advantages=scored.advantages,
+            rule=scored.rule,
+            eps=ADV_EPS,
+            mean=mean,
+            std=std,
+        )
+        self.add(group, actor="trainer")
+        self._groups.append(group)
+        if len(self._groups) % GROUPS_PER_UPDATE == 0:
+            self._update(self._groups[-GROUPS_PER_UPDATE:])
+
+    def _update(self, groups: Sequence[AdvantagesComputed]) -> None:
+        update = self._policy
+        asked = self.add(
+            GradientRequested(
+                update=update,
+                episodes=tuple(ep for g in groups for ep in g.episodes),
+                advantages=tuple(a for g in groups for a in g.advantages),
+            ),
+            actor="trainer",
+        )
+        self._policy += 1
+        self.add(
+            PolicyUpdated(
+                policy_version=self._policy,
+                update=update,
+                samples=4,
+                stale=0,
+                loss=0.0,
+                grad_norm=0.0,
+                clip_frac=0.0,
+                kl=0.0,
+                ratio_mean=1.0,
+                ref_kl=0.0,
+                digest=f"p{self._policy}",
+                checkpoint="",
+                seconds=0.0,
+                parent_digest=f"p{update}",
+            ),
+            cause=asked,
+            actor="learner",
+        )
+
+    def stop_and_resume(self) -> None:
+        """The session stops; the next resumes, abandons the attempts left running and
+        assigns them again (same ids and indexes)."""
+        stopped = self.add(RunStopped(reason="signal"), actor="runtime")
+        self.add(RunResumed(after=stopped, previous="run_stopped"), actor="runtime")
+        running, self._running = self._running, {}
+        for episode, e in running.items():
+            worker = f"worker-{e.index % 2}"
+            self.add(EpisodeAbandoned(episode=episode, worker=worker), corr=episode)
+        for episode, e in running.items():
+            self.assign(e.index, episode)
+
+    def complete(self) -> None:
+        """End every episode still running (abort those not started) and the run."""
+        for episode, e in list(self._running.items()):
+            if e.started:
+                self.finish(episode)
+            else:
+                self.abort(episode)
+        self.add(RunStopped(reason="completed"), actor="runtime")
+
+
+@st.composite
+def runs(
+    draw: st.DrawFn,
+    *,
+    memory: Memory | None = None,
+    max_ops: int = 60,
+    ops: Sequence[str] = OPS,
+    completed: bool | None = None,
+) -> list[Envelope[Event]]:
+    """A well-formed run's stream: ``run_started``, then a drawn program of operations
+    (:data:`OPS`), then, if ``completed`` (drawn when None), every episode ended and
+    ``run_stopped(completed)``.
+
+    Args:
+        memory: the stream's memory (drawn when None).
+        max_ops: the longest program.
+        ops: the operations to draw from (leave out "stop" for one session, "abort" for
+            episodes that all finish).
+        completed: whether the stream ends with the run's completion.
+    """
+    builder = StreamBuilder(memory=memory or draw(st.sampled_from(("none", "tips", "extractor"))))
+    builder.begin()
+    size = draw(st.integers(0, max_ops))  # drawn first: lists alone stay short
+    step = st.tuples(st.sampled_from(_weighted(ops)), st.integers(0, 7))
+    program = draw(st.lists(step, min_size=size, max_size=size))
+    for op, pick in program:
+        builder.play(op, pick)
+    if completed if completed is not None else draw(st.booleans()):
+        builder.complete()
+    return builder.envs
+
+
+def _weighted(ops: Sequence[str]) -> tuple[str, ...]:
+    return tuple(op for op in ops for _ in range(_WEIGHTS.get(op, 1)))

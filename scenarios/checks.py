@@ -1,0 +1,79 @@
+"""Which invariants a run is checked against: its scenario, read from the log's metadata, names
+its method and world, whose modules are imported so that the invariants they register are
+known (``coevo check``, ``coevo replay --verify``, the stateful harness).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+from agents.methods.registry import BUILTIN, method_class
+from engine.eventlog import RunMeta
+from engine.invariants import CheckContext, Invariant, Registered, select
+from engine.world_registry import builtin_worlds
+from scenarios.loader import parse_toml, to_scenario
+from scenarios.schema import Scenario
+
+__all__ = ["check_context", "context_of", "invariants_for"]
+
+
+def context_of(scenario: Scenario, meta: RunMeta | None = None) -> tuple[CheckContext, list[str]]:
+    """The check context of a run of ``scenario``, with the plug-in modules it names imported.
+
+    Returns:
+        The context, and a note per plug-in module that could not be imported (its own
+        invariants, if it registers any, are then not checked).
+    """
+    notes: list[str] = []
+    method, world = scenario.run.method, scenario.world.name
+    if method not in BUILTIN and method != "rollout":
+        try:
+            method_class(method)
+        except ValueError as exc:
+            notes.append(f"method {method!r} not loaded, its own invariants unknown: {exc}")
+    path = builtin_worlds().get(world, world)
+    module = path.partition(":")[0]
+    if ":" in path:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a plug-in's own failure at import: a note, never a traceback
+            notes.append(f"world module {module!r} not loaded, its own invariants unknown: {exc}")
+    return CheckContext(meta=meta, scenario=scenario, method=method, world=world), notes
+
+
+def check_context(meta: RunMeta | None, source: str = "the run") -> tuple[CheckContext, list[str]]:
+    """The check context of the run whose metadata is ``meta`` (None: a bare context, as for
+    a generated stream).
+
+    Raises:
+        ScenarioInvalid: the scenario stored in the log does not validate.
+    """
+    if meta is None:
+        return CheckContext(), []
+    where = f"{source} (its scenario)"
+    return context_of(to_scenario(parse_toml(meta.scenario_toml, where), where), meta)
+
+
+def invariants_for(
+    ctx: CheckContext, names: Sequence[str] = ()
+) -> tuple[list[Invariant], list[Registered], list[str]]:
+    """Fresh instances of ``names`` (every invariant that applies to ``ctx``'s run when empty).
+
+    Returns:
+        The instances, their registrations and what was left out with why (one that cannot be
+        built for the run, e.g. ``credit`` when the run's plug-in method does not import).
+
+    Raises:
+        KeyError: an unknown name.
+    """
+    chosen, skipped = select(ctx, names)
+    built: list[Invariant] = []
+    kept: list[Registered] = []
+    for r in chosen:
+        try:
+            built.append(r.factory(ctx))
+            kept.append(r)
+        except ValueError as exc:  # e.g. credit without the run's plug-in method: say so
+            skipped.append(f"{r.name}: cannot be built for this run: {exc}")
+    return built, kept, skipped

@@ -1,0 +1,119 @@
+"""``coevo check RUN [--invariant NAME ...] [--json]``: a recorded run's events against the
+invariants (docs/TESTING.md), in one pass over its log.
+
+Exit 0 with what was checked, or exit 1 with the first violation: a line naming the
+invariant, the seq and what is wrong, then each event involved on a line of its own. Needs
+no Hypothesis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from collections.abc import Generator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+
+from engine.invariants import CheckReport, check_stream
+from scenarios.cli.common import InputInvalid, naming, open_run
+
+__all__ = ["add_parser", "cmd_check", "gc_paused"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``check`` to the ``coevo`` subcommands ``sub``."""
+    p = sub.add_parser("check", help="check a run's events against the invariants")
+    p.add_argument("run")
+    p.add_argument(
+        "--invariant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only these (repeatable; default: every one that applies to the run)",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Run the invariants over the log of ``args.run``; print the report.
+
+    Raises:
+        InputInvalid: an unknown invariant name (exit 2).
+        LogUnreadable: a damaged log (exit 1, one line naming the seq).
+    """
+    from scenarios.checks import check_context, invariants_for
+
+    log = open_run(args.run)
+    try:
+        with naming(log.path):
+            ctx, notes = check_context(log.read_meta(), args.run)
+            try:
+                invariants, _, skipped = invariants_for(ctx, args.invariant)
+            except KeyError as exc:
+                raise InputInvalid(str(exc.args[0])) from None
+            with gc_paused():
+                report = check_stream(log.read_chunks(0, log.next_seq), invariants, skipped=skipped)
+            involved = _involved(log, report)
+    finally:
+        log.close()
+    for note in notes:
+        print(f"coevo: note: {note}", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(_as_json(report, involved)).decode() + "\n")
+    else:
+        sys.stdout.write("\n".join(_lines(args.run, report, involved)) + "\n")
+    return 0 if report.ok else 1
+
+
+@contextmanager
+def gc_paused() -> Generator[None]:
+    """The cyclic garbage collector off for one pass: the invariants' state (dicts and tuples
+    of ids and seqs) holds no cycles, and the collector's repeated full scans of it were half
+    the CPU time of a pass over a 1M-event log (docs/BENCHMARKS.md)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _involved(log: Any, report: CheckReport) -> list[Any]:
+    """The envelopes of the violation's events, read back from the log."""
+    if report.violation is None:
+        return []
+    out: list[Any] = []
+    for seq in report.violation.involved:
+        out += list(log.read(seq, seq + 1))
+    return out
+
+
+def _lines(run: str, report: CheckReport, involved: list[Any]) -> list[str]:
+    from scenarios.cli.console import envelope_line
+
+    v = report.violation
+    if v is None:
+        end = "completed" if report.completed else "not completed"
+        lines = [
+            f"{run}: {report.events} events ({end}) hold {len(report.invariants)} invariants: "
+            + ", ".join(report.invariants)
+        ]
+        lines += [f"  not checked: {s}" for s in report.skipped]
+        return lines
+    head = f"{run}: invariant {v.invariant} violated at seq {v.seq}: {v.message}"
+    return [head, *(envelope_line(env) for env in involved)]
+
+
+def _as_json(report: CheckReport, involved: list[Any]) -> dict[str, Any]:
+    from scenarios.cli.console import envelope_dict
+
+    out: dict[str, Any] = msgspec.to_builtins(report)
+    out["ok"] = report.ok
+    if report.violation is not None:
+        out["violation"]["events"] = [envelope_dict(env) for env in involved]
+    return out

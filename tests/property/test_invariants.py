@@ -1,0 +1,244 @@
+"""The invariants on generated streams (``agents.testing.streams``): every well-formed stream
+holds every one, and each one catches exactly the violation it names, injected into a valid
+stream, at the right seq (its negative control)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from agents.events.episodes import EpisodeAborted, EpisodeFinished
+from agents.events.extractor import CreditAssigned
+from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
+from agents.events.policy import ActionSampled, AdvantagesComputed, PolicyUpdated
+from agents.invariants import Credit
+from agents.testing.edits import drop, insert, swap
+from agents.testing.streams import AUDIT, runs
+from engine.events import Envelope, Event
+from engine.invariants import CheckContext, Invariant, check_stream, registered
+from engine.lifecycle import RunResumed, RunStopped
+
+Stream = list[Envelope[Event]]
+CONTROL = settings(max_examples=40, suppress_health_check=[HealthCheck.filter_too_much])
+
+
+def fresh(name: str) -> Invariant:
+    """A new instance of ``name`` (``credit`` under the settings streams are made with)."""
+    return (
+        Credit.with_settings(AUDIT)
+        if name == "credit"
+        else registered()[name].factory(CheckContext())
+    )
+
+
+def coevos() -> list[str]:
+    """coevo's own invariants (other tests register plug-ins' in the same session)."""
+    return sorted(
+        name
+        for name, r in registered().items()
+        if r.factory.__module__.split(".")[0] in ("engine", "agents")
+    )
+
+
+def caught(envs: Stream, name: str) -> int | None:
+    """The seq at which ``name`` reports ``envs`` (None: it holds)."""
+    report = check_stream([envs], [fresh(name)])
+    if report.violation is None:
+        return None
+    assert report.violation.invariant == name
+    assert report.violation.seq in report.violation.involved
+    return report.violation.seq
+
+
+def pick(data: st.DataObject, envs: Stream, test: Callable[[Event], bool]) -> int:
+    """The seq of a drawn event that passes ``test`` (the example is discarded if none)."""
+    seqs = [env.seq for env in envs if test(env.event)]
+    assume(seqs)
+    return data.draw(st.sampled_from(seqs))
+
+
+# --- every generated stream holds every invariant ----------------------------------------------
+
+
+@settings(max_examples=150)
+@given(envs=runs())
+def test_every_well_formed_stream_holds_every_invariant(envs: Stream) -> None:
+    names = coevos()
+    assert len(names) == 8
+    report = check_stream([envs], [fresh(n) for n in names])
+    assert report.violation is None, report.violation
+    assert report.events == len(envs)
+    last = envs[-1].event
+    assert report.completed == (isinstance(last, RunStopped) and last.reason == "completed")
+
+
+# --- negative controls: exactly the violation each invariant names ----------------------------
+
+
+@CONTROL
+@given(envs=runs(completed=True), data=st.data())
+def test_sessions_catches_an_event_after_the_run_completed(
+    envs: Stream, data: st.DataObject
+) -> None:
+    assert caught(envs, "sessions") is None
+    bad = insert(envs, len(envs), EpisodeAborted(episode="ep", worker="w", reason="late"))
+    assert caught(bad, "sessions") == len(envs)
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_sessions_catches_an_event_between_a_stop_and_its_resume(
+    envs: Stream, data: st.DataObject
+) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, RunResumed))
+    bad = insert(envs, at, EpisodeAborted(episode="ep", worker="w", reason="stale"))
+    assert caught(envs, "sessions") is None and caught(bad, "sessions") == at
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_episodes_catches_an_episode_finished_twice(envs: Stream, data: st.DataObject) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, EpisodeFinished))
+    bad = insert(envs, at + 1, envs[at].event)
+    assert caught(envs, "episodes") is None and caught(bad, "episodes") == at + 1
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_requests_catches_a_request_answered_twice(envs: Stream, data: st.DataObject) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, ActionSampled))
+    bad = insert(envs, at + 1, envs[at].event, cause=envs[at].cause)
+    assert caught(envs, "requests") is None and caught(bad, "requests") == at + 1
+
+
+@CONTROL
+@given(envs=runs(completed=True, ops=("assign", "start", "turn", "finish")), data=st.data())
+def test_requests_catches_a_request_never_answered_by_the_runs_end(
+    envs: Stream, data: st.DataObject
+) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, ActionSampled))
+    request = envs[at].cause
+    assert request is not None
+    assert caught(envs, "requests") is None and caught(drop(envs, at), "requests") == request
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_versions_catches_a_broken_chain(envs: Stream, data: st.DataObject) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, PolicyUpdated))
+    ev = envs[at].event
+    assert isinstance(ev, PolicyUpdated)
+    skipped = msgspec.structs.replace(ev, policy_version=ev.policy_version + 1)
+    assert caught(envs, "versions") is None and caught(swap(envs, at, skipped), "versions") == at
+    if ev.policy_version > 1:  # a digest chain to break, too
+        forked = msgspec.structs.replace(ev, parent_digest="not-the-last-digest")
+        assert caught(swap(envs, at, forked), "versions") == at
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_versions_catches_a_sample_from_a_version_not_yet_made(
+    envs: Stream, data: st.DataObject
+) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, ActionSampled))
+    ev = envs[at].event
+    assert isinstance(ev, ActionSampled)
+    bad = swap(envs, at, msgspec.structs.replace(ev, policy_version=ev.policy_version + 1))
+    assert caught(envs, "versions") is None and caught(bad, "versions") == at
+
+
+@CONTROL
+@given(envs=runs(memory="extractor"), data=st.data())
+def test_lineage_catches_an_entry_whose_parent_was_never_stored(
+    envs: Stream, data: st.DataObject
+) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, TipStored))
+    ev = envs[at].event
+    assert isinstance(ev, TipStored)
+    bad = swap(envs, at, msgspec.structs.replace(ev, parents=(*ev.parents, 10_000)))
+    assert caught(envs, "lineage") is None and caught(bad, "lineage") == at
+
+
+@CONTROL
+@given(envs=runs(memory="tips"), data=st.data())
+def test_lineage_catches_an_entry_that_ends_at_no_call_and_no_reflection(
+    envs: Stream, data: st.DataObject
+) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, TipStored))
+    ev = envs[at].event
+    assert isinstance(ev, TipStored)
+    bad = swap(envs, at, msgspec.structs.replace(ev, episode="ep-never-reflected-on"))
+    assert caught(envs, "lineage") is None and caught(bad, "lineage") == at
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_retrievals_catches_an_entry_shown_after_its_eviction(
+    envs: Stream, data: st.DataObject
+) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, TipsRetrieved) and bool(ev.tip_ids))
+    ev = envs[at].event
+    assert isinstance(ev, TipsRetrieved)
+    slot = next(
+        e.event.slot
+        for e in envs[:at]
+        if isinstance(e.event, TipStored) and e.event.tip_id == ev.tip_ids[0]
+    )
+    bad = insert(envs, at, TipEvicted(tip_id=ev.tip_ids[0], slot=slot, reason="discard"))
+    assert caught(envs, "retrievals") is None and caught(bad, "retrievals") == at + 1
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_credit_catches_an_advantage_that_does_not_re_derive(
+    envs: Stream, data: st.DataObject
+) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, AdvantagesComputed))
+    ev = envs[at].event
+    assert isinstance(ev, AdvantagesComputed)
+    advantages = (ev.advantages[0] + 0.5, *ev.advantages[1:])
+    bad = swap(envs, at, msgspec.structs.replace(ev, advantages=advantages))
+    assert caught(envs, "credit") is None and caught(bad, "credit") == at
+
+
+@CONTROL
+@given(envs=runs(memory="extractor"), data=st.data())
+def test_credit_catches_a_credit_of_the_wrong_sign(envs: Stream, data: st.DataObject) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, CreditAssigned))
+    ev = envs[at].event
+    assert isinstance(ev, CreditAssigned)
+    bad = swap(envs, at, msgspec.structs.replace(ev, credit=-ev.credit))
+    assert caught(envs, "credit") is None and caught(bad, "credit") == at
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_recorded_once_catches_a_group_recorded_twice(envs: Stream, data: st.DataObject) -> None:
+    at = pick(data, envs, lambda ev: isinstance(ev, AdvantagesComputed))
+    bad = insert(envs, at + 1, envs[at].event)
+    assert caught(envs, "recorded-once") is None and caught(bad, "recorded-once") == at + 1
+
+
+def test_every_registered_invariant_has_a_negative_control() -> None:
+    """A new invariant of coevo's own needs its control here (plug-ins test theirs)."""
+    controls = {
+        name.removeprefix("test_").split("_catches_")[0].replace("_", "-")
+        for name in globals()
+        if "_catches_" in name
+    }
+    assert set(coevos()) <= controls, set(coevos()) - controls
+
+
+def test_a_stream_shrinks_to_a_small_one() -> None:
+    """A failure that needs one finished episode shrinks to the shortest stream that has one."""
+    from hypothesis import find
+
+    smallest = find(
+        runs(memory="none", completed=False, ops=("assign", "start", "turn", "finish"), max_ops=30),
+        lambda envs: any(isinstance(e.event, EpisodeFinished) for e in envs),
+    )
+    kinds = [type(e.event).__name__ for e in smallest]
+    assert kinds == ["RunStarted", "EpisodeAssigned", "EpisodeStarted", "EpisodeFinished"]
