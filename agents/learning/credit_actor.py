@@ -58,7 +58,8 @@ class CreditBook:
 
     Attributes:
         used: episode -> (entry, call) of the extractor-written entry it was shown.
-        credits: every ``(call, credit)`` so far, in order.
+        credits: per call, every credit it received so far, in order (calls in order of their
+            first credit).
         pending: calls with credit since the last update, in order, with their episodes.
         consumed: the episodes of those credits, in credit order.
         trained: call -> (times trained on, last update) for the reweighting.
@@ -66,7 +67,7 @@ class CreditBook:
     """
 
     used: dict[str, tuple[int, str]] = field(default_factory=dict[str, tuple[int, str]])
-    credits: list[tuple[str, float]] = field(default_factory=list[tuple[str, float]])
+    credits: dict[str, list[float]] = field(default_factory=dict[str, list[float]])
     pending: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
     consumed: list[str] = field(default_factory=list[str])
     trained: dict[str, tuple[int, int]] = field(default_factory=dict[str, tuple[int, int]])
@@ -96,7 +97,7 @@ class CreditBook:
         entry, call = used
         if credit is None:
             credit = credit_of(ev, settings.rule)
-        self.credits.append((call, credit))
+        self.credits.setdefault(call, []).append(credit)
         self.pending.setdefault(call, []).append(ev.episode)
         self.consumed.append(ev.episode)
         out: list[Event] = [
@@ -116,7 +117,9 @@ class CreditBook:
 
     def _request(self, s: CreditSettings) -> ExtractorGradientRequested:
         calls = list(self.pending)
-        rewards = call_rewards(self.credits)
+        # r(m) of the batch's calls only: each is the mean of all its credits so far, so a
+        # request costs the batch's credits, not every credit of the run
+        rewards = call_rewards((c, x) for c in calls for x in self.credits[c])
         step = self.updates
         weights = []
         for call in calls:
