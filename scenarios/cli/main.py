@@ -19,6 +19,7 @@ from rich.console import Console
 
 from engine.errors import CoevoError
 from scenarios.cli.common import InputInvalid, naming, open_run
+from scenarios.cli.explore import add_commands
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
 from stores.rundir import find_run
 
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
     p.set_defaults(func=cmd_audit)
+    add_commands(sub)
     return parser
 
 
