@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--mlflow", metavar="DIR", help="an MLflow file store at DIR")
     p.add_argument("--block", type=int, help="training episodes per point (default: the run's)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("diff", help="two runs' scenario differences and first diverging event")
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=cmd_diff)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -72,3 +79,81 @@ def _tracking_block(text: str) -> int:
     """The run's ``tracking.block`` (16 where its scenario predates tracking)."""
     block = _scenario_dict(text).get("tracking", {}).get("block", 16)
     return block if isinstance(block, int) and block >= 1 else 16
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Exit 0 when the logs do not diverge, 1 when they do."""
+    import msgspec
+
+    from agents.analysis.diff import describe, diverging_seqs, scenario_changes
+    from agents.audit.index import fetch
+
+    log_a, log_b = open_run(args.run_a), None
+    try:
+        log_b = open_run(args.run_b)
+        with naming(log_a.path):
+            meta_a = log_a.read_meta()
+        with naming(log_b.path):
+            meta_b = log_b.read_meta()
+        changes = scenario_changes(
+            meta_a.scenario_toml if meta_a else "", meta_b.scenario_toml if meta_b else ""
+        )
+        counts = (log_a.next_seq, log_b.next_seq)
+        with naming(log_a.path), naming(log_b.path):
+            found = diverging_seqs(log_a.read(0, counts[0]), log_b.read(0, counts[1]))
+            divergence = None
+            if found is not None:
+                stream, seq_a, seq_b = found
+                env_a = fetch(log_a, [seq_a])[seq_a] if seq_a is not None else None
+                env_b = fetch(log_b, [seq_b])[seq_b] if seq_b is not None else None
+                divergence = describe(stream, env_a, env_b)
+    finally:
+        log_a.close()
+        if log_b is not None:
+            log_b.close()
+    if args.json:
+        out = {"scenario": changes, "events": counts, "divergence": divergence}
+        sys.stdout.write(msgspec.json.encode(out).decode() + "\n")
+        return 1 if divergence else 0
+    for line in _diff_lines(args.run_a, args.run_b, changes, counts, divergence):
+        print(line)
+    return 1 if divergence else 0
+
+
+def _diff_lines(a: str, b: str, changes: Any, counts: tuple[int, int], div: Any) -> list[str]:
+    lines = [f"A: {a} ({counts[0]} events)", f"B: {b} ({counts[1]} events)"]
+    if changes:
+        lines.append(f"scenario: {len(changes)} difference{'s' * (len(changes) > 1)}")
+        lines += [f"  {c.key}: {_value(c.a)} -> {_value(c.b)}" for c in changes]
+    else:
+        lines.append("scenario: the same")
+    if div is None:
+        lines.append("events: the same, stream by stream (leaving out wall-clock fields)")
+        return lines
+    where = div.seq_a if div.seq_a is not None else div.seq_b
+    lines.append(
+        f"events: first divergence at seq {where}, stream {div.stream} ({', '.join(div.differing)})"
+    )
+    for side, env in (("A", div.a), ("B", div.b)):
+        if env is None:
+            lines.append(f"  {side}: (the stream has no more events)")
+        else:
+            lines.append(f"  {side}: {_event_line(env, div.differing)}")
+    return lines
+
+
+def _value(value: Any) -> str:
+    return "(missing)" if value is None else repr(value)
+
+
+def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
+    """An envelope of a divergence: where it is, and the differing fields first."""
+    import msgspec
+
+    event = dict(env["event"])
+    kind = event.pop("kind")
+    where = f"{env['actor']} {kind}" + (f" {env['corr']}" if env["corr"] else "")
+    first = [k for k in differing if k in event] + [k for k in event if k not in differing]
+    body = " ".join(f"{k}={msgspec.json.encode(event[k]).decode()[:80]}" for k in first)
+    line = f"seq {env['seq']} {where} (cause {env['cause']}): {body}"
+    return line if len(line) <= 300 else line[:299] + "…"
