@@ -32,6 +32,17 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=cmd_diff)
 
+    p = sub.add_parser("serve", help="browse runs in a local, read-only web application")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    p.add_argument(
+        "--public",
+        action="store_true",
+        help="allow a --host other than the loopback (the pages show everything in the runs)",
+    )
+    p.set_defaults(func=cmd_serve)
+
 
 def cmd_export(args: argparse.Namespace) -> int:
     from agents.tracking.scalars import KINDS, fold_scalars
@@ -157,3 +168,87 @@ def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
     body = " ".join(f"{k}={msgspec.json.encode(event[k]).decode()[:80]}" for k in first)
     line = f"seq {env['seq']} {where} (cause {env['cause']}): {body}"
     return line if len(line) <= 300 else line[:299] + "…"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve until interrupted (exit 0), or refuse bad input before binding (exit 2)."""
+    check_bind(args.host, args.public)
+    if not 0 <= args.port <= 65535:
+        raise InputInvalid(f"--port must be in 0..65535, got {args.port}")
+    import uvicorn
+
+    from agents.browse.app import make_app
+
+    views = open_views(args.runs)
+    try:
+        for view in views.values():
+            if view.note:
+                print(f"coevo: note: {view.name}: {view.note}", file=sys.stderr)
+        config = uvicorn.Config(
+            make_app(views), host=args.host, port=args.port, log_level="warning"
+        )
+        server = uvicorn.Server(config)
+        print(
+            f"serving {len(views)} run{'s' * (len(views) > 1)} at http://{args.host}:"
+            f"{args.port}/ (read-only; Ctrl-C stops)",
+            flush=True,
+        )
+        try:
+            server.run()
+        except OSError as exc:
+            raise InputInvalid(
+                f"cannot listen on {args.host}:{args.port}: {exc.strerror}"
+            ) from None
+    finally:
+        for view in views.values():
+            view.close()
+    return 0
+
+
+def check_bind(host: str, public: bool) -> None:
+    """Refuse an address off the loopback unless ``--public`` says so.
+
+    Raises:
+        InputInvalid: ``host`` is not a loopback address and ``public`` is False.
+    """
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        loopback = False
+    if not loopback and not public:
+        raise InputInvalid(
+            f"--host {host} is not a loopback address: anyone who reaches it reads the runs; "
+            "add --public to serve there"
+        )
+
+
+def open_views(paths: list[str]) -> dict[str, Any]:
+    """Every run opened for the browser, by a name unique among them (its directory's, with
+    its parent's where two share one).
+
+    Raises:
+        RunNotFound: a path is not a run directory.
+    """
+    import re
+
+    from agents.browse.data import RunView
+
+    roots = [find_run(path).root for path in paths]
+    views: dict[str, Any] = {}
+    try:
+        for path, root in zip(paths, roots, strict=True):
+            same = sum(r.name == root.name for r in roots) > 1
+            name = re.sub(
+                r"[^A-Za-z0-9_.-]", "-", f"{root.parent.name}-{root.name}" if same else root.name
+            )
+            while name in views:
+                name += "-"
+            with naming(root / "log"):
+                views[name] = RunView.open(name, path)
+    except BaseException:
+        for view in views.values():
+            view.close()
+        raise
+    return views
