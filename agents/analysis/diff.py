@@ -7,8 +7,9 @@ answered first, which worker played an episode). The logs are therefore compared
 stream: a *stream* is the events one actor emitted under one correlation id (an episode's, or
 none), the runtime's events per actor they name, and an episode's events on whichever worker
 played it (``worker-3`` is ``worker`` within an episode). Each actor handles its mailbox in
-order, so in a deterministic run each stream is the same sequence in both logs. The divergence is the earliest event (by seq in
-``A``) at which some stream differs, or the first event past the end of the shorter one.
+order, so in a deterministic run each stream is the same sequence in both logs. The divergence
+is the earliest event (by seq in ``A``) at which some stream differs, or the first event past
+the end of the shorter one.
 
 Two events are the same when their kinds and fields are, leaving out what records the wall
 clock or where a run lives (:data:`VOLATILE`) and the ``cause`` seq (it moves with the

@@ -30,10 +30,14 @@ from starlette.routing import Route
 from agents.browse.data import FILTERS, RunView
 from engine.errors import AuditQueryInvalid, CoevoError
 
-__all__ = ["PAGE", "REFRESH", "make_app"]
+__all__ = ["PAGE", "REFRESH", "ROWS", "make_app"]
 
 PAGE = 100
 """Episodes per page of the list."""
+
+ROWS = 500
+"""Uses and credits listed on an entry's page (an entry retrieved 10,000 times lists its first
+500; ``coevo audit RUN tip ID --json`` has them all)."""
 
 REFRESH = 5
 """Seconds between reloads of a live run's pages."""
@@ -107,7 +111,7 @@ def make_app(runs: Mapping[str, RunView]) -> Starlette:
     async def entry(request: Request) -> Response:
         view = run_of(request)
         audit = view.entry(request.path_params["entry"])
-        return page("entry.html", view=view, a=audit, live=view.status() == "live")
+        return page("entry.html", view=view, a=audit, limit=ROWS, live=view.status() == "live")
 
     async def not_found(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -86,6 +86,7 @@ class RunView:
         self.log = log
         self.index = index
         self.note = note
+        self._rows: tuple[int, list[EpisodeRow]] = (-1, [])
 
     @classmethod
     def open(cls, name: str, path: str | Path) -> RunView:
@@ -124,19 +125,26 @@ class RunView:
 
     def episodes(self, filters: Mapping[str, str]) -> list[EpisodeRow]:
         """The run's episodes in the order they were assigned, those matching ``filters``."""
-        rows = assigned(self.index)
-        names = [ep for ep, _ in rows]
-        ends = outcomes(self.index, names)
-        played = versions(self.index, names)
-        out = [_row(ep, a, end, v) for (ep, a), end, v in zip(rows, ends, played, strict=True)]
         wanted = {k: v for k, v in filters.items() if k in FILTERS and v != ""}
-        out = [r for r in out if all(r.value(k) == v for k, v in wanted.items())]
-        return sorted(out, key=lambda r: r.index)
+        return [r for r in self._all() if all(r.value(k) == v for k, v in wanted.items())]
 
     def choices(self) -> dict[str, list[str]]:
         """Each filter's values in the run (for the filter menus)."""
-        rows = self.episodes({})
+        rows = self._all()
         return {name: sorted({r.value(name) for r in rows}, key=_natural) for name in FILTERS}
+
+    def _all(self) -> list[EpisodeRow]:
+        """Every episode's row, read from the index once per length of the indexed log (a
+        finished run's once; a live run's again after it grew)."""
+        upto = self.index.upto
+        if self._rows[0] != upto:
+            rows = assigned(self.index)
+            names = [ep for ep, _ in rows]
+            ends = outcomes(self.index, names)
+            played = versions(self.index, names)
+            out = [_row(ep, a, e, v) for (ep, a), e, v in zip(rows, ends, played, strict=True)]
+            self._rows = (upto, sorted(out, key=lambda r: r.index))
+        return self._rows[1]
 
     def episode(self, episode: str) -> tuple[EpisodeAudit, dict[int, list[Candidate]]]:
         """The audit of ``episode`` and, per turn of a "score" policy, its candidates.
