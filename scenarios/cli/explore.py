@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tomllib
 from pathlib import Path
@@ -252,3 +253,82 @@ def open_views(paths: list[str]) -> dict[str, Any]:
             view.close()
         raise
     return views
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    """``coevo audit RUN whatif EPISODE``: exit 0, or 1 when the unchanged replay does not give
+    back the logged trajectory (the changed one is then not the episode's counterfactual)."""
+    import msgspec
+
+    from agents.audit.index import open_index
+    from scenarios.whatif_setup import run_whatif
+
+    if args.without_tip is None and args.with_tip is None and args.version is None:
+        raise InputInvalid("whatif needs a change: --without-tip ID, --with-tip ID or --version N")
+    if args.version is not None and (args.without_tip is not None or args.with_tip is not None):
+        raise InputInvalid(
+            "whatif changes one thing: an entry (--without-tip, --with-tip) or --version"
+        )
+    for name, value in (
+        ("--without-tip", args.without_tip),
+        ("--with-tip", args.with_tip),
+        ("--version", args.version),
+    ):
+        if value is not None and value < 0:
+            raise InputInvalid(f"{name} must be >= 0, got {value}")
+    root = find_run(args.run).root
+    log = open_run(args.run)
+    try:
+        index, note = open_index(root, log, Path(args.index) if args.index else None)
+        if note:
+            print(f"coevo: note: {note}", file=sys.stderr)
+        try:
+            with naming(log.path):
+                answer = run_whatif(
+                    root, log, index, args.id, args.without_tip, args.with_tip, args.version
+                )
+        finally:
+            index.close()
+    finally:
+        log.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
+    else:
+        sys.stdout.write("\n".join(_whatif_lines(answer)) + "\n")
+    return 0 if answer.reproduced else 1
+
+
+def _whatif_lines(w: Any) -> list[str]:
+    def outcome(p: Any) -> str:
+        return f"{'success' if p.success else 'failure'}, score {p.score:.3f}, {p.steps} steps"
+
+    def cell(p: Any, k: int) -> str:
+        if k >= len(p.turns):
+            return ""
+        t = p.turns[k]
+        return f"{t.action} (p {math.exp(t.logp):.3f}, v{t.version}, {len(t.tips)} shown)"
+
+    lines = [f"episode {w.episode}: replayed from its seeds, {w.change}"]
+    if w.reproduced:
+        lines.append(
+            f"control: replayed unchanged, it gives back the logged trajectory "
+            f"({len(w.logged.turns)} turns, every action, log-probs within 1e-6)"
+        )
+    else:
+        lines.append(
+            "control: replayed unchanged, it does NOT give back the logged trajectory "
+            f"(logged: {outcome(w.logged)}; replayed: {outcome(w.control)}): the world or the "
+            "device is not deterministic here, so the changed replay is one sample, not the answer"
+        )
+    width = max([len(cell(w.control, k)) for k in range(len(w.control.turns))] + [len("as logged")])
+    lines.append(f"{'turn':>4}  {'as logged':<{width}}  |  {w.change}")
+    for k in range(max(len(w.control.turns), len(w.changed.turns))):
+        mark = "*" if w.first_difference is not None and k >= w.first_difference else " "
+        lines.append(f"{k:>4}{mark} {cell(w.control, k):<{width}}  |  {cell(w.changed, k)}")
+    lines.append(f"{'':>4}  {outcome(w.control):<{width}}  |  {outcome(w.changed)}")
+    effect = w.changed.score - w.control.score
+    verdict = f"effect of the change on the episode: score {effect:+.3f}"
+    if w.credit is not None:
+        verdict += f"; the credit this episode gave the entry: {w.credit:+.3f} ({w.credit_rule})"
+    lines.append(verdict)
+    return lines
