@@ -1,7 +1,10 @@
 """The tracking fold on hand-made envelopes: blocks of training episodes, the training bank
-only, throughput from the envelopes' times, updates by version."""
+only, throughput from the envelopes' times, updates by version; and the tracker writing its
+points to sinks, dropping one whose disk is full."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pytest
 
@@ -9,7 +12,8 @@ from agents.events.episodes import EpisodeFinished
 from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipEvicted, TipStored
 from agents.events.policy import PolicyUpdated
-from agents.tracking.scalars import ScalarFold, fold_scalars
+from agents.tracking.observer import Tracker, TrackingFailed
+from agents.tracking.scalars import Scalar, ScalarFold, fold_scalars
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
 
@@ -90,3 +94,50 @@ def test_updates_by_version_and_the_block_checked() -> None:
     assert got["update/stale"] == (3, 1.0, 3.0)
     with pytest.raises(ValueError, match="block must be >= 1, got 0"):
         ScalarFold(0)
+
+
+class _Kept:
+    """A sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.points: list[Scalar] = []
+        self.closed = False
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        self.points += points
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Failing(_Kept):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        raise self.error
+
+
+def _batch(first: int, n: int) -> list[Envelope[Event]]:
+    return [_env(first + i, _finished(first + i, i % 2 == 0), 1.0 + first + i) for i in range(n)]
+
+
+def test_the_tracker_writes_what_the_fold_gives_and_drops_a_full_disk() -> None:
+    kept, full = _Kept(), _Failing(OSError(28, "No space left on device"))
+    history = _batch(0, 3)  # a resumed run's earlier session: folded, not written
+    tracker = Tracker([full, kept], block=2, history=history)
+    tracker.observe(_batch(3, 3))
+    tracker.observe(_batch(6, 4))
+    tracker.close()
+    assert kept.closed and not full.closed
+    expected = [p for p in fold_scalars(history + _batch(3, 7), block=2) if p.step > 2]
+    assert kept.points == tracker.written == expected
+    assert [p.step for p in kept.points if p.tag == "train/success"] == [4, 6, 8, 10]
+
+
+def test_a_sink_that_breaks_otherwise_fails_the_tracking_on_close() -> None:
+    tracker = Tracker([_Failing(ValueError("bad value"))], block=1)
+    tracker.observe(_batch(0, 1))
+    with pytest.raises(TrackingFailed, match="tracking failed: ValueError: bad value"):
+        tracker.close()
