@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import structlog
 
-from agents.tracking.scalars import KINDS, Scalar, ScalarFold
+from agents.tracking.scalars import READ, Scalar, ScalarFold
 from agents.tracking.sinks import ScalarSink
 from engine.errors import CoevoError
 from engine.events import Envelope, Event
@@ -54,7 +54,7 @@ class Tracker:
     ) -> None:
         self.fold = ScalarFold(block)
         for env in history:
-            if type(env.event) in KINDS:
+            if type(env.event) in READ:
                 self.fold.evolve(env)
         self.written: list[Scalar] = []
         """Every point handed to the sinks in this session, in order."""
@@ -66,7 +66,7 @@ class Tracker:
 
     def observe(self, envelopes: list[Envelope[Event]]) -> None:
         """Fold one committed batch and queue its points (quick; never raises)."""
-        points = [p for env in envelopes if type(env.event) in KINDS for p in self.fold.evolve(env)]
+        points = [p for env in envelopes if type(env.event) in READ for p in self.fold.evolve(env)]
         if points:
             self.written += points
             self._queue.put(points)

@@ -39,7 +39,7 @@ from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStor
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from engine.events import Envelope, Event
 
-__all__ = ["KINDS", "Scalar", "ScalarFold", "fold_scalars"]
+__all__ = ["KINDS", "READ", "Scalar", "ScalarFold", "fold_scalars"]
 
 
 class Scalar(msgspec.Struct, frozen=True, array_like=True):
@@ -225,7 +225,10 @@ KINDS: tuple[type[Event], ...] = (
     TipsRetrieved,
     CreditAssigned,
 )
-"""The event types the fold reads (what the tracker subscribes to)."""
+"""The event types the fold reads (what the tracker folds of each batch)."""
+
+READ = frozenset(KINDS)
+""":data:`KINDS` as a set, for the membership test made on every committed event."""
 
 
 def _points(values: Iterable[tuple[str, float]], step: int, env: Envelope[Event]) -> list[Scalar]:
@@ -238,4 +241,4 @@ def fold_scalars(envelopes: Iterable[Envelope[Event]], block: int = 16) -> list[
     envelopes of :data:`KINDS` are folded, as the tracker does: the throughput of the first
     block is measured from the first of them, whichever envelopes are given."""
     fold = ScalarFold(block)
-    return [p for env in envelopes if type(env.event) in KINDS for p in fold.evolve(env)]
+    return [p for env in envelopes if type(env.event) in READ for p in fold.evolve(env)]
