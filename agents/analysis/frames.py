@@ -2,11 +2,12 @@
 frame (docs/ANALYSIS.md). The log is read once, read-only (a live run can be read while it
 writes: the table holds what was committed when the call began).
 
-Every table has the envelope's columns ``seq``, ``time`` (UTC timestamp, ns), ``actor``,
-``corr``, ``cause`` and ``kind``. Asked for kinds, it has one column per field of those
-events (a field another kind lacks is null there; tuples are lists); asked for every kind, it
-has instead one ``event`` column holding each event's fields as JSON text, since the kinds'
-fields do not fit one schema.
+Every table has the envelope's columns ``seq``, ``time`` (a timestamp in ns, UTC, with no time
+zone attached: pyarrow's conversion of a zoned column to pandas crashed the test suite's process
+once, in ``string_to_tzinfo``), ``actor``, ``corr``, ``cause`` and ``kind``. Asked for kinds, it
+has one column per field of those events (a field another kind lacks is null there; tuples are
+lists); asked for every kind, it has instead one ``event`` column holding each event's fields as
+JSON text, since the kinds' fields do not fit one schema.
 
 The frame libraries are the ``frames`` extra (``pip install 'coevo[frames]'``).
 """
@@ -111,7 +112,7 @@ def _array(pa: Any, name: str, values: list[Any]) -> Any:
     JSON text where two kinds give it values of types that do not fit one Arrow type."""
     fixed = {
         "seq": pa.int64(),
-        "time": pa.timestamp("ns", tz="UTC"),
+        "time": pa.timestamp("ns"),  # UTC; no zone attached (see the module's docstring)
         "actor": pa.string(),
         "corr": pa.string(),
         "cause": pa.int64(),

@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 from test_grpo_run import of, read_events
 
-from agents.events.episodes import EpisodeAssigned
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
 from agents.events.extractor import CreditAssigned
 from engine.eventlog import new_run_meta
+from engine.events import Envelope, Event
+from engine.lifecycle import RunStarted, RunStopped
 from scenarios.cli import main
 from scenarios.cli.explore import open_views
 from stores.lmdb_log import LmdbEventLog
@@ -207,6 +209,56 @@ def test_a_live_run_refreshes_and_a_finished_one_does_not(server: str) -> None:
     assert '<span class="live">live</span>' in body
     code, body = _get(server + "/runs/run")
     assert code == 200 and "http-equiv" not in body and "completed" in body
+
+
+def test_a_live_run_shows_what_it_commits_until_it_ends(server: str, live_run: Path) -> None:
+    log = LmdbEventLog.open(live_run / "log", writable=True, durable=False)
+
+    def commit(*events: Event) -> None:
+        first = log.next_seq
+        log.append(
+            [
+                Envelope(seq=first + i, run="r-live", t=first + i, actor="a", event=ev)
+                for i, ev in enumerate(events)
+            ]
+        )
+
+    try:
+        commit(
+            RunStarted(run_id="r-live", scenario="x", scenario_hash="", seed=0, coevo_version="0"),
+            EpisodeAssigned(
+                episode="ep000000",
+                index=0,
+                worker="w",
+                family="fetch",
+                variant=1,
+                split="train",
+                seed=5,
+            ),
+        )
+        code, body = _get(server + "/runs/live")
+        assert code == 200 and '<td class="running">running</td>' in body
+        assert "1 episode, 1-1 shown" in body and "http-equiv" in body
+        commit(
+            EpisodeFinished(
+                episode="ep000000",
+                worker="w",
+                family="fetch",
+                variant=1,
+                split="train",
+                steps=3,
+                score=1.0,
+                success=True,
+                total_reward=1.0,
+            )
+        )
+        code, body = _get(server + "/runs/live")
+        assert '<td class="success">success</td>' in body and "http-equiv" in body
+        commit(RunStopped(reason="completed", signal="", exit_code=0))
+        code, body = _get(server + "/runs/live")
+        assert "http-equiv" not in body and '<span class="completed">completed</span>' in body
+    finally:
+        log.close()
 
 
 def test_serve_refuses_a_public_address_and_bad_runs(
