@@ -10,6 +10,8 @@ ENVS_STAMP := $(VENV)/.installed-envs
 SCENARIO ?= scenarios/quickstart.toml
 PYTEST_ARGS ?=
 CONSTRAINTS := constraints.txt
+# the extras every developer and CI installs: the tools, the tracking sinks, the browser, frames
+EXTRAS := dev,tracking,wandb,mlflow,frames,serve
 LOCK_VENV := .venv-lock
 # the wrapper asks PyPI for a newer pyright on every run; the version is pinned in constraints.txt
 LINT_ENV := PYRIGHT_PYTHON_IGNORE_WARNINGS=1
@@ -22,7 +24,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel -c $(CONSTRAINTS)
-	$(BIN)/python -m pip install --quiet -e '.[dev]' -c $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 # the extras for the real environments (ScienceWorld, TextWorld): their tests run in `make test`
@@ -30,7 +32,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 install-envs: $(ENVS_STAMP)
 
 $(ENVS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,scienceworld,textworld]' -c $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),scienceworld,textworld]' -c $(CONSTRAINTS)
 	touch $(ENVS_STAMP)
 
 # renew constraints.txt after a change of dependencies in pyproject.toml: resolve every extra
@@ -40,7 +42,7 @@ constraints:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(LOCK_VENV)/bin/python -m pip install --quiet -e '.[dev,scienceworld,textworld]'
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e '.[$(EXTRAS),scienceworld,textworld]'
 	{ echo "# The versions CI tested (make install uses them). Renew with make constraints."; \
 	  $(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable | sed -E 's/\+[[:alnum:].]+$$//'; \
 	} > $(CONSTRAINTS)

@@ -6,6 +6,7 @@ it is given.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -22,9 +23,11 @@ from agents.acting.scripted import Agent, Explorer, RandomAgent
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
 from agents.report.curves import report as curves_report
+from agents.tracking.observer import Tracker
+from agents.tracking.sinks import SINKS, open_sink
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
-from engine.events import Event
+from engine.events import Envelope, Event
 from engine.invariants import CheckContext, select
 from engine.projection import ActorStats, Projection
 from engine.replay import FactCheck
@@ -52,6 +55,8 @@ class Assembly:
         model: the policy model directory (None without a policy).
         report: writes a finished run's reports into its directory from its events and
             returns lines to print (learning curves); None when there is nothing to report.
+        tracking: starts the tracker (an observer of the runtime) given a resumed run's
+            history; None without ``[tracking] sinks``.
     """
 
     specs: tuple[ActorSpec, ...]
@@ -61,6 +66,7 @@ class Assembly:
     episodes: int = 0
     model: Path | None = None
     report: Callable[[Path, Iterable[Event]], list[str]] | None = None
+    tracking: Callable[[Sequence[Envelope[Event]]], Tracker] | None = None
 
 
 def projections() -> tuple[Projection, ...]:
@@ -108,7 +114,10 @@ def assemble(
     if scenario.run.method == "rollout" and scenario.agent.kind != "policy":
         specs = [_scheduler(tasks, scenario.run.episodes, workers)]
         specs += _workers(scenario, workers, make_world, _agent_factory(scenario.agent.kind))
-        return Assembly(tuple(specs), projections(), config, tasks, scenario.run.episodes)
+        tracking = tracker(scenario, source, run_dir)
+        return Assembly(
+            tuple(specs), projections(), config, tasks, scenario.run.episodes, tracking=tracking
+        )
     _check_learning(scenario, source)
     if scenario.run.method != ROLLOUT:
         _method(scenario, source)  # a plug-in's errors, before any model is built
@@ -125,9 +134,54 @@ def assemble(
     else:
         episodes = scenario.run.episodes
         specs.insert(0, _scheduler(tasks, episodes, workers))
+    tracking = tracker(scenario, source, run_dir)
     title = f"{scenario.name} (seed {scenario.seed})"
     report = partial(curves_report, title=title) if scenario.run.method != ROLLOUT else None
-    return Assembly(tuple(specs), projections(), config, tasks, episodes, model, report)
+    return Assembly(tuple(specs), projections(), config, tasks, episodes, model, report, tracking)
+
+
+TRACKING_DIR = "tracking"
+"""The sinks' directory inside a run directory: one folder per sink, named after it
+(``mlflow``'s is ``mlruns``)."""
+
+
+def sink_dir(root: Path, sink: str) -> Path:
+    """Where sink ``sink`` of the run at ``root`` writes."""
+    return root / TRACKING_DIR / ("mlruns" if sink == "mlflow" else sink)
+
+
+def tracker(
+    scenario: Scenario, source: str, run_dir: Path | None
+) -> Callable[[Sequence[Envelope[Event]]], Tracker] | None:
+    """What starts the run's tracker, given a resumed run's history, when ``[tracking] sinks``
+    names any (None without a run directory: ``coevo validate`` only checks that each sink's
+    library is installed).
+
+    Raises:
+        ScenarioInvalid: a sink is named twice, or its library is not installed.
+    """
+    names = tuple(scenario.tracking.sinks)
+    if len(set(names)) != len(names):
+        raise ScenarioInvalid(source, f"$.tracking.sinks: a sink is named twice: {list(names)}")
+    for name in names:
+        module, extra = SINKS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ScenarioInvalid(
+                source,
+                f"$.tracking.sinks: {name!r} needs the {module} package "
+                f"(pip install 'coevo[{extra}]')",
+            )
+    if not names or run_dir is None:
+        return None
+    root = run_dir
+    config: dict[str, Any] = msgspec.to_builtins(scenario)
+    block = scenario.tracking.block
+
+    def start(history: Sequence[Envelope[Event]]) -> Tracker:
+        sinks = [open_sink(name, sink_dir(root, name), root.name, config) for name in names]
+        return Tracker(sinks, block, history)
+
+    return start
 
 
 def _scheduler(tasks: tuple[Task, ...], episodes: int, workers: list[str]) -> ActorSpec:

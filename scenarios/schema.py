@@ -169,6 +169,24 @@ class LoggingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     progress: bool = True
 
 
+class TrackingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Live experiment tracking (docs/TRACKING.md): a tracker actor writes the run's scalars as
+    it goes, the same ones ``coevo export`` writes from the finished log.
+
+    Attributes:
+        sinks: where: "tensorboard" (event files in ``RUN/tracking/tensorboard``), "wandb" (an
+            offline Weights & Biases run in ``RUN/tracking/wandb``), "mlflow" (an MLflow file
+            store ``RUN/tracking/mlruns``); each needs its extra. Empty: no tracker.
+        block: training episodes per point of the per-block series (success, return, bank,
+            retrievals, credit, throughput).
+    """
+
+    sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = msgspec.field(
+        default_factory=list[Literal["tensorboard", "wandb", "mlflow"]]
+    )
+    block: Annotated[int, Meta(ge=1, le=1_000_000)] = 16
+
+
 class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A whole scenario file."""
 
@@ -187,3 +205,4 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     method: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    tracking: TrackingConfig = msgspec.field(default_factory=TrackingConfig)

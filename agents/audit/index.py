@@ -14,6 +14,8 @@ Keys (bytes, ``S`` = 8-byte big-endian seq):
 - ``r`` + namespace + name + NUL + ``S`` -> :class:`Ref`; namespaces ``e`` episode, ``c``
   extractor call, ``x`` extractor update, ``u`` policy update
 - ``o`` + episode -> :class:`Outcome`
+- ``a`` + episode -> :class:`Assigned` (what the episode was: the browser's list and filters)
+- ``p`` + episode -> the policy version of its first sampled action (8 bytes)
 - ``k`` + episode -> ``S`` of the extractor request that consumed the episode's credit
 - ``w`` + call + NUL + ``S`` -> :class:`Weighed` (the call in the extractor request at ``S``)
 - ``v`` + update (8 bytes) -> :class:`Applied` (what extractor update ``update`` did)
@@ -65,7 +67,7 @@ from engine.eventlog import EventLog
 from engine.events import Envelope, Event
 from stores.fact_index import Fact, FactIndex, IndexWriteFailed, LmdbFactIndex, MemoryFactIndex
 
-INDEX_FORMAT = 2
+INDEX_FORMAT = 3
 """Bumped when the facts change; an index of another format is rebuilt."""
 
 REFRESH_CHUNK = 20_000
@@ -146,6 +148,19 @@ class Outcome(msgspec.Struct, frozen=True, array_like=True, tag="outcome"):
     aborted: str = ""
 
 
+class Assigned(msgspec.Struct, frozen=True, array_like=True, tag="assigned"):
+    """What an episode is, from its :class:`EpisodeAssigned` (the last one: a resumed run
+    assigns an abandoned episode again)."""
+
+    seq: int
+    index: int
+    family: str
+    variant: int
+    split: str
+    purpose: str
+    rollout: str
+
+
 class Weighed(msgspec.Struct, frozen=True, array_like=True, tag="weighed"):
     """An extractor call's line in one :class:`ExtractorGradientRequested`."""
 
@@ -170,6 +185,7 @@ TipRow = Stored | Evicted | Child | Retrieved | Credited | Duplicated
 _ROW_DECODER = msgspec.msgpack.Decoder(Union[TipRow])  # noqa: UP007 - a runtime union
 _REF_DECODER = msgspec.msgpack.Decoder(Ref)
 _OUTCOME_DECODER = msgspec.msgpack.Decoder(Outcome)
+_ASSIGNED_DECODER = msgspec.msgpack.Decoder(Assigned)
 _WEIGHED_DECODER = msgspec.msgpack.Decoder(Weighed)
 _APPLIED_DECODER = msgspec.msgpack.Decoder(Applied)
 _ENCODER = msgspec.msgpack.Encoder()
@@ -282,6 +298,18 @@ def _outcome(ev: EpisodeFinished | EpisodeAborted, env: Envelope[Event]) -> list
     ]
 
 
+def _assigned(ev: EpisodeAssigned, env: Envelope[Event]) -> list[Fact]:
+    row = Assigned(env.seq, ev.index, ev.family, ev.variant, ev.split, ev.purpose, ev.rollout)
+    return [(b"a" + ev.episode.encode(), _ENCODER.encode(row)), *_episode_ref(ev, env)]
+
+
+def _sampled(ev: ActionSampled, env: Envelope[Event]) -> list[Fact]:
+    out = _episode_ref(ev, env)
+    if ev.turn == 0:
+        out.append((b"p" + ev.episode.encode(), ev.policy_version.to_bytes(8, "big", signed=True)))
+    return out
+
+
 def _episode_ref(ev: Any, env: Envelope[Event]) -> list[Fact]:
     kind = type(ev).__struct_config__.tag
     return _refs("e", [ev.episode], env.seq, kind)
@@ -311,14 +339,14 @@ _FACTS: dict[type[Event], Callable[[Any, Envelope[Event]], list[Fact]]] = {
         *_refs("u", [str(ev.update)], env.seq, "gradient_requested"),
     ],
     PolicyUpdated: lambda ev, env: _refs("u", [str(ev.update)], env.seq, "policy_updated"),
+    EpisodeAssigned: _assigned,
+    ActionSampled: _sampled,
     **{
         cls: _episode_ref
         for cls in (
-            EpisodeAssigned,
             EpisodeStarted,
             StepTaken,
             ActionRequested,
-            ActionSampled,
             RetrievalRequested,
             ReflectionRequested,
             TipProposed,
@@ -378,6 +406,17 @@ def outcomes(index: FactIndex, episodes: Sequence[str]) -> list[Outcome | None]:
     """How each of ``episodes`` ended (None: unknown, or still running), in one read."""
     raws = index.get_many([b"o" + ep.encode() for ep in episodes])
     return [None if raw is None else _OUTCOME_DECODER.decode(raw) for raw in raws]
+
+
+def assigned(index: FactIndex) -> list[tuple[str, Assigned]]:
+    """Every episode the log assigned, as ``(episode, what it is)``, by episode id."""
+    return [(k[1:].decode(), _ASSIGNED_DECODER.decode(v)) for k, v in index.scan(b"a")]
+
+
+def versions(index: FactIndex, episodes: Sequence[str]) -> list[int | None]:
+    """The policy version of each episode's first sampled action (None: no policy action)."""
+    raws = index.get_many([b"p" + ep.encode() for ep in episodes])
+    return [None if raw is None else int.from_bytes(raw, "big", signed=True) for raw in raws]
 
 
 def consumer(index: FactIndex, episode: str) -> int | None:

@@ -20,6 +20,7 @@ from rich.console import Console
 from engine.errors import CoevoError
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import InputInvalid, naming, open_run
+from scenarios.cli.explore import add_commands
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
 from stores.rundir import find_run
 
@@ -121,9 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--rule", help="credit rule: success, score or relative (counterfactual)")
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
+    q = what.add_parser("whatif", parents=[common], help="replay an episode with one change")
+    q.add_argument("id", help="the episode's id (e.g. ep000005)")
+    q.add_argument("--without-tip", type=int, metavar="ID", help="the entry removed from it")
+    q.add_argument("--with-tip", type=int, metavar="ID", help="an entry shown (in its place)")
+    q.add_argument("--version", type=int, metavar="N", help="another policy version acting")
     p.set_defaults(func=cmd_audit)
 
     add_check(sub)
+    add_commands(sub)
     return parser
 
 
@@ -372,6 +379,10 @@ def _print_envelope(env: Any, as_json: bool) -> None:
 def cmd_audit(args: argparse.Namespace) -> int:
     from agents.audit import render
 
+    if args.what == "whatif":
+        from scenarios.cli.explore import cmd_whatif
+
+        return cmd_whatif(args)
     log = open_run(args.run)
     try:
         if args.what == "credit":

@@ -117,6 +117,12 @@ def _drive(
     console = Console(stderr=True, quiet=quiet)
     configure_logging(console, scenario.logging.level, rd.structlog)
     progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
+    try:
+        tracker = assembly.tracking(history) if assembly.tracking is not None else None
+    except BaseException:
+        log.close()
+        close_logging()
+        raise
     runtime = Runtime(
         log,
         started,
@@ -124,7 +130,7 @@ def _drive(
         assembly.projections,
         seed=scenario.seed,
         config=assembly.config,
-        observers=[progress.observe],
+        observers=[progress.observe, *([tracker.observe] if tracker is not None else [])],
         resumed=resumed,
         history=history,
     )
@@ -136,7 +142,11 @@ def _drive(
             outcome = trio.run(runtime.run)
     finally:
         log.close()
-        close_logging()
+        try:
+            if tracker is not None:
+                tracker.close()
+        finally:
+            close_logging()
     console.print(actors_table(runtime.states["actor_stats"]))
     console.print(families_table(runtime.states["episodes"]))
     return _finish(console, assembly.report, runtime.states["episodes"], outcome, run_id, rd, quiet)

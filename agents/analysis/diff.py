@@ -1,0 +1,182 @@
+"""Two runs compared (``coevo diff RUN_A RUN_B``): the differences between their resolved
+scenarios, and the first event at which their logs diverge.
+
+A run's actors are concurrent, so two runs of one deterministic scenario record the same
+events in different interleavings (which worker started first, whose request the memory
+answered first, which worker played an episode). The logs are therefore compared stream by
+stream: a *stream* is the events one actor emitted under one correlation id (an episode's, or
+none), the runtime's events per actor they name, and an episode's events on whichever worker
+played it (``worker-3`` is ``worker`` within an episode). Each actor handles its mailbox in
+order, so in a deterministic run each stream is the same sequence in both logs. The divergence
+is the earliest event (by seq in ``A``) at which some stream differs, or the first event past
+the end of the shorter one.
+
+Two events are the same when their kinds and fields are, leaving out what records the wall
+clock or where a run lives (:data:`VOLATILE`) and the ``cause`` seq (it moves with the
+interleaving). The runtime's checksums and snapshots (:data:`DERIVED`) fold the interleaving
+itself and are not compared. The functions are pure.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from engine.events import Envelope, Event
+
+__all__ = [
+    "DERIVED",
+    "VOLATILE",
+    "Change",
+    "Divergence",
+    "describe",
+    "diverging_seqs",
+    "scenario_changes",
+]
+
+VOLATILE = frozenset({"seconds", "run_id", "coevo_version", "scenario_hash", "scenario", "worker"})
+"""Event fields left out of the comparison: wall time spent, the run's id and the coevo that
+wrote it, the scenario's name and hash (the scenario's differences are listed apart), and the
+worker that played an episode (scheduling)."""
+
+DERIVED = frozenset({"projection_checked", "snapshot_taken"})
+"""Kinds not compared: digests of folds whose intermediate states depend on the interleaving."""
+
+_ENCODER = msgspec.msgpack.Encoder(order="deterministic")
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """One scenario key whose value differs (``None``: the key is missing on that side)."""
+
+    key: str
+    a: Any
+    b: Any
+
+
+class Divergence(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the logs first differ: each side's envelope (None: that stream ended before it)
+    as ``coevo log --json`` prints one, the stream, and the names of what differs."""
+
+    seq_a: int | None
+    seq_b: int | None
+    stream: str
+    a: dict[str, Any] | None
+    b: dict[str, Any] | None
+    differing: tuple[str, ...]
+
+
+def scenario_changes(a_toml: str, b_toml: str) -> list[Change]:
+    """The keys (dotted paths) whose values differ between two resolved scenarios, sorted.
+
+    Raises:
+        ValueError: a text is not TOML.
+    """
+    try:
+        a, b = _flat(tomllib.loads(a_toml)), _flat(tomllib.loads(b_toml))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"a scenario is not TOML: {exc}") from None
+    return [
+        Change(key=key, a=a.get(key), b=b.get(key))
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key) != b.get(key)
+    ]
+
+
+def stream_of(env: Envelope[Event]) -> str:
+    """The stream an envelope belongs to: ``actor/corr``, the runtime's by the actor its
+    event names (``runtime:worker-0/``), an actor numbered ``-N`` within an episode without its
+    number (``worker/ep000005``)."""
+    subject = getattr(env.event, "actor", None) if env.actor == "runtime" else None
+    name = f"{env.actor}:{subject}" if isinstance(subject, str) else env.actor
+    if env.corr:
+        name = re.sub(r"-\d+$", "", name)
+    return f"{name}/{env.corr}"
+
+
+def diverging_seqs(
+    a: Iterable[Envelope[Event]], b: Iterable[Envelope[Event]]
+) -> tuple[str, int | None, int | None] | None:
+    """The first divergence of ``a`` and ``b`` (see the module's docstring): its stream and
+    the seq of each side's event there (None: that side's stream ended), or None when every
+    stream is the same."""
+    streams_a, streams_b = _streams(a), _streams(b)
+    found: tuple[int, str, int | None, int | None] | None = None
+    for name in streams_a.keys() | streams_b.keys():
+        xs, ys = streams_a.get(name, []), streams_b.get(name, [])
+        same = min(len(xs), len(ys))
+        pairs = zip(xs[:same], ys[:same], strict=True)
+        i = next((i for i, (x, y) in enumerate(pairs) if x[1] != y[1]), same)
+        if i == len(xs) == len(ys):
+            continue
+        seq_a = xs[i][0] if i < len(xs) else None
+        seq_b = ys[i][0] if i < len(ys) else None
+        order = seq_a if seq_a is not None else seq_b
+        assert order is not None  # one of the two streams goes on past i
+        if found is None or (order, name) < found[:2]:
+            found = (order, name, seq_a, seq_b)
+    return None if found is None else found[1:]
+
+
+def describe(
+    stream: str, env_a: Envelope[Event] | None, env_b: Envelope[Event] | None
+) -> Divergence:
+    """The :class:`Divergence` of two envelopes (one may be missing)."""
+    if env_a is None or env_b is None:
+        differing: tuple[str, ...] = ("end of stream",)
+    else:
+        key_a, key_b = _comparable(env_a), _comparable(env_b)
+        differing = tuple(
+            name
+            for name in sorted(key_a.keys() | key_b.keys())
+            if key_a.get(name) != key_b.get(name)
+        )
+    return Divergence(
+        seq_a=env_a.seq if env_a else None,
+        seq_b=env_b.seq if env_b else None,
+        stream=stream,
+        a=_plain(env_a),
+        b=_plain(env_b),
+        differing=differing,
+    )
+
+
+def _streams(envs: Iterable[Envelope[Event]]) -> dict[str, list[tuple[int, bytes]]]:
+    """Each stream's events as ``(seq, their comparable form, encoded)``."""
+    out: dict[str, list[tuple[int, bytes]]] = {}
+    for env in envs:
+        if env.event.__struct_config__.tag in DERIVED:
+            continue
+        out.setdefault(stream_of(env), []).append((env.seq, _ENCODER.encode(_comparable(env))))
+    return out
+
+
+def _comparable(env: Envelope[Event]) -> dict[str, Any]:
+    fields: dict[str, Any] = msgspec.to_builtins(env.event)
+    return {k: v for k, v in fields.items() if k not in VOLATILE}
+
+
+def _plain(env: Envelope[Event] | None) -> dict[str, Any] | None:
+    if env is None:
+        return None
+    return {
+        "seq": env.seq,
+        "t": env.t,
+        "actor": env.actor,
+        "cause": env.cause,
+        "corr": env.corr,
+        "event": msgspec.to_builtins(env.event),
+    }
+
+
+def _flat(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

@@ -1,0 +1,306 @@
+"""What-if replay of one episode (``coevo audit RUN whatif EPISODE``): the episode played again
+from its recorded seeds, once unchanged (which must give back the logged trajectory: the control)
+and once with one change: an entry removed from what the policy was shown, another entry shown
+in its place, or another policy version acting. The two trajectories and outcomes side by side
+are the causal effect of that one change on that episode, next to the credit the entry got.
+
+What is replayed: the world is reset with the episode's seed; each turn's prompt is rendered as
+the env worker rendered it (:func:`agents.models.prompts.turn_messages`, the run's prompt
+settings) with the entries the log shows at that turn (``ActionRequested.tips``; a turn past
+the recorded ones shows the last recorded turn's); the action is drawn with the turn's seed
+(``derive_seed(episode seed, "act", turn)``, as the worker derives it), greedy where the log's
+request was, by the policy version that acted at that turn (past the recorded turns: the last).
+Exact for a deterministic world (the built-in one) on the device the run used: the control
+checks it. A world with hidden randomness of its own, or retrievals that depend on the state
+(EMPO2's per-turn tips), make the changed replay one sample, not the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from agents.acting.inference import PolicyRunner
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
+from agents.events.extractor import CreditAssigned
+from agents.events.memory import TipsRetrieved
+from agents.events.policy import ActionRequested, ActionSampled
+from agents.models.prompts import MemoryPlace, Step, to_pairs, turn_messages
+from engine.errors import AuditQueryInvalid
+from engine.events import Envelope, Event
+from engine.seeds import derive_seed
+from engine.world import Task, TextWorld
+
+__all__ = ["Change", "Played", "Recorded", "WhatIf", "check", "recorded", "replay", "what_if"]
+
+LOGP_TOLERANCE = 1e-6
+"""How far a replayed log-prob may be from the logged one (batched forward passes round
+differently in the last bits) for the control to count as reproducing the log."""
+
+
+class PlayedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """One turn: what the policy saw and chose, and what the world answered."""
+
+    turn: int
+    observation: str
+    tips: tuple[str, ...]
+    action: str
+    logp: float
+    version: int
+    reward: float
+    score: float
+
+
+class Played(msgspec.Struct, frozen=True, kw_only=True):
+    """A trajectory and its outcome."""
+
+    turns: tuple[PlayedTurn, ...]
+    success: bool
+    score: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the log says of the episode, as the replay needs it."""
+
+    episode: str
+    task: Task
+    seed: int
+    purpose: str
+    requests: tuple[ActionRequested, ...]
+    sampled: tuple[ActionSampled, ...]
+    played: Played
+    shown: dict[int, str]  # entry id -> its text, for every entry the episode was shown
+    credits: tuple[CreditAssigned, ...]
+
+
+@dataclass(frozen=True)
+class Change:
+    """The one change: ``without`` an entry, ``instead`` (entry id, text) shown in its place
+    (or alone), or another policy ``version``."""
+
+    without: int | None = None
+    instead: tuple[int, str] | None = None
+    version: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.without is None and self.instead is None) == (self.version is None):
+            raise ValueError("a what-if changes one thing: an entry, or the policy version")
+
+    def describe(self) -> str:
+        """The change in words."""
+        if self.version is not None:
+            return f"policy version {self.version}"
+        if self.instead is not None and self.without is not None:
+            return f"entry {self.instead[0]} instead of entry {self.without}"
+        if self.instead is not None:
+            return f"entry {self.instead[0]} shown"
+        return f"without entry {self.without}"
+
+
+@dataclass(frozen=True)
+class Prompting:
+    """How the run rendered prompts (its ``[policy]`` and ``[prompt]`` settings)."""
+
+    window: int
+    list_actions: bool
+    system: str
+    memory: MemoryPlace
+
+
+class WhatIf(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer: the log's trajectory, the unchanged replay's (the control) and the changed
+    one's; ``reproduced`` says whether the control gave back every logged action (and log-prob
+    within :data:`LOGP_TOLERANCE`); ``credit`` is what the changed entry was credited for this
+    episode (None: no credit)."""
+
+    episode: str
+    change: str
+    logged: Played
+    control: Played
+    changed: Played
+    reproduced: bool
+    first_difference: int | None
+    credit: float | None
+    credit_rule: str = ""
+
+
+def recorded(episode: str, envs: Sequence[Envelope[Event]]) -> Recorded:
+    """The episode's facts from its events (the audit index's refs of it, in seq order).
+
+    Raises:
+        AuditQueryInvalid: no such episode, it did not finish, or no policy acted in it.
+    """
+    events = [env.event for env in envs]
+    assigned = [e for e in events if isinstance(e, EpisodeAssigned)]
+    if not assigned:
+        raise AuditQueryInvalid(f"no episode {episode!r} in this run (ids look like ep000005)")
+    job = assigned[-1]
+    fin = next((e for e in events if isinstance(e, EpisodeFinished)), None)
+    requests = tuple(e for e in events if isinstance(e, ActionRequested))
+    sampled = tuple(e for e in events if isinstance(e, ActionSampled))
+    if fin is None:
+        raise AuditQueryInvalid(f"episode {episode} did not finish: nothing to compare with")
+    if not requests or len(requests) != len(sampled):
+        raise AuditQueryInvalid(f"episode {episode} was not played by the policy (no actions)")
+    shown: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, TipsRetrieved):
+            shown.update(zip(e.tip_ids, e.tips, strict=False))
+    started = next((e for e in events if isinstance(e, EpisodeStarted)), None)
+    steps = {e.turn: e for e in events if isinstance(e, StepTaken)}
+    seen = [started.observation if started else ""]
+    seen += [steps[t].observation if t in steps else "" for t in range(len(requests))]
+    turns = tuple(
+        PlayedTurn(
+            turn=r.turn,
+            observation=seen[r.turn] if r.turn < len(seen) else "",
+            tips=r.tips,
+            action=s.action,
+            logp=s.logp,
+            version=s.policy_version,
+            reward=steps[r.turn].reward if r.turn in steps else 0.0,
+            score=steps[r.turn].score if r.turn in steps else 0.0,
+        )
+        for r, s in zip(requests, sampled, strict=True)
+    )
+    played = Played(turns=turns, success=fin.success, score=fin.score, steps=fin.steps)
+    credits = tuple(e for e in events if isinstance(e, CreditAssigned))
+    return Recorded(
+        episode=episode,
+        task=Task(family=job.family, variant=job.variant, split=job.split),
+        seed=job.seed,
+        purpose=job.purpose,
+        requests=requests,
+        sampled=sampled,
+        played=played,
+        shown=shown,
+        credits=credits,
+    )
+
+
+def replay(
+    rec: Recorded,
+    world: TextWorld,
+    runner_for: Callable[[int], PolicyRunner],
+    prompting: Prompting,
+    change: Change | None = None,
+    max_turns: int = 1000,
+) -> Played:
+    """Play the episode again (see the module's docstring), with ``change`` (None: unchanged).
+
+    Raises:
+        AuditQueryInvalid: the change names an entry the episode was not shown.
+    """
+    if change is not None:
+        check(rec, change)
+    obs = world.reset(rec.task, rec.seed)
+    goal = obs.goal
+    history: list[Step] = []
+    turns: list[PlayedTurn] = []
+    while not obs.done and len(turns) < max_turns:
+        k = len(turns)
+        logged = rec.requests[min(k, len(rec.requests) - 1)]
+        version = rec.sampled[min(k, len(rec.sampled) - 1)].policy_version
+        tips = _tips(logged.tips, rec.shown, change)
+        if change is not None and change.version is not None:
+            version = change.version
+        messages = turn_messages(
+            goal,
+            history,
+            obs.text,
+            admissible=obs.admissible if prompting.list_actions else None,
+            tips=tips,
+            window=prompting.window,
+            system=prompting.system,
+            memory=prompting.memory,
+        )
+        request = ActionRequested(
+            episode=rec.episode,
+            worker="whatif",
+            turn=k,
+            messages=to_pairs(messages),
+            admissible=obs.admissible,
+            seed=derive_seed(rec.seed, "act", k),
+            greedy=logged.greedy,
+            tips=tips,
+        )
+        (answer,) = runner_for(version).answer([request])
+        seen = obs.text
+        obs = world.step(answer.action)
+        history.append((answer.action, obs.text))
+        turns.append(
+            PlayedTurn(
+                turn=k,
+                observation=seen,
+                tips=tips,
+                action=answer.action,
+                logp=answer.logp,
+                version=version,
+                reward=obs.reward,
+                score=obs.score,
+            )
+        )
+    return Played(turns=tuple(turns), success=obs.success, score=obs.score, steps=len(turns))
+
+
+def check(rec: Recorded, change: Change) -> None:
+    """Refuse a change that names an entry the episode was not shown.
+
+    Raises:
+        AuditQueryInvalid: it does.
+    """
+    if change.without is not None and change.without not in rec.shown:
+        shown = ", ".join(map(str, sorted(rec.shown))) or "none"
+        raise AuditQueryInvalid(
+            f"episode {rec.episode} was not shown entry {change.without} (it was shown: {shown})"
+        )
+
+
+def what_if(rec: Recorded, control: Played, changed: Played, change: Change) -> WhatIf:
+    """Compare the log's trajectory with the control and the changed replay."""
+    logged = rec.played
+    pairs = zip(logged.turns, control.turns, strict=False)
+    same = len(logged.turns) == len(control.turns) and all(
+        a.action == b.action and math.isclose(a.logp, b.logp, abs_tol=LOGP_TOLERANCE)
+        for a, b in pairs
+    )
+    first = next(
+        (
+            i
+            for i, (a, b) in enumerate(zip(control.turns, changed.turns, strict=False))
+            if a.action != b.action
+        ),
+        None
+        if len(control.turns) == len(changed.turns)
+        else min(len(control.turns), len(changed.turns)),
+    )
+    entry = change.without if change.without is not None else None
+    credits = [c for c in rec.credits if entry is not None and c.entry == entry]
+    return WhatIf(
+        episode=rec.episode,
+        change=change.describe(),
+        logged=logged,
+        control=control,
+        changed=changed,
+        reproduced=same,
+        first_difference=first,
+        credit=math.fsum(c.credit for c in credits) if credits else None,
+        credit_rule=credits[0].rule if credits else "",
+    )
+
+
+def _tips(logged: tuple[str, ...], shown: dict[int, str], change: Change | None) -> tuple[str, ...]:
+    if change is None or change.version is not None:
+        return logged
+    tips = list(logged)
+    if change.without is not None:
+        text = shown[change.without]
+        tips = [t for t in tips if t != text]
+    if change.instead is not None:
+        tips = [change.instead[1], *tips]
+    return tuple(tips)

@@ -1,0 +1,143 @@
+"""The browser's web application (Starlette): read-only pages about one or more runs.
+
+Addresses (``RUN`` is a run's name, as the index page lists it):
+
+- ``/`` the runs; ``/runs/RUN`` its episodes, filtered by ``?family=&split=&purpose=&outcome=
+  &version=&rollout=`` and paged by ``&page=N``;
+- ``/runs/RUN/episodes/ID`` one episode turn by turn (``coevo audit RUN episode ID``);
+- ``/runs/RUN/entries/ID`` one bank entry: its writer, lineage, uses, credits and updates
+  (``coevo audit RUN tip ID``), every entry and episode it names a link.
+
+Pages of a run still writing refresh themselves every :data:`REFRESH` seconds. A bad run name,
+episode or entry id is a 404 page saying what was asked and what exists; an error reading a log
+a 500 page of one line: never a traceback. Handlers run on the event loop one at a time (LMDB
+reads of a few milliseconds), so the log and the index are never read from two threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from agents.browse.data import FILTERS, RunView
+from engine.errors import AuditQueryInvalid, CoevoError
+
+__all__ = ["PAGE", "REFRESH", "ROWS", "make_app"]
+
+PAGE = 100
+"""Episodes per page of the list."""
+
+ROWS = 500
+"""Uses and credits listed on an entry's page (an entry retrieved 10,000 times lists its first
+500; ``coevo audit RUN tip ID --json`` has them all)."""
+
+REFRESH = 5
+"""Seconds between reloads of a live run's pages."""
+
+_TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).with_name("templates")),
+    autoescape=select_autoescape(default=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def make_app(runs: Mapping[str, RunView]) -> Starlette:
+    """The application browsing ``runs`` (by name); it never writes to them."""
+
+    def page(template: str, code: int = 200, **context: Any) -> HTMLResponse:
+        body = _TEMPLATES.get_template(template).render(refresh=REFRESH, **context)
+        return HTMLResponse(body, status_code=code)
+
+    def run_of(request: Request) -> RunView:
+        name = request.path_params["run"]
+        if name not in runs:
+            known = ", ".join(runs) or "none"
+            raise HTTPException(404, f"no run named {name!r} here (runs: {known})")
+        view = runs[name]
+        view.refresh()
+        return view
+
+    async def index(request: Request) -> Response:
+        rows = []
+        for view in runs.values():
+            view.refresh()
+            rows.append((view, view.log.next_seq, view.status()))
+        return page("runs.html", rows=rows, live=any(s == "live" for _, _, s in rows))
+
+    async def episodes(request: Request) -> Response:
+        view = run_of(request)
+        chosen = {k: request.query_params.get(k, "") for k in FILTERS}
+        number = request.query_params.get("page", "1")
+        if not number.isdigit() or int(number) < 1:
+            raise HTTPException(400, f"page must be a positive integer, got {number!r}")
+        rows = view.episodes(chosen)
+        start = (int(number) - 1) * PAGE
+        status = view.status()
+        return page(
+            "run.html",
+            view=view,
+            rows=rows[start : start + PAGE],
+            total=len(rows),
+            first=start + 1,
+            page=int(number),
+            pages=max(1, -(-len(rows) // PAGE)),
+            chosen=chosen,
+            choices=view.choices(),
+            status=status,
+            live=status == "live",
+        )
+
+    async def episode(request: Request) -> Response:
+        view = run_of(request)
+        audit, candidates = view.episode(request.path_params["episode"])
+        status = view.status()
+        return page(
+            "episode.html",
+            view=view,
+            a=audit,
+            candidates=candidates,
+            live=status == "live" and audit.ended == "running",
+        )
+
+    async def entry(request: Request) -> Response:
+        view = run_of(request)
+        audit = view.entry(request.path_params["entry"])
+        return page("entry.html", view=view, a=audit, limit=ROWS, live=view.status() == "live")
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return page("error.html", exc.status_code, message=exc.detail)
+
+    async def bad_query(request: Request, exc: Exception) -> Response:
+        return page("error.html", 404, message=str(exc))
+
+    async def failed(request: Request, exc: Exception) -> Response:
+        return page("error.html", 500, message=f"cannot read the run: {exc}")
+
+    async def crashed(request: Request, exc: Exception) -> Response:
+        # a bug of the browser's: one line on the page (uvicorn logs the traceback)
+        return page("error.html", 500, message=f"internal error: {type(exc).__name__}: {exc}")
+
+    return Starlette(
+        routes=[
+            Route("/", index),
+            Route("/runs/{run}", episodes),
+            Route("/runs/{run}/episodes/{episode}", episode),
+            Route("/runs/{run}/entries/{entry}", entry),
+        ],
+        exception_handlers={
+            HTTPException: not_found,
+            AuditQueryInvalid: bad_query,
+            CoevoError: failed,
+            Exception: crashed,
+        },
+    )

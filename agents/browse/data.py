@@ -1,0 +1,222 @@
+"""What the browser reads of a run: its log, opened read-only, and its audit index
+(``agents/audit/index.py``), brought up to the log's end before every page, so a live run's
+pages show what it has committed so far.
+
+Every query reads index rows and the handful of events a page shows, never the whole log.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.audit.answers import TipAudit, audit_tip
+from agents.audit.episode import EpisodeAudit, audit_episode
+from agents.audit.index import (
+    Assigned,
+    Outcome,
+    assigned,
+    fetch,
+    open_index,
+    outcomes,
+    refresh,
+    refs,
+    versions,
+)
+from agents.events.policy import ActionRequested, ActionSampled
+from engine.errors import AuditQueryInvalid
+from engine.lifecycle import RunFailed, RunStopped
+from stores.fact_index import FactIndex
+from stores.lmdb_log import LmdbEventLog
+from stores.rundir import find_run
+
+__all__ = ["FILTERS", "Candidate", "EpisodeRow", "RunView"]
+
+FILTERS = ("family", "split", "purpose", "outcome", "version", "rollout")
+"""The episode list's filters (query parameters), each matched exactly."""
+
+
+@dataclass(frozen=True)
+class EpisodeRow:
+    """One episode in the list: what it was and how it ended ("running" while it plays)."""
+
+    episode: str
+    index: int
+    family: str
+    variant: int
+    split: str
+    purpose: str
+    rollout: str
+    version: str
+    outcome: str
+    score: float | None
+    steps: int | None
+
+    def value(self, name: str) -> str:
+        """The row's value of filter ``name``, as text."""
+        return str(getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One admissible action at a turn, with its probability under the sampling policy."""
+
+    action: str
+    probability: float
+    chosen: bool
+
+
+class RunView:
+    """A run opened for the browser.
+
+    Args:
+        name: the run's name in the browser's addresses.
+        root: the run directory.
+        log: its log, opened read-only.
+        index: its audit index.
+        note: a note about the index ("" normally; see :func:`open_index`).
+    """
+
+    def __init__(self, name: str, root: Path, log: Any, index: FactIndex, note: str) -> None:
+        self.name = name
+        self.root = root
+        self.log = log
+        self.index = index
+        self.note = note
+        self._rows: tuple[int, list[EpisodeRow]] = (-1, [])
+
+    @classmethod
+    def open(cls, name: str, path: str | Path) -> RunView:
+        """Open the run at ``path`` and bring its index up to date.
+
+        Raises:
+            RunNotFound: ``path`` is not a run directory.
+            LogError: its log cannot be read.
+        """
+        rd = find_run(path)
+        log = LmdbEventLog.open(rd.log, writable=False)
+        try:
+            index, note = open_index(rd.root, log)
+        except BaseException:
+            log.close()
+            raise
+        return cls(name, rd.root, log, index, note)
+
+    def close(self) -> None:
+        self.index.close()
+        self.log.close()
+
+    def refresh(self) -> int:
+        """Index what the log committed since the last page; returns the log's length."""
+        return refresh(self.log, self.index)
+
+    def status(self) -> str:
+        """ "completed", "stopped (reason)", "failed", or "live" (no final event yet)."""
+        end = self.log.next_seq
+        if end == 0:
+            return "live"
+        last = fetch(self.log, [end - 1])[end - 1].event
+        if isinstance(last, RunStopped):
+            return "completed" if last.reason == "completed" else f"stopped ({last.reason})"
+        return "failed" if isinstance(last, RunFailed) else "live"
+
+    def episodes(self, filters: Mapping[str, str]) -> list[EpisodeRow]:
+        """The run's episodes in the order they were assigned, those matching ``filters``."""
+        wanted = {k: v for k, v in filters.items() if k in FILTERS and v != ""}
+        return [r for r in self._all() if all(r.value(k) == v for k, v in wanted.items())]
+
+    def choices(self) -> dict[str, list[str]]:
+        """Each filter's values in the run (for the filter menus)."""
+        rows = self._all()
+        return {name: sorted({r.value(name) for r in rows}, key=_natural) for name in FILTERS}
+
+    def _all(self) -> list[EpisodeRow]:
+        """Every episode's row, read from the index once per length of the indexed log (a
+        finished run's once; a live run's again after it grew)."""
+        upto = self.index.upto
+        if self._rows[0] != upto:
+            rows = assigned(self.index)
+            names = [ep for ep, _ in rows]
+            ends = outcomes(self.index, names)
+            played = versions(self.index, names)
+            out = [_row(ep, a, e, v) for (ep, a), e, v in zip(rows, ends, played, strict=True)]
+            self._rows = (upto, sorted(out, key=lambda r: r.index))
+        return self._rows[1]
+
+    def episode(self, episode: str) -> tuple[EpisodeAudit, dict[int, list[Candidate]]]:
+        """The audit of ``episode`` and, per turn of a "score" policy, its candidates.
+
+        Raises:
+            AuditQueryInvalid: the run has no such episode.
+        """
+        audit = audit_episode(self.log, self.index, episode)
+        return audit, self._candidates(episode)
+
+    def entry(self, tip: str) -> TipAudit:
+        """The audit of bank entry ``tip``.
+
+        Raises:
+            AuditQueryInvalid: ``tip`` is not an entry id, or the run never stored it.
+        """
+        if not tip.isdigit():
+            raise AuditQueryInvalid(f"entry id must be a non-negative integer, got {tip!r}")
+        return audit_tip(self.log, self.index, int(tip))
+
+    def _candidates(self, episode: str) -> dict[int, list[Candidate]]:
+        seqs = [s for s, kind in refs(self.index, "e", episode) if kind in _TURN_KINDS]
+        asked: dict[int, ActionRequested] = {}
+        out: dict[int, list[Candidate]] = {}
+        for env in fetch(self.log, seqs).values():
+            ev = env.event
+            if isinstance(ev, ActionRequested):
+                asked[ev.turn] = ev
+            elif isinstance(ev, ActionSampled) and ev.candidate_scores and ev.turn in asked:
+                probs = _softmax(ev.candidate_scores, ev.temperature or 1.0)
+                actions = asked[ev.turn].admissible
+                out[ev.turn] = [
+                    Candidate(a, p, i == ev.choice)
+                    for i, (a, p) in enumerate(zip(actions, probs, strict=False))
+                ]
+        return out
+
+
+_TURN_KINDS = frozenset({"action_requested", "action_sampled"})
+
+
+def _row(ep: str, a: Assigned, end: Outcome | None, version: int | None) -> EpisodeRow:
+    if end is None:
+        outcome, score, steps = "running", None, None
+    elif end.aborted:
+        outcome, score, steps = "aborted", None, None
+    else:
+        outcome = "success" if end.success else "failure"
+        score, steps = end.score, end.steps
+    return EpisodeRow(
+        episode=ep,
+        index=a.index,
+        family=a.family,
+        variant=a.variant,
+        split=a.split,
+        purpose=a.purpose,
+        rollout=a.rollout,
+        version="-" if version is None else str(version),
+        outcome=outcome,
+        score=score,
+        steps=steps,
+    )
+
+
+def _softmax(scores: tuple[float, ...], temperature: float) -> list[float]:
+    """``softmax(scores / temperature)``, as the policy sampled (``agents.models.policy``)."""
+    scaled = [s / temperature for s in scores]
+    top = max(scaled)
+    weights = [math.exp(s - top) for s in scaled]
+    total = math.fsum(weights)
+    return [w / total for w in weights]
+
+
+def _natural(text: str) -> tuple[int, str]:
+    return (int(text), "") if text.lstrip("-").isdigit() else (1 << 60, text)

@@ -1,0 +1,244 @@
+"""The scalars of a run, folded from its events: what the tracker writes live and what
+``coevo export`` writes from a finished log, by the same fold, so both are equal.
+
+:class:`ScalarFold` is pure: :meth:`ScalarFold.evolve` takes one envelope and returns the
+points it completes. Series and their steps (``x``):
+
+- per block of ``block`` training episodes (``x`` = training episodes ended):
+  ``train/success``, ``train/return`` (mean total reward), ``train/score``, ``train/steps``;
+  the training bank's ``bank/size`` at the block's end and its ``bank/stored``,
+  ``bank/evicted``, ``bank/rejected`` in the block; ``retrieval/count`` and
+  ``retrieval/shown`` (mean entries shown) of training retrievals in the block;
+  ``credit/mean`` and ``credit/count`` of the block's credits; ``throughput/episodes_per_s``
+  and ``throughput/events_per_s`` over the block (from the envelopes' emission times);
+- per evaluation round (``x`` = training episodes at its end): ``heldout/success``,
+  ``heldout/score`` (``heldout_bank/...`` for rounds played with the bank);
+- per adaptation round (``x`` = policy version): ``adapt/success_attempt_N``;
+- per policy update (``x`` = policy version): ``update/loss``, ``update/kl``,
+  ``update/clip_frac``, ``update/grad_norm``, ``update/ratio_mean``, ``update/ref_kl``,
+  ``update/samples``, ``update/stale``, ``update/seconds``;
+- per extractor update (``x`` = extractor version): ``extractor/loss``,
+  ``extractor/reward`` (mean reward of its batch), ``extractor/samples``,
+  ``extractor/grad_norm``, ``extractor/clip_frac``.
+
+A block still open when the run ends is not written (live and exported alike).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import CreditAssigned, ExtractorGradientRequested, ExtractorUpdated
+from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
+from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
+from engine.events import Envelope, Event
+
+__all__ = ["KINDS", "READ", "Scalar", "ScalarFold", "fold_scalars"]
+
+
+class Scalar(msgspec.Struct, frozen=True, array_like=True):
+    """One point of one series: its tag, step, value and the wall time (seconds since the
+    epoch) of the event that completed it."""
+
+    tag: str
+    step: int
+    value: float
+    wall_time: float
+
+
+@dataclass
+class _Block:
+    """What the current block of training episodes has gathered so far."""
+
+    episodes: int = 0
+    wins: int = 0
+    reward: float = 0.0
+    score: float = 0.0
+    steps: int = 0
+    stored: int = 0
+    evicted: int = 0
+    rejected: int = 0
+    retrievals: int = 0
+    shown: int = 0
+    credits: list[float] = field(default_factory=list[float])
+
+
+class ScalarFold:
+    """The fold from envelopes to scalar points (pure: no clock, no I/O).
+
+    Args:
+        block: training episodes per point of the per-block series.
+
+    Raises:
+        ValueError: ``block`` is not positive.
+    """
+
+    def __init__(self, block: int = 16) -> None:
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.block = block
+        self.train_episodes = 0
+        self.bank_size = 0
+        self._open = _Block()
+        self._rewards: dict[int, float] = {}
+        self._mark: tuple[int, int] | None = None  # (seq, t) where the open block began
+        self._on: dict[type[Event], Callable[[Any, Envelope[Event]], list[Scalar]]] = {
+            EpisodeFinished: self._episode,
+            EvalRoundFinished: self._eval,
+            AdaptRoundFinished: self._adapt,
+            PolicyUpdated: self._policy,
+            ExtractorGradientRequested: self._extractor_request,
+            ExtractorUpdated: self._extractor,
+            TipStored: self._bank,
+            TipEvicted: self._bank,
+            TipRejected: self._bank,
+            TipsRetrieved: self._retrieval,
+            CreditAssigned: self._credit,
+        }
+
+    def evolve(self, env: Envelope[Event]) -> list[Scalar]:
+        """Fold one envelope; returns the points it completes (most events: none)."""
+        if self._mark is None:
+            self._mark = (env.seq, env.t)
+        handle = self._on.get(type(env.event))
+        return handle(env.event, env) if handle is not None else []
+
+    def _episode(self, ev: EpisodeFinished, env: Envelope[Event]) -> list[Scalar]:
+        if ev.purpose != "train":
+            return []
+        self.train_episodes += 1
+        b = self._open
+        b.episodes += 1
+        b.wins += int(ev.success)
+        b.reward += ev.total_reward
+        b.score += ev.score
+        b.steps += ev.steps
+        if b.episodes < self.block:
+            return []
+        return self._close_block(env)
+
+    def _close_block(self, env: Envelope[Event]) -> list[Scalar]:
+        b, n, x = self._open, self.block, self.train_episodes
+        assert self._mark is not None  # set by the first envelope
+        seq0, t0 = self._mark
+        seconds = (env.t - t0) / 1e9
+        values: list[tuple[str, float]] = [
+            ("train/success", b.wins / n),
+            ("train/return", b.reward / n),
+            ("train/score", b.score / n),
+            ("train/steps", b.steps / n),
+            ("bank/size", float(self.bank_size)),
+            ("bank/stored", float(b.stored)),
+            ("bank/evicted", float(b.evicted)),
+            ("bank/rejected", float(b.rejected)),
+            ("retrieval/count", float(b.retrievals)),
+            ("retrieval/shown", b.shown / b.retrievals if b.retrievals else 0.0),
+            ("credit/count", float(len(b.credits))),
+            ("credit/mean", math.fsum(b.credits) / len(b.credits) if b.credits else 0.0),
+        ]
+        if seconds > 0:
+            values.append(("throughput/episodes_per_s", n / seconds))
+            values.append(("throughput/events_per_s", (env.seq - seq0) / seconds))
+        self._open = _Block()
+        self._mark = (env.seq, env.t)
+        return _points(values, x, env)
+
+    def _eval(self, ev: EvalRoundFinished, env: Envelope[Event]) -> list[Scalar]:
+        prefix = "heldout_bank" if ev.memory else "heldout"
+        values = [(f"{prefix}/success", ev.success), (f"{prefix}/score", ev.score)]
+        return _points(values, ev.train_episodes, env)
+
+    def _adapt(self, ev: AdaptRoundFinished, env: Envelope[Event]) -> list[Scalar]:
+        values = [(f"adapt/success_attempt_{a + 1}", s) for a, s in enumerate(ev.success)]
+        return _points(values, ev.policy_version, env)
+
+    def _policy(self, ev: PolicyUpdated, env: Envelope[Event]) -> list[Scalar]:
+        values = [
+            ("update/loss", ev.loss),
+            ("update/kl", ev.kl),
+            ("update/clip_frac", ev.clip_frac),
+            ("update/grad_norm", ev.grad_norm),
+            ("update/ratio_mean", ev.ratio_mean),
+            ("update/ref_kl", ev.ref_kl),
+            ("update/samples", float(ev.samples)),
+            ("update/stale", float(ev.stale)),
+            ("update/seconds", ev.seconds),
+        ]
+        return _points(values, ev.policy_version, env)
+
+    def _extractor_request(
+        self, ev: ExtractorGradientRequested, env: Envelope[Event]
+    ) -> list[Scalar]:
+        self._rewards[ev.update] = math.fsum(ev.rewards) / max(len(ev.rewards), 1)
+        return []
+
+    def _extractor(self, ev: ExtractorUpdated, env: Envelope[Event]) -> list[Scalar]:
+        values = [
+            ("extractor/loss", ev.loss),
+            ("extractor/reward", self._rewards.pop(ev.update, 0.0)),
+            ("extractor/samples", float(ev.samples)),
+            ("extractor/grad_norm", ev.grad_norm),
+            ("extractor/clip_frac", ev.clip_frac),
+        ]
+        return _points(values, ev.extractor_version, env)
+
+    def _bank(self, ev: TipStored | TipEvicted | TipRejected, env: Envelope[Event]) -> list[Scalar]:
+        if ev.slot.split("/", 1)[0] != "train":  # EMPO2's adaptation memories, evaluation
+            return []
+        if isinstance(ev, TipStored):
+            self.bank_size += 1
+            self._open.stored += 1
+        elif isinstance(ev, TipEvicted):
+            self.bank_size -= 1
+            self._open.evicted += 1
+        else:
+            self._open.rejected += 1
+        return []
+
+    def _retrieval(self, ev: TipsRetrieved, env: Envelope[Event]) -> list[Scalar]:
+        if ev.slot.split("/", 1)[0] == "train" and not ev.read_only:
+            self._open.retrievals += 1
+            self._open.shown += len(ev.tip_ids)
+        return []
+
+    def _credit(self, ev: CreditAssigned, env: Envelope[Event]) -> list[Scalar]:
+        self._open.credits.append(ev.credit)
+        return []
+
+
+KINDS: tuple[type[Event], ...] = (
+    EpisodeFinished,
+    EvalRoundFinished,
+    AdaptRoundFinished,
+    PolicyUpdated,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+    TipStored,
+    TipEvicted,
+    TipRejected,
+    TipsRetrieved,
+    CreditAssigned,
+)
+"""The event types the fold reads (what the tracker folds of each batch)."""
+
+READ = frozenset(KINDS)
+""":data:`KINDS` as a set, for the membership test made on every committed event."""
+
+
+def _points(values: Iterable[tuple[str, float]], step: int, env: Envelope[Event]) -> list[Scalar]:
+    wall = env.t / 1e9
+    return [Scalar(tag, step, float(v), wall) for tag, v in values]
+
+
+def fold_scalars(envelopes: Iterable[Envelope[Event]], block: int = 16) -> list[Scalar]:
+    """Every point of a run's envelopes, in the order the tracker writes them (pure). Only
+    envelopes of :data:`KINDS` are folded, as the tracker does: the throughput of the first
+    block is measured from the first of them, whichever envelopes are given."""
+    fold = ScalarFold(block)
+    return [p for env in envelopes if type(env.event) in READ for p in fold.evolve(env)]

@@ -1,0 +1,189 @@
+"""Where tracked scalars go: TensorBoard event files, a Weights & Biases run in offline mode,
+or an MLflow file store, each written through its own library (the ``tracking``, ``wandb`` and
+``mlflow`` extras; :func:`open_sink` says which extra is missing).
+
+Every sink takes the same :class:`~agents.tracking.scalars.Scalar` points, in the order the fold
+gives them; ``write`` may block (file I/O: the tracker calls it in a worker thread).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
+from itertools import groupby
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from agents.tracking.scalars import Scalar
+from engine.errors import CoevoError
+
+__all__ = ["SINKS", "ScalarSink", "SinkUnavailable", "open_sink"]
+
+SinkName = Literal["tensorboard", "wandb", "mlflow"]
+SINKS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tracking"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+}
+"""Each sink's module and the extra that installs it."""
+
+
+class SinkUnavailable(CoevoError):
+    """A tracking sink was asked for whose library is not installed (exit 2); unlike an
+    ``OSError`` while writing, nothing was written."""
+
+    exit_code = 2
+
+
+class ScalarSink(Protocol):
+    """A destination of scalar points."""
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        """Write ``points`` (may block)."""
+        ...
+
+    def close(self) -> None:
+        """Flush and close; writing after it is an error."""
+        ...
+
+
+def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> ScalarSink:
+    """The sink ``name`` writing under ``where``.
+
+    Args:
+        name: "tensorboard" (event files in ``where``), "wandb" (an offline run under
+            ``where``) or "mlflow" (a file store at ``where``).
+        where: the sink's directory (created).
+        run: the run's id (the W&B and MLflow run's name).
+        config: the resolved scenario, recorded as the run's configuration where the sink
+            keeps one (W&B, MLflow parameters).
+
+    Raises:
+        SinkUnavailable: the sink's library is not installed.
+        ValueError: ``name`` is no sink.
+    """
+    if name not in SINKS:
+        raise ValueError(f"no tracking sink {name!r}; choose from {', '.join(SINKS)}")
+    module, extra = SINKS[name]
+    if importlib.util.find_spec(module) is None:
+        raise SinkUnavailable(
+            f"tracking sink {name!r} needs the {module} package: pip install 'coevo[{extra}]'"
+        )
+    where.mkdir(parents=True, exist_ok=True)
+    if name == "tensorboard":
+        return TensorBoardSink(where)
+    if name == "wandb":
+        return WandbSink(where, run, config)
+    return MlflowSink(where, run, config)
+
+
+class TensorBoardSink:
+    """TensorBoard event files in ``logdir`` (``simple_value`` scalars: float32)."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._writer = EventFileWriter(str(logdir))
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        # generated protobuf modules define their classes at import: no types to check
+        Event = importlib.import_module("tensorboard.compat.proto.event_pb2").Event
+        Summary = importlib.import_module("tensorboard.compat.proto.summary_pb2").Summary
+        for p in points:
+            value = Summary.Value(tag=p.tag, simple_value=p.value)
+            self._writer.add_event(
+                Event(wall_time=p.wall_time, step=p.step, summary=Summary(value=[value]))
+            )
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    """A Weights & Biases run in offline mode under ``where`` (``wandb sync`` uploads it).
+
+    Each series group (``train``, ``update``, ...) gets its own step metric (``train_step``,
+    ...), since W&B's own step must only grow and the groups count different things.
+    """
+
+    def __init__(self, where: Path, run: str, config: Mapping[str, Any]) -> None:
+        import wandb
+
+        self._run = wandb.init(
+            mode="offline",
+            dir=str(where),
+            project="coevo",
+            name=run,
+            id=run,
+            config=dict(config),
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        )
+        self._groups: set[str] = set()
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        for (group, step), same in groupby(points, key=lambda p: (p.tag.split("/")[0], p.step)):
+            if group not in self._groups:
+                self._run.define_metric(f"{group}_step", hidden=True)
+                self._run.define_metric(f"{group}/*", step_metric=f"{group}_step")
+                self._groups.add(group)
+            self._run.log({f"{group}_step": step, **{p.tag: p.value for p in same}})
+
+    def close(self) -> None:
+        """Finish the run and stop W&B's service process: ``finish`` alone may return before
+        the service has written the run's last records to its file."""
+        import wandb
+
+        self._run.finish()
+        wandb.teardown()
+
+    @property
+    def directory(self) -> Path:
+        """The offline run's directory (``wandb/offline-run-...``)."""
+        return Path(self._run.dir).parent
+
+
+class MlflowSink:
+    """An MLflow run in the file store at ``where`` (experiment "coevo").
+
+    MLflow 3 keeps its file store in maintenance mode and refuses it unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is true: a file store is what a run directory can hold with no
+    database, so the sink sets it (unless the user set it) before MLflow reads it.
+    """
+
+    def __init__(self, where: Path, run: str, config: Mapping[str, Any]) -> None:
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=where.resolve().as_uri())
+        found = self._client.get_experiment_by_name("coevo")
+        experiment = (
+            found.experiment_id if found is not None else self._client.create_experiment("coevo")
+        )
+        self.run_id: str = self._client.create_run(experiment, run_name=run).info.run_id
+        params = _flat(config)
+        for key, value in params.items():
+            self._client.log_param(self.run_id, key, value[:6000])
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(p.tag, p.value, int(p.wall_time * 1000), p.step) for p in points]
+        for i in range(0, len(metrics), 1000):  # MLflow's limit per batch
+            self._client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    def close(self) -> None:
+        self._client.set_terminated(self.run_id)
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested mapping as ``a.b.c -> str(value)`` (MLflow's parameters are flat strings)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)
+    return out

@@ -1,0 +1,334 @@
+"""The ``coevo`` commands that open a finished or live run to people and tools: ``export``
+(its scalars to TensorBoard, W&B offline or MLflow), ``diff`` (two runs compared) and ``serve``
+(a read-only web browser of runs)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from scenarios.cli.common import InputInvalid, naming, open_run
+from stores.rundir import find_run
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``export``, ``diff`` and ``serve`` to the ``coevo`` parser's subcommands."""
+    p = sub.add_parser("export", help="write a run's scalars to TensorBoard, W&B or MLflow")
+    p.add_argument("run")
+    p.add_argument("--tensorboard", metavar="DIR", help="TensorBoard event files in DIR")
+    p.add_argument("--wandb", metavar="DIR", help="an offline Weights & Biases run under DIR")
+    p.add_argument("--mlflow", metavar="DIR", help="an MLflow file store at DIR")
+    p.add_argument("--block", type=int, help="training episodes per point (default: the run's)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("diff", help="two runs' scenario differences and first diverging event")
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("serve", help="browse runs in a local, read-only web application")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    p.add_argument(
+        "--public",
+        action="store_true",
+        help="allow a --host other than the loopback (the pages show everything in the runs)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from agents.tracking.scalars import KINDS, fold_scalars
+    from agents.tracking.sinks import open_sink
+    from engine.replay import EventFilter, iter_events
+
+    targets = [
+        (n, getattr(args, n)) for n in ("tensorboard", "wandb", "mlflow") if getattr(args, n)
+    ]
+    if not targets:
+        raise InputInvalid("export needs a target: --tensorboard DIR, --wandb DIR or --mlflow DIR")
+    if args.block is not None and args.block < 1:
+        raise InputInvalid(f"--block must be >= 1, got {args.block}")
+    log = open_run(args.run)
+    try:
+        with naming(log.path):
+            meta = log.read_meta()
+            block = args.block or _tracking_block(meta.scenario_toml if meta else "")
+            kinds = frozenset(str(k.__struct_config__.tag) for k in KINDS)
+            points = fold_scalars(iter_events(log, EventFilter(kinds=kinds)), block)
+    finally:
+        log.close()
+    config = _scenario_dict(meta.scenario_toml if meta else "")
+    name = find_run(args.run).root.name
+    for sink_name, where in targets:
+        try:
+            sink = open_sink(sink_name, Path(where), name, config)
+            sink.write(points)
+            sink.close()
+        except OSError as exc:
+            raise InputInvalid(f"{where}: cannot write: {exc.strerror or exc}") from None
+        series = len({p.tag for p in points})
+        print(f"{sink_name}: {len(points)} points of {series} series -> {where} (block {block})")
+    return 0
+
+
+def _scenario_dict(text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def _tracking_block(text: str) -> int:
+    """The run's ``tracking.block`` (16 where its scenario predates tracking)."""
+    block = _scenario_dict(text).get("tracking", {}).get("block", 16)
+    return block if isinstance(block, int) and block >= 1 else 16
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Exit 0 when the logs do not diverge, 1 when they do."""
+    import msgspec
+
+    from agents.analysis.diff import describe, diverging_seqs, scenario_changes
+    from agents.audit.index import fetch
+
+    log_a, log_b = open_run(args.run_a), None
+    try:
+        log_b = open_run(args.run_b)
+        with naming(log_a.path):
+            meta_a = log_a.read_meta()
+        with naming(log_b.path):
+            meta_b = log_b.read_meta()
+        changes = scenario_changes(
+            meta_a.scenario_toml if meta_a else "", meta_b.scenario_toml if meta_b else ""
+        )
+        counts = (log_a.next_seq, log_b.next_seq)
+        with naming(log_a.path), naming(log_b.path):
+            found = diverging_seqs(log_a.read(0, counts[0]), log_b.read(0, counts[1]))
+            divergence = None
+            if found is not None:
+                stream, seq_a, seq_b = found
+                env_a = fetch(log_a, [seq_a])[seq_a] if seq_a is not None else None
+                env_b = fetch(log_b, [seq_b])[seq_b] if seq_b is not None else None
+                divergence = describe(stream, env_a, env_b)
+    finally:
+        log_a.close()
+        if log_b is not None:
+            log_b.close()
+    if args.json:
+        out = {"scenario": changes, "events": counts, "divergence": divergence}
+        sys.stdout.write(msgspec.json.encode(out).decode() + "\n")
+        return 1 if divergence else 0
+    for line in _diff_lines(args.run_a, args.run_b, changes, counts, divergence):
+        print(line)
+    return 1 if divergence else 0
+
+
+def _diff_lines(a: str, b: str, changes: Any, counts: tuple[int, int], div: Any) -> list[str]:
+    lines = [f"A: {a} ({counts[0]} events)", f"B: {b} ({counts[1]} events)"]
+    if changes:
+        lines.append(f"scenario: {len(changes)} difference{'s' * (len(changes) > 1)}")
+        lines += [f"  {c.key}: {_value(c.a)} -> {_value(c.b)}" for c in changes]
+    else:
+        lines.append("scenario: the same")
+    if div is None:
+        lines.append("events: the same, stream by stream (leaving out wall-clock fields)")
+        return lines
+    where = div.seq_a if div.seq_a is not None else div.seq_b
+    lines.append(
+        f"events: first divergence at seq {where}, stream {div.stream} ({', '.join(div.differing)})"
+    )
+    for side, env in (("A", div.a), ("B", div.b)):
+        if env is None:
+            lines.append(f"  {side}: (the stream has no more events)")
+        else:
+            lines.append(f"  {side}: {_event_line(env, div.differing)}")
+    return lines
+
+
+def _value(value: Any) -> str:
+    return "(missing)" if value is None else repr(value)
+
+
+def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
+    """An envelope of a divergence: where it is, and the differing fields first."""
+    import msgspec
+
+    event = dict(env["event"])
+    kind = event.pop("kind")
+    where = f"{env['actor']} {kind}" + (f" {env['corr']}" if env["corr"] else "")
+    first = [k for k in differing if k in event] + [k for k in event if k not in differing]
+    body = " ".join(f"{k}={msgspec.json.encode(event[k]).decode()[:80]}" for k in first)
+    line = f"seq {env['seq']} {where} (cause {env['cause']}): {body}"
+    return line if len(line) <= 300 else line[:299] + "…"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve until interrupted (exit 0), or refuse bad input before binding (exit 2)."""
+    check_bind(args.host, args.public)
+    if not 0 <= args.port <= 65535:
+        raise InputInvalid(f"--port must be in 0..65535, got {args.port}")
+    import uvicorn
+
+    from agents.browse.app import make_app
+
+    views = open_views(args.runs)
+    try:
+        for view in views.values():
+            if view.note:
+                print(f"coevo: note: {view.name}: {view.note}", file=sys.stderr)
+        config = uvicorn.Config(
+            make_app(views), host=args.host, port=args.port, log_level="warning"
+        )
+        server = uvicorn.Server(config)
+        print(
+            f"serving {len(views)} run{'s' * (len(views) > 1)} at http://{args.host}:"
+            f"{args.port}/ (read-only; Ctrl-C stops)",
+            flush=True,
+        )
+        try:
+            server.run()
+        except OSError as exc:
+            raise InputInvalid(
+                f"cannot listen on {args.host}:{args.port}: {exc.strerror}"
+            ) from None
+    finally:
+        for view in views.values():
+            view.close()
+    return 0
+
+
+def check_bind(host: str, public: bool) -> None:
+    """Refuse an address off the loopback unless ``--public`` says so.
+
+    Raises:
+        InputInvalid: ``host`` is not a loopback address and ``public`` is False.
+    """
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        loopback = False
+    if not loopback and not public:
+        raise InputInvalid(
+            f"--host {host} is not a loopback address: anyone who reaches it reads the runs; "
+            "add --public to serve there"
+        )
+
+
+def open_views(paths: list[str]) -> dict[str, Any]:
+    """Every run opened for the browser, by a name unique among them (its directory's, with
+    its parent's where two share one).
+
+    Raises:
+        RunNotFound: a path is not a run directory.
+    """
+    import re
+
+    from agents.browse.data import RunView
+
+    roots = [find_run(path).root for path in paths]
+    views: dict[str, Any] = {}
+    try:
+        for path, root in zip(paths, roots, strict=True):
+            same = sum(r.name == root.name for r in roots) > 1
+            name = re.sub(
+                r"[^A-Za-z0-9_.-]", "-", f"{root.parent.name}-{root.name}" if same else root.name
+            )
+            while name in views:
+                name += "-"
+            with naming(root / "log"):
+                views[name] = RunView.open(name, path)
+    except BaseException:
+        for view in views.values():
+            view.close()
+        raise
+    return views
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    """``coevo audit RUN whatif EPISODE``: exit 0, or 1 when the unchanged replay does not give
+    back the logged trajectory (the changed one is then not the episode's counterfactual)."""
+    import msgspec
+
+    from agents.audit.index import open_index
+    from scenarios.whatif_setup import run_whatif
+
+    if args.without_tip is None and args.with_tip is None and args.version is None:
+        raise InputInvalid("whatif needs a change: --without-tip ID, --with-tip ID or --version N")
+    if args.version is not None and (args.without_tip is not None or args.with_tip is not None):
+        raise InputInvalid(
+            "whatif changes one thing: an entry (--without-tip, --with-tip) or --version"
+        )
+    for name, value in (
+        ("--without-tip", args.without_tip),
+        ("--with-tip", args.with_tip),
+        ("--version", args.version),
+    ):
+        if value is not None and value < 0:
+            raise InputInvalid(f"{name} must be >= 0, got {value}")
+    root = find_run(args.run).root
+    log = open_run(args.run)
+    try:
+        index, note = open_index(root, log, Path(args.index) if args.index else None)
+        if note:
+            print(f"coevo: note: {note}", file=sys.stderr)
+        try:
+            with naming(log.path):
+                answer = run_whatif(
+                    root, log, index, args.id, args.without_tip, args.with_tip, args.version
+                )
+        finally:
+            index.close()
+    finally:
+        log.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
+    else:
+        sys.stdout.write("\n".join(_whatif_lines(answer)) + "\n")
+    return 0 if answer.reproduced else 1
+
+
+def _whatif_lines(w: Any) -> list[str]:
+    def outcome(p: Any) -> str:
+        return f"{'success' if p.success else 'failure'}, score {p.score:.3f}, {p.steps} steps"
+
+    def cell(p: Any, k: int) -> str:
+        if k >= len(p.turns):
+            return ""
+        t = p.turns[k]
+        return f"{t.action} (p {math.exp(t.logp):.3f}, v{t.version}, {len(t.tips)} shown)"
+
+    lines = [f"episode {w.episode}: replayed from its seeds, {w.change}"]
+    if w.reproduced:
+        lines.append(
+            f"control: replayed unchanged, it gives back the logged trajectory "
+            f"({len(w.logged.turns)} turns, every action, log-probs within 1e-6)"
+        )
+    else:
+        lines.append(
+            "control: replayed unchanged, it does NOT give back the logged trajectory "
+            f"(logged: {outcome(w.logged)}; replayed: {outcome(w.control)}): the world or the "
+            "device is not deterministic here, so the changed replay is one sample, not the answer"
+        )
+    width = max([len(cell(w.control, k)) for k in range(len(w.control.turns))] + [len("as logged")])
+    lines.append(f"{'turn':>4}  {'as logged':<{width}}  |  {w.change}")
+    for k in range(max(len(w.control.turns), len(w.changed.turns))):
+        mark = "*" if w.first_difference is not None and k >= w.first_difference else " "
+        lines.append(f"{k:>4}{mark} {cell(w.control, k):<{width}}  |  {cell(w.changed, k)}")
+    lines.append(f"{'':>4}  {outcome(w.control):<{width}}  |  {outcome(w.changed)}")
+    effect = w.changed.score - w.control.score
+    verdict = f"effect of the change on the episode: score {effect:+.3f}"
+    if w.credit is not None:
+        verdict += f"; the credit this episode gave the entry: {w.credit:+.3f} ({w.credit_rule})"
+    lines.append(verdict)
+    return lines

@@ -1,0 +1,144 @@
+"""What-if replay's assembly from a run directory (``coevo audit RUN whatif EPISODE``): the
+run's scenario, its world, and the policy at each version the replay needs, loaded as the run
+loaded it (device, torch threads, the embedded model from the cache) and checked against the
+digest the log records (a version's checkpoint must still be on disk)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agents.acting.inference import ActSettings, PolicyRunner
+from agents.audit.index import Stored as StoredRow
+from agents.audit.index import fetch, refs, tip_rows
+from agents.audit.whatif import Change, Prompting, WhatIf, check, recorded, replay, what_if
+from agents.events.policy import PolicyUpdated
+from engine.errors import AuditQueryInvalid, ScenarioInvalid
+from engine.world_registry import load_world
+from scenarios.loader import parse_toml, to_scenario
+from scenarios.schema import Scenario
+from stores.fact_index import FactIndex
+
+__all__ = ["run_whatif"]
+
+
+def run_whatif(
+    root: Path,
+    log: Any,
+    index: FactIndex,
+    episode: str,
+    without: int | None,
+    instead: int | None,
+    version: int | None,
+) -> WhatIf:
+    """Replay ``episode`` unchanged and with the one change asked for.
+
+    Raises:
+        AuditQueryInvalid: no such episode, or entry, or version; not a policy's episode; a
+            checkpoint no longer on disk or not the one the log names.
+        ScenarioInvalid: the run's scenario or world cannot be loaded here.
+    """
+    meta = log.read_meta()
+    source = f"{root} (its scenario)"
+    scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)
+    if scenario.agent.kind != "policy":
+        raise AuditQueryInvalid(
+            f"{root}: agent.kind = {scenario.agent.kind!r}: no policy to replay"
+        )
+    found = refs(index, "e", episode)
+    events = fetch(log, [seq for seq, _ in found])
+    rec = recorded(episode, [events[seq] for seq, _ in found])
+    change = Change(
+        without=without,
+        instead=(instead, _entry_text(index, instead)) if instead is not None else None,
+        version=version,
+    )
+    check(rec, change)
+    runners = _Runners(root, log, index, scenario, source)
+    prompting = Prompting(
+        window=scenario.policy.window,
+        list_actions=scenario.policy.list_actions or scenario.policy.mode == "generate",
+        system=scenario.prompt.system,
+        memory=scenario.prompt.memory,
+    )
+    try:
+        world = load_world(scenario.world.name, dict(scenario.world.options))
+    except ValueError as exc:
+        raise ScenarioInvalid(source, f"$.world: {exc}") from None
+    try:
+        control = replay(rec, world, runners.get, prompting)
+        changed = replay(rec, world, runners.get, prompting, change)
+    finally:
+        world.close()
+    return what_if(rec, control, changed, change)
+
+
+def _entry_text(index: FactIndex, tip: int) -> str:
+    stored = [row for _, row in tip_rows(index, tip) if isinstance(row, StoredRow)]
+    if not stored:
+        raise AuditQueryInvalid(f"no entry {tip} in this run (ids are TipStored.tip_id)")
+    return stored[0].text
+
+
+class _Runners:
+    """The policy at each version, loaded on first use."""
+
+    def __init__(self, root: Path, log: Any, index: FactIndex, s: Scenario, source: str) -> None:
+        self._root, self._log, self._index, self._s, self._source = root, log, index, s, source
+        self._cache: dict[int, PolicyRunner] = {}
+
+    def get(self, version: int) -> PolicyRunner:
+        if version not in self._cache:
+            self._cache[version] = self._load(version)
+        return self._cache[version]
+
+    def _load(self, version: int) -> PolicyRunner:
+        import torch
+
+        from scenarios.policy_setup import policy_model_dir
+        from stores.checkpoints import load_model_dir, param_digest, resolve_device
+
+        s = self._s
+        if s.policy.threads:
+            torch.set_num_threads(s.policy.threads)
+        device = resolve_device(s.policy.device)
+        if version == 0:
+            path, digest = policy_model_dir(s, self._source), self._parent_digest()
+        else:
+            update = self._updated(version)
+            path, digest = self._root / update.checkpoint, update.digest
+            if not (path / "model.safetensors").is_file():
+                raise AuditQueryInvalid(
+                    f"the checkpoint of policy version {version} ({update.checkpoint}) is no "
+                    "longer on disk (runs keep the newest few: grpo.keep_checkpoints)"
+                )
+        net, tokenizer = load_model_dir(path, device)
+        if digest and param_digest(net) != digest:
+            raise AuditQueryInvalid(
+                f"{path}: has digest {param_digest(net)}; the log records {digest} for policy "
+                f"version {version}"
+            )
+        p = s.policy
+        settings = ActSettings(
+            mode=p.mode,
+            temperature=p.temperature,
+            max_new_tokens=p.max_new_tokens,
+            device=device,
+            memory=s.prompt.memory,
+        )
+        return PolicyRunner(net, tokenizer, settings, version)
+
+    def _updated(self, version: int) -> PolicyUpdated:
+        for seq, kind in refs(self._index, "u", str(version - 1)):
+            if kind == "policy_updated":
+                ev = fetch(self._log, [seq])[seq].event
+                assert isinstance(ev, PolicyUpdated)
+                return ev
+        raise AuditQueryInvalid(f"the run has no policy version {version}")
+
+    def _parent_digest(self) -> str:
+        """The base weights' digest, as the first update records it ("" without updates)."""
+        try:
+            return self._updated(1).parent_digest
+        except AuditQueryInvalid:
+            return ""

@@ -1,0 +1,277 @@
+"""``coevo serve``: the browser's pages for the tiny Complementary RL run (conftest.py), served
+by uvicorn on a loopback port and read by headless Chromium (Debian's ``chromium``; CI installs
+it), checked against what ``coevo audit`` says of the same episode and entry."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from html import unescape
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_grpo_run import of, read_events
+
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.extractor import CreditAssigned
+from engine.eventlog import new_run_meta
+from engine.events import Envelope, Event
+from engine.lifecycle import RunStarted, RunStopped
+from scenarios.cli import main
+from scenarios.cli.explore import open_views
+from stores.lmdb_log import LmdbEventLog
+
+CHROMIUM = shutil.which("chromium")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (apt-get install chromium)"
+)
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose log has no final event yet (created, nothing committed): a live run."""
+    root = tmp_path_factory.mktemp("live") / "live"
+    meta = new_run_meta("r-live", scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
+    LmdbEventLog.create(root / "log", meta, durable=False).close()
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(distill_root: Path, live_run: Path) -> Iterator[str]:
+    import uvicorn
+
+    from agents.browse.app import make_app
+
+    views = open_views([str(distill_root / "run"), str(live_run)])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(make_app(views), log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        for view in views.values():
+            view.close()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _dom(url: str, profile: Path) -> str:
+    assert CHROMIUM is not None
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+    flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    done = subprocess.run(
+        [CHROMIUM, *flags, f"--user-data-dir={profile}", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    assert "<tbody>" in done.stdout  # the browser's DOM, not the page's source
+    return done.stdout
+
+
+def _audit(run: Path, what: str, ident: str, capsys: pytest.CaptureFixture[str]) -> Any:
+    capsys.readouterr()
+    assert main(["audit", str(run), what, ident, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _texts(dom: str, pattern: str) -> list[str]:
+    return [unescape(re.sub(r"<[^>]+>", "", m)).strip() for m in re.findall(pattern, dom, re.S)]
+
+
+@pytest.fixture(scope="module")
+def credited(distill_root: Path) -> CreditAssigned:
+    """The first credit of the run: a trained guided episode and the entry it used."""
+    return of(read_events(distill_root / "run"), CreditAssigned)[0]
+
+
+@needs_chromium
+def test_an_episode_page_shows_what_the_audit_says(
+    server: str,
+    distill_root: Path,
+    credited: CreditAssigned,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = distill_root / "run"
+    audit = _audit(run, "episode", credited.episode, capsys)
+    dom = _dom(f"{server}/runs/run/episodes/{credited.episode}", tmp_path / "p")
+    assert _texts(dom, r'<b class="action">(.*?)</b>') == [t["action"] for t in audit["turns"]]
+    observations = _texts(dom, r'<div class="turn" id="turn-\d+">.*?<pre>(.*?)</pre>')
+    assert observations == [t["observation"] for t in audit["turns"]]
+    first = audit["turns"][0]["retrieved"][0]
+    assert f'href="/runs/run/entries/{first["tip"]}"' in dom
+    advantage = _texts(dom, r'<p id="advantage">(.*?)</p>')[0]
+    assert f"advantage {audit['advantage']['advantage']:+.4f}" in advantage
+    update = _texts(dom, r'<p id="update">(.*?)</p>')[0]
+    assert f"policy v{audit['update']['version']}: {audit['update']['samples']} samples" in update
+    credit = _texts(dom, r'<p id="credit">(.*?)</p>')[0]
+    assert credit.startswith(f"entry {credited.entry} (call {credited.call}) credited ")
+    assert f"{audit['credit']['credit']:+.3f}" in credit
+    # the chosen candidate's probability is the action's probability under the sampling policy
+    chosen = _texts(dom, r'<tr class="chosen"><td>.*?</td><td>(.*?)</td>')
+    logps = [t["logp"] for t in audit["turns"]]
+    assert [float(p) for p in chosen] == pytest.approx(
+        [2.718281828459045**lp for lp in logps], abs=6e-4
+    )
+
+
+@needs_chromium
+def test_an_entry_page_shows_what_the_audit_says_with_links(
+    server: str,
+    distill_root: Path,
+    credited: CreditAssigned,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = distill_root / "run"
+    audit = _audit(run, "tip", str(credited.entry), capsys)
+    dom = _dom(f"{server}/runs/run/entries/{credited.entry}", tmp_path / "p")
+    assert _texts(dom, r'<pre id="text">(.*?)</pre>') == [audit["text"]]
+    summary = _texts(dom, r'<p id="summary">(.*?)</p>')[0]
+    assert f"guided {audit['guided']} episode" in summary
+    assert f"total credit {audit['credit_sum']:+.3f}" in summary
+    uses = re.search(r'<table id="uses">(.*?)</table>', dom, re.S)
+    assert uses is not None
+    linked = re.findall(r'href="/runs/run/episodes/(ep\d+)"', uses.group(1))
+    assert linked == [u["episode"] for u in audit["uses"]]
+    credits = re.search(r'<table id="credits">(.*?)</table>', dom, re.S)
+    assert credits is not None
+    shown = _texts(credits.group(1), r"<tr><td>\d+</td><td>.*?</td><td>.*?</td><td>(.*?)</td>")
+    assert shown == [f"{c['credit']:+.3f}" for c in audit["credits"]]
+    origin = _texts(dom, r'<p id="origin">(.*?)</p>')[0]
+    assert origin.startswith(f"extractor call {audit['origin']['call']} ")
+    lineage = re.search(r'<ul id="lineage">(.*?)</ul>\s*$', dom.split("<h2>Uses</h2>")[0], re.S)
+    assert lineage is not None
+    assert f'href="/runs/run/entries/{credited.entry}"' in lineage.group(1)
+
+
+@needs_chromium
+def test_the_episode_list_filters(server: str, distill_root: Path, tmp_path: Path) -> None:
+    events = read_events(distill_root / "run")
+    wanted = [
+        e.episode
+        for e in of(events, EpisodeAssigned)
+        if e.purpose == "train" and e.rollout == "guided-distill"
+    ]
+    dom = _dom(f"{server}/runs/run?purpose=train&rollout=guided-distill", tmp_path / "p")
+    table = re.search(r'<table id="episodes">(.*?)</table>', dom, re.S)
+    assert table is not None
+    assert re.findall(r'href="/runs/run/episodes/(ep\d+)"', table.group(1)) == wanted
+    assert _texts(dom, r'<p id="count">(.*?)</p>')[0].startswith(f"{len(wanted)} episodes")
+    assert 'option value="guided-distill" selected' in dom
+
+
+def test_bad_runs_and_ids_are_one_line_error_pages(server: str) -> None:
+    for path, status, message in (
+        ("/runs/nope", 404, "no run named &#39;nope&#39; here (runs: run, live)"),
+        ("/runs/run/episodes/ep9999", 404, "no episode &#39;ep9999&#39; in this run"),
+        ("/runs/run/entries/x1", 404, "entry id must be a non-negative integer, got &#39;x1&#39;"),
+        ("/runs/run/entries/99999", 404, "no entry 99999 in this run"),
+        ("/runs/run?page=0", 400, "page must be a positive integer, got &#39;0&#39;"),
+    ):
+        code, body = _get(server + path)
+        assert code == status, path
+        assert message in body, body
+        assert "Traceback" not in body
+
+
+def test_a_live_run_refreshes_and_a_finished_one_does_not(server: str) -> None:
+    code, body = _get(server + "/runs/live")
+    assert code == 200 and '<meta http-equiv="refresh" content="5">' in body
+    assert '<span class="live">live</span>' in body
+    code, body = _get(server + "/runs/run")
+    assert code == 200 and "http-equiv" not in body and "completed" in body
+
+
+def test_a_live_run_shows_what_it_commits_until_it_ends(server: str, live_run: Path) -> None:
+    log = LmdbEventLog.open(live_run / "log", writable=True, durable=False)
+
+    def commit(*events: Event) -> None:
+        first = log.next_seq
+        log.append(
+            [
+                Envelope(seq=first + i, run="r-live", t=first + i, actor="a", event=ev)
+                for i, ev in enumerate(events)
+            ]
+        )
+
+    try:
+        commit(
+            RunStarted(run_id="r-live", scenario="x", scenario_hash="", seed=0, coevo_version="0"),
+            EpisodeAssigned(
+                episode="ep000000",
+                index=0,
+                worker="w",
+                family="fetch",
+                variant=1,
+                split="train",
+                seed=5,
+            ),
+        )
+        code, body = _get(server + "/runs/live")
+        assert code == 200 and '<td class="running">running</td>' in body
+        assert "1 episode, 1-1 shown" in body and "http-equiv" in body
+        commit(
+            EpisodeFinished(
+                episode="ep000000",
+                worker="w",
+                family="fetch",
+                variant=1,
+                split="train",
+                steps=3,
+                score=1.0,
+                success=True,
+                total_reward=1.0,
+            )
+        )
+        code, body = _get(server + "/runs/live")
+        assert '<td class="success">success</td>' in body and "http-equiv" in body
+        commit(RunStopped(reason="completed", signal="", exit_code=0))
+        code, body = _get(server + "/runs/live")
+        assert "http-equiv" not in body and '<span class="completed">completed</span>' in body
+    finally:
+        log.close()
+
+
+def test_serve_refuses_a_public_address_and_bad_runs(
+    distill_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = str(distill_root / "run")
+    for host in ("0.0.0.0", "192.0.2.7", "example.org"):
+        assert main(["serve", run, "--host", host]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"coevo: error: --host {host} is not a loopback address: anyone who reaches it "
+            "reads the runs; add --public to serve there\n"
+        )
+    assert main(["serve", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"

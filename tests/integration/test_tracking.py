@@ -1,0 +1,182 @@
+"""Live tracking and ``coevo export``: the tiny Complementary RL run (conftest.py) was tracked
+live to every installed sink; its TensorBoard, W&B and MLflow series must equal the series
+``coevo export`` writes from the finished log, and the values folded from the log's events."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agents.tracking.scalars import Scalar, fold_scalars
+from scenarios.cli import main
+from stores.lmdb_log import LmdbEventLog
+
+Series = dict[str, list[tuple[int, float]]]
+needs = {
+    name: pytest.mark.skipif(
+        importlib.util.find_spec(name) is None, reason=f"the {name} extra is not installed"
+    )
+    for name in ("tensorboard", "wandb", "mlflow")
+}
+
+
+def _folded(run: Path) -> list[Scalar]:
+    log = LmdbEventLog.open(run / "log", writable=False)
+    try:
+        return fold_scalars(log.read(0, None), block=4)
+    finally:
+        log.close()
+
+
+def _series(points: list[Scalar], cast: type = float) -> Series:
+    out: Series = defaultdict(list)
+    for p in points:
+        out[p.tag].append((p.step, cast(p.value)))
+    return dict(out)
+
+
+def _tensorboard(logdir: Path) -> tuple[Series, dict[str, list[float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    series = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}
+    walls = {t: [e.wall_time for e in acc.Scalars(t)] for t in tags}
+    return series, walls
+
+
+@pytest.fixture(scope="module")
+def run(distill_root: Path) -> Path:
+    return distill_root / "run"
+
+
+@pytest.fixture(scope="module")
+def folded(run: Path) -> list[Scalar]:
+    return _folded(run)
+
+
+def test_the_fold_covers_learning_memory_credit_and_throughput(folded: list[Scalar]) -> None:
+    tags = {p.tag for p in folded}
+    for tag in (
+        "train/success",
+        "train/return",
+        "heldout/success",
+        "update/loss",
+        "update/kl",
+        "update/clip_frac",
+        "update/grad_norm",
+        "bank/size",
+        "bank/stored",
+        "retrieval/count",
+        "credit/mean",
+        "extractor/loss",
+        "extractor/reward",
+        "throughput/episodes_per_s",
+    ):
+        assert tag in tags, tag
+    train = [p for p in folded if p.tag == "train/success"]
+    assert [p.step for p in train] == [4, 8, 12, 16, 20, 24, 28, 32]  # blocks of 4 of 32
+
+
+@needs["tensorboard"]
+def test_live_tensorboard_equals_export_and_the_fold(
+    run: Path, folded: list[Scalar], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live, live_walls = _tensorboard(run / "tracking" / "tensorboard")
+    assert main(["export", str(run), "--tensorboard", str(tmp_path / "tb")]) == 0
+    assert capsys.readouterr().out.startswith(f"tensorboard: {len(folded)} points of ")
+    exported, exported_walls = _tensorboard(tmp_path / "tb")
+    assert live == exported
+    assert live_walls == exported_walls
+    f32 = lambda v: float(np.float32(v))  # noqa: E731 - TensorBoard's simple_value is float32
+    assert live == _series(folded, f32)
+
+
+@needs["mlflow"]
+def test_live_mlflow_equals_export_and_the_fold(
+    run: Path, folded: list[Scalar], tmp_path: Path
+) -> None:
+    def history(store: Path) -> Series:
+        import os
+
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=store.resolve().as_uri())
+        experiment = client.get_experiment_by_name("coevo")
+        assert experiment is not None
+        (found,) = client.search_runs([experiment.experiment_id])
+        keys = found.data.metrics.keys()
+        return {
+            k: [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, k)]
+            for k in keys
+        }
+
+    assert main(["export", str(run), "--mlflow", str(tmp_path / "mlruns")]) == 0
+    live = history(run / "tracking" / "mlruns")
+    assert live == history(tmp_path / "mlruns")
+    assert live == _series(folded)  # exact: MLflow keeps doubles
+
+
+def _wandb_history(where: Path) -> Series:
+    """The history rows of the one offline W&B run under ``where``, read from its ``.wandb``
+    file (LevelDB's log format: 32 KiB blocks of chunks with a 7-byte header)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = where.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data.startswith(b":W&B")
+    out: Series = defaultdict(list)
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (n == 0 and kind == 0):
+            pos += left
+            continue
+        pending += data[pos + 7 : pos + 7 + n]
+        pos += 7 + n
+        if kind in (1, 4):  # a whole record, or the last chunk of one
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                row = {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in record.history.item
+                }
+                steps = {k.removesuffix("_step"): v for k, v in row.items() if k.endswith("_step")}
+                for key, value in row.items():
+                    if "/" in key:
+                        out[key].append((steps[key.split("/")[0]], value))
+    return dict(out)
+
+
+@needs["wandb"]
+def test_live_wandb_equals_export_and_the_fold(
+    run: Path, folded: list[Scalar], tmp_path: Path
+) -> None:
+    assert main(["export", str(run), "--wandb", str(tmp_path / "wandb")]) == 0
+    live = _wandb_history(run / "tracking" / "wandb")
+    assert live == _wandb_history(tmp_path / "wandb")
+    assert live == _series(folded)
+
+
+def test_export_needs_a_target_and_a_run(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "coevo: error: export needs a target: --tensorboard DIR, --wandb DIR or --mlflow DIR\n"
+    )
+    assert main(["export", str(tmp_path), "--tensorboard", str(tmp_path / "tb")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"

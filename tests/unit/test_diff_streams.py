@@ -1,0 +1,99 @@
+"""``coevo diff``'s comparison: scenarios key by key, logs stream by stream (interleavings
+and wall-clock fields ignored, the earliest differing event found)."""
+
+from __future__ import annotations
+
+from agents.analysis.diff import describe, diverging_seqs, scenario_changes
+from agents.events.episodes import StepTaken
+from agents.events.policy import PolicyUpdated
+from engine.events import Envelope, Event
+from engine.lifecycle import ActorStarted
+
+
+def _step(episode: str, turn: int, reward: float = 0.0) -> StepTaken:
+    return StepTaken(
+        episode=episode,
+        turn=turn,
+        action="look",
+        observation="a room",
+        admissible=("look",),
+        reward=reward,
+        done=False,
+        score=0.0,
+    )
+
+
+def _log(*items: tuple[str, str, Event]) -> list[Envelope[Event]]:
+    return [
+        Envelope(seq=i, run="r", t=i, actor=actor, corr=corr, event=ev, cause=i - 1 if i else None)
+        for i, (actor, corr, ev) in enumerate(items)
+    ]
+
+
+def _started(actor: str) -> ActorStarted:
+    return ActorStarted(actor=actor, actor_type="EnvWorker", seed=1, attempt=0)
+
+
+def _updated(seconds: float, loss: float = 0.5) -> PolicyUpdated:
+    return PolicyUpdated(
+        policy_version=1,
+        update=0,
+        samples=1,
+        stale=0,
+        loss=loss,
+        grad_norm=1.0,
+        clip_frac=0.0,
+        kl=0.0,
+        ratio_mean=1.0,
+        ref_kl=0.0,
+        digest="d",
+        checkpoint="c",
+        seconds=seconds,
+    )
+
+
+def test_interleavings_and_wall_clock_fields_are_not_divergences() -> None:
+    a = _log(
+        ("runtime", "", _started("w0")),
+        ("runtime", "", _started("w1")),
+        ("w0", "ep0", _step("ep0", 0)),
+        ("w1", "ep1", _step("ep1", 0)),
+        ("learner", "", _updated(1.5)),
+    )
+    b = _log(
+        ("runtime", "", _started("w1")),
+        ("runtime", "", _started("w0")),
+        ("w1", "ep1", _step("ep1", 0)),
+        ("w0", "ep0", _step("ep0", 0)),
+        ("learner", "", _updated(9.0)),
+    )
+    assert diverging_seqs(a, b) is None
+
+
+def test_the_earliest_differing_event_and_a_stream_that_ends() -> None:
+    a = _log(
+        ("w0", "ep0", _step("ep0", 0)),
+        ("w1", "ep1", _step("ep1", 0)),
+        ("w0", "ep0", _step("ep0", 1)),
+        ("w1", "ep1", _step("ep1", 1, reward=1.0)),
+    )
+    b = _log(
+        ("w1", "ep1", _step("ep1", 0)),
+        ("w0", "ep0", _step("ep0", 0)),
+        ("w1", "ep1", _step("ep1", 1, reward=0.5)),
+    )
+    found = diverging_seqs(a, b)
+    assert found == ("w0/ep0", 2, None)  # ep0's turn 1 (seq 2 in A) comes before ep1's (seq 3)
+    div = describe("w0/ep0", a[2], None)
+    assert (div.seq_a, div.seq_b, div.differing) == (2, None, ("end of stream",))
+    assert diverging_seqs(a[:2] + a[3:], b) == ("w1/ep1", 3, 2)  # A without ep0's turn 1
+    div = describe("w1/ep1", a[3], b[2])
+    assert div.differing == ("reward",)
+    assert div.a is not None and div.a["event"]["reward"] == 1.0
+
+
+def test_scenario_changes_are_dotted_keys() -> None:
+    a = 'name = "x"\nseed = 0\n[run]\nepisodes = 4\n[tracking]\nsinks = []\n'
+    b = 'name = "x"\nseed = 1\n[run]\nepisodes = 4\nworkers = 2\n'
+    got = [(c.key, c.a, c.b) for c in scenario_changes(a, b)]
+    assert got == [("run.workers", None, 2), ("seed", 0, 1), ("tracking.sinks", [], None)]

@@ -1,0 +1,143 @@
+"""The tracking fold on hand-made envelopes: blocks of training episodes, the training bank
+only, throughput from the envelopes' times, updates by version; and the tracker writing its
+points to sinks, dropping one whose disk is full."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import CreditAssigned
+from agents.events.memory import TipEvicted, TipStored
+from agents.events.policy import PolicyUpdated
+from agents.tracking.observer import Tracker, TrackingFailed
+from agents.tracking.scalars import Scalar, ScalarFold, fold_scalars
+from engine.events import Envelope, Event
+from engine.lifecycle import RunStarted
+
+
+def _env(seq: int, ev: Event, seconds: float) -> Envelope[Event]:
+    return Envelope(seq=seq, run="r", t=int(seconds * 1e9), actor="a", event=ev)
+
+
+def _finished(ep: int, success: bool, purpose: str = "train") -> EpisodeFinished:
+    return EpisodeFinished(
+        episode=f"ep{ep}",
+        worker="w",
+        family="f",
+        variant=0,
+        split="train",
+        steps=3,
+        score=1.0 if success else 0.25,
+        success=success,
+        total_reward=2.0 if success else 0.0,
+        purpose=purpose,
+    )
+
+
+def _stored(tip: int, slot: str) -> TipStored:
+    return TipStored(tip_id=tip, slot=slot, episode="ep0", text="t", score=1.0, key="k")
+
+
+def test_blocks_bank_credit_and_throughput() -> None:
+    start = RunStarted(run_id="r", scenario="s", scenario_hash="h", seed=0, coevo_version="0")
+    events: list[Event] = [
+        start,  # not a kind the tracker reads: the first block is timed from the next event
+        _stored(0, "train/f"),
+        _stored(1, "eval/f"),  # not the training bank
+        _finished(0, True),
+        _finished(1, False, purpose="eval"),  # not a training episode
+        CreditAssigned(episode="ep0", entry=0, call="c", success=True, credit=1.0, step=0),
+        _finished(2, False),
+        TipEvicted(tip_id=0, slot="train/f", reason="update"),
+        _finished(3, True),
+        _finished(4, True),
+    ]
+    envs = [_env(i, ev, 10.0 + i) for i, ev in enumerate(events)]
+    points = {(p.tag, p.step): p.value for p in fold_scalars(envs, block=2)}
+    assert points[("train/success", 2)] == 0.5
+    assert points[("train/return", 2)] == 1.0
+    assert points[("train/score", 2)] == 0.625
+    assert points[("bank/size", 2)] == 1.0 and points[("bank/stored", 2)] == 1.0
+    assert points[("credit/mean", 2)] == 1.0 and points[("credit/count", 2)] == 1.0
+    # the first block runs from seq 1 (t = 11 s) to seq 6 (t = 16 s): 2 episodes, 5 events
+    assert points[("throughput/episodes_per_s", 2)] == pytest.approx(2 / 5)
+    assert points[("throughput/events_per_s", 2)] == pytest.approx(5 / 5)
+    assert points[("train/success", 4)] == 1.0
+    assert points[("bank/size", 4)] == 0.0 and points[("bank/evicted", 4)] == 1.0
+    assert points[("credit/count", 4)] == 0.0
+    assert ("train/success", 6) not in points  # one episode of the third block: not written
+
+
+def test_updates_by_version_and_the_block_checked() -> None:
+    ev = PolicyUpdated(
+        policy_version=3,
+        update=2,
+        samples=10,
+        stale=1,
+        loss=0.5,
+        grad_norm=2.0,
+        clip_frac=0.1,
+        kl=0.01,
+        ratio_mean=1.0,
+        ref_kl=0.0,
+        digest="d",
+        checkpoint="c",
+        seconds=1.5,
+    )
+    points = ScalarFold().evolve(_env(7, ev, 3.0))
+    got = {p.tag: (p.step, p.value, p.wall_time) for p in points}
+    assert got["update/loss"] == (3, 0.5, 3.0)
+    assert got["update/kl"] == (3, 0.01, 3.0)
+    assert got["update/stale"] == (3, 1.0, 3.0)
+    with pytest.raises(ValueError, match="block must be >= 1, got 0"):
+        ScalarFold(0)
+
+
+class _Kept:
+    """A sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.points: list[Scalar] = []
+        self.closed = False
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        self.points += points
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Failing(_Kept):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def write(self, points: Sequence[Scalar]) -> None:
+        raise self.error
+
+
+def _batch(first: int, n: int) -> list[Envelope[Event]]:
+    return [_env(first + i, _finished(first + i, i % 2 == 0), 1.0 + first + i) for i in range(n)]
+
+
+def test_the_tracker_writes_what_the_fold_gives_and_drops_a_full_disk() -> None:
+    kept, full = _Kept(), _Failing(OSError(28, "No space left on device"))
+    history = _batch(0, 3)  # a resumed run's earlier session: folded, not written
+    tracker = Tracker([full, kept], block=2, history=history)
+    tracker.observe(_batch(3, 3))
+    tracker.observe(_batch(6, 4))
+    tracker.close()
+    assert kept.closed and not full.closed
+    expected = [p for p in fold_scalars(history + _batch(3, 7), block=2) if p.step > 2]
+    assert kept.points == tracker.written == expected
+    assert [p.step for p in kept.points if p.tag == "train/success"] == [4, 6, 8, 10]
+
+
+def test_a_sink_that_breaks_otherwise_fails_the_tracking_on_close() -> None:
+    tracker = Tracker([_Failing(ValueError("bad value"))], block=1)
+    tracker.observe(_batch(0, 1))
+    with pytest.raises(TrackingFailed, match="tracking failed: ValueError: bad value"):
+        tracker.close()
