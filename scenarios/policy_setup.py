@@ -21,9 +21,11 @@ from agents.learning.credit_actor import CreditActor, credit_settings
 from agents.learning.learner import Learner, Trainee
 from agents.memory.bank import MemoryActor, MemorySettings
 from agents.memory.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
+from agents.models.backend import backend_named
 from agents.models.embedded import EmbeddedSpec, ensure_embedded
 from agents.models.embedder import Embedder, make_embedder, minilm_dir
 from agents.models.extractor_base import OpsSpec, ensure_extractor_base
+from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, prepare
 from engine.actor import ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
@@ -63,9 +65,10 @@ def policy_actors(
         ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
     try:  # the device exists: refused now, not by the first actor that loads a model
-        resolve_device(scenario.policy.device)
+        device = resolve_device(scenario.policy.device)
     except ModelUnavailable as exc:
         raise ScenarioInvalid(source, f"$.policy.device: {exc}") from None
+    check_training(scenario, source, device)
     if scenario.policy.threads and prepare_model:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     extracting = scenario.run.method == "complementary"
@@ -182,12 +185,47 @@ def bank_settings(scenario: Scenario) -> MemorySettings:
     )
 
 
+def check_training(scenario: Scenario, source: str, device: torch.device) -> None:
+    """The backend, dtype and LoRA settings of ``[policy]`` (and the extractor's LoRA) fit.
+
+    Raises:
+        ScenarioInvalid: an unknown backend, or a dtype this setup cannot train in.
+    """
+    p = scenario.policy
+    try:
+        backend_named(p.backend)
+    except ValueError as exc:
+        raise ScenarioInvalid(source, f"$.policy.backend: {exc}") from None
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    trained = [("policy", p.lora.used())]
+    if scenario.run.method == "complementary":
+        trained.append(("extractor", scenario.complementary.lora.used()))
+    for name, lora in trained:
+        try:
+            check_train_dtype(p.dtype, device, lora is not None, bf16)
+        except ModelUnavailable as exc:
+            raise ScenarioInvalid(source, f"$.policy.dtype: the {name}: {exc}") from None
+
+
+def _prepared(scenario: Scenario, net: Any, lora: LoraSettings, name: str) -> Any:
+    """A loaded model with the scenario's dtype, checkpointing and LoRA (``name``'s seed)."""
+    p = scenario.policy
+    return prepare(
+        net,
+        lora=lora.used(),
+        dtype=p.dtype,
+        checkpointing=p.gradient_checkpointing,
+        seed=lora_seed(scenario.seed, name),
+    )
+
+
 def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
     """The extractor's own copy of its starting weights (blocking)."""
     c = scenario.complementary
     assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
+    net = _prepared(scenario, net, c.lora, "extractor")
     settings = ExtractorSettings(
         temperature=c.temperature,
         max_new_tokens=c.max_new_tokens,
@@ -195,7 +233,8 @@ def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel
         plain_add=c.plain_add,
         device=device,
     )
-    return ExtractorModel(net, tokenizer, settings)
+    backend = backend_named(scenario.policy.backend)(net, device)
+    return ExtractorModel(net, tokenizer, settings, backend=backend)
 
 
 def policy_model_dir(scenario: Scenario, source: str) -> Path:
@@ -302,6 +341,7 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     p = scenario.policy
     device = resolve_device(p.device)
     net, tokenizer = load_model_dir(model, device)
+    net = _prepared(scenario, net, p.lora, "policy")
     settings = ActSettings(
         mode=p.mode,
         temperature=p.temperature,
@@ -311,7 +351,8 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
         device=device,
         memory=scenario.prompt.memory,
     )
-    return PolicyRunner(net, tokenizer, settings)
+    backend = backend_named(p.backend)(net, device)
+    return PolicyRunner(net, tokenizer, settings, backend=backend)
 
 
 def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
@@ -319,6 +360,7 @@ def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
     assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
+    net = _prepared(scenario, net, scenario.policy.lora, "policy")
     return Trainee(net, tokenizer, device, reference=scenario.grpo.kl_coef > 0)
 
 
