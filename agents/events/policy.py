@@ -155,9 +155,10 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
             recorded: ``agents.learning.learner.update_seed`` re-derives it from the run seed).
         parent_digest: the digest of the parameters the update started from (version 0: the
             base model); "" in older logs.
-        gap_abs_mean, gap_abs_max, gap_kl: the gap between the learner's log-probs at the
-            start of the update and the sampler's recorded ones, over the update's tokens
-            (``agents.methods.tis.SamplerGap``); None in older logs and without samples.
+        gap_tokens, gap_abs_mean, gap_abs_max, gap_kl: the gap between the learner's
+            log-probs before the update's first step and the sampler's recorded ones, over
+            ``gap_tokens`` tokens (every sample's with ``tis_cap``, else the first minibatch's;
+            ``agents.methods.tis.SamplerGap``); None in older logs and when none was compared.
         tis_clip_frac: the fraction of tokens whose importance weight ``tis_cap`` truncated
             (None: truncated importance sampling off).
         trainable_params, total_params, optimizer_bytes, peak_bytes: what the trained state
@@ -180,6 +181,7 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
     seconds: float
     seed: int | None = None
     parent_digest: str = ""
+    gap_tokens: int | None = None
     gap_abs_mean: float | None = None
     gap_abs_max: float | None = None
     gap_kl: float | None = None

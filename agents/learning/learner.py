@@ -63,10 +63,10 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
-    """Means over an update's minibatches, and the sampler's gap over its samples.
+    """Means over an update's minibatches, and the sampler's gap (see :func:`grpo_step`).
 
-    ``gap`` is None without samples; ``tis_clip_frac`` is None when the request has no
-    ``tis_cap``.
+    ``gap`` is None when no token was compared; ``tis_clip_frac`` is None when the request has
+    no ``tis_cap``.
     """
 
     samples: int
@@ -186,6 +186,12 @@ def grpo_step(
     with no signal (every advantage 0 or every token masked, and no KL term) makes no optimiser
     step: AdamW's momentum would otherwise move the weights.
 
+    The sampler's gap (:mod:`agents.methods.tis`) is measured before the first optimiser step:
+    with ``req.tis_cap`` over every sample (the learner's log-probs at the start of the update,
+    which the ratio then uses, cost one forward pass without gradient); without it over the
+    first minibatch's samples, from the forward pass that minibatch makes anyway (distill
+    samples, whose prompts differ from the sampler's on purpose, are left out).
+
     Raises:
         ValueError: ``req.low_prob_delta`` is set and a sample is a "score" turn (EMPO2's
             low-probability masking thresholds sampled tokens' log-probs; a scenario refuses
@@ -199,14 +205,16 @@ def grpo_step(
     learning_mode(trainee.model)
     opt = trainee.optimiser(req.lr)
     rng = random.Random(seed)
-    prox = learner_logps(trainee, samples, req.minibatch)
-    gap = _gap(samples, prox) if samples else None
+    tis_on = req.tis_cap is not None
+    prox = learner_logps(trainee, samples, req.minibatch) if tis_on else {}
+    gap = _gap(samples, prox) if tis_on and samples else None
     totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
     tis_clipped: list[float] = []
     steps = 0
     for _ in range(req.epochs):
         for batch in _minibatches(samples, req.minibatch, rng):
-            stats = _one_step(trainee, opt, batch, req, prox)
+            stats, first_gap = _one_step(trainee, opt, batch, req, prox, measure=steps == 0)
+            gap = first_gap or gap
             tis = stats.pop("tis_clip_frac", None)
             if tis is not None:
                 tis_clipped.append(tis)
@@ -215,6 +223,7 @@ def grpo_step(
             steps += 1
     mean = {k: v / max(steps, 1) for k, v in totals.items()}
     tis_clip_frac = sum(tis_clipped) / len(tis_clipped) if tis_clipped else None
+    gap = gap if gap is not None and gap.tokens else None
     return StepStats(samples=len(samples), gap=gap, tis_clip_frac=tis_clip_frac, **mean)
 
 
@@ -270,8 +279,17 @@ def _one_step(
     batch: list[Sample],
     req: GradientRequested,
     prox: dict[int, torch.Tensor],
-) -> dict[str, float]:
+    *,
+    measure: bool = False,
+) -> tuple[dict[str, float], SamplerGap | None]:
+    """One optimiser step on ``batch``; with ``measure`` (and no TIS), also the sampler's gap on
+    its samples that are not distilled."""
     logp, old_logp, mask = sample_logps(trainee.model, batch, trainee.pad_id, trainee.device)
+    gap = None
+    if measure and req.tis_cap is None:
+        own = torch.tensor([not s.distill for s in batch], device=mask.device)[:, None]
+        keep = (mask != 0) & own  # (B, T)
+        gap = sampler_gap(logp.detach()[keep].double(), old_logp[keep].double())
     if req.low_prob_delta is not None:
         mask = mask * low_prob_mask(old_logp, mask, req.low_prob_delta)[:, None]  # (B, T)
     adv = torch.tensor([s.adv for s in batch], device=trainee.device)  # (B,)
@@ -311,7 +329,7 @@ def _one_step(
         norm = torch.nn.utils.clip_grad_norm_(trainable(trainee.model), req.max_grad_norm)
         opt.step()
         grad_norm = float(norm)
-    return dict(
+    stats = dict(
         loss=float(loss.detach()),
         grad_norm=grad_norm,
         clip_frac=out.clip_frac,
@@ -320,6 +338,7 @@ def _one_step(
         ref_kl=ref_kl,
         **tis,
     )
+    return stats, gap
 
 
 class Learner(Actor):
@@ -434,6 +453,7 @@ class Learner(Actor):
                 seconds=time.perf_counter() - start,
                 seed=seed,
                 parent_digest=self._parent,
+                gap_tokens=gap.tokens if gap else None,
                 gap_abs_mean=gap.abs_mean if gap else None,
                 gap_abs_max=gap.abs_max if gap else None,
                 gap_kl=gap.kl if gap else None,

@@ -175,13 +175,13 @@ def check_train_dtype(
         return
     if not lora:
         raise ModelUnavailable(
-            'train_dtype = "bfloat16" needs lora: the adapters train in float32 over bf16 base '
+            'dtype = "bfloat16" needs lora: the adapters train in float32 over bf16 base '
             "weights; a full-parameter learner keeps float32 (an AdamW step below 2^-8 of a "
             "weight is lost in bf16)"
         )
     if device.type == "cuda" and not bf16_supported:
         raise ModelUnavailable(
-            f'train_dtype = "bfloat16": device {device} does not compute in bf16 '
+            f'dtype = "bfloat16": device {device} does not compute in bf16 '
             "(torch.cuda.is_bf16_supported() is False); use float32"
         )
 
