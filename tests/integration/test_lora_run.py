@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from resume_kit import (
+    COMPLEMENTARY,
     GRPO,
     check_consistent,
     coevo,
@@ -20,7 +21,9 @@ from resume_kit import (
     read_log,
     stop_and_resume,
 )
+from test_grpo_run import run_scenario
 
+from agents.events.extractor import ExtractorUpdated
 from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.models.tuning import load_adapted
 from engine.events import Envelope, Event
@@ -114,3 +117,28 @@ def test_a_run_stopped_and_resumed_ends_as_the_run_left_alone(
     check_consistent(root / "stopped", chain.final, chain.after)
     assert final_digest(chain.final) == final_digest(reference)
     assert comparable(chain.final) == comparable(reference)
+
+
+@pytest.mark.slow
+def test_a_complementary_run_with_adapters_on_both_models_re_executes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extractor's adapters too: its checkpoints are adapters, its updates record what they
+    cost, and every update of both models re-executes bit for bit (slow: ~70 s on a loaded
+    2-core machine; the extractor's step with adapters is in tests/unit/test_lora.py)."""
+    lora = '{ r = 4, alpha = 8, targets = ["q_proj", "v_proj"] }'
+    text = COMPLEMENTARY.replace("[policy]\n", f"[policy]\nlora = {lora}\n").replace(
+        "[complementary]\n", f"[complementary]\nlora = {lora}\n"
+    )
+    run = run_scenario(tmp_path, text)
+    envs = read_log(run)
+    extractor = [e.event for e in envs if isinstance(e.event, ExtractorUpdated)]
+    assert len(updates(envs)) == 3 and extractor and any(u.samples > 0 for u in extractor)
+    for u in extractor:
+        assert u.trainable_params is not None and u.total_params is not None
+        assert 0 < u.trainable_params < u.total_params / 10
+        assert (run / u.checkpoint / ADAPTER_FILE).is_file() or not (run / u.checkpoint).exists()
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    assert main(["replay", str(run), "--reexecute-learner"]) == 0
+    out = capsys.readouterr().out
+    assert f"re-executed 3 policy and {len(extractor)} extractor updates" in out

@@ -13,10 +13,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 from peft import PeftModel
-from test_updates import CPU, TOKENIZER, generate_turns, request, score_turns, tiny_model
+from test_updates import (
+    CPU,
+    TOKENIZER,
+    calls_of,
+    ext_request,
+    generate_turns,
+    request,
+    score_turns,
+    tiny_model,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from agents.learning.learner import Sample, Trainee, grpo_step
+from agents.memory.extractor import ExtractorModel, ExtractorSettings, extractor_step
 from agents.models.tuning import (
     LoraSettings,
     check_train_dtype,
@@ -228,3 +238,15 @@ def test_checkpointing_recomputes_activations_and_gives_the_same_gradients(
     ckpt.eval()  # the old eval-mode learner: transformers would not checkpoint at all
     ckpt(input_ids=ids).logits.sum().backward()
     assert calls.n == 0
+
+
+def test_the_extractors_cispo_step_trains_its_adapters_only() -> None:
+    ext = ExtractorModel(adapted(), TOKENIZER, ExtractorSettings())
+    base, lora = split(ext.model)
+    calls = calls_of(ext)
+    stats = extractor_step(ext, calls, ext_request(calls, [1.0, -1.0, 0.5]))
+    assert stats.samples == 3 and stats.grad_norm > 0
+    base2, lora2 = split(ext.model)
+    assert all(torch.equal(base[n], base2[n]) for n in base)
+    assert any(not torch.equal(lora[n], lora2[n]) for n in lora)
+    assert ext.memory().trainable_params == ADAPTER_PARAMS
