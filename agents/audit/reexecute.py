@@ -190,7 +190,7 @@ class Reexecution:
             raise UpdateDiverged("policy", ev.update, env.seq, "no GradientRequested before it")
         req, samples, stale = self.requests.pop(ev.update)
         seed = ev.seed if ev.seed is not None else update_seed(self.run_seed, ev.update)
-        stats = grpo_step(self.trainee, samples, req, seed)
+        stats = grpo_step(self.trainee, samples, req, seed, ev.policy_version - 1)
         if (stats.samples, stale) != (ev.samples, ev.stale):
             raise UpdateDiverged(
                 "policy",

@@ -157,8 +157,9 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
             base model); "" in older logs.
         gap_tokens, gap_abs_mean, gap_abs_max, gap_kl: the gap between the learner's
             log-probs before the update's first step and the sampler's recorded ones, over
-            ``gap_tokens`` tokens (every sample's with ``tis_cap``, else the first minibatch's;
-            ``agents.methods.tis.SamplerGap``); None in older logs and when none was compared.
+            ``gap_tokens`` tokens of the samples the current version drew (every such sample's
+            with ``tis_cap``, else the first minibatch's; ``agents.methods.tis.SamplerGap``);
+            None in older logs and when none was compared.
         tis_clip_frac: the fraction of tokens whose importance weight ``tis_cap`` truncated
             (None: truncated importance sampling off).
         trainable_params, total_params, optimizer_bytes, peak_bytes: what the trained state

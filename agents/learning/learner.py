@@ -176,7 +176,11 @@ def sample_logps(
 
 
 def grpo_step(
-    trainee: Trainee, samples: Sequence[Sample], req: GradientRequested, seed: int
+    trainee: Trainee,
+    samples: Sequence[Sample],
+    req: GradientRequested,
+    seed: int,
+    version: int | None = None,
 ) -> StepStats:
     """Run ``req.epochs`` passes of minibatch clipped-ratio updates over ``samples``.
 
@@ -189,8 +193,10 @@ def grpo_step(
     The sampler's gap (:mod:`agents.methods.tis`) is measured before the first optimiser step:
     with ``req.tis_cap`` over every sample (the learner's log-probs at the start of the update,
     which the ratio then uses, cost one forward pass without gradient); without it over the
-    first minibatch's samples, from the forward pass that minibatch makes anyway (distill
-    samples, whose prompts differ from the sampler's on purpose, are left out).
+    first minibatch's samples, from the forward pass that minibatch makes anyway. Left out:
+    distill samples, whose prompts differ from the sampler's on purpose, and, given
+    ``version`` (the policy version the weights are), samples an older version drew, whose
+    difference is the policy's change since, not the sampler's.
 
     Raises:
         ValueError: ``req.low_prob_delta`` is set and a sample is a "score" turn (EMPO2's
@@ -207,13 +213,15 @@ def grpo_step(
     rng = random.Random(seed)
     tis_on = req.tis_cap is not None
     prox = learner_logps(trainee, samples, req.minibatch) if tis_on else {}
-    gap = _gap(samples, prox) if tis_on and samples else None
+    same = [s for s in samples if version is None or s.turn.policy_version == version]
+    gap = _gap(same, prox) if tis_on and same else None
     totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
     tis_clipped: list[float] = []
     steps = 0
     for _ in range(req.epochs):
         for batch in _minibatches(samples, req.minibatch, rng):
-            stats, first_gap = _one_step(trainee, opt, batch, req, prox, measure=steps == 0)
+            measure = steps == 0 and not tis_on
+            stats, first_gap = _one_step(trainee, opt, batch, req, prox, measure, version)
             gap = first_gap or gap
             tis = stats.pop("tis_clip_frac", None)
             if tis is not None:
@@ -279,15 +287,18 @@ def _one_step(
     batch: list[Sample],
     req: GradientRequested,
     prox: dict[int, torch.Tensor],
-    *,
     measure: bool = False,
+    version: int | None = None,
 ) -> tuple[dict[str, float], SamplerGap | None]:
-    """One optimiser step on ``batch``; with ``measure`` (and no TIS), also the sampler's gap on
-    its samples that are not distilled."""
+    """One optimiser step on ``batch``; with ``measure``, also the sampler's gap on its samples
+    that are neither distilled nor drawn by a version other than ``version``."""
     logp, old_logp, mask = sample_logps(trainee.model, batch, trainee.pad_id, trainee.device)
     gap = None
-    if measure and req.tis_cap is None:
-        own = torch.tensor([not s.distill for s in batch], device=mask.device)[:, None]
+    if measure:
+        kept = [
+            not s.distill and (version is None or s.turn.policy_version == version) for s in batch
+        ]
+        own = torch.tensor(kept, device=mask.device)[:, None]
         keep = (mask != 0) & own  # (B, T)
         gap = sampler_gap(logp.detach()[keep].double(), old_logp[keep].double())
     if req.low_prob_delta is not None:
@@ -430,7 +441,7 @@ class Learner(Actor):
         version = self._buffer.version + 1
         seed = update_seed(ctx.run_seed, req.update)
         reset_peak(trainee.device)
-        stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed)
+        stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed, version - 1)
         memory = trainee.memory()
         name = await ctx.to_thread(self._save, trainee, version, req.lr)
         digest = await ctx.to_thread(param_digest, trainee.model)

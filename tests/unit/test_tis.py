@@ -121,3 +121,24 @@ def test_with_a_faithful_sampler_tis_changes_nothing(mode: str) -> None:
         assert torch.allclose(p, q, atol=1e-6), name
         moved = max(moved, float((p - start[name]).detach().abs().max()))
     assert moved > 1e-4  # the update did move the weights
+
+
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_the_gap_leaves_out_what_an_older_version_drew(cap: float | None) -> None:
+    """The samples of version 0 trained by version 1 differ from it by the policy's change, not
+    the sampler's: only the current version's samples are compared."""
+    model = tiny_model()
+    turns = generate_turns(model)
+    shifted = [
+        msgspec.structs.replace(t, token_logps=tuple(x - LN4 for x in t.token_logps)) for t in turns
+    ]
+    old = [msgspec.structs.replace(t, policy_version=0) for t in shifted[:2]]
+    new = [msgspec.structs.replace(shifted[2], policy_version=1)]
+    samples = [Sample(t, 1.0) for t in [*old, *new]]
+    stats = grpo_step(Trainee(model, TOKENIZER, CPU, False), samples, request(tis_cap=cap), 0, 1)
+    assert stats.gap is not None and stats.gap.tokens == len(turns[2].response_ids)
+    stale_only = [Sample(t, 1.0) for t in old]
+    none = grpo_step(
+        Trainee(tiny_model(), TOKENIZER, CPU, False), stale_only, request(tis_cap=cap), 0, 1
+    )
+    assert none.gap is None  # nothing of the current version to compare
