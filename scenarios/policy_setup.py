@@ -186,7 +186,8 @@ def bank_settings(scenario: Scenario) -> MemorySettings:
 
 
 def check_training(scenario: Scenario, source: str, device: torch.device) -> None:
-    """The backend, dtype and LoRA settings of ``[policy]`` (and the extractor's LoRA) fit.
+    """The backend, dtype and LoRA settings of ``[policy]`` (and the extractor's LoRA) fit: a
+    model that trains in bf16 needs adapters (a rollout only samples: any dtype).
 
     Raises:
         ScenarioInvalid: an unknown backend, or a dtype this setup cannot train in.
@@ -197,7 +198,7 @@ def check_training(scenario: Scenario, source: str, device: torch.device) -> Non
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.policy.backend: {exc}") from None
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    trained = [("policy", p.lora.used())]
+    trained = [("policy", p.lora.used())] if scenario.run.method != "rollout" else []
     if scenario.run.method == "complementary":
         trained.append(("extractor", scenario.complementary.lora.used()))
     for name, lora in trained:

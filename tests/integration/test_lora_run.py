@@ -28,6 +28,9 @@ from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.models.tuning import load_adapted
 from engine.events import Envelope, Event
 from scenarios.cli import main
+from scenarios.loader import load_scenario
+from scenarios.probe_setup import RunLog
+from scenarios.probe_setup import _policy as probe_policy  # pyright: ignore[reportPrivateUsage]
 from stores.checkpoints import ADAPTER_FILE, WEIGHTS_FILE, load_model_dir, param_digest
 
 LORA = (
@@ -142,3 +145,17 @@ def test_a_complementary_run_with_adapters_on_both_models_re_executes(
     assert main(["replay", str(run), "--reexecute-learner"]) == 0
     out = capsys.readouterr().out
     assert f"re-executed 3 policy and {len(extractor)} extractor updates" in out
+
+
+def test_the_probe_plays_the_final_adapters_on_the_base_model(
+    root: Path, reference: list[Envelope[Event]]
+) -> None:
+    """``coevo probe --policy final`` of a LoRA run: its adapters on the base, checked against
+    the digest the log records (a mismatch is ProbeInvalid)."""
+    run_dir = root / "ref"
+    scenario = load_scenario(run_dir / "scenario.toml")
+    run = RunLog(run_dir, scenario, str(run_dir / "scenario.toml"), scenario.seed)
+    run.policy = updates(reference)
+    (model_dir,) = (root / "embedded").glob("*[!k]")
+    runner, what = probe_policy(run, model_dir, "final")
+    assert "version 3" in what and param_digest(runner.model) == run.policy[-1].digest
