@@ -206,6 +206,7 @@ def enable_checkpointing(model: Any) -> None:
     if not getattr(base, "supports_gradient_checkpointing", False):
         raise ModelUnavailable(f"gradient_checkpointing: {type(base).__name__} does not support it")
     base.activation_checkpointing_enable()
+    base.config.use_cache = False  # a checkpointed layer cannot cache; generation asks for it
 
 
 def learning_mode(model: Any) -> None:
