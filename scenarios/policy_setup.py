@@ -19,9 +19,11 @@ from agents.audit.reexecute import Reexecution
 from agents.learning.learner import Learner, Trainee
 from agents.memory.extractor import ExtractorModel
 from agents.methods.actors import load_extractor
-from agents.methods.base import Method, RunResources, base_models, method_actors
+from agents.methods.base import LoadedModel, Method, RunResources, base_models, method_actors
+from agents.models.backend import backend_named
 from agents.models.embedded import EmbeddedSpec, ensure_embedded
 from agents.models.extractor_base import OpsSpec, ensure_extractor_base
+from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, prepare
 from engine.actor import ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
@@ -60,13 +62,14 @@ def policy_actors(
         ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
     try:  # the device exists: refused now, not by the first actor that loads a model
-        resolve_device(scenario.policy.device)
+        device = resolve_device(scenario.policy.device)
     except ModelUnavailable as exc:
         raise ScenarioInvalid(source, f"$.policy.device: {exc}") from None
     if scenario.policy.threads and prepare_model:
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     method = method_of(scenario) if scenario.run.method != ROLLOUT else None
     roles = _roles(method, source) if method else ()
+    check_training(scenario, source, device, roles)
     # the base models' settings (and local paths) are checked before anything is built
     bases = {role: base_model_dir(scenario, source, role, None) for role in roles}
     model = policy_model_dir(scenario, source) if prepare_model else None
@@ -80,6 +83,7 @@ def policy_actors(
         batch_wait=scenario.policy.batch_wait_ms / 1000.0,
         checkpoints=partial(_store, run_dir, scenario.grpo.keep_checkpoints),
         base_model=partial(_base, {"policy": model, **bases}),
+        load_model=partial(_load_base, scenario, {"policy": model, **bases}),
         prompts=msgspec.structs.asdict(scenario.prompt),
     )
     return _policy_actors(scenario, method, model, run), model
@@ -96,6 +100,60 @@ def _store(run_dir: Path | None, keep: int, name: str) -> Checkpoints:
     """The checkpoint store ``name``: the directory ``run_dir/name``, or memory for a run
     without a directory."""
     return DirCheckpoints(run_dir / name, keep=keep) if run_dir else MemoryCheckpoints()
+
+
+def _load_base(scenario: Scenario, dirs: dict[str, Path | None], role: str) -> LoadedModel:
+    return load_base_for(scenario, _base(dirs, role), role)
+
+
+def load_base_for(scenario: Scenario, model: Path | None, role: str) -> LoadedModel:
+    """A base model as the scenario loads it for ``role`` (blocking): on its device, with its
+    dtype, activation checkpointing and LoRA adapters (the policy's ``[policy] lora``, the
+    extractor's ``[complementary] lora``), and its inference backend."""
+    assert model is not None, "the base models are prepared before the run starts"
+    device = resolve_device(scenario.policy.device)
+    net, tokenizer = load_model_dir(model, device)
+    lora = scenario.complementary.lora if role == "extractor" else scenario.policy.lora
+    net = _prepared(scenario, net, lora, role)
+    backend = backend_named(scenario.policy.backend)(net, device)
+    return LoadedModel(net=net, tokenizer=tokenizer, device=device, backend=backend)
+
+
+def check_training(
+    scenario: Scenario, source: str, device: torch.device, roles: tuple[str, ...]
+) -> None:
+    """The backend, dtype and LoRA settings of ``[policy]`` (and the extractor's LoRA) fit: a
+    model that trains in bf16 needs adapters (a rollout only samples: any dtype).
+
+    Raises:
+        ScenarioInvalid: an unknown backend, or a dtype this setup cannot train in.
+    """
+    p = scenario.policy
+    try:
+        backend_named(p.backend)
+    except ValueError as exc:
+        raise ScenarioInvalid(source, f"$.policy.backend: {exc}") from None
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    trained = [("policy", p.lora.used())] if scenario.run.method != ROLLOUT else []
+    if "extractor" in roles:
+        trained.append(("extractor", scenario.complementary.lora.used()))
+    for name, lora in trained:
+        try:
+            check_train_dtype(p.dtype, device, lora is not None, bf16)
+        except ModelUnavailable as exc:
+            raise ScenarioInvalid(source, f"$.policy.dtype: the {name}: {exc}") from None
+
+
+def _prepared(scenario: Scenario, net: Any, lora: LoraSettings, name: str) -> Any:
+    """A loaded model with the scenario's dtype, checkpointing and LoRA (``name``'s seed)."""
+    p = scenario.policy
+    return prepare(
+        net,
+        lora=lora.used(),
+        dtype=p.dtype,
+        checkpointing=p.gradient_checkpointing,
+        seed=lora_seed(scenario.seed, name),
+    )
 
 
 def _base(dirs: dict[str, Path | None], role: str) -> Path | None:
@@ -242,6 +300,7 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     p = scenario.policy
     device = resolve_device(p.device)
     net, tokenizer = load_model_dir(model, device)
+    net = _prepared(scenario, net, p.lora, "policy")
     settings = ActSettings(
         mode=p.mode,
         temperature=p.temperature,
@@ -251,7 +310,8 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
         device=device,
         memory=scenario.prompt.memory,
     )
-    return PolicyRunner(net, tokenizer, settings)
+    backend = backend_named(p.backend)(net, device)
+    return PolicyRunner(net, tokenizer, settings, backend=backend)
 
 
 def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
@@ -259,6 +319,7 @@ def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
     assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
+    net = _prepared(scenario, net, scenario.policy.lora, "policy")
     return Trainee(net, tokenizer, device, reference=scenario.grpo.kl_coef > 0)
 
 
@@ -287,4 +348,4 @@ def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
 
 def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
     """The extractor of a scenario's method from its starting weights (blocking)."""
-    return load_extractor(scenario.complementary, model, scenario.policy.device)
+    return load_extractor(scenario.complementary, load_base_for(scenario, model, "extractor"))

@@ -39,6 +39,7 @@ from agents.memory.extractor import ExtractorModel
 from agents.methods.actors import bank_settings, embedder_for
 from agents.methods.builtin import Complementary
 from agents.models.embedder import Embedder
+from agents.models.tuning import load_adapted, torch_dtype
 from agents.probe.coevolution import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
 from agents.probe.play import PlaySettings
 from engine.errors import ScenarioInvalid
@@ -51,11 +52,13 @@ from scenarios.methods import method_of
 from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
 from scenarios.schema import Scenario
 from stores.checkpoints import (
+    ADAPTER_FILE,
     check_model_dir,
     load_model_dir,
     load_weights,
     param_digest,
     resolve_device,
+    weights_file,
 )
 from stores.rundir import find_run
 
@@ -384,7 +387,7 @@ def _policy(run: RunLog, model: Path, which: str) -> tuple[PolicyRunner, str]:
             raise ProbeInvalid(f"{run.root}: the run has no policy update; use --policy base")
         last = run.policy[-1]
         path = run.root / last.checkpoint
-        if not (path / "model.safetensors").is_file():
+        if not weights_file(path).is_file():
             raise ProbeInvalid(
                 f"{run.root}: the final policy checkpoint {last.checkpoint} is not on disk; "
                 "use --policy base or --policy PATH"
@@ -392,7 +395,11 @@ def _policy(run: RunLog, model: Path, which: str) -> tuple[PolicyRunner, str]:
         what = f"the run's final policy (version {last.policy_version}, {last.checkpoint})"
     else:
         path, what = check_model_dir(Path(which), "--policy"), which
-    net, tokenizer = load_model_dir(path, device)
+    if which == "final" and (path / ADAPTER_FILE).is_file():  # a LoRA run: adapters on the base
+        base, tokenizer = load_model_dir(model, device)
+        net = load_adapted(base.to(torch_dtype(s.policy.dtype)), str(path))
+    else:
+        net, tokenizer = load_model_dir(path, device)
     if which == "final" and param_digest(net) != run.policy[-1].digest:
         raise ProbeInvalid(
             f"{path}: has digest {param_digest(net)}; the log records {run.policy[-1].digest}"

@@ -15,6 +15,7 @@ from msgspec import Meta
 from agents.memory.extraction import EXTRACT_SYSTEM, MERGE_SYSTEM
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from agents.models.prompts import REFLECT_SYSTEM, TURN_SYSTEM
+from agents.models.tuning import LoraSettings
 
 PositiveInt = Annotated[int, Meta(ge=1, le=1_000_000_000)]
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
@@ -96,6 +97,15 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         list_actions: list the admissible actions in the prompt (always in "generate" mode).
         batch_max: most requests in one forward pass of the inference actor.
         batch_wait_ms: how long the inference actor waits to fill a batch.
+        backend: what samples for the policy and the extractor (``agents.models.backend``):
+            "hf", the ``transformers`` model in this process.
+        lora: LoRA adapters (``{r, alpha, targets}``, ``agents.models.tuning.LoraSettings``):
+            the learner trains the adapters only and checkpoints them; ``r = 0`` (the
+            default): every parameter.
+        dtype: the base weights' dtype in the sampler, the learner and the extractor:
+            "float32" or "bfloat16" (needs ``lora``: the adapters stay float32).
+        gradient_checkpointing: recompute activations in the backward pass (less memory,
+            about a third more compute) in the learner and the extractor.
     """
 
     model: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
@@ -109,6 +119,10 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     list_actions: bool = False
     batch_max: Annotated[int, Meta(ge=1, le=4096)] = 16
     batch_wait_ms: Annotated[float, Meta(ge=0, le=10_000)] = 2.0
+    backend: Annotated[str, Meta(min_length=1, max_length=100)] = "hf"
+    lora: LoraSettings = msgspec.field(default_factory=LoraSettings)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    gradient_checkpointing: bool = False
 
 
 class PromptConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

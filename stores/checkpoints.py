@@ -260,20 +260,67 @@ def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
 
 
 def param_digest(model: Any) -> str:
-    """blake2b-128 of every parameter, in name order (names and float32 bytes)."""
+    """blake2b-128 of every parameter, in name order (names and float32 bytes).
+
+    A model with peft adapters (:func:`is_adapted`) hashes its frozen base weights once (kept on
+    the model) and then its adapters on every call: the same weights give the same digest, and
+    an update of a 7B model's adapters does not re-read 7B frozen parameters.
+    """
+    if not is_adapted(model):
+        return _digest_of(model.state_dict())
+    base = getattr(model, _BASE_DIGEST, None)
+    if base is None:
+        adapters = set(adapter_names(model))
+        base = _digest_of({k: v for k, v in model.state_dict().items() if k not in adapters})
+        setattr(model, _BASE_DIGEST, base)
     h = hashlib.blake2b(digest_size=16)
-    for name, tensor in sorted(model.state_dict().items()):
+    h.update(f"base:{base}".encode())
+    h.update(_digest_of(trained_state(model)).encode())
+    return h.hexdigest()
+
+
+_BASE_DIGEST = "_coevo_base_digest"
+
+
+def _digest_of(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(state.items()):
         h.update(name.encode())
         h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
+def is_adapted(model: Any) -> bool:
+    """True when ``model`` carries peft adapters (its trained state is the adapters only)."""
+    return hasattr(model, "peft_config")
+
+
+def adapter_names(model: Any) -> list[str]:
+    """The ``state_dict`` names of an adapted model's adapter tensors (LoRA's, the only kind
+    coevo adds; trainable or not, as peft's loader leaves them)."""
+    return [name for name, _ in model.named_parameters() if ".lora_" in name]
+
+
+def trained_state(model: Any) -> dict[str, torch.Tensor]:
+    """What a checkpoint of ``model`` holds: its adapters (peft's names, as
+    ``adapter_model.safetensors`` stores them) when it has some, else its whole state dict."""
+    if not is_adapted(model):
+        return dict(model.state_dict())
+    from peft import get_peft_model_state_dict  # pyright: ignore[reportUnknownVariableType]
+
+    return get_peft_model_state_dict(model)
+
+
 def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
-    """Copy ``state`` into ``model`` in place; only tied weights may be missing from it.
+    """Copy ``state`` into ``model`` in place; only tied weights may be missing from it. An
+    adapted model takes its adapters' state (:func:`trained_state`), all of them.
 
     Raises:
         ModelUnavailable: keys do not match the model.
     """
+    if is_adapted(model):
+        _load_adapters(model, state)
+        return
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ())
     if unexpected or any(key not in tied and "lm_head" not in key for key in missing):
@@ -284,8 +331,29 @@ def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
         model.tie_weights()
 
 
+def _load_adapters(model: Any, state: dict[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict  # pyright: ignore[reportUnknownVariableType]
+
+    wanted = set(trained_state(model))
+    if set(state) != wanted:
+        missing, unexpected = sorted(wanted - set(state)), sorted(set(state) - wanted)
+        raise ModelUnavailable(
+            f"checkpoint does not match the model's adapters: {len(missing)} missing "
+            f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}"
+        )
+    set_peft_model_state_dict(model, state)
+
+
 WEIGHTS_FILE = "model.safetensors"
+ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+def weights_file(directory: Path) -> Path:
+    """The weights of a checkpoint directory: its adapters (``adapter_model.safetensors``, a
+    LoRA run's) if there, else ``model.safetensors``."""
+    adapter = directory / ADAPTER_FILE
+    return adapter if adapter.is_file() else directory / WEIGHTS_FILE
 
 
 def optimizer_tensors(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -337,9 +405,10 @@ def restore_checkpoint(
     """
     load_weights(model, checkpoints.load(name))
     got = param_digest(model)
+    file = ADAPTER_FILE if is_adapted(model) else WEIGHTS_FILE
     if got != digest:
         raise ModelUnavailable(
-            f"{checkpoints.locate(name, WEIGHTS_FILE)}: the weights have digest {got}, the "
+            f"{checkpoints.locate(name, file)}: the weights have digest {got}, the "
             f"log records {digest} for {name} (changed since it was written, or another "
             "version in its place)"
         )
@@ -456,7 +525,7 @@ class DirCheckpoints:
         return str(self.root / Path(name).name / file)
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
-        path = self.root / Path(name).name / WEIGHTS_FILE
+        path = weights_file(self.root / Path(name).name)
         if not path.is_file():
             raise ModelUnavailable(f"no checkpoint {name} ({path} is missing)")
         try:
@@ -515,7 +584,7 @@ class MemoryCheckpoints:
         protect_from: int | None = None,
     ) -> str:
         name = f"checkpoints/v{version:06d}"
-        self.saved[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.saved[name] = {k: v.detach().clone() for k, v in trained_state(model).items()}
         if optimizer is not None:
             self.optimizers[name] = {k: v.clone() for k, v in optimizer.items()}
         return name

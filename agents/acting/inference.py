@@ -23,7 +23,7 @@ import torch
 from agents.events.episodes import finished_attempts
 from agents.events.memory import ReflectionRequested, TipProposed
 from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
-from agents.models.policy import generate, score_and_choose
+from agents.models.backend import Backend, HfBackend
 from agents.models.prompts import (
     MemoryPlace,
     encode_prompt,
@@ -33,7 +33,7 @@ from agents.models.prompts import (
 )
 from engine.actor import Actor, Context
 from engine.events import Envelope, Event
-from stores.checkpoints import Checkpoints, load_weights
+from stores.checkpoints import Checkpoints
 
 
 @dataclass(frozen=True)
@@ -81,26 +81,23 @@ class Reply:
 
 
 def write_replies(
-    model: Any,
+    backend: Backend,
     tokenizer: Any,
     requests: Sequence[Written],
     *,
     temperature: float,
     max_new_tokens: int,
-    device: torch.device,
 ) -> list[Reply]:
     """Generate one reply per request in one batch, each from the request's own seed (the
     policy's reflections, the extractor's answers)."""
     prompts = [encode_prompt(tokenizer, from_pairs(req.messages)) for req in requests]
-    drawn = generate(
-        model,
+    drawn = backend.generate(
         prompts,
         [random.Random(req.seed) for req in requests],
         temperature=temperature,
         max_new_tokens=max_new_tokens,
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        device=device,
     )
     return [
         Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip())
@@ -112,14 +109,25 @@ class PolicyRunner:
     """A model and tokenizer that answer batches of requests (blocking; run in a thread).
 
     Args:
-        model: a causal LM in eval mode.
+        model: a causal LM in eval mode, sampled through the in-process ``"hf"`` backend unless
+            ``backend`` is given.
         tokenizer: its tokenizer (with a chat template and an eos token).
         settings: how to act.
         version: the policy version the weights are.
+        backend: what samples (:mod:`agents.models.backend`); None: ``HfBackend(model)``.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, settings: ActSettings, version: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        settings: ActSettings,
+        version: int = 0,
+        *,
+        backend: Backend | None = None,
+    ) -> None:
         self.model = model
+        self.backend = backend or HfBackend(model, settings.device)
         self.tokenizer = tokenizer
         self.settings = settings
         self.version = version
@@ -162,12 +170,11 @@ class PolicyRunner:
         """One :class:`TipProposed` per request, in request order, generated in one batch."""
         temp = self.settings.tip_temperature
         replies = write_replies(
-            self.model,
+            self.backend,
             self.tokenizer,
             requests,
             temperature=temp,
             max_new_tokens=self.settings.tip_tokens,
-            device=self.settings.device,
         )
         return [
             TipProposed(
@@ -193,15 +200,7 @@ class PolicyRunner:
         temp: float,
     ) -> list[ActionSampled]:
         cands = [[self.response_ids(a) for a in req.admissible] for req in requests]
-        choices = score_and_choose(
-            self.model,
-            prompts,
-            cands,
-            rngs,
-            temperature=temp,
-            pad_id=self._pad,
-            device=self.settings.device,
-        )
+        choices = self.backend.score(prompts, cands, rngs, temperature=temp, pad_id=self._pad)
         return [
             _sampled(
                 req,
@@ -227,15 +226,13 @@ class PolicyRunner:
         rngs: list[random.Random],
         temp: float,
     ) -> list[ActionSampled]:
-        drawn = generate(
-            self.model,
+        drawn = self.backend.generate(
             prompts,
             rngs,
             temperature=temp,
             max_new_tokens=self.settings.max_new_tokens,
             eos_id=self.tokenizer.eos_token_id,
             pad_id=self._pad,
-            device=self.settings.device,
         )
         out = []
         for req, prompt, (ids, logps) in zip(requests, prompts, drawn, strict=True):
@@ -257,8 +254,8 @@ class PolicyRunner:
         return out
 
     def load(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Replace the weights with ``state``, now policy ``version``."""
-        load_weights(self.model, {k: v.to(self.settings.device) for k, v in state.items()})
+        """Replace the weights (or the adapters) with ``state``, now policy ``version``."""
+        self.backend.load(state)
         self.version = version
 
 

@@ -28,7 +28,7 @@ from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step, up
 from agents.memory.extractor import ExtractorModel, extractor_step
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
-from stores.checkpoints import load_weights, param_digest
+from stores.checkpoints import load_weights, param_digest, weights_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class _Model:
 
     def check_checkpoint(self, env: Envelope[Event], update: int, name: str) -> str:
         """Compare the checkpoint ``name`` (relative to the run) with the log, if on disk."""
-        path = self.run_dir / name / "model.safetensors"
+        path = weights_file(self.run_dir / name)
         if not path.is_file():
             return ""  # pruned: runs keep only the newest few
         try:
@@ -190,7 +190,7 @@ class Reexecution:
             raise UpdateDiverged("policy", ev.update, env.seq, "no GradientRequested before it")
         req, samples, stale = self.requests.pop(ev.update)
         seed = ev.seed if ev.seed is not None else update_seed(self.run_seed, ev.update)
-        stats = grpo_step(self.trainee, samples, req, seed)
+        stats = grpo_step(self.trainee, samples, req, seed, ev.policy_version - 1)
         if (stats.samples, stale) != (ev.samples, ev.stale):
             raise UpdateDiverged(
                 "policy",

@@ -141,6 +141,8 @@ class ExtractorUpdated(Event, tag="extractor_updated", frozen=True, kw_only=True
 
     ``digest`` is the blake2b of the new parameters, ``parent_digest`` that of the parameters
     the update started from (version 0: the starting weights; "" in older logs).
+    ``trainable_params``, ``total_params``, ``optimizer_bytes``, ``peak_bytes``: what the
+    trained state costs (``agents.models.tuning.MemoryUse``; None in older logs).
     """
 
     extractor_version: int
@@ -153,3 +155,7 @@ class ExtractorUpdated(Event, tag="extractor_updated", frozen=True, kw_only=True
     checkpoint: str
     seconds: float
     parent_digest: str = ""
+    trainable_params: int | None = None
+    total_params: int | None = None
+    optimizer_bytes: int | None = None
+    peak_bytes: int | None = None

@@ -115,6 +115,8 @@ class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=Tr
     of a "distill" episode are trained with the tips removed from the current policy's prompt
     (``ActionSampled.bare_prompt_ids``) against the tip-conditioned behaviour log-probs.
     ``low_prob_delta``: EMPO2's sequence-level low-probability masking threshold (None: off).
+    ``tis_cap``: truncated importance sampling against the sampler's log-probs with this cap
+    (``agents.methods.tis``; None: off, the ratio is taken against the sampler's log-probs).
     """
 
     update: int
@@ -133,6 +135,7 @@ class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=Tr
     aggregation: str = "seq-mean-token-mean"
     max_grad_norm: float = 1.0
     max_staleness: int = 1
+    tis_cap: float | None = None
 
 
 @event
@@ -152,6 +155,16 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
             recorded: ``agents.learning.learner.update_seed`` re-derives it from the run seed).
         parent_digest: the digest of the parameters the update started from (version 0: the
             base model); "" in older logs.
+        gap_tokens, gap_abs_mean, gap_abs_max, gap_kl: the gap between the learner's
+            log-probs before the update's first step and the sampler's recorded ones, over
+            ``gap_tokens`` tokens of the samples the current version drew (every such sample's
+            with ``tis_cap``, else the first minibatch's; ``agents.methods.tis.SamplerGap``);
+            None in older logs and when none was compared.
+        tis_clip_frac: the fraction of tokens whose importance weight ``tis_cap`` truncated
+            (None: truncated importance sampling off).
+        trainable_params, total_params, optimizer_bytes, peak_bytes: what the trained state
+            costs (``agents.models.tuning.MemoryUse``; ``peak_bytes`` on CUDA only); None in
+            older logs.
     """
 
     policy_version: int
@@ -169,6 +182,15 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
     seconds: float
     seed: int | None = None
     parent_digest: str = ""
+    gap_tokens: int | None = None
+    gap_abs_mean: float | None = None
+    gap_abs_max: float | None = None
+    gap_kl: float | None = None
+    tis_clip_frac: float | None = None
+    trainable_params: int | None = None
+    total_params: int | None = None
+    optimizer_bytes: int | None = None
+    peak_bytes: int | None = None
 
 
 @event

@@ -11,11 +11,12 @@ older than the request's staleness bound are dropped and counted, never trained 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -24,13 +25,16 @@ from agents.events.episodes import EpisodeAbandoned, EpisodeAborted, EpisodeFini
 from agents.events.policy import ActionSampled, GradientRequested, PolicyUpdated
 from agents.methods.base import mode_of
 from agents.methods.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
+from agents.methods.tis import SamplerGap, sampler_gap, tis_weights
 from agents.models.policy import chosen_action_logps, response_logps
+from agents.models.tuning import MemoryUse, learning_mode, memory_use, reset_peak, trainable
 from engine.actor import Actor, Context
 from engine.errors import ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng
 from stores.checkpoints import (
     Checkpoints,
+    is_adapted,
     optimizer_tensors,
     param_digest,
     restore_checkpoint,
@@ -59,7 +63,11 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
-    """Means over an update's minibatches."""
+    """Means over an update's minibatches, and the sampler's gap (see :func:`grpo_step`).
+
+    ``gap`` is None when no token was compared; ``tis_clip_frac`` is None when the request has
+    no ``tis_cap``.
+    """
 
     samples: int
     loss: float
@@ -68,16 +76,20 @@ class StepStats:
     kl: float
     ratio_mean: float
     ref_kl: float
+    gap: SamplerGap | None = None
+    tis_clip_frac: float | None = None
 
 
 class Trainee:
     """The model being trained, its optimiser and (when ``kl_coef`` > 0) a frozen reference.
 
     Args:
-        model: the causal LM (its weights are policy version 0).
+        model: the causal LM (its weights are policy version 0), with or without LoRA
+            adapters (:mod:`agents.models.tuning`).
         tokenizer: its tokenizer (for the pad id and for checkpoints).
         device: where the model lives.
-        reference: keep a frozen copy of the initial weights for the KL term.
+        reference: keep the initial policy for the KL term: a frozen copy, or for an adapted
+            model the same model with its adapters switched off (no copy).
     """
 
     def __init__(self, model: Any, tokenizer: Any, device: torch.device, reference: bool) -> None:
@@ -85,20 +97,43 @@ class Trainee:
         self.tokenizer = tokenizer
         self.device = device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.reference = copy.deepcopy(model).eval() if reference else None
+        self.adapters_off = reference and is_adapted(model)
+        self.reference = (
+            copy.deepcopy(model).eval() if reference and not self.adapters_off else None
+        )
         self.optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def has_reference(self) -> bool:
+        """A reference policy is kept for the KL term."""
+        return self.reference is not None or self.adapters_off
+
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[Any]:
+        """The reference policy, for log-probs without gradient."""
+        if self.adapters_off:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            assert self.reference is not None, "no reference kept (kl_coef = 0)"
+            yield self.reference
 
     def optimiser(self, lr: float) -> torch.optim.Optimizer:
         """The AdamW optimiser, created on first use; ``lr`` applies from this step on."""
         self.optimizer = adamw(self.model, self.optimizer, lr)
         return self.optimizer
 
+    def memory(self) -> MemoryUse:
+        """What the trained state costs now."""
+        return memory_use(self.model, self.optimizer, self.device)
+
 
 def adamw(model: Any, optimizer: torch.optim.Optimizer | None, lr: float) -> torch.optim.Optimizer:
-    """``optimizer``, or a new AdamW without weight decay over ``model``'s parameters if None,
-    with ``lr`` from its next step on (the policy's and the extractor's optimiser)."""
+    """``optimizer``, or a new AdamW without weight decay over ``model``'s trainable parameters
+    (its adapters, with LoRA) if None, with ``lr`` from its next step on (the policy's and the
+    extractor's optimiser)."""
     if optimizer is None:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(trainable(model), lr=lr, weight_decay=0.0)
     for group in optimizer.param_groups:
         group["lr"] = lr
     return optimizer
@@ -141,7 +176,11 @@ def sample_logps(
 
 
 def grpo_step(
-    trainee: Trainee, samples: Sequence[Sample], req: GradientRequested, seed: int
+    trainee: Trainee,
+    samples: Sequence[Sample],
+    req: GradientRequested,
+    seed: int,
+    version: int | None = None,
 ) -> StepStats:
     """Run ``req.epochs`` passes of minibatch clipped-ratio updates over ``samples``.
 
@@ -150,6 +189,14 @@ def grpo_step(
     it sampled), so an on-policy ratio is exactly 1; gradients flow all the same. A minibatch
     with no signal (every advantage 0 or every token masked, and no KL term) makes no optimiser
     step: AdamW's momentum would otherwise move the weights.
+
+    The sampler's gap (:mod:`agents.methods.tis`) is measured before the first optimiser step:
+    with ``req.tis_cap`` over every sample (the learner's log-probs at the start of the update,
+    which the ratio then uses, cost one forward pass without gradient); without it over the
+    first minibatch's samples, from the forward pass that minibatch makes anyway. Left out:
+    distill samples, whose prompts differ from the sampler's on purpose, and, given
+    ``version`` (the policy version the weights are), samples an older version drew, whose
+    difference is the policy's change since, not the sampler's.
 
     Raises:
         ValueError: ``req.low_prob_delta`` is set and a sample is a "score" turn (EMPO2's
@@ -161,20 +208,67 @@ def grpo_step(
             'low-probability masking needs "generate" mode: a "score" action\'s log-prob is '
             "over the admissible actions, not a sampled token's"
         )
-    model = trainee.model
-    model.eval()
+    learning_mode(trainee.model)
     opt = trainee.optimiser(req.lr)
     rng = random.Random(seed)
+    tis_on = req.tis_cap is not None
+    prox = learner_logps(trainee, samples, req.minibatch) if tis_on else {}
+    same = [s for s in samples if version is None or s.turn.policy_version == version]
+    gap = _gap(same, prox) if tis_on and same else None
     totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
+    tis_clipped: list[float] = []
     steps = 0
     for _ in range(req.epochs):
         for batch in _minibatches(samples, req.minibatch, rng):
-            stats = _one_step(trainee, opt, batch, req)
+            measure = steps == 0 and not tis_on
+            stats, first_gap = _one_step(trainee, opt, batch, req, prox, measure, version)
+            gap = first_gap or gap
+            tis = stats.pop("tis_clip_frac", None)
+            if tis is not None:
+                tis_clipped.append(tis)
             for key, value in stats.items():
                 totals[key] += value
             steps += 1
     mean = {k: v / max(steps, 1) for k, v in totals.items()}
-    return StepStats(samples=len(samples), **mean)
+    tis_clip_frac = sum(tis_clipped) / len(tis_clipped) if tis_clipped else None
+    gap = gap if gap is not None and gap.tokens else None
+    return StepStats(samples=len(samples), gap=gap, tis_clip_frac=tis_clip_frac, **mean)
+
+
+def learner_logps(
+    trainee: Trainee, samples: Sequence[Sample], chunk: int
+) -> dict[int, torch.Tensor]:
+    """The learner's log-probs of what the sampler did, before the update changes anything:
+    per sample (keyed by ``id``), on the prompt the sampler saw (with its tips, for a distill
+    sample), without gradient, in chunks of ``chunk`` samples of one mode and temperature.
+
+    Returns:
+        ``id(sample)`` -> (n,) log-probs of its n tokens ((1,) in "score" mode).
+    """
+    out: dict[int, torch.Tensor] = {}
+    kinds: dict[tuple[str, float], list[Sample]] = {}
+    for s in samples:
+        kinds.setdefault((s.turn.mode, s.turn.temperature), []).append(s)
+    with torch.no_grad():
+        for group in kinds.values():
+            for k in range(0, len(group), chunk):
+                part = group[k : k + chunk]
+                seen = [replace(s, distill=False) for s in part]  # the sampler's own prompt
+                logp, _, mask = sample_logps(trainee.model, seen, trainee.pad_id, trainee.device)
+                for row, s in enumerate(part):
+                    out[id(s)] = logp[row, : int(mask[row].sum())].detach()
+    return out
+
+
+def _gap(samples: Sequence[Sample], prox: dict[int, torch.Tensor]) -> SamplerGap:
+    learner = torch.cat([prox[id(s)].cpu() for s in samples])
+    sampler = torch.cat(
+        [
+            torch.tensor([s.turn.logp] if s.turn.mode == "score" else list(s.turn.token_logps))
+            for s in samples
+        ]
+    )
+    return sampler_gap(learner.double(), sampler.double())
 
 
 def _minibatches(samples: Sequence[Sample], size: int, rng: random.Random) -> list[list[Sample]]:
@@ -188,12 +282,37 @@ def _minibatches(samples: Sequence[Sample], size: int, rng: random.Random) -> li
 
 
 def _one_step(
-    trainee: Trainee, opt: torch.optim.Optimizer, batch: list[Sample], req: GradientRequested
-) -> dict[str, float]:
+    trainee: Trainee,
+    opt: torch.optim.Optimizer,
+    batch: list[Sample],
+    req: GradientRequested,
+    prox: dict[int, torch.Tensor],
+    measure: bool = False,
+    version: int | None = None,
+) -> tuple[dict[str, float], SamplerGap | None]:
+    """One optimiser step on ``batch``; with ``measure``, also the sampler's gap on its samples
+    that are neither distilled nor drawn by a version other than ``version``."""
     logp, old_logp, mask = sample_logps(trainee.model, batch, trainee.pad_id, trainee.device)
+    gap = None
+    if measure:
+        kept = [
+            not s.distill and (version is None or s.turn.policy_version == version) for s in batch
+        ]
+        own = torch.tensor(kept, device=mask.device)[:, None]
+        keep = (mask != 0) & own  # (B, T)
+        gap = sampler_gap(logp.detach()[keep].double(), old_logp[keep].double())
     if req.low_prob_delta is not None:
         mask = mask * low_prob_mask(old_logp, mask, req.low_prob_delta)[:, None]  # (B, T)
     adv = torch.tensor([s.adv for s in batch], device=trainee.device)  # (B,)
+    is_weight = None
+    tis: dict[str, float] = {}
+    if req.tis_cap is not None:  # ratio against the learner's own start, weighted to the sampler
+        start = torch.zeros_like(old_logp)  # (B, T)
+        for b, s in enumerate(batch):
+            start[b, : len(prox[id(s)])] = prox[id(s)]
+        weights = tis_weights(start, old_logp, mask, req.tis_cap)
+        old_logp, is_weight = start, weights.weights
+        tis["tis_clip_frac"] = weights.clip_frac
     out = clipped_policy_loss(
         logp,
         old_logp,
@@ -203,13 +322,14 @@ def _one_step(
         clip_high=req.clip_high,
         dual_clip=req.dual_clip,
         aggregation=req.aggregation,
+        is_weight=is_weight,
     )
     loss = out.loss
     ref_kl = 0.0
-    with_kl = req.kl_coef > 0 and trainee.reference is not None
+    with_kl = req.kl_coef > 0 and trainee.has_reference
     if with_kl:
-        with torch.no_grad():
-            ref_logp, _, _ = sample_logps(trainee.reference, batch, trainee.pad_id, trainee.device)
+        with torch.no_grad(), trainee.reference_model() as reference:
+            ref_logp, _, _ = sample_logps(reference, batch, trainee.pad_id, trainee.device)
         kl = kl_penalty(logp, ref_logp, mask, aggregation=req.aggregation)
         loss = loss + req.kl_coef * kl
         ref_kl = float(kl.detach())
@@ -217,17 +337,19 @@ def _one_step(
     if with_kl or bool(((adv != 0) & (mask != 0).any(-1)).any()):  # else no signal: no step
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), req.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(trainable(trainee.model), req.max_grad_norm)
         opt.step()
         grad_norm = float(norm)
-    return dict(
+    stats = dict(
         loss=float(loss.detach()),
         grad_norm=grad_norm,
         clip_frac=out.clip_frac,
         kl=out.approx_kl,
         ratio_mean=out.ratio_mean,
         ref_kl=ref_kl,
+        **tis,
     )
+    return stats, gap
 
 
 class Learner(Actor):
@@ -318,10 +440,13 @@ class Learner(Actor):
         samples, stale = self._buffer.collect(req)
         version = self._buffer.version + 1
         seed = update_seed(ctx.run_seed, req.update)
-        stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed)
+        reset_peak(trainee.device)
+        stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed, version - 1)
+        memory = trainee.memory()
         name = await ctx.to_thread(self._save, trainee, version, req.lr)
         digest = await ctx.to_thread(param_digest, trainee.model)
         self._buffer.version = version
+        gap = stats.gap
         await ctx.emit(
             PolicyUpdated(
                 policy_version=version,
@@ -339,6 +464,15 @@ class Learner(Actor):
                 seconds=time.perf_counter() - start,
                 seed=seed,
                 parent_digest=self._parent,
+                gap_tokens=gap.tokens if gap else None,
+                gap_abs_mean=gap.abs_mean if gap else None,
+                gap_abs_max=gap.abs_max if gap else None,
+                gap_kl=gap.kl if gap else None,
+                tis_clip_frac=stats.tis_clip_frac,
+                trainable_params=memory.trainable_params,
+                total_params=memory.total_params,
+                optimizer_bytes=memory.optimizer_bytes,
+                peak_bytes=memory.peak_bytes,
             )
         )
         self._parent = digest

@@ -121,6 +121,7 @@ def gradient_request(
         aggregation=grpo.aggregation,
         max_grad_norm=grpo.max_grad_norm,
         max_staleness=grpo.max_staleness,
+        tis_cap=grpo.tis_cap or None,
     )
 
 

@@ -47,7 +47,9 @@ from agents.memory.extraction import (
     to_bank_ids,
 )
 from agents.methods.cispo import cispo_loss
+from agents.models.backend import Backend, HfBackend
 from agents.models.policy import response_logps
+from agents.models.tuning import MemoryUse, learning_mode, memory_use, reset_peak, trainable
 from engine.actor import Actor, Context
 from engine.errors import ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
@@ -56,6 +58,7 @@ from stores.checkpoints import (
     optimizer_tensors,
     param_digest,
     restore_checkpoint,
+    trained_state,
 )
 
 Request = ExtractionRequested | MergeRequested
@@ -85,13 +88,23 @@ class ExtractorModel:
     """The extractor's model, tokenizer and optimiser (blocking; run in a thread).
 
     Args:
-        model: a causal LM (its own copy).
+        model: a causal LM (its own copy; the one trained).
         tokenizer: its tokenizer.
         settings: how it writes.
+        backend: what samples its answers; None: ``HfBackend(model)``, which samples from the
+            trained module itself (another backend must be given the weights after each update).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, settings: ExtractorSettings) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        settings: ExtractorSettings,
+        *,
+        backend: Backend | None = None,
+    ) -> None:
         self.model = model.eval()
+        self.backend = backend or HfBackend(self.model, settings.device)
         self.tokenizer = tokenizer
         self.settings = settings
         self.version = 0
@@ -104,16 +117,24 @@ class ExtractorModel:
         self.optimizer = adamw(self.model, self.optimizer, lr)
         return self.optimizer
 
+    def memory(self) -> MemoryUse:
+        """What the trained state costs now."""
+        return memory_use(self.model, self.optimizer, self.settings.device)
+
+    def sync(self) -> None:
+        """Give the backend the trained weights, unless it samples from the trained module."""
+        if getattr(self.backend, "model", None) is not self.model:
+            self.backend.load(trained_state(self.model))
+
     def answer(self, requests: Sequence[Request], calls: Sequence[str]) -> list[ExtractorCalled]:
         """One :class:`ExtractorCalled` per request, generated in one batch."""
         s = self.settings
         replies = write_replies(
-            self.model,
+            self.backend,
             self.tokenizer,
             requests,
             temperature=s.temperature,
             max_new_tokens=s.max_new_tokens,
-            device=s.device,
         )
         out = []
         for req, call, reply in zip(requests, calls, replies, strict=True):
@@ -174,7 +195,7 @@ def extractor_step(
     if not batch:
         return StepStats(samples=0, loss=0.0, grad_norm=0.0, clip_frac=0.0)
     model, device = ext.model, ext.settings.device
-    model.eval()
+    learning_mode(model)
     opt = ext.optimiser(req.lr)
     logp, mask = response_logps(
         model,
@@ -194,7 +215,7 @@ def extractor_step(
     )
     opt.zero_grad(set_to_none=True)
     out.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), req.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), req.max_grad_norm)
     opt.step()
     return StepStats(len(batch), float(out.loss.detach()), float(grad_norm), out.clip_frac)
 
@@ -295,6 +316,7 @@ class ExtractorActor(Actor):
         )
         ext.version = latest.extractor_version
         ext.digest = latest.digest
+        ext.sync()
 
     async def _serve(self, ctx: Context, ext: ExtractorModel, batch: list[Envelope[Event]]) -> None:
         """Answer the batch's requests together (with the weights as they are), then fold its
@@ -323,7 +345,10 @@ class ExtractorActor(Actor):
     ) -> None:
         start = time.perf_counter()
         chosen = [self._calls[c] for c in req.calls]
+        reset_peak(ext.settings.device)
         stats = await ctx.to_thread(extractor_step, ext, chosen, req)
+        memory = ext.memory()
+        await ctx.to_thread(ext.sync)
         ext.version += 1
         name = await ctx.to_thread(self._save, ext, req.lr)
         digest = await ctx.to_thread(param_digest, ext.model)
@@ -340,6 +365,10 @@ class ExtractorActor(Actor):
                 checkpoint=name,
                 seconds=time.perf_counter() - start,
                 parent_digest=parent,
+                trainable_params=memory.trainable_params,
+                total_params=memory.total_params,
+                optimizer_bytes=memory.optimizer_bytes,
+                peak_bytes=memory.peak_bytes,
             )
         )
 

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Literal
 
 from agents.learning.credit_actor import CreditActor, credit_settings
 from agents.memory.bank import MemoryActor, MemorySettings
 from agents.memory.extraction import MERGE_SYSTEM
 from agents.memory.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
-from agents.methods.base import RunResources
+from agents.methods.base import LoadedModel, RunResources
 from agents.methods.settings import ComplementaryConfig, Empo2Config
 from agents.models.embedder import Embedder, make_embedder, minilm_dir
 from engine.actor import ActorSpec
-from stores.checkpoints import load_model_dir, resolve_device
 
 MEMORY = "memory"
 EXTRACTOR = "extractor"
@@ -65,7 +63,8 @@ def complementary_actors(c: ComplementaryConfig, run: RunResources) -> list[Acto
         merge_max=c.merge_max,
         merge_system=run.prompts.get("merge", MERGE_SYSTEM),
     )
-    load = partial(load_extractor, c, run.base_model(EXTRACTOR), run.device)
+    run.base_model(EXTRACTOR)  # prepared for the run (an unknown role fails now)
+    load = partial(_load_extractor, c, run.load_model)
     extractor = partial(
         ExtractorActor,
         load,
@@ -80,20 +79,19 @@ def complementary_actors(c: ComplementaryConfig, run: RunResources) -> list[Acto
     ]
 
 
-def load_extractor(c: ComplementaryConfig, model: Path | None, device: str) -> ExtractorModel:
-    """The extractor's own copy of its starting weights (blocking).
+def _load_extractor(
+    c: ComplementaryConfig, load_model: Callable[[str], LoadedModel]
+) -> ExtractorModel:
+    return load_extractor(c, load_model(EXTRACTOR))
 
-    Raises:
-        ModelUnavailable: the device or the model directory cannot be used.
-    """
-    assert model is not None, "the base models are prepared before the run starts"
-    torch_device = resolve_device(device)
-    net, tokenizer = load_model_dir(model, torch_device)
+
+def load_extractor(c: ComplementaryConfig, base: LoadedModel) -> ExtractorModel:
+    """The extractor over its base model, loaded as the scenario says (blocking)."""
     settings = ExtractorSettings(
         temperature=c.temperature,
         max_new_tokens=c.max_new_tokens,
         max_ops=c.max_ops,
         plain_add=c.plain_add,
-        device=torch_device,
+        device=base.device,
     )
-    return ExtractorModel(net, tokenizer, settings)
+    return ExtractorModel(base.net, base.tokenizer, settings, backend=base.backend)

@@ -27,7 +27,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from agents.events.episodes import EpisodeAssigned
 from agents.events.policy import GradientRequested
@@ -107,6 +107,24 @@ class Scored:
 
 
 @dataclass(frozen=True)
+class LoadedModel:
+    """A base model loaded as the scenario asks: on its device, with its dtype, activation
+    checkpointing and LoRA adapters, and the inference backend that samples from it.
+
+    Attributes:
+        net: the model (a ``transformers`` module, adapters attached when the scenario asks).
+        tokenizer: its tokenizer.
+        device: the torch device it is on.
+        backend: what samples from it (:mod:`agents.models.backend`).
+    """
+
+    net: Any
+    tokenizer: Any
+    device: Any
+    backend: Any
+
+
+@dataclass(frozen=True)
 class RunResources:
     """What a method's actors may use of the run they join (built by the scenario layer).
 
@@ -120,6 +138,8 @@ class RunResources:
         base_model: the directory of a prepared base model by role: ``"policy"`` or one the
             method names in ``base_models``; None when only the settings are being checked
             (``coevo validate``): load it in the actor, never in :meth:`Method.actors`.
+        load_model: the base model of a role loaded as the scenario says (:class:`LoadedModel`;
+            blocking: call it in the actor, when the run starts).
         prompts: the scenario's ``[prompt]`` texts by name ("system", "reflect", "extract",
             "merge").
     """
@@ -129,6 +149,7 @@ class RunResources:
     batch_wait: float
     checkpoints: Callable[[str], Checkpoints]
     base_model: Callable[[str], Path | None]
+    load_model: Callable[[str], LoadedModel]
     prompts: Mapping[str, str] = field(default_factory=dict[str, str])
 
 

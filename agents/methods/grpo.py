@@ -171,6 +171,7 @@ def clipped_policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     aggregation: str = "seq-mean-token-mean",
+    is_weight: torch.Tensor | None = None,
 ) -> LossOutput:
     """PPO/GRPO clipped surrogate on token ratios, negated to a loss.
 
@@ -188,6 +189,8 @@ def clipped_policy_loss(
         clip_high: the ratio's upper clip is ``1 + clip_high``.
         dual_clip: the constant c > 1 of dual clipping, or None for none.
         aggregation: see :func:`aggregate`.
+        is_weight: (B, T) constant per-token weights of the clipped objective (truncated
+            importance sampling against the sampler, :mod:`agents.methods.tis`); None: 1.
 
     Returns:
         The loss and its statistics.
@@ -198,6 +201,10 @@ def clipped_policy_loss(
     """
     _check_loss_args(logp, old_logp, adv, clip_low, clip_high, dual_clip)
     mask = _check_tokens(mask, logp=logp)  # (B, T) bool
+    if is_weight is not None and is_weight.shape != logp.shape:
+        raise ValueError(
+            f"is_weight has shape {tuple(is_weight.shape)} but logp has {tuple(logp.shape)}"
+        )
     _check_aggregation(aggregation)
     adv = adv.detach().to(logp.dtype)[:, None]  # (B, 1)
     log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (B, T)
@@ -206,6 +213,8 @@ def clipped_policy_loss(
     surr = torch.minimum(ratio * adv, clipped * adv)  # (B, T)
     if dual_clip is not None:
         surr = torch.where(adv < 0, torch.maximum(surr, dual_clip * adv), surr)  # (B, T)
+    if is_weight is not None:
+        surr = surr * is_weight.detach()  # (B, T)
     loss = -aggregate(surr, mask, aggregation)
     with torch.no_grad():
         clip_hit = ((adv > 0) & (ratio > 1 + clip_high)) | ((adv < 0) & (ratio < 1 - clip_low))

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from agents.models.tuning import LoraSettings
+
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
 
 
@@ -34,6 +36,9 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         max_staleness: how many versions older than the one being trained a sample may be
             (0: fully synchronous; 1: roll out the next batch while the learner trains).
         keep_checkpoints: the newest checkpoints kept on disk (the final one is always kept).
+        tis_cap: truncated importance sampling against the sampler's log-probs with this cap
+            (verl's default: 2; 0: off, the ratio is taken against the sampler's log-probs;
+            ``agents.methods.tis``).
     """
 
     reward: Literal["score", "success"] = "score"
@@ -53,6 +58,7 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
     max_staleness: Annotated[int, Meta(ge=0, le=100)] = 1
     keep_checkpoints: Annotated[int, Meta(ge=1, le=1_000_000)] = 3
+    tis_cap: Annotated[float, Meta(ge=0, le=1000)] = 0.0
 
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -162,6 +168,8 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         credit: "success" (+1 / -1 per guided episode, the paper's) or "score"
             (``2 * score - 1``).
         merge_max: most merge chunks per partition per pass (the newest entries).
+        lora: LoRA adapters for the extractor, as ``[policy] lora``
+            (``agents.models.tuning.LoraSettings``; ``r = 0``: full-parameter updates).
     """
 
     extractor: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
@@ -192,3 +200,4 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     cooldown: Annotated[int, Meta(ge=0, le=1_000_000)] = 1
     credit: Literal["success", "score"] = "success"
     merge_max: Annotated[int, Meta(ge=1, le=1_000_000)] = 16
+    lora: LoraSettings = msgspec.field(default_factory=LoraSettings)

@@ -14,7 +14,7 @@ import pytest
 from agents.acting.env_worker import EnvWorker, PromptSettings
 from agents.memory.bank import MemoryActor
 from agents.memory.extraction import extract_messages
-from agents.methods.base import RunResources, base_models, method_actors
+from agents.methods.base import LoadedModel, RunResources, base_models, method_actors
 from agents.methods.builtin import Complementary, Empo2, Grpo
 from agents.methods.settings import ComplementaryConfig, Empo2Config, GrpoConfig
 from engine.errors import ScenarioInvalid
@@ -37,12 +37,16 @@ class Resources:
             batch_wait=0.001,
             checkpoints=self._store,
             base_model=self._model,
+            load_model=self._load,
             prompts={"merge": "tidy these notes."},
         )
 
     def _store(self, name: str) -> MemoryCheckpoints:
         self.stores.append(name)
         return MemoryCheckpoints()
+
+    def _load(self, role: str) -> LoadedModel:
+        raise AssertionError(f"the hooks build specs only; {role!r} loads in its actor")
 
     def _model(self, role: str) -> Path | None:
         self.models.append(role)
