@@ -17,6 +17,7 @@ ratios.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,23 +33,26 @@ from stores.lmdb_log import LmdbEventLog  # noqa: E402
 ROLLOUT = ["run.method=rollout", "run.episodes=200", "run.workers=32", "policy.batch_max=32"]
 
 
-def one_run(tree: Path, scenario: Path, overrides: list[str], out: Path) -> tuple[float, float]:
-    """``(env steps/s, process wall seconds)`` of one run of ``scenario`` with the code in
-    ``tree``."""
+def one_run(
+    tree: Path, scenario: Path, overrides: list[str], out: Path
+) -> tuple[float, float, float]:
+    """``(env steps/s, process wall seconds, process CPU ms per env step)`` of one run of
+    ``scenario`` with the code in ``tree``."""
     cmd = [sys.executable, "-m", "scenarios.cli", "run", str(scenario), "--out", str(out)]
     cmd.append("--quiet")
     for item in overrides:
         cmd += ["--set", item]
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True, cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin"})
-    wall = time.perf_counter() - t0
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     log = LmdbEventLog.open(out / "log")
     try:
         envs = list(log.read())
     finally:
         log.close()
     n = sum(1 for e in envs if e.event.__struct_config__.tag == "step_taken")
-    return n / ((envs[-1].t - envs[0].t) / 1e9), wall
+    return n / ((envs[-1].t - envs[0].t) / 1e9), wall, 1000 * cpu / n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,26 +67,38 @@ def main(argv: list[str] | None = None) -> int:
     scenario = args.scenario.resolve()
     rates: dict[str, list[float]] = {"old": [], "new": []}
     walls: dict[str, list[float]] = {"old": [], "new": []}
+    cpus: dict[str, list[float]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.rounds):
             for side, tree in (("old", args.baseline.resolve()), ("new", ROOT)):
-                rate, wall = one_run(tree, scenario, overrides, Path(tmp) / f"{side}-{k}")
+                rate, wall, cpu = one_run(tree, scenario, overrides, Path(tmp) / f"{side}-{k}")
                 rates[side].append(rate)
                 walls[side].append(wall)
+                cpus[side].append(cpu)
             print(
                 f"round {k + 1}: old {rates['old'][-1]:.1f} env steps/s ({walls['old'][-1]:.1f} s "
-                f"process), new {rates['new'][-1]:.1f} ({walls['new'][-1]:.1f} s)",
+                f"process, {cpus['old'][-1]:.2f} CPU ms/step), new {rates['new'][-1]:.1f} "
+                f"({walls['new'][-1]:.1f} s, {cpus['new'][-1]:.2f} ms)",
                 flush=True,
             )
     ratios = [n / o for n, o in zip(rates["new"], rates["old"], strict=True)]
     for side in ("old", "new"):
-        r, w = rates[side], walls[side]
+        r, w, c = rates[side], walls[side], cpus[side]
         print(
             f"{side}: env steps/s median {statistics.median(r):.1f} [{min(r):.1f}-{max(r):.1f}], "
-            f"process wall median {statistics.median(w):.1f} s [{min(w):.1f}-{max(w):.1f}]"
+            f"process wall median {statistics.median(w):.1f} s [{min(w):.1f}-{max(w):.1f}], "
+            f"CPU ms per env step (all threads, start-up included) median "
+            f"{statistics.median(c):.2f} [{min(c):.2f}-{max(c):.2f}]"
         )
-    print(f"new/old env steps/s, median of the rounds' ratios: {statistics.median(ratios):.2f}x "
-          f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+    print(
+        f"new/old env steps/s, median of the rounds' ratios: {statistics.median(ratios):.2f}x "
+        f"[{min(ratios):.2f}-{max(ratios):.2f}]"
+    )
+    per_step = [o / n for n, o in zip(cpus["new"], cpus["old"], strict=True)]
+    print(
+        f"old/new CPU per env step, median of the rounds' ratios: "
+        f"{statistics.median(per_step):.2f}x [{min(per_step):.2f}-{max(per_step):.2f}]"
+    )
     return 0
 
 

@@ -1,8 +1,9 @@
 """The policy side of assembly: the model directory, the inference and learner actors, and the
 loaders they call at start.
 
-Kept apart from :mod:`scenarios.assemble` because it imports torch and transformers (seconds):
-scenarios without a policy never import it.
+Kept apart from :mod:`scenarios.assemble`, and importing torch and transformers (seconds) only
+where a model is built or loaded: the actors' factories import their modules when the run
+starts them, so checking a scenario (``coevo validate``) imports neither.
 """
 
 from __future__ import annotations
@@ -10,21 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-import torch
 
-from agents.acting.inference import ActSettings, InferenceActor, PolicyRunner
-from agents.audit.reexecute import Reexecution
 from agents.learning.credit_actor import CreditActor, credit_settings
-from agents.learning.learner import Learner, Trainee
 from agents.memory.bank import MemoryActor, MemorySettings
-from agents.memory.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
-from agents.models.embedded import EmbeddedSpec, ensure_embedded
 from agents.models.embedder import Embedder, make_embedder, minilm_dir
-from agents.models.extractor_base import OpsSpec, ensure_extractor_base
-from engine.actor import ActorSpec
+from agents.models.specs import EmbeddedSpec, OpsSpec
+from engine.actor import Actor, ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
 from scenarios.methods import method_of
@@ -33,10 +28,17 @@ from stores.checkpoints import (
     Checkpoints,
     DirCheckpoints,
     MemoryCheckpoints,
+    check_device,
     check_model_dir,
     load_model_dir,
     resolve_device,
 )
+
+if TYPE_CHECKING:
+    from agents.acting.inference import PolicyRunner
+    from agents.audit.reexecute import Reexecution
+    from agents.learning.learner import Trainee
+    from agents.memory.extractor import ExtractorModel
 
 INFERENCE = "inference"
 LEARNER = "learner"
@@ -63,10 +65,12 @@ def policy_actors(
         ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
     try:  # the device exists: refused now, not by the first actor that loads a model
-        resolve_device(scenario.policy.device)
+        check_device(scenario.policy.device)
     except ModelUnavailable as exc:
         raise ScenarioInvalid(source, f"$.policy.device: {exc}") from None
     if scenario.policy.threads and prepare_model:
+        import torch
+
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     extracting = scenario.run.method == "complementary"
     # the extractor's settings (and a local path) are checked before anything is built
@@ -99,11 +103,7 @@ def _policy_actors(
         ActorSpec(
             name=INFERENCE,
             factory=partial(
-                InferenceActor,
-                load_runner,
-                checkpoints,
-                batch_max=p.batch_max,
-                batch_wait=p.batch_wait_ms / 1000.0,
+                _inference, load_runner, checkpoints, p.batch_max, p.batch_wait_ms / 1000.0
             ),
         )
     ]
@@ -114,8 +114,33 @@ def _policy_actors(
     if scenario.run.method != "rollout":
         specs += method_of(scenario).actors()
         load_trainee = partial(load_trainee_for, scenario, model)
-        specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
+        specs.append(ActorSpec(name=LEARNER, factory=partial(_learner, load_trainee, checkpoints)))
     return specs
+
+
+def _inference(
+    load: Callable[[], PolicyRunner], checkpoints: Checkpoints, batch_max: int, batch_wait: float
+) -> Actor:
+    from agents.acting.inference import InferenceActor
+
+    return InferenceActor(load, checkpoints, batch_max=batch_max, batch_wait=batch_wait)
+
+
+def _learner(load: Callable[[], Trainee], checkpoints: Checkpoints) -> Actor:
+    from agents.learning.learner import Learner
+
+    return Learner(load, checkpoints)
+
+
+def _extractor(
+    load: Callable[[], ExtractorModel],
+    checkpoints: Checkpoints,
+    batch_max: int,
+    batch_wait: float,
+) -> Actor:
+    from agents.memory.extractor import ExtractorActor
+
+    return ExtractorActor(load, checkpoints, batch_max=batch_max, batch_wait=batch_wait)
 
 
 def embedder_for(name: Literal["minilm", "hashing"]) -> Callable[[], Embedder]:
@@ -162,13 +187,7 @@ def complementary_actors(
         ActorSpec(name=MEMORY, factory=memory),
         ActorSpec(
             name=EXTRACTOR,
-            factory=partial(
-                ExtractorActor,
-                load,
-                checkpoints,
-                batch_max=p.batch_max,
-                batch_wait=p.batch_wait_ms / 1000.0,
-            ),
+            factory=partial(_extractor, load, checkpoints, p.batch_max, p.batch_wait_ms / 1000.0),
         ),
         ActorSpec(name=CREDIT, factory=partial(CreditActor, credit)),
     ]
@@ -184,6 +203,8 @@ def bank_settings(scenario: Scenario) -> MemorySettings:
 
 def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
     """The extractor's own copy of its starting weights (blocking)."""
+    from agents.memory.extractor import ExtractorModel, ExtractorSettings
+
     c = scenario.complementary
     assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)
@@ -206,6 +227,8 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
         ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
+    from agents.models.embedded import ensure_embedded
+
     p = scenario.policy
     if p.model != "embedded":
         return check_model_dir(Path(p.model), f"{source}: $.policy.model")
@@ -281,6 +304,8 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     base = embedded_spec(scenario, source)
     if model is None:
         return None
+    from agents.models.extractor_base import ensure_extractor_base
+
     return ensure_extractor_base(model, base, ops, threads=scenario.policy.threads or None)
 
 
@@ -298,6 +323,8 @@ def _known_fields(
 
 def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     """The inference actor's model, tokenizer and settings (blocking)."""
+    from agents.acting.inference import ActSettings, PolicyRunner
+
     assert model is not None, "the model directory is prepared before the run starts"
     p = scenario.policy
     device = resolve_device(p.device)
@@ -316,6 +343,8 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
 
 def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
     """The learner's model, tokenizer and optional reference (blocking)."""
+    from agents.learning.learner import Trainee
+
     assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
@@ -331,6 +360,10 @@ def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
             trains no model.
         ModelUnavailable: a base model cannot be found or built.
     """
+    import torch
+
+    from agents.audit.reexecute import Reexecution
+
     source = str(run_dir / "scenario.toml")
     scenario = load_scenario(source)
     method = scenario.run.method
