@@ -52,8 +52,14 @@ json.dump({"cpu": cpu, "wall": wall, "batches": len(batches),
 def measure(tree: Path, run: Path, batch: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run(
-            [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(tree)!r})\n" + CHILD,
-             str(run), str(batch), f.name],
+            [
+                sys.executable,
+                "-c",
+                f"import sys; sys.path.insert(0, {str(tree)!r})\n" + CHILD,
+                str(run),
+                str(batch),
+                f.name,
+            ],
             check=True,
             cwd=tree,
         )
@@ -81,13 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     cpu_old = statistics.median(r["cpu"] for r in old)
     cpu_new = statistics.median(r["cpu"] for r in new)
     print(f"batches of {args.batch}: {a['batches']}; requests {len(a['choices'])}")
-    print(f"CPU s, median of {args.rounds}: old {cpu_old:.2f} [{min(r['cpu'] for r in old):.2f}-"
-          f"{max(r['cpu'] for r in old):.2f}], new {cpu_new:.2f} [{min(r['cpu'] for r in new):.2f}-"
-          f"{max(r['cpu'] for r in new):.2f}]; old/new {cpu_old / cpu_new:.2f}x")
+    print(
+        f"CPU s, median of {args.rounds}: old {cpu_old:.2f} [{min(r['cpu'] for r in old):.2f}-"
+        f"{max(r['cpu'] for r in old):.2f}], new {cpu_new:.2f} [{min(r['cpu'] for r in new):.2f}-"
+        f"{max(r['cpu'] for r in new):.2f}]; old/new {cpu_old / cpu_new:.2f}x"
+    )
     print(f"prompt ids equal: {a['prompts'] == b['prompts']}")
     print(f"candidate scores: {same} of {len(flat_a)} bit for bit equal, max |diff| {worst:.3g}")
-    print(f"choices equal: {sum(x == y for x, y in zip(a['choices'], b['choices'], strict=True))}"
-          f" of {len(a['choices'])}")
+    print(
+        f"choices equal: {sum(x == y for x, y in zip(a['choices'], b['choices'], strict=True))}"
+        f" of {len(a['choices'])}"
+    )
     return 0
 
 

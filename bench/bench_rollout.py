@@ -62,13 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--no-rollout", action="store_true", help="not the rollout overrides")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", type=Path, help="keep the runs here (default: removed)")
     args = parser.parse_args(argv)
     overrides = ([] if args.no_rollout else ROLLOUT) + args.set
     scenario = args.scenario.resolve()
     rates: dict[str, list[float]] = {"old": [], "new": []}
     walls: dict[str, list[float]] = {"old": [], "new": []}
     cpus: dict[str, list[float]] = {"old": [], "new": []}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         for k in range(args.rounds):
             for side, tree in (("old", args.baseline.resolve()), ("new", ROOT)):
                 rate, wall, cpu = one_run(tree, scenario, overrides, Path(tmp) / f"{side}-{k}")
