@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from agents.models.policy import Choice, generate, score_and_choose
 from stores.checkpoints import load_weights
+
+if TYPE_CHECKING:  # torch and the model code are imported where a backend runs: a scenario's
+    import torch  # backend name is checked (coevo validate) without loading them
+
+    from agents.models.policy import Choice
 
 Ids = Sequence[int]
 
@@ -96,6 +98,8 @@ class HfBackend:
         temperature: float,
         pad_id: int,
     ) -> list[Choice]:
+        from agents.models.policy import score_and_choose
+
         return score_and_choose(
             self.model,
             prompts,
@@ -116,6 +120,8 @@ class HfBackend:
         eos_id: int,
         pad_id: int,
     ) -> list[tuple[list[int], list[float]]]:
+        from agents.models.policy import generate
+
         return generate(
             self.model,
             prompts,
