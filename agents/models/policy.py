@@ -49,8 +49,10 @@ def scored_logits(model: Any, packed: Packed, device: torch.device) -> torch.Ten
     }
     rows, at = packed.rows.to(device), packed.at.to(device)
     if getattr(model.config, "model_type", None) in HEAD_ONLY:
-        hidden = model.model(**kwargs).last_hidden_state  # (B, L, H)
-        return model.lm_head(hidden[rows, at])  # (N, V)
+        # the decoder and the head through their accessors, not ``.model`` and ``.lm_head``:
+        # on a peft-adapted model ``.model`` is the whole causal LM, not its decoder
+        hidden = model.get_decoder()(**kwargs).last_hidden_state  # (B, L, H)
+        return model.get_output_embeddings()(hidden[rows, at])  # (N, V)
     return model(**kwargs).logits[rows, at]  # (B, L, V) -> (N, V)
 
 

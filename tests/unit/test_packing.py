@@ -21,6 +21,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from agents.models.packing import Packed, assign, pack, request_lengths
 from agents.models.policy import candidate_scores, score_and_choose, scored_logits
+from agents.models.tuning import LoraSettings, with_lora
 
 CPU = torch.device("cpu")
 BASE = [5, 6, 7]  # a beginning every generated prompt has (the system message's part)
@@ -165,3 +166,33 @@ def test_packed_scores_equal_one_request_per_row_to_float32_rounding(
             model, [p], [c], [random.Random(seed * 100 + i)], temperature=1.0, pad_id=0, device=CPU
         )
         assert batched[i].index == single.index
+
+
+def test_a_lora_adapted_model_is_scored_head_only_as_its_whole_forward_pass() -> None:
+    # peft wraps the causal LM: its ``.model`` is the whole LM, not the decoder, so the head-only
+    # path must reach the decoder and the head through their accessors
+    torch.manual_seed(1)
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    adapted = with_lora(Qwen2ForCausalLM(cfg).eval(), LoraSettings(r=4), seed=3)
+    with torch.no_grad():  # B starts at zero (the base's output): make the adapters count
+        for name, param in adapted.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0.0, 0.5)
+    prompts, cands = generated(2, 16)
+    packed = pack(prompts, cands, pad_id=0)
+    with torch.no_grad():
+        head_only = scored_logits(adapted, packed, CPU)
+        whole = adapted(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention,
+            position_ids=packed.positions,
+        ).logits[packed.rows, packed.at]
+    assert torch.equal(head_only, whole)
