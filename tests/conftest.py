@@ -14,6 +14,7 @@ inherit every value they do not set:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -44,6 +45,21 @@ by ``.ci/run``) every test of the suite runs. A reason is matched exactly, as ``
 (e.g. ``"needs a CUDA device"`` for a test that can only run on an accelerator)."""
 
 _UNEXPECTED = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """One local Ray instance shared by the session's Ray tests, started on first use and shut
+    down at the end (a Ray instance takes seconds to start on 2 cores): its address, for runs
+    in subprocesses to join. Skips where Ray is not installed (``pip install -e '.[ray]'``;
+    CI installs it, and fails on the skip)."""
+    ray = pytest.importorskip("ray")
+    # 4 logical CPUs on 2 cores: the tests' env workers reserve fractions of one
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
 
 
 def _in_ci() -> bool:
