@@ -1,0 +1,228 @@
+"""Env workers on Ray against the same workers in the driver (``[runtime] backend``): steps per
+second on a latency-bound world, the cost of an event crossing from a remote actor, and the
+driver's ceiling in events per second.
+
+Run: ``.venv/bin/python bench/bench_ray.py`` (needs ``pip install -e '.[ray]'``; a few minutes
+on 2 cores). Results: docs/BENCHMARKS.md ("Env workers on Ray").
+
+Three parts, every run in this process on the in-memory log (the writer, numbering, folding and
+delivery as in a real run; no fsync), with scripted explorers:
+
+- scaling: ``scenarios.worlds.paced:PacedLab`` (minilab whose every reset and step sleeps
+  ``--delay-ms``, in a worker thread) with 1, 2, 4, ... workers, each playing
+  ``--episodes-per-worker`` episodes, locally and on Ray. Steps per second are counted in the
+  window in which every worker is busy: from the moment the last worker began its first episode
+  to the moment the first worker finished its last one (the start of Ray's worker processes and
+  the tail of the run are left out). The ideal is ``workers / (delay + think time)``.
+- crossing: minilab at full speed (microseconds a step, stepped on the event loop) with one
+  worker, locally and on Ray: the extra time per event of the remote run is what it costs to emit
+  an event from a remote actor (its share of a poll, its bytes, its decode and ``emit`` in the
+  driver).
+- ceiling: minilab at full speed with ``--ceiling-workers`` workers, locally and on Ray: the
+  events per second the driver takes in when nothing waits on the world.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agents.events.episodes import EpisodeFinished, EpisodeStarted, StepTaken  # noqa: E402
+from engine.eventlog import MemoryEventLog  # noqa: E402
+from engine.events import Envelope, Event  # noqa: E402
+from engine.lifecycle import RunStarted  # noqa: E402
+from engine.runtime import Runtime  # noqa: E402
+from scenarios.assemble import assemble  # noqa: E402
+from scenarios.loader import load_scenario  # noqa: E402
+
+SCENARIO = """
+name = "bench-ray"
+seed = 3
+
+[world]
+name = "{world}"
+options = {options}
+
+[agent]
+kind = "explorer"
+
+[run]
+episodes = {episodes}
+workers = {workers}
+
+[runtime]
+backend = "{backend}"
+
+[runtime.ray.env_workers]
+num_cpus = 0.05
+
+[logging]
+progress = false
+"""
+
+
+@dataclass
+class Row:
+    part: str
+    backend: str
+    workers: int
+    events: int
+    steps: int
+    seconds: float
+    window_steps: int
+    window_events: int
+    window_seconds: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.window_steps / self.window_seconds if self.window_seconds > 0 else 0.0
+
+    @property
+    def events_per_s(self) -> float:
+        return self.window_events / self.window_seconds if self.window_seconds > 0 else 0.0
+
+    @property
+    def us_per_event(self) -> float:
+        return self.window_seconds / self.window_events * 1e6
+
+
+def run_once(part: str, backend: str, workers: int, world: str, options: str, episodes: int) -> Row:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.toml"
+        text = SCENARIO.format(
+            world=world, options=options, episodes=episodes, workers=workers, backend=backend
+        )
+        path.write_text(text, encoding="utf-8")
+        scenario = load_scenario(path)
+        assembly = assemble(scenario, str(path))
+    log = MemoryEventLog()
+    started = RunStarted(
+        run_id="bench", scenario="bench", scenario_hash="", seed=3, coevo_version=""
+    )
+    runtime = Runtime(
+        log, started, assembly.specs, assembly.projections, seed=3, config=assembly.config
+    )
+    t0 = time.perf_counter()
+    outcome = trio.run(runtime.run)
+    seconds = time.perf_counter() - t0
+    assert outcome.reason == "completed", outcome
+    envs = list(log.read(0, None))
+    steps, events, window = window_of(envs)
+    return Row(
+        part,
+        backend,
+        workers,
+        len(envs),
+        sum(isinstance(e.event, StepTaken) for e in envs),
+        seconds,
+        steps,
+        events,
+        window,
+    )
+
+
+def window_of(envs: list[Envelope[Event]]) -> tuple[int, int, float]:
+    """Steps and events logged while every worker was busy, and that window's seconds (by the
+    events' times)."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for env in envs:
+        ev = env.event
+        if isinstance(ev, EpisodeStarted):
+            first.setdefault(ev.worker, env.t)
+        elif isinstance(ev, EpisodeFinished):
+            last[ev.worker] = env.t
+    start, end = max(first.values()), min(last.values())
+    inside = [e for e in envs if start <= e.t <= end]
+    steps = sum(isinstance(e.event, StepTaken) for e in inside)
+    return steps, len(inside), max(end - start, 0) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--delay-ms", type=float, default=50.0)
+    parser.add_argument("--episodes-per-worker", type=int, default=8)
+    parser.add_argument("--crossing-episodes", type=int, default=400)
+    parser.add_argument("--ceiling-workers", type=int, default=8)
+    parser.add_argument("--ceiling-episodes", type=int, default=1600)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+
+    import ray
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    rows: list[Row] = []
+    try:
+        paced, delay = "scenarios.worlds.paced:PacedLab", f"{{ delay_ms = {args.delay_ms} }}"
+        for n in args.workers:
+            for backend in ("local", "ray"):
+                rows.append(
+                    run_once("scaling", backend, n, paced, delay, n * args.episodes_per_worker)
+                )
+                print_row(rows[-1])
+        for backend in ("local", "ray"):
+            rows.append(run_once("crossing", backend, 1, "minilab", "{}", args.crossing_episodes))
+            print_row(rows[-1])
+        for backend in ("local", "ray"):
+            n = args.ceiling_workers
+            rows.append(run_once("ceiling", backend, n, "minilab", "{}", args.ceiling_episodes))
+            print_row(rows[-1])
+    finally:
+        ray.shutdown()
+    machine = platform.processor() or platform.machine()
+    print(f"\n{machine}, {os.cpu_count()} cores, ray {ray.__version__}")
+    report(rows, args.delay_ms)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1), encoding="utf-8")
+
+
+def print_row(r: Row) -> None:
+    print(
+        f"{r.part:8} {r.backend:5} workers={r.workers:2}  {r.steps_per_s:8.1f} steps/s (busy "
+        f"window {r.window_seconds:5.2f} s)  {r.events_per_s:8.0f} events/s in it; the run "
+        f"{r.seconds:5.2f} s",
+        flush=True,
+    )
+
+
+def report(rows: list[Row], delay_ms: float) -> None:
+    print("\n| workers | ideal steps/s | local steps/s | Ray steps/s | Ray / local |")
+    print("|---|---|---|---|---|")
+    by = {(r.part, r.backend, r.workers): r for r in rows}
+    for (part, backend, n), r in by.items():
+        if part != "scaling" or backend != "local":
+            continue
+        remote = by[("scaling", "ray", n)]
+        ideal = n * 1000.0 / delay_ms
+        print(
+            f"| {n} | {ideal:.0f} | {r.steps_per_s:.1f} | {remote.steps_per_s:.1f} | "
+            f"{remote.steps_per_s / r.steps_per_s:.2f} |"
+        )
+    local, remote = by.get(("crossing", "local", 1)), by.get(("crossing", "ray", 1))
+    if local and remote:
+        print(
+            f"\ncrossing: {local.us_per_event:.0f} µs per event locally, "
+            f"{remote.us_per_event:.0f} µs from a remote worker: "
+            f"{remote.us_per_event - local.us_per_event:.0f} µs more"
+        )
+    for backend in ("local", "ray"):
+        for (part, b, n), r in by.items():
+            if part == "ceiling" and b == backend:
+                print(f"ceiling {backend} ({n} workers): {r.events_per_s:.0f} events/s")
+
+
+if __name__ == "__main__":
+    main()
