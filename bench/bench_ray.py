@@ -84,6 +84,7 @@ class Row:
     window_steps: int
     window_events: int
     window_seconds: float
+    cpu_seconds: float
 
     @property
     def steps_per_s(self) -> float:
@@ -92,6 +93,11 @@ class Row:
     @property
     def events_per_s(self) -> float:
         return self.window_events / self.window_seconds if self.window_seconds > 0 else 0.0
+
+    @property
+    def driver_cpu_us_per_event(self) -> float:
+        """The driver process's CPU time (every thread) per event of the run."""
+        return self.cpu_seconds / self.events * 1e6
 
     @property
     def us_per_event(self) -> float:
@@ -114,9 +120,9 @@ def run_once(part: str, backend: str, workers: int, world: str, options: str, ep
     runtime = Runtime(
         log, started, assembly.specs, assembly.projections, seed=3, config=assembly.config
     )
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     outcome = trio.run(runtime.run)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert outcome.reason == "completed", outcome
     envs = list(log.read(0, None))
     steps, events, window = window_of(envs)
@@ -130,6 +136,7 @@ def run_once(part: str, backend: str, workers: int, world: str, options: str, ep
         steps,
         events,
         window,
+        cpu,
     )
 
 
@@ -158,6 +165,9 @@ def main() -> None:
     parser.add_argument("--crossing-episodes", type=int, default=400)
     parser.add_argument("--ceiling-workers", type=int, default=8)
     parser.add_argument("--ceiling-episodes", type=int, default=1600)
+    parser.add_argument(
+        "--parts", nargs="+", default=["scaling", "crossing", "ceiling"], help="what to run"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
 
@@ -167,16 +177,16 @@ def main() -> None:
     rows: list[Row] = []
     try:
         paced, delay = "scenarios.worlds.paced:PacedLab", f"{{ delay_ms = {args.delay_ms} }}"
-        for n in args.workers:
+        for n in args.workers if "scaling" in args.parts else ():
             for backend in ("local", "ray"):
                 rows.append(
                     run_once("scaling", backend, n, paced, delay, n * args.episodes_per_worker)
                 )
                 print_row(rows[-1])
-        for backend in ("local", "ray"):
+        for backend in ("local", "ray") if "crossing" in args.parts else ():
             rows.append(run_once("crossing", backend, 1, "minilab", "{}", args.crossing_episodes))
             print_row(rows[-1])
-        for backend in ("local", "ray"):
+        for backend in ("local", "ray") if "ceiling" in args.parts else ():
             n = args.ceiling_workers
             rows.append(run_once("ceiling", backend, n, "minilab", "{}", args.ceiling_episodes))
             print_row(rows[-1])
@@ -193,7 +203,7 @@ def print_row(r: Row) -> None:
     print(
         f"{r.part:8} {r.backend:5} workers={r.workers:2}  {r.steps_per_s:8.1f} steps/s (busy "
         f"window {r.window_seconds:5.2f} s)  {r.events_per_s:8.0f} events/s in it; the run "
-        f"{r.seconds:5.2f} s",
+        f"{r.seconds:5.2f} s, driver CPU {r.driver_cpu_us_per_event:4.0f} µs/event",
         flush=True,
     )
 
@@ -221,7 +231,11 @@ def report(rows: list[Row], delay_ms: float) -> None:
     for backend in ("local", "ray"):
         for (part, b, n), r in by.items():
             if part == "ceiling" and b == backend:
-                print(f"ceiling {backend} ({n} workers): {r.events_per_s:.0f} events/s")
+                print(
+                    f"ceiling {backend} ({n} workers): {r.events_per_s:.0f} events/s; the "
+                    f"driver's CPU {r.driver_cpu_us_per_event:.0f} µs per event, "
+                    f"{1e6 / r.driver_cpu_us_per_event:.0f} events/s on a core of its own"
+                )
 
 
 if __name__ == "__main__":
