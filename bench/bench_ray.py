@@ -85,6 +85,7 @@ class Row:
     window_events: int
     window_seconds: float
     cpu_seconds: float
+    worker_rss_mb: float = 0.0
 
     @property
     def steps_per_s(self) -> float:
@@ -117,8 +118,22 @@ def run_once(part: str, backend: str, workers: int, world: str, options: str, ep
     started = RunStarted(
         run_id="bench", scenario="bench", scenario_hash="", seed=3, coevo_version=""
     )
+    records = [r for spec in assembly.specs if (r := getattr(spec.factory, "inflight", None))]
+    rss: list[float] = []
+
+    def sample(batch: list[Envelope[Event]]) -> None:
+        """The remote workers' resident memory, once, when each has a process."""
+        if records and not rss and all(r.pid for r in records):
+            rss.extend(resident_mb(r.pid) for r in records)
+
     runtime = Runtime(
-        log, started, assembly.specs, assembly.projections, seed=3, config=assembly.config
+        log,
+        started,
+        assembly.specs,
+        assembly.projections,
+        seed=3,
+        config=assembly.config,
+        observers=[sample],
     )
     t0, cpu0 = time.perf_counter(), time.process_time()
     outcome = trio.run(runtime.run)
@@ -137,7 +152,16 @@ def run_once(part: str, backend: str, workers: int, world: str, options: str, ep
         events,
         window,
         cpu,
+        sum(rss) / len(rss) if rss else 0.0,
     )
+
+
+def resident_mb(pid: int) -> float:
+    """A process's resident memory (Linux), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def window_of(envs: list[Envelope[Event]]) -> tuple[int, int, float]:
@@ -203,7 +227,8 @@ def print_row(r: Row) -> None:
     print(
         f"{r.part:8} {r.backend:5} workers={r.workers:2}  {r.steps_per_s:8.1f} steps/s (busy "
         f"window {r.window_seconds:5.2f} s)  {r.events_per_s:8.0f} events/s in it; the run "
-        f"{r.seconds:5.2f} s, driver CPU {r.driver_cpu_us_per_event:4.0f} µs/event",
+        f"{r.seconds:5.2f} s, driver CPU {r.driver_cpu_us_per_event:4.0f} µs/event"
+        + (f", {r.worker_rss_mb:.0f} MiB per remote worker" if r.worker_rss_mb else ""),
         flush=True,
     )
 
