@@ -48,16 +48,14 @@ assembly = prepare(paced)
 steps = []
 swapped = threading.Event()
 
-def swap():
-    cluster.remove_node(first)  # the node both workers run on
-    cluster.add_node(num_cpus=2, resources={"env": 2})
-    swapped.set()
-
 def watch(batch):
+    # on the driver's event loop, which it holds for the seconds a node takes to start (Ray's
+    # Cluster starts nodes from the main thread only)
     steps.extend(e for e in batch if isinstance(e.event, StepTaken))
-    if len(steps) >= 40 and not swapped.is_set() and not getattr(watch, "started", False):
-        watch.started = True
-        threading.Thread(target=swap, daemon=True).start()
+    if len(steps) >= 40 and not swapped.is_set():
+        cluster.remove_node(first)  # the node both workers run on
+        cluster.add_node(num_cpus=2, resources={"env": 2})
+        swapped.set()
 
 outcome, envs = run(paced, MemoryEventLog(), [watch], assembly)
 local = scenario_file(
