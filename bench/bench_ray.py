@@ -56,7 +56,7 @@ name = "{world}"
 options = {options}
 
 [agent]
-kind = "explorer"
+kind = "{agent}"
 
 [run]
 episodes = {episodes}
@@ -105,11 +105,24 @@ class Row:
         return self.window_seconds / self.window_events * 1e6
 
 
-def run_once(part: str, backend: str, workers: int, world: str, options: str, episodes: int) -> Row:
+def run_once(
+    part: str,
+    backend: str,
+    workers: int,
+    world: str,
+    options: str,
+    episodes: int,
+    agent: str = "explorer",
+) -> Row:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.toml"
         text = SCENARIO.format(
-            world=world, options=options, episodes=episodes, workers=workers, backend=backend
+            world=world,
+            options=options,
+            episodes=episodes,
+            workers=workers,
+            backend=backend,
+            agent=agent,
         )
         path.write_text(text, encoding="utf-8")
         scenario = load_scenario(path)
@@ -185,6 +198,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--delay-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--world",
+        default="scenarios.worlds.paced:PacedLab",
+        help="the scaling part's world (default: minilab paced at --delay-ms a step)",
+    )
+    parser.add_argument("--world-options", help="its options, a TOML inline table")
+    parser.add_argument("--agent", default="explorer", help="the scaling part's agent kind")
     parser.add_argument("--episodes-per-worker", type=int, default=8)
     parser.add_argument("--crossing-episodes", type=int, default=400)
     parser.add_argument("--ceiling-workers", type=int, default=8)
@@ -200,11 +220,12 @@ def main() -> None:
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     rows: list[Row] = []
     try:
-        paced, delay = "scenarios.worlds.paced:PacedLab", f"{{ delay_ms = {args.delay_ms} }}"
+        options = args.world_options or f"{{ delay_ms = {args.delay_ms} }}"
         for n in args.workers if "scaling" in args.parts else ():
             for backend in ("local", "ray"):
+                episodes = n * args.episodes_per_worker
                 rows.append(
-                    run_once("scaling", backend, n, paced, delay, n * args.episodes_per_worker)
+                    run_once("scaling", backend, n, args.world, options, episodes, args.agent)
                 )
                 print_row(rows[-1])
         for backend in ("local", "ray") if "crossing" in args.parts else ():
@@ -218,7 +239,7 @@ def main() -> None:
         ray.shutdown()
     machine = platform.processor() or platform.machine()
     print(f"\n{machine}, {os.cpu_count()} cores, ray {ray.__version__}")
-    report(rows, args.delay_ms)
+    report(rows, None if args.world_options else args.delay_ms)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1), encoding="utf-8")
 
@@ -233,7 +254,7 @@ def print_row(r: Row) -> None:
     )
 
 
-def report(rows: list[Row], delay_ms: float) -> None:
+def report(rows: list[Row], delay_ms: float | None) -> None:
     print("\n| workers | ideal steps/s | local steps/s | Ray steps/s | Ray / local |")
     print("|---|---|---|---|---|")
     by = {(r.part, r.backend, r.workers): r for r in rows}
@@ -241,9 +262,9 @@ def report(rows: list[Row], delay_ms: float) -> None:
         if part != "scaling" or backend != "local":
             continue
         remote = by[("scaling", "ray", n)]
-        ideal = n * 1000.0 / delay_ms
+        ideal = f"{n * 1000.0 / delay_ms:.0f}" if delay_ms else "-"
         print(
-            f"| {n} | {ideal:.0f} | {r.steps_per_s:.1f} | {remote.steps_per_s:.1f} | "
+            f"| {n} | {ideal} | {r.steps_per_s:.1f} | {remote.steps_per_s:.1f} | "
             f"{remote.steps_per_s / r.steps_per_s:.2f} |"
         )
     local, remote = by.get(("crossing", "local", 1)), by.get(("crossing", "ray", 1))
