@@ -235,16 +235,17 @@ class RemoteActor(Actor):
             async def send(batch: list[Envelope[Event]]) -> None:
                 nonlocal n
                 await room.acquire()
-                self._inflight.delivered(batch)
                 ref = host.deliver.remote(n, self._codec.encode_batch(batch))
                 n += 1
                 settling.start_soon(_settle, ref, room)
 
-            if again:
+            if again:  # recorded already (Inflight.redeliver)
                 await send(again)
             inbox = ctx.events()
             async for first in inbox:
-                await send([first, *inbox.ready(_BATCH_MAX - 1)])
+                batch = [first, *inbox.ready(_BATCH_MAX - 1)]
+                self._inflight.delivered(batch)
+                await send(batch)
 
     async def _collect(self, ctx: Context, host: Any) -> None:
         """Emit what the remote actor emitted; return when it ended, raise if it failed."""

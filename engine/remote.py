@@ -185,7 +185,6 @@ class RemoteHost:
         with trio.CancelScope() as scope:
             self._scope = scope
             self._ready.set()
-            source = False
             try:
                 actor = self._factory()
                 source = not actor.subscribes
@@ -265,13 +264,15 @@ class Inflight:
         self.current = None
 
     def redeliver(self) -> list[Envelope[Event]]:
-        """What a new host is given first after the previous one was lost: the envelope the
-        lost actor was handling if nothing it emitted in answer arrived, then those it had not
-        taken. Resets the record for the new host."""
+        """What a new host is to be given first, its predecessor lost: the envelope the lost
+        actor was handling if nothing it emitted in answer arrived, then those it had not
+        taken. They stay recorded as delivered to the new host (not yet taken), so a host lost
+        before taking them passes them on again; the caller sends them without
+        :meth:`delivered`."""
         again = [self.current] if self.current is not None and not self.answered else []
         again += self.pending
-        self.pending, self.current, self.answered, self.taken, self.pid = [], None, False, 0, 0
-        return again
+        self.pending, self.current, self.answered, self.taken, self.pid = again, None, False, 0, 0
+        return list(again)
 
 
 __all__ = ["Inflight", "RemoteActorFailed", "RemoteActorLost", "RemoteHost", "Report"]
