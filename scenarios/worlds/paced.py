@@ -4,7 +4,8 @@ A latency-bound world (a JVM, a browser, a remote simulator spends its time wait
 this process's CPU) for measuring how a run scales in env workers, locally and on Ray
 (``bench/bench_ray.py``, docs/BENCHMARKS.md), and for tests that need an episode to last long
 enough to be interrupted. The episodes are minilab's, unchanged: the same task, seed and actions
-give the same observations. Named by import path: ``world.name = "scenarios.worlds.paced:PacedLab"``.
+give the same observations. Named by import path:
+``world.name = "scenarios.worlds.paced:PacedLab"``.
 """
 
 from __future__ import annotations
@@ -39,9 +40,7 @@ class PacedLab:
         families: Sequence[str] | None = None,
         max_steps: int | None = None,
     ) -> None:
-        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or delay_ms < 0:
-            raise ValueError(f"delay_ms must be a number >= 0, got {delay_ms!r}")
-        self._delay = float(delay_ms) / 1000.0
+        self._delay = _seconds(delay_ms)
         self._lab = MiniLab(families=families, max_steps=max_steps)
 
     def families(self) -> tuple[str, ...]:
@@ -60,3 +59,10 @@ class PacedLab:
 
     def close(self) -> None:
         self._lab.close()
+
+
+def _seconds(delay_ms: object) -> float:
+    """``delay_ms`` (a scenario's TOML value) in seconds, checked."""
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or delay_ms < 0:
+        raise ValueError(f"delay_ms must be a number >= 0, got {delay_ms!r}")
+    return float(delay_ms) / 1000.0
