@@ -49,10 +49,9 @@ _UNEXPECTED = pytest.StashKey[list[str]]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests on the session's Ray instance run first, in their order. Started late in a
-    full ``make test`` (after some 400 tests in this process), ``ray.init`` twice killed the
-    process (once an abort in Ray's GCS client, once a silent exit 1; not understood), while it
-    starts every time in a fresh one."""
+    """The tests on the session's Ray instance run first, in their order. They run in a pytest
+    process of their own (tests/integration/test_ray_backend.py: in a whole suite's process
+    ``ray.init`` aborts), where this keeps them ahead of anything else collected there."""
     items.sort(key=lambda item: "ray_address" not in getattr(item, "fixturenames", ()))
 
 

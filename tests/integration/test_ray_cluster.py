@@ -29,7 +29,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 sys.path.insert(0, sys.argv[2])
-from test_ray_backend import MemoryEventLog, episodes, prepare, run, scenario_file
+from ray_backend_cases import MemoryEventLog, episodes, prepare, run, scenario_file
 
 from agents.events.episodes import EpisodeAborted, EpisodeFinished, StepTaken
 from engine.lifecycle import ActorFailed, ActorStarted
