@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import os
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -130,9 +129,6 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
     options: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
     if address == "local":
         options["num_cpus"] = num_cpus
-        # Ray aborts the process when its new GCS does not answer within 5 s (its default),
-        # which a loaded machine's start can exceed; a user's setting is kept
-        os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", "120")
     ray.init(address=address, **options)
     try:
         yield

@@ -72,10 +72,6 @@ def ray_address() -> Iterator[str]:
     in subprocesses to join. Skips where Ray is not installed (``pip install -e '.[ray]'``;
     CI installs it, and fails on the skip)."""
     ray = pytest.importorskip("ray")
-    # the driver's first connection to its new GCS gives up after 5 s by default, by aborting
-    # the process: a loaded 2-core machine took longer once (make test: "Fatal Python error:
-    # Aborted" in Ray's GCS client)
-    os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", "120")
     # 4 logical CPUs on 2 cores: the tests' env workers reserve fractions of one
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
