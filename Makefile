@@ -27,12 +27,13 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
 	touch $(STAMP)
 
-# the extras for the real environments (ScienceWorld, TextWorld): their tests run in `make test`
-# once installed, and are skipped otherwise
+# the extras for the real environments (ScienceWorld, TextWorld) and for Ray (the backend that
+# places actors on a cluster): their tests run in `make test` once installed, and are skipped
+# otherwise (in CI, where .ci/run installs them, a skip fails the run)
 install-envs: $(ENVS_STAMP)
 
 $(ENVS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),scienceworld,textworld]' -c $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),scienceworld,textworld,ray]' -c $(CONSTRAINTS)
 	touch $(ENVS_STAMP)
 
 # renew constraints.txt after a change of dependencies in pyproject.toml: resolve every extra
@@ -42,7 +43,7 @@ constraints:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(LOCK_VENV)/bin/python -m pip install --quiet -e '.[$(EXTRAS),scienceworld,textworld]'
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e '.[$(EXTRAS),scienceworld,textworld,ray]'
 	{ echo "# The versions CI tested (make install uses them). Renew with make constraints."; \
 	  $(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable | sed -E 's/\+[[:alnum:].]+$$//'; \
 	} > $(CONSTRAINTS)

@@ -12,7 +12,7 @@ import abc
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import structlog
 import trio
@@ -20,10 +20,32 @@ import trio
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng
 
-if TYPE_CHECKING:
-    from engine.runtime import Runtime
-
 T = TypeVar("T")
+
+
+class Host(Protocol):
+    """What a :class:`Context` needs of the process hosting its actor: the driver's
+    ``Runtime``, or the host of a remote actor (``engine.remote.RemoteHost``)."""
+
+    seed: int
+
+    def actor_seed(self, name: str) -> int:
+        """The seed of actor ``name``."""
+        ...
+
+    def push(
+        self, actor: str, ev: Event, cause: int | None, corr: str, bounded: bool = False
+    ) -> bool:
+        """Queue ``ev``; False (nothing queued) when ``bounded`` and the buffer is full."""
+        ...
+
+    def check_event(self, ev: Event) -> None:
+        """Raise ``EventInvalid`` unless ``ev`` would decode from the log."""
+        ...
+
+    async def wait_space(self) -> None:
+        """Wait until a full buffer has room."""
+        ...
 
 
 class Actor(abc.ABC):
@@ -87,7 +109,7 @@ class Context:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Host,
         name: str,
         mailbox: Mailbox,
         *,
@@ -176,6 +198,20 @@ class Mailbox:
         self._i += 1
         return env
 
+    def receive_nowait(self) -> Envelope[Event]:
+        """The next envelope if one is already here.
+
+        Raises:
+            trio.WouldBlock: none is waiting.
+            trio.EndOfChannel: the run closed the mailbox.
+        """
+        if self._i >= len(self._batch):
+            self._batch = self.channel.receive_nowait()
+            self._i = 0
+        env = self._batch[self._i]
+        self._i += 1
+        return env
+
 
 class Inbox:
     """Async iterator over a :class:`Mailbox` that records the envelope being handled."""
@@ -195,6 +231,17 @@ class Inbox:
             raise StopAsyncIteration from None
         self._ctx.current = env
         return env
+
+    def ready(self, max_size: int) -> list[Envelope[Event]]:
+        """The envelopes already delivered, at most ``max_size``, without waiting (a proxy
+        forwarding its mailbox in batches). :attr:`Context.current` is left as it was."""
+        out: list[Envelope[Event]] = []
+        while len(out) < max_size:
+            try:
+                out.append(self._mailbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        return out
 
     async def gather(
         self,

@@ -184,6 +184,29 @@ class Codec:
                 return self._decode_batch_slow(data, first)
         return envs
 
+    def decode_envelopes(self, data: bytes | memoryview) -> list[Envelope[Event]]:
+        """Decode an array written by :meth:`encode_batch` whose seqs need not be contiguous
+        (the envelopes delivered to one remote actor: a filtered part of the log).
+
+        Raises:
+            LogCorrupted: not an array of envelopes of known events.
+            SchemaTooNew: an event kind or version newer than this code knows.
+        """
+        self._typed_decoder()
+        assert self._batch_decoder is not None
+        try:
+            envs = self._batch_decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            envs = None
+        if envs is not None and all(env.v == env.event.version for env in envs):
+            return envs
+        try:
+            raws = [bytes(raw) for raw in self._raw_list_decoder.decode(data)]
+            seqs = [self._raw_decoder.decode(raw).seq for raw in raws]
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise LogCorrupted(-1, f"not an array of envelopes ({exc})") from None
+        return [self.decode(raw, seq) for raw, seq in zip(raws, seqs, strict=True)]
+
     def _decode_batch_slow(self, data: bytes | memoryview, first: int) -> list[Envelope[Event]]:
         try:
             raws = self._raw_list_decoder.decode(data)

@@ -74,10 +74,16 @@ class ActorFailed(Event, tag="actor_failed", frozen=True, kw_only=True):
 
 @event
 class ActorRestarted(Event, tag="actor_restarted", frozen=True, kw_only=True):
-    """A failed actor was started again from its factory."""
+    """A failed actor was started again from its factory.
+
+    Attributes:
+        reason: the failure, ``Type: first line of its message`` (empty in logs written
+            before it was recorded); the ``ActorFailed`` before it has the whole traceback.
+    """
 
     actor: str
     attempt: int
+    reason: str = ""
 
 
 @event

@@ -400,7 +400,9 @@ class Runtime:
                     if not self._on_failure(spec, attempt, exc):
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
                     attempt += 1
-                    self.push("runtime", ActorRestarted(actor=spec.name, attempt=attempt), None, "")
+                    reason = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0]}"
+                    restarted = ActorRestarted(actor=spec.name, attempt=attempt, reason=reason)
+                    self.push("runtime", restarted, None, "")
                     actor = None
                     continue
                 if spec.driver:

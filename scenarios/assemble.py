@@ -6,9 +6,10 @@ it is given.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,7 @@ from agents.methods.base import Method
 from agents.report.curves import report as curves_report
 from agents.tracking.observer import Tracker
 from agents.tracking.sinks import SINKS, open_sink
+from engine import ray_backend
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Envelope, Event
@@ -113,7 +115,9 @@ def assemble(
     config = runtime_config(scenario, handle_signals)
     if scenario.run.method == "rollout" and scenario.agent.kind != "policy":
         specs = [_scheduler(tasks, scenario.run.episodes, workers)]
-        specs += _workers(scenario, workers, make_world, _agent_factory(scenario.agent.kind))
+        specs += _workers(
+            scenario, workers, make_world, _agent_factory(scenario.agent.kind), source
+        )
         tracking = tracker(scenario, source, run_dir)
         return Assembly(
             tuple(specs), projections(), config, tasks, scenario.run.episodes, tracking=tracking
@@ -123,7 +127,7 @@ def assemble(
         _method(scenario, source)  # a plug-in's errors, before any model is built
     from scenarios.policy_setup import policy_actors  # torch and transformers: only here
 
-    specs = _workers(scenario, workers, make_world, None)
+    specs = _workers(scenario, workers, make_world, None, source)
     actors, model = policy_actors(scenario, source, run_dir, prepare_model)
     specs += actors
     if scenario.run.method != ROLLOUT:
@@ -198,6 +202,7 @@ def _workers(
     workers: list[str],
     make_world: Callable[[], TextWorld],
     make_agent: Callable[[random.Random], Agent] | None,
+    source: str,
 ) -> list[ActorSpec]:
     prompt = PromptSettings(
         window=scenario.policy.window,
@@ -210,7 +215,7 @@ def _workers(
         max_ops=scenario.complementary.max_ops,
     )
     timeout = scenario.world.step_timeout or None
-    return [
+    specs = [
         ActorSpec(
             name=name,
             factory=partial(EnvWorker, make_world, make_agent, prompt, timeout),
@@ -220,6 +225,40 @@ def _workers(
         )
         for name in workers
     ]
+    return _placed(scenario, specs, source)
+
+
+def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[ActorSpec]:
+    """The env workers' specs as the scenario's backend runs them: as they are, or each a
+    proxy of an actor on Ray (``engine.ray_backend``)."""
+    rt = scenario.runtime
+    if rt.backend == "local":
+        return specs
+    if not ray_backend.available():
+        raise ScenarioInvalid(
+            source, "$.runtime.backend: \"ray\" needs Ray installed: pip install -e '.[ray]'"
+        )
+    p = rt.ray.env_workers
+    placement = ray_backend.Placement(
+        num_cpus=p.num_cpus,
+        num_gpus=p.num_gpus,
+        resources=dict(p.resources),
+        in_flight=p.in_flight,
+        start_timeout=p.start_timeout,
+    )
+    return [ray_backend.remote_spec(spec, placement, mailbox=rt.mailbox) for spec in specs]
+
+
+@contextlib.contextmanager
+def cluster(scenario: Scenario) -> Generator[None]:
+    """The Ray cluster a ``backend = "ray"`` scenario's run needs, joined (or started) for the
+    block; nothing for a local one."""
+    rt = scenario.runtime
+    if rt.backend == "local":
+        yield
+        return
+    with ray_backend.connected(rt.ray.address, rt.ray.num_cpus or None):
+        yield
 
 
 def _check_learning(scenario: Scenario, source: str) -> None:

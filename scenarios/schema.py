@@ -150,6 +150,45 @@ class PromptConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     merge: Annotated[str, Meta(min_length=1, max_length=10_000)] = MERGE_SYSTEM
 
 
+class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where one kind of actor runs on Ray and what each of them reserves
+    (``engine.ray_backend.Placement``).
+
+    Attributes:
+        num_cpus: CPUs each reserves (fractions allowed: 0.25 packs four on a CPU).
+        num_gpus: GPUs each reserves.
+        resources: custom resources each reserves, e.g. ``{env = 1}`` to keep them on the
+            nodes started with ``ray start --resources='{"env": 8}'``.
+        in_flight: deliveries on their way to one remote actor before the driver waits.
+        start_timeout: seconds a remote actor may take to be placed and started before it
+            counts as lost.
+    """
+
+    num_cpus: Annotated[float, Meta(ge=0, le=1024)] = 1.0
+    num_gpus: Annotated[float, Meta(ge=0, le=64)] = 0.0
+    resources: dict[Name, Annotated[float, Meta(ge=0)]] = msgspec.field(
+        default_factory=dict[str, float]
+    )
+    in_flight: Annotated[int, Meta(ge=1, le=1024)] = 2
+    start_timeout: Annotated[float, Meta(gt=0, le=86_400)] = 120.0
+
+
+class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The Ray cluster a run with ``backend = "ray"`` places actors on (docs/DEPLOY.md).
+
+    Attributes:
+        address: "local" (a Ray instance started in the driver's process for the run), "auto"
+            (the cluster ``ray start`` made on this machine) or a cluster's ``HOST:PORT``.
+        num_cpus: CPUs a "local" instance offers (0: the machine's).
+        env_workers: the env workers' placement. The other actors (scheduler or trainer,
+            inference, learner, memory, extractor) run in the driver.
+    """
+
+    address: Annotated[str, Meta(min_length=1, max_length=300)] = "local"
+    num_cpus: Annotated[int, Meta(ge=0, le=100_000)] = 0
+    env_workers: RayPlacementConfig = msgspec.field(default_factory=RayPlacementConfig)
+
+
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Engine knobs (see ``engine.runtime.RuntimeConfig``) and supervision.
 
@@ -163,6 +202,9 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         snapshot_every: events between projection snapshots (0: never).
         on_failure: what supervision does when an actor raises: "restart" or "stop".
         max_restarts: restarts per actor before the run stops.
+        backend: "local" (every actor a trio task of this process) or "ray" (the env workers
+            on a Ray cluster, ``[runtime.ray]``; the log and its writer stay here).
+        ray: the Ray cluster and placements (used with ``backend = "ray"``).
     """
 
     durable: bool = True
@@ -174,6 +216,8 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     snapshot_every: NonNegInt = 20_000
     on_failure: Literal["restart", "stop"] = "restart"
     max_restarts: Annotated[int, Meta(ge=0, le=1000)] = 3
+    backend: Literal["local", "ray"] = "local"
+    ray: RaySection = msgspec.field(default_factory=RaySection)
 
 
 class LoggingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

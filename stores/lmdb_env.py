@@ -145,7 +145,7 @@ def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
     for _ in range(100):  # a live writer may commit twice while we find the meta page
         with env.begin() as txn:
             txnid = txn.id()
-            meta = next((m for m in lmdb_pages.read_metas(file) if m and m.txnid == txnid), None)
+            meta = _meta_of(file, txnid)
             if meta is None:
                 continue
             if meta.main_root == lmdb_pages.P_INVALID:
@@ -154,6 +154,8 @@ def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
                 try:
                     lmdb_pages.check_tree(data, meta, free=writable)
                 except lmdb_pages.PageDamaged as exc:
+                    if _meta_of(file, txnid) != meta:
+                        continue  # a live writer rewrote the meta page as it was read: again
                     raise LogError(
                         f"event log at {path} is damaged: {exc} (commit {txnid}; LMDB would "
                         "abort reading it)"
@@ -161,6 +163,16 @@ def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
             return
     # 100 read transactions, each outrun by two commits before its meta page could be read: a
     # live writer commits faster than this reads; the pages are left to LMDB's own checks
+
+
+def _meta_of(file: Path, txnid: int) -> lmdb_pages.Meta | None:
+    """The meta page of commit ``txnid``, read twice the same (None: not there, or not the
+    same twice). A live writer rewrites a meta page two commits later, in place: a read that
+    meets the write half done gives one commit's number with another's roots (seen under load:
+    a tree naming a page past the meta's last one), and two such reads agree only by chance."""
+    first = next((m for m in lmdb_pages.read_metas(file) if m and m.txnid == txnid), None)
+    again = next((m for m in lmdb_pages.read_metas(file) if m and m.txnid == txnid), None)
+    return first if first == again else None
 
 
 class SharedEnv:

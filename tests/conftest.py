@@ -14,6 +14,8 @@ inherit every value they do not set:
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -44,6 +46,38 @@ by ``.ci/run``) every test of the suite runs. A reason is matched exactly, as ``
 (e.g. ``"needs a CUDA device"`` for a test that can only run on an accelerator)."""
 
 _UNEXPECTED = pytest.StashKey[list[str]]()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the session's Ray instance run first, in their order. They run in a pytest
+    process of their own (tests/integration/test_ray_backend.py: in a whole suite's process
+    ``ray.init`` aborts), where this keeps them ahead of anything else collected there."""
+    items.sort(key=lambda item: "ray_address" not in getattr(item, "fixturenames", ()))
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Shut the session's Ray instance down after the last test that uses it, so that it does
+    not run beside the rest of the suite."""
+    uses = "ray_address" in getattr(item, "fixturenames", ())
+    if uses and "ray_address" not in getattr(nextitem, "fixturenames", ()):
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """One local Ray instance shared by the session's Ray tests, started on first use and shut
+    down at the end (a Ray instance takes seconds to start on 2 cores): its address, for runs
+    in subprocesses to join. Skips where Ray is not installed (``pip install -e '.[ray]'``;
+    CI installs it, and fails on the skip)."""
+    ray = pytest.importorskip("ray")
+    # 4 logical CPUs on 2 cores: the tests' env workers reserve fractions of one
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
 
 
 def _in_ci() -> bool:

@@ -99,9 +99,8 @@ class Scheduler(Replayed):
             # in its mailbox and the restarted worker runs it
             job = self._running.get(ev.actor)
             if job is not None and job.episode in self._started:
-                await ctx.emit(
-                    EpisodeAborted(episode=job.episode, worker=ev.actor, reason="worker restarted")
-                )
+                why = f"worker restarted ({ev.reason})" if ev.reason else "worker restarted"
+                await ctx.emit(EpisodeAborted(episode=job.episode, worker=ev.actor, reason=why))
             return False
         assert isinstance(ev, EpisodeFinished | EpisodeAborted)
         if not self._end(ev):

@@ -111,6 +111,7 @@ def _drive(
 ) -> int:
     """Run the assembled actors over ``log`` (new or resumed), then print the summary."""
     from engine.runtime import Runtime
+    from scenarios.assemble import cluster
     from scenarios.cli.console import RunProgress, actors_table, families_table
     from scenarios.cli.logsetup import close_logging, configure_logging
 
@@ -138,7 +139,7 @@ def _drive(
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
     console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
-        with progress:
+        with cluster(scenario), progress:
             outcome = trio.run(runtime.run)
     finally:
         log.close()

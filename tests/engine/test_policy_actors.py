@@ -193,7 +193,9 @@ def test_what_is_sampled_does_not_depend_on_batching_or_workers(tiny_policy: Any
     alone = actions(rollout(1, 1, alone_runner, max_steps=5))
     batched = actions(rollout(4, 4, batched_runner, max_steps=5))
     assert set(alone_runner.batches) == {1}
-    assert max(batched_runner.batches) == 4, batched_runner.batches  # batching happened
+    # batching happened (how full a batch gets depends on how fast the workers' threads step:
+    # the mock clock jumps the batch's wait as soon as every task waits, threads or not)
+    assert max(batched_runner.batches) >= 2, batched_runner.batches
     assert alone == batched and len(alone) > 12
     assert len(set(alone.values())) > 1  # the sampled actions differ: not one fixed choice
 

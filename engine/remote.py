@@ -1,0 +1,278 @@
+"""An actor in another process: its host there, what crosses the wire, and what the driver keeps.
+
+The backend that places the process (Ray, :mod:`engine.ray_backend`) is not named here. The
+driver's runtime keeps a proxy in the actor's place; the proxy forwards the actor's mailbox to a
+:class:`RemoteHost` in the remote process and takes back what the actor emitted. Events cross
+as msgspec bytes (:meth:`engine.events.Codec.encode_batch`), never as pickled objects:
+
+- a delivery is ``(n, bytes)``: the n-th batch of committed envelopes for the actor (their real
+  seqs, so that the actor's ``cause`` is right), applied in ``n`` order whatever order the
+  transport runs them in;
+- a :class:`Report` answers a poll: how many envelopes the actor has taken from its mailbox so
+  far, the events it emitted since the last report (as unnumbered envelopes carrying their
+  ``cause`` and ``corr``), and whether the actor is still running, ended or failed.
+
+The host runs the actor in its own trio loop on a thread of the remote process, in a real
+:class:`engine.actor.Context`, so an actor runs remotely unchanged. :class:`Inflight` is the
+driver's record of what was delivered and not known to be handled: when the remote process is
+lost, the actor's next instance is given it again (:meth:`Inflight.redeliver`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+import trio
+
+from engine.actor import Actor, Context, Mailbox
+from engine.errors import CoevoError
+from engine.events import Codec, Envelope, Event
+from engine.seeds import derive_seed
+
+State = Literal["running", "ended", "failed"]
+
+
+class RemoteActorLost(CoevoError):
+    """The process (or machine) running a remote actor is gone: the transport reported it dead
+    or unreachable. Raised by the actor's proxy in the driver, so that supervision records it
+    (``ActorFailed``) and restarts the actor in a fresh process. Unlike
+    :class:`RemoteActorFailed`, the actor's code did not raise: what it had emitted and not yet
+    shipped is lost, and the envelope it was handling is delivered again unless something it
+    emitted in answer reached the driver."""
+
+
+class RemoteActorFailed(CoevoError):
+    """A remote actor's code raised; the message carries its error and traceback. Handled by
+    supervision as a local actor's exception is: the envelope it failed on is not delivered
+    again."""
+
+
+class Report(msgspec.Struct, frozen=True, array_like=True):
+    """A remote host's answer to a poll.
+
+    Attributes:
+        taken: envelopes the actor has taken from its mailbox since it started.
+        events: what it emitted since the previous report: ``Codec.encode_batch`` of envelopes
+            numbered 0, 1, .. (positions, not log seqs) with the actor's cause and corr.
+        state: "running", "ended" (its ``run`` returned) or "failed" (it raised).
+        error: the error and traceback when failed.
+    """
+
+    taken: int
+    events: bytes
+    state: State = "running"
+    error: str = ""
+
+
+class _CountingMailbox(Mailbox):
+    """A mailbox that counts the envelopes its actor has taken."""
+
+    taken = 0
+
+    async def receive(self) -> Envelope[Event]:
+        env = await super().receive()
+        self.taken += 1
+        return env
+
+
+class RemoteHost:
+    """Runs one actor in this process, in a trio loop on its own thread, for a proxy elsewhere.
+
+    Its methods are called from the transport's threads; each is thread-safe.
+
+    Args:
+        name: the actor's name.
+        factory: builds the actor (called here, once).
+        run_seed: the run seed (the actor's seeds derive from it as in the driver).
+        attempt: the actor's attempt number (its restarts so far).
+        mailbox: batches the actor's mailbox holds before a delivery waits.
+        outbox: events a source actor may have emitted and not yet shipped before its ``emit``
+            waits (an actor that reacts to events never waits, as in the driver).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[], Actor],
+        run_seed: int,
+        attempt: int,
+        mailbox: int = 64,
+        outbox: int = 8192,
+    ) -> None:
+        if mailbox < 1 or outbox < 1:
+            raise ValueError(f"mailbox and outbox must be >= 1, got {mailbox} and {outbox}")
+        self.name = name
+        self.seed = run_seed
+        self._factory = factory
+        self._attempt = attempt
+        self._outbox_max = outbox
+        self._codec = Codec()
+        self.check_event = self._codec.check
+        self._out: list[Envelope[Event]] = []
+        self._state: State = "running"
+        self._error = ""
+        self._next_delivery = 0
+        self._changed = trio.lowlevel.ParkingLot()
+        self._send, recv = trio.open_memory_channel[list[Envelope[Event]]](mailbox)
+        self._mailbox = _CountingMailbox(recv)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._scope: trio.CancelScope | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=f"coevo-{name}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    # --- the Host protocol (engine.actor), on the trio thread -------------------------------
+
+    def actor_seed(self, name: str) -> int:
+        return derive_seed(self.seed, "actor", name)
+
+    def push(
+        self, actor: str, ev: Event, cause: int | None, corr: str, bounded: bool = False
+    ) -> bool:
+        if bounded and len(self._out) >= self._outbox_max:
+            return False
+        env = Envelope(seq=0, run="", t=0, actor=actor, event=ev, cause=cause, corr=corr)
+        self._out.append(msgspec.structs.replace(env, v=type(ev).version))
+        self._changed.unpark_all()
+        return True
+
+    async def wait_space(self) -> None:
+        while len(self._out) >= self._outbox_max:
+            await self._changed.park()
+
+    # --- called from the transport's threads ------------------------------------------------
+
+    def pid(self) -> int:
+        """This process's id."""
+        return os.getpid()
+
+    def deliver(self, n: int, data: bytes) -> None:
+        """Put the ``n``-th delivery in the actor's mailbox, after the ``n - 1`` before it;
+        returns once it is there (a full mailbox holds the caller: back-pressure)."""
+        envelopes = self._codec.decode_envelopes(data)
+        trio.from_thread.run(self._deliver, n, envelopes, trio_token=self._trio_token())
+
+    def poll(self, timeout: float) -> bytes:
+        """Wait up to ``timeout`` seconds for something to report, then report it (a msgpack
+        :class:`Report`)."""
+        report = trio.from_thread.run(self._poll, timeout, trio_token=self._trio_token())
+        return msgspec.msgpack.encode(report)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel the actor, let its cleanup run and wait for the thread (up to ``timeout``)."""
+        token, scope = self._token, self._scope
+        if token is not None and scope is not None and self._thread.is_alive():
+            # a loop that ended on its own meanwhile has nothing to cancel
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
+        self._thread.join(timeout)
+
+    # --- the trio side ----------------------------------------------------------------------
+
+    def _main(self) -> None:
+        trio.run(self._life)
+
+    async def _life(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            self._ready.set()
+            try:
+                actor = self._factory()
+                source = not actor.subscribes
+                ctx = Context(self, self.name, self._mailbox, source=source, attempt=self._attempt)
+                await actor.run(ctx)
+                self._state = "ended"
+            except Exception as exc:  # reported to the proxy, which raises it in the driver
+                self._state = "failed"
+                self._error = "".join(traceback.format_exception(exc, limit=8))
+            finally:
+                self._changed.unpark_all()
+            await trio.sleep_forever()  # the loop answers polls until stop()
+        if self._state == "running":  # cancelled by stop()
+            self._state = "ended"
+
+    def _trio_token(self) -> trio.lowlevel.TrioToken:
+        assert self._token is not None  # set before __init__ returns
+        return self._token
+
+    async def _deliver(self, n: int, envelopes: list[Envelope[Event]]) -> None:
+        while self._next_delivery != n:
+            await self._changed.park()
+        if self._state == "running":
+            await self._send.send(envelopes)
+        self._next_delivery = n + 1
+        self._changed.unpark_all()
+
+    async def _poll(self, timeout: float) -> Report:
+        with trio.move_on_after(timeout):
+            while not self._out and self._state == "running":
+                await self._changed.park()
+        out, self._out = self._out, []
+        self._changed.unpark_all()  # a source actor waiting for room
+        numbered = [msgspec.structs.replace(env, seq=i) for i, env in enumerate(out)]
+        events = self._codec.encode_batch(numbered)
+        return Report(self._mailbox.taken, events, self._state, self._error)
+
+
+@dataclass
+class Inflight:
+    """The driver's record, across a remote actor's restarts, of what was delivered to it and
+    not known to be handled.
+
+    Attributes:
+        pending: envelopes delivered to the current host that its actor had not taken at the
+            last report, in order.
+        current: the envelope the actor took last (what it was handling at the last report).
+        answered: something the actor emitted with ``current`` as its cause reached the driver.
+        taken: envelopes the current host reported taken.
+        pid: the current host's process id (0 until known).
+    """
+
+    pending: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
+    current: Envelope[Event] | None = None
+    answered: bool = False
+    taken: int = 0
+    pid: int = 0
+
+    def delivered(self, envelopes: list[Envelope[Event]]) -> None:
+        """Record a delivery to the current host."""
+        self.pending.extend(envelopes)
+
+    def reported(self, taken: int, emitted: list[Envelope[Event]]) -> None:
+        """Fold a report: ``taken`` so far and what was emitted since the last one."""
+        newly = taken - self.taken
+        if newly > 0:
+            self.current = self.pending[newly - 1]
+            del self.pending[:newly]
+            self.taken = taken
+            self.answered = False
+        if self.current is not None:
+            seq = self.current.seq
+            self.answered = self.answered or any(env.cause == seq for env in emitted)
+
+    def failed(self) -> None:
+        """The actor raised on ``current``: as in the driver, it is not delivered again."""
+        self.current = None
+
+    def redeliver(self) -> list[Envelope[Event]]:
+        """What a new host is to be given first, its predecessor lost: the envelope the lost
+        actor was handling if nothing it emitted in answer arrived, then those it had not
+        taken. They stay recorded as delivered to the new host (not yet taken), so a host lost
+        before taking them passes them on again; the caller sends them without
+        :meth:`delivered`."""
+        again = [self.current] if self.current is not None and not self.answered else []
+        again += self.pending
+        self.pending, self.current, self.answered, self.taken, self.pid = again, None, False, 0, 0
+        return list(again)
+
+
+__all__ = ["Inflight", "RemoteActorFailed", "RemoteActorLost", "RemoteHost", "Report"]

@@ -1,0 +1,222 @@
+"""The remote side of an actor placed elsewhere (``engine.remote``), without any transport:
+a :class:`RemoteHost` driven from plain threads as Ray's would drive it, and the driver's record
+of what a lost host had not handled (:class:`Inflight`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+
+import msgspec
+import pytest
+
+from agents.acting.env_worker import EnvWorker
+from agents.acting.scripted import Explorer
+from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
+from engine.actor import Actor, Context
+from engine.events import Codec, Envelope, Event
+from engine.lifecycle import RunStopped
+from engine.remote import Inflight, RemoteHost, Report
+from engine.world import TextWorld
+from scenarios.worlds.minilab import MiniLab
+
+CODEC = Codec()
+
+
+def job(episode: str, seq: int, worker: str = "worker-0") -> Envelope[Event]:
+    ev = EpisodeAssigned(
+        episode=episode,
+        index=seq,
+        worker=worker,
+        family="heat",
+        variant=seq % 5,
+        split="train",
+        seed=1000 + seq,
+    )
+    return Envelope(seq=seq, run="r", t=0, actor="scheduler", event=ev, corr=episode)
+
+
+def minilab() -> TextWorld:
+    return MiniLab()
+
+
+def worker_host() -> RemoteHost:
+    return RemoteHost("worker-0", partial(EnvWorker, minilab, Explorer), 7, 0, mailbox=2)
+
+
+def report(host: RemoteHost, timeout: float = 5.0) -> tuple[Report, list[Envelope[Event]]]:
+    rep = msgspec.msgpack.decode(host.poll(timeout), type=Report)
+    return rep, CODEC.decode_batch(rep.events, 0)
+
+
+def until_finished(host: RemoteHost, episodes: int) -> tuple[int, list[Envelope[Event]]]:
+    """Poll until ``episodes`` episodes finished: the last ``taken`` and everything emitted."""
+    out: list[Envelope[Event]] = []
+    taken = 0
+    deadline = time.monotonic() + 30
+    while sum(isinstance(e.event, EpisodeFinished) for e in out) < episodes:
+        assert time.monotonic() < deadline
+        rep, emitted = report(host)
+        taken = rep.taken
+        out += emitted
+    return taken, out
+
+
+def test_a_host_runs_its_actor_and_reports_with_causes() -> None:
+    host = worker_host()
+    try:
+        host.deliver(0, CODEC.encode_batch([job("ep0", 40), job("ep1", 57)]))
+        taken, out = until_finished(host, 2)
+    finally:
+        host.stop()
+    assert taken == 2
+    kinds = [type(e.event) for e in out]
+    assert kinds[0] is EpisodeStarted and kinds.count(EpisodeFinished) == 2
+    assert StepTaken in kinds
+    # the causes and corrs are the delivered envelopes' own: the log's seqs, not positions
+    by_episode = {e.event.episode: e for e in out if isinstance(e.event, EpisodeFinished)}
+    assert (by_episode["ep0"].cause, by_episode["ep0"].corr) == (40, "ep0")
+    assert (by_episode["ep1"].cause, by_episode["ep1"].corr) == (57, "ep1")
+    assert all(e.actor == "worker-0" for e in out)
+
+
+def test_deliveries_apply_in_their_order_whatever_order_they_arrive_in() -> None:
+    host = worker_host()
+    try:
+        late = threading.Thread(target=host.deliver, args=(1, CODEC.encode_batch([job("b", 9)])))
+        late.start()  # the second delivery first: it waits for the first
+        time.sleep(0.2)
+        host.deliver(0, CODEC.encode_batch([job("a", 3)]))
+        late.join(10)
+        _, out = until_finished(host, 2)
+    finally:
+        host.stop()
+    finished = [e.event.episode for e in out if isinstance(e.event, EpisodeFinished)]
+    assert finished == ["a", "b"]
+
+
+def test_a_full_remote_mailbox_holds_the_delivery() -> None:
+    """Back-pressure: with the actor busy and its mailbox full, ``deliver`` does not return."""
+    gate = threading.Event()
+
+    class Stuck(Actor):
+        subscribes = (RunStopped,)
+
+        async def run(self, ctx: Context) -> None:
+            async for _ in ctx.events():
+                await ctx.to_thread(gate.wait)
+
+    host = RemoteHost("stuck", Stuck, 7, 0, mailbox=1)
+    stopped = Envelope(seq=1, run="r", t=0, actor="x", event=RunStopped(reason="r"))
+    try:
+        host.deliver(0, CODEC.encode_batch([stopped]))  # taken by the actor, which blocks
+        host.deliver(1, CODEC.encode_batch([stopped]))  # fills the mailbox of 1
+        third = threading.Thread(target=host.deliver, args=(2, CODEC.encode_batch([stopped])))
+        third.start()
+        third.join(0.5)
+        assert third.is_alive()  # held
+        gate.set()
+        third.join(10)
+        assert not third.is_alive()
+    finally:
+        gate.set()
+        host.stop()
+
+
+def test_a_failing_actor_is_reported_with_its_traceback() -> None:
+    class Failing(Actor):
+        subscribes = (RunStopped,)
+
+        async def run(self, ctx: Context) -> None:
+            async for _ in ctx.events():
+                raise KeyError("boom")
+
+    host = RemoteHost("failing", Failing, 7, 0)
+    try:
+        host.deliver(
+            0,
+            CODEC.encode_batch(
+                [Envelope(seq=4, run="r", t=0, actor="x", event=RunStopped(reason="r"))]
+            ),
+        )
+        rep, _ = report(host)
+        while rep.state == "running":
+            rep, _ = report(host)
+    finally:
+        host.stop()
+    assert rep.state == "failed" and rep.taken == 1
+    assert "KeyError: 'boom'" in rep.error and "Traceback" in rep.error
+
+
+def test_a_source_actor_waits_when_its_outbox_is_full() -> None:
+    emitted: list[int] = []
+
+    class Source(Actor):
+        async def run(self, ctx: Context) -> None:
+            for i in range(10):
+                await ctx.emit(RunStopped(reason=str(i)))
+                emitted.append(i)
+
+    host = RemoteHost("source", Source, 7, 0, outbox=3)
+    try:
+        time.sleep(0.3)
+        assert len(emitted) == 3  # the fourth emit waits for a poll
+        rep, out = report(host)
+        assert [e.event.reason for e in out] == ["0", "1", "2", "3"][: len(out)]  # pyright: ignore[reportAttributeAccessIssue]
+        got = len(out)
+        while rep.state == "running":
+            rep, more = report(host)
+            got += len(more)
+    finally:
+        host.stop()
+    assert got == 10 and rep.state == "ended"
+
+
+def env(seq: int) -> Envelope[Event]:
+    return Envelope(seq=seq, run="r", t=0, actor="x", event=RunStopped(reason=str(seq)))
+
+
+def answer(cause: int) -> Envelope[Event]:
+    return Envelope(seq=0, run="", t=0, actor="w", event=RunStopped(reason="a"), cause=cause)
+
+
+def test_inflight_redelivers_what_was_not_taken_and_an_unanswered_current() -> None:
+    rec = Inflight()
+    rec.delivered([env(1), env(2)])
+    rec.delivered([env(5)])
+    rec.reported(1, [answer(1)])  # took 1 and answered it
+    rec.reported(2, [])  # took 2, nothing from it yet
+    assert [e.seq for e in rec.redeliver()] == [2, 5]
+    # recorded as delivered to the next host: lost before taking them, it passes them on
+    assert [e.seq for e in rec.redeliver()] == [2, 5]
+    rec.reported(2, [answer(2)])  # the next host took both, answered 2 and not 5
+    assert [e.seq for e in rec.redeliver()] == [5]
+    rec.reported(1, [answer(5)])
+    assert rec.redeliver() == []
+
+
+def test_inflight_does_not_redeliver_an_answered_or_failed_current() -> None:
+    rec = Inflight()
+    rec.delivered([env(1), env(2), env(3)])
+    rec.reported(2, [answer(2)])
+    assert [e.seq for e in rec.redeliver()] == [3]
+    rec.reported(1, [answer(3)])
+    rec.delivered([env(7), env(8)])
+    rec.reported(2, [])
+    rec.failed()  # the actor raised on 7: as locally, it is not handled again
+    assert [e.seq for e in rec.redeliver()] == [8]
+
+
+def test_inflight_counts_an_answer_arriving_in_a_later_report() -> None:
+    rec = Inflight()
+    rec.delivered([env(4)])
+    rec.reported(1, [])
+    rec.reported(1, [answer(4)])
+    assert rec.redeliver() == []
+
+
+@pytest.mark.parametrize("mailbox", [0, -1])
+def test_a_host_refuses_an_empty_mailbox(mailbox: int) -> None:
+    with pytest.raises(ValueError, match="mailbox and outbox must be >= 1"):
+        RemoteHost("x", partial(EnvWorker, minilab, Explorer), 1, 0, mailbox=mailbox)

@@ -1,0 +1,238 @@
+"""Env workers on Ray, the log on the driver (``[runtime] backend = "ray"``, engine/ray_backend.py),
+on the session's local Ray instance (``ray_address`` in tests/conftest.py).
+
+- The same scenario and seed give the same episodes locally and on Ray (a deterministic world).
+- A remote env worker's process killed mid-episode: the run goes on, the episode is aborted with
+  the reason, the worker restarts in a new process, every other episode is the one a local run
+  plays, and the log verifies.
+- A Ray run whose driver is killed resumes (``coevo resume``) and ends with a local run's episodes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from agents.events.episodes import (
+    EpisodeAborted,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
+from engine.eventlog import MemoryEventLog, new_run_meta
+from engine.events import Envelope, Event
+from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted, RunStarted
+from engine.replay import verify_log
+from engine.runtime import RunOutcome, Runtime
+from scenarios.assemble import Assembly, assemble, fact_checks
+from scenarios.loader import load_scenario
+from stores.lmdb_log import LmdbEventLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
+from resume_kit import coevo, finish, read_log, stop_at
+
+pytest.importorskip("ray")
+
+EXPLORE = """
+name = "ray-explore"
+seed = 5
+
+[world]
+name = "{world}"
+options = {options}
+
+[agent]
+kind = "explorer"
+
+[run]
+episodes = {episodes}
+workers = {workers}
+
+[runtime]
+backend = "{backend}"
+
+[runtime.ray.env_workers]
+num_cpus = 0.25
+
+[logging]
+progress = false
+"""
+
+PACED = "scenarios.worlds.paced:PacedLab"
+
+
+def scenario_file(
+    tmp: Path,
+    backend: str,
+    *,
+    world: str = "minilab",
+    options: str = "{}",
+    episodes: int = 30,
+    workers: int = 3,
+) -> Path:
+    path = tmp / f"{backend}.toml"
+    text = EXPLORE.format(
+        world=world, options=options, episodes=episodes, workers=workers, backend=backend
+    )
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def prepare(path: Path) -> Assembly:
+    return assemble(load_scenario(path), str(path))
+
+
+def run(
+    path: Path,
+    log: Any,
+    observers: Sequence[Callable[[list[Envelope[Event]]], None]] = (),
+    assembly: Assembly | None = None,
+) -> tuple[RunOutcome, list[Envelope[Event]]]:
+    scenario = load_scenario(path)
+    assembly = assembly or assemble(scenario, str(path))
+    started = RunStarted(
+        run_id="r", scenario=scenario.name, scenario_hash="", seed=scenario.seed, coevo_version=""
+    )
+    runtime = Runtime(
+        log,
+        started,
+        assembly.specs,
+        assembly.projections,
+        seed=scenario.seed,
+        config=assembly.config,
+        observers=observers,
+    )
+    outcome = trio.run(runtime.run)
+    return outcome, list(log.read(0, None))
+
+
+def episodes(envs: list[Envelope[Event]]) -> dict[str, list[bytes]]:
+    """Each finished episode's start, turns and end, with the worker that ran it left out."""
+    turns: dict[str, list[bytes]] = {}
+    for env in envs:
+        ev = env.event
+        if isinstance(ev, EpisodeStarted | EpisodeFinished):
+            ev = msgspec.structs.replace(ev, worker="")
+        if isinstance(ev, EpisodeStarted):
+            turns[ev.episode] = []  # a re-run (after an abandoned attempt) starts afresh
+        if isinstance(ev, EpisodeStarted | StepTaken | EpisodeFinished):
+            turns[ev.episode].append(msgspec.msgpack.encode(ev))
+    finished = {e.event.episode for e in envs if isinstance(e.event, EpisodeFinished)}
+    return {ep: body for ep, body in turns.items() if ep in finished}
+
+
+def remote_types(envs: list[Envelope[Event]]) -> Counter[str]:
+    return Counter(e.event.actor_type for e in envs if isinstance(e.event, ActorStarted))
+
+
+def test_the_same_scenario_and_seed_play_the_same_episodes_locally_and_on_ray(
+    tmp_path: Path, ray_address: str
+) -> None:
+    local = run(scenario_file(tmp_path, "local"), MemoryEventLog())
+    remote = run(scenario_file(tmp_path, "ray"), MemoryEventLog())
+    assert local[0].reason == remote[0].reason == "completed"
+    assert remote_types(remote[1])["RemoteEnvWorker"] == 3  # the workers did run on Ray
+    assert remote_types(local[1])["EnvWorker"] == 3
+    played = episodes(local[1])
+    assert len(played) == 30
+    assert episodes(remote[1]) == played
+    workers = {e.event.worker for e in remote[1] if isinstance(e.event, EpisodeFinished)}
+    assert workers == {"worker-0", "worker-1", "worker-2"}
+
+
+def test_a_remote_worker_killed_mid_episode_aborts_it_and_restarts(
+    tmp_path: Path, ray_address: str
+) -> None:
+    paced = scenario_file(
+        tmp_path, "ray", world=PACED, options="{ delay_ms = 15 }", episodes=9, workers=3
+    )
+    log = LmdbEventLog.create(
+        tmp_path / "log", new_run_meta("r", scenario_name="x", seed=5, coevo_version="0")
+    )
+    assembly = prepare(paced)
+    inflight = {spec.name: getattr(spec.factory, "inflight", None) for spec in assembly.specs}
+    running: dict[str, str] = {}  # episode -> worker
+    killed: list[tuple[str, int]] = []
+
+    def kill_mid_episode(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            ev = env.event
+            if isinstance(ev, EpisodeStarted):
+                running[ev.episode] = ev.worker
+            elif (
+                isinstance(ev, StepTaken)
+                and ev.turn == 2
+                and not killed
+                and running[ev.episode] == "worker-1"
+            ):
+                pid = inflight["worker-1"].pid  # pyright: ignore[reportOptionalMemberAccess]
+                os.kill(pid, signal.SIGKILL)
+                killed.append((ev.episode, pid))
+
+    outcome, envs = run(paced, log, [kill_mid_episode], assembly)
+    assert outcome.reason == "completed"
+    assert killed, "the run ended before the kill"
+    assert inflight["worker-1"].pid not in (0, killed[0][1])  # pyright: ignore[reportOptionalMemberAccess]
+    episode = killed[0][0]
+    failed = [e.event for e in envs if isinstance(e.event, ActorFailed)]
+    assert [(f.actor, f.error_type) for f in failed] == [("worker-1", "RemoteActorLost")]
+    restarted = [e.event for e in envs if isinstance(e.event, ActorRestarted)]
+    assert [(r.actor, r.attempt) for r in restarted] == [("worker-1", 1)]
+    assert restarted[0].reason.startswith("RemoteActorLost: worker-1: ")
+    aborted = [e.event for e in envs if isinstance(e.event, EpisodeAborted)]
+    assert [(a.episode, a.worker) for a in aborted] == [(episode, "worker-1")]
+    assert aborted[0].reason.startswith("worker restarted (RemoteActorLost: worker-1: ")
+    starts = [e.event for e in envs if isinstance(e.event, ActorStarted)]
+    assert ("worker-1", 1, "RemoteEnvWorker") in [
+        (s.actor, s.attempt, s.actor_type) for s in starts
+    ]
+    ends = Counter(
+        e.event.episode for e in envs if isinstance(e.event, EpisodeFinished | EpisodeAborted)
+    )
+    assert sorted(ends) == [f"ep{i:06d}" for i in range(9)] and set(ends.values()) == {1}
+    # nothing committed was lost or changed: every other episode is the one a local run plays
+    local = scenario_file(tmp_path, "local", world=PACED, options="{ delay_ms = 0 }", episodes=9)
+    expected = episodes(run(local, MemoryEventLog())[1])
+    del expected[episode]
+    assert episodes(envs) == expected
+    log.close()
+    log = LmdbEventLog.open(tmp_path / "log", writable=False)
+    try:
+        assert log.verify().ok
+        checked = verify_log(log, assembly.projections, fact_checks())
+        assert checked.ok, checked.error
+    finally:
+        log.close()
+
+
+def test_a_ray_run_whose_driver_is_killed_resumes_to_a_local_runs_episodes(
+    tmp_path: Path, ray_address: str
+) -> None:
+    paced = scenario_file(
+        tmp_path, "ray", world=PACED, options="{ delay_ms = 10 }", episodes=24, workers=3
+    )
+    out = tmp_path / "run"
+    cache = tmp_path / "cache"
+    join = f'runtime.ray.address="{ray_address}"'
+    first = coevo(["run", str(paced), "--out", str(out), "--set", join], cache)
+    assert stop_at(first, out, 120, signal.SIGKILL, timeout=120) == -signal.SIGKILL
+    before = read_log(out)
+    finish(coevo(["resume", str(out)], cache), timeout=120)
+    envs = read_log(out)
+    assert envs[: len(before)] == before  # nothing committed was lost or rewritten
+    kinds = Counter(type(e.event).__name__ for e in envs)
+    assert kinds["RunResumed"] == 1 and kinds["EpisodeAbandoned"] >= 1
+    assert remote_types(envs)["RemoteEnvWorker"] == 6  # 3 workers, each session
+    local = scenario_file(tmp_path, "local", world=PACED, options="{ delay_ms = 0 }", episodes=24)
+    assert episodes(envs) == episodes(run(local, MemoryEventLog())[1])
+    verify = coevo(["replay", str(out), "--verify"], cache)
+    finish(verify, timeout=120)

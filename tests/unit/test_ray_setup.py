@@ -1,0 +1,106 @@
+"""The ``[runtime]`` backend of a scenario, checked before anything runs (no Ray instance needed):
+what ``backend = "ray"`` assembles, what it refuses, and the placement's bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import ray_backend
+from engine.actor import Actor, ActorSpec, Context
+from engine.errors import ScenarioInvalid
+from engine.events import Event
+from engine.recovery import Replayed
+from scenarios.assemble import assemble
+from scenarios.loader import load_scenario
+
+ROLLOUT = """
+name = "ray-setup"
+
+[agent]
+kind = "explorer"
+
+[run]
+episodes = 4
+workers = 2
+
+[runtime]
+backend = "ray"
+"""
+
+
+def scenario_path(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(ROLLOUT + extra, encoding="utf-8")
+    return path
+
+
+def test_a_ray_scenario_places_its_env_workers_behind_proxies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
+    extra = "\n[runtime.ray.env_workers]\nnum_cpus = 0.5\nresources = { env = 1 }\nin_flight = 3\n"
+    path = scenario_path(tmp_path, extra)
+    assembly = assemble(load_scenario(path), str(path))
+    by_name = {spec.name: spec for spec in assembly.specs}
+    assert set(by_name) == {"scheduler", "worker-0", "worker-1"}
+    proxy = by_name["worker-1"].factory()
+    assert type(proxy).__name__ == "RemoteEnvWorker"
+    assert isinstance(proxy, ray_backend.RemoteActor)
+    assert "EpisodeAssigned" in [t.__name__ for t in proxy.subscribes]
+    placement = by_name["worker-1"].factory.placement  # pyright: ignore[reportFunctionMemberAccess]
+    assert placement == ray_backend.Placement(num_cpus=0.5, resources={"env": 1.0}, in_flight=3)
+    assert by_name["worker-1"].accepts is not None  # still only its own assignments
+    assert type(by_name["scheduler"].factory()).__name__ == "Scheduler"  # the driver's
+
+
+def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: False)
+    path = scenario_path(tmp_path)
+    with pytest.raises(ScenarioInvalid) as err:
+        assemble(load_scenario(path), str(path))
+    assert str(err.value) == (
+        f"{path}: $.runtime.backend: \"ray\" needs Ray installed: pip install -e '.[ray]'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ("\n[runtime.ray.env_workers]\nnum_cpus = -1\n", "$.runtime.ray.env_workers.num_cpus"),
+        ("\n[runtime.ray.env_workers]\nin_flight = 0\n", "$.runtime.ray.env_workers.in_flight"),
+        ("\n[runtime.ray.env_workers]\ngpus = 1\n", "gpus"),
+        ("\n[runtime.ray.inference]\nnum_gpus = 1\n", "inference"),
+        ('\n[runtime.ray]\naddress = ""\n', "$.runtime.ray.address"),
+    ],
+)
+def test_placements_out_of_bounds_are_refused(tmp_path: Path, extra: str, fragment: str) -> None:
+    with pytest.raises(ScenarioInvalid, match=fragment.replace("$", r"\$").replace(".", r"\.")):
+        load_scenario(scenario_path(tmp_path, extra))
+
+
+def test_an_actor_that_recovers_on_resume_is_not_placed_remotely() -> None:
+    class Keeper(Replayed):
+        subscribes = ()
+
+        async def begin(self, ctx: Context) -> None:
+            return None
+
+        async def handle(self, ctx: Context, ev: Event) -> bool:
+            return True
+
+    spec = ActorSpec(name="keeper", factory=Keeper)
+    with pytest.raises(ValueError, match="keeper: Keeper recovers state on resume"):
+        ray_backend.remote_spec(spec, ray_backend.Placement())
+
+
+def test_placement_bounds() -> None:
+    with pytest.raises(ValueError, match="in_flight must be >= 1"):
+        ray_backend.Placement(in_flight=0)
+    with pytest.raises(ValueError, match="start_timeout must be > 0"):
+        ray_backend.Placement(start_timeout=0)
+    assert isinstance(ray_backend.Placement(), ray_backend.Placement)
+    assert issubclass(ray_backend.RemoteActor, Actor)
