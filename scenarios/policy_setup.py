@@ -1,30 +1,25 @@
 """The policy side of assembly: the model directory, the inference and learner actors, and the
 loaders they call at start.
 
-Kept apart from :mod:`scenarios.assemble` because it imports torch and transformers (seconds):
-scenarios without a policy never import it.
+Kept apart from :mod:`scenarios.assemble`, and importing torch and transformers (seconds) only
+where a model is built or loaded: the actors' factories import their modules when the run
+starts them, so checking a scenario (``coevo validate``) imports neither.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import torch
 
-from agents.acting.inference import ActSettings, InferenceActor, PolicyRunner
-from agents.audit.reexecute import Reexecution
-from agents.learning.learner import Learner, Trainee
-from agents.memory.extractor import ExtractorModel
-from agents.methods.actors import load_extractor
 from agents.methods.base import LoadedModel, Method, RunResources, base_models, method_actors
 from agents.models.backend import backend_named
-from agents.models.embedded import EmbeddedSpec, ensure_embedded
-from agents.models.extractor_base import OpsSpec, ensure_extractor_base
+from agents.models.specs import EmbeddedSpec, OpsSpec
 from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, prepare
-from engine.actor import ActorSpec
+from engine.actor import Actor, ActorSpec
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
 from scenarios.methods import method_of
@@ -33,10 +28,17 @@ from stores.checkpoints import (
     Checkpoints,
     DirCheckpoints,
     MemoryCheckpoints,
+    check_device,
     check_model_dir,
     load_model_dir,
     resolve_device,
 )
+
+if TYPE_CHECKING:
+    from agents.acting.inference import PolicyRunner
+    from agents.audit.reexecute import Reexecution
+    from agents.learning.learner import Trainee
+    from agents.memory.extractor import ExtractorModel
 
 INFERENCE = "inference"
 LEARNER = "learner"
@@ -62,14 +64,16 @@ def policy_actors(
         ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
     try:  # the device exists: refused now, not by the first actor that loads a model
-        device = resolve_device(scenario.policy.device)
+        check_device(scenario.policy.device)
     except ModelUnavailable as exc:
         raise ScenarioInvalid(source, f"$.policy.device: {exc}") from None
     if scenario.policy.threads and prepare_model:
+        import torch
+
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     method = method_of(scenario) if scenario.run.method != ROLLOUT else None
     roles = _roles(method, source) if method else ()
-    check_training(scenario, source, device, roles)
+    check_training(scenario, source, roles)
     # the base models' settings (and local paths) are checked before anything is built
     bases = {role: base_model_dir(scenario, source, role, None) for role in roles}
     model = policy_model_dir(scenario, source) if prepare_model else None
@@ -119,20 +123,28 @@ def load_base_for(scenario: Scenario, model: Path | None, role: str) -> LoadedMo
     return LoadedModel(net=net, tokenizer=tokenizer, device=device, backend=backend)
 
 
-def check_training(
-    scenario: Scenario, source: str, device: torch.device, roles: tuple[str, ...]
-) -> None:
+def check_training(scenario: Scenario, source: str, roles: tuple[str, ...]) -> None:
     """The backend, dtype and LoRA settings of ``[policy]`` (and the extractor's LoRA) fit: a
-    model that trains in bf16 needs adapters (a rollout only samples: any dtype).
+    model that trains in bf16 needs adapters (a rollout only samples: any dtype). The device
+    (and so torch) is looked at only for a bf16 dtype: float32 trains anywhere.
 
     Raises:
-        ScenarioInvalid: an unknown backend, or a dtype this setup cannot train in.
+        ScenarioInvalid: an unknown backend, an unavailable device, or a dtype this setup
+            cannot train in.
     """
     p = scenario.policy
     try:
         backend_named(p.backend)
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.policy.backend: {exc}") from None
+    if p.dtype == "float32":
+        return
+    import torch
+
+    try:
+        device = resolve_device(p.device)
+    except ModelUnavailable as exc:
+        raise ScenarioInvalid(source, f"$.policy.device: {exc}") from None
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     trained = [("policy", p.lora.used())] if scenario.run.method != ROLLOUT else []
     if "extractor" in roles:
@@ -167,19 +179,27 @@ def _policy_actors(
 ) -> list[ActorSpec]:
     checkpoints = run.checkpoints("checkpoints")
     load_runner = partial(load_runner_for, scenario, model)
-    inference = partial(
-        InferenceActor,
-        load_runner,
-        checkpoints,
-        batch_max=run.batch_max,
-        batch_wait=run.batch_wait,
-    )
+    inference = partial(_inference, load_runner, checkpoints, run.batch_max, run.batch_wait)
     specs = [ActorSpec(name=INFERENCE, factory=inference)]
     if method is not None:
         specs += method_actors(method, run)
         load_trainee = partial(load_trainee_for, scenario, model)
-        specs.append(ActorSpec(name=LEARNER, factory=partial(Learner, load_trainee, checkpoints)))
+        specs.append(ActorSpec(name=LEARNER, factory=partial(_learner, load_trainee, checkpoints)))
     return specs
+
+
+def _inference(
+    load: Callable[[], PolicyRunner], checkpoints: Checkpoints, batch_max: int, batch_wait: float
+) -> Actor:
+    from agents.acting.inference import InferenceActor
+
+    return InferenceActor(load, checkpoints, batch_max=batch_max, batch_wait=batch_wait)
+
+
+def _learner(load: Callable[[], Trainee], checkpoints: Checkpoints) -> Actor:
+    from agents.learning.learner import Learner
+
+    return Learner(load, checkpoints)
 
 
 def base_model_dir(scenario: Scenario, source: str, role: str, model: Path | None) -> Path | None:
@@ -204,6 +224,8 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
         ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
+    from agents.models.embedded import ensure_embedded
+
     p = scenario.policy
     if p.model != "embedded":
         return check_model_dir(Path(p.model), f"{source}: $.policy.model")
@@ -279,6 +301,8 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     base = embedded_spec(scenario, source)
     if model is None:
         return None
+    from agents.models.extractor_base import ensure_extractor_base
+
     return ensure_extractor_base(model, base, ops, threads=scenario.policy.threads or None)
 
 
@@ -296,6 +320,8 @@ def _known_fields(
 
 def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     """The inference actor's model, tokenizer and settings (blocking)."""
+    from agents.acting.inference import ActSettings, PolicyRunner
+
     assert model is not None, "the model directory is prepared before the run starts"
     p = scenario.policy
     device = resolve_device(p.device)
@@ -316,6 +342,8 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
 
 def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
     """The learner's model, tokenizer and optional reference (blocking)."""
+    from agents.learning.learner import Trainee
+
     assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
@@ -332,6 +360,10 @@ def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
             trains no model.
         ModelUnavailable: a base model cannot be found or built.
     """
+    import torch
+
+    from agents.audit.reexecute import Reexecution
+
     source = str(run_dir / "scenario.toml")
     scenario = load_scenario(source)
     if scenario.run.method == ROLLOUT or scenario.agent.kind != "policy":
@@ -348,4 +380,6 @@ def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
 
 def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel:
     """The extractor of a scenario's method from its starting weights (blocking)."""
+    from agents.methods.actors import load_extractor
+
     return load_extractor(scenario.complementary, load_base_for(scenario, model, "extractor"))

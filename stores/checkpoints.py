@@ -16,16 +16,12 @@ import threading
 from collections.abc import Generator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol, cast
-
-import torch
-from safetensors import safe_open
-
-# safetensors types `filename` as a bare os.PathLike, unknown to strict mode
-from safetensors.torch import load_file, save_file  # pyright: ignore[reportUnknownVariableType]
-from transformers.utils import logging as hf_logging
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from engine.errors import ModelUnavailable
+
+if TYPE_CHECKING:  # torch, safetensors and transformers are imported where they are used:
+    import torch  # commands that only check settings or read logs never load them
 
 _LOADING = threading.Lock()
 """``from_pretrained`` patches torch globally while it builds a model (empty weights), so two
@@ -38,6 +34,8 @@ def resolve_device(name: str) -> torch.device:
     Raises:
         ModelUnavailable: cuda was asked for and is not available, or not that device.
     """
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -51,6 +49,17 @@ def resolve_device(name: str) -> torch.device:
                 f"device {name!r}: torch sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
             )
     return device
+
+
+def check_device(name: str) -> None:
+    """Check a scenario's ``policy.device`` as :func:`resolve_device` would, without importing
+    torch for the devices that always exist ("cpu", and "auto", which falls back to it).
+
+    Raises:
+        ModelUnavailable: cuda was asked for and is not available, or not that device.
+    """
+    if name not in ("cpu", "auto"):
+        resolve_device(name)
 
 
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
@@ -168,6 +177,8 @@ def _safetensors_files(path: Path, where: str) -> list[Path]:
 def _tensor_shapes(file: Path, where: str) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes from a safetensors header (the data is not read)."""
     try:
+        from safetensors import safe_open
+
         with safe_open(str(file), framework="pt") as f:  # pyright: ignore[reportUnknownVariableType]
             keys: list[str] = list(f.keys())  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
             return {k: tuple(f.get_slice(k).get_shape()) for k in keys}  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
@@ -182,6 +193,8 @@ def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
     from transformers import AutoModelForCausalLM
 
     try:
+        import torch
+
         with _quiet_transformers(), torch.device("meta"):
             model = _auto(AutoModelForCausalLM).from_config(config)
     except Exception as exc:  # a config transformers accepts but cannot build
@@ -224,6 +237,8 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 @contextmanager
 def _quiet_transformers() -> Generator[None]:
     """transformers' warnings and load reports (printed to stderr) off while checking."""
+    from transformers.utils import logging as hf_logging
+
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -242,7 +257,9 @@ def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
     Raises:
         ModelUnavailable: the directory is missing or does not hold a loadable model.
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a run has its own progress display
     where = check_model_dir(Path(path))
@@ -283,6 +300,8 @@ _BASE_DIGEST = "_coevo_base_digest"
 
 
 def _digest_of(state: dict[str, torch.Tensor]) -> str:
+    import torch
+
     h = hashlib.blake2b(digest_size=16)
     for name, tensor in sorted(state.items()):
         h.update(name.encode())
@@ -359,6 +378,8 @@ def weights_file(directory: Path) -> Path:
 def optimizer_tensors(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """The optimiser's per-parameter state as named tensors (``"<param>::<key>"``), for a
     safetensors file: AdamW's ``step``, ``exp_avg`` and ``exp_avg_sq``."""
+    import torch
+
     names = {id(p): n for n, p in model.named_parameters()}
     out: dict[str, torch.Tensor] = {}
     for param, state in optimizer.state.items():
@@ -491,6 +512,9 @@ class DirCheckpoints:
         name = f"v{version:06d}"
         final = self.root / name
         partial = self.root / f".{name}.partial"
+        from safetensors.torch import save_file  # pyright: ignore[reportUnknownVariableType]
+        from transformers.utils import logging as hf_logging
+
         shutil.rmtree(partial, ignore_errors=True)
         hf_logging.disable_progress_bar()
         model.save_pretrained(partial, safe_serialization=True)
@@ -511,6 +535,8 @@ class DirCheckpoints:
         return f"{self.root.name}/{name}"
 
     def load_optimizer(self, name: str) -> dict[str, torch.Tensor] | None:
+        from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
+
         path = self.root / Path(name).name / OPTIMIZER_FILE
         if not path.is_file():
             return None
@@ -525,6 +551,8 @@ class DirCheckpoints:
         return str(self.root / Path(name).name / file)
 
     def load(self, name: str) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
+
         path = weights_file(self.root / Path(name).name)
         if not path.is_file():
             raise ModelUnavailable(f"no checkpoint {name} ({path} is missing)")

@@ -26,7 +26,7 @@ from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
 from agents.models.backend import Backend, HfBackend
 from agents.models.prompts import (
     MemoryPlace,
-    encode_prompt,
+    PromptEncoder,
     encode_response,
     from_pairs,
     strip_tips,
@@ -90,7 +90,7 @@ def write_replies(
 ) -> list[Reply]:
     """Generate one reply per request in one batch, each from the request's own seed (the
     policy's reflections, the extractor's answers)."""
-    prompts = [encode_prompt(tokenizer, from_pairs(req.messages)) for req in requests]
+    prompts = PromptEncoder(tokenizer).encode([from_pairs(req.messages) for req in requests])
     drawn = backend.generate(
         prompts,
         [random.Random(req.seed) for req in requests],
@@ -132,6 +132,7 @@ class PolicyRunner:
         self.settings = settings
         self.version = version
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._prompts = PromptEncoder(tokenizer)
         self._responses: dict[str, list[int]] = {}  # action text -> ids (worlds repeat them)
 
     def response_ids(self, text: str) -> list[int]:
@@ -145,26 +146,34 @@ class PolicyRunner:
 
     def answer(self, requests: Sequence[ActionRequested]) -> list[ActionSampled]:
         """One :class:`ActionSampled` per request, in request order, from one forward pass per
-        temperature (one per token in "generate" mode)."""
+        temperature (one per token in "generate" mode); every prompt of the batch, and every
+        prompt without its tips, tokenized in one call."""
+        encoded = self._prompts.encode([from_pairs(r.messages) for r in requests])
         out: list[ActionSampled | None] = [None] * len(requests)
         temperature = [0.0 if r.greedy else self.settings.temperature for r in requests]
         # one temperature per forward pass; greedy and sampled requests rarely mix
         for temp in sorted(set(temperature)):
             idx = [i for i, t in enumerate(temperature) if t == temp]
             group = [requests[i] for i in idx]
-            prompts = [encode_prompt(self.tokenizer, from_pairs(req.messages)) for req in group]
+            prompts = [encoded[i] for i in idx]
             rngs = [random.Random(req.seed) for req in group]
             act = self._score if self.settings.mode == "score" else self._generate
             for i, answer in zip(idx, act(group, prompts, rngs, temp), strict=True):
-                out[i] = self._with_bare_prompt(requests[i], answer)
-        return [a for a in out if a is not None]
+                out[i] = answer
+        return self._with_bare_prompts(requests, [a for a in out if a is not None])
 
-    def _with_bare_prompt(self, req: ActionRequested, answer: ActionSampled) -> ActionSampled:
-        if not req.tips:
-            return answer
-        messages = strip_tips(from_pairs(req.messages), req.tips, self.settings.memory)
-        bare = encode_prompt(self.tokenizer, messages)
-        return msgspec.structs.replace(answer, bare_prompt_ids=tuple(bare))
+    def _with_bare_prompts(
+        self, requests: Sequence[ActionRequested], answers: list[ActionSampled]
+    ) -> list[ActionSampled]:
+        """``answers`` with the prompt ids of each tipped request without its tips."""
+        tipped = [i for i, req in enumerate(requests) if req.tips]
+        memory = self.settings.memory
+        bare = self._prompts.encode(
+            [strip_tips(from_pairs(requests[i].messages), requests[i].tips, memory) for i in tipped]
+        )
+        for i, ids in zip(tipped, bare, strict=True):
+            answers[i] = msgspec.structs.replace(answers[i], bare_prompt_ids=tuple(ids))
+        return answers
 
     def reflect(self, requests: Sequence[ReflectionRequested]) -> list[TipProposed]:
         """One :class:`TipProposed` per request, in request order, generated in one batch."""

@@ -2,23 +2,28 @@
 them: EMPO2's tip memory; Complementary RL's experience bank, extractor and credit actors.
 
 Only specs are built here (and settings checked); models and embedders load in the actors when
-the run starts. Imported by the hooks when called, so choosing a method imports no torch.
+the run starts. Imported by the hooks when called, so choosing a method imports no torch; the
+extractor's module (torch) is imported by its actor's factory, so building the specs (``coevo
+validate``) imports none either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agents.learning.credit_actor import CreditActor, credit_settings
 from agents.memory.bank import MemoryActor, MemorySettings
 from agents.memory.extraction import MERGE_SYSTEM
-from agents.memory.extractor import ExtractorActor, ExtractorModel, ExtractorSettings
 from agents.methods.base import LoadedModel, RunResources
 from agents.methods.settings import ComplementaryConfig, Empo2Config
 from agents.models.embedder import Embedder, make_embedder, minilm_dir
-from engine.actor import ActorSpec
+from engine.actor import Actor, ActorSpec
+
+if TYPE_CHECKING:
+    from agents.memory.extractor import ExtractorModel
+    from stores.checkpoints import Checkpoints
 
 MEMORY = "memory"
 EXTRACTOR = "extractor"
@@ -65,18 +70,23 @@ def complementary_actors(c: ComplementaryConfig, run: RunResources) -> list[Acto
     )
     run.base_model(EXTRACTOR)  # prepared for the run (an unknown role fails now)
     load = partial(_load_extractor, c, run.load_model)
-    extractor = partial(
-        ExtractorActor,
-        load,
-        run.checkpoints(EXTRACTOR),
-        batch_max=run.batch_max,
-        batch_wait=run.batch_wait,
-    )
+    extractor = partial(_extractor, load, run.checkpoints(EXTRACTOR), run.batch_max, run.batch_wait)
     return [
         ActorSpec(name=MEMORY, factory=memory),
         ActorSpec(name=EXTRACTOR, factory=extractor),
         ActorSpec(name=CREDIT, factory=partial(CreditActor, credit_settings(c))),
     ]
+
+
+def _extractor(
+    load: Callable[[], ExtractorModel],
+    checkpoints: Checkpoints,
+    batch_max: int,
+    batch_wait: float,
+) -> Actor:
+    from agents.memory.extractor import ExtractorActor
+
+    return ExtractorActor(load, checkpoints, batch_max=batch_max, batch_wait=batch_wait)
 
 
 def _load_extractor(
@@ -87,6 +97,8 @@ def _load_extractor(
 
 def load_extractor(c: ComplementaryConfig, base: LoadedModel) -> ExtractorModel:
     """The extractor over its base model, loaded as the scenario says (blocking)."""
+    from agents.memory.extractor import ExtractorModel, ExtractorSettings
+
     settings = ExtractorSettings(
         temperature=c.temperature,
         max_new_tokens=c.max_new_tokens,

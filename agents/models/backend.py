@@ -14,22 +14,27 @@ as :func:`stores.checkpoints.trained_state` writes them).
 ``[policy] backend`` names one from :data:`BACKENDS`. ``"hf"`` (:class:`HfBackend`) runs the
 ``transformers`` model in-process through :mod:`agents.models.policy`: the same module, the same
 float32 maths as the learner, so the sampler's log-probs equal the learner's up to batching
-noise. A backend that samples elsewhere (vLLM: another engine, bf16 kernels) returns log-probs
-that differ from the learner's; the learner records the gap per update and corrects for it with
-truncated importance sampling (``[grpo] tis_cap``, :mod:`agents.methods.tis`). The vLLM backend is
-not part of this build: it needs a GPU to be tested, and an untested backend is not shipped.
+noise. Its scoring packs a batch's requests several to a row (:mod:`agents.models.packing`) and
+runs the output layer at the scored places only. Torch and the model code are imported when a
+backend first runs, so naming one (``coevo validate``) loads neither. A backend that samples
+elsewhere (vLLM: another engine, bf16 kernels) returns log-probs that differ from the
+learner's; the learner records the gap per update and corrects for it with truncated importance
+sampling (``[grpo] tis_cap``, :mod:`agents.methods.tis`). The vLLM backend is not part of this
+build: it needs a GPU to be tested, and an untested backend is not shipped.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from agents.models.policy import Choice, generate, score_and_choose
 from stores.checkpoints import load_weights
+
+if TYPE_CHECKING:  # torch and the model code are imported where a backend runs: a scenario's
+    import torch  # backend name is checked (coevo validate) without loading them
+
+    from agents.models.policy import Choice
 
 Ids = Sequence[int]
 
@@ -96,6 +101,8 @@ class HfBackend:
         temperature: float,
         pad_id: int,
     ) -> list[Choice]:
+        from agents.models.policy import score_and_choose
+
         return score_and_choose(
             self.model,
             prompts,
@@ -116,6 +123,8 @@ class HfBackend:
         eos_id: int,
         pad_id: int,
     ) -> list[tuple[list[int], list[float]]]:
+        from agents.models.policy import generate
+
         return generate(
             self.model,
             prompts,

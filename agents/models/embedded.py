@@ -70,8 +70,6 @@ from agents.models.pretrain import (
     Progress,
     Sample,
     cached_build,
-    check_ranges,
-    check_schedule,
     default_cache_root,
     encode_prompts,
     reflection_steps,
@@ -84,6 +82,7 @@ from agents.models.pretrain_play import (
     turn_conversations,
 )
 from agents.models.prompts import encode_response, reflection_messages, turn_messages
+from agents.models.specs import EmbeddedSpec
 from engine.world import TextWorld
 from engine.world_registry import load_world
 
@@ -106,106 +105,6 @@ REQUIRED_FILES = (
     "tokenizer_config.json",
     "pretrain.json",  # written last
 )
-
-
-class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything that determines the built model; with :data:`FORMAT_VERSION`, its hash is
-    the cache key.
-
-    Attributes:
-        world, world_options: the world to learn, as for :func:`load_world`.
-        hidden_size, layers, heads, kv_heads, intermediate_size, max_positions: the Qwen2
-            shape (input embeddings tied to the output layer).
-        episodes_per_family, explorer_share: pre-training play per family, and its share
-            played by the Explorer (the rest by RandomAgent).
-        eval_variants: the last train variants per family, kept out of pre-training and
-            played for the quality checks; eval_notes: fresh episodes per family whose greedy
-            notes are checked.
-        steps, batch_size, lr, warmup, seed: AdamW with linear warmup and cosine decay to a
-            tenth; the seed of play, batches and initial weights.
-        window: the ``window`` of :func:`agents.models.prompts.turn_messages`.
-        reflection_share: the share of batches (so of samples) that are reflections.
-        prompt_loss_weight: the weight of the LM loss on prompt tokens.
-        note_episodes_per_family: pre-training episodes per family with notes shown, played
-            by the Explorer following them (:func:`agents.models.pretrain_play.note_episodes`).
-        note_tries: Explorer episodes per variant searched for a success to write its note.
-        entry_share: the share of those episodes showing notes as entries (one line, no
-            ``found``), the rest as written.
-        probe_variants, probe_seeds: the note probe (:mod:`agents.models.note_probe`): held-out
-            variants per family and episodes per variant and condition (0 variants: none).
-    """
-
-    world: str = "minilab"
-    world_options: dict[str, Any] = msgspec.field(default_factory=dict)
-    hidden_size: int = 96
-    layers: int = 3
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate_size: int = 192
-    max_positions: int = 1024
-    episodes_per_family: int = 200
-    explorer_share: float = 0.8
-    eval_variants: int = 4
-    eval_notes: int = 4
-    steps: int = 6000
-    batch_size: int = 8
-    lr: float = 3e-3
-    warmup: int = 40
-    seed: int = 0
-    window: int = 4
-    reflection_share: float = 0.25
-    prompt_loss_weight: float = 1.0
-    note_episodes_per_family: int = 200
-    note_tries: int = 64
-    entry_share: float = 0.5
-    probe_variants: int = 20
-    probe_seeds: int = 2
-
-    def __post_init__(self) -> None:
-        check_spec(self)
-
-
-_RANGES = {  # the highs are far beyond what a CPU build can do: a typo must not allocate terabytes
-    "hidden_size": (1, 8192),
-    "layers": (1, 128),
-    "heads": (1, 256),
-    "kv_heads": (1, 256),
-    "intermediate_size": (1, 65_536),
-    "max_positions": (1, 131_072),
-    "episodes_per_family": (1, 1_000_000),
-    "steps": (1, 10_000_000),
-    "batch_size": (1, 65_536),
-    "eval_variants": (0, 100_000),
-    "eval_notes": (0, 100_000),
-    "warmup": (0, 10_000_000),
-    "seed": (0, 2**63 - 1),
-    "window": (0, 100),
-    "note_episodes_per_family": (0, 1_000_000),
-    "note_tries": (1, 100_000),
-    "probe_variants": (0, 100_000),
-    "probe_seeds": (1, 1000),
-}
-
-
-def check_spec(spec: EmbeddedSpec) -> None:
-    """Validate ``spec`` (its constructor does).
-
-    Raises:
-        ValueError: a field is out of range or the shape is inconsistent.
-    """
-    if not spec.world:
-        raise ValueError("world must be a non-empty name")
-    check_ranges(spec, _RANGES, ("explorer_share", "reflection_share", "entry_share"))
-    if spec.hidden_size % (2 * spec.heads):
-        raise ValueError(
-            "hidden_size must be a multiple of 2 * heads (rotary heads have an even size), "
-            f"got {spec.hidden_size} and {spec.heads}"
-        )
-    if spec.heads % spec.kv_heads:
-        raise ValueError(
-            f"heads must be a multiple of kv_heads, got {spec.heads} and {spec.kv_heads}"
-        )
-    check_schedule(spec)
 
 
 def cache_key(spec: EmbeddedSpec) -> str:

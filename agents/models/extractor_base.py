@@ -63,8 +63,6 @@ from agents.models.pretrain import (
     Progress,
     Sample,
     cached_build,
-    check_ranges,
-    check_schedule,
     default_cache_root,
     encode_prompts,
     reflection_steps,
@@ -72,6 +70,7 @@ from agents.models.pretrain import (
 )
 from agents.models.pretrain_play import Episode, play_families
 from agents.models.prompts import encode_response
+from agents.models.specs import OpsSpec
 from engine.world_registry import load_world
 from stores.checkpoints import load_model_dir
 
@@ -96,59 +95,6 @@ OP_WORDS = ("add", "update", "return", "merge", "rewrite", "discard", "entry")
 """Words of the operation format given a token each: the base tokenizer, built from the
 world's text, spells them in 2-4 byte pieces, which a model this small stutters
 (``mererge``)."""
-
-
-class OpsSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything that determines the operation stage; with the base model's cache key and
-    :data:`OPS_FORMAT_VERSION`, its hash is the cache key.
-
-    Attributes:
-        episodes_per_family: fresh episodes played per family on the base model's train
-            variants (never its held-back ones); each gives one extraction and one merge sample.
-        steps, batch_size, lr, warmup, seed: AdamW with linear warmup and cosine decay to a
-            tenth; the seed of play, teaching prompts and batches.
-        merge_share: the share of steps that train on merge samples.
-        guided_share: the share of extraction prompts that show an entry.
-        duplicate_share: the share of merge chunks with a note repeated under another id.
-        merge_chunk: the most entries in a merge chunk (at least 2).
-        max_ops: what the extraction prompt asks for (as ``complementary.max_ops``).
-        checks: fresh episodes per family, on the held-back variants, whose greedy answers
-            are checked before and after.
-        max_new_tokens: the length of the checked answers (as ``complementary.max_new_tokens``).
-        prompt_loss_weight: the weight of the LM loss on prompt tokens.
-    """
-
-    episodes_per_family: int = 150
-    steps: int = 1200
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup: int = 40
-    seed: int = 0
-    merge_share: float = 0.3
-    guided_share: float = 0.5
-    duplicate_share: float = 0.5
-    merge_chunk: int = 5
-    max_ops: int = 3
-    checks: int = 8
-    max_new_tokens: int = 64
-    prompt_loss_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_ranges(self, _RANGES, ("merge_share", "guided_share", "duplicate_share"))
-        check_schedule(self)
-
-
-_RANGES = {
-    "episodes_per_family": (1, 100_000),
-    "steps": (1, 10_000_000),
-    "batch_size": (1, 4096),
-    "max_ops": (1, 100),
-    "max_new_tokens": (1, 4096),
-    "merge_chunk": (2, 100),
-    "warmup": (0, 10_000_000),
-    "seed": (0, 2**63 - 1),
-    "checks": (0, 100_000),
-}
 
 
 def ops_key(base: EmbeddedSpec, spec: OpsSpec) -> str:

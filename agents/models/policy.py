@@ -10,9 +10,12 @@ Two ways to act, both recorded with token ids and log-probs:
 - **generate** (real instruction-tuned LLMs): the response is sampled token by token; its
   log-prob is the sum of its tokens' (tempered) log-probs.
 
-Scoring packs a prompt and all its candidates into one row: each candidate attends to the
-prompt and to itself only, with positions that restart after the prompt, so one forward pass
-scores every candidate without repeating the prompt.
+Scoring packs every request of a batch into the rows of one forward pass
+(:mod:`agents.models.packing`): each candidate attends to its prompt and to itself only, at the
+positions it would have after the prompt alone, so one forward pass scores every candidate
+without repeating a prompt, and requests whose prompts begin alike share those places. The
+output layer runs only at the places whose logits score a token (for the model types known to
+allow it, :data:`HEAD_ONLY`).
 
 Every draw uses a uniform number from the request's own ``random.Random``, so what is sampled
 does not depend on which requests shared a forward pass.
@@ -29,98 +32,28 @@ from typing import Any
 
 import torch
 
-Ids = Sequence[int]
+from agents.models.packing import Ids, Packed, pack
+
+# model types whose causal LM computes its logits as ``lm_head(the base model's output)`` and
+# nothing more (no soft-capping or scaling), so the head can be applied to the scored places only
+HEAD_ONLY = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
-@dataclass(frozen=True, slots=True)
-class Packed:
-    """Prompts and their candidates packed one row per prompt.
-
-    Attributes:
-        input_ids: (B, L) token ids, right-padded.
-        attention: (B, 1, L, L) additive float mask (0 where attention is allowed).
-        positions: (B, L) position ids.
-        rows, at, tokens: for every candidate token, its row, the position whose logits
-            predict it, and the token id; each (N,).
-        owner: (N,) the flat index of the candidate each token belongs to.
-        counts: the number of candidates of each row.
-    """
-
-    input_ids: torch.Tensor
-    attention: torch.Tensor
-    positions: torch.Tensor
-    rows: torch.Tensor
-    at: torch.Tensor
-    tokens: torch.Tensor
-    owner: torch.Tensor
-    counts: tuple[int, ...]
-
-
-def _row_layout(
-    prompt: Ids, candidates: Sequence[Ids]
-) -> tuple[list[int], list[int], list[tuple[int, int]]]:
-    """One row's ids, positions and ``(offset, length)`` of each candidate."""
-    if not prompt:
-        raise ValueError("a prompt must have at least one token")
-    if not candidates or any(len(c) == 0 for c in candidates):
-        raise ValueError("every request needs at least one non-empty candidate")
-    p = len(prompt)
-    ids = list(prompt)
-    positions = list(range(p))
-    spans: list[tuple[int, int]] = []
-    for cand in candidates:
-        spans.append((len(ids), len(cand)))
-        ids += cand
-        positions += range(p, p + len(cand))
-    return ids, positions, spans
-
-
-def pack(prompts: Sequence[Ids], candidates: Sequence[Sequence[Ids]], pad_id: int) -> Packed:
-    """Pack each prompt with its candidates into one row (see the module docstring).
-
-    Raises:
-        ValueError: lengths differ, a prompt is empty or a candidate list is empty.
-    """
-    if len(prompts) != len(candidates):
-        raise ValueError(f"{len(prompts)} prompts but {len(candidates)} candidate lists")
-    layouts = [_row_layout(p, c) for p, c in zip(prompts, candidates, strict=True)]
-    width = max(len(ids) for ids, _, _ in layouts)
-    batch = len(layouts)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    positions = torch.zeros((batch, width), dtype=torch.long)
-    allowed = torch.zeros((batch, width, width), dtype=torch.bool)
-    allowed[:, torch.arange(width), torch.arange(width)] = True  # padding sees itself: no NaN
-    rows: list[int] = []
-    at: list[int] = []
-    tokens: list[int] = []
-    owner: list[int] = []
-    flat = 0
-    for b, (ids, pos, spans) in enumerate(layouts):
-        p = len(prompts[b])
-        input_ids[b, : len(ids)] = torch.tensor(ids)
-        positions[b, : len(pos)] = torch.tensor(pos)
-        allowed[b, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
-        for off, n in spans:
-            allowed[b, off : off + n, :p] = True
-            allowed[b, off : off + n, off : off + n] = torch.ones(n, n, dtype=torch.bool).tril()
-            for i in range(n):
-                rows.append(b)
-                at.append(p - 1 if i == 0 else off + i - 1)
-                tokens.append(ids[off + i])
-                owner.append(flat)
-            flat += 1
-    attention = torch.zeros((batch, 1, width, width))
-    attention.masked_fill_(~allowed[:, None], torch.finfo(attention.dtype).min)
-    return Packed(
-        input_ids=input_ids,
-        attention=attention,
-        positions=positions,
-        rows=torch.tensor(rows),
-        at=torch.tensor(at),
-        tokens=torch.tensor(tokens),
-        owner=torch.tensor(owner),
-        counts=tuple(len(c) for c in candidates),
-    )
+def scored_logits(model: Any, packed: Packed, device: torch.device) -> torch.Tensor:
+    """The logits at every scored place, (N, V): for the model types in :data:`HEAD_ONLY`
+    the output layer runs at those places only, otherwise on every place of every row."""
+    kwargs = {
+        "input_ids": packed.input_ids.to(device),
+        "attention_mask": packed.attention.to(device),
+        "position_ids": packed.positions.to(device),
+    }
+    rows, at = packed.rows.to(device), packed.at.to(device)
+    if getattr(model.config, "model_type", None) in HEAD_ONLY:
+        # the decoder and the head through their accessors, not ``.model`` and ``.lm_head``:
+        # on a peft-adapted model ``.model`` is the whole causal LM, not its decoder
+        hidden = model.get_decoder()(**kwargs).last_hidden_state  # (B, L, H)
+        return model.get_output_embeddings()(hidden[rows, at])  # (N, V)
+    return model(**kwargs).logits[rows, at]  # (B, L, V) -> (N, V)
 
 
 def candidate_scores(
@@ -130,15 +63,10 @@ def candidate_scores(
     context decides).
 
     Returns:
-        ``(scores, token_logp)``: the sum of token log-probs of every candidate, flat over rows
-        (sum(counts),), and the log-prob of every candidate token (N,).
+        ``(scores, token_logp)``: the sum of token log-probs of every candidate, flat in
+        request order (sum(counts),), and the log-prob of every candidate token (N,).
     """
-    logits = model(
-        input_ids=packed.input_ids.to(device),
-        attention_mask=packed.attention.to(device),
-        position_ids=packed.positions.to(device),
-    ).logits  # (B, L, V)
-    picked = logits[packed.rows.to(device), packed.at.to(device)]  # (N, V)
+    picked = scored_logits(model, packed, device)  # (N, V)
     token_logp = picked.float().log_softmax(-1).gather(1, packed.tokens.to(device)[:, None])[:, 0]
     scores = torch.zeros(sum(packed.counts), device=device)
     return scores.index_add(0, packed.owner.to(device), token_logp), token_logp

@@ -19,12 +19,13 @@ import tempfile
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import structlog
 import torch
 
 from agents.models.prompts import Message
+from agents.models.specs import TrainSpec
 
 BUCKET = 8
 """Batches drawn together and grouped by length, so that little of a batch is padding."""
@@ -32,57 +33,6 @@ BUCKET = 8
 
 Progress = Callable[[int, int, float], None]
 """Called as ``progress(step, steps, loss)`` after each training step."""
-
-
-class TrainSpec(Protocol):
-    """What :func:`batch_plan`, :func:`lr_at` and :func:`train` read of a spec: an
-    :class:`agents.models.embedded.EmbeddedSpec` or an
-    :class:`agents.models.extractor_base.OpsSpec`."""
-
-    @property
-    def steps(self) -> int: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def lr(self) -> float: ...
-    @property
-    def warmup(self) -> int: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def prompt_loss_weight(self) -> float: ...
-
-
-def check_ranges(
-    spec: object, ranges: Mapping[str, tuple[float, float]], shares: Sequence[str] = ()
-) -> None:
-    """Validate the fields of ``spec`` named in ``ranges`` (``name: (low, high)``, inclusive)
-    and the ``shares`` (fractions between 0 and 1).
-
-    Raises:
-        ValueError: the first field out of its range, named with the range.
-    """
-    for name, (low, high) in ranges.items():
-        if not low <= getattr(spec, name) <= high:
-            raise ValueError(f"{name} must be between {low} and {high}, got {getattr(spec, name)}")
-    for name in shares:
-        if not 0.0 <= getattr(spec, name) <= 1.0:
-            raise ValueError(f"{name} must be between 0 and 1, got {getattr(spec, name)}")
-
-
-def check_schedule(spec: TrainSpec) -> None:
-    """Validate the training fields that :class:`agents.models.embedded.EmbeddedSpec` and
-    :class:`agents.models.extractor_base.OpsSpec` share (their ranges of counts are checked apart).
-
-    Raises:
-        ValueError: a bad ``lr`` or ``prompt_loss_weight``, or ``warmup > steps``.
-    """
-    if not (math.isfinite(spec.lr) and spec.lr > 0):
-        raise ValueError(f"lr must be a positive number, got {spec.lr}")
-    if spec.warmup > spec.steps:
-        raise ValueError(f"warmup must be <= steps, got {spec.warmup} > {spec.steps}")
-    if not (math.isfinite(spec.prompt_loss_weight) and spec.prompt_loss_weight >= 0):
-        raise ValueError(f"prompt_loss_weight must be >= 0, got {spec.prompt_loss_weight}")
 
 
 class Sample(NamedTuple):

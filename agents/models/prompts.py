@@ -193,3 +193,79 @@ def decode_response(tokenizer: Any, ids: Sequence[int]) -> str:
     if tokenizer.eos_token_id in ids:
         ids = ids[: ids.index(tokenizer.eos_token_id)]
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+_MARK = "\x1ecoevo-content-{}\x1e"
+_PROBES = ("", " two  words \n and a line ", "{{ braces }} {% raw %} 'quotes' \"too\"\t")
+
+
+class PromptEncoder:
+    """:func:`encode_prompt` for a batch of conversations, with one tokenizer call.
+
+    The chat template is rendered once per sequence of roles, with a marker for each content;
+    if the rendering is then exactly the marked text with each marker replaced by its content
+    (checked on probe contents: empty, with surrounding spaces, newlines, braces and quotes),
+    later conversations with those roles are written by that replacement, not by the template.
+    A template that changes contents (trims them, say) fails the check and renders every
+    conversation itself. A template whose output depends on what a content says (not only on
+    the roles) would not be caught by the check: this encoder is for templates that place the
+    contents as they are (the embedded model's, and Qwen2's or Llama's plain messages).
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with a chat template.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._layouts: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+
+    def encode(self, conversations: Sequence[Sequence[Message]]) -> list[list[int]]:
+        """The ids :func:`encode_prompt` gives each conversation, in order.
+
+        Raises:
+            ValueError: the tokenizer has no chat template.
+        """
+        if not conversations:
+            return []
+        texts = [self.render(c) for c in conversations]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def render(self, conversation: Sequence[Message]) -> str:
+        """The text the chat template makes of ``conversation`` with the assistant's header."""
+        roles = tuple(m["role"] for m in conversation)
+        if roles not in self._layouts:
+            self._layouts[roles] = self._layout(roles)
+        parts = self._layouts[roles]
+        if parts is None:
+            return self._template(conversation)
+        out = [parts[0]]
+        for m, part in zip(conversation, parts[1:], strict=True):
+            out += (m["content"], part)
+        return "".join(out)
+
+    def _template(self, conversation: Sequence[Message]) -> str:
+        return self.tokenizer.apply_chat_template(
+            [dict(m) for m in conversation], add_generation_prompt=True, tokenize=False
+        )
+
+    def _layout(self, roles: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The text around each content, or None if the template does not keep contents as
+        they are."""
+        marks = [_MARK.format(k) for k in range(len(roles))]
+        text = self._template(
+            [{"role": r, "content": m} for r, m in zip(roles, marks, strict=True)]
+        )
+        parts: list[str] = []
+        for mark in marks:
+            before, found, text = text.partition(mark)
+            if not found or mark in text:
+                return None
+            parts.append(before)
+        parts.append(text)
+        for probe in _PROBES:
+            contents = [f"{probe}{k}" for k in range(len(roles))]
+            expected = parts[0] + "".join(c + p for c, p in zip(contents, parts[1:], strict=True))
+            messages = [{"role": r, "content": c} for r, c in zip(roles, contents, strict=True)]
+            if self._template(messages) != expected:
+                return None
+        return tuple(parts)

@@ -1,0 +1,198 @@
+"""Packing scoring requests several to a row, sharing the beginnings of prompts.
+
+What holds exactly: every candidate token sees exactly its own prompt and the tokens of its own
+candidate before it, at the positions they have alone (checked on the mask, for generated
+requests); the output layer at the scored places only gives the same logits, bit for bit, as
+the whole model's logits at those places; every request is in exactly one row, no row is over
+its width. What holds to float32's rounding only: the scores equal those of one request per row
+(the attention's sums are grouped by a row's places, which packing moves), and choices drawn
+from them are the same.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from agents.models.packing import Packed, assign, pack, request_lengths
+from agents.models.policy import candidate_scores, score_and_choose, scored_logits
+from agents.models.tuning import LoraSettings, with_lora
+
+CPU = torch.device("cpu")
+BASE = [5, 6, 7]  # a beginning every generated prompt has (the system message's part)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Prompts that begin alike (some equal, some a prefix of another) and their candidates."""
+    stems = draw(st.lists(st.lists(st.integers(2, 9), max_size=6), min_size=1, max_size=3))
+    n = draw(st.integers(1, 8))
+    prompts = []
+    for _ in range(n):
+        stem = draw(st.sampled_from(stems))
+        tail = draw(st.lists(st.integers(2, 9), max_size=4))
+        prompts.append([*BASE, *stem, *tail])
+    cands = [
+        draw(st.lists(st.lists(st.integers(2, 9), min_size=1, max_size=4), min_size=1, max_size=4))
+        for _ in range(n)
+    ]
+    return prompts, cands
+
+
+def seen_by(packed: Packed, row: int, place: int) -> list[tuple[int, int]]:
+    """The (position, token) of every place ``place`` attends to, in order."""
+    mask = packed.attention[row, 0, place] == 0
+    ids, pos = packed.input_ids[row], packed.positions[row]
+    return [(int(pos[j]), int(ids[j])) for j in torch.nonzero(mask)[:, 0].tolist()]
+
+
+@given(requests())
+def test_each_candidate_token_sees_its_prompt_and_its_own_candidate_only(
+    reqs: tuple[list[list[int]], list[list[list[int]]]],
+) -> None:
+    prompts, cands = reqs
+    packed = pack(prompts, cands, pad_id=0)
+    expected: list[tuple[int, list[tuple[int, int]]]] = []  # (token, what predicts it sees)
+    for prompt, cs in zip(prompts, cands, strict=True):
+        for cand in cs:
+            seq = [*prompt, *cand]
+            for t in range(len(cand)):
+                expected.append((cand[t], list(enumerate(seq[: len(prompt) + t]))))
+    order = sorted(range(len(expected)), key=lambda k: int(packed.owner[k]))  # stable
+    got = [
+        (int(packed.tokens[k]), seen_by(packed, int(packed.rows[k]), int(packed.at[k])))
+        for k in order
+    ]
+    assert got == expected
+    assert packed.counts == tuple(len(c) for c in cands)
+
+
+@given(requests())
+def test_every_request_is_in_one_row_and_no_row_overflows(
+    reqs: tuple[list[list[int]], list[list[list[int]]]],
+) -> None:
+    prompts, cands = reqs
+    lengths = request_lengths(prompts, cands)
+    rows = assign(prompts, lengths, max(lengths))
+    assert sorted(i for row in rows for i in row) == list(range(len(prompts)))
+    packed = pack(prompts, cands, pad_id=0)
+    assert packed.input_ids.shape == (len(rows), max(lengths))
+    stored = sum(int((packed.attention[b, 0].diagonal() == 0).sum()) for b in range(len(rows)))
+    assert stored == packed.input_ids.numel()  # every place, padding included, sees itself
+
+
+def test_a_request_longer_than_a_row_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        assign([[1, 2]], [9], 8)
+
+
+@pytest.fixture(scope="module")
+def model() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def generated(seed: int, n: int) -> tuple[list[list[int]], list[list[list[int]]]]:
+    rng = random.Random(seed)
+    goals = [[rng.randrange(2, 50) for _ in range(rng.randrange(2, 12))] for _ in range(4)]
+    prompts = [
+        [*BASE, *rng.choice(goals), *(rng.randrange(2, 50) for _ in range(rng.randrange(0, 30)))]
+        for _ in range(n)
+    ]
+    cands = [
+        [
+            [rng.randrange(2, 50) for _ in range(rng.randrange(1, 5))]
+            for _ in range(rng.randrange(1, 7))
+        ]
+        for _ in range(n)
+    ]
+    return prompts, cands
+
+
+def test_the_head_at_the_scored_places_gives_the_whole_models_logits_bit_for_bit(
+    model: Qwen2ForCausalLM,
+) -> None:
+    prompts, cands = generated(1, 24)
+    packed = pack(prompts, cands, pad_id=0)
+    with torch.no_grad():
+        head_only = scored_logits(model, packed, CPU)
+        whole = model(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention,
+            position_ids=packed.positions,
+        ).logits[packed.rows, packed.at]
+    assert torch.equal(head_only, whole)
+
+
+def one_per_row(model: Qwen2ForCausalLM, prompt: list[int], cands: list[list[int]]) -> list[float]:
+    """The scores with the request alone in its row (the layout before packing)."""
+    packed = pack([prompt], [cands], pad_id=0)
+    assert packed.input_ids.shape[0] == 1
+    with torch.no_grad():
+        flat, _ = candidate_scores(model, packed, CPU)
+    return flat.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_scores_equal_one_request_per_row_to_float32_rounding(
+    model: Qwen2ForCausalLM, seed: int
+) -> None:
+    prompts, cands = generated(seed, 32)
+    packed = pack(prompts, cands, pad_id=0)
+    assert packed.input_ids.shape[0] < len(prompts)  # requests did share rows
+    with torch.no_grad():
+        flat, _ = candidate_scores(model, packed, CPU)
+    alone = [s for p, c in zip(prompts, cands, strict=True) for s in one_per_row(model, p, c)]
+    assert flat.tolist() == pytest.approx(alone, rel=1e-5, abs=1e-5)
+    rngs = [random.Random(seed * 100 + i) for i in range(len(prompts))]
+    batched = score_and_choose(model, prompts, cands, rngs, temperature=1.0, pad_id=0, device=CPU)
+    for i, (p, c) in enumerate(zip(prompts, cands, strict=True)):
+        (single,) = score_and_choose(
+            model, [p], [c], [random.Random(seed * 100 + i)], temperature=1.0, pad_id=0, device=CPU
+        )
+        assert batched[i].index == single.index
+
+
+def test_a_lora_adapted_model_is_scored_head_only_as_its_whole_forward_pass() -> None:
+    # peft wraps the causal LM: its ``.model`` is the whole LM, not the decoder, so the head-only
+    # path must reach the decoder and the head through their accessors
+    torch.manual_seed(1)
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    adapted = with_lora(Qwen2ForCausalLM(cfg).eval(), LoraSettings(r=4), seed=3)
+    with torch.no_grad():  # B starts at zero (the base's output): make the adapters count
+        for name, param in adapted.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0.0, 0.5)
+    prompts, cands = generated(2, 16)
+    packed = pack(prompts, cands, pad_id=0)
+    with torch.no_grad():
+        head_only = scored_logits(adapted, packed, CPU)
+        whole = adapted(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention,
+            position_ids=packed.positions,
+        ).logits[packed.rows, packed.at]
+    assert torch.equal(head_only, whole)
