@@ -93,7 +93,7 @@ def fold(module: Any, events: list[Event], batch: int) -> tuple[float, list[Even
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--credits", type=int, nargs="+", default=[5000, 10000, 20000])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--rounds", type=int, default=3)
