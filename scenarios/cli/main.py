@@ -21,6 +21,7 @@ from engine.errors import CoevoError
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import InputInvalid, naming, open_run
 from scenarios.cli.explore import add_commands
+from scenarios.cli.logsetup import configure_logging
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
 from stores.rundir import find_run
 
@@ -31,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``coevo`` script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # log lines (an embedded model being built, say) go to stderr, never into a command's
+    # output (`--json` included); `run` and `resume` route them to their run directory too
+    configure_logging(Console(stderr=True), "info")
     try:
         return int(args.func(args))
     except CoevoError as exc:

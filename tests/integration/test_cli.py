@@ -232,3 +232,19 @@ def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
     proc.communicate(timeout=60)
     assert proc.returncode == 143
     assert coevo("replay", str(out), "--verify").returncode == 0
+
+
+def test_log_lines_go_to_stderr_never_into_a_commands_output(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A command's output (``--json`` included) is only its output: what the code logs meanwhile
+    (an embedded model being built, say) is routed to stderr by the command line."""
+    import structlog
+
+    from scenarios.cli import main
+
+    assert main(["validate", EXPLORE]) == 0
+    capsys.readouterr()
+    structlog.get_logger("coevo").bind(actor="embedded").info("building the embedded model")
+    out, err = capsys.readouterr()
+    assert "building the embedded model" in err and out == ""
