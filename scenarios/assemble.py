@@ -123,16 +123,16 @@ def assemble(
             tuple(specs), projections(), config, tasks, scenario.run.episodes, tracking=tracking
         )
     _check_learning(scenario, source)
-    if scenario.run.method != ROLLOUT:
-        _method(scenario, source)  # a plug-in's errors, before any model is built
+    # built once, before any model is built (a plug-in's errors first)
+    method = _method(scenario, source) if scenario.run.method != ROLLOUT else None
     from scenarios.policy_setup import policy_actors  # torch and transformers: only here
 
     specs = _workers(scenario, workers, make_world, None, source)
-    actors, model = policy_actors(scenario, source, run_dir, prepare_model)
+    actors, model = policy_actors(scenario, source, method, run_dir, prepare_model)
     specs += actors
-    if scenario.run.method != ROLLOUT:
+    if method is not None:
         heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
-        trainer = _trainer(scenario, tasks, heldout, workers, source)
+        trainer = _trainer(scenario, method, tasks, heldout, workers, source)
         episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
         specs.insert(0, ActorSpec(name=TRAINER, factory=lambda: trainer, driver=True))
     else:
@@ -280,12 +280,12 @@ def _check_learning(scenario: Scenario, source: str) -> None:
 
 def _trainer(
     scenario: Scenario,
+    method: Method,
     tasks: tuple[Task, ...],
     heldout: tuple[Task, ...],
     workers: list[str],
     source: str,
 ) -> GrpoTrainer:
-    method = _method(scenario, source)
     try:
         return GrpoTrainer(
             tasks,

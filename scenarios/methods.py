@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from agents.methods.base import Method
-from agents.methods.registry import build_method
+from agents.methods.registry import scenario_method
 from scenarios.schema import Scenario
 
 
@@ -16,9 +16,7 @@ def method_of(scenario: Scenario) -> Method:
     Raises:
         ValueError: see :func:`agents.methods.registry.build_method`.
     """
-    name = scenario.run.method
-    sections: dict[str, object] = {"empo2": scenario.empo2, "complementary": scenario.complementary}
-    return build_method(name, scenario.grpo, sections.get(name), scenario.method)
+    return scenario_method(scenario)
 
 
 def method_with(

@@ -46,7 +46,11 @@ ROLLOUT = "rollout"
 
 
 def policy_actors(
-    scenario: Scenario, source: str, run_dir: Path | None, prepare_model: bool
+    scenario: Scenario,
+    source: str,
+    method: Method | None,
+    run_dir: Path | None,
+    prepare_model: bool,
 ) -> tuple[list[ActorSpec], Path | None]:
     """The inference actor, and for a learning method its own actors and the learner; the
     policy's model directory.
@@ -54,6 +58,7 @@ def policy_actors(
     Args:
         scenario: the validated scenario.
         source: its file name (for error messages).
+        method: its learning method (None: a rollout, which trains nothing).
         run_dir: the run directory (checkpoints go there); None keeps them in memory.
         prepare_model: build (or find in the cache) the embedded model and the method's base
             models, and set torch's threads; False only checks the settings and model
@@ -71,7 +76,6 @@ def policy_actors(
         import torch
 
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
-    method = method_of(scenario) if scenario.run.method != ROLLOUT else None
     roles = _roles(method, source) if method else ()
     check_training(scenario, source, roles)
     # the base models' settings (and local paths) are checked before anything is built

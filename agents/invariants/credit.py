@@ -18,7 +18,7 @@ from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
 from agents.events.memory import TipsRetrieved
 from agents.events.policy import AdvantagesComputed, GradientRequested
 from agents.learning.credit_actor import credit_settings
-from agents.methods.registry import build_method
+from agents.methods.registry import scenario_method
 from engine.errors import AuditQueryInvalid
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, InvariantViolated, invariant
@@ -46,13 +46,7 @@ def run_settings(scenario: Any) -> AuditSettings:
     Raises:
         ValueError: the run's method cannot be built (a plug-in that no longer imports).
     """
-    name = scenario.run.method
-    sections = {"empo2": scenario.empo2, "complementary": scenario.complementary}
-    method = (
-        None
-        if name == "rollout"
-        else build_method(name, scenario.grpo, sections.get(name), scenario.method)
-    )
+    method = None if scenario.run.method == "rollout" else scenario_method(scenario)
     return AuditSettings(credit_settings(scenario.complementary), method, scenario.grpo.reward)
 
 

@@ -91,3 +91,17 @@ def build_method(
     if not isinstance(method, Method):
         raise ValueError(f"method {name_or_path!r} does not implement Method")
     return method
+
+
+def scenario_method(scenario: Any) -> Method:
+    """The learning method a scenario names, with its settings: a built-in's own section
+    (``[empo2]``, ``[complementary]``), a plug-in's ``[method]`` table. ``scenario`` is a
+    :class:`scenarios.schema.Scenario` (typed there: :func:`scenarios.methods.method_of`); the
+    agents read a run's stored scenario through this too.
+
+    Raises:
+        ValueError: see :func:`build_method` (a rollout names no method).
+    """
+    name = scenario.run.method
+    sections: dict[str, object] = {"empo2": scenario.empo2, "complementary": scenario.complementary}
+    return build_method(name, scenario.grpo, sections.get(name), scenario.method)

@@ -425,8 +425,9 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
 
 
 def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
-    from agents.audit.credit import AuditSettings, audit_credit, gather, with_overrides
-    from agents.learning.credit_actor import credit_settings
+    from agents.audit.credit import audit_credit, gather, with_overrides
+    from agents.invariants.credit import run_settings
+    from engine.errors import AuditQueryInvalid
     from scenarios.loader import parse_toml, to_scenario
 
     if args.top < 0:
@@ -434,8 +435,10 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     meta = log.read_meta()
     source = f"{args.run} (its scenario)"
     scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)
-    method = _method_or_none(scenario, {})
-    base = AuditSettings(credit_settings(scenario.complementary), method, scenario.grpo.reward)
+    try:  # the run's own settings, as the credit invariant reads them
+        base = run_settings(scenario)
+    except ValueError as exc:
+        raise AuditQueryInvalid(f"the run's method: {exc}") from None
     settings = with_overrides(
         base, args.rule, args.set, lambda sets: _method_or_none(scenario, sets)
     )
