@@ -26,7 +26,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from agents.audit.answers import audit_tip
@@ -437,25 +437,36 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
+def on_synthetic_log(
+    prefix: str, events: int, out: str | None, measure: Callable[[Path], Iterable[str]]
+) -> None:
+    """Print ``measure``'s lines on the synthetic run of :func:`build` (in ``out``, built there
+    if missing and kept; else in a temporary directory removed afterwards), after the machine's
+    CPU, cores and load (the benchmarks of the audit, the browser and the tracker share it)."""
+    root = Path(out) if out else Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        if not (root / "log" / "data.mdb").exists():
+            start = time.perf_counter()
+            n = build(root, events)
+            print(f"built {n} events in {time.perf_counter() - start:.0f} s")
+        cpu = platform.processor() or platform.machine()
+        print(f"{cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+        for line in measure(root):
+            print(line)
+    finally:
+        if not out:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--questions", type=int, default=50)
     parser.add_argument("--out", help="keep the synthetic run here (reused if it exists)")
     args = parser.parse_args()
-    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-audit-"))
-    try:
-        if not (root / "log" / "data.mdb").exists():
-            start = time.perf_counter()
-            n = build(root, args.events)
-            print(f"built {n} events in {time.perf_counter() - start:.0f} s")
-        cpu = platform.processor() or platform.machine()
-        print(f"{cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-        for line in measure(root, args.questions):
-            print(line)
-    finally:
-        if not args.out:
-            shutil.rmtree(root, ignore_errors=True)
+    on_synthetic_log(
+        "bench-audit-", args.events, args.out, lambda root: measure(root, args.questions)
+    )
 
 
 if __name__ == "__main__":

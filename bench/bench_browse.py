@@ -13,14 +13,11 @@ Run: ``.venv/bin/python bench/bench_browse.py [--events N] [--out DIR] [--pages 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -28,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_audit import build
+from bench_audit import on_synthetic_log
 
 from agents.audit.index import INDEX_DIR
 from agents.browse.app import make_app
@@ -109,19 +106,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=50)
     parser.add_argument("--out", help="keep the synthetic run here (reused if it exists)")
     args = parser.parse_args()
-    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-browse-"))
-    try:
-        if not (root / "log" / "data.mdb").exists():
-            start = time.perf_counter()
-            n = build(root, args.events)
-            print(f"built {n} events in {time.perf_counter() - start:.0f} s")
-        cpu = platform.processor() or platform.machine()
-        print(f"{cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-        for line in measure(root, args.pages):
-            print(line)
-    finally:
-        if not args.out:
-            shutil.rmtree(root, ignore_errors=True)
+    on_synthetic_log("bench-browse-", args.events, args.out, lambda root: measure(root, args.pages))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ Run: ``.venv/bin/python bench/bench_tracking.py [--out DIR] [--events N]``.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -19,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_audit import build
+from bench_audit import on_synthetic_log
 
 from agents.tracking.observer import Tracker
 from agents.tracking.sinks import open_sink
@@ -55,19 +53,13 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--out", help="keep the synthetic run here (reused if it exists)")
     args = parser.parse_args()
-    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     scratch = Path(tempfile.mkdtemp(prefix="bench-tracking-tb-"))
     try:
-        if not (root / "log" / "data.mdb").exists():
-            build(root, args.events)
-        cpu = platform.processor() or platform.machine()
-        print(f"{cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-        for line in measure(root, scratch):
-            print(line)
+        on_synthetic_log(
+            "bench-tracking-", args.events, args.out, lambda root: measure(root, scratch)
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        if not args.out:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
