@@ -148,7 +148,7 @@ class Complementary(Grpo):
         super().__init__(grpo)
         self._c = settings
         self.warmup = settings.warmup
-        self.memory_eval = settings.guided_rollout
+        self.memory_eval: str | None = settings.guided_rollout
 
     def rollout(self, run_seed: int, step: int, index: int, member: int) -> str:
         guided = step >= self.warmup and member < self._grpo.group_size // 2
