@@ -230,7 +230,7 @@ def _workers(
 
 def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[ActorSpec]:
     """The env workers' specs as the scenario's backend runs them: as they are, or each a
-    proxy of an actor on Ray (``engine.ray_backend``)."""
+    proxy of an actor on Ray (``engine.ray_backend``), ``per_process`` to a Ray process."""
     rt = scenario.runtime
     if rt.backend == "local":
         return specs
@@ -245,8 +245,9 @@ def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[Act
         resources=dict(p.resources),
         in_flight=p.in_flight,
         start_timeout=p.start_timeout,
+        per_process=p.per_process,
     )
-    return [ray_backend.remote_spec(spec, placement, mailbox=rt.mailbox) for spec in specs]
+    return ray_backend.remote_specs(specs, placement, mailbox=rt.mailbox)
 
 
 @contextlib.contextmanager

@@ -162,6 +162,9 @@ class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
         in_flight: deliveries on their way to one remote actor before the driver waits.
         start_timeout: seconds a remote actor may take to be placed and started before it
             counts as lost.
+        per_process: actors one Ray worker process hosts (each with its own thread and event
+            loop; the process reserves their resources together). A lost process takes them
+            all, and each restarts (docs/DEPLOY.md).
     """
 
     num_cpus: Annotated[float, Meta(ge=0, le=1024)] = 1.0
@@ -171,6 +174,7 @@ class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     )
     in_flight: Annotated[int, Meta(ge=1, le=1024)] = 2
     start_timeout: Annotated[float, Meta(gt=0, le=86_400)] = 120.0
+    per_process: Annotated[int, Meta(ge=1, le=1024)] = 1
 
 
 class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -64,6 +64,7 @@ backend = "{backend}"
 
 [runtime.ray.env_workers]
 num_cpus = 0.25
+per_process = {per_process}
 
 [logging]
 progress = false
@@ -80,10 +81,16 @@ def scenario_file(
     options: str = "{}",
     episodes: int = 30,
     workers: int = 3,
+    per_process: int = 1,
 ) -> Path:
     path = tmp / f"{backend}.toml"
     text = EXPLORE.format(
-        world=world, options=options, episodes=episodes, workers=workers, backend=backend
+        world=world,
+        options=options,
+        episodes=episodes,
+        workers=workers,
+        backend=backend,
+        per_process=per_process,
     )
     path.write_text(text, encoding="utf-8")
     return path
@@ -136,11 +143,14 @@ def remote_types(envs: list[Envelope[Event]]) -> Counter[str]:
     return Counter(e.event.actor_type for e in envs if isinstance(e.event, ActorStarted))
 
 
+@pytest.mark.parametrize("per_process", [1, 2])
 def test_the_same_scenario_and_seed_play_the_same_episodes_locally_and_on_ray(
-    tmp_path: Path, ray_address: str
+    tmp_path: Path, ray_address: str, per_process: int
 ) -> None:
     local = run(scenario_file(tmp_path, "local"), MemoryEventLog())
-    remote = run(scenario_file(tmp_path, "ray"), MemoryEventLog())
+    path = scenario_file(tmp_path, "ray", per_process=per_process)
+    assembly = prepare(path)
+    remote = run(path, MemoryEventLog(), assembly=assembly)
     assert local[0].reason == remote[0].reason == "completed"
     assert remote_types(remote[1])["RemoteEnvWorker"] == 3  # the workers did run on Ray
     assert remote_types(local[1])["EnvWorker"] == 3
@@ -149,6 +159,11 @@ def test_the_same_scenario_and_seed_play_the_same_episodes_locally_and_on_ray(
     assert episodes(remote[1]) == played
     workers = {e.event.worker for e in remote[1] if isinstance(e.event, EpisodeFinished)}
     assert workers == {"worker-0", "worker-1", "worker-2"}
+    # the process each worker ran in: worker-0 and worker-1 share one when two go to a process
+    pids = {s.name: getattr(s.factory, "inflight").pid for s in assembly.specs[1:]}  # noqa: B009
+    assert all(pids.values()) and len(pids) == 3
+    assert len(set(pids.values())) == (3 if per_process == 1 else 2), pids
+    assert (pids["worker-0"] == pids["worker-1"]) == (per_process == 2), pids
 
 
 def test_a_remote_worker_killed_mid_episode_restarts_and_runs_it_again(
@@ -213,6 +228,59 @@ def test_a_remote_worker_killed_mid_episode_restarts_and_runs_it_again(
         assert checked.ok, checked.error
     finally:
         log.close()
+
+
+def test_a_lost_process_of_two_workers_restarts_both_and_their_episodes_run_again(
+    tmp_path: Path, ray_address: str
+) -> None:
+    paced = scenario_file(
+        tmp_path, "ray", world=PACED, options="{ delay_ms = 15 }", episodes=12, workers=4,
+        per_process=2,
+    )  # fmt: skip
+    assembly = prepare(paced)
+    inflight = {spec.name: getattr(spec.factory, "inflight", None) for spec in assembly.specs}
+    running: dict[str, str] = {}  # episode -> worker
+    killed: list[int] = []
+    before: dict[str, int] = {}
+
+    def kill_mid_episode(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            ev = env.event
+            if isinstance(ev, EpisodeStarted):
+                running[ev.episode] = ev.worker
+            elif (
+                isinstance(ev, StepTaken)
+                and ev.turn == 2
+                and not killed
+                and running[ev.episode] == "worker-3"
+                and all(i.pid for i in inflight.values() if i is not None)  # all placed
+            ):
+                before.update({n: i.pid for n, i in inflight.items() if i is not None})
+                os.kill(before["worker-3"], signal.SIGKILL)
+                killed.append(before["worker-3"])
+
+    log = MemoryEventLog()
+    outcome, envs = run(paced, log, [kill_mid_episode], assembly)
+    assert outcome.reason == "completed"
+    assert killed, "the run ended before the kill"
+    assert before["worker-2"] == before["worker-3"] != before["worker-0"] == before["worker-1"]
+    after = {n: i.pid for n, i in inflight.items() if i is not None}
+    # the process's two workers restarted together in one new process; the others stayed
+    assert after["worker-2"] == after["worker-3"] not in (0, killed[0])
+    assert after["worker-0"] == before["worker-0"]
+    failed = sorted((e.event.actor, e.event.error_type) for e in envs
+                    if isinstance(e.event, ActorFailed))  # fmt: skip
+    assert failed == [("worker-2", "RemoteActorLost"), ("worker-3", "RemoteActorLost")]
+    abandoned = [e.event for e in envs if isinstance(e.event, EpisodeAbandoned)]
+    assert 1 <= len(abandoned) <= 2 and "worker-3" in [a.worker for a in abandoned]
+    finished = Counter(e.event.episode for e in envs if isinstance(e.event, EpisodeFinished))
+    assert sorted(finished) == [f"ep{i:06d}" for i in range(12)] and set(finished.values()) == {1}
+    local = scenario_file(
+        tmp_path, "local", world=PACED, options="{ delay_ms = 0 }", episodes=12, workers=4
+    )
+    assert episodes(envs) == episodes(run(local, MemoryEventLog())[1])
+    checked = verify_log(log, assembly.projections, fact_checks())
+    assert checked.ok, checked.error
 
 
 def test_a_ray_run_whose_driver_is_killed_resumes_to_a_local_runs_episodes(

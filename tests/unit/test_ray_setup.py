@@ -55,6 +55,23 @@ def test_a_ray_scenario_places_its_env_workers_behind_proxies(
     assert type(by_name["scheduler"].factory()).__name__ == "Scheduler"  # the driver's
 
 
+def test_workers_per_process_share_one_process_record_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
+    path = scenario_path(tmp_path, "\n[runtime.ray.env_workers]\nper_process = 2\n")
+    text = path.read_text(encoding="utf-8").replace("workers = 2", "workers = 5")
+    path.write_text(text, encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path))
+    factories = {s.name: s.factory for s in assembly.specs if s.name.startswith("worker-")}
+    process = {name: f.process for name, f in factories.items()}  # pyright: ignore[reportFunctionMemberAccess]
+    groups = [["worker-0", "worker-1"], ["worker-2", "worker-3"], ["worker-4"]]
+    for group in groups:
+        assert all(process[n] is process[group[0]] for n in group)
+    assert len({id(p) for p in process.values()}) == 3
+    assert [process[g[0]]._size for g in groups] == [2, 2, 1]  # what each reserves for
+
+
 def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -72,6 +89,7 @@ def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
     [
         ("\n[runtime.ray.env_workers]\nnum_cpus = -1\n", "$.runtime.ray.env_workers.num_cpus"),
         ("\n[runtime.ray.env_workers]\nin_flight = 0\n", "$.runtime.ray.env_workers.in_flight"),
+        ("\n[runtime.ray.env_workers]\nper_process = 0\n", "$.runtime.ray.env_workers.per_process"),
         ("\n[runtime.ray.env_workers]\ngpus = 1\n", "gpus"),
         ("\n[runtime.ray.inference]\nnum_gpus = 1\n", "inference"),
         ('\n[runtime.ray]\naddress = ""\n', "$.runtime.ray.address"),
@@ -102,5 +120,7 @@ def test_placement_bounds() -> None:
         ray_backend.Placement(in_flight=0)
     with pytest.raises(ValueError, match="start_timeout must be > 0"):
         ray_backend.Placement(start_timeout=0)
+    with pytest.raises(ValueError, match="per_process must be >= 1"):
+        ray_backend.Placement(per_process=0)
     assert isinstance(ray_backend.Placement(), ray_backend.Placement)
     assert issubclass(ray_backend.RemoteActor, Actor)
