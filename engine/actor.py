@@ -78,6 +78,9 @@ class ActorSpec:
         max_restarts: restarts allowed before the failure stops the run.
         driver: the run completes when this actor's ``run`` returns.
         accepts: optional filter on subscribed events (e.g. only those addressed to this actor).
+        restart_for: with "restart", the failures restarted (empty: any); any other stops the
+            run (a remote inference actor restarts when its process is lost, not when its code
+            raised on a request nobody would answer again).
     """
 
     name: str
@@ -86,6 +89,7 @@ class ActorSpec:
     max_restarts: int = 3
     driver: bool = False
     accepts: Callable[[Event], bool] | None = None
+    restart_for: tuple[type[Exception], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or self.name == "runtime":

@@ -37,7 +37,7 @@ import importlib
 import importlib.util
 import threading
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import trio
@@ -268,6 +268,16 @@ class RemoteActor(Actor):
         self._process = process
         self._codec = Codec()
 
+    recovers: ClassVar[bool] = False
+    """Whether the remote actor's kind rebuilds state on resume (overrides ``recover``)."""
+    _history: Sequence[Envelope[Event]] = ()
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Keep ``history`` for the remote actor's own :meth:`Actor.recover`, if it has one (it
+        crosses once, as msgspec bytes, when the remote actor starts)."""
+        if self.recovers:
+            self._history = history
+
     async def run(self, ctx: Context) -> None:
         process, generation = self._process.acquire()
         host = _Member(process, ctx.name)
@@ -294,7 +304,9 @@ class RemoteActor(Actor):
 
     async def _attend(self, ctx: Context, host: _Member, again: list[Envelope[Event]]) -> None:
         with trio.move_on_after(self._placement.start_timeout) as placing:
-            args = (self._factory, ctx.run_seed, ctx.attempt, self._mailbox)
+            history = self._codec.encode_batch(list(self._history)) if self._history else b""
+            self._history = ()
+            args = (self._factory, ctx.run_seed, ctx.attempt, self._mailbox, 8192, history)
             self._inflight.pid = await _result(host.add(*args))
         if placing.cancelled_caught:
             raise RemoteActorLost(
@@ -407,41 +419,46 @@ class _ProxyFactory:
         placement: Placement,
         mailbox: int,
         process: _Process,
+        sticky: tuple[type[Event], ...] = (),
     ) -> None:
         self.cls = cls
         self.factory = factory
         self.placement = placement
         self.mailbox = mailbox
         self.process = process
-        self.inflight = Inflight()
+        self.inflight = Inflight(sticky=sticky)
 
     def __call__(self) -> Actor:
         return self.cls(self.factory, self.placement, self.inflight, self.mailbox, self.process)
 
 
 def remote_spec(
-    spec: ActorSpec, placement: Placement, *, mailbox: int = 64, process: _Process | None = None
+    spec: ActorSpec,
+    placement: Placement,
+    *,
+    mailbox: int = 64,
+    process: _Process | None = None,
+    sticky: tuple[type[Event], ...] = (),
 ) -> ActorSpec:
     """``spec`` with its actor placed on Ray: the same name, supervision and filter, a proxy in
-    the driver.
+    the driver. An actor that rebuilds state on resume (``Actor.recover``) is given the
+    history in its process, once, when it first starts.
 
     Args:
         spec: the actor as it would run in the driver.
         placement: where and with what it runs.
         mailbox: batches the remote mailbox holds.
         process: the process it shares with others (:func:`remote_specs`); None: its own.
-
-    Raises:
-        ValueError: the actor rebuilds state on resume (``Actor.recover``): its history would
-            have to cross the wire, which is not supported; run it in the driver.
+        sticky: the kinds of event whose newest one the actor's next process is given first
+            when its process is lost (:attr:`engine.remote.Inflight.sticky`).
     """
     probe = spec.factory()
     kind = type(probe)
-    if kind.recover is not Actor.recover:
-        raise ValueError(f"{spec.name}: {kind.__name__} recovers state on resume; run it locally")
-    cls = type(f"Remote{kind.__name__}", (RemoteActor,), {"subscribes": tuple(probe.subscribes)})
+    recovers = kind.recover is not Actor.recover
+    attrs = {"subscribes": tuple(probe.subscribes), "recovers": recovers}
+    cls = type(f"Remote{kind.__name__}", (RemoteActor,), attrs)
     process = process or _Process(placement, 1)
-    proxy = _ProxyFactory(cls, spec.factory, placement, mailbox, process)
+    proxy = _ProxyFactory(cls, spec.factory, placement, mailbox, process, sticky)
     return dataclasses.replace(spec, factory=proxy)
 
 

@@ -95,6 +95,9 @@ class RemoteHost:
         mailbox: batches the actor's mailbox holds before a delivery waits.
         outbox: events a source actor may have emitted and not yet shipped before its ``emit``
             waits (an actor that reacts to events never waits, as in the driver).
+        history: for the first start of a resumed run: ``Codec.encode_batch`` of the earlier
+            sessions' events, given to the actor's :meth:`Actor.recover` before it runs (empty:
+            no recovery).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class RemoteHost:
         attempt: int,
         mailbox: int = 64,
         outbox: int = 8192,
+        history: bytes = b"",
     ) -> None:
         if mailbox < 1 or outbox < 1:
             raise ValueError(f"mailbox and outbox must be >= 1, got {mailbox} and {outbox}")
@@ -113,6 +117,7 @@ class RemoteHost:
         self._factory = factory
         self._attempt = attempt
         self._outbox_max = outbox
+        self._history = history
         self._codec = Codec()
         self.check_event = self._codec.check
         self._out: list[Envelope[Event]] = []
@@ -189,6 +194,10 @@ class RemoteHost:
                 actor = self._factory()
                 source = not actor.subscribes
                 ctx = Context(self, self.name, self._mailbox, source=source, attempt=self._attempt)
+                if self._history:
+                    history = self._codec.decode_envelopes(self._history)
+                    self._history = b""
+                    await actor.recover(ctx, history)
                 await actor.run(ctx)
                 self._state = "ended"
             except Exception as exc:  # reported to the proxy, which raises it in the driver
@@ -235,6 +244,10 @@ class Inflight:
         answered: something the actor emitted with ``current`` as its cause reached the driver.
         taken: envelopes the current host reported taken.
         pid: the current host's process id (0 until known).
+        sticky: the kinds of event whose newest one a new host is given first, taken or not
+            (those that set what the actor serves with, e.g. the policy version an inference
+            actor loads).
+        latest: the newest delivered envelope of each sticky kind.
     """
 
     pending: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
@@ -242,10 +255,17 @@ class Inflight:
     answered: bool = False
     taken: int = 0
     pid: int = 0
+    sticky: tuple[type[Event], ...] = ()
+    latest: dict[type[Event], Envelope[Event]] = field(
+        default_factory=dict[type[Event], Envelope[Event]]
+    )
 
     def delivered(self, envelopes: list[Envelope[Event]]) -> None:
         """Record a delivery to the current host."""
         self.pending.extend(envelopes)
+        for env in envelopes:
+            if isinstance(env.event, self.sticky):
+                self.latest[type(env.event)] = env
 
     def reported(self, taken: int, emitted: list[Envelope[Event]]) -> None:
         """Fold a report: ``taken`` so far and what was emitted since the last one."""
@@ -264,13 +284,16 @@ class Inflight:
         self.current = None
 
     def redeliver(self) -> list[Envelope[Event]]:
-        """What a new host is to be given first, its predecessor lost: the envelope the lost
-        actor was handling if nothing it emitted in answer arrived, then those it had not
-        taken. They stay recorded as delivered to the new host (not yet taken), so a host lost
-        before taking them passes them on again; the caller sends them without
-        :meth:`delivered`."""
+        """What a new host is to be given first, its predecessor lost: the newest envelope of
+        each sticky kind it had taken, then the envelope the lost actor was handling if nothing
+        it emitted in answer arrived, then those it had not taken. They stay recorded as
+        delivered to the new host (not yet taken), so a host lost before taking them passes
+        them on again; the caller sends them without :meth:`delivered`."""
         again = [self.current] if self.current is not None and not self.answered else []
         again += self.pending
+        seqs = {env.seq for env in again}
+        kept = [env for env in self.latest.values() if env.seq not in seqs]
+        again = sorted(kept, key=lambda env: env.seq) + again
         self.pending, self.current, self.answered, self.taken, self.pid = again, None, False, 0, 0
         return list(again)
 

@@ -7,6 +7,7 @@ it is given.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import random
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -21,6 +22,7 @@ from agents.acting.env_worker import EnvWorker, PromptSettings
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
+from agents.events.policy import PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
 from agents.report.curves import report as curves_report
@@ -32,12 +34,13 @@ from engine.errors import ScenarioInvalid
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, select
 from engine.projection import ActorStats, Projection
+from engine.remote import RemoteActorLost
 from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from engine.world import Task, TextWorld
 from engine.world_registry import WorldOptionsInvalid, close_world, load_world
 from scenarios.methods import method_of
-from scenarios.schema import Scenario
+from scenarios.schema import RayPlacementConfig, Scenario
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
@@ -128,8 +131,9 @@ def assemble(
     from scenarios.policy_setup import policy_actors  # torch and transformers: only here
 
     specs = _workers(scenario, workers, make_world, None, source)
+    _check_inference_placement(scenario, source, method is not None and prepare_model, run_dir)
     actors, model = policy_actors(scenario, source, method, run_dir, prepare_model)
-    specs += actors
+    specs += _placed_inference(scenario, actors)
     if method is not None:
         heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
@@ -234,12 +238,69 @@ def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[Act
     rt = scenario.runtime
     if rt.backend == "local":
         return specs
+    _need_ray(source)
+    placement = _placement(rt.ray.env_workers)
+    return ray_backend.remote_specs(specs, placement, mailbox=rt.mailbox)
+
+
+def _check_inference_placement(
+    scenario: Scenario, source: str, learns: bool, run_dir: Path | None
+) -> None:
+    """Refuse, before any model is built, a learning run whose remote inference actor could
+    not read the learner's checkpoints (kept in memory: no run directory); a scenario placing
+    it on Ray needs Ray.
+
+    Raises:
+        ScenarioInvalid: as above.
+    """
+    rt = scenario.runtime
+    if rt.backend == "local" or rt.ray.inference is None:
+        return
+    _need_ray(source)
+    if learns and run_dir is None:
+        raise ScenarioInvalid(
+            source,
+            "$.runtime.ray.inference: a learning run with remote inference needs a run "
+            "directory (the inference actor reads the learner's checkpoints from it)",
+        )
+
+
+def _placed_inference(scenario: Scenario, specs: list[ActorSpec]) -> list[ActorSpec]:
+    """The policy's actors, the inference actor on Ray when ``[runtime.ray.inference]`` places
+    it there. A lost process restarts it (``runtime.on_failure``, ``max_restarts``; its code
+    raising still stops the run, as in the driver), given the newest ``PolicyUpdated`` first so
+    that it serves the newest version the log names, then what was not answered."""
+    from scenarios.policy_setup import INFERENCE  # imported already (policy_actors)
+
+    rt = scenario.runtime
+    if rt.backend == "local" or rt.ray.inference is None:
+        return specs
+    placement = _placement(rt.ray.inference)
+    out: list[ActorSpec] = []
+    for spec in specs:
+        if spec.name == INFERENCE:
+            remote = ray_backend.remote_spec(
+                spec, placement, mailbox=rt.mailbox, sticky=(PolicyUpdated,)
+            )
+            spec = dataclasses.replace(
+                remote,
+                on_failure=rt.on_failure,
+                max_restarts=rt.max_restarts,
+                restart_for=(RemoteActorLost,),
+            )
+        out.append(spec)
+    return out
+
+
+def _need_ray(source: str) -> None:
     if not ray_backend.available():
         raise ScenarioInvalid(
             source, "$.runtime.backend: \"ray\" needs Ray installed: pip install -e '.[ray]'"
         )
-    p = rt.ray.env_workers
-    placement = ray_backend.Placement(
+
+
+def _placement(p: RayPlacementConfig) -> ray_backend.Placement:
+    return ray_backend.Placement(
         num_cpus=p.num_cpus,
         num_gpus=p.num_gpus,
         resources=dict(p.resources),
@@ -247,7 +308,6 @@ def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[Act
         start_timeout=p.start_timeout,
         per_process=p.per_process,
     )
-    return ray_backend.remote_specs(specs, placement, mailbox=rt.mailbox)
 
 
 @contextlib.contextmanager

@@ -184,13 +184,18 @@ class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         address: "local" (a Ray instance started in the driver's process for the run), "auto"
             (the cluster ``ray start`` made on this machine) or a cluster's ``HOST:PORT``.
         num_cpus: CPUs a "local" instance offers (0: the machine's).
-        env_workers: the env workers' placement. The other actors (scheduler or trainer,
-            inference, learner, memory, extractor) run in the driver.
+        env_workers: the env workers' placement.
+        inference: the policy's inference actor's placement (e.g. ``num_gpus = 1``); absent:
+            it runs in the driver. It builds its model in its Ray process from the scenario's
+            settings and reads new policy versions from the run directory's checkpoints.
+            The other actors (scheduler or trainer, learner, memory, extractor) run in the
+            driver.
     """
 
     address: Annotated[str, Meta(min_length=1, max_length=300)] = "local"
     num_cpus: Annotated[int, Meta(ge=0, le=100_000)] = 0
     env_workers: RayPlacementConfig = msgspec.field(default_factory=RayPlacementConfig)
+    inference: RayPlacementConfig | None = None
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -169,6 +169,28 @@ def test_restart_policy_records_failure_and_continues() -> None:
     assert pongs == [n for n in range(10) if n != 4]  # the ping being handled is lost, no more
 
 
+@pytest.mark.parametrize(
+    ("restart_for", "restarted"), [((RuntimeError,), True), ((KeyError,), False)]
+)
+def test_restart_for_restarts_only_the_failures_it_names(
+    restart_for: tuple[type[Exception], ...], restarted: bool
+) -> None:
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(10)),
+        ActorSpec(
+            name="echo",
+            factory=lambda: Echo(10, fail_at=4, fails=[]),
+            driver=True,
+            on_failure="restart",
+            restart_for=restart_for,
+        ),
+    ]
+    log, outcome = run_runtime(specs)
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [f.action for f in failed] == ["restart" if restarted else "stop"]
+    assert outcome.reason == ("completed" if restarted else "failed")
+
+
 def test_stop_policy_fails_the_run_and_keeps_what_was_committed() -> None:
     specs = [
         ActorSpec(name="src", factory=lambda: Source(10)),

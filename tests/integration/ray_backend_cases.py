@@ -6,6 +6,9 @@ on the session's local Ray instance (``ray_address`` in tests/conftest.py).
   abandoned with the reason, the worker restarts in a new process and runs the episode again,
   every planned episode finishes and is the one a local run plays, and the log verifies.
 - A Ray run whose driver is killed resumes (``coevo resume``) and ends with a local run's episodes.
+- The inference actor on Ray (``[runtime.ray.inference]``) in a deterministic GRPO run, its
+  process killed after the first update: it restarts with the newest policy version, and the
+  run samples, trains and ends as a local run does.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from agents.events.episodes import (
     EpisodeStarted,
     StepTaken,
 )
+from agents.events.policy import ActionRequested, PolicyUpdated
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted, RunStarted
@@ -40,7 +44,7 @@ from scenarios.loader import load_scenario
 from stores.lmdb_log import LmdbEventLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-from resume_kit import coevo, finish, read_log, stop_at
+from resume_kit import GRPO, coevo, comparable, final_digest, finish, read_log, stop_at
 
 pytest.importorskip("ray")
 
@@ -305,3 +309,76 @@ def test_a_ray_run_whose_driver_is_killed_resumes_to_a_local_runs_episodes(
     assert episodes(envs) == episodes(run(local, MemoryEventLog())[1])
     verify = coevo(["replay", str(out), "--verify"], cache)
     finish(verify, timeout=120)
+
+
+RAY_INFERENCE = """
+[runtime]
+backend = "ray"
+
+[runtime.ray.env_workers]
+num_cpus = 0.25
+per_process = 3
+
+[runtime.ray.inference]
+num_cpus = 0.5
+
+[logging]"""
+
+
+def learn(
+    path: Path, run_dir: Path, observers: Sequence[Callable[[list[Envelope[Event]]], None]] = ()
+) -> tuple[Assembly, RunOutcome, MemoryEventLog]:
+    """A learning run of ``path`` in this process, its checkpoints in ``run_dir``."""
+    scenario = load_scenario(path)
+    assembly = assemble(scenario, str(path), run_dir=run_dir)
+    log = MemoryEventLog()
+    outcome, _ = run(path, log, observers, assembly)
+    return assembly, outcome, log
+
+
+def test_inference_on_ray_learns_as_a_local_run_does_and_survives_its_process(
+    tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))  # the driver builds the model
+    local_path = tmp_path / "local.toml"
+    local_path.write_text(GRPO, encoding="utf-8")
+    _, local_outcome, local_log = learn(local_path, tmp_path / "local")
+    assert local_outcome.reason == "completed"
+    ray_path = tmp_path / "ray.toml"
+    ray_path.write_text(GRPO.replace("[logging]", RAY_INFERENCE), encoding="utf-8")
+    state: dict[str, Any] = {"updated": False, "killed": 0}
+    records: dict[str, Any] = {}
+
+    def kill_after_the_first_update(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            if isinstance(env.event, PolicyUpdated):
+                state["updated"] = True
+            elif (
+                isinstance(env.event, ActionRequested) and state["updated"] and not state["killed"]
+            ):
+                state["killed"] = records["inference"].pid
+                os.kill(state["killed"], signal.SIGKILL)
+
+    scenario = load_scenario(ray_path)
+    assembly = assemble(scenario, str(ray_path), run_dir=tmp_path / "ray")
+    records.update({s.name: getattr(s.factory, "inflight", None) for s in assembly.specs})
+    log = MemoryEventLog()
+    outcome, envs = run(ray_path, log, [kill_after_the_first_update], assembly)
+    assert outcome.reason == "completed"
+    assert state["killed"], "the run ended before the kill"
+    assert records["inference"].pid not in (0, state["killed"])
+    starts = [(e.event.actor, e.event.attempt, e.event.actor_type) for e in envs
+              if isinstance(e.event, ActorStarted) and e.event.actor == "inference"]  # fmt: skip
+    assert starts == [
+        ("inference", 0, "RemoteInferenceActor"),
+        ("inference", 1, "RemoteInferenceActor"),
+    ]
+    failed = [(e.event.actor, e.event.error_type) for e in envs if isinstance(e.event, ActorFailed)]
+    assert failed == [("inference", "RemoteActorLost")]
+    # nothing lost, nothing served from an old version: the same samples, updates and weights
+    local = list(local_log.read(0, None))
+    assert comparable(envs) == comparable(local)
+    assert final_digest(envs) == final_digest(local)
+    assert all(e.event.stale == 0 for e in envs if isinstance(e.event, PolicyUpdated))
+    checked = verify_log(log, assembly.projections, fact_checks())
+    assert checked.ok, checked.error

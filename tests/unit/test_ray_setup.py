@@ -12,6 +12,7 @@ from engine.actor import Actor, ActorSpec, Context
 from engine.errors import ScenarioInvalid
 from engine.events import Event
 from engine.recovery import Replayed
+from engine.remote import RemoteActorLost
 from scenarios.assemble import assemble
 from scenarios.loader import load_scenario
 
@@ -72,6 +73,61 @@ def test_workers_per_process_share_one_process_record_in_order(
     assert [process[g[0]]._size for g in groups] == [2, 2, 1]  # what each reserves for
 
 
+POLICY = """
+name = "ray-inference"
+
+[agent]
+kind = "policy"
+
+[run]
+episodes = 8
+workers = 2
+method = "grpo"
+
+[grpo]
+group_size = 4
+groups_per_update = 2
+
+[runtime]
+backend = "ray"
+
+[runtime.ray.inference]
+num_gpus = 1
+"""
+
+
+def test_the_inference_actor_is_placed_on_ray_restarting_only_when_its_process_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
+    path = tmp_path / "p.toml"
+    path.write_text(POLICY, encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path), prepare_model=False)
+    by_name = {spec.name: spec for spec in assembly.specs}
+    inference = by_name["inference"]
+    assert type(inference.factory()).__name__ == "RemoteInferenceActor"
+    assert inference.factory.placement.num_gpus == 1  # pyright: ignore[reportFunctionMemberAccess]
+    assert (inference.on_failure, inference.restart_for) == ("restart", (RemoteActorLost,))
+    sticky = inference.factory.inflight.sticky  # pyright: ignore[reportFunctionMemberAccess]
+    assert [k.__name__ for k in sticky] == ["PolicyUpdated"]
+    assert type(by_name["learner"].factory()).__name__ == "Learner"  # still the driver's
+
+
+def test_a_learning_run_with_remote_inference_needs_a_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "p.toml"
+    path.write_text(POLICY, encoding="utf-8")
+    with pytest.raises(ScenarioInvalid) as err:
+        assemble(load_scenario(path), str(path))
+    assert str(err.value) == (
+        f"{path}: $.runtime.ray.inference: a learning run with remote inference needs a run "
+        "directory (the inference actor reads the learner's checkpoints from it)"
+    )
+
+
 def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -91,7 +147,8 @@ def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
         ("\n[runtime.ray.env_workers]\nin_flight = 0\n", "$.runtime.ray.env_workers.in_flight"),
         ("\n[runtime.ray.env_workers]\nper_process = 0\n", "$.runtime.ray.env_workers.per_process"),
         ("\n[runtime.ray.env_workers]\ngpus = 1\n", "gpus"),
-        ("\n[runtime.ray.inference]\nnum_gpus = 1\n", "inference"),
+        ("\n[runtime.ray.learner]\nnum_gpus = 1\n", "learner"),
+        ("\n[runtime.ray.inference]\nnum_gpus = -1\n", "$.runtime.ray.inference.num_gpus"),
         ('\n[runtime.ray]\naddress = ""\n', "$.runtime.ray.address"),
     ],
 )
@@ -100,7 +157,7 @@ def test_placements_out_of_bounds_are_refused(tmp_path: Path, extra: str, fragme
         load_scenario(scenario_path(tmp_path, extra))
 
 
-def test_an_actor_that_recovers_on_resume_is_not_placed_remotely() -> None:
+def test_an_actor_that_recovers_on_resume_keeps_its_history_for_its_process() -> None:
     class Keeper(Replayed):
         subscribes = ()
 
@@ -110,9 +167,15 @@ def test_an_actor_that_recovers_on_resume_is_not_placed_remotely() -> None:
         async def handle(self, ctx: Context, ev: Event) -> bool:
             return True
 
-    spec = ActorSpec(name="keeper", factory=Keeper)
-    with pytest.raises(ValueError, match="keeper: Keeper recovers state on resume"):
-        ray_backend.remote_spec(spec, ray_backend.Placement())
+    class Plain(Actor):
+        async def run(self, ctx: Context) -> None:
+            return None
+
+    keeper = ray_backend.remote_spec(ActorSpec(name="k", factory=Keeper), ray_backend.Placement())
+    plain = ray_backend.remote_spec(ActorSpec(name="p", factory=Plain), ray_backend.Placement())
+    proxies = keeper.factory(), plain.factory()
+    assert all(isinstance(p, ray_backend.RemoteActor) for p in proxies)
+    assert [getattr(p, "recovers") for p in proxies] == [True, False]  # noqa: B009
 
 
 def test_placement_bounds() -> None:
