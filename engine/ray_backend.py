@@ -271,17 +271,20 @@ class RemoteActor(Actor):
     recovers: ClassVar[bool] = False
     """Whether the remote actor's kind rebuilds state on resume (overrides ``recover``)."""
     _history: Sequence[Envelope[Event]] = ()
+    _through = -1  # the last seq of the history its actor was rebuilt from
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Keep ``history`` for the remote actor's own :meth:`Actor.recover`, if it has one (it
-        crosses once, as msgspec bytes, when the remote actor starts)."""
+        crosses once, as msgspec bytes, when the remote actor starts); what was sent to a
+        lost predecessor and is in it is not sent again."""
         if self.recovers:
             self._history = history
+            self._through = history[-1].seq if history else -1
 
     async def run(self, ctx: Context) -> None:
         process, generation = self._process.acquire()
         host = _Member(process, ctx.name)
-        again = self._inflight.redeliver()
+        again = self._inflight.redeliver(after=self._through)
         try:
             await self._attend(ctx, host, again)
         except BaseExceptionGroup as group:

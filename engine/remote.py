@@ -283,17 +283,18 @@ class Inflight:
         """The actor raised on ``current``: as in the driver, it is not delivered again."""
         self.current = None
 
-    def redeliver(self) -> list[Envelope[Event]]:
+    def redeliver(self, after: int = -1) -> list[Envelope[Event]]:
         """What a new host is to be given first, its predecessor lost: the newest envelope of
         each sticky kind it had taken, then the envelope the lost actor was handling if nothing
         it emitted in answer arrived, then those it had not taken. They stay recorded as
         delivered to the new host (not yet taken), so a host lost before taking them passes
-        them on again; the caller sends them without :meth:`delivered`."""
+        them on again; the caller sends them without :meth:`delivered`. Those up to seq
+        ``after`` are dropped: the new host's actor was rebuilt from the log up to there."""
         again = [self.current] if self.current is not None and not self.answered else []
         again += self.pending
         seqs = {env.seq for env in again}
         kept = [env for env in self.latest.values() if env.seq not in seqs]
-        again = sorted(kept, key=lambda env: env.seq) + again
+        again = [env for env in sorted(kept, key=lambda env: env.seq) + again if env.seq > after]
         self.pending, self.current, self.answered, self.taken, self.pid = again, None, False, 0, 0
         return list(again)
 

@@ -395,6 +395,10 @@ class Runtime:
                     self.push("runtime", self._started(spec, actor, attempt), None, "")
                     if self._resumed is not None and attempt == 0:
                         await actor.recover(ctx, self._history)
+                    elif attempt > 0 and spec.recover_on_restart:
+                        history = await trio.to_thread.run_sync(self._read_log)
+                        mailbox.skip_through = history[-1].seq if history else -1
+                        await actor.recover(ctx, history)
                     await actor.run(ctx)
                 except Exception as exc:
                     if not self._on_failure(spec, attempt, exc):
@@ -408,6 +412,11 @@ class Runtime:
                 if spec.driver:
                     self.request_stop("completed", 0)
                 return
+
+    def _read_log(self) -> list[Envelope[Event]]:
+        """Every event the log holds now (blocking: a worker thread's; the log's readers do
+        not wait for its writer)."""
+        return list(self._log.read(0, None))
 
     def _started(self, spec: ActorSpec, actor: Any, attempt: int) -> ActorStarted:
         return ActorStarted(

@@ -131,9 +131,9 @@ def assemble(
     from scenarios.policy_setup import policy_actors  # torch and transformers: only here
 
     specs = _workers(scenario, workers, make_world, None, source)
-    _check_inference_placement(scenario, source, method is not None and prepare_model, run_dir)
+    _check_model_placements(scenario, source, method is not None and prepare_model, run_dir)
     actors, model = policy_actors(scenario, source, method, run_dir, prepare_model)
-    specs += _placed_inference(scenario, actors)
+    specs += _placed_models(scenario, actors)
     if method is not None:
         heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
@@ -243,50 +243,60 @@ def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[Act
     return ray_backend.remote_specs(specs, placement, mailbox=rt.mailbox)
 
 
-def _check_inference_placement(
+def _check_model_placements(
     scenario: Scenario, source: str, learns: bool, run_dir: Path | None
 ) -> None:
-    """Refuse, before any model is built, a learning run whose remote inference actor could
-    not read the learner's checkpoints (kept in memory: no run directory); a scenario placing
-    it on Ray needs Ray.
+    """Refuse, before any model is built, a learning run whose remote inference actor or
+    learner could not share the checkpoints (kept in memory: no run directory); a scenario
+    placing either on Ray needs Ray.
 
     Raises:
         ScenarioInvalid: as above.
     """
     rt = scenario.runtime
-    if rt.backend == "local" or rt.ray.inference is None:
+    if rt.backend == "local":
         return
-    _need_ray(source)
-    if learns and run_dir is None:
-        raise ScenarioInvalid(
-            source,
-            "$.runtime.ray.inference: a learning run with remote inference needs a run "
-            "directory (the inference actor reads the learner's checkpoints from it)",
-        )
+    for kind, placed in (("inference", rt.ray.inference), ("learner", rt.ray.learner)):
+        if placed is None:
+            continue
+        _need_ray(source)
+        if learns and run_dir is None:
+            raise ScenarioInvalid(
+                source,
+                f"$.runtime.ray.{kind}: a learning run with a remote {kind} needs a run "
+                "directory (the learner writes its checkpoints there, inference reads them)",
+            )
 
 
-def _placed_inference(scenario: Scenario, specs: list[ActorSpec]) -> list[ActorSpec]:
-    """The policy's actors, the inference actor on Ray when ``[runtime.ray.inference]`` places
-    it there. A lost process restarts it (``runtime.on_failure``, ``max_restarts``; its code
-    raising still stops the run, as in the driver), given the newest ``PolicyUpdated`` first so
-    that it serves the newest version the log names, then what was not answered."""
-    from scenarios.policy_setup import INFERENCE  # imported already (policy_actors)
+def _placed_models(scenario: Scenario, specs: list[ActorSpec]) -> list[ActorSpec]:
+    """The policy's actors, the inference actor and the learner on Ray where
+    ``[runtime.ray.inference]`` and ``[runtime.ray.learner]`` place them. A lost process
+    restarts them (``runtime.on_failure``, ``max_restarts``; their code raising still stops
+    the run, as in the driver). The next inference process is given the newest
+    ``PolicyUpdated`` first, so that it serves the newest version the log names, then what was
+    not answered; the next learner is rebuilt from the log as on resume (its samples folded
+    again, the newest checkpoint the log names loaded with its optimiser, the requests no
+    update answered redone)."""
+    from scenarios.policy_setup import INFERENCE, LEARNER  # imported already (policy_actors)
 
     rt = scenario.runtime
-    if rt.backend == "local" or rt.ray.inference is None:
+    if rt.backend == "local":
         return specs
-    placement = _placement(rt.ray.inference)
+    placed = {INFERENCE: rt.ray.inference, LEARNER: rt.ray.learner}
     out: list[ActorSpec] = []
     for spec in specs:
-        if spec.name == INFERENCE:
+        config = placed.get(spec.name)
+        if config is not None:
+            sticky = (PolicyUpdated,) if spec.name == INFERENCE else ()
             remote = ray_backend.remote_spec(
-                spec, placement, mailbox=rt.mailbox, sticky=(PolicyUpdated,)
+                spec, _placement(config), mailbox=rt.mailbox, sticky=sticky
             )
             spec = dataclasses.replace(
                 remote,
                 on_failure=rt.on_failure,
                 max_restarts=rt.max_restarts,
                 restart_for=(RemoteActorLost,),
+                recover_on_restart=spec.name == LEARNER,
             )
         out.append(spec)
     return out

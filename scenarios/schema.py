@@ -188,7 +188,10 @@ class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         inference: the policy's inference actor's placement (e.g. ``num_gpus = 1``); absent:
             it runs in the driver. It builds its model in its Ray process from the scenario's
             settings and reads new policy versions from the run directory's checkpoints.
-            The other actors (scheduler or trainer, learner, memory, extractor) run in the
+        learner: the learner's placement; absent: it runs in the driver. It writes its
+            checkpoints to the run directory (a cluster needs it on storage every node
+            reads, docs/DEPLOY.md) and, its process lost, restarts from the newest one the
+            log names. The other actors (scheduler or trainer, memory, extractor) run in the
             driver.
     """
 
@@ -196,6 +199,7 @@ class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     num_cpus: Annotated[int, Meta(ge=0, le=100_000)] = 0
     env_workers: RayPlacementConfig = msgspec.field(default_factory=RayPlacementConfig)
     inference: RayPlacementConfig | None = None
+    learner: RayPlacementConfig | None = None
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

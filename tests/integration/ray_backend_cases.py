@@ -9,6 +9,9 @@ on the session's local Ray instance (``ray_address`` in tests/conftest.py).
 - The inference actor on Ray (``[runtime.ray.inference]``) in a deterministic GRPO run, its
   process killed after the first update: it restarts with the newest policy version, and the
   run samples, trains and ends as a local run does.
+- The learner on Ray (``[runtime.ray.learner]``), its process killed as the second update is
+  requested: it restarts from the newest checkpoint the log names and the run trains as a
+  local run does.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from agents.events.episodes import (
     EpisodeStarted,
     StepTaken,
 )
-from agents.events.policy import ActionRequested, PolicyUpdated
+from agents.events.policy import ActionRequested, GradientRequested, PolicyUpdated
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted, RunStarted
@@ -336,49 +339,113 @@ def learn(
     return assembly, outcome, log
 
 
-def test_inference_on_ray_learns_as_a_local_run_does_and_survives_its_process(
-    tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))  # the driver builds the model
-    local_path = tmp_path / "local.toml"
-    local_path.write_text(GRPO, encoding="utf-8")
-    _, local_outcome, local_log = learn(local_path, tmp_path / "local")
-    assert local_outcome.reason == "completed"
-    ray_path = tmp_path / "ray.toml"
-    ray_path.write_text(GRPO.replace("[logging]", RAY_INFERENCE), encoding="utf-8")
-    state: dict[str, Any] = {"updated": False, "killed": 0}
-    records: dict[str, Any] = {}
+@pytest.fixture(scope="module")
+def grpo_local(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Envelope[Event]]]:
+    """The deterministic GRPO run in the driver alone: the model cache it built, its log."""
+    root = tmp_path_factory.mktemp("grpo")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COEVO_CACHE", str(root / "cache"))
+        path = root / "local.toml"
+        path.write_text(GRPO, encoding="utf-8")
+        _, outcome, log = learn(path, root / "local")
+    assert outcome.reason == "completed"
+    return root / "cache", list(log.read(0, None))
 
-    def kill_after_the_first_update(batch: list[Envelope[Event]]) -> None:
+
+def run_killing(
+    tmp_path: Path,
+    placed: str,
+    actor: str,
+    kill_at: Callable[[Event, dict[str, Any]], bool],
+) -> tuple[Assembly, RunOutcome, MemoryEventLog, int]:
+    """The GRPO run with ``placed`` added to its scenario, the process of remote ``actor``
+    killed (SIGKILL) at the first committed event ``kill_at`` accepts (given a dict to keep
+    state in); the pid killed."""
+    path = tmp_path / "ray.toml"
+    path.write_text(GRPO.replace("[logging]", placed), encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path), run_dir=tmp_path / "ray")
+    records = {s.name: getattr(s.factory, "inflight", None) for s in assembly.specs}
+    state: dict[str, Any] = {"killed": 0}
+
+    def kill(batch: list[Envelope[Event]]) -> None:
         for env in batch:
-            if isinstance(env.event, PolicyUpdated):
-                state["updated"] = True
-            elif (
-                isinstance(env.event, ActionRequested) and state["updated"] and not state["killed"]
-            ):
-                state["killed"] = records["inference"].pid
+            if not state["killed"] and kill_at(env.event, state):
+                state["killed"] = records[actor].pid  # pyright: ignore[reportOptionalMemberAccess]
                 os.kill(state["killed"], signal.SIGKILL)
 
-    scenario = load_scenario(ray_path)
-    assembly = assemble(scenario, str(ray_path), run_dir=tmp_path / "ray")
-    records.update({s.name: getattr(s.factory, "inflight", None) for s in assembly.specs})
     log = MemoryEventLog()
-    outcome, envs = run(ray_path, log, [kill_after_the_first_update], assembly)
-    assert outcome.reason == "completed"
+    outcome, _ = run(path, log, [kill], assembly)
     assert state["killed"], "the run ended before the kill"
-    assert records["inference"].pid not in (0, state["killed"])
-    starts = [(e.event.actor, e.event.attempt, e.event.actor_type) for e in envs
-              if isinstance(e.event, ActorStarted) and e.event.actor == "inference"]  # fmt: skip
-    assert starts == [
-        ("inference", 0, "RemoteInferenceActor"),
-        ("inference", 1, "RemoteInferenceActor"),
-    ]
+    assert records[actor].pid not in (0, state["killed"])  # pyright: ignore[reportOptionalMemberAccess]
+    return assembly, outcome, log, state["killed"]
+
+
+def after_the_first_update(kind: type[Event]) -> Callable[[Event, dict[str, Any]], bool]:
+    def at(ev: Event, state: dict[str, Any]) -> bool:
+        state["updated"] = state.get("updated", False) or isinstance(ev, PolicyUpdated)
+        return state["updated"] and isinstance(ev, kind)
+
+    return at
+
+
+def check_as_local(
+    assembly: Assembly, outcome: RunOutcome, log: MemoryEventLog, local: list[Envelope[Event]],
+    actor: str, kind: str,
+) -> None:  # fmt: skip
+    """The killed run restarted ``actor`` once and otherwise matches the local run: the same
+    samples, advantages, updates and final weights, and its log verifies."""
+    envs = list(log.read(0, None))
+    assert outcome.reason == "completed"
+    starts = [(e.event.attempt, e.event.actor_type) for e in envs
+              if isinstance(e.event, ActorStarted) and e.event.actor == actor]  # fmt: skip
+    assert starts == [(0, kind), (1, kind)]
     failed = [(e.event.actor, e.event.error_type) for e in envs if isinstance(e.event, ActorFailed)]
-    assert failed == [("inference", "RemoteActorLost")]
-    # nothing lost, nothing served from an old version: the same samples, updates and weights
-    local = list(local_log.read(0, None))
+    assert failed == [(actor, "RemoteActorLost")]
     assert comparable(envs) == comparable(local)
     assert final_digest(envs) == final_digest(local)
     assert all(e.event.stale == 0 for e in envs if isinstance(e.event, PolicyUpdated))
     checked = verify_log(log, assembly.projections, fact_checks())
     assert checked.ok, checked.error
+
+
+def test_inference_on_ray_learns_as_a_local_run_does_and_survives_its_process(
+    tmp_path: Path,
+    ray_address: str,
+    monkeypatch: pytest.MonkeyPatch,
+    grpo_local: tuple[Path, list[Envelope[Event]]],
+) -> None:
+    """Killed after the first update, as it answers a request: its next process loads the
+    newest version and answers what was not answered (nothing served from an old version)."""
+    cache, local = grpo_local
+    monkeypatch.setenv("COEVO_CACHE", str(cache))
+    kill_at = after_the_first_update(ActionRequested)
+    result = run_killing(tmp_path, RAY_INFERENCE, "inference", kill_at)
+    check_as_local(*result[:3], local, "inference", "RemoteInferenceActor")
+
+
+RAY_LEARNER = """
+[runtime]
+backend = "ray"
+
+[runtime.ray.learner]
+num_cpus = 0.5
+
+[logging]"""
+
+
+def test_a_learner_on_ray_restarts_from_its_newest_checkpoint_and_learns_as_a_local_run(
+    tmp_path: Path,
+    ray_address: str,
+    monkeypatch: pytest.MonkeyPatch,
+    grpo_local: tuple[Path, list[Envelope[Event]]],
+) -> None:
+    """Killed once the second update is requested: its next process folds the log's samples
+    again, loads the newest checkpoint the log names (weights and optimiser) and makes the
+    update the lost one owed; the run's updates and final weights are a local run's."""
+    cache, local = grpo_local
+    monkeypatch.setenv("COEVO_CACHE", str(cache))
+    kill_at = after_the_first_update(GradientRequested)
+    result = run_killing(tmp_path, RAY_LEARNER, "learner", kill_at)
+    check_as_local(*result[:3], local, "learner", "RemoteLearner")
+    envs = list(result[2].read(0, None))
+    assert [e.event.policy_version for e in envs if isinstance(e.event, PolicyUpdated)] == [1, 2, 3]

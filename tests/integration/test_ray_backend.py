@@ -35,4 +35,4 @@ def test_the_ray_backend_cases_pass_in_their_own_process() -> None:
     )  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    assert "6 passed" in out and "skipped" not in out, out[-2000:]
+    assert "7 passed" in out and "skipped" not in out, out[-2000:]

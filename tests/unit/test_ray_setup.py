@@ -93,10 +93,13 @@ backend = "ray"
 
 [runtime.ray.inference]
 num_gpus = 1
+
+[runtime.ray.learner]
+num_cpus = 2
 """
 
 
-def test_the_inference_actor_is_placed_on_ray_restarting_only_when_its_process_is_lost(
+def test_inference_and_learner_are_placed_on_ray_restarting_only_when_their_process_is_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
@@ -110,7 +113,11 @@ def test_the_inference_actor_is_placed_on_ray_restarting_only_when_its_process_i
     assert (inference.on_failure, inference.restart_for) == ("restart", (RemoteActorLost,))
     sticky = inference.factory.inflight.sticky  # pyright: ignore[reportFunctionMemberAccess]
     assert [k.__name__ for k in sticky] == ["PolicyUpdated"]
-    assert type(by_name["learner"].factory()).__name__ == "Learner"  # still the driver's
+    learner = by_name["learner"]
+    assert type(learner.factory()).__name__ == "RemoteLearner"
+    assert (learner.on_failure, learner.restart_for) == ("restart", (RemoteActorLost,))
+    assert learner.recover_on_restart and not inference.recover_on_restart
+    assert type(by_name["trainer"].factory()).__name__ == "GrpoTrainer"  # still the driver's
 
 
 def test_a_learning_run_with_remote_inference_needs_a_run_directory(
@@ -123,8 +130,8 @@ def test_a_learning_run_with_remote_inference_needs_a_run_directory(
     with pytest.raises(ScenarioInvalid) as err:
         assemble(load_scenario(path), str(path))
     assert str(err.value) == (
-        f"{path}: $.runtime.ray.inference: a learning run with remote inference needs a run "
-        "directory (the inference actor reads the learner's checkpoints from it)"
+        f"{path}: $.runtime.ray.inference: a learning run with a remote inference needs a run "
+        "directory (the learner writes its checkpoints there, inference reads them)"
     )
 
 
@@ -147,7 +154,8 @@ def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
         ("\n[runtime.ray.env_workers]\nin_flight = 0\n", "$.runtime.ray.env_workers.in_flight"),
         ("\n[runtime.ray.env_workers]\nper_process = 0\n", "$.runtime.ray.env_workers.per_process"),
         ("\n[runtime.ray.env_workers]\ngpus = 1\n", "gpus"),
-        ("\n[runtime.ray.learner]\nnum_gpus = 1\n", "learner"),
+        ("\n[runtime.ray.extractor]\nnum_gpus = 1\n", "extractor"),
+        ("\n[runtime.ray.learner]\nin_flight = 0\n", "$.runtime.ray.learner.in_flight"),
         ("\n[runtime.ray.inference]\nnum_gpus = -1\n", "$.runtime.ray.inference.num_gpus"),
         ('\n[runtime.ray]\naddress = ""\n', "$.runtime.ray.address"),
     ],
