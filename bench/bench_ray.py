@@ -236,7 +236,7 @@ def main() -> None:
         type=int,
         nargs="+",
         default=[1],
-        help="env workers per Ray process, each a row of the scaling part on Ray",
+        help="env workers per Ray process, each a row of the scaling and ceiling parts on Ray",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
@@ -258,10 +258,13 @@ def main() -> None:
         for backend in ("local", "ray") if "crossing" in args.parts else ():
             rows.append(run_once("crossing", backend, 1, "minilab", "{}", args.crossing_episodes))
             print_row(rows[-1])
-        for backend in ("local", "ray") if "ceiling" in args.parts else ():
-            n = args.ceiling_workers
-            rows.append(run_once("ceiling", backend, n, "minilab", "{}", args.ceiling_episodes))
+        if "ceiling" in args.parts:
+            n, episodes = args.ceiling_workers, args.ceiling_episodes
+            rows.append(run_once("ceiling", "local", n, "minilab", "{}", episodes))
             print_row(rows[-1])
+            for k in args.per_process:
+                rows.append(run_once("ceiling", "ray", n, "minilab", "{}", episodes, per_process=k))
+                print_row(rows[-1])
     finally:
         ray.shutdown()
     machine = platform.processor() or platform.machine()
@@ -312,14 +315,14 @@ def report(rows: list[Row], delay_ms: float | None) -> None:
             f"{remote.us_per_event:.0f} µs from a remote worker: "
             f"{remote.us_per_event - local.us_per_event:.0f} µs more"
         )
-    for backend in ("local", "ray"):
-        for (part, b, n), r in by.items():
-            if part == "ceiling" and b == backend:
-                print(
-                    f"ceiling {backend} ({n} workers): {r.events_per_s:.0f} events/s; the "
-                    f"driver's CPU {r.driver_cpu_us_per_event:.0f} µs per event, "
-                    f"{1e6 / r.driver_cpu_us_per_event:.0f} events/s on a core of its own"
-                )
+    for r in rows:
+        if r.part == "ceiling":
+            print(
+                f"ceiling {r.backend} ({r.workers} workers, {r.per_process} per process): "
+                f"{r.events_per_s:.0f} events/s; the driver's CPU "
+                f"{r.driver_cpu_us_per_event:.0f} µs per event, "
+                f"{1e6 / r.driver_cpu_us_per_event:.0f} events/s on a core of its own"
+            )
 
 
 if __name__ == "__main__":
