@@ -10,7 +10,9 @@ as msgspec bytes (:meth:`engine.events.Codec.encode_batch`), never as pickled ob
   transport runs them in;
 - a :class:`Report` answers a poll: how many envelopes the actor has taken from its mailbox so
   far, the events it emitted since the last report (as unnumbered envelopes carrying their
-  ``cause`` and ``corr``), and whether the actor is still running, ended or failed.
+  ``cause`` and ``corr``), and whether the actor is still running, ended or failed;
+- the history an actor rebuilds from (``Actor.recover``: a resume, or a restart that rebuilds
+  from the log) crosses once, as ``Codec.encode_batch`` bytes, when the host starts.
 
 The host runs the actor in its own trio loop on a thread of the remote process, in a real
 :class:`engine.actor.Context`, so an actor runs remotely unchanged. :class:`Inflight` is the

@@ -12,6 +12,7 @@ on the session's local Ray instance (``ray_address`` in tests/conftest.py).
 - The learner on Ray (``[runtime.ray.learner]``), its process killed as the second update is
   requested: it restarts from the newest checkpoint the log names and the run trains as a
   local run does.
+- That GRPO run with both on Ray, its driver killed: ``coevo resume`` ends it as a local run.
 """
 
 from __future__ import annotations
@@ -449,3 +450,42 @@ def test_a_learner_on_ray_restarts_from_its_newest_checkpoint_and_learns_as_a_lo
     check_as_local(*result[:3], local, "learner", "RemoteLearner")
     envs = list(result[2].read(0, None))
     assert [e.event.policy_version for e in envs if isinstance(e.event, PolicyUpdated)] == [1, 2, 3]
+
+
+RAY_BOTH = """
+[runtime]
+backend = "ray"
+
+[runtime.ray.inference]
+num_cpus = 0.5
+
+[runtime.ray.learner]
+num_cpus = 0.5
+
+[logging]"""
+
+
+def test_a_learning_run_with_remote_inference_and_learner_resumes_as_a_local_run(
+    tmp_path: Path, ray_address: str, grpo_local: tuple[Path, list[Envelope[Event]]]
+) -> None:
+    """The driver killed (SIGKILL) mid-run: ``coevo resume`` gives the remote inference actor
+    and learner the history in their processes (they rebuild as local ones do) and the run
+    ends with the local run's samples, updates and final weights."""
+    cache, local = grpo_local
+    path = tmp_path / "ray.toml"
+    path.write_text(GRPO.replace("[logging]", RAY_BOTH), encoding="utf-8")
+    out = tmp_path / "run"
+    join = f'runtime.ray.address="{ray_address}"'
+    first = coevo(["run", str(path), "--out", str(out), "--set", join], cache)
+    assert stop_at(first, out, 900, signal.SIGKILL, timeout=300) == -signal.SIGKILL
+    before = read_log(out)
+    assert any(isinstance(e.event, PolicyUpdated) for e in before)  # killed after an update
+    finish(coevo(["resume", str(out)], cache), timeout=300)
+    envs = read_log(out)
+    assert envs[: len(before)] == before
+    kinds = Counter(e.event.actor_type for e in envs if isinstance(e.event, ActorStarted))
+    assert kinds["RemoteInferenceActor"] == kinds["RemoteLearner"] == 2  # each session
+    assert comparable(envs) == comparable(local)
+    assert final_digest(envs) == final_digest(local)
+    finish(coevo(["replay", str(out), "--verify"], cache), timeout=120)
+    finish(coevo(["check", str(out)], cache), timeout=120)
