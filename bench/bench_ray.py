@@ -67,6 +67,7 @@ backend = "{backend}"
 
 [runtime.ray.env_workers]
 num_cpus = 0.05
+per_process = {per_process}
 
 [logging]
 progress = false
@@ -86,6 +87,9 @@ class Row:
     window_seconds: float
     cpu_seconds: float
     worker_rss_mb: float = 0.0
+    per_process: int = 1
+    processes: int = 0
+    start_seconds: float = 0.0
 
     @property
     def steps_per_s(self) -> float:
@@ -113,6 +117,7 @@ def run_once(
     options: str,
     episodes: int,
     agent: str = "explorer",
+    per_process: int = 1,
 ) -> Row:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.toml"
@@ -123,6 +128,7 @@ def run_once(
             workers=workers,
             backend=backend,
             agent=agent,
+            per_process=per_process,
         )
         path.write_text(text, encoding="utf-8")
         scenario = load_scenario(path)
@@ -132,12 +138,12 @@ def run_once(
         run_id="bench", scenario="bench", scenario_hash="", seed=3, coevo_version=""
     )
     records = [r for spec in assembly.specs if (r := getattr(spec.factory, "inflight", None))]
-    rss: list[float] = []
+    rss: dict[int, float] = {}  # remote process -> its resident memory
 
     def sample(batch: list[Envelope[Event]]) -> None:
-        """The remote workers' resident memory, once, when each has a process."""
+        """The remote processes' resident memory, once, when every worker has one."""
         if records and not rss and all(r.pid for r in records):
-            rss.extend(resident_mb(r.pid) for r in records)
+            rss.update({r.pid: resident_mb(r.pid) for r in records})
 
     runtime = Runtime(
         log,
@@ -165,7 +171,10 @@ def run_once(
         events,
         window,
         cpu,
-        sum(rss) / len(rss) if rss else 0.0,
+        sum(rss.values()) / workers if rss else 0.0,
+        per_process,
+        len(rss),
+        under_way(envs),
     )
 
 
@@ -175,6 +184,16 @@ def resident_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def under_way(envs: list[Envelope[Event]]) -> float:
+    """Seconds from the run's first event to the last worker's first ``episode_started``: the
+    start of every worker (on Ray, its process placed and the worker built there)."""
+    first: dict[str, int] = {}
+    for env in envs:
+        if isinstance(env.event, EpisodeStarted):
+            first.setdefault(env.event.worker, env.t)
+    return (max(first.values()) - envs[0].t) / 1e9
 
 
 def window_of(envs: list[Envelope[Event]]) -> tuple[int, int, float]:
@@ -212,6 +231,13 @@ def main() -> None:
     parser.add_argument(
         "--parts", nargs="+", default=["scaling", "crossing", "ceiling"], help="what to run"
     )
+    parser.add_argument(
+        "--per-process",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="env workers per Ray process, each a row of the scaling and ceiling parts on Ray",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
 
@@ -222,19 +248,23 @@ def main() -> None:
     try:
         options = args.world_options or f"{{ delay_ms = {args.delay_ms} }}"
         for n in args.workers if "scaling" in args.parts else ():
-            for backend in ("local", "ray"):
-                episodes = n * args.episodes_per_worker
-                rows.append(
-                    run_once("scaling", backend, n, args.world, options, episodes, args.agent)
-                )
+            episodes = n * args.episodes_per_worker
+            rows.append(run_once("scaling", "local", n, args.world, options, episodes, args.agent))
+            print_row(rows[-1])
+            for k in args.per_process:
+                row = run_once("scaling", "ray", n, args.world, options, episodes, args.agent, k)
+                rows.append(row)
                 print_row(rows[-1])
         for backend in ("local", "ray") if "crossing" in args.parts else ():
             rows.append(run_once("crossing", backend, 1, "minilab", "{}", args.crossing_episodes))
             print_row(rows[-1])
-        for backend in ("local", "ray") if "ceiling" in args.parts else ():
-            n = args.ceiling_workers
-            rows.append(run_once("ceiling", backend, n, "minilab", "{}", args.ceiling_episodes))
+        if "ceiling" in args.parts:
+            n, episodes = args.ceiling_workers, args.ceiling_episodes
+            rows.append(run_once("ceiling", "local", n, "minilab", "{}", episodes))
             print_row(rows[-1])
+            for k in args.per_process:
+                rows.append(run_once("ceiling", "ray", n, "minilab", "{}", episodes, per_process=k))
+                print_row(rows[-1])
     finally:
         ray.shutdown()
     machine = platform.processor() or platform.machine()
@@ -248,25 +278,36 @@ def print_row(r: Row) -> None:
     print(
         f"{r.part:8} {r.backend:5} workers={r.workers:2}  {r.steps_per_s:8.1f} steps/s (busy "
         f"window {r.window_seconds:5.2f} s)  {r.events_per_s:8.0f} events/s in it; the run "
-        f"{r.seconds:5.2f} s, driver CPU {r.driver_cpu_us_per_event:4.0f} µs/event"
-        + (f", {r.worker_rss_mb:.0f} MiB per remote worker" if r.worker_rss_mb else ""),
+        f"{r.seconds:5.2f} s, driver CPU {r.driver_cpu_us_per_event:4.0f} µs/event, every "
+        f"worker under way after {r.start_seconds:.1f} s"
+        + (
+            f", {r.processes} processes of {r.per_process} worker(s), "
+            f"{r.worker_rss_mb:.0f} MiB resident per remote worker"
+            if r.worker_rss_mb
+            else ""
+        ),
         flush=True,
     )
 
 
 def report(rows: list[Row], delay_ms: float | None) -> None:
-    print("\n| workers | ideal steps/s | local steps/s | Ray steps/s | Ray / local |")
-    print("|---|---|---|---|---|")
-    by = {(r.part, r.backend, r.workers): r for r in rows}
-    for (part, backend, n), r in by.items():
-        if part != "scaling" or backend != "local":
+    print(
+        "\n| workers | per process | ideal steps/s | local steps/s | Ray steps/s | Ray / local "
+        "| under way, local / Ray (s) | MiB per remote worker |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    local_of = {r.workers: r for r in rows if r.part == "scaling" and r.backend == "local"}
+    for remote in rows:
+        if remote.part != "scaling" or remote.backend != "ray":
             continue
-        remote = by[("scaling", "ray", n)]
+        n, r = remote.workers, local_of[remote.workers]
         ideal = f"{n * 1000.0 / delay_ms:.0f}" if delay_ms else "-"
         print(
-            f"| {n} | {ideal} | {r.steps_per_s:.1f} | {remote.steps_per_s:.1f} | "
-            f"{remote.steps_per_s / r.steps_per_s:.2f} |"
+            f"| {n} | {remote.per_process} | {ideal} | {r.steps_per_s:.1f} | "
+            f"{remote.steps_per_s:.1f} | {remote.steps_per_s / r.steps_per_s:.2f} | "
+            f"{r.start_seconds:.1f} / {remote.start_seconds:.1f} | {remote.worker_rss_mb:.0f} |"
         )
+    by = {(r.part, r.backend, r.workers): r for r in rows}
     local, remote = by.get(("crossing", "local", 1)), by.get(("crossing", "ray", 1))
     if local and remote:
         print(
@@ -274,14 +315,14 @@ def report(rows: list[Row], delay_ms: float | None) -> None:
             f"{remote.us_per_event:.0f} µs from a remote worker: "
             f"{remote.us_per_event - local.us_per_event:.0f} µs more"
         )
-    for backend in ("local", "ray"):
-        for (part, b, n), r in by.items():
-            if part == "ceiling" and b == backend:
-                print(
-                    f"ceiling {backend} ({n} workers): {r.events_per_s:.0f} events/s; the "
-                    f"driver's CPU {r.driver_cpu_us_per_event:.0f} µs per event, "
-                    f"{1e6 / r.driver_cpu_us_per_event:.0f} events/s on a core of its own"
-                )
+    for r in rows:
+        if r.part == "ceiling":
+            print(
+                f"ceiling {r.backend} ({r.workers} workers, {r.per_process} per process): "
+                f"{r.events_per_s:.0f} events/s; the driver's CPU "
+                f"{r.driver_cpu_us_per_event:.0f} µs per event, "
+                f"{1e6 / r.driver_cpu_us_per_event:.0f} events/s on a core of its own"
+            )
 
 
 if __name__ == "__main__":

@@ -78,6 +78,13 @@ class ActorSpec:
         max_restarts: restarts allowed before the failure stops the run.
         driver: the run completes when this actor's ``run`` returns.
         accepts: optional filter on subscribed events (e.g. only those addressed to this actor).
+        restart_for: with "restart", the failures restarted (empty: any); any other stops the
+            run (a remote inference actor restarts when its process is lost, not when its code
+            raised on a request nobody would answer again).
+        recover_on_restart: a restarted actor is rebuilt as on resume: its
+            :meth:`Actor.recover` is given the whole log committed so far, and its mailbox
+            skips what that history holds (a remote learner, whose state is a fold of the log
+            and whose weights are in the newest checkpoint the log names).
     """
 
     name: str
@@ -86,6 +93,8 @@ class ActorSpec:
     max_restarts: int = 3
     driver: bool = False
     accepts: Callable[[Event], bool] | None = None
+    restart_for: tuple[type[Exception], ...] = ()
+    recover_on_restart: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or self.name == "runtime":
@@ -182,21 +191,28 @@ class Mailbox:
 
     Delivered batches are flattened here; the mailbox outlives an actor's restarts, so a
     restarted actor continues after the envelope its predecessor failed on.
+
+    Attributes:
+        skip_through: envelopes up to this seq are dropped (an actor rebuilt from the log up
+            to it, ``ActorSpec.recover_on_restart``); -1: none.
     """
 
     def __init__(self, channel: trio.MemoryReceiveChannel[list[Envelope[Event]]]) -> None:
         self.channel = channel
         self._batch: list[Envelope[Event]] = []
         self._i = 0
+        self.skip_through = -1
 
     async def receive(self) -> Envelope[Event]:
         """The next envelope. Raises ``trio.EndOfChannel`` when the run closes the mailbox."""
-        if self._i >= len(self._batch):
-            self._batch = await self.channel.receive()
-            self._i = 0
-        env = self._batch[self._i]
-        self._i += 1
-        return env
+        while True:
+            if self._i >= len(self._batch):
+                self._batch = await self.channel.receive()
+                self._i = 0
+            env = self._batch[self._i]
+            self._i += 1
+            if env.seq > self.skip_through:
+                return env
 
     def receive_nowait(self) -> Envelope[Event]:
         """The next envelope if one is already here.
@@ -205,12 +221,14 @@ class Mailbox:
             trio.WouldBlock: none is waiting.
             trio.EndOfChannel: the run closed the mailbox.
         """
-        if self._i >= len(self._batch):
-            self._batch = self.channel.receive_nowait()
-            self._i = 0
-        env = self._batch[self._i]
-        self._i += 1
-        return env
+        while True:
+            if self._i >= len(self._batch):
+                self._batch = self.channel.receive_nowait()
+                self._i = 0
+            env = self._batch[self._i]
+            self._i += 1
+            if env.seq > self.skip_through:
+                return env
 
 
 class Inbox:

@@ -12,10 +12,17 @@ Back-pressure: at most ``Placement.in_flight`` deliveries are on their way to on
 and a delivery is over only once the remote mailbox took it; beyond that the proxy's own
 mailbox fills and the runtime's delivery waits, as it does for a slow local actor.
 
+Processes: a Ray actor (one worker process) hosts ``Placement.per_process`` remote actors of a
+kind, each a :class:`RemoteHost` with its own trio loop on its own thread (:class:`_Process`
+keeps, in the driver, which process a group of proxies shares); one actor per process by
+default.
+
 Faults: when Ray reports the remote process or its node gone, the proxy raises
 :class:`engine.remote.RemoteActorLost`; supervision records it (``ActorFailed``) and restarts the
-actor, whose next proxy starts a fresh Ray actor (wherever Ray places it) and first delivers what
-the lost one had not handled (:class:`engine.remote.Inflight`).
+actor. A lost process takes every actor it hosted: each of their proxies fails and restarts the
+same way, and the first to restart starts a fresh process (wherever Ray places it) that the others
+join. Each first delivers what its lost predecessor had not handled
+(:class:`engine.remote.Inflight`).
 
 Ray is an optional dependency (``pip install -e '.[ray]'``), imported only here and only when
 used.
@@ -28,8 +35,9 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-from collections.abc import Callable, Generator
-from typing import Any
+import threading
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, ClassVar
 
 import msgspec
 import trio
@@ -56,25 +64,36 @@ def _ray() -> Any:
 
 
 class _Hosting:
-    """The Ray actor holding a :class:`RemoteHost`. Ray makes a class with any ``async def``
-    an asyncio actor, whose plain methods then run one at a time on its event loop (a poll
-    waiting would hold every delivery): this class has none, so Ray runs its methods on
-    threads (``max_concurrency``)."""
+    """The Ray actor (one worker process) holding the :class:`RemoteHost` of each remote actor
+    placed in it, by name. Ray makes a class with any ``async def`` an asyncio actor, whose
+    plain methods then run one at a time on its event loop (a poll waiting would hold every
+    delivery): this class has none, so Ray runs its methods on threads
+    (``max_concurrency``)."""
 
-    def __init__(self, *args: Any) -> None:
-        self._host = RemoteHost(*args)
+    def __init__(self) -> None:
+        self._hosts: dict[str, RemoteHost] = {}
+        self._lock = threading.Lock()
 
-    def pid(self) -> int:
-        return self._host.pid()
+    def add(self, name: str, *args: Any) -> int:
+        """Start actor ``name`` here (``RemoteHost``'s other arguments); this process's id."""
+        host = RemoteHost(name, *args)
+        with self._lock:
+            old, self._hosts[name] = self._hosts.get(name), host
+        if old is not None:  # a predecessor never stopped (its proxy was cancelled first)
+            old.stop()
+        return host.pid()
 
-    def deliver(self, n: int, data: bytes) -> None:
-        self._host.deliver(n, data)
+    def deliver(self, name: str, n: int, data: bytes) -> None:
+        self._hosts[name].deliver(n, data)
 
-    def poll(self, timeout: float) -> bytes:
-        return self._host.poll(timeout)
+    def poll(self, name: str, timeout: float) -> bytes:
+        return self._hosts[name].poll(timeout)
 
-    def stop(self, timeout: float) -> None:
-        self._host.stop(timeout)
+    def stop(self, name: str, timeout: float) -> None:
+        with self._lock:
+            host = self._hosts.pop(name, None)
+        if host is not None:
+            host.stop(timeout)
 
 
 @functools.cache
@@ -95,6 +114,8 @@ class Placement:
         in_flight: deliveries on their way to one remote actor before the proxy waits.
         start_timeout: seconds a new remote actor may take to be placed and started before it
             counts as lost (a cluster without the resources asked for).
+        per_process: actors of the kind one Ray worker process hosts (it reserves their
+            resources together); a lost process takes them all.
     """
 
     num_cpus: float = 1.0
@@ -102,14 +123,74 @@ class Placement:
     resources: dict[str, float] = dataclasses.field(default_factory=dict[str, float])
     in_flight: int = 2
     start_timeout: float = 120.0
+    per_process: int = 1
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError(f"num_cpus and num_gpus must be >= 0, got {self}")
         if self.in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {self.in_flight}")
+        if self.per_process < 1:
+            raise ValueError(f"per_process must be >= 1, got {self.per_process}")
         if self.start_timeout <= 0:
             raise ValueError(f"start_timeout must be > 0, got {self.start_timeout}")
+
+
+class _Process:
+    """The driver's record of the Ray worker process a group of up to ``size`` remote actors
+    shares: the current one (started by the first member that needs it), how many members use
+    it, and whether a member found it lost (the next member to start then starts a fresh one).
+    Used from the driver's event loop only.
+
+    Args:
+        placement: what each member reserves (the process reserves ``size`` times that).
+        size: the members of the group.
+    """
+
+    def __init__(self, placement: Placement, size: int) -> None:
+        self._placement = placement
+        self._size = size
+        self._handle: Any = None
+        self._generation = 0
+        self._lost = False
+        self._members: dict[int, int] = {}  # generation -> members using it
+
+    def acquire(self) -> tuple[Any, int]:
+        """The process for a member starting now, and its generation (a fresh process if there
+        is none or the current one was lost)."""
+        if self._handle is None or self._lost:
+            p, n = self._placement, self._size
+            self._handle = (
+                _host_class()
+                .options(
+                    num_cpus=p.num_cpus * n,
+                    num_gpus=p.num_gpus * n,
+                    resources={k: v * n for k, v in p.resources.items()} or None,
+                    max_concurrency=(p.in_flight + 3) * n,
+                    max_restarts=0,
+                )
+                .remote()
+            )
+            self._generation += 1
+            self._lost = False
+        self._members[self._generation] = self._members.get(self._generation, 0) + 1
+        return self._handle, self._generation
+
+    def lost(self, generation: int) -> None:
+        """A member found process ``generation`` gone (or never started)."""
+        if generation == self._generation:
+            self._lost = True
+
+    def release(self, handle: Any, generation: int) -> None:
+        """A member is done with its process; the last one out ends it."""
+        left = self._members[generation] - 1
+        if left:
+            self._members[generation] = left
+            return
+        del self._members[generation]
+        _ray().kill(handle, no_restart=True)
+        if generation == self._generation:
+            self._handle = None
 
 
 @contextlib.contextmanager
@@ -169,6 +250,7 @@ class RemoteActor(Actor):
         placement: where it runs.
         inflight: what was delivered and not handled, shared by the proxy's restarts.
         mailbox: batches the remote mailbox holds.
+        process: the process it shares with others of its kind.
     """
 
     def __init__(
@@ -177,43 +259,58 @@ class RemoteActor(Actor):
         placement: Placement,
         inflight: Inflight,
         mailbox: int,
+        process: _Process,
     ) -> None:
         self._factory = factory
         self._placement = placement
         self._inflight = inflight
         self._mailbox = mailbox
+        self._process = process
         self._codec = Codec()
 
+    recovers: ClassVar[bool] = False
+    """Whether the remote actor's kind rebuilds state on resume (overrides ``recover``)."""
+    _history: Sequence[Envelope[Event]] = ()
+    _through = -1  # the last seq of the history its actor was rebuilt from
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Keep ``history`` for the remote actor's own :meth:`Actor.recover`, if it has one (it
+        crosses once, as msgspec bytes, when the remote actor starts); what was sent to a
+        lost predecessor and is in it is not sent again."""
+        if self.recovers:
+            self._history = history
+            self._through = history[-1].seq if history else -1
+
     async def run(self, ctx: Context) -> None:
-        p = self._placement
-        host = (
-            _host_class()
-            .options(
-                num_cpus=p.num_cpus,
-                num_gpus=p.num_gpus,
-                resources=p.resources or None,
-                max_concurrency=p.in_flight + 3,
-                max_restarts=0,
-            )
-            .remote(ctx.name, self._factory, ctx.run_seed, ctx.attempt, self._mailbox)
-        )
-        again = self._inflight.redeliver()
+        process, generation = self._process.acquire()
+        host = _Member(process, ctx.name)
+        again = self._inflight.redeliver(after=self._through)
         try:
             await self._attend(ctx, host, again)
         except BaseExceptionGroup as group:
             errors, rest = group.split(Exception)
             if rest is not None or errors is None:
                 raise
-            raise _translated(ctx.name, _first_leaf(errors)) from None
+            raise self._translated(ctx.name, _first_leaf(errors), generation) from None
         except Exception as exc:
-            raise _translated(ctx.name, exc) from None
+            raise self._translated(ctx.name, exc, generation) from None
         finally:
             with trio.CancelScope(shield=True):
                 await _stop(host)
+                self._process.release(process, generation)
 
-    async def _attend(self, ctx: Context, host: Any, again: list[Envelope[Event]]) -> None:
+    def _translated(self, name: str, exc: Exception, generation: int) -> Exception:
+        out = _translated(name, exc)
+        if isinstance(out, RemoteActorLost):
+            self._process.lost(generation)
+        return out
+
+    async def _attend(self, ctx: Context, host: _Member, again: list[Envelope[Event]]) -> None:
         with trio.move_on_after(self._placement.start_timeout) as placing:
-            self._inflight.pid = await _result(host.pid.remote())
+            history = self._codec.encode_batch(list(self._history)) if self._history else b""
+            self._history = ()
+            args = (self._factory, ctx.run_seed, ctx.attempt, self._mailbox, 8192, history)
+            self._inflight.pid = await _result(host.add(*args))
         if placing.cancelled_caught:
             raise RemoteActorLost(
                 f"{ctx.name}: not started within {self._placement.start_timeout:g} s "
@@ -225,7 +322,7 @@ class RemoteActor(Actor):
             await self._collect(ctx, host)
             nursery.cancel_scope.cancel()
 
-    async def _forward(self, ctx: Context, host: Any, again: list[Envelope[Event]]) -> None:
+    async def _forward(self, ctx: Context, host: _Member, again: list[Envelope[Event]]) -> None:
         """Deliver the mailbox to the remote actor, in order, at most ``in_flight`` batches on
         their way at once."""
         room = trio.Semaphore(self._placement.in_flight)
@@ -235,7 +332,7 @@ class RemoteActor(Actor):
             async def send(batch: list[Envelope[Event]]) -> None:
                 nonlocal n
                 await room.acquire()
-                ref = host.deliver.remote(n, self._codec.encode_batch(batch))
+                ref = host.deliver(n, self._codec.encode_batch(batch))
                 n += 1
                 settling.start_soon(_settle, ref, room)
 
@@ -247,10 +344,10 @@ class RemoteActor(Actor):
                 self._inflight.delivered(batch)
                 await send(batch)
 
-    async def _collect(self, ctx: Context, host: Any) -> None:
+    async def _collect(self, ctx: Context, host: _Member) -> None:
         """Emit what the remote actor emitted; return when it ended, raise if it failed."""
         while True:
-            raw = await _result(host.poll.remote(_POLL_S))
+            raw = await _result(host.poll(_POLL_S))
             report = msgspec.msgpack.decode(raw, type=Report)
             emitted = self._codec.decode_batch(report.events, 0)
             self._inflight.reported(report.taken, emitted)
@@ -268,13 +365,33 @@ async def _settle(ref: Any, room: trio.Semaphore) -> None:
     room.release()
 
 
-async def _stop(host: Any) -> None:
-    """Let the remote actor clean up (a world's close), then end its process."""
+@dataclasses.dataclass(frozen=True)
+class _Member:
+    """One remote actor's calls to the process hosting it (Ray object refs)."""
+
+    process: Any
+    name: str
+
+    def add(self, *args: Any) -> Any:
+        return self.process.add.remote(self.name, *args)
+
+    def deliver(self, n: int, data: bytes) -> Any:
+        return self.process.deliver.remote(self.name, n, data)
+
+    def poll(self, timeout: float) -> Any:
+        return self.process.poll.remote(self.name, timeout)
+
+    def stop(self, timeout: float) -> Any:
+        return self.process.stop.remote(self.name, timeout)
+
+
+async def _stop(host: _Member) -> None:
+    """Let the remote actor clean up (a world's close); its process ends with its last member
+    (:meth:`_Process.release`)."""
     ray = _ray()
     # a host already gone (RayError) has nothing left to stop
     with trio.move_on_after(15), contextlib.suppress(ray.exceptions.RayError):
-        await _result(host.stop.remote(10.0))
-    ray.kill(host, no_restart=True)
+        await _result(host.stop(10.0))
 
 
 def _translated(name: str, exc: Exception) -> Exception:
@@ -295,7 +412,8 @@ def _brief(exc: BaseException) -> str:
 
 
 class _ProxyFactory:
-    """Builds a kind's proxy; holds its :class:`Inflight` across restarts (``inflight``)."""
+    """Builds a kind's proxy; holds its :class:`Inflight` across restarts (``inflight``) and
+    the process it shares with others (``process``)."""
 
     def __init__(
         self,
@@ -303,36 +421,66 @@ class _ProxyFactory:
         factory: Callable[[], Actor],
         placement: Placement,
         mailbox: int,
+        process: _Process,
+        sticky: tuple[type[Event], ...] = (),
     ) -> None:
         self.cls = cls
         self.factory = factory
         self.placement = placement
         self.mailbox = mailbox
-        self.inflight = Inflight()
+        self.process = process
+        self.inflight = Inflight(sticky=sticky)
 
     def __call__(self) -> Actor:
-        return self.cls(self.factory, self.placement, self.inflight, self.mailbox)
+        return self.cls(self.factory, self.placement, self.inflight, self.mailbox, self.process)
 
 
-def remote_spec(spec: ActorSpec, placement: Placement, *, mailbox: int = 64) -> ActorSpec:
+def remote_spec(
+    spec: ActorSpec,
+    placement: Placement,
+    *,
+    mailbox: int = 64,
+    process: _Process | None = None,
+    sticky: tuple[type[Event], ...] = (),
+) -> ActorSpec:
     """``spec`` with its actor placed on Ray: the same name, supervision and filter, a proxy in
-    the driver.
+    the driver. An actor that rebuilds state on resume (``Actor.recover``) is given the
+    history in its process, once, when it first starts.
 
     Args:
         spec: the actor as it would run in the driver.
         placement: where and with what it runs.
         mailbox: batches the remote mailbox holds.
-
-    Raises:
-        ValueError: the actor rebuilds state on resume (``Actor.recover``): its history would
-            have to cross the wire, which is not supported; run it in the driver.
+        process: the process it shares with others (:func:`remote_specs`); None: its own.
+        sticky: the kinds of event whose newest one the actor's next process is given first
+            when its process is lost (:attr:`engine.remote.Inflight.sticky`).
     """
     probe = spec.factory()
     kind = type(probe)
-    if kind.recover is not Actor.recover:
-        raise ValueError(f"{spec.name}: {kind.__name__} recovers state on resume; run it locally")
-    cls = type(f"Remote{kind.__name__}", (RemoteActor,), {"subscribes": tuple(probe.subscribes)})
-    return dataclasses.replace(spec, factory=_ProxyFactory(cls, spec.factory, placement, mailbox))
+    recovers = kind.recover is not Actor.recover
+    attrs = {"subscribes": tuple(probe.subscribes), "recovers": recovers}
+    cls = type(f"Remote{kind.__name__}", (RemoteActor,), attrs)
+    process = process or _Process(placement, 1)
+    proxy = _ProxyFactory(cls, spec.factory, placement, mailbox, process, sticky)
+    return dataclasses.replace(spec, factory=proxy)
 
 
-__all__ = ["Placement", "RemoteActor", "available", "connected", "remote_spec"]
+def remote_specs(
+    specs: Sequence[ActorSpec], placement: Placement, *, mailbox: int = 64
+) -> list[ActorSpec]:
+    """``specs`` placed on Ray (:func:`remote_spec`), ``placement.per_process`` of them to a
+    process, in order (the last process may host fewer).
+
+    Raises:
+        ValueError: as :func:`remote_spec`.
+    """
+    out: list[ActorSpec] = []
+    n = placement.per_process
+    for start in range(0, len(specs), n):
+        group = specs[start : start + n]
+        process = _Process(placement, len(group))
+        out += [remote_spec(spec, placement, mailbox=mailbox, process=process) for spec in group]
+    return out
+
+
+__all__ = ["Placement", "RemoteActor", "available", "connected", "remote_spec", "remote_specs"]

@@ -10,7 +10,9 @@ as msgspec bytes (:meth:`engine.events.Codec.encode_batch`), never as pickled ob
   transport runs them in;
 - a :class:`Report` answers a poll: how many envelopes the actor has taken from its mailbox so
   far, the events it emitted since the last report (as unnumbered envelopes carrying their
-  ``cause`` and ``corr``), and whether the actor is still running, ended or failed.
+  ``cause`` and ``corr``), and whether the actor is still running, ended or failed;
+- the history an actor rebuilds from (``Actor.recover``: a resume, or a restart that rebuilds
+  from the log) crosses once, as ``Codec.encode_batch`` bytes, when the host starts.
 
 The host runs the actor in its own trio loop on a thread of the remote process, in a real
 :class:`engine.actor.Context`, so an actor runs remotely unchanged. :class:`Inflight` is the
@@ -95,6 +97,9 @@ class RemoteHost:
         mailbox: batches the actor's mailbox holds before a delivery waits.
         outbox: events a source actor may have emitted and not yet shipped before its ``emit``
             waits (an actor that reacts to events never waits, as in the driver).
+        history: for the first start of a resumed run: ``Codec.encode_batch`` of the earlier
+            sessions' events, given to the actor's :meth:`Actor.recover` before it runs (empty:
+            no recovery).
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class RemoteHost:
         attempt: int,
         mailbox: int = 64,
         outbox: int = 8192,
+        history: bytes = b"",
     ) -> None:
         if mailbox < 1 or outbox < 1:
             raise ValueError(f"mailbox and outbox must be >= 1, got {mailbox} and {outbox}")
@@ -113,6 +119,7 @@ class RemoteHost:
         self._factory = factory
         self._attempt = attempt
         self._outbox_max = outbox
+        self._history = history
         self._codec = Codec()
         self.check_event = self._codec.check
         self._out: list[Envelope[Event]] = []
@@ -189,6 +196,10 @@ class RemoteHost:
                 actor = self._factory()
                 source = not actor.subscribes
                 ctx = Context(self, self.name, self._mailbox, source=source, attempt=self._attempt)
+                if self._history:
+                    history = self._codec.decode_envelopes(self._history)
+                    self._history = b""
+                    await actor.recover(ctx, history)
                 await actor.run(ctx)
                 self._state = "ended"
             except Exception as exc:  # reported to the proxy, which raises it in the driver
@@ -235,6 +246,10 @@ class Inflight:
         answered: something the actor emitted with ``current`` as its cause reached the driver.
         taken: envelopes the current host reported taken.
         pid: the current host's process id (0 until known).
+        sticky: the kinds of event whose newest one a new host is given first, taken or not
+            (those that set what the actor serves with, e.g. the policy version an inference
+            actor loads).
+        latest: the newest delivered envelope of each sticky kind.
     """
 
     pending: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
@@ -242,10 +257,17 @@ class Inflight:
     answered: bool = False
     taken: int = 0
     pid: int = 0
+    sticky: tuple[type[Event], ...] = ()
+    latest: dict[type[Event], Envelope[Event]] = field(
+        default_factory=dict[type[Event], Envelope[Event]]
+    )
 
     def delivered(self, envelopes: list[Envelope[Event]]) -> None:
         """Record a delivery to the current host."""
         self.pending.extend(envelopes)
+        for env in envelopes:
+            if isinstance(env.event, self.sticky):
+                self.latest[type(env.event)] = env
 
     def reported(self, taken: int, emitted: list[Envelope[Event]]) -> None:
         """Fold a report: ``taken`` so far and what was emitted since the last one."""
@@ -263,14 +285,18 @@ class Inflight:
         """The actor raised on ``current``: as in the driver, it is not delivered again."""
         self.current = None
 
-    def redeliver(self) -> list[Envelope[Event]]:
-        """What a new host is to be given first, its predecessor lost: the envelope the lost
-        actor was handling if nothing it emitted in answer arrived, then those it had not
-        taken. They stay recorded as delivered to the new host (not yet taken), so a host lost
-        before taking them passes them on again; the caller sends them without
-        :meth:`delivered`."""
+    def redeliver(self, after: int = -1) -> list[Envelope[Event]]:
+        """What a new host is to be given first, its predecessor lost: the newest envelope of
+        each sticky kind it had taken, then the envelope the lost actor was handling if nothing
+        it emitted in answer arrived, then those it had not taken. They stay recorded as
+        delivered to the new host (not yet taken), so a host lost before taking them passes
+        them on again; the caller sends them without :meth:`delivered`. Those up to seq
+        ``after`` are dropped: the new host's actor was rebuilt from the log up to there."""
         again = [self.current] if self.current is not None and not self.answered else []
         again += self.pending
+        seqs = {env.seq for env in again}
+        kept = [env for env in self.latest.values() if env.seq not in seqs]
+        again = [env for env in sorted(kept, key=lambda env: env.seq) + again if env.seq > after]
         self.pending, self.current, self.answered, self.taken, self.pid = again, None, False, 0, 0
         return list(again)
 

@@ -395,6 +395,10 @@ class Runtime:
                     self.push("runtime", self._started(spec, actor, attempt), None, "")
                     if self._resumed is not None and attempt == 0:
                         await actor.recover(ctx, self._history)
+                    elif attempt > 0 and spec.recover_on_restart:
+                        history = await trio.to_thread.run_sync(self._read_log)
+                        mailbox.skip_through = history[-1].seq if history else -1
+                        await actor.recover(ctx, history)
                     await actor.run(ctx)
                 except Exception as exc:
                     if not self._on_failure(spec, attempt, exc):
@@ -409,6 +413,11 @@ class Runtime:
                     self.request_stop("completed", 0)
                 return
 
+    def _read_log(self) -> list[Envelope[Event]]:
+        """Every event the log holds now (blocking: a worker thread's; the log's readers do
+        not wait for its writer)."""
+        return list(self._log.read(0, None))
+
     def _started(self, spec: ActorSpec, actor: Any, attempt: int) -> ActorStarted:
         return ActorStarted(
             actor=spec.name,
@@ -419,7 +428,11 @@ class Runtime:
 
     def _on_failure(self, spec: ActorSpec, attempt: int, exc: Exception) -> bool:
         """Record the failure; True if the actor is to be restarted."""
-        restart = spec.on_failure == "restart" and attempt < spec.max_restarts
+        restart = (
+            spec.on_failure == "restart"
+            and attempt < spec.max_restarts
+            and (not spec.restart_for or isinstance(exc, spec.restart_for))
+        )
         tb = "".join(traceback.format_exception(exc, limit=8))
         self.push(
             "runtime",

@@ -7,6 +7,7 @@ it is given.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import random
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -21,6 +22,7 @@ from agents.acting.env_worker import EnvWorker, PromptSettings
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
+from agents.events.policy import PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
 from agents.report.curves import report as curves_report
@@ -32,12 +34,13 @@ from engine.errors import ScenarioInvalid
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, select
 from engine.projection import ActorStats, Projection
+from engine.remote import RemoteActorLost
 from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from engine.world import Task, TextWorld
 from engine.world_registry import WorldOptionsInvalid, close_world, load_world
 from scenarios.methods import method_of
-from scenarios.schema import Scenario
+from scenarios.schema import RayPlacementConfig, Scenario
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
@@ -128,8 +131,9 @@ def assemble(
     from scenarios.policy_setup import policy_actors  # torch and transformers: only here
 
     specs = _workers(scenario, workers, make_world, None, source)
+    _check_model_placements(scenario, source, method is not None and prepare_model, run_dir)
     actors, model = policy_actors(scenario, source, method, run_dir, prepare_model)
-    specs += actors
+    specs += _placed_models(scenario, actors)
     if method is not None:
         heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
@@ -230,23 +234,90 @@ def _workers(
 
 def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[ActorSpec]:
     """The env workers' specs as the scenario's backend runs them: as they are, or each a
-    proxy of an actor on Ray (``engine.ray_backend``)."""
+    proxy of an actor on Ray (``engine.ray_backend``), ``per_process`` to a Ray process."""
     rt = scenario.runtime
     if rt.backend == "local":
         return specs
+    _need_ray(source)
+    placement = _placement(rt.ray.env_workers)
+    return ray_backend.remote_specs(specs, placement, mailbox=rt.mailbox)
+
+
+def _check_model_placements(
+    scenario: Scenario, source: str, learns: bool, run_dir: Path | None
+) -> None:
+    """Refuse, before any model is built, a learning run whose remote inference actor or
+    learner could not share the checkpoints (kept in memory: no run directory); a scenario
+    placing either on Ray needs Ray.
+
+    Raises:
+        ScenarioInvalid: as above.
+    """
+    rt = scenario.runtime
+    if rt.backend == "local":
+        return
+    for kind, placed in (("inference", rt.ray.inference), ("learner", rt.ray.learner)):
+        if placed is None:
+            continue
+        _need_ray(source)
+        if learns and run_dir is None:
+            raise ScenarioInvalid(
+                source,
+                f"$.runtime.ray.{kind}: a learning run with a remote {kind} needs a run "
+                "directory (the learner writes its checkpoints there, inference reads them)",
+            )
+
+
+def _placed_models(scenario: Scenario, specs: list[ActorSpec]) -> list[ActorSpec]:
+    """The policy's actors, the inference actor and the learner on Ray where
+    ``[runtime.ray.inference]`` and ``[runtime.ray.learner]`` place them. A lost process
+    restarts them (``runtime.on_failure``, ``max_restarts``; their code raising still stops
+    the run, as in the driver). The next inference process is given the newest
+    ``PolicyUpdated`` first, so that it serves the newest version the log names, then what was
+    not answered; the next learner is rebuilt from the log as on resume (its samples folded
+    again, the newest checkpoint the log names loaded with its optimiser, the requests no
+    update answered redone)."""
+    from scenarios.policy_setup import INFERENCE, LEARNER  # imported already (policy_actors)
+
+    rt = scenario.runtime
+    if rt.backend == "local":
+        return specs
+    placed = {INFERENCE: rt.ray.inference, LEARNER: rt.ray.learner}
+    out: list[ActorSpec] = []
+    for spec in specs:
+        config = placed.get(spec.name)
+        if config is not None:
+            sticky = (PolicyUpdated,) if spec.name == INFERENCE else ()
+            remote = ray_backend.remote_spec(
+                spec, _placement(config), mailbox=rt.mailbox, sticky=sticky
+            )
+            spec = dataclasses.replace(
+                remote,
+                on_failure=rt.on_failure,
+                max_restarts=rt.max_restarts,
+                restart_for=(RemoteActorLost,),
+                recover_on_restart=spec.name == LEARNER,
+            )
+        out.append(spec)
+    return out
+
+
+def _need_ray(source: str) -> None:
     if not ray_backend.available():
         raise ScenarioInvalid(
             source, "$.runtime.backend: \"ray\" needs Ray installed: pip install -e '.[ray]'"
         )
-    p = rt.ray.env_workers
-    placement = ray_backend.Placement(
+
+
+def _placement(p: RayPlacementConfig) -> ray_backend.Placement:
+    return ray_backend.Placement(
         num_cpus=p.num_cpus,
         num_gpus=p.num_gpus,
         resources=dict(p.resources),
         in_flight=p.in_flight,
         start_timeout=p.start_timeout,
+        per_process=p.per_process,
     )
-    return [ray_backend.remote_spec(spec, placement, mailbox=rt.mailbox) for spec in specs]
 
 
 @contextlib.contextmanager

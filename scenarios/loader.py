@@ -185,8 +185,18 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
 
 
 def resolved_toml(scenario: Scenario) -> str:
-    """The scenario with every default filled in, as TOML text (what a run directory keeps)."""
-    return tomli_w.dumps(msgspec.to_builtins(scenario))
+    """The scenario with every default filled in, as TOML text (what a run directory keeps).
+    A table left out that is None by default (``[runtime.ray.inference]``: not placed) stays
+    out: TOML has no null, and reading the text back gives None again."""
+    return tomli_w.dumps(_without_none(msgspec.to_builtins(scenario)))
+
+
+def _without_none(table: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: _without_none(cast(dict[str, Any], v)) if isinstance(v, dict) else v
+        for k, v in table.items()
+        if v is not None
+    }
 
 
 def scenario_hash(text: str) -> str:

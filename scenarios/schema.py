@@ -162,6 +162,9 @@ class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
         in_flight: deliveries on their way to one remote actor before the driver waits.
         start_timeout: seconds a remote actor may take to be placed and started before it
             counts as lost.
+        per_process: actors one Ray worker process hosts (each with its own thread and event
+            loop; the process reserves their resources together). A lost process takes them
+            all, and each restarts (docs/DEPLOY.md).
     """
 
     num_cpus: Annotated[float, Meta(ge=0, le=1024)] = 1.0
@@ -171,6 +174,7 @@ class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     )
     in_flight: Annotated[int, Meta(ge=1, le=1024)] = 2
     start_timeout: Annotated[float, Meta(gt=0, le=86_400)] = 120.0
+    per_process: Annotated[int, Meta(ge=1, le=1024)] = 1
 
 
 class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -180,13 +184,22 @@ class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         address: "local" (a Ray instance started in the driver's process for the run), "auto"
             (the cluster ``ray start`` made on this machine) or a cluster's ``HOST:PORT``.
         num_cpus: CPUs a "local" instance offers (0: the machine's).
-        env_workers: the env workers' placement. The other actors (scheduler or trainer,
-            inference, learner, memory, extractor) run in the driver.
+        env_workers: the env workers' placement.
+        inference: the policy's inference actor's placement (e.g. ``num_gpus = 1``); absent:
+            it runs in the driver. It builds its model in its Ray process from the scenario's
+            settings and reads new policy versions from the run directory's checkpoints.
+        learner: the learner's placement; absent: it runs in the driver. It writes its
+            checkpoints to the run directory (a cluster needs it on storage every node
+            reads, docs/DEPLOY.md) and, its process lost, restarts from the newest one the
+            log names. The other actors (scheduler or trainer, memory, extractor) run in the
+            driver.
     """
 
     address: Annotated[str, Meta(min_length=1, max_length=300)] = "local"
     num_cpus: Annotated[int, Meta(ge=0, le=100_000)] = 0
     env_workers: RayPlacementConfig = msgspec.field(default_factory=RayPlacementConfig)
+    inference: RayPlacementConfig | None = None
+    learner: RayPlacementConfig | None = None
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -62,6 +62,17 @@ async def abandon_running(
     return again
 
 
+async def rerun_lost(ctx: Context, job: EpisodeAssigned, restarted: ActorRestarted) -> None:
+    """Run again the episode a worker had begun when it failed and was restarted: record the
+    lost attempt as :class:`EpisodeAbandoned` with the failure, and assign the episode again
+    (same id, index and seed) to the restarted worker, so that nothing planned is lost and the
+    episode is the one a run without the failure plays."""
+    why = f"worker restarted ({restarted.reason})" if restarted.reason else "worker restarted"
+    lost = EpisodeAbandoned(episode=job.episode, worker=job.worker, purpose=job.purpose, reason=why)
+    await ctx.emit(lost, corr=job.episode)
+    await ctx.emit(job, corr=job.episode)
+
+
 class Scheduler(Replayed):
     """Assigns ``episodes`` episodes over ``workers``, one in flight per worker.
 
@@ -95,12 +106,13 @@ class Scheduler(Replayed):
             self._started.add(ev.episode)
             return False
         if isinstance(ev, ActorRestarted):
-            # an episode the failed worker had begun is lost; one it had not begun is still
-            # in its mailbox and the restarted worker runs it
+            # an episode the failed worker had begun is lost and runs again; one it had not
+            # begun is still in its mailbox (or, remote, sent again) and the restarted worker
+            # runs it
             job = self._running.get(ev.actor)
             if job is not None and job.episode in self._started:
-                why = f"worker restarted ({ev.reason})" if ev.reason else "worker restarted"
-                await ctx.emit(EpisodeAborted(episode=job.episode, worker=ev.actor, reason=why))
+                self._started.discard(job.episode)
+                await rerun_lost(ctx, job, ev)
             return False
         assert isinstance(ev, EpisodeFinished | EpisodeAborted)
         if not self._end(ev):
@@ -112,7 +124,7 @@ class Scheduler(Replayed):
 
     def _end(self, ev: EpisodeFinished | EpisodeAborted) -> bool:
         """Count the end of the episode ``ev.worker`` is running; False if that is not
-        ``ev.episode`` (already counted: an abort recorded for a restarted worker)."""
+        ``ev.episode`` (an end of an episode the worker no longer runs is not counted)."""
         job = self._running.get(ev.worker)
         if job is None or job.episode != ev.episode:
             return False
@@ -123,13 +135,12 @@ class Scheduler(Replayed):
 
     async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
         """Emit what the replay decided beyond the log (assignments excepted: they never
-        reached a worker), record every episode left running as abandoned, and assign them
-        again, then new ones, to workers that are all free."""
+        reached a worker; a lost attempt's abandon included), record every episode left
+        running as abandoned, and assign them again, then new ones, to workers that are all
+        free."""
         for ev, corr, cause in tail:
             if isinstance(ev, EpisodeAssigned):
                 continue
-            if isinstance(ev, EpisodeAborted):  # a restarted worker's: it ends the episode now
-                self._end(ev)
             await ctx.emit(ev, corr=corr, cause=cause)
         again = await abandon_running(ctx, self._running.values(), tail)
         self._again.extend(job.index for job in again)

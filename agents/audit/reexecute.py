@@ -148,7 +148,7 @@ class Reexecution:
             UpdateDiverged: the update it completes does not match the log.
         """
         ev = env.event
-        req = self.buffer.observe(ev)
+        req = self.buffer.observe(env)
         if req is not None:
             try:
                 samples, stale = self.buffer.collect(req)

@@ -3,7 +3,8 @@
 An episode is planned (``EpisodeAssigned``, by the scheduler), begins (``EpisodeStarted``), advances
 one turn per ``StepTaken`` and ends with ``EpisodeFinished`` or ``EpisodeAborted``. A resumed run
 records the episodes its previous session left running as ``EpisodeAbandoned`` and assigns them
-again (same id, same seed). Every field is data the world or the agent produced, so replay folds
+again (same id, same seed), as the scheduler does with an episode whose worker was lost and
+restarted mid-episode. Every field is data the world or the agent produced, so replay folds
 these events and never re-runs a world.
 """
 
@@ -97,13 +98,16 @@ class EpisodeAborted(Event, tag="episode_aborted", frozen=True, kw_only=True):
 
 @event
 class EpisodeAbandoned(Event, tag="episode_abandoned", frozen=True, kw_only=True):
-    """The run stopped (or was killed) while the episode was running; ``coevo resume`` drops
-    what its attempt recorded (turns, samples) and assigns it again with the same id and seed.
+    """The episode's attempt was lost and the episode is assigned again with the same id and
+    seed; what the attempt recorded (turns, samples) is dropped. Either the run stopped (or was
+    killed) while it was running and ``coevo resume`` re-runs it (``reason`` empty), or its
+    worker was lost mid-episode and restarted (``reason``: "worker restarted (the failure)").
     Unlike :class:`EpisodeAborted`, the episode is not over: it is re-run."""
 
     episode: str
     worker: str
     purpose: str = "train"
+    reason: str = ""
 
 
 def finished_attempts(history: Iterable[Envelope[Event]]) -> Callable[[str, int], bool]:

@@ -391,7 +391,7 @@ class Learner(Actor):
         async for env in ctx.events():
             if isinstance(env.event, PolicyUpdated):
                 self._committed = env.event.policy_version
-            req = self._buffer.observe(env.event)
+            req = self._buffer.observe(env)
             if req is not None:
                 await self._update(ctx, trainee, req)
 
@@ -407,7 +407,7 @@ class Learner(Actor):
         latest: PolicyUpdated | None = None
         for env in history:
             ev = env.event
-            req = self._buffer.observe(ev)
+            req = self._buffer.observe(env)
             if req is not None and req.update in done:
                 self._buffer.collect(req)
             elif req is not None:
@@ -505,18 +505,26 @@ class SampleBuffer:
         self.turns: dict[str, list[ActionSampled]] = {}
         self.ended: set[str] = set()
         self.version = 0
+        self._abandoned: dict[str, int] = {}  # episode -> seq of its last abandoned attempt
 
-    def observe(self, ev: Event) -> GradientRequested | None:
-        """Fold ``ev``; a :class:`GradientRequested` is returned for the caller to serve."""
+    def observe(self, env: Envelope[Event]) -> GradientRequested | None:
+        """Fold one envelope; a :class:`GradientRequested` is returned for the caller to serve.
+        A sample answering a request made before its episode's attempt was abandoned (a worker
+        lost mid-episode, the inference answering after) belongs to the lost attempt and is
+        dropped: the re-run samples its turns again."""
+        ev = env.event
         if isinstance(ev, ActionSampled):
-            self.turns.setdefault(ev.episode, []).append(ev)
+            lost = self._abandoned.get(ev.episode, -1)
+            if env.cause is None or env.cause > lost:
+                self.turns.setdefault(ev.episode, []).append(ev)
         elif isinstance(ev, EpisodeFinished | EpisodeAborted):
             if ev.purpose != "train" or isinstance(ev, EpisodeAborted):
                 self.turns.pop(ev.episode, None)  # never trained on
             else:
                 self.ended.add(ev.episode)
         elif isinstance(ev, EpisodeAbandoned):
-            self.turns.pop(ev.episode, None)  # a resumed run plays it again from the start
+            self.turns.pop(ev.episode, None)  # played again from the start
+            self._abandoned[ev.episode] = env.seq
         elif isinstance(ev, GradientRequested):
             return ev
         return None

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from agents.acting.scheduler import abandon_running, episode_id, plan_episode
+from agents.acting.scheduler import abandon_running, episode_id, plan_episode, rerun_lost
 from agents.events.episodes import (
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
+    EpisodeStarted,
 )
 from agents.events.memory import TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import (
@@ -52,6 +53,7 @@ from agents.methods.builtin import Grpo, complementary_rule, grpo_rule
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
 from engine.events import Event
+from engine.lifecycle import ActorRestarted
 from engine.recovery import Emitted, Replayed
 from engine.seeds import derive_seed
 from engine.world import Task
@@ -162,12 +164,14 @@ class GrpoTrainer(Replayed):
     """
 
     subscribes = (
+        EpisodeStarted,
         EpisodeFinished,
         EpisodeAborted,
         PolicyUpdated,
         TipsRetrieved,
         TipStored,
         TipRejected,
+        ActorRestarted,
     )
 
     def __init__(
@@ -223,6 +227,7 @@ class GrpoTrainer(Replayed):
         self._version = 0
         self._round = 0
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
+        self._started: set[str] = set()  # running episodes whose worker has begun them
 
     @property
     def updates(self) -> int:
@@ -249,15 +254,39 @@ class GrpoTrainer(Replayed):
         elif isinstance(ev, TipStored | TipRejected):
             if ev.episode in self._adapts:
                 await self._adapt_tip(ctx, ev.episode)
+        elif isinstance(ev, EpisodeStarted):
+            self._started.add(ev.episode)
+            return False
+        elif isinstance(ev, ActorRestarted):
+            await self._worker_restarted(ctx, ev)
+            return False
         else:
             assert isinstance(ev, EpisodeFinished | EpisodeAborted)
             self._running.pop(ev.episode, None)
+            self._started.discard(ev.episode)
             self._free.append(ev.worker)
             await self._ended(ctx, ev)
         if self.finished():
             return True
         await self._fill(ctx)
         return False
+
+    async def _worker_restarted(self, ctx: Context, ev: ActorRestarted) -> None:
+        """A worker failed and was restarted: the episode it had begun runs again on it (one
+        it had not begun is still in its mailbox, or sent again to a remote one)."""
+        job = next((j for j in self._running.values() if j.worker == ev.actor), None)
+        if job is None or job.episode not in self._started:
+            return
+        self._started.discard(job.episode)
+        self._forget_attempt(job.episode)
+        await rerun_lost(ctx, job, ev)
+
+    def _forget_attempt(self, episode: str) -> None:
+        """Drop what a lost attempt of ``episode`` gathered: it is played again."""
+        if episode in self._similar:
+            self._similar[episode] = []
+        if episode in self._adapts:  # the re-run's own tip is awaited
+            self._adapts[episode].tip_done.discard(episode)
 
     async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
         """Continue after the log's end: emit what the replay decided beyond it (assignments
@@ -269,11 +298,9 @@ class GrpoTrainer(Replayed):
                 await ctx.emit(ev, corr=corr, cause=cause)
         again = await abandon_running(ctx, self._running.values(), tail)
         for job in again:
-            if job.episode in self._similar:
-                self._similar[job.episode] = []
-            if job.episode in self._adapts:  # the re-run's own tip is awaited
-                self._adapts[job.episode].tip_done.discard(job.episode)
+            self._forget_attempt(job.episode)
         self._running.clear()
+        self._started.clear()
         self._queue.extendleft(msgspec.structs.replace(j, worker="") for j in reversed(again))
         self._free = list(self._workers)
         await self._fill(ctx)

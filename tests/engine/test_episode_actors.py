@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import partial
 
 import pytest
@@ -13,14 +14,22 @@ from agents.acting.env_worker import EnvWorker
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Explorer
-from agents.events.episodes import EpisodeAborted, EpisodeAssigned, EpisodeFinished
-from engine.actor import ActorSpec
+from agents.events.episodes import (
+    EpisodeAbandoned,
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
+from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog
 from engine.lifecycle import ActorRestarted, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime
 from engine.world import Observation, Task, TextWorld
+from scenarios.assemble import fact_checks
 from scenarios.worlds.minilab import MiniLab
 
 STARTED = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=5, coevo_version="0")
@@ -39,9 +48,48 @@ class FlakyFactory:
         return MiniLab(families=("fetch",), train_variants=20)
 
 
-def run_episodes(episodes: int, workers: int, make_world: FlakyFactory) -> MemoryEventLog:
+class CrashingWorker(Actor):
+    """An env worker whose first life dies mid-episode (after the start and one turn of its
+    first episode, as a lost process would); once restarted it is a plain :class:`EnvWorker`."""
+
+    subscribes = EnvWorker.subscribes
+
+    def __init__(self, make_world: Callable[[], TextWorld]) -> None:
+        self._make_world = make_world
+
+    async def run(self, ctx: Context) -> None:
+        if ctx.attempt > 0:
+            await EnvWorker(self._make_world, Explorer).run(ctx)
+            return
+        async for env in ctx.events():
+            job = env.event
+            assert isinstance(job, EpisodeAssigned)
+            ep, one = job.episode, ("a",)
+            await ctx.emit(
+                EpisodeStarted(
+                    episode=ep, worker=ctx.name, goal="g", observation="o", admissible=one
+                )
+            )
+            turn = StepTaken(
+                episode=ep, turn=0, action="a", observation="o", admissible=one, reward=0.0,
+                done=False, score=0.0,
+            )  # fmt: skip
+            await ctx.emit(turn)
+            raise RuntimeError("the worker's process died")
+
+
+def run_episodes(
+    episodes: int,
+    workers: int,
+    make_world: FlakyFactory,
+    worker: Callable[[str], Actor] | None = None,
+) -> MemoryEventLog:
     tasks = MiniLab(families=("fetch",), train_variants=20).tasks("fetch", "train")
     names = [f"w{i}" for i in range(workers)]
+
+    def default(name: str) -> Actor:
+        return EnvWorker(make_world, Explorer)
+
     specs = [
         ActorSpec(name="scheduler", factory=partial(Scheduler, tasks, episodes, names), driver=True)
     ]
@@ -49,7 +97,9 @@ def run_episodes(episodes: int, workers: int, make_world: FlakyFactory) -> Memor
         specs.append(
             ActorSpec(
                 name=name,
-                factory=partial(EnvWorker, make_world, Explorer),
+                factory=partial(worker, name)
+                if worker
+                else partial(EnvWorker, make_world, Explorer),
                 on_failure="restart",
                 max_restarts=3,
                 accepts=lambda ev, name=name: getattr(ev, "worker", None) == name,
@@ -78,6 +128,32 @@ def test_worker_restarted_before_its_episode_began_still_runs_it() -> None:
     assert not any(isinstance(e.event, EpisodeAborted) for e in envs)
     finished = [e.event.episode for e in envs if isinstance(e.event, EpisodeFinished)]
     assert sorted(finished) == [f"ep{i:06d}" for i in range(6)]
+
+
+def test_an_episode_a_worker_dies_in_runs_again_and_every_planned_one_finishes() -> None:
+    def worker(name: str) -> Actor:
+        if name == "w1":
+            return CrashingWorker(FlakyFactory(0))
+        return EnvWorker(FlakyFactory(0), Explorer)
+
+    log = run_episodes(6, 2, FlakyFactory(0), worker)
+    envs = list(log.read())
+    lost = [e.event for e in envs if isinstance(e.event, EpisodeAbandoned)]
+    assert [(a.episode, a.worker) for a in lost] == [("ep000001", "w1")]
+    assert lost[0].reason == "worker restarted (RuntimeError: the worker's process died)"
+    assert not any(isinstance(e.event, EpisodeAborted) for e in envs)
+    finished = [e.event for e in envs if isinstance(e.event, EpisodeFinished)]
+    assert sorted(f.episode for f in finished) == [f"ep{i:06d}" for i in range(6)]
+    # the re-run is the episode a run without the crash plays
+    clean = run_episodes(6, 2, FlakyFactory(0)).read()
+    outcome = {f.episode: (f.steps, f.score) for f in finished}
+    assert outcome == {
+        e.event.episode: (e.event.steps, e.event.score)
+        for e in clean
+        if isinstance(e.event, EpisodeFinished)
+    }
+    checked = verify_log(log, [ActorStats(), EpisodeTable()], fact_checks())
+    assert checked.ok, checked.error
 
 
 def test_episode_outcomes_do_not_depend_on_worker_count() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from functools import partial
 
 import msgspec
@@ -16,7 +17,7 @@ from agents.acting.scripted import Explorer
 from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
 from engine.actor import Actor, Context
 from engine.events import Codec, Envelope, Event
-from engine.lifecycle import RunStopped
+from engine.lifecycle import RunStarted, RunStopped
 from engine.remote import Inflight, RemoteHost, Report
 from engine.world import TextWorld
 from scenarios.worlds.minilab import MiniLab
@@ -214,6 +215,48 @@ def test_inflight_counts_an_answer_arriving_in_a_later_report() -> None:
     rec.reported(1, [])
     rec.reported(1, [answer(4)])
     assert rec.redeliver() == []
+
+
+def test_inflight_gives_a_new_host_the_newest_sticky_event_it_had_taken() -> None:
+    """An inference actor's process lost: the next one is given the newest policy version its
+    predecessor had loaded (a sticky kind, taken or not), then what was not handled."""
+    rec = Inflight(sticky=(RunStarted,))
+    version = [
+        Envelope(seq=s, run="r", t=0, actor="l", event=RunStarted(run_id=str(s), scenario="",
+                 scenario_hash="", seed=0, coevo_version=""))
+        for s in (3, 6)
+    ]  # fmt: skip
+    rec.delivered([env(1), version[0], env(4)])
+    rec.delivered([version[1], env(7)])
+    rec.reported(5, [answer(7)])  # took everything, answered the last
+    assert [e.seq for e in rec.redeliver()] == [6]  # the newest only
+    rec.delivered([env(9)])
+    assert [e.seq for e in rec.redeliver()] == [6, 9]  # lost before taking either
+
+
+def test_a_host_recovers_its_actor_on_the_history_before_it_runs() -> None:
+    class Counting(Actor):
+        subscribes = (RunStopped,)
+
+        def __init__(self) -> None:
+            self.seen = -1
+
+        async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+            self.seen = sum(isinstance(e.event, RunStopped) for e in history)
+
+        async def run(self, ctx: Context) -> None:
+            await ctx.emit(RunStopped(reason=f"recovered {self.seen}"))
+
+    history = CODEC.encode_batch([env(2), env(5), env(9)])
+    host = RemoteHost("counting", Counting, 7, 0, history=history)
+    try:
+        rep, emitted = report(host)
+        while rep.state == "running" or not emitted:
+            more_rep, more = report(host)
+            rep, emitted = more_rep, emitted + more
+    finally:
+        host.stop()
+    assert [e.event for e in emitted] == [RunStopped(reason="recovered 3")]
 
 
 @pytest.mark.parametrize("mailbox", [0, -1])

@@ -15,7 +15,7 @@ import trio.testing
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import LogError
 from engine.eventlog import EncodedBatch, MemoryEventLog, Snapshot
-from engine.events import Event, event
+from engine.events import Envelope, Event, event
 from engine.lifecycle import (
     ActorFailed,
     ActorRestarted,
@@ -167,6 +167,76 @@ def test_restart_policy_records_failure_and_continues() -> None:
     assert outcome.reason == "completed"
     pongs = sorted(e.event.n for e in envs if isinstance(e.event, Pong))
     assert pongs == [n for n in range(10) if n != 4]  # the ping being handled is lost, no more
+
+
+@pytest.mark.parametrize(
+    ("restart_for", "restarted"), [((RuntimeError,), True), ((KeyError,), False)]
+)
+def test_restart_for_restarts_only_the_failures_it_names(
+    restart_for: tuple[type[Exception], ...], restarted: bool
+) -> None:
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(10)),
+        ActorSpec(
+            name="echo",
+            factory=lambda: Echo(10, fail_at=4, fails=[]),
+            driver=True,
+            on_failure="restart",
+            restart_for=restart_for,
+        ),
+    ]
+    log, outcome = run_runtime(specs)
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [f.action for f in failed] == ["restart" if restarted else "stop"]
+    assert outcome.reason == ("completed" if restarted else "failed")
+
+
+class Tally(Actor):
+    """Sums the Pings it saw, a fold of the log: rebuilt from it by ``recover``. Its first life
+    fails after 4 Pings; it ends once it has seen ``total`` and says what it summed."""
+
+    subscribes = (Ping,)
+
+    def __init__(self, total: int, lives: list[int]) -> None:
+        self.total = total
+        self.lives = lives
+        self.seen: list[int] = []
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        self.seen = [e.event.n for e in history if isinstance(e.event, Ping)]
+
+    async def run(self, ctx: Context) -> None:
+        self.lives.append(len(self.seen))
+        if len(self.seen) >= self.total:
+            await ctx.emit(Pong(n=sum(self.seen)))
+            return
+        async for env in ctx.events():
+            assert isinstance(env.event, Ping)
+            self.seen.append(env.event.n)
+            if len(self.lives) == 1 and len(self.seen) == 4:
+                raise RuntimeError("lost")
+            if len(self.seen) == self.total:
+                await ctx.emit(Pong(n=sum(self.seen)))
+                return
+
+
+def test_an_actor_recovered_on_restart_folds_the_log_and_skips_what_it_held() -> None:
+    lives: list[int] = []
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(30)),
+        ActorSpec(
+            name="tally",
+            factory=lambda: Tally(30, lives),
+            driver=True,
+            on_failure="restart",
+            recover_on_restart=True,
+        ),
+    ]
+    log, outcome = run_runtime(specs, RuntimeConfig(batch_max=3))
+    assert outcome.reason == "completed"
+    assert lives[0] == 0 and lives[1] >= 4  # the second life began with what the log held
+    (total,) = [e.event.n for e in log.read() if isinstance(e.event, Pong)]
+    assert total == sum(range(30))  # each Ping once: none lost, none counted twice
 
 
 def test_stop_policy_fails_the_run_and_keeps_what_was_committed() -> None:

@@ -2,10 +2,17 @@
 on the session's local Ray instance (``ray_address`` in tests/conftest.py).
 
 - The same scenario and seed give the same episodes locally and on Ray (a deterministic world).
-- A remote env worker's process killed mid-episode: the run goes on, the episode is aborted with
-  the reason, the worker restarts in a new process, every other episode is the one a local run
-  plays, and the log verifies.
+- A remote env worker's process killed mid-episode: the run goes on, the lost attempt is
+  abandoned with the reason, the worker restarts in a new process and runs the episode again,
+  every planned episode finishes and is the one a local run plays, and the log verifies.
 - A Ray run whose driver is killed resumes (``coevo resume``) and ends with a local run's episodes.
+- The inference actor on Ray (``[runtime.ray.inference]``) in a deterministic GRPO run, its
+  process killed after the first update: it restarts with the newest policy version, and the
+  run samples, trains and ends as a local run does.
+- The learner on Ray (``[runtime.ray.learner]``), its process killed as the second update is
+  requested: it restarts from the newest checkpoint the log names and the run trains as a
+  local run does.
+- That GRPO run with both on Ray, its driver killed: ``coevo resume`` ends it as a local run.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ import pytest
 import trio
 
 from agents.events.episodes import (
+    EpisodeAbandoned,
     EpisodeAborted,
+    EpisodeAssigned,
     EpisodeFinished,
     EpisodeStarted,
     StepTaken,
 )
+from agents.events.policy import ActionRequested, GradientRequested, PolicyUpdated
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted, RunStarted
@@ -38,7 +48,7 @@ from scenarios.loader import load_scenario
 from stores.lmdb_log import LmdbEventLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-from resume_kit import coevo, finish, read_log, stop_at
+from resume_kit import GRPO, coevo, comparable, final_digest, finish, read_log, stop_at
 
 pytest.importorskip("ray")
 
@@ -62,6 +72,7 @@ backend = "{backend}"
 
 [runtime.ray.env_workers]
 num_cpus = 0.25
+per_process = {per_process}
 
 [logging]
 progress = false
@@ -78,10 +89,16 @@ def scenario_file(
     options: str = "{}",
     episodes: int = 30,
     workers: int = 3,
+    per_process: int = 1,
 ) -> Path:
     path = tmp / f"{backend}.toml"
     text = EXPLORE.format(
-        world=world, options=options, episodes=episodes, workers=workers, backend=backend
+        world=world,
+        options=options,
+        episodes=episodes,
+        workers=workers,
+        backend=backend,
+        per_process=per_process,
     )
     path.write_text(text, encoding="utf-8")
     return path
@@ -134,11 +151,14 @@ def remote_types(envs: list[Envelope[Event]]) -> Counter[str]:
     return Counter(e.event.actor_type for e in envs if isinstance(e.event, ActorStarted))
 
 
+@pytest.mark.parametrize("per_process", [1, 2])
 def test_the_same_scenario_and_seed_play_the_same_episodes_locally_and_on_ray(
-    tmp_path: Path, ray_address: str
+    tmp_path: Path, ray_address: str, per_process: int
 ) -> None:
     local = run(scenario_file(tmp_path, "local"), MemoryEventLog())
-    remote = run(scenario_file(tmp_path, "ray"), MemoryEventLog())
+    path = scenario_file(tmp_path, "ray", per_process=per_process)
+    assembly = prepare(path)
+    remote = run(path, MemoryEventLog(), assembly=assembly)
     assert local[0].reason == remote[0].reason == "completed"
     assert remote_types(remote[1])["RemoteEnvWorker"] == 3  # the workers did run on Ray
     assert remote_types(local[1])["EnvWorker"] == 3
@@ -147,9 +167,14 @@ def test_the_same_scenario_and_seed_play_the_same_episodes_locally_and_on_ray(
     assert episodes(remote[1]) == played
     workers = {e.event.worker for e in remote[1] if isinstance(e.event, EpisodeFinished)}
     assert workers == {"worker-0", "worker-1", "worker-2"}
+    # the process each worker ran in: worker-0 and worker-1 share one when two go to a process
+    pids = {s.name: getattr(s.factory, "inflight").pid for s in assembly.specs[1:]}  # noqa: B009
+    assert all(pids.values()) and len(pids) == 3
+    assert len(set(pids.values())) == (3 if per_process == 1 else 2), pids
+    assert (pids["worker-0"] == pids["worker-1"]) == (per_process == 2), pids
 
 
-def test_a_remote_worker_killed_mid_episode_aborts_it_and_restarts(
+def test_a_remote_worker_killed_mid_episode_restarts_and_runs_it_again(
     tmp_path: Path, ray_address: str
 ) -> None:
     paced = scenario_file(
@@ -188,22 +213,21 @@ def test_a_remote_worker_killed_mid_episode_aborts_it_and_restarts(
     restarted = [e.event for e in envs if isinstance(e.event, ActorRestarted)]
     assert [(r.actor, r.attempt) for r in restarted] == [("worker-1", 1)]
     assert restarted[0].reason.startswith("RemoteActorLost: worker-1: ")
-    aborted = [e.event for e in envs if isinstance(e.event, EpisodeAborted)]
-    assert [(a.episode, a.worker) for a in aborted] == [(episode, "worker-1")]
-    assert aborted[0].reason.startswith("worker restarted (RemoteActorLost: worker-1: ")
+    abandoned = [e.event for e in envs if isinstance(e.event, EpisodeAbandoned)]
+    assert [(a.episode, a.worker) for a in abandoned] == [(episode, "worker-1")]
+    assert abandoned[0].reason.startswith("worker restarted (RemoteActorLost: worker-1: ")
+    assert not any(isinstance(e.event, EpisodeAborted) for e in envs)
     starts = [e.event for e in envs if isinstance(e.event, ActorStarted)]
     assert ("worker-1", 1, "RemoteEnvWorker") in [
         (s.actor, s.attempt, s.actor_type) for s in starts
     ]
-    ends = Counter(
-        e.event.episode for e in envs if isinstance(e.event, EpisodeFinished | EpisodeAborted)
-    )
-    assert sorted(ends) == [f"ep{i:06d}" for i in range(9)] and set(ends.values()) == {1}
-    # nothing committed was lost or changed: every other episode is the one a local run plays
+    assigned = Counter(e.event.episode for e in envs if isinstance(e.event, EpisodeAssigned))
+    assert assigned[episode] == 2  # assigned again after the loss
+    finished = Counter(e.event.episode for e in envs if isinstance(e.event, EpisodeFinished))
+    assert sorted(finished) == [f"ep{i:06d}" for i in range(9)] and set(finished.values()) == {1}
+    # nothing was lost or changed: every episode, the lost one included, is a local run's
     local = scenario_file(tmp_path, "local", world=PACED, options="{ delay_ms = 0 }", episodes=9)
-    expected = episodes(run(local, MemoryEventLog())[1])
-    del expected[episode]
-    assert episodes(envs) == expected
+    assert episodes(envs) == episodes(run(local, MemoryEventLog())[1])
     log.close()
     log = LmdbEventLog.open(tmp_path / "log", writable=False)
     try:
@@ -212,6 +236,59 @@ def test_a_remote_worker_killed_mid_episode_aborts_it_and_restarts(
         assert checked.ok, checked.error
     finally:
         log.close()
+
+
+def test_a_lost_process_of_two_workers_restarts_both_and_their_episodes_run_again(
+    tmp_path: Path, ray_address: str
+) -> None:
+    paced = scenario_file(
+        tmp_path, "ray", world=PACED, options="{ delay_ms = 15 }", episodes=12, workers=4,
+        per_process=2,
+    )  # fmt: skip
+    assembly = prepare(paced)
+    inflight = {spec.name: getattr(spec.factory, "inflight", None) for spec in assembly.specs}
+    running: dict[str, str] = {}  # episode -> worker
+    killed: list[int] = []
+    before: dict[str, int] = {}
+
+    def kill_mid_episode(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            ev = env.event
+            if isinstance(ev, EpisodeStarted):
+                running[ev.episode] = ev.worker
+            elif (
+                isinstance(ev, StepTaken)
+                and ev.turn == 2
+                and not killed
+                and running[ev.episode] == "worker-3"
+                and all(i.pid for i in inflight.values() if i is not None)  # all placed
+            ):
+                before.update({n: i.pid for n, i in inflight.items() if i is not None})
+                os.kill(before["worker-3"], signal.SIGKILL)
+                killed.append(before["worker-3"])
+
+    log = MemoryEventLog()
+    outcome, envs = run(paced, log, [kill_mid_episode], assembly)
+    assert outcome.reason == "completed"
+    assert killed, "the run ended before the kill"
+    assert before["worker-2"] == before["worker-3"] != before["worker-0"] == before["worker-1"]
+    after = {n: i.pid for n, i in inflight.items() if i is not None}
+    # the process's two workers restarted together in one new process; the others stayed
+    assert after["worker-2"] == after["worker-3"] not in (0, killed[0])
+    assert after["worker-0"] == before["worker-0"]
+    failed = sorted((e.event.actor, e.event.error_type) for e in envs
+                    if isinstance(e.event, ActorFailed))  # fmt: skip
+    assert failed == [("worker-2", "RemoteActorLost"), ("worker-3", "RemoteActorLost")]
+    abandoned = [e.event for e in envs if isinstance(e.event, EpisodeAbandoned)]
+    assert 1 <= len(abandoned) <= 2 and "worker-3" in [a.worker for a in abandoned]
+    finished = Counter(e.event.episode for e in envs if isinstance(e.event, EpisodeFinished))
+    assert sorted(finished) == [f"ep{i:06d}" for i in range(12)] and set(finished.values()) == {1}
+    local = scenario_file(
+        tmp_path, "local", world=PACED, options="{ delay_ms = 0 }", episodes=12, workers=4
+    )
+    assert episodes(envs) == episodes(run(local, MemoryEventLog())[1])
+    checked = verify_log(log, assembly.projections, fact_checks())
+    assert checked.ok, checked.error
 
 
 def test_a_ray_run_whose_driver_is_killed_resumes_to_a_local_runs_episodes(
@@ -236,3 +313,179 @@ def test_a_ray_run_whose_driver_is_killed_resumes_to_a_local_runs_episodes(
     assert episodes(envs) == episodes(run(local, MemoryEventLog())[1])
     verify = coevo(["replay", str(out), "--verify"], cache)
     finish(verify, timeout=120)
+
+
+RAY_INFERENCE = """
+[runtime]
+backend = "ray"
+
+[runtime.ray.env_workers]
+num_cpus = 0.25
+per_process = 3
+
+[runtime.ray.inference]
+num_cpus = 0.5
+
+[logging]"""
+
+
+def learn(
+    path: Path, run_dir: Path, observers: Sequence[Callable[[list[Envelope[Event]]], None]] = ()
+) -> tuple[Assembly, RunOutcome, MemoryEventLog]:
+    """A learning run of ``path`` in this process, its checkpoints in ``run_dir``."""
+    scenario = load_scenario(path)
+    assembly = assemble(scenario, str(path), run_dir=run_dir)
+    log = MemoryEventLog()
+    outcome, _ = run(path, log, observers, assembly)
+    return assembly, outcome, log
+
+
+@pytest.fixture(scope="module")
+def grpo_local(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Envelope[Event]]]:
+    """The deterministic GRPO run in the driver alone: the model cache it built, its log."""
+    root = tmp_path_factory.mktemp("grpo")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COEVO_CACHE", str(root / "cache"))
+        path = root / "local.toml"
+        path.write_text(GRPO, encoding="utf-8")
+        _, outcome, log = learn(path, root / "local")
+    assert outcome.reason == "completed"
+    return root / "cache", list(log.read(0, None))
+
+
+def run_killing(
+    tmp_path: Path,
+    placed: str,
+    actor: str,
+    kill_at: Callable[[Event, dict[str, Any]], bool],
+) -> tuple[Assembly, RunOutcome, MemoryEventLog, int]:
+    """The GRPO run with ``placed`` added to its scenario, the process of remote ``actor``
+    killed (SIGKILL) at the first committed event ``kill_at`` accepts (given a dict to keep
+    state in); the pid killed."""
+    path = tmp_path / "ray.toml"
+    path.write_text(GRPO.replace("[logging]", placed), encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path), run_dir=tmp_path / "ray")
+    records = {s.name: getattr(s.factory, "inflight", None) for s in assembly.specs}
+    state: dict[str, Any] = {"killed": 0}
+
+    def kill(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            if not state["killed"] and kill_at(env.event, state):
+                state["killed"] = records[actor].pid  # pyright: ignore[reportOptionalMemberAccess]
+                os.kill(state["killed"], signal.SIGKILL)
+
+    log = MemoryEventLog()
+    outcome, _ = run(path, log, [kill], assembly)
+    assert state["killed"], "the run ended before the kill"
+    assert records[actor].pid not in (0, state["killed"])  # pyright: ignore[reportOptionalMemberAccess]
+    return assembly, outcome, log, state["killed"]
+
+
+def after_the_first_update(kind: type[Event]) -> Callable[[Event, dict[str, Any]], bool]:
+    def at(ev: Event, state: dict[str, Any]) -> bool:
+        state["updated"] = state.get("updated", False) or isinstance(ev, PolicyUpdated)
+        return state["updated"] and isinstance(ev, kind)
+
+    return at
+
+
+def check_as_local(
+    assembly: Assembly, outcome: RunOutcome, log: MemoryEventLog, local: list[Envelope[Event]],
+    actor: str, kind: str,
+) -> None:  # fmt: skip
+    """The killed run restarted ``actor`` once and otherwise matches the local run: the same
+    samples, advantages, updates and final weights, and its log verifies."""
+    envs = list(log.read(0, None))
+    assert outcome.reason == "completed"
+    starts = [(e.event.attempt, e.event.actor_type) for e in envs
+              if isinstance(e.event, ActorStarted) and e.event.actor == actor]  # fmt: skip
+    assert starts == [(0, kind), (1, kind)]
+    failed = [(e.event.actor, e.event.error_type) for e in envs if isinstance(e.event, ActorFailed)]
+    assert failed == [(actor, "RemoteActorLost")]
+    assert comparable(envs) == comparable(local)
+    assert final_digest(envs) == final_digest(local)
+    assert all(e.event.stale == 0 for e in envs if isinstance(e.event, PolicyUpdated))
+    checked = verify_log(log, assembly.projections, fact_checks())
+    assert checked.ok, checked.error
+
+
+def test_inference_on_ray_learns_as_a_local_run_does_and_survives_its_process(
+    tmp_path: Path,
+    ray_address: str,
+    monkeypatch: pytest.MonkeyPatch,
+    grpo_local: tuple[Path, list[Envelope[Event]]],
+) -> None:
+    """Killed after the first update, as it answers a request: its next process loads the
+    newest version and answers what was not answered (nothing served from an old version)."""
+    cache, local = grpo_local
+    monkeypatch.setenv("COEVO_CACHE", str(cache))
+    kill_at = after_the_first_update(ActionRequested)
+    result = run_killing(tmp_path, RAY_INFERENCE, "inference", kill_at)
+    check_as_local(*result[:3], local, "inference", "RemoteInferenceActor")
+
+
+RAY_LEARNER = """
+[runtime]
+backend = "ray"
+
+[runtime.ray.learner]
+num_cpus = 0.5
+
+[logging]"""
+
+
+def test_a_learner_on_ray_restarts_from_its_newest_checkpoint_and_learns_as_a_local_run(
+    tmp_path: Path,
+    ray_address: str,
+    monkeypatch: pytest.MonkeyPatch,
+    grpo_local: tuple[Path, list[Envelope[Event]]],
+) -> None:
+    """Killed once the second update is requested: its next process folds the log's samples
+    again, loads the newest checkpoint the log names (weights and optimiser) and makes the
+    update the lost one owed; the run's updates and final weights are a local run's."""
+    cache, local = grpo_local
+    monkeypatch.setenv("COEVO_CACHE", str(cache))
+    kill_at = after_the_first_update(GradientRequested)
+    result = run_killing(tmp_path, RAY_LEARNER, "learner", kill_at)
+    check_as_local(*result[:3], local, "learner", "RemoteLearner")
+    envs = list(result[2].read(0, None))
+    assert [e.event.policy_version for e in envs if isinstance(e.event, PolicyUpdated)] == [1, 2, 3]
+
+
+RAY_BOTH = """
+[runtime]
+backend = "ray"
+
+[runtime.ray.inference]
+num_cpus = 0.5
+
+[runtime.ray.learner]
+num_cpus = 0.5
+
+[logging]"""
+
+
+def test_a_learning_run_with_remote_inference_and_learner_resumes_as_a_local_run(
+    tmp_path: Path, ray_address: str, grpo_local: tuple[Path, list[Envelope[Event]]]
+) -> None:
+    """The driver killed (SIGKILL) mid-run: ``coevo resume`` gives the remote inference actor
+    and learner the history in their processes (they rebuild as local ones do) and the run
+    ends with the local run's samples, updates and final weights."""
+    cache, local = grpo_local
+    path = tmp_path / "ray.toml"
+    path.write_text(GRPO.replace("[logging]", RAY_BOTH), encoding="utf-8")
+    out = tmp_path / "run"
+    join = f'runtime.ray.address="{ray_address}"'
+    first = coevo(["run", str(path), "--out", str(out), "--set", join], cache)
+    assert stop_at(first, out, 900, signal.SIGKILL, timeout=300) == -signal.SIGKILL
+    before = read_log(out)
+    assert any(isinstance(e.event, PolicyUpdated) for e in before)  # killed after an update
+    finish(coevo(["resume", str(out)], cache), timeout=300)
+    envs = read_log(out)
+    assert envs[: len(before)] == before
+    kinds = Counter(e.event.actor_type for e in envs if isinstance(e.event, ActorStarted))
+    assert kinds["RemoteInferenceActor"] == kinds["RemoteLearner"] == 2  # each session
+    assert comparable(envs) == comparable(local)
+    assert final_digest(envs) == final_digest(local)
+    finish(coevo(["replay", str(out), "--verify"], cache), timeout=120)
+    finish(coevo(["check", str(out)], cache), timeout=120)

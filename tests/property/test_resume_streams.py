@@ -96,7 +96,7 @@ class World:
         self.retrievals: dict[str, int] = {}  # episode -> retrievals reported
         self.assigned: dict[str, EpisodeAssigned] = {}  # running: assigned, not ended
         self.started: set[str] = set()
-        self.lost: set[str] = set()  # begun by a worker that restarted: its end is not ours
+        self.lost: set[str] = set()  # begun by a worker that restarted, not yet abandoned
         self.reflections: list[str] = []  # finished episodes owed a tip
         self.requests: list[int] = []  # gradient requests not yet answered
         self.version = 0
@@ -106,8 +106,9 @@ class World:
         ev = env.event
         if isinstance(ev, EpisodeAssigned):
             self.assigned[ev.episode] = ev
-        elif isinstance(ev, EpisodeAborted) and env.actor == NAME:  # a restarted worker's
-            self.assigned.pop(ev.episode, None)
+        elif isinstance(ev, EpisodeAbandoned) and env.actor == NAME:  # a restarted worker's
+            self.assigned.pop(ev.episode, None)  # until it is assigned again
+            self.lost.discard(ev.episode)
         elif isinstance(ev, GradientRequested):
             self.requests.append(ev.update)
 
@@ -165,7 +166,8 @@ class World:
         if kind == "restart":
             assert job is not None
             self.restarts -= 1
-            if ep in self.started:  # lost with the worker: the scheduler records its end
+            if ep in self.started:  # lost with the worker: the actor runs it again
+                self.started.discard(ep)
                 self.lost.add(ep)
             return ActorRestarted(actor=job.worker, attempt=1)
         if kind == "tip":
@@ -310,8 +312,11 @@ async def check_abandoned_and_assigned_again(
         assigned = {
             e.event.episode: e.event for e in history if isinstance(e.event, EpisodeAssigned)
         }
+        unlogged = [e for e, _, _ in tail if isinstance(e, EpisodeAssigned)]
+        rerun = {job.episode for job in unlogged}  # a lost attempt's, abandoned already
         running = sorted(
-            (job for ep, job in assigned.items() if ep not in ended), key=lambda j: j.index
+            (job for ep, job in assigned.items() if ep not in ended and ep not in rerun),
+            key=lambda j: j.index,
         )
         abandoned = [
             (EpisodeAbandoned(episode=j.episode, worker=j.worker, purpose=j.purpose), j.episode,
@@ -320,7 +325,6 @@ async def check_abandoned_and_assigned_again(
         ]  # fmt: skip
         rest = out[len(kept) :]
         assert rest[: len(abandoned)] == abandoned, cut
-        unlogged = [e for e, _, _ in tail if isinstance(e, EpisodeAssigned)]
         again = sorted([*running, *unlogged], key=lambda j: j.index)
         given_again = [e for e, _, _ in rest[len(abandoned) :] if isinstance(e, EpisodeAssigned)]
         assert [_task(j) for j in given_again[: len(again)]] == [_task(j) for j in again], cut
@@ -389,7 +393,7 @@ def test_the_trainer_resumes_at_any_cut(
         return TRAINERS[method](staleness, workers)
 
     async def check() -> None:
-        log = await live(make, world_inputs(World(data, restarts=False)), data)
+        log = await live(make, world_inputs(World(data, restarts=True)), data)
         assert any(isinstance(e.event, PolicyUpdated) for e in log)
         await check_every_cut(make, log)
         await check_abandoned_and_assigned_again(make, log)

@@ -63,10 +63,19 @@ class Leaf:
         return "$." + ".".join(self.path)
 
 
+def table(info: mi.Type) -> mi.StructType | None:
+    """The table a field is: a struct, or an optional one (``[runtime.ray.inference]``)."""
+    if isinstance(info, mi.UnionType):
+        structs = [t for t in info.types if isinstance(t, mi.StructType)]
+        rest = [t for t in info.types if not isinstance(t, mi.StructType | mi.NoneType)]
+        return structs[0] if len(structs) == 1 and not rest else None
+    return info if isinstance(info, mi.StructType) else None
+
+
 def leaves(info: mi.StructType, prefix: tuple[str, ...] = ()) -> Iterator[Leaf]:
     for f in info.fields:
-        if isinstance(f.type, mi.StructType):
-            yield from leaves(f.type, (*prefix, f.name))
+        if (sub := table(f.type)) is not None:
+            yield from leaves(sub, (*prefix, f.name))
         else:
             yield Leaf((*prefix, f.name), f.type)
 
@@ -74,8 +83,8 @@ def leaves(info: mi.StructType, prefix: tuple[str, ...] = ()) -> Iterator[Leaf]:
 def tables(info: mi.StructType, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     yield prefix
     for f in info.fields:
-        if isinstance(f.type, mi.StructType):
-            yield from tables(f.type, (*prefix, f.name))
+        if (sub := table(f.type)) is not None:
+            yield from tables(sub, (*prefix, f.name))
 
 
 SCHEMA = mi.type_info(Scenario)

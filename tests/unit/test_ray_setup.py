@@ -12,6 +12,7 @@ from engine.actor import Actor, ActorSpec, Context
 from engine.errors import ScenarioInvalid
 from engine.events import Event
 from engine.recovery import Replayed
+from engine.remote import RemoteActorLost
 from scenarios.assemble import assemble
 from scenarios.loader import load_scenario
 
@@ -55,6 +56,85 @@ def test_a_ray_scenario_places_its_env_workers_behind_proxies(
     assert type(by_name["scheduler"].factory()).__name__ == "Scheduler"  # the driver's
 
 
+def test_workers_per_process_share_one_process_record_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
+    path = scenario_path(tmp_path, "\n[runtime.ray.env_workers]\nper_process = 2\n")
+    text = path.read_text(encoding="utf-8").replace("workers = 2", "workers = 5")
+    path.write_text(text, encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path))
+    factories = {s.name: s.factory for s in assembly.specs if s.name.startswith("worker-")}
+    process = {name: f.process for name, f in factories.items()}  # pyright: ignore[reportFunctionMemberAccess]
+    groups = [["worker-0", "worker-1"], ["worker-2", "worker-3"], ["worker-4"]]
+    for group in groups:
+        assert all(process[n] is process[group[0]] for n in group)
+    assert len({id(p) for p in process.values()}) == 3
+    assert [process[g[0]]._size for g in groups] == [2, 2, 1]  # what each reserves for
+
+
+POLICY = """
+name = "ray-inference"
+
+[agent]
+kind = "policy"
+
+[run]
+episodes = 8
+workers = 2
+method = "grpo"
+
+[grpo]
+group_size = 4
+groups_per_update = 2
+
+[runtime]
+backend = "ray"
+
+[runtime.ray.inference]
+num_gpus = 1
+
+[runtime.ray.learner]
+num_cpus = 2
+"""
+
+
+def test_inference_and_learner_are_placed_on_ray_restarting_only_when_their_process_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
+    path = tmp_path / "p.toml"
+    path.write_text(POLICY, encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path), prepare_model=False)
+    by_name = {spec.name: spec for spec in assembly.specs}
+    inference = by_name["inference"]
+    assert type(inference.factory()).__name__ == "RemoteInferenceActor"
+    assert inference.factory.placement.num_gpus == 1  # pyright: ignore[reportFunctionMemberAccess]
+    assert (inference.on_failure, inference.restart_for) == ("restart", (RemoteActorLost,))
+    sticky = inference.factory.inflight.sticky  # pyright: ignore[reportFunctionMemberAccess]
+    assert [k.__name__ for k in sticky] == ["PolicyUpdated"]
+    learner = by_name["learner"]
+    assert type(learner.factory()).__name__ == "RemoteLearner"
+    assert (learner.on_failure, learner.restart_for) == ("restart", (RemoteActorLost,))
+    assert learner.recover_on_restart and not inference.recover_on_restart
+    assert type(by_name["trainer"].factory()).__name__ == "GrpoTrainer"  # still the driver's
+
+
+def test_a_learning_run_with_remote_inference_needs_a_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "p.toml"
+    path.write_text(POLICY, encoding="utf-8")
+    with pytest.raises(ScenarioInvalid) as err:
+        assemble(load_scenario(path), str(path))
+    assert str(err.value) == (
+        f"{path}: $.runtime.ray.inference: a learning run with a remote inference needs a run "
+        "directory (the learner writes its checkpoints there, inference reads them)"
+    )
+
+
 def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -72,8 +152,11 @@ def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
     [
         ("\n[runtime.ray.env_workers]\nnum_cpus = -1\n", "$.runtime.ray.env_workers.num_cpus"),
         ("\n[runtime.ray.env_workers]\nin_flight = 0\n", "$.runtime.ray.env_workers.in_flight"),
+        ("\n[runtime.ray.env_workers]\nper_process = 0\n", "$.runtime.ray.env_workers.per_process"),
         ("\n[runtime.ray.env_workers]\ngpus = 1\n", "gpus"),
-        ("\n[runtime.ray.inference]\nnum_gpus = 1\n", "inference"),
+        ("\n[runtime.ray.extractor]\nnum_gpus = 1\n", "extractor"),
+        ("\n[runtime.ray.learner]\nin_flight = 0\n", "$.runtime.ray.learner.in_flight"),
+        ("\n[runtime.ray.inference]\nnum_gpus = -1\n", "$.runtime.ray.inference.num_gpus"),
         ('\n[runtime.ray]\naddress = ""\n', "$.runtime.ray.address"),
     ],
 )
@@ -82,7 +165,7 @@ def test_placements_out_of_bounds_are_refused(tmp_path: Path, extra: str, fragme
         load_scenario(scenario_path(tmp_path, extra))
 
 
-def test_an_actor_that_recovers_on_resume_is_not_placed_remotely() -> None:
+def test_an_actor_that_recovers_on_resume_keeps_its_history_for_its_process() -> None:
     class Keeper(Replayed):
         subscribes = ()
 
@@ -92,9 +175,15 @@ def test_an_actor_that_recovers_on_resume_is_not_placed_remotely() -> None:
         async def handle(self, ctx: Context, ev: Event) -> bool:
             return True
 
-    spec = ActorSpec(name="keeper", factory=Keeper)
-    with pytest.raises(ValueError, match="keeper: Keeper recovers state on resume"):
-        ray_backend.remote_spec(spec, ray_backend.Placement())
+    class Plain(Actor):
+        async def run(self, ctx: Context) -> None:
+            return None
+
+    keeper = ray_backend.remote_spec(ActorSpec(name="k", factory=Keeper), ray_backend.Placement())
+    plain = ray_backend.remote_spec(ActorSpec(name="p", factory=Plain), ray_backend.Placement())
+    proxies = keeper.factory(), plain.factory()
+    assert all(isinstance(p, ray_backend.RemoteActor) for p in proxies)
+    assert [getattr(p, "recovers") for p in proxies] == [True, False]  # noqa: B009
 
 
 def test_placement_bounds() -> None:
@@ -102,5 +191,7 @@ def test_placement_bounds() -> None:
         ray_backend.Placement(in_flight=0)
     with pytest.raises(ValueError, match="start_timeout must be > 0"):
         ray_backend.Placement(start_timeout=0)
+    with pytest.raises(ValueError, match="per_process must be >= 1"):
+        ray_backend.Placement(per_process=0)
     assert isinstance(ray_backend.Placement(), ray_backend.Placement)
     assert issubclass(ray_backend.RemoteActor, Actor)

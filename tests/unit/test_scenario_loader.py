@@ -29,6 +29,16 @@ def test_shipped_scenarios_are_valid_and_resolve_every_default(name: str) -> Non
     assert len(scenario_hash(text)) == 64
 
 
+@pytest.mark.parametrize("placed", [False, True])
+def test_a_ray_placement_resolves_whether_or_not_it_is_given(tmp_path: Path, placed: bool) -> None:
+    extra = "\n[runtime.ray.inference]\nnum_gpus = 1\n" if placed else ""
+    sc = load_scenario(write(tmp_path, 'name = "x"\n[runtime]\nbackend = "ray"\n' + extra))
+    text = resolved_toml(sc)
+    again = to_scenario(__import__("tomllib").loads(text), "resolved")
+    assert again == sc
+    assert (again.runtime.ray.inference is not None) == placed
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [

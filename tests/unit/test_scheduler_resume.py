@@ -104,25 +104,49 @@ def test_episodes_left_running_are_abandoned_and_assigned_again_first() -> None:
     assert not sched.finished()
 
 
-def test_an_abort_the_log_lacks_ends_its_episode_instead_of_abandoning_it() -> None:
-    """A worker restarted, the run stopped before the scheduler's abort was committed: the
-    resume records the abort, does not also abandon and re-run that episode, and hands the
-    worker the next new episode."""
-    ends = [("w0", started("ep000000", "w0")), ("runtime", ActorRestarted(actor="w0", attempt=1))]
-    full = live_log(3, ends)
-    assert isinstance(full[-1].event, EpisodeAborted)
-    sched, out = resumed(full[:-1], 3)
-    assert isinstance(out[0], EpisodeAborted) and out[0].episode == "ep000000"
-    assert not any(isinstance(e, EpisodeAbandoned) and e.episode == "ep000000" for e in out)
-    assigned = [e.episode for e in out if isinstance(e, EpisodeAssigned)]
-    assert "ep000000" not in assigned and assigned == ["ep000001", "ep000002"]
+def test_a_restarted_workers_episode_is_abandoned_and_run_again_with_its_seed() -> None:
+    """A worker restarted mid-episode: the scheduler records the attempt as abandoned with the
+    reason and assigns the same episode (index, seed) to the restarted worker; the run still
+    ends once every planned episode has finished."""
+    restart = ActorRestarted(actor="w0", attempt=1, reason="RemoteActorLost: w0: gone")
+    full = live_log(3, [("w0", started("ep000000", "w0")), ("runtime", restart)])
+    tail = [env.event for env in full[-2:]]
+    assert isinstance(tail[0], EpisodeAbandoned)
+    assert (tail[0].episode, tail[0].worker) == ("ep000000", "w0")
+    assert tail[0].reason == "worker restarted (RemoteActorLost: w0: gone)"
+    first = full[0].event
+    assert isinstance(first, EpisodeAssigned) and tail[1] == first  # the same job, again
+    assert not any(isinstance(env.event, EpisodeAborted) for env in full)
+    sched = Scheduler(TASKS, 3, WORKERS)
     ctx = cast(Context, ReplayContext("scheduler", SEED))
 
-    async def finish_both() -> list[bool]:
-        jobs = [e for e in out if isinstance(e, EpisodeAssigned)]
-        return [await sched.handle(ctx, finished(j.episode, j.worker)) for j in jobs]
+    async def play() -> list[bool]:
+        await sched.begin(ctx)
+        done = []
+        for ev in [started("ep000000", "w0"), restart]:
+            done.append(await sched.handle(ctx, ev))
+        for ep, worker in [("ep000000", "w0"), ("ep000001", "w1"), ("ep000002", "w0")]:
+            done.append(await sched.handle(ctx, finished(ep, worker)))
+        return done
 
-    assert trio.run(finish_both) == [False, True]  # 3 ended: the aborted one counted once
+    assert trio.run(play) == [False, False, False, False, True]
+
+
+def test_an_abandon_the_log_lacks_is_recorded_once_and_its_episode_run_again() -> None:
+    """A worker restarted, the run stopped before the scheduler's abandon was committed: the
+    resume records it once (not again as left running) and assigns the episode again first."""
+    restart = ActorRestarted(actor="w0", attempt=1, reason="RemoteActorLost: w0: gone")
+    full = live_log(3, [("w0", started("ep000000", "w0")), ("runtime", restart)])
+    assert isinstance(full[-2].event, EpisodeAbandoned)
+    sched, out = resumed(full[:-2], 3)
+    abandoned = [e for e in out if isinstance(e, EpisodeAbandoned)]
+    assert [(e.episode, e.reason) for e in abandoned] == [
+        ("ep000000", "worker restarted (RemoteActorLost: w0: gone)"),
+        ("ep000001", ""),
+    ]
+    assigned = [e.episode for e in out if isinstance(e, EpisodeAssigned)]
+    assert assigned == ["ep000000", "ep000001"]
+    assert not sched.finished()
 
 
 def test_a_log_the_replay_does_not_reproduce_is_refused() -> None:

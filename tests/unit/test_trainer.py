@@ -11,7 +11,12 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.episodes import (
+    EpisodeAbandoned,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+)
 from agents.events.extractor import MergeDue
 from agents.events.policy import AdvantagesComputed, GradientRequested, PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
@@ -19,6 +24,7 @@ from agents.methods.builtin import Complementary, Empo2
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
 from engine.events import Envelope, Event
+from engine.lifecycle import ActorRestarted
 from engine.recovery import ReplayContext
 from engine.world import Task
 
@@ -168,6 +174,39 @@ def test_a_late_group_feeds_the_update_it_was_planned_for() -> None:
         if getattr(ev, "episode", "") == "ep000003" and isinstance(ev, EpisodeFinished)
     )
     assert first > last
+
+
+def test_a_restarted_workers_episode_runs_again_and_the_update_trains_on_it() -> None:
+    """A worker lost mid-episode in a learning run: the trainer records the attempt as
+    abandoned with the reason, assigns the same episode to the restarted worker, and the
+    update asks for every planned episode (an episode not begun is left to the mailbox)."""
+    grpo = GrpoConfig(group_size=2, groups_per_update=1, max_staleness=0)
+    trainer = trainer_of(grpo, 2, 2)
+    ctx = ReplayContext("trainer", SEED)
+    c = cast(Context, ctx)
+
+    async def go() -> list[Event]:
+        await trainer.begin(c)
+        jobs = {ev.worker: ev for ev, _, _ in ctx.emitted if isinstance(ev, EpisodeAssigned)}
+        began = EpisodeStarted(episode=jobs["w0"].episode, worker="w0", goal="", observation="",
+                               admissible=())  # fmt: skip
+        await trainer.handle(c, began)
+        await trainer.handle(c, ActorRestarted(actor="w1", attempt=1, reason="x"))  # not begun
+        await trainer.handle(c, ActorRestarted(actor="w0", attempt=1, reason="Lost: gone"))
+        for job in (jobs["w1"], jobs["w0"]):
+            await trainer.handle(c, finished(job))
+        return [ev for ev, _, _ in ctx.emitted]
+
+    out = trio.run(go)
+    assigned = of([("t", ev) for ev in out], EpisodeAssigned)
+    abandoned = of([("t", ev) for ev in out], EpisodeAbandoned)
+    assert [(a.episode, a.worker, a.reason) for a in abandoned] == [
+        ("ep000000", "w0", "worker restarted (Lost: gone)")
+    ]
+    assert [a.episode for a in assigned] == ["ep000000", "ep000001", "ep000000"]
+    assert assigned[2] == assigned[0]  # the same job, seed and worker
+    (request,) = of([("t", ev) for ev in out], GradientRequested)
+    assert request.episodes == ("ep000000", "ep000001")
 
 
 METHODS = {

@@ -13,12 +13,13 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agents.events.episodes import EpisodeFinished
+from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested
 from agents.events.policy import ActionSampled, GradientRequested
 from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step
 from agents.memory.extractor import ExtractorModel, ExtractorSettings, extractor_step
 from agents.models.policy import chosen_action_logps, response_logps
+from engine.events import Envelope, Event
 from stores.checkpoints import param_digest
 
 CPU = torch.device("cpu")
@@ -326,8 +327,8 @@ def test_each_turn_gets_its_own_episodes_advantage_and_distill_flag() -> None:
     buffer = SampleBuffer()
     stream = [turn("a", 0), turn("b", 0), turn("c", 0), turn("a", 1), turn("c", 1), turn("b", 1)]
     stream += [turn("a", 2), ended("b"), ended("a"), ended("c")]
-    for ev in stream:
-        buffer.observe(ev)
+    for seq, ev in enumerate(stream):
+        buffer.observe(Envelope(seq=seq, run="r", t=0, actor="x", event=ev))
     req = request(
         episodes=("c", "a", "b"),
         advantages=(0.5, -1.25, 2.0),
@@ -345,3 +346,22 @@ def test_each_turn_gets_its_own_episodes_advantage_and_distill_flag() -> None:
         ("c", 0, 0.5, False),
         ("c", 1, 0.5, False),
     ]
+
+
+def test_a_sample_for_an_abandoned_attempt_is_not_trained_on() -> None:
+    """A worker lost mid-episode: its attempt is abandoned and the episode played again; the
+    inference's answer to the lost attempt's request, committed after the abandon, is dropped,
+    and the re-run's samples are kept."""
+    log: list[tuple[Event, int | None]] = [
+        (turn("a", 0), 0),  # the lost attempt's turn 0 (its request at seq 0)
+        (EpisodeAbandoned(episode="a", worker="w", reason="worker restarted"), None),
+        (turn("a", 1), 0),  # answers a request made before the abandon: the lost attempt's
+        (turn("a", 0), 3),  # the re-run's turns answer requests made after it
+        (turn("a", 1), 4),
+        (ended("a"), None),
+    ]
+    buffer = SampleBuffer()
+    for seq, (ev, cause) in enumerate(log, start=1):
+        buffer.observe(Envelope(seq=seq, run="r", t=0, actor="x", event=ev, cause=cause))
+    samples, _ = buffer.collect(request(episodes=("a",), advantages=(1.0,), rollouts=("plain",)))
+    assert [s.turn.turn for s in samples] == [0, 1]
