@@ -402,6 +402,7 @@ def test_record_whose_parts_do_not_add_up_is_corrupted(path: Path) -> None:
 def test_records_hold_their_batch_in_parts(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lmdb_records, "RECORD_PART", 3)
     monkeypatch.setattr(lmdb_log, "READ_CHUNK", 4)
+    monkeypatch.setattr(lmdb_log, "JOIN_PARTS", 1)
     with LmdbEventLog.create(path, META, durable=False) as log:
         log.append(envelopes(0, 10))
         log.append(envelopes(10, 5))
@@ -413,6 +414,26 @@ def test_records_hold_their_batch_in_parts(path: Path, monkeypatch: pytest.Monke
                 chunks = list(log.read_chunks(start, stop))
                 assert all(0 < len(chunk) <= 3 for chunk in chunks)
                 assert [env for chunk in chunks for env in chunk] == envelopes(0, 15)[start:stop]
+
+
+def test_small_records_are_read_in_joined_chunks(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts of consecutive small records come in chunks of up to JOIN_PARTS envelopes
+    (across read transactions too); a part larger than that comes alone, never split."""
+    monkeypatch.setattr(lmdb_records, "RECORD_PART", 6)
+    monkeypatch.setattr(lmdb_log, "READ_CHUNK", 4)
+    monkeypatch.setattr(lmdb_log, "JOIN_PARTS", 5)
+    sizes = [1, 2, 1, 1, 3, 2, 6, 1, 1]
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        first = 0
+        for size in sizes:
+            log.append(envelopes(first, size))
+            first += size
+    with LmdbEventLog.open(path) as log:
+        assert [len(chunk) for chunk in log.read_chunks()] == [5, 5, 6, 2]
+        assert [len(chunk) for chunk in log.read_chunks(2, 17)] == [3, 5, 6, 1]
+        assert [env for chunk in log.read_chunks(2, 17) for env in chunk] == envelopes(2, 15)
 
 
 def test_format_1_log_is_read_and_appended_to_in_its_format(
