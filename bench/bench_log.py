@@ -99,21 +99,23 @@ def meta() -> RunMeta:
     return new_run_meta("bench", scenario_name="bench", seed=0, coevo_version="bench")
 
 
-def raw_append(path: Path, records: list[tuple[bytes, bytes]], per_txn: int) -> float:
+def raw_append(
+    path: Path, records: list[tuple[bytes, bytes]], per_txn: int, events: int
+) -> tuple[float, float]:
     """Raw durable LMDB puts of pre-encoded values, ``per_txn`` records per transaction.
 
     Returns:
-        Events per second, counting ``events_per_record`` events per record.
+        Events per second (``events`` in all), and the process's CPU microseconds per event.
     """
     env = lmdb.open(str(path), map_size=4 << 30, max_dbs=3, sync=True, metasync=True)
     db = env.open_db(b"events")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(0, len(records), per_txn):
         with env.begin(write=True) as txn:
             txn.cursor(db).putmulti(records[i : i + per_txn], append=True)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     env.close()
-    return elapsed
+    return events / elapsed, 1e6 * cpu / events
 
 
 class Source(Actor):
@@ -146,10 +148,12 @@ class NullLog(MemoryEventLog):
 
 
 def engine_append(
-    path: Path, events: list[Event], projections: bool, durable: bool = True
+    path: Path, events: list[Event], projections: bool, durable: bool = True, check: bool = True
 ) -> tuple[float, float]:
     """The runtime with its default :class:`RuntimeConfig` (group commits of up to
-    ``batch_max`` events, checksums and snapshots at the default cadence).
+    ``batch_max`` events, checksums and snapshots at the default cadence). ``check=False``
+    leaves out what ``emit`` checks of each event (that it decodes back): not something the
+    engine offers, only to show what the check costs.
 
     Returns:
         Events per second (wall clock), and the process's CPU microseconds per event (the
@@ -163,6 +167,8 @@ def engine_append(
     folds = [ActorStats(), EpisodeTable()] if projections else []
     spec = ActorSpec(name="source", factory=lambda: Source(events), driver=True)
     runtime = Runtime(log, started, [spec], folds, seed=0, config=RuntimeConfig())
+    if not check:
+        runtime.check_event = lambda ev: None
     t0, c0 = time.perf_counter(), time.process_time()
     outcome = trio.run(runtime.run)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -194,15 +200,16 @@ def raw_scan_decode(path: Path, batched: bool) -> float:
     return n / elapsed
 
 
-def engine_replay(path: Path, real: bool = False) -> float:
+def engine_replay(path: Path, real: bool = False, facts: bool = True) -> float:
     """``verify_log`` of the log at ``path``: with the two projections of the synthetic log, or
-    (``real``) with what ``coevo replay --verify`` checks a run with."""
+    (``real``) with what ``coevo replay --verify`` checks a run with (without its fact checks
+    if not ``facts``: the folds and checksums alone)."""
     from scenarios.assemble import fact_checks, projections
 
     log = LmdbEventLog.open(path, writable=False)
     t0 = time.process_time()
     if real:
-        result = verify_log(log, projections(), fact_checks())
+        result = verify_log(log, projections(), fact_checks() if facts else ())
     else:
         result = verify_log(log, [ActorStats(), EpisodeTable()])
     elapsed = time.process_time() - t0
@@ -267,13 +274,13 @@ def measure(args: argparse.Namespace) -> tuple[Rates, dict[str, str]]:
 
     try:
         raw_events, replay_log = fresh(), fresh()
-        raw_append(raw_events, per_event, batch)
+        raw_append(raw_events, per_event, batch, n)
         engine_append(replay_log, events, True)
         rows: list[Row] = [
             (f"raw append: one record per event, {batch} per txn", "append",
-             lambda: n / raw_append(fresh(), per_event, batch)),
+             lambda: raw_append(fresh(), per_event, batch, n)),
             (f"raw append: one record per {batch} events, 1 per txn", "append",
-             lambda: n / raw_append(fresh(), per_batch, 1)),
+             lambda: raw_append(fresh(), per_batch, 1, n)),
             ("engine append, no projections", "append",
              lambda: engine_append(fresh(), events, False)),
             ("engine append, 2 projections + checksums + snapshots", "append",
@@ -282,6 +289,10 @@ def measure(args: argparse.Namespace) -> tuple[Rates, dict[str, str]]:
              lambda: engine_append(fresh(), events, False, False)),
             ("(engine runtime into a log that stores nothing: CPU ceiling)", "append",
              lambda: engine_append(base / "null", events, False)),
+            ("(the same, 2 projections + checksums + snapshots)", "append",
+             lambda: engine_append(base / "null", events, True)),
+            ("(the same, without emit's check that each event decodes back)", "append",
+             lambda: engine_append(base / "null", events, True, check=False)),
             ("raw scan + decode: one record per event", "scan",
              lambda: raw_scan_decode(raw_events, False)),
             ("raw scan + decode: the engine's records", "scan",
@@ -297,6 +308,8 @@ def measure(args: argparse.Namespace) -> tuple[Rates, dict[str, str]]:
                  partial(raw_scan_decode, run / "log", True)),
                 (f"(engine read: CRC + decode, no fold or checks): {run.name}", f"scan {run}",
                  partial(engine_read, run / "log")),
+                (f"(engine replay, folds + checksums, no fact checks): {run.name}", f"scan {run}",
+                 partial(engine_replay, run / "log", True, False)),
                 (f"engine replay --verify: {label}", f"scan {run}",
                  partial(engine_replay, run / "log", True)),
             ]  # fmt: skip
@@ -402,7 +415,8 @@ def report_ab(
         ratio = statistics.median(b[0] / a[0] for a, b in zip(o, n, strict=True))
         cpu = ""
         if len(n[0]) > 1:
-            cpu = f"{statistics.median(r[1] for r in o):.2f} → {statistics.median(r[1] for r in n):.2f}"
+            cpu_old, cpu_new = (statistics.median(r[1] for r in side) for side in (o, n))
+            cpu = f"{cpu_old:.2f} → {cpu_new:.2f}"
         print(f"| {name} | {statistics.median(r[0] for r in o):,.0f} | "
               f"{statistics.median(r[0] for r in n):,.0f} | "
               f"{statistics.median(old_share[name]):.0%} | "
