@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
@@ -384,6 +385,35 @@ def test_record_of_unknown_event_kind_is_reported(path: Path) -> None:
         assert (report.ok, report.first_bad) == (False, 2)
         with pytest.raises(SchemaTooNew, match="run_stoppez"):
             list(log.read())
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda payload: payload + b"\x00", "not an array of envelopes"),  # one part, and more
+        (lambda payload: b"\x91\x05", "part is not an array of envelopes"),
+        (lambda payload: b"\x92" + payload[1:], "not an array of parts"),  # 2 parts, 1 there
+        (lambda payload: b"\xc1", "not an array of parts"),
+    ],
+    ids=["trailing", "part-not-array", "parts-missing", "not-msgpack"],
+)
+def test_record_of_bad_parts_is_corrupted(
+    path: Path, damage: Callable[[bytes], bytes], message: str
+) -> None:
+    """A record resealed (its CRC holds) around a payload that is not an array of parts of
+    envelopes: a record of one part (read without decoding its array of parts) too."""
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 2))
+        log.append(envelopes(2, 3))
+    key = (2).to_bytes(8, "big")
+    payload = raw_get(path, b"events", key)[8:]
+    assert payload[0] == 0x91  # one part
+    raw_put(path, b"events", key, sealed_record(key, 3, damage(payload)))
+    with LmdbEventLog.open(path) as log:
+        assert log.verify().first_bad == 2
+        with pytest.raises(LogCorrupted, match=message) as info:
+            list(log.read(0, 5))
+        assert info.value.seq == 2
 
 
 def test_record_whose_parts_do_not_add_up_is_corrupted(path: Path) -> None:
