@@ -63,18 +63,13 @@ from stores.lmdb_records import (
 if TYPE_CHECKING:
     from lmdb import _Database as _Db
 
-__all__ = ["DEFAULT_MAP_SIZE", "JOIN_PARTS", "READ_CHUNK", "LmdbEventLog"]
+__all__ = ["DEFAULT_MAP_SIZE", "READ_CHUNK", "LmdbEventLog"]
 
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 """Initial map size of a new log; the map doubles whenever it is full."""
 
 READ_CHUNK = 256
 """Events taken per read transaction (rounded up to whole parts): short transactions."""
-
-JOIN_PARTS = 128
-"""Most envelopes :meth:`LmdbEventLog.read_chunks` joins from the parts of consecutive small
-records (a run's records hold a few events each): a fold or a check called per chunk is called
-less often, while the decoded envelopes stay few enough to stay in the CPU's cache."""
 
 _PAGE = 4096
 _META_RUN = b"run"
@@ -311,11 +306,9 @@ class LmdbEventLog:
     def read_chunks(
         self, start: int = 0, stop: int | None = None
     ) -> Iterator[list[Envelope[Event]]]:
-        """Like :meth:`read`, in lists of consecutive envelopes: a part of a record (up to
-        :data:`~stores.lmdb_records.RECORD_PART` envelopes), or the parts of consecutive small
-        records joined, up to :data:`JOIN_PARTS` envelopes. A read transaction checks whole
-        records and copies their parts out; each part is decoded only when the caller asks for
-        the chunk holding it.
+        """Like :meth:`read`, one part of a record (up to :data:`~stores.lmdb_records.RECORD_PART`
+        envelopes) at a time: a read transaction checks whole records and copies their parts out,
+        and each part is decoded only when the caller asks for it.
 
         Raises:
             LogCorrupted: a record fails its checksum, does not decode, or is missing (after
@@ -324,30 +317,16 @@ class LmdbEventLog:
             LogClosed: the handle is closed.
         """
         seq, end = max(start, 0), stop
-        decode, join = self._codec.decode_batch, JOIN_PARTS
-        chunk: list[Envelope[Event]] = []
-        try:
-            while end is None or seq < end:
-                self._check_open()
-                read = partial(self._read_parts, first=seq, end=end)
-                parts, end = self._read_txn(read, True, at=seq)
-                if not parts:
-                    break
-                for first, data in parts:
-                    envs = decode(data, first)[max(seq - first, 0) : end - first]
-                    if not envs:
-                        continue
-                    seq = envs[-1].seq + 1
-                    if chunk and len(chunk) + len(envs) > join:
-                        yield chunk
-                        chunk = []
-                    chunk += envs
-        except LogError:
-            if chunk:  # the good envelopes first
-                yield chunk
-            raise
-        if chunk:
-            yield chunk
+        while end is None or seq < end:
+            self._check_open()
+            parts, end = self._read_txn(partial(self._read_parts, first=seq, end=end), True, at=seq)
+            if not parts:
+                return
+            for first, data in parts:
+                chunk = self._codec.decode_batch(data, first)[max(seq - first, 0) : end - first]
+                if chunk:
+                    yield chunk
+                    seq = chunk[-1].seq + 1
 
     def read_meta(self) -> RunMeta | None:
         """The run metadata, or None if none was written.

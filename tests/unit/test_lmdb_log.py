@@ -432,7 +432,6 @@ def test_record_whose_parts_do_not_add_up_is_corrupted(path: Path) -> None:
 def test_records_hold_their_batch_in_parts(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lmdb_records, "RECORD_PART", 3)
     monkeypatch.setattr(lmdb_log, "READ_CHUNK", 4)
-    monkeypatch.setattr(lmdb_log, "JOIN_PARTS", 1)
     with LmdbEventLog.create(path, META, durable=False) as log:
         log.append(envelopes(0, 10))
         log.append(envelopes(10, 5))
@@ -444,26 +443,6 @@ def test_records_hold_their_batch_in_parts(path: Path, monkeypatch: pytest.Monke
                 chunks = list(log.read_chunks(start, stop))
                 assert all(0 < len(chunk) <= 3 for chunk in chunks)
                 assert [env for chunk in chunks for env in chunk] == envelopes(0, 15)[start:stop]
-
-
-def test_small_records_are_read_in_joined_chunks(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The parts of consecutive small records come in chunks of up to JOIN_PARTS envelopes
-    (across read transactions too); a part larger than that comes alone, never split."""
-    monkeypatch.setattr(lmdb_records, "RECORD_PART", 6)
-    monkeypatch.setattr(lmdb_log, "READ_CHUNK", 4)
-    monkeypatch.setattr(lmdb_log, "JOIN_PARTS", 5)
-    sizes = [1, 2, 1, 1, 3, 2, 6, 1, 1]
-    with LmdbEventLog.create(path, META, durable=False) as log:
-        first = 0
-        for size in sizes:
-            log.append(envelopes(first, size))
-            first += size
-    with LmdbEventLog.open(path) as log:
-        assert [len(chunk) for chunk in log.read_chunks()] == [5, 5, 6, 2]
-        assert [len(chunk) for chunk in log.read_chunks(2, 17)] == [3, 5, 6, 1]
-        assert [env for chunk in log.read_chunks(2, 17) for env in chunk] == envelopes(2, 15)
 
 
 def test_format_1_log_is_read_and_appended_to_in_its_format(
@@ -565,6 +544,40 @@ class SeqSpy:
 
     def evolve_many(self, state: list[int], envs: object) -> list[int]:
         return [*state, *(env.seq for env in envs)]  # type: ignore[attr-defined]
+
+
+class CallSpy(SeqSpy):
+    """Remembers the seqs of each call to the fold."""
+
+    name = "calls"
+
+    def evolve_many(self, state: list[int], envs: object) -> list[int]:
+        return [*state, [env.seq for env in envs]]  # type: ignore[attr-defined, list-item]
+
+
+def test_verify_folds_small_records_joined(path: Path) -> None:
+    """One record per event, as a lightly loaded run writes: verify calls the folds with the
+    records joined (up to JOIN_CHUNKS envelopes), not once per record."""
+    from engine.eventlog import JOIN_CHUNKS
+    from engine.projection import Fold
+    from engine.replay import verify_log
+
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        append_one_by_one(log, envelopes(0, 300))
+    spy = CallSpy()
+    folded: list[Fold] = []
+    real_apply = Fold.apply_all
+
+    def spy_apply(self: Fold, envs: list[Envelope[Event]]) -> None:
+        folded.append(self)
+        real_apply(self, envs)
+
+    with pytest.MonkeyPatch.context() as patch, LmdbEventLog.open(path) as log:
+        patch.setattr(Fold, "apply_all", spy_apply)
+        assert verify_log(log, [spy]).ok
+    calls: list[list[int]] = folded[-1].states["calls"]
+    assert [seq for call in calls for seq in call] == list(range(300))
+    assert [len(call) for call in calls] == [JOIN_CHUNKS, JOIN_CHUNKS, 300 - 2 * JOIN_CHUNKS]
 
 
 @pytest.mark.parametrize("bad", [0, 7, 19])
