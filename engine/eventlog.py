@@ -204,7 +204,7 @@ def check_batch(next_seq: int, envelopes: Sequence[Envelope[Event]]) -> None:
             raise SequenceConflict(next_seq + offset, env.seq)
 
 
-JOIN_CHUNKS = 128
+JOIN_CHUNKS = 64
 """Most envelopes :func:`joined_chunks` puts in one list."""
 
 
