@@ -84,13 +84,15 @@ format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# BASELINE=DIR (a checkout of the code before, e.g. `git worktree add DIR main`) adds the rollout
-# and inference rows, each measured against that checkout in the same run, alternating
+# BASELINE=DIR (a checkout of the code before, e.g. `git worktree add DIR main`) adds the event
+# log, rollout and inference rows, each measured against that checkout in the same run,
+# alternating
 BASELINE ?=
 bench: install
 	$(BIN)/python bench/bench_log.py
 	$(BIN)/python bench/world_baselines.py
 ifneq ($(BASELINE),)
+	$(BIN)/python bench/bench_log.py --baseline $(BASELINE) --repeats 3
 	rm -rf runs/bench-rollout
 	$(BIN)/python bench/bench_rollout.py --baseline $(BASELINE) --keep runs/bench-rollout
 	$(BIN)/python bench/bench_inference.py runs/bench-rollout/new-0 --baseline $(BASELINE)

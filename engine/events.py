@@ -150,13 +150,12 @@ class Codec:
         decoder = self._event_decoders.get(cls)
         if decoder is None:
             decoder = self._event_decoders[cls] = msgspec.msgpack.Decoder(cls)
-        tag = cls.__struct_config__.tag
         try:
             decoder.decode(self._encoder.encode(ev))
         except (TypeError, OverflowError, msgspec.EncodeError) as exc:  # a numpy scalar, 2**70
-            raise EventInvalid(f"{tag} cannot be recorded: {exc}") from None
+            raise EventInvalid(f"{cls.__struct_config__.tag} cannot be recorded: {exc}") from None
         except msgspec.ValidationError as exc:
-            raise EventInvalid(f"{tag} cannot be recorded: {exc}") from None
+            raise EventInvalid(f"{cls.__struct_config__.tag} cannot be recorded: {exc}") from None
 
     def encode(self, envelope: Envelope[Event]) -> bytes:
         """Encode one envelope (its ``v`` must already be the event class's version)."""

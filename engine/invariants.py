@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import msgspec
 
 from engine.errors import LogInconsistent
-from engine.eventlog import EventLog, RunMeta
+from engine.eventlog import EventLog, RunMeta, joined_chunks
 from engine.events import Envelope, Event, load_event_modules
 from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
 
@@ -264,7 +264,7 @@ def check_stream(
     names = tuple(i.name for i in invariants)
     count, last, first = 0, None, 0
     try:
-        for chunk in chunks:
+        for chunk in joined_chunks(chunks):
             if not chunk:
                 continue
             if last is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import trio
 
 from engine.errors import LogCorrupted, LogInconsistent, ReplayDiverged, SchemaTooNew
-from engine.eventlog import EventLog
+from engine.eventlog import EventLog, joined_chunks
 from engine.events import Envelope, Event
 from engine.invariants import Invariant, Sessions, completed
 from engine.lifecycle import ProjectionChecked, SnapshotTaken
@@ -43,7 +43,7 @@ def replay_until(
             fold = Fold(projections, states)
             fold.last_seq = upto
             start_snapshot = upto
-    for chunk in log.read_chunks(fold.last_seq + 1, end + 1):
+    for chunk in joined_chunks(log.read_chunks(fold.last_seq + 1, end + 1)):
         fold.apply_all(chunk)
     return fold, start_snapshot
 
@@ -84,7 +84,7 @@ def verify_log(
     except LogCorrupted as exc:  # the last record is damaged: reached, and reported, in order
         end = exc.seq + 1
     try:
-        for chunk in log.read_chunks(0, end):
+        for chunk in joined_chunks(log.read_chunks(0, end)):
             for fact in facts:
                 fact.check_many(chunk)
             folded = 0  # chunk[:folded] is folded

@@ -51,6 +51,7 @@ MAX_SEQ = 2**64 - 1
 _MAX_NAME_BYTES = 400  # LMDB's default maximum key size is 511 bytes
 _HEAD = struct.Struct(">II")  # CRC32, number of envelopes in the record
 _PARTS_DECODER = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_ONE_PART = 0x91  # the msgpack header of an array of one item: a record of one part
 
 _View = bytes | memoryview  # a value read from either kind of transaction
 
@@ -114,8 +115,7 @@ def record_count(first: int, key: _View, value: _View) -> int:
     if len(value) < _HEAD.size:
         raise LogCorrupted(first, "record shorter than its header")
     crc, count = _HEAD.unpack_from(value)
-    view = memoryview(value)
-    if crc != zlib.crc32(view[8:], zlib.crc32(view[4:8], zlib.crc32(key))):
+    if crc != zlib.crc32(memoryview(value)[4:], zlib.crc32(key)):  # the count and the payload
         raise LogCorrupted(first, f"checksum mismatch in the record of seqs {first}..")
     return count
 
@@ -158,10 +158,15 @@ def record_parts(
         raise LogCorrupted(expected, f"record missing: the next record starts at {first}")
     count = record_count(first, key, value)
     payload = memoryview(value)[8:]
-    try:
-        parts = _PARTS_DECODER.decode(payload) if log_format >= 2 else [payload]
-    except msgspec.MsgspecError:
-        raise LogCorrupted(first, "record is not an array of parts") from None
+    if log_format < 2:
+        parts: list[memoryview] | list[msgspec.Raw] = [payload]
+    elif len(payload) and payload[0] == _ONE_PART:  # a small batch: no array of parts to decode
+        parts = [payload[1:]]
+    else:
+        try:
+            parts = _PARTS_DECODER.decode(payload)
+        except msgspec.MsgspecError:
+            raise LogCorrupted(first, "record is not an array of parts") from None
     out: list[tuple[int, memoryview | msgspec.Raw, int]] = []
     seq = first
     for part in parts:

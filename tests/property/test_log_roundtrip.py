@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import LogCorrupted
-from engine.eventlog import EventLog, MemoryEventLog, new_run_meta
+from engine.eventlog import EventLog, MemoryEventLog, joined_chunks, new_run_meta
 from engine.events import Envelope, Event, event_types
 from stores import lmdb_log
 from stores.lmdb_log import LmdbEventLog
@@ -182,3 +183,41 @@ def test_flipped_byte_is_reported_at_its_record(
             assert (report.ok, report.first_bad, report.records) == (False, first, first)
             assert list(log.read(0, first)) == envs[:first]
             assert list(log.read(end, len(envs))) == envs[end:]
+
+
+def numbered(sizes: list[int]) -> list[list[int]]:
+    """Chunks of consecutive numbers of the given sizes (stand-ins for envelopes)."""
+    starts = itertools.accumulate(sizes, initial=0)
+    return [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=False)]
+
+
+def failing_after(chunks: list[list[int]], count: int) -> Iterable[list[int]]:
+    """The first ``count`` chunks, then the error a damaged record raises."""
+    yield from chunks[:count]
+    raise LogCorrupted(-1, "damaged")
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(0, 9), max_size=30),
+    most=st.integers(1, 20),
+    fail=st.none() | st.integers(0, 30),
+)
+def test_joined_chunks_keep_the_stream_in_order(
+    sizes: list[int], most: int, fail: int | None
+) -> None:
+    """Joined chunks hold the same envelopes in the same order, each at most ``most`` unless
+    it is one chunk that was larger; after an error, exactly the chunks read before it."""
+    chunks = numbered(sizes)
+    source = chunks if fail is None else failing_after(chunks, fail)
+    out: list[list[int]] = []
+    with pytest.raises(LogCorrupted) if fail is not None else contextlib.nullcontext():
+        out.extend(joined_chunks(source, most))  # type: ignore[arg-type]
+    kept = chunks if fail is None else chunks[:fail]
+    assert [x for part in out for x in part] == [x for chunk in kept for x in chunk]
+    assert all(part and (len(part) <= most or part in kept) for part in out)
+
+
+def test_joined_chunks_join_greedily() -> None:
+    chunks = numbered([1, 2, 1, 1, 3, 2, 6, 1, 1])
+    assert [len(part) for part in joined_chunks(chunks, 5)] == [5, 5, 6, 2]  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
@@ -386,6 +387,35 @@ def test_record_of_unknown_event_kind_is_reported(path: Path) -> None:
             list(log.read())
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda payload: payload + b"\x00", "not an array of envelopes"),  # one part, and more
+        (lambda payload: b"\x91\x05", "part is not an array of envelopes"),
+        (lambda payload: b"\x92" + payload[1:], "not an array of parts"),  # 2 parts, 1 there
+        (lambda payload: b"\xc1", "not an array of parts"),
+    ],
+    ids=["trailing", "part-not-array", "parts-missing", "not-msgpack"],
+)
+def test_record_of_bad_parts_is_corrupted(
+    path: Path, damage: Callable[[bytes], bytes], message: str
+) -> None:
+    """A record resealed (its CRC holds) around a payload that is not an array of parts of
+    envelopes: a record of one part (read without decoding its array of parts) too."""
+    with LmdbEventLog.create(path, META) as log:
+        log.append(envelopes(0, 2))
+        log.append(envelopes(2, 3))
+    key = (2).to_bytes(8, "big")
+    payload = raw_get(path, b"events", key)[8:]
+    assert payload[0] == 0x91  # one part
+    raw_put(path, b"events", key, sealed_record(key, 3, damage(payload)))
+    with LmdbEventLog.open(path) as log:
+        assert log.verify().first_bad == 2
+        with pytest.raises(LogCorrupted, match=message) as info:
+            list(log.read(0, 5))
+        assert info.value.seq == 2
+
+
 def test_record_whose_parts_do_not_add_up_is_corrupted(path: Path) -> None:
     with LmdbEventLog.create(path, META) as log:
         log.append(envelopes(0, 2))
@@ -514,6 +544,42 @@ class SeqSpy:
 
     def evolve_many(self, state: list[int], envs: object) -> list[int]:
         return [*state, *(env.seq for env in envs)]  # type: ignore[attr-defined]
+
+
+class CallSpy(SeqSpy):
+    """Remembers the seqs of each call to the fold."""
+
+    name = "calls"
+
+    def evolve_many(self, state: list[int], envs: object) -> list[int]:
+        return [*state, [env.seq for env in envs]]  # type: ignore[attr-defined, list-item]
+
+
+def test_verify_folds_small_records_joined(path: Path) -> None:
+    """One record per event, as a lightly loaded run writes: verify calls the folds with the
+    records joined (up to JOIN_CHUNKS envelopes), not once per record."""
+    from engine.eventlog import JOIN_CHUNKS
+    from engine.projection import Fold
+    from engine.replay import verify_log
+
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        append_one_by_one(log, envelopes(0, 300))
+    spy = CallSpy()
+    folded: list[Fold] = []
+    real_apply = Fold.apply_all
+
+    def spy_apply(self: Fold, envs: list[Envelope[Event]]) -> None:
+        folded.append(self)
+        real_apply(self, envs)
+
+    with pytest.MonkeyPatch.context() as patch, LmdbEventLog.open(path) as log:
+        patch.setattr(Fold, "apply_all", spy_apply)
+        assert verify_log(log, [spy]).ok
+    calls: list[list[int]] = folded[-1].states["calls"]
+    assert [seq for call in calls for seq in call] == list(range(300))
+    assert [len(call) for call in calls] == [JOIN_CHUNKS] * (300 // JOIN_CHUNKS) + [
+        300 % JOIN_CHUNKS
+    ]
 
 
 @pytest.mark.parametrize("bad", [0, 7, 19])
