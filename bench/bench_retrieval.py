@@ -13,7 +13,7 @@ Data sets: *random* (independent Gaussian directions, the hardest case for HNSW)
 *clustered* (each vector a random one of ``--centres`` unit centres plus isotropic noise of the
 same norm, so a point's cosine to its centre is about 0.7, roughly how close MiniLM places
 paraphrases; queries are fresh points around the same centres). Sizes at or below the index's
-``exact_below`` (2,048) run in UsearchIndex's exact regime.
+``exact_below`` (``stores.tip_index.EXACT_BELOW``) run in UsearchIndex's exact regime.
 
 Embedders: texts per second embedding observation-like texts, one at a time and in batches of
 32; MiniLM at torch's default thread count and, when asked, at other counts (the benchmark sets
@@ -22,6 +22,21 @@ torch's global count; the library never does).
 Run: ``.venv/bin/python bench/bench_retrieval.py [--sizes N ...] [--datasets D ...]``; the
 defaults (1k and 10k tips, both data sets, embedders) take about 1.5 min on the 2-core VM, and
 ``--sizes 100000`` takes 3-9 min per data set (the one-threaded HNSW build).
+
+On real EMPO2 texts (``--runs RUN ...``, e.g. ``runs/headline/empo2-seed*``; bench/real_tips.py):
+
+- ``--sweep``: MiniLM embeddings of the runs' tip keys, filled up with other logged retrieval
+  queries (texts of the same kind) to the largest of ``--real-sizes``; queries are other logged
+  queries. First the HNSW settings grid (``--hnsw M:efConstruction``, ``--efs``) at the largest
+  size, then, with the fastest setting that reaches recall@10 ``--goal``, single-query latency of
+  exact float32 search (one BLAS thread) and of HNSW at each size, alternated ``--rounds`` times
+  (medians): the threshold is the largest size where exact is still the faster.
+- ``--embedders``: each (embedder, query_chars) of ``real_tips.VARIANTS`` against full MiniLM
+  on whole texts (what the runs used): texts/s on logged queries (torch threads 1, rounds
+  alternated, median) and the share of the reference's retrieved tips each variant also
+  retrieves, per slot (top 10; top 3 above similarity 0.5) and pooled over the sampled slots.
+
+Embeddings are cached under ``--cache`` (keyed by the texts).
 """
 
 from __future__ import annotations
@@ -31,14 +46,19 @@ import gc
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from agents.models.embedder import Embedder, HashingEmbedder, MiniLMEmbedder
-from stores.tip_index import ExactIndex, UsearchIndex, VectorIndex
+from stores.tip_index import EXACT_BELOW, ExactIndex, UsearchIndex, VectorIndex
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_tips
 
 K = 10
 
@@ -135,8 +155,8 @@ def bench_size(dataset: str, size: int, args: argparse.Namespace) -> list[IndexR
         recall = None
         if backend == "usearch":
             recall = recall_at_k(answers["usearch"], answers["exact"])
-            backend = "usearch" if size > 2048 else "usearch (exact regime)"
-            if args.expansion_search != 64 and size > 2048:
+            backend = "usearch" if size > EXACT_BELOW else "usearch (exact regime)"
+            if args.expansion_search != 64 and size > EXACT_BELOW:
                 backend = f"usearch, ef {args.expansion_search}"
         p95 = ms[int(0.95 * (len(ms) - 1))]
         rows.append(
@@ -227,6 +247,75 @@ def print_tables(index_rows: list[IndexRow], embed_rows: list[EmbedRow]) -> None
             print(f"| {e.embedder} | {threads} | {e.batch} | {e.texts} | {e.texts_per_s:,.0f} |")
 
 
+def real(args: argparse.Namespace) -> None:
+    """The measurements on real run texts (``--sweep``, ``--embedders``)."""
+    import torch
+
+    torch.set_num_threads(1)  # benchmark only; a run sets [policy] threads (default 1)
+    print(f"load average {os.getloadavg()}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", flush=True)
+    logged = real_tips.read_runs(args.runs)
+    print(
+        f"{len(args.runs)} runs: {len(logged.keys)} distinct keys, {len(logged.tips)} tips, "
+        f"{len(logged.queries)} distinct queries of {logged.retrievals} retrievals",
+        flush=True,
+    )
+    if args.sweep:
+        sweep_real(logged, args)
+    if args.embedders:
+        rows = real_tips.embedders(
+            logged, args.cache, args.per_slot, args.speed_texts, args.rounds, args.seed
+        )
+        print(f"\nload average {os.getloadavg()}, {time.strftime('%H:%M:%S %Z')}")
+        print(
+            "| embedder | query_chars | texts/s | top 10 per slot | top 3 > 0.5 | top 10 pooled |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(
+                f"| {r.embedder} | {r.query_chars or '-'} | {r.texts_per_s:.1f} | {r.top10:.3f} "
+                f"| {r.shown:.3f} | {r.pooled:.3f} |"
+            )
+
+
+def sweep_real(logged: real_tips.Logged, args: argparse.Namespace) -> None:
+    """The HNSW grid at the largest size, then the exact/HNSW threshold over the sizes."""
+    from agents.models.embedder import MiniLMEmbedder
+
+    indexed, asked = real_tips.corpus(logged, max(args.real_sizes), args.real_queries, args.seed)
+    minilm = MiniLMEmbedder()
+    vectors = real_tips.embed_cached(minilm, "minilm-indexed", indexed, args.cache)
+    queries = real_tips.embed_cached(minilm, "minilm-asked", asked, args.cache)
+    settings = [tuple(int(x) for x in s.split(":")) for s in args.hnsw]
+    grid = real_tips.sweep(
+        vectors, queries, [max(args.real_sizes)], settings, args.efs, args.rounds
+    )
+    best = real_tips.choose(grid, args.goal)
+    print_sweep("HNSW settings", grid)
+    if best is None:
+        print(f"no setting reached recall@10 {args.goal}")
+        return
+    print(f"fastest reaching {args.goal}: M {best.m}, efConstruction {best.ef_add}, ef {best.ef}")
+    sizes = [n for n in args.real_sizes if n != best.size]
+    by_size = real_tips.sweep(
+        vectors, queries, sizes, [(best.m, best.ef_add)], [best.ef], args.rounds
+    )
+    rows = [*by_size, best]
+    print_sweep("exact vs HNSW by size", rows)
+    faster = [r.size for r in rows if r.exact_ms <= r.hnsw_ms]
+    print(f"exact is faster up to {max(faster) if faster else 0:,} keys (of the sizes tried)")
+
+
+def print_sweep(title: str, rows: Sequence[real_tips.SweepRow]) -> None:
+    print(f"\n{title}, load average {os.getloadavg()}, {time.strftime('%H:%M:%S %Z')}")
+    print("| keys | M | efConstruction | ef | build s | recall@10 | HNSW ms | exact ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r.size:,} | {r.m} | {r.ef_add} | {r.ef} | {r.build_s:.1f} | {r.recall:.3f} "
+            f"| {r.hnsw_ms:.3f} | {r.exact_ms:.3f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000, 10000])
@@ -242,7 +331,24 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, nargs="*", default=[1])
     parser.add_argument("--no-embedders", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", nargs="*", default=[], help="EMPO2 run directories")
+    parser.add_argument("--sweep", action="store_true", help="threshold and HNSW sweep (--runs)")
+    parser.add_argument("--embedders", action="store_true", help="embedder variants (--runs)")
+    parser.add_argument(
+        "--real-sizes", type=int, nargs="*", default=[1000, 2000, 4000, 8000, 12000, 16000, 20000]
+    )
+    parser.add_argument("--hnsw", nargs="*", default=["16:128", "32:256"], help="M:efConstruction")
+    parser.add_argument("--efs", type=int, nargs="*", default=[64, 128, 256, 512])
+    parser.add_argument("--goal", type=float, default=0.95, help="recall@10 the HNSW must reach")
+    parser.add_argument("--real-queries", type=int, default=1000)
+    parser.add_argument("--per-slot", type=int, default=20, help="queries per slot (quality)")
+    parser.add_argument("--speed-texts", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cache", type=Path, default=Path("runs/bench-retrieval-cache"))
     args = parser.parse_args()
+    if args.runs:
+        real(args)
+        return
     print(
         f"python {platform.python_version()}, {os.cpu_count()} cpus, "
         f"load average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",

@@ -11,7 +11,8 @@ ratios.
 
     .venv/bin/python bench/bench_rollout.py --baseline ../main-worktree --rounds 3
     .venv/bin/python bench/bench_rollout.py --baseline B --scenario scenarios/empo2.toml \\
-        --set run.episodes=128 --set eval.every=0 --no-rollout
+        --set run.episodes=128 --set eval.every=0 --no-rollout \\
+        [--new-set empo2.embedder=minilm-int8]
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, required=True, help="the old checkout")
     parser.add_argument("--scenario", type=Path, default=ROOT / "scenarios/quickstart.toml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    parser.add_argument(
+        "--new-set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="an override for the new side only (a setting the old code does not know)",
+    )
     parser.add_argument("--no-rollout", action="store_true", help="not the rollout overrides")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: removed)")
@@ -74,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp.mkdir(parents=True, exist_ok=True)
         for k in range(args.rounds):
             for side, tree in (("old", args.baseline.resolve()), ("new", ROOT)):
-                rate, wall, cpu = one_run(tree, scenario, overrides, Path(tmp) / f"{side}-{k}")
+                sets = overrides + (args.new_set if side == "new" else [])
+                rate, wall, cpu = one_run(tree, scenario, sets, Path(tmp) / f"{side}-{k}")
                 rates[side].append(rate)
                 walls[side].append(wall)
                 cpus[side].append(cpu)

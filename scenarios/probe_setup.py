@@ -191,7 +191,7 @@ def _setup(
 ) -> Setup:
     """What the probe holds fixed: the run's requests, bank rules, embedder, world, prompts."""
     s, p = run.scenario, run.scenario.policy
-    embedder = embedder_for(s.complementary.embedder)()
+    embedder = embedder_for(s.complementary.embedder, s.complementary.query_chars)()
     return Setup(
         script=bank_script(run.envelopes),
         bank=bank_settings(s.complementary),

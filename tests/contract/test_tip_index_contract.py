@@ -19,6 +19,17 @@ def unit(*rows: list[float]) -> np.ndarray:
 E0, E1, E2 = unit([1, 0, 0, 0]), unit([0, 1, 0, 0]), unit([0, 0, 1, 0])
 
 
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` scaled to unit norm, float32."""
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def recall(got: list[list[tuple[int, float]]], want: list[list[tuple[int, float]]]) -> float:
+    """Share of ``want``'s keys that ``got`` holds too."""
+    found = sum(len({k for k, _ in g} & {k for k, _ in w}) for g, w in zip(got, want, strict=True))
+    return found / sum(len(w) for w in want)
+
+
 class IndexContract:
     """Abstract test case of the VectorIndex Protocol. Subclasses implement :meth:`make`."""
 
@@ -216,6 +227,85 @@ class TestUsearchIndex(IndexContract):
             UsearchIndex(4, connectivity=0)
         with pytest.raises(ValueError, match=r"^exact_below must be >= 0, got -1$"):
             UsearchIndex(4, exact_below=-1)
+        with pytest.raises(ValueError, match=r"^expansion_search must be >= 1, got 0$"):
+            UsearchIndex(4).expansion_search = 0
+
+    def test_exact_regime_answers_as_the_twin(self) -> None:
+        """Below the threshold: ExactIndex's keys in ExactIndex's order, similarities within
+        float32 rounding, after adds and removes (no graph is ever built)."""
+        vectors = unit_rows(np.random.default_rng(5).standard_normal((600, 32)))
+        index, twin = UsearchIndex(32, exact_below=600), ExactIndex(32)
+        for target in (index, twin):
+            target.add(list(range(600)), vectors)
+            target.remove(list(range(0, 600, 3)))
+            target.add([1000, 1001], vectors[:2])  # duplicates of keys 0's and 1's vectors
+        assert index.exact and not index.has_graph
+        queries = unit_rows(np.random.default_rng(6).standard_normal((40, 32)))
+        for got, want in zip(index.search(queries, 25), twin.search(queries, 25), strict=True):
+            assert [k for k, _ in got] == [k for k, _ in want]
+            assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-6)
+        tied = index.search(vectors[1:2], 3)[0]  # key 1 and its duplicate 1001: smaller first
+        assert [k for k, _ in tied][:2] == [1, 1001]
+
+    def test_switches_regime_across_the_threshold_both_ways(self) -> None:
+        """The add that passes the threshold builds the graph; a remove back below it makes
+        searches exact again (the twin's answers) while the graph is kept up to date; every
+        key added or removed on either side is found or gone in both regimes."""
+        vectors = unit_rows(np.random.default_rng(8).standard_normal((300, 16)))
+        index, twin = UsearchIndex(16, exact_below=200), ExactIndex(16)
+        for target in (index, twin):
+            target.add(list(range(150)), vectors[:150])
+        assert index.exact and not index.has_graph
+        for target in (index, twin):
+            target.add(list(range(150, 260)), vectors[150:260])
+        assert not index.exact and index.has_graph
+        assert [h[0][0] for h in index.search(vectors[:260], 1)] == list(range(260))
+        for target in (index, twin):
+            target.remove(list(range(0, 260, 2)))  # 130 left: exact again
+        assert index.exact and index.has_graph and len(index) == 130
+        queries = vectors[:40]
+        got, want = index.search(queries, 10), twin.search(queries, 10)
+        assert [[k for k, _ in g] for g in got] == [[k for k, _ in w] for w in want]
+        for target in (index, twin):
+            target.add(list(range(300, 400)), np.concatenate([vectors[260:300]] * 3)[:100])
+        assert not index.exact and len(index) == 230
+        odd_and_new = [*range(1, 260, 2), *range(300, 400)]
+        assert all(key in index for key in odd_and_new) and 0 not in index
+        found = {h[0][0] for h in index.search(vectors[1:260:2], 1)}
+        assert found == set(range(1, 260, 2))  # removed keys are never returned
+        newest = index.search(vectors[260:300], 3)
+        assert all({300 + i, 340 + i} <= {k for k, _ in hits} for i, hits in enumerate(newest))
+
+    def test_answers_repeat_across_the_threshold(self) -> None:
+        """The same calls crossing the threshold give the same answers, bit for bit."""
+        vectors = unit_rows(np.random.default_rng(9).standard_normal((900, 24)))
+
+        def run() -> list[list[tuple[int, float]]]:
+            index = UsearchIndex(24, exact_below=400, connectivity=8)
+            answers = []
+            for start in range(0, 900, 300):
+                index.add(list(range(start, start + 300)), vectors[start : start + 300])
+                answers += index.search(vectors[:50], 10)
+            index.remove(list(range(0, 900, 2)))
+            return answers + index.search(vectors[:50], 10)
+
+        assert run() == run()
+
+    def test_a_wider_search_finds_at_least_as_much(self) -> None:
+        """``expansion_search`` set on a built graph is used by its next searches."""
+        rng = np.random.default_rng(10)
+        vectors = unit_rows(rng.standard_normal((2000, 64)))
+        queries = unit_rows(rng.standard_normal((50, 64)))
+        index, twin = UsearchIndex(64, exact_below=0, connectivity=4), ExactIndex(64)
+        index.add(list(range(2000)), vectors)
+        twin.add(list(range(2000)), vectors)
+        want = twin.search(queries, 10)
+        index.expansion_search = 10
+        narrow = recall(index.search(queries, 10), want)
+        index.expansion_search = 2000
+        assert index.expansion_search == 2000
+        assert recall(index.search(queries, 10), want) >= narrow
+        assert recall(index.search(queries, 10), want) == 1.0
 
 
 def test_make_index_names_each_backend() -> None:

@@ -73,6 +73,11 @@ def test_text_after_a_set_value_is_refused(
         ('prompt.memory="assistant"', "Invalid enum value 'assistant' - at `$.prompt.memory`"),
         ('prompt.system=""', "Expected `str` of length >= 1 - at `$.prompt.system`"),
         ("prompt.tips=1", "unknown field `tips` - at `$.prompt`"),
+        (
+            'empo2.embedder="minilm-int4"',
+            "Invalid enum value 'minilm-int4' - at `$.empo2.embedder`",
+        ),
+        ("empo2.query_chars=-1", "Expected `int` >= 0 - at `$.empo2.query_chars`"),
     ],
 )
 def test_a_bad_prompt_setting_is_one_line(

@@ -184,7 +184,7 @@ def rebuild_v0(run_dir: Path) -> Rebuilt:
     run = read_run(str(run_dir), envelopes)
     s = run.scenario
     ext = load_extractor_for(s, extractor_model_dir(s, run.source, policy_model_dir(s, run.source)))
-    embedder = embedder_for(s.complementary.embedder)()
+    embedder = embedder_for(s.complementary.embedder, s.complementary.query_chars)()
     settings = RebuildSettings(
         run_seed=run.seed,
         merge_chunk=s.complementary.merge_chunk,

@@ -17,9 +17,12 @@ import numpy as np
 import pytest
 
 from agents.models.embedder import (
+    EMBEDDERS,
+    BoundedEmbedder,
     Embedder,
     HashingEmbedder,
     MiniLMEmbedder,
+    bound_text,
     make_embedder,
     minilm_dir,
 )
@@ -46,15 +49,22 @@ def minilm_texts(minilm: MiniLMEmbedder) -> np.ndarray:
     return minilm.embed(TEXTS)
 
 
-@pytest.fixture(params=["minilm", "hashing"])
+@pytest.fixture(scope="module")
+def minilm_int8() -> Embedder:
+    return make_embedder("minilm-int8")
+
+
+@pytest.fixture(params=EMBEDDERS)
 def embedder(request: pytest.FixtureRequest, minilm: MiniLMEmbedder) -> Embedder:
+    if request.param == "minilm-int8":
+        return request.getfixturevalue("minilm_int8")
     return minilm if request.param == "minilm" else HashingEmbedder()
 
 
 @pytest.fixture
 def batched(embedder: Embedder, request: pytest.FixtureRequest) -> np.ndarray:
     """``embedder.embed(TEXTS)``."""
-    if isinstance(embedder, MiniLMEmbedder):
+    if embedder.name == "minilm":
         return request.getfixturevalue("minilm_texts")
     return embedder.embed(TEXTS)
 
@@ -209,3 +219,72 @@ def test_hashing_refuses_a_bad_dim_and_names_are_checked() -> None:
         make_embedder("bert")  # type: ignore[arg-type]
     hashing = make_embedder("hashing", dim=32)
     assert (hashing.name, hashing.dim) == ("hashing", 32)
+
+
+def test_minilm_int8_is_close_to_the_full_model_and_batch_invariant(
+    minilm_int8: Embedder, minilm_texts: np.ndarray
+) -> None:
+    """The quantized model's vectors point where the full model's do, and a text's vector is
+    the same bits whatever else it is embedded with (one text per forward pass)."""
+    assert (minilm_int8.name, minilm_int8.dim) == ("minilm-int8", 384)
+    vectors = minilm_int8.embed(TEXTS)
+    cosines = np.sum(vectors * minilm_texts, axis=1)
+    assert cosines.min() > 0.8, cosines
+    alone = np.concatenate([minilm_int8.embed([text]) for text in reversed(TEXTS)])[::-1]
+    np.testing.assert_array_equal(vectors, alone)
+    assert not np.array_equal(vectors, minilm_texts)  # it is another model
+
+
+def test_minilm_int8_runs_on_the_cpu_only() -> None:
+    with pytest.raises(ValueError, match=r"^quantize runs on the CPU only, got device 'cuda'$"):
+        MiniLMEmbedder(quantize=True, device="cuda")
+
+
+def test_unknown_embedder_names_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"expected one of 'minilm', 'minilm-int8', 'hashing'$"):
+        make_embedder("minilm-int4")  # type: ignore[arg-type]
+
+
+GOAL = "goal: light the green bulb."
+TURN = "> open crate\nyou see a battery and a wire."
+
+
+def test_bound_text_keeps_short_texts_whole() -> None:
+    text = f"{GOAL}\n{TURN}\nnow: a socket."
+    assert bound_text(text, len(text)) == text
+    assert bound_text(text, 0) == text  # no limit
+    assert bound_text("", 5) == ""
+
+
+def test_bound_text_keeps_the_goal_and_the_end() -> None:
+    """A long state keeps its goal line and its latest turns; older turns go."""
+    text = "\n".join([GOAL, *[f"> look {i}\nyou see {i} things." for i in range(40)], "now: x."])
+    cut = bound_text(text, 200)
+    assert len(cut) == 200
+    assert cut.startswith(GOAL + "\n")
+    assert cut.endswith("you see 39 things.\nnow: x.")
+    assert "look 0\n" not in cut
+    assert cut[len(GOAL) + 1 :] == text[len(text) - (200 - len(GOAL) - 1) :]
+
+
+def test_bound_text_cuts_a_long_first_line_to_a_quarter() -> None:
+    text = "g" * 500 + "\n" + "t" * 500
+    assert bound_text(text, 100) == "g" * 25 + "\n" + "t" * 74
+    assert bound_text("x" * 300, 100) == "x" * 25 + "\n" + "x" * 74  # one line: head and tail
+    assert bound_text("abcdef", 1) == "a"  # no room for a newline and a tail
+    with pytest.raises(ValueError, match=r"^limit must be >= 0, got -1$"):
+        bound_text("abc", -1)
+
+
+def test_bounded_embedder_embeds_the_cut_texts() -> None:
+    inner = HashingEmbedder(dim=64)
+    bounded = BoundedEmbedder(inner, 40)
+    long = "\n".join([GOAL, TURN * 10])
+    assert (bounded.name, bounded.dim) == ("hashing/40", 64)
+    np.testing.assert_array_equal(
+        bounded.embed([long, "short"]), inner.embed([bound_text(long, 40), "short"])
+    )
+    assert not np.array_equal(bounded.embed([long]), inner.embed([long]))
+    assert BoundedEmbedder(inner, 0).name == "hashing"
+    with pytest.raises(TypeError, match="sequence of texts, not one string"):
+        bounded.embed("hello")

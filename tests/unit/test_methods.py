@@ -16,7 +16,13 @@ from agents.memory.bank import MemoryActor
 from agents.memory.extraction import extract_messages
 from agents.methods.base import LoadedModel, RunResources, base_models, method_actors
 from agents.methods.builtin import Complementary, Empo2, Grpo
-from agents.methods.settings import ComplementaryConfig, Empo2Config, GrpoConfig
+from agents.methods.settings import (
+    QUERY_CHARS,
+    ComplementaryConfig,
+    Empo2Config,
+    GrpoConfig,
+)
+from agents.models.embedder import BoundedEmbedder
 from engine.errors import ScenarioInvalid
 from scenarios.assemble import assemble
 from scenarios.loader import parse_toml, to_scenario
@@ -68,6 +74,21 @@ def test_the_built_ins_bring_their_actors() -> None:
     memory = actors[0].factory
     assert isinstance(memory, partial) and memory.func is MemoryActor
     assert memory.keywords["merge_system"] == "tidy these notes."
+
+
+def test_the_memory_embeds_texts_cut_to_query_chars() -> None:
+    """The memory actor's embedder is the scenario's, cutting texts to ``query_chars``."""
+    grpo = GrpoConfig(group_size=4)
+    for config in (
+        Empo2(grpo, Empo2Config(embedder="hashing", query_chars=64)),
+        Complementary(grpo, ComplementaryConfig(embedder="hashing", query_chars=64)),
+    ):
+        memory = method_actors(config, Resources().run())[0].factory
+        assert isinstance(memory, partial)
+        embedder = memory.args[0]()
+        assert isinstance(embedder, BoundedEmbedder) and embedder.limit == 64
+        assert embedder.name == "hashing/64"
+    assert Empo2Config().query_chars == ComplementaryConfig().query_chars == QUERY_CHARS > 0
 
 
 class OldForm(Grpo):
