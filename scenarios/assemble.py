@@ -24,7 +24,6 @@ from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
 from agents.events.policy import PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
-from agents.methods.actors import EXTRACTOR, MEMORY
 from agents.methods.base import Method
 from agents.report.curves import report as curves_report
 from agents.tracking.observer import Tracker
@@ -261,7 +260,7 @@ def _check_model_placements(
         if placed is None:
             continue
         _need_ray(source)
-        if learns and run_dir is None and kind != MEMORY:
+        if learns and run_dir is None and kind != "memory":
             raise ScenarioInvalid(
                 source,
                 f"$.runtime.ray.{kind}: a learning run with a remote {kind} needs a run "
@@ -271,13 +270,16 @@ def _check_model_placements(
 
 
 def _model_placements(scenario: Scenario) -> dict[str, RayPlacementConfig | None]:
-    """The placements ``[runtime.ray]`` gives the policy's and the method's actors, by name."""
+    """The placements ``[runtime.ray]`` gives the policy's and the method's actors, by their
+    names (``agents.methods.actors``' ``EXTRACTOR`` and ``MEMORY``, not imported: that module
+    loads the memory's vector index, usearch, whose native library makes a later
+    ``ray.init`` joining a cluster abort with ``std::regex_error``)."""
     ray = scenario.runtime.ray
     return {
         "inference": ray.inference,
         "learner": ray.learner,
-        EXTRACTOR: ray.extractor,
-        MEMORY: ray.memory,
+        "extractor": ray.extractor,
+        "memory": ray.memory,
     }
 
 

@@ -658,6 +658,7 @@ def of_a_running_episode(kind: type[Event]) -> Callable[[Envelope[Event], dict[s
     return at
 
 
+@pytest.mark.timeout(900)  # a learning run with models built in three processes
 def test_a_complementary_run_with_remote_extractor_and_memory_survives_both_processes(
     tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -697,6 +698,7 @@ def test_a_complementary_run_with_remote_extractor_and_memory_survives_both_proc
                and e.cause is not None and e.cause < restarted for e in envs)  # fmt: skip
 
 
+@pytest.mark.timeout(900)  # a learning run with models built in three processes
 def test_an_empo2_run_with_remote_memory_survives_its_process(
     tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
