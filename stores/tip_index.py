@@ -23,11 +23,14 @@ thread at a time (``trio.to_thread.run_sync``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
-from usearch.index import BatchMatches, Index, Matches
+
+if TYPE_CHECKING:  # usearch loads when an index is made: its native library, loaded before
+    # ray.init joins a cluster, makes Ray's GCS client abort (std::regex_error)
+    from usearch.index import BatchMatches, Matches
 
 UNIT_TOLERANCE = 1e-3
 """How far a row's L2 norm may be from 1 before ``add``/``search`` refuse it."""
@@ -281,6 +284,8 @@ class UsearchIndex:
         self.dim = dim
         self.exact_below = exact_below
         self.search_threads = search_threads
+        from usearch.index import Index
+
         self._index = Index(
             ndim=dim,
             metric="cos",
@@ -342,6 +347,8 @@ class UsearchIndex:
 def _hits(matches: Matches | BatchMatches, k: int) -> Hits:
     """Ranked hits from usearch's answer: a BatchMatches, or a Matches for a single query row
     (usearch unwraps a batch of one)."""
+    from usearch.index import Matches
+
     if isinstance(matches, Matches):
         keys = matches.keys[None, :]
         distances = matches.distances[None, :]
