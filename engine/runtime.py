@@ -124,6 +124,7 @@ class _Prepared:
     envelopes: list[Envelope[Event]]
     snapshots: list[Snapshot]
     encoded: EncodedBatch
+    pushed: int = 0  # events pushed before the last one in the batch, that one included
 
 
 _IN_FLIGHT = 2
@@ -239,6 +240,9 @@ class Runtime:
             collections.deque()
         )
         self._delivered = trio.lowlevel.ParkingLot()
+        self._pushed = 0  # events pushed so far
+        self._committed_pushed = 0  # of those, committed (in push order)
+        self._commits = trio.lowlevel.ParkingLot()
         self._fed_all = False
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
@@ -292,7 +296,14 @@ class Runtime:
         if not pending:
             self._wake.unpark_all()
         pending.append((actor, ev, cause, corr, self._clock()))
+        self._pushed += 1
         return True
+
+    async def wait_committed(self) -> None:
+        """Wait until every event pushed so far is committed (not necessarily delivered)."""
+        target = self._pushed
+        while self._committed_pushed < target:
+            await self._commits.park()
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -396,6 +407,8 @@ class Runtime:
                     if self._resumed is not None and attempt == 0:
                         await actor.recover(ctx, self._history)
                     elif attempt > 0 and spec.recover_on_restart:
+                        # what the lost actor emitted is in the history it is rebuilt from
+                        await self.wait_committed()
                         history = await trio.to_thread.run_sync(self._read_log)
                         mailbox.skip_through = history[-1].seq if history else -1
                         await actor.recover(ctx, history)
@@ -490,7 +503,9 @@ class Runtime:
             self._space.unpark_all()
             self._in_flight += 1
             envelopes, snapshots = self._numbering.prepare(batch)
-            committer.submit(_Prepared(envelopes, snapshots, self._log.encode(envelopes)))
+            pushed = self._pushed - len(self._pending)
+            encoded = self._log.encode(envelopes)
+            committer.submit(_Prepared(envelopes, snapshots, encoded, pushed))
 
     def _on_committed(self, prepared: _Prepared, error: BaseException | None) -> None:
         """The committer's report of one batch (run on the event loop, in commit order)."""
@@ -510,6 +525,8 @@ class Runtime:
                 raise error
             envelopes = prepared.envelopes
             self._next = envelopes[-1].seq + 1
+            self._committed_pushed = prepared.pushed
+            self._commits.unpark_all()
             for observe in self._observers:
                 observe(envelopes)
             await self._deliver(envelopes)

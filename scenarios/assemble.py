@@ -133,7 +133,7 @@ def assemble(
     specs = _workers(scenario, workers, make_world, None, source)
     _check_model_placements(scenario, source, method is not None and prepare_model, run_dir)
     actors, model = policy_actors(scenario, source, method, run_dir, prepare_model)
-    specs += _placed_models(scenario, actors)
+    specs += _placed_models(scenario, actors, source)
     if method is not None:
         heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
@@ -246,9 +246,9 @@ def _placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[Act
 def _check_model_placements(
     scenario: Scenario, source: str, learns: bool, run_dir: Path | None
 ) -> None:
-    """Refuse, before any model is built, a learning run whose remote inference actor or
-    learner could not share the checkpoints (kept in memory: no run directory); a scenario
-    placing either on Ray needs Ray.
+    """Refuse, before any model is built, a learning run whose remote inference actor,
+    learner or extractor could not share the checkpoints (kept in memory: no run directory);
+    a scenario placing any of them (or the memory) on Ray needs Ray.
 
     Raises:
         ScenarioInvalid: as above.
@@ -256,33 +256,63 @@ def _check_model_placements(
     rt = scenario.runtime
     if rt.backend == "local":
         return
-    for kind, placed in (("inference", rt.ray.inference), ("learner", rt.ray.learner)):
+    for kind, placed in _model_placements(scenario).items():
         if placed is None:
             continue
         _need_ray(source)
-        if learns and run_dir is None:
+        if learns and run_dir is None and kind != "memory":
             raise ScenarioInvalid(
                 source,
                 f"$.runtime.ray.{kind}: a learning run with a remote {kind} needs a run "
-                "directory (the learner writes its checkpoints there, inference reads them)",
+                "directory (the learner and the extractor write their checkpoints there, "
+                "inference reads the learner's)",
             )
 
 
-def _placed_models(scenario: Scenario, specs: list[ActorSpec]) -> list[ActorSpec]:
-    """The policy's actors, the inference actor and the learner on Ray where
-    ``[runtime.ray.inference]`` and ``[runtime.ray.learner]`` place them. A lost process
-    restarts them (``runtime.on_failure``, ``max_restarts``; their code raising still stops
-    the run, as in the driver). The next inference process is given the newest
-    ``PolicyUpdated`` first, so that it serves the newest version the log names, then what was
-    not answered; the next learner is rebuilt from the log as on resume (its samples folded
-    again, the newest checkpoint the log names loaded with its optimiser, the requests no
-    update answered redone)."""
-    from scenarios.policy_setup import INFERENCE, LEARNER  # imported already (policy_actors)
+def _model_placements(scenario: Scenario) -> dict[str, RayPlacementConfig | None]:
+    """The placements ``[runtime.ray]`` gives the policy's and the method's actors, by their
+    names (``agents.methods.actors``' ``EXTRACTOR`` and ``MEMORY``, not imported: that module
+    loads the memory's vector index, usearch, whose native library makes a later
+    ``ray.init`` joining a cluster abort with ``std::regex_error``)."""
+    ray = scenario.runtime.ray
+    return {
+        "inference": ray.inference,
+        "learner": ray.learner,
+        "extractor": ray.extractor,
+        "memory": ray.memory,
+    }
+
+
+def _placed_models(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[ActorSpec]:
+    """The policy's and the method's actors, each on Ray where ``[runtime.ray]`` places it
+    (inference, learner, extractor, memory). A lost process restarts them
+    (``runtime.on_failure``, ``max_restarts``; their code raising still stops the run, as in
+    the driver). The next inference process is given the newest ``PolicyUpdated`` first, so
+    that it serves the newest version the log names, then what was not answered; the next
+    learner, extractor or memory is rebuilt from the log committed so far
+    (``ActorSpec.recover_on_restart``): the learner and the extractor load the newest
+    checkpoint the log names with its optimiser and redo the updates the log does not hold,
+    the memory folds its bank again; both answer what the log does not answer, the requests
+    of episodes still running included.
+
+    Raises:
+        ScenarioInvalid: ``[runtime.ray]`` places an actor the run does not have (an
+            extractor for a method without one).
+    """
+    from scenarios.policy_setup import INFERENCE  # imported already (policy_actors)
 
     rt = scenario.runtime
     if rt.backend == "local":
         return specs
-    placed = {INFERENCE: rt.ray.inference, LEARNER: rt.ray.learner}
+    placed = _model_placements(scenario)
+    names = {spec.name for spec in specs}
+    for kind, config in placed.items():
+        if config is not None and kind not in names:
+            raise ScenarioInvalid(
+                source,
+                f"$.runtime.ray.{kind}: run.method = {scenario.run.method!r} has no {kind} "
+                f"actor to place (it has: {', '.join(sorted(names))})",
+            )
     out: list[ActorSpec] = []
     for spec in specs:
         config = placed.get(spec.name)
@@ -296,7 +326,7 @@ def _placed_models(scenario: Scenario, specs: list[ActorSpec]) -> list[ActorSpec
                 on_failure=rt.on_failure,
                 max_restarts=rt.max_restarts,
                 restart_for=(RemoteActorLost,),
-                recover_on_restart=spec.name == LEARNER,
+                recover_on_restart=spec.name != INFERENCE,
             )
         out.append(spec)
     return out

@@ -191,8 +191,14 @@ class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         learner: the learner's placement; absent: it runs in the driver. It writes its
             checkpoints to the run directory (a cluster needs it on storage every node
             reads, docs/DEPLOY.md) and, its process lost, restarts from the newest one the
-            log names. The other actors (scheduler or trainer, memory, extractor) run in the
-            driver.
+            log names.
+        extractor: Complementary RL's extractor's placement (e.g. ``num_gpus = 1``); absent:
+            it runs in the driver. Like the learner it writes its checkpoints to the run
+            directory and, its process lost, restarts from the newest one the log names.
+        memory: the memory actor's placement (EMPO2's tips, Complementary RL's bank, with its
+            embedder); absent: it runs in the driver. Its process lost, it rebuilds its bank
+            from the log. The other actors (scheduler or trainer, credit) run in the driver;
+            placing an actor the run's method does not have is refused.
     """
 
     address: Annotated[str, Meta(min_length=1, max_length=300)] = "local"
@@ -200,6 +206,8 @@ class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     env_workers: RayPlacementConfig = msgspec.field(default_factory=RayPlacementConfig)
     inference: RayPlacementConfig | None = None
     learner: RayPlacementConfig | None = None
+    extractor: RayPlacementConfig | None = None
+    memory: RayPlacementConfig | None = None
 
 
 class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -26,12 +26,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 from threadpoolctl import ThreadpoolController  # pyright: ignore[reportMissingTypeStubs]
-from usearch.index import BatchMatches, Index, Matches
+
+if TYPE_CHECKING:  # usearch loads when an index is made: its native library, loaded before
+    # ray.init joins a cluster, makes Ray's GCS client abort (std::regex_error)
+    from usearch.index import BatchMatches, Index, Matches
 
 UNIT_TOLERANCE = 1e-3
 """How far a row's L2 norm may be from 1 before ``add``/``search`` refuse it."""
@@ -401,6 +404,8 @@ class UsearchIndex:
         if self._graph is not None:
             self._graph.add(array, self._rows.rows[n - len(array) : n], threads=1)
         elif n > self.exact_below:
+            from usearch.index import Index
+
             self._graph = Index(
                 ndim=self.dim,
                 metric="cos",
@@ -439,6 +444,8 @@ class UsearchIndex:
 def _hits(matches: Matches | BatchMatches, k: int) -> Hits:
     """Ranked hits from usearch's answer: a BatchMatches, or a Matches for a single query row
     (usearch unwraps a batch of one)."""
+    from usearch.index import Matches
+
     if isinstance(matches, Matches):
         keys = matches.keys[None, :]
         distances = matches.distances[None, :]

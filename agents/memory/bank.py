@@ -24,7 +24,7 @@ from typing import Literal, cast
 import msgspec
 import numpy as np
 
-from agents.events.episodes import finished_attempts
+from agents.events.episodes import finished_attempts, live_attempts
 from agents.events.extractor import ExtractorCalled, MergeDue, MergeRequested
 from agents.events.memory import (
     RetrievalRequested,
@@ -376,9 +376,12 @@ class MemoryActor(Actor):
         tip's key embedded again), finish the message it was answering when the run stopped
         (a retrieval has one answer, so its is folded like the rest; any other message is
         answered again and what the log lacks of its answer kept for :meth:`run`), and owe
-        :meth:`run` the messages it never applied. Retrieval requests left unanswered
-        are not owed, nor is a tip or an extraction of an episode that did not finish: their
-        episodes are abandoned and played again.
+        :meth:`run` the messages it never applied. On resume, retrieval requests left
+        unanswered are not owed, nor is a tip or an extraction of an episode that did not
+        finish: their episodes are abandoned and played again. Restarted mid-run
+        (``ctx.attempt > 0``: its process was lost, ``ActorSpec.recover_on_restart``), those of
+        an attempt still running are owed too: that episode goes on and waits for its
+        retrievals (:func:`agents.events.episodes.live_attempts`).
 
         Raises:
             ResumeDiverged: the log's bank events do not follow from one another, or
@@ -408,11 +411,14 @@ class MemoryActor(Actor):
             replay = ReplayContext(ctx.name, ctx.run_seed)
             await self._apply(cast(Context, replay), bank, embedder, again)
             self._tail = replay.settle([env.event for env in mine if env.cause == last])
-        of_finished = finished_attempts(history)
+        restarted = ctx.attempt > 0
+        of_attempt = live_attempts(history) if restarted else finished_attempts(history)
         after = last if last is not None else -1
-        self._owed = [env for env in received if env.seq > after and _owed(env, of_finished)]
+        self._owed = [
+            env for env in received if env.seq > after and _owed(env, of_attempt, restarted)
+        ]
         self._restored = bank, embedder
-        ctx.log.info("memory resumed", tips=len(bank.tips), owed=len(self._owed))
+        ctx.log.info("memory rebuilt", tips=len(bank.tips), owed=len(self._owed))
 
     async def _apply(
         self, ctx: Context, bank: TipBank, embedder: Embedder, batch: list[Envelope[Event]]
@@ -504,17 +510,20 @@ def embed_all(embedder: Embedder, texts: Sequence[str], chunk: int = 1024) -> li
     return [vectors[t] for t in texts]
 
 
-def _owed(env: Envelope[Event], of_finished: Callable[[str, int], bool]) -> bool:
-    """Whether a message the bank never applied is applied on resume: not a retrieval (its
-    episode was running, so it is abandoned), nor a tip or extraction of an attempt that did
-    not finish (:func:`agents.events.episodes.finished_attempts`)."""
+def _owed(
+    env: Envelope[Event], of_attempt: Callable[[str, int], bool], restarted: bool = False
+) -> bool:
+    """Whether a message the bank never applied is applied when it is rebuilt: not a tip or
+    an extraction of an attempt ``of_attempt`` does not owe; on resume, not a retrieval (its
+    episode was running, so it is abandoned); restarted mid-run, a retrieval of an attempt
+    still running (:func:`agents.events.episodes.live_attempts`)."""
     ev = env.event
     if isinstance(ev, RetrievalRequested):
-        return False
+        return restarted and of_attempt(ev.episode, env.seq)
     episode = ev.episode if isinstance(ev, TipProposed) else None
     if isinstance(ev, ExtractorCalled) and ev.task == "extract":
         episode = ev.source
-    return episode is None or of_finished(episode, env.seq)
+    return episode is None or of_attempt(episode, env.seq)
 
 
 def _texts_of(ev: Event) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from agents.acting.inference import write_replies
-from agents.events.episodes import finished_attempts
+from agents.events.episodes import finished_attempts, live_attempts
 from agents.events.extractor import (
     ExtractionRequested,
     ExtractorCalled,
@@ -272,9 +272,11 @@ class ExtractorActor(Actor):
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Fold the log's calls, load the newest version it names (weights and optimiser),
-        and owe :meth:`run` every request and update the log does not answer. An extraction
-        request of an attempt that did not finish is not owed: its episode is abandoned and
-        played again.
+        and owe :meth:`run` every request and update the log does not answer. On resume, an
+        extraction request of an attempt that did not finish is not owed: its episode is
+        abandoned and played again. Restarted mid-run (``ctx.attempt > 0``: its process was
+        lost, ``ActorSpec.recover_on_restart``), one of an attempt still running is owed too:
+        that episode waits for the answer (:func:`agents.events.episodes.live_attempts`).
 
         Raises:
             ResumeDiverged: the newest checkpoint the log names is missing, damaged, not the
@@ -289,13 +291,13 @@ class ExtractorActor(Actor):
             elif isinstance(ev, ExtractorUpdated):
                 latest = ev
                 done.add(ev.update)
-        of_finished = finished_attempts(history)
+        of_attempt = live_attempts(history) if ctx.attempt else finished_attempts(history)
         for env in history:
             ev = env.event
             if isinstance(ev, ExtractorGradientRequested):
                 owed = ev.update not in done
             elif isinstance(ev, ExtractionRequested):
-                owed = call_id(env.seq) not in self._calls and of_finished(ev.episode, env.seq)
+                owed = call_id(env.seq) not in self._calls and of_attempt(ev.episode, env.seq)
             else:
                 owed = isinstance(ev, MergeRequested) and call_id(env.seq) not in self._calls
             if owed:
@@ -307,7 +309,7 @@ class ExtractorActor(Actor):
             except ModelUnavailable as exc:
                 raise ResumeDiverged(f"the extractor cannot resume: {exc}") from None
             self._committed = latest.extractor_version
-            ctx.log.info("extractor resumed", version=ext.version, owed=len(self._backlog))
+            ctx.log.info("extractor rebuilt", version=ext.version, owed=len(self._backlog))
         self._ext = ext
 
     def _restore(self, ext: ExtractorModel, latest: ExtractorUpdated) -> None:

@@ -239,6 +239,82 @@ def test_an_actor_recovered_on_restart_folds_the_log_and_skips_what_it_held() ->
     assert total == sum(range(30))  # each Ping once: none lost, none counted twice
 
 
+class Answerer(Actor):
+    """Answers each Ping with one Pong, rebuilt from the log by ``recover`` (the Pings it
+    answered there are not answered again). Its first life raises right after answering the
+    fourth, so that answer is still in the write buffer (a long ``batch_wait``) when the
+    restart reads the log."""
+
+    subscribes = (Ping,)
+
+    def __init__(self, total: int, lives: list[int]) -> None:
+        self.total = total
+        self.lives = lives
+        self.owed: list[Envelope[Event]] = []
+        self.answered: set[int] = set()
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        self.answered = {e.event.n for e in history if isinstance(e.event, Pong)}
+        pings = [e for e in history if isinstance(e.event, Ping)]
+        self.owed = [e for e in pings if e.event.n not in self.answered]  # pyright: ignore[reportAttributeAccessIssue]
+
+    async def run(self, ctx: Context) -> None:
+        self.lives.append(len(self.answered))
+        for env in self.owed:
+            await self.answer(ctx, env)
+        if len(self.answered) == self.total:
+            return
+        async for env in ctx.events():
+            await self.answer(ctx, env)
+            if len(self.lives) == 1 and len(self.answered) == 4:
+                raise RuntimeError("lost")
+            if len(self.answered) == self.total:
+                return
+
+    async def answer(self, ctx: Context, env: Envelope[Event]) -> None:
+        assert isinstance(env.event, Ping)
+        await ctx.emit(Pong(n=env.event.n), cause=env.seq)
+        self.answered.add(env.event.n)
+
+
+def test_an_actor_rebuilt_on_restart_sees_what_it_emitted_before_it_failed() -> None:
+    lives: list[int] = []
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(12)),
+        ActorSpec(
+            name="answerer",
+            factory=lambda: Answerer(12, lives),
+            driver=True,
+            on_failure="restart",
+            recover_on_restart=True,
+        ),
+    ]
+    log, outcome = run_runtime(specs, RuntimeConfig(batch_max=64, batch_wait=5.0))
+    assert outcome.reason == "completed"
+    assert lives == [0, 4]  # the fourth answer was committed before the log was read
+    pongs = sorted(e.event.n for e in log.read() if isinstance(e.event, Pong))
+    assert pongs == list(range(12))  # each Ping answered once
+
+
+def test_wait_committed_returns_once_what_was_pushed_is_in_the_log() -> None:
+    log = MemoryEventLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    seen: list[list[int]] = []
+
+    class Emitter(Actor):
+        async def run(self, ctx: Context) -> None:
+            await ctx.emit(Pong(n=7))
+            await rt.wait_committed()
+            seen.append([e.event.n for e in log.read() if isinstance(e.event, Pong)])
+
+    specs = [ActorSpec(name="e", factory=Emitter, driver=True)]
+    config = RuntimeConfig(batch_wait=5.0)
+    rt = Runtime(log, started, specs, [ActorStats()], seed=0, config=config)
+    outcome = trio.run(rt.run, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert outcome.reason == "completed"
+    assert seen == [[7]]
+
+
 def test_stop_policy_fails_the_run_and_keeps_what_was_committed() -> None:
     specs = [
         ActorSpec(name="src", factory=lambda: Source(10)),

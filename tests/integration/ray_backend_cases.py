@@ -13,6 +13,15 @@ on the session's local Ray instance (``ray_address`` in tests/conftest.py).
   requested: it restarts from the newest checkpoint the log names and the run trains as a
   local run does.
 - That GRPO run with both on Ray, its driver killed: ``coevo resume`` ends it as a local run.
+- A Complementary RL run with its extractor and memory on Ray (``[runtime.ray.extractor]``,
+  ``[runtime.ray.memory]``), the extractor's process killed as an episode still running asks
+  for an extraction (after its first update), then the memory's as another asks for a
+  retrieval or has its extraction applied: each restarts rebuilt from the log (the extractor
+  from its newest checkpoint) and answers what was not answered, every planned episode
+  finishes, nothing is recorded twice, and ``coevo replay --verify`` and ``coevo check`` pass.
+  An EMPO2 run whose remote memory is killed as an episode asks for tips, the same. (These
+  methods are not deterministic even in one process: their memory's writes race its reads,
+  docs/RELIABILITY.md; so they are checked for what they owe, not against a local run.)
 """
 
 from __future__ import annotations
@@ -37,18 +46,44 @@ from agents.events.episodes import (
     EpisodeStarted,
     StepTaken,
 )
-from agents.events.policy import ActionRequested, GradientRequested, PolicyUpdated
+from agents.events.extractor import (
+    ExtractionRequested,
+    ExtractorCalled,
+    ExtractorUpdated,
+    MergeRequested,
+)
+from agents.events.memory import (
+    ReflectionRequested,
+    RetrievalRequested,
+    TipProposed,
+    TipRejected,
+    TipsRetrieved,
+    TipStored,
+)
+from agents.events.policy import ActionRequested, ActionSampled, GradientRequested, PolicyUpdated
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted, RunStarted
 from engine.replay import verify_log
 from engine.runtime import RunOutcome, Runtime
 from scenarios.assemble import Assembly, assemble, fact_checks
-from scenarios.loader import load_scenario
+from scenarios.loader import load_scenario, resolved_toml, scenario_hash
 from stores.lmdb_log import LmdbEventLog
+from stores.rundir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-from resume_kit import GRPO, coevo, comparable, final_digest, finish, read_log, stop_at
+from resume_kit import (
+    COMPLEMENTARY,
+    EMPO2,
+    GRPO,
+    coevo,
+    comparable,
+    duplicates,
+    final_digest,
+    finish,
+    read_log,
+    stop_at,
+)
 
 pytest.importorskip("ray")
 
@@ -489,3 +524,192 @@ def test_a_learning_run_with_remote_inference_and_learner_resumes_as_a_local_run
     assert final_digest(envs) == final_digest(local)
     finish(coevo(["replay", str(out), "--verify"], cache), timeout=120)
     finish(coevo(["check", str(out)], cache), timeout=120)
+
+
+RAY_METHOD = """
+[runtime]
+backend = "ray"
+
+[runtime.ray.env_workers]
+num_cpus = 0.25
+per_process = 3
+{placed}
+[logging]"""
+
+
+Plan = list[tuple[str, Callable[[Envelope[Event], dict[str, Any]], bool]]]
+"""Remote actors whose processes a run kills, in turn, each at the first committed envelope
+its predicate accepts."""
+
+
+def run_killing_in_dir(
+    path: Path, root: Path, plan: Plan
+) -> tuple[Assembly, RunOutcome, list[Envelope[Event]], dict[str, int]]:
+    """A run of ``path`` in this process, into the run directory ``root`` as ``coevo run``
+    writes one (its LMDB log and scenario, so that ``coevo replay`` and ``coevo check`` read
+    it), killing the processes ``plan`` names; the pids killed, by actor."""
+    scenario = load_scenario(path)
+    text = resolved_toml(scenario)
+    meta = new_run_meta(
+        "r", scenario_name=scenario.name, seed=scenario.seed, coevo_version="",
+        scenario_toml=text, scenario_hash=scenario_hash(text), created_ns=0,
+    )  # fmt: skip
+    rd = RunDir(root)
+    log = LmdbEventLog.create(rd.log, meta)
+    rd.scenario.write_text(text, encoding="utf-8")
+    try:
+        assembly = assemble(scenario, str(path), run_dir=root)
+        observe, killed = killer(assembly, plan)
+        outcome, envs = run(path, log, [observe], assembly)
+    finally:
+        log.close()
+    return assembly, outcome, envs, killed
+
+
+def killer(
+    assembly: Assembly, plan: Plan
+) -> tuple[Callable[[list[Envelope[Event]]], None], dict[str, int]]:
+    """An observer that kills (SIGKILL) the process of each remote actor of ``plan`` in turn,
+    at the first committed envelope its predicate accepts (given a dict to keep state in);
+    the pids it killed, by actor."""
+    records = {s.name: getattr(s.factory, "inflight", None) for s in assembly.specs}
+    killed: dict[str, int] = {}
+    state: dict[str, Any] = {}
+
+    def observe(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            state["updated"] = state.get("updated", False) or isinstance(
+                env.event, PolicyUpdated | ExtractorUpdated
+            )
+            if isinstance(env.event, ActorStarted) and env.event.attempt:
+                state.setdefault("restarted", set()).add(env.event.actor)
+            if len(killed) == len(plan):
+                return
+            actor, at = plan[len(killed)]
+            pid = records[actor].pid  # pyright: ignore[reportOptionalMemberAccess]
+            if pid and at(env, state):
+                os.kill(pid, signal.SIGKILL)
+                killed[actor] = pid
+
+    return observe, killed
+
+
+def check_owed(
+    assembly: Assembly, outcome: RunOutcome, envs: list[Envelope[Event]],
+    killed: dict[str, int], kinds: dict[str, str], root: Path, cache: Path,
+) -> None:  # fmt: skip
+    """What a run whose remote actors were killed owes: it completed, each killed actor was
+    restarted once in a new process, every planned episode finished, every request of an
+    episode that finished was answered once (none twice), every update was made once and in
+    order, and ``coevo replay --verify`` and ``coevo check`` pass."""
+    assert outcome.reason == "completed", outcome.error
+    assert set(killed) == set(kinds), f"the run ended before the kills: {killed}"
+    for actor, kind in kinds.items():
+        starts = [(e.event.attempt, e.event.actor_type) for e in envs
+                  if isinstance(e.event, ActorStarted) and e.event.actor == actor]  # fmt: skip
+        assert starts == [(0, kind), (1, kind)]
+        record = next(s.factory for s in assembly.specs if s.name == actor)
+        assert record.inflight.pid not in (0, killed[actor])  # pyright: ignore[reportFunctionMemberAccess]
+    failed = sorted((e.event.actor, e.event.error_type) for e in envs
+                    if isinstance(e.event, ActorFailed))  # fmt: skip
+    assert failed == sorted((actor, "RemoteActorLost") for actor in kinds)
+    trained = {e.event.episode for e in envs
+               if isinstance(e.event, EpisodeFinished) and e.event.purpose == "train"}  # fmt: skip
+    planned = {e.event.episode for e in envs
+               if isinstance(e.event, EpisodeAssigned) and e.event.purpose == "train"}  # fmt: skip
+    assert trained == planned and len(trained) >= assembly.episodes
+    assert duplicates(envs) == []
+    answered_once(envs)
+    for updated, field in (
+        (PolicyUpdated, "policy_version"),
+        (ExtractorUpdated, "extractor_version"),
+    ):
+        versions = [getattr(e.event, field) for e in envs if isinstance(e.event, updated)]
+        assert versions == list(range(1, len(versions) + 1))
+    finish(coevo(["replay", str(root), "--verify"], cache), timeout=300)
+    finish(coevo(["check", str(root)], cache), timeout=300)
+
+
+def answered_once(envs: list[Envelope[Event]]) -> None:
+    """Every request of an attempt that finished that its episode or the bank waits on has one
+    answer (an action, a retrieval, a reflection, a tip); an extraction or a merge at most one
+    (nothing waits for the extractor: a run may end before it answered all)."""
+    finished = {e.event.episode for e in envs if isinstance(e.event, EpisodeFinished)}
+    abandoned = {e.event.episode: e.seq for e in envs if isinstance(e.event, EpisodeAbandoned)}
+    answers = (ActionSampled, TipsRetrieved, TipProposed, TipStored, TipRejected, ExtractorCalled)
+    causes = Counter(e.cause for e in envs if isinstance(e.event, answers))
+    awaited = (ActionRequested, RetrievalRequested, ReflectionRequested, TipProposed)
+    for env in envs:
+        ev = env.event
+        if isinstance(ev, awaited) and ev.episode in finished:
+            live = abandoned.get(ev.episode, -1) < env.seq
+            assert causes[env.seq] == 1 if live else causes[env.seq] <= 1, (env.seq, ev)
+        elif isinstance(ev, ExtractionRequested | MergeRequested):
+            assert causes[env.seq] <= 1, (env.seq, ev)
+
+
+def of_a_running_episode(kind: type[Event]) -> Callable[[Envelope[Event], dict[str, Any]], bool]:
+    """After the first update (of either model) and the restarts so far: a ``kind`` request of
+    an episode that has not finished (it waits for the answer)."""
+
+    def at(env: Envelope[Event], state: dict[str, Any]) -> bool:
+        return state.get("updated", False) and isinstance(env.event, kind)
+
+    return at
+
+
+@pytest.mark.timeout(900)  # a learning run with models built in three processes
+def test_a_complementary_run_with_remote_extractor_and_memory_survives_both_processes(
+    tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extractor killed as a running episode asks for an extraction, after its first
+    update: its next process loads the newest checkpoint the log names and answers it; then
+    the memory killed as another asks for a retrieval or has its extraction applied: its next
+    process folds the bank again and answers."""
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    placed = "\n[runtime.ray.extractor]\nnum_cpus = 0.5\n\n[runtime.ray.memory]\nnum_cpus = 0.5\n"
+    path = tmp_path / "complementary.toml"
+    text = COMPLEMENTARY.replace("[logging]", RAY_METHOD.format(placed=placed))
+    # long enough for the extractor's next process to load its model and catch up
+    path.write_text(text.replace("episodes = 32", "episodes = 128"), "utf-8")
+
+    def extraction(env: Envelope[Event], state: dict[str, Any]) -> bool:
+        extractor_updated = state.setdefault("extractor_updated", False)
+        if isinstance(env.event, ExtractorUpdated):
+            state["extractor_updated"] = True
+        return extractor_updated and isinstance(env.event, ExtractionRequested)
+
+    def for_the_bank(env: Envelope[Event], state: dict[str, Any]) -> bool:
+        return "extractor" in state.get("restarted", set()) and isinstance(
+            env.event, RetrievalRequested | ExtractorCalled
+        )
+
+    plan: Plan = [("extractor", extraction), ("memory", for_the_bank)]
+    assembly, outcome, envs, killed = run_killing_in_dir(path, tmp_path / "run", plan)
+    kinds = {"extractor": "RemoteExtractorActor", "memory": "RemoteMemoryActor"}
+    check_owed(assembly, outcome, envs, killed, kinds, tmp_path / "run", tmp_path / "cache")
+    restarted = next(e.seq for e in envs if isinstance(e.event, ActorStarted)
+                     and e.event.actor == "extractor" and e.event.attempt == 1)  # fmt: skip
+    updated = [e.seq for e in envs if isinstance(e.event, ExtractorUpdated)]
+    assert updated[0] < restarted < updated[-1]  # it restarted from a checkpoint and trained on
+    # what the lost process had not answered, its next one did (the request of an episode
+    # still running at the kill among them)
+    assert any(isinstance(e.event, ExtractorCalled) and e.seq > restarted
+               and e.cause is not None and e.cause < restarted for e in envs)  # fmt: skip
+
+
+@pytest.mark.timeout(900)  # a learning run with models built in three processes
+def test_an_empo2_run_with_remote_memory_survives_its_process(
+    tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory killed as a running episode asks for tips, after the first update: its next
+    process folds the bank again from the log and answers that retrieval."""
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    placed = "\n[runtime.ray.memory]\nnum_cpus = 0.5\n"
+    path = tmp_path / "empo2.toml"
+    path.write_text(EMPO2.replace("[logging]", RAY_METHOD.format(placed=placed)), "utf-8")
+    plan: Plan = [("memory", of_a_running_episode(RetrievalRequested))]
+    assembly, outcome, envs, killed = run_killing_in_dir(path, tmp_path / "run", plan)
+    kinds = {"memory": "RemoteMemoryActor"}
+    check_owed(assembly, outcome, envs, killed, kinds, tmp_path / "run", tmp_path / "cache")
+    assert any(isinstance(e.event, TipStored) for e in envs)

@@ -131,8 +131,60 @@ def test_a_learning_run_with_remote_inference_needs_a_run_directory(
         assemble(load_scenario(path), str(path))
     assert str(err.value) == (
         f"{path}: $.runtime.ray.inference: a learning run with a remote inference needs a run "
-        "directory (the learner writes its checkpoints there, inference reads them)"
+        "directory (the learner and the extractor write their checkpoints there, inference "
+        "reads the learner's)"
     )
+
+
+COMPLEMENTARY = (
+    POLICY.replace('method = "grpo"', 'method = "complementary"')
+    .replace("[runtime.ray.inference]\nnum_gpus = 1\n", "")
+    .replace("[runtime.ray.learner]\nnum_cpus = 2\n", "")
+    + '\n[complementary]\nembedder = "hashing"\nextractor = "embedded-ops"\nwarmup = 0\n'
+    + "\n[runtime.ray.extractor]\nnum_gpus = 1\n\n[runtime.ray.memory]\nnum_cpus = 0.5\n"
+)
+
+
+def test_the_extractor_and_the_memory_are_placed_on_ray_and_rebuilt_from_the_log_if_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
+    path = tmp_path / "c.toml"
+    path.write_text(COMPLEMENTARY, encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path), prepare_model=False)
+    by_name = {spec.name: spec for spec in assembly.specs}
+    for name, kind, placement in [
+        ("extractor", "RemoteExtractorActor", ray_backend.Placement(num_gpus=1)),
+        ("memory", "RemoteMemoryActor", ray_backend.Placement(num_cpus=0.5)),
+    ]:
+        spec = by_name[name]
+        assert type(spec.factory()).__name__ == kind
+        assert spec.factory.placement == placement  # pyright: ignore[reportFunctionMemberAccess]
+        assert (spec.on_failure, spec.restart_for) == ("restart", (RemoteActorLost,))
+        assert spec.recover_on_restart
+        assert getattr(spec.factory(), "recovers")  # noqa: B009 (its history crosses)
+    for name, kind in [("credit", "CreditActor"), ("inference", "InferenceActor")]:
+        assert type(by_name[name].factory()).__name__ == kind  # still the driver's
+
+
+@pytest.mark.parametrize(
+    ("method", "kind"), [("grpo", "extractor"), ("grpo", "memory"), ("empo2", "extractor")]
+)
+def test_placing_an_actor_the_method_does_not_have_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, kind: str
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)
+    path = tmp_path / "p.toml"
+    text = POLICY.replace('method = "grpo"', f'method = "{method}"')
+    path.write_text(text + f"\n[runtime.ray.{kind}]\nnum_cpus = 1\n", encoding="utf-8")
+    with pytest.raises(ScenarioInvalid) as err:
+        assemble(load_scenario(path), str(path), prepare_model=False)
+    message = str(err.value)
+    assert message.startswith(
+        f"{path}: $.runtime.ray.{kind}: run.method = {method!r} has no {kind} actor to place "
+        "(it has: "
+    )
+    assert "\n" not in message
 
 
 def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
@@ -154,7 +206,9 @@ def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
         ("\n[runtime.ray.env_workers]\nin_flight = 0\n", "$.runtime.ray.env_workers.in_flight"),
         ("\n[runtime.ray.env_workers]\nper_process = 0\n", "$.runtime.ray.env_workers.per_process"),
         ("\n[runtime.ray.env_workers]\ngpus = 1\n", "gpus"),
-        ("\n[runtime.ray.extractor]\nnum_gpus = 1\n", "extractor"),
+        ("\n[runtime.ray.extractor]\nnum_gpus = -1\n", "$.runtime.ray.extractor.num_gpus"),
+        ("\n[runtime.ray.memory]\nper_process = 0\n", "$.runtime.ray.memory.per_process"),
+        ("\n[runtime.ray.credit]\nnum_cpus = 1\n", "credit"),
         ("\n[runtime.ray.learner]\nin_flight = 0\n", "$.runtime.ray.learner.in_flight"),
         ("\n[runtime.ray.inference]\nnum_gpus = -1\n", "$.runtime.ray.inference.num_gpus"),
         ('\n[runtime.ray]\naddress = ""\n', "$.runtime.ray.address"),
