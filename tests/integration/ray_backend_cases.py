@@ -444,6 +444,7 @@ def check_as_local(
     assert checked.ok, checked.error
 
 
+@pytest.mark.slow  # a learning run: minutes on 2 cores (make test-slow)
 def test_inference_on_ray_learns_as_a_local_run_does_and_survives_its_process(
     tmp_path: Path,
     ray_address: str,
@@ -469,6 +470,7 @@ num_cpus = 0.5
 [logging]"""
 
 
+@pytest.mark.slow  # a learning run: minutes on 2 cores (make test-slow)
 def test_a_learner_on_ray_restarts_from_its_newest_checkpoint_and_learns_as_a_local_run(
     tmp_path: Path,
     ray_address: str,
@@ -500,6 +502,7 @@ num_cpus = 0.5
 [logging]"""
 
 
+@pytest.mark.slow  # a learning run: minutes on 2 cores (make test-slow)
 def test_a_learning_run_with_remote_inference_and_learner_resumes_as_a_local_run(
     tmp_path: Path, ray_address: str, grpo_local: tuple[Path, list[Envelope[Event]]]
 ) -> None:
@@ -658,6 +661,7 @@ def of_a_running_episode(kind: type[Event]) -> Callable[[Envelope[Event], dict[s
     return at
 
 
+@pytest.mark.slow  # a learning run: minutes on 2 cores (make test-slow)
 @pytest.mark.timeout(900)  # a learning run with models built in three processes
 def test_a_complementary_run_with_remote_extractor_and_memory_survives_both_processes(
     tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
@@ -698,6 +702,7 @@ def test_a_complementary_run_with_remote_extractor_and_memory_survives_both_proc
                and e.cause is not None and e.cause < restarted for e in envs)  # fmt: skip
 
 
+@pytest.mark.slow  # a learning run: minutes on 2 cores (make test-slow)
 @pytest.mark.timeout(900)  # a learning run with models built in three processes
 def test_an_empo2_run_with_remote_memory_survives_its_process(
     tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch

@@ -89,3 +89,21 @@ def test_the_probe_sees_model_code_when_a_command_loads_it() -> None:
     quickstart = str(ROOT / "scenarios" / "quickstart.toml")
     _, modules = imported("validate", quickstart, "--set", "policy.device=cuda")
     assert "torch" in modules
+
+
+def test_the_memory_and_assembly_load_no_usearch_until_an_index_is_made() -> None:
+    # usearch's native library, loaded before ray.init joins a cluster, aborts Ray's GCS client
+    # (std::regex_error): a driver imports the bank and assembly first, and makes its index later
+    probe = (
+        "import sys, numpy as np, agents.memory.bank, scenarios.assemble\n"
+        "from stores.tip_index import UsearchIndex\n"
+        "before = 'usearch' in sys.modules\n"
+        "UsearchIndex(4, exact_below=1).add([0, 1], np.eye(2, 4, dtype=np.float32))\n"
+        "print(before, 'usearch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True"]
