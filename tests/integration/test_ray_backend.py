@@ -7,7 +7,7 @@ it; the tip index now loads it lazily, but whether that was the suite's only cul
 checked). In a fresh process every case passes, so they run there, sharing one Ray instance
 (``ray_address`` in tests/conftest.py), and a test here fails with their output if any of them
 fails. The learning runs (inference, learner, extractor and memory placed on Ray) are marked
-slow there and run by ``make test-slow``.""""""
+slow there and run by ``make test-slow``."""
 
 from __future__ import annotations
 
