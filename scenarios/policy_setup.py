@@ -183,7 +183,14 @@ def _policy_actors(
 ) -> list[ActorSpec]:
     checkpoints = run.checkpoints("checkpoints")
     load_runner = partial(load_runner_for, scenario, model)
-    inference = partial(_inference, load_runner, checkpoints, run.batch_max, run.batch_wait)
+    inference = partial(
+        _inference,
+        load_runner,
+        checkpoints,
+        run.batch_max,
+        run.batch_wait,
+        scenario.policy.batches_in_flight,
+    )
     specs = [ActorSpec(name=INFERENCE, factory=inference)]
     if method is not None:
         specs += method_actors(method, run)
@@ -193,11 +200,17 @@ def _policy_actors(
 
 
 def _inference(
-    load: Callable[[], PolicyRunner], checkpoints: Checkpoints, batch_max: int, batch_wait: float
+    load: Callable[[], PolicyRunner],
+    checkpoints: Checkpoints,
+    batch_max: int,
+    batch_wait: float,
+    in_flight: int,
 ) -> Actor:
     from agents.acting.inference import InferenceActor
 
-    return InferenceActor(load, checkpoints, batch_max=batch_max, batch_wait=batch_wait)
+    return InferenceActor(
+        load, checkpoints, batch_max=batch_max, batch_wait=batch_wait, in_flight=in_flight
+    )
 
 
 def _learner(load: Callable[[], Trainee], checkpoints: Checkpoints) -> Actor:

@@ -97,6 +97,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         list_actions: list the admissible actions in the prompt (always in "generate" mode).
         batch_max: most requests in one forward pass of the inference actor.
         batch_wait_ms: how long the inference actor waits to fill a batch.
+        batches_in_flight: most batches the inference actor answers at once, each in its own
+            thread: while one is in its forward pass the next gathers and starts (on another
+            core, or overlapping the first's tokenizing and the engine's work). 1: one at a time.
         backend: what samples for the policy and the extractor (``agents.models.backend``):
             "hf", the ``transformers`` model in this process.
         lora: LoRA adapters (``{r, alpha, targets}``, ``agents.models.tuning.LoraSettings``):
@@ -119,6 +122,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     list_actions: bool = False
     batch_max: Annotated[int, Meta(ge=1, le=4096)] = 16
     batch_wait_ms: Annotated[float, Meta(ge=0, le=10_000)] = 2.0
+    batches_in_flight: Annotated[int, Meta(ge=1, le=64)] = 2
     backend: Annotated[str, Meta(min_length=1, max_length=100)] = "hf"
     lora: LoraSettings = msgspec.field(default_factory=LoraSettings)
     dtype: Literal["float32", "bfloat16"] = "float32"

@@ -3,8 +3,14 @@
 Requests (:class:`ActionRequested`) are committed events; the actor takes the first, waits up to
 ``batch_wait`` for more (at most ``batch_max``), answers them all from one forward pass with one
 :class:`ActionSampled` each, and loads a new policy version when a :class:`PolicyUpdated`
-arrives (between batches, so every answer names the version that produced it). Each request
-carries its own seed, so what is sampled does not depend on how requests were batched.
+arrives (after the batches in flight are answered and before the next starts, so every answer
+names the version that produced it). Each request carries its own seed, so what is sampled does
+not depend on how requests were batched.
+
+Up to ``in_flight`` batches run at once, each in its own worker thread: while one batch is in
+its forward pass, the workers it does not hold step their worlds and the next batch gathers and
+starts on another core. The forward passes share the model's weights (read only) and the
+tokenizer is used by one thread at a time.
 
 EMPO2's reflections (:class:`ReflectionRequested`) are answered here too, by generation, with
 one :class:`TipProposed` each: the tip is written by the same policy that acts.
@@ -13,12 +19,15 @@ one :class:`TipProposed` each: the tip is written by the same policy that acts.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 import torch
+import trio
 
 from agents.events.episodes import finished_attempts
 from agents.events.memory import ReflectionRequested, TipProposed
@@ -87,10 +96,14 @@ def write_replies(
     *,
     temperature: float,
     max_new_tokens: int,
+    lock: AbstractContextManager[Any] | None = None,
 ) -> list[Reply]:
     """Generate one reply per request in one batch, each from the request's own seed (the
-    policy's reflections, the extractor's answers)."""
-    prompts = PromptEncoder(tokenizer).encode([from_pairs(req.messages) for req in requests])
+    policy's reflections, the extractor's answers); ``lock`` is held while the tokenizer is
+    used (not while the model generates)."""
+    lock = lock or nullcontext()
+    with lock:
+        prompts = PromptEncoder(tokenizer).encode([from_pairs(req.messages) for req in requests])
     drawn = backend.generate(
         prompts,
         [random.Random(req.seed) for req in requests],
@@ -99,14 +112,19 @@ def write_replies(
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
     )
-    return [
-        Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip())
-        for prompt, (ids, logps) in zip(prompts, drawn, strict=True)
-    ]
+    with lock:
+        return [
+            Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip())
+            for prompt, (ids, logps) in zip(prompts, drawn, strict=True)
+        ]
 
 
 class PolicyRunner:
     """A model and tokenizer that answer batches of requests (blocking; run in a thread).
+
+    Several threads may answer batches at once: the tokenizer (and the caches around it) is
+    used under a lock, the forward passes run unlocked. :meth:`load` must not run while a batch
+    is being answered (the inference actor waits for the batches in flight).
 
     Args:
         model: a causal LM in eval mode, sampled through the in-process ``"hf"`` backend unless
@@ -134,9 +152,14 @@ class PolicyRunner:
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._prompts = PromptEncoder(tokenizer)
         self._responses: dict[str, list[int]] = {}  # action text -> ids (worlds repeat them)
+        self._tokenizing = threading.Lock()
 
     def response_ids(self, text: str) -> list[int]:
         """The token ids of ``text`` as a response, cached (a world's actions recur)."""
+        with self._tokenizing:
+            return self._response_ids(text)
+
+    def _response_ids(self, text: str) -> list[int]:
         ids = self._responses.get(text)
         if ids is None:
             if len(self._responses) >= 65_536:
@@ -148,7 +171,8 @@ class PolicyRunner:
         """One :class:`ActionSampled` per request, in request order, from one forward pass per
         temperature (one per token in "generate" mode); every prompt of the batch, and every
         prompt without its tips, tokenized in one call."""
-        encoded = self._prompts.encode([from_pairs(r.messages) for r in requests])
+        with self._tokenizing:
+            encoded = self._prompts.encode([from_pairs(r.messages) for r in requests])
         out: list[ActionSampled | None] = [None] * len(requests)
         temperature = [0.0 if r.greedy else self.settings.temperature for r in requests]
         # one temperature per forward pass; greedy and sampled requests rarely mix
@@ -168,9 +192,13 @@ class PolicyRunner:
         """``answers`` with the prompt ids of each tipped request without its tips."""
         tipped = [i for i, req in enumerate(requests) if req.tips]
         memory = self.settings.memory
-        bare = self._prompts.encode(
-            [strip_tips(from_pairs(requests[i].messages), requests[i].tips, memory) for i in tipped]
-        )
+        with self._tokenizing:
+            bare = self._prompts.encode(
+                [
+                    strip_tips(from_pairs(requests[i].messages), requests[i].tips, memory)
+                    for i in tipped
+                ]
+            )
         for i, ids in zip(tipped, bare, strict=True):
             answers[i] = msgspec.structs.replace(answers[i], bare_prompt_ids=tuple(ids))
         return answers
@@ -184,6 +212,7 @@ class PolicyRunner:
             requests,
             temperature=temp,
             max_new_tokens=self.settings.tip_tokens,
+            lock=self._tokenizing,
         )
         return [
             TipProposed(
@@ -208,7 +237,8 @@ class PolicyRunner:
         rngs: list[random.Random],
         temp: float,
     ) -> list[ActionSampled]:
-        cands = [[self.response_ids(a) for a in req.admissible] for req in requests]
+        with self._tokenizing:
+            cands = [[self._response_ids(a) for a in req.admissible] for req in requests]
         choices = self.backend.score(prompts, cands, rngs, temperature=temp, pad_id=self._pad)
         return [
             _sampled(
@@ -245,7 +275,8 @@ class PolicyRunner:
         )
         out = []
         for req, prompt, (ids, logps) in zip(requests, prompts, drawn, strict=True):
-            text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+            with self._tokenizing:
+                text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
             out.append(
                 _sampled(
                     req,
@@ -276,6 +307,7 @@ class InferenceActor(Actor):
         checkpoints: where new policy versions are read from.
         batch_max: most requests per forward pass.
         batch_wait: seconds to wait for more requests after the first.
+        in_flight: most batches answered at once (each in its own worker thread).
     """
 
     subscribes = (ActionRequested, ReflectionRequested, PolicyUpdated)
@@ -287,13 +319,17 @@ class InferenceActor(Actor):
         *,
         batch_max: int = 16,
         batch_wait: float = 0.002,
+        in_flight: int = 1,
     ) -> None:
         if batch_max < 1:
             raise ValueError(f"batch_max must be >= 1, got {batch_max}")
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         self._load = load
         self._checkpoints = checkpoints
         self._batch_max = batch_max
         self._batch_wait = batch_wait
+        self._in_flight = in_flight
         self.batches: list[int] = []  # sizes, for statistics
         self._runner: PolicyRunner | None = None
         self._owed: list[Envelope[Event]] = []  # a resumed run's unanswered reflections
@@ -328,19 +364,38 @@ class InferenceActor(Actor):
             await self._answer(ctx, runner, self._owed[k : k + self._batch_max])
         self._owed = []
         inbox = ctx.events()
+        slots = trio.Semaphore(self._in_flight)
         pending: Envelope[Event] | None = None
-        while True:
-            env = pending or await _next(inbox)
-            pending = None
-            if env is None:
-                return
-            if isinstance(env.event, PolicyUpdated):
-                await self._update(ctx, runner, env.event)
-                continue
-            batch, pending = await inbox.gather(
-                env, self._batch_max, self._batch_wait, stop=_is_update
-            )
+        async with trio.open_nursery() as batches:
+            while True:
+                env = pending or await _next(inbox)
+                pending = None
+                if env is None:
+                    return
+                if isinstance(env.event, PolicyUpdated):
+                    for _ in range(self._in_flight):  # every batch in flight answered
+                        await slots.acquire()
+                    await self._update(ctx, runner, env.event)
+                    for _ in range(self._in_flight):
+                        slots.release()
+                    continue
+                await slots.acquire()  # requests queue meanwhile: the next batch takes them
+                batch, pending = await inbox.gather(
+                    env, self._batch_max, self._batch_wait, stop=_is_update
+                )
+                batches.start_soon(self._answer_then_release, ctx, runner, batch, slots)
+
+    async def _answer_then_release(
+        self,
+        ctx: Context,
+        runner: PolicyRunner,
+        batch: list[Envelope[Event]],
+        slots: trio.Semaphore,
+    ) -> None:
+        try:
             await self._answer(ctx, runner, batch)
+        finally:
+            slots.release()
 
     async def _answer(
         self, ctx: Context, runner: PolicyRunner, batch: list[Envelope[Event]]

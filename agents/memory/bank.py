@@ -5,7 +5,10 @@ exact-text dedup per slot), each slot a vector index over the tips' keys. It tak
 text-to-vector calls, and turns each message into the events that record it, so the bank is a
 fold of its own events. :class:`MemoryActor` is the shell: it batches the requests waiting in
 its mailbox, embeds their texts in one call in a worker thread, and applies them to the bank in
-log order, so what it answers never depends on how requests were batched.
+log order, so what it answers never depends on how requests were batched. Embedding is the
+costly part and depends only on the texts, so up to ``in_flight`` batches embed at once (the
+next batch embeds while the one before it is still embedding); the bank still applies them one
+after another in log order.
 
 Retrieval follows EMPO2's released code: the ``top_k`` tips most similar to the query, those
 with cosine similarity above ``threshold`` kept, shown ordered by their stored score
@@ -23,6 +26,7 @@ from typing import Literal, cast
 
 import msgspec
 import numpy as np
+import trio
 
 from agents.events.episodes import finished_attempts, live_attempts
 from agents.events.extractor import ExtractorCalled, MergeDue, MergeRequested
@@ -328,6 +332,7 @@ class MemoryActor(Actor):
         merge_chunk: entries per merge request.
         merge_max: most merge requests per slot per pass (over its newest entries).
         merge_system: the system text of a merge request's prompt.
+        in_flight: most batches being embedded at once (each in its own worker thread).
     """
 
     subscribes = (RetrievalRequested, TipProposed, ExtractorCalled, MergeDue)
@@ -342,7 +347,11 @@ class MemoryActor(Actor):
         merge_chunk: int = 5,
         merge_max: int = 16,
         merge_system: str = MERGE_SYSTEM,
+        in_flight: int = 2,
     ) -> None:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+        self._in_flight = in_flight
         self._make_embedder = make_embedder
         self._settings = settings
         self._batch_max = batch_max
@@ -351,6 +360,7 @@ class MemoryActor(Actor):
         self._merge_max = merge_max
         self._merge_system = merge_system
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._coming: set[str] = set()  # texts a batch in flight is embedding
         self._restored: tuple[TipBank, Embedder] | None = None  # set by recover
         self._tail: list[Emitted] = []  # what a resumed run's bank decided but never logged
         self._owed: list[Envelope[Event]] = []  # what it received but never applied
@@ -367,9 +377,54 @@ class MemoryActor(Actor):
             await self._apply(ctx, bank, embedder, self._owed)
         self._tail, self._owed = [], []
         inbox = ctx.events()
-        async for first in inbox:
-            batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
-            await self._apply(ctx, bank, embedder, batch)
+        slots = trio.Semaphore(self._in_flight)  # a slot: from gathering to applied
+        send, receive = trio.open_memory_channel[_Embedding](self._in_flight)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._apply_in_order, ctx, bank, embedder, receive, slots)
+            async with send:
+                async for first in inbox:
+                    await slots.acquire()
+                    batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
+                    job = _Embedding(batch, [_texts_of(env.event) for env in batch])
+                    todo = [
+                        t
+                        for t in dict.fromkeys(t for ts in job.texts for t in ts)
+                        if t not in self._cache and t not in self._coming
+                    ]
+                    self._coming.update(todo)
+                    nursery.start_soon(self._embed_job, ctx, embedder, job, todo)
+                    await send.send(job)
+
+    async def _embed_job(
+        self, ctx: Context, embedder: Embedder, job: _Embedding, todo: list[str]
+    ) -> None:
+        try:
+            if todo:
+                vectors = await ctx.to_thread(embedder.embed, todo)
+                job.vectors = dict(zip(todo, vectors, strict=True))
+        finally:
+            job.done.set()
+
+    async def _apply_in_order(
+        self,
+        ctx: Context,
+        bank: TipBank,
+        embedder: Embedder,
+        jobs: trio.MemoryReceiveChannel[_Embedding],
+        slots: trio.Semaphore,
+    ) -> None:
+        """Apply each gathered batch, in the order gathered, once its texts are embedded."""
+        async with jobs:
+            async for job in jobs:
+                await job.done.wait()
+                self._coming.difference_update(job.vectors)
+                self._remember(job.vectors)
+                flat = [t for ts in job.texts for t in ts]
+                if any(t not in self._cache for t in flat):  # an earlier batch's, since evicted
+                    await ctx.to_thread(self._embed, embedder, flat)
+                vectors = self._cached(flat)
+                await self._apply_vectors(ctx, bank, job.batch, job.texts, vectors)
+                slots.release()
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Rebuild the bank as a fold of what it emitted (:meth:`TipBank.evolve`, each stored
@@ -425,6 +480,17 @@ class MemoryActor(Actor):
     ) -> None:
         texts = [_texts_of(env.event) for env in batch]
         flat = await ctx.to_thread(self._embed, embedder, [t for ts in texts for t in ts])
+        await self._apply_vectors(ctx, bank, batch, texts, flat)
+
+    async def _apply_vectors(
+        self,
+        ctx: Context,
+        bank: TipBank,
+        batch: list[Envelope[Event]],
+        texts: list[list[str]],
+        flat: list[np.ndarray],
+    ) -> None:
+        """Apply ``batch`` to the bank in order, each event with the vectors of its texts."""
         at = 0
         for env, ts in zip(batch, texts, strict=True):
             vectors, at = flat[at : at + len(ts)], at + len(ts)
@@ -456,10 +522,16 @@ class MemoryActor(Actor):
         keys, repeat)."""
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
         if missing:
-            for text, vec in zip(missing, embedder.embed(missing), strict=True):
-                self._cache[text] = vec
-                if len(self._cache) > 65_536:
-                    self._cache.popitem(last=False)
+            self._remember(dict(zip(missing, embedder.embed(missing), strict=True)))
+        return self._cached(texts)
+
+    def _remember(self, vectors: dict[str, np.ndarray]) -> None:
+        for text, vec in vectors.items():
+            self._cache[text] = vec
+            if len(self._cache) > 65_536:
+                self._cache.popitem(last=False)
+
+    def _cached(self, texts: Sequence[str]) -> list[np.ndarray]:
         out = []
         for t in texts:
             self._cache.move_to_end(t)
@@ -524,6 +596,17 @@ def _owed(
     if isinstance(ev, ExtractorCalled) and ev.task == "extract":
         episode = ev.source
     return episode is None or of_attempt(episode, env.seq)
+
+
+@dataclass
+class _Embedding:
+    """A gathered batch, its texts per event, and the vectors of those no batch before it
+    embeds (set by the worker thread; ``done`` when it ends, even by raising)."""
+
+    batch: list[Envelope[Event]]
+    texts: list[list[str]]
+    vectors: dict[str, np.ndarray] = field(default_factory=dict[str, np.ndarray])
+    done: trio.Event = field(default_factory=trio.Event)
 
 
 def _texts_of(ev: Event) -> list[str]:

@@ -27,6 +27,7 @@ import importlib.resources
 import itertools
 import json
 import re
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,7 +91,8 @@ class MiniLMEmbedder:
     a text's vector does not depend on its batch beyond float rounding (about 1e-7), and the same
     call gives the same bits. Torch's global thread count is left as it is: on a busy machine
     with fewer free cores than torch threads, forward passes get 10-20x slower (see
-    docs/BENCHMARKS.md), so the process owner should set it.
+    docs/BENCHMARKS.md), so the process owner should set it. Several threads may embed at once
+    (the tokenizer, whose padding settings are mutable state, is used by one at a time).
 
     ``quantize``: torch's dynamic int8 quantization of every Linear layer (weights int8, each
     forward's activations quantized from their own range). That range is the whole batch's, so
@@ -135,6 +137,7 @@ class MiniLMEmbedder:
             raise ValueError(f"quantize runs on the CPU only, got device {device!r}")
         self.batch_size = 1 if quantize else batch_size
         self.max_length = max_length
+        self._tokenizing = threading.Lock()
         self.model_dir = minilm_dir() if model_dir is None else Path(model_dir)
         limit = _max_positions(self.model_dir)
         if max_length > limit:
@@ -160,13 +163,14 @@ class MiniLMEmbedder:
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        batch = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.max_length,
-            return_tensors="pt",
-        ).to(self.device)
+        with self._tokenizing:
+            batch = self.tokenizer(
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
         tokens = self.model(**batch).last_hidden_state  # (B, T, D)
         mask = batch["attention_mask"].unsqueeze(-1).to(tokens.dtype)  # (B, T, 1)
         mean = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)  # (B, D)

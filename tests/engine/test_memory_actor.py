@@ -1,11 +1,13 @@
 """The memory actor on the runtime: whatever mix of tips, extractor calls, retrievals (both
 rules) and merge passes reaches it, and however its mailbox batches them (one embedding call
-per batch), it answers each message, in log order, exactly as the bank does applied to one
-message at a time, with the message's seq as cause and its correlation id. trio's MockClock
-with autojump: a batch waits for everything queued."""
+per batch; several batches embedding at once), it answers each message, in log order, exactly
+as the bank does applied to one message at a time, with the message's seq as cause and its
+correlation id. trio's MockClock with autojump: a batch waits for everything queued."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -121,7 +123,7 @@ class UntilAnswered(Actor):
                 return
 
 
-def live(plan: list[Event], batch_max: int) -> list[tuple[Event, str, int]]:
+def live(plan: list[Event], batch_max: int, in_flight: int = 1) -> list[tuple[Event, str, int]]:
     """What the memory actor emits, as ``(event, corr, index of the message it answers)``."""
     specs = [
         ActorSpec(name="feeder", factory=partial(Feeder, plan)),
@@ -134,6 +136,7 @@ def live(plan: list[Event], batch_max: int) -> list[tuple[Event, str, int]]:
                 batch_max=batch_max,
                 merge_chunk=CHUNK,
                 merge_max=MOST,
+                in_flight=in_flight,
             ),
         ),
         ActorSpec(name="until", factory=partial(UntilAnswered, f"m{len(plan) - 1}"), driver=True),
@@ -168,12 +171,49 @@ def one_at_a_time(plan: list[Event]) -> list[tuple[Event, str, int]]:
 
 
 @settings(max_examples=25, deadline=None)
-@given(plan=messages, batch_max=st.sampled_from([2, 5, 64]))
-def test_answers_follow_the_log_whatever_the_batching(plan: list[Event], batch_max: int) -> None:
+@given(plan=messages, batch_max=st.sampled_from([2, 5, 64]), in_flight=st.sampled_from([1, 2, 3]))
+def test_answers_follow_the_log_whatever_the_batching(
+    plan: list[Event], batch_max: int, in_flight: int
+) -> None:
     full = numbered(plan)
     expected = one_at_a_time(full)
     assert live(full, 1) == expected
-    assert live(full, batch_max) == expected
+    assert live(full, batch_max, in_flight) == expected
+
+
+def test_batches_embed_at_once_up_to_in_flight_and_apply_in_order() -> None:
+    """With a slow embedder, two batches do embed at the same time (never more than
+    ``in_flight``), each text is embedded once, and the answers are still the log's order."""
+    plan = numbered(
+        [tip(0, SLOTS[k % 2], t, t) for k, t in enumerate(range(8))]
+        + [retrieval(0, SLOTS[k % 2], k % 3 == 0, k) for k in range(10)]
+    )
+    busy, most, embedded = 0, 0, []
+    lock = threading.Lock()
+    real = HashingEmbedder.embed
+
+    def slow(self: HashingEmbedder, texts: Sequence[str]) -> object:
+        nonlocal busy, most
+        with lock:
+            busy += 1
+            most = max(most, busy)
+            embedded.extend(texts)
+        time.sleep(0.02)
+        with lock:
+            busy -= 1
+        return real(self, texts)
+
+    HashingEmbedder.embed = slow  # type: ignore[method-assign]
+    try:
+        one = live(plan, 2, 1)
+        assert most == 1
+        embedded.clear()
+        two = live(plan, 2, 2)
+    finally:
+        HashingEmbedder.embed = real  # type: ignore[method-assign]
+    assert most == 2
+    assert len(embedded) == len(set(embedded))  # no text embedded twice across batches
+    assert one == two == one_at_a_time(plan)
 
 
 def test_a_batch_holds_several_messages_and_merges_are_answered() -> None:

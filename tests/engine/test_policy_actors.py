@@ -10,9 +10,11 @@ action, a stream per request), whose batches are seen to hold several requests.
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -104,8 +106,41 @@ def worker_specs(names: list[str], max_steps: int | None = None) -> list[ActorSp
     ]
 
 
+class OverlapRunner(FakeRunner):
+    """A fake runner whose batches take (real) time; records how many are answered at once
+    and each load that comes while a batch is being answered."""
+
+    made: ClassVar[list[OverlapRunner]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy = self.most = 0
+        self.lock = threading.Lock()
+        self.loads_while_busy = 0
+        OverlapRunner.made.append(self)
+
+    def answer(self, requests: Sequence[ActionRequested]) -> list[ActionSampled]:
+        with self.lock:
+            self.busy += 1
+            self.most = max(self.most, self.busy)
+        time.sleep(0.005)
+        try:
+            return super().answer(requests)
+        finally:
+            with self.lock:
+                self.busy -= 1
+
+    def load(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.loads_while_busy += self.busy > 0
+        super().load(state, version)
+
+
 def rollout(
-    workers: int, batch_max: int, runner: FakeRunner | PolicyRunner, max_steps: int | None = None
+    workers: int,
+    batch_max: int,
+    runner: FakeRunner | PolicyRunner,
+    max_steps: int | None = None,
+    in_flight: int = 1,
 ) -> MemoryEventLog:
     tasks = make_world().tasks("heat", "train")
     names = [f"w{i}" for i in range(workers)]
@@ -114,7 +149,11 @@ def rollout(
         ActorSpec(
             name="inference",
             factory=partial(
-                InferenceActor, lambda: runner, MemoryCheckpoints(), batch_max=batch_max
+                InferenceActor,
+                lambda: runner,
+                MemoryCheckpoints(),
+                batch_max=batch_max,
+                in_flight=in_flight,
             ),
         ),
         *worker_specs(names, max_steps),
@@ -133,9 +172,10 @@ def actions(log: MemoryEventLog) -> dict[tuple[str, int], str]:
     }
 
 
-def test_every_request_is_answered_once_in_bounded_batches() -> None:
-    runner = FakeRunner()
-    log = rollout(4, 3, runner)
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_every_request_is_answered_once_in_bounded_batches(in_flight: int) -> None:
+    runner = OverlapRunner()
+    log = rollout(4, 3, runner, in_flight=in_flight)
     envs = list(log.read())
     requests = [
         (e.event.episode, e.event.turn) for e in envs if isinstance(e.event, ActionRequested)
@@ -143,6 +183,7 @@ def test_every_request_is_answered_once_in_bounded_batches() -> None:
     answers = [(e.event.episode, e.event.turn) for e in envs if isinstance(e.event, ActionSampled)]
     assert sorted(requests) == sorted(answers) and len(set(answers)) == len(answers)
     assert sum(runner.batches) == len(requests) and max(runner.batches) <= 3
+    assert runner.most == in_flight  # batches were answered at once, never more than allowed
     finished = [e for e in envs if isinstance(e.event, EpisodeFinished)]
     assert len(finished) == 12
     assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "completed"
@@ -186,17 +227,22 @@ def tiny_policy() -> tuple[Any, Any]:
     return Qwen2ForCausalLM(config).eval(), tokenizer
 
 
+def tiny_runner(model: Any, tokenizer: Any) -> CountingRunner:
+    return CountingRunner(model, tokenizer, ActSettings(temperature=1.0))
+
+
 def test_what_is_sampled_does_not_depend_on_batching_or_workers(tiny_policy: Any) -> None:
     model, tokenizer = tiny_policy
     alone_runner = CountingRunner(model, tokenizer, ActSettings(temperature=1.0))
     batched_runner = CountingRunner(model, tokenizer, ActSettings(temperature=1.0))
     alone = actions(rollout(1, 1, alone_runner, max_steps=5))
     batched = actions(rollout(4, 4, batched_runner, max_steps=5))
+    overlapped = actions(rollout(4, 2, tiny_runner(model, tokenizer), max_steps=5, in_flight=2))
     assert set(alone_runner.batches) == {1}
     # batching happened (how full a batch gets depends on how fast the workers' threads step:
     # the mock clock jumps the batch's wait as soon as every task waits, threads or not)
     assert max(batched_runner.batches) >= 2, batched_runner.batches
-    assert alone == batched and len(alone) > 12
+    assert alone == batched == overlapped and len(alone) > 12
     assert len(set(alone.values())) > 1  # the sampled actions differ: not one fixed choice
 
 
@@ -234,7 +280,7 @@ class FakeLearner(Actor):
             )
 
 
-def train(max_staleness: int) -> list:
+def train(max_staleness: int, in_flight: int = 1) -> list:
     world = make_world()
     names = ["w0", "w1", "w2"]
     grpo = GrpoConfig(group_size=3, groups_per_update=2, max_staleness=max_staleness)
@@ -247,7 +293,9 @@ def train(max_staleness: int) -> list:
         ActorSpec(name="trainer", factory=lambda: trainer, driver=True),
         ActorSpec(
             name="inference",
-            factory=partial(InferenceActor, FakeRunner, checkpoints, batch_max=4),
+            factory=partial(
+                InferenceActor, OverlapRunner, checkpoints, batch_max=2, in_flight=in_flight
+            ),
         ),
         ActorSpec(name="learner", factory=partial(FakeLearner, checkpoints)),
         *worker_specs(names),
@@ -272,9 +320,14 @@ def test_trainer_requests_every_update_and_evaluates_on_schedule() -> None:
     assert len(train_eps) == 24
 
 
-def test_no_sample_is_staler_than_the_bound() -> None:
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_no_sample_is_staler_than_the_bound(in_flight: int) -> None:
+    """Also: a new version is loaded only when no batch is being answered (OverlapRunner)."""
     for bound in (0, 1):
-        events = train(max_staleness=bound)
+        OverlapRunner.made.clear()
+        events = train(max_staleness=bound, in_flight=in_flight)
+        assert [r.loads_while_busy for r in OverlapRunner.made] == [0]
+        assert OverlapRunner.made[0].most == in_flight
         version_of: dict[str, set[int]] = {}
         for ev in events:
             if isinstance(ev, ActionSampled):
