@@ -99,7 +99,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         batch_wait_ms: how long the inference actor waits to fill a batch.
         batches_in_flight: most batches the inference actor answers at once, each in its own
             thread: while one is in its forward pass the next gathers and starts (on another
-            core, or overlapping the first's tokenizing and the engine's work). 1: one at a time.
+            core, or overlapping the first's tokenizing and the engine's work). Each forward
+            pass uses ``threads`` torch threads: give it ``batches_in_flight x threads`` cores.
+            1: one at a time.
         backend: what samples for the policy and the extractor (``agents.models.backend``):
             "hf", the ``transformers`` model in this process.
         lora: LoRA adapters (``{r, alpha, targets}``, ``agents.models.tuning.LoraSettings``):
