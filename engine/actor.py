@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -172,6 +173,30 @@ class Context:
     async def to_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` in a worker thread (never on the event loop)."""
         return await trio.to_thread.run_sync(fn, *args)
+
+
+@asynccontextmanager
+async def task_nursery() -> AsyncIterator[trio.Nursery]:
+    """A trio nursery for an actor's own concurrent tasks (batches in flight) that fails with
+    the error itself, not an exception group: supervision records the error's type and message
+    (``ActorFailed``) and decides a restart by its class (``ActorSpec.restart_for``). The first
+    error that is not a cancellation is raised; the others are dropped (their tasks were
+    cancelled because of it)."""
+    try:
+        async with trio.open_nursery() as nursery:
+            yield nursery
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
+        raise (errors or leaves)[0] from None
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def provenance(

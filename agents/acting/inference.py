@@ -40,7 +40,7 @@ from agents.models.prompts import (
     from_pairs,
     strip_tips,
 )
-from engine.actor import Actor, Context
+from engine.actor import Actor, Context, task_nursery
 from engine.events import Envelope, Event
 from stores.checkpoints import Checkpoints
 
@@ -366,7 +366,7 @@ class InferenceActor(Actor):
         inbox = ctx.events()
         slots = trio.Semaphore(self._in_flight)
         pending: Envelope[Event] | None = None
-        async with trio.open_nursery() as batches:
+        async with task_nursery() as batches:
             while True:
                 env = pending or await _next(inbox)
                 pending = None

@@ -42,7 +42,7 @@ from agents.memory.extraction import MERGE_SYSTEM, merge_messages
 from agents.methods.credit import diversified_scores
 from agents.models.embedder import Embedder
 from agents.models.prompts import to_pairs
-from engine.actor import Actor, Context
+from engine.actor import Actor, Context, task_nursery
 from engine.errors import ResumeDiverged
 from engine.events import Envelope, Event
 from engine.recovery import Emitted, ReplayContext
@@ -379,7 +379,7 @@ class MemoryActor(Actor):
         inbox = ctx.events()
         slots = trio.Semaphore(self._in_flight)  # a slot: from gathering to applied
         send, receive = trio.open_memory_channel[_Embedding](self._in_flight)
-        async with trio.open_nursery() as nursery:
+        async with task_nursery() as nursery:
             nursery.start_soon(self._apply_in_order, ctx, bank, embedder, receive, slots)
             async with send:
                 async for first in inbox:

@@ -23,7 +23,7 @@ from agents.models.embedder import HashingEmbedder
 from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog
 from engine.events import Event
-from engine.lifecycle import RunStarted
+from engine.lifecycle import ActorFailed, RunStarted
 from engine.projection import ActorStats
 from engine.runtime import Runtime
 
@@ -238,3 +238,37 @@ def test_a_batch_holds_several_messages_and_merges_are_answered() -> None:
     assert got == one_at_a_time(plan)
     assert max(sizes) > 1
     assert any(isinstance(ev, MergeRequested) for ev, _, _ in got)
+
+
+class BrokenEmbedder(HashingEmbedder):
+    """Fails on its second call."""
+
+    calls = 0
+
+    def embed(self, texts: Sequence[str]) -> object:  # type: ignore[override]
+        BrokenEmbedder.calls += 1
+        if BrokenEmbedder.calls == 2:
+            raise RuntimeError("the embedder ran out of memory")
+        return super().embed(texts)
+
+
+def test_an_embedding_error_is_recorded_as_itself() -> None:
+    """An error in a batch being embedded reaches supervision as itself (its type and message in
+    ``ActorFailed``), not wrapped in an exception group."""
+    BrokenEmbedder.calls = 0
+    plan = numbered([tip(0, SLOTS[0], t, t) for t in range(6)])
+    specs = [
+        ActorSpec(name="feeder", factory=partial(Feeder, plan)),
+        ActorSpec(
+            name="memory",
+            factory=partial(MemoryActor, partial(BrokenEmbedder, dim=DIM), BANK, batch_max=2),
+        ),
+        ActorSpec(name="until", factory=partial(UntilAnswered, f"m{len(plan) - 1}"), driver=True),
+    ]
+    log = MemoryEventLog()
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    trio.run(Runtime(log, STARTED, specs, [ActorStats()], seed=SEED).run, clock=clock)
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [(f.actor, f.error_type, f.message) for f in failed] == [
+        ("memory", "RuntimeError", "the embedder ran out of memory")
+    ]

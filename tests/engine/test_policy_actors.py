@@ -47,7 +47,7 @@ from agents.models.embedded import (
 from agents.models.pretrain_play import pretrain_episodes
 from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog
-from engine.lifecycle import RunStarted, RunStopped
+from engine.lifecycle import ActorFailed, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
 from engine.runtime import Runtime
@@ -335,3 +335,22 @@ def test_no_sample_is_staler_than_the_bound(in_flight: int) -> None:
         for req in (ev for ev in events if isinstance(ev, GradientRequested)):
             oldest = min(min(version_of[e]) for e in req.episodes)
             assert req.update - oldest <= bound
+
+
+class FailingRunner(FakeRunner):
+    """Fails on its third batch."""
+
+    def answer(self, requests: Sequence[ActionRequested]) -> list[ActionSampled]:
+        if len(self.batches) == 2:
+            raise ValueError("the model could not answer")
+        return super().answer(requests)
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_failed_batch_is_recorded_as_its_own_error(in_flight: int) -> None:
+    """A batch's error reaches supervision as itself, not wrapped in an exception group."""
+    log = rollout(4, 1, FailingRunner(), in_flight=in_flight)
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [(f.actor, f.error_type, f.message) for f in failed] == [
+        ("inference", "ValueError", "the model could not answer")
+    ]
