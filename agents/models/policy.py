@@ -46,6 +46,7 @@ def scored_logits(model: Any, packed: Packed, device: torch.device) -> torch.Ten
         "input_ids": packed.input_ids.to(device),
         "attention_mask": packed.attention.to(device),
         "position_ids": packed.positions.to(device),
+        "use_cache": False,  # one pass: no key-value cache to build
     }
     rows, at = packed.rows.to(device), packed.at.to(device)
     if getattr(model.config, "model_type", None) in HEAD_ONLY:
