@@ -170,9 +170,12 @@ class Context:
         """
         return Inbox(self, self._mailbox)
 
-    async def to_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking ``fn(*args)`` in a worker thread (never on the event loop)."""
-        return await trio.to_thread.run_sync(fn, *args)
+    async def to_thread(
+        self, fn: Callable[..., T], *args: Any, limiter: trio.CapacityLimiter | None = None
+    ) -> T:
+        """Run blocking ``fn(*args)`` in a worker thread (never on the event loop); with
+        ``limiter``, wait for one of its tokens first (at most that many such calls at once)."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
 
 
 @asynccontextmanager

@@ -44,9 +44,11 @@ class ReplayContext:
         """As :meth:`Context.rng`."""
         return derive_rng(self.run_seed, *identity)
 
-    async def to_thread(self, fn: Callable[..., T], *args: Any) -> T:
+    async def to_thread(
+        self, fn: Callable[..., T], *args: Any, limiter: trio.CapacityLimiter | None = None
+    ) -> T:
         """As :meth:`Context.to_thread`."""
-        return await trio.to_thread.run_sync(fn, *args)
+        return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
 
     async def emit(
         self, ev: Event, *, corr: str | None = None, cause: int | Literal[False] | None = False

@@ -6,9 +6,10 @@ text-to-vector calls, and turns each message into the events that record it, so 
 fold of its own events. :class:`MemoryActor` is the shell: it batches the requests waiting in
 its mailbox, embeds their texts in one call in a worker thread, and applies them to the bank in
 log order, so what it answers never depends on how requests were batched. Embedding is the
-costly part and depends only on the texts, so up to ``in_flight`` batches embed at once (the
-next batch embeds while the one before it is still embedding); the bank still applies them one
-after another in log order.
+costly part and depends only on the texts, so up to ``in_flight`` batches embed at once, a
+batch in up to ``in_flight`` parts at the same time; the bank still applies them one after
+another in log order. A query for a slot that is empty (and that nothing gathered before it
+writes to) is not embedded: an empty slot answers nothing whatever the query.
 
 Retrieval follows EMPO2's released code: the ``top_k`` tips most similar to the query, those
 with cosine similarity above ``threshold`` kept, shown ordered by their stored score
@@ -19,7 +20,7 @@ changes what training retrieves.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -332,7 +333,8 @@ class MemoryActor(Actor):
         merge_chunk: entries per merge request.
         merge_max: most merge requests per slot per pass (over its newest entries).
         merge_system: the system text of a merge request's prompt.
-        in_flight: most batches being embedded at once (each in its own worker thread).
+        in_flight: most batches being embedded at once, and most worker threads embedding
+            at once (a batch is embedded in up to that many parts at the same time).
     """
 
     subscribes = (RetrievalRequested, TipProposed, ExtractorCalled, MergeDue)
@@ -361,6 +363,7 @@ class MemoryActor(Actor):
         self._merge_system = merge_system
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._coming: set[str] = set()  # texts a batch in flight is embedding
+        self._writing: Counter[str] = Counter()  # slot -> writes gathered, not yet applied
         self._restored: tuple[TipBank, Embedder] | None = None  # set by recover
         self._tail: list[Emitted] = []  # what a resumed run's bank decided but never logged
         self._owed: list[Envelope[Event]] = []  # what it received but never applied
@@ -378,6 +381,7 @@ class MemoryActor(Actor):
         self._tail, self._owed = [], []
         inbox = ctx.events()
         slots = trio.Semaphore(self._in_flight)  # a slot: from gathering to applied
+        threads = trio.CapacityLimiter(self._in_flight)  # embedding threads at once
         send, receive = trio.open_memory_channel[_Embedding](self._in_flight)
         async with task_nursery() as nursery:
             nursery.start_soon(self._apply_in_order, ctx, bank, embedder, receive, slots)
@@ -386,22 +390,47 @@ class MemoryActor(Actor):
                     await slots.acquire()
                     batch, _ = await inbox.gather(first, self._batch_max, self._batch_wait)
                     job = _Embedding(batch, [_texts_of(env.event) for env in batch])
+                    wanted: list[str] = []
+                    for env, ts in zip(batch, job.texts, strict=True):
+                        slot = _written_slot(env.event)
+                        if slot is not None:
+                            self._writing[slot] += 1
+                        if self._may_need(bank, env.event):
+                            wanted += ts
                     todo = [
                         t
-                        for t in dict.fromkeys(t for ts in job.texts for t in ts)
+                        for t in dict.fromkeys(wanted)
                         if t not in self._cache and t not in self._coming
                     ]
                     self._coming.update(todo)
-                    nursery.start_soon(self._embed_job, ctx, embedder, job, todo)
+                    nursery.start_soon(self._embed_job, ctx, embedder, job, todo, threads)
                     await send.send(job)
 
     async def _embed_job(
-        self, ctx: Context, embedder: Embedder, job: _Embedding, todo: list[str]
+        self,
+        ctx: Context,
+        embedder: Embedder,
+        job: _Embedding,
+        todo: list[str],
+        threads: trio.CapacityLimiter,
     ) -> None:
+        """Embed ``todo`` for ``job``: in up to ``in_flight`` parts at once (a large batch
+        uses every embedding thread the batches around it leave free)."""
         try:
-            if todo:
-                vectors = await ctx.to_thread(embedder.embed, todo)
-                job.vectors = dict(zip(todo, vectors, strict=True))
+            parts = _parts(todo, self._in_flight)
+            vectors: list[np.ndarray] = [np.empty(0)] * len(parts)
+
+            async def embed(k: int) -> None:
+                vectors[k] = await ctx.to_thread(embedder.embed, parts[k], limiter=threads)
+
+            async with task_nursery() as nursery:
+                for k in range(len(parts)):
+                    nursery.start_soon(embed, k)
+            job.vectors = {
+                t: v
+                for part, vs in zip(parts, vectors, strict=True)
+                for t, v in zip(part, vs, strict=True)
+            }
         finally:
             job.done.set()
 
@@ -419,12 +448,34 @@ class MemoryActor(Actor):
                 await job.done.wait()
                 self._coming.difference_update(job.vectors)
                 self._remember(job.vectors)
-                flat = [t for ts in job.texts for t in ts]
-                if any(t not in self._cache for t in flat):  # an earlier batch's, since evicted
-                    await ctx.to_thread(self._embed, embedder, flat)
-                vectors = self._cached(flat)
-                await self._apply_vectors(ctx, bank, job.batch, job.texts, vectors)
+                await self._apply_as_needed(ctx, bank, embedder, job)
+                for env in job.batch:
+                    slot = _written_slot(env.event)
+                    if slot is not None:
+                        self._writing[slot] -= 1
                 slots.release()
+
+    async def _apply_as_needed(
+        self, ctx: Context, bank: TipBank, embedder: Embedder, job: _Embedding
+    ) -> None:
+        """Apply ``job``'s batch event by event, each with its vectors; a retrieval from a slot
+        that is empty when it is answered gets none (nothing is searched)."""
+        empty = np.zeros(embedder.dim, dtype=np.float32)
+        for env, ts in zip(job.batch, job.texts, strict=True):
+            vectors = [empty] * len(ts)
+            if not isinstance(env.event, RetrievalRequested) or bank.size(env.event.slot):
+                if any(t not in self._cache for t in ts):  # evicted, or a slot filled meanwhile
+                    await ctx.to_thread(self._embed, embedder, ts)
+                vectors = self._cached(ts)
+            await self._apply_vectors(ctx, bank, [env], [ts], vectors)
+
+    def _may_need(self, bank: TipBank, ev: Event) -> bool:
+        """Whether ``ev``'s texts may be needed when it is answered: always, but for a
+        retrieval from a slot that is empty and that no message before it (applied or not)
+        writes to."""
+        if not isinstance(ev, RetrievalRequested):
+            return True
+        return bank.size(ev.slot) > 0 or self._writing[ev.slot] > 0
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Rebuild the bank as a fold of what it emitted (:meth:`TipBank.evolve`, each stored
@@ -607,6 +658,18 @@ class _Embedding:
     texts: list[list[str]]
     vectors: dict[str, np.ndarray] = field(default_factory=dict[str, np.ndarray])
     done: trio.Event = field(default_factory=trio.Event)
+
+
+def _written_slot(ev: Event) -> str | None:
+    """The slot ``ev`` may add entries to when applied (a tip, an extractor's operations)."""
+    return ev.slot if isinstance(ev, TipProposed | ExtractorCalled) else None
+
+
+def _parts(texts: list[str], most: int) -> list[list[str]]:
+    """``texts`` dealt into at most ``most`` parts of about equal work: by length, longest
+    first, in turn (each part then pads its texts to similar lengths)."""
+    ranked = sorted(texts, key=len, reverse=True)
+    return [part for part in (ranked[k::most] for k in range(most)) if part]
 
 
 def _texts_of(ev: Event) -> list[str]:

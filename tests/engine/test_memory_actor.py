@@ -272,3 +272,27 @@ def test_an_embedding_error_is_recorded_as_itself() -> None:
     assert [(f.actor, f.error_type, f.message) for f in failed] == [
         ("memory", "RuntimeError", "the embedder ran out of memory")
     ]
+
+
+def test_a_query_for_an_empty_slot_is_not_embedded() -> None:
+    """An empty slot answers nothing whatever the query, so its queries are not embedded; a
+    query after a tip for its slot (in the same batch or an earlier one) is."""
+    empty_queries = [retrieval(0, SLOTS[1], k % 2 == 0, 10 + k) for k in range(3)]
+    plan = numbered([*empty_queries, tip(0, SLOTS[0], 1, 1), retrieval(0, SLOTS[0], False, 7)])
+    embedded: list[str] = []
+    real = HashingEmbedder.embed
+
+    def recording(self: HashingEmbedder, texts: Sequence[str]) -> object:
+        embedded.extend(texts)
+        return real(self, texts)
+
+    expected = one_at_a_time(plan)
+    HashingEmbedder.embed = recording  # type: ignore[method-assign]
+    try:
+        for batch_max, in_flight in ((1, 1), (64, 2)):
+            embedded.clear()
+            assert live(plan, batch_max, in_flight) == expected
+            assert not {q.query for q in empty_queries} & set(embedded)
+            assert plan[4].query in embedded and plan[3].key in embedded
+    finally:
+        HashingEmbedder.embed = real  # type: ignore[method-assign]
