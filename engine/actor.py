@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
 
 import structlog
 import trio
@@ -179,7 +179,7 @@ class Context:
 
 
 @asynccontextmanager
-async def task_nursery() -> AsyncIterator[trio.Nursery]:
+async def task_nursery() -> AsyncGenerator[trio.Nursery]:
     """A trio nursery for an actor's own concurrent tasks (batches in flight) that fails with
     the error itself, not an exception group: supervision records the error's type and message
     (``ActorFailed``) and decides a restart by its class (``ActorSpec.restart_for``). The first
@@ -197,7 +197,7 @@ async def task_nursery() -> AsyncIterator[trio.Nursery]:
 def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
+            yield from _leaves(cast(BaseExceptionGroup[BaseException], exc))
         else:
             yield exc
 
