@@ -101,7 +101,8 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             thread: while one is in its forward pass the next gathers and starts (on another
             core, or overlapping the first's tokenizing and the engine's work). Each forward
             pass uses ``threads`` torch threads: give it ``batches_in_flight x threads`` cores.
-            1: one at a time.
+            1: one at a time (also what a model whose rotary embedding changes in its forward
+            pass, "dynamic" or "longrope", gets whatever is set).
         backend: what samples for the policy and the extractor (``agents.models.backend``):
             "hf", the ``transformers`` model in this process.
         lora: LoRA adapters (``{r, alpha, targets}``, ``agents.models.tuning.LoraSettings``):

@@ -360,6 +360,12 @@ class InferenceActor(Actor):
 
     async def run(self, ctx: Context) -> None:
         runner = self._runner or await ctx.to_thread(self._load)
+        if self._in_flight > 1 and rope_changes_in_forward(getattr(runner, "model", None)):
+            ctx.log.warning(
+                "one batch at a time: the model's rotary embedding changes in its forward pass",
+                batches_in_flight=self._in_flight,
+            )
+            self._in_flight = 1
         for k in range(0, len(self._owed), self._batch_max):  # in order, batched as live
             await self._answer(ctx, runner, self._owed[k : k + self._batch_max])
         self._owed = []
@@ -416,6 +422,29 @@ class InferenceActor(Actor):
         state = await ctx.to_thread(self._checkpoints.load, ev.checkpoint)
         await ctx.to_thread(runner.load, state, ev.policy_version)
         ctx.log.debug("policy loaded", version=ev.policy_version)
+
+
+_CHANGING_ROPE = frozenset({"dynamic", "longrope"})
+"""Rotary embeddings that ``transformers`` recomputes, in the module, during a forward pass
+(by the sequence length): two batches in flight at once would race on them."""
+
+
+def rope_changes_in_forward(model: Any) -> bool:
+    """Whether ``model``'s rotary embedding changes its own state in a forward pass."""
+    config = getattr(model, "config", None)
+    found: list[Any] = []
+    for name in ("rope_parameters", "rope_scaling"):
+        _rope_types(getattr(config, name, None), found)
+    return any(t in _CHANGING_ROPE for t in found)
+
+
+def _rope_types(params: Any, found: list[Any]) -> None:
+    if isinstance(params, dict):
+        for key, value in params.items():
+            if key in ("rope_type", "type"):
+                found.append(value)
+            else:
+                _rope_types(value, found)
 
 
 def _is_update(ev: Event) -> bool:

@@ -23,7 +23,12 @@ import trio.testing
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from agents.acting.env_worker import EnvWorker, PromptSettings
-from agents.acting.inference import ActSettings, InferenceActor, PolicyRunner
+from agents.acting.inference import (
+    ActSettings,
+    InferenceActor,
+    PolicyRunner,
+    rope_changes_in_forward,
+)
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.events.episodes import EpisodeFinished, StepTaken
@@ -354,3 +359,22 @@ def test_a_failed_batch_is_recorded_as_its_own_error(in_flight: int) -> None:
     assert [(f.actor, f.error_type, f.message) for f in failed] == [
         ("inference", "ValueError", "the model could not answer")
     ]
+
+
+def test_a_model_whose_rotary_embedding_changes_in_forward_runs_one_batch_at_a_time() -> None:
+    """transformers recomputes "dynamic" and "longrope" rotary embeddings inside the module
+    during a forward pass: two batches at once would race on them."""
+    plain = Qwen2Config(hidden_size=16, num_attention_heads=2, num_key_value_heads=1)
+    dynamic = Qwen2Config(
+        hidden_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
+    assert not rope_changes_in_forward(Qwen2ForCausalLM(plain))
+    assert rope_changes_in_forward(Qwen2ForCausalLM(dynamic))
+
+    runner = OverlapRunner()
+    runner.model = Qwen2ForCausalLM(dynamic)  # type: ignore[attr-defined]
+    rollout(4, 1, runner, in_flight=2)
+    assert runner.most == 1
