@@ -13,7 +13,7 @@ import random
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Literal, Protocol, TypeGuard, TypeVar
 
 import structlog
 import trio
@@ -189,17 +189,23 @@ async def task_nursery() -> AsyncGenerator[trio.Nursery]:
         async with trio.open_nursery() as nursery:
             yield nursery
     except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
+        leaves = list(error_leaves(group))
         errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
         raise (errors or leaves)[0] from None
 
 
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+def error_leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    """The errors of ``group`` and of the groups nested in it, depth first, in order."""
     for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(cast(BaseExceptionGroup[BaseException], exc))
+        if _is_group(exc):
+            yield from error_leaves(exc)
         else:
             yield exc
+
+
+def _is_group(exc: BaseException) -> TypeGuard[BaseExceptionGroup[BaseException]]:
+    # isinstance alone narrows to BaseExceptionGroup[Unknown]: the members are exceptions
+    return isinstance(exc, BaseExceptionGroup)
 
 
 def provenance(

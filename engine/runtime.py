@@ -27,13 +27,13 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 import msgspec
 import structlog
 import trio
 
-from engine.actor import Actor, ActorSpec, Context, Mailbox
+from engine.actor import Actor, ActorSpec, Context, Mailbox, error_leaves
 from engine.errors import ActorCrashed
 from engine.eventlog import EncodedBatch, EventLog, Snapshot
 from engine.events import Codec, Envelope, Event
@@ -54,18 +54,10 @@ from engine.seeds import derive_seed
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
-def _is_group(exc: BaseException) -> TypeGuard[BaseExceptionGroup[BaseException]]:
-    # isinstance alone narrows to BaseExceptionGroup[Unknown]: the members are exceptions
-    return isinstance(exc, BaseExceptionGroup)
-
-
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first leaf of a (nested) exception group: the error that ended the run, raised
     plainly so that callers can catch ``LogError`` and friends."""
-    first: BaseException = group
-    while _is_group(first):
-        first = first.exceptions[0]
-    return first
+    return next(error_leaves(group))
 
 
 class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):

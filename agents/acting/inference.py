@@ -154,12 +154,9 @@ class PolicyRunner:
         self._responses: dict[str, list[int]] = {}  # action text -> ids (worlds repeat them)
         self._tokenizing = threading.Lock()
 
-    def response_ids(self, text: str) -> list[int]:
-        """The token ids of ``text`` as a response, cached (a world's actions recur)."""
-        with self._tokenizing:
-            return self._response_ids(text)
-
     def _response_ids(self, text: str) -> list[int]:
+        """The token ids of ``text`` as a response, cached (a world's actions recur); called
+        with the tokenizer's lock held."""
         ids = self._responses.get(text)
         if ids is None:
             if len(self._responses) >= 65_536:
