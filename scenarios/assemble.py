@@ -253,6 +253,8 @@ def _check_model_placements(
     Raises:
         ScenarioInvalid: as above.
     """
+    from agents.methods.actors import MEMORY
+
     rt = scenario.runtime
     if rt.backend == "local":
         return
@@ -260,7 +262,7 @@ def _check_model_placements(
         if placed is None:
             continue
         _need_ray(source)
-        if learns and run_dir is None and kind != "memory":
+        if learns and run_dir is None and kind != MEMORY:
             raise ScenarioInvalid(
                 source,
                 f"$.runtime.ray.{kind}: a learning run with a remote {kind} needs a run "
@@ -270,16 +272,17 @@ def _check_model_placements(
 
 
 def _model_placements(scenario: Scenario) -> dict[str, RayPlacementConfig | None]:
-    """The placements ``[runtime.ray]`` gives the policy's and the method's actors, by their
-    names (``agents.methods.actors``' ``EXTRACTOR`` and ``MEMORY``, not imported: that module
-    loads the memory's vector index, usearch, whose native library makes a later
-    ``ray.init`` joining a cluster abort with ``std::regex_error``)."""
+    """The placements ``[runtime.ray]`` gives the policy's and the method's actors, by the
+    actors' names (each also the name of its ``[runtime.ray]`` table)."""
+    from agents.methods.actors import EXTRACTOR, MEMORY
+    from scenarios.policy_setup import INFERENCE, LEARNER
+
     ray = scenario.runtime.ray
     return {
-        "inference": ray.inference,
-        "learner": ray.learner,
-        "extractor": ray.extractor,
-        "memory": ray.memory,
+        INFERENCE: ray.inference,
+        LEARNER: ray.learner,
+        EXTRACTOR: ray.extractor,
+        MEMORY: ray.memory,
     }
 
 
