@@ -183,7 +183,8 @@ def test_answers_follow_the_log_whatever_the_batching(
 
 def test_batches_embed_at_once_up_to_in_flight_and_apply_in_order() -> None:
     """With a slow embedder, two batches do embed at the same time (never more than
-    ``in_flight``), each text is embedded once, and the answers are still the log's order."""
+    ``in_flight``), each text is embedded once, a batch of every message is embedded in two
+    parts at once, and the answers are still the log's order."""
     plan = numbered(
         [tip(0, SLOTS[k % 2], t, t) for k, t in enumerate(range(8))]
         + [retrieval(0, SLOTS[k % 2], k % 3 == 0, k) for k in range(10)]
@@ -209,11 +210,14 @@ def test_batches_embed_at_once_up_to_in_flight_and_apply_in_order() -> None:
         assert most == 1
         embedded.clear()
         two = live(plan, 2, 2)
+        assert most == 2
+        assert len(embedded) == len(set(embedded))  # no text embedded twice across batches
+        most, calls = 0, len(embedded)
+        whole = live(plan, 64, 2)  # one batch holds every message: its two parts at once
     finally:
         HashingEmbedder.embed = real  # type: ignore[method-assign]
-    assert most == 2
-    assert len(embedded) == len(set(embedded))  # no text embedded twice across batches
-    assert one == two == one_at_a_time(plan)
+    assert most == 2 and len(embedded) > calls
+    assert one == two == whole == one_at_a_time(plan)
 
 
 def test_a_batch_holds_several_messages_and_merges_are_answered() -> None:
