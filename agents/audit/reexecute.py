@@ -19,13 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested, ExtractorUpdated
 from agents.events.policy import GradientRequested, PolicyUpdated
-from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step, update_seed
+from agents.learning.learner import (
+    Sample,
+    SampleBuffer,
+    StepStats,
+    Trainee,
+    grpo_step,
+    update_seed,
+)
 from agents.memory.extractor import ExtractorModel, extractor_step
+from agents.models.policy import LAYOUTS
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
 from stores.checkpoints import load_weights, param_digest, weights_file
@@ -140,6 +149,7 @@ class Reexecution:
         self.calls: dict[str, ExtractorCalled] = {}
         self.ext_requests: dict[int, ExtractorGradientRequested] = {}
         self.summary = Summary()
+        self._layouts: tuple[str, ...] = LAYOUTS  # for requests that do not record theirs
 
     def feed(self, env: Envelope[Event]) -> Checked | None:
         """Fold one envelope; returns the update it completed, if any.
@@ -190,7 +200,14 @@ class Reexecution:
             raise UpdateDiverged("policy", ev.update, env.seq, "no GradientRequested before it")
         req, samples, stale = self.requests.pop(ev.update)
         seed = ev.seed if ev.seed is not None else update_seed(self.run_seed, ev.update)
-        stats = grpo_step(self.trainee, samples, req, seed, ev.policy_version - 1)
+        if req.scoring is not None and req.scoring not in LAYOUTS:
+            raise UpdateDiverged(
+                "policy",
+                ev.update,
+                env.seq,
+                f"the request names scoring {req.scoring!r}, not one of {LAYOUTS}",
+            )
+        stats = self._policy_step(req, samples, seed, ev)
         if (stats.samples, stale) != (ev.samples, ev.stale):
             raise UpdateDiverged(
                 "policy",
@@ -204,6 +221,27 @@ class Reexecution:
         self.summary.policy += 1
         self.summary.checkpoints += bool(name)
         return Checked("policy", ev.update, ev.policy_version, ev.digest, name)
+
+    def _policy_step(
+        self, req: GradientRequested, samples: list[Sample], seed: int, ev: PolicyUpdated
+    ) -> StepStats:
+        """Run update ``req`` again. A request that does not record its scoring layout (logs
+        written before 2026-12-02) ran with "packed" or "rows": each is tried from the same
+        weights and optimiser state, the one that matched the update before first, until
+        one reproduces the recorded digest (the caller then checks it, and reports the last
+        try's difference if none did)."""
+        assert self.trainee is not None
+        if req.scoring is not None:
+            return grpo_step(self.trainee, samples, req, seed, ev.policy_version - 1)
+        for k, layout in enumerate(self._layouts):
+            saved = _state(self.trainee) if k + 1 < len(self._layouts) else None
+            told = msgspec.structs.replace(req, scoring=layout)
+            stats = grpo_step(self.trainee, samples, told, seed, ev.policy_version - 1)
+            if saved is None or param_digest(self.trainee.model) == ev.digest:
+                self._layouts = (layout, *(x for x in self._layouts if x != layout))
+                return stats
+            _restore(self.trainee, saved)
+        raise AssertionError("unreachable: the last layout returns")
 
     def _extractor(self, env: Envelope[Event], ev: ExtractorUpdated) -> Checked:
         req = self.ext_requests.pop(ev.update, None)
@@ -230,3 +268,23 @@ class Reexecution:
         self.summary.extractor += 1
         self.summary.checkpoints += bool(name)
         return Checked("extractor", ev.update, ev.extractor_version, ev.digest, name)
+
+
+def _state(trainee: Trainee) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A copy of the trainee's weights and optimiser state."""
+    opt = trainee.optimizer
+    return (
+        copy.deepcopy(trainee.model.state_dict()),
+        copy.deepcopy(opt.state_dict()) if opt is not None else None,
+    )
+
+
+def _restore(trainee: Trainee, saved: tuple[dict[str, Any], dict[str, Any] | None]) -> None:
+    """Put back what :func:`_state` copied."""
+    weights, opt = saved
+    trainee.model.load_state_dict(weights)
+    if opt is None:
+        trainee.optimizer = None
+    else:
+        assert trainee.optimizer is not None
+        trainee.optimizer.load_state_dict(opt)

@@ -117,6 +117,13 @@ class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=Tr
     ``low_prob_delta``: EMPO2's sequence-level low-probability masking threshold (None: off).
     ``tis_cap``: truncated importance sampling against the sampler's log-probs with this cap
     (``agents.methods.tis``; None: off, the ratio is taken against the sampler's log-probs).
+    ``skip_zero_advantage``: a minibatch's turns with advantage 0 skip the forward and backward
+    passes (they add 0 to the loss; its normaliser still counts them: the same gradient up to
+    float rounding); False in logs written before it existed, whose updates re-execute as
+    they ran. ``scoring``: how the learner lays "score" turns out in its forward pass
+    (``agents.models.policy.LAYOUTS``: "packed", or "rows" as coevo did before 2026-12-01);
+    None in logs written before it was recorded (2026-12-02), which used either: re-execution
+    finds which one reproduces each update's digest.
     """
 
     update: int
@@ -136,6 +143,8 @@ class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=Tr
     max_grad_norm: float = 1.0
     max_staleness: int = 1
     tis_cap: float | None = None
+    skip_zero_advantage: bool = False
+    scoring: str | None = None
 
 
 @event

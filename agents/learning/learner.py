@@ -140,12 +140,17 @@ def adamw(model: Any, optimizer: torch.optim.Optimizer | None, lr: float) -> tor
 
 
 def sample_logps(
-    model: Any, batch: Sequence[Sample], pad_id: int, device: torch.device
+    model: Any,
+    batch: Sequence[Sample],
+    pad_id: int,
+    device: torch.device,
+    scoring: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Current log-probs, behaviour log-probs and mask of a minibatch (all one mode).
 
-    In "score" mode a sample is one action-level log-prob (the candidate softmax): (B, 1).
-    In "generate" mode it is the response's token log-probs: (B, T).
+    In "score" mode a sample is one action-level log-prob (the candidate softmax): (B, 1),
+    its turns laid out as ``scoring`` says (``agents.models.policy.LAYOUTS``; None:
+    "packed"). In "generate" mode it is the response's token log-probs: (B, T).
     """
     turns = [s.turn for s in batch]
     prompts = [s.prompt_ids for s in batch]
@@ -158,21 +163,37 @@ def sample_logps(
             temperature=turns[0].temperature,
             pad_id=pad_id,
             device=device,
+            layout=scoring or "packed",
         )  # (B, 1)
+    else:
+        logp, _ = response_logps(
+            model,
+            prompts,
+            [t.response_ids for t in turns],
+            temperature=turns[0].temperature,
+            pad_id=pad_id,
+            device=device,
+        )  # (B, T)
+    old, mask = behaviour_logps(batch, device)
+    return logp, old, mask
+
+
+def behaviour_logps(
+    batch: Sequence[Sample], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The behaviour log-probs and mask of a minibatch (all one mode), as :func:`sample_logps`
+    gives them, without a forward pass: (B, 1) in "score" mode, (B, T) in "generate" mode with
+    T the longest response and the mask 1 on its tokens."""
+    turns = [s.turn for s in batch]
+    if turns[0].mode == "score":
         old = torch.tensor([[t.logp] for t in turns], device=device)
-        return logp, old, torch.ones_like(old)
-    logp, mask = response_logps(
-        model,
-        prompts,
-        [t.response_ids for t in turns],
-        temperature=turns[0].temperature,
-        pad_id=pad_id,
-        device=device,
-    )  # (B, T)
-    old = torch.zeros_like(logp)
+        return old, torch.ones_like(old)
+    old = torch.zeros((len(turns), max(len(t.response_ids) for t in turns)), device=device)
+    mask = torch.zeros_like(old)
     for b, t in enumerate(turns):
         old[b, : len(t.token_logps)] = torch.tensor(t.token_logps)
-    return logp, old, mask
+        mask[b, : len(t.response_ids)] = 1.0
+    return old, mask
 
 
 def grpo_step(
@@ -212,7 +233,7 @@ def grpo_step(
     opt = trainee.optimiser(req.lr)
     rng = random.Random(seed)
     tis_on = req.tis_cap is not None
-    prox = learner_logps(trainee, samples, req.minibatch) if tis_on else {}
+    prox = learner_logps(trainee, samples, req.minibatch, req.scoring) if tis_on else {}
     same = [s for s in samples if version is None or s.turn.policy_version == version]
     gap = _gap(same, prox) if tis_on and same else None
     totals = dict(loss=0.0, grad_norm=0.0, clip_frac=0.0, kl=0.0, ratio_mean=0.0, ref_kl=0.0)
@@ -236,7 +257,7 @@ def grpo_step(
 
 
 def learner_logps(
-    trainee: Trainee, samples: Sequence[Sample], chunk: int
+    trainee: Trainee, samples: Sequence[Sample], chunk: int, scoring: str | None = None
 ) -> dict[int, torch.Tensor]:
     """The learner's log-probs of what the sampler did, before the update changes anything:
     per sample (keyed by ``id``), on the prompt the sampler saw (with its tips, for a distill
@@ -254,7 +275,9 @@ def learner_logps(
             for k in range(0, len(group), chunk):
                 part = group[k : k + chunk]
                 seen = [replace(s, distill=False) for s in part]  # the sampler's own prompt
-                logp, _, mask = sample_logps(trainee.model, seen, trainee.pad_id, trainee.device)
+                logp, _, mask = sample_logps(
+                    trainee.model, seen, trainee.pad_id, trainee.device, scoring
+                )
                 for row, s in enumerate(part):
                     out[id(s)] = logp[row, : int(mask[row].sum())].detach()
     return out
@@ -291,8 +314,24 @@ def _one_step(
     version: int | None = None,
 ) -> tuple[dict[str, float], SamplerGap | None]:
     """One optimiser step on ``batch``; with ``measure``, also the sampler's gap on its samples
-    that are neither distilled nor drawn by a version other than ``version``."""
-    logp, old_logp, mask = sample_logps(trainee.model, batch, trainee.pad_id, trainee.device)
+    that are neither distilled nor drawn by a version other than ``version``.
+
+    With ``req.skip_zero_advantage`` (and no KL term, and not measuring), only the turns with a
+    nonzero advantage go through the forward and backward passes, when the minibatch has any:
+    a turn with advantage 0 adds 0 to the surrogate whatever its ratio, so the loss is theirs
+    scaled by their share of the minibatch's normaliser (:func:`_share`), the gradient the
+    whole minibatch's up to float rounding. The ratio statistics are then over those turns.
+    """
+    with_kl = req.kl_coef > 0 and trainee.has_reference
+    share = 1.0
+    if req.skip_zero_advantage and not with_kl and not measure:
+        signal = [s for s in batch if s.adv != 0]
+        if signal and len(signal) < len(batch):
+            share = _share(batch, signal, req, trainee.device)
+            batch = signal
+    logp, old_logp, mask = sample_logps(
+        trainee.model, batch, trainee.pad_id, trainee.device, req.scoring
+    )
     gap = None
     if measure:
         kept = [
@@ -324,12 +363,13 @@ def _one_step(
         aggregation=req.aggregation,
         is_weight=is_weight,
     )
-    loss = out.loss
+    loss = out.loss * share if share != 1.0 else out.loss
     ref_kl = 0.0
-    with_kl = req.kl_coef > 0 and trainee.has_reference
     if with_kl:
         with torch.no_grad(), trainee.reference_model() as reference:
-            ref_logp, _, _ = sample_logps(reference, batch, trainee.pad_id, trainee.device)
+            ref_logp, _, _ = sample_logps(
+                reference, batch, trainee.pad_id, trainee.device, req.scoring
+            )
         kl = kl_penalty(logp, ref_logp, mask, aggregation=req.aggregation)
         loss = loss + req.kl_coef * kl
         ref_kl = float(kl.detach())
@@ -350,6 +390,22 @@ def _one_step(
         **tis,
     )
     return stats, gap
+
+
+def _share(
+    batch: Sequence[Sample], part: Sequence[Sample], req: GradientRequested, device: torch.device
+) -> float:
+    """The share of ``batch``'s loss normaliser that ``part`` holds, its mask as the loss
+    takes it (low-probability masking included): unmasked tokens for "token-mean", sequences
+    with any for the other aggregations (:func:`agents.methods.grpo.aggregate`)."""
+    counts = []
+    for samples in (part, batch):
+        old, mask = behaviour_logps(samples, device)
+        if req.low_prob_delta is not None:
+            mask = mask * low_prob_mask(old, mask, req.low_prob_delta)[:, None]
+        live = mask != 0
+        counts.append(int(live.sum() if req.aggregation == "token-mean" else live.any(-1).sum()))
+    return counts[0] / counts[1] if counts[1] else 0.0
 
 
 class Learner(Actor):

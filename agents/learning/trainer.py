@@ -124,6 +124,8 @@ def gradient_request(
         max_grad_norm=grpo.max_grad_norm,
         max_staleness=grpo.max_staleness,
         tis_cap=grpo.tis_cap or None,
+        skip_zero_advantage=grpo.skip_zero_advantage,
+        scoring="packed",
     )
 
 

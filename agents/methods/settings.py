@@ -45,6 +45,12 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         tis_cap: truncated importance sampling against the sampler's log-probs with this cap
             (verl's default: 2; 0: off, the ratio is taken against the sampler's log-probs;
             ``agents.methods.tis``).
+        skip_zero_advantage: turns whose advantage is 0 (a group whose rewards are all equal)
+            skip the learner's forward and backward passes: they add nothing to the gradient,
+            and the loss keeps counting them in its normaliser, so the update is the same up to
+            float rounding while the ratio statistics (``clip_frac``, ``kl``, ``ratio_mean``)
+            are over the turns trained. Not with a KL term (``kl_coef`` > 0), which every turn
+            feeds.
     """
 
     reward: Literal["score", "success"] = "score"
@@ -65,6 +71,7 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_staleness: Annotated[int, Meta(ge=0, le=100)] = 1
     keep_checkpoints: Annotated[int, Meta(ge=1, le=1_000_000)] = 3
     tis_cap: Annotated[float, Meta(ge=0, le=1000)] = 0.0
+    skip_zero_advantage: bool = True
 
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

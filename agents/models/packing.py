@@ -191,6 +191,31 @@ def pack(prompts: Sequence[Ids], candidates: Sequence[Sequence[Ids]], pad_id: in
     return _tensors(rows, scored, pad_id, tuple(len(c) for c in candidates))
 
 
+def pack_rows(prompts: Sequence[Ids], candidates: Sequence[Sequence[Ids]], pad_id: int) -> Packed:
+    """One request per row, its prompt and then its candidates, nothing shared: the layout
+    scoring used before :func:`pack` (coevo before 2026-12-01), kept so that the updates of
+    logs written then re-execute bit for bit (``GradientRequested.scoring == "rows"``).
+
+    Raises:
+        ValueError: as :func:`pack`.
+    """
+    lengths = request_lengths(prompts, candidates)
+    width = max(lengths)
+    rows: list[_Row] = []
+    scored: list[tuple[int, int, int, int]] = []
+    owner = 0
+    for i, (prompt, cands) in enumerate(zip(prompts, candidates, strict=True)):
+        row = _Row(width, [], [], np.zeros((width, width), dtype=bool))
+        rows.append(row)
+        row.place((), prompt, 0)
+        for cand in cands:
+            start = row.place(((0, len(prompt)),), cand, len(prompt))
+            for t, token in enumerate(cand):
+                scored.append((i, len(prompt) - 1 if t == 0 else start + t - 1, token, owner))
+            owner += 1
+    return _tensors(rows, scored, pad_id, tuple(len(c) for c in candidates))
+
+
 def _tensors(
     rows: Sequence[_Row],
     scored: Sequence[tuple[int, int, int, int]],

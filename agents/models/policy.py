@@ -32,16 +32,23 @@ from typing import Any
 
 import torch
 
-from agents.models.packing import Ids, Packed, pack
+from agents.models.packing import Ids, Packed, pack, pack_rows
 
 # model types whose causal LM computes its logits as ``lm_head(the base model's output)`` and
 # nothing more (no soft-capping or scaling), so the head can be applied to the scored places only
 HEAD_ONLY = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
-def scored_logits(model: Any, packed: Packed, device: torch.device) -> torch.Tensor:
+LAYOUTS = ("packed", "rows")
+"""How a learner lays "score" turns out in its forward pass (``GradientRequested.scoring``)."""
+
+
+def scored_logits(
+    model: Any, packed: Packed, device: torch.device, *, head_only: bool = True
+) -> torch.Tensor:
     """The logits at every scored place, (N, V): for the model types in :data:`HEAD_ONLY`
-    the output layer runs at those places only, otherwise on every place of every row."""
+    the output layer runs at those places only (unless ``head_only`` is False), otherwise on
+    every place of every row."""
     kwargs = {
         "input_ids": packed.input_ids.to(device),
         "attention_mask": packed.attention.to(device),
@@ -49,7 +56,7 @@ def scored_logits(model: Any, packed: Packed, device: torch.device) -> torch.Ten
         "use_cache": False,  # one pass: no key-value cache to build
     }
     rows, at = packed.rows.to(device), packed.at.to(device)
-    if getattr(model.config, "model_type", None) in HEAD_ONLY:
+    if head_only and getattr(model.config, "model_type", None) in HEAD_ONLY:
         # the decoder and the head through their accessors, not ``.model`` and ``.lm_head``:
         # on a peft-adapted model ``.model`` is the whole causal LM, not its decoder
         hidden = model.get_decoder()(**kwargs).last_hidden_state  # (B, L, H)
@@ -58,16 +65,16 @@ def scored_logits(model: Any, packed: Packed, device: torch.device) -> torch.Ten
 
 
 def candidate_scores(
-    model: Any, packed: Packed, device: torch.device
+    model: Any, packed: Packed, device: torch.device, *, head_only: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Score packed candidates in one forward pass (with or without grad, as the caller's
-    context decides).
+    context decides); ``head_only``: see :func:`scored_logits`.
 
     Returns:
         ``(scores, token_logp)``: the sum of token log-probs of every candidate, flat in
         request order (sum(counts),), and the log-prob of every candidate token (N,).
     """
-    picked = scored_logits(model, packed, device)  # (N, V)
+    picked = scored_logits(model, packed, device, head_only=head_only)  # (N, V)
     token_logp = picked.float().log_softmax(-1).gather(1, packed.tokens.to(device)[:, None])[:, 0]
     scores = torch.zeros(sum(packed.counts), device=device)
     return scores.index_add(0, packed.owner.to(device), token_logp), token_logp
@@ -166,10 +173,23 @@ def chosen_action_logps(
     temperature: float,
     pad_id: int,
     device: torch.device,
+    layout: str = "packed",
 ) -> torch.Tensor:
-    """Log-prob of each chosen candidate under the candidate softmax, with grad: (B, 1)."""
-    packed = pack(prompts, candidates, pad_id)
-    flat, _ = candidate_scores(model, packed, device)  # (sum(counts),)
+    """Log-prob of each chosen candidate under the candidate softmax, with grad: (B, 1).
+
+    ``layout`` (:data:`LAYOUTS`): "packed" (:func:`agents.models.packing.pack`, the output
+    layer at the scored places only) or "rows" (:func:`agents.models.packing.pack_rows`, the
+    output layer everywhere): how coevo scored before 2026-12-01, the same numbers up to
+    float32 rounding, kept to re-execute the updates of logs written then bit for bit.
+
+    Raises:
+        ValueError: an unknown ``layout``.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown scoring layout {layout!r}, expected one of {LAYOUTS}")
+    rows = layout == "rows"
+    packed = (pack_rows if rows else pack)(prompts, candidates, pad_id)
+    flat, _ = candidate_scores(model, packed, device, head_only=not rows)  # (sum(counts),)
     t = temperature if temperature > 0 else 1.0
     out = [
         (row / t).log_softmax(0)[k]

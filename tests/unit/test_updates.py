@@ -179,6 +179,65 @@ def test_an_update_without_signal_leaves_the_weights_unchanged(mode: str) -> Non
     assert stats.grad_norm == 0.0 and stats.samples == len(turns)
 
 
+@pytest.mark.parametrize(
+    ("mode", "aggregation", "low_prob"),
+    [
+        ("score", "seq-mean-token-mean", False),
+        ("score", "token-mean", False),
+        ("generate", "seq-mean-token-mean", False),
+        ("generate", "token-mean", False),
+        ("generate", "seq-mean-token-sum", False),
+        ("generate", "token-mean", True),
+        ("generate", "seq-mean-token-mean", True),
+    ],
+)
+def test_turns_with_advantage_zero_skip_the_passes_and_the_gradient_stays(
+    mode: str, aggregation: str, low_prob: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``skip_zero_advantage`` a mixed minibatch runs its forward and backward passes on
+    the turns with a nonzero advantage only, and its loss and gradient are those of the whole
+    minibatch (its normaliser still counts the others, low-probability masking included). Two
+    epochs over one minibatch: the first (which measures the sampler's gap) runs every turn,
+    the second only the signal."""
+    import agents.learning.learner as learner
+
+    turns = TURNS[mode](tiny_model())
+    samples = [Sample(t, 1.0 - 0.5 * t.turn) for t in turns]  # 1.0, 0.5, 0.0
+    samples += [Sample(msgspec.structs.replace(t, episode="ep1"), 0.0) for t in turns]
+    delta = None
+    if low_prob:  # drop the response with the lowest token, in both episodes
+        delta = sorted(min(t.token_logps) for t in turns)[1]
+    rows: list[int] = []
+    for name in ("chosen_action_logps", "response_logps"):
+        real = getattr(learner, name)
+
+        def counted(model: object, prompts: list, *a: object, _real=real, **kw: object) -> object:
+            rows.append(len(prompts))
+            return _real(model, prompts, *a, **kw)
+
+        monkeypatch.setattr(learner, name, counted)
+    results = {}
+    for skip in (False, True):
+        rows.clear()
+        model = tiny_model()
+        req = request(
+            epochs=2, aggregation=aggregation, low_prob_delta=delta, skip_zero_advantage=skip
+        )
+        stats = grpo_step(Trainee(model, TOKENIZER, CPU, reference=False), samples, req, seed=0)
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results[skip] = (list(rows), stats.loss, grads)
+    assert results[False][0] == [6, 6]
+    assert results[True][0] == [6, 2]  # the second epoch: the two turns with advantage != 0
+    assert results[True][1] == pytest.approx(results[False][1], rel=1e-5)
+    torch.testing.assert_close(results[True][2], results[False][2], rtol=1e-4, atol=1e-7)
+    if mode == "score" and aggregation == "token-mean":  # a KL term: every turn feeds it
+        rows.clear()
+        model = tiny_model()
+        req = request(epochs=2, kl_coef=0.1, skip_zero_advantage=True)
+        grpo_step(Trainee(model, TOKENIZER, CPU, reference=True), samples, req, seed=0)
+        assert rows == [6] * 4  # the trainee's and the reference's pass, twice
+
+
 # ---------------------------------------------------------------------------------------------
 # The extractor's step
 

@@ -1,0 +1,121 @@
+"""Re-executing updates whose requests do not record their scoring layout (logs written before
+``GradientRequested.scoring``): coevo scored "score" turns one request per row before
+2026-12-01 and packed since, the two equal only to float32 rounding, so re-execution tries each
+from the same weights and optimiser state and keeps the one that reproduces the recorded digest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+from test_updates import TOKENIZER, request, score_turns, tiny_model
+
+from agents.audit.reexecute import Reexecution
+from agents.events.episodes import EpisodeFinished
+from agents.events.policy import GradientRequested, PolicyUpdated
+from agents.learning.learner import Sample, Trainee, grpo_step
+from agents.models.policy import chosen_action_logps
+from engine.errors import UpdateDiverged
+from engine.events import Envelope, Event
+from stores.checkpoints import param_digest
+
+CPU = torch.device("cpu")
+
+
+def envelopes(updates: list[tuple[GradientRequested, str]]) -> list[Envelope[Event]]:
+    """A log of one finished training episode per update, its request and its result."""
+    model = tiny_model()
+    events: list[Event] = []
+    for k, (req, digest) in enumerate(updates):
+        episode = f"ep{k}"
+        turns = [msgspec.structs.replace(t, policy_version=k) for t in score_turns(model, episode)]
+        events += turns
+        events.append(
+            EpisodeFinished(
+                episode=episode,
+                worker="w",
+                family="f",
+                variant=0,
+                split="train",
+                steps=3,
+                score=1.0,
+                success=True,
+                total_reward=1.0,
+            )
+        )
+        events.append(msgspec.structs.replace(req, update=k, episodes=(episode,)))
+        events.append(
+            PolicyUpdated(
+                policy_version=k + 1,
+                update=k,
+                samples=3,
+                stale=0,
+                loss=0.0,
+                grad_norm=0.0,
+                clip_frac=0.0,
+                kl=0.0,
+                ratio_mean=1.0,
+                ref_kl=0.0,
+                digest=digest,
+                checkpoint="",
+                seconds=0.0,
+                seed=k,
+            )
+        )
+    return [Envelope(seq=i, run="r", t=0, actor="a", event=e) for i, e in enumerate(events)]
+
+
+def digests(layouts: list[str]) -> list[str]:
+    """The digest after each update, run with ``layouts[k]``."""
+    trainee = Trainee(tiny_model(), TOKENIZER, CPU, reference=False)
+    out = []
+    for k, layout in enumerate(layouts):
+        turns = score_turns(tiny_model(), f"ep{k}")
+        req = request(update=k, episodes=(f"ep{k}",), scoring=layout)
+        grpo_step(trainee, [Sample(t, 1.0) for t in turns], req, seed=k, version=k)
+        out.append(param_digest(trainee.model))
+    return out
+
+
+def reexecute(envs: list[Envelope[Event]]) -> Reexecution:
+    trainee = Trainee(tiny_model(), TOKENIZER, CPU, reference=False)
+    reexecution = Reexecution(Path("."), 0, trainee, None)
+    reexecution.run(envs)
+    return reexecution
+
+
+def test_the_layouts_score_alike_but_not_bit_for_bit() -> None:
+    model = tiny_model()
+    turns = score_turns(model)
+    args = ([t.prompt_ids for t in turns], [t.candidates for t in turns], [0, 0, 0])
+    with torch.no_grad():
+        rows = chosen_action_logps(
+            model, *args, temperature=1.0, pad_id=0, device=CPU, layout="rows"
+        )
+        packed = chosen_action_logps(model, *args, temperature=1.0, pad_id=0, device=CPU)
+    torch.testing.assert_close(rows, packed, rtol=1e-5, atol=1e-6)
+    assert digests(["rows"]) != digests(["packed"])  # what makes re-execution choose
+    with pytest.raises(ValueError, match="unknown scoring layout 'columns'"):
+        chosen_action_logps(model, *args, temperature=1.0, pad_id=0, device=CPU, layout="columns")
+
+
+@pytest.mark.parametrize("layouts", [["rows", "rows"], ["packed", "packed"], ["rows", "packed"]])
+def test_requests_without_their_layout_re_execute_in_the_one_they_ran(
+    layouts: list[str],
+) -> None:
+    """Written one way or the other (or resumed by newer code part-way), every update
+    reproduces its digest."""
+    unrecorded = [(request(), d) for d in digests(layouts)]
+    assert reexecute(envelopes(unrecorded)).summary.policy == len(layouts)
+
+
+def test_a_recorded_layout_is_the_only_one_tried() -> None:
+    (rows,) = digests(["rows"])
+    told = request(scoring="packed")
+    with pytest.raises(UpdateDiverged, match=r"re-executed parameters have digest"):
+        reexecute(envelopes([(told, rows)]))
+    with pytest.raises(UpdateDiverged, match="names scoring 'columns'"):
+        reexecute(envelopes([(request(scoring="columns"), rows)]))
