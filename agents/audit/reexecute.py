@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -35,6 +36,7 @@ from agents.learning.learner import (
 )
 from agents.memory.extractor import ExtractorModel, extractor_step
 from agents.models.policy import LAYOUTS
+from agents.models.tuning import trainable
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
 from stores.checkpoints import load_weights, param_digest, weights_file
@@ -270,19 +272,20 @@ class Reexecution:
         return Checked("extractor", ev.update, ev.extractor_version, ev.digest, name)
 
 
-def _state(trainee: Trainee) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """A copy of the trainee's weights and optimiser state."""
+def _state(trainee: Trainee) -> tuple[list[torch.Tensor], dict[str, Any] | None]:
+    """A copy of what an update changes: the trainable parameters (a LoRA model's adapters,
+    not its frozen base) and the optimiser's state."""
     opt = trainee.optimizer
-    return (
-        copy.deepcopy(trainee.model.state_dict()),
-        copy.deepcopy(opt.state_dict()) if opt is not None else None,
-    )
+    weights = [p.detach().clone() for p in trainable(trainee.model)]
+    return weights, copy.deepcopy(opt.state_dict()) if opt is not None else None
 
 
-def _restore(trainee: Trainee, saved: tuple[dict[str, Any], dict[str, Any] | None]) -> None:
+def _restore(trainee: Trainee, saved: tuple[list[torch.Tensor], dict[str, Any] | None]) -> None:
     """Put back what :func:`_state` copied."""
     weights, opt = saved
-    trainee.model.load_state_dict(weights)
+    with torch.no_grad():
+        for p, w in zip(trainable(trainee.model), weights, strict=True):
+            p.copy_(w)
     if opt is None:
         trainee.optimizer = None
     else:
