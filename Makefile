@@ -91,6 +91,10 @@ BASELINE ?=
 bench: install
 	$(BIN)/python bench/bench_log.py
 	$(BIN)/python bench/world_baselines.py
+	rm -rf runs/bench-learner
+	$(BIN)/coevo run scenarios/quickstart.toml --out runs/bench-learner --quiet \
+		--set run.episodes=192 --set eval.every=0 --set eval.final_episodes=0
+	$(BIN)/python bench/bench_learner.py --run runs/bench-learner --updates 6
 ifneq ($(BASELINE),)
 	$(BIN)/python bench/bench_log.py --baseline $(BASELINE) --repeats 3
 	rm -rf runs/bench-rollout
