@@ -33,8 +33,9 @@ from scenarios.policy_setup import reexecution_for  # noqa: E402
 
 def updates_of(
     run: Path, n: int
-) -> tuple[object, list[tuple[GradientRequested, list[Sample], int]]]:
-    """The run's trainee at version 0 and its first ``n`` updates (request, samples, seed)."""
+) -> tuple[object, list[tuple[GradientRequested, list[Sample], int, int]]]:
+    """The run's trainee at version 0 and its first ``n`` updates (request, samples, seed, the
+    version they train)."""
     log = open_run(str(run))
     try:
         envs = iter(log.read(0))
@@ -55,6 +56,7 @@ def updates_of(
                         req,
                         samples,
                         seed if seed is not None else update_seed(first.event.seed, req.update),
+                        env.event.policy_version - 1,
                     )
                 )
                 if len(out) == n:
@@ -68,9 +70,9 @@ def one_side(trainee: object, updates: list, skip: bool) -> float:
     """CPU seconds of the updates in order from a fresh copy of ``trainee``."""
     fresh = copy.deepcopy(trainee)
     start = time.process_time()
-    for k, (req, samples, seed) in enumerate(updates):
+    for req, samples, seed, version in updates:
         told = msgspec.structs.replace(req, skip_zero_advantage=skip, scoring="packed")
-        grpo_step(fresh, samples, told, seed, k)
+        grpo_step(fresh, samples, told, seed, version)
     return time.process_time() - start
 
 
@@ -82,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for run in args.run:
         trainee, updates = updates_of(run, args.updates)
-        turns = sum(len(s) for _, s, _ in updates)
-        zero = sum(1 for _, s, _ in updates for x in s if x.adv == 0)
+        turns = sum(len(u[1]) for u in updates)
+        zero = sum(1 for u in updates for x in u[1] if x.adv == 0)
         cpu: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(args.rounds):
             for skip in (False, True):

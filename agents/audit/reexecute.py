@@ -228,12 +228,13 @@ class Reexecution:
         self, req: GradientRequested, samples: list[Sample], seed: int, ev: PolicyUpdated
     ) -> StepStats:
         """Run update ``req`` again. A request that does not record its scoring layout (logs
-        written before 2026-12-02) ran with "packed" or "rows": each is tried from the same
+        written before 2026-12-02) with "score" turns ran with "packed" or "rows" (the layout of
+        "generate" turns never changed): each is tried from the same
         weights and optimiser state, the one that matched the update before first, until
         one reproduces the recorded digest (the caller then checks it, and reports the last
         try's difference if none did)."""
         assert self.trainee is not None
-        if req.scoring is not None:
+        if req.scoring is not None or all(s.turn.mode != "score" for s in samples):
             return grpo_step(self.trainee, samples, req, seed, ev.policy_version - 1)
         for k, layout in enumerate(self._layouts):
             saved = _state(self.trainee) if k + 1 < len(self._layouts) else None

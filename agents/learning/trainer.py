@@ -52,7 +52,7 @@ from agents.methods.base import ADV_EPS, Method, mode_of
 from agents.methods.builtin import Grpo, complementary_rule, grpo_rule
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
-from engine.events import Event
+from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted
 from engine.recovery import Emitted, Replayed
 from engine.seeds import derive_seed
@@ -230,6 +230,7 @@ class GrpoTrainer(Replayed):
         self._round = 0
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
         self._started: set[str] = set()  # running episodes whose worker has begun them
+        self._legacy_requests = False  # resumed from requests that predate their two fields
 
     @property
     def updates(self) -> int:
@@ -289,6 +290,19 @@ class GrpoTrainer(Replayed):
             self._similar[episode] = []
         if episode in self._adapts:  # the re-run's own tip is awaited
             self._adapts[episode].tip_done.discard(episode)
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        """Replay on ``history`` (:meth:`Replayed.recover`). A run whose log holds requests
+        written before :class:`GradientRequested` recorded ``skip_zero_advantage`` and
+        ``scoring`` (coevo before 2026-12-02) goes on writing them that way: the replay must
+        emit what the log holds, and its learner goes on training as it did."""
+        self._legacy_requests = any(
+            env.actor == ctx.name
+            and isinstance(env.event, GradientRequested)
+            and env.event.scoring is None
+            for env in history
+        )
+        await super().recover(ctx, history)
 
     async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
         """Continue after the log's end: emit what the replay decided beyond it (assignments
@@ -561,4 +575,6 @@ class GrpoTrainer(Replayed):
             advantages,
             rollouts if self._method.records_rollouts else (),
         )
+        if self._legacy_requests:
+            req = msgspec.structs.replace(req, skip_zero_advantage=False, scoring=None)
         await ctx.emit(self._method.loss(req))

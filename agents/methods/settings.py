@@ -48,8 +48,8 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         skip_zero_advantage: turns whose advantage is 0 (a group whose rewards are all equal)
             skip the learner's forward and backward passes: they add nothing to the gradient,
             and the loss keeps counting them in its normaliser, so the update is the same up to
-            float rounding while the ratio statistics (``clip_frac``, ``kl``, ``ratio_mean``)
-            are over the turns trained. Not with a KL term (``kl_coef`` > 0), which every turn
+            float rounding while the ratio statistics (``clip_frac``, ``kl``, ``ratio_mean``,
+            ``tis_clip_frac``) of a minibatch that skips are over the turns trained. Not with a KL term (``kl_coef`` > 0), which every turn
             feeds.
     """
 

@@ -401,6 +401,34 @@ def test_the_trainer_resumes_at_any_cut(
     trio.run(check)
 
 
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), method=st.sampled_from(sorted(TRAINERS)), staleness=st.integers(0, 1))
+def test_a_trainer_whose_requests_predate_their_fields_resumes_writing_them_so(
+    data: st.DataObject, method: str, staleness: int
+) -> None:
+    """A run begun before ``GradientRequested`` recorded ``skip_zero_advantage`` and
+    ``scoring`` (its log holds the two fields' defaults) resumes at any cut after its first
+    request: the replay emits the requests as they were logged, and those after the cut the
+    same way."""
+
+    def make() -> Replayed:
+        return TRAINERS[method](staleness, 2)
+
+    def old(env: Envelope[Event]) -> Envelope[Event]:
+        if env.actor == NAME and isinstance(env.event, GradientRequested):
+            before = msgspec.structs.replace(env.event, skip_zero_advantage=False, scoring=None)
+            return msgspec.structs.replace(env, event=before)
+        return env
+
+    async def check() -> None:
+        log = [old(e) for e in await live(make, world_inputs(World(data, restarts=False)), data)]
+        first = next(i for i, e in enumerate(log) if isinstance(e.event, GradientRequested))
+        for cut in range(first + 1, len(log) + 1):
+            assert await resumed_by_replay(make, log, cut) == emitted_after(log, cut), cut
+
+    trio.run(check)
+
+
 # --- the credit book ----------------------------------------------------------------------------
 
 
