@@ -49,8 +49,8 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             skip the learner's forward and backward passes: they add nothing to the gradient,
             and the loss keeps counting them in its normaliser, so the update is the same up to
             float rounding while the ratio statistics (``clip_frac``, ``kl``, ``ratio_mean``,
-            ``tis_clip_frac``) of a minibatch that skips are over the turns trained. Not with a KL term (``kl_coef`` > 0), which every turn
-            feeds.
+            ``tis_clip_frac``) of a minibatch that skips are over the turns trained. Not with
+            a KL term (``kl_coef`` > 0), which every turn feeds.
     """
 
     reward: Literal["score", "success"] = "score"
