@@ -56,6 +56,7 @@ method = "grpo"
 [policy]
 temperature = 5.0
 batch_max = 1  # a forward pass per request: batching changes log-probs in their last bits
+batches_in_flight = 1  # two passes at once changed one score's last bits (kill sweep, 12-02)
 
 [policy.embedded]
 steps = 20
