@@ -325,10 +325,10 @@ def _one_step(
     with_kl = req.kl_coef > 0 and trainee.has_reference
     share = 1.0
     if req.skip_zero_advantage and not with_kl and not measure:
-        signal = [s for s in batch if s.adv != 0]
-        if signal and len(signal) < len(batch):
-            share = _share(batch, signal, req, trainee.device)
-            batch = signal
+        keep = [s.adv != 0 for s in batch]
+        if any(keep) and not all(keep):
+            share = _share(batch, keep, req, trainee.device)
+            batch = [s for s, k in zip(batch, keep, strict=True) if k]
     logp, old_logp, mask = sample_logps(
         trainee.model, batch, trainee.pad_id, trainee.device, req.scoring
     )
@@ -363,7 +363,7 @@ def _one_step(
         aggregation=req.aggregation,
         is_weight=is_weight,
     )
-    loss = out.loss * share if share != 1.0 else out.loss
+    loss = out.loss * share  # exact when nothing is skipped (share 1.0)
     ref_kl = 0.0
     if with_kl:
         with torch.no_grad(), trainee.reference_model() as reference:
@@ -393,19 +393,18 @@ def _one_step(
 
 
 def _share(
-    batch: Sequence[Sample], part: Sequence[Sample], req: GradientRequested, device: torch.device
+    batch: Sequence[Sample], keep: Sequence[bool], req: GradientRequested, device: torch.device
 ) -> float:
-    """The share of ``batch``'s loss normaliser that ``part`` holds, its mask as the loss
-    takes it (low-probability masking included): unmasked tokens for "token-mean", sequences
-    with any for the other aggregations (:func:`agents.methods.grpo.aggregate`)."""
-    counts = []
-    for samples in (part, batch):
-        old, mask = behaviour_logps(samples, device)
-        if req.low_prob_delta is not None:
-            mask = mask * low_prob_mask(old, mask, req.low_prob_delta)[:, None]
-        live = mask != 0
-        counts.append(int(live.sum() if req.aggregation == "token-mean" else live.any(-1).sum()))
-    return counts[0] / counts[1] if counts[1] else 0.0
+    """The share of ``batch``'s loss normaliser that its turns ``keep`` marks hold, its mask as
+    the loss takes it (low-probability masking included): unmasked tokens for "token-mean",
+    sequences with any for the other aggregations (:func:`agents.methods.grpo.aggregate`)."""
+    old, mask = behaviour_logps(batch, device)
+    if req.low_prob_delta is not None:
+        mask = mask * low_prob_mask(old, mask, req.low_prob_delta)[:, None]
+    live = mask != 0
+    per_turn = live.sum(-1) if req.aggregation == "token-mean" else live.any(-1)  # (B,)
+    total = int(per_turn.sum())
+    return int(per_turn[torch.tensor(keep, device=device)].sum()) / total if total else 0.0
 
 
 class Learner(Actor):
