@@ -168,6 +168,40 @@ SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGKILL: -signal.SIGKILL}
 """The exit status of a process stopped by each signal: coevo turns SIGINT into a stop with
 exit 130; SIGKILL cannot be caught (``Popen.returncode`` is minus the signal)."""
 
+SITE_INTERRUPTED = "Fatal Python error: init_import_site"
+"""What CPython prints (exit 1) when a KeyboardInterrupt interrupts its import of ``site``, in
+its own start-up, before any of coevo's code runs."""
+
+
+def catches(pid: int, sig: int) -> bool | None:
+    """Whether process ``pid`` has a handler installed for ``sig`` now: bit ``sig - 1`` of the
+    ``SigCgt`` mask in ``/proc/PID/status`` (Linux). None where that cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return None
+
+
+def stopped_as_expected(sig: int, code: int, err: str, caught: bool | None) -> bool:
+    """Whether exit status ``code`` (stderr ``err``) is how a process ends on ``sig``.
+
+    A SIGINT stops coevo gracefully (130) once the interpreter has installed its handler.
+    Sent while the interpreter starts (``caught`` False: no handler yet, read just before the
+    signal went) its default action ends the process (-2), and during CPython's import of
+    ``site`` it ends with CPython's fatal error: in both cases before coevo opened its log.
+    """
+    if code == SIGNAL_EXIT[sig]:
+        return True
+    if sig != signal.SIGINT:
+        return False
+    if caught is False and code == -signal.SIGINT:
+        return True
+    return code == 1 and SITE_INTERRUPTED in err and "KeyboardInterrupt" in err
+
 
 def stop_at(
     proc: subprocess.Popen[bytes],
@@ -178,7 +212,8 @@ def stop_at(
     errors: list[str] | None = None,
 ) -> int | None:
     """Send ``sig`` once the log holds ``events`` events; wait for the process to end, which
-    must be by that signal (:data:`SIGNAL_EXIT`). Its stderr is appended to ``errors``.
+    must be by that signal (:func:`stopped_as_expected`: :data:`SIGNAL_EXIT`, or a SIGINT that
+    came before the interpreter could handle it). Its stderr is appended to ``errors``.
 
     Returns:
         The exit code, or None if the process ended on its own (exit 0) before that.
@@ -186,13 +221,15 @@ def stop_at(
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
         if next_seq(run) >= events:
+            caught = catches(proc.pid, sig)
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=timeout)
             if errors is not None:
                 errors.append(err.decode())
             if proc.returncode == 0:  # it had exited on its own as the signal was sent
                 return None
-            assert proc.returncode == SIGNAL_EXIT[sig], (proc.returncode, err.decode()[-2000:])
+            expected = stopped_as_expected(sig, proc.returncode, err.decode(), caught)
+            assert expected, (proc.returncode, caught, err.decode()[-2000:])
             return proc.returncode
         assert time.monotonic() < deadline, "the run did not reach the kill point in time"
         time.sleep(0.05)

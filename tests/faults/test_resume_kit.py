@@ -1,13 +1,24 @@
 """The resume tests' own checks can fail: ``duplicates`` finds a fact recorded twice, inside an
-attempt as across the run, and ``check_sessions`` a session that does not begin as it must."""
+attempt as across the run, ``check_sessions`` a session that does not begin as it must, and
+``stopped_as_expected`` an exit that is not the signal's."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
 import pytest
-from resume_kit import Chain, check_sessions, duplicates
+from resume_kit import (
+    SITE_INTERRUPTED,
+    Chain,
+    catches,
+    check_sessions,
+    duplicates,
+    stopped_as_expected,
+)
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeAssigned, EpisodeFinished, StepTaken
 from agents.events.policy import ActionRequested, ActionSampled
@@ -90,3 +101,37 @@ def test_sessions_must_begin_with_their_run_resumed() -> None:
     wrong = [final[0], final[1], final[2], final[4]]
     with pytest.raises(AssertionError):
         check_sessions(wrong, [first])
+
+
+def test_catches_reads_whether_a_process_handles_a_signal_now() -> None:
+    assert catches(0, signal.SIGINT) is None  # no such process
+    plain = subprocess.Popen(["sleep", "30"])
+    python = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; print(flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert python.stdout is not None and python.stdout.readline() == b"\n"
+        assert catches(plain.pid, signal.SIGINT) is False
+        assert catches(python.pid, signal.SIGINT) is True  # the interpreter's own handler
+        assert catches(python.pid, signal.SIGTERM) is False
+    finally:
+        plain.kill()
+        python.kill()
+        plain.wait()
+        python.communicate()
+
+
+def test_an_exit_that_is_not_the_signals_is_refused() -> None:
+    site = f"{SITE_INTERRUPTED}: Failed to import the site module\n...\nKeyboardInterrupt\n"
+    assert stopped_as_expected(signal.SIGINT, 130, "", caught=True)
+    assert stopped_as_expected(signal.SIGKILL, -signal.SIGKILL, "", caught=None)
+    # before the interpreter installed its handler, SIGINT's default action ends the process
+    assert stopped_as_expected(signal.SIGINT, -signal.SIGINT, "", caught=False)
+    assert not stopped_as_expected(signal.SIGINT, -signal.SIGINT, "", caught=True)
+    assert not stopped_as_expected(signal.SIGINT, -signal.SIGINT, "", caught=None)
+    # a KeyboardInterrupt in CPython's import of site, before coevo's code
+    assert stopped_as_expected(signal.SIGINT, 1, site, caught=True)
+    assert not stopped_as_expected(signal.SIGINT, 1, "coevo: error: boom", caught=True)
+    assert not stopped_as_expected(signal.SIGKILL, 1, site, caught=None)
+    assert not stopped_as_expected(signal.SIGKILL, 130, "", caught=None)
