@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import sys
 import time
@@ -25,67 +26,46 @@ sys.path.insert(0, str(ROOT))
 
 import msgspec  # noqa: E402
 
-from agents.events.policy import GradientRequested, PolicyUpdated  # noqa: E402
-from agents.learning.learner import Sample, grpo_step, update_seed  # noqa: E402
+from agents.audit.reexecute import RequestedUpdate, requested_updates  # noqa: E402
+from agents.learning.learner import Trainee, grpo_step  # noqa: E402
 from scenarios.cli.common import find_run, open_run  # noqa: E402
 from scenarios.policy_setup import reexecution_for  # noqa: E402
 
 
-def updates_of(
-    run: Path, n: int
-) -> tuple[object, list[tuple[GradientRequested, list[Sample], int, int]]]:
-    """The run's trainee at version 0 and its first ``n`` updates (request, samples, seed, the
-    version they train)."""
+def updates_of(run: Path, n: int) -> tuple[Trainee, list[RequestedUpdate]]:
+    """The run's trainee at version 0 and its first ``n`` updates with their inputs."""
     log = open_run(str(run))
     try:
         envs = iter(log.read(0))
         first = next(envs)
         rx = reexecution_for(find_run(str(run)).root, first.event.seed)
-        out = []
-        for env in envs:
-            req = rx.buffer.observe(env)
-            if req is not None:
-                samples, _ = rx.buffer.collect(req)
-                rx.buffer.version += 1
-                rx.requests[req.update] = (req, samples, 0)
-            elif isinstance(env.event, PolicyUpdated):
-                req, samples, _ = rx.requests.pop(env.event.update)
-                seed = env.event.seed
-                out.append(
-                    (
-                        req,
-                        samples,
-                        seed if seed is not None else update_seed(first.event.seed, req.update),
-                        env.event.policy_version - 1,
-                    )
-                )
-                if len(out) == n:
-                    break
+        updates = list(itertools.islice(requested_updates(envs, first.event.seed), n))
     finally:
         log.close()
-    return rx.trainee, out
+    assert rx.trainee is not None, f"{run} trains no policy"
+    return rx.trainee, updates
 
 
-def one_side(trainee: object, updates: list, skip: bool) -> float:
+def one_side(trainee: Trainee, updates: list[RequestedUpdate], skip: bool) -> float:
     """CPU seconds of the updates in order from a fresh copy of ``trainee``."""
     fresh = copy.deepcopy(trainee)
     start = time.process_time()
-    for req, samples, seed, version in updates:
-        told = msgspec.structs.replace(req, skip_zero_advantage=skip, scoring="packed")
-        grpo_step(fresh, samples, told, seed, version)
+    for u in updates:
+        told = msgspec.structs.replace(u.request, skip_zero_advantage=skip, scoring="packed")
+        grpo_step(fresh, u.samples, told, u.seed, u.version)
     return time.process_time() - start
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--run", action="append", required=True, type=Path)
     parser.add_argument("--updates", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     for run in args.run:
         trainee, updates = updates_of(run, args.updates)
-        turns = sum(len(u[1]) for u in updates)
-        zero = sum(1 for u in updates for x in u[1] if x.adv == 0)
+        turns = sum(len(u.samples) for u in updates)
+        zero = sum(1 for u in updates for x in u.samples if x.adv == 0)
         cpu: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(args.rounds):
             for skip in (False, True):

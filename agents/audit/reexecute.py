@@ -14,7 +14,7 @@ applying the updates in order from the start, as the run did.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,84 @@ class Checked:
     version: int
     digest: str
     checkpoint: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedUpdate:
+    """A policy update as its run's log asked for it: what re-execution runs again.
+
+    Attributes:
+        request: the update's :class:`GradientRequested`.
+        samples: the turns the learner kept for it (its own fold, in its order).
+        stale: how many of them an older policy version drew.
+        seed: the seed it ran with (recorded, or derived from the run's seed in older logs).
+        version: the policy version it trained (its result is ``version + 1``).
+        seq: the seq of its :class:`PolicyUpdated`.
+        result: that :class:`PolicyUpdated`.
+    """
+
+    request: GradientRequested
+    samples: list[Sample]
+    stale: int
+    seed: int
+    version: int
+    seq: int
+    result: PolicyUpdated
+
+
+class UpdateInputs:
+    """The fold that pairs each :class:`PolicyUpdated` in a log with its inputs: the learner's
+    own :class:`SampleBuffer`, which serves requests in order, one policy version each.
+
+    Args:
+        run_seed: the run's seed (for logs that predate :attr:`PolicyUpdated.seed`).
+    """
+
+    def __init__(self, run_seed: int) -> None:
+        self.run_seed = run_seed
+        self._buffer = SampleBuffer()
+        self._requests: dict[int, tuple[GradientRequested, list[Sample], int]] = {}
+
+    @property
+    def pending(self) -> int:
+        """Requests folded that no :class:`PolicyUpdated` has answered yet."""
+        return len(self._requests)
+
+    def feed(self, env: Envelope[Event]) -> RequestedUpdate | None:
+        """Fold one envelope; returns the update its :class:`PolicyUpdated` completes, if any.
+
+        Raises:
+            UpdateDiverged: the log asks for an episode it never finished, or records an
+                update no request asked for.
+        """
+        req = self._buffer.observe(env)
+        if req is not None:
+            try:
+                samples, stale = self._buffer.collect(req)
+            except RuntimeError as exc:  # the log asks for an episode it never finished
+                raise UpdateDiverged("policy", req.update, env.seq, str(exc)) from None
+            self._buffer.version += 1
+            self._requests[req.update] = (req, samples, stale)
+            return None
+        ev = env.event
+        if not isinstance(ev, PolicyUpdated):
+            return None
+        if ev.update not in self._requests:
+            raise UpdateDiverged("policy", ev.update, env.seq, "no GradientRequested before it")
+        req, samples, stale = self._requests.pop(ev.update)
+        seed = ev.seed if ev.seed is not None else update_seed(self.run_seed, ev.update)
+        return RequestedUpdate(req, samples, stale, seed, ev.policy_version - 1, env.seq, ev)
+
+
+def requested_updates(
+    envelopes: Iterable[Envelope[Event]], run_seed: int
+) -> Iterator[RequestedUpdate]:
+    """Each policy update of a log, in order, with its inputs (nothing is run)."""
+    inputs = UpdateInputs(run_seed)
+    for env in envelopes:
+        update = inputs.feed(env)
+        if update is not None:
+            yield update
 
 
 @dataclass
@@ -141,13 +219,11 @@ class Reexecution:
         trainee: Trainee | None,
         extractor: ExtractorModel | None,
     ) -> None:
-        self.run_seed = run_seed
         self.trainee = trainee
         self.extractor = extractor
         self.policy = _Model("policy", trainee.model, run_dir) if trainee else None
         self.ext = _Model("extractor", extractor.model, run_dir) if extractor else None
-        self.buffer = SampleBuffer()
-        self.requests: dict[int, tuple[GradientRequested, list[Sample], int]] = {}
+        self.inputs = UpdateInputs(run_seed)
         self.calls: dict[str, ExtractorCalled] = {}
         self.ext_requests: dict[int, ExtractorGradientRequested] = {}
         self.summary = Summary()
@@ -160,17 +236,12 @@ class Reexecution:
             UpdateDiverged: the update it completes does not match the log.
         """
         ev = env.event
-        req = self.buffer.observe(env)
-        if req is not None:
-            try:
-                samples, stale = self.buffer.collect(req)
-            except RuntimeError as exc:  # the log asks for an episode it never finished
-                raise UpdateDiverged("policy", req.update, env.seq, str(exc)) from None
-            self.buffer.version += 1  # the learner serves requests in order, one version each
-            self.requests[req.update] = (req, samples, stale)
-        elif isinstance(ev, PolicyUpdated):
-            return self._policy(env, ev)
-        elif isinstance(ev, ExtractorCalled):
+        if isinstance(ev, PolicyUpdated) and self.trainee is None:
+            raise UpdateDiverged("policy", ev.update, env.seq, "no policy to re-execute it on")
+        update = self.inputs.feed(env)
+        if update is not None:
+            return self._policy(env, update)
+        if isinstance(ev, ExtractorCalled):
             self.calls[ev.call] = ev
         elif isinstance(ev, ExtractorGradientRequested):
             self.ext_requests[ev.update] = ev
@@ -192,16 +263,12 @@ class Reexecution:
             checked = self.feed(env)
             if checked is not None:
                 on_checked(checked)
-        self.summary.unapplied = len(self.requests) + len(self.ext_requests)
+        self.summary.unapplied = self.inputs.pending + len(self.ext_requests)
         return self.summary
 
-    def _policy(self, env: Envelope[Event], ev: PolicyUpdated) -> Checked:
-        if self.trainee is None or self.policy is None:
-            raise UpdateDiverged("policy", ev.update, env.seq, "no policy to re-execute it on")
-        if ev.update not in self.requests:
-            raise UpdateDiverged("policy", ev.update, env.seq, "no GradientRequested before it")
-        req, samples, stale = self.requests.pop(ev.update)
-        seed = ev.seed if ev.seed is not None else update_seed(self.run_seed, ev.update)
+    def _policy(self, env: Envelope[Event], update: RequestedUpdate) -> Checked:
+        assert self.policy is not None
+        req, samples, stale, ev = update.request, update.samples, update.stale, update.result
         if req.scoring is not None and req.scoring not in LAYOUTS:
             raise UpdateDiverged(
                 "policy",
@@ -209,7 +276,7 @@ class Reexecution:
                 env.seq,
                 f"the request names scoring {req.scoring!r}, not one of {LAYOUTS}",
             )
-        stats = self._policy_step(req, samples, seed, ev)
+        stats = self._policy_step(req, samples, update.seed, update.version, ev.digest)
         if (stats.samples, stale) != (ev.samples, ev.stale):
             raise UpdateDiverged(
                 "policy",
@@ -225,7 +292,7 @@ class Reexecution:
         return Checked("policy", ev.update, ev.policy_version, ev.digest, name)
 
     def _policy_step(
-        self, req: GradientRequested, samples: list[Sample], seed: int, ev: PolicyUpdated
+        self, req: GradientRequested, samples: list[Sample], seed: int, version: int, digest: str
     ) -> StepStats:
         """Run update ``req`` again. A request that does not record its scoring layout (logs
         written before 2026-12-02) with "score" turns ran with "packed" or "rows" (the layout of
@@ -235,12 +302,12 @@ class Reexecution:
         try's difference if none did)."""
         assert self.trainee is not None
         if req.scoring is not None or all(s.turn.mode != "score" for s in samples):
-            return grpo_step(self.trainee, samples, req, seed, ev.policy_version - 1)
+            return grpo_step(self.trainee, samples, req, seed, version)
         for k, layout in enumerate(self._layouts):
             saved = _state(self.trainee) if k + 1 < len(self._layouts) else None
             told = msgspec.structs.replace(req, scoring=layout)
-            stats = grpo_step(self.trainee, samples, told, seed, ev.policy_version - 1)
-            if saved is None or param_digest(self.trainee.model) == ev.digest:
+            stats = grpo_step(self.trainee, samples, told, seed, version)
+            if saved is None or param_digest(self.trainee.model) == digest:
                 self._layouts = (layout, *(x for x in self._layouts if x != layout))
                 return stats
             _restore(self.trainee, saved)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from test_updates import TOKENIZER, request, score_turns, tiny_model
 
-from agents.audit.reexecute import Reexecution
+from agents.audit.reexecute import Reexecution, UpdateInputs, requested_updates
 from agents.events.episodes import EpisodeFinished
 from agents.events.policy import GradientRequested, PolicyUpdated
-from agents.learning.learner import Sample, Trainee, grpo_step
+from agents.learning.learner import Sample, Trainee, grpo_step, update_seed
 from agents.models.policy import chosen_action_logps
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
@@ -119,3 +119,30 @@ def test_a_recorded_layout_is_the_only_one_tried() -> None:
         reexecute(envelopes([(told, rows)]))
     with pytest.raises(UpdateDiverged, match="names scoring 'columns'"):
         reexecute(envelopes([(request(scoring="columns"), rows)]))
+
+
+def test_the_inputs_fold_pairs_each_update_with_its_request_and_samples() -> None:
+    """``requested_updates`` yields what re-execution runs: the request, the turns the learner
+    kept, the seed (derived from the run's for a log without ``PolicyUpdated.seed``) and the
+    version trained; nothing is run."""
+    log = envelopes([(request(scoring="packed"), "d0"), (request(scoring="packed"), "d1")])
+    log[-1] = msgspec.structs.replace(
+        log[-1], event=msgspec.structs.replace(log[-1].event, seed=None)
+    )
+    first, second = requested_updates(log, run_seed=7)
+    assert (first.request.update, first.seed, first.version, len(first.samples)) == (0, 0, 0, 3)
+    assert (second.seed, second.version, second.seq) == (update_seed(7, 1), 1, len(log) - 1)
+    assert second.result is log[-1].event and second.stale == 0
+
+
+def test_an_update_no_request_asked_for_or_no_policy_to_run_it_on_diverges() -> None:
+    log = envelopes([(request(scoring="packed"), "d0")])
+    inputs = UpdateInputs(run_seed=0)
+    for env in log[:-2]:
+        assert inputs.feed(env) is None
+    with pytest.raises(UpdateDiverged, match="no GradientRequested before it"):
+        inputs.feed(log[-1])  # its request skipped
+    assert inputs.feed(log[-2]) is None and inputs.pending == 1
+    rx = Reexecution(Path("."), 0, None, None)
+    with pytest.raises(UpdateDiverged, match="no policy to re-execute it on"):
+        rx.run(log)
