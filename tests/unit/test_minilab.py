@@ -6,13 +6,15 @@ import random
 import re
 import subprocess
 import sys
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 
 from agents.acting.scripted import Explorer, RandomAgent, run_episode
+from engine import world_registry
 from engine.world import Observation, Task, TextWorld
-from engine.world_registry import builtin_worlds, load_world
+from engine.world_registry import WORLDS_GROUP, builtin_worlds, load_world
 from scenarios.worlds.minilab import DEFAULT_MAX_STEPS, MiniLab
 from scenarios.worlds.minilab_layouts import (
     FAMILIES,
@@ -289,6 +291,33 @@ def test_load_world_builds_builtin_and_imported_worlds() -> None:
     world = load_world("minilab", {"families": ["heat"], "max_steps": 5})
     assert isinstance(world, MiniLab) and world.families() == ("heat",)
     assert isinstance(load_world("scenarios.worlds.minilab:MiniLab", {}), MiniLab)
+
+
+def test_installed_worlds_are_read_once_and_again_for_a_name_not_yet_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run builds a world per worker: the entry points are read once, and read again only
+    for a name they did not have (a plug-in installed while the process runs)."""
+    reads: list[str] = []
+    installed = [EntryPoint("minilab", "scenarios.worlds.minilab:MiniLab", WORLDS_GROUP)]
+
+    def entry_points(group: str) -> list[EntryPoint]:
+        reads.append(group)
+        return list(installed)
+
+    monkeypatch.setattr(world_registry, "entry_points", entry_points)
+    monkeypatch.setattr(world_registry, "_installed", None)
+    for _ in range(3):
+        assert isinstance(load_world("minilab", {}), MiniLab)
+    assert reads == [WORLDS_GROUP]
+    installed.append(EntryPoint("lab2", "scenarios.worlds.minilab:MiniLab", WORLDS_GROUP))
+    assert isinstance(load_world("lab2", {}), MiniLab)
+    assert len(reads) == 2
+    with pytest.raises(ValueError, match="unknown world 'lab3'"):
+        load_world("lab3", {})
+    assert len(reads) == 3
+    load_world("scenarios.worlds.minilab:MiniLab", {})  # an import path needs no read
+    assert len(reads) == 3
 
 
 @pytest.mark.parametrize(
