@@ -1,7 +1,5 @@
 """``python -m scenarios.cli ARGS``: the ``coevo`` command line."""
 
-import sys
+from scenarios.cli.entry import run
 
-from scenarios.cli.main import main
-
-sys.exit(main())
+run()

@@ -20,7 +20,7 @@ HEAVY = ("torch", "transformers", "safetensors")
 # runs the CLI in process, then prints which heavy modules it imported
 PROBE = """
 import contextlib, io, sys
-from scenarios.cli.main import main
+from scenarios.cli.commands import main
 with contextlib.redirect_stdout(io.StringIO()):
     code = main(sys.argv[1:])
 assert "agents.events.policy" in sys.modules or sys.argv[1] == "validate"
