@@ -31,11 +31,12 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
 def forget_escaped_interrupt() -> None:
     """Clear CPython's mark of a KeyboardInterrupt that escaped an ``exec`` or ``eval``.
 
-    CPython (3.11 to 3.13 at least) marks a KeyboardInterrupt that escapes the evaluation of
+    CPython (3.11, checked) marks a KeyboardInterrupt that escapes the evaluation of
     a string as unhandled even when a caller catches it, and under ``python -m`` it then ends
     the process by SIGINT (exit -2) whatever exit code the program chose. ``dataclasses`` and
     ``collections.namedtuple`` build their methods from strings, so a Ctrl-C while modules
     import lands there often: a graceful stop printed ``coevo: interrupted`` and still ended
-    with -2 (2 of 60 SIGINTs during start-up, 2026-12-02). Evaluating a string resets the mark.
+    with -2 (5 times in about 45 SIGINTs during start-up, 2026-12-02). Evaluating a string
+    resets the mark.
     """
     exec("")
