@@ -1,3 +1,4 @@
 """What plug-in authors test event streams with (docs/TESTING.md): well-formed streams drawn by
 Hypothesis (:mod:`agents.testing.streams`, the ``testing`` extra) and edits of a stream for
-negative controls (:mod:`agents.testing.edits`, no Hypothesis needed)."""
+negative controls (:mod:`agents.testing.edits`, no Hypothesis needed), and single events with
+neutral contents (:mod:`agents.testing.events`)."""

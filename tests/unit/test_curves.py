@@ -11,6 +11,7 @@ from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUp
 from agents.learning.trainer import eval_tasks, rule_name
 from agents.methods.settings import GrpoConfig
 from agents.report.curves import fold_curves, report, summary_lines
+from agents.testing.events import policy_updated
 from engine.world import Task
 
 
@@ -30,18 +31,13 @@ def finished(i: int, success: bool, purpose: str = "train") -> EpisodeFinished:
 
 
 def updated(version: int) -> PolicyUpdated:
-    return PolicyUpdated(
-        policy_version=version,
-        update=version - 1,
+    return policy_updated(
+        version,
         samples=10,
-        stale=0,
         loss=0.5 / version,
         grad_norm=1.0,
         clip_frac=0.1,
         kl=0.01,
-        ratio_mean=1.0,
-        ref_kl=0.0,
-        digest="d",
         checkpoint=f"checkpoints/v{version:06d}",
         seconds=0.5,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from agents.analysis.diff import describe, diverging_seqs, scenario_changes
 from agents.events.episodes import StepTaken
 from agents.events.policy import PolicyUpdated
+from agents.testing.events import policy_updated
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted
 
@@ -35,21 +36,7 @@ def _started(actor: str) -> ActorStarted:
 
 
 def _updated(seconds: float, loss: float = 0.5) -> PolicyUpdated:
-    return PolicyUpdated(
-        policy_version=1,
-        update=0,
-        samples=1,
-        stale=0,
-        loss=loss,
-        grad_norm=1.0,
-        clip_frac=0.0,
-        kl=0.0,
-        ratio_mean=1.0,
-        ref_kl=0.0,
-        digest="d",
-        checkpoint="c",
-        seconds=seconds,
-    )
+    return policy_updated(1, loss=loss, grad_norm=1.0, checkpoint="c", seconds=seconds)
 
 
 def test_interleavings_and_wall_clock_fields_are_not_divergences() -> None:

@@ -15,9 +15,10 @@ from test_updates import TOKENIZER, request, score_turns, tiny_model
 
 from agents.audit.reexecute import Reexecution, UpdateInputs, requested_updates
 from agents.events.episodes import EpisodeFinished
-from agents.events.policy import GradientRequested, PolicyUpdated
+from agents.events.policy import GradientRequested
 from agents.learning.learner import Sample, Trainee, grpo_step, update_seed
 from agents.models.policy import chosen_action_logps
+from agents.testing.events import policy_updated
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
 from stores.checkpoints import param_digest
@@ -47,24 +48,7 @@ def envelopes(updates: list[tuple[GradientRequested, str]]) -> list[Envelope[Eve
             )
         )
         events.append(msgspec.structs.replace(req, update=k, episodes=(episode,)))
-        events.append(
-            PolicyUpdated(
-                policy_version=k + 1,
-                update=k,
-                samples=3,
-                stale=0,
-                loss=0.0,
-                grad_norm=0.0,
-                clip_frac=0.0,
-                kl=0.0,
-                ratio_mean=1.0,
-                ref_kl=0.0,
-                digest=digest,
-                checkpoint="",
-                seconds=0.0,
-                seed=k,
-            )
-        )
+        events.append(policy_updated(k + 1, samples=3, digest=digest, checkpoint="", seed=k))
     return [Envelope(seq=i, run="r", t=0, actor="a", event=e) for i, e in enumerate(events)]
 
 

@@ -11,7 +11,7 @@ import pytest
 from agents.events.episodes import EpisodeFinished
 from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipEvicted, TipStored
-from agents.events.policy import PolicyUpdated
+from agents.testing.events import policy_updated
 from agents.tracking.observer import Tracker, TrackingFailed
 from agents.tracking.scalars import Scalar, ScalarFold, fold_scalars
 from engine.events import Envelope, Event
@@ -72,21 +72,10 @@ def test_blocks_bank_credit_and_throughput() -> None:
 
 
 def test_updates_by_version_and_the_block_checked() -> None:
-    ev = PolicyUpdated(
-        policy_version=3,
-        update=2,
-        samples=10,
-        stale=1,
-        loss=0.5,
-        grad_norm=2.0,
-        clip_frac=0.1,
-        kl=0.01,
-        ratio_mean=1.0,
-        ref_kl=0.0,
-        digest="d",
-        checkpoint="c",
-        seconds=1.5,
-    )
+    ev = policy_updated(
+        3, samples=10, stale=1, loss=0.5, grad_norm=2.0, clip_frac=0.1, kl=0.01,
+        checkpoint="c", seconds=1.5,
+    )  # fmt: skip
     points = ScalarFold().evolve(_env(7, ev, 3.0))
     got = {p.tag: (p.step, p.value, p.wall_time) for p in points}
     assert got["update/loss"] == (3, 0.5, 3.0)

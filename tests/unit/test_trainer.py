@@ -22,6 +22,7 @@ from agents.events.policy import AdvantagesComputed, GradientRequested, PolicyUp
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.builtin import Complementary, Empo2
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
+from agents.testing.events import policy_updated
 from engine.actor import Context
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted
@@ -50,21 +51,7 @@ def finished(job: EpisodeAssigned) -> EpisodeFinished:
 
 
 def updated(req: GradientRequested) -> PolicyUpdated:
-    return PolicyUpdated(
-        policy_version=req.update + 1,
-        update=req.update,
-        samples=1,
-        stale=0,
-        loss=0.0,
-        grad_norm=0.0,
-        clip_frac=0.0,
-        kl=0.0,
-        ratio_mean=1.0,
-        ref_kl=0.0,
-        digest="d",
-        checkpoint=f"v{req.update + 1}",
-        seconds=0.0,
-    )
+    return policy_updated(req.update + 1)
 
 
 class Drive:
