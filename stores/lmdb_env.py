@@ -42,8 +42,16 @@ Init = Callable[[lmdb.Transaction, list["_Db"]], None]
 
 def is_blank(path: Path) -> bool:
     """True if ``path/data.mdb`` exists and holds no commit: a log whose creation was
-    interrupted before its first transaction (nothing of a run is in it)."""
-    return lmdb_pages.is_blank(path / DATA_FILE)
+    interrupted before its first transaction (nothing of a run is in it). That is LMDB's two
+    meta pages of transaction 0 or, killed a moment earlier, an empty file (LMDB creates the
+    file, then writes its meta pages)."""
+    data = path / DATA_FILE
+    try:
+        if data.stat().st_size == 0:
+            return True
+    except OSError:
+        return False
+    return lmdb_pages.is_blank(data)
 
 
 def open_env(

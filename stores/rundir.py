@@ -71,6 +71,30 @@ def default_run_dir(base: Path, scenario_name: str, run_id: str) -> Path:
     return base / f"{scenario_name}-{stamp}-{run_id[:6]}"
 
 
+def _refuse_blank(rd: RunDir) -> None:
+    """Refuse a run directory whose log holds no commit: a creation stopped before its first
+    commit (a new run may go there), or, when the run's other files are there (a run writes
+    them after its log's first commit), a log damaged or replaced since.
+
+    Raises:
+        RunNotFound: always.
+    """
+    others = rd.foreign()
+    if others:
+        try:
+            size = (rd.log / DATA_FILE).stat().st_size
+        except OSError:  # removed meanwhile
+            size = 0
+        raise RunNotFound(
+            f"{rd.log}: event log is damaged: {DATA_FILE} holds no commit ({size} bytes), "
+            f"though the run's other files are here ({', '.join(others[:3])})"
+        )
+    raise RunNotFound(
+        f"{rd.root}: its event log holds nothing (its creation was stopped before the first "
+        "commit); run the scenario again with --out pointing here"
+    )
+
+
 def find_run(path: str | Path) -> RunDir:
     """The run directory at ``path`` (or whose ``log/`` is ``path``).
 
@@ -83,9 +107,7 @@ def find_run(path: str | Path) -> RunDir:
     for candidate in (RunDir(p), RunDir(p.parent)):
         if candidate.exists() and (candidate.root == p or p.name == LOG_DIR):
             return candidate
-    if is_blank(RunDir(p).log):
-        raise RunNotFound(
-            f"{p}: its event log holds nothing (its creation was stopped before the first "
-            "commit); run the scenario again with --out pointing here"
-        )
+    for rd in (RunDir(p), RunDir(p.parent)) if p.name == LOG_DIR else (RunDir(p),):
+        if is_blank(rd.log):
+            _refuse_blank(rd)
     raise RunNotFound(f"{p}: not a coevo run directory (no {LOG_DIR}/{DATA_FILE} inside)")

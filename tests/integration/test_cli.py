@@ -157,21 +157,26 @@ def test_replay_until_starts_from_a_snapshot(tmp_path: Path) -> None:
 
 def test_a_run_stopped_as_its_log_was_created_can_be_run_again_or_resumed(tmp_path: Path) -> None:
     """A process stopped the moment ``log/data.mdb`` appears leaves a blank data file (no
-    commit: the run goes there again) or a log with its metadata and no event (resumed, it
-    starts); never a directory that can be neither resumed nor run into."""
+    commit: LMDB's meta pages, or an empty file if it was stopped before LMDB wrote them; the
+    run goes there again) or a log with its metadata and no event (resumed, it starts); never
+    a directory that can be neither resumed nor run into."""
     import lmdb
 
     from engine.eventlog import new_run_meta
     from scenarios.loader import load_scenario, resolved_toml
     from stores.lmdb_log import LmdbEventLog
 
-    blank = tmp_path / "blank"
-    (blank / "log").mkdir(parents=True)
-    lmdb.open(str(blank / "log"), max_dbs=3).close()  # LMDB's meta pages, nothing committed
-    assert_clean_error(coevo("resume", str(blank)), 2, "run the scenario again with --out")
-    proc = coevo("run", EXPLORE, "--out", str(blank), "--quiet", "--set", "run.episodes=20")
-    assert proc.returncode == 0, proc.stderr
-    assert coevo("replay", str(blank), "--verify").returncode == 0
+    for name in ("blank", "empty"):
+        blank = tmp_path / name
+        (blank / "log").mkdir(parents=True)
+        if name == "blank":
+            lmdb.open(str(blank / "log"), max_dbs=3).close()  # meta pages, nothing committed
+        else:
+            (blank / "log" / "data.mdb").touch()
+        assert_clean_error(coevo("resume", str(blank)), 2, "run the scenario again with --out")
+        proc = coevo("run", EXPLORE, "--out", str(blank), "--quiet", "--set", "run.episodes=20")
+        assert proc.returncode == 0, proc.stderr
+        assert coevo("replay", str(blank), "--verify").returncode == 0
     created = tmp_path / "created"
     text = resolved_toml(load_scenario(EXPLORE, ["run.episodes=20"]))
     meta = new_run_meta(

@@ -240,7 +240,7 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
     size = (run_dir / "log" / "data.mdb").stat().st_size
     records = events_in_file(run_dir)
     damages: dict[str, tuple[Damage, str]] = {
-        "empty file": (truncate_to(0), "cannot open event log"),
+        "empty file": (truncate_to(0), "holds no commit (0 bytes)"),
         "one page": (truncate_to(PAGE), "cannot open event log"),
         "meta pages only": (truncate_to(2 * PAGE), "was truncated"),
         "half": (truncate_to(size // 2), "was truncated"),
