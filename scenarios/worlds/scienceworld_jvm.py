@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
@@ -118,7 +119,8 @@ class Jvm:
         except protocol.Py4JJavaError as exc:
             detail = " ".join(str(exc.java_exception).split())
             raise RuntimeError(f"scienceworld failed in {what}: {detail}") from None
-        except protocol.Py4JError:
+        except protocol.Py4JError as exc:
+            close_dropped_sockets(exc)
             raise self._failure(what, timeout) from None
         finally:
             timer.cancel()
@@ -151,6 +153,34 @@ class Jvm:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def close_dropped_sockets(exc: BaseException) -> None:
+    """Close the sockets of the py4j connections in the frames of ``exc`` and its causes.
+
+    Once the JVM is gone, py4j retries a command on a new connection, whose ``start`` raises
+    without closing its socket; the error's traceback holds the connection in a cycle that the
+    garbage collector breaks at some later moment, with a ResourceWarning (a failure of
+    whichever test runs then, under ``filterwarnings = error``). The JVM is dead, so every
+    connection there is finished with.
+    """
+    gateway = import_extra("py4j.java_gateway", "scienceworld")
+    pending: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while pending:
+        err = pending.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        tb = err.__traceback__
+        while tb is not None:
+            for value in tb.tb_frame.f_locals.values():
+                if isinstance(value, gateway.GatewayConnection) and isinstance(
+                    value.socket, socket.socket
+                ):
+                    value.socket.close()
+            tb = tb.tb_next
+        pending += [e for e in (err.__cause__, err.__context__) if e is not None]
 
 
 def check_jvm_options(value: object) -> tuple[str, ...]:

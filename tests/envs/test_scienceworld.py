@@ -225,3 +225,31 @@ def test_a_jvm_killed_mid_episode_aborts_only_that_episode(tmp_path: Path) -> No
     assert [s.turn for s in logged] == [0, 1]  # the turns before the kill stay in the log
     assert isinstance(events[-1], RunStopped) and events[-1].reason == "completed"
     assert jvm_pids() == before  # the dead JVM was reaped, the replacement closed
+
+
+def test_a_py4j_connection_that_failed_to_open_is_closed_not_left_to_the_collector() -> None:
+    """py4j's ``GatewayConnection.start`` raises without closing its socket (it does so when
+    it retries a command after the JVM died); left to the garbage collector, the socket warned
+    in whichever test ran then. ``Jvm.call`` closes such sockets before it reports the JVM."""
+    import socket
+
+    from py4j.java_gateway import GatewayConnection, GatewayParameters
+    from py4j.protocol import Py4JNetworkError
+
+    from scenarios.worlds.scienceworld_jvm import close_dropped_sockets
+
+    with socket.socket() as free:  # a port nobody listens on once this closes
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    connection = GatewayConnection(GatewayParameters(port=port))
+    try:
+        connection.start()
+    except Py4JNetworkError as exc:
+        assert connection.socket.fileno() != -1  # py4j left it open
+        close_dropped_sockets(RuntimeError("no py4j frames"))
+        assert connection.socket.fileno() != -1  # nothing else is closed
+        try:  # as Jvm.call sees it: py4j's error as the context of a later one
+            raise RuntimeError("the JVM died") from exc
+        except RuntimeError as later:
+            close_dropped_sockets(later)
+    assert connection.socket.fileno() == -1
