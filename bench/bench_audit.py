@@ -47,11 +47,11 @@ from agents.events.policy import (
     ActionSampled,
     AdvantagesComputed,
     GradientRequested,
-    PolicyUpdated,
 )
 from agents.learning.credit_actor import CreditBook, CreditSettings
 from agents.methods.builtin import Complementary
 from agents.methods.settings import ComplementaryConfig, GrpoConfig
+from agents.testing.events import policy_updated
 from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from stores.fact_index import LmdbFactIndex
@@ -304,20 +304,8 @@ class Synth:
             yield self.env(GradientRequested(update=u, episodes=eps * 4, advantages=(0.0,) * 32))
             self.version += 1
             yield self.env(
-                PolicyUpdated(
-                    policy_version=self.version,
-                    update=u,
-                    samples=500,
-                    stale=0,
-                    loss=0.0,
-                    grad_norm=1.0,
-                    clip_frac=0.0,
-                    kl=0.0,
-                    ratio_mean=1.0,
-                    ref_kl=0.0,
-                    digest="d",
-                    checkpoint="c",
-                    seconds=1.0,
+                policy_updated(
+                    self.version, update=u, samples=500, grad_norm=1.0, checkpoint="c", seconds=1.0
                 )
             )
             yield self.env(MergeRequested(step=u, slot=SLOT, entries=(), messages=(), seed=0))

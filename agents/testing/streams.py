@@ -48,13 +48,13 @@ from agents.events.policy import (
     ActionSampled,
     AdvantagesComputed,
     GradientRequested,
-    PolicyUpdated,
 )
 from agents.learning.credit_actor import CreditBook, CreditSettings
 from agents.methods.advantages import group_stats
 from agents.methods.base import ADV_EPS
 from agents.methods.builtin import Grpo
 from agents.methods.settings import GrpoConfig
+from agents.testing.events import policy_updated
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed, RunStarted, RunStopped
 
@@ -517,20 +517,12 @@ class StreamBuilder:
         )
         self._policy += 1
         self.add(
-            PolicyUpdated(
-                policy_version=self._policy,
+            policy_updated(
+                self._policy,
                 update=update,
                 samples=4,
-                stale=0,
-                loss=0.0,
-                grad_norm=0.0,
-                clip_frac=0.0,
-                kl=0.0,
-                ratio_mean=1.0,
-                ref_kl=0.0,
                 digest=f"p{self._policy}",
                 checkpoint="",
-                seconds=0.0,
                 parent_digest=f"p{update}",
             ),
             cause=asked,

@@ -38,7 +38,6 @@ from agents.events.policy import (
     AdvantagesComputed,
     EvalRoundFinished,
     GradientRequested,
-    PolicyUpdated,
 )
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.settings import EvalConfig, GrpoConfig
@@ -50,6 +49,7 @@ from agents.models.embedded import (
     word_pieces,
 )
 from agents.models.pretrain_play import pretrain_episodes
+from agents.testing.events import policy_updated
 from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog
 from engine.lifecycle import ActorFailed, RunStarted, RunStopped
@@ -267,21 +267,7 @@ class FakeLearner(Actor):
             version += 1
             name = self.checkpoints.save(version, torch.nn.Linear(1, 1), None)
             await ctx.emit(
-                PolicyUpdated(
-                    policy_version=version,
-                    update=env.event.update,
-                    samples=1,
-                    stale=0,
-                    loss=0.0,
-                    grad_norm=0.0,
-                    clip_frac=0.0,
-                    kl=0.0,
-                    ratio_mean=1.0,
-                    ref_kl=0.0,
-                    digest="d",
-                    checkpoint=name,
-                    seconds=0.05,
-                )
+                policy_updated(version, update=env.event.update, checkpoint=name, seconds=0.05)
             )
 
 

@@ -36,10 +36,10 @@ from agents.events.policy import (
     ActionSampled,
     AdvantagesComputed,
     GradientRequested,
-    PolicyUpdated,
 )
 from agents.learning.credit_actor import CreditBook, credit_settings
 from agents.methods.advantages import group_stats
+from agents.testing.events import policy_updated
 from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from scenarios.loader import parse_toml, to_scenario
@@ -324,17 +324,12 @@ def golden_stream() -> Stream:
         )
     )
     s.add(
-        PolicyUpdated(
-            policy_version=1,
-            update=0,
+        policy_updated(
+            1,
             samples=4,
-            stale=0,
             loss=0.125,
             grad_norm=1.0,
-            clip_frac=0.0,
             kl=0.01,
-            ratio_mean=1.0,
-            ref_kl=0.0,
             digest="d1",
             checkpoint="checkpoints/v000001",
             seconds=0.5,
