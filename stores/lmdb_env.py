@@ -45,13 +45,7 @@ def is_blank(path: Path) -> bool:
     interrupted before its first transaction (nothing of a run is in it). That is LMDB's two
     meta pages of transaction 0 or, killed a moment earlier, an empty file (LMDB creates the
     file, then writes its meta pages)."""
-    data = path / DATA_FILE
-    try:
-        if data.stat().st_size == 0:
-            return True
-    except OSError:
-        return False
-    return lmdb_pages.is_blank(data)
+    return lmdb_pages.is_blank(path / DATA_FILE)
 
 
 def open_env(

@@ -75,19 +75,23 @@ def read_metas(path: Path) -> tuple[Meta | None, Meta | None]:
 
 def is_blank(path: Path) -> bool:
     """True if the data file ``path`` is exactly what LMDB writes when it creates an
-    environment, before any commit: two meta pages of transaction 0 naming no database.
+    environment, before any commit: two meta pages of transaction 0 naming no database, or
+    nothing yet (LMDB creates the file, then writes its meta pages).
 
     Such a file holds nothing of a log (a creation killed before its first commit); a
-    truncated or damaged log is never blank (its pages record later transactions).
+    truncated log is never blank unless nothing of it is left, and a damaged one never is
+    (its pages record later transactions).
     """
-    metas = read_metas(path)
-    if not all(m is not None and m.valid and m.txnid == 0 for m in metas):
-        return False
-    psize = metas[0].psize if metas[0] is not None else 0
     try:
         size = os.stat(path).st_size
     except OSError:
         return False
+    if size == 0:
+        return True
+    metas = read_metas(path)
+    if not all(m is not None and m.valid and m.txnid == 0 for m in metas):
+        return False
+    psize = metas[0].psize if metas[0] is not None else 0
     return size == 2 * psize and all(m is not None and m.main_root == P_INVALID for m in metas)
 
 
