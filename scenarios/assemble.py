@@ -247,14 +247,21 @@ def _check_model_placements(
     scenario: Scenario, source: str, learns: bool, run_dir: Path | None
 ) -> None:
     """Refuse, before any model is built, a learning run whose remote inference actor,
-    learner or extractor could not share the checkpoints (kept in memory: no run directory);
-    a scenario placing any of them (or the memory) on Ray needs Ray.
+    learner or extractor, or whose learner in a process of its own, could not share the
+    checkpoints (kept in memory: no run directory); a scenario placing any of them (or the
+    memory) on Ray needs Ray.
 
     Raises:
         ScenarioInvalid: as above.
     """
     from agents.methods.actors import MEMORY
 
+    if learns and run_dir is None and scenario.policy.learner_threads:
+        raise ScenarioInvalid(
+            source,
+            "$.policy.learner_threads: a learner in a process of its own needs a run "
+            "directory (it writes its checkpoints there, inference reads them)",
+        )
     rt = scenario.runtime
     if rt.backend == "local":
         return

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from agents.acting.inference import PolicyRunner
     from agents.audit.reexecute import Reexecution
     from agents.learning.learner import Trainee
+    from agents.learning.trainee_host import TraineeProcess
     from agents.memory.extractor import ExtractorModel
 
 INFERENCE = "inference"
@@ -68,6 +69,7 @@ def policy_actors(
         ScenarioInvalid: ``policy.embedded`` or the method's base-model settings are invalid.
         ModelUnavailable: a model directory holds no usable model, or a model cannot be built.
     """
+    early = _early_learner(scenario, method, prepare_model)
     try:  # the device exists: refused now, not by the first actor that loads a model
         check_device(scenario.policy.device)
     except ModelUnavailable as exc:
@@ -94,7 +96,7 @@ def policy_actors(
         load_model=partial(_load_base, scenario, {"policy": model, **bases}),
         prompts=msgspec.structs.asdict(scenario.prompt),
     )
-    return _policy_actors(scenario, method, model, run), model
+    return _policy_actors(scenario, method, model, run, early), model
 
 
 def _roles(method: Method, source: str) -> tuple[str, ...]:
@@ -178,8 +180,31 @@ def _base(dirs: dict[str, Path | None], role: str) -> Path | None:
     return dirs[role]
 
 
+def _early_learner(
+    scenario: Scenario, method: Method | None, prepare_model: bool
+) -> TraineeProcess | None:
+    """With ``[policy] learner_threads``, the learner's process launched now (for a run whose
+    learner trains in this process's runtime, not on Ray), so that it imports torch and
+    transformers on another core while this process does the same and prepares the run (the
+    imports take ~3 s of CPU, which would otherwise delay the first update); None otherwise.
+    Dropped unused (assembly failed), it is stopped when collected."""
+    threads = scenario.policy.learner_threads
+    remote = scenario.runtime.backend != "local" and scenario.runtime.ray.learner is not None
+    if not (threads and prepare_model and method is not None and not remote):
+        return None
+    from agents.learning.trainee_host import TraineeProcess
+
+    process = TraineeProcess(threads)
+    process.launch()
+    return process
+
+
 def _policy_actors(
-    scenario: Scenario, method: Method | None, model: Path | None, run: RunResources
+    scenario: Scenario,
+    method: Method | None,
+    model: Path | None,
+    run: RunResources,
+    early: TraineeProcess | None,
 ) -> list[ActorSpec]:
     checkpoints = run.checkpoints("checkpoints")
     load_runner = partial(load_runner_for, scenario, model)
@@ -195,7 +220,9 @@ def _policy_actors(
     if method is not None:
         specs += method_actors(method, run)
         load_trainee = partial(load_trainee_for, scenario, model)
-        specs.append(ActorSpec(name=LEARNER, factory=partial(_learner, load_trainee, checkpoints)))
+        threads = scenario.policy.learner_threads or None
+        learner = _LearnerFactory(load_trainee, checkpoints, threads, early)
+        specs.append(ActorSpec(name=LEARNER, factory=learner))
     return specs
 
 
@@ -213,10 +240,30 @@ def _inference(
     )
 
 
-def _learner(load: Callable[[], Trainee], checkpoints: Checkpoints) -> Actor:
-    from agents.learning.learner import Learner
+class _LearnerFactory:
+    """Builds the learner (``threads``: ``[policy] learner_threads``, None: in this process).
+    Given the learner's process launched early (:func:`_early_learner`), it sends it what to
+    load now, and the first learner built takes it; a restarted learner starts its own."""
 
-    return Learner(load, checkpoints)
+    def __init__(
+        self,
+        load: Callable[[], Trainee],
+        checkpoints: Checkpoints,
+        threads: int | None,
+        early: TraineeProcess | None,
+    ) -> None:
+        self.load = load
+        self.checkpoints = checkpoints
+        self.threads = threads
+        self._early = early
+        if early is not None:
+            early.start(load, checkpoints)
+
+    def __call__(self) -> Actor:
+        from agents.learning.learner import Learner
+
+        host, self._early = self._early, None
+        return Learner(self.load, self.checkpoints, self.threads, host)
 
 
 def base_model_dir(scenario: Scenario, source: str, role: str, model: Path | None) -> Path | None:

@@ -89,6 +89,12 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         embedded: fields of ``agents.models.embedded.EmbeddedSpec`` to change (embedded model only).
         device: "cpu", "cuda", "cuda:N" or "auto" (cuda when available).
         threads: torch CPU threads (0: torch's default). One can beat two on a shared machine.
+        learner_threads: 0 (the default): the learner trains in the run's process, with
+            ``threads``. N: it trains in a process of its own with N torch threads, while
+            inference keeps ``threads`` (torch's thread count is process-wide); worth it when
+            rollouts wait on the learner and cores are free then (docs/BENCHMARKS.md). An
+            update's digest depends on its thread count: each records it and re-execution
+            runs with as many. Needs a run directory (the checkpoints are shared on disk).
         mode: "score" (sample among the admissible actions by their log-probs) or "generate"
             (free text; for instruction-tuned models).
         temperature: sampling temperature (0: greedy).
@@ -118,6 +124,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     embedded: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     device: Annotated[str, Meta(pattern=r"^(cpu|cuda|cuda:[0-9]+|auto)$")] = "cpu"
     threads: Annotated[int, Meta(ge=0, le=256)] = 1
+    learner_threads: Annotated[int, Meta(ge=0, le=256)] = 0
     mode: Literal["score", "generate"] = "score"
     temperature: Annotated[float, Meta(ge=0, le=10)] = 1.0
     max_new_tokens: Annotated[int, Meta(ge=1, le=4096)] = 24

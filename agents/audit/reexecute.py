@@ -3,8 +3,8 @@
 Starting from the base weights (policy version 0, and the extractor's starting copy), every
 recorded update is run again on its recorded inputs, in log order: the policy's
 :class:`GradientRequested` on the turns the learner kept
-(:class:`agents.learning.learner.SampleBuffer`,
-the learner's own fold) with the seed :class:`PolicyUpdated` records, the extractor's
+(:class:`agents.learning.learner.SampleBuffer`, the learner's own fold) with the seed and the
+torch threads :class:`PolicyUpdated` records, the extractor's
 :class:`ExtractorGradientRequested` on the named :class:`ExtractorCalled` responses. Each
 result must match the log bit for bit: the parameters' digest, the samples trained on, and the
 checkpoint when it is still on disk. The optimisers' state is not stored; it is rebuilt by
@@ -36,7 +36,7 @@ from agents.learning.learner import (
 )
 from agents.memory.extractor import ExtractorModel, extractor_step
 from agents.models.policy import LAYOUTS
-from agents.models.tuning import trainable
+from agents.models.tuning import torch_threads, trainable
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
 from stores.checkpoints import load_weights, param_digest, weights_file
@@ -276,7 +276,8 @@ class Reexecution:
                 env.seq,
                 f"the request names scoring {req.scoring!r}, not one of {LAYOUTS}",
             )
-        stats = self._policy_step(req, samples, update.seed, update.version, ev.digest)
+        with torch_threads(ev.threads):  # as many as the update ran with (None: as they are)
+            stats = self._policy_step(req, samples, update.seed, update.version, ev.digest)
         if (stats.samples, stale) != (ev.samples, ev.stale):
             raise UpdateDiverged(
                 "policy",

@@ -174,6 +174,9 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
         trainable_params, total_params, optimizer_bytes, peak_bytes: what the trained state
             costs (``agents.models.tuning.MemoryUse``; ``peak_bytes`` on CUDA only); None in
             older logs.
+        threads: the torch CPU threads the update ran with (its floating-point sums, and so
+            its digest, depend on them; re-execution runs with as many). None in older logs:
+            the scenario's ``[policy] threads``.
     """
 
     policy_version: int
@@ -200,6 +203,7 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
     total_params: int | None = None
     optimizer_bytes: int | None = None
     peak_bytes: int | None = None
+    threads: int | None = None
 
 
 @event

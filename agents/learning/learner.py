@@ -1,9 +1,11 @@
 """The learner actor: turns a :class:`GradientRequested` into a new policy version.
 
 It keeps every :class:`ActionSampled` of training episodes until a request names their episode,
-then trains on those turns with the request's advantages and loss settings (in a worker thread),
-writes the new weights as a safetensors checkpoint and emits :class:`PolicyUpdated`. Samples
-older than the request's staleness bound are dropped and counted, never trained on.
+then trains on those turns with the request's advantages and loss settings, writes the new
+weights as a safetensors checkpoint and emits :class:`PolicyUpdated`. Samples older than the
+request's staleness bound are dropped and counted, never trained on. The training runs in a
+worker thread, or with ``[policy] learner_threads`` in a process of its own
+(:mod:`agents.learning.trainee_host`); either way the actor goes on reading its events.
 
 :func:`grpo_step` is the update itself, free of actors and events, so a plain synchronous loop
 (``bench/grpo_sync.py``) runs exactly the same maths.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,25 +23,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import trio
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
 from agents.events.policy import ActionSampled, GradientRequested, PolicyUpdated
+from agents.learning.trainee_host import LocalTrainee, TraineeHost, TraineeProcess
 from agents.methods.base import mode_of
 from agents.methods.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.methods.tis import SamplerGap, sampler_gap, tis_weights
 from agents.models.policy import chosen_action_logps, response_logps
-from agents.models.tuning import MemoryUse, learning_mode, memory_use, reset_peak, trainable
-from engine.actor import Actor, Context
+from agents.models.tuning import MemoryUse, learning_mode, memory_use, trainable
+from engine.actor import Actor, Context, task_nursery
 from engine.errors import ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng
-from stores.checkpoints import (
-    Checkpoints,
-    is_adapted,
-    optimizer_tensors,
-    param_digest,
-    restore_checkpoint,
-)
+from stores.checkpoints import Checkpoints, is_adapted
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,8 +413,14 @@ class Learner(Actor):
     continues from the newest version the log names with the moments it had.
 
     Args:
-        load: builds the :class:`Trainee` (called in a worker thread at start).
+        load: builds the :class:`Trainee` (blocking; at start).
         checkpoints: where new versions are written.
+        process_threads: None trains in this process's worker threads (with its torch
+            threads); N trains in a process of its own with N torch threads
+            (:class:`agents.learning.trainee_host.TraineeProcess`: ``load`` and
+            ``checkpoints`` must pickle).
+        host: the trainee's host, already started (a process launched while the run was
+            assembled, so that it loads meanwhile); None: one is made at start.
     """
 
     subscribes = (
@@ -427,28 +432,74 @@ class Learner(Actor):
         PolicyUpdated,
     )
 
-    def __init__(self, load: Callable[[], Trainee], checkpoints: Checkpoints) -> None:
+    def __init__(
+        self,
+        load: Callable[[], Trainee],
+        checkpoints: Checkpoints,
+        process_threads: int | None = None,
+        host: TraineeHost | None = None,
+    ) -> None:
+        if process_threads is not None and process_threads < 1:
+            raise ValueError(f"process_threads must be None or >= 1, got {process_threads}")
         self._load = load
         self._checkpoints = checkpoints
+        self._process_threads = process_threads
         self._buffer = SampleBuffer()
         self._committed = 0  # the newest version whose PolicyUpdated came back from the log
         self._backlog: list[GradientRequested] = []  # requests a resumed run still owes
-        self._trainee: Trainee | None = None
+        self._host = host  # one started for this learner already, or the one recover opened
         self._parent = ""  # the digest the next update starts from
 
     async def run(self, ctx: Context) -> None:
-        trainee = self._trainee or await ctx.to_thread(self._load)
-        if not self._parent:
-            self._parent = await ctx.to_thread(param_digest, trainee.model)
-        for req in self._backlog:
-            await self._update(ctx, trainee, req)
-        self._backlog.clear()
-        async for env in ctx.events():
-            if isinstance(env.event, PolicyUpdated):
-                self._committed = env.event.policy_version
-            req = self._buffer.observe(env)
-            if req is not None:
-                await self._update(ctx, trainee, req)
+        """Fold the events into the sample buffer and queue each request for :meth:`_train`,
+        which loads the trainee, then serves them in order: the mailbox is read while the
+        trainee loads and trains, so the run never waits on a busy learner to take its
+        events."""
+        host = self._host or self._new_host()
+        self._host = None
+        send, todo = trio.open_memory_channel[GradientRequested](math.inf)
+        try:
+            async with task_nursery() as nursery:
+                nursery.start_soon(self._train, ctx, host, todo)
+                with send:
+                    for req in self._backlog:
+                        send.send_nowait(req)
+                    self._backlog.clear()
+                    async for env in ctx.events():
+                        if isinstance(env.event, PolicyUpdated):
+                            self._committed = env.event.policy_version
+                        req = self._buffer.observe(env)
+                        if req is not None:
+                            send.send_nowait(req)
+        finally:
+            with trio.CancelScope(shield=True):
+                await ctx.to_thread(host.close)
+
+    def _new_host(self) -> TraineeHost:
+        if self._process_threads is None:
+            return LocalTrainee(self._load, self._checkpoints)
+        process = TraineeProcess(self._process_threads)
+        process.start(self._load, self._checkpoints)
+        return process
+
+    async def _open(self, ctx: Context, host: TraineeHost) -> None:
+        """Load the trainee (a process of its own: wait until it is ready)."""
+        await ctx.to_thread(host.open)
+        if isinstance(host, TraineeProcess):
+            ctx.log.info("learner process ready", pid=host.pid, threads=host.threads)
+
+    async def _train(
+        self,
+        ctx: Context,
+        host: TraineeHost,
+        todo: trio.MemoryReceiveChannel[GradientRequested],
+    ) -> None:
+        with todo:
+            await self._open(ctx, host)
+            if not self._parent:
+                self._parent = await ctx.to_thread(host.digest)
+            async for req in todo:
+                await self._update(ctx, host, req)
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Fold the log's samples and requests, load the newest version it names (weights and
@@ -470,36 +521,30 @@ class Learner(Actor):
             elif isinstance(ev, PolicyUpdated):
                 latest = ev
                 self._buffer.version = self._committed = ev.policy_version
-        trainee = await ctx.to_thread(self._load)
-        if latest is not None:
-            try:
-                await ctx.to_thread(self._restore, trainee, latest)
-            except ModelUnavailable as exc:
+        host = self._host or self._new_host()
+        try:
+            await self._open(ctx, host)
+            if latest is not None:
+                await ctx.to_thread(host.restore, latest.checkpoint, latest.digest)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await ctx.to_thread(host.close)
+            if isinstance(exc, ModelUnavailable):
                 raise ResumeDiverged(f"the learner cannot resume: {exc}") from None
+            raise
+        if latest is not None:
             self._parent = latest.digest
             ctx.log.info("learner resumed", version=latest.policy_version)
-        self._trainee = trainee
+        self._host = host
 
-    def _restore(self, trainee: Trainee, latest: PolicyUpdated) -> None:
-        restore_checkpoint(
-            self._checkpoints,
-            latest.checkpoint,
-            trainee.model,
-            trainee.optimiser(0.0),
-            latest.digest,
-        )
-
-    async def _update(self, ctx: Context, trainee: Trainee, req: GradientRequested) -> None:
+    async def _update(self, ctx: Context, host: TraineeHost, req: GradientRequested) -> None:
         """Train, save and announce the next version."""
         start = time.perf_counter()
         samples, stale = self._buffer.collect(req)
         version = self._buffer.version + 1
         seed = update_seed(ctx.run_seed, req.update)
-        reset_peak(trainee.device)
-        stats = await ctx.to_thread(grpo_step, trainee, samples, req, seed, version - 1)
-        memory = trainee.memory()
-        name = await ctx.to_thread(self._save, trainee, version, req.lr)
-        digest = await ctx.to_thread(param_digest, trainee.model)
+        done = await ctx.to_thread(host.update, samples, req, seed, version, self._committed)
+        stats, memory = done.stats, done.memory
         self._buffer.version = version
         gap = stats.gap
         await ctx.emit(
@@ -514,8 +559,8 @@ class Learner(Actor):
                 kl=stats.kl,
                 ratio_mean=stats.ratio_mean,
                 ref_kl=stats.ref_kl,
-                digest=digest,
-                checkpoint=name,
+                digest=done.digest,
+                checkpoint=done.checkpoint,
                 seconds=time.perf_counter() - start,
                 seed=seed,
                 parent_digest=self._parent,
@@ -528,17 +573,10 @@ class Learner(Actor):
                 total_params=memory.total_params,
                 optimizer_bytes=memory.optimizer_bytes,
                 peak_bytes=memory.peak_bytes,
+                threads=done.threads,
             )
         )
-        self._parent = digest
-
-    def _save(self, trainee: Trainee, version: int, lr: float) -> str:
-        """Write ``version`` with the optimiser's state; keep every version the log may still
-        name as its newest (blocking)."""
-        moments = optimizer_tensors(trainee.model, trainee.optimiser(lr))
-        return self._checkpoints.save(
-            version, trainee.model, trainee.tokenizer, moments, protect_from=self._committed
-        )
+        self._parent = done.digest
 
 
 def update_seed(run_seed: int, update: int) -> int:

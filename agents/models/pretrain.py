@@ -26,6 +26,7 @@ import torch
 
 from agents.models.prompts import Message
 from agents.models.specs import TrainSpec
+from agents.models.tuning import torch_threads
 
 BUCKET = 8
 """Batches drawn together and grouped by length, so that little of a batch is padding."""
@@ -136,17 +137,6 @@ def _log() -> Any:
     return structlog.get_logger("coevo").bind(actor="pretrain")
 
 
-@contextmanager
-def _torch_threads(threads: int | None) -> Generator[None]:
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _curve(values: Sequence[float], points: int = 20) -> dict:
     """Mean loss over the first and last tenth of the steps, and ``points`` chunk means."""
     if not values:
@@ -240,7 +230,7 @@ def cached_build(
     if _complete(final, required):
         return final
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / f"{key}.lock"), _torch_threads(threads):
+    with _locked(root / f"{key}.lock"), torch_threads(threads):
         if _complete(final, required):
             return final
         for stale in [*root.glob(f".{key}.*"), *([final] if final.exists() else [])]:

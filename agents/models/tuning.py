@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -262,6 +264,22 @@ def memory_use(model: Any, optimizer: Any, device: torch.device) -> MemoryUse:
         optimizer_bytes=state_bytes,
         peak_bytes=peak,
     )
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch CPU threads (None: as they are), then restore
+    them. Torch's count is process-wide: only for a process's one user of torch at a time (a
+    build, a re-execution)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def reset_peak(device: torch.device) -> None:

@@ -7,17 +7,20 @@ from the same weights and optimiser state and keeps the one that reproduces the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 import torch
 from test_updates import TOKENIZER, request, score_turns, tiny_model
 
+import agents.audit.reexecute as reexecute_module
 from agents.audit.reexecute import Reexecution, UpdateInputs, requested_updates
 from agents.events.episodes import EpisodeFinished
-from agents.events.policy import GradientRequested
+from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.learning.learner import Sample, Trainee, grpo_step, update_seed
 from agents.models.policy import chosen_action_logps
+from agents.models.tuning import torch_threads
 from agents.testing.events import policy_updated
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
@@ -130,3 +133,36 @@ def test_an_update_no_request_asked_for_or_no_policy_to_run_it_on_diverges() -> 
     rx = Reexecution(Path("."), 0, None, None)
     with pytest.raises(UpdateDiverged, match="no policy to re-execute it on"):
         rx.run(log)
+
+
+def test_each_update_re_executes_with_the_torch_threads_it_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PolicyUpdated.threads`` (None in older logs: as the process has them) is the thread
+    count each update runs with again; the process's own is restored afterwards."""
+    threads = [None, 2, 1]
+    trainee = Trainee(tiny_model(), TOKENIZER, CPU, reference=False)
+    recorded = []
+    for k, n in enumerate(threads):
+        turns = score_turns(tiny_model(), f"ep{k}")
+        req = request(update=k, episodes=(f"ep{k}",), scoring="packed")
+        with torch_threads(n):
+            grpo_step(trainee, [Sample(t, 1.0) for t in turns], req, seed=k, version=k)
+        recorded.append((request(scoring="packed"), param_digest(trainee.model)))
+    log = envelopes(recorded)
+    for i, env in enumerate(log):
+        if isinstance(env.event, PolicyUpdated):
+            n = threads[env.event.update]
+            log[i] = msgspec.structs.replace(
+                env, event=msgspec.structs.replace(env.event, threads=n)
+            )
+    seen: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return grpo_step(*args, **kwargs)
+
+    monkeypatch.setattr(reexecute_module, "grpo_step", counting)
+    before = torch.get_num_threads()
+    assert reexecute(log).summary.policy == 3
+    assert seen == [before, 2, 1] and torch.get_num_threads() == before

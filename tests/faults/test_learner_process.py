@@ -1,0 +1,88 @@
+"""A learner in a process of its own (``[policy] learner_threads``): the deterministic tiny GRPO
+run of the resume tests, its learner in a child process with one thread, killed (SIGKILL of the
+run) after its first update and resumed, ends exactly as the same run with the learner in the
+run's process: the same final digest and the same events. The child ends with the run it
+served, and every update records its thread count."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from resume_kit import (
+    GRPO,
+    check_consistent,
+    coevo,
+    comparable,
+    final_digest,
+    finish,
+    next_seq,
+    read_log,
+)
+
+from agents.events.policy import PolicyUpdated
+from engine.lifecycle import RunResumed
+
+OWN_PROCESS = GRPO.replace("[policy]\n", "[policy]\nlearner_threads = 1\n")
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux ``/proc``)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_a_killed_run_s_learner_process_ends_and_the_resume_matches_the_in_process_run(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "in-process.toml").write_text(GRPO)
+    (tmp_path / "own-process.toml").write_text(OWN_PROCESS)
+    ref = tmp_path / "ref"
+    finish(
+        coevo(["run", str(tmp_path / "in-process.toml"), "--out", str(ref), "--quiet"], tmp_path)
+    )
+    reference = read_log(ref)
+    first_update = next(e.seq for e in reference if isinstance(e.event, PolicyUpdated))
+
+    run = tmp_path / "run"
+    proc = coevo(
+        ["run", str(tmp_path / "own-process.toml"), "--out", str(run), "--quiet"], tmp_path
+    )
+    deadline = time.monotonic() + 300
+    while next_seq(run) <= first_update + 20:
+        assert proc.poll() is None, "the run ended before its kill point"
+        assert time.monotonic() < deadline, "the run did not reach its kill point in time"
+        time.sleep(0.05)
+    learners = children(proc.pid)
+    proc.kill()
+    proc.communicate()
+    assert len(learners) == 1, learners  # env workers and inference are threads
+    deadline = time.monotonic() + 10
+    while alive(learners[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(learners[0]), "the learner's process outlived the killed run"
+    after = read_log(run)
+
+    finish(coevo(["resume", str(run), "--quiet"], tmp_path))
+    final = read_log(run)
+    assert any(isinstance(e.event, RunResumed) for e in final)
+    check_consistent(run, final, [after])
+    assert final_digest(final) == final_digest(reference)
+    assert comparable(final) == comparable(reference)
+    updates = [e.event for e in final if isinstance(e.event, PolicyUpdated)]
+    assert [u.threads for u in updates] == [1, 1, 1]

@@ -1,0 +1,194 @@
+"""The learner's trainee in a process of its own (``[policy] learner_threads``): an update there
+is the in-process update bit for bit (with as many threads), a resume restores and checks its
+checkpoint there, an error comes back with its type, a killed process is reported as lost with
+its exit code, and the process is out of reach of a terminal's Ctrl-C but never outlives its
+parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_updates import request, score_turns, tiny_model
+
+from agents.learning.learner import Sample, Trainee
+from agents.learning.trainee_host import LearnerProcessLost, LocalTrainee, TraineeProcess
+from engine.errors import ModelUnavailable, ScenarioInvalid
+from scenarios.assemble import assemble
+from scenarios.loader import load_scenario
+from stores.checkpoints import DirCheckpoints
+
+CPU = torch.device("cpu")
+
+
+class Tokenizer:
+    """What the learner asks of a tokenizer: a pad id, and saving (nothing) with a checkpoint."""
+
+    pad_token_id = 0
+
+    def save_pretrained(self, path: str | Path) -> None:
+        pass
+
+
+def load_tiny() -> Trainee:
+    """The trainee both sides load (the spawned process imports this module to call it)."""
+    return Trainee(tiny_model(), Tokenizer(), CPU, reference=False)
+
+
+def load_missing() -> Trainee:
+    raise ModelUnavailable("model = '/nowhere': no such directory")
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie nobody reaped yet counts as ended)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_an_update_in_its_own_process_is_the_local_update_bit_for_bit(tmp_path: Path) -> None:
+    samples = [Sample(t, 1.0) for t in score_turns(tiny_model())]
+    local = LocalTrainee(load_tiny, DirCheckpoints(tmp_path / "local" / "checkpoints"))
+    remote = TraineeProcess(threads=1)
+    remote.start(load_tiny, DirCheckpoints(tmp_path / "process" / "checkpoints"))
+    local.open()
+    remote.open()
+    try:
+        start = local.digest()
+        assert remote.digest() == start
+        with_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for k in range(2):
+                a = local.update(samples, request(update=k), seed=k, version=k + 1, committed=k)
+                b = remote.update(samples, request(update=k), seed=k, version=k + 1, committed=k)
+                assert (b.digest, b.checkpoint, b.stats, b.memory) == (
+                    a.digest,
+                    a.checkpoint,
+                    a.stats,
+                    a.memory,
+                )
+                assert a.threads == b.threads == 1
+        finally:
+            torch.set_num_threads(with_threads)
+        assert (tmp_path / "process" / b.checkpoint).is_dir()
+        assert b.digest != start and remote.digest() == b.digest
+    finally:
+        remote.close()
+        local.close()
+
+    resumed = TraineeProcess(threads=2)
+    resumed.launch()  # it imports meanwhile; what to load comes later
+    resumed.start(load_tiny, DirCheckpoints(tmp_path / "process" / "checkpoints"))
+    resumed.open()
+    try:
+        resumed.restore(b.checkpoint, b.digest)
+        assert resumed.digest() == b.digest
+        with pytest.raises(ModelUnavailable, match=r"the log records 0+ for checkpoints/v000002"):
+            resumed.restore(b.checkpoint, "0" * 32)
+        again = resumed.update(samples, request(update=2), seed=2, version=3, committed=2)
+        assert again.threads == 2 and again.checkpoint == "checkpoints/v000003"
+    finally:
+        resumed.close()
+        resumed.close()  # closing twice is harmless
+
+
+def test_an_error_in_the_process_comes_back_with_its_type(tmp_path: Path) -> None:
+    host = TraineeProcess(threads=1)
+    host.start(load_missing, DirCheckpoints(tmp_path))
+    with pytest.raises(ModelUnavailable, match="model = '/nowhere': no such directory"):
+        host.open()
+    pid = host.pid
+    host.close()
+    assert pid is not None and not alive(pid)
+
+
+def test_a_killed_process_is_lost_with_its_exit_code(tmp_path: Path) -> None:
+    host = TraineeProcess(threads=1)
+    host.start(load_tiny, DirCheckpoints(tmp_path))
+    host.open()
+    try:
+        assert host.pid is not None
+        os.kill(host.pid, signal.SIGKILL)
+        with pytest.raises(
+            LearnerProcessLost, match=r"^the learner's process ended with exit code -9 during "
+        ):
+            host.digest()
+    finally:
+        host.close()
+    with pytest.raises(LearnerProcessLost, match="is not running"):
+        host.digest()
+
+
+PARENT = """
+import sys, time
+sys.path[:0] = {path!r}
+from stores.checkpoints import DirCheckpoints
+from agents.learning.trainee_host import TraineeProcess
+from test_trainee_host import load_tiny
+host = TraineeProcess(threads=1)
+host.start(load_tiny, DirCheckpoints({root!r}))
+host.open()
+print(host.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_ctrl_c_reaches_only_the_parent_and_the_process_ends_with_it(tmp_path: Path) -> None:
+    code = PARENT.format(path=sys.path, root=str(tmp_path))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert os.getpgid(child) != os.getpgid(parent.pid)  # a terminal signals one group
+        os.killpg(parent.pid, signal.SIGINT)  # Ctrl-C in the parent's terminal
+        assert parent.wait(timeout=30) != 0
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the learner's process outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_a_learner_process_needs_a_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    source = str(Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml")
+    scenario = load_scenario(source, ["policy.learner_threads=2"])
+    with pytest.raises(ScenarioInvalid) as err:
+        assemble(scenario, source)
+    assert str(err.value) == (
+        f"{source}: $.policy.learner_threads: a learner in a process of its own needs a run "
+        "directory (it writes its checkpoints there, inference reads them)"
+    )
+    assert not (tmp_path / "cache").exists()  # refused before any model was built
+
+
+def test_validating_launches_no_learner_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def launched(self: TraineeProcess) -> None:
+        raise AssertionError("a learner process was launched")
+
+    monkeypatch.setattr(TraineeProcess, "launch", launched)
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    source = str(Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml")
+    scenario = load_scenario(source, ["policy.learner_threads=2"])
+    assemble(scenario, source, prepare_model=False)  # what ``coevo validate`` does
+    with pytest.raises(LearnerProcessLost, match="was not given a trainee to load"):
+        TraineeProcess(threads=1).open()
