@@ -85,8 +85,9 @@ format: install
 	$(BIN)/ruff format .
 
 # BASELINE=DIR (a checkout of the code before, e.g. `git worktree add DIR main`) adds the event
-# log, rollout (the quickstart and a short EMPO2 run) and inference rows, each measured against
-# that checkout in the same run, alternating
+# log, rollout (the quickstart and a short EMPO2 run, the latter also with the learner in a
+# process of its own) and inference rows, each measured against that checkout in the same run,
+# alternating
 BASELINE ?=
 bench: install
 	$(BIN)/python bench/bench_log.py
@@ -103,6 +104,10 @@ ifneq ($(BASELINE),)
 	$(BIN)/python bench/bench_rollout.py --baseline $(BASELINE) --no-rollout \
 		--scenario scenarios/empo2.toml --set run.episodes=96 --set eval.every=0 \
 		--set eval.final_episodes=0 --set eval.adapt_attempts=0
+	$(BIN)/python bench/bench_rollout.py --baseline $(BASELINE) --no-rollout \
+		--scenario scenarios/empo2.toml --set run.episodes=96 --set eval.every=0 \
+		--set eval.final_episodes=0 --set eval.adapt_attempts=0 \
+		--new-set policy.learner_threads=2
 endif
 
 # the evidence in docs/RESULTS.md: GRPO curves over 3 seeds, rollout throughput, coevo vs a
