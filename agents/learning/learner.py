@@ -32,7 +32,13 @@ from agents.methods.base import mode_of
 from agents.methods.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.methods.tis import SamplerGap, sampler_gap, tis_weights
 from agents.models.policy import chosen_action_logps, response_logps
-from agents.models.tuning import MemoryUse, learning_mode, memory_use, trainable
+from agents.models.tuning import (
+    MemoryUse,
+    deterministic_algorithms,
+    learning_mode,
+    memory_use,
+    trainable,
+)
 from engine.actor import Actor, Context, task_nursery
 from engine.errors import ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
@@ -218,6 +224,12 @@ def grpo_step(
     ``version`` (the policy version the weights are), samples an older version drew, whose
     difference is the policy's change since, not the sampler's.
 
+    It runs with torch's deterministic algorithms (:func:`agents.models.tuning.
+    deterministic_algorithms`): with more than one torch thread, the backward pass of a gather
+    with repeated places (packed scoring reads a shared prompt's last place once per candidate)
+    otherwise adds its gradients with atomic adds in parallel, whose order (and last bits)
+    changes from run to run on a busy machine. With one thread nothing changes.
+
     Raises:
         ValueError: ``req.low_prob_delta`` is set and a sample is a "score" turn (EMPO2's
             low-probability masking thresholds sampled tokens' log-probs; a scenario refuses
@@ -228,6 +240,17 @@ def grpo_step(
             'low-probability masking needs "generate" mode: a "score" action\'s log-prob is '
             "over the admissible actions, not a sampled token's"
         )
+    with deterministic_algorithms():
+        return _grpo_epochs(trainee, samples, req, seed, version)
+
+
+def _grpo_epochs(
+    trainee: Trainee,
+    samples: Sequence[Sample],
+    req: GradientRequested,
+    seed: int,
+    version: int | None,
+) -> StepStats:
     learning_mode(trainee.model)
     opt = trainee.optimiser(req.lr)
     rng = random.Random(seed)
@@ -406,6 +429,17 @@ def _share(
     return int(per_turn[torch.tensor(keep, device=device)].sum()) / total if total else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A request with the samples collected for it when it was folded (at its place in the
+    log, as re-execution's fold collects them) and the version it trains."""
+
+    req: GradientRequested
+    samples: list[Sample]
+    stale: int
+    version: int  # the policy version it trains; its result is version + 1
+
+
 class Learner(Actor):
     """Trains on requested episodes and publishes each new version as a checkpoint.
 
@@ -446,18 +480,18 @@ class Learner(Actor):
         self._process_threads = process_threads
         self._buffer = SampleBuffer()
         self._committed = 0  # the newest version whose PolicyUpdated came back from the log
-        self._backlog: list[GradientRequested] = []  # requests a resumed run still owes
+        self._backlog: list[_Job] = []  # requests a resumed run still owes
         self._host = host  # one started for this learner already, or the one recover opened
         self._parent = ""  # the digest the next update starts from
 
     async def run(self, ctx: Context) -> None:
-        """Fold the events into the sample buffer and queue each request for :meth:`_train`,
-        which loads the trainee, then serves them in order: the mailbox is read while the
-        trainee loads and trains, so the run never waits on a busy learner to take its
-        events."""
+        """Fold the events into the sample buffer and queue each request, with its samples
+        collected at once, for :meth:`_train`, which loads the trainee, then serves them in
+        order: the mailbox is read while the trainee loads and trains, so the run never waits
+        on a busy learner to take its events."""
         host = self._host or self._new_host()
         self._host = None
-        send, todo = trio.open_memory_channel[GradientRequested](math.inf)
+        send, todo = trio.open_memory_channel[_Job](math.inf)
         try:
             async with task_nursery() as nursery:
                 nursery.start_soon(self._train, ctx, host, todo)
@@ -470,7 +504,7 @@ class Learner(Actor):
                             self._committed = env.event.policy_version
                         req = self._buffer.observe(env)
                         if req is not None:
-                            send.send_nowait(req)
+                            send.send_nowait(self._collect(req))
         finally:
             with trio.CancelScope(shield=True):
                 await ctx.to_thread(host.close)
@@ -492,14 +526,22 @@ class Learner(Actor):
         self,
         ctx: Context,
         host: TraineeHost,
-        todo: trio.MemoryReceiveChannel[GradientRequested],
+        todo: trio.MemoryReceiveChannel[_Job],
     ) -> None:
         with todo:
             await self._open(ctx, host)
             if not self._parent:
                 self._parent = await ctx.to_thread(host.digest)
-            async for req in todo:
-                await self._update(ctx, host, req)
+            async for job in todo:
+                await self._update(ctx, host, job)
+
+    def _collect(self, req: GradientRequested) -> _Job:
+        """The request's samples, collected now (its episodes' turns folded so far; a turn
+        folded later is not its), and the version it trains: one per request, in order."""
+        samples, stale = self._buffer.collect(req)
+        job = _Job(req, samples, stale, self._buffer.version)
+        self._buffer.version += 1
+        return job
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Fold the log's samples and requests, load the newest version it names (weights and
@@ -514,13 +556,13 @@ class Learner(Actor):
         for env in history:
             ev = env.event
             req = self._buffer.observe(env)
-            if req is not None and req.update in done:
-                self._buffer.collect(req)
-            elif req is not None:
-                self._backlog.append(req)
+            if req is not None:
+                job = self._collect(req)
+                if req.update not in done:
+                    self._backlog.append(job)
             elif isinstance(ev, PolicyUpdated):
                 latest = ev
-                self._buffer.version = self._committed = ev.policy_version
+                self._committed = ev.policy_version
         host = self._host or self._new_host()
         try:
             await self._open(ctx, host)
@@ -537,15 +579,13 @@ class Learner(Actor):
             ctx.log.info("learner resumed", version=latest.policy_version)
         self._host = host
 
-    async def _update(self, ctx: Context, host: TraineeHost, req: GradientRequested) -> None:
+    async def _update(self, ctx: Context, host: TraineeHost, job: _Job) -> None:
         """Train, save and announce the next version."""
         start = time.perf_counter()
-        samples, stale = self._buffer.collect(req)
-        version = self._buffer.version + 1
+        req, stale, version = job.req, job.stale, job.version + 1
         seed = update_seed(ctx.run_seed, req.update)
-        done = await ctx.to_thread(host.update, samples, req, seed, version, self._committed)
+        done = await ctx.to_thread(host.update, job.samples, req, seed, version, self._committed)
         stats, memory = done.stats, done.memory
-        self._buffer.version = version
         gap = stats.gap
         await ctx.emit(
             PolicyUpdated(
@@ -591,7 +631,9 @@ class SampleBuffer:
     share it, so both train on the same samples).
 
     Attributes:
-        version: the policy version the next request trains (the updates applied so far).
+        version: the policy version the next request trains (one per request collected before
+            it: requests are served in order), which its staleness is counted against. Its
+            owner advances it after each :meth:`collect`.
     """
 
     def __init__(self) -> None:

@@ -282,6 +282,25 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    """Run the block with torch's deterministic algorithms, then restore the setting. On CPU
+    this makes an indexed accumulation (``index_put_`` with ``accumulate``: the backward pass
+    of advanced indexing with repeated indices) run serially, in index order, as it does with
+    one thread, instead of by atomic adds in parallel with several threads: the same bits from
+    run to run whatever the load. The setting is process-wide; a model update is its only
+    multi-threaded user here (inference runs no backward pass)."""
+    import torch
+
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+
+
 def reset_peak(device: torch.device) -> None:
     """Start measuring the device's peak allocation afresh (CUDA only)."""
     import torch

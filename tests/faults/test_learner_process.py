@@ -2,7 +2,8 @@
 run of the resume tests, its learner in a child process with one thread, killed (SIGKILL of the
 run) after its first update and resumed, ends exactly as the same run with the learner in the
 run's process: the same final digest and the same events. The child ends with the run it
-served, and every update records its thread count."""
+served, and every update records its thread count; an EMPO2 run whose learner has two threads
+re-executes bit for bit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from resume_kit import (
+    EMPO2,
     GRPO,
     check_consistent,
     coevo,
@@ -86,3 +88,18 @@ def test_a_killed_run_s_learner_process_ends_and_the_resume_matches_the_in_proce
     assert comparable(final) == comparable(reference)
     updates = [e.event for e in final if isinstance(e.event, PolicyUpdated)]
     assert [u.threads for u in updates] == [1, 1, 1]
+
+
+def test_an_empo2_run_with_a_two_thread_learner_process_re_executes_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    """Two torch threads give other bits than one: each update records its count and
+    re-execution (in the one ``coevo replay`` process) runs it with as many."""
+    (tmp_path / "empo2.toml").write_text(
+        EMPO2.replace("[policy]\n", "[policy]\nlearner_threads = 2\n")
+    )
+    run = tmp_path / "run"
+    finish(coevo(["run", str(tmp_path / "empo2.toml"), "--out", str(run), "--quiet"], tmp_path))
+    updates = [e.event for e in read_log(run) if isinstance(e.event, PolicyUpdated)]
+    assert [u.threads for u in updates] == [2, 2, 2]
+    finish(coevo(["replay", str(run), "--reexecute-learner"], tmp_path))

@@ -424,3 +424,27 @@ def test_a_sample_for_an_abandoned_attempt_is_not_trained_on() -> None:
         buffer.observe(Envelope(seq=seq, run="r", t=0, actor="x", event=ev, cause=cause))
     samples, _ = buffer.collect(request(episodes=("a",), advantages=(1.0,), rollouts=("plain",)))
     assert [s.turn.turn for s in samples] == [0, 1]
+
+
+def test_an_update_runs_with_deterministic_algorithms_and_restores_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With several torch threads, the backward pass of packed scoring's gather (repeated
+    places) adds with atomic adds in parallel unless torch's deterministic algorithms are on:
+    its last bits then changed from run to run on a busy machine (seen with 2 threads)."""
+    import agents.learning.learner as learner_module
+
+    seen: list[bool] = []
+    one_step = learner_module._one_step  # the spy wraps the private step
+
+    def spying(*args: object, **kwargs: object) -> object:
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return one_step(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(learner_module, "_one_step", spying)
+    model = tiny_model()
+    samples = [Sample(t, 1.0) for t in score_turns(model)]
+    assert not torch.are_deterministic_algorithms_enabled()
+    grpo_step(Trainee(model, TOKENIZER, CPU, reference=False), samples, request(), seed=0)
+    assert seen and all(seen)
+    assert not torch.are_deterministic_algorithms_enabled()
