@@ -496,8 +496,8 @@ class Learner(Actor):
             async with task_nursery() as nursery:
                 nursery.start_soon(self._train, ctx, host, todo)
                 with send:
-                    for req in self._backlog:
-                        send.send_nowait(req)
+                    for job in self._backlog:
+                        send.send_nowait(job)
                     self._backlog.clear()
                     async for env in ctx.events():
                         if isinstance(env.event, PolicyUpdated):
