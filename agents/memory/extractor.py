@@ -49,7 +49,14 @@ from agents.memory.extraction import (
 from agents.methods.cispo import cispo_loss
 from agents.models.backend import Backend, HfBackend
 from agents.models.policy import response_logps
-from agents.models.tuning import MemoryUse, learning_mode, memory_use, reset_peak, trainable
+from agents.models.tuning import (
+    MemoryUse,
+    deterministic_algorithms,
+    learning_mode,
+    memory_use,
+    reset_peak,
+    trainable,
+)
 from engine.actor import Actor, Context
 from engine.errors import ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
@@ -194,29 +201,30 @@ def extractor_step(
     batch = [c for c in calls if adv_of[c.call] != 0.0 and c.response_ids]
     if not batch:
         return StepStats(samples=0, loss=0.0, grad_norm=0.0, clip_frac=0.0)
-    model, device = ext.model, ext.settings.device
-    learning_mode(model)
-    opt = ext.optimiser(req.lr)
-    logp, mask = response_logps(
-        model,
-        [c.prompt_ids for c in batch],
-        [c.response_ids for c in batch],
-        temperature=batch[0].temperature,
-        pad_id=ext.pad_id,
-        device=device,
-    )  # (B, T)
-    old = torch.zeros_like(logp)
-    for b, c in enumerate(batch):
-        old[b, : len(c.token_logps)] = torch.tensor(c.token_logps)
-    adv = torch.tensor([adv_of[c.call] for c in batch], device=device)  # (B,)
-    tokens = sum(len(c.response_ids) for c in calls)  # sum_i |m_i| over the whole batch
-    out = cispo_loss(
-        logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high, tokens=tokens
-    )
-    opt.zero_grad(set_to_none=True)
-    out.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), req.max_grad_norm)
-    opt.step()
+    with deterministic_algorithms():  # as grpo_step: bit for bit with several threads too
+        model, device = ext.model, ext.settings.device
+        learning_mode(model)
+        opt = ext.optimiser(req.lr)
+        logp, mask = response_logps(
+            model,
+            [c.prompt_ids for c in batch],
+            [c.response_ids for c in batch],
+            temperature=batch[0].temperature,
+            pad_id=ext.pad_id,
+            device=device,
+        )  # (B, T)
+        old = torch.zeros_like(logp)
+        for b, c in enumerate(batch):
+            old[b, : len(c.token_logps)] = torch.tensor(c.token_logps)
+        adv = torch.tensor([adv_of[c.call] for c in batch], device=device)  # (B,)
+        tokens = sum(len(c.response_ids) for c in calls)  # sum_i |m_i| over the whole batch
+        out = cispo_loss(
+            logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high, tokens=tokens
+        )
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), req.max_grad_norm)
+        opt.step()
     return StepStats(len(batch), float(out.loss.detach()), float(grad_norm), out.clip_frac)
 
 

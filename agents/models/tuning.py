@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -282,23 +282,43 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+class _Deterministic:
+    """How many blocks run under :func:`deterministic_algorithms` now, across threads (the
+    policy's and the extractor's updates can overlap), and the setting to restore after the
+    last."""
+
+    lock: ClassVar[threading.Lock] = threading.Lock()
+    depth: ClassVar[int] = 0
+    saved: ClassVar[tuple[bool, bool]] = (False, False)  # (enabled, warn_only) before the first
+
+
 @contextmanager
 def deterministic_algorithms() -> Iterator[None]:
-    """Run the block with torch's deterministic algorithms, then restore the setting. On CPU
-    this makes an indexed accumulation (``index_put_`` with ``accumulate``: the backward pass
-    of advanced indexing with repeated indices) run serially, in index order, as it does with
-    one thread, instead of by atomic adds in parallel with several threads: the same bits from
-    run to run whatever the load. The setting is process-wide; a model update is its only
-    multi-threaded user here (inference runs no backward pass)."""
+    """Run the block with torch's deterministic algorithms; the setting before the first of
+    the blocks running at once is restored after the last. On CPU this makes an indexed
+    accumulation (``index_put_`` with ``accumulate``: the backward pass of advanced indexing
+    with repeated indices) run serially, in index order, as it does with one thread, instead
+    of by atomic adds in parallel with several threads: the same bits from run to run
+    whatever the load. The setting is process-wide; model updates are its only
+    multi-threaded users here (inference runs no backward pass)."""
     import torch
 
-    before = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
+    with _Deterministic.lock:
+        if _Deterministic.depth == 0:
+            _Deterministic.saved = (
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+            )
+            torch.use_deterministic_algorithms(True)
+        _Deterministic.depth += 1
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+        with _Deterministic.lock:
+            _Deterministic.depth -= 1
+            if _Deterministic.depth == 0:
+                enabled, warn_only = _Deterministic.saved
+                torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def reset_peak(device: torch.device) -> None:

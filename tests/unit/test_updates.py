@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import pytest
@@ -19,6 +20,7 @@ from agents.events.policy import ActionSampled, GradientRequested
 from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step
 from agents.memory.extractor import ExtractorModel, ExtractorSettings, extractor_step
 from agents.models.policy import chosen_action_logps, response_logps
+from agents.models.tuning import deterministic_algorithms
 from engine.events import Envelope, Event
 from stores.checkpoints import param_digest
 
@@ -447,4 +449,35 @@ def test_an_update_runs_with_deterministic_algorithms_and_restores_the_setting(
     assert not torch.are_deterministic_algorithms_enabled()
     grpo_step(Trainee(model, TOKENIZER, CPU, reference=False), samples, request(), seed=0)
     assert seen and all(seen)
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_an_extractor_update_runs_with_deterministic_algorithms_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agents.memory.extractor as extractor_module
+
+    seen: list[bool] = []
+    loss = extractor_module.cispo_loss
+
+    def spying(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(extractor_module, "cispo_loss", spying)
+    ext = extractor()
+    calls = calls_of(ext)
+    extractor_step(ext, calls, ext_request(calls, [1.0] * 3))
+    assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_overlapping_updates_keep_deterministic_algorithms_on_until_the_last_ends() -> None:
+    """The policy's and the extractor's updates run in threads of one process and may
+    overlap: the first to end must not switch the setting off under the other."""
+    first, second = deterministic_algorithms(), deterministic_algorithms()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert torch.are_deterministic_algorithms_enabled()
+    second.__exit__(None, None, None)
     assert not torch.are_deterministic_algorithms_enabled()
