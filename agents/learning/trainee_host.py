@@ -49,9 +49,9 @@ _ROOT = Path(__file__).resolve().parents[2]  # the directory holding the agents 
 
 
 class LearnerProcessLost(CoevoError):
-    """The learner's own process (``[policy] learner_threads``) ended or stopped answering:
-    killed (out of memory, a signal) or it failed to start. Unlike an error the update itself
-    raised, which comes back as that error, nothing is known of the update it was running."""
+    """The learner's own process (``[policy] learner_threads``) ended (killed: out of memory,
+    a signal) or could not be started. Unlike an error the update itself raised, which comes
+    back as that error, nothing is known of the update it was running."""
 
 
 @dataclass(frozen=True, slots=True)
