@@ -248,7 +248,7 @@ class TraineeProcess:
         if self._started:
             return
         try:
-            payload = pickle.dumps((load, checkpoints, self.threads, os.getpid()))
+            payload = pickle.dumps((load, checkpoints, self.threads))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise LearnerProcessLost(f"the learner's process could not start: {exc}") from None
         self.launch()
@@ -335,12 +335,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     load, answer ``ready``, serve calls until the socket closes, and exit at once (nothing is
     left to flush: every checkpoint was written before its reply)."""
     fd = int((argv if argv is not None else sys.argv[1:])[0])
+    parent = os.getppid()  # the run that started this process
     conn = Connection(fd)
     import transformers.modeling_utils  # noqa: F401  # the slow import, while the parent works
 
     try:
         sys.path[:] = conn.recv()
-        load, checkpoints, threads, parent = pickle.loads(conn.recv_bytes())
+        load, checkpoints, threads = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
         os._exit(0)  # the parent went before it sent them
     serve(conn, load, checkpoints, threads, parent)

@@ -5,9 +5,46 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.events.policy import PolicyUpdated
+from agents.events.episodes import EpisodeFinished
+from agents.events.policy import ActionSampled, PolicyUpdated
 
-__all__ = ["policy_updated"]
+__all__ = ["action_sampled", "episode_finished", "policy_updated"]
+
+
+def action_sampled(episode: str, turn: int, **fields: Any) -> ActionSampled:
+    """An :class:`ActionSampled` of turn ``turn`` of ``episode`` by policy version 0: worker
+    ``"w"``, prompt ``(1, 2)``, response ``(3,)`` with log-prob -1, temperature 1; ``fields``
+    override any of these or set the optional ones."""
+    base: dict[str, Any] = dict(
+        episode=episode,
+        worker="w",
+        turn=turn,
+        policy_version=0,
+        action="a",
+        prompt_ids=(1, 2),
+        response_ids=(3,),
+        token_logps=(-1.0,),
+        logp=-1.0,
+        temperature=1.0,
+    )
+    return ActionSampled(**{**base, **fields})
+
+
+def episode_finished(episode: str, **fields: Any) -> EpisodeFinished:
+    """A failed training episode ``episode`` of 2 steps (worker ``"w"``, family ``"heat"``,
+    variant 0, score and reward 0); ``fields`` override any of these."""
+    base: dict[str, Any] = dict(
+        episode=episode,
+        worker="w",
+        family="heat",
+        variant=0,
+        split="train",
+        steps=2,
+        score=0.0,
+        success=False,
+        total_reward=0.0,
+    )
+    return EpisodeFinished(**{**base, **fields})
 
 
 def policy_updated(version: int, **fields: Any) -> PolicyUpdated:

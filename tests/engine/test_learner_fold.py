@@ -11,11 +11,11 @@ from collections.abc import Sequence
 import trio
 import trio.testing
 
-from agents.events.episodes import EpisodeFinished
-from agents.events.policy import ActionSampled, GradientRequested, PolicyUpdated
+from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.learning.learner import Learner, Sample, StepStats, Trainee
 from agents.learning.trainee_host import Trained
 from agents.models.tuning import MemoryUse
+from agents.testing.events import action_sampled, episode_finished
 from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
@@ -58,37 +58,6 @@ class Host:
         pass
 
 
-def turn(episode: str, k: int) -> ActionSampled:
-    return ActionSampled(
-        episode=episode,
-        worker="w",
-        turn=k,
-        policy_version=0,
-        action="a",
-        prompt_ids=(1, 2),
-        response_ids=(3,),
-        token_logps=(),
-        candidates=((3,), (4,)),
-        choice=0,
-        logp=-0.5,
-        temperature=1.0,
-    )
-
-
-def finished(episode: str) -> EpisodeFinished:
-    return EpisodeFinished(
-        episode=episode,
-        worker="w",
-        family="f",
-        variant=0,
-        split="train",
-        steps=2,
-        score=1.0,
-        success=True,
-        total_reward=1.0,
-    )
-
-
 def request(update: int, episodes: tuple[str, ...]) -> GradientRequested:
     return GradientRequested(
         update=update, episodes=episodes, advantages=(1.0,) * len(episodes), lr=1e-3, minibatch=8
@@ -96,13 +65,13 @@ def request(update: int, episodes: tuple[str, ...]) -> GradientRequested:
 
 
 SCRIPT: list[Event] = [
-    turn("ep0", 0),
-    turn("ep0", 1),
-    finished("ep0"),
+    action_sampled("ep0", 0),
+    action_sampled("ep0", 1),
+    episode_finished("ep0"),
     request(0, ("ep0",)),
-    turn("ep0", 2),  # after the request that names ep0: not its sample
-    turn("ep1", 0),
-    finished("ep1"),
+    action_sampled("ep0", 2),  # after the request that names ep0: not its sample
+    action_sampled("ep1", 0),
+    episode_finished("ep1"),
     request(1, ("ep1",)),
 ]
 

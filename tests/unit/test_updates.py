@@ -14,13 +14,15 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
+from agents.events.episodes import EpisodeAbandoned
 from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested
 from agents.events.policy import ActionSampled, GradientRequested
 from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step
 from agents.memory.extractor import ExtractorModel, ExtractorSettings, extractor_step
 from agents.models.policy import chosen_action_logps, response_logps
 from agents.models.tuning import deterministic_algorithms
+from agents.testing.events import action_sampled as turn
+from agents.testing.events import episode_finished as ended
 from engine.events import Envelope, Event
 from stores.checkpoints import param_digest
 
@@ -353,35 +355,6 @@ def test_a_cooled_down_call_still_counts_in_cispos_token_mean() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Samples: each turn with its own episode's advantage and distill flag
-
-
-def turn(episode: str, t: int) -> ActionSampled:
-    return ActionSampled(
-        episode=episode,
-        worker="w",
-        turn=t,
-        policy_version=0,
-        action="a",
-        prompt_ids=(1, 2),
-        response_ids=(3,),
-        token_logps=(-1.0,),
-        logp=-1.0,
-        temperature=1.0,
-    )
-
-
-def ended(episode: str) -> EpisodeFinished:
-    return EpisodeFinished(
-        episode=episode,
-        worker="w",
-        family="heat",
-        variant=0,
-        split="train",
-        steps=2,
-        score=0.0,
-        success=False,
-        total_reward=0.0,
-    )
 
 
 def test_each_turn_gets_its_own_episodes_advantage_and_distill_flag() -> None:
