@@ -85,9 +85,9 @@ format: install
 	$(BIN)/ruff format .
 
 # BASELINE=DIR (a checkout of the code before, e.g. `git worktree add DIR main`) adds the event
-# log, rollout (the quickstart and a short EMPO2 run, the latter also with the learner in a
-# process of its own) and inference rows, each measured against that checkout in the same run,
-# alternating
+# log, rollout (the quickstart and a short EMPO2 run, each side with its own scenario file; the
+# EMPO2 run also with a two-thread learner process) and inference rows, each measured against
+# that checkout in the same run, alternating
 BASELINE ?=
 bench: install
 	$(BIN)/python bench/bench_log.py

@@ -9,6 +9,9 @@ first event to its last; the process's own wall time (start-up and imports inclu
 printed beside it. Prints each round, the medians, their ranges and the median of the rounds'
 ratios.
 
+A relative ``--scenario`` is each tree's own file (what a user of that code runs); the settings
+in which the two files differ are printed first. An absolute path is the same file for both.
+
     .venv/bin/python bench/bench_rollout.py --baseline ../main-worktree --rounds 3
     .venv/bin/python bench/bench_rollout.py --baseline B --scenario scenarios/empo2.toml \\
         --set run.episodes=128 --set eval.every=0 --no-rollout \\
@@ -24,7 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,10 +61,35 @@ def one_run(
     return n / ((envs[-1].t - envs[0].t) / 1e9), wall, 1000 * cpu / n
 
 
+def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def scenario_differences(old: Path, new: Path) -> list[str]:
+    """The settings (``key.path: old -> new``) in which two scenario files differ."""
+    a, b = (_flat(tomllib.loads(path.read_text())) for path in (old, new))
+    return [
+        f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}"
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key, "(unset)") != b.get(key, "(unset)")
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, required=True, help="the old checkout")
-    parser.add_argument("--scenario", type=Path, default=ROOT / "scenarios/quickstart.toml")
+    parser.add_argument(
+        "--scenario",
+        type=Path,
+        default=Path("scenarios/quickstart.toml"),
+        help="relative: each tree's own copy (default: %(default)s); absolute: one file for both",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument(
         "--new-set",
@@ -73,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: removed)")
     args = parser.parse_args(argv)
     overrides = ([] if args.no_rollout else ROLLOUT) + args.set
-    scenario = args.scenario.resolve()
+    trees = {"old": args.baseline.resolve(), "new": ROOT}
+    scenarios = {side: tree / args.scenario for side, tree in trees.items()}
+    for path in scenarios.values():
+        if not path.is_file():
+            parser.error(f"no scenario file {path}")
+    differ = scenario_differences(scenarios["old"], scenarios["new"])
+    if differ:
+        print("the scenario files differ (old -> new): " + "; ".join(differ), flush=True)
     rates: dict[str, list[float]] = {"old": [], "new": []}
     walls: dict[str, list[float]] = {"old": [], "new": []}
     cpus: dict[str, list[float]] = {"old": [], "new": []}
@@ -81,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.keep or Path(scratch)
         tmp.mkdir(parents=True, exist_ok=True)
         for k in range(args.rounds):
-            for side, tree in (("old", args.baseline.resolve()), ("new", ROOT)):
+            for side, tree in trees.items():
                 sets = overrides + (args.new_set if side == "new" else [])
-                rate, wall, cpu = one_run(tree, scenario, sets, Path(tmp) / f"{side}-{k}")
+                out = Path(tmp) / f"{side}-{k}"
+                rate, wall, cpu = one_run(tree, scenarios[side], sets, out)
                 rates[side].append(rate)
                 walls[side].append(wall)
                 cpus[side].append(cpu)
