@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     walls: dict[str, list[float]] = {"old": [], "new": []}
     cpus: dict[str, list[float]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory() as scratch:
-        tmp = args.keep or Path(scratch)
+        tmp = (args.keep or Path(scratch)).resolve()  # the runs' cwd is their tree
         tmp.mkdir(parents=True, exist_ok=True)
         for k in range(args.rounds):
             for side, tree in trees.items():
