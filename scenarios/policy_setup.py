@@ -222,8 +222,30 @@ def _policy_actors(
         load_trainee = partial(load_trainee_for, scenario, model)
         threads = scenario.policy.learner_threads or None
         learner = _LearnerFactory(load_trainee, checkpoints, threads, early)
-        specs.append(ActorSpec(name=LEARNER, factory=learner))
+        specs.append(_learner_spec(scenario, learner, threads))
     return specs
+
+
+def _learner_spec(
+    scenario: Scenario, factory: Callable[[], Actor], threads: int | None
+) -> ActorSpec:
+    """The learner's spec. Its code raising stops the run; with a process of its own, the loss
+    of that process (killed: out of memory, a signal) restarts it as ``[runtime] on_failure``
+    and ``max_restarts`` say, rebuilt from the log committed so far: a new process loads the
+    newest checkpoint the log names and redoes the updates the log does not hold (a learner
+    placed on Ray gets its own restart rule from assembly)."""
+    if threads is None:
+        return ActorSpec(name=LEARNER, factory=factory)
+    from agents.learning.trainee_host import LearnerProcessLost  # imports no torch
+
+    return ActorSpec(
+        name=LEARNER,
+        factory=factory,
+        on_failure=scenario.runtime.on_failure,
+        max_restarts=scenario.runtime.max_restarts,
+        restart_for=(LearnerProcessLost,),
+        recover_on_restart=True,
+    )
 
 
 def _inference(

@@ -95,7 +95,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             rollouts wait on the learner and cores are free then (docs/BENCHMARKS.md). An
             update's digest depends on its thread count: each records it and re-execution
             runs with as many; with as many as ``threads``, its updates are bit for bit the
-            in-process ones. Needs a run directory (the checkpoints are shared on disk).
+            in-process ones. A lost process (killed) restarts the learner as ``runtime``'s
+            ``on_failure`` says, from the log. Needs a run directory (the checkpoints are
+            shared on disk).
         mode: "score" (sample among the admissible actions by their log-probs) or "generate"
             (free text; for instruction-tuned models).
         temperature: sampling temperature (0: greedy).

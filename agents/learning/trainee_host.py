@@ -35,8 +35,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
 from agents.models.tuning import MemoryUse, reset_peak
 from engine.errors import CoevoError
 from stores.checkpoints import Checkpoints, optimizer_tensors, param_digest, restore_checkpoint
@@ -51,7 +49,16 @@ _ROOT = Path(__file__).resolve().parents[2]  # the directory holding the agents 
 class LearnerProcessLost(CoevoError):
     """The learner's own process (``[policy] learner_threads``) ended (killed: out of memory,
     a signal) or could not be started. Unlike an error the update itself raised, which comes
-    back as that error, nothing is known of the update it was running."""
+    back as that error, nothing is known of the update it was running: supervision restarts
+    the learner (``runtime.on_failure``), which starts a new process and redoes it from the
+    log."""
+
+
+class LearnerProcessFailed(CoevoError):
+    """A call in the learner's own process failed with an error that could not come back with
+    its type (its text, type and traceback say what it was), or the process was misused
+    (``load`` or the checkpoints do not pickle, a call before :meth:`TraineeProcess.start`):
+    a failure of the code, which a new process would repeat."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,8 @@ def train_update(
     """Train ``req`` on ``samples`` from policy ``version - 1``, write ``version`` with the
     optimiser's state (pruning never removes a version >= ``committed``), and digest it
     (blocking)."""
+    import torch
+
     from agents.learning.learner import grpo_step
 
     reset_peak(trainee.device)
@@ -188,7 +197,7 @@ class TraineeProcess:
     Raises (each call):
         LearnerProcessLost: the child ended or could not be started.
         Exception: whatever the call raised in the child (re-raised here with its type when it
-            pickles, else as :class:`LearnerProcessLost` with its text).
+            pickles, else as :class:`LearnerProcessFailed` with its text).
     """
 
     def __init__(self, threads: int) -> None:
@@ -242,15 +251,15 @@ class TraineeProcess:
         trainee (at the base weights) while the caller goes on. Only the first call sends.
 
         Raises:
-            LearnerProcessLost: the child could not be started, or ``load`` or
-                ``checkpoints`` do not pickle.
+            LearnerProcessLost: the child could not be started.
+            LearnerProcessFailed: ``load`` or ``checkpoints`` do not pickle.
         """
         if self._started:
             return
         try:
             payload = pickle.dumps((load, checkpoints, self.threads))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            raise LearnerProcessLost(f"the learner's process could not start: {exc}") from None
+            raise LearnerProcessFailed(f"the learner's trainee does not pickle: {exc}") from None
         self.launch()
         assert self._conn is not None
         try:
@@ -264,10 +273,11 @@ class TraineeProcess:
         """Wait until the child has loaded the trainee (:meth:`start` first).
 
         Raises:
-            LearnerProcessLost: as the class says; also when nothing was started.
+            LearnerProcessLost: as the class says.
+            LearnerProcessFailed: nothing was started.
         """
         if not self._started:
-            raise LearnerProcessLost("the learner's process was not given a trainee to load")
+            raise LearnerProcessFailed("the learner's process was not given a trainee to load")
         if not self._ready:
             self._call("ready")
             self._ready = True
@@ -305,7 +315,7 @@ class TraineeProcess:
             return value
         if isinstance(value, BaseException):
             raise value
-        raise LearnerProcessLost(f"the learner's process failed ({op}): {value}")
+        raise LearnerProcessFailed(f"the learner's process failed ({op}): {value}")
 
     def _lost(self, op: str, exc: BaseException) -> str:
         code = None
@@ -357,6 +367,8 @@ def serve(
 ) -> None:
     """Load with ``threads`` torch threads, answer ``ready``, then serve calls until the
     connection closes; end at once if ``parent`` goes."""
+    import torch
+
     threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
     torch.set_num_threads(threads)
     host = LocalTrainee(load, checkpoints)

@@ -2,14 +2,19 @@
 run of the resume tests, its learner in a child process with one thread, killed (SIGKILL of the
 run) after its first update and resumed, ends exactly as the same run with the learner in the
 run's process: the same final digest and the same events. The child ends with the run it
-served, and every update records its thread count; an EMPO2 run whose learner has two threads
-re-executes bit for bit."""
+served, and every update records its thread count. A child killed alone is replaced and the
+run goes on to the same end. An EMPO2 run whose learner has two threads re-executes bit for
+bit."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from resume_kit import (
     EMPO2,
     GRPO,
@@ -23,9 +28,30 @@ from resume_kit import (
 )
 
 from agents.events.policy import PolicyUpdated
-from engine.lifecycle import RunResumed
+from engine.events import Envelope, Event
+from engine.lifecycle import ActorFailed, ActorRestarted, RunResumed
 
 OWN_PROCESS = GRPO.replace("[policy]\n", "[policy]\nlearner_threads = 1\n")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[Envelope[Event]]:
+    """The events of the tiny GRPO run with its learner in the run's process."""
+    root = tmp_path_factory.mktemp("reference")
+    (root / "in-process.toml").write_text(GRPO)
+    finish(
+        coevo(["run", str(root / "in-process.toml"), "--out", str(root / "ref"), "--quiet"], root)
+    )
+    return read_log(root / "ref")
+
+
+def wait_past(proc: subprocess.Popen[bytes], run: Path, seq: int) -> None:
+    """Wait until the running ``coevo run`` (``proc``) has logged more than ``seq`` events."""
+    deadline = time.monotonic() + 300
+    while next_seq(run) <= seq:
+        assert proc.poll() is None, "the run ended before its kill point"
+        assert time.monotonic() < deadline, "the run did not reach its kill point in time"
+        time.sleep(0.05)
 
 
 def children(pid: int) -> list[int]:
@@ -50,26 +76,16 @@ def alive(pid: int) -> bool:
 
 
 def test_a_killed_run_s_learner_process_ends_and_the_resume_matches_the_in_process_run(
-    tmp_path: Path,
+    tmp_path: Path, reference: list[Envelope[Event]]
 ) -> None:
-    (tmp_path / "in-process.toml").write_text(GRPO)
     (tmp_path / "own-process.toml").write_text(OWN_PROCESS)
-    ref = tmp_path / "ref"
-    finish(
-        coevo(["run", str(tmp_path / "in-process.toml"), "--out", str(ref), "--quiet"], tmp_path)
-    )
-    reference = read_log(ref)
     first_update = next(e.seq for e in reference if isinstance(e.event, PolicyUpdated))
 
     run = tmp_path / "run"
     proc = coevo(
         ["run", str(tmp_path / "own-process.toml"), "--out", str(run), "--quiet"], tmp_path
     )
-    deadline = time.monotonic() + 300
-    while next_seq(run) <= first_update + 20:
-        assert proc.poll() is None, "the run ended before its kill point"
-        assert time.monotonic() < deadline, "the run did not reach its kill point in time"
-        time.sleep(0.05)
+    wait_past(proc, run, first_update + 20)
     learners = children(proc.pid)
     proc.kill()
     proc.communicate()
@@ -88,6 +104,38 @@ def test_a_killed_run_s_learner_process_ends_and_the_resume_matches_the_in_proce
     assert comparable(final) == comparable(reference)
     updates = [e.event for e in final if isinstance(e.event, PolicyUpdated)]
     assert [u.threads for u in updates] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("after", ["first_request", "first_update"])
+def test_a_learner_process_killed_alone_is_replaced_and_the_run_ends_as_without_the_kill(
+    tmp_path: Path, reference: list[Envelope[Event]], after: str
+) -> None:
+    """Killed (as by the out-of-memory killer) while it trains an update, or between updates:
+    supervision restarts the learner, whose new process loads the newest checkpoint the log
+    names and redoes what the log does not hold; the run completes by itself with the events
+    and the final weights of the run that lost nothing."""
+    (tmp_path / "own-process.toml").write_text(OWN_PROCESS)
+    kinds = {"first_request": "gradient_requested", "first_update": "policy_updated"}
+    point = next(e.seq for e in reference if e.event.__struct_config__.tag == kinds[after])
+    run = tmp_path / "run"
+    proc = coevo(
+        ["run", str(tmp_path / "own-process.toml"), "--out", str(run), "--quiet"], tmp_path
+    )
+    wait_past(proc, run, point + (0 if after == "first_request" else 20))
+    learners = children(proc.pid)
+    assert len(learners) == 1, learners
+    os.kill(learners[0], signal.SIGKILL)
+    finish(proc)
+    final = read_log(run)
+    failed = [e.event for e in final if isinstance(e.event, ActorFailed)]
+    assert [(f.actor, f.error_type, f.action) for f in failed] == [
+        ("learner", "LearnerProcessLost", "restart")
+    ]
+    restarted = [e.event for e in final if isinstance(e.event, ActorRestarted)]
+    assert [(r.actor, r.attempt) for r in restarted] == [("learner", 1)]
+    assert final_digest(final) == final_digest(reference)
+    assert comparable(final) == comparable(reference)
+    finish(coevo(["replay", str(run), "--verify"], tmp_path))
 
 
 def test_an_empo2_run_with_a_two_thread_learner_process_re_executes_bit_for_bit(

@@ -18,7 +18,12 @@ import torch
 from test_updates import request, score_turns, tiny_model
 
 from agents.learning.learner import Sample, Trainee
-from agents.learning.trainee_host import LearnerProcessLost, LocalTrainee, TraineeProcess
+from agents.learning.trainee_host import (
+    LearnerProcessFailed,
+    LearnerProcessLost,
+    LocalTrainee,
+    TraineeProcess,
+)
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.assemble import assemble
 from scenarios.loader import load_scenario
@@ -111,6 +116,29 @@ def test_an_error_in_the_process_comes_back_with_its_type(tmp_path: Path) -> Non
     assert pid is not None and not alive(pid)
 
 
+class Odd(Exception):
+    """An error that does not unpickle (its constructor takes two arguments)."""
+
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(a + b)
+
+
+def load_odd() -> Trainee:
+    raise Odd("no ", "model")
+
+
+def test_an_error_that_cannot_come_back_is_a_failure_with_its_text(tmp_path: Path) -> None:
+    """Not :class:`LearnerProcessLost` (which supervision answers with a new process): the
+    code failed, and would again."""
+    host = TraineeProcess(threads=1)
+    host.start(load_odd, DirCheckpoints(tmp_path))
+    with pytest.raises(LearnerProcessFailed, match=r"failed \(ready\): Odd: no model\n"):
+        host.open()
+    host.close()
+    with pytest.raises(LearnerProcessFailed, match=r"^the learner's trainee does not pickle"):
+        TraineeProcess(threads=1).start(lambda: load_odd(), DirCheckpoints(tmp_path))
+
+
 def test_a_killed_process_is_lost_with_its_exit_code(tmp_path: Path) -> None:
     host = TraineeProcess(threads=1)
     host.start(load_tiny, DirCheckpoints(tmp_path))
@@ -190,5 +218,5 @@ def test_validating_launches_no_learner_process(
     source = str(Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml")
     scenario = load_scenario(source, ["policy.learner_threads=2"])
     assemble(scenario, source, prepare_model=False)  # what ``coevo validate`` does
-    with pytest.raises(LearnerProcessLost, match="was not given a trainee to load"):
+    with pytest.raises(LearnerProcessFailed, match="was not given a trainee to load"):
         TraineeProcess(threads=1).open()
