@@ -6,6 +6,9 @@ actor would get them from that many workers), and answers every batch with
 ``PolicyRunner.answer`` of this checkout and of ``--baseline`` (a checkout of the code before,
 e.g. a ``git worktree`` of main), each in its own process, alternating, ``--rounds`` times.
 Prints the median CPU seconds of each side and their ratio, and how the scores compare.
+Each side loads the model and prompt settings from its own copy of ``--scenario`` (relative to
+its tree; the one the run was made from), not from the run's ``scenario.toml``: that records
+every setting of the code that wrote it, which older code may not know.
 
     .venv/bin/python bench/bench_inference.py RUN_DIR --baseline ../main-worktree --rounds 3
 """
@@ -31,8 +34,8 @@ from agents.events.policy import ActionRequested
 from scenarios.loader import load_scenario
 from scenarios.policy_setup import load_runner_for, policy_model_dir
 from stores.lmdb_log import LmdbEventLog
-run, batch, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-scenario = load_scenario(run + "/scenario.toml", [])
+run, batch, out, source = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+scenario = load_scenario(source, [])
 runner = load_runner_for(scenario, policy_model_dir(scenario, "bench"))
 log = LmdbEventLog.open(run + "/log")
 requests = [e.event for e in log.read() if isinstance(e.event, ActionRequested)]
@@ -49,7 +52,7 @@ json.dump({"cpu": cpu, "wall": wall, "batches": len(batches),
 """
 
 
-def measure(tree: Path, run: Path, batch: int) -> dict:
+def measure(tree: Path, run: Path, batch: int, scenario: Path) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run(
             [
@@ -59,6 +62,7 @@ def measure(tree: Path, run: Path, batch: int) -> dict:
                 str(run),
                 str(batch),
                 f.name,
+                str(tree / scenario),
             ],
             check=True,
             cwd=tree,
@@ -71,13 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="a rollout run directory")
     parser.add_argument("--baseline", type=Path, required=True, help="the old checkout")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--scenario",
+        type=Path,
+        default=Path("scenarios/quickstart.toml"),
+        help="the run's scenario, each tree's own copy when relative (default: %(default)s)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     old: list[dict] = []
     new: list[dict] = []
     for _ in range(args.rounds):
-        old.append(measure(args.baseline.resolve(), args.run.resolve(), args.batch))
-        new.append(measure(ROOT, args.run.resolve(), args.batch))
+        old.append(measure(args.baseline.resolve(), args.run.resolve(), args.batch, args.scenario))
+        new.append(measure(ROOT, args.run.resolve(), args.batch, args.scenario))
         print(f"round: old {old[-1]['cpu']:.2f} s, new {new[-1]['cpu']:.2f} s CPU", flush=True)
     a, b = old[-1], new[-1]
     flat_a = [s for row in a["scores"] for s in row]
