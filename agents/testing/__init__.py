@@ -1,4 +1,5 @@
 """What plug-in authors test event streams with (docs/TESTING.md): well-formed streams drawn by
 Hypothesis (:mod:`agents.testing.streams`, the ``testing`` extra) and edits of a stream for
 negative controls (:mod:`agents.testing.edits`, no Hypothesis needed), and single events with
-neutral contents (:mod:`agents.testing.events`)."""
+neutral contents (:mod:`agents.testing.events`); which processes run
+(:mod:`agents.testing.processes`, Linux)."""

@@ -28,6 +28,7 @@ from resume_kit import (
 )
 
 from agents.events.policy import PolicyUpdated
+from agents.testing.processes import alive, children
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorRestarted, RunResumed
 
@@ -52,27 +53,6 @@ def wait_past(proc: subprocess.Popen[bytes], run: Path, seq: int) -> None:
         assert proc.poll() is None, "the run ended before its kill point"
         assert time.monotonic() < deadline, "the run did not reach its kill point in time"
         time.sleep(0.05)
-
-
-def children(pid: int) -> list[int]:
-    """The live processes whose parent is ``pid`` (Linux ``/proc``)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it ended while we looked
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 def test_a_killed_run_s_learner_process_ends_and_the_resume_matches_the_in_process_run(

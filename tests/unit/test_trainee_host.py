@@ -24,6 +24,7 @@ from agents.learning.trainee_host import (
     LocalTrainee,
     TraineeProcess,
 )
+from agents.testing.processes import alive
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.assemble import assemble
 from scenarios.loader import load_scenario
@@ -48,15 +49,6 @@ def load_tiny() -> Trainee:
 
 def load_missing() -> Trainee:
     raise ModelUnavailable("model = '/nowhere': no such directory")
-
-
-def alive(pid: int) -> bool:
-    """``pid`` runs (a zombie nobody reaped yet counts as ended)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 def test_an_update_in_its_own_process_is_the_local_update_bit_for_bit(tmp_path: Path) -> None:
