@@ -238,7 +238,10 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         mailbox: queued batches per actor before delivery waits.
         checksum_every: events between projection checksums (0: only at the end).
         snapshot_every: events between projection snapshots (0: never).
-        on_failure: what supervision does when an actor raises: "restart" or "stop".
+        on_failure: what supervision does when an env worker raises, or the process of a
+            learner (``policy.learner_threads``) or of an actor on Ray is lost: "restart"
+            (a learner, extractor or memory rebuilt from the log) or "stop". Other
+            actors' errors stop the run.
         max_restarts: restarts per actor before the run stops.
         backend: "local" (every actor a trio task of this process) or "ray" (the env workers
             on a Ray cluster, ``[runtime.ray]``; the log and its writer stay here).
