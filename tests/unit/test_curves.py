@@ -11,17 +11,14 @@ from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUp
 from agents.learning.trainer import eval_tasks, rule_name
 from agents.methods.settings import GrpoConfig
 from agents.report.curves import fold_curves, report, summary_lines
-from agents.testing.events import policy_updated
+from agents.testing.events import episode_finished, policy_updated
 from engine.world import Task
 
 
 def finished(i: int, success: bool, purpose: str = "train") -> EpisodeFinished:
-    return EpisodeFinished(
-        episode=f"ep{i:06d}",
-        worker="w",
-        family="heat",
+    return episode_finished(
+        f"ep{i:06d}",
         variant=i,
-        split="train",
         steps=3,
         score=1.0 if success else 0.1,
         success=success,

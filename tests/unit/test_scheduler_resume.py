@@ -16,6 +16,7 @@ from agents.events.episodes import (
     EpisodeFinished,
     EpisodeStarted,
 )
+from agents.testing.events import episode_finished
 from engine.actor import Context
 from engine.errors import ResumeDiverged
 from engine.events import Envelope, Event
@@ -74,16 +75,8 @@ def started(ep: str, worker: str) -> EpisodeStarted:
 
 
 def finished(ep: str, worker: str) -> EpisodeFinished:
-    return EpisodeFinished(
-        episode=ep,
-        worker=worker,
-        family="fetch",
-        variant=0,
-        split="train",
-        steps=1,
-        score=1.0,
-        success=True,
-        total_reward=1.0,
+    return episode_finished(
+        ep, worker=worker, family="fetch", steps=1, score=1.0, success=True, total_reward=1.0
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 from agents.events.episodes import EpisodeFinished
 from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipEvicted, TipStored
-from agents.testing.events import policy_updated
+from agents.testing.events import episode_finished, policy_updated
 from agents.tracking.observer import Tracker, TrackingFailed
 from agents.tracking.scalars import Scalar, ScalarFold, fold_scalars
 from engine.events import Envelope, Event
@@ -23,12 +23,9 @@ def _env(seq: int, ev: Event, seconds: float) -> Envelope[Event]:
 
 
 def _finished(ep: int, success: bool, purpose: str = "train") -> EpisodeFinished:
-    return EpisodeFinished(
-        episode=f"ep{ep}",
-        worker="w",
+    return episode_finished(
+        f"ep{ep}",
         family="f",
-        variant=0,
-        split="train",
         steps=3,
         score=1.0 if success else 0.25,
         success=success,

@@ -9,6 +9,7 @@ import pytest
 
 from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted
 from agents.events.policy import ActionRequested, ActionSampled
+from agents.testing.events import action_sampled, episode_finished
 from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed, RunStarted, RunStopped
@@ -20,12 +21,11 @@ START = RunStarted(run_id="r", scenario="s", scenario_hash="h", seed=1, coevo_ve
 
 
 def finished(episode: str) -> EpisodeFinished:
-    return EpisodeFinished(
-        episode=episode,
+    return episode_finished(
+        episode,
         worker="worker-0",
         family="fetch",
         variant=1,
-        split="train",
         steps=0,
         score=1.0,
         success=True,
@@ -63,17 +63,15 @@ def requested() -> ActionRequested:
 
 
 def sampled() -> ActionSampled:
-    return ActionSampled(
-        episode="ep000001",
+    return action_sampled(
+        "ep000001",
+        0,
         worker="worker-0",
-        turn=0,
-        policy_version=0,
         action="look",
         prompt_ids=(1,),
         response_ids=(2,),
         token_logps=(-0.5,),
         logp=-0.5,
-        temperature=1.0,
     )
 
 
