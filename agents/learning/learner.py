@@ -517,10 +517,11 @@ class Learner(Actor):
         return process
 
     async def _open(self, ctx: Context, host: TraineeHost) -> None:
-        """Load the trainee (a process of its own: wait until it is ready)."""
+        """Load the trainee (a process of its own: wait until it is ready, said once)."""
+        loading = host if isinstance(host, TraineeProcess) and not host.ready else None
         await ctx.to_thread(host.open)
-        if isinstance(host, TraineeProcess):
-            ctx.log.info("learner process ready", pid=host.pid, threads=host.threads)
+        if loading is not None:
+            ctx.log.info("learner process ready", pid=loading.pid, threads=loading.threads)
 
     async def _train(
         self,

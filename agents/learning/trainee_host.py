@@ -212,6 +212,11 @@ class TraineeProcess:
         self._stop: Callable[[], Any] = lambda: None
 
     @property
+    def ready(self) -> bool:
+        """The child has loaded the trainee (:meth:`open` returned)."""
+        return self._ready
+
+    @property
     def pid(self) -> int | None:
         """The child's pid (None before :meth:`launch`)."""
         return None if self._process is None else self._process.pid

@@ -8,6 +8,7 @@ bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -113,6 +114,9 @@ def test_a_learner_process_killed_alone_is_replaced_and_the_run_ends_as_without_
     ]
     restarted = [e.event for e in final if isinstance(e.event, ActorRestarted)]
     assert [(r.actor, r.attempt) for r in restarted] == [("learner", 1)]
+    lines = (run / "coevo.jsonl").read_text().splitlines()
+    ready = [json.loads(line)["pid"] for line in lines if "learner process ready" in line]
+    assert len(ready) == len(set(ready)) == 2, ready  # each process said so once
     assert final_digest(final) == final_digest(reference)
     assert comparable(final) == comparable(reference)
     finish(coevo(["replay", str(run), "--verify"], tmp_path))
