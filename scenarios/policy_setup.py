@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from agents.learning.trainee_host import LearnerProcessLost, TraineeProcess
 from agents.methods.base import LoadedModel, Method, RunResources, base_models, method_actors
 from agents.models.backend import backend_named
 from agents.models.specs import EmbeddedSpec, OpsSpec
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from agents.acting.inference import PolicyRunner
     from agents.audit.reexecute import Reexecution
     from agents.learning.learner import Trainee
-    from agents.learning.trainee_host import TraineeProcess
     from agents.memory.extractor import ExtractorModel
 
 INFERENCE = "inference"
@@ -192,8 +192,6 @@ def _early_learner(
     remote = scenario.runtime.backend != "local" and scenario.runtime.ray.learner is not None
     if not (threads and prepare_model and method is not None and not remote):
         return None
-    from agents.learning.trainee_host import TraineeProcess
-
     process = TraineeProcess(threads)
     process.launch()
     return process
@@ -236,8 +234,6 @@ def _learner_spec(
     placed on Ray gets its own restart rule from assembly)."""
     if threads is None:
         return ActorSpec(name=LEARNER, factory=factory)
-    from agents.learning.trainee_host import LearnerProcessLost  # imports no torch
-
     return ActorSpec(
         name=LEARNER,
         factory=factory,
