@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(args.rounds):
             for side, tree in trees.items():
                 sets = overrides + (args.new_set if side == "new" else [])
-                out = Path(tmp) / f"{side}-{k}"
+                out = tmp / f"{side}-{k}"
                 rate, wall, cpu = one_run(tree, scenarios[side], sets, out)
                 rates[side].append(rate)
                 walls[side].append(wall)

@@ -16,12 +16,11 @@ from test_updates import TOKENIZER, request, score_turns, tiny_model
 
 import agents.audit.reexecute as reexecute_module
 from agents.audit.reexecute import Reexecution, UpdateInputs, requested_updates
-from agents.events.episodes import EpisodeFinished
 from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.learning.learner import Sample, Trainee, grpo_step, update_seed
 from agents.models.policy import chosen_action_logps
 from agents.models.tuning import torch_threads
-from agents.testing.events import policy_updated
+from agents.testing.events import episode_finished, policy_updated
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
 from stores.checkpoints import param_digest
@@ -38,16 +37,8 @@ def envelopes(updates: list[tuple[GradientRequested, str]]) -> list[Envelope[Eve
         turns = [msgspec.structs.replace(t, policy_version=k) for t in score_turns(model, episode)]
         events += turns
         events.append(
-            EpisodeFinished(
-                episode=episode,
-                worker="w",
-                family="f",
-                variant=0,
-                split="train",
-                steps=3,
-                score=1.0,
-                success=True,
-                total_reward=1.0,
+            episode_finished(
+                episode, family="f", steps=3, score=1.0, success=True, total_reward=1.0
             )
         )
         events.append(msgspec.structs.replace(req, update=k, episodes=(episode,)))
