@@ -44,7 +44,14 @@ import trio
 
 from engine.actor import Actor, ActorSpec, Context
 from engine.events import Codec, Envelope, Event
-from engine.remote import Inflight, RemoteActorFailed, RemoteActorLost, RemoteHost, Report
+from engine.remote import (
+    Inflight,
+    RemoteActorFailed,
+    RemoteActorLost,
+    RemoteActorRestartable,
+    RemoteHost,
+    Report,
+)
 
 _POLL_S = 5.0
 """Longest a poll waits remotely for something to report (then it is asked again)."""
@@ -270,6 +277,9 @@ class RemoteActor(Actor):
 
     recovers: ClassVar[bool] = False
     """Whether the remote actor's kind rebuilds state on resume (overrides ``recover``)."""
+    restart_for: ClassVar[tuple[type[Exception], ...]] = ()
+    """The errors of the remote actor's code its spec restarts for (the proxy raises
+    :class:`~engine.remote.RemoteActorRestartable` for them)."""
     _history: Sequence[Envelope[Event]] = ()
     _through = -1  # the last seq of the history its actor was rebuilt from
 
@@ -309,7 +319,10 @@ class RemoteActor(Actor):
         with trio.move_on_after(self._placement.start_timeout) as placing:
             history = self._codec.encode_batch(list(self._history)) if self._history else b""
             self._history = ()
-            args = (self._factory, ctx.run_seed, ctx.attempt, self._mailbox, 8192, history)
+            args = (
+                self._factory, ctx.run_seed, ctx.attempt, self._mailbox, 8192, history,
+                self.restart_for,
+            )  # fmt: skip
             self._inflight.pid = await _result(host.add(*args))
         if placing.cancelled_caught:
             raise RemoteActorLost(
@@ -357,7 +370,8 @@ class RemoteActor(Actor):
                 return
             if report.state == "failed":
                 self._inflight.failed()
-                raise RemoteActorFailed(f"{ctx.name} raised remotely:\n{report.error}")
+                failed = RemoteActorRestartable if report.restart else RemoteActorFailed
+                raise failed(f"{ctx.name} raised remotely:\n{report.error}")
 
 
 async def _settle(ref: Any, room: trio.Semaphore) -> None:
@@ -445,7 +459,11 @@ def remote_spec(
 ) -> ActorSpec:
     """``spec`` with its actor placed on Ray: the same name, supervision and filter, a proxy in
     the driver. An actor that rebuilds state on resume (``Actor.recover``) is given the
-    history in its process, once, when it first starts.
+    history in its process, once, when it first starts. Its code raising an error ``spec``
+    restarts for makes the proxy raise :class:`~engine.remote.RemoteActorRestartable` (a
+    subclass of the :class:`~engine.remote.RemoteActorFailed` it raises for any other), and
+    its process being lost :class:`~engine.remote.RemoteActorLost`: a caller that replaces the
+    spec's ``restart_for`` names those.
 
     Args:
         spec: the actor as it would run in the driver.
@@ -458,7 +476,8 @@ def remote_spec(
     probe = spec.factory()
     kind = type(probe)
     recovers = kind.recover is not Actor.recover
-    attrs = {"subscribes": tuple(probe.subscribes), "recovers": recovers}
+    restarts = (spec.restart_for or (Exception,)) if spec.on_failure == "restart" else ()
+    attrs = {"subscribes": tuple(probe.subscribes), "recovers": recovers, "restart_for": restarts}
     cls = type(f"Remote{kind.__name__}", (RemoteActor,), attrs)
     process = process or _Process(placement, 1)
     proxy = _ProxyFactory(cls, spec.factory, placement, mailbox, process, sticky)

@@ -56,6 +56,14 @@ class RemoteActorFailed(CoevoError):
     again."""
 
 
+class RemoteActorRestartable(RemoteActorFailed):
+    """A remote actor's code raised an error that its own spec restarts for
+    (``ActorSpec.on_failure`` and ``restart_for`` as it would run in the driver: a learner whose
+    training process was killed raises ``LearnerProcessLost``). The host judges it where the
+    error's class is, and the proxy raises this in the driver, so that supervision restarts the
+    remote actor as it would the local one."""
+
+
 class Report(msgspec.Struct, frozen=True, array_like=True):
     """A remote host's answer to a poll.
 
@@ -65,12 +73,15 @@ class Report(msgspec.Struct, frozen=True, array_like=True):
             numbered 0, 1, .. (positions, not log seqs) with the actor's cause and corr.
         state: "running", "ended" (its ``run`` returned) or "failed" (it raised).
         error: the error and traceback when failed.
+        restart: when failed, the error is one the actor's spec restarts for (the host's
+            ``restart_for``).
     """
 
     taken: int
     events: bytes
     state: State = "running"
     error: str = ""
+    restart: bool = False
 
 
 class _CountingMailbox(Mailbox):
@@ -100,6 +111,8 @@ class RemoteHost:
         history: for the first start of a resumed run: ``Codec.encode_batch`` of the earlier
             sessions' events, given to the actor's :meth:`Actor.recover` before it runs (empty:
             no recovery).
+        restart_for: the errors of the actor's code that its spec restarts for (``()``: none;
+            ``(Exception,)``: any); a failure with one is reported ``restart``.
     """
 
     def __init__(
@@ -111,6 +124,7 @@ class RemoteHost:
         mailbox: int = 64,
         outbox: int = 8192,
         history: bytes = b"",
+        restart_for: tuple[type[Exception], ...] = (),
     ) -> None:
         if mailbox < 1 or outbox < 1:
             raise ValueError(f"mailbox and outbox must be >= 1, got {mailbox} and {outbox}")
@@ -120,6 +134,8 @@ class RemoteHost:
         self._attempt = attempt
         self._outbox_max = outbox
         self._history = history
+        self._restart_for = restart_for
+        self._restart = False
         self._codec = Codec()
         self.check_event = self._codec.check
         self._out: list[Envelope[Event]] = []
@@ -205,6 +221,7 @@ class RemoteHost:
             except Exception as exc:  # reported to the proxy, which raises it in the driver
                 self._state = "failed"
                 self._error = "".join(traceback.format_exception(exc, limit=8))
+                self._restart = isinstance(exc, self._restart_for)
             finally:
                 self._changed.unpark_all()
             await trio.sleep_forever()  # the loop answers polls until stop()
@@ -231,7 +248,7 @@ class RemoteHost:
         self._changed.unpark_all()  # a source actor waiting for room
         numbered = [msgspec.structs.replace(env, seq=i) for i, env in enumerate(out)]
         events = self._codec.encode_batch(numbered)
-        return Report(self._mailbox.taken, events, self._state, self._error)
+        return Report(self._mailbox.taken, events, self._state, self._error, self._restart)
 
 
 @dataclass
@@ -301,4 +318,11 @@ class Inflight:
         return list(again)
 
 
-__all__ = ["Inflight", "RemoteActorFailed", "RemoteActorLost", "RemoteHost", "Report"]
+__all__ = [
+    "Inflight",
+    "RemoteActorFailed",
+    "RemoteActorLost",
+    "RemoteActorRestartable",
+    "RemoteHost",
+    "Report",
+]

@@ -34,7 +34,7 @@ from engine.errors import ScenarioInvalid
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, select
 from engine.projection import ActorStats, Projection
-from engine.remote import RemoteActorLost
+from engine.remote import RemoteActorLost, RemoteActorRestartable
 from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from engine.world import Task, TextWorld
@@ -296,8 +296,9 @@ def _model_placements(scenario: Scenario) -> dict[str, RayPlacementConfig | None
 def _placed_models(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[ActorSpec]:
     """The policy's and the method's actors, each on Ray where ``[runtime.ray]`` places it
     (inference, learner, extractor, memory). A lost process restarts them
-    (``runtime.on_failure``, ``max_restarts``; their code raising still stops the run, as in
-    the driver). The next inference process is given the newest ``PolicyUpdated`` first, so
+    (``runtime.on_failure``, ``max_restarts``); their code raising does what it does in the
+    driver (a learner whose training process of its own was lost restarts, any other error
+    stops the run). The next inference process is given the newest ``PolicyUpdated`` first, so
     that it serves the newest version the log names, then what was not answered; the next
     learner, extractor or memory is rebuilt from the log committed so far
     (``ActorSpec.recover_on_restart``): the learner and the extractor load the newest
@@ -335,7 +336,7 @@ def _placed_models(scenario: Scenario, specs: list[ActorSpec], source: str) -> l
                 remote,
                 on_failure=rt.on_failure,
                 max_restarts=rt.max_restarts,
-                restart_for=(RemoteActorLost,),
+                restart_for=(RemoteActorLost, RemoteActorRestartable),
                 recover_on_restart=spec.name != INFERENCE,
             )
         out.append(spec)

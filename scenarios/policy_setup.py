@@ -230,8 +230,8 @@ def _learner_spec(
     """The learner's spec. Its code raising stops the run; with a process of its own, the loss
     of that process (killed: out of memory, a signal) restarts it as ``[runtime] on_failure``
     and ``max_restarts`` say, rebuilt from the log committed so far: a new process loads the
-    newest checkpoint the log names and redoes the updates the log does not hold (a learner
-    placed on Ray gets its own restart rule from assembly)."""
+    newest checkpoint the log names and redoes the updates the log does not hold (placed on
+    Ray, the same: its host there judges the error by this spec)."""
     if threads is None:
         return ActorSpec(name=LEARNER, factory=factory)
     return ActorSpec(

@@ -125,7 +125,16 @@ def test_a_full_remote_mailbox_holds_the_delivery() -> None:
         host.stop()
 
 
-def test_a_failing_actor_is_reported_with_its_traceback() -> None:
+@pytest.mark.parametrize(
+    ("restart_for", "restart"),
+    [((), False), ((KeyError,), True), ((LookupError,), True), ((ValueError,), False)],
+)
+def test_a_failing_actor_is_reported_with_its_traceback(
+    restart_for: tuple[type[Exception], ...], restart: bool
+) -> None:
+    """... and whether its error is one its spec restarts for (judged in the host, where the
+    error's class is: a subclass counts)."""
+
     class Failing(Actor):
         subscribes = (RunStopped,)
 
@@ -133,7 +142,7 @@ def test_a_failing_actor_is_reported_with_its_traceback() -> None:
             async for _ in ctx.events():
                 raise KeyError("boom")
 
-    host = RemoteHost("failing", Failing, 7, 0)
+    host = RemoteHost("failing", Failing, 7, 0, restart_for=restart_for)
     try:
         host.deliver(
             0,
@@ -146,7 +155,7 @@ def test_a_failing_actor_is_reported_with_its_traceback() -> None:
             rep, _ = report(host)
     finally:
         host.stop()
-    assert rep.state == "failed" and rep.taken == 1
+    assert rep.state == "failed" and rep.taken == 1 and rep.restart is restart
     assert "KeyError: 'boom'" in rep.error and "Traceback" in rep.error
 
 

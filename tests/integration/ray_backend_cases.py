@@ -11,7 +11,8 @@ on the session's local Ray instance (``ray_address`` in tests/conftest.py).
   run samples, trains and ends as a local run does.
 - The learner on Ray (``[runtime.ray.learner]``), its process killed as the second update is
   requested: it restarts from the newest checkpoint the log names and the run trains as a
-  local run does.
+  local run does. The same learner training in a process of its own (``learner_threads =
+  1``), that process killed alone: it restarts as in the driver, and trains as a local run.
 - That GRPO run with both on Ray, its driver killed: ``coevo resume`` ends it as a local run.
 - A Complementary RL run with its extractor and memory on Ray (``[runtime.ray.extractor]``,
   ``[runtime.ray.memory]``), the extractor's process killed as an episode still running asks
@@ -61,6 +62,7 @@ from agents.events.memory import (
     TipStored,
 )
 from agents.events.policy import ActionRequested, ActionSampled, GradientRequested, PolicyUpdated
+from agents.testing.processes import children
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, ActorRestarted, ActorStarted, RunStarted
@@ -487,6 +489,66 @@ def test_a_learner_on_ray_restarts_from_its_newest_checkpoint_and_learns_as_a_lo
     check_as_local(*result[:3], local, "learner", "RemoteLearner")
     envs = list(result[2].read(0, None))
     assert [e.event.policy_version for e in envs if isinstance(e.event, PolicyUpdated)] == [1, 2, 3]
+
+
+@pytest.mark.slow  # a learning run: minutes on 2 cores (make test-slow)
+def test_a_learner_on_ray_whose_training_process_is_killed_restarts_and_learns_as_a_local_run(
+    tmp_path: Path,
+    ray_address: str,
+    monkeypatch: pytest.MonkeyPatch,
+    grpo_local: tuple[Path, list[Envelope[Event]]],
+) -> None:
+    """The learner on Ray training in a process of its own (``learner_threads = 1``), that
+    process killed alone once the second update is requested (not the Ray process hosting the
+    learner): the learner's error says its training process was lost, which its spec restarts
+    for as in the driver, and the run's updates and final weights are a local run's."""
+    cache, local = grpo_local
+    monkeypatch.setenv("COEVO_CACHE", str(cache))
+    path = tmp_path / "ray.toml"
+    text = GRPO.replace("[logging]", RAY_LEARNER).replace(
+        "[policy]\n", "[policy]\nlearner_threads = 1\n"
+    )
+    assert "learner_threads = 1" in text
+    path.write_text(text, encoding="utf-8")
+    assembly = assemble(load_scenario(path), str(path), run_dir=tmp_path / "ray")
+    record = {s.name: getattr(s.factory, "inflight", None) for s in assembly.specs}["learner"]
+    assert record is not None
+    at = after_the_first_update(GradientRequested)
+    state: dict[str, Any] = {"killed": 0}
+
+    def kill(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            if not state["killed"] and at(env.event, state):
+                trainees = [pid for pid in children(record.pid) if is_trainee(pid)]
+                assert len(trainees) == 1, trainees
+                state["killed"] = trainees[0]
+                os.kill(trainees[0], signal.SIGKILL)
+
+    log = MemoryEventLog()
+    outcome, envs = run(path, log, [kill], assembly)
+    assert state["killed"], "the run ended before the kill"
+    assert outcome.reason == "completed"
+    failed = [(e.event.actor, e.event.error_type, e.event.action) for e in envs
+              if isinstance(e.event, ActorFailed)]  # fmt: skip
+    assert failed == [("learner", "RemoteActorRestartable", "restart")]
+    failure = next(e.event for e in envs if isinstance(e.event, ActorFailed))
+    assert "LearnerProcessLost" in failure.message
+    starts = [e.event.attempt for e in envs
+              if isinstance(e.event, ActorStarted) and e.event.actor == "learner"]  # fmt: skip
+    assert starts == [0, 1]
+    assert comparable(envs) == comparable(local)
+    assert final_digest(envs) == final_digest(local)
+    assert [e.event.policy_version for e in envs if isinstance(e.event, PolicyUpdated)] == [1, 2, 3]
+    checked = verify_log(log, assembly.projections, fact_checks())
+    assert checked.ok, checked.error
+
+
+def is_trainee(pid: int) -> bool:
+    """``pid`` runs a learner's training process (``agents.learning.trainee_host``)."""
+    try:
+        return b"trainee_host" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 RAY_BOTH = """
