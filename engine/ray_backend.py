@@ -224,6 +224,24 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
         ray.shutdown()
 
 
+def unplaceable(placement: Placement, size: int) -> str:
+    """What keeps every live node of the Ray cluster this process joined from holding one
+    process of ``size`` actors placed by ``placement`` (it reserves ``size`` times each
+    resource), as a phrase; "" if a node has enough of all of them. Ray would leave such a
+    process pending until a node that can hold it joins."""
+    need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.resources}
+    need = {name: amount * size for name, amount in need.items() if amount > 0}
+    nodes = [node["Resources"] for node in _ray().nodes() if node.get("Alive")]
+    if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+        return ""
+    most = {k: max((node.get(k, 0.0) for node in nodes), default=0.0) for k in need}
+    asked = ", ".join(f"{v:g} {k}" for k, v in need.items())
+    short = [f"{most[k]:g} {k}" for k, v in need.items() if most[k] < v]
+    if short:
+        return f"each process reserves {asked}; the most any node has is {', '.join(short)}"
+    return f"each process reserves {asked}; no node has all of them"
+
+
 async def _result(ref: Any) -> Any:
     """Wait, in trio, for a Ray object ref; its value, or the error Ray gives for it."""
     future = ref.future()
@@ -502,4 +520,12 @@ def remote_specs(
     return out
 
 
-__all__ = ["Placement", "RemoteActor", "available", "connected", "remote_spec", "remote_specs"]
+__all__ = [
+    "Placement",
+    "RemoteActor",
+    "available",
+    "connected",
+    "remote_spec",
+    "remote_specs",
+    "unplaceable",
+]

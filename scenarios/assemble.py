@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
+import structlog
 
 from agents.acting.env_worker import EnvWorker, PromptSettings
 from agents.acting.projections import EpisodeTable
@@ -362,15 +363,50 @@ def _placement(p: RayPlacementConfig) -> ray_backend.Placement:
 
 
 @contextlib.contextmanager
-def cluster(scenario: Scenario) -> Generator[None]:
+def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
     """The Ray cluster a ``backend = "ray"`` scenario's run needs, joined (or started) for the
-    block; nothing for a local one."""
+    block; nothing for a local one. A placement that no node of the cluster can hold (a GPU
+    asked of a machine without one, more CPUs for a process than a node has, a custom
+    resource no node offers) is refused at once on a Ray instance the run starts itself
+    (``address = "local"``), whose nodes are all there is; on a cluster it joins (which an
+    autoscaler may grow) it is logged as a warning, and the actors wait ``start_timeout`` for
+    a node.
+
+    Raises:
+        ScenarioInvalid: as above, naming the placement and what it lacks.
+    """
     rt = scenario.runtime
     if rt.backend == "local":
         yield
         return
     with ray_backend.connected(rt.ray.address, rt.ray.num_cpus or None):
+        for key, placement, size in _placements(scenario):
+            lacking = ray_backend.unplaceable(_placement(placement), size)
+            if not lacking:
+                continue
+            where = f"$.runtime.ray.{key}: {lacking}"
+            if rt.ray.address == "local":
+                raise ScenarioInvalid(
+                    source,
+                    f"{where} (the Ray instance started for the run on this machine: ask "
+                    "for less, or offer more CPUs with runtime.ray.num_cpus)",
+                )
+            structlog.get_logger("coevo").warning(
+                "no node of the cluster can host a placement yet",
+                placement=where,
+                start_timeout=placement.start_timeout,
+            )
         yield
+
+
+def _placements(scenario: Scenario) -> list[tuple[str, RayPlacementConfig, int]]:
+    """Each ``[runtime.ray]`` placement of the run's actors, with how many actors its largest
+    Ray process hosts."""
+    ray = scenario.runtime.ray
+    workers = min(ray.env_workers.per_process, scenario.run.workers)
+    out = [("env_workers", ray.env_workers, workers)] if workers else []
+    out += [(k, p, 1) for k, p in _model_placements(scenario).items() if p is not None]
+    return out
 
 
 def _check_learning(scenario: Scenario, source: str) -> None:

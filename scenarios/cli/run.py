@@ -95,11 +95,12 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
     except OSError as exc:
         log.close()
         raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
-    return _drive(scenario, assembly, log, rd, started, quiet=quiet)
+    return _drive(scenario, source, assembly, log, rd, started, quiet=quiet)
 
 
 def _drive(
     scenario: Any,
+    source: str,
     assembly: Any,
     log: Any,
     rd: RunDir,
@@ -139,7 +140,7 @@ def _drive(
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
     console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
-        with cluster(scenario), progress:
+        with cluster(scenario, source), progress:
             outcome = trio.run(runtime.run)
     finally:
         log.close()
@@ -254,14 +255,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
         coevo_version=meta.coevo_version,
     )
     if not history:
-        return _drive(scenario, assembly, log, rd, started, quiet=args.quiet)
+        return _drive(scenario, source, assembly, log, rd, started, quiet=args.quiet)
     last = history[-1]
     ended = isinstance(last.event, RunStopped | RunFailed)
     previous = str(last.event.__struct_config__.tag) if ended else ""
     resumed = RunResumed(after=last.seq, previous=previous, coevo_version=version())
     return _drive(
-        scenario, assembly, log, rd, started, quiet=args.quiet, resumed=resumed, history=history
-    )
+        scenario, source, assembly, log, rd, started,
+        quiet=args.quiet, resumed=resumed, history=history,
+    )  # fmt: skip
 
 
 def _keep_scenario(rd: RunDir, text: str) -> None:

@@ -3,17 +3,19 @@ what ``backend = "ray"`` assembles, what it refuses, and the placement's bounds.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 
+from agents.learning.trainee_host import LearnerProcessLost
 from engine import ray_backend
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import ScenarioInvalid
 from engine.events import Event
 from engine.recovery import Replayed
-from engine.remote import RemoteActorLost
-from scenarios.assemble import assemble
+from engine.remote import RemoteActorLost, RemoteActorRestartable
+from scenarios.assemble import assemble, cluster
 from scenarios.loader import load_scenario
 
 ROLLOUT = """
@@ -99,23 +101,30 @@ num_cpus = 2
 """
 
 
-def test_inference_and_learner_are_placed_on_ray_restarting_only_when_their_process_is_lost(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("threads", [0, 1])
+def test_inference_and_learner_are_placed_on_ray_restarting_when_their_process_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
+    """... or for what their spec restarts for in the driver: nothing, but for a learner
+    training in a process of its own, that process's loss."""
     monkeypatch.setattr(ray_backend, "available", lambda: True)  # Ray is not started
     path = tmp_path / "p.toml"
-    path.write_text(POLICY, encoding="utf-8")
-    assembly = assemble(load_scenario(path), str(path), prepare_model=False)
+    path.write_text(POLICY + f"\n[policy]\nlearner_threads = {threads}\n", encoding="utf-8")
+    scenario = load_scenario(path)
+    assembly = assemble(scenario, str(path), prepare_model=False, run_dir=tmp_path / "run")
     by_name = {spec.name: spec for spec in assembly.specs}
     inference = by_name["inference"]
     assert type(inference.factory()).__name__ == "RemoteInferenceActor"
     assert inference.factory.placement.num_gpus == 1  # pyright: ignore[reportFunctionMemberAccess]
-    assert (inference.on_failure, inference.restart_for) == ("restart", (RemoteActorLost,))
+    restarts = (RemoteActorLost, RemoteActorRestartable)
+    assert (inference.on_failure, inference.restart_for) == ("restart", restarts)
+    assert inference.factory().restart_for == ()  # its code raising stops the run
     sticky = inference.factory.inflight.sticky  # pyright: ignore[reportFunctionMemberAccess]
     assert [k.__name__ for k in sticky] == ["PolicyUpdated"]
     learner = by_name["learner"]
     assert type(learner.factory()).__name__ == "RemoteLearner"
-    assert (learner.on_failure, learner.restart_for) == ("restart", (RemoteActorLost,))
+    assert (learner.on_failure, learner.restart_for) == ("restart", restarts)
+    assert learner.factory().restart_for == ((LearnerProcessLost,) if threads else ())
     assert learner.recover_on_restart and not inference.recover_on_restart
     assert type(by_name["trainer"].factory()).__name__ == "GrpoTrainer"  # still the driver's
 
@@ -160,7 +169,9 @@ def test_the_extractor_and_the_memory_are_placed_on_ray_and_rebuilt_from_the_log
         spec = by_name[name]
         assert type(spec.factory()).__name__ == kind
         assert spec.factory.placement == placement  # pyright: ignore[reportFunctionMemberAccess]
-        assert (spec.on_failure, spec.restart_for) == ("restart", (RemoteActorLost,))
+        restarts = (RemoteActorLost, RemoteActorRestartable)
+        assert (spec.on_failure, spec.restart_for) == ("restart", restarts)
+        assert spec.factory().restart_for == ()  # its code raising stops the run
         assert spec.recover_on_restart
         assert getattr(spec.factory(), "recovers")  # noqa: B009 (its history crosses)
     for name, kind in [("credit", "CreditActor"), ("inference", "InferenceActor")]:
@@ -249,3 +260,76 @@ def test_placement_bounds() -> None:
         ray_backend.Placement(per_process=0)
     assert isinstance(ray_backend.Placement(), ray_backend.Placement)
     assert issubclass(ray_backend.RemoteActor, Actor)
+
+
+class FakeRay:
+    """What ``unplaceable`` asks of Ray: its nodes, each with the resources it offers."""
+
+    def __init__(self, *nodes: dict[str, float], dead: dict[str, float] | None = None) -> None:
+        self._nodes = [{"Alive": True, "Resources": dict(n)} for n in nodes]
+        if dead is not None:
+            self._nodes.append({"Alive": False, "Resources": dead})
+
+    def nodes(self) -> list[dict[str, object]]:
+        return self._nodes
+
+
+@pytest.mark.parametrize(
+    ("placement", "size", "nodes", "lacking"),
+    [
+        (ray_backend.Placement(num_cpus=0.25), 8, [{"CPU": 2.0}], ""),
+        (ray_backend.Placement(num_cpus=1), 4, [{"CPU": 2.0}, {"CPU": 3.0}],
+         "each process reserves 4 CPU; the most any node has is 3 CPU"),
+        (ray_backend.Placement(num_gpus=1), 1, [{"CPU": 4.0}],
+         "each process reserves 1 CPU, 1 GPU; the most any node has is 0 GPU"),
+        (ray_backend.Placement(num_cpus=0, resources={"env": 1}), 2, [{"CPU": 4.0, "env": 1.0}],
+         "each process reserves 2 env; the most any node has is 1 env"),
+        (ray_backend.Placement(num_gpus=1), 1, [{"CPU": 4.0}, {"CPU": 0.5, "GPU": 1.0}],
+         "each process reserves 1 CPU, 1 GPU; no node has all of them"),
+        (ray_backend.Placement(num_gpus=1), 1, [{"CPU": 4.0, "GPU": 1.0}], ""),
+    ],
+)  # fmt: skip
+def test_a_placement_no_live_node_can_hold_is_named_with_what_it_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+    placement: ray_backend.Placement,
+    size: int,
+    nodes: list[dict[str, float]],
+    lacking: str,
+) -> None:
+    fake = FakeRay(*nodes, dead={"CPU": 64.0, "GPU": 8.0, "env": 8.0})  # a dead node counts not
+    monkeypatch.setattr(ray_backend, "_ray", lambda: fake)
+    assert ray_backend.unplaceable(placement, size) == lacking
+
+
+@pytest.mark.parametrize("address", ["local", "auto"])
+def test_a_run_whose_placement_no_node_can_hold_is_refused_on_its_own_ray_instance(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    address: str,
+) -> None:
+    """At once, before any actor waits ``start_timeout`` for a node (a joined cluster, which
+    an autoscaler may grow, only warns), naming the placement: the workers' largest process
+    hosts ``min(per_process, workers)`` of them."""
+    monkeypatch.setattr(ray_backend, "_ray", lambda: FakeRay({"CPU": 2.0}))
+    monkeypatch.setattr(ray_backend, "connected", lambda *_: contextlib.nullcontext())
+    extra = (
+        f'\n[runtime.ray]\naddress = "{address}"\n'
+        "[runtime.ray.env_workers]\nnum_cpus = 1.5\nper_process = 8\n"
+    )
+    path = scenario_path(tmp_path, extra)
+    scenario = load_scenario(path)
+    if address == "local":
+        with pytest.raises(ScenarioInvalid) as caught, cluster(scenario, str(path)):
+            pytest.fail("the block ran")
+        assert str(caught.value) == (
+            f"{path}: $.runtime.ray.env_workers: each process reserves 3 CPU; the most any node "
+            "has is 2 CPU (the Ray instance started for the run on this machine: ask for less, "
+            "or offer more CPUs with runtime.ray.num_cpus)"
+        )
+    else:
+        ran = False
+        with cluster(scenario, str(path)):
+            ran = True
+        assert ran
+        assert "no node of the cluster can host a placement yet" in capsys.readouterr().out
