@@ -90,14 +90,14 @@ format: install
 # that checkout in the same run, alternating
 BASELINE ?=
 bench: install
-	$(BIN)/python bench/bench_log.py
-	$(BIN)/python bench/world_baselines.py
 	rm -rf runs/bench-learner
 	$(BIN)/coevo run scenarios/quickstart.toml --out runs/bench-learner --quiet \
 		--set run.episodes=192 --set eval.every=0 --set eval.final_episodes=0
+	$(BIN)/python bench/bench_log.py --run runs/bench-learner
+	$(BIN)/python bench/world_baselines.py
 	$(BIN)/python bench/bench_learner.py --run runs/bench-learner --updates 6
 ifneq ($(BASELINE),)
-	$(BIN)/python bench/bench_log.py --baseline $(BASELINE) --repeats 3
+	$(BIN)/python bench/bench_log.py --baseline $(BASELINE) --repeats 3 --run runs/bench-learner
 	rm -rf runs/bench-rollout
 	$(BIN)/python bench/bench_rollout.py --baseline $(BASELINE) --keep runs/bench-rollout
 	$(BIN)/python bench/bench_inference.py runs/bench-rollout/new-0 --baseline $(BASELINE)
