@@ -97,7 +97,7 @@ bench: install
 	$(BIN)/python bench/world_baselines.py
 	$(BIN)/python bench/bench_learner.py --run runs/bench-learner --updates 6
 ifneq ($(BASELINE),)
-	$(BIN)/python bench/bench_log.py --baseline $(BASELINE) --repeats 3 --run runs/bench-learner
+	$(BIN)/python bench/bench_log.py --baseline $(BASELINE) --repeats 3
 	rm -rf runs/bench-rollout
 	$(BIN)/python bench/bench_rollout.py --baseline $(BASELINE) --keep runs/bench-rollout
 	$(BIN)/python bench/bench_inference.py runs/bench-rollout/new-0 --baseline $(BASELINE)

@@ -230,8 +230,9 @@ def unplaceable(placement: Placement, size: int) -> str:
     resource), as a phrase; "" if a node has enough of all of them. Ray would leave such a
     process pending until a node that can hold it joins."""
     need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.resources}
-    need = {name: amount * size for name, amount in need.items() if amount > 0}
-    nodes = [node["Resources"] for node in _ray().nodes() if node.get("Alive")]
+    # Ray counts resources in ten-thousandths: 50 x 0.14 CPU is 7, not 7.000000000000001
+    need = {name: round(amount * size, 4) for name, amount in need.items() if amount > 0}
+    nodes = [node.get("Resources", {}) for node in _ray().nodes() if node.get("Alive")]
     if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
         return ""
     most = {k: max((node.get(k, 0.0) for node in nodes), default=0.0) for k in need}

@@ -388,8 +388,9 @@ def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
             if rt.ray.address == "local":
                 raise ScenarioInvalid(
                     source,
-                    f"{where} (the Ray instance started for the run on this machine: ask "
-                    "for less, or offer more CPUs with runtime.ray.num_cpus)",
+                    f"{where} (the Ray instance started for the run offers this machine's "
+                    "CPUs, or runtime.ray.num_cpus of them, its GPUs and no custom resource: "
+                    "ask for less, or join a cluster that has them with runtime.ray.address)",
                 )
             structlog.get_logger("coevo").warning(
                 "no node of the cluster can host a placement yet",

@@ -7,6 +7,7 @@ import contextlib
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from agents.learning.trainee_host import LearnerProcessLost
 from engine import ray_backend
@@ -51,6 +52,7 @@ def test_a_ray_scenario_places_its_env_workers_behind_proxies(
     proxy = by_name["worker-1"].factory()
     assert type(proxy).__name__ == "RemoteEnvWorker"
     assert isinstance(proxy, ray_backend.RemoteActor)
+    assert proxy.restart_for == (Exception,)  # restarted for any error, as in the driver
     assert "EpisodeAssigned" in [t.__name__ for t in proxy.subscribes]
     placement = by_name["worker-1"].factory.placement  # pyright: ignore[reportFunctionMemberAccess]
     assert placement == ray_backend.Placement(num_cpus=0.5, resources={"env": 1.0}, in_flight=3)
@@ -287,6 +289,7 @@ class FakeRay:
         (ray_backend.Placement(num_gpus=1), 1, [{"CPU": 4.0}, {"CPU": 0.5, "GPU": 1.0}],
          "each process reserves 1 CPU, 1 GPU; no node has all of them"),
         (ray_backend.Placement(num_gpus=1), 1, [{"CPU": 4.0, "GPU": 1.0}], ""),
+        (ray_backend.Placement(num_cpus=0.14), 50, [{"CPU": 7.0}], ""),  # not 7.000000000000001
     ],
 )  # fmt: skip
 def test_a_placement_no_live_node_can_hold_is_named_with_what_it_lacks(
@@ -305,7 +308,6 @@ def test_a_placement_no_live_node_can_hold_is_named_with_what_it_lacks(
 def test_a_run_whose_placement_no_node_can_hold_is_refused_on_its_own_ray_instance(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
     address: str,
 ) -> None:
     """At once, before any actor waits ``start_timeout`` for a node (a joined cluster, which
@@ -324,12 +326,16 @@ def test_a_run_whose_placement_no_node_can_hold_is_refused_on_its_own_ray_instan
             pytest.fail("the block ran")
         assert str(caught.value) == (
             f"{path}: $.runtime.ray.env_workers: each process reserves 3 CPU; the most any node "
-            "has is 2 CPU (the Ray instance started for the run on this machine: ask for less, "
-            "or offer more CPUs with runtime.ray.num_cpus)"
+            "has is 2 CPU (the Ray instance started for the run offers this machine's CPUs, or "
+            "runtime.ray.num_cpus of them, its GPUs and no custom resource: ask for less, or "
+            "join a cluster that has them with runtime.ray.address)"
         )
     else:
         ran = False
-        with cluster(scenario, str(path)):
+        with structlog.testing.capture_logs() as logs, cluster(scenario, str(path)):
             ran = True
         assert ran
-        assert "no node of the cluster can host a placement yet" in capsys.readouterr().out
+        assert [(e["event"], e["log_level"]) for e in logs] == [
+            ("no node of the cluster can host a placement yet", "warning")
+        ]
+        assert logs[0]["placement"].startswith("$.runtime.ray.env_workers: each process")
