@@ -8,8 +8,11 @@ encoded bytes, so it exercises the same codec.
 
 from __future__ import annotations
 
+import os
+import platform
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -35,6 +38,9 @@ class RunMeta(msgspec.Struct, frozen=True, kw_only=True):
         scenario_hash: sha256 of ``scenario_toml``.
         seed: the run seed every other seed derives from.
         event_versions: schema version of every event class known to the writer, by tag.
+        machine: the machine that created the log (:func:`machine_description`; "" in logs
+            written before 2026-12-02): a model update re-executes bit for bit only where the
+            kernels round its floating-point sums as there.
     """
 
     run_id: str
@@ -46,6 +52,7 @@ class RunMeta(msgspec.Struct, frozen=True, kw_only=True):
     scenario_hash: str
     seed: int
     event_versions: dict[str, int]
+    machine: str = ""
 
 
 def new_run_meta(
@@ -58,7 +65,8 @@ def new_run_meta(
     scenario_hash: str = "",
     created_ns: int = 0,
 ) -> RunMeta:
-    """Run metadata for a new log, with this coevo's log format and event versions."""
+    """Run metadata for a new log, with this coevo's log format and event versions, made on
+    this machine."""
     return RunMeta(
         run_id=run_id,
         created_ns=created_ns,
@@ -69,7 +77,23 @@ def new_run_meta(
         scenario_hash=scenario_hash,
         seed=seed,
         event_versions={tag: cls.version for tag, cls in event_types().items()},
+        machine=machine_description(),
     )
+
+
+def machine_description() -> str:
+    """This machine as a run's metadata records it: architecture, CPU model, logical CPUs
+    (e.g. "x86_64, AMD EPYC, 2 CPUs")."""
+    cpu = ""
+    try:
+        with Path("/proc/cpuinfo").open(encoding="utf-8", errors="replace") as info:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), ""
+            )
+    except OSError:  # not Linux
+        pass
+    cpu = cpu or platform.processor() or "unknown CPU"
+    return f"{platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
 
 
 Snapshot = tuple[str, int, bytes]

@@ -17,7 +17,7 @@ import msgspec
 import trio
 from rich.console import Console
 
-from engine.errors import CoevoError
+from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import InputInvalid, naming, open_run
 from scenarios.cli.explore import add_commands
@@ -201,11 +201,17 @@ def _reexecute(path: str, log: Any) -> int:
     console = Console(stderr=True)
     console.print(f"loading the base models of {path} ...")
     run = reexecution_for(find_run(path).root, first.event.seed)
-    with StepProgress(console, total, "updates") as progress:
-        summary = run.run(
-            log.read(0, None),
-            lambda c: progress.advance(f"{c.model} v{c.version} {c.digest[:12]} ok"),
-        )
+    try:
+        with StepProgress(console, total, "updates") as progress:
+            summary = run.run(
+                log.read(0, None),
+                lambda c: progress.advance(f"{c.model} v{c.version} {c.digest[:12]} ok"),
+            )
+    except UpdateDiverged:
+        note = _machine_note(log.read_meta())
+        if note:
+            print(f"coevo: note: {note}", file=sys.stderr)
+        raise
     extra = f"; {summary.unapplied} requests never applied" if summary.unapplied else ""
     print(
         f"re-executed {summary.policy} policy and {summary.extractor} extractor updates: "
@@ -213,6 +219,22 @@ def _reexecute(path: str, log: Any) -> int:
         f"compared){extra}"
     )
     return 0
+
+
+def _machine_note(meta: Any) -> str:
+    """What a divergence may owe to the machine: "" if the run records this machine."""
+    from engine.eventlog import machine_description
+
+    here = machine_description()
+    written = meta.machine if meta is not None else ""
+    if written == here:
+        return ""
+    since = f"was written on {written}" if written else "does not record the machine that wrote it"
+    return (
+        f"the run {since}; this is {here}. An update re-executes bit for bit only on a machine "
+        "whose kernels round its floating-point sums as the writer's did: on another, the "
+        "first update may diverge by rounding alone."
+    )
 
 
 class _VerifyFailed(CoevoError):

@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from engine.errors import LogClosed, LogError, SequenceConflict
-from engine.eventlog import LOG_FORMAT, EventLog, MemoryEventLog, RunMeta
+from engine.eventlog import (
+    LOG_FORMAT,
+    EventLog,
+    MemoryEventLog,
+    RunMeta,
+    machine_description,
+    new_run_meta,
+)
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorStarted, RunFailed, RunStarted, RunStopped
 from stores.lmdb_log import LmdbEventLog
@@ -152,6 +160,14 @@ class EventLogContract:
         newer = RunMeta(**{**_fields(META), "scenario_name": "ünïcode ✓", "seed": 2**63})
         log.write_meta(newer)
         assert log.read_meta() == newer
+
+    def test_meta_records_the_machine_and_reads_one_written_without_it(self, log: EventLog) -> None:
+        made = new_run_meta("run-2", scenario_name="s", seed=1, coevo_version="0.1.0")
+        assert made.machine == machine_description() != ""
+        log.write_meta(made)
+        assert log.read_meta() == made
+        fields = {k: v for k, v in _fields(META).items() if k != "machine"}  # before 2026-12-02
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(fields), type=RunMeta).machine == ""
 
     def test_snapshot_at_or_before(self, log: EventLog) -> None:
         log.append(envelopes(0, 30))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.eventlog import machine_description
 from scenarios.cli import main
 
 ARCHIVES = {
@@ -84,5 +85,8 @@ def test_a_run_written_by_2acbe5c_verifies_checks_and_re_executes_bit_for_bit(
         else:  # another machine's rounding: the first update differs, said in one line
             assert code == 1 and "policy update 0 (seq" in captured.err, outcomes[name]
             assert "diverged: re-executed parameters have digest" in captured.err
+            # 2acbe5c did not record its machine: the note says so, and names this one
+            note = "coevo: note: the run does not record the machine that wrote it; this is "
+            assert note + machine_description() in captured.err
     assert any(code == 0 for code, _ in outcomes.values()), outcomes
     assert not cache.exists()  # nothing was built: the stored base models were used
