@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -54,15 +55,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool) -> int:
+    from scenarios.assemble import assemble, cluster
+
+    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+    with cluster(scenario, source):  # a placement the cluster cannot hold: refused, no run dir
+        return _create(scenario, assembly, rd, run_id, quiet=quiet)
+
+
+def _create(scenario: Any, assembly: Any, rd: RunDir, run_id: str, *, quiet: bool) -> int:
+    """Create the run's log in ``rd`` and run it."""
     from engine.eventlog import new_run_meta
     from engine.lifecycle import RunStarted
-    from scenarios.assemble import assemble
     from scenarios.loader import resolved_toml, scenario_hash
     from stores.lmdb_log import LmdbEventLog
 
     text = resolved_toml(scenario)
     digest = scenario_hash(text)
-    assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
     coevo_version = version()
     meta = new_run_meta(
         run_id,
@@ -95,12 +103,11 @@ def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool
     except OSError as exc:
         log.close()
         raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
-    return _drive(scenario, source, assembly, log, rd, started, quiet=quiet)
+    return _drive(scenario, assembly, log, rd, started, quiet=quiet)
 
 
 def _drive(
     scenario: Any,
-    source: str,
     assembly: Any,
     log: Any,
     rd: RunDir,
@@ -110,9 +117,9 @@ def _drive(
     resumed: Any = None,
     history: Sequence[Any] = (),
 ) -> int:
-    """Run the assembled actors over ``log`` (new or resumed), then print the summary."""
+    """Run the assembled actors over ``log`` (new or resumed), then print the summary. The
+    caller has joined the scenario's cluster (``scenarios.assemble.cluster``)."""
     from engine.runtime import Runtime
-    from scenarios.assemble import cluster
     from scenarios.cli.console import RunProgress, actors_table, families_table
     from scenarios.cli.logsetup import close_logging, configure_logging
 
@@ -140,7 +147,7 @@ def _drive(
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
     console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
-        with cluster(scenario, source), progress:
+        with progress:
             outcome = trio.run(runtime.run)
     finally:
         log.close()
@@ -231,7 +238,7 @@ def _report(report: Any, rd: RunDir) -> list[str]:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
-    from scenarios.assemble import assemble
+    from scenarios.assemble import assemble, cluster
     from scenarios.loader import parse_toml, to_scenario
 
     rd = find_run(args.run)
@@ -239,11 +246,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     source = f"{args.run} (its scenario)"
     scenario = to_scenario(parse_toml(meta.scenario_toml, source), source)
     log = _open_writer(rd, durable=scenario.runtime.durable)
+    joined = contextlib.ExitStack()
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log)
         assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
         if not history:  # created, then stopped before its first event: it starts now
             _keep_scenario(rd, meta.scenario_toml)
+        joined.enter_context(cluster(scenario, source))
     except BaseException:
         log.close()
         raise
@@ -254,16 +263,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
         seed=meta.seed,
         coevo_version=meta.coevo_version,
     )
-    if not history:
-        return _drive(scenario, source, assembly, log, rd, started, quiet=args.quiet)
-    last = history[-1]
-    ended = isinstance(last.event, RunStopped | RunFailed)
-    previous = str(last.event.__struct_config__.tag) if ended else ""
-    resumed = RunResumed(after=last.seq, previous=previous, coevo_version=version())
-    return _drive(
-        scenario, source, assembly, log, rd, started,
-        quiet=args.quiet, resumed=resumed, history=history,
-    )  # fmt: skip
+    with joined:
+        if not history:
+            return _drive(scenario, assembly, log, rd, started, quiet=args.quiet)
+        last = history[-1]
+        ended = isinstance(last.event, RunStopped | RunFailed)
+        previous = str(last.event.__struct_config__.tag) if ended else ""
+        resumed = RunResumed(after=last.seq, previous=previous, coevo_version=version())
+        return _drive(
+            scenario, assembly, log, rd, started,
+            quiet=args.quiet, resumed=resumed, history=history,
+        )  # fmt: skip
 
 
 def _keep_scenario(rd: RunDir, text: str) -> None:

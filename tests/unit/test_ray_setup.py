@@ -17,6 +17,7 @@ from engine.events import Event
 from engine.recovery import Replayed
 from engine.remote import RemoteActorLost, RemoteActorRestartable
 from scenarios.assemble import assemble, cluster
+from scenarios.cli import main
 from scenarios.loader import load_scenario
 
 ROLLOUT = """
@@ -339,3 +340,17 @@ def test_a_run_whose_placement_no_node_can_hold_is_refused_on_its_own_ray_instan
             ("no node of the cluster can host a placement yet", "warning")
         ]
         assert logs[0]["placement"].startswith("$.runtime.ray.env_workers: each process")
+
+
+def test_coevo_run_refuses_such_a_placement_before_it_makes_the_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(ray_backend, "available", lambda: True)
+    monkeypatch.setattr(ray_backend, "_ray", lambda: FakeRay({"CPU": 2.0}))
+    monkeypatch.setattr(ray_backend, "connected", lambda *_: contextlib.nullcontext())
+    path = scenario_path(tmp_path, "\n[runtime.ray.env_workers]\nnum_gpus = 1\n")
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "$.runtime.ray.env_workers: each process reserves 1 CPU, 1 GPU" in err
+    assert not out.exists()
