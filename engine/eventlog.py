@@ -82,18 +82,27 @@ def new_run_meta(
 
 
 def machine_description() -> str:
-    """This machine as a run's metadata records it: architecture, CPU model, logical CPUs
-    (e.g. "x86_64, AMD EPYC, 2 CPUs")."""
-    cpu = ""
+    """This machine as a run's metadata records it: architecture, CPU model (a VM may show only
+    "AMD EPYC": its family and model tell the generation), logical CPUs and the widest vector
+    instructions, which decide how torch's kernels round (e.g. "x86_64, AMD EPYC (family 25
+    model 17), 2 CPUs, avx512f")."""
+    info: dict[str, str] = {}
     try:
-        with Path("/proc/cpuinfo").open(encoding="utf-8", errors="replace") as info:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), ""
-            )
+        with Path("/proc/cpuinfo").open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                key, sep, value = line.partition(":")
+                if not sep:
+                    break  # the first CPU's block ends
+                info.setdefault(key.strip(), value.strip())
     except OSError:  # not Linux
         pass
-    cpu = cpu or platform.processor() or "unknown CPU"
-    return f"{platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
+    cpu = info.get("model name") or platform.processor() or "unknown CPU"
+    if "cpu family" in info and "model" in info:
+        cpu += f" (family {info['cpu family']} model {info['model']})"
+    flags = set(info.get("flags", info.get("Features", "")).split())
+    widest = next((f for f in ("avx512f", "avx2", "avx", "sve", "asimd") if f in flags), "")
+    parts = [platform.machine(), cpu, f"{os.cpu_count()} CPUs", widest]
+    return ", ".join(p for p in parts if p)
 
 
 Snapshot = tuple[str, int, bytes]
