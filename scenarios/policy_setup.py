@@ -192,7 +192,7 @@ def _early_learner(
     remote = scenario.runtime.backend != "local" and scenario.runtime.ray.learner is not None
     if not (threads and prepare_model and method is not None and not remote):
         return None
-    process = TraineeProcess(threads)
+    process = TraineeProcess(threads, scenario.policy.learner_stall_timeout)
     process.launch()
     return process
 
@@ -219,7 +219,9 @@ def _policy_actors(
         specs += method_actors(method, run)
         load_trainee = partial(load_trainee_for, scenario, model)
         threads = scenario.policy.learner_threads or None
-        learner = _LearnerFactory(load_trainee, checkpoints, threads, early)
+        learner = _LearnerFactory(
+            load_trainee, checkpoints, threads, early, scenario.policy.learner_stall_timeout
+        )
         specs.append(_learner_spec(scenario, learner, threads))
     return specs
 
@@ -259,9 +261,10 @@ def _inference(
 
 
 class _LearnerFactory:
-    """Builds the learner (``threads``: ``[policy] learner_threads``, None: in this process).
-    Given the learner's process launched early (:func:`_early_learner`), it sends it what to
-    load now, and the first learner built takes it; a restarted learner starts its own."""
+    """Builds the learner (``threads``: ``[policy] learner_threads``, None: in this process;
+    ``stall``: ``learner_stall_timeout``). Given the learner's process launched early
+    (:func:`_early_learner`), it sends it what to load now, and the first learner built takes
+    it; a restarted learner starts its own."""
 
     def __init__(
         self,
@@ -269,10 +272,12 @@ class _LearnerFactory:
         checkpoints: Checkpoints,
         threads: int | None,
         early: TraineeProcess | None,
+        stall: float,
     ) -> None:
         self.load = load
         self.checkpoints = checkpoints
         self.threads = threads
+        self.stall = stall
         self._early = early
         if early is not None:
             early.start(load, checkpoints)
@@ -281,7 +286,7 @@ class _LearnerFactory:
         from agents.learning.learner import Learner
 
         host, self._early = self._early, None
-        return Learner(self.load, self.checkpoints, self.threads, host)
+        return Learner(self.load, self.checkpoints, self.threads, host, self.stall)
 
 
 def base_model_dir(scenario: Scenario, source: str, role: str, model: Path | None) -> Path | None:

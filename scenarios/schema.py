@@ -98,6 +98,10 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             in-process ones. A lost process (killed) restarts the learner as ``runtime``'s
             ``on_failure`` says, from the log. Needs a run directory (the checkpoints are
             shared on disk).
+        learner_stall_timeout: with ``learner_threads``, seconds the learner's process may
+            work on a call without a sign of life (it sends one every second) before it
+            counts as lost, is killed and restarts the learner: a process stopped (SIGSTOP) or
+            hung with its interpreter stuck.
         mode: "score" (sample among the admissible actions by their log-probs) or "generate"
             (free text; for instruction-tuned models).
         temperature: sampling temperature (0: greedy).
@@ -128,6 +132,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     device: Annotated[str, Meta(pattern=r"^(cpu|cuda|cuda:[0-9]+|auto)$")] = "cpu"
     threads: Annotated[int, Meta(ge=0, le=256)] = 1
     learner_threads: Annotated[int, Meta(ge=0, le=256)] = 0
+    learner_stall_timeout: Annotated[float, Meta(ge=5, le=86_400)] = 120.0
     mode: Literal["score", "generate"] = "score"
     temperature: Annotated[float, Meta(ge=0, le=10)] = 1.0
     max_new_tokens: Annotated[int, Meta(ge=1, le=4096)] = 24

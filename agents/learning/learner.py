@@ -27,7 +27,12 @@ import trio
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
 from agents.events.policy import ActionSampled, GradientRequested, PolicyUpdated
-from agents.learning.trainee_host import LocalTrainee, TraineeHost, TraineeProcess
+from agents.learning.trainee_host import (
+    STALL_TIMEOUT,
+    LocalTrainee,
+    TraineeHost,
+    TraineeProcess,
+)
 from agents.methods.base import mode_of
 from agents.methods.grpo import clipped_policy_loss, kl_penalty, low_prob_mask
 from agents.methods.tis import SamplerGap, sampler_gap, tis_weights
@@ -455,6 +460,8 @@ class Learner(Actor):
             ``checkpoints`` must pickle).
         host: the trainee's host, already started (a process launched while the run was
             assembled, so that it loads meanwhile); None: one is made at start.
+        process_stall: with ``process_threads``, seconds a call may go without a sign of life
+            from the process before it counts as lost (``TraineeProcess.stall_timeout``).
     """
 
     subscribes = (
@@ -472,12 +479,14 @@ class Learner(Actor):
         checkpoints: Checkpoints,
         process_threads: int | None = None,
         host: TraineeHost | None = None,
+        process_stall: float = STALL_TIMEOUT,
     ) -> None:
         if process_threads is not None and process_threads < 1:
             raise ValueError(f"process_threads must be None or >= 1, got {process_threads}")
         self._load = load
         self._checkpoints = checkpoints
         self._process_threads = process_threads
+        self._process_stall = process_stall
         self._buffer = SampleBuffer()
         self._committed = 0  # the newest version whose PolicyUpdated came back from the log
         self._backlog: list[_Job] = []  # requests a resumed run still owes
@@ -512,7 +521,7 @@ class Learner(Actor):
     def _new_host(self) -> TraineeHost:
         if self._process_threads is None:
             return LocalTrainee(self._load, self._checkpoints)
-        process = TraineeProcess(self._process_threads)
+        process = TraineeProcess(self._process_threads, self._process_stall)
         process.start(self._load, self._checkpoints)
         return process
 

@@ -45,6 +45,15 @@ if TYPE_CHECKING:
 
 _ROOT = Path(__file__).resolve().parents[2]  # the directory holding the agents package
 
+BEAT_S = 1.0
+"""How often the child says it is alive while it works on a call (loading included)."""
+
+STALL_TIMEOUT = 120.0
+"""Default seconds a call may go without a sign of life from the child (``[policy]
+learner_stall_timeout``) before the child counts as lost: stopped (SIGSTOP), or hung with its
+interpreter stuck. Generous: a beat needs the child's GIL once a second, which a loaded
+machine may delay by seconds, not minutes."""
+
 
 class LearnerProcessLost(CoevoError):
     """The learner's own process (``[policy] learner_threads``) ended (killed: out of memory,
@@ -194,16 +203,24 @@ class TraineeProcess:
     (``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it): spinning took the cores
     inference needed while both ran (docs/BENCHMARKS.md).
 
+    While it works on a call (loading included) the child sends a beat every :data:`BEAT_S`;
+    a call that hears nothing for ``stall_timeout`` seconds kills the child (stopped, or hung
+    with its interpreter stuck) and raises :class:`LearnerProcessLost`, as for a killed child.
+    A child hung in native code that still lets its beat thread run is not caught.
+
     Raises (each call):
-        LearnerProcessLost: the child ended or could not be started.
+        LearnerProcessLost: the child ended, went silent or could not be started.
         Exception: whatever the call raised in the child (re-raised here with its type when it
             pickles, else as :class:`LearnerProcessFailed` with its text).
     """
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, stall_timeout: float = STALL_TIMEOUT) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if stall_timeout <= 0:
+            raise ValueError(f"stall_timeout must be > 0, got {stall_timeout}")
         self.threads = threads
+        self.stall_timeout = stall_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._started = False
@@ -313,7 +330,15 @@ class TraineeProcess:
             try:
                 if op != "ready":
                     self._conn.send((op, args))
-                status, value = self._conn.recv()
+                status, value = _BEAT, None
+                while status == _BEAT:  # beats until the answer
+                    if not self._conn.poll(self.stall_timeout):
+                        self._stop()  # closes the socket, kills the child
+                        raise LearnerProcessLost(
+                            f"the learner's process sent nothing for {self.stall_timeout:g} s "
+                            f"{_during(op)} (stopped, or hung): killed"
+                        )
+                    status, value = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise LearnerProcessLost(self._lost(op, exc)) from None
         if status == "ok":
@@ -328,8 +353,15 @@ class TraineeProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):  # still running: said so
                 code = self._process.wait(timeout=1.0)
         how = "is still running" if code is None else f"ended with exit code {code}"
-        what = "while loading the trainee" if op == "ready" else f"during {op!r}"
-        return f"the learner's process {how} {what} ({type(exc).__name__})"
+        return f"the learner's process {how} {_during(op)} ({type(exc).__name__})"
+
+
+_BEAT = "beat"
+"""The status of the child's sign of life (the other two: "ok", "error")."""
+
+
+def _during(op: str) -> str:
+    return "while loading the trainee" if op == "ready" else f"during {op!r}"
 
 
 def _stop_child(conn: Connection, process: subprocess.Popen[bytes]) -> None:
@@ -351,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     left to flush: every checkpoint was written before its reply)."""
     fd = int((argv if argv is not None else sys.argv[1:])[0])
     parent = os.getppid()  # the run that started this process
-    conn = Connection(fd)
+    conn = _Beating(Connection(fd))  # busy: importing and loading come before "ready"
     import transformers.modeling_utils  # noqa: F401  # the slow import, while the parent works
 
     try:
@@ -363,8 +395,42 @@ def main(argv: Sequence[str] | None = None) -> None:
     os._exit(0)
 
 
+class _Beating:
+    """The child's end of the socket, with a thread that sends a beat every :data:`BEAT_S`
+    while the child is busy (from its start until its first answer, then during each call):
+    the parent waits on a call only as long as beats come. Between calls it is silent, so
+    nothing piles up unread."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()  # one message on the socket at a time
+        self.busy = True
+        threading.Thread(target=self._beat, name="coevo-beat", daemon=True).start()
+
+    def recv(self) -> Any:
+        return self._conn.recv()
+
+    def recv_bytes(self) -> bytes:
+        return self._conn.recv_bytes()
+
+    def send(self, reply: tuple[str, Any]) -> None:
+        with self._lock:
+            self._conn.send(reply)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(BEAT_S)
+            if not self.busy:
+                continue
+            try:
+                with self._lock:
+                    self._conn.send((_BEAT, None))
+            except OSError:  # the parent closed its end
+                return
+
+
 def serve(
-    conn: Connection,
+    conn: _Beating,
     load: Callable[[], Trainee],
     checkpoints: Checkpoints,
     threads: int,
@@ -377,7 +443,9 @@ def serve(
     threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
     torch.set_num_threads(threads)
     host = LocalTrainee(load, checkpoints)
-    if not _answer(conn, host.open):
+    ok = _answer(conn, host.open)
+    conn.busy = False
+    if not ok:
         return
     ops: dict[str, Callable[..., Any]] = {
         "digest": host.digest,
@@ -389,10 +457,12 @@ def serve(
             op, args = conn.recv()
         except (EOFError, OSError):
             return
+        conn.busy = True
         _answer(conn, ops[op], *args)
+        conn.busy = False
 
 
-def _answer(conn: Connection, fn: Callable[..., Any], *args: Any) -> bool:
+def _answer(conn: _Beating, fn: Callable[..., Any], *args: Any) -> bool:
     """Send ``("ok", fn(*args))``, or ``("error", the exception)`` (its text when it does not
     pickle); False when it failed. Exits the process when the parent has closed its end."""
     try:

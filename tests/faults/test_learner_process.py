@@ -87,15 +87,26 @@ def test_a_killed_run_s_learner_process_ends_and_the_resume_matches_the_in_proce
     assert [u.threads for u in updates] == [1, 1, 1]
 
 
-@pytest.mark.parametrize("after", ["first_request", "first_update"])
+@pytest.mark.parametrize(
+    ("after", "sig"),
+    [
+        ("first_request", signal.SIGKILL),
+        ("first_update", signal.SIGKILL),
+        ("first_request", signal.SIGSTOP),
+    ],
+    ids=["killed-training", "killed-between-updates", "stopped-training"],
+)
 def test_a_learner_process_killed_alone_is_replaced_and_the_run_ends_as_without_the_kill(
-    tmp_path: Path, reference: list[Envelope[Event]], after: str
+    tmp_path: Path, reference: list[Envelope[Event]], after: str, sig: signal.Signals
 ) -> None:
-    """Killed (as by the out-of-memory killer) while it trains an update, or between updates:
-    supervision restarts the learner, whose new process loads the newest checkpoint the log
-    names and redoes what the log does not hold; the run completes by itself with the events
-    and the final weights of the run that lost nothing."""
-    (tmp_path / "own-process.toml").write_text(OWN_PROCESS)
+    """Killed (as by the out-of-memory killer) while it trains an update, or between updates,
+    or stopped (SIGSTOP) while it trains, which the learner kills once it has heard nothing
+    for ``learner_stall_timeout``: supervision restarts the learner, whose new process loads
+    the newest checkpoint the log names and redoes what the log does not hold; the run
+    completes by itself with the events and the final weights of the run that lost nothing."""
+    stall = "learner_threads = 1\nlearner_stall_timeout = 10\n"
+    text = OWN_PROCESS.replace("learner_threads = 1\n", stall) if sig == signal.SIGSTOP else None
+    (tmp_path / "own-process.toml").write_text(text or OWN_PROCESS)
     kinds = {"first_request": "gradient_requested", "first_update": "policy_updated"}
     point = next(e.seq for e in reference if e.event.__struct_config__.tag == kinds[after])
     run = tmp_path / "run"
@@ -105,13 +116,16 @@ def test_a_learner_process_killed_alone_is_replaced_and_the_run_ends_as_without_
     wait_past(proc, run, point + (0 if after == "first_request" else 20))
     learners = children(proc.pid)
     assert len(learners) == 1, learners
-    os.kill(learners[0], signal.SIGKILL)
+    os.kill(learners[0], sig)
     finish(proc)
+    assert not alive(learners[0])
     final = read_log(run)
     failed = [e.event for e in final if isinstance(e.event, ActorFailed)]
     assert [(f.actor, f.error_type, f.action) for f in failed] == [
         ("learner", "LearnerProcessLost", "restart")
     ]
+    silent = "the learner's process sent nothing for 10 s during 'update' (stopped, or hung)"
+    assert (silent in failed[0].message) == (sig == signal.SIGSTOP), failed[0].message
     restarted = [e.event for e in final if isinstance(e.event, ActorRestarted)]
     assert [(r.actor, r.attempt) for r in restarted] == [("learner", 1)]
     lines = (run / "coevo.jsonl").read_text().splitlines()

@@ -4,9 +4,9 @@
 the code before packed scoring; how they were made: ``tests/data/README.md``): a GRPO run and a
 Complementary RL run, their logs (compacted), resolved scenarios, and the base models they
 started from; ``runs-2acbe5c-epyc.tar.xz`` the same runs written by the same code on an AMD
-EPYC machine (family 25 model 17), which rounds differently (the first copy's updates diverge there at the first;
-its own base models differ too). Re-execution must reproduce every update bit for bit from
-the log alone, on a machine that rounds as the one that wrote the log. The
+EPYC machine (family 25 model 17), which rounds differently (the first copy's updates diverge
+there at the first; its own base models differ too). Re-execution must reproduce every update
+bit for bit from the log alone, on a machine that rounds as the one that wrote the log. The
 tests a run writes for itself cannot catch a change that breaks older logs: packed scoring
 did, and ``replay --reexecute-learner`` reported every older run "diverged" for a day.
 """

@@ -6,6 +6,7 @@ parent."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -143,6 +144,37 @@ def test_a_killed_process_is_lost_with_its_exit_code(tmp_path: Path) -> None:
         ):
             host.digest()
     finally:
+        host.close()
+    with pytest.raises(LearnerProcessLost, match="is not running"):
+        host.digest()
+
+
+def load_slowly() -> Trainee:
+    """Loads for 3 s: longer than the stall timeout below, beating all along."""
+    time.sleep(3)
+    return load_tiny()
+
+
+def test_a_stopped_process_is_lost_after_the_stall_timeout_and_killed(tmp_path: Path) -> None:
+    """A call hears the child's beats while it works, however long (loading for 3 s with a
+    2 s timeout); a child that goes silent (SIGSTOP) is killed once the timeout passes."""
+    host = TraineeProcess(threads=1, stall_timeout=2.0)
+    host.start(load_slowly, DirCheckpoints(tmp_path))
+    host.open()
+    pid = host.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(
+            LearnerProcessLost,
+            match=r"^the learner's process sent nothing for 2 s during 'digest' \(stopped, or "
+            r"hung\): killed$",
+        ):
+            host.digest()
+        assert not alive(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         host.close()
     with pytest.raises(LearnerProcessLost, match="is not running"):
         host.digest()
