@@ -106,9 +106,11 @@ def test_sessions_must_begin_with_their_run_resumed() -> None:
 def test_catches_reads_whether_a_process_handles_a_signal_now() -> None:
     assert catches(0, signal.SIGINT) is None  # no such process
     plain = subprocess.Popen(["sleep", "30"])
+    # the interpreter installs its SIGINT handler unless it starts with SIGINT ignored (as a
+    # background job of a non-interactive shell does): install it as a terminal's start would
+    code = "import signal as s, time; s.signal(s.SIGINT, s.default_int_handler); print(flush=True)"
     python = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; print(flush=True); time.sleep(30)"],
-        stdout=subprocess.PIPE,
+        [sys.executable, "-c", f"{code}; time.sleep(30)"], stdout=subprocess.PIPE
     )
     try:
         assert python.stdout is not None and python.stdout.readline() == b"\n"

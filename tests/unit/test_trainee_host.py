@@ -181,7 +181,8 @@ def test_a_stopped_process_is_lost_after_the_stall_timeout_and_killed(tmp_path: 
 
 
 PARENT = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with it ignored
 sys.path[:0] = {path!r}
 from stores.checkpoints import DirCheckpoints
 from agents.learning.trainee_host import TraineeProcess
