@@ -97,6 +97,14 @@ class ActorSpec:
     restart_for: tuple[type[Exception], ...] = ()
     recover_on_restart: bool = False
 
+    @property
+    def restarted_errors(self) -> tuple[type[Exception], ...]:
+        """The errors supervision restarts this actor for while it has restarts left: none
+        with "stop", ``restart_for`` with "restart" (every error when it is empty)."""
+        if self.on_failure != "restart":
+            return ()
+        return self.restart_for or (Exception,)
+
     def __post_init__(self) -> None:
         if not self.name or self.name == "runtime":
             raise ValueError(f"invalid actor name {self.name!r}")

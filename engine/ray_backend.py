@@ -495,8 +495,11 @@ def remote_spec(
     probe = spec.factory()
     kind = type(probe)
     recovers = kind.recover is not Actor.recover
-    restarts = (spec.restart_for or (Exception,)) if spec.on_failure == "restart" else ()
-    attrs = {"subscribes": tuple(probe.subscribes), "recovers": recovers, "restart_for": restarts}
+    attrs = {
+        "subscribes": tuple(probe.subscribes),
+        "recovers": recovers,
+        "restart_for": spec.restarted_errors,
+    }
     cls = type(f"Remote{kind.__name__}", (RemoteActor,), attrs)
     process = process or _Process(placement, 1)
     proxy = _ProxyFactory(cls, spec.factory, placement, mailbox, process, sticky)

@@ -433,11 +433,7 @@ class Runtime:
 
     def _on_failure(self, spec: ActorSpec, attempt: int, exc: Exception) -> bool:
         """Record the failure; True if the actor is to be restarted."""
-        restart = (
-            spec.on_failure == "restart"
-            and attempt < spec.max_restarts
-            and (not spec.restart_for or isinstance(exc, spec.restart_for))
-        )
+        restart = attempt < spec.max_restarts and isinstance(exc, spec.restarted_errors)
         tb = "".join(traceback.format_exception(exc, limit=8))
         self.push(
             "runtime",
