@@ -395,12 +395,15 @@ def run_killing(
     placed: str,
     actor: str,
     kill_at: Callable[[Event, dict[str, Any]], bool],
+    *,
+    scenario: str = GRPO,
+    victim: Callable[[int], int] = lambda pid: pid,
 ) -> tuple[Assembly, RunOutcome, MemoryEventLog, int]:
-    """The GRPO run with ``placed`` added to its scenario, the process of remote ``actor``
-    killed (SIGKILL) at the first committed event ``kill_at`` accepts (given a dict to keep
-    state in); the pid killed."""
+    """The GRPO run (or ``scenario``) with ``placed`` added, the process of remote ``actor``
+    (or the one ``victim`` picks given its pid) killed (SIGKILL) at the first committed event
+    ``kill_at`` accepts (given a dict to keep state in); the pid killed."""
     path = tmp_path / "ray.toml"
-    path.write_text(GRPO.replace("[logging]", placed), encoding="utf-8")
+    path.write_text(scenario.replace("[logging]", placed), encoding="utf-8")
     assembly = assemble(load_scenario(path), str(path), run_dir=tmp_path / "ray")
     records = {s.name: getattr(s.factory, "inflight", None) for s in assembly.specs}
     state: dict[str, Any] = {"killed": 0}
@@ -408,7 +411,8 @@ def run_killing(
     def kill(batch: list[Envelope[Event]]) -> None:
         for env in batch:
             if not state["killed"] and kill_at(env.event, state):
-                state["killed"] = records[actor].pid  # pyright: ignore[reportOptionalMemberAccess]
+                host = records[actor].pid  # pyright: ignore[reportOptionalMemberAccess]
+                state["killed"] = victim(host)
                 os.kill(state["killed"], signal.SIGKILL)
 
     log = MemoryEventLog()
@@ -428,17 +432,18 @@ def after_the_first_update(kind: type[Event]) -> Callable[[Event, dict[str, Any]
 
 def check_as_local(
     assembly: Assembly, outcome: RunOutcome, log: MemoryEventLog, local: list[Envelope[Event]],
-    actor: str, kind: str,
+    actor: str, kind: str, error: str = "RemoteActorLost",
 ) -> None:  # fmt: skip
-    """The killed run restarted ``actor`` once and otherwise matches the local run: the same
-    samples, advantages, updates and final weights, and its log verifies."""
+    """The killed run restarted ``actor`` once, after one failure of type ``error``, and
+    otherwise matches the local run: the same samples, advantages, updates and final weights,
+    and its log verifies."""
     envs = list(log.read(0, None))
     assert outcome.reason == "completed"
     starts = [(e.event.attempt, e.event.actor_type) for e in envs
               if isinstance(e.event, ActorStarted) and e.event.actor == actor]  # fmt: skip
     assert starts == [(0, kind), (1, kind)]
     failed = [(e.event.actor, e.event.error_type) for e in envs if isinstance(e.event, ActorFailed)]
-    assert failed == [(actor, "RemoteActorLost")]
+    assert failed == [(actor, error)]
     assert comparable(envs) == comparable(local)
     assert final_digest(envs) == final_digest(local)
     assert all(e.event.stale == 0 for e in envs if isinstance(e.event, PolicyUpdated))
@@ -504,43 +509,25 @@ def test_a_learner_on_ray_whose_training_process_is_killed_restarts_and_learns_a
     for as in the driver, and the run's updates and final weights are a local run's."""
     cache, local = grpo_local
     monkeypatch.setenv("COEVO_CACHE", str(cache))
-    path = tmp_path / "ray.toml"
-    text = GRPO.replace("[logging]", RAY_LEARNER).replace(
-        "[policy]\n", "[policy]\nlearner_threads = 1\n"
+    own_process = GRPO.replace("[policy]\n", "[policy]\nlearner_threads = 1\n")
+    assert own_process != GRPO
+    kill_at = after_the_first_update(GradientRequested)
+    result = run_killing(
+        tmp_path, RAY_LEARNER, "learner", kill_at, scenario=own_process, victim=trainee_of
     )
-    assert "learner_threads = 1" in text
-    path.write_text(text, encoding="utf-8")
-    assembly = assemble(load_scenario(path), str(path), run_dir=tmp_path / "ray")
-    record = {s.name: getattr(s.factory, "inflight", None) for s in assembly.specs}["learner"]
-    assert record is not None
-    at = after_the_first_update(GradientRequested)
-    state: dict[str, Any] = {"killed": 0}
-
-    def kill(batch: list[Envelope[Event]]) -> None:
-        for env in batch:
-            if not state["killed"] and at(env.event, state):
-                trainees = [pid for pid in children(record.pid) if is_trainee(pid)]
-                assert len(trainees) == 1, trainees
-                state["killed"] = trainees[0]
-                os.kill(trainees[0], signal.SIGKILL)
-
-    log = MemoryEventLog()
-    outcome, envs = run(path, log, [kill], assembly)
-    assert state["killed"], "the run ended before the kill"
-    assert outcome.reason == "completed"
-    failed = [(e.event.actor, e.event.error_type, e.event.action) for e in envs
-              if isinstance(e.event, ActorFailed)]  # fmt: skip
-    assert failed == [("learner", "RemoteActorRestartable", "restart")]
+    check_as_local(*result[:3], local, "learner", "RemoteLearner", "RemoteActorRestartable")
+    envs = list(result[2].read(0, None))
     failure = next(e.event for e in envs if isinstance(e.event, ActorFailed))
-    assert "LearnerProcessLost" in failure.message
-    starts = [e.event.attempt for e in envs
-              if isinstance(e.event, ActorStarted) and e.event.actor == "learner"]  # fmt: skip
-    assert starts == [0, 1]
-    assert comparable(envs) == comparable(local)
-    assert final_digest(envs) == final_digest(local)
+    assert failure.action == "restart" and "LearnerProcessLost" in failure.message
     assert [e.event.policy_version for e in envs if isinstance(e.event, PolicyUpdated)] == [1, 2, 3]
-    checked = verify_log(log, assembly.projections, fact_checks())
-    assert checked.ok, checked.error
+
+
+def trainee_of(pid: int) -> int:
+    """The learner's training process (``agents.learning.trainee_host``) that the Ray process
+    ``pid`` started."""
+    trainees = [child for child in children(pid) if is_trainee(child)]
+    assert len(trainees) == 1, trainees
+    return trainees[0]
 
 
 def is_trainee(pid: int) -> bool:
