@@ -69,8 +69,12 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
         batch_wait: seconds the writer lingers for more events before a partial batch (0: none).
         write_buffer: events a source actor may have queued before ``emit`` waits.
         mailbox: batches an actor's mailbox holds before delivery waits.
-        checksum_every: events between projection checksums (0: only at the end).
-        snapshot_every: events between projection snapshots (0: never).
+        checksum_every: events between projection checksums (0: only at the end), at least.
+        snapshot_every: events between projection snapshots (0: never), at least.
+        checksum_budget: bytes of encoded projection state a checksum digests per event since
+            the one before, at most: a larger state spaces checksums further apart, so that
+            their cost per event stays bounded however long the run (0: no bound).
+        snapshot_budget: the same for the bytes a snapshot stores (0: no bound).
         handle_signals: turn SIGINT/SIGTERM into a graceful stop (main thread only).
         switch_interval: while the run lasts, the seconds a thread may keep the GIL while
             another waits for it (``sys.setswitchinterval``; 0: leave it as it is). The log's
@@ -84,6 +88,8 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
     mailbox: int = 64
     checksum_every: int = 1000
     snapshot_every: int = 20000
+    checksum_budget: int = 256
+    snapshot_budget: int = 32
     handle_signals: bool = False
     switch_interval: float = 0.001
 
@@ -224,7 +230,12 @@ class Runtime:
         self._subs: list[_Subscriber] = []
         self._routes: dict[type[Event], list[_Subscriber]] = {}
         self._numbering = Numbering(
-            self.run_id, self._projections, self._cfg.checksum_every, self._cfg.snapshot_every
+            self.run_id,
+            self._projections,
+            self._cfg.checksum_every,
+            self._cfg.snapshot_every,
+            self._cfg.checksum_budget,
+            self._cfg.snapshot_budget,
         )
         self._next = 0  # seq of the next event to commit (= events committed)
         self._in_flight = 0  # batches numbered and not yet delivered

@@ -466,6 +466,8 @@ def runtime_config(scenario: Scenario, handle_signals: bool = False) -> RuntimeC
         mailbox=rt.mailbox,
         checksum_every=rt.checksum_every,
         snapshot_every=rt.snapshot_every,
+        checksum_budget=rt.checksum_budget,
+        snapshot_budget=rt.snapshot_budget,
         handle_signals=handle_signals,
     )
 

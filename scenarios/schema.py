@@ -241,8 +241,13 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         batch_wait_ms: how long the writer lingers to fill a batch.
         write_buffer: queued events before a source actor waits.
         mailbox: queued batches per actor before delivery waits.
-        checksum_every: events between projection checksums (0: only at the end).
-        snapshot_every: events between projection snapshots (0: never).
+        checksum_every: events between projection checksums (0: only at the end), at least.
+        snapshot_every: events between projection snapshots (0: never), at least.
+        checksum_budget: bytes of projection state a checksum digests per event since the one
+            before, at most: once the states outgrow ``checksum_budget * checksum_every``
+            bytes (an episode table of a long run), checksums come further apart, so that
+            their cost per event stays bounded (0: no bound).
+        snapshot_budget: the same for the bytes a snapshot stores (0: no bound).
         on_failure: what supervision does when an env worker raises, or the process of a
             learner (``policy.learner_threads``) or of an actor on Ray is lost: "restart"
             (a learner, extractor or memory rebuilt from the log) or "stop". Other
@@ -260,6 +265,8 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     mailbox: Annotated[int, Meta(ge=1, le=100_000)] = 64
     checksum_every: NonNegInt = 1000
     snapshot_every: NonNegInt = 20_000
+    checksum_budget: NonNegInt = 256
+    snapshot_budget: NonNegInt = 32
     on_failure: Literal["restart", "stop"] = "restart"
     max_restarts: Annotated[int, Meta(ge=0, le=1000)] = 3
     backend: Literal["local", "ray"] = "local"
