@@ -94,6 +94,7 @@ bench: install
 	$(BIN)/coevo run scenarios/quickstart.toml --out runs/bench-learner --quiet \
 		--set run.episodes=192 --set eval.every=0 --set eval.final_episodes=0
 	$(BIN)/python bench/bench_log.py --run runs/bench-learner
+	$(BIN)/python bench/bench_state_growth.py
 	$(BIN)/python bench/world_baselines.py
 	$(BIN)/python bench/bench_learner.py --run runs/bench-learner --updates 6
 ifneq ($(BASELINE),)
