@@ -36,7 +36,10 @@ from scenarios.checks import check_context
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
-UNCOMPARED = frozenset({"seconds", "worker", "run_id"})
+UNCOMPARED = frozenset({"seconds", "worker", "run_id", "train_episodes"})
+"""Fields that depend on timing in an uninterrupted run too: wall seconds, which worker played
+an episode, and an evaluation round's ``train_episodes`` (the training episodes handed to the
+learner when the round ended, while the next update's episodes are being played)."""
 
 GRPO = """
 name = "resume-grpo"
