@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from engine.eventlog import Snapshot
 from engine.events import Envelope, Event
 from engine.lifecycle import ProjectionChecked, RunFailed, RunStopped, SnapshotTaken
-from engine.projection import Fold, Projection, digest_bytes, encode_state
+from engine.projection import Fold, Projection, digests_of
 
 __all__ = ["FINAL_EVENTS", "Numbering", "Pending"]
 
@@ -121,9 +121,8 @@ class Numbering:
     def _checkpoint(self, out: list[Envelope[Event]], t: int) -> None:
         """Append a :class:`ProjectionChecked` covering the events numbered so far, and fold
         it too (it is not counted towards the next one)."""
-        blobs = self._encoded_states()
-        digests = {name: digest_bytes(data) for name, data in blobs.items()}
-        check = ProjectionChecked(upto=self.seq - 1, digests=digests)
+        blobs = self.fold.encoded()
+        check = ProjectionChecked(upto=self.seq - 1, digests=digests_of(blobs))
         self._append_own(out, check, t)
         self._since_check = 0
         self._check_gap = _gap(self._checksum_every, self._checksum_budget, blobs)
@@ -145,18 +144,13 @@ class Numbering:
         if type(out[-1].event) in FINAL_EVENTS:  # the final event stays the last one
             return []
         self._snapshot_seq = upto
-        blobs = self._encoded_states()
+        blobs = self.fold.encoded()
         self._snapshot_gap = _gap(self._snapshot_every, self._snapshot_budget, blobs)
-        digests = {name: digest_bytes(data) for name, data in blobs.items()}
-        taken = SnapshotTaken(upto=upto, digests=digests, size=sum(map(len, blobs.values())))
+        size = sum(map(len, blobs.values()))
+        taken = SnapshotTaken(upto=upto, digests=digests_of(blobs), size=size)
         self._append_own(out, taken, out[-1].t)
         self._since_check += 1
         return [(name, upto, data) for name, data in blobs.items()]
-
-    def _encoded_states(self) -> dict[str, bytes]:
-        """Every projection's state after the last numbered event, encoded (what checksums
-        digest and snapshots store)."""
-        return {name: encode_state(state) for name, state in self.fold.states.items()}
 
 
 def _gap(every: int, budget: int, blobs: dict[str, bytes]) -> int:

@@ -80,9 +80,19 @@ class Fold:
             states[proj.name] = proj.evolve_many(states[proj.name], envs)
         self.last_seq = envs[-1].seq
 
+    def encoded(self) -> dict[str, bytes]:
+        """Every projection's current state encoded (what checksums digest and snapshots
+        store), by name."""
+        return {name: encode_state(state) for name, state in self.states.items()}
+
     def digests(self) -> dict[str, str]:
         """Digest of every projection's current state, by name."""
-        return {name: digest_state(state) for name, state in self.states.items()}
+        return digests_of(self.encoded())
+
+
+def digests_of(encoded: dict[str, bytes]) -> dict[str, str]:
+    """The digest of each encoded state of :meth:`Fold.encoded`, by name."""
+    return {name: digest_bytes(data) for name, data in encoded.items()}
 
 
 # --- engine projections ---------------------------------------------------------------------
