@@ -382,7 +382,10 @@ def refresh(log: EventLog, index: FactIndex, *, chunk: int = REFRESH_CHUNK) -> i
 
 
 def tip_rows(index: FactIndex, tip: int) -> list[tuple[int, TipRow]]:
-    """Every row of tip ``tip`` as ``(seq, row)``, in log order."""
+    """Every row of tip ``tip`` as ``(seq, row)``, in log order (none for an id no log can
+    hold: the log's integers are 64-bit)."""
+    if not 0 <= tip < 1 << 64:
+        return []
     return [
         (int.from_bytes(k[-8:], "big"), _ROW_DECODER.decode(v))
         for k, v in index.scan(tip_prefix(tip))

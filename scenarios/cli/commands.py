@@ -8,6 +8,7 @@ exit code (2 for bad input); never a traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coevo: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting: a second Ctrl-C is no traceback
         print("coevo: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
@@ -257,13 +259,34 @@ def cmd_report(args: argparse.Namespace) -> int:
         finally:
             log.close()
     out = Path(args.out) if args.out else runs[0].path / "report.html"
+    _refuse_overwrite(out)
     page = render(runs).encode("utf-8")
+    partial = out.with_name(f".{out.name}.partial")
     try:
-        out.write_bytes(page)
+        partial.write_bytes(page)
+        partial.replace(out)
     except OSError as exc:
+        partial.unlink(missing_ok=True)
         raise InputInvalid(f"{out}: cannot write: {exc.strerror}") from None
     print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
     return 0
+
+
+_REPORT_HEAD = b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>coevo report:'
+
+
+def _refuse_overwrite(out: Path) -> None:
+    """Raise InputInvalid unless ``out`` is free or an earlier coevo report: a report never
+    replaces another file (a run's event log, a scenario)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    try:
+        with out.open("rb") as f:
+            head = f.read(len(_REPORT_HEAD)) if out.is_file() else b""
+    except OSError as exc:
+        raise InputInvalid(f"{out}: cannot read: {exc.strerror}") from None
+    if head != _REPORT_HEAD:
+        raise InputInvalid(f"{out}: exists and is not a coevo report; choose another --out")
 
 
 def _label(root: Path, roots: list[Path]) -> str:

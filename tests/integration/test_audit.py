@@ -256,6 +256,7 @@ def test_an_unwritable_index_place_falls_back_to_memory(
     [
         (("tip", "abc"), "entry id must be a non-negative integer"),
         (("tip", "99"), "no entry 99 in this run"),
+        (("tip", str(1 << 64)), f"no entry {1 << 64} in this run"),
         (("episode", "ep999"), "no episode 'ep999'"),
         (("credit", "--rule", "luck"), "unknown credit rule 'luck'"),
         (("credit", "--set", "beta=1"), "--set 'beta=1': expected KEY=VALUE"),

@@ -132,6 +132,30 @@ def test_bad_input_is_one_line_and_exit_2(
     assert err == f"coevo: error: {out}: cannot write: No such file or directory\n"
 
 
+def test_a_report_replaces_only_an_earlier_report(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out never overwrites another file (a run's event log, a scenario); a second report
+    replaces the first, and no partial file is left behind."""
+    data = runs[1] / "log" / "data.mdb"
+    before = data.read_bytes()
+    assert main(["report", str(runs[1]), "--out", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"coevo: error: {data}: exists and is not a coevo report; choose another --out\n"
+    assert data.read_bytes() == before
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('name = "x"\n')
+    assert main(["report", str(runs[1]), "--out", str(scenario)]) == 2
+    assert scenario.read_text() == 'name = "x"\n'
+    assert main(["report", str(runs[1]), "--out", str(tmp_path)]) == 2
+    capsys.readouterr()
+    out = tmp_path / "r.html"
+    assert main(["report", str(runs[1]), "--out", str(out)]) == 0
+    assert main(["report", str(runs[0]), "--out", str(out)]) == 0
+    assert f"coevo report: {runs[0].name}" in out.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "s.toml"]
+
+
 class _Dom(HTMLParser):
     """Counts what a browser's DOM holds: headings, and the drawing elements of each svg."""
 

@@ -195,6 +195,7 @@ def test_bad_runs_and_ids_are_one_line_error_pages(server: str) -> None:
         ("/runs/run/episodes/ep9999", 404, "no episode &#39;ep9999&#39; in this run"),
         ("/runs/run/entries/x1", 404, "entry id must be a non-negative integer, got &#39;x1&#39;"),
         ("/runs/run/entries/99999", 404, "no entry 99999 in this run"),
+        ("/runs/run/entries/18446744073709551616", 404, "no entry 18446744073709551616 in"),
         ("/runs/run?page=0", 400, "page must be a positive integer, got &#39;0&#39;"),
     ):
         code, body = _get(server + path)
