@@ -7,6 +7,7 @@ take a few hundred milliseconds to import, and an interrupt then ends with one l
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -22,10 +23,23 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
 
         code = main(argv)
     except KeyboardInterrupt:
+        ignore_interrupts()
         print("coevo: interrupted", file=sys.stderr)
     finally:
-        forget_escaped_interrupt()
+        for _ in range(3):  # a second Ctrl-C may land before interrupts are ignored: again
+            try:
+                ignore_interrupts()
+                forget_escaped_interrupt()
+                break
+            except KeyboardInterrupt:
+                code = 130
     sys.exit(code)
+
+
+def ignore_interrupts() -> None:
+    """The process is exiting: a second Ctrl-C (a double press) changes nothing, and must not
+    land as a traceback in what is left to do."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def forget_escaped_interrupt() -> None:
