@@ -74,9 +74,11 @@ def read_metas(path: Path) -> tuple[Meta | None, Meta | None]:
 
 
 def is_blank(path: Path) -> bool:
-    """True if the data file ``path`` is exactly what LMDB writes when it creates an
-    environment, before any commit: two meta pages of transaction 0 naming no database, or
-    nothing yet (LMDB creates the file, then writes its meta pages).
+    """True if the data file ``path`` holds no commit: two meta pages of transaction 0 naming
+    no database (what LMDB writes when it creates an environment), perhaps followed by pages
+    of a first commit whose meta page was never written (a process killed mid-commit: 12 of 40
+    kills just after the file appeared, 2026-12-03), or nothing yet (LMDB creates the file,
+    then writes its meta pages).
 
     Such a file holds nothing of a log (a creation killed before its first commit); a
     truncated log is never blank unless nothing of it is left, and a damaged one never is
@@ -92,7 +94,7 @@ def is_blank(path: Path) -> bool:
     if not all(m is not None and m.valid and m.txnid == 0 for m in metas):
         return False
     psize = metas[0].psize if metas[0] is not None else 0
-    return size == 2 * psize and all(m is not None and m.main_root == P_INVALID for m in metas)
+    return size >= 2 * psize and all(m is not None and m.main_root == P_INVALID for m in metas)
 
 
 P_BRANCH = 0x01

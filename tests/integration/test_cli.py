@@ -166,13 +166,16 @@ def test_a_run_stopped_as_its_log_was_created_can_be_run_again_or_resumed(tmp_pa
     from scenarios.loader import load_scenario, resolved_toml
     from stores.lmdb_log import LmdbEventLog
 
-    for name in ("blank", "empty"):
+    for name in ("blank", "empty", "uncommitted"):
         blank = tmp_path / name
         (blank / "log").mkdir(parents=True)
-        if name == "blank":
-            lmdb.open(str(blank / "log"), max_dbs=3).close()  # meta pages, nothing committed
-        else:
+        if name == "empty":
             (blank / "log" / "data.mdb").touch()
+        else:
+            lmdb.open(str(blank / "log"), max_dbs=3).close()  # meta pages, nothing committed
+        if name == "uncommitted":  # the first commit's pages written, its meta page not
+            with (blank / "log" / "data.mdb").open("ab") as f:
+                f.write(b"\x5a" * 3 * 4096)
         assert_clean_error(coevo("resume", str(blank)), 2, "run the scenario again with --out")
         proc = coevo("run", EXPLORE, "--out", str(blank), "--quiet", "--set", "run.episodes=20")
         assert proc.returncode == 0, proc.stderr
