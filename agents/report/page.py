@@ -165,6 +165,11 @@ def fold_entries(envelopes: Iterable[Envelope[Event]]) -> tuple[dict[int, Entry]
     return entries, {c: calls[c] for c in {e.call for e in entries.values()} if c in calls}
 
 
+PAGE_HEAD = '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>coevo report: '
+"""How every page :func:`render` writes begins (``coevo report --out`` replaces only such a
+file)."""
+
+
 def render(runs: list[RunData]) -> str:
     """The whole page."""
     sections = [
@@ -190,8 +195,7 @@ def render(runs: list[RunData]) -> str:
         )
     )
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>coevo report: {names}</title><style>{CSS}</style></head><body>"
+        f"{PAGE_HEAD}{names}</title><style>{CSS}</style></head><body>"
         f"<h1>coevo report: {names}</h1><nav>{toc}</nav>{''.join(sections)}</body></html>\n"
     )
 

@@ -246,7 +246,7 @@ class _VerifyFailed(CoevoError):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from agents.report.page import RunData, fold_run, render
+    from agents.report.page import PAGE_HEAD, RunData, fold_run, render
 
     roots = [find_run(path).root for path in args.runs]
     runs: list[RunData] = []
@@ -259,7 +259,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         finally:
             log.close()
     out = Path(args.out) if args.out else runs[0].path / "report.html"
-    _refuse_overwrite(out)
+    _refuse_overwrite(out, PAGE_HEAD.encode())
     page = render(runs).encode("utf-8")
     partial = out.with_name(f".{out.name}.partial")
     try:
@@ -272,20 +272,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-_REPORT_HEAD = b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>coevo report:'
-
-
-def _refuse_overwrite(out: Path) -> None:
-    """Raise InputInvalid unless ``out`` is free or an earlier coevo report: a report never
-    replaces another file (a run's event log, a scenario)."""
+def _refuse_overwrite(out: Path, report_head: bytes) -> None:
+    """Raise InputInvalid unless ``out`` is free or an earlier coevo report (a file that begins
+    with ``report_head``): a report never replaces another file (a run's event log, a
+    scenario)."""
     if not out.exists() and not out.is_symlink():
         return
     try:
         with out.open("rb") as f:
-            head = f.read(len(_REPORT_HEAD)) if out.is_file() else b""
+            head = f.read(len(report_head)) if out.is_file() else b""
     except OSError as exc:
         raise InputInvalid(f"{out}: cannot read: {exc.strerror}") from None
-    if head != _REPORT_HEAD:
+    if head != report_head:
         raise InputInvalid(f"{out}: exists and is not a coevo report; choose another --out")
 
 
