@@ -8,7 +8,6 @@ exit code (2 for bad input); never a traceback.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from rich.console import Console
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import InputInvalid, naming, open_run
+from scenarios.cli.entry import ignore_interrupts
 from scenarios.cli.explore import add_commands
 from scenarios.cli.logsetup import configure_logging
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coevo: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting: a second Ctrl-C is no traceback
+        ignore_interrupts()
         print("coevo: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
