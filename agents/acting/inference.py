@@ -34,10 +34,14 @@ from agents.events.memory import ReflectionRequested, TipProposed
 from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
 from agents.models.backend import Backend, HfBackend
 from agents.models.prompts import (
+    CUT_TEXT,
     MemoryPlace,
     PromptEncoder,
+    cut_middle,
     encode_response,
     from_pairs,
+    position_limit,
+    prompt_room,
     strip_tips,
 )
 from engine.actor import Actor, Context, task_nursery
@@ -81,12 +85,14 @@ class Written(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """Generated free text: the prompt's ids, the response's ids, log-probs and text."""
+    """Generated free text: the prompt's ids (cut to fit, see :func:`cut_middle`), the
+    response's ids, log-probs and text, and how many prompt tokens the cut left out."""
 
     prompt: list[int]
     ids: list[int]
     logps: list[float]
     text: str
+    cut: int = 0
 
 
 def write_replies(
@@ -96,14 +102,22 @@ def write_replies(
     *,
     temperature: float,
     max_new_tokens: int,
+    max_positions: int | None = None,
     lock: AbstractContextManager[Any] | None = None,
 ) -> list[Reply]:
     """Generate one reply per request in one batch, each from the request's own seed (the
     policy's reflections, the extractor's answers); ``lock`` is held while the tokenizer is
-    used (not while the model generates)."""
+    used (not while the model generates). With ``max_positions``, a prompt that would leave
+    less than ``max_new_tokens`` of it loses its middle (:func:`cut_middle`)."""
     lock = lock or nullcontext()
     with lock:
         prompts = PromptEncoder(tokenizer).encode([from_pairs(req.messages) for req in requests])
+        gap = cut_gap(tokenizer) if max_positions is not None else []
+    cuts = [0] * len(prompts)
+    if max_positions is not None:
+        room = prompt_room(max_positions, max_new_tokens)
+        for i, prompt in enumerate(prompts):
+            prompts[i], cuts[i] = cut_middle(prompt, room, gap)
     drawn = backend.generate(
         prompts,
         [random.Random(req.seed) for req in requests],
@@ -114,9 +128,14 @@ def write_replies(
     )
     with lock:
         return [
-            Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip())
-            for prompt, (ids, logps) in zip(prompts, drawn, strict=True)
+            Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip(), cut)
+            for prompt, (ids, logps), cut in zip(prompts, drawn, cuts, strict=True)
         ]
+
+
+def cut_gap(tokenizer: Any) -> list[int]:
+    """The ids that stand where a cut prompt's middle was (:data:`CUT_TEXT`)."""
+    return list(tokenizer.encode(CUT_TEXT, add_special_tokens=False))
 
 
 class PolicyRunner:
@@ -126,6 +145,14 @@ class PolicyRunner:
     used under a lock, the forward passes run unlocked. :meth:`load` must not run while a batch
     is being answered (the inference actor waits for the batches in flight).
 
+    A prompt never takes the model past the positions it was built for: one that would leave
+    too little room for its response (the longest admissible action in "score" mode,
+    ``max_new_tokens`` in "generate" mode, ``tip_tokens`` for a reflection) loses its middle
+    (:func:`agents.models.prompts.cut_middle`), and its event says how many tokens
+    (``prompt_cut``); an admissible action longer than half the positions is scored by its
+    first half. A world's 20,000-character observation is read, cut, instead of taking the
+    run's memory.
+
     Args:
         model: a causal LM in eval mode, sampled through the in-process ``"hf"`` backend unless
             ``backend`` is given.
@@ -133,6 +160,8 @@ class PolicyRunner:
         settings: how to act.
         version: the policy version the weights are.
         backend: what samples (:mod:`agents.models.backend`); None: ``HfBackend(model)``.
+        max_positions: the most positions a prompt and its response may take; None: the
+            model config's ``max_position_embeddings`` (no limit when it has none).
     """
 
     def __init__(
@@ -143,14 +172,18 @@ class PolicyRunner:
         version: int = 0,
         *,
         backend: Backend | None = None,
+        max_positions: int | None = None,
     ) -> None:
         self.model = model
         self.backend = backend or HfBackend(model, settings.device)
         self.tokenizer = tokenizer
         self.settings = settings
         self.version = version
+        self.max_positions = max_positions if max_positions is not None else position_limit(model)
+        self.prompts_cut = 0  # prompts that lost their middle so far
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._prompts = PromptEncoder(tokenizer)
+        self._gap = cut_gap(tokenizer) if self.max_positions is not None else []
         self._responses: dict[str, list[int]] = {}  # action text -> ids (worlds repeat them)
         self._tokenizing = threading.Lock()
 
@@ -168,8 +201,17 @@ class PolicyRunner:
         """One :class:`ActionSampled` per request, in request order, from one forward pass per
         temperature (one per token in "generate" mode); every prompt of the batch, and every
         prompt without its tips, tokenized in one call."""
+        score = self.settings.mode == "score"
         with self._tokenizing:
             encoded = self._prompts.encode([from_pairs(r.messages) for r in requests])
+            cands = [
+                [self._response_ids(a) for a in r.admissible] if score else [] for r in requests
+            ]
+        rooms = [self._room(c) for c in cands]
+        cuts = [0] * len(requests)
+        for i, room in enumerate(rooms):
+            if room is not None:
+                encoded[i], cuts[i] = cut_middle(encoded[i], room, self._gap)
         out: list[ActionSampled | None] = [None] * len(requests)
         temperature = [0.0 if r.greedy else self.settings.temperature for r in requests]
         # one temperature per forward pass; greedy and sampled requests rarely mix
@@ -178,15 +220,36 @@ class PolicyRunner:
             group = [requests[i] for i in idx]
             prompts = [encoded[i] for i in idx]
             rngs = [random.Random(req.seed) for req in group]
-            act = self._score if self.settings.mode == "score" else self._generate
-            for i, answer in zip(idx, act(group, prompts, rngs, temp), strict=True):
-                out[i] = answer
-        return self._with_bare_prompts(requests, [a for a in out if a is not None])
+            if score:
+                answers = self._score(group, prompts, [cands[i] for i in idx], rngs, temp)
+            else:
+                answers = self._generate(group, prompts, rngs, temp)
+            for i, answer in zip(idx, answers, strict=True):
+                out[i] = msgspec.structs.replace(answer, prompt_cut=cuts[i]) if cuts[i] else answer
+        self.prompts_cut += sum(1 for c in cuts if c)
+        return self._with_bare_prompts(requests, [a for a in out if a is not None], rooms)
+
+    def _room(self, cands: list[list[int]]) -> int | None:
+        """The most prompt tokens a request may take, given its candidates ("score" mode; cut
+        in place to half the positions each) or ``max_new_tokens``; None: no limit."""
+        limit = self.max_positions
+        if limit is None:
+            return None
+        if self.settings.mode != "score":
+            return prompt_room(limit, self.settings.max_new_tokens)
+        for k, cand in enumerate(cands):
+            if len(cand) > limit // 2:
+                cands[k] = cand[: limit // 2]
+        return prompt_room(limit, max(map(len, cands), default=0))
 
     def _with_bare_prompts(
-        self, requests: Sequence[ActionRequested], answers: list[ActionSampled]
+        self,
+        requests: Sequence[ActionRequested],
+        answers: list[ActionSampled],
+        rooms: Sequence[int | None],
     ) -> list[ActionSampled]:
-        """``answers`` with the prompt ids of each tipped request without its tips."""
+        """``answers`` with the prompt ids of each tipped request without its tips (cut to the
+        same room as the prompt with them)."""
         tipped = [i for i, req in enumerate(requests) if req.tips]
         memory = self.settings.memory
         with self._tokenizing:
@@ -197,6 +260,9 @@ class PolicyRunner:
                 ]
             )
         for i, ids in zip(tipped, bare, strict=True):
+            room = rooms[i]
+            if room is not None:
+                ids, _ = cut_middle(ids, room, self._gap)
             answers[i] = msgspec.structs.replace(answers[i], bare_prompt_ids=tuple(ids))
         return answers
 
@@ -209,8 +275,10 @@ class PolicyRunner:
             requests,
             temperature=temp,
             max_new_tokens=self.settings.tip_tokens,
+            max_positions=self.max_positions,
             lock=self._tokenizing,
         )
+        self.prompts_cut += sum(1 for reply in replies if reply.cut)
         return [
             TipProposed(
                 episode=req.episode,
@@ -223,6 +291,7 @@ class PolicyRunner:
                 token_logps=tuple(reply.logps),
                 temperature=temp,
                 policy_version=self.version,
+                prompt_cut=reply.cut,
             )
             for req, reply in zip(requests, replies, strict=True)
         ]
@@ -231,11 +300,10 @@ class PolicyRunner:
         self,
         requests: Sequence[ActionRequested],
         prompts: list[list[int]],
+        cands: list[list[list[int]]],
         rngs: list[random.Random],
         temp: float,
     ) -> list[ActionSampled]:
-        with self._tokenizing:
-            cands = [[self._response_ids(a) for a in req.admissible] for req in requests]
         choices = self.backend.score(prompts, cands, rngs, temperature=temp, pad_id=self._pad)
         return [
             _sampled(
@@ -330,6 +398,7 @@ class InferenceActor(Actor):
         self.batches: list[int] = []  # sizes, for statistics
         self._runner: PolicyRunner | None = None
         self._owed: list[Envelope[Event]] = []  # a resumed run's unanswered reflections
+        self._cut_told = False  # whether the first cut prompt was logged
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Load the newest policy version the log names, and owe an answer to each reflection
@@ -406,14 +475,26 @@ class InferenceActor(Actor):
         acts = [env for env in batch if isinstance(env.event, ActionRequested)]
         reflections = [env for env in batch if isinstance(env.event, ReflectionRequested)]
         self.batches.append(len(batch))
+        answered: list[ActionSampled | TipProposed] = []
         if acts:
             answers = await ctx.to_thread(runner.answer, [env.event for env in acts])
             for env, answer in zip(acts, answers, strict=True):
                 await ctx.emit(answer, cause=env.seq, corr=env.corr)
+            answered += answers
         if reflections:
             tips = await ctx.to_thread(runner.reflect, [env.event for env in reflections])
             for env, tip in zip(reflections, tips, strict=True):
                 await ctx.emit(tip, cause=env.seq, corr=env.corr)
+            answered += tips
+        cut = next((a for a in answered if a.prompt_cut), None)
+        if cut is not None and not self._cut_told:
+            self._cut_told = True
+            ctx.log.warning(
+                "prompts too long for the model lose their middle (prompt_cut in their events)",
+                max_positions=runner.max_positions,
+                episode=cut.episode,
+                tokens_cut=cut.prompt_cut,
+            )
 
     async def _update(self, ctx: Context, runner: PolicyRunner, ev: PolicyUpdated) -> None:
         state = await ctx.to_thread(self._checkpoints.load, ev.checkpoint)

@@ -74,6 +74,8 @@ class ExtractorCalled(Event, tag="extractor_called", frozen=True, kw_only=True):
         ops: the parsed operations, applied in order.
         errors: the parser's message for every piece it refused.
         malformed: nothing usable could be parsed.
+        prompt_cut: how many tokens the prompt lost from its middle to fit the model's
+            positions (``agents.models.prompts.cut_middle``); 0: none.
         extractor_version: the extractor weights that answered.
     """
 
@@ -90,6 +92,7 @@ class ExtractorCalled(Event, tag="extractor_called", frozen=True, kw_only=True):
     ops: tuple[Op, ...] = ()
     errors: tuple[str, ...] = ()
     malformed: bool = False
+    prompt_cut: int = 0
 
 
 @event

@@ -103,7 +103,9 @@ class ReflectionRequested(Event, tag="reflection_requested", frozen=True, kw_onl
 
 @event
 class TipProposed(Event, tag="tip_proposed", frozen=True, kw_only=True):
-    """The policy's reflection on ``episode``: the tip text and how it was sampled."""
+    """The policy's reflection on ``episode``: the tip text and how it was sampled;
+    ``prompt_cut``: how many tokens the prompt lost from its middle to fit the model's
+    positions (``agents.models.prompts.cut_middle``; 0: none)."""
 
     episode: str
     slot: str
@@ -115,6 +117,7 @@ class TipProposed(Event, tag="tip_proposed", frozen=True, kw_only=True):
     token_logps: tuple[float, ...]
     temperature: float
     policy_version: int
+    prompt_cut: int = 0
 
 
 @event

@@ -56,6 +56,8 @@ class ActionSampled(Event, tag="action_sampled", frozen=True, kw_only=True):
             "you can not do that.").
         bare_prompt_ids: when the prompt showed tips, its token ids with the tip spans removed
             (what EMPO2's off-policy distillation trains the current policy on); else empty.
+        prompt_cut: how many tokens the prompt lost from its middle to fit the model's
+            positions with the response (``agents.models.prompts.cut_middle``); 0: none.
     """
 
     episode: str
@@ -74,6 +76,7 @@ class ActionSampled(Event, tag="action_sampled", frozen=True, kw_only=True):
     mode: str = "score"
     valid: bool = True
     bare_prompt_ids: tuple[int, ...] = ()
+    prompt_cut: int = 0
 
 
 @event

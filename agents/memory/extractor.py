@@ -49,6 +49,7 @@ from agents.memory.extraction import (
 from agents.methods.cispo import cispo_loss
 from agents.models.backend import Backend, HfBackend
 from agents.models.policy import response_logps
+from agents.models.prompts import position_limit
 from agents.models.tuning import (
     MemoryUse,
     deterministic_algorithms,
@@ -117,6 +118,7 @@ class ExtractorModel:
         self.version = 0
         self.digest = ""  # of the current weights, once computed (the actor does at start)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.max_positions = position_limit(self.model)  # prompts past it lose their middle
         self.optimizer: torch.optim.Optimizer | None = None
 
     def optimiser(self, lr: float) -> torch.optim.Optimizer:
@@ -142,6 +144,7 @@ class ExtractorModel:
             requests,
             temperature=s.temperature,
             max_new_tokens=s.max_new_tokens,
+            max_positions=self.max_positions,
         )
         out = []
         for req, call, reply in zip(requests, calls, replies, strict=True):
@@ -173,6 +176,7 @@ class ExtractorModel:
                     ops=tuple(_op_triple(op) for op in parsed.ops),
                     errors=tuple(parsed.errors),
                     malformed=parsed.malformed,
+                    prompt_cut=reply.cut,
                 )
             )
         return out

@@ -195,6 +195,44 @@ def decode_response(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def position_limit(model: Any) -> int | None:
+    """The most positions ``model`` was built for (its config's ``max_position_embeddings``),
+    or None when it does not say (a remote backend with no local module)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def prompt_room(limit: int, reserve: int) -> int:
+    """The most prompt tokens that leave ``reserve`` positions (a response) of ``limit``; at
+    least half of ``limit``, so a reserve near the limit still leaves a prompt to read."""
+    return max(limit - reserve, limit // 2)
+
+
+def cut_middle(ids: Sequence[int], room: int, gap: Sequence[int] = ()) -> tuple[list[int], int]:
+    """``ids`` in at most ``room`` tokens, and how many were left out.
+
+    A prompt that does not fit loses its middle: the first quarter of ``room`` is kept (the
+    system message and the goal) and the rest is taken from the end (the latest observation
+    and the assistant's header, which the next token follows), with ``gap`` (the ids of a
+    visible "..." line) between them. A prompt that fits is returned as it is.
+
+    Raises:
+        ValueError: ``room`` is smaller than ``gap`` plus two tokens.
+    """
+    ids = list(ids)
+    if len(ids) <= room:
+        return ids, 0
+    if room < len(gap) + 2:
+        raise ValueError(f"room for {room} prompt tokens cannot hold a cut prompt")
+    head = (room - len(gap)) // 4 or 1
+    tail = room - len(gap) - head
+    return [*ids[:head], *gap, *ids[len(ids) - tail :]], len(ids) - head - tail
+
+
+CUT_TEXT = "\n...\n"
+"""What stands where a cut prompt's middle was (:func:`cut_middle`'s ``gap``, tokenized)."""
+
+
 _MARK = "\x1ecoevo-content-{}\x1e"
 _PROBES = ("", " two  words \n and a line ", "{{ braces }} {% raw %} 'quotes' \"too\"\t")
 
@@ -228,7 +266,8 @@ class PromptEncoder:
         if not conversations:
             return []
         texts = [self.render(c) for c in conversations]
-        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        return [list(row) for row in ids]
 
     def render(self, conversation: Sequence[Message]) -> str:
         """The text the chat template makes of ``conversation`` with the assistant's header."""

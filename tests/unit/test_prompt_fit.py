@@ -1,0 +1,181 @@
+"""Prompts that would take the model past its positions lose their middle, and say so.
+
+A world may answer with an observation of any length; before this, a 20,000-character one made
+prompts of 40,000 tokens for a model built for 1,024 and the run was killed for memory. The
+runner cuts each prompt (with and without its tips, of actions and of reflections) so that it
+and its response fit, keeps its beginning and its end, and records the cut in the event.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from agents.acting.inference import ActSettings, PolicyRunner
+from agents.events.memory import ReflectionRequested
+from agents.events.policy import ActionRequested
+from agents.models.embedded import build_tokenizer, word_pieces
+from agents.models.prompts import (
+    cut_middle,
+    encode_prompt,
+    encode_response,
+    from_pairs,
+    prompt_room,
+    reflection_messages,
+    to_pairs,
+    turn_messages,
+)
+
+WORDS = ["open", "box", "take", "key", "the", "red", "goal", "light", "bulb", "you", "see"]
+LIMIT = 96
+
+
+@given(
+    ids=st.lists(st.integers(0, 50), max_size=300),
+    room=st.integers(5, 120),
+    gap=st.lists(st.integers(60, 70), max_size=3),
+)
+def test_a_cut_keeps_the_beginning_and_the_end_within_the_room(ids, room, gap) -> None:
+    out, cut = cut_middle(ids, room, gap)
+    if len(ids) <= room:
+        assert (out, cut) == (ids, 0)
+        return
+    assert len(out) == room
+    head = (room - len(gap)) // 4 or 1
+    tail = room - len(gap) - head
+    assert out[:head] == ids[:head]
+    assert out[head : head + len(gap)] == gap
+    assert out[len(out) - tail :] == ids[len(ids) - tail :]
+    assert cut == len(ids) - head - tail > 0
+
+
+def test_a_room_too_small_for_a_cut_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot hold a cut prompt"):
+        cut_middle(list(range(10)), 3, [99, 98])
+
+
+def test_the_room_leaves_the_reserve_but_never_less_than_half() -> None:
+    assert prompt_room(1024, 24) == 1000
+    assert prompt_room(1024, 4096) == 512
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [" ".join(WORDS), "goal: now: start: outcome: > <tip> </tip> | . , \n ... {} '\""]
+    return build_tokenizer(*word_pieces(texts), 1024)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=LIMIT,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def request(observation: str, *, seed: int = 0, tips: tuple[str, ...] = (), admissible=None):
+    messages = turn_messages("open the red box.", [], observation, tips=tips)
+    return ActionRequested(
+        episode=f"ep{seed}",
+        worker="w",
+        turn=0,
+        messages=to_pairs(messages),
+        admissible=admissible or ("open box", "take key"),
+        seed=seed,
+        tips=tips,
+    )
+
+
+LONG = " ".join(WORDS * 40)  # ~440 tokens, several times the model's positions
+
+
+def test_a_long_prompt_is_cut_to_fit_with_its_longest_action(model, tokenizer) -> None:
+    runner = PolicyRunner(model, tokenizer, ActSettings(temperature=1.0))
+    assert runner.max_positions == LIMIT  # read from the model's config
+    req = request(LONG)
+    full = encode_prompt(tokenizer, from_pairs(req.messages))
+    assert len(full) > 3 * LIMIT
+    (s,) = runner.answer([req])
+    longest = max(len(c) for c in s.candidates)
+    assert len(s.prompt_ids) + longest == LIMIT
+    assert s.prompt_cut == len(full) - len(s.prompt_ids) + len(tokenizer.encode("\n...\n"))
+    assert s.prompt_ids[:4] == tuple(full[:4])  # the system message's beginning
+    assert s.prompt_ids[-8:] == tuple(full[-8:])  # the observation's end, the turn header
+    assert runner.prompts_cut == 1
+
+
+def test_a_prompt_that_fits_is_answered_as_before_whatever_its_batch(model, tokenizer) -> None:
+    """A prompt that fits is untouched, alone or in a batch with a cut one."""
+    short = request("you see a box.", seed=3)
+    alone = PolicyRunner(model, tokenizer, ActSettings(temperature=1.0)).answer([short])
+    unlimited = PolicyRunner(
+        model, tokenizer, ActSettings(temperature=1.0), max_positions=10**6
+    ).answer([short])
+    mixed = PolicyRunner(model, tokenizer, ActSettings(temperature=1.0)).answer(
+        [request(LONG, seed=1), short]
+    )
+    assert alone == unlimited  # bit for bit: a prompt that fits is not touched
+    # in a batch with a cut prompt: the same ids and choice (scores to float rounding: a
+    # batch's layout moves the last bits, with or without cuts)
+    (a,) = alone
+    assert (a.prompt_ids, a.candidates, a.choice) == (
+        mixed[1].prompt_ids,
+        mixed[1].candidates,
+        mixed[1].choice,
+    )
+    assert a.candidate_scores == pytest.approx(mixed[1].candidate_scores, abs=1e-4)
+    assert alone[0].prompt_cut == 0 and mixed[0].prompt_cut > 0
+
+
+def test_the_prompt_without_tips_is_cut_to_the_same_room(model, tokenizer) -> None:
+    (s,) = PolicyRunner(model, tokenizer, ActSettings(temperature=1.0)).answer(
+        [request(LONG, tips=("open box first.",))]
+    )
+    longest = max(len(c) for c in s.candidates)
+    assert len(s.bare_prompt_ids) + longest == LIMIT
+    assert s.bare_prompt_ids != s.prompt_ids
+
+
+def test_an_action_longer_than_half_the_positions_is_scored_by_its_first_half(
+    model, tokenizer
+) -> None:
+    huge = " ".join(["open box"] * LIMIT)
+    (s,) = PolicyRunner(model, tokenizer, ActSettings(temperature=1.0)).answer(
+        [request("you see a box.", admissible=("take key", huge))]
+    )
+    assert len(s.candidates[1]) == LIMIT // 2
+    assert list(s.candidates[1]) == encode_response(tokenizer, huge)[: LIMIT // 2]
+    assert len(s.prompt_ids) + LIMIT // 2 <= LIMIT
+
+
+def test_generated_actions_and_reflections_leave_room_for_their_tokens(model, tokenizer) -> None:
+    settings = ActSettings(mode="generate", temperature=1.0, max_new_tokens=10, tip_tokens=20)
+    runner = PolicyRunner(model, tokenizer, settings)
+    (s,) = runner.answer([request(LONG)])
+    assert len(s.prompt_ids) == LIMIT - 10 and s.prompt_cut > 0
+    reflection = ReflectionRequested(
+        episode="ep0",
+        worker="w",
+        slot="s",
+        key="k",
+        score=0.0,
+        success=False,
+        messages=to_pairs(
+            reflection_messages("open the red box.", LONG, [("open box", LONG)], success=False)
+        ),
+        seed=5,
+    )
+    (tip,) = runner.reflect([reflection])
+    assert len(tip.prompt_ids) == LIMIT - 20 and tip.prompt_cut > 0
+    assert runner.prompts_cut == 2
