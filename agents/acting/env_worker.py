@@ -280,7 +280,12 @@ def checked_observation(obs: object, call: str) -> Observation:
 
 
 def _short(value: object) -> str:
-    text = repr(value)
+    if isinstance(value, int) and value.bit_length() > 4096:  # past int's str() limit
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception as exc:  # a world's own type whose __repr__ fails
+        return f"a {type(value).__name__} whose repr() raised {type(exc).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -307,7 +312,10 @@ def _number(value: object, field: str) -> float:
         value, int | float | np.integer | np.floating
     ):
         raise ValueError(f"{field} is {_short(value)}, not a number")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        raise ValueError(f"{field} is {_short(value)}, too large for a float") from None
     if not math.isfinite(number):
         raise ValueError(f"{field} is {number}, not a finite number")
     return number
