@@ -60,6 +60,22 @@ class RunDir:
         return names
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through ``.NAME.partial`` beside it and a rename: a reader,
+    or a process killed meanwhile, finds the old file or the new one, never half of one.
+
+    Raises:
+        OSError: it cannot be written (the partial file is removed).
+    """
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(data)
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
 def new_run_id() -> str:
     """A fresh, unique run id."""
     return uuid.uuid4().hex[:12]

@@ -3,6 +3,7 @@ console line per bank (:mod:`agents.probe.coevolution` computes them)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import msgspec
 
 from agents.probe.coevolution import BankResult, ProbeResult
 from agents.report.intervals import Interval
+from stores.rundir import replace_file
 
 REPORT = "probe.md"
 JSON = "probe.json"
@@ -25,8 +27,8 @@ def write_probe(result: ProbeResult, out: Path) -> list[Path]:
     """
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / REPORT, out / JSON, out / PNG]
-    paths[0].write_text(markdown(result), encoding="utf-8")
-    paths[1].write_bytes(to_json(result) + b"\n")
+    replace_file(paths[0], markdown(result).encode("utf-8"))
+    replace_file(paths[1], to_json(result) + b"\n")
     plot(result, paths[2])
     return paths
 
@@ -142,7 +144,9 @@ def plot(result: ProbeResult, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     fig.suptitle(f"probe of {Path(result.run).name}: {result.episodes} episodes per bank")
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    replace_file(path, png.getvalue())
 
 
 def _point(ax: Any, x: float, i: Interval, color: str, label: str | None = None) -> None:

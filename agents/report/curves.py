@@ -11,6 +11,7 @@ does both for a finished run and returns the summary lines the CLI prints. ``coe
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections import Counter
@@ -28,12 +29,15 @@ from agents.events.extractor import (
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from engine.events import Event
+from stores.rundir import replace_file
 
 TRAIN_CSV = "curve_train.csv"
 EVAL_CSV = "curve_heldout.csv"
 UPDATES_CSV = "updates.csv"
 ADAPT_CSV = "adaptation.csv"
 PNG = "curves.png"
+CURVE_FILES = (TRAIN_CSV, EVAL_CSV, UPDATES_CSV, PNG)
+"""What every learning run's directory holds once its curves are written."""
 
 
 @dataclass
@@ -219,10 +223,11 @@ def write_curves(run_dir: Path, curves: Curves, title: str = "") -> list[Path]:
 
 
 def _csv(path: Path, header: tuple[str, ...], rows: Iterable[tuple[float, ...]]) -> Path:
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(header)
+    writer.writerows(rows)
+    replace_file(path, text.getvalue().encode("utf-8"))
     return path
 
 
@@ -255,8 +260,10 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
         ax2.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    replace_file(path, png.getvalue())
     return path
 
 

@@ -20,11 +20,11 @@ from rich.console import Console
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import InputInvalid, naming, open_run
-from scenarios.cli.entry import ignore_interrupts
+from scenarios.cli.entry import stopped
 from scenarios.cli.explore import add_commands
 from scenarios.cli.logsetup import configure_logging
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
-from stores.rundir import find_run
+from stores.rundir import find_run, replace_file
 
 __all__ = ["main"]
 
@@ -41,10 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CoevoError as exc:
         print(f"coevo: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        ignore_interrupts()
-        print("coevo: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # a Ctrl-C or a SIGTERM (entry.Terminated)
+        return stopped(exc)
     except BrokenPipeError:
         return 0
 
@@ -260,16 +258,42 @@ def cmd_report(args: argparse.Namespace) -> int:
             log.close()
     out = Path(args.out) if args.out else runs[0].path / "report.html"
     _refuse_overwrite(out, PAGE_HEAD.encode())
+    for run in runs:
+        _draw_missing_curves(run)
     page = render(runs).encode("utf-8")
-    partial = out.with_name(f".{out.name}.partial")
     try:
-        partial.write_bytes(page)
-        partial.replace(out)
+        replace_file(out, page)
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise InputInvalid(f"{out}: cannot write: {exc.strerror}") from None
     print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
     return 0
+
+
+def _draw_missing_curves(run: Any) -> None:
+    """Write a completed learning run's curves (CSV files and PNG) when its directory lacks
+    one: the run was stopped, or the disk was full, between its end and its curves. A
+    directory they cannot be written to gets a warning; the report goes on."""
+    from agents.report.curves import CURVE_FILES
+    from agents.report.curves import report as curves_report
+
+    missing = [name for name in CURVE_FILES if not (run.path / name).exists()]
+    if run.status != "completed" or run.method.startswith("rollout") or not missing:
+        return
+    log = open_run(str(run.path))
+    try:
+        title = f"{run.scenario} (seed {run.seed})"  # as the run titles them
+        lines = curves_report(run.path, (env.event for env in log.read(0, None)), title)
+    except OSError as exc:
+        print(
+            f"coevo: warning: cannot write the curves of {run.path} ({', '.join(missing)} "
+            f"missing): {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return
+    finally:
+        log.close()
+    for line in lines:
+        print(line)
 
 
 def _refuse_overwrite(out: Path, report_head: bytes) -> None:

@@ -1,8 +1,12 @@
 """Where the ``coevo`` process starts: the console script and ``python -m scenarios.cli``.
 
-It imports nothing but ``sys`` before it guards against a Ctrl-C: the command line's modules
-take a few hundred milliseconds to import, and an interrupt then ends with one line and exit
-130 like an interrupt later on, not with a traceback.
+It imports nothing but ``sys`` and ``signal`` before it guards against a Ctrl-C and a SIGTERM:
+the command line's modules take a few hundred milliseconds to import, and a stop then ends
+with one line and exit 130 (143 for SIGTERM) like a stop later on, not with a traceback or a
+silent death. A SIGTERM is raised where the process is as :class:`Terminated`, a kind of
+KeyboardInterrupt, so that every path that stops gracefully on a Ctrl-C (closing the log,
+the run's closing report) does on a SIGTERM too; while a run's actors run, the runtime turns
+both into a graceful stop itself (``engine.runtime``).
 """
 
 from __future__ import annotations
@@ -15,31 +19,51 @@ from typing import NoReturn
 __all__ = ["run"]
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised where the process is: stopped as a Ctrl-C is, and exit 143."""
+
+
+def _terminate(signum: int, frame: object) -> NoReturn:
+    raise Terminated
+
+
 def run(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the command line (:func:`scenarios.cli.commands.main`) and exit with its code."""
     code = 130
     try:
+        signal.signal(signal.SIGTERM, _terminate)
         from scenarios.cli.commands import main
 
         code = main(argv)
-    except KeyboardInterrupt:
-        ignore_interrupts()
-        print("coevo: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        code = stopped(exc)
     finally:
         for _ in range(3):  # a second Ctrl-C may land before interrupts are ignored: again
             try:
                 ignore_interrupts()
                 forget_escaped_interrupt()
                 break
-            except KeyboardInterrupt:
-                code = 130
+            except KeyboardInterrupt as exc:
+                code = 143 if isinstance(exc, Terminated) else 130
     sys.exit(code)
+
+
+def stopped(exc: KeyboardInterrupt) -> int:
+    """Say that the command was stopped (a Ctrl-C or a SIGTERM), and return its exit code."""
+    ignore_interrupts()
+    if isinstance(exc, Terminated):
+        print("coevo: terminated", file=sys.stderr)
+        return 143
+    print("coevo: interrupted", file=sys.stderr)
+    return 130
 
 
 def ignore_interrupts() -> None:
     """The process is exiting: a second Ctrl-C (a double press) changes nothing, and must not
-    land as a traceback in what is left to do."""
+    land as a traceback in what is left to do; a second SIGTERM ends it at once (a teardown
+    that hangs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def forget_escaped_interrupt() -> None:

@@ -94,6 +94,9 @@ def configure_logging(console: Console, level: str, jsonl: Path | None = None) -
         root.removeHandler(handler)
         handler.close()
     root.setLevel(logging.DEBUG)
+    torch_log = logging.getLogger("torch")  # torch sets it when its import completes; one
+    if torch_log.level == logging.NOTSET:  # stopped half-way left its exit hooks' info lines
+        torch_log.setLevel(logging.WARNING)
     con = _RichConsoleHandler(console)
     con.setLevel(level.upper())
     con.setFormatter(

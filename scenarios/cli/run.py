@@ -14,8 +14,9 @@ from typing import Any
 import trio
 from rich.console import Console
 
-from engine.errors import LogError, LogLocked, RunNotFound
+from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
 from scenarios.cli.common import InputInvalid, naming, open_run, version
+from scenarios.cli.entry import stopped
 from stores.rundir import RunDir, default_run_dir, find_run, new_run_id
 
 __all__ = ["cmd_resume", "cmd_run", "cmd_validate"]
@@ -147,18 +148,45 @@ def _drive(
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
     console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
-        with progress:
-            outcome = trio.run(runtime.run)
-    finally:
-        log.close()
         try:
-            if tracker is not None:
-                tracker.close()
+            with progress:
+                outcome = trio.run(runtime.run)
         finally:
-            close_logging()
-    console.print(actors_table(runtime.states["actor_stats"]))
-    console.print(families_table(runtime.states["episodes"]))
-    return _finish(console, assembly.report, runtime.states["episodes"], outcome, run_id, rd, quiet)
+            log.close()
+            try:
+                if tracker is not None:
+                    tracker.close()
+            finally:
+                close_logging()
+        console.print(actors_table(runtime.states["actor_stats"]))
+        console.print(families_table(runtime.states["episodes"]))
+        return _finish(
+            console, assembly.report, runtime.states["episodes"], outcome, run_id, rd, quiet
+        )
+    except KeyboardInterrupt as exc:  # outside the runtime's own handling: its start or end
+        code = stopped(exc)
+        print(_how_it_ended(rd, run_id, assembly.report is not None), file=sys.stderr)
+        return code
+
+
+def _how_it_ended(rd: RunDir, run_id: str, curves: bool) -> str:
+    """What a run's log says after a stop that the runtime did not handle (one at its very
+    start or after its end): completed (its curves may be missing), or resumable."""
+    from engine.lifecycle import RunStopped
+
+    try:
+        reader = open_run(str(rd.root))
+        try:
+            n = reader.next_seq
+            last = next(iter(reader.read(n - 1, None)), None) if n else None
+        finally:
+            reader.close()
+    except (CoevoError, OSError) as exc:
+        return f"coevo: run {run_id} in {rd.root}: its log cannot be read now ({exc})"
+    if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
+        drawn = f"; its curves: coevo report {rd.root}" if curves else ""
+        return f"coevo: run {run_id} completed before the stop ({n} events in {rd.root}){drawn}"
+    return f"coevo: run {run_id} stopped after {n} events: coevo resume {rd.root} continues it"
 
 
 def _finish(
@@ -238,7 +266,7 @@ def _report(report: Any, rd: RunDir) -> list[str]:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
-    from scenarios.assemble import assemble, cluster
+    from scenarios.assemble import ROLLOUT, assemble, cluster
     from scenarios.loader import parse_toml, to_scenario
 
     rd = find_run(args.run)
@@ -248,7 +276,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     log = _open_writer(rd, durable=scenario.runtime.durable)
     joined = contextlib.ExitStack()
     try:  # the history is read under the writer lock: no other session writes after it
-        history = _history(args.run, log)
+        history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
         assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
         if not history:  # created, then stopped before its first event: it starts now
             _keep_scenario(rd, meta.scenario_toml)
@@ -317,13 +345,16 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
         ) from None
 
 
-def _history(path: str, log: Any) -> list[Any]:
+def _history(path: str, log: Any, curves: Path | None) -> list[Any]:
     """Every event of the run, read by its writer (none: the run was stopped as it was
-    created, before its first event).
+    created, before its first event); ``curves``: where the run draws its learning curves
+    (None: it draws none).
 
     Raises:
-        NothingToResume: the run completed.
+        NothingToResume: the run completed (saying how to draw its curves if they are
+            missing: it was stopped between its end and its curves).
     """
+    from agents.report.curves import CURVE_FILES
     from engine.errors import NothingToResume
     from engine.lifecycle import RunStopped
 
@@ -331,7 +362,9 @@ def _history(path: str, log: Any) -> list[Any]:
         history = list(log.read(0, None))
     last = history[-1] if history else None
     if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
+        missing = curves is not None and not all((curves / n).exists() for n in CURVE_FILES)
         raise NothingToResume(
             f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
+            + (f"; its curves are missing: coevo report {path} draws them" if missing else "")
         )
     return history

@@ -242,6 +242,63 @@ def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
     assert coevo("replay", str(out), "--verify").returncode == 0
 
 
+STOP_AT = """
+import os, signal, sys
+import {module} as target
+from scenarios.cli import entry
+real = target.{name}
+def stop_then_go_on(*args, **kwargs):
+    os.kill(os.getpid(), signal.{sig})  # delivered at the next bytecode, in the main thread
+    return real(*args, **kwargs)
+target.{name} = stop_then_go_on
+entry.run(sys.argv[1:])
+"""
+
+
+def stop_at(module: str, name: str, sig: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``coevo ARGS`` with ``sig`` sent to itself as ``module.name`` is called."""
+    script = STOP_AT.format(module=module, name=name, sig=sig)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_sigterm_outside_a_runs_actors_ends_with_one_line_and_143(tmp_path: Path) -> None:
+    """Before the runtime handles signals (start-up) a SIGTERM stops as a Ctrl-C does; after a
+    run completed (its closing report) it says the run completed, and where."""
+    early = stop_at("scenarios.cli.commands", "main", "SIGTERM", "validate", EXPLORE)
+    assert (early.returncode, early.stderr) == (143, "coevo: terminated\n")
+    out = tmp_path / "done"
+    late = stop_at(
+        "scenarios.cli.run", "_finish", "SIGTERM", "run", EXPLORE, "--out", str(out),
+        "--set", "run.episodes=20", "--quiet",
+    )  # fmt: skip
+    assert late.returncode == 143, late.stderr
+    lines = late.stderr.strip().splitlines()
+    assert lines[0] == "coevo: terminated" and "Traceback" not in late.stderr
+    assert lines[1].startswith("coevo: run ") and lines[1].endswith(
+        f" completed before the stop ({len(list_events(out))} events in {out})"
+    )
+    interrupted = stop_at(
+        "scenarios.cli.run", "_finish", "SIGINT", "run", EXPLORE, "--out", str(tmp_path / "i"),
+        "--set", "run.episodes=20", "--quiet",
+    )  # fmt: skip
+    assert interrupted.returncode == 130
+    assert interrupted.stderr.startswith("coevo: interrupted\ncoevo: run ")
+
+
+def list_events(run: Path) -> list[str]:
+    proc = coevo("log", str(run), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
 def test_log_lines_go_to_stderr_never_into_a_commands_output(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -16,6 +16,7 @@ from test_grpo_run import of, read_events
 
 from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipStored
+from agents.report.curves import CURVE_FILES, EVAL_CSV, PNG, TRAIN_CSV, UPDATES_CSV
 from engine.eventlog import new_run_meta
 from scenarios.cli import main
 from stores.lmdb_log import LmdbEventLog
@@ -154,6 +155,26 @@ def test_a_report_replaces_only_an_earlier_report(
     assert main(["report", str(runs[0]), "--out", str(out)]) == 0
     assert f"coevo report: {runs[0].name}" in out.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "s.toml"]
+
+
+def test_a_completed_run_without_its_curves_gets_them_from_its_report(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run stopped (or out of disk) between its end and its curves: ``coevo report`` writes
+    the same files the run would have, from its log; the runs that have them are untouched."""
+    run = tmp_path / "run"
+    shutil.copytree(runs[0], run)
+    written = {name: (run / name).read_bytes() for name in CURVE_FILES}
+    for name in (TRAIN_CSV, PNG):
+        (run / name).unlink()
+    assert main(["report", str(run), str(runs[1]), "--out", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    assert f"curves: {TRAIN_CSV}, {EVAL_CSV}, {UPDATES_CSV}, {PNG} in {run}" in out
+    for name in (TRAIN_CSV, EVAL_CSV, UPDATES_CSV):
+        assert (run / name).read_bytes() == written[name], name
+    assert (run / PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not any((runs[1] / name).exists() for name in CURVE_FILES)  # no learning: none
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".partial")]
 
 
 class _Dom(HTMLParser):
