@@ -9,7 +9,7 @@ worker; calls may block (a JVM, a subprocess) and are made from a worker thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
 import msgspec
 
@@ -21,10 +21,11 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
 
     The facts of a variant (where things are, which rule applies) are fixed by the pair
     ``(family, variant)``; the episode seed only affects what is random within an episode.
+    A variant is a signed 64-bit integer (what every event that names it can record).
     """
 
     family: str
-    variant: int
+    variant: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
     split: str = "train"
 
 

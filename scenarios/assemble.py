@@ -515,9 +515,12 @@ def _list_tasks(
     name = scenario.world.name
     listed = tuple(cast("Iterable[object]", world.families()))  # a plug-in's: checked
     offered = tuple(f for f in listed if isinstance(f, str))
-    if len(offered) != len(listed):
+    if len(offered) != len(listed) or len(set(offered)) != len(offered):
         raise ScenarioInvalid(source, f"$.world: {name}.families() returned {listed!r}")
     families = scenario.world.families or list(offered)
+    twice = sorted({f for f in families if families.count(f) > 1})
+    if twice:  # each would get twice its share of the episodes
+        raise ScenarioInvalid(source, f"$.world.families: {twice} listed more than once")
     unknown = [f for f in families if f not in offered]
     if unknown:
         raise ScenarioInvalid(

@@ -137,6 +137,17 @@ WORLDS = {
         "        return [Task(family=family, variant='one', split=split)]\n",
         "Expected `int`, got `str` - at `$.variant`",
     ),
+    "a variant past 64 bits": (
+        "from engine.world import Task\nfrom scenarios.worlds.minilab import MiniLab\n"
+        "class W(MiniLab):\n    def tasks(self, family, split):\n"
+        "        return [Task(family=family, variant=2**70, split=split)]\n",
+        "Expected `int` <= 9223372036854775807 - at `$.variant`",
+    ),
+    "a family twice": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def families(self):\n        return ('fetch', 'heat', 'fetch')\n",
+        ".families() returned ('fetch', 'heat', 'fetch')",
+    ),
     "tasks exit": (
         "import sys\nfrom scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
         "    def families(self):\n        sys.exit(0)\n",
@@ -153,6 +164,12 @@ def test_a_plugin_world_that_misbehaves_is_one_line(
     world = plugin(tmp_path, monkeypatch, source)
     argv = ["validate", EXPLORE, "--set", f"world.name={world}", "--set", "world.families=[]"]
     refused(capsys, argv, "$.world", says)
+
+
+def test_a_family_listed_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """It would get twice its share of the episodes without a word."""
+    argv = ["validate", EXPLORE, "--set", 'world.families=["heat", "fetch", "heat"]']
+    refused(capsys, argv, "$.world.families: ['heat'] listed more than once")
 
 
 def model_dir(tmp_path: Path, config: object, index: object = None) -> Path:
