@@ -18,14 +18,17 @@ and the run ends with :class:`RunStopped`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import math
+import os
 import queue
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +55,26 @@ from engine.replay import replay_until
 from engine.seeds import derive_seed
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_LOOP_BLOCKED = 1.0
+"""Seconds a stop signal may wait for the event loop before another one counts it blocked."""
+
+
+def _restore(previous: dict[signal.Signals, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _stop_where_it_is(signum: int) -> None:
+    """End the process now, as a SIGKILL would (every commit stays; nothing after it is
+    written), with one line: the event loop is blocked, so nothing graceful can run."""
+    sig = signal.Signals(signum)
+    os.write(
+        2,
+        f"coevo: {sig.name} again, and the event loop has not run since the first "
+        f"({_LOOP_BLOCKED:g} s or more: a world stepped on the loop that hangs?): stopped where "
+        "it was; the log keeps every commit\n".encode(),
+    )
+    os._exit(_SIGNAL_EXIT.get(sig, 1))
 
 
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -356,11 +379,12 @@ class Runtime:
                 self._actor_scope = scope
                 if self._stop_reason is not None:  # stop requested before the actors started
                     scope.cancel()
-                async with trio.open_nursery() as nursery:
-                    if self._cfg.handle_signals:
-                        nursery.start_soon(self._watch_signals)
-                    for sub in self._subs:
-                        nursery.start_soon(self._supervise, sub)
+                with self._signal_handler() as signals:
+                    async with trio.open_nursery() as nursery:
+                        if signals is not None:
+                            nursery.start_soon(self._watch_signals, signals)
+                        for sub in self._subs:
+                            nursery.start_soon(self._supervise, sub)
         except* ActorCrashed as group:
             crashes.extend(e for e in group.exceptions if isinstance(e, ActorCrashed))
         if crashes:
@@ -375,13 +399,47 @@ class Runtime:
         if self._actor_scope is not None:
             self._actor_scope.cancel()
 
-    async def _watch_signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                sig = signal.Signals(signum)
-                self._log_out.warning("signal received, stopping", signal=sig.name)
-                self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))
-                return
+    @contextlib.contextmanager
+    def _signal_handler(self) -> Iterator[trio.MemoryReceiveChannel[int] | None]:
+        """SIGINT and SIGTERM handed to the event loop while the actors run (None: the run
+        does not handle signals).
+
+        Installed before any actor runs (a world stepped on the loop may block it before a
+        watching task is first scheduled). A signal that arrives while an earlier one has waited
+        :data:`_LOOP_BLOCKED` seconds for the loop (blocked: such a world that hangs, on every
+        worker in turn) ends the process where it is, as a SIGKILL would, with one line and
+        exit 130 or 143: what was committed stays, and ``coevo resume`` continues the run.
+        """
+        if not self._cfg.handle_signals:
+            yield None
+            return
+        token = trio.lowlevel.current_trio_token()
+        send, signals = trio.open_memory_channel[int](math.inf)
+        waiting: list[float] = []  # when each signal the loop has not taken yet arrived
+
+        def take(signum: int) -> None:  # on the loop: the stop begins, and another signal
+            waiting.clear()  # goes where it went before (a second Ctrl-C ends a slow stop)
+            _restore(previous)
+            send.send_nowait(signum)
+
+        def handler(signum: int, frame: Any) -> None:
+            now = time.monotonic()
+            if waiting and now - waiting[0] >= _LOOP_BLOCKED:
+                _stop_where_it_is(signum)
+            waiting.append(now)
+            token.run_sync_soon(take, signum)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield signals
+        finally:
+            _restore(previous)
+
+    async def _watch_signals(self, signals: trio.MemoryReceiveChannel[int]) -> None:
+        """Stop gracefully at the first SIGINT or SIGTERM."""
+        sig = signal.Signals(await signals.receive())
+        self._log_out.warning("signal received, stopping", signal=sig.name)
+        self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))
 
     # --- supervision ------------------------------------------------------------------------
 

@@ -293,6 +293,64 @@ def test_sigterm_outside_a_runs_actors_ends_with_one_line_and_143(tmp_path: Path
     assert interrupted.stderr.startswith("coevo: interrupted\ncoevo: run ")
 
 
+HANGING_WORLD = """
+import time
+from pathlib import Path
+from scenarios.worlds.minilab import MiniLab
+
+class Hangs(MiniLab):
+    blocking = False  # stepped on the event loop: a hang blocks the loop
+
+    def step(self, action):
+        Path(__file__).with_name("hung").touch()
+        time.sleep(10**6)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_ends_a_run_whose_event_loop_a_world_blocks(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The first signal cannot be taken (the loop is in the world's step); the second, a
+    second or more later, ends the process with one line, and the log verifies."""
+    (tmp_path / "hangs.py").write_text(HANGING_WORLD)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [COEVO, "run", EXPLORE, "--out", str(out), "--set", 'world.name="hangs:Hangs"'],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "hung").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    time.sleep(1.5)
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("two signals did not end a run whose event loop is blocked")
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"coevo: {sig.name} again, and the event loop has not run"), err
+    verify = subprocess.run(
+        [COEVO, "replay", str(out), "--verify"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        check=False,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 def list_events(run: Path) -> list[str]:
     proc = coevo("log", str(run), "--json")
     assert proc.returncode == 0, proc.stderr
