@@ -223,7 +223,9 @@ def _workers(
     specs = [
         ActorSpec(
             name=name,
-            factory=partial(EnvWorker, make_world, make_agent, prompt, timeout),
+            factory=partial(
+                EnvWorker, make_world, make_agent, prompt, timeout, scenario.world.max_turns
+            ),
             on_failure=scenario.runtime.on_failure,
             max_restarts=scenario.runtime.max_restarts,
             accepts=partial(_addressed_to, name),

@@ -33,6 +33,11 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         step_timeout: seconds a blocking world's ``reset``, ``step`` or ``close`` may take
             before the episode is aborted as hung (0: no limit; worlds stepped on the event
             loop, like minilab, are not timed).
+        max_turns: the most turns of one episode; one the world has not ended by then
+            finishes as truncated (``EpisodeFinished.truncated``, with the score and success of
+            its last turn), so a world that never says done cannot run (and fill the disk)
+            forever; 0: no limit. Worlds end their episodes long before the default (minilab in
+            tens of turns; ScienceWorld and TextWorld by their own ``max_steps``).
         pool: training draws from the first ``pool`` variants of each family of ``split``
             only, so each is met many times (the papers train on a fixed set of tasks for many
             passes); 0 draws from every variant. Evaluation rounds are not limited by it: with
@@ -44,6 +49,7 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     split: Literal["train", "heldout"] = "train"
     options: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     step_timeout: Annotated[float, Meta(ge=0, le=86_400)] = 600.0
+    max_turns: Annotated[int, Meta(ge=0, le=10**9)] = 1000
     pool: NonNegInt = 0
 
 

@@ -102,6 +102,8 @@ class EnvWorker(Actor):
         prompt: prompt settings when the policy acts.
         step_timeout: seconds a blocking world's ``reset``, ``step`` or ``close`` may take
             before it counts as hung (None: no limit).
+        max_turns: the most turns of an episode; one not done by then finishes truncated
+            (0: no limit).
     """
 
     subscribes = (EpisodeAssigned, ActionSampled, TipsRetrieved)
@@ -112,9 +114,13 @@ class EnvWorker(Actor):
         make_agent: AgentFactory | None,
         prompt: PromptSettings | None = None,
         step_timeout: float | None = None,
+        max_turns: int = 0,
     ) -> None:
         if step_timeout is not None and not step_timeout > 0:
             raise ValueError(f"step_timeout must be > 0 or None, got {step_timeout}")
+        if max_turns < 0:
+            raise ValueError(f"max_turns must be >= 0, got {max_turns}")
+        self._max_turns = max_turns
         self._make_world = make_world
         self._make_agent = make_agent
         self._prompt = prompt or PromptSettings()
@@ -205,7 +211,7 @@ class EnvWorker(Actor):
         )
         turn = 0
         total = 0.0
-        while not obs.done:
+        while not obs.done and not (self._max_turns and turn >= self._max_turns):
             if isinstance(agent, _PolicyAgent):
                 action = await agent.act(obs, turn)
             else:
@@ -243,6 +249,7 @@ class EnvWorker(Actor):
                 success=obs.success,
                 total_reward=total,
                 purpose=job.purpose,
+                truncated=not obs.done,
             )
         )
 

@@ -73,7 +73,9 @@ class StepTaken(Event, tag="step_taken", frozen=True, kw_only=True):
 
 @event
 class EpisodeFinished(Event, tag="episode_finished", frozen=True, kw_only=True):
-    """The episode ended (success, failure or step limit)."""
+    """The episode ended (success, failure or step limit); ``truncated``: the world had not
+    ended it when it reached the run's ``[world] max_turns`` (its score and success are those
+    of its last turn)."""
 
     episode: str
     worker: str
@@ -85,6 +87,7 @@ class EpisodeFinished(Event, tag="episode_finished", frozen=True, kw_only=True):
     success: bool
     total_reward: float
     purpose: str = "train"
+    truncated: bool = False
 
 
 @event

@@ -54,7 +54,7 @@ class OddWorld(MiniLab):
         return obs
 
 
-def run_world(make_world: Any, episodes: int = 8) -> tuple[list[Any], Any]:
+def run_world(make_world: Any, episodes: int = 8, max_turns: int = 0) -> tuple[list[Any], Any]:
     """Run ``episodes`` random-agent episodes on two workers; every committed event is read
     back (decoded) from the log."""
     tasks = MiniLab(families=("fetch",), train_variants=20).tasks("fetch", "train")
@@ -65,7 +65,7 @@ def run_world(make_world: Any, episodes: int = 8) -> tuple[list[Any], Any]:
     specs += [
         ActorSpec(
             name=name,
-            factory=partial(EnvWorker, make_world, RandomAgent),
+            factory=partial(EnvWorker, make_world, RandomAgent, max_turns=max_turns),
             accepts=lambda ev, name=name: getattr(ev, "worker", None) == name,
         )
         for name in names
@@ -115,6 +115,32 @@ def test_an_observation_of_the_wrong_types_aborts_its_episode_naming_the_call(
     for ev in aborted:
         assert ev.reason.startswith("ObservationInvalid: world.step('"), ev.reason
         assert ev.reason.endswith(says) and " on turn 1 returned " in ev.reason, ev.reason
+
+
+class NeverDone(MiniLab):
+    """A world whose episodes never end (a plug-in's bug): every step says not done."""
+
+    def step(self, action: str) -> Observation:
+        obs = super().step(action)
+        return msgspec.structs.replace(obs, done=False, admissible=obs.admissible or ("look",))
+
+
+def test_an_episode_the_world_never_ends_finishes_truncated_at_max_turns() -> None:
+    events, outcome = run_world(partial(NeverDone, families=("fetch",)), max_turns=7)
+    assert outcome.reason == "completed"
+    finished = [e for e in events if isinstance(e, EpisodeFinished)]
+    assert len(finished) == 8
+    assert all(e.truncated and e.steps == 7 for e in finished)
+    steps = [e for e in events if isinstance(e, StepTaken)]
+    assert len(steps) == 8 * 7 and not any(e.done for e in steps)
+    ended, _ = run_world(partial(MiniLab, families=("fetch",)), max_turns=1000)
+    finished = [e for e in ended if isinstance(e, EpisodeFinished)]
+    assert finished and not any(e.truncated for e in finished)  # minilab ends its own
+
+
+def test_max_turns_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="max_turns must be >= 0, got -1"):
+        EnvWorker(MiniLab, RandomAgent, max_turns=-1)
 
 
 def test_numpy_scalars_from_a_world_are_recorded_as_numbers_and_bools() -> None:
