@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import random
+import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -114,7 +115,7 @@ def assemble(
         ModelUnavailable: the policy model cannot be found or built.
     """
     make_world = partial(_make_world, scenario.world.name, dict(scenario.world.options), source)
-    tasks = _tasks(make_world(), scenario, scenario.world.split, source, scenario.world.pool)
+    tasks = world_tasks(scenario, scenario.world.split, source, scenario.world.pool)
     workers = [f"worker-{i}" for i in range(scenario.run.workers)]
     config = runtime_config(scenario, handle_signals)
     if scenario.run.method == "rollout" and scenario.agent.kind != "policy":
@@ -136,7 +137,7 @@ def assemble(
     actors, model = policy_actors(scenario, source, method, run_dir, prepare_model)
     specs += _placed_models(scenario, actors, source)
     if method is not None:
-        heldout = _tasks(make_world(), scenario, scenario.eval.split, source)
+        heldout = world_tasks(scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
         episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
         specs.insert(0, ActorSpec(name=TRAINER, factory=lambda: trainer, driver=True))
@@ -485,6 +486,36 @@ def _make_world(name: str, options: dict[str, Any], source: str) -> TextWorld:
         raise ScenarioInvalid(source, f"$.world.options: {exc}") from None
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.world: {exc}") from None
+
+
+def world_tasks(scenario: Scenario, split: str, source: str, pool: int = 0) -> tuple[Task, ...]:
+    """The tasks of ``split`` in the scenario's families, checked (``_tasks``), from a world
+    built for it and closed, in a thread given ``[world] step_timeout``
+    seconds (as each world call of a run is): a plug-in world whose constructor, ``families``,
+    ``tasks`` or ``close`` hangs is an error, not a ``validate`` or ``run`` that never ends.
+    The hung thread is abandoned (Python cannot stop a thread)."""
+    limit = scenario.world.step_timeout or None
+    make_world = partial(_make_world, scenario.world.name, dict(scenario.world.options), source)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["tasks"] = _tasks(make_world(), scenario, split, source, pool)
+        except BaseException as exc:  # raised again in the calling thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="coevo-world-tasks", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        raise ScenarioInvalid(
+            source,
+            f"$.world: {scenario.world.name} did not build, list its {split} tasks and close "
+            f"within {limit:g} s ([world] step_timeout); its thread was abandoned",
+        )
+    if "error" in box:
+        raise box["error"]
+    return cast("tuple[Task, ...]", box["tasks"])
 
 
 def _tasks(

@@ -47,6 +47,7 @@ from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
 from engine.world import Task, TextWorld
 from engine.world_registry import load_world
+from scenarios.assemble import world_tasks
 from scenarios.loader import load_scenario
 from scenarios.methods import method_of
 from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
@@ -250,14 +251,7 @@ def heldout_tasks(s: Scenario, source: str) -> list[Task]:
     Raises:
         ScenarioInvalid: the world cannot be built here, or does not offer those tasks.
     """
-    world = _world(s, source)
-    try:
-        families = s.world.families or list(world.families())
-        return [t for f in families for t in world.tasks(f, s.eval.split)]
-    except ValueError as exc:
-        raise ScenarioInvalid(source, f"$.world: {exc}") from None
-    finally:
-        world.close()
+    return list(world_tasks(s, s.eval.split, source))
 
 
 def _world(s: Scenario, source: str) -> TextWorld:

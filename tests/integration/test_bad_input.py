@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,22 @@ def test_a_plugin_world_that_misbehaves_is_one_line(
     world = plugin(tmp_path, monkeypatch, source)
     argv = ["validate", EXPLORE, "--set", f"world.name={world}", "--set", "world.families=[]"]
     refused(capsys, argv, "$.world", says)
+
+
+@pytest.mark.parametrize("where", ["__init__", "families", "tasks", "close"])
+def test_a_world_that_hangs_while_its_tasks_are_listed_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """validate (and run) give a world's calls the scenario's step_timeout, as a run does."""
+    source = (
+        "import time\nfrom scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        f"    def {where}(self, *args, **kwargs):\n        time.sleep(10**6)\n"
+    )
+    world = plugin(tmp_path, monkeypatch, source)
+    argv = ["validate", EXPLORE, "--set", f"world.name={world}", "--set", "world.step_timeout=0.5"]
+    started = time.monotonic()
+    refused(capsys, argv, "did not build, list its train tasks and close within 0.5 s")
+    assert time.monotonic() - started < 30
 
 
 def test_a_family_listed_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
