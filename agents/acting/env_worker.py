@@ -177,6 +177,8 @@ class EnvWorker(Actor):
             ctx.log.warning("world close abandoned", error=str(exc))
         except SystemExit as exc:  # a plug-in's sys.exit() must not end the run
             ctx.log.warning("world close failed", error=f"sys.exit({exc.code!r})")
+        except KeyboardInterrupt:  # raised in a worker thread: the world's, not a signal
+            ctx.log.warning("world close failed", error="KeyboardInterrupt")
         except Exception as exc:  # the world is dropped: nothing more to do than say so
             ctx.log.warning("world close failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -190,6 +192,11 @@ class EnvWorker(Actor):
                 out = await self._blocking(fn, *args) if blocking else fn(*args)
             except SystemExit as exc:  # a plug-in's sys.exit() ends the episode, not the run
                 raise RuntimeError(f"world.{fn.__name__} called sys.exit({exc.code!r})") from None
+            except KeyboardInterrupt:
+                if not blocking:  # on the loop's thread: it may be the user's Ctrl-C
+                    raise
+                # raised in a worker thread, where no signal lands: the world's own doing
+                raise RuntimeError(f"world.{fn.__name__} raised KeyboardInterrupt") from None
             return checked_observation(out, what)
 
         task = Task(family=job.family, variant=job.variant, split=job.split)
