@@ -52,9 +52,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         with naming(log.path):
             ctx, notes = check_context(log.read_meta(), args.run)
             try:
-                invariants, _, skipped = invariants_for(ctx, args.invariant)
+                invariants, chosen, skipped = invariants_for(ctx, args.invariant)
             except KeyError as exc:
                 raise InputInvalid(str(exc.args[0])) from None
+            notes += [  # asked for by name, so run; but a pass here says little
+                f"{r.name} was run as asked, outside its scope ({why}): its pass says little"
+                for r in chosen
+                if (why := r.why_not(ctx))
+            ]
             with gc_paused():
                 report = check_stream(log.read_chunks(0, log.next_seq), invariants, skipped=skipped)
             involved = _involved(log, report)

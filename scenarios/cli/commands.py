@@ -8,6 +8,7 @@ exit code (2 for bad input); never a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -390,11 +391,18 @@ class _Stages:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    from engine.events import event_types
     from engine.replay import EventFilter, iter_events
 
     for name, value in (("--from", args.start), ("--to", args.stop), ("--limit", args.limit)):
         if value is not None and value < 0:
             raise InputInvalid(f"{name} must be >= 0, got {value}")
+    kinds = event_types()
+    for kind in args.kind:
+        if kind not in kinds:
+            near = difflib.get_close_matches(kind, kinds, n=3)
+            hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+            raise InputInvalid(f"--kind: no event kind {kind!r}{hint}; known: {', '.join(kinds)}")
     flt = EventFilter(
         kinds=frozenset(args.kind),
         actors=frozenset(args.actor),
@@ -407,13 +415,29 @@ def cmd_log(args: argparse.Namespace) -> int:
         with naming(log.path):
             if args.follow:
                 return _follow(log, flt, args)
-            for count, env in enumerate(iter_events(log, flt)):
-                if args.limit is not None and count >= args.limit:
+            shown = 0
+            for env in iter_events(log, flt):
+                if args.limit is not None and shown >= args.limit:
                     break
                 _print_envelope(env, args.json)
+                shown += 1
+            if not shown and args.actor:
+                _check_actors(log, args.actor)
     finally:
         log.close()
     return 0
+
+
+def _check_actors(log: Any, asked: list[str]) -> None:
+    """Raise InputInvalid when an actor ``--actor`` names emitted nothing in the whole run (a
+    typo, most likely): nothing shown is then no answer."""
+    actors = sorted({env.actor for env in log.read(0, None)})
+    missing = [a for a in asked if a not in actors]
+    if missing:
+        raise InputInvalid(
+            f"--actor: no event of {', '.join(map(repr, missing))} in this run; "
+            f"its actors: {', '.join(actors)}"
+        )
 
 
 def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:

@@ -94,6 +94,17 @@ def test_one_invariant_by_name_and_as_json(
     assert violation["involved"] == [original, copy]
     assert [e["seq"] for e in violation["events"]] == [original, copy]
     assert main(["check", str(path), "--invariant", "versions"]) == 0
+    capsys.readouterr()
+
+
+def test_an_invariant_asked_for_outside_its_scope_says_so(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rollout has no lineage to check: "holds" alone would read as a verdict."""
+    assert main(["check", str(run), "--invariant", "lineage"]) == 0
+    out, err = capsys.readouterr()
+    assert "hold 1 invariants: lineage" in out
+    assert "coevo: note: lineage was run as asked, outside its scope (for methods " in err
 
 
 def test_replay_verify_runs_the_invariants_too(

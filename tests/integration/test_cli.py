@@ -78,6 +78,22 @@ def test_log_filters_and_json(small_run: Path) -> None:
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 3
 
 
+def test_a_log_filter_naming_nothing_in_the_run_is_an_error_not_silence(small_run: Path) -> None:
+    assert_clean_error(
+        coevo("log", str(small_run), "--kind", "step_taen"),
+        2,
+        "--kind: no event kind 'step_taen' (did you mean step_taken",
+    )
+    assert_clean_error(
+        coevo("log", str(small_run), "--actor", "worker-99"),
+        2,
+        "--actor: no event of 'worker-99' in this run; its actors: runtime, scheduler, worker-0",
+    )
+    # a real actor with nothing in range is an empty answer, not an error
+    proc = coevo("log", str(small_run), "--actor", "worker-0", "--to", "1")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
 def test_outcomes_do_not_depend_on_worker_count(tmp_path: Path) -> None:
     tables = []
     for workers in (1, 5):
