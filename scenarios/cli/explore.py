@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 import sys
 import tomllib
 from pathlib import Path
@@ -185,25 +186,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for view in views.values():
             if view.note:
                 print(f"coevo: note: {view.name}: {view.note}", file=sys.stderr)
-        config = uvicorn.Config(
-            make_app(views), host=args.host, port=args.port, log_level="warning"
-        )
-        server = uvicorn.Server(config)
+        sock = _listen(args.host, args.port)
+        port = sock.getsockname()[1]  # the port the system chose for --port 0
+        server = uvicorn.Server(uvicorn.Config(make_app(views), log_level="warning"))
+        host = f"[{args.host}]" if ":" in args.host else args.host
         print(
-            f"serving {len(views)} run{'s' * (len(views) > 1)} at http://{args.host}:"
-            f"{args.port}/ (read-only; Ctrl-C stops)",
+            f"serving {len(views)} run{'s' * (len(views) > 1)} at http://{host}:{port}/ "
+            "(read-only; Ctrl-C stops)",
             flush=True,
         )
         try:
-            server.run()
-        except OSError as exc:
-            raise InputInvalid(
-                f"cannot listen on {args.host}:{args.port}: {exc.strerror}"
-            ) from None
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
     finally:
         for view in views.values():
             view.close()
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: one the system chooses), before the line that
+    names it is printed.
+
+    Raises:
+        InputInvalid: the address cannot be bound (in use, not this machine's).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise InputInvalid(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise InputInvalid(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 def check_bind(host: str, public: bool) -> None:

@@ -9,6 +9,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -276,3 +277,36 @@ def test_serve_refuses_a_public_address_and_bad_runs(
     assert main(["serve", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"
+
+
+def test_serve_names_the_port_it_listens_on_and_refuses_one_in_use(
+    distill_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--port 0`` lets the system choose: the line printed names the chosen port (it said
+    ``:0``); a port another socket holds is one line before anything is printed."""
+    run = str(distill_root / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scenarios.cli", "serve", run, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"at http://127\.0\.0\.1:(\d+)/ ", line)
+        assert found and int(found.group(1)) > 0, line
+        status, _ = _get(f"http://127.0.0.1:{found.group(1)}/")
+        assert status == 200
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", run, "--port", str(port)]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err == f"coevo: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
