@@ -20,7 +20,7 @@ from rich.console import Console
 
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
-from scenarios.cli.common import InputInvalid, naming, open_run
+from scenarios.cli.common import InputInvalid, naming, open_run, out_path
 from scenarios.cli.entry import stopped
 from scenarios.cli.explore import add_commands
 from scenarios.cli.logsetup import configure_logging
@@ -257,7 +257,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             runs.append(fold_run(_label(root, roots), root, log.read(0, None)))
         finally:
             log.close()
-    out = Path(args.out) if args.out else runs[0].path / "report.html"
+    out = out_path(args.out, lambda: runs[0].path / "report.html")
     _refuse_overwrite(out, PAGE_HEAD.encode())
     for run in runs:
         _draw_missing_curves(run)
@@ -332,10 +332,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         finally:
             log.close()
 
+    given = None if args.out is None else out_path(args.out, Path)  # before any work
     run = read_run(args.run, read)
     control = read_run(args.control, read) if args.control else None
     options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
     console = Console(stderr=True)
+    out = given if given is not None else run.root / "probe"
     with _Stages(console) as stages:
 
         def done(r: BankResult) -> None:
@@ -343,7 +345,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 stages.say(line(r))
 
         result = probe_run(run, control, options, Progress(stages.stage, stages.advance, done))
-    out = Path(args.out) if args.out else run.root / "probe"
     try:
         paths = write_probe(result, out)
     except OSError as exc:

@@ -4,7 +4,7 @@ naming the log in a read error.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -61,3 +61,17 @@ def version() -> str:
         return installed("coevo")
     except PackageNotFoundError:
         return "0+unknown"
+
+
+def out_path(value: str | None, default: Callable[[], Path]) -> Path:
+    """Where ``--out`` says, or ``default()`` when it is not given.
+
+    Raises:
+        InputInvalid: it was given empty (``--out ""``: a script's unset variable, most
+            likely), which must not quietly mean the default.
+    """
+    if value is None:
+        return default()
+    if not value.strip():
+        raise InputInvalid(f"--out is empty ({value!r}); give a path, or leave --out out")
+    return Path(value)

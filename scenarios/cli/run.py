@@ -15,7 +15,7 @@ import trio
 from rich.console import Console
 
 from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
-from scenarios.cli.common import InputInvalid, naming, open_run, version
+from scenarios.cli.common import InputInvalid, naming, open_run, out_path, version
 from scenarios.cli.entry import stopped
 from stores.rundir import RunDir, default_run_dir, find_run, new_run_id
 
@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.file, args.set)
     run_id = new_run_id()
-    out = Path(args.out) if args.out else default_run_dir(Path("runs"), scenario.name, run_id)
+    out = out_path(args.out, lambda: default_run_dir(Path("runs"), scenario.name, run_id))
     rd = RunDir(out)
     foreign = rd.foreign()  # before exists(): a run writes its other files after its log's
     if rd.exists():  # first commit, so whatever foreign() saw of a run, exists() sees it

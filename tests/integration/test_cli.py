@@ -123,6 +123,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert_clean_error(coevo("log", EXPLORE), 2, "not a coevo run directory")
 
 
+@pytest.mark.parametrize("command", ["run", "report", "probe"])
+def test_an_empty_out_is_refused_not_read_as_the_default(
+    small_run: Path, tmp_path: Path, command: str
+) -> None:
+    """``--out "$UNSET"`` must not quietly write where the default goes."""
+    target = EXPLORE if command == "run" else str(small_run)
+    proc = subprocess.run(
+        [COEVO, command, target, "--out", ""],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert_clean_error(proc, 2, "--out is empty ('')")
+    assert list(tmp_path.iterdir()) == []  # no runs/ made here
+
+
 def test_out_directory_holding_a_run_is_refused(small_run: Path) -> None:
     assert_clean_error(coevo("run", EXPLORE, "--out", str(small_run)), 2, "already holds")
 
