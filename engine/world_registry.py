@@ -8,6 +8,7 @@ options. Every way this can go wrong is a one-line ``ValueError`` naming the wor
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
@@ -88,10 +89,11 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
         The constructed world.
 
     Raises:
-        WorldOptionsInvalid: the constructor rejected ``options`` (TypeError or ValueError).
+        WorldOptionsInvalid: the constructor does not take ``options`` (they do not bind to
+            its signature), or refused them with a ValueError.
         ValueError: unknown name, bad import path, module that cannot be imported, missing
-            class, a missing optional extra, a constructor failing otherwise, or an object that
-            is not a TextWorld.
+            class, a missing optional extra, a constructor failing otherwise (a TypeError
+            raised inside it included), or an object that is not a TextWorld.
     """
     module_name, cls_name = _resolve(name_or_path)
     try:
@@ -113,10 +115,18 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
     if missing:
         raise ValueError(f"{path_of(module_name, cls_name)} is not a TextWorld (lacks {missing})")
     try:
+        inspect.signature(cls).bind(**dict(options))
+    except TypeError as exc:  # an option the constructor does not take, or one missing
+        raise WorldOptionsInvalid(
+            f"bad options for world {name_or_path!r}: {_one_line(exc)}"
+        ) from exc
+    except ValueError:  # no signature to read (a class implemented in C): the call tells
+        pass
+    try:
         world = cls(**dict(options))
     except ExtraMissing as exc:
         raise ValueError(f"world {name_or_path!r} is not available: {_one_line(exc)}") from exc
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:  # the contract: a constructor refuses an option value so
         raise WorldOptionsInvalid(
             f"bad options for world {name_or_path!r}: {_one_line(exc)}"
         ) from exc

@@ -117,6 +117,11 @@ WORLDS = {
         "class W(MiniLab):\n    def __init__(self, **kw):\n        sys.exit('bye')\n",
         "called sys.exit('bye') while starting",
     ),
+    "a TypeError inside its constructor": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def __init__(self, **kw):\n        len(None)\n",
+        "failed to start: TypeError: object of type 'NoneType' has no len()",
+    ),
     "name raises": (
         "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n    @property\n"
         "    def name(self):\n        raise KeyError('no name')\n",
