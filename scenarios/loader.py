@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
+import structlog
 import tomli_w
 
 from agents.methods.registry import BUILTIN, installed_methods
@@ -26,13 +27,18 @@ MAX_DEPTH = 32
 """The deepest a scenario nests tables and arrays (the shipped ones: 4)."""
 
 
-def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+def load_scenario(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, say_unread: bool = False
+) -> Scenario:
     """Read, override and validate a scenario file.
 
     Args:
         path: the TOML file.
         overrides: ``key.path=value`` strings; the value is a TOML value (``3``, ``true``,
             ``"text"``, ``[1, 2]``) or else taken as a bare string.
+        say_unread: log a warning naming the tables nothing will read (:func:`unread_tables`;
+            for a file a person wrote, not a run's resolved ``scenario.toml``, which holds
+            every table).
 
     Raises:
         ScenarioInvalid: unreadable, too large, not UTF-8, not TOML, or not a valid scenario.
@@ -41,7 +47,29 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
     doc = parse_toml(read_text(path), source)
     for item in overrides:
         apply_override(doc, item, source)
-    return to_scenario(doc, source)
+    scenario = to_scenario(doc, source)
+    unread = unread_tables(doc, scenario) if say_unread else []
+    if unread:
+        structlog.get_logger("coevo").warning(
+            f"{source}: nothing reads {', '.join(f'[{t}]' for t in unread)} in this scenario",
+            method=scenario.run.method,
+            agent=scenario.agent.kind,
+        )
+    return scenario
+
+
+def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
+    """The tables a scenario file sets that its built-in method and agent never read (the
+    settings of another method, or a policy's for a scripted agent): accepted, since one file
+    may serve several runs (``--set run.method=grpo`` for the baseline), but said."""
+    method, unread = scenario.run.method, []
+    if scenario.agent.kind != "policy":
+        unread += [t for t in ("policy", "prompt") if t in doc]
+    if method in {"rollout", *BUILTIN}:  # a plug-in method may read any of them
+        readers = {"grpo": set(BUILTIN), "eval": set(BUILTIN)}
+        readers |= {m: {m} for m in ("empo2", "complementary")}
+        unread += [t for t, read_by in readers.items() if t in doc and method not in read_by]
+    return unread
 
 
 def read_text(path: str | Path) -> str:

@@ -26,7 +26,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from scenarios.assemble import assemble
     from scenarios.loader import load_scenario, resolved_toml
 
-    scenario = load_scenario(args.file, args.set)
+    scenario = load_scenario(args.file, args.set, say_unread=True)
     assembly = assemble(scenario, args.file, prepare_model=False)
     sys.stdout.write(resolved_toml(scenario))
     print(
@@ -40,7 +40,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from scenarios.loader import load_scenario
 
-    scenario = load_scenario(args.file, args.set)
+    scenario = load_scenario(args.file, args.set, say_unread=True)
     run_id = new_run_id()
     out = out_path(args.out, lambda: default_run_dir(Path("runs"), scenario.name, run_id))
     rd = RunDir(out)

@@ -138,3 +138,37 @@ def test_other_encodings_say_so(tmp_path: Path, data: bytes, fragment: str) -> N
 def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     sc = load_scenario(write(tmp_path, '\ufeffname = "x"\n'.encode()))
     assert sc.name == "x"
+
+
+@pytest.mark.parametrize(
+    ("text", "unread"),
+    [
+        ('[run]\nmethod = "grpo"\n[grpo]\n[eval]\n[policy]\n[agent]\nkind = "policy"\n', []),
+        ('[run]\nmethod = "grpo"\n[empo2]\np = 0.5\n[complementary]\n', ["empo2", "complementary"]),
+        ('[run]\nmethod = "empo2"\n[empo2]\n[complementary]\nlam = 0.1\n', ["complementary"]),
+        ('[run]\nmethod = "rollout"\n[grpo]\n[eval]\n', ["grpo", "eval"]),
+        ('[agent]\nkind = "explorer"\n[policy]\n[prompt]\n', ["policy", "prompt"]),
+        ('[run]\nmethod = "mine.methods:Mine"\n[empo2]\n[agent]\nkind = "policy"\n', []),
+    ],
+    ids=["grpo reads its own", "grpo", "empo2", "rollout", "scripted agent", "plug-in method"],
+)
+def test_tables_nothing_reads_are_named(text: str, unread: list[str]) -> None:
+    import tomllib
+
+    from scenarios.loader import unread_tables
+
+    doc = tomllib.loads('name = "s"\n' + text)
+    assert unread_tables(doc, to_scenario(doc, "s.toml")) == unread
+
+
+def test_a_file_setting_another_methods_table_is_warned_about(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    path = write(
+        tmp_path,
+        b'name = "s"\n[run]\nmethod = "grpo"\n[agent]\nkind = "policy"\n[empo2]\np = 0.5\n',
+    )
+    with capture_logs() as logs:
+        load_scenario(path, say_unread=True)
+        load_scenario(path)  # a run's resolved scenario.toml holds every table: no warning
+    assert [entry["event"] for entry in logs] == [f"{path}: nothing reads [empo2] in this scenario"]
