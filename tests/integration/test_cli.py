@@ -153,7 +153,7 @@ def test_out_directory_that_is_not_empty_is_refused_and_left_alone(
     (foreign / "checkpoints" / "v000001" / "model.safetensors").write_bytes(b"weights")
     (foreign / "scenario.toml").write_text("my notes")
     before = sorted((p.relative_to(foreign), p.read_bytes()) for p in foreign.rglob("*.*"))
-    proc = coevo("run", EXPLORE, "--out", str(foreign), "--set", "grpo.keep_checkpoints=1")
+    proc = coevo("run", EXPLORE, "--out", str(foreign))
     assert_clean_error(proc, 2, f"{foreign}: not empty and not a run (it holds checkpoints, ")
     after = sorted((p.relative_to(foreign), p.read_bytes()) for p in foreign.rglob("*.*"))
     assert after == before and not (foreign / "log").exists()
