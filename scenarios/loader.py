@@ -27,35 +27,43 @@ MAX_DEPTH = 32
 """The deepest a scenario nests tables and arrays (the shipped ones: 4)."""
 
 
-def load_scenario(
-    path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, say_unread: bool = False
-) -> Scenario:
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Read, override and validate a scenario file.
 
     Args:
         path: the TOML file.
         overrides: ``key.path=value`` strings; the value is a TOML value (``3``, ``true``,
             ``"text"``, ``[1, 2]``) or else taken as a bare string.
-        say_unread: log a warning naming the tables nothing will read (:func:`unread_tables`;
-            for a file a person wrote, not a run's resolved ``scenario.toml``, which holds
-            every table).
 
     Raises:
         ScenarioInvalid: unreadable, too large, not UTF-8, not TOML, or not a valid scenario.
     """
+    return read_scenario(path, overrides)[0]
+
+
+def read_scenario(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[Scenario, list[str]]:
+    """:func:`load_scenario`, and the tables the file sets that nothing will read
+    (:func:`unread_tables`: for a file a person wrote; a run's resolved ``scenario.toml``
+    holds every table)."""
     source = str(path)
     doc = parse_toml(read_text(path), source)
     for item in overrides:
         apply_override(doc, item, source)
     scenario = to_scenario(doc, source)
-    unread = unread_tables(doc, scenario) if say_unread else []
+    return scenario, unread_tables(doc, scenario)
+
+
+def warn_unread(source: str, scenario: Scenario, unread: list[str]) -> None:
+    """Log one warning naming ``unread`` tables (after the scenario was found valid: a refused
+    one says only why)."""
     if unread:
         structlog.get_logger("coevo").warning(
             f"{source}: nothing reads {', '.join(f'[{t}]' for t in unread)} in this scenario",
             method=scenario.run.method,
             agent=scenario.agent.kind,
         )
-    return scenario
 
 
 def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:

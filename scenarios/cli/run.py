@@ -24,10 +24,11 @@ __all__ = ["cmd_resume", "cmd_run", "cmd_validate"]
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from scenarios.assemble import assemble
-    from scenarios.loader import load_scenario, resolved_toml
+    from scenarios.loader import read_scenario, resolved_toml, warn_unread
 
-    scenario = load_scenario(args.file, args.set, say_unread=True)
+    scenario, unread = read_scenario(args.file, args.set)
     assembly = assemble(scenario, args.file, prepare_model=False)
+    warn_unread(args.file, scenario, unread)
     sys.stdout.write(resolved_toml(scenario))
     print(
         f"# valid: {len(assembly.tasks)} tasks, {scenario.run.episodes} episodes, "
@@ -38,9 +39,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from scenarios.loader import load_scenario
+    from scenarios.loader import read_scenario
 
-    scenario = load_scenario(args.file, args.set, say_unread=True)
+    scenario, unread = read_scenario(args.file, args.set)
     run_id = new_run_id()
     out = out_path(args.out, lambda: default_run_dir(Path("runs"), scenario.name, run_id))
     rd = RunDir(out)
@@ -52,13 +53,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{out}: not empty and not a run (it holds {', '.join(foreign[:3])}"
             f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory for --out"
         )
-    return _execute(scenario, args.file, rd, run_id, quiet=args.quiet)
+    return _execute(scenario, args.file, rd, run_id, quiet=args.quiet, unread=unread)
 
 
-def _execute(scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool) -> int:
+def _execute(
+    scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool, unread: list[str]
+) -> int:
     from scenarios.assemble import assemble, cluster
+    from scenarios.loader import warn_unread
 
     assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+    warn_unread(source, scenario, unread)
     with cluster(scenario, source):  # a placement the cluster cannot hold: refused, no run dir
         return _create(scenario, assembly, rd, run_id, quiet=quiet)
 

@@ -161,14 +161,16 @@ def test_tables_nothing_reads_are_named(text: str, unread: list[str]) -> None:
     assert unread_tables(doc, to_scenario(doc, "s.toml")) == unread
 
 
-def test_a_file_setting_another_methods_table_is_warned_about(tmp_path: Path) -> None:
-    from structlog.testing import capture_logs
+def test_a_file_setting_another_methods_table_is_warned_about_once_valid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scenarios.cli import main
 
-    path = write(
-        tmp_path,
-        b'name = "s"\n[run]\nmethod = "grpo"\n[agent]\nkind = "policy"\n[empo2]\np = 0.5\n',
-    )
-    with capture_logs() as logs:
-        load_scenario(path, say_unread=True)
-        load_scenario(path)  # a run's resolved scenario.toml holds every table: no warning
-    assert [entry["event"] for entry in logs] == [f"{path}: nothing reads [empo2] in this scenario"]
+    path = write(tmp_path, b'name = "s"\n[agent]\nkind = "explorer"\n[policy]\nthreads = 1\n')
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert f"{path}: nothing reads [policy] in this scenario" in err.replace("\n", "")
+    bad = ["validate", str(path), "--set", "run.method=grpo"]  # refused: only why
+    assert main(bad) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coevo: error: ") and err.count("\n") == 1
