@@ -226,7 +226,8 @@ class PolicyRunner:
                 answers = self._generate(group, prompts, rngs, temp)
             for i, answer in zip(idx, answers, strict=True):
                 out[i] = msgspec.structs.replace(answer, prompt_cut=cuts[i]) if cuts[i] else answer
-        self.prompts_cut += sum(1 for c in cuts if c)
+        with self._tokenizing:  # batches in flight answer in several threads
+            self.prompts_cut += sum(1 for c in cuts if c)
         return self._with_bare_prompts(requests, [a for a in out if a is not None], rooms)
 
     def _room(self, cands: list[list[int]]) -> int | None:
@@ -278,7 +279,8 @@ class PolicyRunner:
             max_positions=self.max_positions,
             lock=self._tokenizing,
         )
-        self.prompts_cut += sum(1 for reply in replies if reply.cut)
+        with self._tokenizing:
+            self.prompts_cut += sum(1 for reply in replies if reply.cut)
         return [
             TipProposed(
                 episode=req.episode,
