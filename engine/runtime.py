@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -400,7 +400,7 @@ class Runtime:
             self._actor_scope.cancel()
 
     @contextlib.contextmanager
-    def _signal_handler(self) -> Iterator[trio.MemoryReceiveChannel[int] | None]:
+    def _signal_handler(self) -> Generator[trio.MemoryReceiveChannel[int] | None]:
         """SIGINT and SIGTERM handed to the event loop while the actors run (None: the run
         does not handle signals).
 

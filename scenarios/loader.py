@@ -70,7 +70,8 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     """The tables a scenario file sets that its built-in method and agent never read (the
     settings of another method, or a policy's for a scripted agent): accepted, since one file
     may serve several runs (``--set run.method=grpo`` for the baseline), but said."""
-    method, unread = scenario.run.method, []
+    method = scenario.run.method
+    unread: list[str] = []
     if scenario.agent.kind != "policy":
         unread += [t for t in ("policy", "prompt") if t in doc]
     if method in {"rollout", *BUILTIN}:  # a plug-in method may read any of them

@@ -401,7 +401,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     kinds = event_types()
     for kind in args.kind:
         if kind not in kinds:
-            near = difflib.get_close_matches(kind, kinds, n=3)
+            near = difflib.get_close_matches(kind, list(kinds), n=3)
             hint = f" (did you mean {' or '.join(near)}?)" if near else ""
             raise InputInvalid(f"--kind: no event kind {kind!r}{hint}; known: {', '.join(kinds)}")
     flt = EventFilter(
