@@ -80,6 +80,79 @@ def candidate_scores(
     return scores.index_add(0, packed.owner.to(device), token_logp), token_logp
 
 
+CANDIDATE_PLACES = 1024
+"""The most candidate tokens of one request scored in one forward pass. A world that offers
+thousands of actions would otherwise make one row of all of them, whose (L, L) attention grows
+with the square (10,000 actions of 4 tokens: about 6 GB a row); its candidates are scored in
+chunks instead, each after the prompt in a pass of its own, and the scores joined. Requests
+under it are scored as before, in one pass, bit for bit."""
+
+
+def scores_in_passes(
+    model: Any,
+    prompts: Sequence[Ids],
+    candidates: Sequence[Sequence[Ids]],
+    pad_id: int,
+    device: torch.device,
+    *,
+    rows: bool = False,
+    with_tokens: bool = True,
+    budget: int | None = None,
+) -> tuple[torch.Tensor, list[list[float]]]:
+    """:func:`candidate_scores` of every request's candidates (with or without grad, as the
+    caller's context decides), a request whose candidates take more than ``budget`` tokens
+    split over passes of its own (a candidate never sees another, so the scores are those of
+    one pass up to float rounding).
+
+    Args:
+        rows: lay requests out one per row (:func:`agents.models.packing.pack_rows`, the
+            output layer everywhere), not packed.
+        with_tokens: also return each candidate's token log-probs (else empty lists).
+        budget: candidate tokens per pass (None: :data:`CANDIDATE_PLACES`).
+
+    Returns:
+        The score of every candidate, flat in request order (sum of the candidate counts,),
+        and the token log-probs of each candidate in the same order (floats, float64 from
+        float32, with no grad).
+    """
+    packer = pack_rows if rows else pack
+    budget = CANDIDATE_PLACES if budget is None else budget
+    sizes = [sum(len(c) for c in cands) for cands in candidates]
+    small = [i for i, size in enumerate(sizes) if size <= budget]
+    passes: list[list[tuple[int, int, int]]] = []  # each: (request, first, end) candidates
+    if small:
+        passes.append([(i, 0, len(candidates[i])) for i in small])
+    for i, size in enumerate(sizes):
+        if size > budget:
+            first = taken = 0
+            for k, cand in enumerate(candidates[i]):
+                if k > first and taken + len(cand) > budget:
+                    passes.append([(i, first, k)])
+                    first, taken = k, 0
+                taken += len(cand)
+            passes.append([(i, first, len(candidates[i]))])
+    pieces: dict[tuple[int, int], tuple[torch.Tensor, list[list[float]]]] = {}
+    for chunk in passes:
+        packed = packer(
+            [prompts[i] for i, _, _ in chunk],
+            [candidates[i][a:b] for i, a, b in chunk],
+            pad_id,
+        )
+        flat, token_logp = candidate_scores(model, packed, device, head_only=not rows)
+        tokens: list[list[float]] = [[] for _ in range(len(flat))]
+        if with_tokens:
+            logps = token_logp.detach().double().cpu().tolist()
+            for owner, lp in zip(packed.owner.tolist(), logps, strict=True):
+                tokens[owner].append(lp)
+        at = 0
+        for (i, a, _), n in zip(chunk, packed.counts, strict=True):
+            pieces[(i, a)] = (flat[at : at + n], tokens[at : at + n])
+            at += n
+    ordered = [pieces[key] for key in sorted(pieces)]
+    flat = ordered[0][0] if len(ordered) == 1 else torch.cat([f for f, _ in ordered])
+    return flat, [t for _, toks in ordered for t in toks]
+
+
 def split_rows(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
     """Split a flat per-candidate tensor into one tensor per row."""
     return list(torch.split(flat, list(counts)))
@@ -146,21 +219,21 @@ def score_and_choose(
     pad_id: int,
     device: torch.device,
 ) -> list[Choice]:
-    """Score every request's candidates in one forward pass and draw one per request."""
-    packed = pack(prompts, candidates, pad_id)
+    """Score every request's candidates in one forward pass (more for a request with very
+    many, :func:`scores_in_passes`) and draw one per request."""
     with torch.no_grad():
-        flat, token_logp = candidate_scores(model, packed, device)
-    by_candidate: list[list[float]] = [[] for _ in range(len(flat))]
-    for owner, lp in zip(packed.owner.tolist(), token_logp.double().cpu().tolist(), strict=True):
-        by_candidate[owner].append(lp)
+        flat, tokens = scores_in_passes(model, prompts, candidates, pad_id, device)
+    by_candidate = [tuple(t) for t in tokens]
+    counts = [len(c) for c in candidates]
     choices = []
     first = 0
-    for row, scores in enumerate(split_rows(flat.double().cpu(), packed.counts)):
+    for row, scores in enumerate(split_rows(flat.double().cpu(), counts)):
         s = tuple(scores.tolist())
         index, logp = sample_index(s, temperature, rngs[row].random())
-        tokens = tuple(by_candidate[first + index])
-        choices.append(Choice(index=index, logp=logp, scores=s, token_logps=tokens))
-        first += packed.counts[row]
+        choices.append(
+            Choice(index=index, logp=logp, scores=s, token_logps=by_candidate[first + index])
+        )
+        first += counts[row]
     return choices
 
 
@@ -187,14 +260,12 @@ def chosen_action_logps(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown scoring layout {layout!r}, expected one of {LAYOUTS}")
-    rows = layout == "rows"
-    packed = (pack_rows if rows else pack)(prompts, candidates, pad_id)
-    flat, _ = candidate_scores(model, packed, device, head_only=not rows)  # (sum(counts),)
+    flat, _ = scores_in_passes(
+        model, prompts, candidates, pad_id, device, rows=layout == "rows", with_tokens=False
+    )  # (sum(counts),)
     t = temperature if temperature > 0 else 1.0
-    out = [
-        (row / t).log_softmax(0)[k]
-        for row, k in zip(split_rows(flat, packed.counts), choices, strict=True)
-    ]
+    rows = split_rows(flat, [len(c) for c in candidates])
+    out = [(row / t).log_softmax(0)[k] for row, k in zip(rows, choices, strict=True)]
     return torch.stack(out)[:, None]  # (B, 1)
 
 

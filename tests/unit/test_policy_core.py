@@ -162,3 +162,54 @@ def test_pack_rejects_empty_input() -> None:
         pack([[1]], [[]], 0)
     with pytest.raises(ValueError, match="2 prompts but 1"):
         pack([[1], [2]], [[[1]]], 0)
+
+
+@pytest.mark.parametrize("layout", ["packed", "rows"])
+def test_a_request_with_very_many_candidates_is_scored_in_passes_to_the_same_numbers(
+    model: Qwen2ForCausalLM, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """Past the budget of candidate tokens a request's candidates are scored over several
+    passes (a world offering thousands of actions made one row of them all, quadratic in its
+    width); the scores, the draws and the learner's log-probs are those of one pass."""
+    import agents.models.policy as policy
+
+    many = [[1 + k % 40, 2 + k % 37] for k in range(60)]  # 120 candidate tokens
+    prompts, candidates = [*PROMPTS, [20, 21, 22]], [*CANDIDATES, many]
+    whole, tokens = policy.scores_in_passes(
+        model, prompts, candidates, 0, CPU, rows=layout == "rows", budget=10**6
+    )
+    calls: list[int] = []
+    real = policy.candidate_scores
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "candidate_scores", counted)
+    split, split_tokens = policy.scores_in_passes(
+        model, prompts, candidates, 0, CPU, rows=layout == "rows", budget=25
+    )
+    assert len(calls) == 1 + 5  # the three small requests together, the big one in 5 chunks
+    assert split.shape == whole.shape == (sum(len(c) for c in candidates),)
+    assert torch.allclose(split, whole, atol=1e-5)
+    assert [len(t) for t in split_tokens] == [len(t) for t in tokens]
+    assert all(a == pytest.approx(b, abs=1e-5) for a, b in zip(split_tokens, tokens, strict=True))
+    monkeypatch.setattr(policy, "CANDIDATE_PLACES", 25)
+    seeds = rngs(0, 1, 2, 3)
+    passes = score_and_choose(
+        model, prompts, candidates, seeds, temperature=1.0, pad_id=0, device=CPU
+    )
+    monkeypatch.setattr(policy, "CANDIDATE_PLACES", 10**6)
+    one = score_and_choose(
+        model, prompts, candidates, rngs(0, 1, 2, 3), temperature=1.0, pad_id=0, device=CPU
+    )
+    assert [c.index for c in passes] == [c.index for c in one]
+    monkeypatch.setattr(policy, "CANDIDATE_PLACES", 25)
+    chosen = [c.index for c in one]
+    logp = chosen_action_logps(
+        model, prompts, candidates, chosen, temperature=1.0, pad_id=0, device=CPU, layout=layout
+    )
+    logp.sum().backward()  # the joined softmax keeps its graph through every pass
+    assert logp.shape == (4, 1)
+    assert logp[3, 0].item() == pytest.approx(one[3].logp, abs=1e-4)
+    model.zero_grad()
