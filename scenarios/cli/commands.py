@@ -21,7 +21,7 @@ from rich.console import Console
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import InputInvalid, naming, open_run, out_path
-from scenarios.cli.entry import stopped
+from scenarios.cli.entry import Terminated, stopped
 from scenarios.cli.explore import add_commands
 from scenarios.cli.logsetup import configure_logging
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
@@ -455,7 +455,9 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
 
     try:
         trio.run(tail)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # a Ctrl-C is how a follow ends; a SIGTERM stops it
+        if isinstance(exc, Terminated):
+            raise
         return 0
     return 0
 

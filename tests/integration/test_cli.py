@@ -385,6 +385,13 @@ def test_a_second_signal_ends_a_run_whose_event_loop_a_world_blocks(
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_a_sigterm_ends_log_follow_with_143(small_run: Path) -> None:
+    """A Ctrl-C is how ``--follow`` ends (exit 0); a SIGTERM is a stop (it ended with 0 too)."""
+    proc = stop_at("engine.replay", "follow", "SIGTERM", "log", str(small_run), "--follow")
+    assert (proc.returncode, proc.stderr) == (143, "coevo: terminated\n")
+
+
 def list_events(run: Path) -> list[str]:
     proc = coevo("log", str(run), "--json")
     assert proc.returncode == 0, proc.stderr
