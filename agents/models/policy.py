@@ -83,9 +83,9 @@ def candidate_scores(
 CANDIDATE_PLACES = 1024
 """The most candidate tokens of one request scored in one forward pass. A world that offers
 thousands of actions would otherwise make one row of all of them, whose (L, L) attention grows
-with the square (10,000 actions of 4 tokens: about 6 GB a row); its candidates are scored in
-chunks instead, each after the prompt in a pass of its own, and the scores joined. Requests
-under it are scored as before, in one pass, bit for bit."""
+with the square of its width; its candidates are scored in chunks instead, each after the
+prompt in a pass of its own, and the scores joined. Requests under it are scored as before,
+in one pass, bit for bit."""
 
 
 def scores_in_passes(
@@ -115,14 +115,13 @@ def scores_in_passes(
         and the token log-probs of each candidate in the same order (floats, float64 from
         float32, with no grad).
     """
-    packer = pack_rows if rows else pack
     budget = CANDIDATE_PLACES if budget is None else budget
     sizes = [sum(len(c) for c in cands) for cands in candidates]
+    if all(size <= budget for size in sizes):  # every request in one pass, as always
+        return _one_pass(model, prompts, candidates, pad_id, device, rows, with_tokens)
     small = [i for i, size in enumerate(sizes) if size <= budget]
-    passes: list[list[tuple[int, int, int]]] = []  # each: (request, first, end) candidates
-    if small:
-        passes.append([(i, 0, len(candidates[i])) for i in small])
-    for i, size in enumerate(sizes):
+    passes = [[(i, 0, len(candidates[i])) for i in small]] if small else []
+    for i, size in enumerate(sizes):  # (request, first, end candidate) of each pass
         if size > budget:
             first = taken = 0
             for k, cand in enumerate(candidates[i]):
@@ -133,24 +132,42 @@ def scores_in_passes(
             passes.append([(i, first, len(candidates[i]))])
     pieces: dict[tuple[int, int], tuple[torch.Tensor, list[list[float]]]] = {}
     for chunk in passes:
-        packed = packer(
+        flat, tokens = _one_pass(
+            model,
             [prompts[i] for i, _, _ in chunk],
             [candidates[i][a:b] for i, a, b in chunk],
             pad_id,
+            device,
+            rows,
+            with_tokens,
         )
-        flat, token_logp = candidate_scores(model, packed, device, head_only=not rows)
-        tokens: list[list[float]] = [[] for _ in range(len(flat))]
-        if with_tokens:
-            logps = token_logp.detach().double().cpu().tolist()
-            for owner, lp in zip(packed.owner.tolist(), logps, strict=True):
-                tokens[owner].append(lp)
         at = 0
-        for (i, a, _), n in zip(chunk, packed.counts, strict=True):
-            pieces[(i, a)] = (flat[at : at + n], tokens[at : at + n])
-            at += n
+        for i, a, b in chunk:
+            pieces[(i, a)] = (flat[at : at + b - a], tokens[at : at + b - a])
+            at += b - a
     ordered = [pieces[key] for key in sorted(pieces)]
-    flat = ordered[0][0] if len(ordered) == 1 else torch.cat([f for f, _ in ordered])
-    return flat, [t for _, toks in ordered for t in toks]
+    return torch.cat([f for f, _ in ordered]), [t for _, toks in ordered for t in toks]
+
+
+def _one_pass(
+    model: Any,
+    prompts: Sequence[Ids],
+    candidates: Sequence[Sequence[Ids]],
+    pad_id: int,
+    device: torch.device,
+    rows: bool,
+    with_tokens: bool,
+) -> tuple[torch.Tensor, list[list[float]]]:
+    """:func:`candidate_scores` of one packing of every request, and each candidate's token
+    log-probs (empty lists unless ``with_tokens``)."""
+    packed = (pack_rows if rows else pack)(prompts, candidates, pad_id)
+    flat, token_logp = candidate_scores(model, packed, device, head_only=not rows)
+    tokens: list[list[float]] = [[] for _ in range(len(flat))]
+    if with_tokens:
+        logps = token_logp.detach().double().cpu().tolist()
+        for owner, lp in zip(packed.owner.tolist(), logps, strict=True):
+            tokens[owner].append(lp)
+    return flat, tokens
 
 
 def split_rows(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
