@@ -114,7 +114,7 @@ def assemble(
             do not fit together.
         ModelUnavailable: the policy model cannot be found or built.
     """
-    make_world = partial(_make_world, scenario.world.name, dict(scenario.world.options), source)
+    make_world = world_factory(scenario, source)
     tasks = world_tasks(scenario, scenario.world.split, source, scenario.world.pool)
     workers = [f"worker-{i}" for i in range(scenario.run.workers)]
     config = runtime_config(scenario, handle_signals)
@@ -479,6 +479,12 @@ def _addressed_to(worker: str, ev: Event) -> bool:
     return getattr(ev, "worker", None) == worker
 
 
+def world_factory(scenario: Scenario, source: str) -> Callable[[], TextWorld]:
+    """Builds the scenario's world (each call a new one); a world that cannot be built is
+    :class:`ScenarioInvalid` naming ``$.world`` or ``$.world.options``."""
+    return partial(_make_world, scenario.world.name, dict(scenario.world.options), source)
+
+
 def _make_world(name: str, options: dict[str, Any], source: str) -> TextWorld:
     try:
         return load_world(name, options)
@@ -495,7 +501,7 @@ def world_tasks(scenario: Scenario, split: str, source: str, pool: int = 0) -> t
     ``tasks`` or ``close`` hangs is an error, not a ``validate`` or ``run`` that never ends.
     The hung thread is abandoned (Python cannot stop a thread)."""
     limit = scenario.world.step_timeout or None
-    make_world = partial(_make_world, scenario.world.name, dict(scenario.world.options), source)
+    make_world = world_factory(scenario, source)
     box: dict[str, Any] = {}
 
     def work() -> None:

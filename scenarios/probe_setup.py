@@ -42,12 +42,10 @@ from agents.models.embedder import Embedder
 from agents.models.tuning import load_adapted, torch_dtype
 from agents.probe.coevolution import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
 from agents.probe.play import PlaySettings
-from engine.errors import ScenarioInvalid
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
-from engine.world import Task, TextWorld
-from engine.world_registry import load_world
-from scenarios.assemble import world_tasks
+from engine.world import Task
+from scenarios.assemble import world_factory, world_tasks
 from scenarios.loader import load_scenario
 from scenarios.methods import method_of
 from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
@@ -207,7 +205,7 @@ def _setup(
         ),
         runner=runner,
         policy=policy,
-        make_world=lambda: _world(s, run.source),
+        make_world=world_factory(s, run.source),
         heldout=heldout,
         play=PlaySettings(
             window=p.window,
@@ -252,13 +250,6 @@ def heldout_tasks(s: Scenario, source: str) -> list[Task]:
         ScenarioInvalid: the world cannot be built here, or does not offer those tasks.
     """
     return list(world_tasks(s, s.eval.split, source))
-
-
-def _world(s: Scenario, source: str) -> TextWorld:
-    try:
-        return load_world(s.world.name, dict(s.world.options))
-    except ValueError as exc:  # WorldOptionsInvalid too
-        raise ScenarioInvalid(source, f"$.world: {exc}") from None
 
 
 def _last(run: RunLog) -> int:
