@@ -44,18 +44,21 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
                 forget_escaped_interrupt()
                 break
             except KeyboardInterrupt as exc:
-                code = 143 if isinstance(exc, Terminated) else 130
+                code = _exit_code(exc)
     sys.exit(code)
+
+
+def _exit_code(exc: KeyboardInterrupt) -> int:
+    return 143 if isinstance(exc, Terminated) else 130
 
 
 def stopped(exc: KeyboardInterrupt) -> int:
     """Say that the command was stopped (a Ctrl-C or a SIGTERM), and return its exit code."""
     ignore_interrupts()
-    if isinstance(exc, Terminated):
-        print("coevo: terminated", file=sys.stderr)
-        return 143
-    print("coevo: interrupted", file=sys.stderr)
-    return 130
+    print(
+        f"coevo: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr
+    )
+    return _exit_code(exc)
 
 
 def ignore_interrupts() -> None:
