@@ -50,6 +50,7 @@ from agents.models.embedded import (
 )
 from agents.models.pretrain_play import pretrain_episodes
 from agents.testing.events import policy_updated
+from agents.testing.models import tiny_qwen2
 from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog
 from engine.lifecycle import ActorFailed, RunStarted, RunStopped
@@ -218,18 +219,10 @@ def tiny_policy() -> tuple[Any, Any]:
     play = pretrain_episodes(make_world(), EmbeddedSpec(episodes_per_family=4, eval_variants=1))
     texts = [t for ep in play for t in episode_texts(ep)] + list(prompt_texts(play[0]))
     tokenizer = build_tokenizer(*word_pieces(texts), 512)
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
+    model = tiny_qwen2(
+        len(tokenizer), hidden=16, positions=2048, pad_token_id=tokenizer.pad_token_id
     )
-    return Qwen2ForCausalLM(config).eval(), tokenizer
+    return model, tokenizer
 
 
 def tiny_runner(model: Any, tokenizer: Any) -> CountingRunner:

@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast
 
+from agents.testing.models import tiny_qwen2
 from scenarios.cli import main
 from scenarios.loader import load_scenario
 
@@ -35,18 +35,9 @@ def local_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
     )
-    config = Qwen2Config(
-        vocab_size=len(words),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
     path = tmp_path_factory.mktemp("models") / "Qwen2.5-tiny-Instruct"
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    model = tiny_qwen2(len(words), hidden=16, positions=64)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

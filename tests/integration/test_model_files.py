@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast
 
+from agents.testing.models import tiny_qwen2
 from engine.errors import ModelUnavailable
 from scenarios.cli import main
 from stores import checkpoints as ckpt
@@ -31,18 +32,8 @@ def tiny_model() -> tuple[Any, Any]:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
     )
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(words),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=32,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(config), tokenizer
+    model = tiny_qwen2(len(words), hidden=16, positions=64, tie_word_embeddings=True)
+    return model, tokenizer
 
 
 @pytest.fixture(scope="module")

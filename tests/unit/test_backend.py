@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from agents.acting.inference import ActSettings, PolicyRunner
 from agents.events.memory import ReflectionRequested
@@ -28,6 +27,7 @@ from agents.models.policy import Choice, generate, score_and_choose
 from agents.models.pretrain_play import pretrain_episodes
 from agents.models.prompts import turn_messages
 from agents.models.tuning import LoraSettings, with_lora
+from agents.testing.models import tiny_qwen2
 from scenarios.worlds.minilab import MiniLab
 from stores.checkpoints import trained_state
 
@@ -42,18 +42,9 @@ def tokenizer() -> Any:
 
 
 def tiny(tokenizer: Any) -> Any:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
+    return tiny_qwen2(
+        len(tokenizer), hidden=16, positions=2048, pad_token_id=tokenizer.pad_token_id
     )
-    return Qwen2ForCausalLM(config).eval()
 
 
 class Recording:

@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from agents.acting.inference import ActSettings, PolicyRunner
 from agents.events.policy import ActionRequested, GradientRequested
@@ -31,6 +30,7 @@ from agents.models.embedded import (
 from agents.models.policy import chosen_action_logps
 from agents.models.pretrain_play import pretrain_episodes
 from agents.models.prompts import encode_prompt, strip_tips, turn_messages
+from agents.testing.models import tiny_qwen2
 from scenarios.worlds.minilab import MiniLab
 
 # ---------------------------------------------------------------------------------------------
@@ -147,18 +147,7 @@ def test_strip_tips_refuses_tips_that_are_not_at_the_end() -> None:
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return tiny_qwen2(len(tokenizer), positions=512, pad_token_id=tokenizer.pad_token_id)
 
 
 def tipped_requests() -> list[ActionRequested]:

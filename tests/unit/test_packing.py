@@ -17,11 +17,12 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from agents.models.packing import Packed, assign, pack, request_lengths
 from agents.models.policy import candidate_scores, score_and_choose, scored_logits
 from agents.models.tuning import LoraSettings, with_lora
+from agents.testing.models import tiny_qwen2
 
 CPU = torch.device("cpu")
 BASE = [5, 6, 7]  # a beginning every generated prompt has (the system message's part)
@@ -93,18 +94,7 @@ def test_a_request_longer_than_a_row_is_refused() -> None:
 
 @pytest.fixture(scope="module")
 def model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen2(layers=2, heads=4, kv_heads=2, positions=512, tie_word_embeddings=True)
 
 
 def generated(seed: int, n: int) -> tuple[list[list[int]], list[list[list[int]]]]:
@@ -171,17 +161,9 @@ def test_packed_scores_equal_one_request_per_row_to_float32_rounding(
 def test_a_lora_adapted_model_is_scored_head_only_as_its_whole_forward_pass() -> None:
     # peft wraps the causal LM: its ``.model`` is the whole LM, not the decoder, so the head-only
     # path must reach the decoder and the head through their accessors
-    torch.manual_seed(1)
-    cfg = Qwen2Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+    adapted = with_lora(
+        tiny_qwen2(layers=2, heads=4, kv_heads=2, positions=512, seed=1), LoraSettings(r=4), seed=3
     )
-    adapted = with_lora(Qwen2ForCausalLM(cfg).eval(), LoraSettings(r=4), seed=3)
     with torch.no_grad():  # B starts at zero (the base's output): make the adapters count
         for name, param in adapted.named_parameters():
             if ".lora_B." in name:

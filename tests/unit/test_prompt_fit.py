@@ -9,10 +9,8 @@ and its response fit, keeps its beginning and its end, and records the cut in th
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from agents.acting.inference import ActSettings, PolicyRunner
 from agents.events.memory import ReflectionRequested
@@ -28,6 +26,7 @@ from agents.models.prompts import (
     to_pairs,
     turn_messages,
 )
+from agents.testing.models import tiny_qwen2
 
 WORDS = ["open", "box", "take", "key", "the", "red", "goal", "light", "bulb", "you", "see"]
 LIMIT = 96
@@ -70,18 +69,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=LIMIT,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return tiny_qwen2(len(tokenizer), positions=LIMIT, pad_token_id=tokenizer.pad_token_id)
 
 
 def request(observation: str, *, seed: int = 0, tips: tuple[str, ...] = (), admissible=None):

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from agents.events.episodes import EpisodeAbandoned
 from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested
@@ -23,6 +23,7 @@ from agents.models.policy import chosen_action_logps, response_logps
 from agents.models.tuning import deterministic_algorithms
 from agents.testing.events import action_sampled as turn
 from agents.testing.events import episode_finished as ended
+from agents.testing.models import tiny_qwen2
 from engine.events import Envelope, Event
 from stores.checkpoints import param_digest
 
@@ -35,18 +36,7 @@ RESPONSES = [[20, 21, 1], [22, 1], [23, 24, 25, 1]]
 
 def tiny_model(dropout: float = 0.0) -> Qwen2ForCausalLM:
     """A tiny Qwen2, in eval mode as a loaded model is (``stores.checkpoints.load_model_dir``)."""
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        attention_dropout=dropout,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen2(layers=2, heads=4, kv_heads=2, attention_dropout=dropout)
 
 
 def score_turns(model: Qwen2ForCausalLM, episode: str = "ep0") -> list[ActionSampled]:
