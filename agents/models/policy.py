@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from agents.models.packing import Ids, Packed, pack, pack_rows
 
@@ -85,7 +86,12 @@ CANDIDATE_PLACES = 1024
 thousands of actions would otherwise make one row of all of them, whose (L, L) attention grows
 with the square of its width; its candidates are scored in chunks instead, each after the
 prompt in a pass of its own, and the scores joined. Requests under it are scored as before,
-in one pass, bit for bit."""
+in one pass, bit for bit.
+
+With gradient (a learner), split passes are checkpointed (:func:`torch.utils.checkpoint.
+checkpoint`): a pass keeps only its scores, and the backward pass runs each pass's forward
+again, one at a time, so the activations held are one pass's, not every pass's, at the cost
+of one more forward pass for those requests."""
 
 
 def scores_in_passes(
@@ -140,6 +146,7 @@ def scores_in_passes(
             device,
             rows,
             with_tokens,
+            recompute=torch.is_grad_enabled(),
         )
         at = 0
         for i, a, b in chunk:
@@ -157,11 +164,18 @@ def _one_pass(
     device: torch.device,
     rows: bool,
     with_tokens: bool,
+    recompute: bool = False,
 ) -> tuple[torch.Tensor, list[list[float]]]:
     """:func:`candidate_scores` of one packing of every request, and each candidate's token
-    log-probs (empty lists unless ``with_tokens``)."""
+    log-probs (empty lists unless ``with_tokens``); with ``recompute``, checkpointed (the
+    pass's activations are not kept for the backward pass, which runs its forward again)."""
     packed = (pack_rows if rows else pack)(prompts, candidates, pad_id)
-    flat, token_logp = candidate_scores(model, packed, device, head_only=not rows)
+    if recompute:
+        flat, token_logp = checkpoint(
+            candidate_scores, model, packed, device, head_only=not rows, use_reentrant=False
+        )
+    else:
+        flat, token_logp = candidate_scores(model, packed, device, head_only=not rows)
     tokens: list[list[float]] = [[] for _ in range(len(flat))]
     if with_tokens:
         logps = token_logp.detach().double().cpu().tolist()

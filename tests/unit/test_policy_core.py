@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from agents.models.policy import (
     chosen_action_logps,
@@ -19,6 +19,7 @@ from agents.models.policy import (
     sample_index,
     score_and_choose,
 )
+from agents.testing.models import tiny_qwen2
 
 CPU = torch.device("cpu")
 PROMPTS = [[3, 4, 5, 6], [7, 8], [9, 10, 11, 12, 13, 14]]
@@ -27,18 +28,7 @@ CANDIDATES = [[[5, 6], [7], [8, 9, 10]], [[11], [12, 13]], [[1, 2], [3, 4], [5],
 
 @pytest.fixture(scope="module")
 def model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen2(layers=2, heads=4, kv_heads=2, tie_word_embeddings=True)
 
 
 def naive_score(model: Qwen2ForCausalLM, prompt: list[int], cand: list[int]) -> float:
@@ -213,3 +203,43 @@ def test_a_request_with_very_many_candidates_is_scored_in_passes_to_the_same_num
     assert logp.shape == (4, 1)
     assert logp[3, 0].item() == pytest.approx(one[3].logp, abs=1e-4)
     model.zero_grad()
+
+
+def _saved_bytes_and_grads(
+    model: Qwen2ForCausalLM, prompts: list, candidates: list, budget: int
+) -> tuple[int, list[torch.Tensor]]:
+    """Bytes of the tensors autograd keeps for the backward pass of the candidates' scores
+    (outside any checkpointed region), and the parameters' gradients of their sum."""
+    import agents.models.policy as policy
+
+    saved: list[int] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        flat, _ = policy.scores_in_passes(
+            model, prompts, candidates, 0, CPU, with_tokens=False, budget=budget
+        )
+    flat.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return sum(saved), grads
+
+
+def test_split_passes_keep_one_pass_of_activations_and_the_same_gradient(
+    model: Qwen2ForCausalLM,
+) -> None:
+    """A learner's request with thousands of actions kept every pass's activations until the
+    backward pass (17 GB for one update on a 5,000-action world): its passes are
+    checkpointed, so only their scores are kept, and the gradient is the one pass's."""
+    many = [[1 + k % 40, 2 + k % 37, 3 + k % 11] for k in range(200)]  # 600 candidate tokens
+    prompts, candidates = [[20, 21, 22, 23]], [many]
+    one_bytes, one_grads = _saved_bytes_and_grads(model, prompts, candidates, 10**6)
+    split_bytes, split_grads = _saved_bytes_and_grads(model, prompts, candidates, 60)
+    assert split_bytes < one_bytes / 20  # the scores and the packed inputs, no activations
+    assert len(split_grads) == len(one_grads)
+    for a, b in zip(split_grads, one_grads, strict=True):
+        assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())  # float rounding
