@@ -306,7 +306,22 @@ def _short(value: object) -> str:
 def _text(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{field} is {_short(value)}, not a string")
-    return str(value)
+    return _utf8(str(value), field)
+
+
+def _utf8(text: str, field: str) -> str:
+    """``text``, refused if UTF-8 cannot encode it (a lone surrogate, from bytes decoded with
+    ``surrogateescape``): the log, the tokenizer and the embedder all need UTF-8."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start : exc.end]
+            raise ValueError(
+                f"{field} holds {bad!r} at character {exc.start}, a lone surrogate that UTF-8 "
+                "cannot encode"
+            ) from None
+    return text
 
 
 def _actions(value: object) -> tuple[str, ...]:
@@ -318,7 +333,7 @@ def _actions(value: object) -> tuple[str, ...]:
     for i, action in enumerate(actions):
         if not isinstance(action, str):
             raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
-    return tuple(str(a) for a in actions)
+    return tuple(_utf8(str(a), f"admissible[{i}]") for i, a in enumerate(actions))
 
 
 def _number(value: object, field: str) -> float:

@@ -90,6 +90,15 @@ def run_world(make_world: Any, episodes: int = 8, max_turns: int = 0) -> tuple[l
         ({"score": 10**5000}, "whose score is an int of 16610 bits, too large for a float"),
         ({"done": 1}, "whose done is 1, not a bool"),
         ({"admissible": ()}, "returned no admissible action on a turn that is not done"),
+        (
+            {"text": "a \ud800 b"},
+            "text holds '\\ud800' at character 2, a lone surrogate that UTF-8 cannot encode",
+        ),
+        (
+            {"admissible": ("look", "g\udcffo")},
+            "admissible[1] holds '\\udcff' at character 1, "
+            "a lone surrogate that UTF-8 cannot encode",
+        ),
     ],
     ids=[
         "text None",
@@ -102,6 +111,8 @@ def run_world(make_world: Any, episodes: int = 8, max_turns: int = 0) -> tuple[l
         "int past repr",
         "int done",
         "no action",
+        "surrogate text",
+        "surrogate action",
     ],
 )
 def test_an_observation_of_the_wrong_types_aborts_its_episode_naming_the_call(
