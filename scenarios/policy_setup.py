@@ -8,7 +8,8 @@ starts them, so checking a scenario (``coevo validate``) imports neither.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from agents.models.backend import backend_named
 from agents.models.specs import EmbeddedSpec, OpsSpec
 from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, prepare
 from engine.actor import Actor, ActorSpec
-from engine.errors import ModelUnavailable, ScenarioInvalid
+from engine.errors import CoevoError, ModelUnavailable, ScenarioInvalid
 from scenarios.loader import load_scenario
 from scenarios.methods import method_of
 from scenarios.schema import Scenario
@@ -316,7 +317,9 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
     p = scenario.policy
     if p.model != "embedded":
         return check_model_dir(Path(p.model), f"{source}: $.policy.model")
-    return ensure_embedded(embedded_spec(scenario, source), threads=p.threads or None)
+    spec = embedded_spec(scenario, source)
+    with _building(source, "$.policy.model", "the embedded model"):
+        return ensure_embedded(spec, threads=p.threads or None)
 
 
 def check_policy_model(scenario: Scenario, source: str) -> None:
@@ -390,7 +393,24 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
         return None
     from agents.models.extractor_base import ensure_extractor_base
 
-    return ensure_extractor_base(model, base, ops, threads=scenario.policy.threads or None)
+    with _building(source, "$.complementary.extractor", "the extractor's base"):
+        return ensure_extractor_base(model, base, ops, threads=scenario.policy.threads or None)
+
+
+@contextmanager
+def _building(source: str, where: str, what: str) -> Generator[None]:
+    """A build that fails (a plug-in world's exception or invalid observation while
+    pre-training plays it, a spec the world cannot meet) is one line naming the scenario's
+    setting, not a traceback: :class:`ModelUnavailable`."""
+    try:
+        yield
+    except (ModelUnavailable, ScenarioInvalid):
+        raise
+    except Exception as exc:
+        detail = str(exc) if isinstance(exc, CoevoError) else f"{type(exc).__name__}: {exc}"
+        raise ModelUnavailable(
+            f"{source}: {where}: {what} could not be built for this world: {detail}"
+        ) from exc
 
 
 def _known_fields(

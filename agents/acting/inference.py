@@ -34,9 +34,9 @@ from agents.events.memory import ReflectionRequested, TipProposed
 from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
 from agents.models.backend import Backend, HfBackend
 from agents.models.prompts import (
-    CUT_TEXT,
     MemoryPlace,
     PromptEncoder,
+    cut_gap,
     cut_middle,
     encode_response,
     from_pairs,
@@ -131,11 +131,6 @@ def write_replies(
             Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip(), cut)
             for prompt, (ids, logps), cut in zip(prompts, drawn, cuts, strict=True)
         ]
-
-
-def cut_gap(tokenizer: Any) -> list[int]:
-    """The ids that stand where a cut prompt's middle was (:data:`CUT_TEXT`)."""
-    return list(tokenizer.encode(CUT_TEXT, add_special_tokens=False))
 
 
 class PolicyRunner:

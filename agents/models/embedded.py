@@ -81,7 +81,13 @@ from agents.models.pretrain_play import (
     reflection_conversation,
     turn_conversations,
 )
-from agents.models.prompts import encode_response, reflection_messages, turn_messages
+from agents.models.prompts import (
+    cut_gap,
+    encode_response,
+    fit_sample,
+    reflection_messages,
+    turn_messages,
+)
 from agents.models.specs import EmbeddedSpec
 from engine.world import TextWorld
 from engine.world_registry import load_world
@@ -221,6 +227,21 @@ def make_samples(
     return pools
 
 
+def fit_samples(pools: dict[str, list[Sample]], limit: int, gap: Sequence[int]) -> int:
+    """Cut, in place, every sample longer than ``limit`` positions as inference cuts what it is
+    asked (:func:`agents.models.prompts.fit_sample`): a world whose observations run to
+    thousands of characters is learned from its prompts' beginnings and ends, as the model
+    will read them. Returns how many were cut."""
+    cut = 0
+    for pool in pools.values():
+        for i, sample in enumerate(pool):
+            prompt, response, was_cut = fit_sample(sample.prompt, sample.response, limit, gap)
+            if was_cut:
+                pool[i] = Sample(sample.kind, tuple(prompt), tuple(response))
+                cut += 1
+    return cut
+
+
 def step_kinds(spec: EmbeddedSpec) -> list[str]:
     """The kind of samples each pre-training step trains on: ``"turn"`` or ``"reflection"``."""
     return [
@@ -264,11 +285,8 @@ def _prepare(world: TextWorld, spec: EmbeddedSpec) -> tuple[Any, dict, dict]:
     texts = [t for ep in episodes for t in episode_texts(ep)] + list(prompt_texts(episodes[0]))
     tokenizer = build_tokenizer(*word_pieces(texts), spec.max_positions)
     pools = make_samples(tokenizer, episodes, spec.window)
+    cut = fit_samples(pools, spec.max_positions, cut_gap(tokenizer))
     longest = max(len(s.prompt) + len(s.response) for pool in pools.values() for s in pool)
-    if longest > spec.max_positions:
-        raise ValueError(
-            f"a sample has {longest} tokens, more than max_positions ({spec.max_positions})"
-        )
     noted = [ep for ep in episodes if ep.kind != "none"]
     data = {
         "episodes": len(episodes),
@@ -285,6 +303,7 @@ def _prepare(world: TextWorld, spec: EmbeddedSpec) -> tuple[Any, dict, dict]:
         "reflection_samples": len(pools["reflection"]),
         "vocab_size": len(tokenizer),
         "longest_sample": longest,
+        "cut_samples": cut,
     }
     return tokenizer, pools, data
 

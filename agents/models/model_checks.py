@@ -23,9 +23,13 @@ from agents.models.pretrain_play import (
 )
 from agents.models.prompts import (
     Step,
+    cut_gap,
+    cut_middle,
     decode_response,
     encode_prompt,
     encode_response,
+    fit_scoring,
+    prompt_room,
     turn_messages,
 )
 from engine.world import Observation, TextWorld
@@ -74,8 +78,12 @@ class PolicyAgent:
             self._history.append((self._last, observation.text))
         messages = turn_messages(self._goal, self._history, observation.text, window=self._window)
         actions = observation.admissible
-        responses = [encode_response(self._tok, a) for a in actions]
-        prompt = encode_prompt(self._tok, messages)
+        prompt, responses = fit_scoring(
+            encode_prompt(self._tok, messages),
+            [encode_response(self._tok, a) for a in actions],
+            self._model.config.max_position_embeddings,
+            cut_gap(self._tok),
+        )
         (choice,) = score_and_choose(
             self._model,
             [prompt],
@@ -142,9 +150,12 @@ def note_check(model: Any, tokenizer: Any, world: TextWorld, spec: CheckSpec) ->
     episodes = play_families(world, spec, spec.eval_notes, True, "check")
     exact, same, planned = [], [], []
     prompts = encode_prompts(tokenizer, [reflection_conversation(ep) for ep in episodes])
+    gap = cut_gap(tokenizer)
     for episode, prompt in zip(episodes, prompts, strict=True):
         target = hindsight_note(episode.transcript)
-        room = min(len(tokenizer.encode(target)) + 16, spec.max_positions - len(prompt))
+        wanted = len(tokenizer.encode(target)) + 16
+        prompt, _ = cut_middle(prompt, prompt_room(spec.max_positions, wanted), gap)
+        room = min(wanted, spec.max_positions - len(prompt))
         note = greedy_answer(model, tokenizer, prompt, room)
         exact.append(note == target)
         same.append(parse_note(note) == parse_note(target))

@@ -24,7 +24,7 @@ import torch
 from agents.models.notes import NoteSource, Shown, render, write_library
 from agents.models.policy import score_and_choose
 from agents.models.pretrain import encode_prompts
-from agents.models.prompts import Step, encode_response, turn_messages
+from agents.models.prompts import Step, cut_gap, encode_response, fit_scoring, turn_messages
 from agents.report.intervals import bootstrap_ratio
 from engine.world import Task, TextWorld
 
@@ -100,7 +100,12 @@ def _play_chunk(
         prompts = encode_prompts(tokenizer, messages)
         for action in {a for ep in active for a in ep.admissible} - cache.keys():
             cache[action] = encode_response(tokenizer, action)
-        candidates = [[cache[a] for a in ep.admissible] for ep in active]
+        limit, gap = model.config.max_position_embeddings, cut_gap(tokenizer)
+        fitted = [
+            fit_scoring(prompt, [cache[a] for a in ep.admissible], limit, gap)
+            for prompt, ep in zip(prompts, active, strict=True)
+        ]  # cut as inference cuts what does not fit
+        prompts, candidates = [p for p, _ in fitted], [c for _, c in fitted]
         choices = score_and_choose(
             model,
             prompts,

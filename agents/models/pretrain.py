@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import structlog
 import torch
+from transformers.utils import logging as hf_logging
 
 from agents.models.prompts import Message
 from agents.models.specs import TrainSpec
@@ -46,6 +47,8 @@ class Sample(NamedTuple):
 
 def encode_prompts(tokenizer: Any, conversations: Sequence[Sequence[Message]]) -> list[list[int]]:
     """:func:`agents.models.prompts.encode_prompt` of each conversation, tokenized in one batch."""
+    if not conversations:  # the tokenizer refuses an empty batch
+        return []
     texts = [
         tokenizer.apply_chat_template(
             [dict(m) for m in c], add_generation_prompt=True, tokenize=False
@@ -236,6 +239,7 @@ def cached_build(
         for stale in [*root.glob(f".{key}.*"), *([final] if final.exists() else [])]:
             shutil.rmtree(stale)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar: the build logs
         try:
             _log().info("pretrain.build", key=key, path=str(final))
             build_into(tmp)

@@ -15,14 +15,17 @@ stage (:mod:`agents.models.extractor_base`).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
+from agents.acting.env_worker import ObservationInvalid, checked_observation
 from agents.acting.scripted import Agent, Explorer, RandomAgent, Turn
 from agents.models.notes import EMPTY_NOTE, NoteSource, Shown, combine_notes, render, write_library
 from agents.models.prompts import Step, reflection_messages, turn_messages
-from engine.world import Task, TextWorld
+from engine.errors import CoevoError
+from engine.world import Observation, Task, TextWorld
 
 NOTE_MIX = (
     ("variant", 0.35),
@@ -33,6 +36,10 @@ NOTE_MIX = (
 )
 """The kinds of note pre-training shows, with their shares
 (:data:`agents.models.notes.NOTE_KINDS`)."""
+
+
+PLAY_TURNS = 1000
+"""The most turns of one episode of scripted play (as a run's ``[world] max_turns``)."""
 
 
 class PlaySpec(Protocol):
@@ -82,16 +89,35 @@ def play(
 ) -> Episode:
     """One episode of ``task`` by ``agent`` (called ``name``); ``shown`` are the notes its
     prompts show (as rendered), which the agent was given."""
-    obs = world.reset(task, seed)
+    where = f"{task.family}/{task.variant}"
+    obs = _world_call(partial(world.reset, task, seed), f"world.reset({where})")
     agent.reset(obs.goal, obs)
     goal, first, turns, offered = obs.goal, obs.text, [], []
     while not obs.done:
+        if len(turns) >= PLAY_TURNS:
+            raise PlayFailed(f"an episode of {where} did not end in {PLAY_TURNS} turns")
         offered.append(tuple(obs.admissible))
         action = agent.act(obs)
-        obs = world.step(action)
+        obs = _world_call(partial(world.step, action), f"world.step({action!r}) on {where}")
         turns.append((action, obs.text, obs.reward))
     tips, kind = (shown.tips, shown.kind) if shown else ((), "none")
     return Episode(task, name, goal, first, tuple(turns), tuple(offered), obs.success, tips, kind)
+
+
+class PlayFailed(CoevoError):
+    """Scripted play could not go on: the world raised, returned an invalid observation
+    (:func:`agents.acting.env_worker.checked_observation`) or never ended an episode."""
+
+
+def _world_call(call: Callable[[], object], what: str) -> Observation:
+    try:
+        obs = call()
+    except Exception as exc:
+        raise PlayFailed(f"{what} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        return checked_observation(obs, what)
+    except ObservationInvalid as exc:
+        raise PlayFailed(str(exc)) from None
 
 
 def split_train(world: TextWorld, family: str, eval_variants: int) -> tuple[list[Task], list[Task]]:
@@ -103,8 +129,9 @@ def split_train(world: TextWorld, family: str, eval_variants: int) -> tuple[list
     tasks = list(world.tasks(family, "train"))
     if len(tasks) <= eval_variants:
         raise ValueError(
-            f"{family} has {len(tasks)} train variants: need more than eval_variants "
-            f"({eval_variants})"
+            f"family {family!r} has {len(tasks)} train variants: pre-training keeps the last "
+            f"eval_variants ({eval_variants}) back and needs one more (set "
+            "policy.embedded.eval_variants lower)"
         )
     return tasks[: len(tasks) - eval_variants], tasks[len(tasks) - eval_variants :]
 

@@ -233,6 +233,39 @@ CUT_TEXT = "\n...\n"
 """What stands where a cut prompt's middle was (:func:`cut_middle`'s ``gap``, tokenized)."""
 
 
+def cut_gap(tokenizer: Any) -> list[int]:
+    """The ids that stand where a cut prompt's middle was (:data:`CUT_TEXT`)."""
+    return list(tokenizer.encode(CUT_TEXT, add_special_tokens=False))
+
+
+def fit_scoring(
+    prompt: Sequence[int], candidates: Sequence[Sequence[int]], limit: int, gap: Sequence[int] = ()
+) -> tuple[list[int], list[list[int]]]:
+    """A "score" request in ``limit`` positions, as the inference actor cuts it: a candidate
+    keeps at most half of them, and the prompt loses its middle (:func:`cut_middle`) to leave
+    the longest candidate its room. What fits is returned as it is."""
+    cands = [list(c[: limit // 2]) for c in candidates]
+    cut, _ = cut_middle(prompt, prompt_room(limit, max(map(len, cands), default=0)), gap)
+    return cut, cands
+
+
+def fit_sample(
+    prompt: Sequence[int], response: Sequence[int], limit: int, gap: Sequence[int] = ()
+) -> tuple[list[int], list[int], bool]:
+    """A (prompt, response) pair of a training sample in ``limit`` positions, cut as inference
+    cuts what it is asked: a response longer than half of them keeps that many tokens (its
+    first ones and its last, the end of the message), and the prompt loses its middle
+    (:func:`cut_middle`) to leave the response its room. A pair that fits is returned as it
+    is; the flag says whether anything was cut."""
+    prompt, response = list(prompt), list(response)
+    if len(prompt) + len(response) <= limit:
+        return prompt, response, False
+    if len(response) > limit // 2:
+        response = [*response[: limit // 2 - 1], response[-1]]
+    prompt, _ = cut_middle(prompt, prompt_room(limit, len(response)), gap)
+    return prompt, response, True
+
+
 _MARK = "\x1ecoevo-content-{}\x1e"
 _PROBES = ("", " two  words \n and a line ", "{{ braces }} {% raw %} 'quotes' \"too\"\t")
 

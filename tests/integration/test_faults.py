@@ -291,6 +291,25 @@ def test_a_world_raising_mid_episode_aborts_that_episode_and_the_run_goes_on(
     verified(run)
 
 
+def test_a_world_that_fails_the_embedded_models_play_is_one_line_before_the_run(
+    tmp_path: Path,
+) -> None:
+    """The embedded model is pre-trained on scripted play of the run's world: a plug-in world
+    that raises there (or returns a lone surrogate, or has too few variants) ended ``run``
+    with a traceback from the build; it is one line naming the setting, exit 2, no run."""
+    scenario, env = plugin_scenario(tmp_path)
+    text = scenario.read_text().replace('kind = "explorer"', 'kind = "policy"')
+    scenario.write_text(text + '[policy]\nmodel = "embedded"\n')
+    run = tmp_path / "run"
+    proc = coevo("run", str(scenario), "--out", str(run), "--quiet", env=env)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("coevo: error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert "$.policy.model: the embedded model could not be built for this world: " in line
+    assert "world.step(" in line and "raised RuntimeError: boom in " in line, line
+    assert not run.exists()
+
+
 def test_a_failed_run_or_resume_says_so_in_one_line_even_with_quiet(tmp_path: Path) -> None:
     """``--quiet`` drops the progress bar and the summary, never the failure: before, a
     failed run or resume exited 1 and printed nothing."""

@@ -7,6 +7,7 @@ import random
 import re
 from collections import Counter
 
+import msgspec
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from agents.acting.scripted import Explorer, RandomAgent, hindsight_note, parse_
 from agents.models.embedded import (
     SPECIAL_TOKENS,
     EmbeddedSpec,
+    _prepare,
     build_tokenizer,
     cache_key,
     episode_texts,
@@ -35,7 +37,9 @@ from agents.models.pretrain import (
 )
 from agents.models.pretrain_play import (
     Episode,
+    PlayFailed,
     play,
+    play_mix,
     pretrain_episodes,
     reflection_conversation,
     split_train,
@@ -48,6 +52,7 @@ from agents.models.prompts import (
     reflection_messages,
     turn_messages,
 )
+from engine.world import Observation, Task
 from scenarios.worlds.minilab import MiniLab
 
 SMALL = EmbeddedSpec(episodes_per_family=12, eval_variants=3, note_episodes_per_family=12)
@@ -160,8 +165,68 @@ def test_pretraining_plays_only_train_variants_and_keeps_the_last_ones_back() ->
 
 
 def test_split_train_needs_a_variant_left_for_pretraining() -> None:
-    with pytest.raises(ValueError, match=r"^fetch has 3 train variants: need more than "):
+    with pytest.raises(ValueError, match=r"^family 'fetch' has 3 train variants: .* lower\)$"):
         split_train(MiniLab(train_variants=3), "fetch", 3)
+
+
+class Wordy(MiniLab):
+    """MiniLab whose observations run to thousands of characters, whose odd variants cannot
+    be reset, or whose texts hold a lone surrogate (as a plug-in world's may)."""
+
+    def __init__(self, oddity: str, **options: object) -> None:
+        super().__init__(**options)  # pyright: ignore[reportArgumentType]
+        self.oddity = oddity
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        if self.oddity == "reset" and task.variant % 2:
+            raise RuntimeError(f"cannot reset variant {task.variant}")
+        return self._odd(super().reset(task, seed))
+
+    def step(self, action: str) -> Observation:
+        return self._odd(super().step(action))
+
+    def _odd(self, obs: Observation) -> Observation:
+        extra = {"long": " the walls are long." * 200, "surrogate": " \ud800"}.get(self.oddity, "")
+        return msgspec.structs.replace(obs, text=obs.text + extra)
+
+
+def test_pretraining_samples_longer_than_the_model_are_cut_as_inference_cuts() -> None:
+    """A world whose observations run to thousands of characters made the embedded model's
+    build fail after its play (a sample of 3,050 tokens for 1,024 positions): its samples are
+    cut as the inference actor cuts prompts, the middle of the prompt left out."""
+    spec = EmbeddedSpec(
+        world_options={"families": ["fetch"], "train_variants": 6},
+        episodes_per_family=4,
+        eval_variants=1,
+        note_episodes_per_family=0,
+    )
+    tokenizer, pools, data = _prepare(Wordy("long", families=["fetch"], train_variants=6), spec)
+    lengths = [len(s.prompt) + len(s.response) for pool in pools.values() for s in pool]
+    assert max(lengths) <= 1024 == data["longest_sample"]
+    assert data["cut_samples"] == len(lengths)  # every prompt holds a long observation
+    gap = tokenizer.encode("\n...\n", add_special_tokens=False)
+    turn = pools["turn"][0]
+    assert any(turn.prompt[i : i + len(gap)] == tuple(gap) for i in range(len(turn.prompt)))
+    assert turn.response[-1] == tokenizer.eos_token_id  # the response is whole
+    _, _, untouched = _prepare(Wordy("", families=["fetch"], train_variants=6), spec)
+    assert untouched["cut_samples"] == 0
+
+
+@pytest.mark.parametrize(
+    ("oddity", "says"),
+    [
+        ("reset", r"^world.reset\(fetch/1\) raised RuntimeError: cannot reset variant 1$"),
+        ("surrogate", r"^world.reset\(fetch/0\) returned an observation whose text holds "),
+    ],
+)
+def test_a_world_that_fails_in_scripted_play_says_where(oddity: str, says: str) -> None:
+    world = Wordy(oddity, families=["fetch"], train_variants=6)
+    with pytest.raises(PlayFailed, match=says):
+        play_mix(world, world.tasks("fetch", "train"), 4, SMALL, "test")
+
+
+def test_no_prompts_encode_to_no_ids(tokenizer) -> None:
+    assert encode_prompts(tokenizer, []) == []  # eval_notes = 0 crashed the build's check
 
 
 def test_play_is_seeded_mixed_and_not_filtered_by_outcome(
