@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
@@ -23,8 +24,15 @@ from typing import Protocol, TypeVar, runtime_checkable
 import lmdb
 
 from engine.errors import LogError
+from stores.lmdb_env import (
+    DATA_FILE,
+    ENV_LOCK_FILE,
+    check_file_size,
+    check_metas,
+    check_pages,
+)
 
-__all__ = ["FactIndex", "IndexWriteFailed", "LmdbFactIndex", "MemoryFactIndex"]
+__all__ = ["FactIndex", "IndexDamaged", "IndexWriteFailed", "LmdbFactIndex", "MemoryFactIndex"]
 
 Fact = tuple[bytes, bytes]
 
@@ -32,6 +40,12 @@ _UPTO = b"upto"
 _IDENT = b"ident"
 _INITIAL_MAP = 64 * 1024 * 1024
 T = TypeVar("T")
+
+
+class IndexDamaged(LogError):
+    """A fact index's file is damaged (truncated, pages LMDB would crash on, a fact whose
+    checksum does not match): the index is a cache of the log, to be rebuilt from it
+    (:meth:`LmdbFactIndex.wipe`)."""
 
 
 class IndexWriteFailed(LogError):
@@ -77,6 +91,16 @@ class FactIndex(Protocol):
     def close(self) -> None:
         """Release the index. Safe to call twice."""
         ...
+
+
+_FORMAT = b"crc32/"
+"""Prefixed to the ident an index is claimed for: an index written before facts carried
+their checksum is emptied and built again."""
+
+
+def _seal(key: bytes, value: bytes) -> bytes:
+    """``value`` with the CRC-32 of ``key`` and ``value`` after it (4 bytes, big-endian)."""
+    return bytes(value) + zlib.crc32(value, zlib.crc32(key)).to_bytes(4, "big")
 
 
 def _check_range(start: int, stop: int) -> None:
@@ -135,6 +159,12 @@ class LmdbFactIndex:
 
     Several processes may open it at once (LMDB serialises their write transactions; the loser
     of a race to index the same range is told so by :meth:`extend`). The map doubles when full.
+
+    The file is checked as the event log's is before LMDB reads it (its size, its meta pages,
+    its page tree: LMDB crashes the process on a truncated or damaged file), and every fact is
+    stored with a CRC-32 of its key and value, checked on every read: damage is
+    :class:`IndexDamaged`, never a crash or a silently wrong fact. A fact whose key was
+    damaged so that a lookup misses it is not found (a prefix scan that meets it does fail).
     """
 
     def __init__(self, path: Path, env: lmdb.Environment) -> None:
@@ -153,19 +183,29 @@ class LmdbFactIndex:
         Raises:
             OSError: the directory cannot be created or written.
             IndexWriteFailed: a write failed (a full disk).
-            LogError: LMDB refused to open it.
+            IndexDamaged: the file is damaged (:meth:`wipe` it and open again).
         """
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         if not os.access(root, os.W_OK):
             raise PermissionError(f"{root}: not writable")
         try:
+            if (root / DATA_FILE).exists():
+                check_metas(root)
             env = lmdb.open(str(root), map_size=_INITIAL_MAP, max_dbs=2, sync=False)
         except lmdb.Error as exc:
-            raise LogError(f"cannot open the fact index at {root}: {exc}") from None
+            raise IndexDamaged(f"cannot open the fact index at {root}: {exc}") from None
+        except LogError as exc:
+            raise IndexDamaged(str(exc)) from None
+        try:
+            check_file_size(root, env)
+            check_pages(root, env, writable=True)
+        except LogError as exc:
+            env.close()
+            raise IndexDamaged(str(exc)) from None
         try:
             index = cls(root, env)
-            index._claim(ident.encode())
+            index._claim(_FORMAT + ident.encode())
         except lmdb.Error as exc:  # creating its databases is a write: a full disk fails it
             env.close()
             raise IndexWriteFailed(f"cannot write the fact index at {root}: {exc}") from None
@@ -173,6 +213,13 @@ class LmdbFactIndex:
             env.close()
             raise
         return index
+
+    @staticmethod
+    def wipe(path: str | os.PathLike[str]) -> None:
+        """Remove the index files in ``path`` (a damaged index, to be rebuilt). They are
+        unlinked, not truncated: another process that has the file mapped keeps its pages."""
+        for name in (DATA_FILE, ENV_LOCK_FILE):
+            (Path(path) / name).unlink(missing_ok=True)
 
     def _claim(self, ident: bytes) -> None:
         """Empty the index unless it was made for ``ident``.
@@ -210,7 +257,7 @@ class LmdbFactIndex:
                     if self._upto(txn) != start:
                         return False
                     cursor = txn.cursor(self._facts)
-                    cursor.putmulti(facts)
+                    cursor.putmulti([(key, _seal(key, value)) for key, value in facts])
                     txn.put(_UPTO, stop.to_bytes(8, "big"), db=self._meta)
                 return True
             except lmdb.MapFullError:
@@ -221,10 +268,11 @@ class LmdbFactIndex:
                 ) from None
 
     def get(self, key: bytes) -> bytes | None:
-        return self._read(lambda txn: txn.get(key, db=self._facts))
+        return self.get_many([key])[0]
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return self._read(lambda txn: [txn.get(k, db=self._facts) for k in keys])
+        raw = self._read(lambda txn: [txn.get(k, db=self._facts) for k in keys])
+        return [None if v is None else self._unseal(k, v) for k, v in zip(keys, raw, strict=True)]
 
     def scan(self, prefix: bytes) -> list[Fact]:
         def body(txn: lmdb.Transaction[bytes]) -> list[Fact]:
@@ -238,16 +286,28 @@ class LmdbFactIndex:
                 out.append((key, value))
             return out
 
-        return self._read(body)
+        return [(key, self._unseal(key, value)) for key, value in self._read(body)]
+
+    def _unseal(self, key: bytes, sealed: bytes) -> bytes:
+        value, crc = sealed[:-4], sealed[-4:]
+        if len(sealed) < 4 or zlib.crc32(value, zlib.crc32(key)).to_bytes(4, "big") != crc:
+            raise IndexDamaged(f"the fact index at {self._path} is damaged: a fact fails its CRC")
+        return value
 
     def _read(self, body: Callable[[lmdb.Transaction[bytes]], T]) -> T:
-        """Run ``body`` in a read transaction, adopting a map another process grew."""
+        """Run ``body`` in a read transaction, adopting a map another process grew.
+
+        Raises:
+            IndexDamaged: LMDB found a damaged page.
+        """
         while True:
             try:
                 with self._env.begin() as txn:
                     return body(txn)
             except lmdb.MapResizedError:
                 self._env.set_mapsize(0)
+            except lmdb.CorruptedError as exc:
+                raise IndexDamaged(f"the fact index at {self._path} is damaged: {exc}") from None
 
     def close(self) -> None:
         if not self._closed:

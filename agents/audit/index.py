@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import msgspec
 
@@ -65,7 +65,16 @@ from agents.events.policy import (
 from engine.errors import LogError
 from engine.eventlog import EventLog
 from engine.events import Envelope, Event
-from stores.fact_index import Fact, FactIndex, IndexWriteFailed, LmdbFactIndex, MemoryFactIndex
+from stores.fact_index import (
+    Fact,
+    FactIndex,
+    IndexDamaged,
+    IndexWriteFailed,
+    LmdbFactIndex,
+    MemoryFactIndex,
+)
+
+T = TypeVar("T")
 
 INDEX_FORMAT = 3
 """Bumped when the facts change; an index of another format is rebuilt."""
@@ -495,7 +504,12 @@ def open_index(run_root: Path, log: EventLog, where: Path | None = None) -> tupl
     index: FactIndex
     note = ""
     try:
-        index = LmdbFactIndex.open(path, ident)
+        try:
+            index = LmdbFactIndex.open(path, ident)
+        except IndexDamaged as exc:  # a cache: built again from the log
+            LmdbFactIndex.wipe(path)
+            index = LmdbFactIndex.open(path, ident)
+            note = f"the audit index in {path} was damaged ({exc}); rebuilt it from the log"
     except (OSError, LogError) as exc:
         index = MemoryFactIndex()
         note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
@@ -510,3 +524,27 @@ def open_index(run_root: Path, log: EventLog, where: Path | None = None) -> tupl
         index.close()
         raise
     return index, note
+
+
+def answer_from_index(
+    run_root: Path, log: EventLog, where: Path | None, ask: Callable[[FactIndex], T]
+) -> tuple[T, str]:
+    """``ask(index)`` on the run's index (:func:`open_index`), and the note about the index.
+    A damaged fact met while answering (:class:`IndexDamaged`) removes the index, which is
+    built again from the log, and the question is asked once more."""
+    index, note = open_index(run_root, log, where)
+    try:
+        return ask(index), note
+    except IndexDamaged as exc:
+        if not isinstance(index, LmdbFactIndex):
+            raise
+        damaged = f"the audit index in {index.path} was damaged ({exc}); rebuilt it from the log"
+        index.close()
+        LmdbFactIndex.wipe(index.path)
+    finally:
+        index.close()
+    index, _ = open_index(run_root, log, where)
+    try:
+        return ask(index), damaged
+    finally:
+        index.close()

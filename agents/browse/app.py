@@ -16,6 +16,7 @@ reads of a few milliseconds), so the log and the index are never read from two t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def make_app(runs: Mapping[str, RunView]) -> Starlette:
         view = run_of(request)
         chosen = {k: request.query_params.get(k, "") for k in FILTERS}
         number = request.query_params.get("page", "1")
-        if not number.isdigit() or int(number) < 1:
+        if not re.fullmatch(r"[0-9]+", number) or int(number) < 1:
             raise HTTPException(400, f"page must be a positive integer, got {number!r}")
         rows = view.episodes(chosen)
         start = (int(number) - 1) * PAGE

@@ -8,10 +8,11 @@ Every query reads index rows and the handful of events a page shows, never the w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agents.audit.answers import TipAudit, audit_tip
 from agents.audit.episode import EpisodeAudit, audit_episode
@@ -29,7 +30,7 @@ from agents.audit.index import (
 from agents.events.policy import ActionRequested, ActionSampled
 from engine.errors import AuditQueryInvalid
 from engine.lifecycle import RunFailed, RunStopped
-from stores.fact_index import FactIndex
+from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
 from stores.lmdb_log import LmdbEventLog
 from stores.rundir import find_run
 
@@ -58,6 +59,9 @@ class EpisodeRow:
     def value(self, name: str) -> str:
         """The row's value of filter ``name``, as text."""
         return str(getattr(self, name))
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,9 @@ class RunView:
     def _all(self) -> list[EpisodeRow]:
         """Every episode's row, read from the index once per length of the indexed log (a
         finished run's once; a live run's again after it grew)."""
+        return self._rebuilt_if_damaged(self._rows_now)
+
+    def _rows_now(self) -> list[EpisodeRow]:
         upto = self.index.upto
         if self._rows[0] != upto:
             rows = assigned(self.index)
@@ -152,8 +159,9 @@ class RunView:
         Raises:
             AuditQueryInvalid: the run has no such episode.
         """
-        audit = audit_episode(self.log, self.index, episode)
-        return audit, self._candidates(episode)
+        return self._rebuilt_if_damaged(
+            lambda: (audit_episode(self.log, self.index, episode), self._candidates(episode))
+        )
 
     def entry(self, tip: str) -> TipAudit:
         """The audit of bank entry ``tip``.
@@ -161,9 +169,25 @@ class RunView:
         Raises:
             AuditQueryInvalid: ``tip`` is not an entry id, or the run never stored it.
         """
-        if not tip.isdigit():
+        if not re.fullmatch(r"[0-9]+", tip):
             raise AuditQueryInvalid(f"entry id must be a non-negative integer, got {tip!r}")
-        return audit_tip(self.log, self.index, int(tip))
+        return self._rebuilt_if_damaged(lambda: audit_tip(self.log, self.index, int(tip)))
+
+    def _rebuilt_if_damaged(self, ask: Callable[[], T]) -> T:
+        """``ask()``; when it meets a damaged fact (:class:`IndexDamaged`), the index is
+        removed and built again from the log, and ``ask()`` runs once more."""
+        try:
+            return ask()
+        except IndexDamaged as exc:
+            if not isinstance(self.index, LmdbFactIndex):
+                raise
+            path = self.index.path
+            self.index.close()
+            LmdbFactIndex.wipe(path)
+            self.index, _ = open_index(self.root, self.log)
+            self._rows = (-1, [])
+            self.note = f"the audit index in {path} was damaged ({exc}); rebuilt it from the log"
+        return ask()
 
     def _candidates(self, episode: str) -> dict[int, list[Candidate]]:
         seqs = [s for s, kind in refs(self.index, "e", episode) if kind in _TURN_KINDS]
@@ -219,4 +243,4 @@ def _softmax(scores: tuple[float, ...], temperature: float) -> list[float]:
 
 
 def _natural(text: str) -> tuple[int, str]:
-    return (int(text), "") if text.lstrip("-").isdigit() else (1 << 60, text)
+    return (int(text), "") if re.fullmatch(r"-?[0-9]+", text) else (1 << 60, text)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -503,19 +504,21 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def _audit_one(log: Any, args: argparse.Namespace) -> Any:
     from agents.audit.answers import audit_tip
     from agents.audit.episode import audit_episode
-    from agents.audit.index import open_index
+    from agents.audit.index import answer_from_index
 
-    if args.what == "tip" and not args.id.isdigit():
+    if args.what == "tip" and not re.fullmatch(r"[0-9]+", args.id):
         raise InputInvalid(f"entry id must be a non-negative integer, got {args.id!r}")
-    index, note = open_index(find_run(args.run).root, log, Path(args.index) if args.index else None)
-    if note:
-        print(f"coevo: note: {note}", file=sys.stderr)
-    try:
+
+    def ask(index: Any) -> Any:
         if args.what == "tip":
             return audit_tip(log, index, int(args.id))
         return audit_episode(log, index, args.id)
-    finally:
-        index.close()
+
+    where = Path(args.index) if args.index else None
+    answer, note = answer_from_index(find_run(args.run).root, log, where, ask)
+    if note:
+        print(f"coevo: note: {note}", file=sys.stderr)
+    return answer
 
 
 def _audit_credit(log: Any, args: argparse.Namespace) -> Any:

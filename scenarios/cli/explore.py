@@ -281,7 +281,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     back the logged trajectory (the changed one is then not the episode's counterfactual)."""
     import msgspec
 
-    from agents.audit.index import open_index
+    from agents.audit.index import answer_from_index
     from scenarios.whatif_setup import run_whatif
 
     if args.without_tip is None and args.with_tip is None and args.version is None:
@@ -300,16 +300,17 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     root = find_run(args.run).root
     log = open_run(args.run)
     try:
-        index, note = open_index(root, log, Path(args.index) if args.index else None)
-        if note:
-            print(f"coevo: note: {note}", file=sys.stderr)
-        try:
+
+        def ask(index: Any) -> Any:
             with naming(log.path):
-                answer = run_whatif(
+                return run_whatif(
                     root, log, index, args.id, args.without_tip, args.with_tip, args.version
                 )
-        finally:
-            index.close()
+
+        where = Path(args.index) if args.index else None
+        answer, note = answer_from_index(root, log, where, ask)
+        if note:
+            print(f"coevo: note: {note}", file=sys.stderr)
     finally:
         log.close()
     if args.json:

@@ -255,6 +255,7 @@ def test_an_unwritable_index_place_falls_back_to_memory(
     ("args", "fragment"),
     [
         (("tip", "abc"), "entry id must be a non-negative integer"),
+        (("tip", "²"), "entry id must be a non-negative integer"),  # isdigit() but not int()
         (("tip", "99"), "no entry 99 in this run"),
         (("tip", str(1 << 64)), f"no entry {1 << 64} in this run"),
         (("episode", "ep999"), "no episode 'ep999'"),
@@ -282,3 +283,56 @@ def test_not_a_run_directory_is_a_one_line_error(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)"
     ]
+
+
+def _copy_with_index(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / INDEX_DIR, ignore_errors=True)
+    audit(capsys, str(copy), "tip", "2")  # builds the index
+    return copy
+
+
+def test_a_truncated_index_is_rebuilt_not_a_crash(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The index is a cache of the log: a truncated file made LMDB touch pages past its end
+    and the process died of SIGBUS (``coevo serve`` with it). It is checked as the log is,
+    and rebuilt from the log."""
+    copy = _copy_with_index(run, tmp_path, capsys)
+    want = audit(capsys, str(copy), "tip", "2")[1]
+    data = copy / INDEX_DIR / "data.mdb"
+    data.write_bytes(data.read_bytes()[:20_000])
+    coevo = str(Path(sys.executable).parent / "coevo")
+    proc = subprocess.run(
+        [coevo, "audit", str(copy), "tip", "2"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == want
+    assert proc.stderr.startswith("coevo: note: the audit index in ")
+    assert "was damaged" in proc.stderr and "rebuilt it from the log" in proc.stderr
+    assert audit(capsys, str(copy), "tip", "2") == (0, want, "")  # whole again
+
+
+def test_a_fact_that_fails_its_checksum_rebuilds_the_index(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged value on an intact page (which no page check sees) was decoded as it was:
+    tracebacks, or a silently wrong answer. Every fact carries a CRC of its key and value."""
+    import lmdb
+
+    copy = _copy_with_index(run, tmp_path, capsys)
+    want = audit(capsys, str(copy), "episode", "ep002")
+    env = lmdb.open(str(copy / INDEX_DIR), max_dbs=2)
+    facts = env.open_db(b"facts")
+    with env.begin(write=True) as txn:
+        for key, value in txn.cursor(facts):
+            damaged = bytearray(value)
+            damaged[0] ^= 0x01
+            txn.put(key, bytes(damaged), db=facts)
+    env.close()
+    code, out, err = audit(capsys, str(copy), "episode", "ep002")
+    assert (code, out) == want[:2]
+    assert err.startswith("coevo: note: the audit index in ") and "fails its CRC" in err

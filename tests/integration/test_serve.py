@@ -198,6 +198,8 @@ def test_bad_runs_and_ids_are_one_line_error_pages(server: str) -> None:
         ("/runs/run/entries/99999", 404, "no entry 99999 in this run"),
         ("/runs/run/entries/18446744073709551616", 404, "no entry 18446744073709551616 in"),
         ("/runs/run?page=0", 400, "page must be a positive integer, got &#39;0&#39;"),
+        ("/runs/run?page=%C2%B2", 400, "page must be a positive integer, got &#39;²&#39;"),
+        ("/runs/run/entries/%E2%91%A0", 404, "entry id must be a non-negative integer"),
     ):
         code, body = _get(server + path)
         assert code == status, path
