@@ -425,6 +425,8 @@ def cmd_log(args: argparse.Namespace) -> int:
                 shown += 1
             if not shown and args.actor:
                 _check_actors(log, args.actor)
+            if not shown and args.episode:
+                _check_episode(log, args.episode)
     finally:
         log.close()
     return 0
@@ -440,6 +442,21 @@ def _check_actors(log: Any, asked: list[str]) -> None:
             f"--actor: no event of {', '.join(map(repr, missing))} in this run; "
             f"its actors: {', '.join(actors)}"
         )
+
+
+def _check_episode(log: Any, asked: str) -> None:
+    """Raise InputInvalid when no event of the whole run carries ``--episode`` (a typo, or a
+    number without its ``ep`` prefix, most likely): nothing shown is then no answer."""
+    seen = {env.corr for env in log.read(0, None)}
+    if asked in seen:
+        return
+    ids = sorted(c for c in seen if c)
+    near = difflib.get_close_matches(asked, ids, n=3)
+    if near:
+        hint = f" (did you mean {' or '.join(near)}?)"
+    else:
+        hint = f" (its {len(ids)} ids run from {ids[0]} to {ids[-1]})" if ids else ""
+    raise InputInvalid(f"--episode: no event of {asked!r} in this run{hint}")
 
 
 def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CoevoError, LogError, RunNotFound
+from stores.lmdb_env import DATA_FILE
 from stores.rundir import find_run
 
 __all__ = ["InputInvalid", "LogUnreadable", "naming", "open_run", "version"]
@@ -74,4 +75,22 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
         return default()
     if not value.strip():
         raise InputInvalid(f"--out is empty ({value!r}); give a path, or leave --out out")
-    return Path(value)
+    return outside_lmdb(Path(value), "--out")
+
+
+def outside_lmdb(path: Path, flag: str) -> Path:
+    """``path``, refused when it is or lies in a directory of an LMDB environment (a run's
+    ``log/``, its ``audit/`` index): files written there sit beside ``data.mdb``, where no
+    output belongs and whose directory coevo treats as the log's alone.
+
+    Raises:
+        InputInvalid: it does.
+    """
+    resolved = path.resolve()
+    for folder in (resolved, *resolved.parents):
+        if (folder / DATA_FILE).is_file():
+            raise InputInvalid(
+                f"{flag} {path}: inside {folder}, the directory of an event log or index "
+                f"({DATA_FILE}); write somewhere else"
+            )
+    return path

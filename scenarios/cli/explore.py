@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from scenarios.cli.common import InputInvalid, naming, open_run
+from scenarios.cli.common import InputInvalid, naming, open_run, outside_lmdb
 from stores.rundir import find_run
 
 __all__ = ["add_commands"]
@@ -56,6 +56,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     ]
     if not targets:
         raise InputInvalid("export needs a target: --tensorboard DIR, --wandb DIR or --mlflow DIR")
+    for sink_name, where in targets:
+        outside_lmdb(Path(where), f"--{sink_name}")
     if args.block is not None and args.block < 1:
         raise InputInvalid(f"--block must be >= 1, got {args.block}")
     log = open_run(args.run)

@@ -215,9 +215,13 @@ def _finish(
                 f"coevo: error: cannot write the run's curves in {rd.root}: "
                 f"{exc.strerror or exc} (the log is complete: coevo report {rd.root} draws them)"
             )
-    console.print(
+    problem = unwritten
+    if outcome.reason == "completed":
+        problem = _all_aborted(episodes, run_id, rd) or problem
+    code = (outcome.exit_code or 1) if problem else outcome.exit_code
+    console.print(  # the exit code the process ends with, not only the runtime's
         f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
-        f"(exit {outcome.exit_code})" + (f": {outcome.error}" if outcome.error else "")
+        f"(exit {code})" + (f": {outcome.error}" if outcome.error else "")
     )
     if quiet and outcome.reason == "failed":  # the one line --quiet keeps
         print(
@@ -225,14 +229,9 @@ def _finish(
             f"{outcome.error}",
             file=sys.stderr,
         )
-        return outcome.exit_code
-    problem = unwritten
-    if outcome.reason == "completed":
-        problem = _all_aborted(episodes, run_id, rd) or problem
-    if problem:
+    elif problem:
         print(problem, file=sys.stderr)
-        return outcome.exit_code or 1
-    return outcome.exit_code
+    return code
 
 
 def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:

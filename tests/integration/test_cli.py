@@ -89,9 +89,32 @@ def test_a_log_filter_naming_nothing_in_the_run_is_an_error_not_silence(small_ru
         2,
         "--actor: no event of 'worker-99' in this run; its actors: runtime, scheduler, worker-0",
     )
-    # a real actor with nothing in range is an empty answer, not an error
+    assert_clean_error(
+        coevo("log", str(small_run), "--episode", "ep99999"),
+        2,
+        "--episode: no event of 'ep99999' in this run (its ",
+    )
+    # a real actor or episode with nothing in range is an empty answer, not an error
     proc = coevo("log", str(small_run), "--actor", "worker-0", "--to", "1")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    proc = coevo("log", str(small_run), "--episode", "ep000001", "--to", "1")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+def test_outputs_are_refused_inside_a_runs_log_directory(small_run: Path) -> None:
+    """``export --tensorboard RUN/log`` wrote its files beside the log's ``data.mdb``, and
+    ``report --out RUN/log/x.html`` too: nothing but the log belongs there."""
+    log = small_run / "log"
+    for args, flag in (
+        (("report", str(small_run), "--out", str(log / "x.html")), "--out"),
+        (("export", str(small_run), "--tensorboard", str(log)), "--tensorboard"),
+        (("export", str(small_run), "--mlflow", str(log / "m")), "--mlflow"),
+    ):
+        assert_clean_error(coevo(*args), 2, f"{flag} {log}")
+    assert sorted(p.name for p in log.iterdir()) == sorted(
+        p for p in ("data.mdb", "lock.mdb", "writer.lock") if (log / p).exists()
+    )
+    assert not (log / "x.html").exists() and not (log / "m").exists()
 
 
 def test_outcomes_do_not_depend_on_worker_count(tmp_path: Path) -> None:

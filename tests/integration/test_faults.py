@@ -363,6 +363,9 @@ def test_a_run_whose_every_episode_aborted_says_so_and_its_log_reads(tmp_path: P
     kinds = [json.loads(line)["event"]["kind"] for line in log.stdout.splitlines()]
     assert kinds.count("episode_aborted") == 6 and "step_taken" not in kinds
     verified(run)
+    loud = coevo("run", str(scenario), "--out", str(tmp_path / "loud"), env=env)
+    assert loud.returncode == 1 and "completed: " in loud.stderr
+    assert "(exit 1)" in loud.stderr and "(exit 0)" not in loud.stderr  # said 0, exited 1
 
 
 def test_an_actor_that_keeps_failing_stops_the_run_with_its_error(tmp_path: Path) -> None:
