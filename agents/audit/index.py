@@ -509,7 +509,7 @@ def open_index(run_root: Path, log: EventLog, where: Path | None = None) -> tupl
         except IndexDamaged as exc:  # a cache: built again from the log
             LmdbFactIndex.wipe(path)
             index = LmdbFactIndex.open(path, ident)
-            note = f"the audit index in {path} was damaged ({exc}); rebuilt it from the log"
+            note = _damaged(path, exc)
     except (OSError, LogError) as exc:
         index = MemoryFactIndex()
         note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
@@ -526,25 +526,36 @@ def open_index(run_root: Path, log: EventLog, where: Path | None = None) -> tupl
     return index, note
 
 
+def _damaged(path: Path, exc: Exception) -> str:
+    return f"the audit index in {path} was damaged ({exc}); rebuilt it from the log"
+
+
+def rebuilt_index(
+    run_root: Path, log: EventLog, damaged: LmdbFactIndex, exc: IndexDamaged
+) -> tuple[FactIndex, str]:
+    """The index ``damaged`` closed, removed and built again from the log (:func:`open_index`
+    in the same place), and the note that says so."""
+    path = damaged.path
+    damaged.close()
+    LmdbFactIndex.wipe(path)
+    index, _ = open_index(run_root, log, path)
+    return index, _damaged(path, exc)
+
+
 def answer_from_index(
     run_root: Path, log: EventLog, where: Path | None, ask: Callable[[FactIndex], T]
 ) -> tuple[T, str]:
     """``ask(index)`` on the run's index (:func:`open_index`), and the note about the index.
-    A damaged fact met while answering (:class:`IndexDamaged`) removes the index, which is
-    built again from the log, and the question is asked once more."""
+    A damaged fact met while answering (:class:`IndexDamaged`) rebuilds the index from the
+    log (:func:`rebuilt_index`) and the question is asked once more."""
     index, note = open_index(run_root, log, where)
     try:
+        try:
+            return ask(index), note
+        except IndexDamaged as exc:
+            if not isinstance(index, LmdbFactIndex):
+                raise
+            index, note = rebuilt_index(run_root, log, index, exc)
         return ask(index), note
-    except IndexDamaged as exc:
-        if not isinstance(index, LmdbFactIndex):
-            raise
-        damaged = f"the audit index in {index.path} was damaged ({exc}); rebuilt it from the log"
-        index.close()
-        LmdbFactIndex.wipe(index.path)
-    finally:
-        index.close()
-    index, _ = open_index(run_root, log, where)
-    try:
-        return ask(index), damaged
     finally:
         index.close()

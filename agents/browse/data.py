@@ -23,6 +23,7 @@ from agents.audit.index import (
     fetch,
     open_index,
     outcomes,
+    rebuilt_index,
     refresh,
     refs,
     versions,
@@ -181,12 +182,8 @@ class RunView:
         except IndexDamaged as exc:
             if not isinstance(self.index, LmdbFactIndex):
                 raise
-            path = self.index.path
-            self.index.close()
-            LmdbFactIndex.wipe(path)
-            self.index, _ = open_index(self.root, self.log)
+            self.index, self.note = rebuilt_index(self.root, self.log, self.index, exc)
             self._rows = (-1, [])
-            self.note = f"the audit index in {path} was damaged ({exc}); rebuilt it from the log"
         return ask()
 
     def _candidates(self, episode: str) -> dict[int, list[Candidate]]:

@@ -316,23 +316,47 @@ def test_a_truncated_index_is_rebuilt_not_a_crash(
     assert audit(capsys, str(copy), "tip", "2") == (0, want, "")  # whole again
 
 
+DAMAGE = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], max_dbs=2)
+facts = env.open_db(b"facts")
+with env.begin(write=True) as txn:
+    for key, value in list(txn.cursor(facts)):
+        txn.put(key, bytes([value[0] ^ 1]) + value[1:], db=facts)
+"""
+
+
+def _damage_every_fact(copy: Path) -> None:
+    """Flip a bit of every fact's value, in a process of its own (as another program or the
+    disk would: LMDB opens an environment once per process)."""
+    subprocess.run([sys.executable, "-c", DAMAGE, str(copy / INDEX_DIR)], check=True)
+
+
 def test_a_fact_that_fails_its_checksum_rebuilds_the_index(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A damaged value on an intact page (which no page check sees) was decoded as it was:
     tracebacks, or a silently wrong answer. Every fact carries a CRC of its key and value."""
-    import lmdb
-
     copy = _copy_with_index(run, tmp_path, capsys)
     want = audit(capsys, str(copy), "episode", "ep002")
-    env = lmdb.open(str(copy / INDEX_DIR), max_dbs=2)
-    facts = env.open_db(b"facts")
-    with env.begin(write=True) as txn:
-        for key, value in txn.cursor(facts):
-            damaged = bytearray(value)
-            damaged[0] ^= 0x01
-            txn.put(key, bytes(damaged), db=facts)
-    env.close()
+    _damage_every_fact(copy)
     code, out, err = audit(capsys, str(copy), "episode", "ep002")
     assert (code, out) == want[:2]
     assert err.startswith("coevo: note: the audit index in ") and "fails its CRC" in err
+
+
+def test_the_browser_rebuilds_a_damaged_index_it_holds_open(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agents.browse.data import RunView
+
+    copy = _copy_with_index(run, tmp_path, capsys)
+    view = RunView.open("run", copy)
+    try:
+        want = view.entry("2")
+        _damage_every_fact(copy)  # under the open view, as a disk would
+        assert view.entry("2") == want
+        assert "was damaged" in view.note and "rebuilt it from the log" in view.note
+        assert view.episodes({})  # read again from the rebuilt index
+    finally:
+        view.close()
