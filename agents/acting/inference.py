@@ -42,6 +42,7 @@ from agents.models.prompts import (
     from_pairs,
     position_limit,
     prompt_room,
+    scoring_room,
     strip_tips,
 )
 from engine.actor import Actor, Context, task_nursery
@@ -233,10 +234,8 @@ class PolicyRunner:
             return None
         if self.settings.mode != "score":
             return prompt_room(limit, self.settings.max_new_tokens)
-        for k, cand in enumerate(cands):
-            if len(cand) > limit // 2:
-                cands[k] = cand[: limit // 2]
-        return prompt_room(limit, max(map(len, cands), default=0))
+        cands[:], room = scoring_room(cands, limit)
+        return room
 
     def _with_bare_prompts(
         self,

@@ -17,7 +17,9 @@ which is what off-policy distillation trains on (:func:`strip_tips`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, cast
+
+T = TypeVar("T", bound=Sequence[int])
 
 TURN_SYSTEM = "you act in a text lab to reach the goal. answer with one action."
 REFLECT_SYSTEM = "you read an episode of a text lab and write a short note for the next try."
@@ -238,15 +240,23 @@ def cut_gap(tokenizer: Any) -> list[int]:
     return list(tokenizer.encode(CUT_TEXT, add_special_tokens=False))
 
 
+def scoring_room(candidates: Sequence[T], limit: int) -> tuple[list[T], int]:
+    """A "score" request's candidates in ``limit`` positions: each keeps at most half of them
+    (its first tokens; one that fits is the same object), and the room left for the prompt
+    beside the longest (:func:`prompt_room`)."""
+    half = limit // 2
+    cands = [c if len(c) <= half else cast(T, c[:half]) for c in candidates]
+    return cands, prompt_room(limit, max(map(len, cands), default=0))
+
+
 def fit_scoring(
-    prompt: Sequence[int], candidates: Sequence[Sequence[int]], limit: int, gap: Sequence[int] = ()
-) -> tuple[list[int], list[list[int]]]:
-    """A "score" request in ``limit`` positions, as the inference actor cuts it: a candidate
-    keeps at most half of them, and the prompt loses its middle (:func:`cut_middle`) to leave
-    the longest candidate its room. What fits is returned as it is."""
-    cands = [list(c[: limit // 2]) for c in candidates]
-    cut, _ = cut_middle(prompt, prompt_room(limit, max(map(len, cands), default=0)), gap)
-    return cut, cands
+    prompt: Sequence[int], candidates: Sequence[T], limit: int, gap: Sequence[int] = ()
+) -> tuple[list[int], list[T]]:
+    """A "score" request in ``limit`` positions, as the inference actor cuts it
+    (:func:`scoring_room`, then the prompt loses its middle, :func:`cut_middle`). What fits is
+    returned as it is."""
+    cands, room = scoring_room(candidates, limit)
+    return cut_middle(prompt, room, gap)[0], cands
 
 
 def fit_sample(
