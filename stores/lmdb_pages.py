@@ -148,6 +148,10 @@ def check_tree(data: _Data, meta: Meta, free: bool = True) -> int:
     return len(walk.seen)
 
 
+_MANY_LEAVES = 256
+"""From this many leaf pages in one tree, they are checked in bulk first (numpy)."""
+
+
 class _Walk:
     def __init__(self, data: _Data, meta: Meta) -> None:
         self.data = data
@@ -174,7 +178,7 @@ class _Walk:
             return []
         if not 1 <= depth <= 32:
             raise PageDamaged(f"{what} has depth {depth}")
-        named: list[tuple[bytes, int, int]] = []
+        leaves: list[int] = []
         stack = [(root, 1)]
         while stack:
             pgno, level = stack.pop()
@@ -185,13 +189,53 @@ class _Walk:
                 raise PageDamaged(
                     f"page {pgno} of {what} should be a {expected} page, its flags are {flags:#x}"
                 )
+            if kind == P_LEAF:
+                leaves.append(pgno)
+                continue
+            for node in self._nodes(pgno, what):
+                lo, hi, nflags, _ = _NODE.unpack_from(self.data, node)
+                stack.append((lo | hi << 16 | nflags << 32, level + 1))
+        if len(leaves) >= _MANY_LEAVES:  # most pass a check in bulk; the rest one by one
+            leaves = self._not_plain(leaves)
+        named: list[tuple[bytes, int, int]] = []
+        for pgno in leaves:
             for node in self._nodes(pgno, what):
                 lo, hi, nflags, ksize = _NODE.unpack_from(self.data, node)
-                if kind == P_BRANCH:
-                    stack.append((lo | hi << 16 | nflags << 32, level + 1))
-                else:
-                    named += self._leaf(pgno, what, node, lo | hi << 16, nflags, ksize)
+                named += self._leaf(pgno, what, node, lo | hi << 16, nflags, ksize)
         return named
+
+    def _not_plain(self, leaves: list[int]) -> list[int]:
+        """Those of ``leaves`` that the node by node check must see: pages whose bounds, node
+        pointers, keys or values do not lie within the page, or that hold a node of another
+        kind than a plain key and value (a big value, a database record). The checks are those
+        of :meth:`_nodes` and :meth:`_leaf`, done on every node of every page at once."""
+        import numpy as np  # only for large trees: a small log's reader does not import it
+
+        # the file as little-endian 16-bit words: pages, headers and nodes start at even
+        # offsets (LMDB aligns nodes to two bytes; an odd pointer is left to the slow check)
+        words = np.frombuffer(self.data, dtype="<u2", count=len(self.data) // 2)
+        psize, head = self.psize, _HEADER.size
+        pages = np.asarray(leaves, dtype=np.int64)
+        base = pages * (psize // 2)  # in words
+
+        def u16(at: np.ndarray) -> np.ndarray:
+            return words[at].astype(np.int64)
+
+        lower, upper = u16(base + (head - 4) // 2), u16(base + (head - 2) // 2)
+        ok = (lower > head) & (lower <= upper) & (upper <= psize) & ((lower - head) % 2 == 0)
+        count = np.where(ok, (lower - head) // 2, 0)
+        owner = np.repeat(np.arange(len(pages)), count)
+        k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        ptr = u16(base[owner] + head // 2 + k)
+        bad = (ptr < upper[owner]) | (ptr > psize - _NODE.size) | (ptr % 2 == 1)
+        node = base[owner] + np.clip(ptr, 0, psize - _NODE.size) // 2
+        size = u16(node) | u16(node + 1) << 16
+        flags, ksize = u16(node + 2), u16(node + 3)
+        end = ptr + _NODE.size + ksize
+        special = (flags & (F_BIGDATA | F_SUBDATA | F_DUPDATA)) != 0
+        bad |= (end > psize) | special | (end + size > psize)
+        flagged = np.bincount(owner, weights=bad, minlength=len(pages)) > 0
+        return [pgno for pgno, plain in zip(leaves, ok & ~flagged, strict=True) if not plain]
 
     def _nodes(self, pgno: int, what: str) -> list[int]:
         """The offsets (in the file) of the nodes of page ``pgno``, each within the page."""
