@@ -182,7 +182,7 @@ def test_out_directory_that_is_not_empty_is_refused_and_left_alone(
     assert after == before and not (foreign / "log").exists()
     inside = small_run / "log"  # a run nested in another run's log
     entries = sorted(p.name for p in inside.iterdir())
-    assert_clean_error(coevo("run", EXPLORE, "--out", str(inside)), 2, "not empty and not a run")
+    assert_clean_error(coevo("run", EXPLORE, "--out", str(inside)), 2, f"--out {inside}: inside")
     assert sorted(p.name for p in inside.iterdir()) == entries
     assert coevo("replay", str(small_run), "--verify").returncode == 0
 
