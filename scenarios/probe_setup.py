@@ -76,6 +76,11 @@ KEPT = (
 UPDATES = (ExtractorCalled, ExtractorGradientRequested, ExtractorUpdated)
 
 
+MAX_EPISODES = 1_000_000
+"""The most held-out episodes per bank a probe plays (its task and seed lists are built first:
+an unbounded count took memory until the process was killed)."""
+
+
 @dataclass(frozen=True)
 class ProbeOptions:
     """``coevo probe``'s options (see :func:`probe_run`)."""
@@ -161,8 +166,10 @@ def probe_run(
         ModelUnavailable: a model cannot be found, built or loaded.
         UpdateDiverged: re-executing the extractor's updates does not reproduce the log.
     """
-    if options.episodes < 1:
-        raise ProbeInvalid(f"--episodes must be >= 1, got {options.episodes}")
+    if not 1 <= options.episodes <= MAX_EPISODES:
+        raise ProbeInvalid(
+            f"--episodes must be between 1 and {MAX_EPISODES:,}, got {options.episodes}"
+        )
     s = run.scenario
     wanted = parse_versions(options.versions, _last(run))
     if control is not None and control.updates:

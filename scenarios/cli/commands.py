@@ -334,6 +334,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
             log.close()
 
     given = None if args.out is None else out_path(args.out, Path)  # before any work
+    if given is not None and given.exists() and not given.is_dir():
+        raise InputInvalid(f"--out {given}: a file, not a directory for the probe's report")
     run = read_run(args.run, read)
     control = read_run(args.control, read) if args.control else None
     options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)

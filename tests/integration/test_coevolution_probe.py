@@ -258,7 +258,9 @@ def run_copy(root: Path, name: str, old: str, new: str) -> Path:
         ("version", "--versions: '99' is not an extractor version of the run"),
         ("control", "its extractor was updated"),
         ("policy", "/nonexistent/policy"),
-        ("episodes", "--episodes must be >= 1, got 0"),
+        ("episodes", "--episodes must be between 1 and 1,000,000, got 0"),
+        ("huge", "--episodes must be between 1 and 1,000,000, got 99999999999999999999"),
+        ("out-file", "a file, not a directory for the probe's report"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -282,11 +284,16 @@ def test_bad_input_is_one_line_and_exit_2(
         "control": [run, "--control", run],
         "policy": [run, "--policy", "/nonexistent/policy"],
         "episodes": [run, "--episodes", "0"],
+        "huge": [run, "--episodes", "99999999999999999999"],  # took memory until killed
+        "out-file": [run],  # failed only after playing every episode
     }[case]
-    assert main(["probe", *args, "--out", str(tmp_path / "out")]) == 2
+    out = tmp_path / "out"
+    if case == "out-file":
+        out.write_text("mine")
+    assert main(["probe", *args, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("coevo: error: ") and message in err[0], err
-    assert not (tmp_path / "out").exists()
+    assert out.read_text() == "mine" if case == "out-file" else not out.exists()
 
 
 def test_the_headline_pools_the_probes_of_several_seeds(result: dict[str, Any]) -> None:
