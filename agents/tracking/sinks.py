@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 from collections.abc import Mapping, Sequence
 from itertools import groupby
 from pathlib import Path
@@ -102,6 +103,13 @@ class TensorBoardSink:
         self._writer.close()
 
 
+def wandb_id(run: str) -> str:
+    """A W&B run id for the run named ``run`` (its directory's name): W&B refuses an id with
+    any of ``:;,#?/'`` (a directory named ``lr=1e-3,seed=7`` is common), so each becomes
+    ``-``; the name it shows stays the directory's."""
+    return re.sub(r"[:;,#?/']", "-", run)
+
+
 class WandbSink:
     """A Weights & Biases run in offline mode under ``where`` (``wandb sync`` uploads it).
 
@@ -117,7 +125,7 @@ class WandbSink:
             dir=str(where),
             project="coevo",
             name=run,
-            id=run,
+            id=wandb_id(run),
             config=dict(config),
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )

@@ -169,6 +169,20 @@ def test_live_wandb_equals_export_and_the_fold(
     assert live == _series(folded)
 
 
+@needs["wandb"]
+def test_a_run_directory_named_with_characters_wandb_refuses_exports(
+    run: Path, folded: list[Scalar], tmp_path: Path
+) -> None:
+    """W&B refuses a run id with any of ``:;,#?/'``: a run directory named ``lr=1e-3,seed:7``
+    was a traceback (and a live run with the sink left a log no resume could open)."""
+    import shutil
+
+    named = tmp_path / "lr=1e-3,seed:7#a"
+    shutil.copytree(run, named)
+    assert main(["export", str(named), "--wandb", str(tmp_path / "wandb")]) == 0
+    assert _wandb_history(tmp_path / "wandb") == _series(folded)
+
+
 def test_export_needs_a_target_and_a_run(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
