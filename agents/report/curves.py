@@ -241,7 +241,7 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     if curves.train:
         xs, ys, _ = zip(*curves.train, strict=True)
-        ax.plot(xs, ys, label=f"train (blocks of {curves.block})", alpha=0.7)
+        ax.plot(xs, ys, _few(xs), label=f"train (blocks of {curves.block})", alpha=0.7)
     if curves.heldout:
         xs, _, ys, _ = zip(*curves.heldout, strict=True)
         ax.plot(xs, ys, marker="o", label="held-out")
@@ -253,8 +253,8 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
         ax.legend()
     if curves.updates:
         versions = [row[0] for row in curves.updates]
-        ax2.plot(versions, [row[1] for row in curves.updates], label="loss")
-        ax2.plot(versions, [row[4] for row in curves.updates], label="approx KL")
+        ax2.plot(versions, [row[1] for row in curves.updates], _few(versions), label="loss")
+        ax2.plot(versions, [row[4] for row in curves.updates], _few(versions), label="approx KL")
         ax2.set_xlabel("policy version")
         ax2.grid(alpha=0.3)
         ax2.legend()
@@ -265,6 +265,12 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
     plt.close(fig)
     replace_file(path, png.getvalue())
     return path
+
+
+def _few(xs: Sequence[object]) -> str:
+    """The line's format: with markers when it has few points (one point of a line alone is
+    not drawn at all)."""
+    return "o-" if len(xs) < 4 else "-"
 
 
 def summary_lines(curves: Curves) -> list[str]:
