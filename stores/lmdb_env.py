@@ -324,6 +324,26 @@ def lock_writer(path: Path) -> int:
     return fd
 
 
+def writer_alive(path: Path) -> bool:
+    """Whether the process that last took the log's writer lock at ``path`` is still running
+    (the pid it noted, asked with signal 0; the lock itself is not touched, so a writer
+    starting now is never refused). A run killed with SIGKILL leaves its pid behind, not its
+    process."""
+    try:
+        pid = int((path / LOCK_FILE).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
 def _file_key(path: Path) -> tuple[int, int]:
     st = os.stat(path / DATA_FILE)
     return st.st_dev, st.st_ino

@@ -32,6 +32,7 @@ from agents.events.policy import ActionRequested, ActionSampled
 from engine.errors import AuditQueryInvalid
 from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
+from stores.lmdb_env import writer_alive
 from stores.lmdb_log import LmdbEventLog
 from stores.rundir import find_run
 
@@ -119,14 +120,16 @@ class RunView:
         return refresh(self.log, self.index)
 
     def status(self) -> str:
-        """ "completed", "stopped (reason)", "failed", or "live" (no final event yet)."""
+        """ "completed", "stopped (reason)", "failed", "live" (no final event yet, and the
+        process writing it runs), or "killed" (no final event, and no writer runs: killed, or
+        its machine lost; ``coevo resume`` continues it)."""
         end = self.log.next_seq
-        if end == 0:
-            return "live"
-        last = fetch(self.log, [end - 1])[end - 1].event
+        last = fetch(self.log, [end - 1])[end - 1].event if end else None
         if isinstance(last, RunStopped):
             return "completed" if last.reason == "completed" else f"stopped ({last.reason})"
-        return "failed" if isinstance(last, RunFailed) else "live"
+        if isinstance(last, RunFailed):
+            return "failed"
+        return "live" if writer_alive(self.log.path) else "killed"
 
     def episodes(self, filters: Mapping[str, str]) -> list[EpisodeRow]:
         """The run's episodes in the order they were assigned, those matching ``filters``."""

@@ -314,3 +314,31 @@ def test_serve_names_the_port_it_listens_on_and_refuses_one_in_use(
         assert err.splitlines()[-1] == (
             f"coevo: error: cannot listen on 127.0.0.1:{port}: Address already in use"
         )
+
+
+KILLED = """
+import sys
+from pathlib import Path
+from engine.eventlog import new_run_meta
+from engine.events import Envelope
+from engine.lifecycle import RunStarted
+from stores.lmdb_log import LmdbEventLog
+meta = new_run_meta("r-k", scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
+log = LmdbEventLog.create(Path(sys.argv[1]), meta, durable=False)
+started = RunStarted(run_id="r-k", scenario="x", scenario_hash="", seed=0, coevo_version="0")
+log.append([Envelope(seq=0, run="r-k", t=0, actor="a", event=started)])
+"""
+
+
+def test_a_run_whose_writer_is_gone_shows_as_killed_not_live(tmp_path: Path) -> None:
+    """A SIGKILLed run has no final event, like a live one: the browser showed it "live" and
+    reloaded its page forever. Its writer's process is gone."""
+    from agents.browse.data import RunView
+
+    root = tmp_path / "killed"
+    subprocess.run([sys.executable, "-c", KILLED, str(root / "log")], check=True)  # then exits
+    view = RunView.open("killed", root)
+    try:
+        assert view.status() == "killed"
+    finally:
+        view.close()
