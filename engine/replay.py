@@ -6,7 +6,7 @@ All of it is pure reading; nothing here writes to the log.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -159,12 +159,19 @@ def iter_events(log: EventLog, flt: EventFilter) -> Iterator[Envelope[Event]]:
 
 
 async def follow(
-    log: EventLog, flt: EventFilter, *, poll: float = 0.2
+    log: EventLog,
+    flt: EventFilter,
+    *,
+    poll: float = 0.2,
+    writing: Callable[[], bool] | None = None,
 ) -> AsyncIterator[Envelope[Event]]:
-    """Like :func:`iter_events`, then keep waiting for new events (a live tail); never ends
-    unless ``flt.stop`` is reached or the caller stops iterating."""
+    """Like :func:`iter_events`, then keep waiting for new events (a live tail): until
+    ``flt.stop`` is reached, the caller stops iterating, or, given ``writing`` (is a process
+    still writing the log?), the tail has caught up with a log nobody writes any more (a run
+    that completed, stopped or was killed)."""
     cursor = flt.start
     while flt.stop is None or cursor < flt.stop:
+        gone = writing is not None and not writing()  # asked first: no commit is missed
         head = log.next_seq
         if head > cursor:
             end = head if flt.stop is None else min(head, flt.stop)
@@ -174,4 +181,6 @@ async def follow(
                     yield env
             cursor = end
             continue
+        if gone:
+            return
         await trio.sleep(poll)

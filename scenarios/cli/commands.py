@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import trio
@@ -462,24 +463,59 @@ def _check_episode(log: Any, asked: str) -> None:
 
 
 def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
+    """Print events as the run commits them, until ``--limit``, until the run's writer is
+    gone and every event is shown (a run that ended or was killed), or until a Ctrl-C (exit
+    0) or a SIGTERM (exit 143; taken inside trio, so it stops the tail where it waits)."""
     from engine.replay import follow
+    from stores.lmdb_env import writer_alive
+
+    terminated = False
+
+    async def on_sigterm(signals: Any, scope: trio.CancelScope) -> None:
+        nonlocal terminated
+        async for _ in signals:
+            terminated = True
+            scope.cancel()
+            return
 
     async def tail() -> None:
         count = 0
-        async for env in follow(log, flt):
-            if args.limit is not None and count >= args.limit:
-                return
-            _print_envelope(env, args.json)
-            sys.stdout.flush()
-            count += 1
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:  # from here, no Terminated
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(on_sigterm, signals, nursery.cancel_scope)
+                async for env in follow(log, flt, writing=lambda: writer_alive(log.path)):
+                    if args.limit is not None and count >= args.limit:
+                        break
+                    _print_envelope(env, args.json)
+                    sys.stdout.flush()
+                    count += 1
+                nursery.cancel_scope.cancel()
 
     try:
         trio.run(tail)
-    except KeyboardInterrupt as exc:  # a Ctrl-C is how a follow ends; a SIGTERM stops it
-        if isinstance(exc, Terminated):
+    except BaseException as exc:  # a Ctrl-C is how a follow ends; a SIGTERM stops it
+        stop = _interrupt(exc)
+        if stop is None:
             raise
+        if isinstance(stop, Terminated):
+            raise Terminated from None
         return 0
+    if terminated:
+        raise Terminated
     return 0
+
+
+def _interrupt(exc: BaseException) -> KeyboardInterrupt | None:
+    """``exc`` if it is a KeyboardInterrupt (a Ctrl-C, or a SIGTERM as ``Terminated``), or the
+    first one of an exception group made only of them (as a nursery raises it); else None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        group = cast("BaseExceptionGroup[BaseException]", exc)
+        found = [_interrupt(e) for e in group.exceptions]
+        if found and all(f is not None for f in found):
+            return found[0]
+    return None
 
 
 def _print_envelope(env: Any, as_json: bool) -> None:

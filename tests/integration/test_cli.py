@@ -415,6 +415,55 @@ def test_a_sigterm_ends_log_follow_with_143(small_run: Path) -> None:
     assert (proc.returncode, proc.stderr) == (143, "coevo: terminated\n")
 
 
+HOLDER = """
+import sys, time
+from pathlib import Path
+from engine.eventlog import new_run_meta
+from engine.events import Envelope
+from engine.lifecycle import RunStarted
+from stores.lmdb_log import LmdbEventLog
+meta = new_run_meta("r-h", scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
+log = LmdbEventLog.create(Path(sys.argv[1]), meta, durable=False)
+started = RunStarted(run_id="r-h", scenario="x", scenario_hash="", seed=0, coevo_version="0")
+log.append([Envelope(seq=0, run="r-h", t=0, actor="a", event=started)])
+print("writing", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_log_follow_ends_when_nobody_writes_the_log_and_a_sigterm_is_one_line(
+    small_run: Path, tmp_path: Path
+) -> None:
+    """``--follow`` on a completed (or killed) run never ended; a SIGTERM while it waited for
+    a live run's next commit printed trio's warnings and five ignored-exception tracebacks."""
+    done = coevo("log", str(small_run), "--follow", timeout=30)  # its writer is gone
+    assert done.returncode == 0 and done.stdout == coevo("log", str(small_run)).stdout
+    writer = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "live" / "log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "writing\n"
+        follow = subprocess.Popen(
+            [COEVO, "log", str(tmp_path / "live"), "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(3)  # it printed the first event and waits for the next
+        assert follow.poll() is None, "a follow of a log being written ended"
+        follow.send_signal(signal.SIGTERM)
+        out, err = follow.communicate(timeout=30)
+    finally:
+        writer.kill()
+        writer.communicate()
+    assert (follow.returncode, err) == (143, "coevo: terminated\n")
+    assert "run_started" in out
+
+
 def list_events(run: Path) -> list[str]:
     proc = coevo("log", str(run), "--json")
     assert proc.returncode == 0, proc.stderr
