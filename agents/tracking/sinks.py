@@ -80,6 +80,22 @@ def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> Sc
     return MlflowSink(where, run, config)
 
 
+def written_before(name: str, where: Path, run: str) -> str:
+    """What of run ``run`` sink ``name`` already holds in ``where`` ("" if nothing): a second
+    export there would show every point twice (TensorBoard reads every event file of a
+    directory; W&B and MLflow would hold two runs of one name)."""
+    if name == "tensorboard":
+        found = sorted(p.name for p in where.glob("events.out.tfevents.*"))
+        return f"TensorBoard event files ({found[0]}, ...)" if found else ""
+    if name == "wandb":
+        found = sorted(p.name for p in (where / "wandb").glob(f"*-{wandb_id(run)}"))
+        return f"the W&B run {found[0]}" if found else ""
+    for tag in where.glob("*/*/tags/mlflow.runName"):  # the file store's runs, by name
+        if tag.read_text(errors="replace").strip() == run:
+            return f"the MLflow run {tag.parent.parent.name} named {run!r}"
+    return ""
+
+
 class TensorBoardSink:
     """TensorBoard event files in ``logdir`` (``simple_value`` scalars: float32)."""
 

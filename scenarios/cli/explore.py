@@ -48,7 +48,7 @@ def add_commands(sub: Any) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from agents.tracking.scalars import KINDS, fold_scalars
-    from agents.tracking.sinks import open_sink
+    from agents.tracking.sinks import open_sink, written_before
     from engine.replay import EventFilter, iter_events
 
     targets = [
@@ -71,6 +71,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         log.close()
     config = _scenario_dict(meta.scenario_toml if meta else "")
     name = find_run(args.run).root.name
+    for sink_name, where in targets:
+        held = written_before(sink_name, Path(where), name)
+        if held:
+            raise InputInvalid(
+                f"--{sink_name} {where}: already holds {held}; an export there again would "
+                "show every point twice (choose another directory, or remove it first)"
+            )
     for sink_name, where in targets:
         try:
             sink = open_sink(sink_name, Path(where), name, config)

@@ -183,6 +183,25 @@ def test_a_run_directory_named_with_characters_wandb_refuses_exports(
     assert _wandb_history(tmp_path / "wandb") == _series(folded)
 
 
+def test_a_second_export_into_the_same_directory_is_refused(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exporting twice into one directory wrote the points twice (TensorBoard reads every
+    event file of a directory; MLflow held two runs of one name), without a word."""
+    sinks = ["tensorboard"] + (["mlflow"] if importlib.util.find_spec("mlflow") else [])
+    for sink in sinks:
+        where = tmp_path / sink
+        assert main(["export", str(run), f"--{sink}", str(where)]) == 0
+        before = sorted(p.relative_to(where) for p in where.rglob("*"))
+        capsys.readouterr()
+        assert main(["export", str(run), f"--{sink}", str(where)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"coevo: error: --{sink} {where}: already holds ") and (
+            "show every point twice" in err
+        )
+        assert sorted(p.relative_to(where) for p in where.rglob("*")) == before
+
+
 def test_export_needs_a_target_and_a_run(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
