@@ -315,10 +315,15 @@ def _refuse_overwrite(out: Path, report_head: bytes) -> None:
 
 
 def _label(root: Path, roots: list[Path]) -> str:
-    """A run's name in a report: its directory, with its parent's when that is ambiguous."""
-    if sum(p.name == root.name for p in roots) > 1:
-        return f"{root.parent.name}/{root.name}"
-    return root.name
+    """A run's name in a report: its directory's name, with as many of its parents as tell it
+    apart from the other runs' (``x1/s/r`` and ``x2/s/r``, not ``s/r`` twice); the same run
+    given twice is one name."""
+    mine = root.resolve().parts
+    others = {r.resolve().parts for r in roots} - {mine}
+    for k in range(1, len(mine) + 1):
+        if all(o[-k:] != mine[-k:] for o in others):
+            return "/".join(mine[-k:]).removeprefix("//")
+    return "/".join(mine).removeprefix("//")
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

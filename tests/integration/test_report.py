@@ -254,3 +254,16 @@ def test_headless_chromium_renders_the_headings_and_the_plots(page: Path, tmp_pa
     ink = sum(n for n, rgb in colors if rgb != (255, 255, 255))
     assert blue > 1000, "the first run's curves (tab:blue) should be drawn"
     assert ink > 0.05 * 1280 * 2600, "the page should not be blank"
+
+
+def test_run_labels_tell_runs_apart_however_deep_the_difference(tmp_path: Path) -> None:
+    """Two runs ``x1/s/r`` and ``x2/s/r`` were both labelled ``s/r`` in the table and every
+    legend, and ``report a a`` titled itself ``/a, /a``."""
+    from scenarios.cli.commands import _label
+
+    deep = [tmp_path / "x1" / "s" / "r", tmp_path / "x2" / "s" / "r"]
+    assert [_label(r, deep) for r in deep] == ["x1/s/r", "x2/s/r"]
+    same = [tmp_path / "a", tmp_path / "a"]
+    assert [_label(r, same) for r in same] == ["a", "a"]
+    mixed = [tmp_path / "a", tmp_path / "b" / "a", tmp_path / "c"]
+    assert [_label(r, mixed) for r in mixed] == [f"{tmp_path.name}/a", "b/a", "c"]
