@@ -81,6 +81,9 @@ def make_app(runs: Mapping[str, RunView]) -> Starlette:
         if not re.fullmatch(r"[0-9]+", number) or int(number) < 1:
             raise HTTPException(400, f"page must be a positive integer, got {number!r}")
         rows = view.episodes(chosen)
+        pages = max(1, -(-len(rows) // PAGE))
+        if int(number) > pages:
+            raise HTTPException(404, f"page {number}: this list has {pages} page(s)")
         start = (int(number) - 1) * PAGE
         status = view.status()
         return page(
@@ -90,7 +93,7 @@ def make_app(runs: Mapping[str, RunView]) -> Starlette:
             total=len(rows),
             first=start + 1,
             page=int(number),
-            pages=max(1, -(-len(rows) // PAGE)),
+            pages=pages,
             chosen=chosen,
             choices=view.choices(),
             status=status,

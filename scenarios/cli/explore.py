@@ -182,7 +182,8 @@ def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve until interrupted (exit 0), or refuse bad input before binding (exit 2)."""
+    """Serve until stopped (a Ctrl-C: exit 130, a SIGTERM: 143, as any command), or refuse bad
+    input before binding (exit 2)."""
     check_bind(args.host, args.public)
     if not 0 <= args.port <= 65535:
         raise InputInvalid(f"--port must be in 0..65535, got {args.port}")

@@ -199,6 +199,7 @@ def test_bad_runs_and_ids_are_one_line_error_pages(server: str) -> None:
         ("/runs/run/entries/18446744073709551616", 404, "no entry 18446744073709551616 in"),
         ("/runs/run?page=0", 400, "page must be a positive integer, got &#39;0&#39;"),
         ("/runs/run?page=%C2%B2", 400, "page must be a positive integer, got &#39;²&#39;"),
+        ("/runs/run?page=99", 404, "page 99: this list has 1 page(s)"),
         ("/runs/run/entries/%E2%91%A0", 404, "entry id must be a non-negative integer"),
     ):
         code, body = _get(server + path)
