@@ -32,8 +32,8 @@ SINKS: dict[str, tuple[str, str]] = {
 
 
 class SinkUnavailable(CoevoError):
-    """A tracking sink was asked for whose library is not installed (exit 2); unlike an
-    ``OSError`` while writing, nothing was written."""
+    """A tracking sink was asked for whose library is not installed, or whose store it cannot
+    use (exit 2); unlike an ``OSError`` while writing, nothing was written."""
 
     exit_code = 2
 
@@ -77,7 +77,15 @@ def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> Sc
         return TensorBoardSink(where)
     if name == "wandb":
         return WandbSink(where, run, config)
-    return MlflowSink(where, run, config)
+    try:
+        return MlflowSink(where, run, config)
+    except OSError:
+        raise
+    except Exception as exc:  # MLflow reading a store it did not write (a bad meta.yaml)
+        raise SinkUnavailable(
+            f"tracking sink 'mlflow' cannot use the file store at {where}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def written_before(name: str, where: Path, run: str) -> str:

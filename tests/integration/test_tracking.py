@@ -202,6 +202,18 @@ def test_a_second_export_into_the_same_directory_is_refused(
         assert sorted(p.relative_to(where) for p in where.rglob("*")) == before
 
 
+@needs["mlflow"]
+def test_an_mlflow_store_mlflow_cannot_read_is_one_line(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "store" / "0").mkdir(parents=True)
+    (tmp_path / "store" / "0" / "meta.yaml").write_text("hi\n")  # not a mapping
+    assert main(["export", str(run), "--mlflow", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coevo: error: tracking sink 'mlflow' cannot use the file store at ")
+    assert err.count("\n") == 1
+
+
 def test_export_needs_a_target_and_a_run(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
