@@ -56,10 +56,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     ]
     if not targets:
         raise InputInvalid("export needs a target: --tensorboard DIR, --wandb DIR or --mlflow DIR")
-    for sink_name, where in targets:
-        outside_lmdb(Path(where), f"--{sink_name}")
     if args.block is not None and args.block < 1:
         raise InputInvalid(f"--block must be >= 1, got {args.block}")
+    name = find_run(args.run).root.name
+    for sink_name, where in targets:
+        outside_lmdb(Path(where), f"--{sink_name}")
+        held = written_before(sink_name, Path(where), name)
+        if held:
+            raise InputInvalid(
+                f"--{sink_name} {where}: already holds {held}; an export there again would "
+                "show every point twice (choose another directory, or remove it first)"
+            )
     log = open_run(args.run)
     try:
         with naming(log.path):
@@ -70,14 +77,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         log.close()
     config = _scenario_dict(meta.scenario_toml if meta else "")
-    name = find_run(args.run).root.name
-    for sink_name, where in targets:
-        held = written_before(sink_name, Path(where), name)
-        if held:
-            raise InputInvalid(
-                f"--{sink_name} {where}: already holds {held}; an export there again would "
-                "show every point twice (choose another directory, or remove it first)"
-            )
     for sink_name, where in targets:
         try:
             sink = open_sink(sink_name, Path(where), name, config)
