@@ -8,6 +8,7 @@ gives them; ``write`` may block (file I/O: the tracker calls it in a worker thre
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -62,7 +63,8 @@ def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> Sc
             keeps one (W&B, MLflow parameters).
 
     Raises:
-        SinkUnavailable: the sink's library is not installed.
+        SinkUnavailable: the sink's library is not installed, or it could not start there
+            (its directory cannot be made, its library refused the store or the run).
         ValueError: ``name`` is no sink.
     """
     if name not in SINKS:
@@ -72,19 +74,17 @@ def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> Sc
         raise SinkUnavailable(
             f"tracking sink {name!r} needs the {module} package: pip install 'coevo[{extra}]'"
         )
-    where.mkdir(parents=True, exist_ok=True)
-    if name == "tensorboard":
-        return TensorBoardSink(where)
-    if name == "wandb":
-        return WandbSink(where, run, config)
     try:
+        where.mkdir(parents=True, exist_ok=True)
+        if name == "tensorboard":
+            return TensorBoardSink(where)
+        if name == "wandb":
+            return WandbSink(where, run, config)
         return MlflowSink(where, run, config)
-    except OSError:
-        raise
-    except Exception as exc:  # MLflow reading a store it did not write (a bad meta.yaml)
+    except Exception as exc:  # a path the file system refuses, a store MLflow cannot read, ...
+        what = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) else str(exc)
         raise SinkUnavailable(
-            f"tracking sink 'mlflow' cannot use the file store at {where}: "
-            f"{type(exc).__name__}: {exc}"
+            f"tracking sink {name!r} cannot start in {where}: {type(exc).__name__}: {what}"
         ) from exc
 
 
@@ -127,11 +127,21 @@ class TensorBoardSink:
         self._writer.close()
 
 
+_WANDB_ID_MAX = 200
+"""Longest W&B run id kept as it is: W&B names the offline run's directory
+``offline-run-YYYYMMDD_HHMMSS-<id>``, which must fit a file name (255 bytes)."""
+
+
 def wandb_id(run: str) -> str:
     """A W&B run id for the run named ``run`` (its directory's name): W&B refuses an id with
     any of ``:;,#?/'`` (a directory named ``lr=1e-3,seed=7`` is common), so each becomes
-    ``-``; the name it shows stays the directory's."""
-    return re.sub(r"[:;,#?/']", "-", run)
+    ``-``; an id longer than 200 bytes keeps its first 191 characters and a digest of the
+    whole name. The name W&B shows stays the directory's."""
+    safe = re.sub(r"[:;,#?/']", "-", run)
+    if len(safe.encode()) <= _WANDB_ID_MAX:
+        return safe
+    head = safe.encode()[: _WANDB_ID_MAX - 9].decode(errors="ignore")
+    return f"{head}-{hashlib.sha256(run.encode(errors='surrogatepass')).hexdigest()[:8]}"
 
 
 class WandbSink:
@@ -144,15 +154,19 @@ class WandbSink:
     def __init__(self, where: Path, run: str, config: Mapping[str, Any]) -> None:
         import wandb
 
-        self._run = wandb.init(
-            mode="offline",
-            dir=str(where),
-            project="coevo",
-            name=run,
-            id=wandb_id(run),
-            config=dict(config),
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
-        )
+        try:
+            self._run = wandb.init(
+                mode="offline",
+                dir=str(where),
+                project="coevo",
+                name=run,
+                id=wandb_id(run),
+                config=dict(config),
+                settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+            )
+        except BaseException:
+            wandb.teardown()  # the service process W&B may have started for it
+            raise
         self._groups: set[str] = set()
 
     def write(self, points: Sequence[Scalar]) -> None:

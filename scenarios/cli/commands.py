@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", help="continue a stopped, failed or killed run from its log")
     p.add_argument("run")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument(
+        "--no-tracking",
+        action="store_true",
+        help="no live tracking this session, whatever [tracking] says (coevo export writes "
+        "the scalars afterwards)",
+    )
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("replay", help="rebuild state from a run's log, or verify it")

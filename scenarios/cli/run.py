@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -94,6 +95,7 @@ def _create(scenario: Any, assembly: Any, rd: RunDir, run_id: str, *, quiet: boo
         seed=scenario.seed,
         coevo_version=coevo_version,
     )
+    existed = rd.root.is_dir()
     try:  # the log first: creating it claims the directory (a second run is refused)
         log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
     except OSError as exc:
@@ -109,7 +111,34 @@ def _create(scenario: Any, assembly: Any, rd: RunDir, run_id: str, *, quiet: boo
     except OSError as exc:
         log.close()
         raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
-    return _drive(scenario, assembly, log, rd, started, quiet=quiet)
+    try:
+        return _drive(scenario, assembly, log, rd, started, quiet=quiet)
+    except TrackerNotStarted as exc:  # nothing of the run was written: nothing of it is left
+        _discard(rd, existed)
+        raise InputInvalid(f"{exc}; nothing ran, and {rd.root} is left as it was") from None
+
+
+class TrackerNotStarted(CoevoError):
+    """A tracking sink could not start, so the run did not: its log holds no event (exit 2)."""
+
+    exit_code = 2
+
+
+def _discard(rd: RunDir, existed: bool) -> None:
+    """Remove what creating a run in ``rd`` wrote, once it stopped before its first event (the
+    directory held nothing else: ``cmd_run`` checked), and the directory itself unless it
+    was there before."""
+    import shutil
+
+    from scenarios.assemble import TRACKING_DIR
+
+    for path in (rd.root / TRACKING_DIR, rd.log):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (rd.scenario, rd.structlog):
+        path.unlink(missing_ok=True)
+    if not existed:
+        with contextlib.suppress(OSError):  # not empty: something else appeared there
+            rd.root.rmdir()
 
 
 def _drive(
@@ -132,11 +161,15 @@ def _drive(
     console = Console(stderr=True, quiet=quiet)
     configure_logging(console, scenario.logging.level, rd.structlog)
     progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
+    from agents.tracking.sinks import SinkUnavailable
+
     try:
         tracker = assembly.tracking(history) if assembly.tracking is not None else None
-    except BaseException:
+    except BaseException as exc:
         log.close()
         close_logging()
+        if isinstance(exc, SinkUnavailable):
+            raise TrackerNotStarted(str(exc)) from exc
         raise
     runtime = Runtime(
         log,
@@ -282,6 +315,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
         assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+        if args.no_tracking:
+            assembly = dataclasses.replace(assembly, tracking=None)
         if not history:  # created, then stopped before its first event: it starts now
             _keep_scenario(rd, meta.scenario_toml)
         joined.enter_context(cluster(scenario, source))
@@ -296,16 +331,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
         coevo_version=meta.coevo_version,
     )
     with joined:
-        if not history:
-            return _drive(scenario, assembly, log, rd, started, quiet=args.quiet)
-        last = history[-1]
-        ended = isinstance(last.event, RunStopped | RunFailed)
-        previous = str(last.event.__struct_config__.tag) if ended else ""
-        resumed = RunResumed(after=last.seq, previous=previous, coevo_version=version())
-        return _drive(
-            scenario, assembly, log, rd, started,
-            quiet=args.quiet, resumed=resumed, history=history,
-        )  # fmt: skip
+        try:
+            if not history:
+                return _drive(scenario, assembly, log, rd, started, quiet=args.quiet)
+            last = history[-1]
+            ended = isinstance(last.event, RunStopped | RunFailed)
+            previous = str(last.event.__struct_config__.tag) if ended else ""
+            resumed = RunResumed(after=last.seq, previous=previous, coevo_version=version())
+            return _drive(
+                scenario, assembly, log, rd, started,
+                quiet=args.quiet, resumed=resumed, history=history,
+            )  # fmt: skip
+        except TrackerNotStarted as exc:
+            raise InputInvalid(
+                f"{exc}; nothing was written: `coevo resume {args.run} --no-tracking` "
+                "continues the run without live tracking (`coevo export` writes its scalars "
+                "afterwards)"
+            ) from None
 
 
 def _keep_scenario(rd: RunDir, text: str) -> None:

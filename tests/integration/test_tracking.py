@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import struct
 from collections import defaultdict
 from pathlib import Path
@@ -210,7 +211,7 @@ def test_an_mlflow_store_mlflow_cannot_read_is_one_line(
     (tmp_path / "store" / "0" / "meta.yaml").write_text("hi\n")  # not a mapping
     assert main(["export", str(run), "--mlflow", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("coevo: error: tracking sink 'mlflow' cannot use the file store at ")
+    assert err.startswith("coevo: error: tracking sink 'mlflow' cannot start in ")
     assert err.count("\n") == 1
 
 
@@ -225,3 +226,62 @@ def test_export_needs_a_target_and_a_run(
     assert main(["export", str(tmp_path), "--tensorboard", str(tmp_path / "tb")]) == 2
     err = capsys.readouterr().err
     assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"
+
+
+EXPLORE = str(Path(__file__).resolve().parents[2] / "scenarios" / "explore.toml")
+
+
+@needs["tensorboard"]
+def test_a_sink_that_cannot_start_leaves_no_run_and_a_resume_can_go_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sink that failed as the run started (W&B given a run directory name too long for its
+    own directory) was a traceback, and left a log of no event that ``resume`` could not
+    continue either (it started the same sink): a new run leaves nothing behind, and a
+    resume may go on without live tracking."""
+    from agents.tracking import sinks
+
+    def refuse(self: object, logdir: Path) -> None:
+        raise OSError(36, "File name too long", str(logdir / ("x" * 300)))
+
+    monkeypatch.setattr(sinks.TensorBoardSink, "__init__", refuse)
+    out = tmp_path / "run"
+    args = ["run", EXPLORE, "--out", str(out), "--quiet", "--set", "run.episodes=8"]
+    assert main([*args, "--set", 'tracking.sinks=["tensorboard"]']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coevo: error: tracking sink 'tensorboard' cannot start in ")
+    assert "OSError: File name too long" in err and err.count("\n") == 1
+    assert f"nothing ran, and {out} is left as it was" in err
+    assert not out.exists()
+    out.mkdir()  # an empty directory given as --out stays, empty
+    assert main([*args, "--set", 'tracking.sinks=["tensorboard"]']) == 2
+    assert list(out.iterdir()) == []
+    capsys.readouterr()
+
+    # a run stopped before its first event (as a kill would leave it), resumed with the sink
+    monkeypatch.undo()
+    assert main([*args, "--set", 'tracking.sinks=["tensorboard"]', "--set", "run.episodes=4"]) == 0
+    with LmdbEventLog.open(out / "log") as log:  # its events dropped: a kill at its start
+        meta = log.read_meta()
+    shutil.rmtree(out)
+    with LmdbEventLog.create(out / "log", meta) as log:
+        pass
+    monkeypatch.setattr(sinks.TensorBoardSink, "__init__", refuse)
+    assert main(["resume", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"nothing was written: `coevo resume {out} --no-tracking` continues" in err
+    assert err.count("\n") == 1
+    assert main(["resume", str(out), "--quiet", "--no-tracking"]) == 0
+    assert main(["replay", str(out), "--verify"]) == 0
+    assert not [p for p in (out / "tracking").rglob("*") if p.is_file()]  # nothing tracked
+
+
+def test_a_wandb_id_fits_the_directory_wandb_names_after_it() -> None:
+    from agents.tracking.sinks import wandb_id
+
+    assert wandb_id("lr=1e-3,seed:7") == "lr=1e-3-seed-7"
+    assert wandb_id("r" * 200) == "r" * 200  # as it was: a resumed run keeps its series
+    long = wandb_id("r" * 240)
+    assert len(long) == 200 and long.startswith("r" * 191 + "-")
+    assert long != wandb_id("r" * 241)
+    assert len(wandb_id("é" * 150).encode()) <= 200
