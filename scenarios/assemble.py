@@ -188,7 +188,10 @@ def tracker(
     block = scenario.tracking.block
 
     def start(history: Sequence[Envelope[Event]]) -> Tracker:
-        sinks = [open_sink(name, sink_dir(root, name), root.name, config) for name in names]
+        sinks = [
+            open_sink(name, sink_dir(root, name), root.name, config, continues=bool(history))
+            for name in names
+        ]
         return Tracker(sinks, block, history)
 
     return start

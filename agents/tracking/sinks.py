@@ -51,7 +51,9 @@ class ScalarSink(Protocol):
         ...
 
 
-def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> ScalarSink:
+def open_sink(
+    name: str, where: Path, run: str, config: Mapping[str, Any], *, continues: bool = False
+) -> ScalarSink:
     """The sink ``name`` writing under ``where``.
 
     Args:
@@ -61,6 +63,9 @@ def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> Sc
         run: the run's id (the W&B and MLflow run's name).
         config: the resolved scenario, recorded as the run's configuration where the sink
             keeps one (W&B, MLflow parameters).
+        continues: a resumed run's session: W&B and MLflow continue the run an earlier
+            session left in ``where`` (whatever the run directory is called now), so that its
+            series goes on under one id and the earlier run is not left "running".
 
     Raises:
         SinkUnavailable: the sink's library is not installed, or it could not start there
@@ -79,8 +84,8 @@ def open_sink(name: str, where: Path, run: str, config: Mapping[str, Any]) -> Sc
         if name == "tensorboard":
             return TensorBoardSink(where)
         if name == "wandb":
-            return WandbSink(where, run, config)
-        return MlflowSink(where, run, config)
+            return WandbSink(where, run, config, continues=continues)
+        return MlflowSink(where, run, config, continues=continues)
     except Exception as exc:  # a path the file system refuses, a store MLflow cannot read, ...
         what = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) else str(exc)
         raise SinkUnavailable(
@@ -151,16 +156,19 @@ class WandbSink:
     ...), since W&B's own step must only grow and the groups count different things.
     """
 
-    def __init__(self, where: Path, run: str, config: Mapping[str, Any]) -> None:
+    def __init__(
+        self, where: Path, run: str, config: Mapping[str, Any], *, continues: bool = False
+    ) -> None:
         import wandb
 
+        earlier = _earlier_wandb_id(where) if continues else None
         try:
             self._run = wandb.init(
                 mode="offline",
                 dir=str(where),
                 project="coevo",
                 name=run,
-                id=wandb_id(run),
+                id=earlier or wandb_id(run),
                 config=dict(config),
                 settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
             )
@@ -191,6 +199,13 @@ class WandbSink:
         return Path(self._run.dir).parent
 
 
+def _earlier_wandb_id(where: Path) -> str | None:
+    """The id of the latest offline W&B run under ``where`` (None if there is none): W&B
+    names its directory ``offline-run-YYYYMMDD_HHMMSS-<id>``."""
+    runs = sorted(p.name for p in (where / "wandb").glob("offline-run-*-*") if p.is_dir())
+    return runs[-1].split("-", 3)[3] if runs else None
+
+
 class MlflowSink:
     """An MLflow run in the file store at ``where`` (experiment "coevo").
 
@@ -199,7 +214,9 @@ class MlflowSink:
     database, so the sink sets it (unless the user set it) before MLflow reads it.
     """
 
-    def __init__(self, where: Path, run: str, config: Mapping[str, Any]) -> None:
+    def __init__(
+        self, where: Path, run: str, config: Mapping[str, Any], *, continues: bool = False
+    ) -> None:
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
 
@@ -208,7 +225,16 @@ class MlflowSink:
         experiment = (
             found.experiment_id if found is not None else self._client.create_experiment("coevo")
         )
-        self.run_id: str = self._client.create_run(experiment, run_name=run).info.run_id
+        earlier = (
+            self._client.search_runs([experiment], order_by=["attribute.start_time DESC"])
+            if continues and found is not None
+            else []
+        )
+        if earlier:  # an earlier session's run, "running" if it was killed: it goes on
+            self.run_id: str = earlier[0].info.run_id
+            self._client.update_run(self.run_id, status="RUNNING")
+            return
+        self.run_id = self._client.create_run(experiment, run_name=run).info.run_id
         params = _flat(config)
         for key, value in params.items():
             self._client.log_param(self.run_id, key, value[:6000])

@@ -285,3 +285,32 @@ def test_a_wandb_id_fits_the_directory_wandb_names_after_it() -> None:
     assert len(long) == 200 and long.startswith("r" * 191 + "-")
     assert long != wandb_id("r" * 241)
     assert len(wandb_id("é" * 150).encode()) <= 200
+
+
+@needs["mlflow"]
+@needs["wandb"]
+def test_a_tracked_run_killed_renamed_and_resumed_goes_on_in_one_wandb_and_mlflow_run(
+    tmp_path: Path,
+) -> None:
+    """A tracked run killed and resumed left its first MLflow run "RUNNING" for good beside a
+    second one, and after its directory was renamed, continued its W&B series under another
+    id: a resumed session continues the run the earlier one left."""
+    import signal
+
+    import yaml
+    from resume_kit import coevo, finish, read_log, stop_at
+
+    first, renamed = tmp_path / "first", tmp_path / "renamed"
+    tracked = 'tracking.sinks=["wandb", "mlflow"]'
+    args = ["run", EXPLORE, "--out", str(first), "--quiet", "--set", "run.episodes=300"]
+    code = stop_at(coevo([*args, "--set", tracked], tmp_path), first, 600, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    first.rename(renamed)
+    finish(coevo(["resume", str(renamed), "--quiet"], tmp_path))
+    assert read_log(renamed)[-1].event.reason == "completed"  # type: ignore[attr-defined]
+
+    runs = sorted((renamed / "tracking" / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and {r.name.split("-", 3)[3] for r in runs} == {"first"}
+    metas = list((renamed / "tracking" / "mlruns").glob("*/*/meta.yaml"))
+    assert len(metas) == 1  # one MLflow run, finished
+    assert yaml.safe_load(metas[0].read_text())["status"] == 3  # RunStatus.FINISHED
