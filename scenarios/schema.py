@@ -323,3 +323,24 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     runtime: RuntimeSection = msgspec.field(default_factory=RuntimeSection)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     tracking: TrackingConfig = msgspec.field(default_factory=TrackingConfig)
+
+
+def table_defaults() -> dict[str, dict[str, Any]]:
+    """The defaults of the tables a scenario fills only with what it changes (dotted table ->
+    key -> value, as TOML gives them): ``policy.embedded`` (:class:`EmbeddedSpec`) and
+    ``complementary.ops`` (:class:`OpsSpec`), less the fields the rest of the scenario sets
+    (the world, the window, ``max_ops``, ``max_new_tokens``). The resolved scenario a run
+    records leaves these tables as written, so comparing two runs needs them filled in.
+
+    World options (each world checks its own) and a plug-in method's ``[method]`` table have
+    no defaults here."""
+    from agents.models.specs import EmbeddedSpec, OpsSpec
+
+    def defaults(spec: msgspec.Struct, derived: set[str]) -> dict[str, Any]:
+        fields: dict[str, Any] = msgspec.to_builtins(spec)
+        return {k: v for k, v in fields.items() if k not in derived}
+
+    return {
+        "policy.embedded": defaults(EmbeddedSpec(), {"world", "world_options", "window"}),
+        "complementary.ops": defaults(OpsSpec(), {"max_ops", "max_new_tokens"}),
+    }

@@ -49,12 +49,15 @@ DERIVED = frozenset({"projection_checked", "snapshot_taken"})
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
 
 
-class Change(msgspec.Struct, frozen=True, kw_only=True):
-    """One scenario key whose value differs (``None``: the key is missing on that side)."""
+class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One scenario key whose value differs (``None``: the key is missing on that side;
+    ``default_a``/``default_b``: that side's value is the table's default, not written)."""
 
     key: str
     a: Any
     b: Any
+    default_a: bool = False
+    default_b: bool = False
 
 
 class Divergence(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,8 +72,15 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
     differing: tuple[str, ...]
 
 
-def scenario_changes(a_toml: str, b_toml: str) -> list[Change]:
+def scenario_changes(
+    a_toml: str, b_toml: str, defaults: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Change]:
     """The keys (dotted paths) whose values differ between two resolved scenarios, sorted.
+
+    Args:
+        defaults: tables a scenario fills only with what it changes (dotted table -> key ->
+            default, ``scenarios.schema.table_defaults``): a key missing there on one side
+            is compared as its default, so a key written at its default is no difference.
 
     Raises:
         ValueError: a text is not TOML.
@@ -79,8 +89,18 @@ def scenario_changes(a_toml: str, b_toml: str) -> list[Change]:
         a, b = _flat(tomllib.loads(a_toml)), _flat(tomllib.loads(b_toml))
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"a scenario is not TOML: {exc}") from None
+    filled = _flat(defaults or {})
+    a_default = {k: v for k, v in filled.items() if k not in a}
+    b_default = {k: v for k, v in filled.items() if k not in b}
+    a, b = {**a_default, **a}, {**b_default, **b}
     return [
-        Change(key=key, a=a.get(key), b=b.get(key))
+        Change(
+            key=key,
+            a=a.get(key),
+            b=b.get(key),
+            default_a=key in a_default,
+            default_b=key in b_default,
+        )
         for key in sorted(a.keys() | b.keys())
         if a.get(key) != b.get(key)
     ]

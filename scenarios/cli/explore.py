@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from scenarios.cli.common import InputInvalid, naming, open_run, outside_lmdb
+from scenarios.cli.common import InputInvalid, naming, open_run, outside_lmdb, version
 from stores.rundir import find_run
 
 __all__ = ["add_commands"]
@@ -108,6 +108,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     from agents.analysis.diff import describe, diverging_seqs, scenario_changes
     from agents.audit.index import fetch
+    from scenarios.schema import table_defaults
 
     log_a, log_b = open_run(args.run_a), None
     try:
@@ -117,8 +118,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         with naming(log_b.path):
             meta_b = log_b.read_meta()
         changes = scenario_changes(
-            meta_a.scenario_toml if meta_a else "", meta_b.scenario_toml if meta_b else ""
+            meta_a.scenario_toml if meta_a else "",
+            meta_b.scenario_toml if meta_b else "",
+            table_defaults(),
         )
+        versions = {m.coevo_version for m in (meta_a, meta_b) if m is not None}
         counts = (log_a.next_seq, log_b.next_seq)
         with naming(log_a.path), naming(log_b.path):
             found = diverging_seqs(log_a.read(0, counts[0]), log_b.read(0, counts[1]))
@@ -136,16 +140,28 @@ def cmd_diff(args: argparse.Namespace) -> int:
         out = {"scenario": changes, "events": counts, "divergence": divergence}
         sys.stdout.write(msgspec.json.encode(out).decode() + "\n")
         return 1 if divergence else 0
-    for line in _diff_lines(args.run_a, args.run_b, changes, counts, divergence):
+    note = ""
+    if any(c.default_a or c.default_b for c in changes) and versions - {version()}:
+        note = (
+            f"  (defaults are this coevo's, {version()}; a run made by coevo "
+            f"{', '.join(sorted(versions - {version()}))} may have had others)"
+        )
+    for line in _diff_lines(args.run_a, args.run_b, changes, counts, divergence, note):
         print(line)
     return 1 if divergence else 0
 
 
-def _diff_lines(a: str, b: str, changes: Any, counts: tuple[int, int], div: Any) -> list[str]:
+def _diff_lines(
+    a: str, b: str, changes: Any, counts: tuple[int, int], div: Any, note: str = ""
+) -> list[str]:
     lines = [f"A: {a} ({counts[0]} events)", f"B: {b} ({counts[1]} events)"]
     if changes:
         lines.append(f"scenario: {len(changes)} difference{'s' * (len(changes) > 1)}")
-        lines += [f"  {c.key}: {_value(c.a)} -> {_value(c.b)}" for c in changes]
+        lines += [
+            f"  {c.key}: {_value(c.a, c.default_a)} -> {_value(c.b, c.default_b)}"
+            for c in changes
+        ]
+        lines += [note] if note else []
     else:
         lines.append("scenario: the same")
     if div is None:
@@ -163,8 +179,10 @@ def _diff_lines(a: str, b: str, changes: Any, counts: tuple[int, int], div: Any)
     return lines
 
 
-def _value(value: Any) -> str:
-    return "(missing)" if value is None else repr(value)
+def _value(value: Any, default: bool = False) -> str:
+    if value is None:
+        return "(missing)"
+    return f"{value!r} (default)" if default else repr(value)
 
 
 def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:

@@ -22,9 +22,10 @@ progress = false
 """
 
 
-def _run(root: Path, name: str, seed: int) -> Path:
+def _run(root: Path, name: str, seed: int, *sets: str) -> Path:
     (root / f"{name}.toml").write_text(EXPLORE.format(seed=seed))
-    assert main(["run", str(root / f"{name}.toml"), "--out", str(root / name), "--quiet"]) == 0
+    args = ["run", str(root / f"{name}.toml"), "--out", str(root / name), "--quiet"]
+    assert main([*args, *(a for s in sets for a in ("--set", s))]) == 0
     return root / name
 
 
@@ -59,6 +60,27 @@ def test_another_seed_diverges_at_its_first_seeded_event(
     assert got["scenario"] == [{"key": "seed", "a": 0, "b": 1}]
     div = got["divergence"]
     assert div["differing"] == ["seed"] and div["a"]["event"]["kind"] == "run_started"
+
+
+def test_a_key_set_to_its_default_is_no_difference_and_a_default_used_is_named(
+    runs: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``[policy.embedded]`` is recorded as written: ``layers`` set to its default read as a
+    difference from a run that left it out, and a default used as "(missing)"."""
+    from scenarios.schema import table_defaults
+
+    a = runs[0]
+    layers = table_defaults()["policy.embedded"]["layers"]
+    same = _run(tmp_path, "same", 0, f"policy.embedded.layers={layers}")
+    other = _run(tmp_path, "other", 0, f"policy.embedded.layers={layers + 1}")
+    assert main(["diff", str(a), str(same)]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "scenario: the same"
+    main(["diff", str(other), str(a)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:4] == [
+        "scenario: 1 difference",
+        f"  policy.embedded.layers: {layers + 1} -> {layers} (default)",
+    ]
 
 
 def test_a_bad_run_is_one_line(

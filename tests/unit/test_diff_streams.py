@@ -84,3 +84,24 @@ def test_scenario_changes_are_dotted_keys() -> None:
     b = 'name = "x"\nseed = 1\n[run]\nepisodes = 4\nworkers = 2\n'
     got = [(c.key, c.a, c.b) for c in scenario_changes(a, b)]
     assert got == [("run.workers", None, 2), ("seed", 0, 1), ("tracking.sinks", [], None)]
+
+
+def test_a_table_filled_with_defaults_shows_what_was_used() -> None:
+    """``[policy.embedded]`` holds only what a scenario changes: a key written at its default
+    read as a difference from a run that left it out, and a default used read as missing."""
+    from scenarios.schema import table_defaults
+
+    defaults = table_defaults()
+    layers = defaults["policy.embedded"]["layers"]
+    a = f'name = "x"\n[policy.embedded]\nlayers = {layers}\n'
+    b = 'name = "x"\n[policy]\nmodel = "embedded"\n[complementary.ops]\nsteps = 7\n'
+    got = [(c.key, c.a, c.b, c.default_a, c.default_b) for c in scenario_changes(a, b, defaults)]
+    assert got == [
+        ("complementary.ops.steps", defaults["complementary.ops"]["steps"], 7, True, False),
+        ("policy.model", None, "embedded", False, False),
+    ]
+    assert [c.key for c in scenario_changes(a, b)] == [
+        "complementary.ops.steps",
+        "policy.embedded.layers",
+        "policy.model",
+    ]  # without the defaults, as it was
