@@ -158,8 +158,7 @@ def _diff_lines(
     if changes:
         lines.append(f"scenario: {len(changes)} difference{'s' * (len(changes) > 1)}")
         lines += [
-            f"  {c.key}: {_value(c.a, c.default_a)} -> {_value(c.b, c.default_b)}"
-            for c in changes
+            f"  {c.key}: {_value(c.a, c.default_a)} -> {_value(c.b, c.default_b)}" for c in changes
         ]
         lines += [note] if note else []
     else:
