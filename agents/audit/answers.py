@@ -14,6 +14,7 @@ only those events from the log; the answers are msgspec Structs, printed by
 from __future__ import annotations
 
 import math
+import re
 
 import msgspec
 
@@ -162,6 +163,18 @@ class TipAudit(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # --- one entry ---------------------------------------------------------------------------------
+
+
+def entry_id(text: str) -> int:
+    """An entry id as a user typed it (ASCII digits only: ``int`` also takes ``²``'s kin,
+    signs, spaces and underscores, which no id is written with).
+
+    Raises:
+        AuditQueryInvalid: ``text`` is not one.
+    """
+    if not re.fullmatch(r"[0-9]+", text):
+        raise AuditQueryInvalid(f"entry id must be a non-negative integer, got {text!r}")
+    return int(text)
 
 
 def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:

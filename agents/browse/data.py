@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agents.audit.answers import TipAudit, audit_tip
+from agents.audit.answers import TipAudit, audit_tip, entry_id
 from agents.audit.episode import EpisodeAudit, audit_episode
 from agents.audit.index import (
     Assigned,
@@ -29,7 +29,6 @@ from agents.audit.index import (
     versions,
 )
 from agents.events.policy import ActionRequested, ActionSampled
-from engine.errors import AuditQueryInvalid
 from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
 from stores.lmdb_env import writer_alive
@@ -173,9 +172,8 @@ class RunView:
         Raises:
             AuditQueryInvalid: ``tip`` is not an entry id, or the run never stored it.
         """
-        if not re.fullmatch(r"[0-9]+", tip):
-            raise AuditQueryInvalid(f"entry id must be a non-negative integer, got {tip!r}")
-        return self._rebuilt_if_damaged(lambda: audit_tip(self.log, self.index, int(tip)))
+        number = entry_id(tip)
+        return self._rebuilt_if_damaged(lambda: audit_tip(self.log, self.index, number))
 
     def _rebuilt_if_damaged(self, ask: Callable[[], T]) -> T:
         """``ask()``; when it meets a damaged fact (:class:`IndexDamaged`), the index is

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -568,16 +567,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_one(log: Any, args: argparse.Namespace) -> Any:
-    from agents.audit.answers import audit_tip
+    from agents.audit.answers import audit_tip, entry_id
     from agents.audit.episode import audit_episode
     from agents.audit.index import answer_from_index
 
-    if args.what == "tip" and not re.fullmatch(r"[0-9]+", args.id):
-        raise InputInvalid(f"entry id must be a non-negative integer, got {args.id!r}")
+    tip = entry_id(args.id) if args.what == "tip" else None
 
     def ask(index: Any) -> Any:
-        if args.what == "tip":
-            return audit_tip(log, index, int(args.id))
+        if tip is not None:
+            return audit_tip(log, index, tip)
         return audit_episode(log, index, args.id)
 
     where = Path(args.index) if args.index else None
