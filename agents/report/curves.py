@@ -303,9 +303,21 @@ def summary_lines(curves: Curves) -> list[str]:
     return lines
 
 
+def block_size(train_episodes: int) -> int:
+    """Training episodes per point of the train curves: 64, fewer for a short run (a tenth of
+    its training episodes), so that a run shorter than 64 has a train curve too."""
+    return max(1, min(64, train_episodes // 10))
+
+
+_FOLDED = (EpisodeFinished, EvalRoundFinished, AdaptRoundFinished, PolicyUpdated)
+
+
 def report(run_dir: Path, events: Iterable[Event], title: str = "") -> list[str]:
-    """Fold ``events``, write the curves into ``run_dir``, return the summary lines."""
-    curves = fold_curves(events)
+    """Fold ``events`` (:func:`block_size` training episodes a point, as ``coevo report``
+    draws them), write the curves into ``run_dir``, return the summary lines."""
+    kept = [ev for ev in events if isinstance(ev, _FOLDED)]
+    train = sum(1 for ev in kept if isinstance(ev, EpisodeFinished) and ev.purpose == "train")
+    curves = fold_curves(kept, block_size(train))
     if not (curves.updates or curves.heldout):
         return []
     paths = write_curves(run_dir, curves, title)

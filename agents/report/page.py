@@ -20,7 +20,13 @@ from pathlib import Path
 from agents.events.episodes import EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorCalled
 from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
-from agents.report.curves import Coevolution, Curves, fold_coevolution, fold_curves
+from agents.report.curves import (
+    Coevolution,
+    Curves,
+    block_size,
+    fold_coevolution,
+    fold_curves,
+)
 from agents.report.plots import (
     bank_figures,
     credit_figure,
@@ -127,11 +133,6 @@ def fold_run(label: str, run_dir: Path, envelopes: Iterable[Envelope[Event]]) ->
         entries=entries,
         calls=calls,
     )
-
-
-def block_size(train_episodes: int) -> int:
-    """Training episodes per point of the train curves: 64, fewer for a short run."""
-    return max(1, min(64, train_episodes // 10))
 
 
 def _status(last: Event | None) -> str:

@@ -181,6 +181,9 @@ def test_the_log_verifies_and_the_curves_are_written(run_dir: Path) -> None:
     assert main(["replay", str(run_dir), "--verify"]) == 0
     for name in ("curve_train.csv", "curve_heldout.csv", "updates.csv", "curves.png"):
         assert (run_dir / name).stat().st_size > 0
+    # 24 training episodes: fewer than the 64 a long run's points hold (it was header only)
+    rows = (run_dir / "curve_train.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(2, 25, 2))
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["v000001", "v000002", "v000003"]
 

@@ -15,8 +15,8 @@ from agents.events.extractor import (
     ExtractorUpdated,
 )
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
-from agents.report.curves import fold_coevolution, rolling_mean
-from agents.report.page import block_size, fold_entries, fold_run, render
+from agents.report.curves import block_size, fold_coevolution, rolling_mean
+from agents.report.page import fold_entries, fold_run, render
 from engine.events import Envelope, Event
 
 

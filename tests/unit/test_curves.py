@@ -71,7 +71,10 @@ def test_report_writes_csv_and_png(tmp_path: Path) -> None:
     lines = report(tmp_path, events, title="t")
     assert lines[-1].startswith("curves: curve_train.csv")
     assert (tmp_path / "curve_train.csv").read_text().splitlines()[0] == "episodes,success,score"
-    assert len((tmp_path / "curve_train.csv").read_text().splitlines()) == 3
+    # blocks of 12 (block_size(128)), as coevo report draws them: 10 points
+    assert len((tmp_path / "curve_train.csv").read_text().splitlines()) == 1 + 10
+    report(tmp_path, [finished(i, True) for i in range(30)] + [updated(1)])
+    assert len((tmp_path / "curve_train.csv").read_text().splitlines()) == 1 + 10  # of 3
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
