@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -308,7 +309,8 @@ def lock_writer(path: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        noted = os.pread(fd, 300, 0).decode(errors="replace").split()
+        holder = f"{noted[0]} on {noted[1]}" if len(noted) > 1 else "".join(noted) or "unknown"
         os.close(fd)
         raise LogLocked(
             f"event log at {path} already has a writer (pid {holder}); "
@@ -317,22 +319,30 @@ def lock_writer(path: Path) -> int:
         ) from None
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {_HOST}\n".encode(), 0)
     except OSError as exc:  # a full disk: the lock holds, but say who holds it or nothing
         os.close(fd)
         raise LogError(f"cannot write the writer lock of {path}: {exc.strerror or exc}") from None
     return fd
 
 
+_HOST = socket.gethostname().replace(" ", "_") or "unknown-host"
+"""This machine's name, noted beside the writer's pid: a pid means nothing on another one."""
+
+
 def writer_alive(path: Path) -> bool:
-    """Whether the process that last took the log's writer lock at ``path`` is still running
-    (the pid it noted, asked with signal 0; the lock itself is not touched, so a writer
-    starting now is never refused). A run killed with SIGKILL leaves its pid behind, not its
-    process."""
+    """Whether the process that last took the log's writer lock at ``path`` may still be
+    running: the pid it noted, asked with signal 0 when it noted this machine's name (the lock
+    itself is not touched, so a writer starting now is never refused). A run killed with
+    SIGKILL leaves its pid behind, not its process. A writer on another machine (a run
+    directory on a shared file system) cannot be asked: it counts as running."""
     try:
-        pid = int((path / LOCK_FILE).read_text().strip() or 0)
+        noted = (path / LOCK_FILE).read_text().split()
+        pid = int(noted[0]) if noted else 0
     except (OSError, ValueError):
         return False
+    if len(noted) > 1 and noted[1] != _HOST:
+        return True
     if pid <= 0:
         return False
     try:

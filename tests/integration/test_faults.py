@@ -10,6 +10,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,7 +149,7 @@ def wait_for_writer(run: Path, proc: subprocess.Popen[str]) -> int:
     lock = run / "log" / "writer.lock"
     for _ in range(600):
         if lock.is_file() and lock.read_text().strip():
-            return int(lock.read_text())
+            return int(lock.read_text().split()[0])  # "PID HOST"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.1)
     pytest.fail("the first run never took the writer lock")
@@ -184,7 +185,7 @@ def test_a_second_process_writing_the_same_run_is_refused(tmp_path: Path) -> Non
             capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
         )  # fmt: skip
         assert writer.returncode == 3, writer.stderr
-        assert f"already has a writer (pid {first.pid})" in writer.stdout
+        assert f"already has a writer (pid {first.pid} on {socket.gethostname()})" in writer.stdout
         reader = coevo("log", str(run), "--limit", "3", "--json")  # readers are never refused
         assert reader.returncode == 0 and len(reader.stdout.splitlines()) == 3
     finally:

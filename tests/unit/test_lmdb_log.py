@@ -4,6 +4,7 @@ format checks, durability modes and corruption reports."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -92,7 +93,7 @@ def path(tmp_path: Path) -> Path:
 
 def test_second_writer_in_same_process_is_refused(path: Path) -> None:
     with LmdbEventLog.create(path, META) as writer:
-        with pytest.raises(LogLocked, match=f"already has a writer \\(pid {os.getpid()}\\)"):
+        with pytest.raises(LogLocked, match=f"already has a writer \\(pid {os.getpid()} on "):
             LmdbEventLog.open(path, writable=True)
         with LmdbEventLog.open(path) as reader:  # readers are never refused
             writer.append(envelopes(0, 2))
@@ -118,7 +119,8 @@ def test_second_writer_in_other_process_is_refused(path: Path) -> None:
         child = python(code.replace("sys.argv[1]", repr(str(path))))
         out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
-    assert out.startswith(f"locked: event log at {path} already has a writer (pid {os.getpid()})")
+    holder = f"(pid {os.getpid()} on {socket.gethostname()})"
+    assert out.startswith(f"locked: event log at {path} already has a writer {holder}")
 
 
 def test_create_over_existing_log_is_refused(path: Path) -> None:
