@@ -9,6 +9,7 @@ owns one :class:`Jvm` and starts a new one after a failure.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import socket
 import subprocess
@@ -73,6 +74,9 @@ class Jvm:
         logging.getLogger().addFilter(_PY4J_FILTER)  # once: filters are a set
         self.stderr: collections.deque[str] = collections.deque(maxlen=20)
         self.hung = False
+        refused = _why_java_refuses(tuple(options))
+        if refused:  # before py4j starts it: py4j would lose both the reason and the process
+            raise JvmDied(f"scienceworld JVM failed to start: {refused}")
         try:
             port, proc = gateway.launch_gateway(
                 classpath=constants.JAR_PATH,
@@ -181,6 +185,25 @@ def close_dropped_sockets(exc: BaseException) -> None:
                     value.socket.close()
             tb = tb.tb_next
         pending += [e for e in (err.__cause__, err.__context__) if e is not None]
+
+
+@functools.cache
+def _why_java_refuses(options: tuple[str, ...]) -> str:
+    """What ``java`` says of ``options`` when it will not start with them ("" if it starts),
+    asked once per process and options (``java -version``, about 0.1 s): py4j reads the
+    gateway's port from the JVM's output and, when the JVM exits at once, reports only that no
+    port came (``invalid literal for int()``), losing the JVM's message and its process."""
+    try:
+        done = subprocess.run(
+            ["java", *options, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"java could not be run: {exc}"
+    if done.returncode == 0:
+        return ""
+    said = (done.stdout + "\n" + done.stderr).splitlines()
+    lines = [line.strip() for line in said if line.strip()]
+    return "; ".join(lines[:3]) or f"java exited with {done.returncode}"
 
 
 def check_jvm_options(value: object) -> tuple[str, ...]:

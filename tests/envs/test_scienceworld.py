@@ -253,3 +253,16 @@ def test_a_py4j_connection_that_failed_to_open_is_closed_not_left_to_the_collect
         except RuntimeError as later:
             close_dropped_sockets(later)
     assert connection.socket.fileno() == -1
+
+
+def test_a_jvm_option_java_refuses_is_reported_in_javas_words() -> None:
+    """A bad JVM flag was ``JvmDied: invalid literal for int() with base 10: b''`` (py4j found
+    no port in the JVM's output); the JVM's own reason is lost there, so it is asked for."""
+    from scenarios.worlds.scienceworld_jvm import Jvm, JvmDied
+
+    before = jvm_pids()
+    with pytest.raises(JvmDied) as caught:
+        Jvm(["-Xmx512m", "-XX:+NoSuchCoevoFlag"], timeout=60)
+    assert "Unrecognized VM option 'NoSuchCoevoFlag'" in str(caught.value)
+    assert "invalid literal" not in str(caught.value)
+    assert jvm_pids() == before
