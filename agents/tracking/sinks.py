@@ -159,6 +159,9 @@ class WandbSink:
     def __init__(
         self, where: Path, run: str, config: Mapping[str, Any], *, continues: bool = False
     ) -> None:
+        # W&B takes coevo's ``agents`` package for the OpenAI Agents SDK and suggests its
+        # Weave tracing on every run; a scalar sink has no LLM calls to trace
+        os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
         import wandb
 
         earlier = _earlier_wandb_id(where) if continues else None

@@ -184,6 +184,18 @@ def test_a_run_directory_named_with_characters_wandb_refuses_exports(
     assert _wandb_history(tmp_path / "wandb") == _series(folded)
 
 
+@needs["wandb"]
+def test_wandb_does_not_advertise_weave(
+    run: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B took coevo's ``agents`` package for the OpenAI Agents SDK and printed three lines
+    suggesting its Weave tracing on every export and tracked run."""
+    monkeypatch.delenv("WANDB_DISABLE_WEAVE", raising=False)
+    assert main(["export", str(run), "--wandb", str(tmp_path / "wandb")]) == 0
+    err = capfd.readouterr().err
+    assert "Weave" not in err and "Detected [" not in err, err
+
+
 def test_a_second_export_into_the_same_directory_is_refused(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
