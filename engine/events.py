@@ -122,6 +122,29 @@ def event_types() -> dict[str, type[Event]]:
     return dict(_REGISTRY)
 
 
+def _recordable(cls: type) -> type[Event]:
+    """``cls`` if the log can read its events back: an :class:`Event` class registered under
+    its tag (the log decodes by tag; a class without ``@event`` is written, then unreadable).
+
+    Raises:
+        EventInvalid: it is not.
+    """
+    if not issubclass(cls, Event):
+        raise EventInvalid(
+            f"{cls.__qualname__} is not an event: only instances of Event classes registered "
+            "with @event can be recorded"
+        )
+    tag = str(cls.__struct_config__.tag)
+    if _REGISTRY.get(tag) is not cls:
+        other = _REGISTRY.get(tag)
+        why = f"tag {tag!r} belongs to {other.__qualname__}" if other else "it lacks @event"
+        raise EventInvalid(
+            f"{cls.__qualname__} cannot be recorded: {why} (the log reads events back by "
+            "their registered tag)"
+        )
+    return cls
+
+
 class Codec:
     """Encodes envelopes to msgpack and decodes them back, upcasting old event versions.
 
@@ -149,7 +172,7 @@ class Codec:
         cls = type(ev)
         decoder = self._event_decoders.get(cls)
         if decoder is None:
-            decoder = self._event_decoders[cls] = msgspec.msgpack.Decoder(cls)
+            decoder = self._event_decoders[cls] = msgspec.msgpack.Decoder(_recordable(cls))
         try:
             decoder.decode(self._encoder.encode(ev))
         except (TypeError, OverflowError, msgspec.EncodeError) as exc:  # a numpy scalar, 2**70

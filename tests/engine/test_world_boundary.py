@@ -20,7 +20,7 @@ from agents.events.episodes import EpisodeAborted, EpisodeFinished, StepTaken
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import EventInvalid
 from engine.eventlog import MemoryEventLog
-from engine.events import Codec
+from engine.events import Codec, Event
 from engine.lifecycle import ActorFailed, RunFailed, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
@@ -241,3 +241,40 @@ def test_an_event_that_would_not_decode_fails_its_actor_and_is_never_committed()
         Codec().check(msgspec.structs.replace(events[0], run_id=None))  # type: ignore[arg-type]
     with pytest.raises(EventInvalid, match="numpy"):
         Codec().check(msgspec.structs.replace(events[0], seed=np.int64(5)))  # type: ignore[arg-type]
+
+
+class Unregistered(Event, frozen=True, kw_only=True, tag="unregistered_in_a_test"):
+    """An event class its author forgot to decorate with ``@event``."""
+
+    note: str
+
+
+class Impostor(Event, frozen=True, kw_only=True, tag="step_taken"):
+    """A class that takes a registered class's tag."""
+
+    note: str
+
+
+def test_only_registered_events_are_recorded() -> None:
+    """An Event subclass without ``@event`` encoded and decoded as its own class, so it was
+    committed, and the log read it back by its tag as an unknown kind: every event after it
+    was unreadable, and the run could not be resumed. A hook handing ``emit`` a string or None
+    crashed the writer."""
+    codec = Codec()
+    with pytest.raises(EventInvalid, match="Unregistered cannot be recorded: it lacks @event"):
+        codec.check(Unregistered(note="x"))
+    with pytest.raises(EventInvalid, match="tag 'step_taken' belongs to StepTaken"):
+        codec.check(Impostor(note="x"))
+    for thing in ("x", None, 3):
+        with pytest.raises(EventInvalid, match="is not an event"):
+            codec.check(thing)  # type: ignore[arg-type]
+
+    class Once(Actor):
+        async def run(self, ctx: Context) -> None:
+            await ctx.emit(Unregistered(note="lost"))
+
+    log = MemoryEventLog()
+    specs = [ActorSpec(name="emitter", factory=Once, driver=True)]
+    outcome = trio.run(Runtime(log, STARTED, specs, [ActorStats()], seed=5).run)
+    assert outcome.reason == "failed" and "EventInvalid: Unregistered" in outcome.error
+    assert isinstance(list(log.read())[-1].event, RunFailed)
