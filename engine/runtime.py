@@ -117,6 +117,29 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
     switch_interval: float = 0.001
 
 
+class ExitCalled(Exception):
+    """An actor's code (a plug-in's hook, say) called ``sys.exit``: a failure of that actor,
+    recorded and supervised as any other, not the end of the process without a word."""
+
+
+def _built(spec: ActorSpec) -> Actor:
+    """``spec.factory()``, checked to be an actor.
+
+    Raises:
+        TypeError: it is not (a plug-in's factory returning something else).
+    """
+    actor = spec.factory()
+    if not isinstance(actor, Actor):  # pyright: ignore[reportUnnecessaryIsInstance] (plug-ins)
+        raise TypeError(f"the factory of actor {spec.name!r} returned {actor!r}, not an Actor")
+    return actor
+
+
+def _failure(exc: Exception | SystemExit) -> Exception:
+    if isinstance(exc, SystemExit):
+        return ExitCalled(f"sys.exit({exc.code!r}) was called in the actor's code")
+    return exc
+
+
 @dataclass
 class RunOutcome:
     """How a run ended."""
@@ -445,8 +468,9 @@ class Runtime:
 
     def _subscribe(self, spec: ActorSpec) -> None:
         try:
-            actor = spec.factory()
-        except Exception as exc:
+            actor = _built(spec)
+        except (Exception, SystemExit) as caught:
+            exc = _failure(caught)
             self._on_failure(dataclasses.replace(spec, on_failure="stop"), 0, exc)
             raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
         send, recv = trio.open_memory_channel[list[Envelope[Event]]](self._cfg.mailbox)
@@ -461,7 +485,7 @@ class Runtime:
             while True:
                 try:
                     if actor is None:
-                        actor = spec.factory()
+                        actor = _built(spec)
                     ctx = Context(self, spec.name, mailbox, source=not sub.types, attempt=attempt)
                     self._log_out.debug("actor started", started=spec.name, attempt=attempt)
                     self.push("runtime", self._started(spec, actor, attempt), None, "")
@@ -474,7 +498,8 @@ class Runtime:
                         mailbox.skip_through = history[-1].seq if history else -1
                         await actor.recover(ctx, history)
                     await actor.run(ctx)
-                except Exception as exc:
+                except (Exception, SystemExit) as caught:
+                    exc = _failure(caught)
                     if not self._on_failure(spec, attempt, exc):
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
                     attempt += 1

@@ -138,12 +138,19 @@ def assemble(
     specs += _placed_models(scenario, actors, source)
     if method is not None:
         heldout = world_tasks(scenario, scenario.eval.split, source)
-        trainer = _trainer(scenario, method, tasks, heldout, workers, source)
+        from agents.methods.actors import MEMORY
+
+        memory = any(spec.name == MEMORY for spec in actors)
+        trainer = _trainer(scenario, method, tasks, heldout, workers, source, memory)
         episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
         specs.insert(0, ActorSpec(name=TRAINER, factory=lambda: trainer, driver=True))
     else:
         episodes = scenario.run.episodes
         specs.insert(0, _scheduler(tasks, episodes, workers))
+    names = [spec.name for spec in specs]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:  # a plug-in's actor named as another (the trainer, a worker, its own twice)
+        raise ScenarioInvalid(source, f"$.run.method: two actors are named {clashes}")
     tracking = tracker(scenario, source, run_dir)
     title = f"{scenario.name} (seed {scenario.seed})"
     report = partial(curves_report, title=title) if scenario.run.method != ROLLOUT else None
@@ -440,6 +447,7 @@ def _trainer(
     heldout: tuple[Task, ...],
     workers: list[str],
     source: str,
+    memory: bool,
 ) -> GrpoTrainer:
     try:
         return GrpoTrainer(
@@ -450,6 +458,7 @@ def _trainer(
             scenario.grpo,
             scenario.eval,
             method,
+            memory,
         )
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run: {exc}") from None

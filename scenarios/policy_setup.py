@@ -97,7 +97,7 @@ def policy_actors(
         load_model=partial(_load_base, scenario, {"policy": model, **bases}),
         prompts=msgspec.structs.asdict(scenario.prompt),
     )
-    return _policy_actors(scenario, method, model, run, early), model
+    return _policy_actors(scenario, method, model, run, early, source), model
 
 
 def _roles(method: Method, source: str) -> tuple[str, ...]:
@@ -204,6 +204,7 @@ def _policy_actors(
     model: Path | None,
     run: RunResources,
     early: TraineeProcess | None,
+    source: str,
 ) -> list[ActorSpec]:
     checkpoints = run.checkpoints("checkpoints")
     load_runner = partial(load_runner_for, scenario, model)
@@ -217,7 +218,10 @@ def _policy_actors(
     )
     specs = [ActorSpec(name=INFERENCE, factory=inference)]
     if method is not None:
-        specs += method_actors(method, run)
+        try:
+            specs += method_actors(method, run)
+        except ValueError as exc:
+            raise ScenarioInvalid(source, f"$.run.method: {exc}") from None
         load_trainee = partial(load_trainee_for, scenario, model)
         threads = scenario.policy.learner_threads or None
         learner = _LearnerFactory(

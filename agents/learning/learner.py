@@ -45,7 +45,7 @@ from agents.models.tuning import (
     trainable,
 )
 from engine.actor import Actor, Context, task_nursery
-from engine.errors import ModelUnavailable, ResumeDiverged
+from engine.errors import CoevoError, ModelUnavailable, ResumeDiverged
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng
 from stores.checkpoints import Checkpoints, is_adapted
@@ -405,6 +405,7 @@ def _one_step(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(trainable(trainee.model), req.max_grad_norm)
+        refuse_non_finite("policy", req.update, loss, norm)
         opt.step()
         grad_norm = float(norm)
     stats = dict(
@@ -417,6 +418,30 @@ def _one_step(
         **tis,
     )
     return stats, gap
+
+
+class UpdateNotFinite(CoevoError):
+    """An update's loss or gradient is not finite (NaN or infinite): it is not applied and
+    the run fails, rather than turning every weight into NaN while it goes on (exit 1)."""
+
+    exit_code = 1
+
+
+def refuse_non_finite(model: str, update: int, loss: torch.Tensor, norm: torch.Tensor) -> None:
+    """Raise :class:`UpdateNotFinite` before an optimiser step whose loss or gradient norm
+    is not finite (advantages of 1e300 overflow float32; a NaN spreads to every weight).
+
+    Raises:
+        UpdateNotFinite: so.
+    """
+    values = (float(loss.detach()), float(norm))
+    if all(math.isfinite(v) for v in values):
+        return
+    raise UpdateNotFinite(
+        f"{model} update {update}: loss {values[0]:g}, gradient norm {values[1]:g}: not finite, "
+        "so not applied (are the advantages finite and of a sane size? a method's score "
+        "gives them)"
+    )
 
 
 def _share(

@@ -48,7 +48,7 @@ from agents.events.policy import (
     PolicyUpdated,
 )
 from agents.methods.advantages import group_stats, outcome
-from agents.methods.base import ADV_EPS, Method, mode_of
+from agents.methods.base import ADV_EPS, ROLLOUTS, Method, checked_scored, mode_of
 from agents.methods.builtin import Grpo, complementary_rule, grpo_rule
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
@@ -152,6 +152,40 @@ class _Adapt:
     aborted: int = 0
 
 
+def _check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
+    """Raise ValueError unless ``mode`` is a rollout mode this run can play: known, and one
+    that asks the memory only where the method added a memory actor (an episode would wait
+    for an answer that never comes)."""
+    where = f"method {method.name!r}: {what} {mode!r}"
+    if not isinstance(mode, str) or mode not in ROLLOUTS:
+        raise ValueError(f"{where}, not a rollout mode ({', '.join(ROLLOUTS)})")
+    if ROLLOUTS[mode].memory != "none" and not memory:
+        raise ValueError(f"{where}, which asks the memory, but the method adds no memory actor")
+
+
+def _checked_attributes(method: Method, memory: bool) -> int:
+    """The method's warm-up steps, once its attributes are what the trainer needs.
+
+    Raises:
+        ValueError: a plug-in's ``warmup``, ``memory_eval``, ``adapts`` or ``records_rollouts``
+            of the wrong type or value (a negative warm-up waited forever; an unknown
+            ``memory_eval`` aborted every episode of the round with memory, as a 0% round).
+    """
+    warmup = getattr(method, "warmup", None)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"method {method.name!r}: warmup must be an int >= 0, got {warmup!r}")
+    shown = getattr(method, "memory_eval", None)
+    if shown is not None:
+        _check_mode(method, "memory_eval is", shown, memory)
+    for flag in ("adapts", "records_rollouts"):
+        if not isinstance(getattr(method, flag, None), bool):
+            raise ValueError(
+                f"method {method.name!r}: {flag} must be true or false, "
+                f"got {getattr(method, flag, None)!r}"
+            )
+    return warmup
+
+
 class GrpoTrainer(Replayed):
     """Plans, feeds and trains a learning run of any :class:`Method` (GRPO by default).
 
@@ -185,10 +219,11 @@ class GrpoTrainer(Replayed):
         grpo: GrpoConfig,
         evaluation: EvalConfig,
         method: Method | None = None,
+        memory: bool = True,
     ) -> None:
         method = method or Grpo(grpo)
         per_update = grpo.group_size * grpo.groups_per_update
-        warmup = method.warmup
+        warmup = _checked_attributes(method, memory)
         if episodes < per_update * (warmup + 1):
             steps = f"{warmup} warm-up steps and one update" if warmup else "one update"
             raise ValueError(
@@ -208,6 +243,7 @@ class GrpoTrainer(Replayed):
         )
         self._steps = episodes // per_update
         self._warmup = warmup
+        self._memory = memory
         self._updates = self._steps - warmup
         self._method = method
         self._workers = tuple(workers)
@@ -353,6 +389,7 @@ class GrpoTrainer(Replayed):
         for k in range(self._grpo.group_size):
             step = g // self._grpo.groups_per_update
             rollout = self._method.rollout(ctx.run_seed, step, self._index, k)
+            _check_mode(self._method, "rollout() returned", rollout, self._memory)
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
             job = self._method.shape(job, task)
             group.episodes.append(job.episode)
@@ -523,7 +560,9 @@ class GrpoTrainer(Replayed):
         similar = [self._similar.get(e, []) for e in episodes]
         for e in group.episodes:
             self._similar.pop(e, None)
-        scored = self._method.score(outcomes, rollouts, similar)
+        scored = checked_scored(
+            self._method.score(outcomes, rollouts, similar), len(episodes), self._method.name
+        )
         rewards, advantages = scored.rewards, scored.advantages
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)
         step = group.index // self._grpo.groups_per_update

@@ -29,7 +29,7 @@ from agents.events.extractor import (
     MergeRequested,
     Op,
 )
-from agents.learning.learner import adamw
+from agents.learning.learner import adamw, refuse_non_finite
 from agents.memory.extraction import (
     MAX_CONTENT_CHARS,
     Add,
@@ -228,6 +228,7 @@ def extractor_step(
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), req.max_grad_norm)
+        refuse_non_finite("extractor", req.update, out.loss, grad_norm)
         opt.step()
     return StepStats(len(batch), float(out.loss.detach()), float(grad_norm), out.clip_frac)
 

@@ -24,6 +24,7 @@ Complementary RL and a researcher's own method goes through these hooks:
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,37 @@ class Scored:
     outcomes: tuple[float, ...] = ()
     intrinsic: tuple[float, ...] = ()
     intrinsic_coef: float = 0.0
+
+
+def checked_scored(scored: object, episodes: int, method: str) -> Scored:
+    """``scored`` if it is what a group of ``episodes`` finished episodes can be trained on and
+    recorded with: a :class:`Scored` whose rewards and advantages are that many finite numbers
+    (outcomes and intrinsic: none or that many). A plug-in's ``score`` is checked here, at the
+    boundary, so that a NaN advantage fails the run in its own words instead of turning every
+    weight into NaN, and a short tuple is not recorded for ``coevo check`` to trip on.
+
+    Raises:
+        ValueError: anything else, naming the method and what is wrong.
+    """
+    where = f"{method}.score"
+    if not isinstance(scored, Scored):
+        raise ValueError(f"{where} returned {type(scored).__name__}, not a Scored")
+    for name in ("rewards", "advantages", "outcomes", "intrinsic"):
+        values = getattr(scored, name)
+        if name in ("outcomes", "intrinsic") and not values:
+            continue
+        if len(values) != episodes:
+            raise ValueError(
+                f"{where} returned {len(values)} {name} for a group of {episodes} episodes"
+            )
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int | float)]
+        if bad:
+            raise ValueError(f"{where} returned {name} that are not numbers: {bad[0]!r}")
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"{where} returned {name} that are not finite: {list(values)}")
+    if not math.isfinite(scored.intrinsic_coef):
+        raise ValueError(f"{where} returned intrinsic_coef {scored.intrinsic_coef}")
+    return scored
 
 
 @dataclass(frozen=True)
@@ -226,12 +258,27 @@ def base_models(method: Method) -> tuple[str, ...]:
     return roles
 
 
-def method_actors(method: Method, run: RunResources) -> Sequence[ActorSpec]:
+def method_actors(method: Method, run: RunResources) -> list[ActorSpec]:
     """``method.actors(run)``; a plug-in written against the first form of the protocol,
-    ``actors(self)`` with no argument, is still called as it was written."""
+    ``actors(self)`` with no argument, is still called as it was written.
+
+    Raises:
+        ValueError: the hook raised, or returned anything but actor specs.
+    """
     actors = method.actors
     try:
         takes_run = bool(inspect.signature(actors).parameters)
     except (TypeError, ValueError):  # no signature to read (a C callable): the current form
         takes_run = True
-    return actors(run) if takes_run else actors()  # pyright: ignore[reportCallIssue]
+    try:
+        specs = list(actors(run) if takes_run else actors())  # pyright: ignore[reportCallIssue]
+    except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, before any run
+        raise ValueError(
+            f"method {method.name!r}: actors() raised {type(exc).__name__}: {exc}"
+        ) from None
+    wrong = [s for s in specs if not isinstance(s, ActorSpec)]
+    if wrong:
+        raise ValueError(
+            f"method {method.name!r}: actors() returned {wrong[0]!r}, not an ActorSpec"
+        )
+    return specs

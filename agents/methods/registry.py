@@ -54,7 +54,7 @@ def method_class(name_or_path: str) -> type[Any]:
         raise ValueError(f"bad method import path {path!r}: expected 'package.module:Class'")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # a plug-in's own failure at import: one line, never a traceback
+    except (Exception, SystemExit) as exc:  # a plug-in's failure at import: one line
         raise ValueError(
             f"cannot import method module {module_name!r}: {type(exc).__name__}: {exc}"
         ) from exc
@@ -77,6 +77,11 @@ def build_method(
         ValueError: see :func:`method_class`, or options its ``Settings`` rejects.
     """
     cls = method_class(name_or_path)
+    if name_or_path in BUILTIN and options:
+        raise ValueError(
+            f"method {name_or_path!r} takes no [method] options (got {sorted(options)}): a "
+            "built-in's settings are its own section, [grpo], [empo2] or [complementary]"
+        )
     if name_or_path not in BUILTIN:
         struct = getattr(cls, "Settings", None)
         if struct is None:
@@ -87,7 +92,18 @@ def build_method(
                 settings = msgspec.convert(dict(options), struct)
             except msgspec.ValidationError as exc:
                 raise ValueError(f"bad options for method {name_or_path!r}: {exc}") from None
-    method = cls(grpo, settings)
+            except (Exception, SystemExit) as exc:  # Settings is not a Struct msgspec can fill
+                raise ValueError(
+                    f"method {name_or_path!r}: its Settings ({struct!r}) cannot take the options: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+    try:
+        method = cls(grpo, settings)
+    except (Exception, SystemExit) as exc:  # a plug-in's constructor: one line, not a traceback
+        raise ValueError(
+            f"method {name_or_path!r} could not be built: {cls.__qualname__}(grpo, settings) "
+            f"raised {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(method, Method):
         raise ValueError(f"method {name_or_path!r} does not implement Method")
     return method

@@ -1,0 +1,180 @@
+"""A method plug-in's mistakes stop at coevo's boundary, in one line: at ``validate`` for what
+can be known before a run (its import, constructor, settings, attributes and actors), in the
+run's ``run_failed`` for what its hooks return while it runs (non-finite advantages, a mode
+that asks a memory nobody keeps), and never as NaN weights a completed run would hand on."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from doc_blocks import doc_block
+from safetensors.torch import load_file
+
+from agents.events.policy import PolicyUpdated
+from engine.lifecycle import RunFailed
+from scenarios.cli import main
+from stores.lmdb_log import LmdbEventLog
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLUGIN = '''
+import math
+import sys
+
+from agents.methods.base import Scored
+from agents.methods.builtin import Grpo
+from engine.actor import ActorSpec
+
+
+class Raises(Grpo):
+    def __init__(self, grpo, settings):
+        raise RuntimeError("no such thing")
+
+
+class Exits(Grpo):
+    def __init__(self, grpo, settings):
+        sys.exit(4)
+
+
+class NoArgs(Grpo):
+    def __init__(self):
+        pass
+
+
+class FiveSettings(Grpo):
+    Settings = 5
+
+
+class NegativeWarmup(Grpo):
+    warmup = -5
+
+
+class TextWarmup(Grpo):
+    warmup = "2"
+
+
+class UnknownMemoryEval(Grpo):
+    memory_eval = "bogus"
+
+
+class MemoryEvalWithoutMemory(Grpo):
+    memory_eval = "tips"
+
+
+class ActorsRaise(Grpo):
+    def actors(self, run):
+        raise KeyError("where")
+
+
+class ActorsNotSpecs(Grpo):
+    def actors(self, run):
+        return ["x"]
+
+
+class ActorNamedTrainer(Grpo):
+    def actors(self, run):
+        return [ActorSpec(name="trainer", factory=lambda: None)]
+
+
+class NanScore(Grpo):
+    def score(self, outcomes, rollouts, similar):
+        s = super().score(outcomes, rollouts, similar)
+        return Scored(s.rewards, tuple(math.nan for _ in s.advantages), s.rule)
+
+
+class HugeScore(Grpo):
+    def score(self, outcomes, rollouts, similar):
+        s = super().score(outcomes, rollouts, similar)
+        return Scored(s.rewards, tuple(1e300 for _ in s.advantages), s.rule)
+
+
+class TipsWithoutMemory(Grpo):
+    def rollout(self, run_seed, step, index, member):
+        return "tips"
+
+
+
+'''
+
+EXITS_ON_IMPORT = "import sys\nsys.exit(3)\n"
+
+
+@pytest.fixture(scope="module")
+def plugins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("boundary")
+    (root / "boundary_methods.py").write_text(textwrap.dedent(PLUGIN))
+    (root / "boundary_exits.py").write_text(EXITS_ON_IMPORT)
+    scenario = doc_block(ROOT / "docs" / "METHODS.md", "# insights.toml")  # a tiny model
+    scenario = scenario.replace('"insights:Insights"', '"grpo"').replace("[method]\nshown = 2\n", "")
+    (root / "base.toml").write_text(scenario)
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(root))
+    mp.setenv("COEVO_CACHE", str(root / "cache"))
+    yield root
+    mp.undo()
+
+
+@pytest.mark.parametrize(
+    ("method", "says"),
+    [
+        ("Raises", "could not be built: Raises(grpo, settings) raised RuntimeError: no such"),
+        ("Exits", "raised SystemExit: 4"),
+        ("NoArgs", "raised TypeError: "),
+        ("FiveSettings", "its Settings (5) cannot take the options"),
+        ("NegativeWarmup", "warmup must be an int >= 0, got -5"),
+        ("TextWarmup", "warmup must be an int >= 0, got '2'"),
+        ("UnknownMemoryEval", "memory_eval is 'bogus', not a rollout mode"),
+        ("MemoryEvalWithoutMemory", "which asks the memory, but the method adds no memory actor"),
+        ("ActorsRaise", "actors() raised KeyError: 'where'"),
+        ("ActorsNotSpecs", "actors() returned 'x', not an ActorSpec"),
+        ("ActorNamedTrainer", "two actors are named ['trainer']"),
+    ],
+)
+def test_what_can_be_known_before_a_run_is_one_line_at_validate(
+    plugins: Path, method: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was a traceback, a hang (a negative warm-up, a memory round without a memory), or
+    a run recorded as 0% (an unknown ``memory_eval`` aborted every episode of its round)."""
+    base = str(plugins / "base.toml")
+    code = main(["validate", base, "--set", f'run.method="boundary_methods:{method}"'])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_a_module_that_exits_on_import_is_one_line(
+    plugins: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = str(plugins / "base.toml")
+    assert main(["validate", base, "--set", 'run.method="boundary_exits:X"']) == 2
+    err = capsys.readouterr().err
+    assert "cannot import method module 'boundary_exits': SystemExit: 3" in err
+
+
+@pytest.mark.parametrize(
+    ("method", "says"),
+    [
+        ("NanScore", "ValueError: grpo.score returned advantages that are not finite: [nan"),
+        ("HugeScore", "UpdateNotFinite: policy update 0: loss "),
+        ("TipsWithoutMemory", "rollout() returned 'tips', which asks the memory, but the"),
+    ],
+)
+def test_what_a_hook_returns_while_it_runs_fails_the_run_before_it_harms_the_model(
+    plugins: Path, method: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN or 1e300 advantages completed the run with every weight NaN (and ``check`` passed
+    for 1e300); a ``tips`` rollout without a memory actor waited forever."""
+    out = plugins / method
+    args = ["run", str(plugins / "base.toml"), "--out", str(out), "--quiet"]
+    assert main([*args, "--set", f'run.method="boundary_methods:{method}"']) == 1
+    err = capsys.readouterr().err  # the first run builds the tiny model and logs it
+    assert "Traceback" not in err and says in err.splitlines()[-1], err
+    with LmdbEventLog.open(out / "log") as log:
+        events = [env.event for env in log.read(0, None)]
+    assert isinstance(events[-1], RunFailed)
+    assert not [e for e in events if isinstance(e, PolicyUpdated)]  # nothing was applied
+    for version in (out / "checkpoints").glob("v*"):
+        weights = load_file(str(version / "model.safetensors"))
+        assert all(bool(t.isfinite().all()) for t in weights.values())
