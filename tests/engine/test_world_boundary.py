@@ -278,3 +278,19 @@ def test_only_registered_events_are_recorded() -> None:
     outcome = trio.run(Runtime(log, STARTED, specs, [ActorStats()], seed=5).run)
     assert outcome.reason == "failed" and "EventInvalid: Unregistered" in outcome.error
     assert isinstance(list(log.read())[-1].event, RunFailed)
+
+
+def test_an_actor_that_calls_sys_exit_or_a_factory_that_builds_no_actor_fails_its_run() -> None:
+    """A plug-in hook calling ``sys.exit(5)`` ended coevo with exit 5, no word and no
+    ``run_failed``; a factory returning 42 was an ``AttributeError`` traceback."""
+
+    class Exits(Actor):
+        async def run(self, ctx: Context) -> None:
+            raise SystemExit(5)
+
+    for factory, says in ((Exits, "ExitCalled: sys.exit(5) was called"), (lambda: 42, "42")):
+        log = MemoryEventLog()
+        specs = [ActorSpec(name="plug", factory=factory, driver=True)]  # type: ignore[arg-type]
+        outcome = trio.run(Runtime(log, STARTED, specs, [ActorStats()], seed=5).run)
+        assert outcome.reason == "failed" and says in outcome.error, outcome.error
+        assert isinstance(list(log.read())[-1].event, RunFailed)

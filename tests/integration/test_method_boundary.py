@@ -20,7 +20,7 @@ from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PLUGIN = '''
+PLUGIN = """
 import math
 import sys
 
@@ -97,7 +97,7 @@ class TipsWithoutMemory(Grpo):
 
 
 
-'''
+"""
 
 EXITS_ON_IMPORT = "import sys\nsys.exit(3)\n"
 
@@ -108,7 +108,9 @@ def plugins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (root / "boundary_methods.py").write_text(textwrap.dedent(PLUGIN))
     (root / "boundary_exits.py").write_text(EXITS_ON_IMPORT)
     scenario = doc_block(ROOT / "docs" / "METHODS.md", "# insights.toml")  # a tiny model
-    scenario = scenario.replace('"insights:Insights"', '"grpo"').replace("[method]\nshown = 2\n", "")
+    scenario = scenario.replace('"insights:Insights"', '"grpo"').replace(
+        "[method]\nshown = 2\n", ""
+    )
     (root / "base.toml").write_text(scenario)
     mp = pytest.MonkeyPatch()
     mp.syspath_prepend(str(root))
