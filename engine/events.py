@@ -17,6 +17,7 @@ decodes wherever the plug-in is installed.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Generic, TypeVar, Union
@@ -111,9 +112,17 @@ def load_event_modules() -> None:
     if _entry_points_loaded:
         return
     importlib.import_module("engine.lifecycle")
+    _entry_points_loaded = True  # once, even when one fails: its warning is not repeated
     for ep in entry_points(group=_ENTRY_POINT_GROUP):
-        importlib.import_module(ep.value)
-    _entry_points_loaded = True
+        try:
+            importlib.import_module(ep.value)
+        except (Exception, SystemExit) as exc:  # one broken plug-in must not stop every command
+            print(
+                f"coevo: warning: the {_ENTRY_POINT_GROUP} entry point {ep.name!r} "
+                f"({ep.value}) could not be imported ({type(exc).__name__}: {exc}); a log "
+                "holding its events cannot be read",
+                file=sys.stderr,
+            )
 
 
 def event_types() -> dict[str, type[Event]]:

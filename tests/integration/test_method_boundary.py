@@ -180,3 +180,35 @@ def test_what_a_hook_returns_while_it_runs_fails_the_run_before_it_harms_the_mod
     for version in (out / "checkpoints").glob("v*"):
         weights = load_file(str(version / "model.safetensors"))
         assert all(bool(t.isfinite().all()) for t in weights.values())
+
+
+def test_a_broken_events_entry_point_is_a_warning_not_a_traceback_in_every_command(
+    tmp_path: Path,
+) -> None:
+    """An installed package whose ``coevo.events`` module fails to import made every command
+    that reads a log (``log``, ``replay``, ``check``, ``run``) a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    info = tmp_path / "broken_events-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-events\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[coevo.events]\nbroken = no_such_events_module\n")
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    explore = str(ROOT / "scenarios" / "explore.toml")
+    for args in (
+        ["run", explore, "--out", str(run), "--quiet", "--set", "run.episodes=4"],
+        ["log", str(run), "--limit", "1"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "scenarios.cli", *args],
+            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.startswith(
+            "coevo: warning: the coevo.events entry point 'broken' (no_such_events_module) "
+            "could not be imported (ModuleNotFoundError"
+        ), done.stderr
+        assert "Traceback" not in done.stderr
