@@ -44,6 +44,7 @@ def read_events(
         RunNotFound: ``run`` is not a run directory.
         ValueError: a kind no event type has, or a negative ``start``.
     """
+    from agents.methods.registry import import_run_method
     from stores.lmdb_log import LmdbEventLog
     from stores.rundir import find_run
 
@@ -51,6 +52,7 @@ def read_events(
     if start < 0:
         raise ValueError(f"start must be >= 0, got {start}")
     log = LmdbEventLog.open(find_run(run).log, writable=False)
+    import_run_method(log)  # a plug-in method's own events decode
     try:
         end = log.next_seq if stop is None else min(stop, log.next_seq)
         for env in log.read(start, end):

@@ -29,6 +29,7 @@ from agents.audit.index import (
     versions,
 )
 from agents.events.policy import ActionRequested, ActionSampled
+from agents.methods.registry import import_run_method
 from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
 from stores.lmdb_env import writer_alive
@@ -103,6 +104,7 @@ class RunView:
         """
         rd = find_run(path)
         log = LmdbEventLog.open(rd.log, writable=False)
+        import_run_method(log)  # a plug-in method's own events decode
         try:
             index, note = open_index(rd.root, log)
         except BaseException:

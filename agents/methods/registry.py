@@ -121,3 +121,28 @@ def scenario_method(scenario: Any) -> Method:
     name = scenario.run.method
     sections: dict[str, object] = {"empo2": scenario.empo2, "complementary": scenario.complementary}
     return build_method(name, scenario.grpo, sections.get(name), scenario.method)
+
+
+def import_run_method(log: Any) -> None:
+    """Import the plug-in module of the method the run in ``log`` names, if it is one and can
+    be imported, so that the events its actors recorded decode (a reader process imports only
+    what the ``coevo.events`` entry points name). A run of a built-in method, a module that is
+    not on the path or fails: nothing (reading such events then says their kind is unknown).
+    """
+    import tomllib
+
+    try:
+        meta = log.read_meta()
+        method = tomllib.loads(meta.scenario_toml).get("run", {}).get("method", "")
+    except Exception:  # no metadata, a damaged scenario text: the log's own errors say so
+        return
+    if not isinstance(method, str) or method in BUILTIN:
+        return
+    path = installed_methods().get(method, method)
+    module = path.partition(":")[0]
+    if ":" not in path or not all(p.isidentifier() for p in module.split(".")):
+        return
+    try:
+        importlib.import_module(module)
+    except (Exception, SystemExit):
+        return

@@ -412,21 +412,22 @@ def cmd_log(args: argparse.Namespace) -> int:
     for name, value in (("--from", args.start), ("--to", args.stop), ("--limit", args.limit)):
         if value is not None and value < 0:
             raise InputInvalid(f"{name} must be >= 0, got {value}")
-    kinds = event_types()
-    for kind in args.kind:
-        if kind not in kinds:
-            near = difflib.get_close_matches(kind, list(kinds), n=3)
-            hint = f" (did you mean {' or '.join(near)}?)" if near else ""
-            raise InputInvalid(f"--kind: no event kind {kind!r}{hint}; known: {', '.join(kinds)}")
-    flt = EventFilter(
-        kinds=frozenset(args.kind),
-        actors=frozenset(args.actor),
-        corr=args.episode,
-        start=args.start,
-        stop=args.stop,
-    )
-    log = open_run(args.run)
+    log = open_run(args.run)  # first: it imports a plug-in method's own event kinds
     try:
+        kinds = event_types()
+        for kind in args.kind:
+            if kind not in kinds:
+                near = difflib.get_close_matches(kind, list(kinds), n=3)
+                hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+                known = ", ".join(kinds)
+                raise InputInvalid(f"--kind: no event kind {kind!r}{hint}; known: {known}")
+        flt = EventFilter(
+            kinds=frozenset(args.kind),
+            actors=frozenset(args.actor),
+            corr=args.episode,
+            start=args.start,
+            stop=args.stop,
+        )
         with naming(log.path):
             if args.follow:
                 return _follow(log, flt, args)

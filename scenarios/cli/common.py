@@ -42,15 +42,18 @@ class LogUnreadable(CoevoError):
 
 def open_run(path: str) -> Any:
     """The event log of the run at ``path``, opened for reading."""
+    from agents.methods.registry import import_run_method
     from stores.lmdb_log import LmdbEventLog
 
     rd = find_run(path)
     try:
-        return LmdbEventLog.open(rd.log, writable=False)
+        log = LmdbEventLog.open(rd.log, writable=False)
     except CoevoError:
         raise
     except Exception as exc:  # lmdb's own errors: the directory is there but not readable
         raise RunNotFound(f"{path}: cannot open event log ({type(exc).__name__}: {exc})") from None
+    import_run_method(log)  # a plug-in method's own events decode
+    return log
 
 
 def version() -> str:

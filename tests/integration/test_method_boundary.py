@@ -212,3 +212,54 @@ def test_a_broken_events_entry_point_is_a_warning_not_a_traceback_in_every_comma
             "could not be imported (ModuleNotFoundError"
         ), done.stderr
         assert "Traceback" not in done.stderr
+
+
+NOTING = '''
+from agents.events.policy import AdvantagesComputed
+from agents.methods.builtin import Grpo
+from engine.actor import Actor, ActorSpec
+from engine.events import Event, event
+
+
+@event
+class GroupNoted(Event, frozen=True, kw_only=True, tag="boundary_group_noted"):
+    group: str
+
+
+class Noter(Actor):
+    subscribes = (AdvantagesComputed,)
+
+    async def run(self, ctx):
+        async for env in ctx.events():
+            await ctx.emit(GroupNoted(group=env.event.group))
+
+
+class Noting(Grpo):
+    def actors(self, run):
+        return [ActorSpec(name="noter", factory=Noter)]
+'''
+
+
+def test_a_plugin_methods_own_events_are_read_by_a_reader_that_can_import_it(
+    plugins: Path,
+) -> None:
+    """A method named by import path recorded events only its module registers: ``coevo
+    log``, ``replay``, ``report`` and ``diff`` said "unknown event kind" even with the module
+    on the path (only a ``coevo.events`` entry point was imported). Readers import the run's
+    method module."""
+    import os
+    import subprocess
+    import sys
+
+    (plugins / "boundary_noting.py").write_text(NOTING)
+    out = plugins / "noting"
+    args = ["run", str(plugins / "base.toml"), "--out", str(out), "--quiet"]
+    assert main([*args, "--set", 'run.method="boundary_noting:Noting"']) == 0
+    env = {**os.environ, "PYTHONPATH": f"{plugins}{os.pathsep}{ROOT}"}
+    for command in (["log", str(out), "--kind", "boundary_group_noted"], ["replay", str(out)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "scenarios.cli", *command],
+            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert done.stdout  # the replayed state
