@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from engine.errors import LogInconsistent
+from engine.errors import CoevoError, LogInconsistent
 from engine.eventlog import EventLog, RunMeta, joined_chunks
 from engine.events import Envelope, Event, load_event_modules
 from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
@@ -46,6 +46,44 @@ __all__ = [
     "registered",
     "select",
 ]
+
+
+class InvariantBroken(CoevoError):
+    """An invariant raised something other than a violation (a plug-in's invariant with a
+    bug): nothing is known about the run from it, and the check stops in one line that names
+    it (exit 1)."""
+
+    exit_code = 1
+
+    def __init__(self, invariant: str, exc: BaseException) -> None:
+        self.invariant = invariant
+        super().__init__(
+            f"invariant {invariant} raised {type(exc).__name__}: {exc} (a bug in the "
+            "invariant, not a finding about the run)"
+        )
+
+
+def check_all(
+    invariants: Iterable[Any], chunk: Sequence[Envelope[Event]] | None, done: bool
+) -> None:
+    """``check_many(chunk)`` of each of ``invariants`` (None: ``finish(done)``). A violation
+    (or another inconsistency of the log) goes on as it is; anything else an invariant raises
+    is :class:`InvariantBroken` naming it (a ``try`` costs nothing until it catches).
+
+    Raises:
+        InvariantBroken: so.
+    """
+    inv: Any = None
+    try:
+        for inv in invariants:
+            if chunk is None:
+                inv.finish(done)
+            else:
+                inv.check_many(chunk)
+    except LogInconsistent:
+        raise
+    except (Exception, SystemExit) as exc:
+        raise InvariantBroken(str(getattr(inv, "name", type(inv).__name__)), exc) from exc
 
 
 class InvariantViolated(LogInconsistent):
@@ -269,14 +307,12 @@ def check_stream(
                 continue
             if last is None:
                 first = chunk[0].seq
-            for inv in invariants:
-                inv.check_many(chunk)
+            check_all(invariants, chunk, False)
             count += len(chunk)
             last = chunk[-1]
         done = completed(last)
         if ended:
-            for inv in invariants:
-                inv.finish(done)
+            check_all(invariants, None, done)
     except InvariantViolated as exc:
         violation = Violation(
             invariant=exc.invariant, seq=exc.seq, message=exc.detail, involved=exc.involved

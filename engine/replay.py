@@ -14,7 +14,7 @@ import trio
 from engine.errors import LogCorrupted, LogInconsistent, ReplayDiverged, SchemaTooNew
 from engine.eventlog import EventLog, joined_chunks
 from engine.events import Envelope, Event
-from engine.invariants import Invariant, Sessions, completed
+from engine.invariants import Invariant, Sessions, check_all, completed
 from engine.lifecycle import ProjectionChecked, SnapshotTaken
 from engine.projection import Fold, Projection, decode_state
 
@@ -85,8 +85,7 @@ def verify_log(
         end = exc.seq + 1
     try:
         for chunk in joined_chunks(log.read_chunks(0, end)):
-            for fact in facts:
-                fact.check_many(chunk)
+            check_all(facts, chunk, False)
             folded = 0  # chunk[:folded] is folded
             for i in [i for i, env in enumerate(chunk) if type(env.event) in _RECORDED]:
                 fold.apply_all(chunk[folded:i])
@@ -98,8 +97,7 @@ def verify_log(
             fold.apply_all(chunk[folded:])
             last = chunk[-1] if chunk else last
         if fold.last_seq + 1 == end:
-            for fact in facts:
-                fact.finish(completed(last))
+            check_all(facts, None, completed(last))
     except (LogCorrupted, SchemaTooNew) as exc:
         bad = exc.seq if isinstance(exc, LogCorrupted) else fold.last_seq + 1
         return VerifyResult(fold.last_seq + 1, checks, False, str(exc), bad)

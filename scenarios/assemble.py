@@ -81,13 +81,34 @@ def projections() -> tuple[Projection, ...]:
     return (ActorStats(), EpisodeTable())
 
 
-def fact_checks(ctx: CheckContext | None = None) -> tuple[FactCheck, ...]:
+def fact_checks(
+    ctx: CheckContext | None = None, skipped: list[str] | None = None
+) -> tuple[FactCheck, ...]:
     """The invariants ``coevo replay --verify`` checks besides the engine's sessions (fresh
     instances): every registered one that applies to ``ctx``'s run (none given: those that
-    apply to any run; ``scenarios.checks.check_context`` makes a run's)."""
+    apply to any run; ``scenarios.checks.check_context`` makes a run's).
+
+    Args:
+        skipped: where to note an invariant that cannot be built for the run (``credit``
+            when the run's plug-in method does not import), as ``coevo check`` does; None:
+            raise.
+
+    Raises:
+        ValueError: an invariant cannot be built, and ``skipped`` is None.
+    """
     ctx = ctx or CheckContext()
     chosen, _ = select(ctx)
-    return tuple(r.factory(ctx) for r in chosen if r.name != "sessions")
+    built: list[FactCheck] = []
+    for r in chosen:
+        if r.name == "sessions":
+            continue
+        try:
+            built.append(r.factory(ctx))
+        except ValueError as exc:
+            if skipped is None:
+                raise
+            skipped.append(f"{r.name}: not checked: cannot be built for this run: {exc}")
+    return tuple(built)
 
 
 def assemble(

@@ -229,6 +229,20 @@ def _modes(g: AdvantagesComputed) -> tuple[RolloutMode, ...]:
         raise AuditQueryInvalid(f"group {g.group}: {exc}") from None
 
 
+def _check_recorded(g: AdvantagesComputed) -> None:
+    """Raise AuditQueryInvalid unless group ``g`` was recorded with one reward and one
+    advantage (and one rollout mode, when recorded) per episode: a plug-in's ``score`` once
+    returned fewer, which the trainer recorded before it checked them."""
+    n = len(g.episodes)
+    sizes = {"rewards": len(g.rewards), "advantages": len(g.advantages)}
+    if g.rollouts:
+        sizes["rollouts"] = len(g.rollouts)
+    wrong = {name: size for name, size in sizes.items() if size != n}
+    if wrong:
+        shown = ", ".join(f"{size} {name}" for name, size in wrong.items())
+        raise AuditQueryInvalid(f"group {g.group}: recorded with {n} episodes and {shown}")
+
+
 def derive_group(
     g: AdvantagesComputed, inputs: CreditInputs, settings: AuditSettings
 ) -> AdvantagesComputed:
@@ -243,6 +257,7 @@ def derive_group(
     method = settings.method
     if method is None:
         raise AuditQueryInvalid(f"group {g.group}: the run has no learning method to score it")
+    _check_recorded(g)
     modes = _modes(g)
     missing = [ep for ep in g.episodes if ep not in inputs.finished]
     if missing:

@@ -168,7 +168,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.verify:
             with naming(log.path):
                 ctx, notes = check_context(log.read_meta(), args.run)
-                result = verify_log(log, projections(), fact_checks(ctx))
+                result = verify_log(log, projections(), fact_checks(ctx, notes))
             for note in notes:
                 print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:

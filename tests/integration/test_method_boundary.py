@@ -263,3 +263,30 @@ def test_a_plugin_methods_own_events_are_read_by_a_reader_that_can_import_it(
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
     assert done.stdout  # the replayed state
+
+
+def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins: Path) -> None:
+    """``replay --verify`` of a run whose plug-in method no longer imports was a traceback
+    (``check`` left the credit invariant out with a note, as ``verify`` now does)."""
+    import os
+    import subprocess
+    import sys
+
+    (plugins / "boundary_gone.py").write_text(
+        "from agents.methods.builtin import Grpo\n\nclass Gone(Grpo):\n    pass\n"
+    )
+    out = plugins / "gone"
+    args = ["run", str(plugins / "base.toml"), "--out", str(out), "--quiet"]
+    assert main([*args, "--set", 'run.method="boundary_gone:Gone"']) == 0
+    (plugins / "boundary_gone.py").unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "scenarios.cli", "replay", str(out), "--verify"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "coevo: note: credit: not checked: cannot be built for this run: cannot import " in (
+        done.stderr
+    )
+    assert done.stdout.startswith("verified ")

@@ -146,3 +146,32 @@ def test_a_fact_recorded_twice_fails_verify_at_its_seq(
 def test_the_engine_checks_its_sessions_without_domain_checks() -> None:
     result = verify_log(log_of([START, RunResumed(after=0), RunResumed(after=0)]), [ActorStats()])
     assert not result.ok and "a second run_resumed" in result.error
+
+
+class Broken:
+    """A plug-in's invariant with a bug in ``check_many`` (or, with ``at_finish``, in
+    ``finish``)."""
+
+    name = "broken"
+
+    def __init__(self, at_finish: bool = False) -> None:
+        self.at_finish = at_finish
+
+    def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
+        if not self.at_finish:
+            raise KeyError("bug in my invariant")
+
+    def finish(self, completed: bool) -> None:
+        raise RuntimeError("bug in finish")
+
+
+@pytest.mark.parametrize("at_finish", [False, True])
+def test_an_invariant_with_a_bug_is_one_error_naming_it_not_a_traceback(at_finish: bool) -> None:
+    from engine.invariants import InvariantBroken, check_stream
+
+    log = log_of([START, *begun("ep000001")])
+    says = "bug in finish" if at_finish else "'bug in my invariant'"
+    with pytest.raises(InvariantBroken, match=f"invariant broken raised .*{says}"):
+        verify_log(log, projections(), (Broken(at_finish),))
+    with pytest.raises(InvariantBroken, match="a bug in the invariant, not a finding"):
+        check_stream([list(log.read())], [Broken(at_finish)])  # type: ignore[list-item]
