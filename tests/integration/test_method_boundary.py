@@ -214,7 +214,7 @@ def test_a_broken_events_entry_point_is_a_warning_not_a_traceback_in_every_comma
         assert "Traceback" not in done.stderr
 
 
-NOTING = '''
+NOTING = """
 from agents.events.policy import AdvantagesComputed
 from agents.methods.builtin import Grpo
 from engine.actor import Actor, ActorSpec
@@ -237,7 +237,7 @@ class Noter(Actor):
 class Noting(Grpo):
     def actors(self, run):
         return [ActorSpec(name="noter", factory=Noter)]
-'''
+"""
 
 
 def test_a_plugin_methods_own_events_are_read_by_a_reader_that_can_import_it(
