@@ -10,7 +10,10 @@ shell: files, a lock, a temporary directory renamed into place).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
+import json
 import math
 import os
 import random
@@ -28,6 +31,7 @@ from transformers.utils import logging as hf_logging
 from agents.models.prompts import Message
 from agents.models.specs import TrainSpec
 from agents.models.tuning import torch_threads
+from engine.errors import ModelUnavailable
 
 BUCKET = 8
 """Batches drawn together and grouped by length, so that little of a batch is padding."""
@@ -192,12 +196,46 @@ def train(
 
 
 def default_cache_root() -> Path:
-    """``$COEVO_CACHE``, else ``~/.cache/coevo``."""
-    return Path(os.environ.get("COEVO_CACHE") or Path.home() / ".cache" / "coevo")
+    """``$COEVO_CACHE`` (``~`` expanded), else ``~/.cache/coevo``.
+
+    Raises:
+        ModelUnavailable: no ``$COEVO_CACHE`` and no home directory to put the cache in.
+    """
+    given = os.environ.get("COEVO_CACHE")
+    if given:
+        return Path(given).expanduser()
+    if os.environ.get("HOME") == "":  # Path.home() would be "": a cache in the working dir
+        raise ModelUnavailable(
+            "no directory for the model cache: HOME is empty and COEVO_CACHE is not set "
+            "(set COEVO_CACHE to a writable directory)"
+        )
+    return Path.home() / ".cache" / "coevo"
 
 
-def _complete(path: Path, required: Sequence[str]) -> bool:
-    return all((path / name).is_file() for name in required)
+MANIFEST = "files.sha256"
+"""A cached build's last file: the SHA-256 of every other file in it, checked at each use."""
+
+
+def _digests(path: Path) -> dict[str, str]:
+    return {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(path.iterdir())
+        if f.is_file() and f.name != MANIFEST
+    }
+
+
+def _state(path: Path, required: Sequence[str]) -> str:
+    """ "intact", "missing" (not built, or a required file is gone), "damaged" (a file differs
+    from the manifest) or "unverified" (a build made before manifests existed)."""
+    if not all((path / name).is_file() for name in required):
+        return "missing"
+    try:
+        noted = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        return "unverified"
+    except (OSError, ValueError):
+        return "damaged"
+    return "intact" if noted == _digests(path) else "damaged"
 
 
 @contextmanager
@@ -230,22 +268,48 @@ def cached_build(
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     final = root / key
-    if _complete(final, required):
+    if _state(final, required) == "intact":
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / f"{key}.lock"), torch_threads(threads):
-        if _complete(final, required):
-            return final
-        for stale in [*root.glob(f".{key}.*"), *([final] if final.exists() else [])]:
-            shutil.rmtree(stale)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-        hf_logging.disable_progress_bar()  # no "Writing model shards" bar: the build logs
+    with contextlib.ExitStack() as held:
         try:
-            _log().info("pretrain.build", key=key, path=str(final))
-            build_into(tmp)
-            tmp.rename(final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            root.mkdir(parents=True, exist_ok=True)
+            held.enter_context(_locked(root / f"{key}.lock"))
+        except OSError as exc:  # read-only, not a directory, gone: say it is the cache
+            raise ModelUnavailable(
+                f"the model cache {root} cannot be used: {exc.strerror or exc} (COEVO_CACHE "
+                "chooses another directory)"
+            ) from None
+        held.enter_context(torch_threads(threads))
+        return _build_locked(root, key, required, build_into)
+
+
+def _build_locked(
+    root: Path,
+    key: str,
+    required: Sequence[str],
+    build_into: Callable[[Path], object],
+) -> Path:
+    """:func:`cached_build`'s work once it holds the key's lock."""
+    final = root / key
+    state = _state(final, required)
+    if state == "intact":
+        return final
+    if state == "unverified":  # built before manifests: trusted once, checked from now on
+        (final / MANIFEST).write_text(json.dumps(_digests(final), indent=1) + "\n")
+        return final
+    if state == "damaged":
+        _log().warning("pretrain.damaged", key=key, path=str(final), action="built again")
+    for stale in [*root.glob(f".{key}.*"), *([final] if final.exists() else [])]:
+        shutil.rmtree(stale)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar: the build logs
+    try:
+        _log().info("pretrain.build", key=key, path=str(final))
+        build_into(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1) + "\n")
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _log().info("pretrain.built", key=key, path=str(final))
     return final

@@ -1,0 +1,73 @@
+"""The model cache (``agents.models.pretrain.cached_build``): a build is used only while its
+files are the ones it wrote, and a cache that cannot be used says so, naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents.models.pretrain import MANIFEST, cached_build, default_cache_root
+from engine.errors import ModelUnavailable
+
+REQUIRED = ("weights.bin", "config.json")
+
+
+class Builder:
+    """Counts its builds; each writes the same two files."""
+
+    def __init__(self) -> None:
+        self.builds = 0
+
+    def __call__(self, into: Path) -> None:
+        self.builds += 1
+        (into / "config.json").write_text('{"layers": 1}')
+        (into / "weights.bin").write_bytes(bytes(range(256)) * 64)
+
+
+def test_a_damaged_build_is_built_again_not_used(tmp_path: Path) -> None:
+    """Flipped bytes in a cached model were used silently by every later run (a different
+    base model); a truncated one failed each run in its inference actor."""
+    build = Builder()
+    path = cached_build(tmp_path, "k", REQUIRED, build)
+    assert build.builds == 1 and (path / MANIFEST).is_file()
+    assert cached_build(tmp_path, "k", REQUIRED, build) == path and build.builds == 1
+    data = bytearray((path / "weights.bin").read_bytes())
+    data[100] ^= 0xFF
+    (path / "weights.bin").write_bytes(bytes(data))
+    assert cached_build(tmp_path, "k", REQUIRED, build) == path and build.builds == 2
+    assert (path / "weights.bin").read_bytes() == bytes(range(256)) * 64
+    (path / "config.json").write_text("")  # truncated
+    cached_build(tmp_path, "k", REQUIRED, build)
+    assert build.builds == 3
+    (path / MANIFEST).write_text("not json")
+    cached_build(tmp_path, "k", REQUIRED, build)
+    assert build.builds == 4
+
+
+def test_a_build_made_before_manifests_is_trusted_once_then_checked(tmp_path: Path) -> None:
+    build = Builder()
+    path = cached_build(tmp_path, "k", REQUIRED, build)
+    (path / MANIFEST).unlink()
+    assert cached_build(tmp_path, "k", REQUIRED, build) == path and build.builds == 1
+    assert (path / MANIFEST).is_file()
+    (path / "weights.bin").write_bytes(b"x")
+    cached_build(tmp_path, "k", REQUIRED, build)
+    assert build.builds == 2
+
+
+def test_a_cache_that_cannot_be_used_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only, missing or non-directory cache read "the embedded model could not be built
+    for this world"; ``COEVO_CACHE='~/x'`` built into a directory named ``~``; ``HOME=""``
+    put the cache in the working directory."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ModelUnavailable, match=r"the model cache .*file/sub cannot be used: "):
+        cached_build(tmp_path / "file" / "sub", "k", REQUIRED, Builder())
+    monkeypatch.setenv("COEVO_CACHE", "~/somewhere")
+    assert default_cache_root() == Path.home() / "somewhere"
+    monkeypatch.setenv("COEVO_CACHE", "")
+    monkeypatch.setenv("HOME", "")
+    with pytest.raises(ModelUnavailable, match="HOME is empty and COEVO_CACHE is not set"):
+        default_cache_root()
