@@ -36,8 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # log lines (an embedded model being built, say) go to stderr, never into a command's
-    # output (`--json` included); `run` and `resume` route them to their run directory too
-    configure_logging(Console(stderr=True), "info")
+    # output (`--json` included); `run` and `resume` route them to their run directory too;
+    # with --quiet only warnings and errors
+    configure_logging(Console(stderr=True), "warning" if getattr(args, "quiet", False) else "info")
     try:
         return int(args.func(args))
     except CoevoError as exc:
