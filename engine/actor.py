@@ -48,6 +48,11 @@ class Host(Protocol):
         """Wait until a full buffer has room."""
         ...
 
+    def subscribed(self, cls: type[Event]) -> bool:
+        """Whether some actor of the run subscribes to events of ``cls`` (True where that
+        cannot be known)."""
+        ...
+
 
 class Actor(abc.ABC):
     """Base class of actors. Subclasses set ``subscribes`` and implement :meth:`run`."""
@@ -169,6 +174,11 @@ class Context:
         corr, cause = provenance(self.current, corr, cause)
         while not self._push(self.name, ev, cause, corr, self._source):
             await self._runtime.wait_space()
+
+    def answered(self, cls: type[Event]) -> bool:
+        """Whether some actor of the run subscribes to ``cls`` (an event nobody subscribes to
+        is recorded and never answered: a request would wait forever)."""
+        return self._runtime.subscribed(cls)
 
     def events(self) -> Inbox:
         """Iterate the envelopes delivered to this actor, in seq order.

@@ -466,6 +466,10 @@ class Runtime:
 
     # --- supervision ------------------------------------------------------------------------
 
+    def subscribed(self, cls: type[Event]) -> bool:
+        """Whether some actor subscribes to events of ``cls``."""
+        return any(s.types and issubclass(cls, s.types) for s in self._subs)
+
     def _subscribe(self, spec: ActorSpec) -> None:
         try:
             actor = _built(spec)

@@ -159,10 +159,7 @@ def assemble(
     specs += _placed_models(scenario, actors, source)
     if method is not None:
         heldout = world_tasks(scenario, scenario.eval.split, source)
-        from agents.methods.actors import MEMORY
-
-        memory = any(spec.name == MEMORY for spec in actors)
-        trainer = _trainer(scenario, method, tasks, heldout, workers, source, memory)
+        trainer = _trainer(scenario, method, tasks, heldout, workers, source)
         episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
         specs.insert(0, ActorSpec(name=TRAINER, factory=lambda: trainer, driver=True))
     else:
@@ -468,7 +465,6 @@ def _trainer(
     heldout: tuple[Task, ...],
     workers: list[str],
     source: str,
-    memory: bool,
 ) -> GrpoTrainer:
     try:
         return GrpoTrainer(
@@ -479,7 +475,6 @@ def _trainer(
             scenario.grpo,
             scenario.eval,
             method,
-            memory,
         )
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run: {exc}") from None

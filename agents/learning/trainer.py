@@ -38,7 +38,7 @@ from agents.events.episodes import (
     EpisodeFinished,
     EpisodeStarted,
 )
-from agents.events.memory import TipRejected, TipsRetrieved, TipStored
+from agents.events.memory import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import (
     AdaptRoundFinished,
     AdvantagesComputed,
@@ -160,10 +160,10 @@ def _check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
     if not isinstance(mode, str) or mode not in ROLLOUTS:
         raise ValueError(f"{where}, not a rollout mode ({', '.join(ROLLOUTS)})")
     if ROLLOUTS[mode].memory != "none" and not memory:
-        raise ValueError(f"{where}, which asks the memory, but the method adds no memory actor")
+        raise ValueError(f"{where}, which asks the memory, but no actor of the run answers it")
 
 
-def _checked_attributes(method: Method, memory: bool) -> int:
+def _checked_attributes(method: Method) -> int:
     """The method's warm-up steps, once its attributes are what the trainer needs.
 
     Raises:
@@ -176,7 +176,7 @@ def _checked_attributes(method: Method, memory: bool) -> int:
         raise ValueError(f"method {method.name!r}: warmup must be an int >= 0, got {warmup!r}")
     shown = getattr(method, "memory_eval", None)
     if shown is not None:
-        _check_mode(method, "memory_eval is", shown, memory)
+        _check_mode(method, "memory_eval is", shown, True)
     for flag in ("adapts", "records_rollouts"):
         if not isinstance(getattr(method, flag, None), bool):
             raise ValueError(
@@ -219,11 +219,10 @@ class GrpoTrainer(Replayed):
         grpo: GrpoConfig,
         evaluation: EvalConfig,
         method: Method | None = None,
-        memory: bool = True,
     ) -> None:
         method = method or Grpo(grpo)
         per_update = grpo.group_size * grpo.groups_per_update
-        warmup = _checked_attributes(method, memory)
+        warmup = _checked_attributes(method)
         if episodes < per_update * (warmup + 1):
             steps = f"{warmup} warm-up steps and one update" if warmup else "one update"
             raise ValueError(
@@ -243,7 +242,7 @@ class GrpoTrainer(Replayed):
         )
         self._steps = episodes // per_update
         self._warmup = warmup
-        self._memory = memory
+        self._memory = True  # until run() knows whether an actor answers retrievals
         self._updates = self._steps - warmup
         self._method = method
         self._workers = tuple(workers)
@@ -326,6 +325,18 @@ class GrpoTrainer(Replayed):
             self._similar[episode] = []
         if episode in self._adapts:  # the re-run's own tip is awaited
             self._adapts[episode].tip_done.discard(episode)
+
+    async def run(self, ctx: Context) -> None:
+        """:meth:`Replayed.run`, once the method's memory modes have an actor that answers
+        them (a retrieval nobody answers would keep its episode waiting for good).
+
+        Raises:
+            ValueError: ``memory_eval`` asks the memory and no actor answers it.
+        """
+        self._memory = ctx.answered(RetrievalRequested)
+        if (shown := self._method.memory_eval) is not None:
+            _check_mode(self._method, "memory_eval is", shown, self._memory)
+        await super().run(ctx)
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Replay on ``history`` (:meth:`Replayed.recover`). A run whose log holds requests

@@ -258,7 +258,7 @@ def base_models(method: Method) -> tuple[str, ...]:
     return roles
 
 
-def method_actors(method: Method, run: RunResources) -> list[ActorSpec]:
+def method_actors(method: Method, run: RunResources) -> tuple[ActorSpec, ...]:
     """``method.actors(run)``; a plug-in written against the first form of the protocol,
     ``actors(self)`` with no argument, is still called as it was written.
 
@@ -271,7 +271,7 @@ def method_actors(method: Method, run: RunResources) -> list[ActorSpec]:
     except (TypeError, ValueError):  # no signature to read (a C callable): the current form
         takes_run = True
     try:
-        specs = list(actors(run) if takes_run else actors())  # pyright: ignore[reportCallIssue]
+        specs = tuple(actors(run) if takes_run else actors())  # pyright: ignore[reportCallIssue]
     except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, before any run
         raise ValueError(
             f"method {method.name!r}: actors() raised {type(exc).__name__}: {exc}"

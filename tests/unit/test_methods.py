@@ -23,6 +23,7 @@ from agents.methods.settings import (
     GrpoConfig,
 )
 from agents.models.embedder import BoundedEmbedder
+from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from scenarios.assemble import assemble
 from scenarios.loader import parse_toml, to_scenario
@@ -95,11 +96,14 @@ class OldForm(Grpo):
     """A plug-in written against the first form of the hook."""
 
     def actors(self):  # type: ignore[override]  # the old form, on purpose
-        return ("old",)
+        return (OLD,)
+
+
+OLD = ActorSpec(name="old", factory=lambda: None)  # type: ignore[arg-type,return-value]
 
 
 def test_the_first_form_of_the_actors_hook_is_still_called() -> None:
-    assert method_actors(OldForm(GrpoConfig()), Resources().run()) == ("old",)
+    assert method_actors(OldForm(GrpoConfig()), Resources().run()) == (OLD,)
 
 
 class Critic(Grpo):
