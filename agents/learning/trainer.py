@@ -154,8 +154,8 @@ class _Adapt:
 
 def _check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
     """Raise ValueError unless ``mode`` is a rollout mode this run can play: known, and one
-    that asks the memory only where the method added a memory actor (an episode would wait
-    for an answer that never comes)."""
+    that asks the memory only where ``memory`` (an actor answers retrievals; else an episode
+    would wait for an answer that never comes)."""
     where = f"method {method.name!r}: {what} {mode!r}"
     if not isinstance(mode, str) or mode not in ROLLOUTS:
         raise ValueError(f"{where}, not a rollout mode ({', '.join(ROLLOUTS)})")
