@@ -307,3 +307,13 @@ def test_quiet_is_quiet_while_the_model_is_built(plugins: Path, tmp_path: Path) 
     )  # fmt: skip
     assert done.returncode == 0 and done.stderr == "" and done.stdout == "", done.stderr
     assert list((tmp_path / "cache" / "embedded").iterdir())  # it was built
+
+
+def test_method_options_given_to_a_built_in_are_refused(
+    plugins: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``[method]`` table given to ``grpo`` was ignored without a word."""
+    base = str(plugins / "base.toml")
+    assert main(["validate", base, "--set", "method.shown=2"]) == 2
+    err = capsys.readouterr().err
+    assert "method 'grpo' takes no [method] options (got ['shown'])" in err
