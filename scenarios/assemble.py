@@ -481,8 +481,12 @@ def _trainer(
 
 
 def _method(scenario: Scenario, source: str) -> Method:
+    from agents.methods.registry import MethodOptionsInvalid
+
     try:
         return method_of(scenario)
+    except MethodOptionsInvalid as exc:  # the [method] table's fault, not the method's name
+        raise ScenarioInvalid(source, f"$.method: {exc}") from None
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run.method: {exc}") from None
 

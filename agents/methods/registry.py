@@ -33,6 +33,10 @@ def installed_methods() -> Mapping[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=METHODS_GROUP)}
 
 
+class MethodOptionsInvalid(ValueError):
+    """The scenario's ``[method]`` table does not suit the method (its keys and values)."""
+
+
 def method_class(name_or_path: str) -> type[Any]:
     """The class of a built-in method, an installed one, or ``package.module:Class``.
 
@@ -78,7 +82,7 @@ def build_method(
     """
     cls = method_class(name_or_path)
     if name_or_path in BUILTIN and options:
-        raise ValueError(
+        raise MethodOptionsInvalid(
             f"method {name_or_path!r} takes no [method] options (got {sorted(options)}): a "
             "built-in's settings are its own section, [grpo], [empo2] or [complementary]"
         )
@@ -86,12 +90,16 @@ def build_method(
         struct = getattr(cls, "Settings", None)
         if struct is None:
             if options:
-                raise ValueError(f"method {name_or_path!r} takes no options, got {dict(options)}")
+                raise MethodOptionsInvalid(
+                    f"method {name_or_path!r} takes no options, got {dict(options)}"
+                )
         else:
             try:
                 settings = msgspec.convert(dict(options), struct)
             except msgspec.ValidationError as exc:
-                raise ValueError(f"bad options for method {name_or_path!r}: {exc}") from None
+                raise MethodOptionsInvalid(
+                    f"bad options for method {name_or_path!r}: {exc}"
+                ) from None
             except (Exception, SystemExit) as exc:  # Settings is not a Struct msgspec can fill
                 raise ValueError(
                     f"method {name_or_path!r}: its Settings ({struct!r}) cannot take the options: "

@@ -316,4 +316,4 @@ def test_method_options_given_to_a_built_in_are_refused(
     base = str(plugins / "base.toml")
     assert main(["validate", base, "--set", "method.shown=2"]) == 2
     err = capsys.readouterr().err
-    assert "method 'grpo' takes no [method] options (got ['shown'])" in err
+    assert "$.method: method 'grpo' takes no [method] options (got ['shown'])" in err

@@ -96,7 +96,7 @@ def recovers_its_lists(plugin_dir: Path, stored: list[dict]) -> None:
 def test_bad_method_options_are_one_line(plugin_dir: Path) -> None:
     proc = coevo(plugin_dir, "validate", "insights.toml", "--set", "method.colour=1")
     assert proc.returncode == 2
-    assert proc.stderr.startswith("coevo: error: insights.toml: $.run.method: bad options")
+    assert proc.stderr.startswith("coevo: error: insights.toml: $.method: bad options")
     assert "\n" not in proc.stderr.strip()
 
 
