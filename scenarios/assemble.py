@@ -96,18 +96,17 @@ def fact_checks(
     Raises:
         ValueError: an invariant cannot be built, and ``skipped`` is None.
     """
+    from scenarios.checks import built_for
+
     ctx = ctx or CheckContext()
     chosen, _ = select(ctx)
-    built: list[FactCheck] = []
-    for r in chosen:
-        if r.name == "sessions":
-            continue
-        try:
-            built.append(r.factory(ctx))
-        except ValueError as exc:
-            if skipped is None:
-                raise
-            skipped.append(f"{r.name}: not checked: cannot be built for this run: {exc}")
+    built, _, failed = built_for(ctx, [r for r in chosen if r.name != "sessions"])
+    if failed and skipped is None:
+        raise failed[0][1]
+    if skipped is not None:
+        skipped += [
+            f"{name}: not checked: cannot be built for this run: {exc}" for name, exc in failed
+        ]
     return tuple(built)
 
 

@@ -15,7 +15,7 @@ from engine.world_registry import builtin_worlds
 from scenarios.loader import parse_toml, to_scenario
 from scenarios.schema import Scenario
 
-__all__ = ["check_context", "context_of", "invariants_for"]
+__all__ = ["built_for", "check_context", "context_of", "invariants_for"]
 
 
 def context_of(scenario: Scenario, meta: RunMeta | None = None) -> tuple[CheckContext, list[str]]:
@@ -68,12 +68,27 @@ def invariants_for(
         KeyError: an unknown name.
     """
     chosen, skipped = select(ctx, names)
+    built, kept, failed = built_for(ctx, chosen)
+    return (
+        built,
+        kept,
+        skipped + [f"{name}: cannot be built for this run: {exc}" for name, exc in failed],
+    )
+
+
+def built_for(
+    ctx: CheckContext, chosen: Sequence[Registered]
+) -> tuple[list[Invariant], list[Registered], list[tuple[str, ValueError]]]:
+    """Fresh instances of the ``chosen`` invariants for ``ctx``'s run, their registrations,
+    and the name and error of each that cannot be built for it (``credit`` when the run's
+    plug-in method does not import)."""
     built: list[Invariant] = []
     kept: list[Registered] = []
+    failed: list[tuple[str, ValueError]] = []
     for r in chosen:
         try:
             built.append(r.factory(ctx))
             kept.append(r)
-        except ValueError as exc:  # e.g. credit without the run's plug-in method: say so
-            skipped.append(f"{r.name}: cannot be built for this run: {exc}")
-    return built, kept, skipped
+        except ValueError as exc:
+            failed.append((r.name, exc))
+    return built, kept, failed
