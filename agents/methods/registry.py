@@ -8,6 +8,7 @@ Struct its options decode into (None: it takes none).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Mapping
 from importlib.metadata import entry_points
@@ -133,9 +134,10 @@ def scenario_method(scenario: Any) -> Method:
 
 def import_run_method(log: Any) -> None:
     """Import the plug-in module of the method the run in ``log`` names, if it is one and can
-    be imported, so that the events its actors recorded decode (a reader process imports only
-    what the ``coevo.events`` entry points name). A run of a built-in method, a module that is
-    not on the path or fails: nothing (reading such events then says their kind is unknown).
+    be imported (:func:`method_class`), so that the events its actors recorded decode (a
+    reader process imports only what the ``coevo.events`` entry points name). A run of a
+    built-in method, a module that is not on the path or fails: nothing (reading such events
+    then says their kind is unknown).
     """
     import tomllib
 
@@ -144,13 +146,6 @@ def import_run_method(log: Any) -> None:
         method = tomllib.loads(meta.scenario_toml).get("run", {}).get("method", "")
     except Exception:  # no metadata, a damaged scenario text: the log's own errors say so
         return
-    if not isinstance(method, str) or method in BUILTIN:
-        return
-    path = installed_methods().get(method, method)
-    module = path.partition(":")[0]
-    if ":" not in path or not all(p.isidentifier() for p in module.split(".")):
-        return
-    try:
-        importlib.import_module(module)
-    except (Exception, SystemExit):
-        return
+    if isinstance(method, str) and method not in BUILTIN:
+        with contextlib.suppress(ValueError):  # "rollout", a plug-in that is not importable
+            method_class(method)
