@@ -5,6 +5,9 @@ that asks a memory nobody keeps), and never as NaN weights a completed run would
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,6 +122,23 @@ def plugins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     mp.undo()
 
 
+def validate(plugins: Path, setting: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``coevo validate`` of the tiny scenario with ``--set SETTING``: its code and stderr."""
+    code = main(["validate", str(plugins / "base.toml"), "--set", setting])
+    return code, capsys.readouterr().err
+
+
+def cli(*args: str, path: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    """``coevo ARGS`` in a process of its own, ``path`` on PYTHONPATH (ROOT after it), with
+    ``env`` added to the environment."""
+    paths = os.pathsep.join(dict.fromkeys([str(path), str(ROOT)]))
+    return subprocess.run(
+        [sys.executable, "-m", "scenarios.cli", *args],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": paths, **env},
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("method", "says"),
     [
@@ -139,19 +159,15 @@ def test_what_can_be_known_before_a_run_is_one_line_at_validate(
 ) -> None:
     """Each was a traceback, a hang (a negative warm-up, a memory round without a memory), or
     a run recorded as 0% (an unknown ``memory_eval`` aborted every episode of its round)."""
-    base = str(plugins / "base.toml")
-    code = main(["validate", base, "--set", f'run.method="boundary_methods:{method}"'])
-    err = capsys.readouterr().err
+    code, err = validate(plugins, f'run.method="boundary_methods:{method}"', capsys)
     assert code == 2 and err.count("\n") == 1 and says in err, err
 
 
 def test_a_module_that_exits_on_import_is_one_line(
     plugins: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = str(plugins / "base.toml")
-    assert main(["validate", base, "--set", 'run.method="boundary_exits:X"']) == 2
-    err = capsys.readouterr().err
-    assert "cannot import method module 'boundary_exits': SystemExit: 3" in err
+    code, err = validate(plugins, 'run.method="boundary_exits:X"', capsys)
+    assert code == 2 and "cannot import method module 'boundary_exits': SystemExit: 3" in err
 
 
 @pytest.mark.parametrize(
@@ -187,25 +203,17 @@ def test_a_broken_events_entry_point_is_a_warning_not_a_traceback_in_every_comma
 ) -> None:
     """An installed package whose ``coevo.events`` module fails to import made every command
     that reads a log (``log``, ``replay``, ``check``, ``run``) a traceback."""
-    import os
-    import subprocess
-    import sys
-
     info = tmp_path / "broken_events-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-events\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[coevo.events]\nbroken = no_such_events_module\n")
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     explore = str(ROOT / "scenarios" / "explore.toml")
     for args in (
         ["run", explore, "--out", str(run), "--quiet", "--set", "run.episodes=4"],
         ["log", str(run), "--limit", "1"],
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "scenarios.cli", *args],
-            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False,
-        )  # fmt: skip
+        done = cli(*args, path=tmp_path)
         assert done.returncode == 0, done.stderr
         assert done.stderr.startswith(
             "coevo: warning: the coevo.events entry point 'broken' (no_such_events_module) "
@@ -247,21 +255,13 @@ def test_a_plugin_methods_own_events_are_read_by_a_reader_that_can_import_it(
     log``, ``replay``, ``report`` and ``diff`` said "unknown event kind" even with the module
     on the path (only a ``coevo.events`` entry point was imported). Readers import the run's
     method module."""
-    import os
-    import subprocess
-    import sys
-
     (plugins / "boundary_noting.py").write_text(NOTING)
     out = plugins / "noting"
-    env = {**os.environ, "PYTHONPATH": f"{plugins}{os.pathsep}{ROOT}"}
     run = ["run", str(plugins / "base.toml"), "--out", str(out), "--quiet"]
     run += ["--set", 'run.method="boundary_noting:Noting"']
     # each in a process of its own: the plug-in's event type stays out of this one's registry
     for command in (run, ["log", str(out), "--kind", "boundary_group_noted"], ["replay", str(out)]):
-        done = subprocess.run(
-            [sys.executable, "-m", "scenarios.cli", *command],
-            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False,
-        )  # fmt: skip
+        done = cli(*command, path=plugins)
         assert done.returncode == 0, done.stderr
     assert done.stdout  # the replayed state
 
@@ -269,10 +269,6 @@ def test_a_plugin_methods_own_events_are_read_by_a_reader_that_can_import_it(
 def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins: Path) -> None:
     """``replay --verify`` of a run whose plug-in method no longer imports was a traceback
     (``check`` left the credit invariant out with a note, as ``verify`` now does)."""
-    import os
-    import subprocess
-    import sys
-
     (plugins / "boundary_gone.py").write_text(
         "from agents.methods.builtin import Grpo\n\nclass Gone(Grpo):\n    pass\n"
     )
@@ -280,11 +276,7 @@ def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins
     args = ["run", str(plugins / "base.toml"), "--out", str(out), "--quiet"]
     assert main([*args, "--set", 'run.method="boundary_gone:Gone"']) == 0
     (plugins / "boundary_gone.py").unlink()
-    done = subprocess.run(
-        [sys.executable, "-m", "scenarios.cli", "replay", str(out), "--verify"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    done = cli("replay", str(out), "--verify")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "coevo: note: credit: not checked: cannot be built for this run: cannot import " in (
@@ -295,16 +287,10 @@ def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins
 
 def test_quiet_is_quiet_while_the_model_is_built(plugins: Path, tmp_path: Path) -> None:
     """``run --quiet`` printed the embedded model's build, about 30 lines."""
-    import os
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "scenarios.cli", "run", str(plugins / "base.toml"), "--quiet",
-         "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COEVO_CACHE": str(tmp_path / "cache")},
-    )  # fmt: skip
+    base = str(plugins / "base.toml")
+    done = cli(
+        "run", base, "--quiet", "--out", str(tmp_path / "run"), COEVO_CACHE=str(tmp_path / "cache")
+    )
     assert done.returncode == 0 and done.stderr == "" and done.stdout == "", done.stderr
     assert list((tmp_path / "cache" / "embedded").iterdir())  # it was built
 
@@ -313,7 +299,5 @@ def test_method_options_given_to_a_built_in_are_refused(
     plugins: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A ``[method]`` table given to ``grpo`` was ignored without a word."""
-    base = str(plugins / "base.toml")
-    assert main(["validate", base, "--set", "method.shown=2"]) == 2
-    err = capsys.readouterr().err
-    assert "$.method: method 'grpo' takes no [method] options (got ['shown'])" in err
+    code, err = validate(plugins, "method.shown=2", capsys)
+    assert code == 2 and "$.method: method 'grpo' takes no [method] options (got ['shown'])" in err
