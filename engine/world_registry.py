@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 
+from engine.entrypoints import Named, clash_message, named
 from engine.world import ExtraMissing, TextWorld
 
 WORLDS_GROUP = "coevo.worlds"
@@ -22,7 +22,7 @@ package registers. ``scienceworld`` and ``textworld`` need the extras of the sam
 built."""
 
 
-_installed: dict[str, str] | None = None
+_installed: Named | None = None
 """:func:`builtin_worlds` as last read. Reading the installed packages' entry points takes
 5-50 ms (every distribution's metadata; longer while other threads run), and a run builds a
 world per worker: reading them once took a 32-worker, 32-episode quickstart rollout from 5.51
@@ -33,10 +33,14 @@ def builtin_worlds(refresh: bool = False) -> Mapping[str, str]:
     """Short names of the installed worlds, each with its ``package.module:Class``; read once
     per process, again with ``refresh`` (:func:`load_world` refreshes on a name it lacks, so
     a plug-in installed while the process runs is found)."""
+    return dict(_named(refresh).paths)
+
+
+def _named(refresh: bool = False) -> Named:
     global _installed
     if _installed is None or refresh:
-        _installed = {ep.name: ep.value for ep in entry_points(group=WORLDS_GROUP)}
-    return dict(_installed)
+        _installed = named(WORLDS_GROUP)
+    return _installed
 
 
 class WorldOptionsInvalid(ValueError):
@@ -52,11 +56,15 @@ def _resolve(name_or_path: str) -> tuple[str, str]:
     """``(module, class name)`` for a built-in name or an import path.
 
     Raises:
-        ValueError: neither a built-in name nor a well-formed ``package.module:Class``.
+        ValueError: neither a built-in name nor a well-formed ``package.module:Class``, or
+            a name that installed packages register for different classes.
     """
-    known_worlds = builtin_worlds()
-    if name_or_path not in known_worlds and ":" not in name_or_path:
-        known_worlds = builtin_worlds(refresh=True)
+    installed = _named()
+    if name_or_path not in installed.paths and ":" not in name_or_path:
+        installed = _named(refresh=True)
+    if name_or_path in installed.clashes:
+        raise ValueError(clash_message("world", name_or_path, installed.clashes[name_or_path]))
+    known_worlds = installed.paths
     path = known_worlds.get(name_or_path, name_or_path)
     if ":" not in path:
         known = ", ".join(sorted(known_worlds))

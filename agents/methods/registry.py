@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 import msgspec
@@ -19,6 +18,7 @@ import msgspec
 from agents.methods.base import Method
 from agents.methods.builtin import Complementary, Empo2, Grpo
 from agents.methods.settings import GrpoConfig
+from engine.entrypoints import clash_message, named
 
 METHODS_GROUP = "coevo.methods"
 """The entry-point group a plug-in package names its methods in (``[project.entry-points]``)."""
@@ -31,7 +31,7 @@ _HOOKS = ("rollout", "shape", "score", "step_events", "loss", "actors")
 
 def installed_methods() -> Mapping[str, str]:
     """Short names of the methods plug-in packages register, each with its import path."""
-    return {ep.name: ep.value for ep in entry_points(group=METHODS_GROUP)}
+    return named(METHODS_GROUP).paths
 
 
 class MethodOptionsInvalid(ValueError):
@@ -43,13 +43,24 @@ def method_class(name_or_path: str) -> type[Any]:
 
     Raises:
         ValueError: unknown name, bad path, a module that fails to import, a missing class,
-            or a class lacking a hook of :class:`Method`.
+            a class lacking a hook of :class:`Method`, or a short name that installed
+            packages register twice (or for a built-in too): which one is meant is unknown.
     """
+    installed = named(METHODS_GROUP)
+    if name_or_path in installed.clashes:
+        raise ValueError(clash_message("method", name_or_path, installed.clashes[name_or_path]))
     if name_or_path in BUILTIN:
+        if name_or_path in installed.paths:
+            raise ValueError(
+                f"method {name_or_path!r} is coevo's built-in, and an installed package "
+                f"registers the name too ({installed.paths[name_or_path]}): rename that "
+                "entry point, or uninstall the package (its method runs by its import path "
+                "'package.module:Class' meanwhile)"
+            )
         return BUILTIN[name_or_path]
-    path = installed_methods().get(name_or_path, name_or_path)
+    path = installed.paths.get(name_or_path, name_or_path)
     if ":" not in path:
-        known = ", ".join(sorted({*BUILTIN, *installed_methods()}))
+        known = ", ".join(sorted({*BUILTIN, *installed.paths}))
         raise ValueError(
             f"unknown method {name_or_path!r}: use a built-in name ({known}) "
             "or an import path 'package.module:Class'"

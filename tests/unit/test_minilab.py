@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.acting.scripted import Explorer, RandomAgent, run_episode
-from engine import world_registry
+from engine import entrypoints, world_registry
 from engine.world import Observation, Task, TextWorld
 from engine.world_registry import WORLDS_GROUP, builtin_worlds, load_world
 from scenarios.worlds.minilab import DEFAULT_MAX_STEPS, MiniLab
@@ -305,7 +305,7 @@ def test_installed_worlds_are_read_once_and_again_for_a_name_not_yet_known(
         reads.append(group)
         return list(installed)
 
-    monkeypatch.setattr(world_registry, "entry_points", entry_points)
+    monkeypatch.setattr(entrypoints, "entry_points", entry_points)
     monkeypatch.setattr(world_registry, "_installed", None)
     for _ in range(3):
         assert isinstance(load_world("minilab", {}), MiniLab)

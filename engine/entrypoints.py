@@ -1,0 +1,48 @@
+"""Plug-ins found by short name: the entry points of one group (``coevo.worlds``,
+``coevo.methods``), with a name that installed packages register twice, for different classes,
+refused rather than one of them taken in silence.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+from typing import NamedTuple
+
+
+class Named(NamedTuple):
+    """The short names of one entry-point group."""
+
+    paths: dict[str, str]
+    """Each name with the ``package.module:Class`` it names (one of them for a clash)."""
+    clashes: dict[str, list[str]]
+    """Each name registered for several different classes, with every registration
+    (``package.module:Class`` (distribution))."""
+
+
+def _dist(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return getattr(dist, "name", None) or "an unknown package"
+
+
+def named(group: str) -> Named:
+    """The entry points of ``group`` by name. One package seen twice (an editable install
+    next to its metadata) is one registration: only different classes clash."""
+    found: dict[str, dict[str, str]] = {}
+    for ep in entry_points(group=group):
+        found.setdefault(ep.name, {}).setdefault(ep.value, _dist(ep))
+    paths = {name: next(iter(values)) for name, values in found.items()}
+    clashes = {
+        name: [f"{path} ({dist})" for path, dist in values.items()]
+        for name, values in found.items()
+        if len(values) > 1
+    }
+    return Named(paths, clashes)
+
+
+def clash_message(kind: str, name: str, registrations: list[str]) -> str:
+    """One line refusing ``name``, which several installed packages register."""
+    return (
+        f"{kind} {name!r} is registered by several installed packages: "
+        f"{'; '.join(registrations)}; name the one meant by its import path "
+        "'package.module:Class', or uninstall or rename the other"
+    )

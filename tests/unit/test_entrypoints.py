@@ -1,0 +1,73 @@
+"""Plug-ins by short name: a name two installed packages register for different classes is
+refused, never resolved to one of them in silence (worlds and methods alike)."""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from agents.methods.registry import METHODS_GROUP, method_class
+from engine import entrypoints, world_registry
+from engine.world_registry import WORLDS_GROUP, load_world
+from scenarios.worlds.minilab import MiniLab
+
+MINILAB = "scenarios.worlds.minilab:MiniLab"
+GRPO = "agents.methods.builtin:Grpo"
+
+
+def installed(monkeypatch: pytest.MonkeyPatch, *eps: tuple[str, str, str]) -> None:
+    """The installed entry points are ``(group, name, value)``."""
+
+    def entry_points(group: str) -> list[EntryPoint]:
+        return [EntryPoint(name, value, g) for g, name, value in eps if g == group]
+
+    monkeypatch.setattr(entrypoints, "entry_points", entry_points)
+    monkeypatch.setattr(world_registry, "_installed", None)
+
+
+def test_a_world_name_two_packages_register_for_different_classes_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    installed(
+        monkeypatch,
+        (WORLDS_GROUP, "minilab", MINILAB),
+        (WORLDS_GROUP, "minilab", "their_worlds.lab:Lab"),
+    )
+    with pytest.raises(ValueError, match="world 'minilab' is registered by several") as info:
+        load_world("minilab", {})
+    assert MINILAB in str(info.value) and "their_worlds.lab:Lab" in str(info.value)
+    assert isinstance(load_world(MINILAB, {}), MiniLab)  # its import path still names it
+
+
+def test_one_class_registered_twice_under_a_name_is_no_clash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An editable install seen next to its own metadata lists its entry points twice."""
+    installed(monkeypatch, (WORLDS_GROUP, "minilab", MINILAB), (WORLDS_GROUP, "minilab", MINILAB))
+    assert isinstance(load_world("minilab", {}), MiniLab)
+
+
+def test_a_plugin_method_named_like_a_builtin_is_refused_not_shadowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``method = "grpo"`` ran coevo's GRPO while an installed package's ``grpo`` entry point
+    was ignored without a word."""
+    installed(monkeypatch, (METHODS_GROUP, "grpo", "their_methods.mine:MyGrpo"))
+    with pytest.raises(ValueError, match="is coevo's built-in, and an installed package"):
+        method_class("grpo")
+    assert method_class("empo2").__name__ == "Empo2"
+
+
+def test_a_method_name_two_packages_register_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    installed(
+        monkeypatch,
+        (METHODS_GROUP, "mine", GRPO),
+        (METHODS_GROUP, "mine", "their_methods.mine:Other"),
+    )
+    with pytest.raises(ValueError, match="method 'mine' is registered by several"):
+        method_class("mine")
+    installed(monkeypatch, (METHODS_GROUP, "mine", GRPO))
+    assert method_class("mine").__name__ == "Grpo"
