@@ -156,12 +156,9 @@ def _check_depth(doc: dict[str, Any], source: str, where: str = "$") -> None:
 
 
 def apply_override(doc: dict[str, Any], item: str, source: str) -> None:
-    """Apply one ``key.path=value`` override to the parsed document in place."""
-    key, sep, raw = item.partition("=")
-    parts = key.strip().split(".")
-    if not sep or not all(part.strip() for part in parts):
-        raise ScenarioInvalid(source, f"override {item!r} is not of the form key.path=value")
-    parts = [part.strip() for part in parts]
+    """Apply one ``key.path=value`` override to the parsed document in place. A part of the
+    key may be quoted as in TOML (``world.options."a.b"=1`` sets the key ``a.b``)."""
+    parts, raw = _split_override(item, source)
     table = doc
     for depth, part in enumerate(parts[:-1]):
         child: object = table.setdefault(part, {})
@@ -172,6 +169,51 @@ def apply_override(doc: dict[str, Any], item: str, source: str) -> None:
     where = "$." + ".".join(parts)
     table[parts[-1]] = value = _parse_value(raw.strip(), f"override {item!r}: {where}", source)
     _check_depth({parts[-1]: value}, source, "$." + ".".join(parts[:-1]) if parts[:-1] else "$")
+
+
+def _split_override(item: str, source: str) -> tuple[list[str], str]:
+    """The key's parts and the raw value of ``key.path=value``: the key read as a TOML dotted
+    key when it quotes a part (a quoted part may hold ``.`` or ``=``), else split at each
+    ``.``, every part stripped.
+
+    Raises:
+        ScenarioInvalid: no ``=`` after the key, an empty part, or a quoted key TOML cannot
+            read.
+    """
+    bad = ScenarioInvalid(source, f"override {item!r} is not of the form key.path=value")
+    at = _equals_outside_quotes(item)
+    if at < 0:
+        raise bad
+    key, raw = item[:at].strip(), item[at + 1 :]
+    if '"' in key or "'" in key:
+        try:
+            table: object = tomllib.loads(f"{key} = 0")
+        except tomllib.TOMLDecodeError:
+            raise ScenarioInvalid(
+                source, f'override {item!r}: {key} is not a TOML key (quote a part as "a.b")'
+            ) from None
+        parts: list[str] = []
+        while isinstance(table, dict) and len(cast("dict[str, object]", table)) == 1:
+            ((name, table),) = cast("dict[str, object]", table).items()
+            parts.append(name)
+        return parts, raw
+    parts = [part.strip() for part in key.split(".")]
+    if not all(parts):
+        raise bad
+    return parts, raw
+
+
+def _equals_outside_quotes(item: str) -> int:
+    """The index of the first ``=`` of ``item`` outside quotes, or -1."""
+    quote = ""
+    for at, char in enumerate(item):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "=":
+            return at
+    return -1
 
 
 def _parse_value(raw: str, where: str, source: str) -> Any:

@@ -90,9 +90,33 @@ def test_overrides_set_nested_keys_with_toml_values(tmp_path: Path) -> None:
     assert sc.name == "y"
 
 
+def test_an_override_key_may_quote_its_parts_as_toml_does(tmp_path: Path) -> None:
+    """``--set 'world.options."a.b"=1'`` set a key named ``"a`` in a table ``b"``: quotes
+    were kept as part of the name and a quoted dot split it."""
+    path = write(tmp_path, 'name = "x"\n')
+    sc = load_scenario(
+        path,
+        [
+            'world.options."a.b"=1',
+            "world.options.'k=v'=2",
+            'world."options".plain = "x=y"',
+            'world.options."sp ace"=3',
+        ],
+    )
+    assert sc.world.options == {"a.b": 1, "k=v": 2, "plain": "x=y", "sp ace": 3}
+    assert sc == load_scenario(
+        write(
+            tmp_path,
+            'name = "x"\n[world.options]\n"a.b" = 1\n"k=v" = 2\nplain = "x=y"\n"sp ace" = 3\n',
+        ),
+    )
+
+
 @pytest.mark.parametrize(
     ("override", "fragment"),
     [
+        ('world."options=1', "key.path=value"),
+        ('world."a" b=1', "is not a TOML key"),
         ("run.episodes", "key.path=value"),
         ("=3", "key.path=value"),
         ("name.inner=3", "$.name is not a table"),
