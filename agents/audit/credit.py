@@ -28,7 +28,7 @@ from agents.events.memory import TipsRetrieved
 from agents.events.policy import AdvantagesComputed, GradientRequested
 from agents.learning.credit_actor import RULES, CreditBook, CreditSettings
 from agents.methods.advantages import group_stats, outcome
-from agents.methods.base import Method, RolloutMode, checked_scored, mode_of
+from agents.methods.base import Method, RolloutMode, checked_scored, method_label, mode_of
 from agents.methods.credit import relative_credit
 from engine.errors import AuditQueryInvalid
 from engine.eventlog import EventLog
@@ -268,13 +268,13 @@ def derive_group(
     try:
         scored = method.score(outcomes, [m.name for m in modes], similar)
     except ValueError as exc:
-        raise AuditQueryInvalid(f"group {g.group}: {method.name}.score: {exc}") from None
+        raise AuditQueryInvalid(f"group {g.group}: {method_label(method)}: score: {exc}") from None
     except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, not a traceback
         raise AuditQueryInvalid(
-            f"group {g.group}: {method.name}.score raised {type(exc).__name__}: {exc}"
+            f"group {g.group}: {method_label(method)}: score raised {type(exc).__name__}: {exc}"
         ) from None
     try:
-        scored = checked_scored(scored, len(g.episodes), method.name)
+        scored = checked_scored(scored, len(g.episodes), method)
     except ValueError as exc:
         raise AuditQueryInvalid(f"group {g.group}: {exc}") from None
     mean, std = group_stats(scored.rewards) if scored.rewards else (0.0, 0.0)

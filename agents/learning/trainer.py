@@ -48,7 +48,14 @@ from agents.events.policy import (
     PolicyUpdated,
 )
 from agents.methods.advantages import group_stats, outcome
-from agents.methods.base import ADV_EPS, ROLLOUTS, Method, checked_scored, mode_of
+from agents.methods.base import (
+    ADV_EPS,
+    ROLLOUTS,
+    Method,
+    checked_scored,
+    method_label,
+    mode_of,
+)
 from agents.methods.builtin import Grpo, complementary_rule, grpo_rule
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
@@ -156,7 +163,7 @@ def _check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
     """Raise ValueError unless ``mode`` is a rollout mode this run can play: known, and one
     that asks the memory only where ``memory`` (an actor answers retrievals; else an episode
     would wait for an answer that never comes)."""
-    where = f"method {method.name!r}: {what} {mode!r}"
+    where = f"{method_label(method)}: {what} {mode!r}"
     if not isinstance(mode, str) or mode not in ROLLOUTS:
         raise ValueError(f"{where}, not a rollout mode ({', '.join(ROLLOUTS)})")
     if ROLLOUTS[mode].memory != "none" and not memory:
@@ -173,14 +180,14 @@ def _checked_attributes(method: Method) -> int:
     """
     warmup = getattr(method, "warmup", None)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"method {method.name!r}: warmup must be an int >= 0, got {warmup!r}")
+        raise ValueError(f"{method_label(method)}: warmup must be an int >= 0, got {warmup!r}")
     shown = getattr(method, "memory_eval", None)
     if shown is not None:
         _check_mode(method, "memory_eval is", shown, True)
     for flag in ("adapts", "records_rollouts"):
         if not isinstance(getattr(method, flag, None), bool):
             raise ValueError(
-                f"method {method.name!r}: {flag} must be true or false, "
+                f"{method_label(method)}: {flag} must be true or false, "
                 f"got {getattr(method, flag, None)!r}"
             )
     return warmup
@@ -572,7 +579,7 @@ class GrpoTrainer(Replayed):
         for e in group.episodes:
             self._similar.pop(e, None)
         scored = checked_scored(
-            self._method.score(outcomes, rollouts, similar), len(episodes), self._method.name
+            self._method.score(outcomes, rollouts, similar), len(episodes), self._method
         )
         rewards, advantages = scored.rewards, scored.advantages
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)

@@ -107,7 +107,18 @@ class Scored:
     intrinsic_coef: float = 0.0
 
 
-def checked_scored(scored: object, episodes: int, method: str) -> Scored:
+def method_label(method: object) -> str:
+    """``method 'name'`` as messages name a method; a class outside coevo's own methods named
+    too, since a plug-in that subclasses a built-in inherits its ``name`` (``method 'grpo'``
+    alone then sent its author to coevo's GRPO)."""
+    cls = type(method)
+    label = f"method {getattr(method, 'name', cls.__name__)!r}"
+    if cls.__module__ == "agents.methods.builtin":
+        return label
+    return f"{label} ({cls.__module__}:{cls.__qualname__})"
+
+
+def checked_scored(scored: object, episodes: int, method: object) -> Scored:
     """``scored`` if it is what a group of ``episodes`` finished episodes can be trained on and
     recorded with: a :class:`Scored` whose rewards and advantages are that many finite numbers
     (outcomes and intrinsic: none or that many). A plug-in's ``score`` is checked here, at the
@@ -117,7 +128,7 @@ def checked_scored(scored: object, episodes: int, method: str) -> Scored:
     Raises:
         ValueError: anything else, naming the method and what is wrong.
     """
-    where = f"{method}.score"
+    where = f"{method_label(method)}: score"
     if not isinstance(scored, Scored):
         raise ValueError(f"{where} returned {type(scored).__name__}, not a Scored")
     for name in ("rewards", "advantages", "outcomes", "intrinsic"):
@@ -252,7 +263,7 @@ def base_models(method: Method) -> tuple[str, ...]:
     unknown = [r for r in roles if r not in BASE_MODEL_ROLES]
     if unknown:
         raise ValueError(
-            f"method {method.name!r} asks for base model(s) {unknown}; known roles: "
+            f"{method_label(method)} asks for base model(s) {unknown}; known roles: "
             f"{list(BASE_MODEL_ROLES)}"
         )
     return roles
@@ -274,11 +285,11 @@ def method_actors(method: Method, run: RunResources) -> tuple[ActorSpec, ...]:
         specs = tuple(actors(run) if takes_run else actors())  # pyright: ignore[reportCallIssue]
     except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, before any run
         raise ValueError(
-            f"method {method.name!r}: actors() raised {type(exc).__name__}: {exc}"
+            f"{method_label(method)}: actors() raised {type(exc).__name__}: {exc}"
         ) from None
     wrong = [s for s in specs if not isinstance(s, ActorSpec)]
     if wrong:
         raise ValueError(
-            f"method {method.name!r}: actors() returned {wrong[0]!r}, not an ActorSpec"
+            f"{method_label(method)}: actors() returned {wrong[0]!r}, not an ActorSpec"
         )
     return specs

@@ -125,7 +125,9 @@ def test_an_unknown_base_model_role_is_refused(tmp_path: Path, monkeypatch) -> N
     )
     scenario = to_scenario(parse_toml(toml, "c.toml"), "c.toml")
     try:
-        with pytest.raises(ScenarioInvalid, match=r"\$\.run\.method: method 'critic' asks"):
+        with pytest.raises(
+            ScenarioInvalid, match=r"\$\.run\.method: method 'critic' \(critic_method:Critic\) asks"
+        ):
             assemble(scenario, "c.toml", prepare_model=False)
     finally:
         sys.modules.pop("critic_method", None)
