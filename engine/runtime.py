@@ -49,6 +49,7 @@ from engine.lifecycle import (
     RunStarted,
     RunStopped,
 )
+from engine.loopwatch import LoopWatch
 from engine.numbering import Numbering, Pending
 from engine.projection import Projection
 from engine.replay import replay_until
@@ -103,6 +104,9 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
             another waits for it (``sys.setswitchinterval``; 0: leave it as it is). The log's
             writing thread needs the GIL for a moment after each LMDB call; at Python's
             default of 5 ms it waits that long whenever the actors keep the event loop busy.
+        stall_warning: seconds one turn of the event loop may run (a task computing without
+            yielding: every other actor waits) before the run's log warns where it is
+            (:mod:`engine.loopwatch`; 0: no watch).
     """
 
     batch_max: int = 4096
@@ -115,6 +119,7 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
     snapshot_budget: int = 32
     handle_signals: bool = False
     switch_interval: float = 0.001
+    stall_warning: float = 10.0
 
 
 class ExitCalled(Exception):
@@ -365,6 +370,9 @@ class Runtime:
         await trio.to_thread.run_sync(self._rebuild_fold)
         self._numbering.seq = self._next = self._log.next_seq
         self._log_out.info("run started", run_id=self.run_id, actors=len(self._specs))
+        watch = LoopWatch(self._cfg.stall_warning, self._log_out)
+        if self._cfg.stall_warning > 0:
+            watch.start()
         try:
             async with trio.open_nursery() as root:
                 await root.start(self._writer)
@@ -378,6 +386,9 @@ class Runtime:
                 self._wake.unpark_all()
         except BaseExceptionGroup as group:
             raise _sole_error(group) from None
+        finally:
+            if self._cfg.stall_warning > 0:
+                watch.stop()
         outcome.events = self._next
         self._log_out.info(
             "run ended", reason=outcome.reason, exit_code=outcome.exit_code, events=outcome.events
