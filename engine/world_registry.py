@@ -86,6 +86,27 @@ def path_of(module: str, cls: str) -> str:
     return f"{module}:{cls}"
 
 
+def option_defaults(name_or_path: str) -> dict[str, object]:
+    """The world's options a scenario may leave out, with their defaults: its constructor's
+    keyword parameters whose default is a TOML value (None, which TOML cannot write, and
+    objects left out). Empty for a world that cannot be imported or read (reading it must not
+    fail a command that only compares runs)."""
+    try:
+        module_name, cls_name = _resolve(name_or_path)
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        params = inspect.signature(cls).parameters.values()
+    except (Exception, SystemExit):  # a plug-in's failure: no defaults known
+        return {}
+    toml = (bool, int, float, str, list, tuple, dict)
+    return {
+        p.name: list(p.default) if isinstance(p.default, tuple) else p.default
+        for p in params
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        and p.default is not p.empty
+        and isinstance(p.default, toml)
+    }
+
+
 def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
     """Import and construct a world.
 

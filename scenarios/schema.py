@@ -325,22 +325,32 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     tracking: TrackingConfig = msgspec.field(default_factory=TrackingConfig)
 
 
-def table_defaults() -> dict[str, dict[str, Any]]:
+def table_defaults(
+    world: str | None = None, method: str | None = None
+) -> dict[str, dict[str, Any]]:
     """The defaults of the tables a scenario fills only with what it changes (dotted table ->
     key -> value, as TOML gives them): ``policy.embedded`` (:class:`EmbeddedSpec`) and
     ``complementary.ops`` (:class:`OpsSpec`), less the fields the rest of the scenario sets
     (the world, the window, ``max_ops``, ``max_new_tokens``). The resolved scenario a run
     records leaves these tables as written, so comparing two runs needs them filled in.
 
-    World options (each world checks its own) and a plug-in method's ``[method]`` table have
-    no defaults here."""
+    Given ``world``, also ``world.options``: the defaults of that world's constructor; given
+    ``method``, ``method``: a plug-in method's ``Settings`` defaults (both only where they can
+    be imported here; two runs of different worlds or methods have no common defaults)."""
+    from agents.methods.registry import option_defaults as method_defaults
     from agents.models.specs import EmbeddedSpec, OpsSpec
+    from engine.world_registry import option_defaults as world_defaults
 
     def defaults(spec: msgspec.Struct, derived: set[str]) -> dict[str, Any]:
         fields: dict[str, Any] = msgspec.to_builtins(spec)
         return {k: v for k, v in fields.items() if k not in derived}
 
-    return {
+    tables = {
         "policy.embedded": defaults(EmbeddedSpec(), {"world", "world_options", "window"}),
         "complementary.ops": defaults(OpsSpec(), {"max_ops", "max_new_tokens"}),
     }
+    if world is not None:
+        tables["world.options"] = world_defaults(world)
+    if method is not None:
+        tables["method"] = method_defaults(method)
+    return tables

@@ -83,6 +83,22 @@ def method_class(name_or_path: str) -> type[Any]:
     return cls
 
 
+def option_defaults(name_or_path: str) -> dict[str, Any]:
+    """A plug-in method's ``[method]`` options with their defaults (its ``Settings`` built
+    with none); empty for a built-in, a method that takes none, or one that cannot be imported
+    or built so (reading it must not fail a command that only compares runs)."""
+    if name_or_path in BUILTIN:
+        return {}
+    try:
+        struct = getattr(method_class(name_or_path), "Settings", None)
+        if struct is None:
+            return {}
+        found = msgspec.to_builtins(msgspec.convert({}, struct))
+    except (Exception, SystemExit):  # a plug-in's failure: no defaults known
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def build_method(
     name_or_path: str, grpo: GrpoConfig, settings: object = None, options: Mapping[str, Any] = {}
 ) -> Method:

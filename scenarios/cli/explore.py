@@ -102,6 +102,18 @@ def _tracking_block(text: str) -> int:
     return block if isinstance(block, int) and block >= 1 else 16
 
 
+def _common(toml_a: str, toml_b: str) -> tuple[str | None, str | None]:
+    """The world and the method both runs name (None where they differ): whose option
+    defaults the comparison fills in."""
+    a, b = _scenario_dict(toml_a), _scenario_dict(toml_b)
+
+    def same(table: str, key: str) -> str | None:
+        x, y = (t.get(key) if isinstance(t := d.get(table), dict) else None for d in (a, b))
+        return x if isinstance(x, str) and x == y else None
+
+    return same("world", "name"), same("run", "method")
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     """Exit 0 when the logs do not diverge, 1 when they do."""
     import msgspec
@@ -117,11 +129,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
             meta_a = log_a.read_meta()
         with naming(log_b.path):
             meta_b = log_b.read_meta()
-        changes = scenario_changes(
-            meta_a.scenario_toml if meta_a else "",
-            meta_b.scenario_toml if meta_b else "",
-            table_defaults(),
-        )
+        toml_a = meta_a.scenario_toml if meta_a else ""
+        toml_b = meta_b.scenario_toml if meta_b else ""
+        changes = scenario_changes(toml_a, toml_b, table_defaults(*_common(toml_a, toml_b)))
         versions = {m.coevo_version for m in (meta_a, meta_b) if m is not None}
         counts = (log_a.next_seq, log_b.next_seq)
         with naming(log_a.path), naming(log_b.path):

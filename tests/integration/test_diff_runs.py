@@ -89,3 +89,21 @@ def test_a_bad_run_is_one_line(
     assert main(["diff", str(runs[0]), str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"
+
+
+def test_a_world_option_at_its_default_is_no_difference(
+    runs: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """World options were compared as written: ``train_variants = 500``, MiniLab's default,
+    read as a difference from a run that left it out."""
+    a = runs[0]
+    same = _run(tmp_path, "same", 0, "world.options.train_variants=500")
+    other = _run(tmp_path, "other", 0, "world.options.train_variants=499")
+    assert main(["diff", str(a), str(same)]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "scenario: the same"
+    main(["diff", str(other), str(a)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:4] == [
+        "scenario: 1 difference",
+        "  world.options.train_variants: 499 -> 500 (default)",
+    ]

@@ -3,6 +3,10 @@ and wall-clock fields ignored, the earliest differing event found)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from agents.analysis.diff import describe, diverging_seqs, scenario_changes
 from agents.events.episodes import StepTaken
 from agents.events.policy import PolicyUpdated
@@ -105,3 +109,26 @@ def test_a_table_filled_with_defaults_shows_what_was_used() -> None:
         "policy.embedded.layers",
         "policy.model",
     ]  # without the defaults, as it was
+
+
+def test_a_plugin_methods_options_are_compared_with_their_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plug-in's ``[method]`` table was compared as written; its ``Settings`` defaults fill
+    it where the method imports (and nothing is filled where it does not)."""
+    from scenarios.schema import table_defaults
+
+    (tmp_path / "diff_method.py").write_text(
+        "import msgspec\nfrom agents.methods.builtin import Grpo\n\n"
+        "class Tuned(Grpo):\n"
+        "    class Settings(msgspec.Struct):\n        beta: float = 0.5\n        k: int = 2\n\n"
+        "    def __init__(self, grpo, settings):\n        super().__init__(grpo)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a = 'name = "x"\n[run]\nmethod = "diff_method:Tuned"\n[method]\nbeta = 0.5\n'
+    b = 'name = "x"\n[run]\nmethod = "diff_method:Tuned"\n[method]\nk = 3\n'
+    defaults = table_defaults(method="diff_method:Tuned")
+    assert defaults["method"] == {"beta": 0.5, "k": 2}
+    got = [(c.key, c.a, c.b, c.default_a) for c in scenario_changes(a, b, defaults)]
+    assert got == [("method.k", 2, 3, True)]
+    assert table_defaults(method="no_such_module:X")["method"] == {}
