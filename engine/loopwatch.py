@@ -3,12 +3,13 @@ thread, so a hook that computes for a minute inside it (a plug-in's ``score``, a
 ``step`` called without ``ctx.run_sync``) stops every other actor, the log's writer included,
 and the run looked hung without a word.
 
-A trio instrument marks where each turn of the scheduler begins and ends (it waits for I/O once
-per turn, for no time when tasks are ready); a watching thread reads the marks. A turn that has run longer than the
-threshold, not waiting, is a task that has not yielded: the thread logs where the loop's thread
-is at that moment, once per stall, and how long the stall lasted once the loop turns again. The
-loop's own cost is two calls per turn; waiting for I/O (actors idle while a model
-trains in a thread) is never a stall.
+A trio instrument marks where each turn of the scheduler begins and ends (it waits for I/O
+once per turn, for no time when tasks are ready); a watching thread reads the marks. A turn
+that has run longer than the threshold, not waiting, is a task that has not yielded: the thread
+logs where the loop's thread is at that moment, once per stall, and how long the stall lasted
+once the loop turns again. The loop's own cost is two calls per turn (no difference measured
+on 100,000 events through the runtime, 7 interleaved rounds); waiting for I/O (actors idle
+while a model trains in a thread) is never a stall.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class LoopWatch(trio.abc.Instrument):
                 reported = None
             if reported is None and not waiting and time.monotonic() - turned >= self.threshold:
                 reported = turned
-                frame = sys._current_frames().get(self._loop_thread)
+                frames = sys._current_frames()  # pyright: ignore[reportPrivateUsage]
+                frame = frames.get(self._loop_thread)
                 self._log.warning(
                     "event loop blocked: every actor waits until this returns (run blocking "
                     "work through ctx.run_sync)",

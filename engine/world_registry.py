@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Mapping
+from typing import cast
 
 from engine.entrypoints import Named, clash_message, named
 from engine.world import ExtraMissing, TextWorld
@@ -97,14 +98,16 @@ def option_defaults(name_or_path: str) -> dict[str, object]:
         params = inspect.signature(cls).parameters.values()
     except (Exception, SystemExit):  # a plug-in's failure: no defaults known
         return {}
-    toml = (bool, int, float, str, list, tuple, dict)
-    return {
-        p.name: list(p.default) if isinstance(p.default, tuple) else p.default
-        for p in params
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-        and p.default is not p.empty
-        and isinstance(p.default, toml)
-    }
+    found: dict[str, object] = {}
+    for p in params:
+        default: object = p.default
+        if p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) or default is p.empty:
+            continue
+        if isinstance(default, tuple):  # TOML gives a list
+            default = list(cast("tuple[object, ...]", default))
+        if isinstance(default, bool | int | float | str | list | dict):
+            found[p.name] = default
+    return found
 
 
 def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:

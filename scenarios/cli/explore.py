@@ -10,7 +10,7 @@ import socket
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from scenarios.cli.common import InputInvalid, naming, open_run, outside_lmdb, version
 from stores.rundir import find_run
@@ -108,10 +108,15 @@ def _common(toml_a: str, toml_b: str) -> tuple[str | None, str | None]:
     a, b = _scenario_dict(toml_a), _scenario_dict(toml_b)
 
     def same(table: str, key: str) -> str | None:
-        x, y = (t.get(key) if isinstance(t := d.get(table), dict) else None for d in (a, b))
+        x, y = (_key(d, table, key) for d in (a, b))
         return x if isinstance(x, str) and x == y else None
 
     return same("world", "name"), same("run", "method")
+
+
+def _key(doc: dict[str, Any], table: str, key: str) -> object:
+    found = doc.get(table)
+    return cast("dict[str, object]", found).get(key) if isinstance(found, dict) else None
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
