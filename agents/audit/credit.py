@@ -14,11 +14,12 @@ One pass over the log (no index): the fold needs every episode end in order.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import msgspec
 
@@ -81,7 +82,12 @@ def with_overrides(
         AuditQueryInvalid: an unknown rule or key, or a value of the wrong type or range.
     """
     if rule is not None and rule not in RULES:
-        raise AuditQueryInvalid(f"unknown credit rule {rule!r}; known: {', '.join(RULES)}")
+        if ":" not in rule:
+            raise AuditQueryInvalid(
+                f"unknown credit rule {rule!r}; known: {', '.join(RULES)}, or a rule of your "
+                "own by its import path 'package.module:function'"
+            )
+        rule_function(rule)  # refused here, before the log is read, when it cannot be used
     credit = replace(base.credit, rule=rule) if rule is not None else base.credit
     out = replace(base, credit=credit)
     method_sets: dict[str, bool] = {}
@@ -194,17 +200,77 @@ def gather_chunks(chunks: Iterable[Sequence[Envelope[Event]]], end: int) -> Cred
 # --- re-deriving --------------------------------------------------------------------------------
 
 
+CreditRule = Callable[[EpisodeFinished, AdvantagesComputed | None], float]
+"""A researcher's own credit rule: the credit of an episode an extractor entry guided, from
+its end and its recorded group (None: not grouped, e.g. the run stopped first)."""
+
+
+def rule_function(path: str) -> CreditRule:
+    """The function ``package.module:function`` names, for ``audit credit --rule``.
+
+    Raises:
+        AuditQueryInvalid: a malformed path, a module that fails to import, or no such
+            function.
+    """
+    module_name, _, name = path.partition(":")
+    if not all(p.isidentifier() for p in module_name.split(".")) or not name.isidentifier():
+        raise AuditQueryInvalid(
+            f"bad credit rule path {path!r}: expected 'package.module:function'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:  # a plug-in's failure at import: one line
+        raise AuditQueryInvalid(
+            f"credit rule {path!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AuditQueryInvalid(f"credit rule {path!r}: {module_name!r} has no function {name!r}")
+    return cast("CreditRule", fn)
+
+
 def derive_credits(inputs: CreditInputs, settings: AuditSettings) -> list[Event]:
-    """The credit actor's output re-folded from the log's retrievals and episode ends."""
+    """The credit actor's output re-folded from the log's retrievals and episode ends.
+
+    Raises:
+        AuditQueryInvalid: a rule of the researcher's own that raises or gives no finite
+            number.
+    """
     book = CreditBook()
-    baseline = _relative_credits(inputs) if settings.credit.rule == "relative" else {}
+    rule = settings.credit.rule
+    given: Callable[[EpisodeFinished], float] | None = None
+    if rule == "relative":
+        baseline = _relative_credits(inputs)
+        given = lambda ev: baseline.get(ev.episode, 0.0)  # noqa: E731 - 0.0: no group (yet)
+    elif rule not in RULES:
+        given = _own_rule(rule, inputs)
     out: list[Event] = []
     for ev in inputs.stream:
-        credit = None
-        if settings.credit.rule == "relative" and isinstance(ev, EpisodeFinished):
-            credit = baseline.get(ev.episode, 0.0)  # 0.0: its group is not recorded (yet)
+        credit = given(ev) if given is not None and isinstance(ev, EpisodeFinished) else None
         out += book.decide(ev, settings.credit, credit)
     return out
+
+
+def _own_rule(path: str, inputs: CreditInputs) -> Callable[[EpisodeFinished], float]:
+    """A researcher's rule called with each episode's end and recorded group, its answer
+    checked."""
+    fn = rule_function(path)
+    group_of = {ep: g for _, g in inputs.groups for ep in g.episodes}
+
+    def credit(ev: EpisodeFinished) -> float:
+        try:
+            got = fn(ev, group_of.get(ev.episode))
+        except (Exception, SystemExit) as exc:  # the rule's bug: one line, not a traceback
+            raise AuditQueryInvalid(
+                f"credit rule {path!r} raised {type(exc).__name__} on episode {ev.episode}: {exc}"
+            ) from None
+        if isinstance(got, bool) or not isinstance(got, int | float) or not math.isfinite(got):
+            raise AuditQueryInvalid(
+                f"credit rule {path!r} gave {got!r} for episode {ev.episode}, not a finite number"
+            )
+        return float(got)
+
+    return credit
 
 
 def _relative_credits(inputs: CreditInputs) -> dict[str, float]:

@@ -132,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = what.add_parser("episode", parents=[common], help="an episode turn by turn")
     q.add_argument("id", help="the episode's id (e.g. ep000005)")
     q = what.add_parser("credit", parents=[common], help="re-derive every credit and advantage")
-    q.add_argument("--rule", help="credit rule: success, score or relative (counterfactual)")
+    q.add_argument(
+        "--rule",
+        help="credit rule: success, score, relative, or your own as package.module:function "
+        "(counterfactual)",
+    )
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
     q = what.add_parser("whatif", parents=[common], help="replay an episode with one change")

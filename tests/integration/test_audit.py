@@ -192,6 +192,62 @@ def test_the_relative_rule_credits_against_the_free_half(
     assert a["calls_flipped"] == 2
 
 
+OWN_RULES = """
+from agents.methods.base import mode_of
+from agents.methods.credit import relative_credit
+
+
+def relative(episode, group):
+    if group is None:
+        return 0.0
+    modes = group.rollouts or ("plain",) * len(group.episodes)
+    free = [r for r, m in zip(group.rewards, modes) if not mode_of(m).guided]
+    return relative_credit(group.rewards[group.episodes.index(episode.episode)], free)
+
+
+def score(episode, group):
+    return 2.0 * episode.score - 1.0
+
+
+def broken(episode, group):
+    return {}[episode.episode]
+
+
+def nan(episode, group):
+    return float("nan")
+"""
+
+
+def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rule`` took only the built-in rules: a researcher's own rule, written again here
+    for two of them, re-derives exactly what the built-in does."""
+    (tmp_path / "my_rules.py").write_text(OWN_RULES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for mine, builtin in (("my_rules:relative", "relative"), ("my_rules:score", "score")):
+        a = audit_json(capsys, str(run), "credit", "--rule", mine)
+        b = audit_json(capsys, str(run), "credit", "--rule", builtin)
+        assert a["counterfactual"] and a["rule"] == mine
+
+        def counts(x: Any) -> list[tuple[Any, ...]]:
+            return [(c["kind"], c["recorded"], c["derived"], c["equal"]) for c in x["checks"]]
+
+        assert counts(a) == counts(b)
+        assert {k: v for k, v in a.items() if k not in ("rule", "checks")} == {
+            k: v for k, v in b.items() if k not in ("rule", "checks")
+        }
+    for rule, says in (
+        ("my_rules:broken", "credit rule 'my_rules:broken' raised KeyError on episode ep"),
+        ("my_rules:nan", "gave nan for episode ep"),
+        ("my_rules:absent", "'my_rules' has no function 'absent'"),
+        ("no_such_rules:x", "cannot import 'no_such_rules': ModuleNotFoundError"),
+        ("my rules:x", "bad credit rule path"),
+    ):
+        code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
+        assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
+
+
 def test_counterfactual_settings(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bigger = audit_json(capsys, str(run), "credit", "--set", "batch=3")
     assert bigger["requests"] == [1, 0]  # two calls never fill a batch of three
