@@ -25,6 +25,14 @@ LOG_FORMAT = 2
 2: an LMDB record holds its batch in parts (1: in one array; still read and appended to)."""
 
 
+class ModelFiles(msgspec.Struct, frozen=True, kw_only=True):
+    """A model directory as a run started from it: its absolute path, and the sha256 of each
+    file that defines the model (config, tokenizer, weights) by name."""
+
+    path: str
+    files: dict[str, str]
+
+
 class RunMeta(msgspec.Struct, frozen=True, kw_only=True):
     """What a run stores beside its events: enough to know what produced the log.
 
@@ -41,6 +49,10 @@ class RunMeta(msgspec.Struct, frozen=True, kw_only=True):
         machine: the machine that created the log (:func:`machine_description`; "" in logs
             written before 2026-12-02): a model update re-executes bit for bit only where the
             kernels round its floating-point sums as there.
+        models: the model directories the run started from, by role (``policy``,
+            ``extractor``): each one's path and the digests of the files that define it, which
+            a resume compares (empty in logs written before 2026-12-03, and for runs without a
+            model).
     """
 
     run_id: str
@@ -53,6 +65,7 @@ class RunMeta(msgspec.Struct, frozen=True, kw_only=True):
     seed: int
     event_versions: dict[str, int]
     machine: str = ""
+    models: dict[str, ModelFiles] = msgspec.field(default_factory=dict[str, ModelFiles])
 
 
 def new_run_meta(
@@ -64,6 +77,7 @@ def new_run_meta(
     scenario_toml: str = "",
     scenario_hash: str = "",
     created_ns: int = 0,
+    models: dict[str, ModelFiles] | None = None,
 ) -> RunMeta:
     """Run metadata for a new log, with this coevo's log format and event versions, made on
     this machine."""
@@ -78,6 +92,7 @@ def new_run_meta(
         seed=seed,
         event_versions={tag: cls.version for tag, cls in event_types().items()},
         machine=machine_description(),
+        models=models or {},
     )
 
 

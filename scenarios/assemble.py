@@ -12,7 +12,7 @@ import importlib.util
 import random
 import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -60,6 +60,8 @@ class Assembly:
         tasks: the tasks episodes are drawn from.
         episodes: the episodes the progress bar counts (training episodes of a learning run).
         model: the policy model directory (None without a policy).
+        models: every model directory of the run by role (``policy``, ``extractor``): what
+            a run records in its metadata and a resume compares.
         report: writes a finished run's reports into its directory from its events and
             returns lines to print (learning curves); None when there is nothing to report.
         tracking: starts the tracker (an observer of the runtime) given a resumed run's
@@ -74,6 +76,7 @@ class Assembly:
     model: Path | None = None
     report: Callable[[Path, Iterable[Event]], list[str]] | None = None
     tracking: Callable[[Sequence[Envelope[Event]]], Tracker] | None = None
+    models: dict[str, Path] = field(default_factory=dict[str, Path])
 
 
 def projections() -> tuple[Projection, ...]:
@@ -154,7 +157,8 @@ def assemble(
 
     specs = _workers(scenario, workers, make_world, None, source)
     _check_model_placements(scenario, source, method is not None and prepare_model, run_dir)
-    actors, model = policy_actors(scenario, source, method, run_dir, prepare_model)
+    actors, models = policy_actors(scenario, source, method, run_dir, prepare_model)
+    model = models.get("policy")
     specs += _placed_models(scenario, actors, source)
     if method is not None:
         heldout = world_tasks(scenario, scenario.eval.split, source)
@@ -171,7 +175,9 @@ def assemble(
     tracking = tracker(scenario, source, run_dir)
     title = f"{scenario.name} (seed {scenario.seed})"
     report = partial(curves_report, title=title) if scenario.run.method != ROLLOUT else None
-    return Assembly(tuple(specs), projections(), config, tasks, episodes, model, report, tracking)
+    return Assembly(
+        tuple(specs), projections(), config, tasks, episodes, model, report, tracking, models
+    )
 
 
 TRACKING_DIR = "tracking"

@@ -53,9 +53,9 @@ def policy_actors(
     method: Method | None,
     run_dir: Path | None,
     prepare_model: bool,
-) -> tuple[list[ActorSpec], Path | None]:
+) -> tuple[list[ActorSpec], dict[str, Path]]:
     """The inference actor, and for a learning method its own actors and the learner; the
-    policy's model directory.
+    model directories by role (``policy``, and the method's base models: ``extractor``).
 
     Args:
         scenario: the validated scenario.
@@ -64,7 +64,7 @@ def policy_actors(
         run_dir: the run directory (checkpoints go there); None keeps them in memory.
         prepare_model: build (or find in the cache) the embedded model and the method's base
             models, and set torch's threads; False only checks the settings and model
-            directories (``coevo validate``) and returns None as the model directory.
+            directories (``coevo validate``) and returns no model directory.
 
     Raises:
         ScenarioInvalid: ``policy.embedded`` or the method's base-model settings are invalid.
@@ -97,7 +97,8 @@ def policy_actors(
         load_model=partial(_load_base, scenario, {"policy": model, **bases}),
         prompts=msgspec.structs.asdict(scenario.prompt),
     )
-    return _policy_actors(scenario, method, model, run, early, source), model
+    dirs = {role: path for role, path in {"policy": model, **bases}.items() if path is not None}
+    return _policy_actors(scenario, method, model, run, early, source), dirs
 
 
 def _roles(method: Method, source: str) -> tuple[str, ...]:

@@ -104,8 +104,67 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
     found: dict[str, tuple[int, ...]] = {}
     for shard in shards:
         found.update(_tensor_shapes(shard, where))
-    _compare_shapes(expected, found, where)
+    _compare_shapes(expected, found, where, _tied(config))
     return path
+
+
+def _tied(config: Any) -> bool:
+    """Whether the model's output layer is its input embedding (then a checkpoint need not
+    store ``lm_head``); transformers' own default, True, where the config does not say."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", True)))
+
+
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "model.safetensors.index.json",
+)
+"""The files of a model directory that transformers reads to build the model and its tokenizer
+(besides the ``*.safetensors`` weights): what :func:`model_files` digests."""
+
+
+def model_files(path: Path) -> dict[str, str]:
+    """The sha256 of each file of the model directory ``path`` that defines the model (its
+    config, its tokenizer and chat template, its weights), by name: a README added does not
+    change it; a tokenizer or weights replaced do. Reads every weights file (about 1 GB/s).
+
+    Raises:
+        ModelUnavailable: a file cannot be read.
+    """
+    names = [n for n in MODEL_FILES if (path / n).is_file()]
+    names += sorted(p.name for p in path.glob("*.safetensors") if p.is_file())
+    found: dict[str, str] = {}
+    for name in names:
+        try:
+            with (path / name).open("rb") as f:
+                found[name] = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as exc:
+            raise ModelUnavailable(f"{path / name}: cannot read: {exc.strerror}") from None
+    return found
+
+
+def files_changed(then: dict[str, str], now: dict[str, str]) -> list[str]:
+    """What differs between two :func:`model_files` of a directory, one phrase per file
+    (``tokenizer.json changed``, ``chat_template.jinja added``), sorted by name."""
+    out: list[str] = []
+    for name in sorted(then.keys() | now.keys()):
+        if name not in now:
+            out.append(f"{name} removed")
+        elif name not in then:
+            out.append(f"{name} added")
+        elif then[name] != now[name]:
+            out.append(f"{name} changed")
+    return out
 
 
 class _Auto(Protocol):
@@ -203,10 +262,15 @@ def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
 
 
 def _compare_shapes(
-    expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str
+    expected: dict[str, tuple[int, ...]],
+    found: dict[str, tuple[int, ...]],
+    where: str,
+    tied: bool,
 ) -> None:
     """Every stored tensor must be a parameter of the same shape; only tied output weights
-    may be missing. Names may carry a base-model prefix that the causal LM does not."""
+    (``tied``) may be missing: an untied ``lm_head`` left out was drawn at random at every load,
+    so the sampler and the learner were different models. Names may carry a base-model prefix
+    that the causal LM does not."""
     by_suffix = {k.split(".", 1)[-1]: v for k, v in expected.items()}
     for name, shape in sorted(found.items()):
         want = expected.get(name, by_suffix.get(name))
@@ -220,7 +284,13 @@ def _compare_shapes(
                 f"the config builds {list(want)}"
             )
     stored = set(found) | {k.split(".", 1)[-1] for k in found}
-    missing = [k for k in expected if k not in stored and "lm_head" not in k]
+    missing = [k for k in expected if k not in stored and not (tied and "lm_head" in k)]
+    if missing and all("lm_head" in k for k in missing):
+        raise ModelUnavailable(
+            f"{where}: weights do not fit config.json: no {missing[0]!r}, and the config does "
+            "not tie it to the input embedding (tie_word_embeddings is false): it would be "
+            "drawn at random at every load"
+        )
     if missing:
         raise ModelUnavailable(
             f"{where}: weights do not fit config.json: {len(missing)} tensors missing "

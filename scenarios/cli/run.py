@@ -87,6 +87,7 @@ def _create(scenario: Any, assembly: Any, rd: RunDir, run_id: str, *, quiet: boo
         scenario_toml=text,
         scenario_hash=digest,
         created_ns=time.time_ns(),
+        models=_model_files(assembly.models),
     )
     started = RunStarted(
         run_id=run_id,
@@ -315,6 +316,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
         assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+        _same_models(args.run, meta.models, assembly.models)
         if args.no_tracking:
             assembly = dataclasses.replace(assembly, tracking=None)
         if not history:  # created, then stopped before its first event: it starts now
@@ -348,6 +350,47 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 "continues the run without live tracking (`coevo export` writes its scalars "
                 "afterwards)"
             ) from None
+
+
+def _model_files(models: dict[str, Path]) -> dict[str, Any]:
+    """The :class:`~engine.eventlog.ModelFiles` of each model directory of a run, by role."""
+    from engine.eventlog import ModelFiles
+    from stores.checkpoints import model_files
+
+    return {
+        role: ModelFiles(path=str(path.resolve()), files=model_files(path))
+        for role, path in models.items()
+    }
+
+
+def _same_models(run: str, then: dict[str, Any], models: dict[str, Path]) -> None:
+    """Refuse to resume on other models than the run started from: a tokenizer or weights
+    replaced in the model directory, or a relative path that names another directory from
+    here, went on silently (a model trained from another base, prompts in another
+    tokenizer). Runs recorded before coevo kept the digests are not checked.
+
+    Raises:
+        InputInvalid: a model's files differ, or the run's model roles do.
+    """
+    from stores.checkpoints import files_changed
+
+    if not then:
+        return
+    now = _model_files(models)
+    for role in sorted(then.keys() | now.keys()):
+        was, got = then.get(role), now.get(role)
+        if was is None or got is None:
+            raise InputInvalid(
+                f"{run}: the run started with models {sorted(then)}, its scenario now "
+                f"prepares {sorted(now)}; nothing was resumed"
+            )
+        changed = files_changed(was.files, got.files)
+        if changed:
+            moved = f" (it was {was.path})" if was.path != got.path else ""
+            raise InputInvalid(
+                f"{run}: the {role} model {got.path}{moved} is not the one the run started "
+                f"from: {', '.join(changed)}; resume with that model (nothing was resumed)"
+            )
 
 
 def _keep_scenario(rd: RunDir, text: str) -> None:

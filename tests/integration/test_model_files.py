@@ -106,6 +106,8 @@ def mutate(case: str, path: Path, marker: Path) -> None:
         weights.write_bytes(os.urandom(64))
     elif case == "truncated weights":
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif case == "untied head missing":  # the weights store no lm_head: only a tied one may lack
+        edit_config(path, tie_word_embeddings=False)
     else:
         raise AssertionError(case)
 
@@ -124,6 +126,7 @@ CASES = {
     "no weights": "no weights",
     "garbage weights": "model.safetensors is not a valid safetensors file",
     "truncated weights": "model.safetensors is not a valid safetensors file",
+    "untied head missing": "no 'lm_head.weight', and the config does not tie it",
 }
 
 
@@ -253,3 +256,54 @@ def test_a_bad_extractor_directory_is_refused_by_validate(
         "no such directory "
         "(a model is a Hugging Face model directory)\n"
     )
+
+
+# --- the models a run started from ---------------------------------------------------------------
+
+
+def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tokenizer or weights replaced in the model directory (or a relative path naming another
+    directory from where ``resume`` runs) went on silently: a model trained on another base,
+    prompts in another tokenizer."""
+    from engine.eventlog import ModelFiles, new_run_meta
+    from scenarios.loader import load_scenario, resolved_toml, scenario_hash
+    from scenarios.policy_setup import policy_model_dir
+    from stores.checkpoints import model_files
+    from stores.lmdb_log import LmdbEventLog
+
+    path = tmp_path / "model"  # a copy of the embedded model, as a researcher's own directory
+    shutil.copytree(policy_model_dir(load_scenario(QUICKSTART), QUICKSTART), path)
+    sets = [f"policy.model={path}", 'run.method="rollout"', "run.episodes=2", "run.workers=1"]
+    args = [a for s in sets for a in ("--set", s)]
+    assert main(["run", QUICKSTART, "--out", str(tmp_path / "ran"), "--quiet", *args]) == 0
+    with LmdbEventLog.open(tmp_path / "ran" / "log") as log:
+        meta = log.read_meta()
+    assert meta is not None and list(meta.models) == ["policy"]
+    recorded = meta.models["policy"]
+    assert recorded.path == str(path.resolve())
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= set(recorded.files)
+
+    text = resolved_toml(load_scenario(QUICKSTART, sets))  # a run made, no event yet
+    run = tmp_path / "run"
+    started = ModelFiles(path=str(path.resolve()), files=model_files(path))
+    made = new_run_meta(
+        "r", scenario_name="q", seed=0, coevo_version="t", scenario_toml=text,
+        scenario_hash=scenario_hash(text), models={"policy": started},
+    )  # fmt: skip
+    LmdbEventLog.create(run / "log", made).close()
+    tokenizer = (path / "tokenizer.json").read_bytes()
+    other = json.loads(tokenizer)
+    other["model"]["vocab"] = {
+        w: len(other["model"]["vocab"]) - 1 - i for w, i in other["model"]["vocab"].items()
+    }
+    (path / "tokenizer.json").write_text(json.dumps(other))
+    assert main(["resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"coevo: error: {run}: the policy model {path.resolve()} is not the")
+    assert "is not the one the run started from: tokenizer.json changed" in err
+    with LmdbEventLog.open(run / "log") as log:
+        assert log.next_seq == 0  # nothing was written
+    (path / "tokenizer.json").write_bytes(tokenizer)
+    assert main(["resume", str(run), "--quiet"]) == 0
