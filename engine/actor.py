@@ -48,9 +48,9 @@ class Host(Protocol):
         """Wait until a full buffer has room."""
         ...
 
-    def subscribed(self, cls: type[Event]) -> bool:
-        """Whether some actor of the run subscribes to events of ``cls`` (True where that
-        cannot be known)."""
+    def subscribed(self, cls: type[Event], besides: str = "") -> bool:
+        """Whether some actor of the run, other than the one named ``besides``, subscribes to
+        events of ``cls`` (True where that cannot be known)."""
         ...
 
 
@@ -176,9 +176,9 @@ class Context:
             await self._runtime.wait_space()
 
     def answered(self, cls: type[Event]) -> bool:
-        """Whether some actor of the run subscribes to ``cls`` (an event nobody subscribes to
-        is recorded and never answered: a request would wait forever)."""
-        return self._runtime.subscribed(cls)
+        """Whether some other actor of the run subscribes to ``cls`` (an event nobody else
+        subscribes to is recorded and never answered: a request would wait forever)."""
+        return self._runtime.subscribed(cls, besides=self.name)
 
     def events(self) -> Inbox:
         """Iterate the envelopes delivered to this actor, in seq order.

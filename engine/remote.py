@@ -171,7 +171,7 @@ class RemoteHost:
         while len(self._out) >= self._outbox_max:
             await self._changed.park()
 
-    def subscribed(self, cls: type[Event]) -> bool:
+    def subscribed(self, cls: type[Event], besides: str = "") -> bool:
         return True  # the driver's subscribers are not known in this process
 
     # --- called from the transport's threads ------------------------------------------------

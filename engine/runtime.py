@@ -477,9 +477,12 @@ class Runtime:
 
     # --- supervision ------------------------------------------------------------------------
 
-    def subscribed(self, cls: type[Event]) -> bool:
-        """Whether some actor subscribes to events of ``cls``."""
-        return any(s.types and issubclass(cls, s.types) for s in self._subs)
+    def subscribed(self, cls: type[Event], besides: str = "") -> bool:
+        """Whether some actor, other than the one named ``besides``, subscribes to events of
+        ``cls``."""
+        return any(
+            s.types and issubclass(cls, s.types) and s.spec.name != besides for s in self._subs
+        )
 
     def _subscribe(self, spec: ActorSpec) -> None:
         try:

@@ -25,7 +25,7 @@ of their own and no weight update.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +37,13 @@ from agents.events.episodes import (
     EpisodeAssigned,
     EpisodeFinished,
     EpisodeStarted,
+)
+from agents.events.extractor import (
+    ExtractionRequested,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+    MergeRequested,
 )
 from agents.events.memory import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import (
@@ -159,6 +166,16 @@ class _Adapt:
     aborted: int = 0
 
 
+_EXTRACTOR_EVENTS = (
+    ExtractionRequested,
+    MergeRequested,
+    ExtractorCalled,
+    ExtractorGradientRequested,
+    ExtractorUpdated,
+)
+"""The extractor's requests and answers: the trainer only counts them."""
+
+
 def _check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
     """Raise ValueError unless ``mode`` is a rollout mode this run can play: known, and one
     that asks the memory only where ``memory`` (an actor answers retrievals; else an episode
@@ -215,6 +232,11 @@ class GrpoTrainer(Replayed):
         TipStored,
         TipRejected,
         ActorRestarted,
+        ExtractionRequested,
+        MergeRequested,
+        ExtractorCalled,
+        ExtractorGradientRequested,
+        ExtractorUpdated,
     )
 
     def __init__(
@@ -273,6 +295,11 @@ class GrpoTrainer(Replayed):
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
         self._started: set[str] = set()  # running episodes whose worker has begun them
         self._legacy_requests = False  # resumed from requests that predate their two fields
+        # the extractor's work the run still owes: open extraction and merge requests (what
+        # each is about, as its answer names it) and extractor update requests not yet made
+        self._extracting: Counter[tuple[str, str, str]] = Counter()
+        self._extractor_owed = 0
+        self._extractor = True  # until run() knows whether an actor answers extractions
 
     @property
     def updates(self) -> int:
@@ -287,6 +314,9 @@ class GrpoTrainer(Replayed):
 
     async def handle(self, ctx: Context, ev: Event) -> bool:
         """React to one event; True when the run's work is done."""
+        if isinstance(ev, _EXTRACTOR_EVENTS):
+            self._extractor_event(ev)
+            return self.finished()
         if isinstance(ev, PolicyUpdated):
             self._version = ev.policy_version
             if self._eval_tasks and (
@@ -327,7 +357,10 @@ class GrpoTrainer(Replayed):
         await rerun_lost(ctx, job, ev)
 
     def _forget_attempt(self, episode: str) -> None:
-        """Drop what a lost attempt of ``episode`` gathered: it is played again."""
+        """Drop what a lost attempt of ``episode`` gathered: it is played again (and its
+        extraction, if it asked for one, is owed no more)."""
+        for key in [k for k in self._extracting if k[0] == "extract" and k[1] == episode]:
+            del self._extracting[key]
         if episode in self._similar:
             self._similar[episode] = []
         if episode in self._adapts:  # the re-run's own tip is awaited
@@ -341,6 +374,7 @@ class GrpoTrainer(Replayed):
             ValueError: ``memory_eval`` asks the memory and no actor answers it.
         """
         self._memory = ctx.answered(RetrievalRequested)
+        self._extractor = ctx.answered(ExtractionRequested) or ctx.answered(MergeRequested)
         if (shown := self._method.memory_eval) is not None:
             _check_mode(self._method, "memory_eval is", shown, self._memory)
         await super().run(ctx)
@@ -376,12 +410,29 @@ class GrpoTrainer(Replayed):
         await self._fill(ctx)
 
     def finished(self) -> bool:
+        """Every update made, every round played, and the extractor's work on them done: a
+        slower extractor's requests were left unanswered by a run that completed (its work
+        lost, and ``replay --verify`` refused the log)."""
         return (
             self._version == self._updates
             and not self._rounds
             and not self._adapts
             and not self._queue
+            and not (self._extractor and (+self._extracting or self._extractor_owed))
         )
+
+    def _extractor_event(self, ev: Event) -> None:
+        """Count the extractor's work the run owes (what :meth:`finished` waits for)."""
+        if isinstance(ev, ExtractionRequested):
+            self._extracting[("extract", ev.episode, ev.slot)] += 1
+        elif isinstance(ev, MergeRequested):
+            self._extracting[("merge", f"merge{ev.step}", ev.slot)] += 1
+        elif isinstance(ev, ExtractorCalled):
+            self._extracting[(ev.task, ev.source, ev.slot)] -= 1
+        elif isinstance(ev, ExtractorGradientRequested):
+            self._extractor_owed += 1
+        elif isinstance(ev, ExtractorUpdated):
+            self._extractor_owed = max(0, self._extractor_owed - 1)
 
     async def _fill(self, ctx: Context) -> None:
         """Plan what may start, then hand queued episodes to free workers."""

@@ -210,3 +210,31 @@ def test_the_headline_counts_training_episodes_by_mode(root: Path, events: list[
     assert len(modes.success["guided"]) == sum(e.rollout == "guided" for e in train)
     assert sum(map(len, modes.success.values())) == len(train)
     assert set(modes.kl) == {"mixed"} and not modes.first_adapt
+
+
+def test_a_slow_extractor_finishes_its_work_before_the_run_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An extractor slower than the policy left extraction and merge requests unanswered when
+    the trainer's last update and round ended the run: their work was lost, and ``replay
+    --verify`` and ``check`` refused the completed run."""
+    import time
+
+    from agents.memory.extractor import ExtractorModel
+
+    answer = ExtractorModel.answer
+
+    def slow(self: ExtractorModel, *args: object, **kwargs: object) -> object:
+        time.sleep(2.0)  # in the extractor's thread: the rest of the run goes on
+        return answer(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ExtractorModel, "answer", slow)
+    scenario = COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0")  # the last update ends it
+    run = run_scenario(tmp_path, scenario.replace("episodes = 32", "episodes = 24"))
+    events = read_events(run)
+    asked = len(of(events, ExtractionRequested)) + len(of(events, MergeRequested))
+    assert asked and len(of(events, ExtractorCalled)) == asked
+    asked_updates = len(of(events, ExtractorGradientRequested))
+    assert len(of(events, ExtractorUpdated)) == asked_updates
+    assert main(["replay", str(run), "--verify"]) == 0
+    assert main(["check", str(run)]) == 0, capsys.readouterr().out
