@@ -1,7 +1,8 @@
 """What-if replay's assembly from a run directory (``coevo audit RUN whatif EPISODE``): the
 run's scenario, its world, and the policy at each version the replay needs, loaded as the run
-loaded it (device, torch threads, the embedded model from the cache) and checked against the
-digest the log records (a version's checkpoint must still be on disk)."""
+loaded it (device, torch threads, the embedded model from the cache, a LoRA run's adapters on the
+base) and checked against the digest the log records (a version's checkpoint must still be on
+disk)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def run_whatif(
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.world: {exc}") from None
     try:
-        control = replay(rec, world, runners.get, prompting)
-        changed = replay(rec, world, runners.get, prompting, change)
+        turns = scenario.world.max_turns
+        control = replay(rec, world, runners.get, prompting, max_turns=turns)
+        changed = replay(rec, world, runners.get, prompting, change, max_turns=turns)
     finally:
         world.close()
     return what_if(rec, control, changed, change)
@@ -95,24 +97,19 @@ class _Runners:
     def _load(self, version: int) -> PolicyRunner:
         import torch
 
-        from scenarios.policy_setup import policy_model_dir
-        from stores.checkpoints import load_model_dir, param_digest, resolve_device
+        from stores.checkpoints import param_digest, resolve_device
 
         s = self._s
         if s.policy.threads:
             torch.set_num_threads(s.policy.threads)
         device = resolve_device(s.policy.device)
         if version == 0:
-            path, digest = policy_model_dir(s, self._source), self._parent_digest()
+            path, digest = self._base(), self._parent_digest()
+            net, tokenizer = self._version_zero(path)
         else:
             update = self._updated(version)
             path, digest = self._root / update.checkpoint, update.digest
-            if not (path / "model.safetensors").is_file():
-                raise AuditQueryInvalid(
-                    f"the checkpoint of policy version {version} ({update.checkpoint}) is no "
-                    "longer on disk (runs keep the newest few: grpo.keep_checkpoints)"
-                )
-        net, tokenizer = load_model_dir(path, device)
+            net, tokenizer = self._checkpoint(path, version, update.checkpoint, device)
         if digest and param_digest(net) != digest:
             raise AuditQueryInvalid(
                 f"{path}: has digest {param_digest(net)}; the log records {digest} for policy "
@@ -127,6 +124,40 @@ class _Runners:
             memory=s.prompt.memory,
         )
         return PolicyRunner(net, tokenizer, settings, version)
+
+    def _base(self) -> Path:
+        from scenarios.policy_setup import policy_model_dir
+
+        return policy_model_dir(self._s, self._source)
+
+    def _version_zero(self, base: Path) -> tuple[Any, Any]:
+        """The base model as the run's actors loaded it: in its dtype and, in a LoRA run, with
+        the untrained adapters drawn from the run's seed (which the first update's digest
+        covers)."""
+        from scenarios.policy_setup import load_base_for
+
+        loaded = load_base_for(self._s, base, "policy")
+        return loaded.net, loaded.tokenizer
+
+    def _checkpoint(self, path: Path, version: int, name: str, device: Any) -> tuple[Any, Any]:
+        """A version's checkpoint: the whole model, or a LoRA run's adapters on the base (as
+        ``coevo probe`` loads them).
+
+        Raises:
+            AuditQueryInvalid: its weights are no longer on disk.
+        """
+        from agents.models.tuning import load_adapted, torch_dtype
+        from stores.checkpoints import ADAPTER_FILE, load_model_dir, weights_file
+
+        if not weights_file(path).is_file():
+            raise AuditQueryInvalid(
+                f"the checkpoint of policy version {version} ({name}) is no longer on disk "
+                "(runs keep the newest few: grpo.keep_checkpoints)"
+            )
+        if not (path / ADAPTER_FILE).is_file():
+            return load_model_dir(path, device)
+        base, tokenizer = load_model_dir(self._base(), device)
+        return load_adapted(base.to(torch_dtype(self._s.policy.dtype)), str(path)), tokenizer
 
     def _updated(self, version: int) -> PolicyUpdated:
         for seq, kind in refs(self._index, "u", str(version - 1)):

@@ -9,7 +9,9 @@ the env worker rendered it (:func:`agents.models.prompts.turn_messages`, the run
 settings) with the entries the log shows at that turn (``ActionRequested.tips``; a turn past
 the recorded ones shows the last recorded turn's); the action is drawn with the turn's seed
 (``derive_seed(episode seed, "act", turn)``, as the worker derives it), greedy where the log's
-request was, by the policy version that acted at that turn (past the recorded turns: the last).
+request was, by the policy version that acted at that turn (past the recorded turns: the last);
+an episode ends where the world ends it or at the run's ``[world] max_turns``, as the worker
+ends it.
 Exact for a deterministic world (the built-in one) on the device the run used: the control
 checks it. A world with hidden randomness of its own, or retrievals that depend on the state
 (EMPO2's per-turn tips), make the changed replay one sample, not the answer.
@@ -189,9 +191,12 @@ def replay(
     runner_for: Callable[[int], PolicyRunner],
     prompting: Prompting,
     change: Change | None = None,
-    max_turns: int = 1000,
+    *,
+    max_turns: int,
 ) -> Played:
-    """Play the episode again (see the module's docstring), with ``change`` (None: unchanged).
+    """Play the episode again (see the module's docstring), with ``change`` (None: unchanged),
+    for at most ``max_turns`` turns (the run's ``[world] max_turns``, as its env worker stops a
+    truncated episode; 0: no limit).
 
     Raises:
         AuditQueryInvalid: the change names an entry the episode was not shown.
@@ -202,7 +207,7 @@ def replay(
     goal = obs.goal
     history: list[Step] = []
     turns: list[PlayedTurn] = []
-    while not obs.done and len(turns) < max_turns:
+    while not obs.done and not (max_turns and len(turns) >= max_turns):
         k = len(turns)
         logged = rec.requests[min(k, len(rec.requests) - 1)]
         version = rec.sampled[min(k, len(rec.sampled) - 1)].policy_version

@@ -1,22 +1,36 @@
 """``coevo audit RUN whatif EPISODE``: the tiny Complementary RL run's guided episodes replayed
 from their seeds on the built-in (deterministic) world: unchanged, the replay gives back the
-log; without the entry, with another, or at another policy version, it shows the change."""
+log; without the entry, with another, or at another policy version, it shows the change. Two
+tiny GRPO runs more: one trained with LoRA adapters (its checkpoints are adapters, loaded on the
+base), one whose episodes the run cut at ``[world] max_turns`` (the replay stops there too)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
-from test_grpo_run import of, read_events
+from test_grpo_run import TINY, of, read_events
 
-from agents.audit.whatif import Change, Played, PlayedTurn, Recorded, what_if
+from agents.audit.whatif import (
+    Change,
+    Played,
+    PlayedTurn,
+    Prompting,
+    Recorded,
+    replay,
+    what_if,
+)
+from agents.events.episodes import EpisodeFinished
 from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipStored
-from agents.events.policy import ActionRequested, PolicyUpdated
-from engine.world import Task
+from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
+from engine.world import Observation, Task
 from scenarios.cli import main
+from stores.checkpoints import ADAPTER_FILE, WEIGHTS_FILE
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +41,42 @@ def run(distill_root: Path) -> Path:
 @pytest.fixture
 def cached(distill_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COEVO_CACHE", str(distill_root / "cache"))  # the run's embedded model
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cache the tiny GRPO runs below build their embedded model in (once for both)."""
+    return tmp_path_factory.mktemp("whatif-cache")
+
+
+@pytest.fixture
+def tiny_cached(tiny_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COEVO_CACHE", str(tiny_cache))
+
+
+def _tiny_run(root: Path, cache: Path, text: str) -> Path:
+    (root / "scenario.toml").write_text(text)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("COEVO_CACHE", str(cache))
+    try:
+        assert (
+            main(["run", str(root / "scenario.toml"), "--out", str(root / "run"), "--quiet"]) == 0
+        )
+    finally:
+        mp.undo()
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory, tiny_cache: Path) -> Path:
+    text = TINY.replace("[policy]\n", "[policy]\nlora = { r = 4, alpha = 8 }\n")
+    return _tiny_run(tmp_path_factory.mktemp("whatif-lora"), tiny_cache, text)
+
+
+@pytest.fixture(scope="module")
+def truncated_run(tmp_path_factory: pytest.TempPathFactory, tiny_cache: Path) -> Path:
+    text = TINY.replace("[world]\n", "[world]\nmax_turns = 8\n")  # the world ends them at 18
+    return _tiny_run(tmp_path_factory.mktemp("whatif-turns"), tiny_cache, text)
 
 
 def _whatif(run: Path, episode: str, *change: str, capsys: pytest.CaptureFixture[str]) -> Any:
@@ -111,6 +161,59 @@ def test_bad_changes_are_one_line(run: Path, capsys: pytest.CaptureFixture[str])
     assert "no episode 'ep999999' in this run" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("tiny_cached")
+def test_a_lora_run_replays_its_adapters_on_the_base(
+    lora_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    events = read_events(lora_run)
+    updates = of(events, PolicyUpdated)
+    last = updates[-1]
+    saved = lora_run / last.checkpoint
+    assert (saved / ADAPTER_FILE).is_file() and not (saved / WEIGHTS_FILE).exists()
+    versions: dict[str, set[int]] = {}
+    for s in of(events, ActionSampled):
+        versions.setdefault(s.episode, set()).add(s.policy_version)
+    # the final evaluation round's episodes are played by the last version only
+    episode = next(e for e, v in versions.items() if v == {last.policy_version})
+    # the control's actions come from the last checkpoint; the change's from the base with the
+    # run's untrained adapters (version 0), whose digest the first update records
+    w = _whatif(lora_run, episode, "--version", "0", capsys=capsys)
+    assert w["reproduced"] is True
+    assert {t["version"] for t in w["control"]["turns"]} == {last.policy_version}
+    assert {t["version"] for t in w["changed"]["turns"]} == {0}
+    assert [t["logp"] for t in w["changed"]["turns"]] != [t["logp"] for t in w["control"]["turns"]]
+    pruned = tmp_path / "run"  # a copy whose version 1 is gone, as grpo.keep_checkpoints prunes
+    shutil.copytree(lora_run, pruned)
+    shutil.rmtree(pruned / updates[0].checkpoint)
+    capsys.readouterr()
+    assert main(["audit", str(pruned), "whatif", episode, "--version", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"coevo: error: the checkpoint of policy version 1 ({updates[0].checkpoint}) is no "
+        "longer on disk (runs keep the newest few: grpo.keep_checkpoints)\n"
+    )
+
+
+@pytest.mark.usefixtures("tiny_cached")
+def test_an_episode_cut_at_max_turns_replays_as_many_turns(
+    truncated_run: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    events = read_events(truncated_run)
+    fin = next(f for f in of(events, EpisodeFinished) if f.truncated and f.purpose == "train")
+    assert fin.steps == 8
+    w = _whatif(truncated_run, fin.episode, "--version", "1", capsys=capsys)
+    assert w["reproduced"] is True
+    assert len(w["control"]["turns"]) == len(w["changed"]["turns"]) == 8
+    assert w["control"]["score"] == fin.score and w["control"]["success"] == fin.success
+    capsys.readouterr()
+    assert main(["audit", str(truncated_run), "whatif", fin.episode, "--version", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("control: replayed unchanged, it gives back the logged trajectory (8")
+    assert len(out) == 3 + 8 + 2  # header lines, the 8 turns, both outcomes and the effect
+
+
 def _played(*actions: str) -> Played:
     turns = tuple(
         PlayedTurn(
@@ -140,3 +243,40 @@ def test_a_control_that_strays_from_the_log_is_reported() -> None:
     assert not strays.reproduced and strays.first_difference is None
     with pytest.raises(ValueError, match="a what-if changes one thing"):
         Change(without=3, version=2)
+
+
+class _Corridor:
+    """A world whose episodes end after five steps, the score counting them."""
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        self.steps = 0
+        return Observation(text="0", admissible=("go",), goal="the end")
+
+    def step(self, action: str) -> Observation:
+        self.steps += 1
+        k = self.steps
+        return Observation(text=str(k), admissible=("go",), goal="the end", done=k == 5, score=k)
+
+
+def test_the_replay_stops_at_the_runs_max_turns_and_0_is_no_limit() -> None:
+    asked = ActionRequested(
+        episode="ep1", worker="w", turn=0, messages=(), admissible=("go",), seed=1
+    )
+    rec = Recorded(
+        episode="ep1",
+        task=Task(family="f", variant=0),
+        seed=1,
+        purpose="train",
+        requests=(asked,),
+        sampled=(cast(Any, SimpleNamespace(policy_version=0)),),
+        played=_played(),
+        shown={},
+        credits=(),
+    )
+    runner = SimpleNamespace(answer=lambda asked: [SimpleNamespace(action="go", logp=-1.0)])
+    prompting = Prompting(window=4, list_actions=True, system="", memory="user")
+    played = [
+        replay(rec, cast(Any, _Corridor()), lambda _: cast(Any, runner), prompting, max_turns=m)
+        for m in (0, 3, 9)
+    ]
+    assert [(p.steps, p.score) for p in played] == [(5, 5.0), (3, 3.0), (5, 5.0)]
