@@ -105,7 +105,99 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
     for shard in shards:
         found.update(_tensor_shapes(shard, where))
     _compare_shapes(expected, found, where, _tied(config))
+    _check_tokenizer(path, config, where)
     return path
+
+
+PROBE_WORDS = "you are in the kitchen look around open the door take the key go north 1 2"
+"""Words of the kind coevo's prompts hold, which a model's tokenizer must encode and decode
+back as its ``tokenizer.json`` does."""
+_SYSTEM_MARK = "coevo-system-probe"
+
+
+def _check_tokenizer(path: Path, config: Any, where: str) -> None:
+    """The tokenizer transformers builds from ``path`` is one coevo can act with: it loads,
+    ends responses (an eos token), renders prompts (a chat template that keeps the system
+    message, where coevo's instructions and tips go), fits the model's embedding, and reads
+    text as the directory's ``tokenizer.json`` does (transformers may rebuild a tokenizer from
+    its class, not the file: a word-level ``tokenizer.json`` under a Qwen2 config encoded
+    most words as nothing).
+
+    Raises:
+        ModelUnavailable: one line naming what is wrong.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        with _LOADING, _quiet_transformers():
+            tokenizer = _auto(AutoTokenizer).from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers' and tokenizers' errors share no base
+        files = ", ".join(
+            n for n in (*TOKENIZER_FILES, "tokenizer_config.json") if (path / n).is_file()
+        )
+        raise ModelUnavailable(
+            f"{where}: the tokenizer ({files}) cannot be loaded: {_one_line(exc)}"
+        ) from None
+    if tokenizer.eos_token_id is None:
+        raise ModelUnavailable(f"{where}: the tokenizer has no eos token: responses could not end")
+    vocab = getattr(
+        config.get_text_config() if hasattr(config, "get_text_config") else config,
+        "vocab_size",
+        None,
+    )
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ModelUnavailable(
+            f"{where}: the tokenizer has {len(tokenizer)} tokens, the model's embedding "
+            f"{vocab} (config.json vocab_size): ids past it cannot be read"
+        )
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelUnavailable(
+            f"{where}: the tokenizer has no chat template (coevo renders every prompt with it: "
+            "add chat_template.jinja or tokenizer_config.json's chat_template)"
+        )
+    messages = [{"role": "system", "content": _SYSTEM_MARK}, {"role": "user", "content": "look"}]
+    try:
+        shown = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # jinja's TemplateError and whatever a template raises
+        raise ModelUnavailable(
+            f"{where}: the chat template refuses a system message (coevo's instructions and "
+            f"tips go there): {_one_line(exc)}"
+        ) from None
+    if _SYSTEM_MARK not in str(shown):
+        raise ModelUnavailable(
+            f"{where}: the chat template leaves the system message out (coevo's instructions "
+            "and tips go there)"
+        )
+    _same_reading(path, tokenizer, str(getattr(config, "model_type", "")), where)
+
+
+def _same_reading(path: Path, tokenizer: Any, model_type: str, where: str) -> None:
+    """Refuse a tokenizer that loses words ``tokenizer.json`` itself keeps (:data:`PROBE_WORDS`
+    encoded and decoded back)."""
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        own = Tokenizer.from_file(str(file))
+    except Exception:  # transformers read it its own way: nothing to compare with
+        return
+
+    def kept(decoded: str) -> int:
+        return sum(1 for word in PROBE_WORDS.split() if word in decoded.split())
+
+    by_file = kept(own.decode(own.encode(PROBE_WORDS, add_special_tokens=False).ids))
+    ids = tokenizer.encode(PROBE_WORDS, add_special_tokens=False)
+    loaded = kept(tokenizer.decode(ids, skip_special_tokens=True))
+    if loaded < by_file:
+        raise ModelUnavailable(
+            f"{where}: the tokenizer transformers builds here ({type(tokenizer).__name__}) "
+            f"keeps {loaded} of {len(PROBE_WORDS.split())} probe words where tokenizer.json "
+            f"keeps {by_file}: transformers rebuilds a {model_type} checkpoint's tokenizer as "
+            "its own class from the file's vocabulary and merges, not as written (a tokenizer "
+            f"of the kind {model_type} uses, e.g. a byte-level BPE, reads back as it is)"
+        )
 
 
 def _tied(config: Any) -> bool:

@@ -44,3 +44,35 @@ def tiny_qwen2(
         **config,
     )
     return Qwen2ForCausalLM(cfg).eval()
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+"""A plain chat template that keeps every message, system included (what coevo's model
+checks ask of a tokenizer), for the tokenizers tests build themselves."""
+
+
+def tiny_tokenizer(words: list[str], vocab_size: int = 300) -> Any:
+    """A byte-level BPE tokenizer trained on ``words`` (so each is a few tokens at most), with
+    ``<pad>``, ``<eos>`` and ``<unk>`` and :data:`CHAT_TEMPLATE`: a tokenizer transformers reads
+    back as written under a Qwen2 config (it rebuilds a ``qwen2`` checkpoint's tokenizer as a
+    Qwen2 BPE from the file's vocabulary and merges, so a word-level one loses its words)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<eos>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([" ".join(words)] * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

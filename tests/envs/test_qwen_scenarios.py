@@ -10,10 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
-from agents.testing.models import tiny_qwen2
+from agents.testing.models import tiny_qwen2, tiny_tokenizer
 from scenarios.cli import main
 from scenarios.loader import load_scenario
 
@@ -29,14 +27,9 @@ FILES = {
 @pytest.fixture(scope="module")
 def local_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2 model directory, as a user's local checkpoint is laid out."""
-    words = ["<pad>", "<eos>", "<unk>", "look", "open", "door"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
-    )
+    tokenizer = tiny_tokenizer(["look", "open", "door"])
     path = tmp_path_factory.mktemp("models") / "Qwen2.5-tiny-Instruct"
-    model = tiny_qwen2(len(words), hidden=16, positions=64)
+    model = tiny_qwen2(len(tokenizer), hidden=16, positions=64)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

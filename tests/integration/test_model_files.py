@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
-from agents.testing.models import tiny_qwen2
+from agents.testing.models import tiny_qwen2, tiny_tokenizer
 from engine.errors import ModelUnavailable
 from scenarios.cli import main
 from stores import checkpoints as ckpt
@@ -26,13 +25,8 @@ QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
 
 
 def tiny_model() -> tuple[Any, Any]:
-    words = ["<pad>", "<eos>", "<unk>", "look", "open", "door", "take", "key"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
-    )
-    model = tiny_qwen2(len(words), hidden=16, positions=64, tie_word_embeddings=True)
+    tokenizer = tiny_tokenizer(["look", "open", "door", "take", "key"])
+    model = tiny_qwen2(len(tokenizer), hidden=16, positions=64, tie_word_embeddings=True)
     return model, tokenizer
 
 
@@ -108,6 +102,31 @@ def mutate(case: str, path: Path, marker: Path) -> None:
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     elif case == "untied head missing":  # the weights store no lm_head: only a tied one may lack
         edit_config(path, tie_word_embeddings=False)
+    elif case == "no chat template":
+        _drop_template(path)
+    elif case == "template drops the system message":
+        _drop_template(path)
+        (path / "chat_template.jinja").write_text(
+            "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['content'] }}\n"
+            "{% endif %}{% endfor %}"
+        )
+    elif case == "template refuses a system message":
+        _drop_template(path)
+        (path / "chat_template.jinja").write_text(
+            "{% for m in messages %}{% if m['role'] == 'system' %}"
+            "{{ raise_exception('System role not supported') }}{% endif %}{% endfor %}"
+        )
+    elif case == "no eos token":
+        doc = json.loads((path / "tokenizer_config.json").read_text())
+        doc["eos_token"] = None
+        (path / "tokenizer_config.json").write_text(json.dumps(doc))
+    elif case == "tokenizer not json":
+        (path / "tokenizer.json").write_text("garbage{")
+    elif case == "a word-level tokenizer under qwen2":  # transformers rebuilds it as Qwen2's BPE
+        words = ["<pad>", "<eos>", "<unk>", "you", "are", "in", "the", "kitchen", "look"]
+        tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.save(str(path / "tokenizer.json"))
     else:
         raise AssertionError(case)
 
@@ -119,7 +138,7 @@ CASES = {
     "config not json": "config.json is not JSON",
     "not a causal lm": "model_type 'vit', not a causal language model",
     "unknown architecture": "model_type 'zorblax'",
-    "wrong shape": "weights do not fit config.json: model.embed_tokens.weight has shape [8, 16]",
+    "wrong shape": "weights do not fit config.json: model.embed_tokens.weight has shape [",
     "wrong layer count": "config.json is invalid",
     "no tokenizer": "no tokenizer",
     "only a pickle": "weights only in pickle format (pytorch_model.bin)",
@@ -127,7 +146,22 @@ CASES = {
     "garbage weights": "model.safetensors is not a valid safetensors file",
     "truncated weights": "model.safetensors is not a valid safetensors file",
     "untied head missing": "no 'lm_head.weight', and the config does not tie it",
+    "no chat template": "the tokenizer has no chat template",
+    "template drops the system message": "the chat template leaves the system message out",
+    "template refuses a system message": "the chat template refuses a system message",
+    "no eos token": "the tokenizer has no eos token",
+    "tokenizer not json": "the tokenizer (tokenizer.json, tokenizer_config.json) cannot be loaded",
+    "a word-level tokenizer under qwen2": (
+        "keeps 0 of 17 probe words where tokenizer.json keeps 8: transformers rebuilds a qwen2"
+    ),
 }
+
+
+def _drop_template(path: Path) -> None:
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    doc = json.loads((path / "tokenizer_config.json").read_text())
+    doc.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(doc))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -307,3 +341,16 @@ def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
         assert log.next_seq == 0  # nothing was written
     (path / "tokenizer.json").write_bytes(tokenizer)
     assert main(["resume", str(run), "--quiet"]) == 0
+
+
+def test_a_tokenizer_larger_than_the_models_embedding_is_refused(tmp_path: Path) -> None:
+    """Ids past the embedding were an ``IndexError: index out of range in self`` in the run's
+    inference actor, naming neither the vocabulary nor the tokenizer."""
+    _, tokenizer = tiny_model()
+    path = tmp_path / "model"
+    tiny_qwen2(50, hidden=16, positions=64, tie_word_embeddings=True).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with pytest.raises(
+        ModelUnavailable, match=rf"has {len(tokenizer)} tokens, the model's embedding 50"
+    ):
+        check_model_dir(path)
