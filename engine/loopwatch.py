@@ -79,19 +79,26 @@ class LoopWatch(trio.abc.Instrument):
         self._waiting = False
 
     def start(self) -> None:
-        """Instrument the running loop and start watching it."""
+        """Instrument the running loop and start watching it; a process that cannot start
+        one more thread (a memory limit) runs unwatched, with a warning."""
         self._loop_thread = threading.get_ident()
         self._turned = time.monotonic()
+        thread = threading.Thread(target=self._watch, name="coevo-loopwatch", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread"
+            self._log.warning("the event loop is not watched for stalls", reason=str(exc))
+            return
+        self._thread = thread
         trio.lowlevel.add_instrument(self)
-        self._thread = threading.Thread(target=self._watch, name="coevo-loopwatch", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         """Stop watching (from the loop's thread, inside ``trio.run``)."""
+        if self._thread is None:
+            return
         self._done.set()
         trio.lowlevel.remove_instrument(self)
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
 
     def _watch(self) -> None:
         reported: float | None = None  # the turn reported as stalled

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
+import pytest
 import structlog
 import trio
 
@@ -73,3 +75,27 @@ def test_the_runtime_watches_its_loop() -> None:
         runtime = Runtime(MemoryEventLog(), started, [spec], [], seed=0, config=RuntimeConfig())
         trio.run(runtime.run)
     assert not [e for e in logs if e["event"].startswith("event loop")]  # 1 s < the default
+
+
+def test_a_process_that_cannot_start_the_watching_thread_runs_unwatched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a memory limit ``Thread.start`` raised "can't start new thread" out of the run as
+    a traceback."""
+    said = Said()
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def main() -> None:
+        watch = LoopWatch(0.3, said)
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        watch.start()
+        monkeypatch.undo()
+        await trio.sleep(0.01)
+        watch.stop()
+
+    trio.run(main)
+    assert said.lines == [
+        ("the event loop is not watched for stalls", {"reason": "can't start new thread"})
+    ]
