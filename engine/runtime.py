@@ -55,7 +55,10 @@ from engine.projection import Projection
 from engine.replay import replay_until
 from engine.seeds import derive_seed
 
-_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run gracefully: a Ctrl-C, a kill, a terminal or SSH session that
+closes (SIGHUP, unless the process ignores it: ``nohup``)."""
 _LOOP_BLOCKED = 1.0
 """Seconds a stop signal may wait for the event loop before another one counts it blocked."""
 
@@ -99,7 +102,7 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
             the one before, at most: a larger state spaces checksums further apart, so that
             their cost per event stays bounded however long the run (0: no bound).
         snapshot_budget: the same for the bytes a snapshot stores (0: no bound).
-        handle_signals: turn SIGINT/SIGTERM into a graceful stop (main thread only).
+        handle_signals: turn SIGINT/SIGTERM/SIGHUP into a graceful stop (main thread only).
         switch_interval: while the run lasts, the seconds a thread may keep the GIL while
             another waits for it (``sys.setswitchinterval``; 0: leave it as it is). The log's
             writing thread needs the GIL for a moment after each LMDB call; at Python's
@@ -435,8 +438,8 @@ class Runtime:
 
     @contextlib.contextmanager
     def _signal_handler(self) -> Generator[trio.MemoryReceiveChannel[int] | None]:
-        """SIGINT and SIGTERM handed to the event loop while the actors run (None: the run
-        does not handle signals).
+        """SIGINT, SIGTERM and SIGHUP handed to the event loop while the actors run (None: the
+        run does not handle signals).
 
         Installed before any actor runs (a world stepped on the loop may block it before a
         watching task is first scheduled). A signal that arrives while an earlier one has waited
@@ -463,14 +466,18 @@ class Runtime:
             waiting.append(now)
             token.run_sync_soon(take, signum)
 
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {
+            sig: signal.signal(sig, handler)
+            for sig in _STOPPING
+            if signal.getsignal(sig) is not signal.SIG_IGN
+        }
         try:
             yield signals
         finally:
             _restore(previous)
 
     async def _watch_signals(self, signals: trio.MemoryReceiveChannel[int]) -> None:
-        """Stop gracefully at the first SIGINT or SIGTERM."""
+        """Stop gracefully at the first SIGINT, SIGTERM or SIGHUP."""
         sig = signal.Signals(await signals.receive())
         self._log_out.warning("signal received, stopping", signal=sig.name)
         self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))

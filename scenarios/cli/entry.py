@@ -23,8 +23,12 @@ class Terminated(KeyboardInterrupt):
     """A SIGTERM, raised where the process is: stopped as a Ctrl-C is, and exit 143."""
 
 
+class HungUp(Terminated):
+    """A SIGHUP (the terminal or SSH session closed), stopped as a SIGTERM is: exit 129."""
+
+
 def _terminate(signum: int, frame: object) -> NoReturn:
-    raise Terminated
+    raise HungUp if signum == signal.SIGHUP else Terminated
 
 
 def run(argv: Sequence[str] | None = None) -> NoReturn:
@@ -32,6 +36,8 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     code = 130
     try:
         signal.signal(signal.SIGTERM, _terminate)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: it stays ignored
+            signal.signal(signal.SIGHUP, _terminate)
         from scenarios.cli.commands import main
 
         code = main(argv)
@@ -49,15 +55,21 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def _exit_code(exc: KeyboardInterrupt) -> int:
+    if isinstance(exc, HungUp):
+        return 129
     return 143 if isinstance(exc, Terminated) else 130
 
 
 def stopped(exc: KeyboardInterrupt) -> int:
     """Say that the command was stopped (a Ctrl-C or a SIGTERM), and return its exit code."""
     ignore_interrupts()
-    print(
-        f"coevo: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr
-    )
+    said = "interrupted"
+    if isinstance(exc, Terminated):
+        said = "hung up (SIGHUP)" if isinstance(exc, HungUp) else "terminated"
+    try:  # noqa: SIM105 - this module imports only sys and signal
+        print(f"coevo: {said}", file=sys.stderr)
+    except OSError:  # the terminal that hung up is gone
+        pass
     return _exit_code(exc)
 
 
@@ -67,6 +79,8 @@ def ignore_interrupts() -> None:
     that hangs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def forget_escaped_interrupt() -> None:

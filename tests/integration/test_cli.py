@@ -289,6 +289,22 @@ def test_ctrl_c_stops_gracefully(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_sighup_stops_gracefully_as_sigterm_does(tmp_path: Path) -> None:
+    """A terminal or SSH session that closed (SIGHUP) killed a run as SIGKILL does: no
+    ``run_stopped``, exit 129 without a word."""
+    out = tmp_path / "hup"
+    proc = start_long_run(out, "--quiet")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 129, err
+    last = coevo("log", str(out), "--json", "--kind", "run_stopped").stdout.splitlines()
+    stopped = json.loads(last[-1])["event"]
+    assert stopped["reason"] == "signal" and stopped["signal"] == "SIGHUP"
+    assert coevo("replay", str(out), "--verify").returncode == 0
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
     out = tmp_path / "term"
     proc = start_long_run(out, "--quiet")
