@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,6 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stopped(exc)
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        print(
+            f"coevo: error: too many open files (raise the limit: ulimit -n): {exc}",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -189,7 +189,7 @@ def _drive(
     try:
         try:
             with progress:
-                outcome = trio.run(runtime.run)
+                outcome = _run_loop(runtime, rd)
         finally:
             log.close()
             try:
@@ -206,6 +206,42 @@ def _drive(
         code = stopped(exc)
         print(_how_it_ended(rd, run_id, assembly.report is not None), file=sys.stderr)
         return code
+
+
+class OutOfResources(CoevoError):
+    """The process ran out of what its event loop needs (open files, threads, memory): the run
+    stopped, and its log keeps every commit."""
+
+
+def _run_loop(runtime: Any, rd: RunDir) -> Any:
+    """``trio.run(runtime.run)``, with the operating system refusing the loop what it needs
+    (a socket pair under a low ``ulimit -n``, a thread under a memory limit) as one line.
+
+    Raises:
+        OutOfResources: naming the limit and how the run goes on.
+    """
+    import errno
+
+    again = f"the log keeps every commit: `coevo resume {rd.root}` continues the run"
+    try:
+        return trio.run(runtime.run)
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            why = "too many open files (raise the limit: ulimit -n)"
+        elif exc.errno == errno.ENOMEM:
+            why = "out of memory"
+        else:
+            raise
+        raise OutOfResources(f"the run stopped: {why} ({exc}); {again}") from None
+    except RuntimeError as exc:
+        if "can't start new thread" not in str(exc):
+            raise
+        raise OutOfResources(
+            f"the run stopped: the process cannot start another thread (a memory or process "
+            f"limit: ulimit -v, ulimit -u); {again}"
+        ) from None
+    except MemoryError:
+        raise OutOfResources(f"the run stopped: out of memory; {again}") from None
 
 
 def _how_it_ended(rd: RunDir, run_id: str, curves: bool) -> str:

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import fault_counts
@@ -35,6 +36,26 @@ def coevo(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
         check=False,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def test_too_few_open_files_is_one_line_and_the_run_resumes(tmp_path: Path) -> None:
+    """Under ``ulimit -n 10`` the event loop's socket pair failed as a traceback (``run`` and
+    ``resume``); under 8, opening the log for a resume did."""
+
+    def few_files(limit: int) -> Callable[[], None]:
+        return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    run = tmp_path / "run"
+    args = ("--quiet", "--set", "run.episodes=20")
+    proc = coevo("run", EXPLORE, "--out", str(run), *args, preexec_fn=few_files(10))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("coevo: error: the run stopped: too many open files")
+    assert f"`coevo resume {run}` continues the run" in proc.stderr
+    proc = coevo("resume", str(run), "--quiet", preexec_fn=few_files(8))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("coevo: error: too many open files (raise the limit")
+    assert coevo("resume", str(run), "--quiet").returncode == 0
+    assert verified(run) > 0
 
 
 def verified(run: Path) -> int:
