@@ -88,6 +88,8 @@ def policy_actors(
         check_policy_model(scenario, source)
     elif model is not None:
         bases = {role: base_model_dir(scenario, source, role, model) for role in roles}
+    local = Path(scenario.policy.model) if scenario.policy.model != "embedded" else None
+    check_rooms(scenario, source, model or local, bases.get("extractor"))
     run = RunResources(
         device=scenario.policy.device,
         batch_max=scenario.policy.batch_max,
@@ -99,6 +101,39 @@ def policy_actors(
     )
     dirs = {role: path for role, path in {"policy": model, **bases}.items() if path is not None}
     return _policy_actors(scenario, method, model, run, early, source), dirs
+
+
+def check_rooms(
+    scenario: Scenario, source: str, policy: Path | None, extractor: Path | None
+) -> None:
+    """Every response a model generates fits its positions beside a prompt: a prompt keeps at
+    least half of them (it is cut in the middle to leave the response room), so a response
+    may take at most the other half. Past them, a model with learned positions failed the
+    run at its first long response (``IndexError``) and a rotary one computed on beyond what
+    it was built for.
+
+    Raises:
+        ScenarioInvalid: naming the setting, the model's positions and the most it may be.
+    """
+    from stores.checkpoints import positions_of
+
+    wanted: list[tuple[Path | None, str, int]] = []
+    if scenario.policy.mode == "generate":
+        wanted.append((policy, "$.policy.max_new_tokens", scenario.policy.max_new_tokens))
+    if scenario.run.method == "empo2":
+        wanted.append((policy, "$.empo2.tip_tokens", scenario.empo2.tip_tokens))
+    if extractor is not None:
+        c = scenario.complementary
+        wanted.append((extractor, "$.complementary.max_new_tokens", c.max_new_tokens))
+    for path, setting, tokens in wanted:
+        limit = positions_of(path) if path is not None else None
+        if limit is not None and tokens > limit - limit // 2:
+            raise ScenarioInvalid(
+                source,
+                f"{setting} = {tokens}: the model at {path} is built for {limit} positions, "
+                f"and a response may take at most half of them ({limit - limit // 2}) beside "
+                "its prompt",
+            )
 
 
 def _roles(method: Method, source: str) -> tuple[str, ...]:

@@ -200,6 +200,23 @@ def _same_reading(path: Path, tokenizer: Any, model_type: str, where: str) -> No
         )
 
 
+def positions_of(path: Path) -> int | None:
+    """The most positions the model in ``path`` was built for (``max_position_embeddings`` of
+    its ``config.json``, or of its text config), None where it does not say."""
+    try:
+        doc = json.loads((path / "config.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    doc = cast("dict[str, Any]", doc)
+    text = doc.get("text_config")
+    found = doc.get("max_position_embeddings")
+    if found is None and isinstance(text, dict):
+        found = cast("dict[str, Any]", text).get("max_position_embeddings")
+    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
+
+
 def _tied(config: Any) -> bool:
     """Whether the model's output layer is its input embedding (then a checkpoint need not
     store ``lm_head``); transformers' own default, True, where the config does not say."""

@@ -29,7 +29,7 @@ def local_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2 model directory, as a user's local checkpoint is laid out."""
     tokenizer = tiny_tokenizer(["look", "open", "door"])
     path = tmp_path_factory.mktemp("models") / "Qwen2.5-tiny-Instruct"
-    model = tiny_qwen2(len(tokenizer), hidden=16, positions=64)
+    model = tiny_qwen2(len(tokenizer), hidden=16, positions=1024)  # room for the files' responses
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -354,3 +354,21 @@ def test_a_tokenizer_larger_than_the_models_embedding_is_refused(tmp_path: Path)
         ModelUnavailable, match=rf"has {len(tokenizer)} tokens, the model's embedding 50"
     ):
         check_model_dir(path)
+
+
+def test_a_response_longer_than_half_the_models_positions_is_refused_by_validate(
+    good: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``max_new_tokens = 100`` on a model of 64 positions went past them: an ``IndexError``
+    mid-run for learned positions, rotary ones computed on beyond what they were built for."""
+    base = ["--set", f"policy.model={good}", "--set", 'policy.mode="generate"']
+    assert main(["validate", QUICKSTART, *base, "--set", "policy.max_new_tokens=33"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "$.policy.max_new_tokens = 33: the model at" in err, err
+    assert "built for 64 positions, and a response may take at most half of them (32)" in err
+    assert main(["validate", QUICKSTART, *base, "--set", "policy.max_new_tokens=32"]) == 0
+    capsys.readouterr()
+    empo2 = str(ROOT / "scenarios" / "empo2.toml")
+    tips = ["--set", f"policy.model={good}", "--set", "empo2.tip_tokens=40"]
+    assert main(["validate", empo2, *tips, "--set", 'empo2.embedder="hashing"']) == 2
+    assert "$.empo2.tip_tokens = 40" in capsys.readouterr().err
