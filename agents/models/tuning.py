@@ -102,14 +102,19 @@ def with_lora(model: Any, settings: LoraSettings, seed: int) -> Any:
     if missing:
         raise ModelUnavailable(
             f"lora targets {missing} name no module of the model "
-            f"(its linear layers include {sorted(_linear_names(model))[:12]})"
+            f"(its linear layers, which LoRA can adapt: {sorted(_linear_names(model))[:12]})"
         )
+    conv1d = any(  # transformers' Conv1D stores its weight transposed: peft must be told
+        type(module).__name__ == "Conv1D" and name.rsplit(".", 1)[-1] in settings.targets
+        for name, module in model.named_modules()
+    )
     config = LoraConfig(
         r=settings.r,
         lora_alpha=settings.alpha,
         target_modules=list(settings.targets),
         lora_dropout=settings.dropout,
         bias="none",
+        fan_in_fan_out=conv1d,
     )
     device = next(model.parameters()).device
     devices = [device] if device.type == "cuda" else []
@@ -149,12 +154,14 @@ def load_adapted(base: Any, directory: str) -> Any:
 
 
 def _linear_names(model: Any) -> set[str]:
+    """The names of the layers LoRA can adapt: ``nn.Linear``, and transformers' ``Conv1D``
+    (GPT-2's ``c_attn``, ``c_proj``, ``c_fc``, a linear layer stored transposed)."""
     import torch
 
     return {
         name.rsplit(".", 1)[-1]
         for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear)
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
     }
 
 

@@ -250,3 +250,18 @@ def test_the_extractors_cispo_step_trains_its_adapters_only() -> None:
     assert all(torch.equal(base[n], base2[n]) for n in base)
     assert any(not torch.equal(lora[n], lora2[n]) for n in lora)
     assert ext.memory().trainable_params == ADAPTER_PARAMS
+
+
+def test_a_missing_target_names_the_layers_lora_can_adapt_conv1d_included() -> None:
+    """GPT-2's attention and MLP are transformers' ``Conv1D``, which LoRA adapts: the message
+    listed only ``nn.Linear`` (``['lm_head']``), as if nothing else could be adapted."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from agents.models.tuning import LoraSettings, with_lora
+    from engine.errors import ModelUnavailable
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2))
+    with pytest.raises(ModelUnavailable, match=r"'c_attn', 'c_fc', 'c_proj', 'lm_head'"):
+        with_lora(gpt2, LoraSettings(r=2), seed=0)
+    adapted = with_lora(gpt2, LoraSettings(r=2, targets=["c_attn", "c_proj"]), seed=0)
+    assert any(".lora_" in name for name, _ in adapted.named_parameters())
