@@ -50,13 +50,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:
-        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            said = f"too many open files (raise the limit: ulimit -n): {exc}"
+        elif exc.errno == errno.ENAMETOOLONG:
+            said = f"a path is too long for this file system: {exc.filename!r}"
+        else:
+            raise
+        print(f"coevo: error: {said}", file=sys.stderr)
+        return 1
+    except UnicodeEncodeError as exc:
+        if "surrogates not allowed" not in str(exc):
             raise
         print(
-            f"coevo: error: too many open files (raise the limit: ulimit -n): {exc}",
+            "coevo: error: a path holds bytes that are not UTF-8, which the event log's "
+            "library cannot open; rename it",
             file=sys.stderr,
         )
-        return 1
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

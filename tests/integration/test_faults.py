@@ -58,6 +58,20 @@ def test_too_few_open_files_is_one_line_and_the_run_resumes(tmp_path: Path) -> N
     assert verified(run) > 0
 
 
+def test_a_path_too_long_or_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """A run directory name over 255 bytes, or with a byte that is not UTF-8, was a traceback
+    in ``run``, ``log`` and ``replay``."""
+    long = tmp_path / ("n" * 256)
+    for args in (("run", EXPLORE, "--out", str(long), "--quiet"), ("log", str(long))):
+        proc = coevo(*args)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("coevo: error: a path is too long for this file system")
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xffname")
+    proc = coevo("run", EXPLORE, "--out", odd, "--quiet", "--set", "run.episodes=2")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "a path holds bytes that are not UTF-8" in proc.stderr
+
+
 def verified(run: Path) -> int:
     """The event count ``coevo replay --verify`` reports (it must pass)."""
     proc = coevo("replay", str(run), "--verify")
