@@ -1,5 +1,5 @@
-"""``coevo check RUN [--invariant NAME ...] [--json]``: a recorded run's events against the
-invariants (docs/TESTING.md), in one pass over its log.
+"""``coevo check RUN [--invariant NAME ...] [--json] [--strict]``: a recorded run's events
+against the invariants (docs/TESTING.md), in one pass over its log.
 
 Exit 0 with what was checked, or exit 1 with the first violation: a line naming the
 invariant, the seq and what is wrong, then each event involved on a line of its own. Needs
@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from engine.errors import CoevoError
 from engine.invariants import CheckReport, check_stream
 from scenarios.cli.common import InputInvalid, naming, open_run
 
@@ -35,7 +36,18 @@ def add_parser(sub: Any) -> None:
         help="only these (repeatable; default: every one that applies to the run)",
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) when a plug-in module of the run cannot be imported here: its own "
+        "invariants would go unchecked (for CI)",
+    )
     p.set_defaults(func=cmd_check)
+
+
+class PluginMissing(CoevoError):
+    """``check --strict``: a plug-in module of the run does not import, so its invariants
+    cannot be checked (exit 1)."""
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -51,6 +63,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         with naming(log.path):
             ctx, notes = check_context(log.read_meta(), args.run)
+            if args.strict and notes:
+                raise PluginMissing(f"{args.run}: --strict: {notes[0]}")
             try:
                 invariants, chosen, skipped = invariants_for(ctx, args.invariant)
             except KeyError as exc:

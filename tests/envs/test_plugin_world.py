@@ -50,3 +50,26 @@ def test_the_documented_world_reports_bad_options_on_one_line(plugin_dir: Path) 
         "coevo: error: corridor.toml: $.world.options: bad options for world 'corridor:Corridor': "
         "length must be between 1 and 20, got 0"
     )
+
+
+def test_check_strict_fails_where_a_plugin_of_the_run_does_not_import(
+    plugin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Without the plug-in on the path, ``check`` passed (exit 0) with a note on stderr while
+    the plug-in's own invariants went unchecked: ``--strict`` makes that a failure, for CI."""
+    assert coevo(plugin_dir, "run", "corridor.toml", "--out", "run").returncode == 0
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [COEVO, "check", str(plugin_dir / "run"), *args],
+            capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120, check=False,
+        )  # fmt: skip
+
+    lenient = check()
+    assert lenient.returncode == 0 and "its own invariants unknown" in lenient.stderr
+    strict = check("--strict")
+    assert strict.returncode == 1 and strict.stderr.count("\n") == 1, strict.stderr
+    assert strict.stderr.startswith(f"coevo: error: {plugin_dir / 'run'}: --strict: world module")
+    assert coevo(plugin_dir, "check", "run", "--strict").returncode == 0
