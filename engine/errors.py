@@ -98,9 +98,23 @@ class LogWriteFailed(LogError):
         self.seq = seq
         what = f"events from seq {seq}" if seq is not None else "metadata"
         super().__init__(
-            f"cannot write the event log at {path}: {reason} (disk full?); {what} not stored, "
-            "the log keeps every commit before"
+            f"cannot write the event log at {path}: {reason} ({_hint(reason)}); {what} not "
+            "stored, the log keeps every commit before"
         )
+
+
+def _hint(reason: str) -> str:
+    """The likely cause of a refused write, from the system's words (LMDB reports a full
+    disk as an I/O error)."""
+    for words, hint in (
+        ("Cannot allocate memory", "out of memory?"),
+        ("File too large", "a file-size limit: ulimit -f?"),
+        ("quota", "a disk quota?"),
+        ("Read-only file system", "a read-only file system"),
+    ):
+        if words.lower() in reason.lower():
+            return hint
+    return "disk full, or a file-size limit?"
 
 
 class LogLocked(LogError):

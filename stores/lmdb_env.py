@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from engine.errors import LogError, LogLocked, NotALog
+from engine.errors import LogError, LogLocked, LogWriteFailed, NotALog
 from stores import lmdb_pages
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ def open_env(
         raise NotALog(f"no coevo event log at {path} (LMDB file without its databases)") from None
     except lmdb.Error as exc:  # MDB_CORRUPTED and friends: damaged pages
         env.close()
+        if "mdb_txn_commit" in str(exc):  # a commit refused (a full disk): nothing damaged
+            raise LogWriteFailed(str(path), None, str(exc)) from None
         raise LogError(f"event log at {path} is damaged: LMDB cannot open it ({exc})") from None
     except BaseException:
         env.close()

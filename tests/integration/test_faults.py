@@ -72,6 +72,40 @@ def test_a_path_too_long_or_not_utf8_is_one_line(tmp_path: Path) -> None:
     assert "a path holds bytes that are not UTF-8" in proc.stderr
 
 
+def test_a_full_disk_as_the_log_is_created_is_a_refused_write_not_damage(
+    tmp_path: Path,
+) -> None:
+    """A file-size limit hit by the log's first commit read "event log ... is damaged: LMDB
+    cannot open it"; nothing was damaged, and a run may be created there once there is room."""
+
+    def tiny_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, resource.RLIM_INFINITY))
+
+    run = tmp_path / "run"
+    proc = coevo("run", EXPLORE, "--out", str(run), "--quiet", preexec_fn=tiny_files)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"coevo: error: cannot write the event log at {run / 'log'}")
+    assert "(disk full, or a file-size limit?); metadata not stored" in proc.stderr
+    args = ("--quiet", "--set", "run.episodes=4")
+    assert coevo("run", EXPLORE, "--out", str(run), *args).returncode == 0
+
+
+def test_a_refused_write_names_its_likely_cause() -> None:
+    from engine.errors import LogWriteFailed
+
+    said = {
+        reason: str(LogWriteFailed("log", 3, reason))
+        for reason in (
+            "mdb_put: Cannot allocate memory",
+            "mdb_txn_commit: Input/output error",
+            "mdb_txn_commit: File too large",
+        )
+    }
+    assert "(out of memory?)" in said["mdb_put: Cannot allocate memory"]
+    assert "(disk full, or a file-size limit?)" in said["mdb_txn_commit: Input/output error"]
+    assert "(a file-size limit: ulimit -f?)" in said["mdb_txn_commit: File too large"]
+
+
 def verified(run: Path) -> int:
     """The event count ``coevo replay --verify`` reports (it must pass)."""
     proc = coevo("replay", str(run), "--verify")
