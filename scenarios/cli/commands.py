@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
+import os
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,6 +35,9 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``coevo`` script; returns the exit code."""
+    for name in ("stdout", "stderr"):  # started with the stream closed (``>&-``): Python
+        if getattr(sys, name) is None:  # leaves it None, and every print failed on it
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
     parser = build_parser()
     args = parser.parse_args(argv)
     # log lines (an embedded model being built, say) go to stderr, never into a command's

@@ -106,6 +106,16 @@ def test_a_refused_write_names_its_likely_cause() -> None:
     assert "(a file-size limit: ulimit -f?)" in said["mdb_txn_commit: File too large"]
 
 
+def test_a_command_started_with_its_output_closed_is_no_traceback(tmp_path: Path) -> None:
+    """``coevo log RUN >&-`` (and ``check``, ``audit``) failed on ``sys.stdout`` being None."""
+    run = tmp_path / "run"
+    args = ("--quiet", "--set", "run.episodes=4")
+    assert coevo("run", EXPLORE, "--out", str(run), *args).returncode == 0
+    for command in (["log", str(run)], ["check", str(run)]):
+        proc = coevo(*command, preexec_fn=lambda: os.close(1))
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
 def verified(run: Path) -> int:
     """The event count ``coevo replay --verify`` reports (it must pass)."""
     proc = coevo("replay", str(run), "--verify")
