@@ -301,7 +301,33 @@ def _finish(
         )
     elif problem:
         print(problem, file=sys.stderr)
+    if outcome.reason == "completed" and report is not None and (still := _policy_unchanged(rd)):
+        print(still, file=sys.stderr)
     return code
+
+
+def _policy_unchanged(rd: RunDir) -> str:
+    """A warning when a learning run made updates and none of them changed the policy's
+    weights (every update's digest is its parent's): a run of a model whose episodes all
+    score alike trains nothing, and its summary said "updates: N" all the same; "" otherwise."""
+    from engine.replay import EventFilter, iter_events
+
+    reader = open_run(str(rd.root))
+    try:
+        updates = [
+            env.event
+            for env in iter_events(reader, EventFilter(kinds=frozenset({"policy_updated"})))
+        ]
+    finally:
+        reader.close()
+    changed = [u for u in updates if getattr(u, "digest", "") != getattr(u, "parent_digest", "")]
+    if not updates or changed or not all(getattr(u, "parent_digest", "") for u in updates):
+        return ""
+    return (
+        f"coevo: warning: none of the run's {len(updates)} policy updates changed its weights "
+        "(every group's episodes scored alike, so every advantage was 0, or the learning rate "
+        "is 0): the policy is the one it started from"
+    )
 
 
 def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:

@@ -211,3 +211,16 @@ def test_generate_mode_learns_from_free_text(tmp_path: Path) -> None:
     (update,) = of(events, PolicyUpdated)
     assert update.samples == len(sampled)
     assert main(["replay", str(out), "--verify"]) == 0
+
+
+def test_a_run_whose_updates_change_nothing_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every episode cut at its first turn fails alike: every advantage is 0 and no update
+    changes a weight, while the summary said ``updates: 3`` as for any run."""
+    cut = TINY.replace("pool = 2", "pool = 2\nmax_turns = 1")
+    run = run_scenario(tmp_path, cut)
+    updates = of(read_events(run), PolicyUpdated)
+    assert updates and all(u.digest == u.parent_digest for u in updates)
+    err = capsys.readouterr().err
+    assert f"none of the run's {len(updates)} policy updates changed its weights" in err
