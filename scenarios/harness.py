@@ -26,7 +26,7 @@ import trio
 
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
-from engine.invariants import Invariant, InvariantViolated
+from engine.invariants import Invariant, InvariantBroken, InvariantViolated, check_all
 from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
 from engine.runtime import Runtime
 from scenarios.assemble import assemble
@@ -88,7 +88,7 @@ class RunMachine(RuleBasedStateMachine):
         if notes:
             raise RuntimeError("; ".join(notes))
         self._checks: list[Invariant] = invariants_for(ctx, self.check_only)[0]
-        self._failure: InvariantViolated | None = None
+        self._failure: InvariantViolated | InvariantBroken | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="coevo-harness-")
         self.sessions = 0
         self.completed = False
@@ -139,17 +139,19 @@ class RunMachine(RuleBasedStateMachine):
     def _check(self, batch: list[Envelope[Event]]) -> None:
         if self._failure is None:
             try:
-                for check in self._checks:
-                    check.check_many(batch)
-            except InvariantViolated as exc:
-                self._failure = exc
+                check_all(self._checks, batch, False)
+            except (InvariantViolated, InvariantBroken) as exc:  # a bug in one: named, as
+                self._failure = exc  # coevo check names it
 
     def _raise(self) -> None:
         if self._failure is not None:
             raise AssertionError(self._explain(self._failure))
 
-    def _explain(self, exc: InvariantViolated) -> str:
+    def _explain(self, exc: InvariantViolated | InvariantBroken) -> str:
         from scenarios.cli.console import envelope_line
+
+        if isinstance(exc, InvariantBroken):
+            return str(exc)
 
         lines = [f"invariant {exc.invariant} violated at seq {exc.seq}: {exc.detail}"]
         for seq in exc.involved:
@@ -176,9 +178,8 @@ class RunMachine(RuleBasedStateMachine):
                 if not self.completed:
                     raise AssertionError("the run did not complete")
                 try:
-                    for check in self._checks:
-                        check.finish(True)
-                except InvariantViolated as exc:
+                    check_all(self._checks, None, True)
+                except (InvariantViolated, InvariantBroken) as exc:
                     raise AssertionError(self._explain(exc)) from None
         finally:
             self._dir.cleanup()

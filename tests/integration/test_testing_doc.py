@@ -48,3 +48,23 @@ def test_the_harness_fails_a_world_that_breaks_its_promise(tmp_path: Path) -> No
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "invariant lamp-lit violated at seq " in proc.stdout
     assert "success=False, its last turn lit=True" in proc.stdout
+
+
+def test_an_invariant_with_a_bug_is_named_as_one(tmp_path: Path) -> None:
+    """A raw ``KeyError`` from the invariant's own line came out of the harness, where ``coevo
+    check`` says it is a bug in the invariant, not a finding about the run."""
+    block = doc_block(DOC, "# test_lamp.py")
+    buggy = block.replace(
+        "            elif isinstance(ev, EpisodeFinished):\n",
+        "            elif isinstance(ev, EpisodeFinished):\n                {}[ev.episode]\n",
+    )
+    buggy = buggy.replace(
+        "from hypothesis import settings", "from hypothesis import Phase, settings"
+    )
+    buggy = buggy.replace("deadline=None)", "deadline=None, phases=[Phase.generate])")
+    assert buggy.count("{}[ev.episode]") == 1 and buggy.count("Phase") == 2
+    (tmp_path / "test_lamp.py").write_text(buggy)
+    proc = pytest_in(tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "invariant lamp-lit raised KeyError: 'ep0" in proc.stdout, proc.stdout[-3000:]
+    assert "(a bug in the invariant, not a finding about the run)" in proc.stdout
