@@ -73,6 +73,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+class _Stdout(Console):
+    """A console on stdout whose reader went away (``| head -1``) ends the command as every
+    other command does, with exit 0 (rich's own answer is exit 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe
+        raise BrokenPipeError
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
@@ -210,7 +221,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(msgspec.json.encode(fold.states, order="deterministic").decode() + "\n")
         return 0
-    console = Console()
+    console = _Stdout()
     start = f"snapshot after seq {snap}" if snap is not None else "the beginning"
     console.print(f"state after seq {fold.last_seq} (folded from {start})")
     console.print(actors_table(fold.states["actor_stats"]))

@@ -116,6 +116,25 @@ def test_a_command_started_with_its_output_closed_is_no_traceback(tmp_path: Path
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_a_reader_gone_from_the_pipe_ends_every_command_with_0(tmp_path: Path) -> None:
+    """``coevo replay RUN | head -1`` exited 1 (rich's broken-pipe handling) where ``log`` and
+    ``check`` exit 0, which broke ``set -o pipefail`` scripts."""
+    run = tmp_path / "run"
+    args = ("--quiet", "--set", "run.episodes=4")
+    assert coevo("run", EXPLORE, "--out", str(run), *args).returncode == 0
+    for command in (["replay", str(run)], ["log", str(run)], ["check", str(run)]):
+        gone, out = os.pipe()
+        os.close(gone)  # every write to the pipe fails: its reader has gone
+        try:
+            proc = subprocess.run(
+                [COEVO, *command], stdout=out, stderr=subprocess.PIPE, text=True,
+                cwd=ROOT, timeout=120, check=False,
+            )  # fmt: skip
+        finally:
+            os.close(out)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
+
+
 def verified(run: Path) -> int:
     """The event count ``coevo replay --verify`` reports (it must pass)."""
     proc = coevo("replay", str(run), "--verify")
