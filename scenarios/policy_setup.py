@@ -88,8 +88,7 @@ def policy_actors(
         check_policy_model(scenario, source)
     elif model is not None:
         bases = {role: base_model_dir(scenario, source, role, model) for role in roles}
-    local = Path(scenario.policy.model) if scenario.policy.model != "embedded" else None
-    check_rooms(scenario, source, model or local, bases.get("extractor"))
+    check_rooms(scenario, source, method, "extractor" in roles)
     run = RunResources(
         device=scenario.policy.device,
         batch_max=scenario.policy.batch_max,
@@ -103,37 +102,53 @@ def policy_actors(
     return _policy_actors(scenario, method, model, run, early, source), dirs
 
 
-def check_rooms(
-    scenario: Scenario, source: str, policy: Path | None, extractor: Path | None
-) -> None:
+def check_rooms(scenario: Scenario, source: str, method: Method | None, extractor: bool) -> None:
     """Every response a model generates fits its positions beside a prompt: a prompt keeps at
     least half of them (it is cut in the middle to leave the response room), so a response
     may take at most the other half. Past them, a model with learned positions failed the
     run at its first long response (``IndexError``) and a rotary one computed on beyond what
-    it was built for.
+    it was built for. Read from the scenario and the configs alone (``validate`` builds
+    nothing): a local model's ``config.json``, the embedded model's spec.
+
+    Args:
+        extractor: the method trains an extractor (``[complementary] extractor``).
 
     Raises:
         ScenarioInvalid: naming the setting, the model's positions and the most it may be.
     """
-    from stores.checkpoints import positions_of
+    from agents.methods.builtin import Empo2
 
-    wanted: list[tuple[Path | None, str, int]] = []
+    policy = _positions(scenario, source, scenario.policy.model)
+    wanted: list[tuple[int | None, str, int]] = []
     if scenario.policy.mode == "generate":
         wanted.append((policy, "$.policy.max_new_tokens", scenario.policy.max_new_tokens))
-    if scenario.run.method == "empo2":
+    if isinstance(method, Empo2):
         wanted.append((policy, "$.empo2.tip_tokens", scenario.empo2.tip_tokens))
-    if extractor is not None:
+    if extractor:
         c = scenario.complementary
-        wanted.append((extractor, "$.complementary.max_new_tokens", c.max_new_tokens))
-    for path, setting, tokens in wanted:
-        limit = positions_of(path) if path is not None else None
+        limit = policy if c.extractor == "embedded" else _positions(scenario, source, c.extractor)
+        wanted.append((limit, "$.complementary.max_new_tokens", c.max_new_tokens))
+    for limit, setting, tokens in wanted:
         if limit is not None and tokens > limit - limit // 2:
             raise ScenarioInvalid(
                 source,
-                f"{setting} = {tokens}: the model at {path} is built for {limit} positions, "
-                f"and a response may take at most half of them ({limit - limit // 2}) beside "
-                "its prompt",
+                f"{setting} = {tokens}: the model is built for {limit} positions, and a "
+                f"response may take at most half of them ({limit - limit // 2}) beside its "
+                "prompt",
             )
+
+
+def _positions(scenario: Scenario, source: str, model: str) -> int | None:
+    """The positions of the model a setting names: the embedded model's (the extractor's
+    ``embedded-ops`` base is built from it), a local directory's config, None unknown."""
+    from stores.checkpoints import positions_of
+
+    if model in ("embedded", "embedded-ops"):
+        return embedded_spec(scenario, source).max_positions
+    try:
+        return positions_of(Path(model).expanduser())
+    except RuntimeError:  # ~user of no such user: check_model_dir names it
+        return None
 
 
 def _roles(method: Method, source: str) -> tuple[str, ...]:

@@ -364,7 +364,7 @@ def test_a_response_longer_than_half_the_models_positions_is_refused_by_validate
     base = ["--set", f"policy.model={good}", "--set", 'policy.mode="generate"']
     assert main(["validate", QUICKSTART, *base, "--set", "policy.max_new_tokens=33"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "$.policy.max_new_tokens = 33: the model at" in err, err
+    assert err.count("\n") == 1 and "$.policy.max_new_tokens = 33: the model is" in err, err
     assert "built for 64 positions, and a response may take at most half of them (32)" in err
     assert main(["validate", QUICKSTART, *base, "--set", "policy.max_new_tokens=32"]) == 0
     capsys.readouterr()
@@ -372,3 +372,18 @@ def test_a_response_longer_than_half_the_models_positions_is_refused_by_validate
     tips = ["--set", f"policy.model={good}", "--set", "empo2.tip_tokens=40"]
     assert main(["validate", empo2, *tips, "--set", 'empo2.embedder="hashing"']) == 2
     assert "$.empo2.tip_tokens = 40" in capsys.readouterr().err
+    # the embedded model (1,024 positions) is checked from its spec, before anything is built
+    generate = ["--set", 'policy.mode="generate"', "--set", "policy.max_new_tokens=513"]
+    assert main(["validate", QUICKSTART, *generate]) == 2
+    assert "max_new_tokens = 513: the model is built for 1024" in capsys.readouterr().err
+    # an extractor on the policy's own weights (the default) is checked against them
+    comp = str(ROOT / "scenarios" / "complementary.toml")
+    sets = ["--set", f"policy.model={good}", "--set", "complementary.max_new_tokens=40"]
+    sets += [
+        "--set",
+        'complementary.extractor="embedded"',
+        "--set",
+        "complementary.embedder=hashing",
+    ]
+    assert main(["validate", comp, *sets]) == 2
+    assert "$.complementary.max_new_tokens = 40" in capsys.readouterr().err
