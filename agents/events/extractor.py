@@ -162,3 +162,19 @@ class ExtractorUpdated(Event, tag="extractor_updated", frozen=True, kw_only=True
     total_params: int | None = None
     optimizer_bytes: int | None = None
     peak_bytes: int | None = None
+
+
+Subject = tuple[str, str, str]
+"""What an extractor call is about: its task ("extract" or "merge"), its source (the episode,
+or ``merge`` + the merge step) and its slot, as :class:`ExtractorCalled` names them."""
+
+
+def subject_of(ev: ExtractionRequested | MergeRequested | ExtractorCalled) -> Subject:
+    """What a request to the extractor, or its answer, is about (the answer names its
+    request's subject: the ``requests`` invariant and the trainer's count of open requests
+    both match them so)."""
+    if isinstance(ev, ExtractionRequested):
+        return ("extract", ev.episode, ev.slot)
+    if isinstance(ev, MergeRequested):
+        return ("merge", f"merge{ev.step}", ev.slot)
+    return (ev.task, ev.source, ev.slot)

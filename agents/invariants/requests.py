@@ -26,6 +26,7 @@ from agents.events.extractor import (
     ExtractorGradientRequested,
     ExtractorUpdated,
     MergeRequested,
+    subject_of,
 )
 from agents.events.memory import (
     ReflectionRequested,
@@ -46,8 +47,8 @@ _ASKED: dict[type[Event], Key] = {
     RetrievalRequested: lambda e: (e.episode, e.turn, e.slot),
     ReflectionRequested: lambda e: (e.episode, e.slot),
     TipProposed: lambda e: (e.episode,),
-    ExtractionRequested: lambda e: ("extract", e.episode, e.slot),
-    MergeRequested: lambda e: ("merge", f"merge{e.step}", e.slot),
+    ExtractionRequested: subject_of,
+    MergeRequested: subject_of,
 }
 """Requests answered through ``cause``, and what an answer must be about."""
 
@@ -55,7 +56,7 @@ _ANSWERS: dict[type[Event], tuple[tuple[type[Event], ...], Key]] = {
     ActionSampled: ((ActionRequested,), lambda e: (e.episode, e.turn)),
     TipsRetrieved: ((RetrievalRequested,), lambda e: (e.episode, e.turn, e.slot)),
     TipProposed: ((ReflectionRequested,), lambda e: (e.episode, e.slot)),
-    ExtractorCalled: ((ExtractionRequested, MergeRequested), lambda e: (e.task, e.source, e.slot)),
+    ExtractorCalled: ((ExtractionRequested, MergeRequested), subject_of),
 }
 """Answers that must name a request (their ``cause``), of which kinds, about what."""
 

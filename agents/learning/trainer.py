@@ -25,7 +25,7 @@ of their own and no weight update.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +44,8 @@ from agents.events.extractor import (
     ExtractorGradientRequested,
     ExtractorUpdated,
     MergeRequested,
+    Subject,
+    subject_of,
 )
 from agents.events.memory import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import (
@@ -232,11 +234,7 @@ class GrpoTrainer(Replayed):
         TipStored,
         TipRejected,
         ActorRestarted,
-        ExtractionRequested,
-        MergeRequested,
-        ExtractorCalled,
-        ExtractorGradientRequested,
-        ExtractorUpdated,
+        *_EXTRACTOR_EVENTS,
     )
 
     def __init__(
@@ -297,7 +295,7 @@ class GrpoTrainer(Replayed):
         self._legacy_requests = False  # resumed from requests that predate their two fields
         # the extractor's work the run still owes: open extraction and merge requests (what
         # each is about, as its answer names it) and extractor update requests not yet made
-        self._extracting: Counter[tuple[str, str, str]] = Counter()
+        self._extracting: dict[int, Subject] = {}  # request seq -> what it is about
         self._extractor_owed = 0
         self._extractor = True  # until run() knows whether an actor answers extractions
 
@@ -315,7 +313,7 @@ class GrpoTrainer(Replayed):
     async def handle(self, ctx: Context, ev: Event) -> bool:
         """React to one event; True when the run's work is done."""
         if isinstance(ev, _EXTRACTOR_EVENTS):
-            self._extractor_event(ev)
+            self._extractor_event(ev, ctx.current)
             return self.finished()
         if isinstance(ev, PolicyUpdated):
             self._version = ev.policy_version
@@ -359,8 +357,9 @@ class GrpoTrainer(Replayed):
     def _forget_attempt(self, episode: str) -> None:
         """Drop what a lost attempt of ``episode`` gathered: it is played again (and its
         extraction, if it asked for one, is owed no more)."""
-        for key in [k for k in self._extracting if k[0] == "extract" and k[1] == episode]:
-            del self._extracting[key]
+        lost = [seq for seq, (_, source, _) in self._extracting.items() if source == episode]
+        for seq in lost:  # an answer that comes all the same names its cause: ignored
+            del self._extracting[seq]
         if episode in self._similar:
             self._similar[episode] = []
         if episode in self._adapts:  # the re-run's own tip is awaited
@@ -418,17 +417,16 @@ class GrpoTrainer(Replayed):
             and not self._rounds
             and not self._adapts
             and not self._queue
-            and not (self._extractor and (+self._extracting or self._extractor_owed))
+            and not (self._extractor and (self._extracting or self._extractor_owed))
         )
 
-    def _extractor_event(self, ev: Event) -> None:
-        """Count the extractor's work the run owes (what :meth:`finished` waits for)."""
-        if isinstance(ev, ExtractionRequested):
-            self._extracting[("extract", ev.episode, ev.slot)] += 1
-        elif isinstance(ev, MergeRequested):
-            self._extracting[("merge", f"merge{ev.step}", ev.slot)] += 1
-        elif isinstance(ev, ExtractorCalled):
-            self._extracting[(ev.task, ev.source, ev.slot)] -= 1
+    def _extractor_event(self, ev: Event, env: Envelope[Event] | None) -> None:
+        """Count the extractor's work the run owes (what :meth:`finished` waits for): each
+        request by its seq, closed by the answer that names it as its cause."""
+        if isinstance(ev, ExtractionRequested | MergeRequested) and env is not None:
+            self._extracting[env.seq] = subject_of(ev)
+        elif isinstance(ev, ExtractorCalled) and env is not None and env.cause is not None:
+            self._extracting.pop(env.cause, None)
         elif isinstance(ev, ExtractorGradientRequested):
             self._extractor_owed += 1
         elif isinstance(ev, ExtractorUpdated):
