@@ -261,3 +261,60 @@ def test_groups_feed_their_planned_update_whatever_order_they_end_in(
     trio.run(again.recover, cast(Context, ReplayContext("trainer", SEED)), envs[:cut])
     if cut == len(envs):
         assert again._tail == []
+
+
+def test_the_trainer_waits_for_the_extractors_open_requests_by_seq() -> None:
+    """Finished once every extraction and merge request is answered and every extractor update
+    made; a lost attempt's request is owed no more, and its late answer does not close the
+    re-run's own request of the same episode and slot."""
+    from agents.events.extractor import (
+        ExtractionRequested,
+        ExtractorCalled,
+        ExtractorGradientRequested,
+        ExtractorUpdated,
+    )
+    from engine.events import Envelope
+
+    grpo = GrpoConfig(group_size=2, groups_per_update=1)
+    trainer = trainer_of(grpo, 2, 1)
+    ctx = ReplayContext("trainer", SEED)
+
+    def extraction(seq: int) -> Envelope[Event]:
+        ev = ExtractionRequested(
+            episode="ep000001", worker="w0", slot="s", entry=-1, messages=(),
+            success=True, score=1.0, seed=0,
+        )  # fmt: skip
+        return Envelope(seq=seq, run="r", t=0, actor="w0", event=ev)
+
+    def answer(seq: int, cause: int) -> Envelope[Event]:
+        ev = ExtractorCalled(
+            call=f"x{cause}", task="extract", source="ep000001", slot="s", prompt_ids=(),
+            response_ids=(), token_logps=(), text="", temperature=1.0, extractor_version=0,
+        )  # fmt: skip
+        return Envelope(seq=seq, run="r", t=0, actor="extractor", event=ev, cause=cause)
+
+    async def feed(env: Envelope[Event]) -> bool:
+        ctx.current = env
+        return await trainer.handle(cast(Context, ctx), env.event)
+
+    async def go() -> None:
+        trainer._version = trainer.updates  # every update made: only the extractor is owed
+        assert trainer.finished()
+        assert not await feed(extraction(10))  # the first attempt's request
+        trainer._forget_attempt("ep000001")  # its attempt is lost: owed no more
+        assert trainer.finished()
+        assert not await feed(extraction(20))  # the re-run's request
+        assert not await feed(answer(21, 10))  # a late answer to the lost one: not the re-run's
+        assert await feed(answer(22, 20))
+        request = ExtractorGradientRequested(
+            update=0, step=0, calls=(), rewards=(), advantages=(), weights=(), credits=(),
+            lr=0.1, clip_low=0.1, clip_high=0.1, max_grad_norm=1.0, alpha=0.5, cooldown=1,
+        )  # fmt: skip
+        assert not await feed(Envelope(seq=30, run="r", t=0, actor="credit", event=request))
+        made = ExtractorUpdated(
+            extractor_version=1, update=0, samples=0, loss=0.0, grad_norm=0.0, clip_frac=0.0,
+            digest="d", checkpoint="", seconds=0.0,
+        )  # fmt: skip
+        assert await feed(Envelope(seq=31, run="r", t=0, actor="extractor", event=made))
+
+    trio.run(go)
