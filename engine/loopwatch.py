@@ -14,6 +14,7 @@ while a model trains in a thread) is never a stall.
 
 from __future__ import annotations
 
+import os
 import sys
 import sysconfig
 import threading
@@ -24,10 +25,12 @@ from typing import Any
 
 import trio
 
-_SKIPPED = (str(Path(trio.__file__).parent), sysconfig.get_paths()["stdlib"])
+_SKIPPED = tuple(
+    os.path.join(d, "") for d in (str(Path(trio.__file__).parent), sysconfig.get_paths()["stdlib"])
+)
 """Frames not worth naming: the scheduler's, and the standard library's (a ``time.sleep`` or a
 ``socket.recv`` is named by the caller that made it)."""
-_LIBRARIES = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+_LIBRARIES = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("purelib", "platlib")})
 
 
 def where(frame: FrameType | None) -> str:

@@ -76,7 +76,10 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
     transformers knows, a tokenizer (one of :data:`TOKENIZER_FILES`), and safetensors weights
     (``model.safetensors``, or shards listed in ``model.safetensors.index.json``) whose tensor
     names and shapes are the ones that config builds (compared on torch's meta device: nothing
-    is allocated). Pickled weights (``pytorch_model.bin``, ``*.pt``) are refused, never opened.
+    is allocated; an untied ``lm_head`` may not be left out). Pickled weights
+    (``pytorch_model.bin``, ``*.pt``) are refused, never opened. The tokenizer is loaded and
+    checked as coevo uses it (:func:`_check_tokenizer`: eos, chat template with the system
+    message, size, the reading of ``tokenizer.json``).
 
     Args:
         path: the directory (a leading ``~`` or ``~user`` is expanded).

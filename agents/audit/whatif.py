@@ -185,6 +185,10 @@ def recorded(episode: str, envs: Sequence[Envelope[Event]]) -> Recorded:
     )
 
 
+UNLIMITED_CAP = 1000
+"""The most turns a replay plays of a run whose ``[world] max_turns`` is 0 (no limit)."""
+
+
 def replay(
     rec: Recorded,
     world: TextWorld,
@@ -196,7 +200,8 @@ def replay(
 ) -> Played:
     """Play the episode again (see the module's docstring), with ``change`` (None: unchanged),
     for at most ``max_turns`` turns (the run's ``[world] max_turns``, as its env worker stops a
-    truncated episode; 0: no limit).
+    truncated episode; 0, a run without a limit: :data:`UNLIMITED_CAP`, so that a changed
+    replay in a world that never ends an episode ends all the same).
 
     Raises:
         AuditQueryInvalid: the change names an entry the episode was not shown.
@@ -207,7 +212,8 @@ def replay(
     goal = obs.goal
     history: list[Step] = []
     turns: list[PlayedTurn] = []
-    while not obs.done and not (max_turns and len(turns) >= max_turns):
+    cap = max_turns or UNLIMITED_CAP
+    while not obs.done and len(turns) < cap:
         k = len(turns)
         logged = rec.requests[min(k, len(rec.requests) - 1)]
         version = rec.sampled[min(k, len(rec.sampled) - 1)].policy_version

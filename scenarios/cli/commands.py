@@ -56,18 +56,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             said = f"too many open files (raise the limit: ulimit -n): {exc}"
-        elif exc.errno == errno.ENAMETOOLONG:
+        elif exc.errno == errno.ENAMETOOLONG:  # bad input, as a path that is not UTF-8
             said = f"a path is too long for this file system: {exc.filename!r}"
         else:
             raise
         print(f"coevo: error: {said}", file=sys.stderr)
-        return 1
+        return 2 if exc.errno == errno.ENAMETOOLONG else 1
     except UnicodeEncodeError as exc:
-        if "surrogates not allowed" not in str(exc):
+        if "surrogates not allowed" not in str(exc) or os.sep not in exc.object:
             raise
         print(
-            "coevo: error: a path holds bytes that are not UTF-8, which the event log's "
-            "library cannot open; rename it",
+            f"coevo: error: {exc.object!r}: a path that holds bytes that are not UTF-8, which "
+            "the event log's library cannot open; rename it",
             file=sys.stderr,
         )
         return 2

@@ -52,7 +52,7 @@ def test_a_blocked_loop_is_named_once_and_its_length_told_when_it_turns_again() 
     blocked, again = said.lines[0][1], said.lines[1][1]
     assert f"{__file__}:" in blocked["where"] and "in blocking_hook" in blocked["where"]
     assert blocked["blocked_s"] >= 0.3
-    assert 0.9 <= again["blocked_s"] <= 1.5
+    assert 0.9 <= again["blocked_s"] <= 5.0  # the 1 s sleep, on however loaded a machine
 
 
 class Blocks(Actor):

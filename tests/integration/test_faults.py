@@ -64,12 +64,12 @@ def test_a_path_too_long_or_not_utf8_is_one_line(tmp_path: Path) -> None:
     long = tmp_path / ("n" * 256)
     for args in (("run", EXPLORE, "--out", str(long), "--quiet"), ("log", str(long))):
         proc = coevo(*args)
-        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("coevo: error: a path is too long for this file system")
     odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xffname")
     proc = coevo("run", EXPLORE, "--out", odd, "--quiet", "--set", "run.episodes=2")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "a path holds bytes that are not UTF-8" in proc.stderr
+    assert "bad\\udcffname/log': a path that holds bytes that are not UTF-8" in proc.stderr
 
 
 def test_a_full_disk_as_the_log_is_created_is_a_refused_write_not_damage(

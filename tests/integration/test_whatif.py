@@ -258,7 +258,7 @@ class _Corridor:
         return Observation(text=str(k), admissible=("go",), goal="the end", done=k == 5, score=k)
 
 
-def test_the_replay_stops_at_the_runs_max_turns_and_0_is_no_limit() -> None:
+def test_the_replay_stops_at_the_runs_max_turns_and_at_a_cap_without_one() -> None:
     asked = ActionRequested(
         episode="ep1", worker="w", turn=0, messages=(), admissible=("go",), seed=1
     )
@@ -280,3 +280,14 @@ def test_the_replay_stops_at_the_runs_max_turns_and_0_is_no_limit() -> None:
         for m in (0, 3, 9)
     ]
     assert [(p.steps, p.score) for p in played] == [(5, 5.0), (3, 3.0), (5, 5.0)]
+    # a run without a limit: a replay still ends, at the cap (a world that never ends)
+    from agents.audit import whatif
+
+    was, whatif.UNLIMITED_CAP = whatif.UNLIMITED_CAP, 4
+    try:
+        capped = replay(
+            rec, cast(Any, _Corridor()), lambda _: cast(Any, runner), prompting, max_turns=0
+        )
+    finally:
+        whatif.UNLIMITED_CAP = was
+    assert capped.steps == 4
