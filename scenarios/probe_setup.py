@@ -39,7 +39,7 @@ from agents.memory.extractor import ExtractorModel
 from agents.methods.actors import bank_settings, embedder_for
 from agents.methods.builtin import Complementary
 from agents.models.embedder import Embedder
-from agents.models.tuning import load_adapted, torch_dtype
+from agents.models.tuning import load_version
 from agents.probe.coevolution import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
 from agents.probe.play import PlaySettings
 from engine.events import Envelope, Event
@@ -51,7 +51,6 @@ from scenarios.methods import method_of
 from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
 from scenarios.schema import Scenario
 from stores.checkpoints import (
-    ADAPTER_FILE,
     check_model_dir,
     load_model_dir,
     load_weights,
@@ -387,9 +386,8 @@ def _policy(run: RunLog, model: Path, which: str) -> tuple[PolicyRunner, str]:
         what = f"the run's final policy (version {last.policy_version}, {last.checkpoint})"
     else:
         path, what = check_model_dir(Path(which), "--policy"), which
-    if which == "final" and (path / ADAPTER_FILE).is_file():  # a LoRA run: adapters on the base
-        base, tokenizer = load_model_dir(model, device)
-        net = load_adapted(base.to(torch_dtype(s.policy.dtype)), str(path))
+    if which == "final":  # as the run had it: a LoRA run's adapters on the base
+        net, tokenizer = load_version(path, lambda: model, s.policy.dtype, device)
     else:
         net, tokenizer = load_model_dir(path, device)
     if which == "final" and param_digest(net) != run.policy[-1].digest:

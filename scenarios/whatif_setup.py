@@ -146,18 +146,15 @@ class _Runners:
         Raises:
             AuditQueryInvalid: its weights are no longer on disk.
         """
-        from agents.models.tuning import load_adapted, torch_dtype
-        from stores.checkpoints import ADAPTER_FILE, load_model_dir, weights_file
+        from agents.models.tuning import load_version
+        from stores.checkpoints import weights_file
 
         if not weights_file(path).is_file():
             raise AuditQueryInvalid(
                 f"the checkpoint of policy version {version} ({name}) is no longer on disk "
                 "(runs keep the newest few: grpo.keep_checkpoints)"
             )
-        if not (path / ADAPTER_FILE).is_file():
-            return load_model_dir(path, device)
-        base, tokenizer = load_model_dir(self._base(), device)
-        return load_adapted(base.to(torch_dtype(self._s.policy.dtype)), str(path)), tokenizer
+        return load_version(path, self._base, self._s.policy.dtype, device)
 
     def _updated(self, version: int) -> PolicyUpdated:
         for seq, kind in refs(self._index, "u", str(version - 1)):

@@ -27,9 +27,10 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -130,6 +131,28 @@ def with_lora(model: Any, settings: LoraSettings, seed: int) -> Any:
             if ".lora_A." in name:  # peft's own initialisation, from the seed's generator
                 torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=generator)
     return adapted.eval()
+
+
+def load_version(
+    path: Path, base: Callable[[], Path], dtype: TrainDtype, device: torch.device
+) -> tuple[Any, Any]:
+    """A policy version's checkpoint at ``path`` as the run's actors had it: the whole model,
+    or (a LoRA run's checkpoint holds only adapters) its adapters on the base model, which
+    ``base`` names when asked, in the run's ``dtype``. ``coevo probe`` and ``audit whatif``
+    load versions so.
+
+    Returns:
+        ``(model, tokenizer)``.
+
+    Raises:
+        ModelUnavailable: a directory does not hold a loadable model.
+    """
+    from stores.checkpoints import ADAPTER_FILE, load_model_dir
+
+    if not (path / ADAPTER_FILE).is_file():
+        return load_model_dir(path, device)
+    net, tokenizer = load_model_dir(base(), device)
+    return load_adapted(net.to(torch_dtype(dtype)), str(path)), tokenizer
 
 
 def load_adapted(base: Any, directory: str) -> Any:
