@@ -5,6 +5,7 @@ refused rather than one of them taken in silence.
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import EntryPoint, entry_points
 from typing import NamedTuple
 
@@ -46,3 +47,31 @@ def clash_message(kind: str, name: str, registrations: list[str]) -> str:
         f"{'; '.join(registrations)}; name the one meant by its import path "
         "'package.module:Class', or uninstall or rename the other"
     )
+
+
+def import_named(path: str, kind: str, what: str = "class") -> object:
+    """The object ``package.module:Name`` names (a plug-in's method class, a credit rule).
+
+    Args:
+        kind: what it is, for the messages ("method", "credit rule").
+        what: what ``Name`` should be ("class", "function").
+
+    Raises:
+        ValueError: a malformed path, a module that fails to import (its exception, or its
+            ``sys.exit``, in one line), or no such name in it.
+    """
+    module_name, _, name = path.partition(":")
+    if not all(p.isidentifier() for p in module_name.split(".")) or not name.isidentifier():
+        raise ValueError(
+            f"bad {kind} import path {path!r}: expected 'package.module:{what.title()}'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:  # a plug-in's failure at import: one line
+        raise ValueError(
+            f"cannot import {kind} module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    found = getattr(module, name, None)
+    if found is None:
+        raise ValueError(f"{kind} module {module_name!r} has no {what} {name!r}")
+    return found

@@ -14,7 +14,6 @@ One pass over the log (no index): the fold needs every episode end in order.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +30,7 @@ from agents.learning.credit_actor import RULES, CreditBook, CreditSettings
 from agents.methods.advantages import group_stats, outcome
 from agents.methods.base import Method, RolloutMode, checked_scored, method_label, mode_of
 from agents.methods.credit import relative_credit
+from engine.entrypoints import import_named
 from engine.errors import AuditQueryInvalid
 from engine.eventlog import EventLog
 from engine.events import Envelope, Event
@@ -212,20 +212,12 @@ def rule_function(path: str) -> CreditRule:
         AuditQueryInvalid: a malformed path, a module that fails to import, or no such
             function.
     """
-    module_name, _, name = path.partition(":")
-    if not all(p.isidentifier() for p in module_name.split(".")) or not name.isidentifier():
-        raise AuditQueryInvalid(
-            f"bad credit rule path {path!r}: expected 'package.module:function'"
-        )
     try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:  # a plug-in's failure at import: one line
-        raise AuditQueryInvalid(
-            f"credit rule {path!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    fn = getattr(module, name, None)
+        fn = import_named(path, "credit rule", "function")
+    except ValueError as exc:
+        raise AuditQueryInvalid(str(exc)) from None
     if not callable(fn):
-        raise AuditQueryInvalid(f"credit rule {path!r}: {module_name!r} has no function {name!r}")
+        raise AuditQueryInvalid(f"credit rule {path!r} is {fn!r}, not a function")
     return cast("CreditRule", fn)
 
 

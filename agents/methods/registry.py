@@ -9,7 +9,6 @@ Struct its options decode into (None: it takes none).
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ import msgspec
 from agents.methods.base import Method
 from agents.methods.builtin import Complementary, Empo2, Grpo
 from agents.methods.settings import GrpoConfig
-from engine.entrypoints import clash_message, named
+from engine.entrypoints import clash_message, import_named, named
 
 METHODS_GROUP = "coevo.methods"
 """The entry-point group a plug-in package names its methods in (``[project.entry-points]``)."""
@@ -65,17 +64,9 @@ def method_class(name_or_path: str) -> type[Any]:
             f"unknown method {name_or_path!r}: use a built-in name ({known}) "
             "or an import path 'package.module:Class'"
         )
-    module_name, _, cls_name = path.partition(":")
-    if not all(p.isidentifier() for p in module_name.split(".")) or not cls_name.isidentifier():
-        raise ValueError(f"bad method import path {path!r}: expected 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:  # a plug-in's failure at import: one line
-        raise ValueError(
-            f"cannot import method module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    cls = getattr(module, cls_name, None)
+    cls = import_named(path, "method")
     if not isinstance(cls, type):
+        module_name, _, cls_name = path.partition(":")
         raise ValueError(f"method module {module_name!r} has no class {cls_name!r}")
     missing = [h for h in _HOOKS if not callable(getattr(cls, h, None))]
     if missing:

@@ -240,9 +240,9 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
     for rule, says in (
         ("my_rules:broken", "credit rule 'my_rules:broken' raised KeyError on episode ep"),
         ("my_rules:nan", "gave nan for episode ep"),
-        ("my_rules:absent", "'my_rules' has no function 'absent'"),
-        ("no_such_rules:x", "cannot import 'no_such_rules': ModuleNotFoundError"),
-        ("my rules:x", "bad credit rule path"),
+        ("my_rules:absent", "credit rule module 'my_rules' has no function 'absent'"),
+        ("no_such_rules:x", "cannot import credit rule module 'no_such_rules': ModuleNotFound"),
+        ("my rules:x", "bad credit rule import path"),
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
         assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
