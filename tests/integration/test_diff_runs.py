@@ -69,18 +69,22 @@ def test_a_key_set_to_its_default_is_no_difference_and_a_default_used_is_named(
     difference from a run that left it out, and a default used as "(missing)"."""
     from scenarios.schema import table_defaults
 
-    a = runs[0]
     layers = table_defaults()["policy.embedded"]["layers"]
-    same = _run(tmp_path, "same", 0, f"policy.embedded.layers={layers}")
-    other = _run(tmp_path, "other", 0, f"policy.embedded.layers={layers + 1}")
+    _default_is_no_difference(runs[0], tmp_path, capsys, "policy.embedded.layers", layers)
+
+
+def _default_is_no_difference(
+    a: Path, root: Path, capsys: pytest.CaptureFixture[str], key: str, default: int
+) -> None:
+    """``key`` set to its ``default`` is the same scenario as run ``a`` (which left it out),
+    and set to ``default + 1`` differs from it by that key alone, shown as the default."""
+    same = _run(root, "same", 0, f"{key}={default}")
+    other = _run(root, "other", 0, f"{key}={default + 1}")
     assert main(["diff", str(a), str(same)]) == 0
     assert capsys.readouterr().out.splitlines()[2] == "scenario: the same"
     main(["diff", str(other), str(a)])
     out = capsys.readouterr().out.splitlines()
-    assert out[2:4] == [
-        "scenario: 1 difference",
-        f"  policy.embedded.layers: {layers + 1} -> {layers} (default)",
-    ]
+    assert out[2:4] == ["scenario: 1 difference", f"  {key}: {default + 1} -> {default} (default)"]
 
 
 def test_a_bad_run_is_one_line(
@@ -96,14 +100,4 @@ def test_a_world_option_at_its_default_is_no_difference(
 ) -> None:
     """World options were compared as written: ``train_variants = 500``, MiniLab's default,
     read as a difference from a run that left it out."""
-    a = runs[0]
-    same = _run(tmp_path, "same", 0, "world.options.train_variants=500")
-    other = _run(tmp_path, "other", 0, "world.options.train_variants=499")
-    assert main(["diff", str(a), str(same)]) == 0
-    assert capsys.readouterr().out.splitlines()[2] == "scenario: the same"
-    main(["diff", str(other), str(a)])
-    out = capsys.readouterr().out.splitlines()
-    assert out[2:4] == [
-        "scenario: 1 difference",
-        "  world.options.train_variants: 499 -> 500 (default)",
-    ]
+    _default_is_no_difference(runs[0], tmp_path, capsys, "world.options.train_variants", 500)
