@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from engine.errors import CoevoError
-from engine.invariants import CheckReport, check_stream
+from engine.invariants import CheckReport, check_stream, completed
 from scenarios.cli.common import InputInvalid, naming, open_run
 
 __all__ = ["add_parser", "cmd_check", "gc_paused"]
@@ -76,6 +76,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             ]
             with gc_paused():
                 report = check_stream(log.read_chunks(0, log.next_seq), invariants, skipped=skipped)
+            if report.violation is not None:  # the pass stopped there: the log's end says
+                last = list(log.read(log.next_seq - 1, log.next_seq)) if log.next_seq else []
+                report = msgspec.structs.replace(
+                    report, completed=completed(last[-1] if last else None)
+                )
             involved = _involved(log, report)
     finally:
         log.close()

@@ -89,6 +89,7 @@ def test_one_invariant_by_name_and_as_json(
     assert main(["check", str(path), "--invariant", "recorded-once", "--json"]) == 1
     answer = json.loads(capsys.readouterr().out)
     assert answer["ok"] is False and answer["invariants"] == ["recorded-once"]
+    assert answer["completed"] is True  # the run completed: the pass stopped at its violation
     violation = answer["violation"]
     assert (violation["invariant"], violation["seq"]) == ("recorded-once", copy)
     assert violation["involved"] == [original, copy]
