@@ -326,7 +326,7 @@ def _policy_unchanged(rd: RunDir) -> str:
     return (
         f"coevo: warning: none of the run's {len(updates)} policy updates changed its weights "
         "(every group's episodes scored alike, so every advantage was 0, or the learning rate "
-        "is 0): the policy is the one it started from"
+        "is too small to move a weight): the policy is the one it started from"
     )
 
 
