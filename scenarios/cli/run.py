@@ -378,7 +378,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
         assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
-        _same_models(args.run, meta.models, assembly.models)
+        _same_models(args.run, meta.models, assembly.models, _embedded_roles(scenario))
         if args.no_tracking:
             assembly = dataclasses.replace(assembly, tracking=None)
         if not history:  # created, then stopped before its first event: it starts now
@@ -425,11 +425,27 @@ def _model_files(models: dict[str, Path]) -> dict[str, Any]:
     }
 
 
-def _same_models(run: str, then: dict[str, Any], models: dict[str, Path]) -> None:
+def _embedded_roles(scenario: Any) -> set[str]:
+    """The model roles whose weights coevo builds on the machine (the embedded models)."""
+    roles = {"policy"} if scenario.policy.model == "embedded" else set[str]()
+    if scenario.complementary.extractor in ("embedded", "embedded-ops") and roles:
+        roles.add("extractor")
+    return roles
+
+
+def _same_models(
+    run: str,
+    then: dict[str, Any],
+    models: dict[str, Path],
+    built: frozenset[str] | set[str] = frozenset(),
+) -> None:
     """Refuse to resume on other models than the run started from: a tokenizer or weights
     replaced in the model directory, or a relative path that names another directory from
     here, went on silently (a model trained from another base, prompts in another
     tokenizer). Runs recorded before coevo kept the digests are not checked.
+
+    Args:
+        built: the roles whose models coevo builds here (the embedded ones): the remedy differs.
 
     Raises:
         InputInvalid: a model's files differ, or the run's model roles do.
@@ -449,9 +465,15 @@ def _same_models(run: str, then: dict[str, Any], models: dict[str, Path]) -> Non
         changed = files_changed(was.files, got.files)
         if changed:
             moved = f" (it was {was.path})" if was.path != got.path else ""
+            remedy = (
+                "the embedded model is built on each machine, and one built on another CPU "
+                "kind differs: resume where the run started"
+                if role in built
+                else "resume with that model"
+            )
             raise InputInvalid(
                 f"{run}: the {role} model {got.path}{moved} is not the one the run started "
-                f"from: {', '.join(changed)}; resume with that model (nothing was resumed)"
+                f"from: {', '.join(changed)}; {remedy} (nothing was resumed)"
             )
 
 

@@ -387,3 +387,30 @@ def test_a_response_longer_than_half_the_models_positions_is_refused_by_validate
     ]
     assert main(["validate", comp, *sets]) == 2
     assert "$.complementary.max_new_tokens = 40" in capsys.readouterr().err
+
+
+def test_a_resume_on_another_build_of_the_embedded_model_says_where_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The embedded model is built on each machine: "resume with that model" could not be
+    followed when this machine's build differs from the one the run started from."""
+    from engine.eventlog import ModelFiles, new_run_meta
+    from scenarios.loader import load_scenario, resolved_toml, scenario_hash
+    from scenarios.policy_setup import policy_model_dir
+    from stores.checkpoints import model_files
+    from stores.lmdb_log import LmdbEventLog
+
+    sets = ['run.method="rollout"', "run.episodes=2", "run.workers=1"]
+    scenario = load_scenario(QUICKSTART, sets)
+    built = policy_model_dir(scenario, QUICKSTART)
+    files = {**model_files(built), "model.safetensors": "0" * 64}  # another machine's build
+    text = resolved_toml(scenario)
+    made = new_run_meta(
+        "r", scenario_name="q", seed=0, coevo_version="t", scenario_toml=text,
+        scenario_hash=scenario_hash(text),
+        models={"policy": ModelFiles(path=str(built.resolve()), files=files)},
+    )  # fmt: skip
+    LmdbEventLog.create(tmp_path / "run" / "log", made).close()
+    assert main(["resume", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "model.safetensors changed; the embedded model is built on each machine" in err, err
