@@ -70,6 +70,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def check_model_dir(path: Path, setting: str = "model") -> Path:
+    """See :func:`_checked`; returns ``path``, expanded."""
+    return _checked(path, setting)[0]
+
+
+def _checked(path: Path, setting: str = "model") -> tuple[Path, Any]:
     """Check, without loading any weights, that ``path`` holds a causal LM coevo can load.
 
     It must be a directory with a ``config.json`` naming a causal-LM ``model_type`` that
@@ -86,7 +91,8 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
         setting: the scenario setting that named it (for the message).
 
     Returns:
-        ``path``, expanded.
+        ``path``, expanded, and the tokenizer that was checked (what :func:`load_model_dir`
+        uses rather than loading it again).
 
     Raises:
         ModelUnavailable: one line naming ``setting``, the path and what is wrong.
@@ -108,8 +114,7 @@ def check_model_dir(path: Path, setting: str = "model") -> Path:
     for shard in shards:
         found.update(_tensor_shapes(shard, where))
     _compare_shapes(expected, found, where, _tied(config))
-    _check_tokenizer(path, config, where)
-    return path
+    return path, _check_tokenizer(path, config, where)
 
 
 PROBE_WORDS = "you are in the kitchen look around open the door take the key go north 1 2"
@@ -118,13 +123,16 @@ back as its ``tokenizer.json`` does."""
 _SYSTEM_MARK = "coevo-system-probe"
 
 
-def _check_tokenizer(path: Path, config: Any, where: str) -> None:
+def _check_tokenizer(path: Path, config: Any, where: str) -> Any:
     """The tokenizer transformers builds from ``path`` is one coevo can act with: it loads,
     ends responses (an eos token), renders prompts (a chat template that keeps the system
     message, where coevo's instructions and tips go), fits the model's embedding, and reads
     text as the directory's ``tokenizer.json`` does (transformers may rebuild a tokenizer from
     its class, not the file: a word-level ``tokenizer.json`` under a Qwen2 config encoded
     most words as nothing).
+
+    Returns:
+        The tokenizer.
 
     Raises:
         ModelUnavailable: one line naming what is wrong.
@@ -143,11 +151,7 @@ def _check_tokenizer(path: Path, config: Any, where: str) -> None:
         ) from None
     if tokenizer.eos_token_id is None:
         raise ModelUnavailable(f"{where}: the tokenizer has no eos token: responses could not end")
-    vocab = getattr(
-        config.get_text_config() if hasattr(config, "get_text_config") else config,
-        "vocab_size",
-        None,
-    )
+    vocab = getattr(_text_config(config), "vocab_size", None)
     if isinstance(vocab, int) and len(tokenizer) > vocab:
         raise ModelUnavailable(
             f"{where}: the tokenizer has {len(tokenizer)} tokens, the model's embedding "
@@ -172,6 +176,7 @@ def _check_tokenizer(path: Path, config: Any, where: str) -> None:
             "and tips go there)"
         )
     _same_reading(path, tokenizer, str(getattr(config, "model_type", "")), where)
+    return tokenizer
 
 
 def _same_reading(path: Path, tokenizer: Any, model_type: str, where: str) -> None:
@@ -220,11 +225,17 @@ def positions_of(path: Path) -> int | None:
     return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
 
 
+def _text_config(config: Any) -> Any:
+    """The part of a model's config that describes its language model (a multimodal config
+    nests it; a causal LM's is the config itself)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def _tied(config: Any) -> bool:
     """Whether the model's output layer is its input embedding (then a checkpoint need not
     store ``lm_head``); transformers' own default, True, where the config does not say."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", True)))
+    default = getattr(config, "tie_word_embeddings", True)
+    return bool(getattr(_text_config(config), "tie_word_embeddings", default))
 
 
 MODEL_FILES = (
@@ -440,14 +451,13 @@ def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
         ModelUnavailable: the directory is missing or does not hold a loadable model.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a run has its own progress display
-    where = check_model_dir(Path(path))
+    where, tokenizer = _checked(Path(path))
     try:
         with _LOADING:
-            tokenizer = _auto(AutoTokenizer).from_pretrained(where, local_files_only=True)
             model = _auto(AutoModelForCausalLM).from_pretrained(
                 where, local_files_only=True, dtype=torch.float32, use_safetensors=True
             )

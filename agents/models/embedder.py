@@ -25,7 +25,6 @@ import functools
 import hashlib
 import importlib.resources
 import itertools
-import json
 import re
 import threading
 import warnings
@@ -184,13 +183,15 @@ def _max_positions(where: Path) -> int:
     Raises:
         ModelUnavailable: no readable config.json.
     """
-    try:
-        config = json.loads((where / "config.json").read_text(encoding="utf-8"))
-        return int(config["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    from stores.checkpoints import positions_of
+
+    limit = positions_of(where)
+    if limit is None:
         raise ModelUnavailable(
-            f"{where}: not an all-MiniLM-L6-v2 model directory ({exc}); {INSTALL_HINT}"
-        ) from None
+            f"{where}: not an all-MiniLM-L6-v2 model directory (no config.json with "
+            f"max_position_embeddings); {INSTALL_HINT}"
+        )
+    return limit
 
 
 def _check_weights(where: Path) -> None:
