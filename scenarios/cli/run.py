@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -419,8 +420,9 @@ def _model_files(models: dict[str, Path]) -> dict[str, Any]:
     from engine.eventlog import ModelFiles
     from stores.checkpoints import model_files
 
+    digest = functools.cache(model_files)  # an extractor on the policy's weights: read once
     return {
-        role: ModelFiles(path=str(path.resolve()), files=model_files(path))
+        role: ModelFiles(path=str(path.resolve()), files=digest(path.resolve()))
         for role, path in models.items()
     }
 
