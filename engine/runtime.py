@@ -390,8 +390,7 @@ class Runtime:
         except BaseExceptionGroup as group:
             raise _sole_error(group) from None
         finally:
-            if self._cfg.stall_warning > 0:
-                watch.stop()
+            watch.stop()  # nothing to stop when it was not started
         outcome.events = self._next
         self._log_out.info(
             "run ended", reason=outcome.reason, exit_code=outcome.exit_code, events=outcome.events
