@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +277,10 @@ def _finish(
     """Write the run's reports, print how it ended, and return the exit code: the run's, or 1
     when it completed but its curves cannot be written or none of its episodes finished."""
     unwritten = ""
+    updates: list[Any] = []  # the policy's updates, seen as the report reads the log
     if report is not None:
         try:
-            for line in _report(report, rd):
+            for line in _report(report, rd, updates):
                 console.print(line)
         except OSError as exc:  # a full disk: the log is complete, the plots can wait
             unwritten = (
@@ -302,25 +303,16 @@ def _finish(
         )
     elif problem:
         print(problem, file=sys.stderr)
-    if outcome.reason == "completed" and report is not None and (still := _policy_unchanged(rd)):
+    if outcome.reason == "completed" and not unwritten and (still := _policy_unchanged(updates)):
         print(still, file=sys.stderr)
     return code
 
 
-def _policy_unchanged(rd: RunDir) -> str:
-    """A warning when a learning run made updates and none of them changed the policy's
-    weights (every update's digest is its parent's): a run of a model whose episodes all
-    score alike trains nothing, and its summary said "updates: N" all the same; "" otherwise."""
-    from engine.replay import EventFilter, iter_events
-
-    reader = open_run(str(rd.root))
-    try:
-        updates = [
-            env.event
-            for env in iter_events(reader, EventFilter(kinds=frozenset({"policy_updated"})))
-        ]
-    finally:
-        reader.close()
+def _policy_unchanged(updates: list[Any]) -> str:
+    """A warning when a learning run made ``updates`` (its :class:`PolicyUpdated` events)
+    and none of them changed the policy's weights (every update's digest is its parent's): a
+    run of a model whose episodes all score alike trains nothing, and its summary said
+    "updates: N" all the same; "" otherwise."""
     changed = [u for u in updates if getattr(u, "digest", "") != getattr(u, "parent_digest", "")]
     if not updates or changed or not all(getattr(u, "parent_digest", "") for u in updates):
         return ""
@@ -352,15 +344,25 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
     )
 
 
-def _report(report: Any, rd: RunDir) -> list[str]:
-    """A finished run's reports (learning curves), written into its directory from its log.
+def _report(report: Any, rd: RunDir, updates: list[Any]) -> list[str]:
+    """A finished run's reports (learning curves), written into its directory from its log;
+    the policy's updates it reads are appended to ``updates`` (one pass over the log serves
+    both).
 
     Raises:
         OSError: a file cannot be written.
     """
+    from agents.events.policy import PolicyUpdated
+
+    def events() -> Iterator[Any]:
+        for env in reader.read(0, None):
+            if isinstance(env.event, PolicyUpdated):
+                updates.append(env.event)
+            yield env.event
+
     reader = open_run(str(rd.root))
     try:
-        return report(rd.root, (env.event for env in reader.read(0, None)))
+        return report(rd.root, events())
     finally:
         reader.close()
 
