@@ -2,7 +2,8 @@
 
 An extractor call is born from a finished training episode (``ExtractionRequested``, by the env
 worker: the trajectory, the outcome and the entry the actor used) or from a chunk of the bank
-(``MergeRequested``, by the memory actor when the trainer says a merge is due). The extractor
+(``MergeRequested``, by the memory actor when the trainer says a merge is due, ``MergeDue``;
+the memory actor then says how many chunks the pass has, ``MergePlanned``). The extractor
 answers with ``ExtractorCalled``: its prompt and response token ids and log-probs, and the bank
 operations parsed from the response (none, with the parser's errors, when it is malformed). The
 memory actor applies the operations (``TipStored`` with the call and the parent entries,
@@ -59,6 +60,18 @@ class MergeDue(Event, tag="merge_due", frozen=True, kw_only=True):
     """The trainer asks the memory actor for a merge pass over the bank (every few steps)."""
 
     step: int
+
+
+@event
+class MergePlanned(Event, tag="merge_planned", frozen=True, kw_only=True):
+    """The memory actor's answer to a :class:`MergeDue` (its ``cause``): the pass's
+    ``requests`` chunks (:class:`MergeRequested`, each also caused by the ``MergeDue``) come
+    before it in the log; 0 when the bank has nothing to merge. The trainer completes a run
+    only once every pass it asked for is planned and its chunks answered (older logs have
+    none: their passes were not waited for)."""
+
+    step: int
+    requests: int
 
 
 @event

@@ -4,20 +4,23 @@ A request and its answer: an action (``action_requested`` -> ``action_sampled``)
 (``retrieval_requested`` -> ``tips_retrieved``), a reflection (``reflection_requested`` ->
 ``tip_proposed``), a proposed tip (``tip_proposed`` -> ``tip_stored`` or ``tip_rejected``), an
 extraction or a merge chunk (``extraction_requested`` / ``merge_requested`` ->
-``extractor_called``): the answer's ``cause`` is the request's seq. An update of either model
+``extractor_called``), a merge pass (``merge_due`` -> ``merge_planned``, which counts the pass's
+chunks): the answer's ``cause`` is the request's seq. An update of either model
 (``gradient_requested`` -> ``policy_updated``, ``extractor_gradient_requested`` ->
 ``extractor_updated``) is answered by the update of the same number, in request order.
 
 While the stream runs, an answer must name a request of its kind about the same episode,
 turn, slot or step, answered by nothing before it. By the end of a completed run every request
 is answered, except what an attempt that did not finish asked for: its episode was abandoned
-(played again) or aborted, and nothing is owed to it (docs/RELIABILITY.md, "Resume").
+(played again) or aborted, and nothing is owed to it (docs/RELIABILITY.md, "Resume"); nor is a
+merge pass's plan in a log whose writer did not know ``merge_planned`` (older coevo).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import (
@@ -25,6 +28,8 @@ from agents.events.extractor import (
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
+    MergeDue,
+    MergePlanned,
     MergeRequested,
     subject_of,
 )
@@ -49,6 +54,7 @@ _ASKED: dict[type[Event], Key] = {
     TipProposed: lambda e: (e.episode,),
     ExtractionRequested: subject_of,
     MergeRequested: subject_of,
+    MergeDue: lambda e: (e.step,),
 }
 """Requests answered through ``cause``, and what an answer must be about."""
 
@@ -57,6 +63,7 @@ _ANSWERS: dict[type[Event], tuple[tuple[type[Event], ...], Key]] = {
     TipsRetrieved: ((RetrievalRequested,), lambda e: (e.episode, e.turn, e.slot)),
     TipProposed: ((ReflectionRequested,), lambda e: (e.episode, e.slot)),
     ExtractorCalled: ((ExtractionRequested, MergeRequested), subject_of),
+    MergePlanned: ((MergeDue,), lambda e: (e.step,)),
 }
 """Answers that must name a request (their ``cause``), of which kinds, about what."""
 
@@ -87,9 +94,10 @@ _READ = frozenset(
 class Requests:
     """Every request is answered exactly once: an action by a sample, a retrieval by its tips,
     a reflection by a tip, a tip by the bank, an extraction or a merge chunk by an extractor
-    call (each answer's cause is its request, about the same episode, turn, slot or step), an
-    update request of either model by its update, in order. By the end of a completed run,
-    nothing an attempt that finished asked for is left unanswered."""
+    call, a merge pass by its plan with as many chunks as it caused (each answer's cause is its
+    request, about the same episode, turn, slot or step), an update request of either model by
+    its update, in order. By the end of a completed run, nothing an attempt that finished asked
+    for is left unanswered."""
 
     name = "requests"
 
@@ -103,6 +111,9 @@ class Requests:
         self._made: dict[type[Event], int] = {k: 0 for k in _UPDATES.values()}
         self._finished: set[str] = set()
         self._abandoned: dict[str, int] = {}
+        self._chunks: Counter[int] = Counter()  # merge_due seq -> merge chunks it caused
+        meta = ctx.meta if ctx is not None else None
+        self._plans = meta is None or MergePlanned.__struct_config__.tag in meta.event_versions
 
     def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
         for env in envs:
@@ -111,6 +122,8 @@ class Requests:
                 continue
             if kind in _ANSWERS:
                 self._answer(env, *_ANSWERS[kind])
+                if kind is MergePlanned:
+                    self._planned(env)
             elif kind in _BANK and env.cause in self._proposed:
                 self._answer(env, (TipProposed,), lambda e: (e.episode,))
             if kind in _ASKED:
@@ -118,6 +131,8 @@ class Requests:
                 self._open[env.seq] = (kind, _ASKED[kind](ev), getattr(ev, "episode", ""))
                 if kind is TipProposed:
                     self._proposed.add(env.seq)
+                elif kind is MergeRequested and env.cause is not None:
+                    self._chunks[env.cause] += 1
             elif kind in _UPDATES:
                 update: int = getattr(env.event, "update")  # noqa: B009
                 self._asked_updates[kind].append((update, env.seq))
@@ -152,6 +167,15 @@ class Requests:
         del self._open[cause]
         self._answered[cause] = env.seq
 
+    def _planned(self, env: Envelope[Event]) -> None:
+        """A pass's plan (answering its ``merge_due``, checked) counts the chunks it caused."""
+        due = cast(int, env.cause)
+        told: int = getattr(env.event, "requests")  # noqa: B009
+        if told != (seen := self._chunks.pop(due, 0)):
+            self._fail(
+                env.seq, f"merge_planned counts {told} chunks; its merge_due caused {seen}", due
+            )
+
     def _update(self, env: Envelope[Event], kind: type[Event]) -> None:
         request = next(k for k, v in _UPDATES.items() if v is kind)
         asked = self._asked_updates[request]
@@ -171,11 +195,13 @@ class Requests:
 
     def finish(self, completed: bool) -> None:
         """A completed run answered every request of an attempt that finished, every merge
-        chunk and every update request."""
+        chunk, every merge pass (where its writer planned them) and every update request."""
         if not completed:
             return
         for seq, (kind, _, episode) in self._open.items():
-            if kind is MergeRequested or self._owed(episode, seq):
+            if kind is MergeDue and not self._plans:
+                continue
+            if kind in (MergeRequested, MergeDue) or self._owed(episode, seq):
                 self._fail(seq, f"the {_name(kind)} at seq {seq} is never answered")
         for kind, asked in self._asked_updates.items():
             if asked:

@@ -43,11 +43,19 @@ from agents.events.extractor import (
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
+    MergeDue,
+    MergePlanned,
     MergeRequested,
     Subject,
     subject_of,
 )
-from agents.events.memory import RetrievalRequested, TipRejected, TipsRetrieved, TipStored
+from agents.events.memory import (
+    RetrievalRequested,
+    TipEvicted,
+    TipRejected,
+    TipsRetrieved,
+    TipStored,
+)
 from agents.events.policy import (
     AdaptRoundFinished,
     AdvantagesComputed,
@@ -171,11 +179,16 @@ class _Adapt:
 _EXTRACTOR_EVENTS = (
     ExtractionRequested,
     MergeRequested,
+    MergePlanned,
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
 )
-"""The extractor's requests and answers: the trainer only counts them."""
+"""The extractor's requests and answers, and the memory's plans of merge passes: the trainer
+only counts them."""
+
+_MEMORY_ANSWERS = (TipStored, TipRejected, TipsRetrieved, TipEvicted, MergeRequested, MergePlanned)
+"""What a memory actor emits, each caused by the message it answers."""
 
 
 def _check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
@@ -298,6 +311,11 @@ class GrpoTrainer(Replayed):
         self._extracting: dict[int, Subject] = {}  # request seq -> what it is about
         self._extractor_owed = 0
         self._extractor = True  # until run() knows whether an actor answers extractions
+        # merge passes asked for (their steps) that the memory has not planned yet; a log
+        # written before MergePlanned existed has passes never planned so: none is awaited
+        self._merging: set[int] = set()
+        self._planner = True  # until run() knows whether an actor answers MergeDue
+        self._legacy_merges = False
 
     @property
     def updates(self) -> int:
@@ -374,6 +392,7 @@ class GrpoTrainer(Replayed):
         """
         self._memory = ctx.answered(RetrievalRequested)
         self._extractor = ctx.answered(ExtractionRequested) or ctx.answered(MergeRequested)
+        self._planner = ctx.answered(MergeDue)
         if (shown := self._method.memory_eval) is not None:
             _check_mode(self._method, "memory_eval is", shown, self._memory)
         await super().run(ctx)
@@ -389,6 +408,7 @@ class GrpoTrainer(Replayed):
             and env.event.scoring is None
             for env in history
         )
+        self._legacy_merges = _passes_unplanned(history)
         await super().recover(ctx, history)
 
     async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
@@ -411,13 +431,15 @@ class GrpoTrainer(Replayed):
     def finished(self) -> bool:
         """Every update made, every round played, and the extractor's work on them done: a
         slower extractor's requests were left unanswered by a run that completed (its work
-        lost, and ``replay --verify`` refused the log)."""
+        lost, and ``replay --verify`` refused the log); every merge pass asked for planned
+        (its chunks are then among the requests awaited)."""
         return (
             self._version == self._updates
             and not self._rounds
             and not self._adapts
             and not self._queue
             and not (self._extractor and (self._extracting or self._extractor_owed))
+            and not (self._planner and self._merging)
         )
 
     def _extractor_event(self, ev: Event, env: Envelope[Event] | None) -> None:
@@ -427,6 +449,8 @@ class GrpoTrainer(Replayed):
             self._extracting[env.seq] = subject_of(ev)
         elif isinstance(ev, ExtractorCalled) and env is not None and env.cause is not None:
             self._extracting.pop(env.cause, None)
+        elif isinstance(ev, MergePlanned):
+            self._merging.discard(ev.step)
         elif isinstance(ev, ExtractorGradientRequested):
             self._extractor_owed += 1
         elif isinstance(ev, ExtractorUpdated):
@@ -672,6 +696,8 @@ class GrpoTrainer(Replayed):
         self._stepped += 1
         for ev in self._method.step_events(step):
             await ctx.emit(ev)
+            if isinstance(ev, MergeDue) and not self._legacy_merges:
+                self._merging.add(ev.step)
         if step < self._warmup:
             return  # warm-up: the bank fills, the policy waits
         req = gradient_request(
@@ -684,3 +710,18 @@ class GrpoTrainer(Replayed):
         if self._legacy_requests:
             req = msgspec.structs.replace(req, skip_zero_advantage=False, scoring=None)
         await ctx.emit(self._method.loss(req))
+
+
+def _passes_unplanned(history: Sequence[Envelope[Event]]) -> bool:
+    """Whether ``history`` holds a merge pass that a memory actor went past without planning
+    it (:class:`MergePlanned`): a log written before that event existed. A memory actor
+    answers its messages in order, so an answer to a later message means the pass was
+    handled; one it never reached is owed to it on resume, and planned then."""
+    memory = {env.actor for env in history if isinstance(env.event, _MEMORY_ANSWERS)}
+    planned = {env.cause for env in history if isinstance(env.event, MergePlanned)}
+    due = [env.seq for env in history if isinstance(env.event, MergeDue)]
+    answered = max(
+        (env.cause for env in history if env.actor in memory and env.cause is not None),
+        default=-1,
+    )
+    return any(seq not in planned and seq < answered for seq in due)

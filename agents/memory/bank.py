@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 from agents.events.episodes import finished_attempts, live_attempts
-from agents.events.extractor import ExtractorCalled, MergeDue, MergeRequested
+from agents.events.extractor import ExtractorCalled, MergeDue, MergePlanned, MergeRequested
 from agents.events.memory import (
     RetrievalRequested,
     TipEvicted,
@@ -323,7 +323,8 @@ class TipBank:
 class MemoryActor(Actor):
     """Owns the tip bank: stores every :class:`TipProposed`, applies every
     :class:`ExtractorCalled`, answers every :class:`RetrievalRequested`, and on
-    :class:`MergeDue` hands the bank to the extractor in chunks (:class:`MergeRequested`).
+    :class:`MergeDue` hands the bank to the extractor in chunks (:class:`MergeRequested`), then
+    says how many (:class:`MergePlanned`).
 
     Args:
         make_embedder: builds the text embedder (called in a worker thread at start).
@@ -551,7 +552,8 @@ class MemoryActor(Actor):
             elif isinstance(ev, ExtractorCalled):
                 out = bank.apply(ev, vectors)
             elif isinstance(ev, MergeDue):
-                out = list(self._merges(ctx, bank, ev))
+                chunks = self._merges(ctx, bank, ev)
+                out = [*chunks, MergePlanned(step=ev.step, requests=len(chunks))]
             else:
                 assert isinstance(ev, RetrievalRequested)
                 out = [bank.retrieve(ev, vectors[0])]

@@ -32,6 +32,8 @@ from agents.events.extractor import (
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
+    MergeDue,
+    MergePlanned,
     MergeRequested,
 )
 from agents.events.memory import (
@@ -381,20 +383,27 @@ class StreamBuilder:
         self._call("extract", episode, slot, asked, (op,), episode)
 
     def merge(self, pick: int) -> None:
-        """A merge chunk of two entries of one slot, answered by one merged entry."""
+        """A merge pass (the trainer's ``merge_due``, the memory's ``merge_planned``) of at most
+        one chunk: two entries of one slot, answered by one merged entry."""
+        if self.memory != "extractor":
+            return
         slots = sorted({x.slot for x in self._bank.values()})
         chunks = [s for s in slots if sum(x.slot == s for x in self._bank.values()) >= 2]
-        if self.memory != "extractor" or not chunks:
+        step, self._merges = self._merges, self._merges + 1
+        due = self.add(MergeDue(step=step), actor="trainer")
+        if not chunks:
+            self.add(MergePlanned(step=step, requests=0), cause=due, actor="memory")
             return
         slot = chunks[pick % len(chunks)]
         entries = tuple(sorted(i for i, x in self._bank.items() if x.slot == slot)[:2])
-        step, self._merges = self._merges, self._merges + 1
         asked = self.add(
             MergeRequested(
                 step=step, slot=slot, entries=entries, messages=(("user", "merge"),), seed=step
             ),
+            cause=due,
             actor="memory",
         )
+        self.add(MergePlanned(step=step, requests=1), cause=due, actor="memory")
         op = ("merge", entries, f"merged {entries}")
         self._call("merge", f"merge{step}", slot, asked, (op,), "")
 

@@ -16,7 +16,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.events.extractor import ExtractorCalled, MergeDue, MergeRequested
+from agents.events.extractor import ExtractorCalled, MergeDue, MergePlanned, MergeRequested
 from agents.events.memory import RetrievalRequested, TipProposed, TipsRetrieved
 from agents.memory.bank import MemoryActor, MemorySettings, TipBank, merge_requests
 from agents.models.embedder import HashingEmbedder
@@ -162,7 +162,8 @@ def one_at_a_time(plan: list[Event]) -> list[tuple[Event, str, int]]:
             texts = [c for op, _, c in ev.ops if op not in ("discard", "return")]
             made = bank.apply(ev, [embedder.embed([t])[0] for t in texts])
         elif isinstance(ev, MergeDue):
-            made = list(merge_requests(bank, ev.step, SEED, chunk=CHUNK, most=MOST))
+            chunks = merge_requests(bank, ev.step, SEED, chunk=CHUNK, most=MOST)
+            made = [*chunks, MergePlanned(step=ev.step, requests=len(chunks))]
         else:
             assert isinstance(ev, RetrievalRequested)
             made = [bank.retrieve(ev, embedder.embed([ev.query])[0])]

@@ -238,3 +238,39 @@ def test_a_slow_extractor_finishes_its_work_before_the_run_completes(
     assert len(of(events, ExtractorUpdated)) == asked_updates
     assert main(["replay", str(run), "--verify"]) == 0
     assert main(["check", str(run)]) == 0, capsys.readouterr().out
+
+
+def test_a_merge_pass_planned_late_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A merge pass asked for with the last update, which the memory actor plans after the
+    update has landed: the run used to complete without it (the pass lost, and ``check``
+    refused the log); the trainer now waits for its plan and its chunks' answers."""
+    import trio
+
+    from agents.events.extractor import MergePlanned
+    from agents.memory.bank import MemoryActor
+
+    apply = MemoryActor._apply_vectors
+
+    async def late(self: MemoryActor, ctx: object, bank: object, batch: list, *rest: object):
+        if any(isinstance(env.event, MergeDue) for env in batch):
+            await trio.sleep(3.0)  # the last update lands meanwhile
+        return await apply(self, ctx, bank, batch, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(MemoryActor, "_apply_vectors", late)
+    scenario = (
+        COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0")  # the last update ends it
+        .replace("episodes = 32", "episodes = 24")  # steps 0 (warm-up), 1, 2
+        .replace("merge_every = 2", "merge_every = 3")  # a pass with the last update only
+    )
+    run = run_scenario(tmp_path, scenario)
+    events = read_events(run)
+    [due] = of(events, MergeDue)
+    [planned] = of(events, MergePlanned)
+    assert due.step == planned.step == 2 and planned.requests > 0
+    assert len(of(events, MergeRequested)) == planned.requests
+    # the pass was planned after the last update: the run waited for it
+    assert events.index(planned) > events.index(of(events, PolicyUpdated)[-1])
+    assert main(["check", str(run)]) == 0, capsys.readouterr().out
+    assert main(["replay", str(run), "--verify"]) == 0

@@ -11,12 +11,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agents.events.episodes import EpisodeAborted, EpisodeFinished
-from agents.events.extractor import CreditAssigned
+from agents.events.extractor import CreditAssigned, MergePlanned
 from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
 from agents.events.policy import ActionSampled, AdvantagesComputed, PolicyUpdated
 from agents.invariants import Credit
 from agents.testing.edits import drop, insert, swap
 from agents.testing.streams import AUDIT, runs
+from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, Invariant, check_stream, registered
 from engine.lifecycle import RunResumed, RunStopped
@@ -123,6 +124,29 @@ def test_requests_catches_a_request_never_answered_by_the_runs_end(
     request = envs[at].cause
     assert request is not None
     assert caught(envs, "requests") is None and caught(drop(envs, at), "requests") == request
+
+
+@CONTROL
+@given(envs=runs(memory="extractor", completed=True), data=st.data())
+def test_requests_catches_a_merge_pass_never_planned_or_planned_wrong(
+    envs: Stream, data: st.DataObject
+) -> None:
+    """A pass the memory never planned (the run completed without it: its merge lost), or a
+    plan that miscounts its chunks; a log whose writer predates ``merge_planned`` is not asked
+    for plans."""
+    at = pick(data, envs, lambda ev: isinstance(ev, MergePlanned))
+    plan = envs[at].event
+    assert isinstance(plan, MergePlanned)
+    due = envs[at].cause
+    assert caught(envs, "requests") is None and caught(drop(envs, at), "requests") == due
+    miscounted = swap(envs, at, msgspec.structs.replace(plan, requests=plan.requests + 1))
+    assert caught(miscounted, "requests") == at
+    meta = new_run_meta("r", scenario_name="s", seed=0, coevo_version="0", scenario_toml="")
+    versions = {k: v for k, v in meta.event_versions.items() if k != "merge_planned"}
+    older = CheckContext(meta=msgspec.structs.replace(meta, event_versions=versions))
+    requests = registered()["requests"].factory
+    assert check_stream([drop(envs, at)], [requests(older)]).violation is None
+    assert check_stream([drop(envs, at)], [requests(CheckContext(meta=meta))]).violation
 
 
 @CONTROL
