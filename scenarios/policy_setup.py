@@ -482,13 +482,27 @@ def _known_fields(
 
 def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     """The inference actor's model, tokenizer and settings (blocking)."""
-    from agents.acting.inference import ActSettings, PolicyRunner
-
     assert model is not None, "the model directory is prepared before the run starts"
     p = scenario.policy
     device = resolve_device(p.device)
     net, tokenizer = load_model_dir(model, device)
     net = _prepared(scenario, net, p.lora, "policy")
+    return runner_for(scenario, net, tokenizer, device)
+
+
+def runner_for(
+    scenario: Scenario, net: Any, tokenizer: Any, device: Any, version: int = 0
+) -> PolicyRunner:
+    """The policy ``net`` acting as the run's inference actor does: the scenario's sampling
+    and prompt settings and its ``[policy] backend`` (the one place they are read; ``audit
+    whatif`` and ``probe`` replay and play with the same).
+
+    Raises:
+        ValueError: the scenario's backend is not in this build.
+    """
+    from agents.acting.inference import ActSettings, PolicyRunner
+
+    p = scenario.policy
     settings = ActSettings(
         mode=p.mode,
         temperature=p.temperature,
@@ -499,7 +513,7 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
         memory=scenario.prompt.memory,
     )
     backend = backend_named(p.backend)(net, device)
-    return PolicyRunner(net, tokenizer, settings, backend=backend)
+    return PolicyRunner(net, tokenizer, settings, version, backend=backend)
 
 
 def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:

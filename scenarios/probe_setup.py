@@ -22,7 +22,7 @@ import torch
 # safetensors types `filename` as a bare os.PathLike, unknown to strict mode
 from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
 
-from agents.acting.inference import ActSettings, PolicyRunner
+from agents.acting.inference import PolicyRunner
 from agents.audit.reexecute import Reexecution
 from agents.events.extractor import (
     ExtractionRequested,
@@ -48,7 +48,12 @@ from engine.world import Task
 from scenarios.assemble import world_factory, world_tasks
 from scenarios.loader import load_scenario
 from scenarios.methods import method_of
-from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
+from scenarios.policy_setup import (
+    extractor_model_dir,
+    load_extractor_for,
+    policy_model_dir,
+    runner_for,
+)
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     check_model_dir,
@@ -394,15 +399,10 @@ def _policy(run: RunLog, model: Path, which: str) -> tuple[PolicyRunner, str]:
         raise ProbeInvalid(
             f"{path}: has digest {param_digest(net)}; the log records {run.policy[-1].digest}"
         )
-    p = s.policy
-    settings = ActSettings(
-        mode=p.mode,
-        temperature=p.temperature,
-        max_new_tokens=p.max_new_tokens,
-        device=device,
-        memory=s.prompt.memory,
-    )
-    return PolicyRunner(net, tokenizer, settings), what
+    try:
+        return runner_for(s, net, tokenizer, device), what
+    except ValueError as exc:  # a backend this build lacks
+        raise ProbeInvalid(f"{run.root}: [policy] backend: {exc}") from None
 
 
 class _Cached:

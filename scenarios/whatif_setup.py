@@ -1,15 +1,15 @@
 """What-if replay's assembly from a run directory (``coevo audit RUN whatif EPISODE``): the
 run's scenario, its world, and the policy at each version the replay needs, loaded as the run
 loaded it (device, torch threads, the embedded model from the cache, a LoRA run's adapters on the
-base) and checked against the digest the log records (a version's checkpoint must still be on
-disk)."""
+base, its sampling settings and backend) and checked against the digest the log records (a
+version's checkpoint must still be on disk)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from agents.acting.inference import ActSettings, PolicyRunner
+from agents.acting.inference import PolicyRunner
 from agents.audit.index import Stored as StoredRow
 from agents.audit.index import fetch, refs, tip_rows
 from agents.audit.whatif import Change, Prompting, WhatIf, check, recorded, replay, what_if
@@ -97,6 +97,7 @@ class _Runners:
     def _load(self, version: int) -> PolicyRunner:
         import torch
 
+        from scenarios.policy_setup import runner_for
         from stores.checkpoints import param_digest, resolve_device
 
         s = self._s
@@ -115,15 +116,10 @@ class _Runners:
                 f"{path}: has digest {param_digest(net)}; the log records {digest} for policy "
                 f"version {version}"
             )
-        p = s.policy
-        settings = ActSettings(
-            mode=p.mode,
-            temperature=p.temperature,
-            max_new_tokens=p.max_new_tokens,
-            device=device,
-            memory=s.prompt.memory,
-        )
-        return PolicyRunner(net, tokenizer, settings, version)
+        try:
+            return runner_for(s, net, tokenizer, device, version)
+        except ValueError as exc:  # a backend this build lacks
+            raise ScenarioInvalid(self._source, f"$.policy.backend: {exc}") from None
 
     def _base(self) -> Path:
         from scenarios.policy_setup import policy_model_dir

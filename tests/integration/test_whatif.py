@@ -118,6 +118,27 @@ def test_without_its_entry_the_episode_replays_exactly_then_unshown(
 
 
 @pytest.mark.usefixtures("cached")
+def test_the_replay_acts_through_the_runs_backend(
+    run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy replays through the backend the run's ``[policy] backend`` names (the
+    replay built the default one, whatever the run sampled with)."""
+    from agents.models.backend import BACKENDS, HfBackend
+
+    scored: list[int] = []
+
+    class Named(HfBackend):
+        def score(self, *args: Any, **kwargs: Any) -> Any:
+            scored.append(1)
+            return super().score(*args, **kwargs)
+
+    monkeypatch.setitem(BACKENDS, "hf", Named)
+    credit = of(read_events(run), CreditAssigned)[0]
+    w = _whatif(run, credit.episode, "--without-tip", str(credit.entry), capsys=capsys)
+    assert w["reproduced"] is True and scored
+
+
+@pytest.mark.usefixtures("cached")
 def test_another_entry_or_another_version(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     events = read_events(run)
     credit = of(events, CreditAssigned)[0]
