@@ -9,12 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agents.acting.inference import PolicyRunner
 from agents.audit.index import Stored as StoredRow
 from agents.audit.index import fetch, refs, tip_rows
 from agents.audit.whatif import Change, Prompting, WhatIf, check, recorded, replay, what_if
 from agents.events.policy import PolicyUpdated
 from engine.errors import AuditQueryInvalid, ScenarioInvalid
+from engine.eventlog import machine_description
 from engine.world_registry import load_world
 from scenarios.loader import parse_toml, to_scenario
 from scenarios.schema import Scenario
@@ -72,7 +75,11 @@ def run_whatif(
         changed = replay(rec, world, runners.get, prompting, change, max_turns=turns)
     finally:
         world.close()
-    return what_if(rec, control, changed, change)
+    answer = what_if(rec, control, changed, change)
+    if answer.reproduced:
+        return answer
+    logged = meta.machine if meta else ""
+    return msgspec.structs.replace(answer, logged_machine=logged, machine=machine_description())
 
 
 def _entry_text(index: FactIndex, tip: int) -> str:

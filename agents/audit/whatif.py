@@ -117,8 +117,11 @@ class Prompting:
 class WhatIf(msgspec.Struct, frozen=True, kw_only=True):
     """The answer: the log's trajectory, the unchanged replay's (the control) and the changed
     one's; ``reproduced`` says whether the control gave back every logged action (and log-prob
-    within :data:`LOGP_TOLERANCE`); ``credit`` is what the changed entry was credited for this
-    episode (None: no credit)."""
+    within :data:`LOGP_TOLERANCE`), and ``strayed`` where and how it did not ("" when it did);
+    ``credit`` is what the changed entry was credited for this episode (None: no credit);
+    ``logged_machine`` the machine the log says wrote it ("" when it does not say) and
+    ``machine`` the one replaying (:func:`engine.eventlog.machine_description`; both set by the
+    caller that read the log's metadata, for a control that strays)."""
 
     episode: str
     change: str
@@ -129,6 +132,9 @@ class WhatIf(msgspec.Struct, frozen=True, kw_only=True):
     first_difference: int | None
     credit: float | None
     credit_rule: str = ""
+    strayed: str = ""
+    logged_machine: str = ""
+    machine: str = ""
 
 
 def recorded(episode: str, envs: Sequence[Envelope[Event]]) -> Recorded:
@@ -292,6 +298,7 @@ def what_if(rec: Recorded, control: Played, changed: Played, change: Change) -> 
     )
     entry = change.without if change.without is not None else None
     credits = [c for c in rec.credits if entry is not None and c.entry == entry]
+    strayed = "" if same else _strayed(logged, control)
     return WhatIf(
         episode=rec.episode,
         change=change.describe(),
@@ -302,7 +309,21 @@ def what_if(rec: Recorded, control: Played, changed: Played, change: Change) -> 
         first_difference=first,
         credit=math.fsum(c.credit for c in credits) if credits else None,
         credit_rule=credits[0].rule if credits else "",
+        strayed=strayed,
     )
+
+
+def _strayed(logged: Played, control: Played) -> str:
+    """Where and how the control left the log: its first turn that differs, or its length."""
+    for k, (a, b) in enumerate(zip(logged.turns, control.turns, strict=False)):
+        if a.action != b.action:
+            return f"at turn {k}, {b.action!r} where the log has {a.action!r}"
+        if not math.isclose(a.logp, b.logp, abs_tol=LOGP_TOLERANCE):
+            return (
+                f"at turn {k}, the same action with log-prob {b.logp:.6f} where the log has "
+                f"{a.logp:.6f}"
+            )
+    return f"the replay played {len(control.turns)} turns, the log {len(logged.turns)}"
 
 
 def _tips(logged: tuple[str, ...], shown: dict[int, str], change: Change | None) -> tuple[str, ...]:

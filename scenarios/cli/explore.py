@@ -361,6 +361,23 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0 if answer.reproduced else 1
 
 
+def _stray_cause(w: Any) -> str:
+    """What may make a control stray, most likely first: another machine kind (its kernels
+    round a model's sums another way), a world with randomness of its own, or, on the machine
+    kind that wrote the log with a deterministic world, a defect of the replay."""
+    kernels = "a model re-executes bit for bit only on the CPU kind that wrote it"
+    if not w.logged_machine:
+        return f"the log does not record the machine that wrote it (this is {w.machine}); {kernels}"
+    if w.logged_machine != w.machine:
+        return f"the log was written on {w.logged_machine}; this is {w.machine}: {kernels}"
+    return (
+        f"the log was written on this machine kind ({w.machine}), so the world may have "
+        "randomness of its own (its reset and steps not fixed by the seed); with a "
+        "deterministic world (the built-in one) this is a defect of the replay: please report "
+        "it with the run"
+    )
+
+
 def _whatif_lines(w: Any) -> list[str]:
     def outcome(p: Any) -> str:
         return f"{'success' if p.success else 'failure'}, score {p.score:.3f}, {p.steps} steps"
@@ -379,10 +396,11 @@ def _whatif_lines(w: Any) -> list[str]:
         )
     else:
         lines.append(
-            "control: replayed unchanged, it does NOT give back the logged trajectory "
-            f"(logged: {outcome(w.logged)}; replayed: {outcome(w.control)}): the world or the "
-            "device is not deterministic here, so the changed replay is one sample, not the answer"
+            "control: replayed unchanged, it does NOT give back the logged trajectory: "
+            f"{w.strayed} (logged: {outcome(w.logged)}; replayed: {outcome(w.control)}), so the "
+            "changed replay is one sample, not the answer"
         )
+        lines.append(f"  why: {_stray_cause(w)}")
     width = max([len(cell(w.control, k)) for k in range(len(w.control.turns))] + [len("as logged")])
     lines.append(f"{'turn':>4}  {'as logged':<{width}}  |  {w.change}")
     for k in range(max(len(w.control.turns), len(w.changed.turns))):

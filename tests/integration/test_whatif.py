@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import msgspec
 import pytest
 from test_grpo_run import TINY, of, read_events
 
@@ -262,6 +263,22 @@ def test_a_control_that_strays_from_the_log_is_reported() -> None:
     assert same.reproduced and same.first_difference == 1
     strays = what_if(rec, _played("look", "take key"), _played("look", "take key"), change)
     assert not strays.reproduced and strays.first_difference is None
+    assert strays.strayed == "at turn 1, 'take key' where the log has 'open box'"
+    short = what_if(rec, _played("look"), _played("look"), change)
+    assert short.strayed == "the replay played 1 turns, the log 2"
+    assert same.strayed == ""
+    # why it strayed: another machine kind first; on the same kind, the world or a defect
+    from scenarios.cli.explore import _whatif_lines  # pyright: ignore[reportPrivateUsage]
+
+    def why(logged: str, here: str) -> str:
+        w = msgspec.structs.replace(strays, logged_machine=logged, machine=here)
+        lines = _whatif_lines(w)
+        assert "does NOT give back the logged trajectory: at turn 1, 'take key'" in lines[1]
+        return lines[2]
+
+    assert "the log was written on A; this is B: a model re-executes" in why("A", "B")
+    assert "the log does not record the machine that wrote it (this is B)" in why("", "B")
+    assert "a defect of the replay: please report it" in why("B", "B")
     with pytest.raises(ValueError, match="a what-if changes one thing"):
         Change(without=3, version=2)
 
