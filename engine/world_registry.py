@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Mapping
 from typing import cast
 
-from engine.entrypoints import Named, clash_message, named
+from engine.entrypoints import clash_message, named
 from engine.world import ExtraMissing, TextWorld
 
 WORLDS_GROUP = "coevo.worlds"
@@ -23,25 +23,11 @@ package registers. ``scienceworld`` and ``textworld`` need the extras of the sam
 built."""
 
 
-_installed: Named | None = None
-""":func:`builtin_worlds` as last read. Reading the installed packages' entry points takes
-5-50 ms (every distribution's metadata; longer while other threads run), and a run builds a
-world per worker: reading them once took a 32-worker, 32-episode quickstart rollout from 5.51
-to 5.10 s (medians of 5 interleaved runs, 2026-12-02)."""
-
-
 def builtin_worlds(refresh: bool = False) -> Mapping[str, str]:
     """Short names of the installed worlds, each with its ``package.module:Class``; read once
     per process, again with ``refresh`` (:func:`load_world` refreshes on a name it lacks, so
     a plug-in installed while the process runs is found)."""
-    return dict(_named(refresh).paths)
-
-
-def _named(refresh: bool = False) -> Named:
-    global _installed
-    if _installed is None or refresh:
-        _installed = named(WORLDS_GROUP)
-    return _installed
+    return dict(named(WORLDS_GROUP, refresh).paths)
 
 
 class WorldOptionsInvalid(ValueError):
@@ -60,9 +46,9 @@ def _resolve(name_or_path: str) -> tuple[str, str]:
         ValueError: neither a built-in name nor a well-formed ``package.module:Class``, or
             a name that installed packages register for different classes.
     """
-    installed = _named()
+    installed = named(WORLDS_GROUP)
     if name_or_path not in installed.paths and ":" not in name_or_path:
-        installed = _named(refresh=True)
+        installed = named(WORLDS_GROUP, refresh=True)
     if name_or_path in installed.clashes:
         raise ValueError(clash_message("world", name_or_path, installed.clashes[name_or_path]))
     known_worlds = installed.paths

@@ -29,7 +29,8 @@ _HOOKS = ("rollout", "shape", "score", "step_events", "loss", "actors")
 
 
 def installed_methods() -> Mapping[str, str]:
-    """Short names of the methods plug-in packages register, each with its import path."""
+    """Short names of the methods plug-in packages register, each with its import path (read
+    once per process: :func:`engine.entrypoints.named`)."""
     return named(METHODS_GROUP).paths
 
 
@@ -46,6 +47,8 @@ def method_class(name_or_path: str) -> type[Any]:
             packages register twice (or for a built-in too): which one is meant is unknown.
     """
     installed = named(METHODS_GROUP)
+    if name_or_path not in (*installed.paths, *BUILTIN) and ":" not in name_or_path:
+        installed = named(METHODS_GROUP, refresh=True)  # installed since the last read?
     if name_or_path in installed.clashes:
         raise ValueError(clash_message("method", name_or_path, installed.clashes[name_or_path]))
     if name_or_path in BUILTIN:

@@ -7,8 +7,9 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
+from agents.methods.builtin import Grpo
 from agents.methods.registry import METHODS_GROUP, method_class
-from engine import entrypoints, world_registry
+from engine import entrypoints
 from engine.world_registry import WORLDS_GROUP, load_world
 from scenarios.worlds.minilab import MiniLab
 
@@ -23,7 +24,7 @@ def installed(monkeypatch: pytest.MonkeyPatch, *eps: tuple[str, str, str]) -> No
         return [EntryPoint(name, value, g) for g, name, value in eps if g == group]
 
     monkeypatch.setattr(entrypoints, "entry_points", entry_points)
-    monkeypatch.setattr(world_registry, "_installed", None)
+    monkeypatch.setattr(entrypoints, "_read", {})
 
 
 def test_a_world_name_two_packages_register_for_different_classes_is_refused(
@@ -71,3 +72,29 @@ def test_a_method_name_two_packages_register_is_refused(
         method_class("mine")
     installed(monkeypatch, (METHODS_GROUP, "mine", GRPO))
     assert method_class("mine").__name__ == "Grpo"
+
+
+def test_installed_methods_are_read_once_and_again_for_a_name_not_yet_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As worlds: the entry points are read once per process (5-50 ms each time), and again
+    only for a short name they did not have (a plug-in installed while the process runs)."""
+    reads: list[str] = []
+    eps = [EntryPoint("mine", GRPO, METHODS_GROUP)]
+
+    def entry_points(group: str) -> list[EntryPoint]:
+        reads.append(group)
+        return [ep for ep in eps if ep.group == group]
+
+    monkeypatch.setattr(entrypoints, "entry_points", entry_points)
+    monkeypatch.setattr(entrypoints, "_read", {})
+    for name in ("grpo", "mine", "empo2", "mine"):
+        method_class(name)
+    assert reads == [METHODS_GROUP]
+    eps.append(EntryPoint("theirs", GRPO, METHODS_GROUP))
+    assert method_class("theirs") is Grpo and len(reads) == 2
+    with pytest.raises(ValueError, match="unknown method 'nobody'"):
+        method_class("nobody")
+    assert len(reads) == 3
+    method_class(GRPO)  # an import path needs no read
+    assert len(reads) == 3

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.acting.scripted import Explorer, RandomAgent, run_episode
-from engine import entrypoints, world_registry
+from engine import entrypoints
 from engine.world import Observation, Task, TextWorld
 from engine.world_registry import WORLDS_GROUP, builtin_worlds, load_world
 from scenarios.worlds.minilab import DEFAULT_MAX_STEPS, MiniLab
@@ -306,7 +306,7 @@ def test_installed_worlds_are_read_once_and_again_for_a_name_not_yet_known(
         return list(installed)
 
     monkeypatch.setattr(entrypoints, "entry_points", entry_points)
-    monkeypatch.setattr(world_registry, "_installed", None)
+    monkeypatch.setattr(entrypoints, "_read", {})
     for _ in range(3):
         assert isinstance(load_world("minilab", {}), MiniLab)
     assert reads == [WORLDS_GROUP]
