@@ -163,7 +163,7 @@ def assemble(
     if method is not None:
         heldout = world_tasks(scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
-        episodes = trainer.updates * scenario.grpo.group_size * scenario.grpo.groups_per_update
+        episodes = trainer.episodes
         specs.insert(0, ActorSpec(name=TRAINER, factory=lambda: trainer, driver=True))
     else:
         episodes = scenario.run.episodes

@@ -66,6 +66,19 @@ def warn_unread(source: str, scenario: Scenario, unread: list[str]) -> None:
         )
 
 
+def warn_rounded(source: str, scenario: Scenario, played: int) -> None:
+    """Log one warning when the run plays fewer episodes than ``run.episodes`` asks (a
+    learning run plays whole steps of ``group_size * groups_per_update``)."""
+    asked = scenario.run.episodes
+    if played != asked:
+        g = scenario.grpo
+        structlog.get_logger("coevo").warning(
+            f"{source}: run.episodes = {asked} is not a whole number of steps of "
+            f"{g.group_size * g.groups_per_update} episodes (grpo.group_size * "
+            f"grpo.groups_per_update): the run plays {played}"
+        )
+
+
 def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     """The tables a scenario file sets that its built-in method and agent never read (the
     settings of another method, or a policy's for a scripted agent): accepted, since one file

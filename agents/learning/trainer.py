@@ -322,6 +322,12 @@ class GrpoTrainer(Replayed):
         """The number of updates this run makes."""
         return self._updates
 
+    @property
+    def episodes(self) -> int:
+        """The training episodes this run plays: whole steps (warm-up steps included) of
+        ``group_size * groups_per_update``, so ``run.episodes`` rounded down."""
+        return self._steps * self._per_update()
+
     async def begin(self, ctx: Context) -> None:
         self._free = list(self._workers)
         if self._eval_tasks:

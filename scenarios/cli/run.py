@@ -26,14 +26,15 @@ __all__ = ["cmd_resume", "cmd_run", "cmd_validate"]
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from scenarios.assemble import assemble
-    from scenarios.loader import read_scenario, resolved_toml, warn_unread
+    from scenarios.loader import read_scenario, resolved_toml, warn_rounded, warn_unread
 
     scenario, unread = read_scenario(args.file, args.set)
     assembly = assemble(scenario, args.file, prepare_model=False)
     warn_unread(args.file, scenario, unread)
+    warn_rounded(args.file, scenario, assembly.episodes)
     sys.stdout.write(resolved_toml(scenario))
     print(
-        f"# valid: {len(assembly.tasks)} tasks, {scenario.run.episodes} episodes, "
+        f"# valid: {len(assembly.tasks)} tasks, {assembly.episodes} episodes, "
         f"{len(assembly.specs)} actors",
         file=sys.stderr,
     )
@@ -62,10 +63,11 @@ def _execute(
     scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool, unread: list[str]
 ) -> int:
     from scenarios.assemble import assemble, cluster
-    from scenarios.loader import warn_unread
+    from scenarios.loader import warn_rounded, warn_unread
 
     assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
     warn_unread(source, scenario, unread)
+    warn_rounded(source, scenario, assembly.episodes)
     with cluster(scenario, source):  # a placement the cluster cannot hold: refused, no run dir
         return _create(scenario, assembly, rd, run_id, quiet=quiet)
 

@@ -274,3 +274,30 @@ def test_a_merge_pass_planned_late_is_waited_for(
     assert events.index(planned) > events.index(of(events, PolicyUpdated)[-1])
     assert main(["check", str(run)]) == 0, capsys.readouterr().out
     assert main(["replay", str(run), "--verify"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "asked", "played"),
+    [
+        (TINY, 28, 24),  # GRPO: whole steps of 8, rounded down
+        (COMPLEMENTARY, 32, 32),  # warm-up step included: 4 steps of 8, 3 updates
+        (COMPLEMENTARY, 39, 32),
+    ],
+    ids=["grpo rounded", "complementary whole", "complementary rounded"],
+)
+def test_validate_counts_the_episodes_a_run_plays_and_warns_when_rounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, asked: int, played: int
+) -> None:
+    """``run.episodes`` not a whole number of steps was rounded down without a word, and
+    the count ``validate`` printed (and the progress bar's total: the same number) left out
+    the warm-up steps."""
+    path = tmp_path / "s.toml"
+    episodes = "episodes = 32" if text is COMPLEMENTARY else "episodes = 24"
+    path.write_text(text.replace(episodes, f"episodes = {asked}"))
+    capsys.readouterr()
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err.replace("\n", "")
+    assert f", {played} episodes, " in err
+    warned = f"run.episodes = {asked} is not a whole number of steps of 8 episodes"
+    assert (warned in err) == (asked != played)
+    assert (f"the run plays {played}" in err) == (asked != played)
