@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import signal
 import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
@@ -217,11 +218,51 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
     options: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
     if address == "local":
         options["num_cpus"] = num_cpus
-    ray.init(address=address, **options)
+    with _own_signals():
+        try:
+            ray.init(address=address, **options)
+        except BaseException:  # a Ctrl-C or SIGTERM as it started: what it started goes
+            with contextlib.suppress(Exception):  # (left half up, the process crashed at exit)
+                ray.shutdown()
+            raise
     try:
         yield
     finally:
         ray.shutdown()
+
+
+_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _own_signals() -> Generator[None]:
+    """The process's signal handlers kept across ``ray.init``, which installs its own for
+    SIGTERM (``sys.exit(15)``: a SIGTERM while Ray started ended the process with exit 15 and
+    no word, and one after it in the run's closing report too) and may change others (an
+    ignored SIGINT, a background job's, was then honoured). A SIGTERM that lands inside the
+    call is handed to the process's own handler (the caller has closed what Ray started)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers (Ray's too)
+        return
+    kept = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        _restore(kept)
+        signal.raise_signal(signal.SIGTERM)  # the process's own handler decides
+        raise  # a handler that returns (none of coevo's does)
+    finally:
+        _restore(kept)
+
+
+def _restore(kept: dict[signal.Signals, Any]) -> None:
+    for sig, handler in kept.items():
+        if handler is not None:  # None: set outside Python, left as it is
+            signal.signal(sig, handler)
 
 
 def unplaceable(placement: Placement, size: int) -> str:

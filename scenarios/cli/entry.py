@@ -51,7 +51,27 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
                 break
             except KeyboardInterrupt as exc:
                 code = _exit_code(exc)
+    if code in (129, 130, 143) and "ray" in sys.modules:
+        _leave_now(code)
     sys.exit(code)
+
+
+def _leave_now(code: int) -> NoReturn:
+    """Exit a command stopped by a signal without the interpreter's teardown, once the log
+    lines and the output are flushed: a Ctrl-C that lands while Ray starts leaves its core
+    worker half up, and the teardown then crashed the process (exit 139, a segmentation
+    fault, after ``coevo: interrupted``). Everything of the run is closed by then (the stop
+    unwound through every ``finally``)."""
+    import logging
+    import os
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:  # noqa: SIM105 - this module imports only sys and signal
+            stream.flush()
+        except (OSError, ValueError):  # closed, or its reader gone
+            pass
+    os._exit(code)
 
 
 def _exit_code(exc: KeyboardInterrupt) -> int:
