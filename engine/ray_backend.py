@@ -35,6 +35,8 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import math
+import os
 import signal
 import threading
 from collections.abc import Callable, Generator, Sequence
@@ -50,6 +52,7 @@ from engine.remote import (
     RemoteActorFailed,
     RemoteActorLost,
     RemoteActorRestartable,
+    RemoteActorStalled,
     RemoteHost,
     Report,
 )
@@ -82,14 +85,15 @@ class _Hosting:
         self._hosts: dict[str, RemoteHost] = {}
         self._lock = threading.Lock()
 
-    def add(self, name: str, *args: Any) -> int:
-        """Start actor ``name`` here (``RemoteHost``'s other arguments); this process's id."""
+    def add(self, name: str, *args: Any) -> tuple[int, str]:
+        """Start actor ``name`` here (``RemoteHost``'s other arguments); this process's id and
+        its Ray node's."""
         host = RemoteHost(name, *args)
         with self._lock:
             old, self._hosts[name] = self._hosts.get(name), host
         if old is not None:  # a predecessor never stopped (its proxy was cancelled first)
             old.stop()
-        return host.pid()
+        return host.pid(), _ray().get_runtime_context().get_node_id()
 
     def deliver(self, name: str, n: int, data: bytes) -> None:
         self._hosts[name].deliver(n, data)
@@ -124,6 +128,10 @@ class Placement:
             counts as lost (a cluster without the resources asked for).
         per_process: actors of the kind one Ray worker process hosts (it reserves their
             resources together); a lost process takes them all.
+        stall_timeout: seconds a remote actor's process may leave the proxy's poll (answered
+            within 5 s when it is well) unanswered before it counts as lost, is ended and its
+            actor restarts: a process stopped (SIGSTOP), hung, or whose actor's event loop
+            something blocks (0: wait for good; Ray alone notices only a process that exits).
     """
 
     num_cpus: float = 1.0
@@ -132,6 +140,7 @@ class Placement:
     in_flight: int = 2
     start_timeout: float = 120.0
     per_process: int = 1
+    stall_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.num_gpus < 0:
@@ -142,6 +151,8 @@ class Placement:
             raise ValueError(f"per_process must be >= 1, got {self.per_process}")
         if self.start_timeout <= 0:
             raise ValueError(f"start_timeout must be > 0, got {self.start_timeout}")
+        if self.stall_timeout < 0:
+            raise ValueError(f"stall_timeout must be >= 0, got {self.stall_timeout}")
 
 
 class _Process:
@@ -162,6 +173,8 @@ class _Process:
         self._generation = 0
         self._lost = False
         self._members: dict[int, int] = {}  # generation -> members using it
+        self._where: dict[int, tuple[int, str]] = {}  # generation -> its pid and Ray node
+        self._stalled: set[int] = set()  # generations found stalled (stopped or hung)
 
     def acquire(self) -> tuple[Any, int]:
         """The process for a member starting now, and its generation (a fresh process if there
@@ -184,8 +197,15 @@ class _Process:
         self._members[self._generation] = self._members.get(self._generation, 0) + 1
         return self._handle, self._generation
 
-    def lost(self, generation: int) -> None:
-        """A member found process ``generation`` gone (or never started)."""
+    def placed(self, generation: int, pid: int, node: str) -> None:
+        """Process ``generation`` runs as ``pid`` on Ray node ``node``."""
+        self._where[generation] = (pid, node)
+
+    def lost(self, generation: int, stalled: bool = False) -> None:
+        """A member found process ``generation`` gone (or never started), or ``stalled``: alive
+        and answering nothing."""
+        if stalled:
+            self._stalled.add(generation)
         if generation == self._generation:
             self._lost = True
 
@@ -196,7 +216,12 @@ class _Process:
             self._members[generation] = left
             return
         del self._members[generation]
-        _ray().kill(handle, no_restart=True)
+        ray = _ray()
+        ray.kill(handle, no_restart=True)
+        where = self._where.pop(generation, None)
+        if generation in self._stalled and where is not None:
+            self._stalled.discard(generation)
+            _end_stalled(*where, ray.get_runtime_context().get_node_id())
         if generation == self._generation:
             self._handle = None
 
@@ -300,6 +325,17 @@ async def _result(ref: Any) -> Any:
     return future.result()
 
 
+def _end_stalled(pid: int, node: str, here: str) -> None:
+    """End a stalled process of this machine's Ray node (SIGKILL): Ray's kill asks the process
+    to exit, which a stopped or hung one never does, and it kept its reservation (a restart
+    then waited ``start_timeout`` for room, and again, until the run failed). A process on
+    another node is left to Ray."""
+    if node != here:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _first_leaf(group: BaseExceptionGroup[Exception]) -> Exception:
     first: BaseException = group
     while isinstance(first, BaseExceptionGroup):
@@ -356,7 +392,7 @@ class RemoteActor(Actor):
         host = _Member(process, ctx.name)
         again = self._inflight.redeliver(after=self._through)
         try:
-            await self._attend(ctx, host, again)
+            await self._attend(ctx, host, again, generation)
         except BaseExceptionGroup as group:
             errors, rest = group.split(Exception)
             if rest is not None or errors is None:
@@ -372,10 +408,12 @@ class RemoteActor(Actor):
     def _translated(self, name: str, exc: Exception, generation: int) -> Exception:
         out = _translated(name, exc)
         if isinstance(out, RemoteActorLost):
-            self._process.lost(generation)
+            self._process.lost(generation, stalled=isinstance(out, RemoteActorStalled))
         return out
 
-    async def _attend(self, ctx: Context, host: _Member, again: list[Envelope[Event]]) -> None:
+    async def _attend(
+        self, ctx: Context, host: _Member, again: list[Envelope[Event]], generation: int
+    ) -> None:
         with trio.move_on_after(self._placement.start_timeout) as placing:
             history = self._codec.encode_batch(list(self._history)) if self._history else b""
             self._history = ()
@@ -383,7 +421,9 @@ class RemoteActor(Actor):
                 self._factory, ctx.run_seed, ctx.attempt, self._mailbox, 8192, history,
                 self.restart_for,
             )  # fmt: skip
-            self._inflight.pid = await _result(host.add(*args))
+            pid, node = await _result(host.add(*args))
+            self._inflight.pid = pid
+            self._process.placed(generation, pid, node)
         if placing.cancelled_caught:
             raise RemoteActorLost(
                 f"{ctx.name}: not started within {self._placement.start_timeout:g} s "
@@ -419,8 +459,17 @@ class RemoteActor(Actor):
 
     async def _collect(self, ctx: Context, host: _Member) -> None:
         """Emit what the remote actor emitted; return when it ended, raise if it failed."""
+        stall = self._placement.stall_timeout
         while True:
-            raw = await _result(host.poll(_POLL_S))
+            raw = b""
+            with trio.move_on_after(_POLL_S + stall if stall else math.inf) as waiting:
+                raw = await _result(host.poll(_POLL_S))
+            if waiting.cancelled_caught:
+                raise RemoteActorStalled(
+                    f"{ctx.name}: its Ray process (pid {self._inflight.pid}) answered no poll "
+                    f"for {stall:g} s (stopped, hung, or its event loop blocked): ended, and "
+                    "the actor restarted (stall_timeout of its placement)"
+                )
             report = msgspec.msgpack.decode(raw, type=Report)
             emitted = self._codec.decode_batch(report.events, 0)
             self._inflight.reported(report.taken, emitted)

@@ -50,6 +50,12 @@ class RemoteActorLost(CoevoError):
     emitted in answer reached the driver."""
 
 
+class RemoteActorStalled(RemoteActorLost):
+    """The process running a remote actor is alive and answers nothing (stopped, hung, or the
+    actor's event loop blocked) past its placement's ``stall_timeout``: ended by the proxy and
+    restarted as a lost one is."""
+
+
 class RemoteActorFailed(CoevoError):
     """A remote actor's code raised; the message carries its error and traceback. Handled by
     supervision as a local actor's exception is: the envelope it failed on is not delivered

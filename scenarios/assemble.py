@@ -395,6 +395,7 @@ def _placement(p: RayPlacementConfig) -> ray_backend.Placement:
         in_flight=p.in_flight,
         start_timeout=p.start_timeout,
         per_process=p.per_process,
+        stall_timeout=p.stall_timeout,
     )
 
 

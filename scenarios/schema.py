@@ -193,6 +193,9 @@ class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
         per_process: actors one Ray worker process hosts (each with its own thread and event
             loop; the process reserves their resources together). A lost process takes them
             all, and each restarts (docs/DEPLOY.md).
+        stall_timeout: seconds a remote actor's process may leave the driver's poll
+            unanswered (stopped, hung, or its event loop blocked) before it counts as lost and
+            its actors restart (0: wait for good).
     """
 
     num_cpus: Annotated[float, Meta(ge=0, le=1024)] = 1.0
@@ -203,6 +206,7 @@ class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     in_flight: Annotated[int, Meta(ge=1, le=1024)] = 2
     start_timeout: Annotated[float, Meta(gt=0, le=86_400)] = 120.0
     per_process: Annotated[int, Meta(ge=1, le=1024)] = 1
+    stall_timeout: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
 
 
 class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

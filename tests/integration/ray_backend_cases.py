@@ -27,6 +27,7 @@ on the session's local Ray instance (``ray_address`` in tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -273,6 +274,66 @@ def test_a_remote_worker_killed_mid_episode_restarts_and_runs_it_again(
         assert checked.ok, checked.error
     finally:
         log.close()
+
+
+def test_a_remote_worker_stopped_mid_episode_is_ended_and_restarts(
+    tmp_path: Path, ray_address: str
+) -> None:
+    """A worker's process stopped (SIGSTOP) mid-episode: Ray saw nothing wrong and the run
+    waited for good; past ``stall_timeout`` its proxy counts it lost, ends it (it held its
+    reservation: a restart waited for room until the run failed) and restarts the worker."""
+    paced = scenario_file(
+        tmp_path, "ray", world=PACED, options="{ delay_ms = 15 }", episodes=9, workers=3
+    )
+    text = paced.read_text(encoding="utf-8")
+    paced.write_text(text.replace("per_process = 1", "per_process = 1\nstall_timeout = 3"))
+    assembly = prepare(paced)
+    inflight = {spec.name: getattr(spec.factory, "inflight", None) for spec in assembly.specs}
+    running: dict[str, str] = {}
+    stopped: list[tuple[str, int]] = []
+
+    def stop_mid_episode(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            ev = env.event
+            if isinstance(ev, EpisodeStarted):
+                running[ev.episode] = ev.worker
+            elif (
+                isinstance(ev, StepTaken)
+                and ev.turn == 2
+                and not stopped
+                and running[ev.episode] == "worker-1"
+            ):
+                pid = inflight["worker-1"].pid  # pyright: ignore[reportOptionalMemberAccess]
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append((ev.episode, pid))
+
+    try:
+        outcome, envs = run(paced, MemoryEventLog(), [stop_mid_episode], assembly)
+        assert outcome.reason == "completed"
+        assert stopped, "the run ended before the stop"
+        state = _state(stopped[0][1])
+        assert not state.startswith("T"), f"the stopped process was left ({state})"
+    finally:
+        for _, pid in stopped:  # whatever happened, nothing is left stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    failed = [e.event for e in envs if isinstance(e.event, ActorFailed)]
+    assert [(f.actor, f.error_type) for f in failed] == [("worker-1", "RemoteActorStalled")]
+    abandoned = [e.event for e in envs if isinstance(e.event, EpisodeAbandoned)]
+    assert [(a.episode, a.worker) for a in abandoned] == [(stopped[0][0], "worker-1")]
+    finished = Counter(e.event.episode for e in envs if isinstance(e.event, EpisodeFinished))
+    assert sorted(finished) == [f"ep{i:06d}" for i in range(9)] and set(finished.values()) == {1}
+
+
+def _state(pid: int) -> str:
+    """A process's state as /proc reads it ("T (stopped)"); "" when it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    return next(
+        (ln.split(":", 1)[1].strip() for ln in status.splitlines() if ln.startswith("State:")), ""
+    )
 
 
 def test_a_lost_process_of_two_workers_restarts_both_and_their_episodes_run_again(

@@ -41,9 +41,9 @@ def run_cases(marks: str) -> str:
     return out
 
 
-@pytest.mark.timeout(1500)  # five cases, runs of the built-in world: a few minutes on 2 cores
+@pytest.mark.timeout(1500)  # six cases, runs of the built-in world: a few minutes on 2 cores
 def test_the_ray_backend_cases_pass_in_their_own_process() -> None:
-    assert "5 passed" in run_cases("not slow and not faults")
+    assert "6 passed" in run_cases("not slow and not faults")
 
 
 @pytest.mark.slow
