@@ -14,10 +14,13 @@ title banner, the prompt and the status line (room, score and moves) TextWorld a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -302,6 +305,7 @@ class TextWorldGames:
             if path.is_file():  # another worker of this process made it meanwhile
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
+            sweep_stale(path.parent)
             with tempfile.TemporaryDirectory(dir=path.parent, prefix=".gen-") as tmp:
                 options = self._tw.GameOptions()
                 options.seeds = game_seed(task.family, task.variant, self.seed)
@@ -314,6 +318,20 @@ class TextWorldGames:
                 os.replace(built.with_suffix(".json"), path.with_suffix(".json"))
                 os.replace(built, path)  # last: a .z8 in the cache means a whole game
             self.generated += 1
+
+
+STALE_S = 3600.0
+"""Age past which a game's temporary directory is another process's leftover: a generation
+takes seconds, and a process killed during one (SIGKILL) leaves its ``.gen-*`` for good."""
+
+
+def sweep_stale(folder: Path, now: float | None = None) -> None:
+    """Remove the ``.gen-*`` directories in ``folder`` older than :data:`STALE_S`."""
+    cutoff = (time.time() if now is None else now) - STALE_S
+    for tmp in folder.glob(".gen-*"):
+        with contextlib.suppress(OSError):  # another process removed it meanwhile
+            if tmp.is_dir() and tmp.stat().st_mtime < cutoff:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _commands(state: Any) -> tuple[str, ...]:

@@ -153,3 +153,23 @@ def test_a_rollout_scenario_runs_end_to_end(world: TextWorldGames, cache: Path) 
     assert {f["family"] for f in finished} <= set(FAMILIES)
     assert all(f["steps"] >= 1 for f in finished)
     assert (run / "scenario.toml").is_file()
+
+
+def test_game_folders_left_by_a_killed_generation_are_swept(tmp_path: Path) -> None:
+    """A process killed while it generated a game left its ``.gen-*`` folder in the cache for
+    good; one older than an hour is removed when the folder's next game is generated (a
+    younger one may be another process's, at work)."""
+    import os
+
+    from scenarios.worlds.textworld import STALE_S, sweep_stale
+
+    old, young = tmp_path / ".gen-old", tmp_path / ".gen-young"
+    for d in (old, young):
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "game.z8").write_bytes(b"x")
+    (tmp_path / "kept.z8").write_bytes(b"game")
+    now = 1_000_000.0
+    os.utime(old, (now - STALE_S - 1, now - STALE_S - 1))
+    os.utime(young, (now - 60, now - 60))
+    sweep_stale(tmp_path, now)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".gen-young", "kept.z8"]
