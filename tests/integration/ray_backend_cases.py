@@ -212,6 +212,31 @@ def test_the_same_scenario_and_seed_play_the_same_episodes_locally_and_on_ray(
     assert (pids["worker-0"] == pids["worker-1"]) == (per_process == 2), pids
 
 
+def signal_mid_episode(
+    inflight: dict[str, Any], sig: int, sent: list[tuple[str, int]]
+) -> Callable[[list[Envelope[Event]]], None]:
+    """An observer that sends ``sig`` to worker-1's process at turn 2 of its first episode,
+    once, noting ``(episode, pid)`` in ``sent``."""
+    running: dict[str, str] = {}  # episode -> worker
+
+    def observe(batch: list[Envelope[Event]]) -> None:
+        for env in batch:
+            ev = env.event
+            if isinstance(ev, EpisodeStarted):
+                running[ev.episode] = ev.worker
+            elif (
+                isinstance(ev, StepTaken)
+                and ev.turn == 2
+                and not sent
+                and running[ev.episode] == "worker-1"
+            ):
+                pid = inflight["worker-1"].pid
+                os.kill(pid, sig)
+                sent.append((ev.episode, pid))
+
+    return observe
+
+
 def test_a_remote_worker_killed_mid_episode_restarts_and_runs_it_again(
     tmp_path: Path, ray_address: str
 ) -> None:
@@ -223,24 +248,8 @@ def test_a_remote_worker_killed_mid_episode_restarts_and_runs_it_again(
     )
     assembly = prepare(paced)
     inflight = {spec.name: getattr(spec.factory, "inflight", None) for spec in assembly.specs}
-    running: dict[str, str] = {}  # episode -> worker
     killed: list[tuple[str, int]] = []
-
-    def kill_mid_episode(batch: list[Envelope[Event]]) -> None:
-        for env in batch:
-            ev = env.event
-            if isinstance(ev, EpisodeStarted):
-                running[ev.episode] = ev.worker
-            elif (
-                isinstance(ev, StepTaken)
-                and ev.turn == 2
-                and not killed
-                and running[ev.episode] == "worker-1"
-            ):
-                pid = inflight["worker-1"].pid  # pyright: ignore[reportOptionalMemberAccess]
-                os.kill(pid, signal.SIGKILL)
-                killed.append((ev.episode, pid))
-
+    kill_mid_episode = signal_mid_episode(inflight, signal.SIGKILL, killed)
     outcome, envs = run(paced, log, [kill_mid_episode], assembly)
     assert outcome.reason == "completed"
     assert killed, "the run ended before the kill"
@@ -289,23 +298,8 @@ def test_a_remote_worker_stopped_mid_episode_is_ended_and_restarts(
     paced.write_text(text.replace("per_process = 1", "per_process = 1\nstall_timeout = 3"))
     assembly = prepare(paced)
     inflight = {spec.name: getattr(spec.factory, "inflight", None) for spec in assembly.specs}
-    running: dict[str, str] = {}
     stopped: list[tuple[str, int]] = []
-
-    def stop_mid_episode(batch: list[Envelope[Event]]) -> None:
-        for env in batch:
-            ev = env.event
-            if isinstance(ev, EpisodeStarted):
-                running[ev.episode] = ev.worker
-            elif (
-                isinstance(ev, StepTaken)
-                and ev.turn == 2
-                and not stopped
-                and running[ev.episode] == "worker-1"
-            ):
-                pid = inflight["worker-1"].pid  # pyright: ignore[reportOptionalMemberAccess]
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append((ev.episode, pid))
+    stop_mid_episode = signal_mid_episode(inflight, signal.SIGSTOP, stopped)
 
     try:
         outcome, envs = run(paced, MemoryEventLog(), [stop_mid_episode], assembly)
