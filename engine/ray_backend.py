@@ -265,9 +265,9 @@ _SIGNALS = tuple(
 def _own_signals() -> Generator[None]:
     """The process's signal handlers kept across ``ray.init``, which installs its own for
     SIGTERM (``sys.exit(15)``: a SIGTERM while Ray started ended the process with exit 15 and
-    no word, and one after it in the run's closing report too) and may change others (an
-    ignored SIGINT, a background job's, was then honoured). A SIGTERM that lands inside the
-    call is handed to the process's own handler (the caller has closed what Ray started)."""
+    no word, and one after it in the run's closing report too); SIGINT and SIGHUP are kept as
+    well, whatever a Ray version does with them. A SIGTERM that lands inside the call is
+    handed to the process's own handler (the caller has closed what Ray started)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread sets handlers (Ray's too)
         return
