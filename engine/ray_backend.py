@@ -295,10 +295,8 @@ def unplaceable(placement: Placement, size: int) -> str:
     process of ``size`` actors placed by ``placement`` (it reserves ``size`` times each
     resource), as a phrase; "" if a node has enough of all of them. Ray would leave such a
     process pending until a node that can hold it joins."""
-    need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.resources}
-    # Ray counts resources in ten-thousandths: 50 x 0.14 CPU is 7, not 7.000000000000001
-    need = {name: round(amount * size, 4) for name, amount in need.items() if amount > 0}
-    nodes = [node.get("Resources", {}) for node in _ray().nodes() if node.get("Alive")]
+    need = _reserved([(placement, size)])
+    nodes = _live_nodes()
     if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
         return ""
     most = {k: max((node.get(k, 0.0) for node in nodes), default=0.0) for k in need}
@@ -307,6 +305,36 @@ def unplaceable(placement: Placement, size: int) -> str:
     if short:
         return f"each process reserves {asked}; the most any node has is {', '.join(short)}"
     return f"each process reserves {asked}; no node has all of them"
+
+
+def short_together(placed: Sequence[tuple[Placement, int]]) -> str:
+    """What the live nodes of the cluster lack, all of them together, to hold every actor of
+    ``placed`` (each placement with its number of actors) at once, as a phrase; "" if they
+    have enough. The actors that find no room wait ``start_timeout``, and restart, until the
+    run fails (each placement alone may fit a node: :func:`unplaceable`)."""
+    need = _reserved(placed)
+    nodes = _live_nodes()
+    have = {k: round(sum(node.get(k, 0.0) for node in nodes), 4) for k in need}
+    short = [f"{have[k]:g} {k}" for k, v in need.items() if have[k] < v]
+    if not short:
+        return ""
+    asked = ", ".join(f"{v:g} {k}" for k, v in need.items())
+    return f"the run's actors reserve {asked} together; its nodes have {', '.join(short)}"
+
+
+def _reserved(placed: Sequence[tuple[Placement, int]]) -> dict[str, float]:
+    """The resources ``placed`` reserves: each placement's, times its number of actors."""
+    total: dict[str, float] = {}
+    for placement, n in placed:
+        each = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.resources}
+        for name, amount in each.items():
+            total[name] = total.get(name, 0.0) + amount * n
+    # Ray counts resources in ten-thousandths: 50 x 0.14 CPU is 7, not 7.000000000000001
+    return {name: round(amount, 4) for name, amount in total.items() if amount > 0}
+
+
+def _live_nodes() -> list[dict[str, float]]:
+    return [node.get("Resources", {}) for node in _ray().nodes() if node.get("Alive")]
 
 
 async def _result(ref: Any) -> Any:

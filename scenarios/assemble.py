@@ -407,7 +407,9 @@ def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
     resource no node offers) is refused at once on a Ray instance the run starts itself
     (``address = "local"``), whose nodes are all there is; on a cluster it joins (which an
     autoscaler may grow) it is logged as a warning, and the actors wait ``start_timeout`` for
-    a node.
+    a node. So are placements that each fit a node but not all together (8 env workers of one
+    CPU each on a 2-CPU instance: six of them waited ``start_timeout``, restarted, and failed
+    the run after ``max_restarts``).
 
     Raises:
         ScenarioInvalid: as above, naming the placement and what it lacks.
@@ -417,24 +419,39 @@ def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
         yield
         return
     with ray_backend.connected(rt.ray.address, rt.ray.num_cpus or None):
-        for key, placement, size in _placements(scenario):
-            lacking = ray_backend.unplaceable(_placement(placement), size)
+        lacks = [
+            (f"$.runtime.ray.{key}", ray_backend.unplaceable(_placement(placement), size))
+            for key, placement, size in _placements(scenario)
+        ]
+        placed = [(_placement(p), n) for p, n in _actors_placed(scenario)]
+        lacks.append(("$.runtime.ray", ray_backend.short_together(placed)))
+        for where, lacking in lacks:
             if not lacking:
                 continue
-            where = f"$.runtime.ray.{key}: {lacking}"
             if rt.ray.address == "local":
                 raise ScenarioInvalid(
                     source,
-                    f"{where} (the Ray instance started for the run offers this machine's "
-                    "CPUs, or runtime.ray.num_cpus of them, its GPUs and no custom resource: "
-                    "ask for less, or join a cluster that has them with runtime.ray.address)",
+                    f"{where}: {lacking} (the Ray instance started for the run offers this "
+                    "machine's CPUs, or runtime.ray.num_cpus of them, its GPUs and no custom "
+                    "resource: ask for less, or join a cluster that has them with "
+                    "runtime.ray.address)",
                 )
+            alone = where != "$.runtime.ray"  # one placement, or all of them together
             structlog.get_logger("coevo").warning(
-                "no node of the cluster can host a placement yet",
-                placement=where,
-                start_timeout=placement.start_timeout,
+                "no node of the cluster can host a placement yet"
+                if alone
+                else "the cluster cannot host all of the run's placements at once yet",
+                placement=f"{where}: {lacking}",
             )
+            break  # one warning: the actors wait start_timeout for nodes
         yield
+
+
+def _actors_placed(scenario: Scenario) -> list[tuple[RayPlacementConfig, int]]:
+    """Each ``[runtime.ray]`` placement with the number of actors it places."""
+    ray = scenario.runtime.ray
+    out = [(ray.env_workers, scenario.run.workers)] if scenario.run.workers else []
+    return out + [(p, 1) for p in _model_placements(scenario).values() if p is not None]
 
 
 def _placements(scenario: Scenario) -> list[tuple[str, RayPlacementConfig, int]]:

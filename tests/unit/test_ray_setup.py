@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import msgspec
 import pytest
 import structlog.testing
 
@@ -340,6 +341,39 @@ def test_a_run_whose_placement_no_node_can_hold_is_refused_on_its_own_ray_instan
             ("no node of the cluster can host a placement yet", "warning")
         ]
         assert logs[0]["placement"].startswith("$.runtime.ray.env_workers: each process")
+
+
+@pytest.mark.parametrize(
+    ("workers", "cpus", "short"),
+    [
+        (2, 1.0, ""),
+        (8, 1.0, "the run's actors reserve 8 CPU together; its nodes have 2 CPU"),
+        (8, 0.25, ""),
+    ],
+)
+def test_placements_that_fit_a_node_each_but_not_all_together_are_refused_on_its_own_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, cpus: float, short: str
+) -> None:
+    """Eight env workers of one CPU on a 2-CPU instance: each fits, so the run started, and six
+    of them waited ``start_timeout``, restarted, and failed the run after ``max_restarts``."""
+    monkeypatch.setattr(ray_backend, "_ray", lambda: FakeRay({"CPU": 2.0}))
+    monkeypatch.setattr(ray_backend, "connected", lambda *_: contextlib.nullcontext())
+    extra = f"\n[runtime.ray.env_workers]\nnum_cpus = {cpus}\n"
+    path = scenario_path(tmp_path, extra)
+    scenario = load_scenario(path)
+    scenario = msgspec.structs.replace(
+        scenario, run=msgspec.structs.replace(scenario.run, workers=workers)
+    )
+    assert ray_backend.short_together([(ray_backend.Placement(num_cpus=cpus), workers)]) == short
+    if not short:
+        with cluster(scenario, str(path)):
+            pass
+        return
+    with (
+        pytest.raises(ScenarioInvalid, match=r"\$\.runtime\.ray: " + short),
+        cluster(scenario, str(path)),
+    ):
+        pytest.fail("the block ran")
 
 
 def test_coevo_run_refuses_such_a_placement_before_it_makes_the_run_directory(
