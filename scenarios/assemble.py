@@ -419,13 +419,24 @@ def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
         yield
         return
     with ray_backend.connected(rt.ray.address, rt.ray.num_cpus or None):
+        placements = _placements(scenario)
         lacks = [
-            (f"$.runtime.ray.{key}", ray_backend.unplaceable(_placement(placement), size))
-            for key, placement, size in _placements(scenario)
+            (
+                f"$.runtime.ray.{key}",
+                "no node of the cluster can host a placement yet",
+                ray_backend.unplaceable(placement, size),
+            )
+            for key, placement, size, _ in placements
         ]
-        placed = [(_placement(p), n) for p, n in _actors_placed(scenario)]
-        lacks.append(("$.runtime.ray", ray_backend.short_together(placed)))
-        for where, lacking in lacks:
+        together = [(placement, actors) for _, placement, _, actors in placements]
+        lacks.append(
+            (
+                "$.runtime.ray",
+                "the cluster cannot host all of the run's placements at once yet",
+                ray_backend.short_together(together),
+            )
+        )
+        for where, warning, lacking in lacks:
             if not lacking:
                 continue
             if rt.ray.address == "local":
@@ -436,31 +447,20 @@ def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
                     "resource: ask for less, or join a cluster that has them with "
                     "runtime.ray.address)",
                 )
-            alone = where != "$.runtime.ray"  # one placement, or all of them together
-            structlog.get_logger("coevo").warning(
-                "no node of the cluster can host a placement yet"
-                if alone
-                else "the cluster cannot host all of the run's placements at once yet",
-                placement=f"{where}: {lacking}",
-            )
+            structlog.get_logger("coevo").warning(warning, placement=f"{where}: {lacking}")
             break  # one warning: the actors wait start_timeout for nodes
         yield
 
 
-def _actors_placed(scenario: Scenario) -> list[tuple[RayPlacementConfig, int]]:
-    """Each ``[runtime.ray]`` placement with the number of actors it places."""
-    ray = scenario.runtime.ray
-    out = [(ray.env_workers, scenario.run.workers)] if scenario.run.workers else []
-    return out + [(p, 1) for p in _model_placements(scenario).values() if p is not None]
-
-
-def _placements(scenario: Scenario) -> list[tuple[str, RayPlacementConfig, int]]:
+def _placements(scenario: Scenario) -> list[tuple[str, ray_backend.Placement, int, int]]:
     """Each ``[runtime.ray]`` placement of the run's actors, with how many actors its largest
-    Ray process hosts."""
+    Ray process hosts and how many it places in all."""
     ray = scenario.runtime.ray
-    workers = min(ray.env_workers.per_process, scenario.run.workers)
-    out = [("env_workers", ray.env_workers, workers)] if workers else []
-    out += [(k, p, 1) for k, p in _model_placements(scenario).items() if p is not None]
+    workers = scenario.run.workers
+    largest = min(ray.env_workers.per_process, workers)
+    out = [("env_workers", _placement(ray.env_workers), largest, workers)] if workers else []
+    models = _model_placements(scenario).items()
+    out += [(k, _placement(p), 1, 1) for k, p in models if p is not None]
     return out
 
 
