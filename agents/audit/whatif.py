@@ -281,11 +281,7 @@ def check(rec: Recorded, change: Change) -> None:
 def what_if(rec: Recorded, control: Played, changed: Played, change: Change) -> WhatIf:
     """Compare the log's trajectory with the control and the changed replay."""
     logged = rec.played
-    pairs = zip(logged.turns, control.turns, strict=False)
-    same = len(logged.turns) == len(control.turns) and all(
-        a.action == b.action and math.isclose(a.logp, b.logp, abs_tol=LOGP_TOLERANCE)
-        for a, b in pairs
-    )
+    strayed = _strayed(logged, control)
     first = next(
         (
             i
@@ -298,14 +294,13 @@ def what_if(rec: Recorded, control: Played, changed: Played, change: Change) -> 
     )
     entry = change.without if change.without is not None else None
     credits = [c for c in rec.credits if entry is not None and c.entry == entry]
-    strayed = "" if same else _strayed(logged, control)
     return WhatIf(
         episode=rec.episode,
         change=change.describe(),
         logged=logged,
         control=control,
         changed=changed,
-        reproduced=same,
+        reproduced=not strayed,
         first_difference=first,
         credit=math.fsum(c.credit for c in credits) if credits else None,
         credit_rule=credits[0].rule if credits else "",
@@ -314,7 +309,9 @@ def what_if(rec: Recorded, control: Played, changed: Played, change: Change) -> 
 
 
 def _strayed(logged: Played, control: Played) -> str:
-    """Where and how the control left the log: its first turn that differs, or its length."""
+    """Where and how the control left the log: its first turn whose action differs, or whose
+    log-prob does beyond :data:`LOGP_TOLERANCE`, or its length; "" where it gave the log
+    back."""
     for k, (a, b) in enumerate(zip(logged.turns, control.turns, strict=False)):
         if a.action != b.action:
             return f"at turn {k}, {b.action!r} where the log has {a.action!r}"
@@ -323,6 +320,8 @@ def _strayed(logged: Played, control: Played) -> str:
                 f"at turn {k}, the same action with log-prob {b.logp:.6f} where the log has "
                 f"{a.logp:.6f}"
             )
+    if len(control.turns) == len(logged.turns):
+        return ""
     return f"the replay played {len(control.turns)} turns, the log {len(logged.turns)}"
 
 
