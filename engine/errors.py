@@ -9,9 +9,13 @@ from __future__ import annotations
 
 
 class CoevoError(Exception):
-    """Root of every error coevo raises on purpose. ``exit_code`` is what the CLI returns."""
+    """Root of every error coevo raises on purpose. ``exit_code`` is what the CLI returns;
+    ``restartable`` False marks a failure no restart of the actor that raised it can mend
+    (what it needs outside the run is gone): supervision then stops the run at once, whatever
+    the actor's spec allows."""
 
     exit_code: int = 1
+    restartable: bool = True
 
 
 class ScenarioInvalid(CoevoError):

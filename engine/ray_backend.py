@@ -53,6 +53,7 @@ from engine.remote import (
     RemoteActorLost,
     RemoteActorRestartable,
     RemoteActorStalled,
+    RemoteClusterLost,
     RemoteHost,
     Report,
 )
@@ -62,6 +63,10 @@ _POLL_S = 5.0
 
 _BATCH_MAX = 256
 """Most envelopes in one delivery."""
+
+_NODES_EVERY_S = 5.0
+"""Seconds between two looks, while a remote actor is being placed, at whether the cluster
+still has a live node."""
 
 
 def available() -> bool:
@@ -337,6 +342,25 @@ def _live_nodes() -> list[dict[str, float]]:
     return [node.get("Resources", {}) for node in _ray().nodes() if node.get("Alive")]
 
 
+async def _watch_nodes(name: str) -> None:
+    """Raise :class:`RemoteClusterLost` when the cluster has no live node (looked at every
+    :data:`_NODES_EVERY_S`); return never. Ray would keep the actor pending until its
+    ``start_timeout``, each restart again: with the local instance's raylet gone that was
+    ``max_restarts`` waits with a message that blamed the placement's resources."""
+    while True:
+        await trio.sleep(_NODES_EVERY_S)
+        try:  # a GCS that is gone too may keep the call waiting: the thread is left to it
+            nodes = await trio.to_thread.run_sync(_ray().nodes, abandon_on_cancel=True)
+        except Exception:  # not reached for now: start_timeout still bounds the wait
+            continue
+        if not any(node.get("Alive") for node in nodes):
+            raise RemoteClusterLost(
+                f"{name}: the Ray cluster has no live node left (its raylet ended: killed, or "
+                "out of memory?); nothing can place the actor, so the run stops. "
+                "`coevo resume RUN` continues it on a cluster that is up"
+            )
+
+
 async def _result(ref: Any) -> Any:
     """Wait, in trio, for a Ray object ref; its value, or the error Ray gives for it."""
     future = ref.future()
@@ -449,7 +473,10 @@ class RemoteActor(Actor):
                 self._factory, ctx.run_seed, ctx.attempt, self._mailbox, 8192, history,
                 self.restart_for,
             )  # fmt: skip
-            pid, node = await _result(host.add(*args))
+            async with trio.open_nursery() as watching:
+                watching.start_soon(_watch_nodes, ctx.name)
+                pid, node = await _result(host.add(*args))
+                watching.cancel_scope.cancel()
             self._inflight.pid = pid
             self._process.placed(generation, pid, node)
         if placing.cancelled_caught:

@@ -62,6 +62,14 @@ class RemoteActorFailed(CoevoError):
     again."""
 
 
+class RemoteClusterLost(RemoteActorFailed):
+    """The Ray cluster a remote actor was to be placed on has no live node left (the local
+    instance's raylet ended, or every node of a cluster did): nothing can place it, so the run
+    stops at once with this, instead of each restart waiting its ``start_timeout`` in turn."""
+
+    restartable = False
+
+
 class RemoteActorRestartable(RemoteActorFailed):
     """A remote actor's code raised an error that its own spec restarts for
     (``ActorSpec.on_failure`` and ``restart_for`` as it would run in the driver: a learner whose

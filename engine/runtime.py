@@ -550,8 +550,13 @@ class Runtime:
         )
 
     def _on_failure(self, spec: ActorSpec, attempt: int, exc: Exception) -> bool:
-        """Record the failure; True if the actor is to be restarted."""
-        restart = attempt < spec.max_restarts and isinstance(exc, spec.restarted_errors)
+        """Record the failure; True if the actor is to be restarted (never for an error that
+        says no restart can mend it: ``CoevoError.restartable``)."""
+        restart = (
+            attempt < spec.max_restarts
+            and isinstance(exc, spec.restarted_errors)
+            and getattr(exc, "restartable", True)
+        )
         tb = "".join(traceback.format_exception(exc, limit=8))
         self.push(
             "runtime",

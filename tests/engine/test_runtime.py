@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from engine.actor import Actor, ActorSpec, Context
-from engine.errors import LogError
+from engine.errors import CoevoError, LogError
 from engine.eventlog import EncodedBatch, MemoryEventLog, Snapshot
 from engine.events import Envelope, Event, event
 from engine.lifecycle import (
@@ -189,6 +189,30 @@ def test_restart_for_restarts_only_the_failures_it_names(
     failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
     assert [f.action for f in failed] == ["restart" if restarted else "stop"]
     assert outcome.reason == ("completed" if restarted else "failed")
+
+
+class GoneForGood(CoevoError):
+    restartable = False
+
+
+class Unmendable(Actor):
+    """Fails at once with an error no restart can mend."""
+
+    subscribes = (Ping,)
+
+    async def run(self, ctx: Context) -> None:
+        raise GoneForGood("what it needs outside the run is gone")
+
+
+def test_an_error_no_restart_can_mend_stops_the_run_whatever_the_spec_allows() -> None:
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(10)),
+        ActorSpec(name="gone", factory=Unmendable, driver=True, on_failure="restart"),
+    ]
+    log, outcome = run_runtime(specs)
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [(f.error_type, f.action) for f in failed] == [("GoneForGood", "stop")]
+    assert outcome.reason == "failed" and "is gone" in outcome.error
 
 
 class Tally(Actor):
