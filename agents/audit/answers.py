@@ -27,6 +27,7 @@ from agents.audit.index import (
     Retrieved,
     Stored,
     TipRow,
+    abandoned,
     applied,
     consumers,
     fetch,
@@ -91,6 +92,9 @@ class Use(msgspec.Struct, frozen=True, kw_only=True):
     """One retrieval of the entry and how the episode it guided ended.
 
     ``alive``: the entry was in the bank at that seq (stored before, not evicted before).
+    ``abandoned``: the attempt it was shown in was lost and the episode run again (a resumed
+    run, a restarted worker): the episode's outcome is not this retrieval's, and it is not
+    counted among the episodes the entry guided.
     """
 
     seq: int
@@ -106,6 +110,7 @@ class Use(msgspec.Struct, frozen=True, kw_only=True):
     success: bool = False
     outcome_score: float = 0.0
     aborted: str = ""
+    abandoned: bool = False
 
 
 class Credit(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,10 +196,13 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     evicted = [(seq, r.reason) for seq, r in rows if isinstance(r, Evicted)]
     evicted_seq, reason = evicted[0] if evicted else (None, "")
     retrieved = [(seq, r) for seq, r in rows if isinstance(r, Retrieved)]
-    ends = outcomes(index, [r.episode for _, r in retrieved])
+    shown_in = [r.episode for _, r in retrieved]
+    ends, lost = outcomes(index, shown_in), abandoned(index, shown_in)
     uses = tuple(
-        _use(seq, r, end, stored_seq, evicted_seq)
-        for (seq, r), end in zip(retrieved, ends, strict=True)
+        _use(seq, r, None, stored_seq, evicted_seq, abandoned=True)
+        if cut is not None and seq < cut
+        else _use(seq, r, end, stored_seq, evicted_seq)
+        for (seq, r), end, cut in zip(retrieved, ends, lost, strict=True)
     )
     credits = _credits(index, rows)
     updates = _updates(index, st.call, credits)
@@ -203,7 +211,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         msgspec.structs.replace(c, update=number[c.request_seq]) if c.request_seq in number else c
         for c in credits
     )
-    episodes = {u.episode: u for u in uses}
+    episodes = {u.episode: u for u in uses if not u.abandoned}
     return TipAudit(
         tip=tip,
         slot=st.slot,
@@ -224,7 +232,15 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     )
 
 
-def _use(seq: int, r: Retrieved, end: Outcome | None, stored: int, evicted: int | None) -> Use:
+def _use(
+    seq: int,
+    r: Retrieved,
+    end: Outcome | None,
+    stored: int,
+    evicted: int | None,
+    *,
+    abandoned: bool = False,
+) -> Use:
     return Use(
         seq=seq,
         episode=r.episode,
@@ -239,6 +255,7 @@ def _use(seq: int, r: Retrieved, end: Outcome | None, stored: int, evicted: int 
         success=end is not None and end.success,
         outcome_score=end.score if end is not None else 0.0,
         aborted=end.aborted if end is not None else "",
+        abandoned=abandoned,
     )
 
 

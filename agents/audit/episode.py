@@ -14,7 +14,7 @@ from typing import TypedDict
 
 import msgspec
 
-from agents.audit.index import applied, consumer, fetch, refs, weighed
+from agents.audit.index import applied, consumer, fetch, last_attempt, refs, weighed
 from agents.events.episodes import (
     EpisodeAborted,
     EpisodeAssigned,
@@ -148,6 +148,9 @@ class EpisodeAudit(msgspec.Struct, frozen=True, kw_only=True):
     update: Update | None
     credit: EpisodeCredit | None
     written: tuple[Written, ...]
+    abandoned: int = 0
+    """Earlier attempts of the episode that were lost and run again (a resumed run, a restarted
+    worker): the turns and outcome are its last attempt's alone."""
 
 
 def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit:
@@ -157,11 +160,13 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
         AuditQueryInvalid: the log holds no such episode.
     """
     found = refs(index, "e", episode)
-    if not any(kind == "episode_assigned" for _, kind in found):
+    assigns = [seq for seq, kind in found if kind == "episode_assigned"]
+    if not assigns:
         raise AuditQueryInvalid(f"no episode {episode!r} in this run (ids look like ep000005)")
-    events = fetch(log, [seq for seq, _ in found])
-    envs = [events[seq] for seq, _ in found]
-    assigned = next(e.event for e in envs if isinstance(e.event, EpisodeAssigned))
+    attempt, lost = last_attempt(found)
+    events = fetch(log, [assigns[-1], *(seq for seq, _ in attempt)])
+    envs = [events[seq] for seq, _ in attempt]
+    assigned = events[assigns[-1]].event
     assert isinstance(assigned, EpisodeAssigned)
     started = next((e.event for e in envs if isinstance(e.event, EpisodeStarted)), None)
     ends = (e.event for e in envs if isinstance(e.event, EpisodeFinished | EpisodeAborted))
@@ -184,6 +189,7 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
         update=_update(log, index, envs, episode),
         credit=_credit(log, index, envs, episode),
         written=_written(log, index, envs),
+        abandoned=lost,
     )
 
 

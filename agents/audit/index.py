@@ -17,6 +17,8 @@ Keys (bytes, ``S`` = 8-byte big-endian seq):
 - ``a`` + episode -> :class:`Assigned` (what the episode was: the browser's list and filters)
 - ``p`` + episode -> the policy version of its first sampled action (8 bytes)
 - ``k`` + episode -> ``S`` of the extractor request that consumed the episode's credit
+- ``z`` + episode -> ``S`` of the episode's last :class:`EpisodeAbandoned` (what came before it
+  about the episode belongs to attempts that were lost and run again)
 - ``w`` + call + NUL + ``S`` -> :class:`Weighed` (the call in the extractor request at ``S``)
 - ``v`` + update (8 bytes) -> :class:`Applied` (what extractor update ``update`` did)
 
@@ -33,6 +35,7 @@ from typing import Any, TypeVar, Union
 import msgspec
 
 from agents.events.episodes import (
+    EpisodeAbandoned,
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
@@ -76,7 +79,7 @@ from stores.fact_index import (
 
 T = TypeVar("T")
 
-INDEX_FORMAT = 3
+INDEX_FORMAT = 4
 """Bumped when the facts change; an index of another format is rebuilt."""
 
 REFRESH_CHUNK = 20_000
@@ -312,6 +315,10 @@ def _assigned(ev: EpisodeAssigned, env: Envelope[Event]) -> list[Fact]:
     return [(b"a" + ev.episode.encode(), _ENCODER.encode(row)), *_episode_ref(ev, env)]
 
 
+def _abandoned(ev: EpisodeAbandoned, env: Envelope[Event]) -> list[Fact]:
+    return [(b"z" + ev.episode.encode(), _seq(env.seq)), *_episode_ref(ev, env)]
+
+
 def _sampled(ev: ActionSampled, env: Envelope[Event]) -> list[Fact]:
     out = _episode_ref(ev, env)
     if ev.turn == 0:
@@ -349,6 +356,7 @@ _FACTS: dict[type[Event], Callable[[Any, Envelope[Event]], list[Fact]]] = {
     ],
     PolicyUpdated: lambda ev, env: _refs("u", [str(ev.update)], env.seq, "policy_updated"),
     EpisodeAssigned: _assigned,
+    EpisodeAbandoned: _abandoned,
     ActionSampled: _sampled,
     **{
         cls: _episode_ref
@@ -407,6 +415,21 @@ def refs(index: FactIndex, namespace: str, name: str) -> list[tuple[int, str]]:
         (int.from_bytes(k[-8:], "big"), _REF_DECODER.decode(v).kind)
         for k, v in index.scan(ref_prefix(namespace, name))
     ]
+
+
+def last_attempt(found: Sequence[tuple[int, str]]) -> tuple[list[tuple[int, str]], int]:
+    """Of an episode's refs (:func:`refs`), those of its last attempt, the one after its last
+    :class:`EpisodeAbandoned` (a run resumed, or a worker restarted, ran it again with the same
+    id: what the lost attempts recorded is not the episode's), and how many were abandoned."""
+    cuts = [i for i, (_, kind) in enumerate(found) if kind == "episode_abandoned"]
+    return (list(found[cuts[-1] + 1 :]) if cuts else list(found)), len(cuts)
+
+
+def abandoned(index: FactIndex, episodes: Sequence[str]) -> list[int | None]:
+    """The seq of each of ``episodes``' last abandoned attempt (None: none), in one read: an
+    event about the episode before it belongs to a lost attempt."""
+    raws = index.get_many([b"z" + ep.encode() for ep in episodes])
+    return [None if raw is None else int.from_bytes(raw, "big") for raw in raws]
 
 
 def outcome(index: FactIndex, episode: str) -> Outcome | None:

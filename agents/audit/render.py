@@ -53,14 +53,18 @@ def render_tip(a: TipAudit) -> list[str]:
         out.append(f"  replaced by (update / merge): {', '.join(map(str, a.children))}")
     if a.duplicates:
         out.append(f"  later proposals refused as duplicates: {', '.join(a.duplicates)}")
+    lost = sum(u.abandoned for u in a.uses)
     out.append(
         f"  retrieved {len(a.uses)} times in {a.guided} episodes ({a.guided_success} succeeded)"
+        + (f"; {lost} of them in attempts later abandoned" if lost else "")
     )
     if a.uses:
         out.append("    seq      episode    turn pos rank  similarity  score    outcome")
         for u in a.uses[:MAX_ROWS]:
             end = (
-                "running"
+                "abandoned (the episode ran again)"
+                if u.abandoned
+                else "running"
                 if not u.ended
                 else f"aborted: {u.aborted}"
                 if u.aborted
@@ -119,6 +123,12 @@ def render_episode(a: EpisodeAudit) -> list[str]:
         f"{a.worker}",
         f"  goal: {a.goal}",
     ]
+    if a.abandoned:
+        out.append(
+            f"  its last attempt: {a.abandoned} earlier one{'s' if a.abandoned > 1 else ''} "
+            "abandoned (a resumed run or a restarted worker ran it again; `coevo log RUN "
+            f"--episode {a.episode}` shows every attempt)"
+        )
     for t in a.turns:
         out += _turn(t)
     if a.ended == "finished":
@@ -126,6 +136,8 @@ def render_episode(a: EpisodeAudit) -> list[str]:
             f"  ended: {'success' if a.success else 'failure'}, score {a.score:.3f}, "
             f"{a.steps} steps, total reward {a.total_reward:+.3f}"
         )
+    elif a.ended == "running":
+        out.append("  ended: not yet in the log (running, or the run stopped before it ended)")
     else:
         out.append(f"  ended: {a.ended}")
     if a.advantage is not None:

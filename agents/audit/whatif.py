@@ -26,7 +26,13 @@ from dataclasses import dataclass
 import msgspec
 
 from agents.acting.inference import PolicyRunner
-from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
+from agents.events.episodes import (
+    EpisodeAbandoned,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
 from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipsRetrieved
 from agents.events.policy import ActionRequested, ActionSampled
@@ -138,16 +144,21 @@ class WhatIf(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def recorded(episode: str, envs: Sequence[Envelope[Event]]) -> Recorded:
-    """The episode's facts from its events (the audit index's refs of it, in seq order).
+    """The episode's facts from its events (the audit index's refs of it, in seq order): those
+    of its last attempt, after its last :class:`EpisodeAbandoned` (a resumed run, a restarted
+    worker: what the lost attempts played is not what the episode's outcome came from).
 
     Raises:
         AuditQueryInvalid: no such episode, it did not finish, or no policy acted in it.
     """
-    events = [env.event for env in envs]
-    assigned = [e for e in events if isinstance(e, EpisodeAssigned)]
+    assigned = [env.event for env in envs if isinstance(env.event, EpisodeAssigned)]
     if not assigned:
         raise AuditQueryInvalid(f"no episode {episode!r} in this run (ids look like ep000005)")
     job = assigned[-1]
+    cut = max(
+        (i for i, env in enumerate(envs) if isinstance(env.event, EpisodeAbandoned)), default=-1
+    )
+    events = [env.event for env in envs[cut + 1 :]]
     fin = next((e for e in events if isinstance(e, EpisodeFinished)), None)
     requests = tuple(e for e in events if isinstance(e, ActionRequested))
     sampled = tuple(e for e in events if isinstance(e, ActionSampled))

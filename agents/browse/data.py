@@ -21,6 +21,7 @@ from agents.audit.index import (
     Outcome,
     assigned,
     fetch,
+    last_attempt,
     open_index,
     outcomes,
     rebuilt_index,
@@ -190,7 +191,8 @@ class RunView:
         return ask()
 
     def _candidates(self, episode: str) -> dict[int, list[Candidate]]:
-        seqs = [s for s, kind in refs(self.index, "e", episode) if kind in _TURN_KINDS]
+        attempt, _ = last_attempt(refs(self.index, "e", episode))
+        seqs = [s for s, kind in attempt if kind in _TURN_KINDS]
         asked: dict[int, ActionRequested] = {}
         out: dict[int, list[Candidate]] = {}
         for env in fetch(self.log, seqs).values():

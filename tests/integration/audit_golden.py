@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
+from agents.events.episodes import (
+    EpisodeAbandoned,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
 from agents.events.extractor import (
     ExtractionRequested,
     ExtractorCalled,
@@ -73,14 +79,24 @@ class Stream:
         self.envs.append(
             Envelope(seq=seq, run="golden", t=seq, actor="a", event=ev, cause=cause, corr=corr)
         )
-        if isinstance(ev, TipsRetrieved | EpisodeFinished):
+        if isinstance(ev, TipsRetrieved | EpisodeFinished | EpisodeAbandoned):
             for out in self.book.decide(ev, SETTINGS):
                 self.add(out, cause=seq)
         return seq
 
     def episode(
-        self, ep: str, index: int, success: bool, tip: int | None = None, call: str = ""
+        self,
+        ep: str,
+        index: int,
+        success: bool,
+        tip: int | None = None,
+        call: str = "",
+        *,
+        observation: str = "you see a can and a stove.",
+        abandon: bool = False,
     ) -> None:
+        """One episode of one turn; ``abandon``: an attempt lost after its first sample
+        (:class:`EpisodeAbandoned`), to be run again."""
         rollout = "guided" if tip is not None else "plain"
         self.add(
             EpisodeAssigned(
@@ -100,7 +116,7 @@ class Stream:
                 episode=ep,
                 worker="w0",
                 goal="heat the can.",
-                observation="you see a can and a stove.",
+                observation=observation,
                 admissible=("look", "take can"),
             )
         )
@@ -153,6 +169,9 @@ class Stream:
                 temperature=1.0,
             )
         )
+        if abandon:
+            self.add(EpisodeAbandoned(episode=ep, worker="w0", reason="worker restarted (lost)"))
+            return
         reward = 1.0 if success else 0.0
         self.add(
             StepTaken(

@@ -157,7 +157,7 @@ def test_an_entry_page_shows_what_the_audit_says_with_links(
     dom = _dom(f"{server}/runs/run/entries/{credited.entry}", tmp_path / "p")
     assert _texts(dom, r'<pre id="text">(.*?)</pre>') == [audit["text"]]
     summary = _texts(dom, r'<p id="summary">(.*?)</p>')[0]
-    assert f"guided {audit['guided']} episode" in summary
+    assert f"shown in {audit['guided']} episode" in summary
     assert f"total credit {audit['credit_sum']:+.3f}" in summary
     uses = re.search(r'<table id="uses">(.*?)</table>', dom, re.S)
     assert uses is not None

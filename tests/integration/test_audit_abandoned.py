@@ -1,0 +1,60 @@
+"""The audit of an episode whose first attempt was abandoned and run again (a resumed run, a
+restarted worker: the same episode id twice in the log): every view shows its last attempt,
+and an entry shown only in the lost attempt is not counted as guiding the episode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from audit_golden import golden_stream, write_run
+
+from agents.audit.answers import audit_tip
+from agents.audit.episode import audit_episode
+from agents.audit.index import fetch, open_index, refs
+from agents.audit.whatif import recorded
+from scenarios.cli import main
+from stores.lmdb_log import LmdbEventLog
+
+LOST = "the oven is open."
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    s = golden_stream()
+    # ep008 is shown entry 3 and lost; its second attempt is shown entry 4 and succeeds
+    s.episode("ep008", 8, success=False, tip=3, observation=LOST, abandon=True)
+    s.episode("ep008", 8, success=True, tip=4, call=s.calls["xC"])
+    return write_run(tmp_path_factory.mktemp("abandoned"), s.envs)
+
+
+def test_every_view_of_an_episode_run_twice_is_its_last_attempt(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = LmdbEventLog.open(run / "log")
+    index, _ = open_index(run, log)
+    try:
+        a = audit_episode(log, index, "ep008")
+        assert a.abandoned == 1 and a.ended == "finished" and a.success
+        assert [t.observation for t in a.turns] == ["you see a can and a stove."]
+        assert [s.tip for t in a.turns for s in t.retrieved] == [4]
+        found = refs(index, "e", "ep008")
+        events = fetch(log, [seq for seq, _ in found])
+        rec = recorded("ep008", [events[seq] for seq, _ in found])
+        assert len(rec.requests) == 1 and rec.played.success
+        assert set(rec.shown) == {4}
+        lost = [u for u in audit_tip(log, index, 3).uses if u.episode == "ep008"]
+        assert [(u.abandoned, u.ended) for u in lost] == [(True, False)]
+        first = audit_tip(log, index, 3)
+        assert "ep008" not in {u.episode for u in first.uses if not u.abandoned}
+        kept = [u for u in audit_tip(log, index, 4).uses if u.episode == "ep008"]
+        assert [(u.abandoned, u.success) for u in kept] == [(False, True)]
+    finally:
+        index.close()
+        log.close()
+    assert main(["audit", str(run), "episode", "ep008"]) == 0
+    out = capsys.readouterr().out
+    assert "1 earlier one abandoned" in out and LOST not in out
+    assert main(["audit", str(run), "tip", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "abandoned (the episode ran again)" in out and "1 of them in attempts later" in out
