@@ -38,7 +38,7 @@ import trio
 
 from engine.actor import Actor, ActorSpec, Context, Mailbox, error_leaves
 from engine.errors import ActorCrashed
-from engine.eventlog import EncodedBatch, EventLog, Snapshot
+from engine.eventlog import EncodedBatch, EventLog, LogHistory, Snapshot
 from engine.events import Codec, Envelope, Event
 from engine.lifecycle import (
     ActorFailed,
@@ -518,7 +518,7 @@ class Runtime:
                     elif attempt > 0 and spec.recover_on_restart:
                         # what the lost actor emitted is in the history it is rebuilt from
                         await self.wait_committed()
-                        history = await trio.to_thread.run_sync(self._read_log)
+                        history = self._read_log()
                         mailbox.skip_through = history[-1].seq if history else -1
                         await actor.recover(ctx, history)
                     await actor.run(ctx)
@@ -536,10 +536,9 @@ class Runtime:
                     self.request_stop("completed", 0)
                 return
 
-    def _read_log(self) -> list[Envelope[Event]]:
-        """Every event the log holds now (blocking: a worker thread's; the log's readers do
-        not wait for its writer)."""
-        return list(self._log.read(0, None))
+    def _read_log(self) -> Sequence[Envelope[Event]]:
+        """Every event the log holds now, read on demand (:class:`LogHistory`: not held)."""
+        return LogHistory(self._log, self._log.next_seq)
 
     def _started(self, spec: ActorSpec, actor: Any, attempt: int) -> ActorStarted:
         return ActorStarted(

@@ -10,7 +10,7 @@ these events and never re-runs a world.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from engine.events import Envelope, Event, event
 from engine.lifecycle import RunResumed
@@ -133,14 +133,13 @@ def finished_attempts(history: Iterable[Envelope[Event]]) -> Callable[[str, int]
     return of_finished
 
 
-def live_attempts(history: Iterable[Envelope[Event]]) -> Callable[[str, int], bool]:
+def live_attempts(history: Sequence[Envelope[Event]]) -> Callable[[str, int], bool]:
     """For an actor restarted mid-run and rebuilt from the log so far
     (``ActorSpec.recover_on_restart``): whether what an episode asked for at a seq is still
     owed an answer, i.e. its attempt finished (:func:`finished_attempts`) or is still running:
     asked in this session (after the log's last ``RunResumed``) and not abandoned since. An
     episode of this session waits for the answer; one abandoned asks again when it is re-run,
     and an earlier session's unfinished attempt was abandoned when the run resumed."""
-    history = list(history)
     of_finished = finished_attempts(history)
     session = -1
     abandoned: dict[str, int] = {}

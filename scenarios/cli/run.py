@@ -165,6 +165,7 @@ def _drive(
     console = Console(stderr=True, quiet=quiet)
     configure_logging(console, scenario.logging.level, rd.structlog)
     progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
+    progress.resume(history)
     from agents.tracking.sinks import SinkUnavailable
 
     try:
@@ -524,10 +525,11 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
         ) from None
 
 
-def _history(path: str, log: Any, curves: Path | None) -> list[Any]:
+def _history(path: str, log: Any, curves: Path | None) -> Sequence[Any]:
     """Every event of the run, read by its writer (none: the run was stopped as it was
-    created, before its first event); ``curves``: where the run draws its learning curves
-    (None: it draws none).
+    created, before its first event), as a :class:`~engine.eventlog.LogHistory` (read again
+    on each pass, not held); read through once here, so that a damaged record is met now and
+    named; ``curves``: where the run draws its learning curves (None: it draws none).
 
     Raises:
         NothingToResume: the run completed (saying how to draw its curves if they are
@@ -535,11 +537,14 @@ def _history(path: str, log: Any, curves: Path | None) -> list[Any]:
     """
     from agents.report.curves import CURVE_FILES
     from engine.errors import NothingToResume
+    from engine.eventlog import LogHistory
     from engine.lifecycle import RunStopped
 
+    end, last = log.next_seq, None
     with naming(log.path):
-        history = list(log.read(0, None))
-    last = history[-1] if history else None
+        for chunk in log.read_chunks(0, end):
+            last = chunk[-1]
+    history = LogHistory(log, end)
     if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
         missing = curves is not None and not all((curves / n).exists() for n in CURVE_FILES)
         raise NothingToResume(
