@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -28,6 +28,8 @@ class RunProgress:
     """
 
     WINDOW = 200
+    RATE_SPAN = 10.0
+    """Seconds the events/s shown is measured over (the rate now, not the mean since start)."""
 
     def __init__(self, console: Console, total: int, *, enabled: bool = True) -> None:
         self._console = console
@@ -36,8 +38,8 @@ class RunProgress:
         self._done = 0
         self._recent: deque[bool] = deque(maxlen=self.WINDOW)
         self._events = 0
+        self._marks: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
         self._next_line = 0.1
-        self._t0 = time.monotonic()
         self._live = enabled and console.is_terminal
         self._progress = Progress(
             TextColumn("[bold]episodes"),
@@ -69,9 +71,20 @@ class RunProgress:
     ) -> None:
         self._progress.__exit__(exc_type, exc, tb)
 
+    def resume(self, history: Iterable[Envelope[Event]]) -> None:
+        """Start from what a resumed run's earlier sessions did (episodes ended, recent
+        success, policy version, held-out success), shown from the first line."""
+        self._fold(history)
+        while self._total and self._next_line * self._total <= self._done:
+            self._next_line += 0.1
+
     def observe(self, batch: list[Envelope[Event]]) -> None:
         """Runtime observer: count ended episodes in a committed batch."""
         self._events += len(batch)
+        self._fold(batch)
+        self._render()
+
+    def _fold(self, batch: Iterable[Envelope[Event]]) -> None:
         for env in batch:
             ev = env.event
             tag = ev.__struct_config__.tag
@@ -89,7 +102,15 @@ class RunProgress:
                     self._updates_t0 = time.monotonic()
             elif tag == "eval_round_finished" and not getattr(ev, "memory", False):
                 self._eval = f"{getattr(ev, 'success', 0.0):.0%}"
-        self._render()
+
+    def _rate(self) -> float:
+        """Events per second over the last :attr:`RATE_SPAN` seconds."""
+        now, marks = time.monotonic(), self._marks
+        marks.append((now, self._events))
+        while len(marks) > 2 and now - marks[1][0] >= self.RATE_SPAN:
+            marks.popleft()
+        t, n = marks[0]
+        return (self._events - n) / max(now - t, 1e-9)
 
     def _learning(self) -> str:
         if not self._version and self._eval == "-":
@@ -100,7 +121,7 @@ class RunProgress:
 
     def _render(self) -> None:
         rate = f"{sum(self._recent) / len(self._recent):.0%}" if self._recent else "-"
-        eps = f"{self._events / max(time.monotonic() - self._t0, 1e-9):,.0f}"
+        eps = f"{self._rate():,.0f}"
         learning = self._learning()
         self._progress.update(
             self._task, completed=self._done, rate=rate, eps=eps, learning=learning

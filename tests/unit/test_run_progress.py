@@ -1,0 +1,52 @@
+"""The run's progress line: a resumed run starts from what its earlier sessions did, and the
+events/s it shows is the rate of the last seconds, not the mean since the start."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from agents.events.episodes import EpisodeFinished
+from engine.events import Envelope, Event
+from scenarios.cli import console as console_module
+from scenarios.cli.console import RunProgress
+
+
+def finished(seq: int, success: bool = True) -> Envelope[Event]:
+    ev = EpisodeFinished(
+        episode=f"ep{seq:06d}", worker="w0", family="heat", variant=0, split="train",
+        steps=1, score=1.0, success=success, total_reward=1.0,
+    )  # fmt: skip
+    return Envelope(seq=seq, run="r", t=0, actor="w0", event=ev)
+
+
+def lines(out: io.StringIO) -> list[str]:
+    return [line for line in out.getvalue().splitlines() if line.startswith("episodes")]
+
+
+def test_a_resumed_run_counts_on_from_the_episodes_its_log_holds() -> None:
+    out = io.StringIO()
+    progress = RunProgress(Console(file=out, width=200, force_terminal=False), 100)
+    progress.resume([finished(i, success=i % 2 == 0) for i in range(55)])
+    progress.observe([finished(55 + i) for i in range(10)])
+    shown = lines(out)
+    assert shown and shown[0].startswith("episodes 65/100") and "success" in shown[0]
+    assert not any(line.startswith(("episodes 10/", "episodes 20/")) for line in shown)
+
+
+def test_events_per_second_is_the_rate_of_the_last_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(console_module.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    progress = RunProgress(Console(file=out, width=200, force_terminal=False), 10**9)
+    for _ in range(100):  # 100 s at 10,000 events/s
+        now[0] += 1.0
+        progress.observe([finished(0, True)] * 10_000)
+    for _ in range(30):  # then 30 s at 100 events/s
+        now[0] += 1.0
+        progress.observe([finished(0, True)] * 100)
+    assert progress._rate() == pytest.approx(100, rel=0.2)  # the mean since start: ~7,700
