@@ -14,7 +14,9 @@ One pass over the log (no index): the fold needs every episode end in order.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -238,14 +240,18 @@ def derive_credits(inputs: CreditInputs, settings: AuditSettings) -> list[Event]
         given = _own_rule(rule, inputs)
     out: list[Event] = []
     for ev in inputs.stream:
-        credit = given(ev) if given is not None and isinstance(ev, EpisodeFinished) else None
-        out += book.decide(ev, settings.credit, credit)
+        try:
+            out += book.decide(ev, settings.credit, given)
+        except OverflowError as exc:  # finite credits whose sum is not (a rule's 1e308s)
+            raise AuditQueryInvalid(
+                f"credit rule {rule!r}: its credits are too large to add up ({exc})"
+            ) from None
     return out
 
 
 def _own_rule(path: str, inputs: CreditInputs) -> Callable[[EpisodeFinished], float]:
-    """A researcher's rule called with each episode's end and recorded group, its answer
-    checked."""
+    """A researcher's rule called with each credited episode's end and recorded group (a
+    guided training episode), its answer checked: a real number (a NumPy one too), finite."""
     fn = rule_function(path)
     group_of = {ep: g for _, g in inputs.groups for ep in g.episodes}
 
@@ -256,11 +262,15 @@ def _own_rule(path: str, inputs: CreditInputs) -> Callable[[EpisodeFinished], fl
             raise AuditQueryInvalid(
                 f"credit rule {path!r} raised {type(exc).__name__} on episode {ev.episode}: {exc}"
             ) from None
-        if isinstance(got, bool) or not isinstance(got, int | float) or not math.isfinite(got):
+        value = math.nan
+        if isinstance(got, numbers.Real) and not isinstance(got, bool):
+            with contextlib.suppress(OverflowError):  # an int past a float's range
+                value = float(got)
+        if not math.isfinite(value):
             raise AuditQueryInvalid(
                 f"credit rule {path!r} gave {got!r} for episode {ev.episode}, not a finite number"
             )
-        return float(got)
+        return value
 
     return credit
 

@@ -13,6 +13,7 @@ the credits it consumed. Everything it emits is a function of the events it fold
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
@@ -75,7 +76,10 @@ class CreditBook:
     updates: int = 0
 
     def decide(
-        self, ev: Event, settings: CreditSettings, credit: float | None = None
+        self,
+        ev: Event,
+        settings: CreditSettings,
+        credit_for: Callable[[EpisodeFinished], float] | None = None,
     ) -> list[Event]:
         """The events that ``ev`` causes (and the state change it brings).
 
@@ -83,9 +87,9 @@ class CreditBook:
             ev: a :class:`TipsRetrieved`, :class:`EpisodeFinished` or :class:`EpisodeAbandoned`
                 (the attempt's retrieval no longer counts: the episode is played again).
             settings: the batch size, rule and loss settings.
-            credit: the episode's credit when the caller knows it already (a rule that needs
-                more than the episode, e.g. "relative"); None: :func:`credit_of` under
-                ``settings.rule``.
+            credit_for: the credit of an episode by the caller's rule (one that needs more
+                than the episode, e.g. "relative", or a researcher's own), asked only for an
+                episode that is credited; None: :func:`credit_of` under ``settings.rule``.
         """
         if isinstance(ev, TipsRetrieved):
             if ev.turn == 0 and ev.tip_ids and ev.calls and ev.calls[0]:
@@ -96,8 +100,7 @@ class CreditBook:
         if isinstance(ev, EpisodeAbandoned) or used is None or ev.purpose != "train":
             return []
         entry, call = used
-        if credit is None:
-            credit = credit_of(ev, settings.rule)
+        credit = credit_of(ev, settings.rule) if credit_for is None else credit_for(ev)
         self.credits.setdefault(call, []).append(credit)
         self.pending.setdefault(call, []).append(ev.episode)
         self.consumed.append(ev.episode)

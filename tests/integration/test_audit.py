@@ -15,6 +15,7 @@ import pytest
 from audit_golden import golden_stream, write_run
 
 from agents.audit.index import INDEX_DIR, index_ident
+from agents.events.extractor import CreditAssigned
 from agents.events.memory import TipsRetrieved
 from engine.events import Envelope
 from scenarios.cli import main
@@ -215,6 +216,28 @@ def broken(episode, group):
 
 def nan(episode, group):
     return float("nan")
+
+
+CALLED = []
+
+
+def spy(episode, group):
+    CALLED.append(episode.episode)
+    return 1.0
+
+
+def numpy_half(episode, group):
+    import numpy
+
+    return numpy.float32(0.5)
+
+
+def past_floats(episode, group):
+    return 10**400
+
+
+def huge(episode, group):
+    return 1e308
 """
 
 
@@ -243,9 +266,20 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
         ("my_rules:absent", "credit rule module 'my_rules' has no function 'absent'"),
         ("no_such_rules:x", "cannot import credit rule module 'no_such_rules': ModuleNotFound"),
         ("my rules:x", "bad credit rule import path"),
+        ("my_rules:past_floats", "gave 1000000000"),
+        ("my_rules:huge", "credit rule 'my_rules:huge': its credits are too large to add up"),
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
         assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
+    half = audit_json(capsys, str(run), "credit", "--rule", "my_rules:numpy_half")
+    assert half["counterfactual"]  # a NumPy number is a number
+    import my_rules  # pyright: ignore[reportMissingImports]
+
+    my_rules.CALLED.clear()
+    audit_json(capsys, str(run), "credit", "--rule", "my_rules:spy")
+    # asked only for the guided training episodes, each once: the credited ones
+    credited = sorted({e.event.episode for e in STREAM.envs if isinstance(e.event, CreditAssigned)})
+    assert sorted(my_rules.CALLED) == credited and len(credited) == 3
 
 
 def test_counterfactual_settings(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
