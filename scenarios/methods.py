@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from agents.methods.base import Method
-from agents.methods.registry import scenario_method
+from agents.methods.builtin import complementary_rule, grpo_rule
+from agents.methods.registry import BUILTIN, scenario_method
 from scenarios.schema import Scenario
 
 
@@ -34,6 +35,34 @@ def method_with(
     Raises:
         ValueError: see :func:`method_of`.
     """
+    return method_of(_advantages_set(scenario, std_norm, split, weighted))
+
+
+def advantages_changed(
+    scenario: Scenario,
+    *,
+    std_norm: bool | None = None,
+    split: bool | None = None,
+    weighted: bool | None = None,
+) -> bool:
+    """Whether :func:`method_with` these settings changes the scenario's method (``--set
+    std_norm=true`` on a run that divides by the std already re-derives the run itself). A
+    built-in's is its advantage formula's name (GRPO and EMPO2 read ``[grpo] std_norm`` and
+    nothing of ``split`` or ``weighted``); a plug-in's, any change to those sections."""
+    changed = _advantages_set(scenario, std_norm, split, weighted)
+    method = scenario.run.method
+    if method == "complementary":
+        return complementary_rule(scenario.grpo, scenario.complementary) != complementary_rule(
+            changed.grpo, changed.complementary
+        )
+    if method in BUILTIN:
+        return grpo_rule(scenario.grpo) != grpo_rule(changed.grpo)
+    return changed != scenario
+
+
+def _advantages_set(
+    scenario: Scenario, std_norm: bool | None, split: bool | None, weighted: bool | None
+) -> Scenario:
     grpo, comp = scenario.grpo, scenario.complementary
     if std_norm is not None:
         grpo = msgspec.structs.replace(grpo, std_norm=std_norm)
@@ -42,4 +71,4 @@ def method_with(
         comp = msgspec.structs.replace(comp, subgroups=split)
     if weighted is not None:
         comp = msgspec.structs.replace(comp, subgroup_weights=weighted)
-    return method_of(msgspec.structs.replace(scenario, grpo=grpo, complementary=comp))
+    return msgspec.structs.replace(scenario, grpo=grpo, complementary=comp)

@@ -72,6 +72,7 @@ def with_overrides(
     rule: str | None,
     sets: Sequence[str],
     method_for: Callable[[Mapping[str, bool]], Method | None],
+    changes_method: Callable[[Mapping[str, bool]], bool] = lambda sets: bool(sets),
 ) -> AuditSettings:
     """``base`` under ``--rule`` and ``--set key=value`` overrides.
 
@@ -79,6 +80,8 @@ def with_overrides(
         method_for: the run's method rebuilt with settings overridden (``std_norm``: the group
             and subgroup advantages' std division; ``split``: Complementary RL's subgroups;
             ``weighted``: its subgroup weights); called only when one of them is set.
+        changes_method: whether those settings differ from the run's own (when they do not,
+            the method is the run's, and the audit is no counterfactual).
 
     Raises:
         AuditQueryInvalid: an unknown rule or key, or a value of the wrong type or range.
@@ -110,7 +113,7 @@ def with_overrides(
             )
         else:
             method_sets[key] = value
-    if method_sets:
+    if method_sets and changes_method(method_sets):
         out = replace(out, method=method_for(method_sets), method_sets=tuple(method_sets.items()))
     return out
 
@@ -429,6 +432,9 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
 
     events: int
     counterfactual: bool
+    credited: bool
+    """Some entry an extractor wrote guided a training episode: the run has credit (GRPO and
+    EMPO2 runs have none; only their advantages are re-derived)."""
     rule: str
     batch: int
     alpha: float
@@ -455,6 +461,14 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
     """Re-derive ``inputs`` under ``settings`` and compare with what the log recorded
     (``base``: the run's own settings; anything else is a counterfactual)."""
     derived = derive_credits(inputs, settings)
+    credited = any(isinstance(e, CreditAssigned) for e in (*inputs.recorded, *derived))
+    if not credited and settings.credit != base.credit:
+        raise AuditQueryInvalid(
+            "this run has no extractor credit to re-derive (no entry an extractor wrote was "
+            "shown in a training episode): --rule and --set batch/alpha/cooldown/reweight "
+            "change nothing here; std_norm, split and weighted re-derive its advantages"
+        )
+    counterfactual = (settings.credit, settings.method_sets) != (base.credit, base.method_sets)
     groups = [(seq, g, derive_group(g, inputs, settings)) for seq, g in inputs.groups]
     adv = {ep: a for _, _, d in groups for ep, a in zip(d.episodes, d.advantages, strict=True)}
     grads = [
@@ -471,20 +485,25 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
         _of(derived, ExtractorGradientRequested),
     )
     seq_of = dict(zip(map(id, inputs.recorded), inputs.seqs, strict=True))
+    labels = not counterfactual  # a counterfactual's events carry its rule's name
     checks = (
-        _check("credit_assigned", rec_c, der_c, [seq_of[id(c)] for c in rec_c]),
-        _check("extractor_gradient_requested", rec_x, der_x, [seq_of[id(x)] for x in rec_x]),
+        _check("credit_assigned", rec_c, der_c, [seq_of[id(c)] for c in rec_c], labels),
+        _check(
+            "extractor_gradient_requested", rec_x, der_x, [seq_of[id(x)] for x in rec_x], labels
+        ),
         _check(
             "advantages_computed",
             [g for _, g, _ in groups],
             [d for _, _, d in groups],
             [s for s, _, _ in groups],
+            labels,
         ),
         _check(
             "gradient_requested",
             [r for _, r, _ in grads],
             [d for _, _, d in grads],
             [s for s, _, _ in grads],
+            labels,
         ),
     )
     samples = [
@@ -497,7 +516,8 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
     c = settings.credit
     return CreditAudit(
         events=inputs.end,
-        counterfactual=(settings.credit, settings.method_sets) != (base.credit, base.method_sets),
+        counterfactual=counterfactual,
+        credited=credited,
         rule=c.rule,
         batch=c.batch,
         alpha=c.alpha,
@@ -508,12 +528,12 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
         match=all(ch.first_mismatch is None for ch in checks),
         checks=checks,
         credits_changed=len(changed),
-        credit_sign_flips=sum(1 for a, b in changed if _sign(a.credit) != _sign(b.credit)),
+        credit_sign_flips=sum(1 for a, b in changed if _flipped(a.credit, b.credit)),
         requests=(len(rec_x), len(der_x)),
-        calls_flipped=sum(1 for x in calls if _sign(x.recorded_push) != _sign(x.derived_push)),
+        calls_flipped=sum(1 for x in calls if _flipped(x.recorded_push, x.derived_push)),
         samples=len(samples),
         samples_changed=sum(1 for _, a, b in samples if a != b),
-        sample_sign_flips=sum(1 for _, a, b in samples if _sign(a) != _sign(b)),
+        sample_sign_flips=sum(1 for _, a, b in samples if _flipped(a, b)),
         guided_advantage=_means([(a, b) for g, a, b in samples if g]),
         free_advantage=_means([(a, b) for g, a, b in samples if not g])
         if any(g for g, _, _ in samples)
@@ -528,12 +548,18 @@ def _of(events: Sequence[Event], kind: type[Any]) -> list[Any]:
 
 
 def _check(
-    kind: str, recorded: Sequence[Event], derived: Sequence[Event], seqs: Sequence[int]
+    kind: str,
+    recorded: Sequence[Event],
+    derived: Sequence[Event],
+    seqs: Sequence[int],
+    labels: bool = True,
 ) -> Check:
+    """How many of ``derived`` equal ``recorded``, pairwise; ``labels`` False: a ``rule``
+    field (the name of the rule the numbers came from) is not compared."""
     equal = 0
     mismatch = None
     for i, (a, b) in enumerate(zip(recorded, derived, strict=False)):
-        if a == b:
+        if a == b or (not labels and _unlabelled(a) == _unlabelled(b)):
             equal += 1
         elif mismatch is None:
             mismatch = _mismatch(seqs[i], a, b)
@@ -549,8 +575,13 @@ def _check(
     )
 
 
-def _sign(x: float) -> int:
-    return (x > 0) - (x < 0)
+def _unlabelled(ev: Event) -> Event:
+    return msgspec.structs.replace(ev, rule="") if hasattr(ev, "rule") else ev
+
+
+def _flipped(a: float, b: float) -> bool:
+    """``b`` has the opposite sign of ``a`` (a move to or from zero is no flip)."""
+    return a * b < 0
 
 
 def _means(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:

@@ -210,9 +210,13 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     """The lines of a credit audit; ``top`` rows of the per-entry and per-call tables."""
     adv = "as recorded" if a.std_norm is None else f"std_norm={a.std_norm}"
     head = "counterfactual" if a.counterfactual else "re-derived with the run's settings"
+    credit = (
+        f"rule {a.rule}, batch {a.batch}, alpha {a.alpha:g}, cooldown {a.cooldown}"
+        if a.credited
+        else "no extractor credit in this run"
+    )
     out = [
-        f"credit {head}, from {a.events} events: rule {a.rule}, batch {a.batch}, alpha "
-        f"{a.alpha:g}, cooldown {a.cooldown}; advantages {adv}, split={a.split}, "
+        f"credit {head}, from {a.events} events: {credit}; advantages {adv}, split={a.split}, "
         f"weighted={a.weighted}"
     ]
     for c in a.checks:

@@ -630,6 +630,7 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     from agents.invariants.credit import run_settings
     from engine.errors import AuditQueryInvalid
     from scenarios.loader import parse_toml, to_scenario
+    from scenarios.methods import advantages_changed
 
     if args.top < 0:
         raise InputInvalid(f"--top must be >= 0, got {args.top}")
@@ -641,7 +642,11 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     except ValueError as exc:
         raise AuditQueryInvalid(f"the run's method: {exc}") from None
     settings = with_overrides(
-        base, args.rule, args.set, lambda sets: _method_or_none(scenario, sets)
+        base,
+        args.rule,
+        args.set,
+        lambda sets: _method_or_none(scenario, sets),
+        lambda sets: advantages_changed(scenario, **sets),
     )
     return audit_credit(gather(log), settings, base)
 

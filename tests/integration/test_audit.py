@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audit_golden import golden_stream, write_run
+from audit_golden import Stream, golden_stream, write_run
 
 from agents.audit.index import INDEX_DIR, index_ident
 from agents.events.extractor import CreditAssigned
@@ -187,10 +187,16 @@ def test_the_relative_rule_credits_against_the_free_half(
         2: (0.0, 0.0),
         4: (1.0, 0.0),
     }
-    assert (a["credits_changed"], a["credit_sign_flips"]) == (3, 1)
+    # ep006's +1 -> 0 and the pushes' moves to zero are no sign flips (they were counted)
+    assert (a["credits_changed"], a["credit_sign_flips"]) == (3, 0)
     pushes = {x["call"]: (x["recorded_push"], x["derived_push"]) for x in a["calls"]}
     assert pushes == {XM: (-0.5, 0.0), XC: (0.5, 0.0)}
-    assert a["calls_flipped"] == 2
+    assert a["calls_flipped"] == 0
+    # a rule of the same numbers under another name: every credit equal (the name is not
+    # compared), but still a counterfactual
+    same = audit_json(capsys, str(run), "credit", "--rule", "score")  # +-1 as success here
+    assert same["counterfactual"] and same["credits_changed"] == 0
+    assert {c["kind"]: c["equal"] for c in same["checks"]}["credit_assigned"] == 3
 
 
 OWN_RULES = """
@@ -291,6 +297,22 @@ def test_counterfactual_settings(run: Path, capsys: pytest.CaptureFixture[str]) 
     assert flat["samples_changed"] == 0  # balanced rewards: one group gives the same
     same = audit_json(capsys, str(run), "credit", "--set", "reweight=false")
     assert same["counterfactual"] and same["credits_changed"] == 0
+    own = audit_json(capsys, str(run), "credit", "--set", "std_norm=false", "--set", "split=true")
+    assert not own["counterfactual"] and own["match"]  # the run's own settings, set again
+
+
+def test_a_run_without_extractor_credit_says_so_and_refuses_credit_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = Stream()
+    s.episode("ep000", 0, success=True)
+    s.episode("ep001", 1, success=False, tip=3, call="")  # a reflection's tip: no credit
+    run = write_run(tmp_path, s.envs)
+    code, out, _ = audit(capsys, str(run), "credit")
+    assert code == 0 and "no extractor credit in this run" in out and "rule " not in out
+    for args in (("--rule", "relative"), ("--set", "batch=3"), ("--set", "reweight=false")):
+        code, out, err = audit(capsys, str(run), "credit", *args)
+        assert code == 2 and out == "" and "has no extractor credit to re-derive" in err, err
 
 
 def test_a_live_run_indexes_only_its_new_tail(
