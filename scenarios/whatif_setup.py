@@ -52,12 +52,20 @@ def run_whatif(
     found = refs(index, "e", episode)
     events = fetch(log, [seq for seq, _ in found])
     rec = recorded(episode, [events[seq] for seq, _ in found])
+    stored, text = _entry_stored(index, instead) if instead is not None else (-1, "")
     change = Change(
         without=without,
-        instead=(instead, _entry_text(index, instead)) if instead is not None else None,
+        instead=(instead, text) if instead is not None else None,
         version=version,
     )
     check(rec, change)
+    ended = max((seq for seq, kind in found if kind == "episode_finished"), default=-1)
+    note = (
+        f"entry {instead} was stored at seq {stored}, after the episode ended (seq {ended}): no "
+        "retrieval could have shown it then"
+        if instead is not None and stored > ended
+        else ""
+    )
     runners = _Runners(root, log, index, scenario, source)
     prompting = Prompting(
         window=scenario.policy.window,
@@ -75,18 +83,19 @@ def run_whatif(
         changed = replay(rec, world, runners.get, prompting, change, max_turns=turns)
     finally:
         world.close()
-    answer = what_if(rec, control, changed, change)
+    answer = msgspec.structs.replace(what_if(rec, control, changed, change), note=note)
     if answer.reproduced:
         return answer
     logged = meta.machine if meta else ""
     return msgspec.structs.replace(answer, logged_machine=logged, machine=machine_description())
 
 
-def _entry_text(index: FactIndex, tip: int) -> str:
-    stored = [row for _, row in tip_rows(index, tip) if isinstance(row, StoredRow)]
+def _entry_stored(index: FactIndex, tip: int) -> tuple[int, str]:
+    """Where entry ``tip`` was stored (seq) and its text."""
+    stored = [(seq, row) for seq, row in tip_rows(index, tip) if isinstance(row, StoredRow)]
     if not stored:
         raise AuditQueryInvalid(f"no entry {tip} in this run (ids are TipStored.tip_id)")
-    return stored[0].text
+    return stored[0][0], stored[0][1].text
 
 
 class _Runners:

@@ -141,6 +141,9 @@ class WhatIf(msgspec.Struct, frozen=True, kw_only=True):
     strayed: str = ""
     logged_machine: str = ""
     machine: str = ""
+    note: str = ""
+    """What the change is not (an entry shown that the bank stored only after the episode
+    ended: no retrieval could have shown it then); "" for none."""
 
 
 def recorded(episode: str, envs: Sequence[Envelope[Event]]) -> Recorded:
@@ -277,11 +280,21 @@ def replay(
 
 
 def check(rec: Recorded, change: Change) -> None:
-    """Refuse a change that names an entry the episode was not shown.
+    """Refuse a change that names an entry the episode was not shown, or that changes nothing:
+    an entry shown instead of itself, or shown though the episode was shown it already.
 
     Raises:
         AuditQueryInvalid: it does.
     """
+    if change.instead is not None:
+        tip = change.instead[0]
+        if tip == change.without:
+            raise AuditQueryInvalid(f"entry {tip} instead of entry {tip} changes nothing")
+        if tip in rec.shown:
+            raise AuditQueryInvalid(
+                f"episode {rec.episode} was shown entry {tip} already: showing it again adds a "
+                f"duplicate, not the entry (--without-tip {tip} asks what it did)"
+            )
     if change.without is not None and change.without not in rec.shown:
         shown = ", ".join(map(str, sorted(rec.shown))) or "none"
         raise AuditQueryInvalid(

@@ -412,4 +412,6 @@ def _whatif_lines(w: Any) -> list[str]:
     if w.credit is not None:
         verdict += f"; the credit this episode gave the entry: {w.credit:+.3f} ({w.credit_rule})"
     lines.append(verdict)
+    if w.note:
+        lines.append(f"note: {w.note}")
     return lines

@@ -32,6 +32,7 @@ from agents.events.policy import ActionRequested, ActionSampled, PolicyUpdated
 from engine.world import Observation, Task
 from scenarios.cli import main
 from stores.checkpoints import ADAPTER_FILE, WEIGHTS_FILE
+from stores.lmdb_log import LmdbEventLog
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +156,16 @@ def test_another_entry_or_another_version(run: Path, capsys: pytest.CaptureFixtu
     )
     assert w["change"] == f"entry {other.tip_id} instead of entry {credit.entry}"
     assert all(t["tips"] == [other.text] for t in w["changed"]["turns"])
+    envs = list(LmdbEventLog.open(run / "log").read())
+    ended = next(
+        e.seq
+        for e in envs
+        if isinstance(e.event, EpisodeFinished) and e.event.episode == credit.episode
+    )
+    later = next(e.event.tip_id for e in envs if isinstance(e.event, TipStored) and e.seq > ended)
+    change = ("--with-tip", str(later), "--without-tip", str(credit.entry))
+    w = _whatif(run, credit.episode, *change, capsys=capsys)
+    assert f"entry {later} was stored at seq" in w["note"] and f"(seq {ended})" in w["note"]
     last = of(events, PolicyUpdated)[-1].policy_version  # its checkpoint is kept
     w = _whatif(run, credit.episode, "--version", str(last), capsys=capsys)
     assert w["reproduced"] is True
@@ -175,6 +186,15 @@ def test_bad_changes_are_one_line(run: Path, capsys: pytest.CaptureFixture[str])
             f"episode {credit.episode} was not shown entry {other} (it was shown: {shown})",
         ),
         (["--version", "99"], "the run has no policy version 99"),
+        (
+            ["--with-tip", str(shown)],
+            f"episode {credit.episode} was shown entry {shown} already: showing it again adds "
+            f"a duplicate, not the entry (--without-tip {shown} asks what it did)",
+        ),
+        (
+            ["--without-tip", str(shown), "--with-tip", str(shown)],
+            f"entry {shown} instead of entry {shown} changes nothing",
+        ),
     ):
         capsys.readouterr()
         assert main(["audit", str(run), "whatif", credit.episode, *args]) == 2
