@@ -187,7 +187,8 @@ def render_episode(a: EpisodeAudit) -> list[str]:
 
 def _turn(t: Turn) -> list[str]:
     out = [
-        f"  turn {t.turn} (seq {t.seq}, policy v{t.policy_version})",
+        f"  turn {t.turn} (seq {t.seq}, "
+        + (f"policy v{t.policy_version})" if t.policy_version >= 0 else "no policy: scripted)"),
         f"    obs: {_q(t.observation, 110)}",
     ]
     out.append(f"    admissible: {' | '.join(t.admissible)}")

@@ -228,7 +228,7 @@ def _row(ep: str, a: Assigned, end: Outcome | None, version: int | None) -> Epis
         split=a.split,
         purpose=a.purpose,
         rollout=a.rollout,
-        version="-" if version is None else str(version),
+        version="-" if version is None or version < 0 else str(version),  # -1: scripted
         outcome=outcome,
         score=score,
         steps=steps,

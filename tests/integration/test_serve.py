@@ -188,6 +188,11 @@ def test_the_episode_list_filters(server: str, distill_root: Path, tmp_path: Pat
     assert re.findall(r'href="/runs/run/episodes/(ep\d+)"', table.group(1)) == wanted
     assert _texts(dom, r'<p id="count">(.*?)</p>')[0].startswith(f"{len(wanted)} episodes")
     assert 'option value="guided-distill" selected' in dom
+    assert "no episode of this run has" not in dom
+    code, body = _get(f"{server}/runs/run?outcome=bogus&purpose=train")
+    assert code == 200 and "0 episodes" in body
+    assert "no episode of this run has outcome <b>bogus</b> (it has: " in body, body
+    assert "no episode of this run has purpose" not in body
 
 
 def test_bad_runs_and_ids_are_one_line_error_pages(server: str) -> None:
