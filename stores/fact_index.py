@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import shutil
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +53,16 @@ class IndexWriteFailed(LogError):
     """The file system refused a write to a fact index (a full disk, an I/O error): the index
     keeps what it held before. Unlike :class:`~engine.errors.LogWriteFailed`, the event log is
     untouched: the index is derived from it, and an audit can index in memory instead."""
+
+
+def _free_note(path: Path) -> str:
+    """What is free on the disk holding ``path``, for a failed write's message (LMDB may say
+    "Input/output error" where the disk is full)."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return ""
+    return f" ({free / 2**20:.1f} MiB free on its disk{': full?' if free < 2**26 else ''})"
 
 
 @runtime_checkable
@@ -264,7 +275,7 @@ class LmdbFactIndex:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
             except lmdb.Error as exc:  # a full disk, an I/O error: nothing of it was stored
                 raise IndexWriteFailed(
-                    f"cannot write the fact index at {self._path}: {exc}"
+                    f"cannot write the fact index at {self._path}: {exc}{_free_note(self._path)}"
                 ) from None
 
     def get(self, key: bytes) -> bytes | None:

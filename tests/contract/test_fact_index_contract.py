@@ -90,3 +90,31 @@ class TestLmdbFactIndex(FactIndexContract):
         (tmp_path / "file").write_text("x")
         with pytest.raises(OSError):
             LmdbFactIndex.open(tmp_path / "file", "run-a")
+
+    def test_a_failed_write_says_what_is_free_on_its_disk(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """LMDB said "Input/output error" for a full disk: the message says how full it is."""
+        import shutil
+
+        import lmdb
+
+        from stores import fact_index
+
+        with LmdbFactIndex.open(tmp_path / "idx", "run-a") as index:
+
+            class Refusing:
+                def __init__(self, env: object) -> None:
+                    self.env = env
+
+                def begin(self, **kw: object) -> object:
+                    raise lmdb.Error("mdb_txn_commit: Input/output error")
+
+            monkeypatch.setattr(index, "_env", Refusing(index._env))  # pyright: ignore[reportPrivateUsage]
+            usage = shutil.disk_usage(tmp_path)._replace(free=5 * 2**20)
+            monkeypatch.setattr(fact_index.shutil, "disk_usage", lambda p: usage)
+            with pytest.raises(
+                fact_index.IndexWriteFailed, match=r"5\.0 MiB free on its disk: full\?"
+            ):
+                index.extend(0, 1, [(b"k", b"v")])
+            monkeypatch.undo()
