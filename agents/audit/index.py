@@ -382,7 +382,14 @@ def facts_of(env: Envelope[Event]) -> list[Fact]:
 # --- building and reading ----------------------------------------------------------------------
 
 
-def refresh(log: EventLog, index: FactIndex, *, chunk: int = REFRESH_CHUNK) -> int:
+Progress = Callable[[int, int], None]
+"""Told, after each chunk an index was extended by, the events indexed so far and how many
+there were to index."""
+
+
+def refresh(
+    log: EventLog, index: FactIndex, *, chunk: int = REFRESH_CHUNK, progress: Progress | None = None
+) -> int:
     """Index ``log`` from ``index.upto`` to the log's end as of now (a live run's later events
     wait for the next call).
 
@@ -390,11 +397,14 @@ def refresh(log: EventLog, index: FactIndex, *, chunk: int = REFRESH_CHUNK) -> i
         The seq the index now reaches (the log's end when the call started).
     """
     end = log.next_seq
+    first = index.upto
     while index.upto < end:
         start = index.upto
         stop = min(end, start + chunk)
         facts = [f for part in log.read_chunks(start, stop) for env in part for f in facts_of(env)]
         index.extend(start, stop, facts)  # False: another process indexed it; go on from there
+        if progress is not None:
+            progress(index.upto - first, end - first)
     return end
 
 
@@ -509,13 +519,16 @@ INDEX_DIR = "audit"
 """The index's directory inside a run directory (beside ``log/``)."""
 
 
-def open_index(run_root: Path, log: EventLog, where: Path | None = None) -> tuple[FactIndex, str]:
+def open_index(
+    run_root: Path, log: EventLog, where: Path | None = None, progress: Progress | None = None
+) -> tuple[FactIndex, str]:
     """The run's persisted index, brought up to the log's end.
 
     Args:
         run_root: the run directory.
         log: its event log, open for reading.
         where: the index directory (default ``run_root / "audit"``).
+        progress: told how the indexing goes (a long log's first question indexes it whole).
 
     Returns:
         The index, and a note for the user ("" normally): where the directory cannot be
@@ -537,12 +550,12 @@ def open_index(run_root: Path, log: EventLog, where: Path | None = None) -> tupl
         index = MemoryFactIndex()
         note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
     try:
-        refresh(log, index)
+        refresh(log, index, progress=progress)
     except IndexWriteFailed as exc:  # a full disk: the index is a cache, the log is intact
         index.close()
         index = MemoryFactIndex()
         note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
-        refresh(log, index)
+        refresh(log, index, progress=progress)
     except BaseException:
         index.close()
         raise
@@ -566,12 +579,16 @@ def rebuilt_index(
 
 
 def answer_from_index(
-    run_root: Path, log: EventLog, where: Path | None, ask: Callable[[FactIndex], T]
+    run_root: Path,
+    log: EventLog,
+    where: Path | None,
+    ask: Callable[[FactIndex], T],
+    progress: Progress | None = None,
 ) -> tuple[T, str]:
     """``ask(index)`` on the run's index (:func:`open_index`), and the note about the index.
     A damaged fact met while answering (:class:`IndexDamaged`) rebuilds the index from the
     log (:func:`rebuilt_index`) and the question is asked once more."""
-    index, note = open_index(run_root, log, where)
+    index, note = open_index(run_root, log, where, progress)
     try:
         try:
             return ask(index), note

@@ -619,7 +619,10 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
         return audit_episode(log, index, args.id)
 
     where = Path(args.index) if args.index else None
-    answer, note = answer_from_index(find_run(args.run).root, log, where, ask)
+    from scenarios.cli.console import indexing_lines
+
+    root = find_run(args.run).root
+    answer, note = answer_from_index(root, log, where, ask, indexing_lines())
     if note:
         print(f"coevo: note: {note}", file=sys.stderr)
     return answer

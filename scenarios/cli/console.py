@@ -5,9 +5,10 @@ Nothing here decides anything; it renders events and projection states.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -242,3 +243,23 @@ def envelope_line(env: Envelope[Event], width: int = 160) -> str:
 def _short(value: Any) -> str:
     text = msgspec.json.encode(value).decode()
     return text if len(text) <= 60 else text[:59] + "…"
+
+
+def indexing_lines(least: int = 100_000) -> Callable[[int, int], None]:
+    """A progress report for indexing a log for the audit: a line on stderr at every tenth,
+    for a log of at least ``least`` events to index (a shorter one takes a second or two)."""
+    shown = [0]
+
+    def report(done: int, total: int) -> None:
+        if total < least:
+            return
+        tenth = done * 10 // total
+        if tenth > shown[0] or done == total:
+            shown[0] = tenth
+            print(
+                f"coevo: indexing the log for the audit (once): {done:,} of {total:,} events",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return report

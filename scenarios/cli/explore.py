@@ -323,6 +323,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     import msgspec
 
     from agents.audit.index import answer_from_index
+    from scenarios.cli.console import indexing_lines
     from scenarios.whatif_setup import run_whatif
 
     if args.without_tip is None and args.with_tip is None and args.version is None:
@@ -349,7 +350,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                 )
 
         where = Path(args.index) if args.index else None
-        answer, note = answer_from_index(root, log, where, ask)
+        answer, note = answer_from_index(root, log, where, ask, indexing_lines())
         if note:
             print(f"coevo: note: {note}", file=sys.stderr)
     finally:
