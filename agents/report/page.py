@@ -365,7 +365,8 @@ def _entry_card(r: RunData, i: int, e: Entry, shown: set[int]) -> str:
     return (
         f'<div class="entry" id="{anchor}"><p><a href="#{anchor}">#{e.tip_id}</a> in '
         f"{html.escape(e.slot)}: total credit <b>{e.total:+.2f}</b> from {len(e.credits)} "
-        f"guided episodes ({plus} positive, {minus} negative), shown {e.retrieved}×, "
+        f"credited training episodes ({plus} positive, {minus} negative), shown {e.retrieved}× "
+        "(every retrieval: evaluation and abandoned attempts too), "
         f"{'evicted (' + html.escape(e.fate) + ')' if e.fate else 'still in the bank'}</p>"
         f"<blockquote>{html.escape(e.text)}</blockquote><dl>"
         f"<dt>written by</dt><dd>{writer}, stored at seq {e.seq}</dd>"

@@ -103,6 +103,8 @@ def test_entries_show_their_text_credits_and_lineage_command(
     card = text[text.index(f'<div class="entry" id="r0-tip{worst}">') :]
     card = card[: card.index("</div>")]
     assert f"total credit <b>{total[worst]:+.2f}</b>" in card
+    credited = sum(1 for c in of(events, CreditAssigned) if c.entry == worst)
+    assert f"from {credited} credited training episodes (" in card
     assert f"<blockquote>{html.escape(stored[worst].text)}</blockquote>" in card
     assert f"extractor call {stored[worst].call} (extract of ep" in card
     assert f"<code>coevo audit {runs[0]} tip {worst}</code>" in card
