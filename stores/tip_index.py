@@ -91,6 +91,12 @@ class VectorIndex(Protocol):
         """
         ...
 
+    def prepare(self) -> None:
+        """Build what a search at the current size uses, as :meth:`search` would (a backend
+        whose structure is built on first need); answers nothing. Replaying a run's searches
+        without their queries (a bank rebuilt from its log) calls it where each one was."""
+        ...
+
     def search(self, queries: np.ndarray, k: int) -> Hits:
         """The up to ``k`` most similar keys per query row, best first, ties by smaller key.
 
@@ -289,6 +295,9 @@ class ExactIndex:
             raise KeyError(missing[0])
         self._rows.remove(array)
 
+    def prepare(self) -> None:
+        """Nothing to build: every search is over the rows."""
+
     def search(self, queries: np.ndarray, k: int) -> Hits:
         check_k(k)
         check_vectors("queries", queries, None, self.dim)
@@ -313,10 +322,12 @@ class UsearchIndex:
     """Exact float32 search (numpy, one BLAS thread) while it holds at most ``exact_below``
     vectors; usearch HNSW (cosine metric, float32 storage) above that.
 
-    The vectors are always kept in a float32 matrix. The HNSW graph is built the first time an
-    ``add`` takes the index past ``exact_below`` (from the matrix's rows, in their order, on one
-    thread), then kept up to date by every ``add`` and ``remove``, also below the threshold
-    (searches there are exact again), so an index around its threshold is not rebuilt.
+    The vectors are always kept in a float32 matrix. The HNSW graph is built the first time a
+    search finds the index past ``exact_below`` (from the matrix's rows, in their order, on one
+    thread; :meth:`prepare`), then kept up to date by every ``add`` and ``remove``, also below
+    the threshold (searches there are exact again), so an index around its threshold is not
+    rebuilt. An index that only passes the threshold between searches (a bank that stores one
+    tip over its capacity, then evicts the oldest) never builds one.
 
     Args:
         dim: the vector length.
@@ -387,7 +398,7 @@ class UsearchIndex:
 
     @property
     def has_graph(self) -> bool:
-        """Whether the HNSW graph has been built (the index once held more than
+        """Whether the HNSW graph has been built (a search once found more than
         ``exact_below`` vectors)."""
         return self._graph is not None
 
@@ -403,18 +414,24 @@ class UsearchIndex:
         n = len(self._rows)
         if self._graph is not None:
             self._graph.add(array, self._rows.rows[n - len(array) : n], threads=1)
-        elif n > self.exact_below:
-            from usearch.index import Index
 
-            self._graph = Index(
-                ndim=self.dim,
-                metric="cos",
-                dtype="f32",
-                connectivity=self.connectivity,
-                expansion_add=self.expansion_add,
-                expansion_search=self._expansion_search,
-            )
-            self._graph.add(self._rows.keys[:n].copy(), self._rows.rows[:n], threads=1)
+    def prepare(self) -> None:
+        """Build the HNSW graph if the index holds more than ``exact_below`` vectors and has
+        none yet (a search does this first)."""
+        n = len(self._rows)
+        if self._graph is not None or n <= self.exact_below:
+            return
+        from usearch.index import Index
+
+        self._graph = Index(
+            ndim=self.dim,
+            metric="cos",
+            dtype="f32",
+            connectivity=self.connectivity,
+            expansion_add=self.expansion_add,
+            expansion_search=self._expansion_search,
+        )
+        self._graph.add(self._rows.keys[:n].copy(), self._rows.rows[:n], threads=1)
 
     def remove(self, keys: Sequence[int]) -> None:
         array = check_keys(keys)
@@ -431,6 +448,7 @@ class UsearchIndex:
         n = len(self)
         if n == 0 or k == 0 or len(queries) == 0:
             return [[] for _ in range(len(queries))]
+        self.prepare()
         if n <= self.exact_below or self._graph is None:
             # one BLAS thread: with two, a 10k-row product was 10x slower on a busy 2-core VM
             with _one_blas_thread():

@@ -235,9 +235,11 @@ class TipBank:
 
     def evolve(self, ev: Event, vector: np.ndarray | None = None) -> None:
         """Apply an event this bank emitted, rebuilding the bank from the log (a resumed
-        run); ``vector`` (dim,) embeds a :class:`TipStored`'s key. Events that change nothing
-        (:class:`TipRejected`, a "threshold" or read-only retrieval, a merge request) are
-        ignored.
+        run); ``vector`` (dim,) embeds a :class:`TipStored`'s key. A retrieval from a slot
+        that held tips prepares its index as its search did (:meth:`VectorIndex.prepare`: an
+        HNSW graph is built where the run built it); one with "diverse" scores, not read-only,
+        counts its picks. Events that change nothing (:class:`TipRejected`, a merge request)
+        are ignored.
 
         Raises:
             ValueError: ``ev`` does not follow from the bank's state (a tip id out of order,
@@ -253,8 +255,17 @@ class TipBank:
             if ev.tip_id not in self.tips:
                 raise ValueError(f"tip {ev.tip_id} evicted, but the bank does not hold it")
             self._evict(ev.tip_id, ev.reason)
-        elif isinstance(ev, TipsRetrieved) and ev.scores and not ev.read_only:
-            self._count(self._slots[ev.slot], [self.tips[key] for key in ev.tip_ids])
+        elif isinstance(ev, TipsRetrieved):
+            slot = self._slots.get(ev.slot)
+            if slot is not None and ev.slot_size:
+                slot.index.prepare()
+            if ev.scores and not ev.read_only:
+                self._count(self._slots[ev.slot], [self.tips[key] for key in ev.tip_ids])
+
+    def graphs(self) -> list[str]:
+        """The slots whose index has built a structure that every vector it then held or took
+        since shaped (an HNSW graph, :attr:`UsearchIndex.has_graph`)."""
+        return [name for name, s in self._slots.items() if getattr(s.index, "has_graph", False)]
 
     @staticmethod
     def _count(slot: _Slot, picked: list[Tip]) -> None:
@@ -506,14 +517,10 @@ class MemoryActor(Actor):
             again = []  # one answer, complete: folded (answering again re-embeds the query)
         done = [env.event for env in mine if not again or env.cause != last]
         embedder = await ctx.to_thread(self._make_embedder)
-        bank = TipBank(self._settings, embedder.dim)
-        keys = [ev.key for ev in done if isinstance(ev, TipStored)]
-        vectors = iter(await ctx.to_thread(embed_all, embedder, keys))
-        try:
-            for ev in done:
-                bank.evolve(ev, next(vectors) if isinstance(ev, TipStored) else None)
-        except ValueError as exc:
-            raise ResumeDiverged(f"the {ctx.name} cannot rebuild its bank: {exc}") from None
+        evicted = {ev.tip_id for ev in done if isinstance(ev, TipEvicted)}
+        bank = await self._fold(ctx, done, embedder, evicted)
+        if bank.graphs() and evicted:  # an evicted tip's vector may have shaped a graph
+            bank = await self._fold(ctx, done, embedder, set())
         if again:
             replay = ReplayContext(ctx.name, ctx.run_seed)
             await self._apply(cast(Context, replay), bank, embedder, again)
@@ -526,6 +533,32 @@ class MemoryActor(Actor):
         ]
         self._restored = bank, embedder
         ctx.log.info("memory rebuilt", tips=len(bank.tips), owed=len(self._owed))
+
+    async def _fold(
+        self, ctx: Context, done: list[Event], embedder: Embedder, unembedded: set[int]
+    ) -> TipBank:
+        """The bank that ``done`` (the events it emitted) rebuilds, every stored tip's key
+        embedded but those of ``unembedded``: tips evicted before the end, whose vectors only
+        a search could have read, and a rebuilt bank searches nothing (a placeholder
+        stands in; :meth:`TipBank.graphs` says where an index kept one).
+
+        Raises:
+            ResumeDiverged: ``done`` does not follow from an empty bank.
+        """
+        bank = TipBank(self._settings, embedder.dim)
+        keys = [ev.key for ev in done if isinstance(ev, TipStored) and ev.tip_id not in unembedded]
+        vectors = iter(await ctx.to_thread(embed_all, embedder, keys))
+        placeholder = np.zeros(embedder.dim, dtype=np.float32)
+        placeholder[0] = 1.0
+        try:
+            for ev in done:
+                vector = None
+                if isinstance(ev, TipStored):
+                    vector = placeholder if ev.tip_id in unembedded else next(vectors)
+                bank.evolve(ev, vector)
+        except ValueError as exc:
+            raise ResumeDiverged(f"the {ctx.name} cannot rebuild its bank: {exc}") from None
+        return bank
 
     async def _apply(
         self, ctx: Context, bank: TipBank, embedder: Embedder, batch: list[Envelope[Event]]

@@ -230,6 +230,23 @@ class TestUsearchIndex(IndexContract):
         with pytest.raises(ValueError, match=r"^expansion_search must be >= 1, got 0$"):
             UsearchIndex(4).expansion_search = 0
 
+    def test_passing_the_threshold_between_searches_builds_no_graph(self) -> None:
+        """A bank stores one tip over its capacity, then evicts the oldest: the index is past
+        its threshold only between searches, so it never builds a graph; :meth:`prepare`
+        builds one only past the threshold, as a search would."""
+        vectors = unit_rows(np.random.default_rng(3).standard_normal((40, 8)))
+        index = UsearchIndex(8, exact_below=10)
+        index.add(list(range(10)), vectors[:10])
+        for key in range(10, 40):
+            index.add([key], vectors[key : key + 1])
+            index.remove([key - 10])
+            index.prepare()
+            assert index.search(vectors[key : key + 1], 1)[0][0][0] == key
+        assert not index.has_graph
+        index.add([40], vectors[:1])
+        index.prepare()
+        assert index.has_graph and not index.exact
+
     def test_exact_regime_answers_as_the_twin(self) -> None:
         """Below the threshold: ExactIndex's keys in ExactIndex's order, similarities within
         float32 rounding, after adds and removes (no graph is ever built)."""
@@ -248,7 +265,7 @@ class TestUsearchIndex(IndexContract):
         assert [k for k, _ in tied][:2] == [1, 1001]
 
     def test_switches_regime_across_the_threshold_both_ways(self) -> None:
-        """The add that passes the threshold builds the graph; a remove back below it makes
+        """The first search past the threshold builds the graph; a remove back below it makes
         searches exact again (the twin's answers) while the graph is kept up to date; every
         key added or removed on either side is found or gone in both regimes."""
         vectors = unit_rows(np.random.default_rng(8).standard_normal((300, 16)))
@@ -258,8 +275,9 @@ class TestUsearchIndex(IndexContract):
         assert index.exact and not index.has_graph
         for target in (index, twin):
             target.add(list(range(150, 260)), vectors[150:260])
-        assert not index.exact and index.has_graph
+        assert not index.exact and not index.has_graph  # no search yet
         assert [h[0][0] for h in index.search(vectors[:260], 1)] == list(range(260))
+        assert index.has_graph
         for target in (index, twin):
             target.remove(list(range(0, 260, 2)))  # 130 left: exact again
         assert index.exact and index.has_graph and len(index) == 130

@@ -10,22 +10,28 @@ import threading
 import time
 from collections.abc import Sequence
 from functools import partial
+from typing import cast
 
+import msgspec
+import numpy as np
+import structlog
 import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.events.extractor import ExtractorCalled, MergeDue, MergePlanned, MergeRequested
-from agents.events.memory import RetrievalRequested, TipProposed, TipsRetrieved
+from agents.events.memory import RetrievalRequested, TipEvicted, TipProposed, TipsRetrieved
 from agents.memory.bank import MemoryActor, MemorySettings, TipBank, merge_requests
 from agents.models.embedder import HashingEmbedder
 from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog
-from engine.events import Event
+from engine.events import Envelope, Event
 from engine.lifecycle import ActorFailed, RunStarted
 from engine.projection import ActorStats
+from engine.recovery import ReplayContext
 from engine.runtime import Runtime
+from stores.tip_index import EXACT_BELOW
 
 SEED = 4
 DIM = 32
@@ -301,3 +307,89 @@ def test_a_query_for_an_empty_slot_is_not_embedded() -> None:
             assert plan[4].query in embedded and plan[3].key in embedded
     finally:
         HashingEmbedder.embed = real  # type: ignore[method-assign]
+
+
+class _Recovering(ReplayContext):
+    """The context :meth:`MemoryActor.recover` is given on resume (a first attempt)."""
+
+    attempt = 0
+    log = structlog.get_logger("test")
+
+
+def logged_run(plan: list[Event], bank: TipBank) -> list[Envelope[Event]]:
+    """A log of ``plan``'s messages, each followed by what ``bank`` answered (the memory actor
+    one message at a time, every text embedded by the hashing embedder)."""
+    embedder = HashingEmbedder(dim=DIM)
+    log: list[Envelope[Event]] = []
+
+    def append(actor: str, ev: Event, cause: int | None) -> None:
+        log.append(Envelope(seq=len(log), run="r", t=0, actor=actor, event=ev, cause=cause))
+
+    for ev in plan:
+        append("feeder", ev, None)
+        seq = len(log) - 1
+        if isinstance(ev, TipProposed):
+            made = bank.store(ev, embedder.embed([ev.key])[0])
+        else:
+            assert isinstance(ev, RetrievalRequested)
+            made = [bank.retrieve(ev, embedder.embed([ev.query])[0])]
+        for m in made:
+            append("memory", m, seq)
+    return log
+
+
+def rebuilt(settings: MemorySettings, log: list[Envelope[Event]]) -> tuple[TipBank, list[str]]:
+    """The bank a resumed memory actor rebuilds from ``log``, and every text it embedded."""
+    embedded: list[str] = []
+
+    class Recording(HashingEmbedder):
+        def embed(self, texts: Sequence[str]) -> np.ndarray:
+            embedded.extend(texts)
+            return super().embed(texts)
+
+    actor = MemoryActor(partial(Recording, dim=DIM), settings)
+    trio.run(actor.recover, cast(Context, _Recovering("memory", SEED)), log)
+    assert actor._restored is not None
+    return actor._restored[0], embedded
+
+
+def test_a_rebuilt_bank_embeds_only_the_keys_it_still_holds() -> None:
+    """On resume the bank embeds the keys of the tips it holds at the log's end, not those
+    evicted before it (their vectors were read only by searches, and a rebuilt bank searches
+    nothing before then), and answers every later retrieval as the bank that ran on."""
+    settings = MemorySettings(capacity=3, threshold=0.1, top_k=3, index="usearch")
+    plan: list[Event] = []
+    for n in range(40):
+        plan.append(tip(n, SLOTS[n % 2], n, n))
+        if n % 3 == 0:
+            plan.append(retrieval(n, SLOTS[n % 2], n % 2 == 0, n + 1))
+    live_bank = TipBank(settings, DIM)
+    bank, embedded = rebuilt(settings, logged_run(plan, live_bank))
+    assert not bank.graphs()
+    assert sorted(embedded) == sorted(t.text for t in live_bank.tips.values())  # key == text
+    assert bank.tips == live_bank.tips
+    for q in range(12):
+        ask = retrieval(99, SLOTS[q % 2], q % 3 == 0, q)
+        vector = HashingEmbedder(dim=DIM).embed([ask.query])[0]
+        assert bank.retrieve(ask, vector) == live_bank.retrieve(ask, vector)
+
+
+def test_a_bank_whose_index_built_a_graph_is_rebuilt_with_every_key() -> None:
+    """A slot searched past the index's exact threshold built an HNSW graph from every vector
+    it held: the rebuilt bank builds it at the same retrieval, so every stored key is embedded
+    again (an evicted tip's vector shaped the graph)."""
+    settings = MemorySettings(capacity=EXACT_BELOW + 2, threshold=0.1, top_k=3, index="usearch")
+
+    def distinct(n: int) -> TipProposed:
+        return msgspec.structs.replace(tip(n, SLOTS[0], n, n), key=f"tip {n}", text=f"tip {n}")
+
+    plan: list[Event] = [distinct(n) for n in range(EXACT_BELOW + 2)]
+    plan.append(retrieval(0, SLOTS[0], False, 3))  # past the threshold: the graph is built
+    plan += [distinct(n) for n in range(EXACT_BELOW + 2, EXACT_BELOW + 6)]
+    live_bank = TipBank(settings, DIM)
+    log = logged_run(plan, live_bank)
+    assert sum(isinstance(env.event, TipEvicted) for env in log) == 4 and live_bank.graphs()
+    bank, embedded = rebuilt(settings, log)
+    assert bank.graphs() == [SLOTS[0]]
+    assert set(embedded) == {f"tip {n}" for n in range(EXACT_BELOW + 6)}
+    assert bank.tips == live_bank.tips
