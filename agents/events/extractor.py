@@ -12,7 +12,8 @@ memory actor applies the operations (``TipStored`` with the call and the parent 
 Every guided episode's outcome becomes a ``CreditAssigned`` for the call behind the entry it
 used; when the extractor's buffer holds enough credited calls the credit actor asks for an
 update (``ExtractorGradientRequested``, naming the credits it consumed) and the extractor
-answers with ``ExtractorUpdated``.
+answers with ``ExtractorUpdated``. At the run's end the trainer asks the credit actor to
+settle (``CreditsDue``), and it answers once every episode end is folded (``CreditsSettled``).
 
 Operations are recorded as ``(op, ids, content)`` triples: ``("add", (), text)``,
 ``("update", (3, 5), text)``, ``("merge", (3, 5), text)``, ``("rewrite", (4,), text)``,
@@ -191,3 +192,23 @@ def subject_of(ev: ExtractionRequested | MergeRequested | ExtractorCalled) -> Su
     if isinstance(ev, MergeRequested):
         return ("merge", f"merge{ev.step}", ev.slot)
     return (ev.task, ev.source, ev.slot)
+
+
+@event
+class CreditsDue(Event, tag="credits_due", frozen=True, kw_only=True):
+    """The trainer, its own work done (every episode ended, every policy update made), asks
+    the credit actor to account for every episode end before it: the credit actor answers
+    :class:`CreditsSettled` (its ``cause``), after any extractor update request those ends
+    made it ask, so the trainer completes the run only once that update is made too. Older
+    logs have none (their last request was not waited for)."""
+
+    policy_version: int
+
+
+@event
+class CreditsSettled(Event, tag="credits_settled", frozen=True, kw_only=True):
+    """The credit actor's answer to a :class:`CreditsDue`: it has folded every episode end
+    logged before it, and asked for ``updates`` extractor updates in all
+    (:class:`ExtractorGradientRequested`, each before it in the log)."""
+
+    updates: int

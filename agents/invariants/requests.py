@@ -5,7 +5,9 @@ A request and its answer: an action (``action_requested`` -> ``action_sampled``)
 ``tip_proposed``), a proposed tip (``tip_proposed`` -> ``tip_stored`` or ``tip_rejected``), an
 extraction or a merge chunk (``extraction_requested`` / ``merge_requested`` ->
 ``extractor_called``), a merge pass (``merge_due`` -> ``merge_planned``, which counts the pass's
-chunks): the answer's ``cause`` is the request's seq. An update of either model
+chunks), the credit actor's settlement at the run's end (``credits_due`` -> ``credits_settled``,
+which counts the extractor update requests before it): the answer's ``cause`` is the request's
+seq. An update of either model
 (``gradient_requested`` -> ``policy_updated``, ``extractor_gradient_requested`` ->
 ``extractor_updated``) is answered by the update of the same number, in request order.
 
@@ -24,6 +26,8 @@ from typing import Any, NoReturn, cast
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import (
+    CreditsDue,
+    CreditsSettled,
     ExtractionRequested,
     ExtractorCalled,
     ExtractorGradientRequested,
@@ -55,6 +59,7 @@ _ASKED: dict[type[Event], Key] = {
     ExtractionRequested: subject_of,
     MergeRequested: subject_of,
     MergeDue: lambda e: (e.step,),
+    CreditsDue: lambda e: (),
 }
 """Requests answered through ``cause``, and what an answer must be about."""
 
@@ -64,6 +69,7 @@ _ANSWERS: dict[type[Event], tuple[tuple[type[Event], ...], Key]] = {
     TipProposed: ((ReflectionRequested,), lambda e: (e.episode, e.slot)),
     ExtractorCalled: ((ExtractionRequested, MergeRequested), subject_of),
     MergePlanned: ((MergeDue,), lambda e: (e.step,)),
+    CreditsSettled: ((CreditsDue,), lambda e: ()),
 }
 """Answers that must name a request (their ``cause``), of which kinds, about what."""
 
@@ -94,10 +100,11 @@ _READ = frozenset(
 class Requests:
     """Every request is answered exactly once: an action by a sample, a retrieval by its tips,
     a reflection by a tip, a tip by the bank, an extraction or a merge chunk by an extractor
-    call, a merge pass by its plan with as many chunks as it caused (each answer's cause is its
-    request, about the same episode, turn, slot or step), an update request of either model by
-    its update, in order. By the end of a completed run, nothing an attempt that finished asked
-    for is left unanswered."""
+    call, a merge pass by its plan with as many chunks as it caused, the credit actor's
+    settlement by its answer counting the extractor update requests before it (each answer's
+    cause is its request, about the same episode, turn, slot or step), an update request of
+    either model by its update, in order. By the end of a completed run, nothing an attempt
+    that finished asked for is left unanswered."""
 
     name = "requests"
 
@@ -109,6 +116,7 @@ class Requests:
             k: [] for k in _UPDATES
         }  # kind -> (update, seq) not yet made
         self._made: dict[type[Event], int] = {k: 0 for k in _UPDATES.values()}
+        self._requested: Counter[type[Event]] = Counter()  # update requests so far, by kind
         self._finished: set[str] = set()
         self._abandoned: dict[str, int] = {}
         self._chunks: Counter[int] = Counter()  # merge_due seq -> merge chunks it caused
@@ -124,6 +132,8 @@ class Requests:
                 self._answer(env, *_ANSWERS[kind])
                 if kind is MergePlanned:
                     self._planned(env)
+                elif kind is CreditsSettled:
+                    self._settled(env)
             elif kind in _BANK and env.cause in self._proposed:
                 self._answer(env, (TipProposed,), lambda e: (e.episode,))
             if kind in _ASKED:
@@ -136,6 +146,7 @@ class Requests:
             elif kind in _UPDATES:
                 update: int = getattr(env.event, "update")  # noqa: B009
                 self._asked_updates[kind].append((update, env.seq))
+                self._requested[kind] += 1
             elif kind is PolicyUpdated or kind is ExtractorUpdated:
                 self._update(env, kind)
             elif kind is EpisodeFinished:
@@ -176,6 +187,17 @@ class Requests:
                 env.seq, f"merge_planned counts {told} chunks; its merge_due caused {seen}", due
             )
 
+    def _settled(self, env: Envelope[Event]) -> None:
+        """The settlement (answering its ``credits_due``, checked) counts the extractor update
+        requests before it."""
+        told: int = getattr(env.event, "updates")  # noqa: B009
+        if told != (seen := self._requested[ExtractorGradientRequested]):
+            self._fail(
+                env.seq,
+                f"credits_settled counts {told} extractor update requests; the log holds {seen}",
+                cast(int, env.cause),
+            )
+
     def _update(self, env: Envelope[Event], kind: type[Event]) -> None:
         request = next(k for k, v in _UPDATES.items() if v is kind)
         asked = self._asked_updates[request]
@@ -201,7 +223,7 @@ class Requests:
         for seq, (kind, _, episode) in self._open.items():
             if kind is MergeDue and not self._plans:
                 continue
-            if kind in (MergeRequested, MergeDue) or self._owed(episode, seq):
+            if kind in (MergeRequested, MergeDue, CreditsDue) or self._owed(episode, seq):
                 self._fail(seq, f"the {_name(kind)} at seq {seq} is never answered")
         for kind, asked in self._asked_updates.items():
             if asked:

@@ -17,7 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
-from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
+from agents.events.extractor import (
+    CreditAssigned,
+    CreditsDue,
+    CreditsSettled,
+    ExtractorGradientRequested,
+)
 from agents.events.memory import TipsRetrieved
 from agents.methods.credit import call_rewards, episode_credit, extractor_advantages, reweight
 from agents.methods.settings import ComplementaryConfig
@@ -197,13 +202,16 @@ class CreditActor(Replayed):
         settings: batch size and the extractor's loss settings.
     """
 
-    subscribes = (TipsRetrieved, EpisodeFinished, EpisodeAbandoned)
+    subscribes = (TipsRetrieved, EpisodeFinished, EpisodeAbandoned, CreditsDue)
 
     def __init__(self, settings: CreditSettings) -> None:
         self._settings = settings
         self._book = CreditBook()
 
     async def handle(self, ctx: Context, ev: Event) -> bool:
+        if isinstance(ev, CreditsDue):  # every end before it is folded: say so, and how far
+            await ctx.emit(CreditsSettled(updates=self._book.updates))
+            return False
         for out in self._book.decide(ev, self._settings):
             await ctx.emit(out)
         return False

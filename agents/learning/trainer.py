@@ -39,6 +39,8 @@ from agents.events.episodes import (
     EpisodeStarted,
 )
 from agents.events.extractor import (
+    CreditsDue,
+    CreditsSettled,
     ExtractionRequested,
     ExtractorCalled,
     ExtractorGradientRequested,
@@ -183,9 +185,10 @@ _EXTRACTOR_EVENTS = (
     ExtractorCalled,
     ExtractorGradientRequested,
     ExtractorUpdated,
+    CreditsSettled,
 )
-"""The extractor's requests and answers, and the memory's plans of merge passes: the trainer
-only counts them."""
+"""The extractor's requests and answers, the memory's plans of merge passes and the credit
+actor's settlement: the trainer only counts them."""
 
 _MEMORY_ANSWERS = (TipStored, TipRejected, TipsRetrieved, TipEvicted, MergeRequested, MergePlanned)
 """What a memory actor emits, each caused by the message it answers."""
@@ -316,6 +319,11 @@ class GrpoTrainer(Replayed):
         self._merging: set[int] = set()
         self._planner = True  # until run() knows whether an actor answers MergeDue
         self._legacy_merges = False
+        # the credit actor's settlement (CreditsDue -> CreditsSettled): asked for once the
+        # rest is done, where an actor answers it (run() knows; a replay, from the log)
+        self._credits = False
+        self._settling = False  # CreditsDue emitted
+        self._settled = False
 
     @property
     def updates(self) -> int:
@@ -338,7 +346,7 @@ class GrpoTrainer(Replayed):
         """React to one event; True when the run's work is done."""
         if isinstance(ev, _EXTRACTOR_EVENTS):
             self._extractor_event(ev, ctx.current)
-            return self.finished()
+            return await self._settle(ctx)
         if isinstance(ev, PolicyUpdated):
             self._version = ev.policy_version
             if self._eval_tasks and (
@@ -363,10 +371,19 @@ class GrpoTrainer(Replayed):
             self._started.discard(ev.episode)
             self._free.append(ev.worker)
             await self._ended(ctx, ev)
-        if self.finished():
+        if await self._settle(ctx):
             return True
         await self._fill(ctx)
         return False
+
+    async def _settle(self, ctx: Context) -> bool:
+        """:meth:`finished`, once the rest of the run's work is done asking the credit actor
+        (where there is one) to settle: it answers after any extractor update request the last
+        episode ends made it ask, which the run then waits for."""
+        if self._credits and not self._settling and self._work_done():
+            self._settling = True
+            await ctx.emit(CreditsDue(policy_version=self._version))
+        return self.finished()
 
     async def _worker_restarted(self, ctx: Context, ev: ActorRestarted) -> None:
         """A worker failed and was restarted: the episode it had begun runs again on it (one
@@ -399,6 +416,7 @@ class GrpoTrainer(Replayed):
         self._memory = ctx.answered(RetrievalRequested)
         self._extractor = ctx.answered(ExtractionRequested) or ctx.answered(MergeRequested)
         self._planner = ctx.answered(MergeDue)
+        self._credits = ctx.answered(CreditsDue)
         if (shown := self._method.memory_eval) is not None:
             _check_mode(self._method, "memory_eval is", shown, self._memory)
         await super().run(ctx)
@@ -415,6 +433,10 @@ class GrpoTrainer(Replayed):
             for env in history
         )
         self._legacy_merges = _passes_unplanned(history)
+        # the replay must ask for the settlement where the log does
+        self._credits = any(
+            env.actor == ctx.name and isinstance(env.event, CreditsDue) for env in history
+        )
         await super().recover(ctx, history)
 
     async def resume(self, ctx: Context, tail: list[Emitted]) -> None:
@@ -423,7 +445,9 @@ class GrpoTrainer(Replayed):
         :class:`EpisodeAbandoned`, and queue them all again (same id and seed) ahead of the
         rest, on workers that are all free."""
         for ev, corr, cause in tail:
-            if not isinstance(ev, EpisodeAssigned):
+            if isinstance(ev, CreditsDue) and not self._credits:
+                self._settling = False  # the replay asked; nobody answers in this run
+            elif not isinstance(ev, EpisodeAssigned):
                 await ctx.emit(ev, corr=corr, cause=cause)
         again = await abandon_running(ctx, self._running.values(), tail)
         for job in again:
@@ -433,12 +457,20 @@ class GrpoTrainer(Replayed):
         self._queue.extendleft(msgspec.structs.replace(j, worker="") for j in reversed(again))
         self._free = list(self._workers)
         await self._fill(ctx)
+        # a replay that ended with the rest done (the log stops before the settlement was
+        # asked for) asks now; the run waits for the answer
+        self._done = await self._settle(ctx)
 
     def finished(self) -> bool:
-        """Every update made, every round played, and the extractor's work on them done: a
-        slower extractor's requests were left unanswered by a run that completed (its work
-        lost, and ``replay --verify`` refused the log); every merge pass asked for planned
-        (its chunks are then among the requests awaited)."""
+        """Every update made, every round played, the extractor's work on them done (a slower
+        extractor's requests were left unanswered by a run that completed: its work lost, and
+        ``replay --verify`` refused the log), every merge pass asked for planned (its chunks
+        are then among the requests awaited), and the credit actor settled (its last extractor
+        update request, made after the last episode end, is then among them too)."""
+        return self._work_done() and (self._settled or not self._credits)
+
+    def _work_done(self) -> bool:
+        """:meth:`finished` but the credit actor's settlement."""
         return (
             self._version == self._updates
             and not self._rounds
@@ -461,6 +493,8 @@ class GrpoTrainer(Replayed):
             self._extractor_owed += 1
         elif isinstance(ev, ExtractorUpdated):
             self._extractor_owed = max(0, self._extractor_owed - 1)
+        elif isinstance(ev, CreditsSettled):
+            self._settled = True
 
     async def _fill(self, ctx: Context) -> None:
         """Plan what may start, then hand queued episodes to free workers."""

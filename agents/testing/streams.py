@@ -28,6 +28,8 @@ from agents.events.episodes import (
     StepTaken,
 )
 from agents.events.extractor import (
+    CreditsDue,
+    CreditsSettled,
     ExtractionRequested,
     ExtractorCalled,
     ExtractorGradientRequested,
@@ -551,12 +553,16 @@ class StreamBuilder:
             self.assign(e.index, episode)
 
     def complete(self) -> None:
-        """End every episode still running (abort those not started) and the run."""
+        """End every episode still running (abort those not started) and the run; with the
+        extractor, the trainer first asks the credit actor to settle, and it answers."""
         for episode, e in list(self._running.items()):
             if e.started:
                 self.finish(episode)
             else:
                 self.abort(episode)
+        if self.memory == "extractor":
+            due = self.add(CreditsDue(policy_version=self._policy), actor="trainer")
+            self.add(CreditsSettled(updates=self._credit.updates), cause=due, actor="credit")
         self.add(RunStopped(reason="completed"), actor="runtime")
 
 

@@ -276,6 +276,87 @@ def test_a_merge_pass_planned_late_is_waited_for(
     assert main(["replay", str(run), "--verify"]) == 0
 
 
+def test_an_extractor_update_asked_for_late_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A credit actor that reaches the last step's episode ends after the last policy update
+    has landed: its extractor update request came after the run had completed (the request
+    lost, the log's credits no longer re-derived). The trainer now asks it to settle and
+    completes only once its answer, and the update asked for before it, are in."""
+    import trio
+
+    from agents.events.extractor import CreditsDue, CreditsSettled
+    from agents.learning.credit_actor import CreditActor
+
+    handle = CreditActor.handle
+    slept: list[str] = []
+
+    async def late(self: CreditActor, ctx: object, ev: Event) -> bool:
+        last_step = isinstance(ev, EpisodeFinished) and int(ev.episode[2:]) >= 24
+        if last_step and not slept:  # the step's other ends wait behind it in the mailbox
+            slept.append(ev.episode)
+            await trio.sleep(3.0)
+        return await handle(self, ctx, ev)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CreditActor, "handle", late)
+    scenario = COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0").replace(
+        "batch = 3",
+        "batch = 1",  # every credited episode asks for an update
+    )
+    run = run_scenario(tmp_path, scenario)
+    events = read_events(run)
+    asked = of(events, ExtractorGradientRequested)
+    assert slept and len(of(events, ExtractorUpdated)) == len(asked)
+    # the last request came after the last policy update: the run waited for it
+    assert events.index(asked[-1]) > events.index(of(events, PolicyUpdated)[-1])
+    [due], [settled] = of(events, CreditsDue), of(events, CreditsSettled)
+    assert settled.updates == len(asked) and events.index(due) < events.index(settled)
+    assert main(["check", str(run)]) == 0, capsys.readouterr().out
+    assert main(["replay", str(run), "--verify"]) == 0
+
+
+def test_a_run_stopped_while_its_credits_are_due_settles_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped (SIGINT) after the trainer asked the credit actor to settle and before the
+    answer: the resumed trainer does not ask again, the resumed credit actor folds the ends
+    it had not reached and answers, and the run completes with every request answered."""
+    import os
+    import signal
+
+    import trio
+
+    from agents.events.extractor import CreditsDue, CreditsSettled
+    from agents.learning.credit_actor import CreditActor
+
+    handle = CreditActor.handle
+    stopping: list[bool] = []
+
+    async def stop_late(self: CreditActor, ctx: object, ev: Event) -> bool:
+        if isinstance(ev, CreditsDue) and not stopping:
+            stopping.append(True)
+            os.kill(os.getpid(), signal.SIGINT)  # the run stops with this answer owed
+            await trio.sleep(30.0)
+        return await handle(self, ctx, ev)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CreditActor, "handle", stop_late)
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0"))
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    assert main(["run", str(scenario), "--out", str(run), "--quiet"]) == 130
+    stopped = read_events(run)
+    assert len(of(stopped, CreditsDue)) == 1 and not of(stopped, CreditsSettled)
+    assert main(["resume", str(run), "--quiet"]) == 0, capsys.readouterr().err
+    events = read_events(run)
+    [due], [settled] = of(events, CreditsDue), of(events, CreditsSettled)
+    asked = of(events, ExtractorGradientRequested)
+    assert events.index(due) < events.index(settled)  # asked once, answered after the resume
+    assert settled.updates == len(asked) == len(of(events, ExtractorUpdated))
+    assert main(["check", str(run)]) == 0, capsys.readouterr().out
+    assert main(["replay", str(run), "--verify"]) == 0
+
+
 @pytest.mark.parametrize(
     ("text", "asked", "played"),
     [

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agents.events.episodes import EpisodeAborted, EpisodeFinished
-from agents.events.extractor import CreditAssigned, MergePlanned
+from agents.events.extractor import CreditAssigned, CreditsSettled, MergePlanned
 from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
 from agents.events.policy import ActionSampled, AdvantagesComputed, PolicyUpdated
 from agents.invariants import Credit
@@ -147,6 +147,21 @@ def test_requests_catches_a_merge_pass_never_planned_or_planned_wrong(
     requests = registered()["requests"].factory
     assert check_stream([drop(envs, at)], [requests(older)]).violation is None
     assert check_stream([drop(envs, at)], [requests(CheckContext(meta=meta))]).violation
+
+
+@CONTROL
+@given(envs=runs(memory="extractor", completed=True))
+def test_requests_catches_credits_never_settled_or_settled_wrong(envs: Stream) -> None:
+    """A completed run whose credit actor never answered the trainer's ``credits_due`` (an
+    extractor update it asked for late would be lost), or answered with another count of
+    the update requests before it."""
+    [at] = [env.seq for env in envs if isinstance(env.event, CreditsSettled)]
+    settled = envs[at].event
+    assert isinstance(settled, CreditsSettled)
+    due = envs[at].cause
+    assert caught(envs, "requests") is None and caught(drop(envs, at), "requests") == due
+    miscounted = swap(envs, at, msgspec.structs.replace(settled, updates=settled.updates + 1))
+    assert caught(miscounted, "requests") == at
 
 
 @CONTROL
