@@ -56,6 +56,7 @@ from engine.remote import (
     RemoteClusterLost,
     RemoteHost,
     Report,
+    encode_history,
 )
 
 _POLL_S = 5.0
@@ -433,8 +434,8 @@ class RemoteActor(Actor):
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Keep ``history`` for the remote actor's own :meth:`Actor.recover`, if it has one (it
-        crosses once, as msgspec bytes, when the remote actor starts); what was sent to a
-        lost predecessor and is in it is not sent again."""
+        crosses once, as msgspec bytes in chunks, when the remote actor starts); what was sent
+        to a lost predecessor and is in it is not sent again."""
         if self.recovers:
             self._history = history
             self._through = history[-1].seq if history else -1
@@ -467,7 +468,7 @@ class RemoteActor(Actor):
         self, ctx: Context, host: _Member, again: list[Envelope[Event]], generation: int
     ) -> None:
         with trio.move_on_after(self._placement.start_timeout) as placing:
-            history = self._codec.encode_batch(list(self._history)) if self._history else b""
+            history = encode_history(self._codec, self._history) if self._history else None
             self._history = ()
             args = (
                 self._factory, ctx.run_seed, ctx.attempt, self._mailbox, 8192, history,

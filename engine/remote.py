@@ -12,7 +12,10 @@ as msgspec bytes (:meth:`engine.events.Codec.encode_batch`), never as pickled ob
   far, the events it emitted since the last report (as unnumbered envelopes carrying their
   ``cause`` and ``corr``), and whether the actor is still running, ended or failed;
 - the history an actor rebuilds from (``Actor.recover``: a resume, or a restart that rebuilds
-  from the log) crosses once, as ``Codec.encode_batch`` bytes, when the host starts.
+  from the log) crosses once, when the host starts, as ``Codec.encode_batch`` bytes of
+  :data:`HISTORY_CHUNK` envelopes each (:func:`encode_history`), and the actor reads it as
+  :class:`EncodedHistory`, decoding a chunk at a time: neither side holds a long log's
+  envelopes as objects.
 
 The host runs the actor in its own trio loop on a thread of the remote process, in a real
 :class:`engine.actor.Context`, so an actor runs remotely unchanged. :class:`Inflight` is the
@@ -22,13 +25,15 @@ lost, the actor's next instance is given it again (:meth:`Inflight.redeliver`).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import os
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import trio
@@ -39,6 +44,85 @@ from engine.events import Codec, Envelope, Event
 from engine.seeds import derive_seed
 
 State = Literal["running", "ended", "failed"]
+
+HISTORY_CHUNK = 4096
+"""Envelopes per encoded chunk of a history sent to a remote actor."""
+
+
+@dataclass(frozen=True)
+class HistoryChunks:
+    """A history as ``Codec.encode_batch`` chunks (what crosses to a remote actor's process),
+    with the number of envelopes in each."""
+
+    chunks: list[bytes]
+    sizes: list[int]
+
+
+def encode_history(
+    codec: Codec, history: Iterable[Envelope[Event]], chunk: int = HISTORY_CHUNK
+) -> HistoryChunks:
+    """``history`` as chunks of at most ``chunk`` envelopes, read in one pass (a
+    :class:`engine.eventlog.LogHistory` is decoded a record part at a time): about the log's
+    own size in bytes, where its envelopes as objects take ~1.5 KB each."""
+    out = HistoryChunks([], [])
+    part: list[Envelope[Event]] = []
+    for env in history:
+        part.append(env)
+        if len(part) == chunk:
+            out.chunks.append(codec.encode_batch(part))
+            out.sizes.append(len(part))
+            part = []
+    if part:
+        out.chunks.append(codec.encode_batch(part))
+        out.sizes.append(len(part))
+    return out
+
+
+class EncodedHistory(Sequence[Envelope[Event]]):
+    """A history received as :class:`HistoryChunks`, as a sequence decoded on demand: each
+    pass over it decodes the chunks again, one at a time, and keeps none.
+
+    Raises (on reading):
+        LogCorrupted: a chunk is not an array of envelopes of known events.
+    """
+
+    def __init__(self, codec: Codec, history: HistoryChunks) -> None:
+        if len(history.chunks) != len(history.sizes):
+            raise ValueError(f"{len(history.chunks)} chunks with {len(history.sizes)} sizes")
+        self._codec = codec
+        self._chunks = history.chunks
+        self._starts = list(itertools.accumulate(history.sizes, initial=0))
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __iter__(self) -> Iterator[Envelope[Event]]:
+        for data in self._chunks:
+            yield from self._codec.decode_envelopes(data)
+
+    def __reversed__(self) -> Iterator[Envelope[Event]]:
+        for data in reversed(self._chunks):
+            yield from reversed(self._codec.decode_envelopes(data))
+
+    def __getitem__(self, at: int | slice) -> Any:
+        if isinstance(at, slice):
+            items = range(len(self))[at]
+            if items.step != 1 or not items:
+                return [self[i] for i in items]
+            return self._span(items.start, items.stop)
+        i = range(len(self))[at]  # IndexError as a list's, negative indices too
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self._codec.decode_envelopes(self._chunks[k])[i - self._starts[k]]
+
+    def _span(self, start: int, stop: int) -> list[Envelope[Event]]:
+        """Items ``[start, stop)``, ``start < stop``, decoding only the chunks that hold them."""
+        first = bisect.bisect_right(self._starts, start) - 1
+        last = bisect.bisect_right(self._starts, stop - 1) - 1
+        out: list[Envelope[Event]] = []
+        for k in range(first, last + 1):
+            base = self._starts[k]
+            out += self._codec.decode_envelopes(self._chunks[k])[max(start - base, 0) : stop - base]
+        return out
 
 
 class RemoteActorLost(CoevoError):
@@ -122,9 +206,9 @@ class RemoteHost:
         mailbox: batches the actor's mailbox holds before a delivery waits.
         outbox: events a source actor may have emitted and not yet shipped before its ``emit``
             waits (an actor that reacts to events never waits, as in the driver).
-        history: for the first start of a resumed run: ``Codec.encode_batch`` of the earlier
-            sessions' events, given to the actor's :meth:`Actor.recover` before it runs (empty:
-            no recovery).
+        history: for the first start of a resumed run: the earlier sessions' events
+            (:func:`encode_history`), given to the actor's :meth:`Actor.recover` before it runs
+            as an :class:`EncodedHistory` (None: no recovery).
         restart_for: the errors of the actor's code that its spec restarts for (``()``: none;
             ``(Exception,)``: any); a failure with one is reported ``restart``.
     """
@@ -137,7 +221,7 @@ class RemoteHost:
         attempt: int,
         mailbox: int = 64,
         outbox: int = 8192,
-        history: bytes = b"",
+        history: HistoryChunks | None = None,
         restart_for: tuple[type[Exception], ...] = (),
     ) -> None:
         if mailbox < 1 or outbox < 1:
@@ -229,10 +313,11 @@ class RemoteHost:
                 actor = self._factory()
                 source = not actor.subscribes
                 ctx = Context(self, self.name, self._mailbox, source=source, attempt=self._attempt)
-                if self._history:
-                    history = self._codec.decode_envelopes(self._history)
-                    self._history = b""
+                if self._history is not None:
+                    history = EncodedHistory(self._codec, self._history)
+                    self._history = None  # the actor holds it while it recovers, no longer
                     await actor.recover(ctx, history)
+                    del history
                 await actor.run(ctx)
                 self._state = "ended"
             except Exception as exc:  # reported to the proxy, which raises it in the driver

@@ -18,7 +18,7 @@ from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStar
 from engine.actor import Actor, Context
 from engine.events import Codec, Envelope, Event
 from engine.lifecycle import RunStarted, RunStopped
-from engine.remote import Inflight, RemoteHost, Report
+from engine.remote import EncodedHistory, Inflight, RemoteHost, Report, encode_history
 from engine.world import TextWorld
 from scenarios.worlds.minilab import MiniLab
 
@@ -256,7 +256,7 @@ def test_a_host_recovers_its_actor_on_the_history_before_it_runs() -> None:
         async def run(self, ctx: Context) -> None:
             await ctx.emit(RunStopped(reason=f"recovered {self.seen}"))
 
-    history = CODEC.encode_batch([env(2), env(5), env(9)])
+    history = encode_history(CODEC, [env(2), env(5), env(9)], chunk=2)
     host = RemoteHost("counting", Counting, 7, 0, history=history)
     try:
         rep, emitted = report(host)
@@ -272,3 +272,35 @@ def test_a_host_recovers_its_actor_on_the_history_before_it_runs() -> None:
 def test_a_host_refuses_an_empty_mailbox(mailbox: int) -> None:
     with pytest.raises(ValueError, match="mailbox and outbox must be >= 1"):
         RemoteHost("x", partial(EnvWorker, minilab, Explorer), 1, 0, mailbox=mailbox)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 100])
+def test_an_encoded_history_reads_as_the_list_it_was_made_from(chunk: int) -> None:
+    """The history a remote actor recovers from crosses in chunks and is decoded on demand:
+    length, iteration (forwards, reversed, again), indices (negative too), slices (steps,
+    empty, past the end) and refusals are a list's."""
+    envs = [env(s) for s in (2, 5, 9, 11, 12, 20, 31)]
+    sent = encode_history(CODEC, iter(envs), chunk=chunk)  # one pass over an iterator
+    assert max(sent.sizes) <= chunk and sum(sent.sizes) == len(envs)
+    history = EncodedHistory(CODEC, sent)
+    assert len(history) == len(envs)
+    assert list(history) == envs and list(history) == envs
+    assert list(reversed(history)) == envs[::-1]
+    for i in range(-len(envs), len(envs)):
+        assert history[i] == envs[i]
+    for cut in (
+        slice(None),
+        slice(1, 5),
+        slice(3, 4),
+        slice(-3, None),
+        slice(5, 2),
+        slice(0, 99),
+        slice(None, None, 2),
+        slice(None, None, -1),
+        slice(6, 0, -3),
+    ):
+        assert history[cut] == envs[cut], cut
+    with pytest.raises(IndexError):
+        history[len(envs)]
+    empty = EncodedHistory(CODEC, encode_history(CODEC, [], chunk=chunk))
+    assert len(empty) == 0 and list(empty) == [] and empty[:] == []
