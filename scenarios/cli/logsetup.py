@@ -125,9 +125,13 @@ def configure_logging(console: Console, level: str, jsonl: Path | None = None) -
 
 
 def close_logging() -> None:
-    """Flush and detach every handler (the run directory's file is closed)."""
+    """Flush and detach every handler (the run directory's file is closed). What is logged
+    after (a library's thread still stopping) goes nowhere: with no handler at all, the
+    first module-level ``logging.info`` would set up a stderr handler at the root's level,
+    DEBUG, and print after the run's last line."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         handler.flush()
         root.removeHandler(handler)
         handler.close()
+    root.addHandler(logging.NullHandler())

@@ -51,6 +51,12 @@ _SPLIT_CACHE: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 _SPLIT_LOCK = threading.Lock()
 
 
+REFUSED_ACTIONS = frozenset({"reset task"})
+"""ScienceWorld's own command that resets the goal progress (never admissible, but a
+free-text policy can type it): the world answers :data:`REFUSED` and the turn is spent."""
+REFUSED = "That action is not available in this world."
+
+
 class _Episode:
     def __init__(self, task: Task, goal: str) -> None:
         self.task = task
@@ -175,6 +181,16 @@ class ScienceWorld:
         ep = self._episode
         if ep is None or ep.done:
             raise RuntimeError("step() called before reset() or after the episode ended")
+        if " ".join(action.lower().split()) in REFUSED_ACTIONS:
+            ep.steps += 1
+            ep.done = ep.steps >= self.max_steps
+            return Observation(
+                text=REFUSED,
+                admissible=() if ep.done else self._admissible(),
+                goal=ep.goal,
+                done=ep.done,
+                score=ep.points / 100,
+            )
         jvm = self._ensure_jvm()
 
         def step() -> tuple[str, float, bool]:

@@ -72,6 +72,10 @@ class Jvm:
         gateway = import_extra("py4j.java_gateway", "scienceworld")
         constants = import_extra("scienceworld.constants", "scienceworld")
         logging.getLogger().addFilter(_PY4J_FILTER)  # once: filters are a set
+        # py4j's own logger reports a JVM that died, hung or was closed under a call (with
+        # tracebacks, through the root logger's handlers, where no logger filter applies):
+        # the world raises JvmDied or JvmHung for it, and that is what gets recorded
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
         self.stderr: collections.deque[str] = collections.deque(maxlen=20)
         self.hung = False
         refused = _why_java_refuses(tuple(options))
@@ -88,8 +92,12 @@ class Jvm:
                 redirect_stdout=collections.deque(maxlen=0),  # ScienceWorld's debug prints
                 redirect_stderr=self.stderr,
             )
-        except ValueError as exc:  # the JVM printed no port: it failed to start
-            raise JvmDied(f"scienceworld JVM failed to start: {exc}") from None
+        except ValueError:  # the JVM printed no port: it exited (or was killed) as it started
+            said = "; ".join(line.strip() for line in list(self.stderr)[-3:] if line.strip())
+            raise JvmDied(
+                "scienceworld JVM exited as it started, before it named its port"
+                + (f": {said}" if said else " (it printed nothing: killed, or out of memory?)")
+            ) from None
         self.proc: Any = proc  # a subprocess.Popen
         self.pid = int(proc.pid)
         self.gateway: Any = gateway.JavaGateway(

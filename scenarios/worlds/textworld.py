@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -25,6 +26,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from engine.world import SPLITS, Observation, Task
 from scenarios.worlds.options import (
@@ -56,6 +59,16 @@ _BANNER_CHARS = frozenset(" _|\\/$<>")
 _NOISE_LINES = frozenset(
     {"Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?"}
 )
+META_VERBS = frozenset(
+    {"save", "restore", "restart", "quit", "q", "die", "script", "unscript", "transcript",
+     "noscript"}
+)  # fmt: skip
+"""The interpreter's own commands: they write or read files in the working directory (a
+saved game another episode could restore, a transcript) or end or restart the game. Never
+admissible, but a free-text policy can type them; the world answers :data:`REFUSED` and the
+turn is spent."""
+REFUSED = "That command is not available in this world."
+_log = structlog.get_logger("coevo.textworld")
 _TW_LOCK = threading.RLock()
 """TextWorld is not thread-safe: games loaded in two threads at once corrupt its logic parser
 (tatsu) state. Every call into it (generate, start, reset, step) holds this process-wide lock;
@@ -104,6 +117,7 @@ class _Episode:
         self.steps = 0
         self.points = 0.0
         self.done = False
+        self.admissible: tuple[str, ...] = ()
 
 
 class TextWorldGames:
@@ -189,14 +203,15 @@ class TextWorldGames:
         del seed
         self._check_variant(task)
         path = self.game_path(task)
-        if not path.is_file():
-            self._generate(task, path)
+        if path not in self._envs:  # not yet started: a damaged cached game is made again
+            self._ensure_game(task, path)
         self._episode = None
         with _TW_LOCK:
             state = self._open(path).reset()
         walkthrough = tuple(str(a) for a in (state.get("extra.walkthrough") or ()))
         goal = " ".join(str(state.objective).split())
         self._episode = _Episode(task, goal, float(state.max_score), walkthrough)
+        self._episode.admissible = _commands(state)
         return Observation(text=clean(state.feedback), admissible=_commands(state), goal=goal)
 
     def step(self, action: str) -> Observation:
@@ -208,6 +223,16 @@ class TextWorldGames:
         ep = self._episode
         if ep is None or ep.done:
             raise RuntimeError("step() called before reset() or after the episode ended")
+        if action.split()[:1] and action.split()[0].lower() in META_VERBS:
+            ep.steps += 1
+            ep.done = ep.steps >= self.max_steps
+            return Observation(
+                text=REFUSED,
+                admissible=() if ep.done else ep.admissible,
+                goal=ep.goal,
+                done=ep.done,
+                score=ep.points / (ep.max_score or 1.0),
+            )
         with _TW_LOCK:
             state, points, done = self._env.step(action)
         ep.steps += 1
@@ -215,6 +240,7 @@ class TextWorldGames:
         scale = ep.max_score or 1.0
         reward, ep.points = (float(points) - ep.points) / scale, float(points)
         ep.done = bool(done) or won or bool(state.lost) or ep.steps >= self.max_steps
+        ep.admissible = _commands(state)
         return Observation(
             text=clean(state.feedback),
             admissible=() if ep.done else _commands(state),
@@ -272,6 +298,24 @@ class TextWorldGames:
         ids = {t.variant for t in self.tasks(task.family, task.split)}
         if task.variant not in ids:
             raise ValueError(f"{task.family} has no {task.split} variant {task.variant}")
+
+    def _ensure_game(self, task: Task, path: Path) -> None:
+        """Make sure ``path`` holds a whole game: generate it if missing, and again if the
+        cached one is damaged (jericho's interpreter ends the whole process on a story file it
+        cannot read, so it never sees one).
+
+        Raises:
+            ValueError: the game is still damaged after it was generated again.
+        """
+        if path.is_file() and (why := broken_game(path)) is not None:
+            _log.warning("damaged textworld game: generating it again", game=str(path), why=why)
+            with _TW_LOCK:
+                path.unlink(missing_ok=True)  # the .z8 first: the pair is then incomplete
+                path.with_suffix(".json").unlink(missing_ok=True)
+        if not path.is_file():
+            self._generate(task, path)
+        if (why := broken_game(path)) is not None:
+            raise ValueError(f"textworld game {path} is damaged: {why}")
 
     def _open(self, path: Path) -> Any:
         """The interpreter of ``path``'s game, started once and kept among the
@@ -332,6 +376,38 @@ def sweep_stale(folder: Path, now: float | None = None) -> None:
         with contextlib.suppress(OSError):  # another process removed it meanwhile
             if tmp.is_dir() and tmp.stat().st_mtime < cutoff:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+def broken_game(path: Path) -> str | None:
+    """Why the cached game at ``path`` (a ``.z8`` story file and its ``.json``) cannot be
+    played, or None: the Z-machine header's version, length and checksum against the file,
+    and the ``.json`` present and readable."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if len(data) < 64:
+        return f"{len(data)} bytes, shorter than a Z-machine header"
+    version = data[0]
+    if not 1 <= version <= 8:
+        return f"not a Z-machine story file (version byte {version})"
+    length = int.from_bytes(data[0x1A:0x1C], "big") * (
+        2 if version <= 3 else 4 if version <= 5 else 8
+    )
+    if length:  # 0: an old story file that does not say
+        if not 64 <= length <= len(data):
+            return f"cut short or damaged: its header says {length} bytes, the file has {len(data)}"
+        checksum = int.from_bytes(data[0x1C:0x1E], "big")
+        if checksum and sum(data[0x40:length]) & 0xFFFF != checksum:
+            return "damaged: its checksum does not match its contents"
+    meta = path.with_suffix(".json")
+    try:
+        json.loads(meta.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{meta.name} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{meta.name} does not read ({exc})"
+    return None
 
 
 def _commands(state: Any) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ At most two JVMs live at once: the module's ``world`` and one per test.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -36,7 +37,7 @@ from engine.replay import verify_log
 from engine.runtime import Runtime
 from engine.world import Observation, Task
 from engine.world_registry import load_world
-from scenarios.worlds.scienceworld import ScienceWorld
+from scenarios.worlds.scienceworld import REFUSED, ScienceWorld
 from scenarios.worlds.scienceworld_jvm import JvmHung
 from stores.lmdb_log import LmdbEventLog
 
@@ -127,6 +128,16 @@ def test_admissible_lists_are_bounded_ordered_and_exclude_reset(world: ScienceWo
     assert len(set(obs.admissible)) == len(obs.admissible)
 
 
+def test_the_reset_task_command_is_refused(world: ScienceWorld) -> None:
+    """ScienceWorld's ``reset task`` resets the goal progress mid-episode; never admissible,
+    but a free-text policy can type it: the turn is spent and nothing changes."""
+    first = world.reset(BOIL, seed=0)
+    for command in ("reset task", "  Reset   TASK "):
+        obs = world.step(command)
+        assert obs.text == REFUSED and obs.admissible == first.admissible and not obs.done
+    assert world.step("look around").text == play(world, BOIL, ["look around"])[-1].text
+
+
 def test_templates_and_simplifications_reach_the_jvm() -> None:
     w = ScienceWorld(tasks=["boil"], actions="templates", simplifications="easy")
     try:
@@ -187,7 +198,12 @@ class KillsItsJvm(ScienceWorld):
         return super().step(action)
 
 
-def test_a_jvm_killed_mid_episode_aborts_only_that_episode(tmp_path: Path) -> None:
+def test_a_jvm_killed_mid_episode_aborts_only_that_episode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The episode is aborted with the world's own reason, and py4j's tracebacks about the
+    lost connection stay out of the run's output."""
+    caplog.set_level(logging.DEBUG)
     before = jvm_pids()
     make_world = partial(KillsItsJvm, tasks=["boil"], max_steps=5)
     tasks = [BOIL]
@@ -225,6 +241,7 @@ def test_a_jvm_killed_mid_episode_aborts_only_that_episode(tmp_path: Path) -> No
     assert [s.turn for s in logged] == [0, 1]  # the turns before the kill stay in the log
     assert isinstance(events[-1], RunStopped) and events[-1].reason == "completed"
     assert jvm_pids() == before  # the dead JVM was reaped, the replacement closed
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("py4j")] == []
 
 
 def test_a_py4j_connection_that_failed_to_open_is_closed_not_left_to_the_collector() -> None:
@@ -266,3 +283,27 @@ def test_a_jvm_option_java_refuses_is_reported_in_javas_words() -> None:
     assert "Unrecognized VM option 'NoSuchCoevoFlag'" in str(caught.value)
     assert "invalid literal" not in str(caught.value)
     assert jvm_pids() == before
+
+
+def test_a_jvm_that_exits_as_it_starts_is_reported_in_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A JVM killed (or out of memory) as it starts prints no port, and py4j says only
+    ``invalid literal for int() with base 10: b''``: the world says what happened, with what
+    the JVM printed last."""
+    import py4j.java_gateway
+
+    from scenarios.worlds.scienceworld_jvm import Jvm, JvmDied
+
+    def exits(*args: object, redirect_stderr: object = None, **kwargs: object) -> object:
+        assert redirect_stderr is not None
+        redirect_stderr.append("Error occurred during initialization of VM\n")  # type: ignore[attr-defined]
+        raise ValueError("invalid literal for int() with base 10: b''")
+
+    monkeypatch.setattr(py4j.java_gateway, "launch_gateway", exits)
+    with pytest.raises(JvmDied) as caught:
+        Jvm(["-Xmx512m"], timeout=60)
+    assert str(caught.value) == (
+        "scienceworld JVM exited as it started, before it named its port: "
+        "Error occurred during initialization of VM"
+    )

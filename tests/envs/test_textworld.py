@@ -25,7 +25,7 @@ pytest.importorskip("textworld")
 
 from engine.world import Observation, Task
 from engine.world_registry import load_world
-from scenarios.worlds.textworld import FAMILIES, TextWorldGames
+from scenarios.worlds.textworld import FAMILIES, REFUSED, TextWorldGames, broken_game
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "textworld_rollout.toml"
@@ -123,6 +123,79 @@ def test_the_step_limit_ends_an_episode_unsolved(world: TextWorldGames) -> None:
     finally:
         short.close()
     assert len(obs) == 3 and obs[-1].done and not obs[-1].success
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["random bytes", "truncated", "a flipped byte", "no json", "bad json"],
+)
+def test_a_damaged_cached_game_is_generated_again(world: TextWorldGames, damage: str) -> None:
+    """jericho's interpreter ends the whole process (C ``exit``) on a story file it cannot
+    read: a damaged cached game is found before it starts, and generated again, the same."""
+    task = world.tasks("coin_collector", "train")[1]
+    fresh = TextWorldGames(**scenario_options(), cache_dir=str(world.cache))
+    try:
+        first = fresh.reset(task, seed=0)
+    finally:
+        fresh.close()
+    path = world.game_path(task)
+    game, meta = path.read_bytes(), path.with_suffix(".json")
+    assert broken_game(path) is None
+    if damage == "random bytes":
+        path.write_bytes(random.Random(1).randbytes(1000))
+    elif damage == "truncated":
+        path.write_bytes(game[: len(game) // 2])
+    elif damage == "a flipped byte":
+        mid = len(game) // 2
+        path.write_bytes(game[:mid] + bytes([game[mid] ^ 0xFF]) + game[mid + 1 :])
+    elif damage == "no json":
+        meta.unlink()
+    else:
+        meta.write_text("{not json")
+    assert broken_game(path) is not None
+    again = TextWorldGames(**scenario_options(), cache_dir=str(world.cache))
+    try:
+        assert again.reset(task, seed=0) == first and again.generated == 1
+    finally:
+        again.close()
+    assert path.read_bytes() == game and broken_game(path) is None
+
+
+def test_a_game_that_stays_damaged_is_refused_in_one_line(
+    world: TextWorldGames, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = world.tasks("coin_collector", "train")[0]
+    other = TextWorldGames(**scenario_options(), cache_dir=str(world.cache))
+    path = other.game_path(task)
+    game = path.read_bytes()
+
+    def damaged(self: TextWorldGames, task: Task, where: Path) -> None:
+        where.write_bytes(b"\x00" * 100)  # a generator that writes nothing playable
+
+    monkeypatch.setattr(TextWorldGames, "_generate", damaged)
+    path.write_bytes(b"\x09" + game[1:])
+    try:
+        with pytest.raises(ValueError, match=r"textworld game .*v0\.z8 is damaged: not a Z-mach"):
+            other.reset(task, seed=0)
+    finally:
+        other.close()
+        path.write_bytes(game)
+
+
+def test_the_interpreters_own_commands_are_refused(
+    world: TextWorldGames, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save``, ``restore``, ``script``, ``quit`` and their kind write files in the working
+    directory or end the game: a free-text policy that types one spends the turn, and the
+    game goes on as before."""
+    monkeypatch.chdir(tmp_path)
+    task = world.tasks("treasure_hunter", "train")[0]
+    first = world.reset(task, seed=0)
+    for command in ("save", "SAVE game", "restore", "script", "quit", "q", "restart", "die"):
+        obs = world.step(command)
+        assert obs.text == REFUSED and obs.admissible == first.admissible and not obs.done
+    assert list(tmp_path.iterdir()) == []
+    assert world.step("look").text == play(world, task, ["look"])[-1].text
 
 
 def test_options_are_checked_with_one_line_errors() -> None:

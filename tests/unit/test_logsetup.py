@@ -30,3 +30,21 @@ def test_a_jsonl_file_that_cannot_be_written_stops_with_one_warning(
         "coevo: warning: /dev/full: cannot write ([Errno 28] No space left on device); the "
         "structured log stops here (the event log is not affected)\n"
     )
+
+
+def test_nothing_logged_after_the_log_is_closed_reaches_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A library's thread still stopping after the run's last line (py4j's, as a ScienceWorld
+    run stops) logs through the module-level ``logging.info``: with no handler left, that
+    set up a stderr handler at the root's DEBUG level and printed raw lines and tracebacks."""
+    import logging
+
+    configure_logging(Console(stderr=True, width=400), "error", None)
+    close_logging()
+    try:
+        logging.info("Exception while sending command.")
+        logging.getLogger("py4j.java_gateway").error("An error occurred", exc_info=True)
+        assert capsys.readouterr().err == ""
+    finally:
+        logging.getLogger().handlers.clear()
