@@ -98,7 +98,9 @@ def test_the_memory_and_assembly_load_no_usearch_until_an_index_is_made() -> Non
         "import sys, numpy as np, agents.memory.bank, scenarios.assemble\n"
         "from stores.tip_index import UsearchIndex\n"
         "before = 'usearch' in sys.modules\n"
-        "UsearchIndex(4, exact_below=1).add([0, 1], np.eye(2, 4, dtype=np.float32))\n"
+        "index = UsearchIndex(4, exact_below=1)\n"
+        "index.add([0, 1], np.eye(2, 4, dtype=np.float32))\n"
+        "index.search(np.eye(1, 4, dtype=np.float32), 1)  # past exact_below: the graph\n"
         "print(before, 'usearch' in sys.modules)\n"
     )
     proc = subprocess.run(
