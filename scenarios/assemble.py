@@ -607,10 +607,24 @@ def _list_tasks(
     world: TextWorld, scenario: Scenario, split: str, source: str, pool: int
 ) -> tuple[Task, ...]:
     name = scenario.world.name
-    listed = tuple(cast("Iterable[object]", world.families()))  # a plug-in's: checked
+    returned = world.families()
+    if isinstance(returned, str | bytes):  # iterated, a name would be split into letters
+        raise ScenarioInvalid(
+            source, f"$.world: {name}.families() returned {returned!r}, not a list of names"
+        )
+    listed = tuple(cast("Iterable[object]", returned))  # a plug-in's: checked
     offered = tuple(f for f in listed if isinstance(f, str))
     if len(offered) != len(listed) or len(set(offered)) != len(offered):
         raise ScenarioInvalid(source, f"$.world: {name}.families() returned {listed!r}")
+    for family in offered:  # every assignment logs it: the log's encoding must hold it
+        try:
+            family.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ScenarioInvalid(
+                source,
+                f"$.world: {name}.families() returned {family!r}: a lone surrogate that "
+                "UTF-8 cannot encode",
+            ) from None
     families = scenario.world.families or list(offered)
     twice = sorted({f for f in families if families.count(f) > 1})
     if twice:  # each would get twice its share of the episodes

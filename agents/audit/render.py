@@ -10,6 +10,15 @@ MAX_ROWS = 50
 """Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
 
 
+def safe_line(line: str) -> str:
+    """``line`` with every character a terminal would act on (escape sequences, bell,
+    carriage return, a line break inside a world's goal or action) written as its escape:
+    the texts come from a world, and only the repr-quoted ones were escaped."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+
+
 def _q(text: str, width: int = 90) -> str:
     text = " ".join(text.split())
     return repr(text if len(text) <= width else text[: width - 3] + "...")

@@ -36,10 +36,17 @@ def group_stats(rewards: Sequence[float]) -> tuple[float, float]:
     if not all(math.isfinite(r) for r in rewards):
         raise ValueError(f"rewards must be finite, got {list(rewards)}")
     n = len(rewards)
-    mean = math.fsum(rewards) / n
-    if n == 1:
-        return mean, 0.0
-    return mean, math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
+    try:
+        mean = math.fsum(rewards) / n
+        if n == 1:
+            return mean, 0.0
+        return mean, math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
+    except OverflowError:  # rewards past ~1e154 (a world's own scale): computed scaled down
+        scale = max(abs(r) for r in rewards)
+        scaled = [r / scale for r in rewards]
+        mean_s = math.fsum(scaled) / n
+        spread = math.sqrt(math.fsum((x - mean_s) ** 2 for x in scaled) / (n - 1))
+        return mean_s * scale, spread * scale
 
 
 def group_advantages(

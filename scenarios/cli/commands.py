@@ -602,7 +602,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
     else:
-        sys.stdout.write("\n".join(lines()) + "\n")
+        sys.stdout.write("\n".join(render.safe_line(line) for line in lines()) + "\n")
     return 0 if args.what != "credit" or answer.counterfactual or answer.match else 1
 
 

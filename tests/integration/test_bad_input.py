@@ -154,6 +154,18 @@ WORLDS = {
         "    def families(self):\n        return ('fetch', 'heat', 'fetch')\n",
         ".families() returned ('fetch', 'heat', 'fetch')",
     ),
+    "families as one string": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def families(self):\n        return 'fetch'\n",
+        ".families() returned 'fetch', not a list of names",
+    ),
+    "a family UTF-8 cannot encode": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def families(self):\n        return ('fetch\\ud800', 'heat')\n"
+        "    def tasks(self, family, split):\n"
+        "        return super().tasks('fetch' if family.startswith('fetch') else family, split)\n",
+        "a lone surrogate that UTF-8 cannot encode",
+    ),
     "tasks exit": (
         "import sys\nfrom scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
         "    def families(self):\n        sys.exit(0)\n",
@@ -239,3 +251,25 @@ def test_a_device_that_is_not_there_is_refused_before_the_run(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     refused(capsys, argv, "device 'cuda:7': torch sees 1 CUDA device(s) (cuda:0 to cuda:0)")
+
+
+def test_a_worlds_control_characters_reach_no_terminal_through_audit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A world's goal (and actions) are its own text: an escape sequence in one cleared the
+    screen of whoever ran ``coevo audit RUN episode``; they print escaped."""
+    source = (
+        "import msgspec\nfrom scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def reset(self, task, seed):\n"
+        "        obs = super().reset(task, seed)\n"
+        "        return msgspec.structs.replace(obs, goal='evil \\x1b[2J\\x1b[31mRED\\x07')\n"
+    )
+    world = plugin(tmp_path, monkeypatch, source)
+    run = tmp_path / "run"
+    argv = ["run", EXPLORE, "--out", str(run), "--quiet", "--set", f"world.name={world}"]
+    assert main([*argv, "--set", "world.families=[]", "--set", "run.episodes=4"]) == 0
+    capsys.readouterr()
+    assert main(["audit", str(run), "episode", "ep000000"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "goal: evil \\x1b[2J\\x1b[31mRED\\x07" in out

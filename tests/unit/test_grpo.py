@@ -415,3 +415,13 @@ def test_low_prob_mask_errors() -> None:
         low_prob_mask(torch.zeros(1, 2), torch.ones(1, 2), delta=0.0)
     with pytest.raises(ValueError, match=r"old_logp has shape \(2, 2\) but mask has shape"):
         low_prob_mask(torch.zeros(2, 2), torch.ones(1, 2))
+
+
+def test_group_stats_of_rewards_too_large_to_square() -> None:
+    """A world's score of 1e300 is finite, as the world protocol allows: its square is not
+    (OverflowError), so the statistics are computed scaled down; ordinary rewards give the
+    same bits as before."""
+    mean, std = group_stats([1e300, 0.0, 0.0, 0.0])
+    assert mean == pytest.approx(0.25e300) and std == pytest.approx(0.5e300)
+    assert group_stats([1.7e308, 1.7e308]) == (1.7e308, 0.0)
+    assert group_stats([1.0, 0.0, 0.0, 0.0]) == (0.25, 0.5)
