@@ -20,7 +20,7 @@ from typing import Any, cast
 import msgspec
 import structlog
 
-from agents.acting.env_worker import EnvWorker, PromptSettings
+from agents.acting.env_worker import EnvWorker, PromptSettings, utf8_text
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
@@ -618,13 +618,9 @@ def _list_tasks(
         raise ScenarioInvalid(source, f"$.world: {name}.families() returned {listed!r}")
     for family in offered:  # every assignment logs it: the log's encoding must hold it
         try:
-            family.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ScenarioInvalid(
-                source,
-                f"$.world: {name}.families() returned {family!r}: a lone surrogate that "
-                "UTF-8 cannot encode",
-            ) from None
+            utf8_text(family, f"{name}.families()'s {family!r}")
+        except ValueError as exc:
+            raise ScenarioInvalid(source, f"$.world: {exc}") from None
     families = scenario.world.families or list(offered)
     twice = sorted({f for f in families if families.count(f) > 1})
     if twice:  # each would get twice its share of the episodes

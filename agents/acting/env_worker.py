@@ -306,10 +306,10 @@ def _short(value: object) -> str:
 def _text(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{field} is {_short(value)}, not a string")
-    return _utf8(str(value), field)
+    return utf8_text(str(value), field)
 
 
-def _utf8(text: str, field: str) -> str:
+def utf8_text(text: str, field: str) -> str:
     """``text``, refused if UTF-8 cannot encode it (a lone surrogate, from bytes decoded with
     ``surrogateescape``): the log, the tokenizer and the embedder all need UTF-8."""
     if not text.isascii():
@@ -333,7 +333,7 @@ def _actions(value: object) -> tuple[str, ...]:
     for i, action in enumerate(actions):
         if not isinstance(action, str):
             raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
-    return tuple(_utf8(str(a), f"admissible[{i}]") for i, a in enumerate(actions))
+    return tuple(utf8_text(str(a), f"admissible[{i}]") for i, a in enumerate(actions))
 
 
 def _number(value: object, field: str) -> float:

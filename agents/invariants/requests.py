@@ -116,7 +116,6 @@ class Requests:
             k: [] for k in _UPDATES
         }  # kind -> (update, seq) not yet made
         self._made: dict[type[Event], int] = {k: 0 for k in _UPDATES.values()}
-        self._requested: Counter[type[Event]] = Counter()  # update requests so far, by kind
         self._finished: set[str] = set()
         self._abandoned: dict[str, int] = {}
         self._chunks: Counter[int] = Counter()  # merge_due seq -> merge chunks it caused
@@ -146,7 +145,6 @@ class Requests:
             elif kind in _UPDATES:
                 update: int = getattr(env.event, "update")  # noqa: B009
                 self._asked_updates[kind].append((update, env.seq))
-                self._requested[kind] += 1
             elif kind is PolicyUpdated or kind is ExtractorUpdated:
                 self._update(env, kind)
             elif kind is EpisodeFinished:
@@ -191,7 +189,8 @@ class Requests:
         """The settlement (answering its ``credits_due``, checked) counts the extractor update
         requests before it."""
         told: int = getattr(env.event, "updates")  # noqa: B009
-        if told != (seen := self._requested[ExtractorGradientRequested]):
+        open_ = len(self._asked_updates[ExtractorGradientRequested])
+        if told != (seen := self._made[ExtractorUpdated] + open_):
             self._fail(
                 env.seq,
                 f"credits_settled counts {told} extractor update requests; the log holds {seen}",

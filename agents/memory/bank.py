@@ -518,9 +518,10 @@ class MemoryActor(Actor):
         done = [env.event for env in mine if not again or env.cause != last]
         embedder = await ctx.to_thread(self._make_embedder)
         evicted = {ev.tip_id for ev in done if isinstance(ev, TipEvicted)}
-        bank = await self._fold(ctx, done, embedder, evicted)
+        vectors: dict[str, np.ndarray] = {}  # by key, embedded once for both folds
+        bank = await self._fold(ctx, done, embedder, evicted, vectors)
         if bank.graphs() and evicted:  # an evicted tip's vector may have shaped a graph
-            bank = await self._fold(ctx, done, embedder, set())
+            bank = await self._fold(ctx, done, embedder, set(), vectors)
         if again:
             replay = ReplayContext(ctx.name, ctx.run_seed)
             await self._apply(cast(Context, replay), bank, embedder, again)
@@ -535,26 +536,38 @@ class MemoryActor(Actor):
         ctx.log.info("memory rebuilt", tips=len(bank.tips), owed=len(self._owed))
 
     async def _fold(
-        self, ctx: Context, done: list[Event], embedder: Embedder, unembedded: set[int]
+        self,
+        ctx: Context,
+        done: list[Event],
+        embedder: Embedder,
+        unembedded: set[int],
+        vectors: dict[str, np.ndarray],
     ) -> TipBank:
         """The bank that ``done`` (the events it emitted) rebuilds, every stored tip's key
         embedded but those of ``unembedded``: tips evicted before the end, whose vectors only
         a search could have read, and a rebuilt bank searches nothing (a placeholder
-        stands in; :meth:`TipBank.graphs` says where an index kept one).
+        stands in; :meth:`TipBank.graphs` says where an index kept one). ``vectors`` holds
+        the keys embedded so far; those it lacks are embedded and added.
 
         Raises:
             ResumeDiverged: ``done`` does not follow from an empty bank.
         """
         bank = TipBank(self._settings, embedder.dim)
-        keys = [ev.key for ev in done if isinstance(ev, TipStored) and ev.tip_id not in unembedded]
-        vectors = iter(await ctx.to_thread(embed_all, embedder, keys))
+        keys = {
+            ev.key: None
+            for ev in done
+            if isinstance(ev, TipStored) and ev.tip_id not in unembedded and ev.key not in vectors
+        }
+        if keys:
+            embedded = await ctx.to_thread(embed_all, embedder, list(keys))
+            vectors.update(zip(keys, embedded, strict=True))
         placeholder = np.zeros(embedder.dim, dtype=np.float32)
         placeholder[0] = 1.0
         try:
             for ev in done:
                 vector = None
                 if isinstance(ev, TipStored):
-                    vector = placeholder if ev.tip_id in unembedded else next(vectors)
+                    vector = placeholder if ev.tip_id in unembedded else vectors[ev.key]
                 bank.evolve(ev, vector)
         except ValueError as exc:
             raise ResumeDiverged(f"the {ctx.name} cannot rebuild its bank: {exc}") from None

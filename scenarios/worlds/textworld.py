@@ -212,7 +212,9 @@ class TextWorldGames:
         goal = " ".join(str(state.objective).split())
         self._episode = _Episode(task, goal, float(state.max_score), walkthrough)
         self._episode.admissible = _commands(state)
-        return Observation(text=clean(state.feedback), admissible=_commands(state), goal=goal)
+        return Observation(
+            text=clean(state.feedback), admissible=self._episode.admissible, goal=goal
+        )
 
     def step(self, action: str) -> Observation:
         """Apply ``action``; a command the game does not understand wastes the turn.
@@ -223,7 +225,8 @@ class TextWorldGames:
         ep = self._episode
         if ep is None or ep.done:
             raise RuntimeError("step() called before reset() or after the episode ended")
-        if action.split()[:1] and action.split()[0].lower() in META_VERBS:
+        verb = action.split()[:1]
+        if verb and verb[0].lower() in META_VERBS:
             ep.steps += 1
             ep.done = ep.steps >= self.max_steps
             return Observation(
@@ -243,7 +246,7 @@ class TextWorldGames:
         ep.admissible = _commands(state)
         return Observation(
             text=clean(state.feedback),
-            admissible=() if ep.done else _commands(state),
+            admissible=() if ep.done else ep.admissible,
             goal=ep.goal,
             reward=reward,
             done=ep.done,
@@ -307,13 +310,15 @@ class TextWorldGames:
         Raises:
             ValueError: the game is still damaged after it was generated again.
         """
-        if path.is_file() and (why := broken_game(path)) is not None:
+        if path.is_file():
+            why = broken_game(path)
+            if why is None:
+                return
             _log.warning("damaged textworld game: generating it again", game=str(path), why=why)
             with _TW_LOCK:
                 path.unlink(missing_ok=True)  # the .z8 first: the pair is then incomplete
                 path.with_suffix(".json").unlink(missing_ok=True)
-        if not path.is_file():
-            self._generate(task, path)
+        self._generate(task, path)
         if (why := broken_game(path)) is not None:
             raise ValueError(f"textworld game {path} is damaged: {why}")
 

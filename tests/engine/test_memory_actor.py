@@ -392,4 +392,5 @@ def test_a_bank_whose_index_built_a_graph_is_rebuilt_with_every_key() -> None:
     bank, embedded = rebuilt(settings, log)
     assert bank.graphs() == [SLOTS[0]]
     assert set(embedded) == {f"tip {n}" for n in range(EXACT_BELOW + 6)}
+    assert len(embedded) == len(set(embedded))  # each key once, over both folds
     assert bank.tips == live_bank.tips
