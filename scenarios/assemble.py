@@ -20,10 +20,11 @@ from typing import Any, cast
 import msgspec
 import structlog
 
-from agents.acting.env_worker import EnvWorker, PromptSettings, utf8_text
+from agents.acting.env_worker import EnvWorker, PromptSettings
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
+from agents.acting.world_calls import utf8_text
 from agents.events.policy import PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
@@ -157,9 +158,7 @@ def assemble(
 
     specs = _workers(scenario, workers, make_world, None, source)
     _check_model_placements(scenario, source, method is not None and prepare_model, run_dir)
-    actors, models = policy_actors(scenario, source, method, run_dir, prepare_model)
-    model = models.get("policy")
-    specs += _placed_models(scenario, actors, source)
+    # every check that needs no model before any model is built (minutes for an embedded one)
     if method is not None:
         heldout = world_tasks(scenario, scenario.eval.split, source)
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
@@ -168,11 +167,14 @@ def assemble(
     else:
         episodes = scenario.run.episodes
         specs.insert(0, _scheduler(tasks, episodes, workers))
+    tracking = tracker(scenario, source, run_dir)
+    actors, models = policy_actors(scenario, source, method, run_dir, prepare_model)
+    model = models.get("policy")
+    specs += _placed_models(scenario, actors, source)
     names = [spec.name for spec in specs]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:  # a plug-in's actor named as another (the trainer, a worker, its own twice)
         raise ScenarioInvalid(source, f"$.run.method: two actors are named {clashes}")
-    tracking = tracker(scenario, source, run_dir)
     title = f"{scenario.name} (seed {scenario.seed})"
     report = partial(curves_report, title=title) if scenario.run.method != ROLLOUT else None
     return Assembly(

@@ -55,27 +55,34 @@ def read_scenario(
     return scenario, unread_tables(doc, scenario)
 
 
-def warn_unread(source: str, scenario: Scenario, unread: list[str]) -> None:
-    """Log one warning naming ``unread`` tables (after the scenario was found valid: a refused
-    one says only why)."""
+def warn_settings(source: str, scenario: Scenario, unread: list[str], played: int) -> None:
+    """Log a warning for each setting a valid scenario holds that is likely not what its
+    author meant (after it was found valid: a refused one says only why): tables nothing
+    reads (``unread``), fewer episodes than ``run.episodes`` asks (a learning run plays
+    whole steps of ``group_size * groups_per_update``; ``played``), and training on the
+    variants held-out evaluation plays."""
+    log = structlog.get_logger("coevo")
     if unread:
-        structlog.get_logger("coevo").warning(
+        log.warning(
             f"{source}: nothing reads {', '.join(f'[{t}]' for t in unread)} in this scenario",
             method=scenario.run.method,
             agent=scenario.agent.kind,
         )
-
-
-def warn_rounded(source: str, scenario: Scenario, played: int) -> None:
-    """Log one warning when the run plays fewer episodes than ``run.episodes`` asks (a
-    learning run plays whole steps of ``group_size * groups_per_update``)."""
     asked = scenario.run.episodes
     if played != asked:
         g = scenario.grpo
-        structlog.get_logger("coevo").warning(
+        log.warning(
             f"{source}: run.episodes = {asked} is not a whole number of steps of "
             f"{g.group_size * g.groups_per_update} episodes (grpo.group_size * "
             f"grpo.groups_per_update): the run plays {played}"
+        )
+    e = scenario.eval
+    evaluates = e.every > 0 or e.final_episodes > 0 or e.adapt_attempts > 0
+    learns = scenario.run.method != "rollout"
+    if learns and evaluates and scenario.world.split == e.split == "heldout":
+        log.warning(
+            f'{source}: world.split = "heldout" trains on the variants that held-out '
+            f'evaluation plays (eval.split = "heldout"): its success is not held out'
         )
 
 

@@ -83,12 +83,12 @@ def policy_actors(
     check_training(scenario, source, roles)
     # the base models' settings (and local paths) are checked before anything is built
     bases = {role: base_model_dir(scenario, source, role, None) for role in roles}
+    check_rooms(scenario, source, method, "extractor" in roles)
     model = policy_model_dir(scenario, source) if prepare_model else None
     if not prepare_model:
         check_policy_model(scenario, source)
     elif model is not None:
         bases = {role: base_model_dir(scenario, source, role, model) for role in roles}
-    check_rooms(scenario, source, method, "extractor" in roles)
     run = RunResources(
         device=scenario.policy.device,
         batch_max=scenario.policy.batch_max,

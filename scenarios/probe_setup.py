@@ -226,6 +226,8 @@ def _setup(
             width=2 * p.batch_max,
             system=s.prompt.system,
             memory=s.prompt.memory,
+            max_turns=s.world.max_turns,
+            step_timeout=s.world.step_timeout or None,
         ),
         episodes=options.episodes,
         seed=options.seed,

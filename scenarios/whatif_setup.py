@@ -12,13 +12,14 @@ from typing import Any
 import msgspec
 
 from agents.acting.inference import PolicyRunner
+from agents.acting.world_calls import GuardedWorld, WorldFailed
 from agents.audit.index import Stored as StoredRow
 from agents.audit.index import fetch, refs, tip_rows
 from agents.audit.whatif import Change, Prompting, WhatIf, check, recorded, replay, what_if
 from agents.events.policy import PolicyUpdated
 from engine.errors import AuditQueryInvalid, ScenarioInvalid
 from engine.eventlog import machine_description
-from engine.world_registry import load_world
+from scenarios.assemble import world_factory
 from scenarios.loader import parse_toml, to_scenario
 from scenarios.schema import Scenario
 from stores.fact_index import FactIndex
@@ -41,6 +42,7 @@ def run_whatif(
         AuditQueryInvalid: no such episode, or entry, or version; not a policy's episode; a
             checkpoint no longer on disk or not the one the log names.
         ScenarioInvalid: the run's scenario or world cannot be loaded here.
+        WorldFailed: the world could not be built, or raised, hung or answered wrongly.
     """
     meta = log.read_meta()
     source = f"{root} (its scenario)"
@@ -73,14 +75,13 @@ def run_whatif(
         system=scenario.prompt.system,
         memory=scenario.prompt.memory,
     )
-    try:
-        world = load_world(scenario.world.name, dict(scenario.world.options))
-    except ValueError as exc:
-        raise ScenarioInvalid(source, f"$.world: {exc}") from None
+    world = GuardedWorld(world_factory(scenario, source), scenario.world.step_timeout or None)
     try:
         turns = scenario.world.max_turns
         control = replay(rec, world, runners.get, prompting, max_turns=turns)
         changed = replay(rec, world, runners.get, prompting, change, max_turns=turns)
+    except WorldFailed as exc:
+        raise WorldFailed(f"replaying episode {episode}: {exc}") from None
     finally:
         world.close()
     answer = msgspec.structs.replace(what_if(rec, control, changed, change), note=note)

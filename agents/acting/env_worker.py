@@ -18,15 +18,14 @@ with :class:`EpisodeAborted`; the worker then builds a fresh world and takes the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import trio
 
 from agents.acting.scripted import Agent
+from agents.acting.world_calls import checked_observation
 from agents.events.episodes import (
     EpisodeAborted,
     EpisodeAssigned,
@@ -50,19 +49,9 @@ from agents.models.prompts import (
     turn_messages,
 )
 from engine.actor import Actor, Context
-from engine.errors import CoevoError
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng, derive_seed
 from engine.world import Observation, Task, TextWorld
-
-
-class ObservationInvalid(CoevoError):
-    """A world's ``reset`` or ``step`` returned something coevo cannot record or act on: not an
-    :class:`Observation`, a field of another type (``text=None``, a number in
-    ``admissible``), a reward or score that is not a finite number, or no admissible action on
-    a turn that is not done. The episode is aborted with this message, which names the world
-    call; unlike a world that raises, the world answered, wrongly."""
-
 
 AgentFactory = Callable[[Any], Agent]
 """Builds an agent for one episode from that episode's ``random.Random``."""
@@ -259,101 +248,6 @@ class EnvWorker(Actor):
                 truncated=not obs.done,
             )
         )
-
-
-def checked_observation(obs: object, call: str) -> Observation:
-    """What a world returned, checked and in builtin types, before anything records or acts on
-    it: numpy scalars (a text game's win flag is often ``numpy.bool_``) become ``float`` and
-    ``bool``; anything else of another type than :class:`Observation` declares is refused.
-
-    Args:
-        obs: the world's answer.
-        call: the world call, for the message (``world.step('open door') on turn 3``).
-
-    Raises:
-        ObservationInvalid: naming ``call`` and what is wrong.
-    """
-    if not isinstance(obs, Observation):
-        raise ObservationInvalid(f"{call} returned {_short(obs)}, not an Observation")
-    try:
-        admissible = _actions(obs.admissible)
-        checked = Observation(
-            text=_text(obs.text, "text"),
-            admissible=admissible,
-            goal=_text(obs.goal, "goal"),
-            reward=_number(obs.reward, "reward"),
-            done=_flag(obs.done, "done"),
-            score=_number(obs.score, "score"),
-            success=_flag(obs.success, "success"),
-        )
-    except ValueError as exc:
-        raise ObservationInvalid(f"{call} returned an observation whose {exc}") from None
-    if not checked.admissible and not checked.done:
-        raise ObservationInvalid(f"{call} returned no admissible action on a turn that is not done")
-    return checked
-
-
-def _short(value: object) -> str:
-    if isinstance(value, int) and value.bit_length() > 4096:  # past int's str() limit
-        return f"an int of {value.bit_length()} bits"
-    try:
-        text = repr(value)
-    except Exception as exc:  # a world's own type whose __repr__ fails
-        return f"a {type(value).__name__} whose repr() raised {type(exc).__name__}"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _text(value: object, field: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{field} is {_short(value)}, not a string")
-    return utf8_text(str(value), field)
-
-
-def utf8_text(text: str, field: str) -> str:
-    """``text``, refused if UTF-8 cannot encode it (a lone surrogate, from bytes decoded with
-    ``surrogateescape``): the log, the tokenizer and the embedder all need UTF-8."""
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            bad = text[exc.start : exc.end]
-            raise ValueError(
-                f"{field} holds {bad!r} at character {exc.start}, a lone surrogate that UTF-8 "
-                "cannot encode"
-            ) from None
-    return text
-
-
-def _actions(value: object) -> tuple[str, ...]:
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if not isinstance(value, tuple | list):
-        raise ValueError(f"admissible is {_short(value)}, not a tuple of strings")
-    actions = tuple(value)
-    for i, action in enumerate(actions):
-        if not isinstance(action, str):
-            raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
-    return tuple(utf8_text(str(a), f"admissible[{i}]") for i, a in enumerate(actions))
-
-
-def _number(value: object, field: str) -> float:
-    if isinstance(value, bool | np.bool_) or not isinstance(
-        value, int | float | np.integer | np.floating
-    ):
-        raise ValueError(f"{field} is {_short(value)}, not a number")
-    try:
-        number = float(value)
-    except OverflowError:  # an int past float's range (10**400)
-        raise ValueError(f"{field} is {_short(value)}, too large for a float") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{field} is {number}, not a finite number")
-    return number
-
-
-def _flag(value: object, field: str) -> bool:
-    if not isinstance(value, bool | np.bool_):
-        raise ValueError(f"{field} is {_short(value)}, not a bool")
-    return bool(value)
 
 
 class _PolicyAgent:

@@ -11,7 +11,8 @@ the recorded ones shows the last recorded turn's); the action is drawn with the 
 (``derive_seed(episode seed, "act", turn)``, as the worker derives it), greedy where the log's
 request was, by the policy version that acted at that turn (past the recorded turns: the last);
 an episode ends where the world ends it or at the run's ``[world] max_turns``, as the worker
-ends it.
+ends it. The world is called behind the env worker's guards
+(:class:`agents.acting.world_calls.GuardedWorld`: checked answers, ``[world] step_timeout``).
 Exact for a deterministic world (the built-in one) on the device the run used: the control
 checks it. A world with hidden randomness of its own, or retrievals that depend on the state
 (EMPO2's per-turn tips), make the changed replay one sample, not the answer.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import msgspec
 
 from agents.acting.inference import PolicyRunner
+from agents.acting.world_calls import UNLIMITED_CAP, GuardedWorld
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAssigned,
@@ -40,7 +42,7 @@ from agents.models.prompts import MemoryPlace, Step, to_pairs, turn_messages
 from engine.errors import AuditQueryInvalid
 from engine.events import Envelope, Event
 from engine.seeds import derive_seed
-from engine.world import Task, TextWorld
+from engine.world import Task
 
 __all__ = ["Change", "Played", "Recorded", "WhatIf", "check", "recorded", "replay", "what_if"]
 
@@ -205,13 +207,9 @@ def recorded(episode: str, envs: Sequence[Envelope[Event]]) -> Recorded:
     )
 
 
-UNLIMITED_CAP = 1000
-"""The most turns a replay plays of a run whose ``[world] max_turns`` is 0 (no limit)."""
-
-
 def replay(
     rec: Recorded,
-    world: TextWorld,
+    world: GuardedWorld,
     runner_for: Callable[[int], PolicyRunner],
     prompting: Prompting,
     change: Change | None = None,
@@ -220,11 +218,13 @@ def replay(
 ) -> Played:
     """Play the episode again (see the module's docstring), with ``change`` (None: unchanged),
     for at most ``max_turns`` turns (the run's ``[world] max_turns``, as its env worker stops a
-    truncated episode; 0, a run without a limit: :data:`UNLIMITED_CAP`, so that a changed
-    replay in a world that never ends an episode ends all the same).
+    truncated episode; 0, a run without a limit:
+    :data:`~agents.acting.world_calls.UNLIMITED_CAP`, so that a changed replay in a world that
+    never ends an episode ends all the same).
 
     Raises:
         AuditQueryInvalid: the change names an entry the episode was not shown.
+        WorldFailed: the world raised, hung or answered wrongly.
     """
     if change is not None:
         check(rec, change)

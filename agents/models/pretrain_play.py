@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from agents.acting.env_worker import ObservationInvalid, checked_observation
 from agents.acting.scripted import Agent, Explorer, RandomAgent, Turn
+from agents.acting.world_calls import ObservationInvalid, checked_observation
 from agents.models.notes import EMPTY_NOTE, NoteSource, Shown, combine_notes, render, write_library
 from agents.models.prompts import Step, reflection_messages, turn_messages
 from engine.errors import CoevoError
@@ -106,7 +106,7 @@ def play(
 
 class PlayFailed(CoevoError):
     """Scripted play could not go on: the world raised, returned an invalid observation
-    (:func:`agents.acting.env_worker.checked_observation`) or never ended an episode."""
+    (:func:`agents.acting.world_calls.checked_observation`) or never ended an episode."""
 
 
 def _world_call(call: Callable[[], object], what: str) -> Observation:

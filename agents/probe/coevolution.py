@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import msgspec
 
 from agents.acting.inference import PolicyRunner
+from agents.acting.world_calls import WorldFailed
 from agents.learning.trainer import eval_tasks
 from agents.memory.bank import MemorySettings
 from agents.memory.bank_rebuild import (
@@ -118,7 +119,9 @@ class BankResult(msgspec.Struct, frozen=True, kw_only=True):
 
     ``success`` is the mean over episodes with its bootstrap interval, ``by_family`` the same
     per family; ``shown`` the fraction of episodes shown an entry, ``distinct`` how many
-    different entries were shown; ``outcomes`` each episode's success (1 / 0) in index order.
+    different entries were shown; ``outcomes`` each episode's success (1 / 0) in index order;
+    ``aborted`` how many episodes' world failed (counted as failures), ``abort`` the first
+    one's reason.
     """
 
     label: str
@@ -132,6 +135,8 @@ class BankResult(msgspec.Struct, frozen=True, kw_only=True):
     shown: float
     distinct: int
     outcomes: list[int]
+    aborted: int = 0
+    abort: str = ""
 
 
 class Comparison(msgspec.Struct, frozen=True, kw_only=True):
@@ -256,6 +261,11 @@ def _played_bank(
         embed=setup.embed if rebuilt else None,
         progress=p.advance,
     )
+    if played and all(e.aborted for e in played):
+        raise WorldFailed(
+            f"{label}: the world failed in every one of the {len(played)} probe episodes, so "
+            f"they measure nothing (the first: {played[0].aborted})"
+        )
     result = _result(setup, writer, rebuilt, played)
     p.done(result)
     return result
@@ -287,6 +297,8 @@ def _result(
         shown=sum(e.entry >= 0 for e in played) / len(played),
         distinct=len({e.entry for e in played if e.entry >= 0}),
         outcomes=outcomes,
+        aborted=sum(bool(e.aborted) for e in played),
+        abort=next((e.aborted for e in played if e.aborted), ""),
     )
 
 

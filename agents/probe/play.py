@@ -3,7 +3,12 @@
 A plain synchronous loop, no actors and no log (as ``bench/grpo_sync.py``): ``width`` episodes are
 live at a time, one world each; every tick the live episodes' action requests are answered by
 :meth:`PolicyRunner.answer`, ``batch`` per forward pass, and a finished episode's world takes the
-next episode. Each episode is exactly a held-out episode of the method played with its bank
+next episode. Every world call goes through the env worker's guards
+(:class:`agents.acting.world_calls.GuardedWorld`, ``step_timeout``): an episode whose world
+raises, hangs or answers wrongly ends as aborted, a failure, as held-out evaluation counts it,
+and a new world takes the next episode; one longer than ``max_turns`` ends unfinished.
+
+Each episode is exactly a held-out episode of the method played with its bank
 (:class:`agents.acting.env_worker._PolicyAgent`): at turn 0 the bank is asked once with the
 "diverse" rule for one entry of the family's training partition, the query being the turn's state
 text, and the entry stays in the prompt every turn (:func:`agents.models.prompts.turn_messages` with
@@ -21,6 +26,7 @@ import msgspec
 import numpy as np
 
 from agents.acting.inference import PolicyRunner
+from agents.acting.world_calls import UNLIMITED_CAP, GuardedWorld, WorldFailed
 from agents.events.memory import RetrievalRequested, slot_of
 from agents.events.policy import ActionRequested
 from agents.memory.bank import TipBank
@@ -51,6 +57,11 @@ class PlaySettings:
         width: episodes live at a time (one world each).
         system: the system message's text.
         memory: the message the entry is appended to ("user" or "system").
+        max_turns: turns after which an episode ends unfinished (the run's ``[world]
+            max_turns``; 0:
+            :data:`agents.acting.world_calls.UNLIMITED_CAP`).
+        step_timeout: seconds a world call may take (the run's ``[world] step_timeout``;
+            None: no limit).
     """
 
     window: int = 4
@@ -60,14 +71,17 @@ class PlaySettings:
     width: int = 64
     system: str = TURN_SYSTEM
     memory: MemoryPlace = "user"
+    max_turns: int = 0
+    step_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        if self.batch < 1 or self.width < 1:
-            raise ValueError(f"batch and width must be >= 1, got {self}")
+        if self.batch < 1 or self.width < 1 or self.max_turns < 0:
+            raise ValueError(f"batch and width must be >= 1 and max_turns >= 0, got {self}")
 
 
 class Played(msgspec.Struct, frozen=True, kw_only=True):
-    """One probe episode's outcome and the entry it was shown (-1 and "": none)."""
+    """One probe episode's outcome and the entry it was shown (-1 and "": none); ``aborted``
+    says why its world failed ("" when it did not; the episode then counts as a failure)."""
 
     index: int
     family: str
@@ -78,12 +92,13 @@ class Played(msgspec.Struct, frozen=True, kw_only=True):
     steps: int
     entry: int = -1
     call: str = ""
+    aborted: str = ""
 
 
 @dataclass
 class _Live:
     index: int
-    world: TextWorld
+    world: GuardedWorld
     obs: Observation
     goal: str
     tips: tuple[str, ...]
@@ -113,22 +128,43 @@ def play(
 
     Raises:
         ValueError: tasks and seeds differ in length, or a bank comes without ``embed``.
+        WorldFailed: a world could not be built.
     """
     if len(tasks) != len(seeds):
         raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
     if bank is not None and embed is None:
         raise ValueError("a bank needs an embed function for its queries")
-    worlds = [make_world() for _ in range(min(settings.width, len(tasks)))]
+    worlds = _Worlds(make_world, settings.step_timeout)
     try:
+        for _ in range(min(settings.width, len(tasks))):
+            worlds.free.append(worlds.build())
         return _loop(runner, worlds, tasks, seeds, settings, bank, embed, progress)
     finally:
-        for world in worlds:
+        worlds.close()
+
+
+class _Worlds:
+    """Every world a play built: the free ones, and each closed at the end (a broken one is
+    left to its abandoned thread)."""
+
+    def __init__(self, make_world: Callable[[], TextWorld], timeout: float | None) -> None:
+        self._make, self._timeout = make_world, timeout
+        self.built: list[GuardedWorld] = []
+        self.free: list[GuardedWorld] = []
+
+    def build(self) -> GuardedWorld:
+        world = GuardedWorld(self._make, self._timeout)
+        self.built.append(world)
+        return world
+
+    def close(self) -> None:
+        for world in self.built:
             world.close()
 
 
 def _loop(
     runner: PolicyRunner,
-    worlds: list[TextWorld],
+    worlds: _Worlds,
     tasks: Sequence[Task],
     seeds: Sequence[int],
     s: PlaySettings,
@@ -138,11 +174,34 @@ def _loop(
 ) -> list[Played]:
     done: list[Played | None] = [None] * len(tasks)
     live: list[_Live] = []
-    free = list(reversed(worlds))
+    free = worlds.free
+    free.reverse()
+    cap = s.max_turns or UNLIMITED_CAP
     nxt = 0
+
+    def aborted(index: int, world: GuardedWorld, exc: WorldFailed, steps: int) -> None:
+        task = tasks[index]
+        done[index] = Played(
+            index=index,
+            family=task.family,
+            variant=task.variant,
+            seed=seeds[index],
+            success=False,
+            score=0.0,
+            steps=steps,
+            aborted=str(exc),
+        )
+        world.close()
+        free.append(worlds.build())
+        progress(1)
+
     while nxt < len(tasks) or live:
         while free and nxt < len(tasks):
-            live.append(_start(free.pop(), nxt, tasks[nxt], seeds[nxt], s, bank, embed))
+            world = free.pop()
+            try:
+                live.append(_start(world, nxt, tasks[nxt], seeds[nxt], s, bank, embed))
+            except WorldFailed as exc:
+                aborted(nxt, world, exc, 0)
             nxt += 1
         requests = [_request(ep, seeds[ep.index], s) for ep in live]
         answers = []
@@ -150,9 +209,13 @@ def _loop(
             answers += runner.answer(requests[k : k + s.batch])
         still = []
         for ep, answer in zip(live, answers, strict=True):
-            ep.obs = ep.world.step(answer.action)
+            try:
+                ep.obs = ep.world.step(answer.action)
+            except WorldFailed as exc:
+                aborted(ep.index, ep.world, exc, len(ep.history))
+                continue
             ep.history.append((answer.action, ep.obs.text))
-            if ep.obs.done:
+            if ep.obs.done or len(ep.history) >= cap:
                 done[ep.index] = _played(ep, tasks[ep.index], seeds[ep.index])
                 free.append(ep.world)
                 progress(1)
@@ -163,7 +226,7 @@ def _loop(
 
 
 def _start(
-    world: TextWorld,
+    world: GuardedWorld,
     index: int,
     task: Task,
     seed: int,

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from agents.audit.render import safe_line
 from agents.probe.coevolution import BankResult, ProbeResult
 from agents.report.intervals import Interval
 from stores.rundir import replace_file
@@ -45,7 +46,8 @@ def line(r: BankResult) -> str:
     else:
         ops = ", ".join(f"{r.stats.ops.get(k, 0)} {k}" for k in OPS[:5])
         bank = f"bank {r.stats.size:4d} entries ({ops})"
-    return f"{r.label:<8} {bank}  success {_ci(r.success)}  {fams}"
+    aborted = f"  ({r.aborted} aborted as failures: {safe_line(r.abort)})" if r.aborted else ""
+    return f"{r.label:<8} {bank}  success {_ci(r.success)}  {fams}{aborted}"
 
 
 def markdown(result: ProbeResult) -> str:
@@ -75,6 +77,12 @@ def markdown(result: ProbeResult) -> str:
         "|---|---|---:|---|---:|---|---|" + "---|" * len(families),
     ]
     lines += [_row(r, families) for r in result.banks]
+    lines += [
+        f"\n{r.label}: {r.aborted} of {len(r.outcomes)} episodes aborted (their world failed; "
+        f"counted as failures), the first: `{safe_line(r.abort)}`"
+        for r in result.banks
+        if r.aborted
+    ]
     if result.comparisons:
         lines += [
             "",

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents.events.episodes import EpisodeFinished
+from agents.events.episodes import EpisodeAborted, EpisodeFinished
 from agents.events.extractor import (
     CreditAssigned,
     ExtractorCalled,
@@ -46,7 +46,10 @@ class Curves:
 
     Attributes:
         train: ``(episodes, success, score)`` per block of ``block`` training episodes
-            (``episodes`` counts training episodes up to the end of the block).
+            (``episodes`` counts training episodes up to the end of the block). An aborted
+            training episode (its world failed) counts as a failure with score 0, as held-out
+            evaluation counts one.
+        train_aborted: how many training episodes were aborted.
         heldout: ``(train_episodes, version, success, score)`` per evaluation round.
         updates: ``(version, loss, grad_norm, clip_frac, kl, samples, seconds)`` per update.
         adapt: ``(version, attempt, success, score)`` per attempt of each adaptation round
@@ -56,6 +59,7 @@ class Curves:
 
     block: int
     train: list[tuple[int, float, float]] = field(default_factory=list[tuple[int, float, float]])
+    train_aborted: int = 0
     heldout: list[tuple[int, int, float, float]] = field(
         default_factory=list[tuple[int, int, float, float]]
     )
@@ -68,6 +72,11 @@ class Curves:
     heldout_memory: list[tuple[int, int, float, float]] = field(
         default_factory=list[tuple[int, int, float, float]]
     )
+
+
+def train_ended(ev: Event) -> bool:
+    """Whether ``ev`` ends a training episode: finished, or aborted (its world failed)."""
+    return isinstance(ev, EpisodeFinished | EpisodeAborted) and ev.purpose == "train"
 
 
 def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
@@ -83,10 +92,13 @@ def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
     wins = 0
     score = 0.0
     for ev in events:
-        if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
+        if train_ended(ev):
             n += 1
-            wins += int(ev.success)
-            score += ev.score
+            if isinstance(ev, EpisodeFinished):
+                wins += int(ev.success)
+                score += ev.score
+            else:
+                curves.train_aborted += 1
             if n % block == 0:
                 curves.train.append((n, wins / block, score / block))
                 wins, score = 0, 0.0
@@ -157,7 +169,7 @@ def fold_coevolution(events: Iterable[Event]) -> Coevolution:
     train_slots: set[str] = set()
     rewards: dict[int, float] = {}
     for ev in events:
-        if isinstance(ev, EpisodeFinished) and ev.purpose == "train":
+        if train_ended(ev):
             ended += 1
         elif isinstance(ev, CreditAssigned):
             c.credits.append((ended, ev.credit))
@@ -287,6 +299,11 @@ def summary_lines(curves: Curves) -> list[str]:
             f"train success: first block {curves.train[0][1]:.1%}, "
             f"last block {curves.train[-1][1]:.1%} (blocks of {curves.block})"
         )
+    if curves.train_aborted:
+        lines.append(
+            f"aborted: {curves.train_aborted} training episodes (their world failed: counted as "
+            "failures in the train curve; no group trains on them)"
+        )
     if curves.updates:
         secs = sum(row[6] for row in curves.updates)
         lines.append(f"updates: {len(curves.updates)}, {secs:.1f} s in the learner")
@@ -309,15 +326,14 @@ def block_size(train_episodes: int) -> int:
     return max(1, min(64, train_episodes // 10))
 
 
-_FOLDED = (EpisodeFinished, EvalRoundFinished, AdaptRoundFinished, PolicyUpdated)
+_FOLDED = (EpisodeFinished, EpisodeAborted, EvalRoundFinished, AdaptRoundFinished, PolicyUpdated)
 
 
 def report(run_dir: Path, events: Iterable[Event], title: str = "") -> list[str]:
     """Fold ``events`` (:func:`block_size` training episodes a point, as ``coevo report``
     draws them), write the curves into ``run_dir``, return the summary lines."""
     kept = [ev for ev in events if isinstance(ev, _FOLDED)]
-    train = sum(1 for ev in kept if isinstance(ev, EpisodeFinished) and ev.purpose == "train")
-    curves = fold_curves(kept, block_size(train))
+    curves = fold_curves(kept, block_size(sum(map(train_ended, kept))))
     if not (curves.updates or curves.heldout):
         return []
     paths = write_curves(run_dir, curves, title)

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents.events.episodes import EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorCalled
 from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
 from agents.report.curves import (
@@ -26,6 +25,7 @@ from agents.report.curves import (
     block_size,
     fold_coevolution,
     fold_curves,
+    train_ended,
 )
 from agents.report.plots import (
     bank_figures,
@@ -116,7 +116,7 @@ def fold_run(label: str, run_dir: Path, envelopes: Iterable[Envelope[Event]]) ->
         if env.event.__struct_config__.tag not in SKIPPED:
             events.append(env)
     plain = [env.event for env in events]
-    train = sum(1 for ev in plain if isinstance(ev, EpisodeFinished) and ev.purpose == "train")
+    train = sum(map(train_ended, plain))
     start = plain[0] if plain and isinstance(plain[0], RunStarted) else None
     entries, calls = fold_entries(events)
     return RunData(
@@ -223,11 +223,13 @@ def _runs_table(runs: list[RunData]) -> str:
     for i, r in enumerate(runs):
         held = r.curves.heldout
         success = f"{held[0][2]:.1%} → {held[-1][2]:.1%} (v{held[-1][1]})" if held else "-"
+        lost = r.curves.train_aborted
+        aborted = f"<br><small>{lost:,} aborted (failures)</small>" if lost else ""
         rows.append(
             f'<tr><td><span class="swatch c{i % 10}"></span>{html.escape(r.label)}<br>'
             f"<small>{html.escape(str(r.path))}</small></td><td>{html.escape(r.scenario)}</td>"
             f"<td>{html.escape(r.method)}</td><td>{r.seed if r.seed is not None else '-'}</td>"
-            f"<td>{r.events:,}</td><td>{r.train_episodes:,}</td>"
+            f"<td>{r.events:,}</td><td>{r.train_episodes:,}{aborted}</td>"
             f"<td>{len(r.curves.updates)}</td><td>{success}</td>"
             f"<td>{html.escape(r.status)}</td></tr>"
         )

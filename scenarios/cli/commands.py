@@ -23,7 +23,7 @@ from rich.console import Console
 
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
-from scenarios.cli.common import InputInvalid, naming, open_run, out_path
+from scenarios.cli.common import InputInvalid, naming, open_run, out_path, stdout_to_stderr
 from scenarios.cli.entry import Terminated, stopped
 from scenarios.cli.explore import add_commands
 from scenarios.cli.logsetup import configure_logging
@@ -397,7 +397,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
             if not args.json:
                 stages.say(line(r))
 
-        result = probe_run(run, control, options, Progress(stages.stage, stages.advance, done))
+        with stdout_to_stderr():  # a world's prints: not before the --json answer
+            result = probe_run(run, control, options, Progress(stages.stage, stages.advance, done))
     try:
         paths = write_probe(result, out)
     except OSError as exc:

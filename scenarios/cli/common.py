@@ -1,9 +1,12 @@
-"""What the ``coevo`` commands share: their input error, opening a run's log to read it, and
-naming the log in a read error.
+"""What the ``coevo`` commands share: their input error, opening a run's log to read it,
+naming the log in a read error, and keeping a world's prints off a command's output.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +16,7 @@ from engine.errors import CoevoError, LogError, RunNotFound
 from stores.lmdb_env import DATA_FILE
 from stores.rundir import find_run
 
-__all__ = ["InputInvalid", "LogUnreadable", "naming", "open_run", "version"]
+__all__ = ["InputInvalid", "LogUnreadable", "naming", "open_run", "stdout_to_stderr", "version"]
 
 
 class InputInvalid(CoevoError):
@@ -32,6 +35,32 @@ def naming(where: Path) -> Generator[None]:
         if str(where) in str(exc):
             raise
         raise LogUnreadable(f"{where}: {exc}") from None
+
+
+@contextmanager
+def stdout_to_stderr() -> Generator[None]:
+    """While a command builds or plays a world, what anything prints to stdout goes to stderr:
+    a plug-in world (or the library or JVM under it) that prints must not corrupt what the
+    command writes there (``validate``'s TOML, ``--json``). Both Python's ``sys.stdout`` and
+    file descriptor 1 are redirected, when stdout is a real file."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+        err = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured or replaced stream: no fd
+        fd = err = -1
+    saved = os.dup(fd) if fd >= 0 and err >= 0 else -1
+    if saved >= 0:
+        os.dup2(err, fd)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved >= 0:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
 
 
 class LogUnreadable(CoevoError):

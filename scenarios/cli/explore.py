@@ -12,7 +12,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, cast
 
-from scenarios.cli.common import InputInvalid, naming, open_run, outside_lmdb, version
+from scenarios.cli.common import (
+    InputInvalid,
+    naming,
+    open_run,
+    outside_lmdb,
+    stdout_to_stderr,
+    version,
+)
 from stores.rundir import find_run
 
 __all__ = ["add_commands"]
@@ -344,7 +351,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     try:
 
         def ask(index: Any) -> Any:
-            with naming(log.path):
+            with naming(log.path), stdout_to_stderr():  # a world's prints: not the answer
                 return run_whatif(
                     root, log, index, args.id, args.without_tip, args.with_tip, args.version
                 )

@@ -17,7 +17,14 @@ import trio
 from rich.console import Console
 
 from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
-from scenarios.cli.common import InputInvalid, naming, open_run, out_path, version
+from scenarios.cli.common import (
+    InputInvalid,
+    naming,
+    open_run,
+    out_path,
+    stdout_to_stderr,
+    version,
+)
 from scenarios.cli.entry import stopped
 from stores.rundir import RunDir, default_run_dir, find_run, new_run_id
 
@@ -26,12 +33,12 @@ __all__ = ["cmd_resume", "cmd_run", "cmd_validate"]
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from scenarios.assemble import assemble
-    from scenarios.loader import read_scenario, resolved_toml, warn_rounded, warn_unread
+    from scenarios.loader import read_scenario, resolved_toml, warn_settings
 
     scenario, unread = read_scenario(args.file, args.set)
-    assembly = assemble(scenario, args.file, prepare_model=False)
-    warn_unread(args.file, scenario, unread)
-    warn_rounded(args.file, scenario, assembly.episodes)
+    with stdout_to_stderr():  # a world that prints as it is built: not into the TOML
+        assembly = assemble(scenario, args.file, prepare_model=False)
+    warn_settings(args.file, scenario, unread, assembly.episodes)
     sys.stdout.write(resolved_toml(scenario))
     print(
         f"# valid: {len(assembly.tasks)} tasks, {assembly.episodes} episodes, "
@@ -63,11 +70,10 @@ def _execute(
     scenario: Any, source: str, rd: RunDir, run_id: str, *, quiet: bool, unread: list[str]
 ) -> int:
     from scenarios.assemble import assemble, cluster
-    from scenarios.loader import warn_rounded, warn_unread
+    from scenarios.loader import warn_settings
 
     assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
-    warn_unread(source, scenario, unread)
-    warn_rounded(source, scenario, assembly.episodes)
+    warn_settings(source, scenario, unread, assembly.episodes)
     with cluster(scenario, source):  # a placement the cluster cannot hold: refused, no run dir
         return _create(scenario, assembly, rd, run_id, quiet=quiet)
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import trio
 
-from agents.acting.env_worker import EnvWorker, checked_observation
+from agents.acting.env_worker import EnvWorker
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import RandomAgent
+from agents.acting.world_calls import checked_observation
 from agents.events.episodes import EpisodeAborted, EpisodeFinished, StepTaken
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import EventInvalid

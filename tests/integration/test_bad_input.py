@@ -273,3 +273,66 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "goal: evil \\x1b[2J\\x1b[31mRED\\x07" in out
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        (
+            ["policy.mode=generate", "policy.max_new_tokens=4000"],
+            "$.policy.max_new_tokens = 4000: the model is built for",
+        ),
+        (["run.method=empo2", "empo2.tip_tokens=900"], "$.empo2.tip_tokens = 900"),
+        (["run.episodes=1"], "$.run: run.episodes = 1 is less than one update"),
+        (["world.options={heldout_variants=0}"], "$.world: no heldout tasks in"),
+        (["tracking.sinks=['wandb','wandb']"], "$.tracking.sinks: a sink is named twice"),
+    ],
+)
+def test_run_refuses_what_validate_refuses_before_it_builds_a_model(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    sets: list[str],
+    said: str,
+) -> None:
+    """Building the embedded models takes minutes: `run` refuses a setting that does not fit
+    before it builds one, with `validate`'s line."""
+    import scenarios.policy_setup as setup
+
+    def built(*args: object) -> None:
+        raise AssertionError("a model was built before the scenario was refused")
+
+    monkeypatch.setattr(setup, "policy_model_dir", built)
+    given = [a for s in sets for a in ("--set", s)]
+    refused(capsys, ["validate", QUICKSTART, *given], said)
+    out = str(tmp_path / "run")
+    refused(capsys, ["run", QUICKSTART, *given, "--out", out, "--quiet"], said)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_world_that_prints_as_it_is_built_leaves_validates_toml_whole(tmp_path: Path) -> None:
+    """What a world prints (Python's ``print``, or a library writing to file descriptor 1)
+    goes to stderr: stdout holds the resolved scenario only, which TOML reads back."""
+    import tomllib
+
+    (tmp_path / "noisy_world.py").write_text(
+        "import os\nfrom scenarios.worlds.minilab import MiniLab\n"
+        "class W(MiniLab):\n    def __init__(self, **kw):\n"
+        "        print('hello from python', flush=True)\n"
+        "        os.write(1, b'hello from C\\n')\n        super().__init__(**kw)\n"
+    )
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "scenarios.cli", "validate", QUICKSTART),
+            *("--set", "world.name=noisy_world:W"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert tomllib.loads(proc.stdout)["world"]["name"] == "noisy_world:W"
+    assert "hello from python" in proc.stderr and "hello from C" in proc.stderr

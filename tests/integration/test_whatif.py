@@ -349,3 +349,80 @@ def test_the_replay_stops_at_the_runs_max_turns_and_at_a_cap_without_one() -> No
     finally:
         whatif.UNLIMITED_CAP = was
     assert capped.steps == 4
+
+
+@pytest.mark.usefixtures("cached")
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("raise", "world.step({}) on turn 1 raised RuntimeError: the simulator lost its state"),
+        (
+            "nan",
+            "world.step({}) on turn 1 returned an observation whose score is nan, not a finite",
+        ),
+        ("hang", "world.step({}) on turn 1 did not return within 0.5 s (world.step_timeout)"),
+    ],
+)
+def test_a_world_that_fails_under_the_replay_is_one_line_and_exit_1(
+    run: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    fault: str,
+    said: str,
+) -> None:
+    """The replay calls the world behind the env worker's guards, with the run's
+    ``[world] step_timeout`` (here 0.5 s): no traceback, no wait without end, no NaN result."""
+    import scenarios.whatif_setup as setup
+    from scenarios.loader import parse_toml, to_scenario
+
+    real = setup.world_factory
+
+    def failing(scenario: Any, source: str) -> Any:
+        make = real(scenario, source)
+
+        def build() -> Any:
+            world = make()
+            step = world.step
+            count = [0]
+
+            def faulty(action: str) -> Observation:
+                count[0] += 1
+                obs = step(action)
+                if count[0] == 2:
+                    if fault == "raise":
+                        raise RuntimeError("the simulator lost its state")
+                    if fault == "hang":
+                        import time
+
+                        time.sleep(30)
+                    return msgspec.structs.replace(obs, score=float("nan"))
+                return obs
+
+            world.step = faulty
+            world.blocking = True  # called in a thread, under the deadline
+            return world
+
+        return build
+
+    def short_timeout(text: str, source: str) -> Any:
+        s = to_scenario(parse_toml(text, source), source)
+        return msgspec.structs.replace(s, world=msgspec.structs.replace(s.world, step_timeout=0.5))
+
+    monkeypatch.setattr(setup, "world_factory", failing)
+    monkeypatch.setattr(setup, "to_scenario", lambda parsed, source: parsed)
+    monkeypatch.setattr(setup, "parse_toml", short_timeout)
+    credit = of(read_events(run), CreditAssigned)[0]
+    played = [t for t in _recorded_actions(run, credit.episode)]
+    capsys.readouterr()
+    code = main(["audit", str(run), "whatif", credit.episode, "--without-tip", str(credit.entry)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    prefix = f"coevo: error: replaying episode {credit.episode}: "
+    assert err.startswith(prefix + said.format(repr(played[1]))), err
+    assert err.count("\n") == 1
+
+
+def _recorded_actions(run: Path, episode: str) -> list[str]:
+    from agents.events.episodes import StepTaken
+
+    return [s.action for s in of(read_events(run), StepTaken) if s.episode == episode]

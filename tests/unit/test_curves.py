@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from agents.events.episodes import EpisodeFinished
+from agents.events.episodes import EpisodeAborted, EpisodeFinished
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from agents.learning.trainer import eval_tasks, rule_name
 from agents.methods.settings import GrpoConfig
 from agents.report.curves import fold_curves, report, summary_lines
 from agents.testing.events import episode_finished, policy_updated
+from engine.events import Event
 from engine.world import Task
 
 
@@ -45,6 +46,25 @@ def test_train_blocks_count_training_episodes_only() -> None:
     events.insert(3, finished(100, True, purpose="eval"))
     curves = fold_curves(events, block=4)
     assert curves.train == [(4, 0.5, pytest.approx(0.55)), (8, 0.5, pytest.approx(0.55))]
+
+
+def test_an_aborted_training_episode_is_a_failure_in_the_train_curve_and_said() -> None:
+    """A world that fails half its training episodes does not show 100% train success (the
+    aborted ones count as failures, as held-out evaluation counts them), and the summary says
+    how many were aborted; an aborted evaluation episode is not a training one."""
+    events: list[Event] = []
+    for i in range(8):
+        events.append(finished(i, True))
+        events.append(EpisodeAborted(episode=f"x{i}", worker="w0", reason="RuntimeError: lost"))
+    events.append(EpisodeAborted(episode="e", worker="w0", reason="lost", purpose="eval"))
+    curves = fold_curves([*events, updated(1)], block=4)
+    assert curves.train == [(4 * k, 0.5, pytest.approx(0.5)) for k in (1, 2, 3, 4)]
+    assert curves.train_aborted == 8
+    assert (
+        "aborted: 8 training episodes (their world failed: counted as failures in the train "
+        "curve; no group trains on them)"
+    ) in summary_lines(curves)
+    assert not any(line.startswith("aborted") for line in summary_lines(fold_curves(events[::2])))
 
 
 def test_heldout_rounds_and_updates_become_rows() -> None:

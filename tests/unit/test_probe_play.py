@@ -6,8 +6,10 @@ on how many episodes are live or batched together."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from agents.events.policy import ActionRequested
 from agents.memory.bank import MemorySettings, TipBank
 from agents.models.embedder import make_embedder
 from agents.probe.play import PlaySettings, episode_seeds, play
+from engine.world import Observation, Task
 from engine.world_registry import load_world
 
 EMBED = make_embedder("hashing", dim=64)
@@ -111,3 +114,127 @@ def test_the_run_s_prompt_settings_place_the_entry() -> None:
         for r in (r for r in runner.requests if r.episode == f"probe{p.index}"):
             assert r.messages[0] == ("system", f"be brief.\n<tip> {p.family} note </tip>")
             assert "<tip>" not in r.messages[-1][1]
+
+
+class Failing:
+    """minilab, except that ``variant``'s episodes fail at their second step as ``how`` says;
+    ``built`` counts the worlds made."""
+
+    built = 0
+
+    def __init__(self, variant: int, how: str) -> None:
+        Failing.built += 1
+        self.world, self.variant, self.how = load_world("minilab", {}), variant, how
+        self.chosen, self.steps = False, 0
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        self.chosen, self.steps = task.variant == self.variant, 0
+        return self.world.reset(task, seed)
+
+    def step(self, action: str) -> Observation:
+        self.steps += 1
+        obs = self.world.step(action)
+        if self.chosen and self.steps == 2:
+            if self.how == "raise":
+                raise RuntimeError("lost")
+            if self.how == "hang":
+                time.sleep(30)
+            return msgspec.structs.replace(obs, score=float("nan"))
+        return obs
+
+    def close(self) -> None:
+        self.world.close()
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("raise", "raised RuntimeError: lost"),
+        ("hang", "did not return within 0.5 s (world.step_timeout)"),
+        ("nan", "returned an observation whose score is nan, not a finite number"),
+    ],
+)
+def test_an_episode_whose_world_fails_is_aborted_as_a_failure_and_the_rest_play_on(
+    how: str, said: str
+) -> None:
+    """Its world is replaced; every other episode plays exactly as with a sound world."""
+    reference = run(Scripted(), None)
+    bad = TASKS[1].variant
+    Failing.built = 0
+    settings = PlaySettings(window=2, batch=3, width=4, step_timeout=0.5)
+    seeds = episode_seeds(7, len(TASKS))
+    world = lambda: Failing(bad, how)  # noqa: E731
+    played = play(Scripted(), world, TASKS, seeds, settings)  # type: ignore[arg-type]
+    assert [p.index for p in played] == list(range(len(TASKS)))
+    for p, ref in zip(played, reference, strict=True):
+        if p.variant != bad:
+            assert p == ref
+            continue
+        assert not p.success and p.steps == 1
+        assert p.aborted.startswith("world.step(") and said in p.aborted, p.aborted
+    aborted = sum(p.variant == bad for p in played)
+    assert aborted >= 1 and Failing.built == 4 + aborted  # one new world per abort
+
+
+def test_an_episode_ends_unfinished_at_the_runs_max_turns() -> None:
+    reference = run(Scripted(), None)
+    assert max(p.steps for p in reference) > 3
+    settings = PlaySettings(window=2, batch=3, width=4, max_turns=3)
+    seeds = episode_seeds(7, len(TASKS))
+    world = lambda: load_world("minilab", {})  # noqa: E731
+    played = play(Scripted(), world, TASKS, seeds, settings)  # type: ignore[arg-type]
+    assert [p.steps for p in played] == [min(r.steps, 3) for r in reference]
+    assert [p.success for p in played] == [r.success and r.steps <= 3 for r in reference]
+
+
+def test_a_bank_s_aborted_episodes_are_counted_and_reported_and_all_aborted_is_an_error() -> None:
+    """The probe's result counts the episodes whose world failed (failures in its success) and
+    its report says so; when every episode's world failed the probe measures nothing and
+    says why instead."""
+    from types import SimpleNamespace
+
+    from agents.acting.world_calls import WorldFailed
+    from agents.probe import coevolution
+    from agents.probe.coevolution import Progress
+    from agents.probe.report import line, markdown
+
+    bad = TASKS[1].variant
+    setup = SimpleNamespace(
+        runner=Scripted(),
+        make_world=lambda: Failing(bad, "raise"),
+        play=PlaySettings(window=2, batch=3, width=4, step_timeout=5.0),
+        seed=0,
+        resamples=200,
+    )
+    seeds = episode_seeds(7, len(TASKS))
+    played_bank = coevolution._played_bank  # pyright: ignore[reportPrivateUsage]
+    result = played_bank(setup, None, None, TASKS, seeds, Progress())  # type: ignore[arg-type]
+    assert result.aborted == sum(t.variant == bad for t in TASKS) >= 1
+    assert result.abort.endswith("raised RuntimeError: lost")
+    assert result.outcomes[1] == 0
+    assert line(result).endswith(f"({result.aborted} aborted as failures: {result.abort})")
+    report = SimpleNamespace(
+        verdict="v",
+        run="r",
+        control="",
+        policy="p",
+        episodes=len(TASKS),
+        seed=0,
+        tasks={},
+        extractions=0,
+        merge_passes=0,
+        banks=[result],
+        comparisons=[],
+    )
+    assert f"{result.aborted} of {len(TASKS)} episodes aborted" in markdown(report)  # type: ignore[arg-type]
+    setup.make_world = _AlwaysFailing
+    with pytest.raises(WorldFailed, match="the world failed in every one of the 6 probe episodes"):
+        played_bank(setup, None, None, TASKS, seeds, Progress())  # type: ignore[arg-type]
+
+
+class _AlwaysFailing(Failing):
+    def __init__(self) -> None:
+        super().__init__(-1, "raise")
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        raise RuntimeError("no game")

@@ -198,3 +198,21 @@ def test_a_file_setting_another_methods_table_is_warned_about_once_valid(
     assert main(bad) == 2
     err = capsys.readouterr().err
     assert err.startswith("coevo: error: ") and err.count("\n") == 1
+
+
+def test_training_on_the_variants_evaluation_holds_out_is_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from scenarios.cli import main
+
+    quickstart = str(Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml")
+    warned = 'world.split = "heldout" trains on the variants that held-out evaluation plays'
+    for sets, warns in (
+        (["world.split=heldout"], True),
+        (["world.split=heldout", "eval.split=train"], False),
+        (["world.split=heldout", "eval.every=0"], False),
+        ([], False),
+    ):
+        assert main(["validate", quickstart, *(a for s in sets for a in ("--set", s))]) == 0
+        err = capsys.readouterr().err.replace("\n", "")
+        assert (warned in err) == warns, (sets, err)

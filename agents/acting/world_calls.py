@@ -1,0 +1,244 @@
+"""Calling a world and checking what it answers, for every caller of a world.
+
+The env worker steps its world on the event loop or in a trio worker thread
+(:class:`agents.acting.env_worker.EnvWorker`); the tools that play a world outside a run
+(``coevo audit RUN whatif``, ``coevo probe``, the embedded model's scripted pre-training) go
+through :class:`GuardedWorld`, the same guards without an event loop. Both check each
+observation with :func:`checked_observation` before anything records or acts on it, and both
+turn what a plug-in world can do wrong into one error naming the call: it raised, it called
+``sys.exit()``, it raised ``KeyboardInterrupt`` in its own thread, it did not return within
+``[world] step_timeout`` seconds (the thread is abandoned with the world it holds: Python
+cannot stop a thread), or it answered something coevo cannot record.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from engine.errors import CoevoError
+from engine.world import Observation, Task, TextWorld
+
+__all__ = [
+    "UNLIMITED_CAP",
+    "GuardedWorld",
+    "ObservationInvalid",
+    "WorldFailed",
+    "checked_observation",
+    "utf8_text",
+]
+
+
+UNLIMITED_CAP = 1000
+"""The most turns an episode played outside a run (a what-if replay, a probe) plays when the
+run's ``[world] max_turns`` is 0 (no limit): one in a world that never ends it ends all the
+same."""
+
+
+class WorldFailed(CoevoError):
+    """A world call failed: it raised, exited, hung past its deadline or answered wrongly
+    (:class:`ObservationInvalid`). The message names the call."""
+
+
+class ObservationInvalid(WorldFailed):
+    """A world's ``reset`` or ``step`` returned something coevo cannot record or act on: not an
+    :class:`Observation`, a field of another type (``text=None``, a number in
+    ``admissible``), a reward or score that is not a finite number, or no admissible action on
+    a turn that is not done. The episode is aborted with this message, which names the world
+    call; unlike a world that raises, the world answered, wrongly."""
+
+
+def checked_observation(obs: object, call: str) -> Observation:
+    """What a world returned, checked and in builtin types, before anything records or acts on
+    it: numpy scalars (a text game's win flag is often ``numpy.bool_``) become ``float`` and
+    ``bool``; anything else of another type than :class:`Observation` declares is refused.
+
+    Args:
+        obs: the world's answer.
+        call: the world call, for the message (``world.step('open door') on turn 3``).
+
+    Raises:
+        ObservationInvalid: naming ``call`` and what is wrong.
+    """
+    if not isinstance(obs, Observation):
+        raise ObservationInvalid(f"{call} returned {_short(obs)}, not an Observation")
+    try:
+        admissible = _actions(obs.admissible)
+        checked = Observation(
+            text=_text(obs.text, "text"),
+            admissible=admissible,
+            goal=_text(obs.goal, "goal"),
+            reward=_number(obs.reward, "reward"),
+            done=_flag(obs.done, "done"),
+            score=_number(obs.score, "score"),
+            success=_flag(obs.success, "success"),
+        )
+    except ValueError as exc:
+        raise ObservationInvalid(f"{call} returned an observation whose {exc}") from None
+    if not checked.admissible and not checked.done:
+        raise ObservationInvalid(f"{call} returned no admissible action on a turn that is not done")
+    return checked
+
+
+def _short(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 4096:  # past int's str() limit
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception as exc:  # a world's own type whose __repr__ fails
+        return f"a {type(value).__name__} whose repr() raised {type(exc).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{field} is {_short(value)}, not a string")
+    return utf8_text(str(value), field)
+
+
+def utf8_text(text: str, field: str) -> str:
+    """``text``, refused if UTF-8 cannot encode it (a lone surrogate, from bytes decoded with
+    ``surrogateescape``): the log, the tokenizer and the embedder all need UTF-8."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start : exc.end]
+            raise ValueError(
+                f"{field} holds {bad!r} at character {exc.start}, a lone surrogate that UTF-8 "
+                "cannot encode"
+            ) from None
+    return text
+
+
+def _actions(value: object) -> tuple[str, ...]:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"admissible is {_short(value)}, not a tuple of strings")
+    actions = tuple(value)
+    for i, action in enumerate(actions):
+        if not isinstance(action, str):
+            raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
+    return tuple(utf8_text(str(a), f"admissible[{i}]") for i, a in enumerate(actions))
+
+
+def _number(value: object, field: str) -> float:
+    if isinstance(value, bool | np.bool_) or not isinstance(
+        value, int | float | np.integer | np.floating
+    ):
+        raise ValueError(f"{field} is {_short(value)}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        raise ValueError(f"{field} is {_short(value)}, too large for a float") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{field} is {number}, not a finite number")
+    return number
+
+
+def _flag(value: object, field: str) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{field} is {_short(value)}, not a bool")
+    return bool(value)
+
+
+class GuardedWorld:
+    """A world built and called behind the env worker's guards, synchronously.
+
+    Each call runs in a daemon thread given ``timeout`` seconds (None: no limit, called in
+    the caller's thread, as is every call of a world that declares ``blocking = False``);
+    whatever the world does wrong is :class:`WorldFailed`. A world that failed is
+    ``broken``: a hung call's thread may still hold it, a raising one may be half-way
+    through, so it is not called again (build another).
+
+    Raises:
+        WorldFailed: the constructor raised, exited or hung.
+    """
+
+    def __init__(self, make_world: Callable[[], TextWorld], timeout: float | None) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 or None, got {timeout}")
+        self._timeout = timeout
+        self.broken = False
+        self._turn = 0
+        self._world: TextWorld = self._call(make_world, "the world's constructor", threaded=True)
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        """The world's ``reset``, checked."""
+        what = f"world.reset({task.family}/{task.variant} {task.split}, seed {seed})"
+        self._turn = 0
+        return checked_observation(self._call(self._world.reset, what, task, seed), what)
+
+    def step(self, action: str) -> Observation:
+        """The world's ``step``, checked."""
+        what = f"world.step({action!r}) on turn {self._turn}"
+        self._turn += 1
+        return checked_observation(self._call(self._world.step, what, action), what)
+
+    def close(self) -> str:
+        """Close the world; never raises. Returns why it failed ("" when it closed), or why it
+        was not called: a broken world is left to whatever holds it."""
+        if self.broken:
+            return "not closed: it failed earlier"
+        try:
+            self._call(self._world.close, "world.close()")
+        except WorldFailed as exc:
+            return str(exc)
+        return ""
+
+    def _call(self, fn: Callable[..., Any], what: str, *args: Any, threaded: bool = False) -> Any:
+        if self.broken:
+            raise WorldFailed(f"{what}: the world failed earlier and is not called again")
+        blocking = threaded or getattr(self._world, "blocking", True)
+        if self._timeout is None or not blocking:
+            try:
+                return fn(*args)
+            except CoevoError:  # coevo's own, worded already (a scenario's bad world options)
+                self.broken = True
+                raise
+            except SystemExit as exc:
+                self.broken = True
+                raise WorldFailed(f"{what} called sys.exit({exc.code!r})") from None
+            except Exception as exc:
+                self.broken = True
+                raise WorldFailed(f"{what} raised {_raised(exc)}") from None
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["out"] = fn(*args)
+            except BaseException as exc:  # told in the calling thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=work, name="coevo-world-call", daemon=True)
+        thread.start()
+        thread.join(self._timeout)
+        if thread.is_alive():
+            self.broken = True
+            raise WorldFailed(
+                f"{what} did not return within {self._timeout:g} s (world.step_timeout); its "
+                "thread and world were abandoned"
+            )
+        if "error" in box:
+            self.broken = True
+            exc = box["error"]
+            if isinstance(exc, CoevoError):
+                raise exc
+            if isinstance(exc, SystemExit):
+                raise WorldFailed(f"{what} called sys.exit({exc.code!r})") from None
+            raise WorldFailed(f"{what} raised {_raised(exc)}") from None
+        return box["out"]
+
+
+def _raised(exc: BaseException) -> str:
+    """``Type: message`` of a world's exception, even one whose ``str()`` raises."""
+    try:
+        said = str(exc)
+    except Exception:
+        said = "(its message could not be read)"
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
