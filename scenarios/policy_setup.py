@@ -374,7 +374,9 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
         return check_model_dir(Path(p.model), f"{source}: $.policy.model")
     spec = embedded_spec(scenario, source)
     with _building(source, "$.policy.model", "the embedded model"):
-        return ensure_embedded(spec, threads=p.threads or None)
+        return ensure_embedded(
+            spec, threads=p.threads or None, step_timeout=scenario.world.step_timeout or None
+        )
 
 
 def check_policy_model(scenario: Scenario, source: str) -> None:
@@ -449,7 +451,13 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     from agents.models.extractor_base import ensure_extractor_base
 
     with _building(source, "$.complementary.extractor", "the extractor's base"):
-        return ensure_extractor_base(model, base, ops, threads=scenario.policy.threads or None)
+        return ensure_extractor_base(
+            model,
+            base,
+            ops,
+            threads=scenario.policy.threads or None,
+            step_timeout=scenario.world.step_timeout or None,
+        )
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 The env worker steps its world on the event loop or in a trio worker thread
 (:class:`agents.acting.env_worker.EnvWorker`); the tools that play a world outside a run
-(``coevo audit RUN whatif``, ``coevo probe``, the embedded model's scripted pre-training) go
+(``coevo audit RUN whatif``, ``coevo probe``, the local models' scripted pre-training) go
 through :class:`GuardedWorld`, the same guards without an event loop. Both check each
 observation with :func:`checked_observation` before anything records or acts on it, and both
 turn what a plug-in world can do wrong into one error naming the call: it raised, it called
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,13 +148,15 @@ def _flag(value: object, field: str) -> bool:
 
 
 class GuardedWorld:
-    """A world built and called behind the env worker's guards, synchronously.
+    """A world built and called behind the env worker's guards, synchronously; itself a
+    :class:`~engine.world.TextWorld`.
 
     Each call runs in a daemon thread given ``timeout`` seconds (None: no limit, called in
     the caller's thread, as is every call of a world that declares ``blocking = False``);
     whatever the world does wrong is :class:`WorldFailed`. A world that failed is
     ``broken``: a hung call's thread may still hold it, a raising one may be half-way
-    through, so it is not called again (build another).
+    through, so it is not called again (build another). ``close_error`` says why closing
+    failed ("" when it closed).
 
     Raises:
         WorldFailed: the constructor raised, exited or hung.
@@ -165,8 +167,21 @@ class GuardedWorld:
             raise ValueError(f"timeout must be > 0 or None, got {timeout}")
         self._timeout = timeout
         self.broken = False
+        self.close_error = ""
         self._turn = 0
         self._world: TextWorld = self._call(make_world, "the world's constructor", threaded=True)
+        try:
+            self.name = str(self._world.name)
+        except Exception:  # a plug-in's name that raises: its class names it
+            self.name = type(self._world).__name__
+
+    def families(self) -> tuple[str, ...]:
+        """The world's ``families()``."""
+        return self._call(self._world.families, "world.families()")
+
+    def tasks(self, family: str, split: str) -> Sequence[Task]:
+        """The world's ``tasks``."""
+        return self._call(self._world.tasks, f"world.tasks({family!r}, {split!r})", family, split)
 
     def reset(self, task: Task, seed: int) -> Observation:
         """The world's ``reset``, checked."""
@@ -180,16 +195,16 @@ class GuardedWorld:
         self._turn += 1
         return checked_observation(self._call(self._world.step, what, action), what)
 
-    def close(self) -> str:
-        """Close the world; never raises. Returns why it failed ("" when it closed), or why it
-        was not called: a broken world is left to whatever holds it."""
+    def close(self) -> None:
+        """Close the world; never raises (``close_error`` says why it failed, or that a
+        broken world was left to whatever holds it, not called)."""
         if self.broken:
-            return "not closed: it failed earlier"
+            self.close_error = "not closed: it failed earlier"
+            return
         try:
             self._call(self._world.close, "world.close()")
         except WorldFailed as exc:
-            return str(exc)
-        return ""
+            self.close_error = str(exc)
 
     def _call(self, fn: Callable[..., Any], what: str, *args: Any, threaded: bool = False) -> Any:
         if self.broken:

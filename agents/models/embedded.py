@@ -51,6 +51,7 @@ import platform
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ from tokenizers import models, pre_tokenizers, trainers
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from agents.acting.scripted import hindsight_note
+from agents.acting.world_calls import GuardedWorld
 from agents.models.model_checks import note_check, policy_check
 from agents.models.note_probe import note_probe
 from agents.models.notes import entry_text
@@ -308,11 +310,22 @@ def _prepare(world: TextWorld, spec: EmbeddedSpec) -> tuple[Any, dict, dict]:
     return tokenizer, pools, data
 
 
-def build(spec: EmbeddedSpec, out: Path, progress: Progress | None = None) -> dict:
+def build(
+    spec: EmbeddedSpec,
+    out: Path,
+    progress: Progress | None = None,
+    step_timeout: float | None = None,
+) -> dict:
     """Build the model of ``spec`` into the directory ``out``, seeded from the spec (torch's
-    global RNG is restored afterwards); the report, also written to ``pretrain.json``."""
+    global RNG is restored afterwards); the report, also written to ``pretrain.json``. The
+    world is called behind the env worker's guards, each call given ``step_timeout`` seconds
+    (None: no limit; :class:`agents.acting.world_calls.GuardedWorld`)."""
     started = time.perf_counter()
-    world = load_world(spec.world, spec.world_options)
+
+    def make_world() -> GuardedWorld:
+        return GuardedWorld(partial(load_world, spec.world, spec.world_options), step_timeout)
+
+    world = make_world()
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
@@ -327,7 +340,7 @@ def build(spec: EmbeddedSpec, out: Path, progress: Progress | None = None) -> di
             probe = note_probe(
                 model,
                 tokenizer,
-                lambda: load_world(spec.world, spec.world_options),
+                make_world,
                 variants=spec.probe_variants,
                 seeds=spec.probe_seeds,
                 tries=spec.note_tries,
@@ -366,6 +379,7 @@ def ensure_embedded(
     *,
     threads: int | None = None,
     progress: Progress | None = None,
+    step_timeout: float | None = None,
 ) -> Path:
     """The directory of the model built from ``spec``, built on first use
     (:func:`cached_build`).
@@ -378,16 +392,23 @@ def ensure_embedded(
             One is best on a small shared machine: on the 2-core dev VM under load, two
             threads trained 4-6 times slower than one (and built the same weights).
         progress: called as ``progress(step, steps, loss)`` after each training step.
+        step_timeout: seconds each call of the world may take while pre-training plays it
+            (the scenario's ``[world] step_timeout``; None: no limit); not part of the spec.
 
     Returns:
         The directory, which ``from_pretrained`` loads.
 
     Raises:
-        ValueError: bad ``threads``, or a world or options that :func:`load_world` rejects.
+        ValueError: bad ``threads``.
+        WorldFailed: the world could not be built, or raised, hung or answered wrongly.
     """
     root = Path(cache_root or default_cache_root()) / "embedded"
     return cached_build(
-        root, cache_key(spec), REQUIRED_FILES, lambda tmp: build(spec, tmp, progress), threads
+        root,
+        cache_key(spec),
+        REQUIRED_FILES,
+        lambda tmp: build(spec, tmp, progress, step_timeout),
+        threads,
     )
 
 

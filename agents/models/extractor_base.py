@@ -41,6 +41,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ import msgspec
 import torch
 
 from agents.acting.scripted import hindsight_note
+from agents.acting.world_calls import GuardedWorld
 from agents.memory.extraction import (
     SHOWN_ID,
     extract_messages,
@@ -270,12 +272,18 @@ def _lengths(pools: dict[str, list[Sample]]) -> dict:
 
 
 def build_ops(
-    base_dir: Path, base: EmbeddedSpec, spec: OpsSpec, out: Path, progress: Progress | None
+    base_dir: Path,
+    base: EmbeddedSpec,
+    spec: OpsSpec,
+    out: Path,
+    progress: Progress | None,
+    step_timeout: float | None = None,
 ) -> dict:
     """Teach the base model in ``base_dir`` the operation format and save it to ``out``; the
-    report, also written to ``ops.json`` (last)."""
+    report, also written to ``ops.json`` (last). The world is called as
+    :func:`agents.models.embedded.build` calls it."""
     started = time.perf_counter()
-    world = load_world(base.world, base.world_options)
+    world = GuardedWorld(partial(load_world, base.world, base.world_options), step_timeout)
     rng = random.Random(f"coevo.extractor-ops/{spec.seed}")
     try:
         with torch.random.fork_rng(devices=[]):
@@ -326,6 +334,7 @@ def ensure_extractor_base(
     *,
     threads: int | None = None,
     progress: Progress | None = None,
+    step_timeout: float | None = None,
 ) -> Path:
     """The directory of the base model taught the operation format, built on first use
     under ``<cache_root>/extractor/<ops_key(base, spec)>`` (as :func:`ensure_embedded`).
@@ -335,7 +344,8 @@ def ensure_extractor_base(
         base: its spec (the world, and which train variants are held back).
         spec: the operation stage (default :class:`OpsSpec`).
         cache_root: the cache (default :func:`agents.models.pretrain.default_cache_root`).
-        threads, progress: as for :func:`agents.models.embedded.ensure_embedded`.
+        threads, progress, step_timeout: as for
+            :func:`agents.models.embedded.ensure_embedded`.
 
     Raises:
         ValueError: bad ``threads``.
@@ -347,7 +357,7 @@ def ensure_extractor_base(
         root,
         ops_key(base, spec),
         REQUIRED_FILES,
-        lambda tmp: build_ops(base_dir, base, spec, tmp, progress),
+        lambda tmp: build_ops(base_dir, base, spec, tmp, progress, step_timeout),
         threads,
     )
 

@@ -21,7 +21,7 @@ from functools import partial
 from typing import Protocol
 
 from agents.acting.scripted import Agent, Explorer, RandomAgent, Turn
-from agents.acting.world_calls import ObservationInvalid, checked_observation
+from agents.acting.world_calls import WorldFailed, checked_observation
 from agents.models.notes import EMPTY_NOTE, NoteSource, Shown, combine_notes, render, write_library
 from agents.models.prompts import Step, reflection_messages, turn_messages
 from engine.errors import CoevoError
@@ -112,11 +112,13 @@ class PlayFailed(CoevoError):
 def _world_call(call: Callable[[], object], what: str) -> Observation:
     try:
         obs = call()
+    except WorldFailed as exc:  # a guarded world (GuardedWorld), which names the call
+        raise PlayFailed(str(exc)) from None
     except Exception as exc:
         raise PlayFailed(f"{what} raised {type(exc).__name__}: {exc}") from exc
     try:
         return checked_observation(obs, what)
-    except ObservationInvalid as exc:
+    except WorldFailed as exc:
         raise PlayFailed(str(exc)) from None
 
 

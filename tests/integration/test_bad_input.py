@@ -336,3 +336,26 @@ def test_a_world_that_prints_as_it_is_built_leaves_validates_toml_whole(tmp_path
     assert proc.returncode == 0, proc.stderr
     assert tomllib.loads(proc.stdout)["world"]["name"] == "noisy_world:W"
     assert "hello from python" in proc.stderr and "hello from C" in proc.stderr
+
+
+def test_a_world_that_hangs_while_the_embedded_model_is_built_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pre-training plays the scenario's world behind the same deadline as a run
+    (``[world] step_timeout``): a step that never returns ends the build with one line."""
+    world = plugin(
+        tmp_path,
+        monkeypatch,
+        "import time\nfrom scenarios.worlds.minilab import MiniLab\n"
+        "class W(MiniLab):\n    blocking = True\n    def step(self, action):\n"
+        "        time.sleep(60)\n",
+    )
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    start = time.monotonic()
+    argv = ["run", QUICKSTART, "--set", f"world.name={world}", "--set", "world.step_timeout=0.5"]
+    assert main([*argv, "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coevo: error: "), err
+    assert "$.policy.model: the embedded model could not be built for this world: " in err, err
+    assert "on turn 0 did not return within 0.5 s (world.step_timeout)" in err, err
+    assert time.monotonic() - start < 60

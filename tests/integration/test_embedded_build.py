@@ -138,7 +138,9 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "embedded").iterdir()) == [f"{cache_key(TINY)}.lock"]
 
 
-def fake_build(spec: EmbeddedSpec, out: Path, progress: object = None) -> dict:
+def fake_build(
+    spec: EmbeddedSpec, out: Path, progress: object = None, limit: object = None
+) -> dict:
     """Writes the files of a finished build, without training."""
     for name in REQUIRED_FILES:
         (out / name).write_text("{}")
@@ -166,7 +168,9 @@ def test_two_builders_of_one_spec_build_once(
     results: list[Path] = []
     second = threading.Thread(target=lambda: results.append(ensure_embedded(TINY, tmp_path)))
 
-    def slow_build(spec: EmbeddedSpec, out: Path, progress: object = None) -> dict:
+    def slow_build(
+        spec: EmbeddedSpec, out: Path, progress: object = None, limit: object = None
+    ) -> dict:
         builds.append(out)
         second.start()
         second.join(timeout=0.3)
