@@ -179,7 +179,8 @@ def _loop(
     cap = s.max_turns or UNLIMITED_CAP
     nxt = 0
 
-    def aborted(index: int, world: GuardedWorld, exc: WorldFailed, steps: int) -> None:
+    def aborted(index: int, world: GuardedWorld, exc: WorldFailed, ep: _Live | None = None) -> None:
+        """The episode ends as a failure, its world is replaced (``ep``: it had started)."""
         task = tasks[index]
         done[index] = Played(
             index=index,
@@ -188,7 +189,9 @@ def _loop(
             seed=seeds[index],
             success=False,
             score=0.0,
-            steps=steps,
+            steps=len(ep.history) if ep else 0,
+            entry=ep.entry if ep else -1,
+            call=ep.call if ep else "",
             aborted=str(exc),
         )
         world.close()
@@ -201,7 +204,7 @@ def _loop(
             try:
                 live.append(_start(world, nxt, tasks[nxt], seeds[nxt], s, bank, embed))
             except WorldFailed as exc:
-                aborted(nxt, world, exc, 0)
+                aborted(nxt, world, exc)
             nxt += 1
         requests = [_request(ep, seeds[ep.index], s) for ep in live]
         answers = []
@@ -212,7 +215,7 @@ def _loop(
             try:
                 ep.obs = ep.world.step(answer.action)
             except WorldFailed as exc:
-                aborted(ep.index, ep.world, exc, len(ep.history))
+                aborted(ep.index, ep.world, exc, ep)
                 continue
             ep.history.append((answer.action, ep.obs.text))
             if ep.obs.done or len(ep.history) >= cap:

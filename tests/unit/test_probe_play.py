@@ -238,3 +238,14 @@ class _AlwaysFailing(Failing):
 
     def reset(self, task: Task, seed: int) -> Observation:
         raise RuntimeError("no game")
+
+
+def test_an_aborted_episode_keeps_the_entry_it_was_shown() -> None:
+    bank = bank_of({"heat": ["heat note"], "unlock": ["unlock note"]})
+    bad = TASKS[1].variant
+    settings = PlaySettings(window=2, batch=3, width=4, step_timeout=5.0)
+    world = lambda: Failing(bad, "raise")  # noqa: E731
+    seeds = episode_seeds(7, len(TASKS))
+    played = play(Scripted(), world, TASKS, seeds, settings, bank, embed)  # type: ignore[arg-type]
+    lost = [p for p in played if p.aborted]
+    assert lost and all(p.entry >= 0 and p.call.startswith("x-") for p in lost)
