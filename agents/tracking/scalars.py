@@ -5,7 +5,9 @@
 points it completes. Series and their steps (``x``):
 
 - per block of ``block`` training episodes (``x`` = training episodes ended):
-  ``train/success``, ``train/return`` (mean total reward), ``train/score``, ``train/steps``;
+  ``train/success``, ``train/return`` (mean total reward), ``train/score``, ``train/steps``
+  (of the finished episodes), ``train/aborted`` (episodes whose world failed: they count as
+  failures with return and score 0, as in the run's train curve);
   the training bank's ``bank/size`` at the block's end and its ``bank/stored``,
   ``bank/evicted``, ``bank/rejected`` in the block; ``retrieval/count`` and
   ``retrieval/shown`` (mean entries shown) of training retrievals in the block;
@@ -33,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from agents.events.episodes import EpisodeFinished
+from agents.events.episodes import EpisodeAborted, EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorGradientRequested, ExtractorUpdated
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
@@ -57,6 +59,7 @@ class _Block:
     """What the current block of training episodes has gathered so far."""
 
     episodes: int = 0
+    aborted: int = 0
     wins: int = 0
     reward: float = 0.0
     score: float = 0.0
@@ -90,6 +93,7 @@ class ScalarFold:
         self._mark: tuple[int, int] | None = None  # (seq, t) where the open block began
         self._on: dict[type[Event], Callable[[Any, Envelope[Event]], list[Scalar]]] = {
             EpisodeFinished: self._episode,
+            EpisodeAborted: self._episode,
             EvalRoundFinished: self._eval,
             AdaptRoundFinished: self._adapt,
             PolicyUpdated: self._policy,
@@ -109,16 +113,19 @@ class ScalarFold:
         handle = self._on.get(type(env.event))
         return handle(env.event, env) if handle is not None else []
 
-    def _episode(self, ev: EpisodeFinished, env: Envelope[Event]) -> list[Scalar]:
+    def _episode(self, ev: EpisodeFinished | EpisodeAborted, env: Envelope[Event]) -> list[Scalar]:
         if ev.purpose != "train":
             return []
         self.train_episodes += 1
         b = self._open
         b.episodes += 1
-        b.wins += int(ev.success)
-        b.reward += ev.total_reward
-        b.score += ev.score
-        b.steps += ev.steps
+        if isinstance(ev, EpisodeAborted):
+            b.aborted += 1
+        else:
+            b.wins += int(ev.success)
+            b.reward += ev.total_reward
+            b.score += ev.score
+            b.steps += ev.steps
         if b.episodes < self.block:
             return []
         return self._close_block(env)
@@ -132,7 +139,8 @@ class ScalarFold:
             ("train/success", b.wins / n),
             ("train/return", b.reward / n),
             ("train/score", b.score / n),
-            ("train/steps", b.steps / n),
+            ("train/steps", b.steps / max(n - b.aborted, 1)),
+            ("train/aborted", float(b.aborted)),
             ("bank/size", float(self.bank_size)),
             ("bank/stored", float(b.stored)),
             ("bank/evicted", float(b.evicted)),
@@ -214,6 +222,7 @@ class ScalarFold:
 
 KINDS: tuple[type[Event], ...] = (
     EpisodeFinished,
+    EpisodeAborted,
     EvalRoundFinished,
     AdaptRoundFinished,
     PolicyUpdated,

@@ -357,3 +357,25 @@ def test_a_run_whose_writer_is_gone_shows_as_killed_not_live(tmp_path: Path) -> 
         assert view.status() == "live"
     finally:
         view.close()
+
+
+def test_an_aborted_use_reads_aborted_on_the_entry_page(
+    distill_root: Path, credited: CreditAssigned, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An episode that ended aborted is marked so, not as a failure with its score (the
+    audit's use is both ended and aborted)."""
+    import msgspec
+
+    from agents.audit.answers import TipAudit
+    from agents.browse import app
+
+    audit = msgspec.convert(
+        _audit(distill_root / "run", "tip", str(credited.entry), capsys), TipAudit
+    )
+    use = msgspec.structs.replace(audit.uses[0], ended=True, aborted="RuntimeError: lost")
+    page = app._TEMPLATES.get_template("entry.html").render(  # pyright: ignore[reportPrivateUsage]
+        refresh=5, view=None, a=msgspec.structs.replace(audit, uses=(use,)), limit=10, live=False
+    )
+    uses = re.search(r'<table id="uses">(.*?)</table>', page, re.S)
+    assert uses is not None
+    assert '<td class="aborted">aborted</td>' in uses.group(1), uses.group(1)

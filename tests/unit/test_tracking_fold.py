@@ -68,6 +68,29 @@ def test_blocks_bank_credit_and_throughput() -> None:
     assert ("train/success", 6) not in points  # one episode of the third block: not written
 
 
+def test_an_aborted_training_episode_is_a_failure_of_its_block_as_in_the_curve() -> None:
+    """The tracker (and ``coevo export``) agree with the run's train curve: an aborted
+    training episode counts as a failure with return and score 0; steps are the finished
+    episodes' mean; ``train/aborted`` counts them."""
+    from agents.events.episodes import EpisodeAborted
+    from agents.report.curves import fold_curves
+
+    events: list[Event] = [
+        _finished(0, True),
+        EpisodeAborted(episode="ep1", worker="w", reason="RuntimeError: lost"),
+        EpisodeAborted(episode="ep9", worker="w", reason="lost", purpose="eval"),
+        _finished(2, True),
+        EpisodeAborted(episode="ep3", worker="w", reason="RuntimeError: lost"),
+    ]
+    envs = [_env(i, ev, 10.0 + i) for i, ev in enumerate(events)]
+    points = {(p.tag, p.step): p.value for p in fold_scalars(envs, block=2)}
+    curve = fold_curves(events, block=2).train
+    assert [points[("train/success", x)] for x in (2, 4)] == [s for _, s, _ in curve] == [0.5] * 2
+    assert [points[("train/score", x)] for x in (2, 4)] == [v for _, _, v in curve] == [0.5] * 2
+    assert points[("train/return", 2)] == 1.0 and points[("train/steps", 2)] == 3.0
+    assert points[("train/aborted", 2)] == 1.0 and points[("train/aborted", 4)] == 1.0
+
+
 def test_updates_by_version_and_the_block_checked() -> None:
     ev = policy_updated(
         3, samples=10, stale=1, loss=0.5, grad_norm=2.0, clip_frac=0.1, kl=0.01,
