@@ -183,18 +183,20 @@ class StepProgress:
 
 
 def families_table(episodes_state: Any) -> Table:
-    """Per-family outcome table of an ``EpisodeTable`` state."""
+    """Per-family outcome table of an ``EpisodeTable`` state: an aborted episode (its world
+    failed) counts as a failure in ``success``, as held-out evaluation and the train curve
+    count it; ``mean steps`` is over the finished ones."""
     table = Table(title="episodes by family")
-    for col in ("family", "episodes", "success", "aborted", "mean steps"):
+    for col in ("family", "finished", "aborted", "success", "mean steps"):
         table.add_column(col, justify="right" if col != "family" else "left")
     for name, row in sorted(episodes_state.families.items()):
-        n = max(row.episodes, 1)
+        ended = row.episodes + row.aborted
         table.add_row(
             name,
             str(row.episodes),
-            f"{row.successes / n:.1%}" if row.episodes else "-",
             str(row.aborted),
-            f"{row.steps / n:.1f}" if row.episodes else "-",
+            f"{row.successes / ended:.1%}" if ended else "-",
+            f"{row.steps / row.episodes:.1f}" if row.episodes else "-",
         )
     return table
 

@@ -1,5 +1,6 @@
 """The run's progress line: a resumed run starts from what its earlier sessions did, and the
-events/s it shows is the rate of the last seconds, not the mean since the start."""
+events/s it shows is the rate of the last seconds, not the mean since the start; and the
+family table printed at the end."""
 
 from __future__ import annotations
 
@@ -50,3 +51,24 @@ def test_events_per_second_is_the_rate_of_the_last_seconds(
         now[0] += 1.0
         progress.observe([finished(0, True)] * 100)
     assert progress._rate() == pytest.approx(100, rel=0.2)  # the mean since start: ~7,700
+
+
+def test_the_family_table_counts_an_aborted_episode_as_a_failure() -> None:
+    """72 of 74 episodes aborted and the 2 finished succeeded: 2.7%, not 100%."""
+    from rich.console import Console as Rich
+
+    from agents.acting.projections import EpisodeTableState, FamilyRow
+    from scenarios.cli.console import families_table
+
+    state = EpisodeTableState(
+        families={
+            "fetch": FamilyRow(episodes=2, successes=2, aborted=72, steps=10),
+            "heat": FamilyRow(aborted=3),
+        }
+    )
+    out = Rich(width=100, record=True)
+    out.print(families_table(state))
+    rows = [line.split() for line in out.export_text().splitlines() if "│" in line]
+    cells = [[c for c in row if c != "│"] for row in rows]
+    assert ["fetch", "2", "72", "2.7%", "5.0"] in cells, cells
+    assert ["heat", "0", "3", "0.0%", "-"] in cells, cells
