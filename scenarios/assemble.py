@@ -168,6 +168,8 @@ def assemble(
         episodes = scenario.run.episodes
         specs.insert(0, _scheduler(tasks, episodes, workers))
     tracking = tracker(scenario, source, run_dir)
+    if prepare_model and scenario.runtime.backend != "local":  # names need no model
+        _check_placed(scenario, policy_actors(scenario, source, method, None, False)[0], source)
     actors, models = policy_actors(scenario, source, method, run_dir, prepare_model)
     model = models.get("policy")
     specs += _placed_models(scenario, actors, source)
@@ -332,6 +334,21 @@ def _model_placements(scenario: Scenario) -> dict[str, RayPlacementConfig | None
     }
 
 
+def _check_placed(scenario: Scenario, specs: list[ActorSpec], source: str) -> None:
+    """Refuse a ``[runtime.ray]`` placement of an actor the run does not have (an extractor
+    for a method without one)."""
+    if scenario.runtime.backend == "local":
+        return
+    names = {spec.name for spec in specs}
+    for kind, config in _model_placements(scenario).items():
+        if config is not None and kind not in names:
+            raise ScenarioInvalid(
+                source,
+                f"$.runtime.ray.{kind}: run.method = {scenario.run.method!r} has no {kind} "
+                f"actor to place (it has: {', '.join(sorted(names))})",
+            )
+
+
 def _placed_models(scenario: Scenario, specs: list[ActorSpec], source: str) -> list[ActorSpec]:
     """The policy's and the method's actors, each on Ray where ``[runtime.ray]`` places it
     (inference, learner, extractor, memory). A lost process restarts them
@@ -355,14 +372,7 @@ def _placed_models(scenario: Scenario, specs: list[ActorSpec], source: str) -> l
     if rt.backend == "local":
         return specs
     placed = _model_placements(scenario)
-    names = {spec.name for spec in specs}
-    for kind, config in placed.items():
-        if config is not None and kind not in names:
-            raise ScenarioInvalid(
-                source,
-                f"$.runtime.ray.{kind}: run.method = {scenario.run.method!r} has no {kind} "
-                f"actor to place (it has: {', '.join(sorted(names))})",
-            )
+    _check_placed(scenario, specs, source)
     out: list[ActorSpec] = []
     for spec in specs:
         config = placed.get(spec.name)

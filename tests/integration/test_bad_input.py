@@ -286,6 +286,10 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
         (["run.episodes=1"], "$.run: run.episodes = 1 is less than one update"),
         (["world.options={heldout_variants=0}"], "$.world: no heldout tasks in"),
         (["tracking.sinks=['wandb','wandb']"], "$.tracking.sinks: a sink is named twice"),
+        (
+            ["runtime.backend=ray", "runtime.ray.extractor.num_cpus=1"],
+            "$.runtime.ray.extractor: run.method = 'grpo' has no extractor actor to place",
+        ),
     ],
 )
 def test_run_refuses_what_validate_refuses_before_it_builds_a_model(
