@@ -19,7 +19,7 @@ import msgspec
 
 from engine.errors import CoevoError
 from engine.invariants import CheckReport, check_stream, completed
-from scenarios.cli.common import InputInvalid, naming, open_run
+from scenarios.cli.common import InputInvalid, naming, open_run, stdout_to_stderr
 
 __all__ = ["add_parser", "cmd_check", "gc_paused"]
 
@@ -61,7 +61,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     log = open_run(args.run)
     try:
-        with naming(log.path):
+        with naming(log.path), stdout_to_stderr():  # a plug-in invariant's prints: not the report
             ctx, notes = check_context(log.read_meta(), args.run)
             if args.strict and notes:
                 raise PluginMissing(f"{args.run}: --strict: {notes[0]}")

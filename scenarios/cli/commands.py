@@ -590,16 +590,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return cmd_whatif(args)
     log = open_run(args.run)
     try:
-        if args.what == "credit":
-            answer = _audit_credit(log, args)
-            lines = lambda: render.render_credit(answer, args.top)  # noqa: E731
-        else:
-            answer = _audit_one(log, args)
-            lines = lambda: (  # noqa: E731
-                render.render_tip(answer) if args.what == "tip" else render.render_episode(answer)
-            )
+        with stdout_to_stderr():  # a plug-in rule's or event's prints: not the answer
+            answer = _audit_credit(log, args) if args.what == "credit" else _audit_one(log, args)
     finally:
         log.close()
+    if args.what == "credit":
+        lines = lambda: render.render_credit(answer, args.top)  # noqa: E731
+    else:
+        lines = lambda: (  # noqa: E731
+            render.render_tip(answer) if args.what == "tip" else render.render_episode(answer)
+        )
     if args.json:
         sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
     else:

@@ -244,6 +244,11 @@ def past_floats(episode, group):
 
 def huge(episode, group):
     return 1e308
+
+
+def noisy(episode, group):
+    print("RULE-NOISE", episode)
+    return relative(episode, group)
 """
 
 
@@ -277,6 +282,9 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
         assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
+    code, out, err = audit(capsys, str(run), "credit", "--rule", "my_rules:noisy", "--json")
+    assert code == 0 and json.loads(out)["rule"] == "my_rules:noisy"  # its prints: stderr
+    assert "RULE-NOISE" in err and "RULE-NOISE" not in out
     half = audit_json(capsys, str(run), "credit", "--rule", "my_rules:numpy_half")
     assert half["counterfactual"]  # a NumPy number is a number
     import my_rules  # pyright: ignore[reportMissingImports]
