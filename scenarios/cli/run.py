@@ -312,7 +312,7 @@ def _finish(
         )
     elif problem:
         print(problem, file=sys.stderr)
-    if outcome.reason == "completed" and not unwritten and (still := _policy_unchanged(updates)):
+    if outcome.reason == "completed" and not problem and (still := _policy_unchanged(updates)):
         print(still, file=sys.stderr)
     return code
 
@@ -333,24 +333,44 @@ def _policy_unchanged(updates: list[Any]) -> str:
 
 
 def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
-    """The error line of a run that completed without finishing one episode: every one was
-    aborted (a world that fails every episode); "" otherwise."""
+    """The error line of a run that completed without finishing one episode, or one training
+    episode: every one was aborted (a world that fails every episode, or every training one
+    while evaluation's played on); "" otherwise."""
     from engine.replay import EventFilter, iter_events
 
-    families = episodes.families.values()
-    aborted = sum(f.aborted for f in families)
-    if not aborted or any(f.episodes for f in families):
+    rows = list(episodes.episodes.values())
+    found = _none_finished(rows, "episodes") or _none_finished(
+        [r for r in rows if r.purpose == "train"], "training episodes"
+    )
+    if not found:
         return ""
+    aborted, what = found
     reader = open_run(str(rd.root))
     try:
-        first = next(iter_events(reader, EventFilter(kinds=frozenset({"episode_aborted"}))), None)
+        ends = iter_events(reader, EventFilter(kinds=frozenset({"episode_aborted"})))
+        first = next(
+            (
+                e.event
+                for e in ends
+                if what == "episodes" or getattr(e.event, "purpose", "") == "train"
+            ),
+            None,
+        )
     finally:
         reader.close()
     return (
-        f"coevo: error: run {run_id} completed, but all {aborted} of its episodes were aborted "
-        f"(the first: {getattr(first and first.event, 'reason', '?')}); coevo log {rd.root} --kind "
+        f"coevo: error: run {run_id} completed, but all {aborted} of its {what} were aborted "
+        f"(the first: {getattr(first, 'reason', '?')}); coevo log {rd.root} --kind "
         "episode_aborted lists them"
     )
+
+
+def _none_finished(rows: list[Any], what: str) -> tuple[int, str] | None:
+    """How many of ``rows`` (episode table rows) aborted, when some did and none finished."""
+    aborted = sum(r.status == "aborted" for r in rows)
+    if aborted and not any(r.status == "finished" for r in rows):
+        return aborted, what
+    return None
 
 
 def _report(report: Any, rd: RunDir, updates: list[Any]) -> list[str]:

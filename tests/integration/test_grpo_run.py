@@ -224,3 +224,40 @@ def test_a_run_whose_updates_change_nothing_says_so(
     assert updates and all(u.digest == u.parent_digest for u in updates)
     err = capsys.readouterr().err
     assert f"none of the run's {len(updates)} policy updates changed its weights" in err
+
+
+TRAIN_FAILS = """
+from scenarios.worlds.minilab import MiniLab
+
+
+class W(MiniLab):  # training variants fail at their first step; held-out ones play
+    def reset(self, task, seed):
+        self.split = task.split
+        return super().reset(task, seed)
+
+    def step(self, action):
+        if self.split == "train":
+            raise RuntimeError("the training simulator is down")
+        return super().step(action)
+"""
+
+
+def test_a_run_whose_every_training_episode_aborted_exits_1_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Evaluation played on, so some episodes finished: the run trained on nothing all the
+    same, and it says that (not that every group's episodes scored alike) and exits 1."""
+    (tmp_path / "train_fails.py").write_text(TRAIN_FAILS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = TINY.replace("[world]\n", '[world]\nname = "train_fails:W"\n').replace(
+        "[policy.embedded]\n", '[policy.embedded]\nworld = "minilab"\n'
+    )
+    (tmp_path / "scenario.toml").write_text(text)
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    assert main(["run", str(tmp_path / "scenario.toml"), "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "completed, but all 24 of its training episodes were aborted (the first: " in err, err
+    assert "RuntimeError: the training simulator is down" in err
+    assert "none of the run's" not in err  # not the unchanged-policy warning: its cause is wrong
+    assert any(isinstance(e, EpisodeFinished) and e.purpose == "eval" for e in read_events(out))
