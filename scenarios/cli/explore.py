@@ -386,9 +386,15 @@ def _stray_cause(w: Any) -> str:
     )
 
 
+def _num(x: float, sign: str = "") -> str:
+    """A score as the other lines show one (3 decimals), or in exponent form when that would
+    take more than a dozen digits (a world's 1e308)."""
+    return f"{x:{sign}.3f}" if abs(x) < 1e9 else f"{x:{sign}.4g}"
+
+
 def _whatif_lines(w: Any) -> list[str]:
     def outcome(p: Any) -> str:
-        return f"{'success' if p.success else 'failure'}, score {p.score:.3f}, {p.steps} steps"
+        return f"{'success' if p.success else 'failure'}, score {_num(p.score)}, {p.steps} steps"
 
     def cell(p: Any, k: int) -> str:
         if k >= len(p.turns):
@@ -416,7 +422,7 @@ def _whatif_lines(w: Any) -> list[str]:
         lines.append(f"{k:>4}{mark} {cell(w.control, k):<{width}}  |  {cell(w.changed, k)}")
     lines.append(f"{'':>4}  {outcome(w.control):<{width}}  |  {outcome(w.changed)}")
     effect = w.changed.score - w.control.score
-    verdict = f"effect of the change on the episode: score {effect:+.3f}"
+    verdict = f"effect of the change on the episode: score {_num(effect, '+')}"
     if w.credit is not None:
         verdict += f"; the credit this episode gave the entry: {w.credit:+.3f} ({w.credit_rule})"
     lines.append(verdict)

@@ -301,6 +301,11 @@ def test_a_control_that_strays_from_the_log_is_reported() -> None:
     assert "a defect of the replay: please report it" in why("B", "B")
     with pytest.raises(ValueError, match="a what-if changes one thing"):
         Change(without=3, version=2)
+    # a world's huge (finite) score is written short, not as 300 digits
+    big = msgspec.structs.replace(_played("look"), score=1e308)
+    lines = _whatif_lines(what_if(rec, _played("look", "open box"), big, change))
+    assert "failure, score 1e+308, 1 steps" in "\n".join(lines)
+    assert "score +1e+308" in lines[-1] and max(map(len, lines)) < 200
 
 
 class _Corridor:
