@@ -14,7 +14,10 @@ the end of the shorter one.
 Two events are the same when their kinds and fields are, leaving out what records the wall
 clock or where a run lives (:data:`VOLATILE`) and the ``cause`` seq (it moves with the
 interleaving). The runtime's checksums and snapshots (:data:`DERIVED`) fold the interleaving
-itself and are not compared. The functions are pure.
+itself and are not compared, nor what a session records (:data:`SESSION`: a resume, actors
+starting again); an attempt of an episode that a stop (or a worker's restart) abandoned is
+left out, its re-run compared: a run stopped and resumed compares equal to the run left
+alone when it did the same. The functions are pure.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from engine.events import Envelope, Event
 
 __all__ = [
     "DERIVED",
+    "SESSION",
+    "SUBJECT",
     "VOLATILE",
     "Change",
     "Divergence",
@@ -45,6 +50,10 @@ worker that played an episode (scheduling)."""
 
 DERIVED = frozenset({"projection_checked", "snapshot_taken"})
 """Kinds not compared: digests of folds whose intermediate states depend on the interleaving."""
+
+SESSION = frozenset({"run_resumed", "actor_started"})
+"""Kinds not compared: what a session of the run records (a resumed run has one more
+``run_resumed`` and its actors start again), not what the run did."""
 
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
 
@@ -106,14 +115,39 @@ def scenario_changes(
     ]
 
 
+SUBJECT = (
+    "episode",
+    "group",
+    "round",
+    "update",
+    "step",
+    "call",
+    "slot",
+    "policy_version",
+    "extractor_version",
+)
+"""The fields that say what an event is about, in the name of its stream when its correlation
+id is an episode the event is not about (:func:`stream_of`)."""
+
+
 def stream_of(env: Envelope[Event]) -> str:
     """The stream an envelope belongs to: ``actor/corr``, the runtime's by the actor its
     event names (``runtime:worker-0/``), an actor numbered ``-N`` within an episode without its
-    number (``worker/ep000005``)."""
+    number (``worker/ep000005``). An event emitted under an episode's id but not about that
+    episode (the trainer's group advantages, gradient request or evaluation round, emitted when
+    whichever episode ended last ended; the credit actor's extractor update) is in the stream of
+    its actor, kind and :data:`SUBJECT` fields instead (``trainer/advantages_computed:
+    group=g00003``): which episode ended last is timing, not the run's behaviour."""
     subject = getattr(env.event, "actor", None) if env.actor == "runtime" else None
     name = f"{env.actor}:{subject}" if isinstance(subject, str) else env.actor
-    if env.corr:
-        name = re.sub(r"-\d+$", "", name)
+    if not env.corr:
+        return f"{name}/"
+    name = re.sub(r"-\d+$", "", name)
+    if env.actor != "runtime" and getattr(env.event, "episode", None) != env.corr:
+        about = ",".join(
+            f"{field}={getattr(env.event, field)}" for field in SUBJECT if hasattr(env.event, field)
+        )
+        return f"{name}/{env.event.__struct_config__.tag}:{about}"
     return f"{name}/{env.corr}"
 
 
@@ -165,10 +199,18 @@ def describe(
 
 
 def _streams(envs: Iterable[Envelope[Event]]) -> dict[str, list[tuple[int, bytes]]]:
-    """Each stream's events as ``(seq, their comparable form, encoded)``."""
+    """Each stream's events as ``(seq, their comparable form, encoded)``; an abandoned
+    attempt's events are dropped when its ``episode_abandoned`` comes (the episode runs again
+    from its assignment, as in a run that was never stopped)."""
     out: dict[str, list[tuple[int, bytes]]] = {}
     for env in envs:
-        if env.event.__struct_config__.tag in DERIVED:
+        kind = env.event.__struct_config__.tag
+        if kind in DERIVED or kind in SESSION:
+            continue
+        if kind == "episode_abandoned":
+            lost = f"/{getattr(env.event, 'episode', '')}"
+            for name in [n for n in out if n.endswith(lost)]:
+                del out[name]
             continue
         out.setdefault(stream_of(env), []).append((env.seq, _ENCODER.encode(_comparable(env))))
     return out

@@ -101,3 +101,23 @@ def test_a_world_option_at_its_default_is_no_difference(
     """World options were compared as written: ``train_variants = 500``, MiniLab's default,
     read as a difference from a run that left it out."""
     _default_is_no_difference(runs[0], tmp_path, capsys, "world.options.train_variants", 500)
+
+
+def test_two_runs_of_a_deterministic_learning_scenario_are_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GRPO run's trainer emits a group's advantages, its update request and an evaluation
+    round under the id of whichever episode ended last (timing): two runs of a deterministic
+    learning scenario (one sample at a time, no stale sampling) are the same all the same."""
+    from test_grpo_run import TINY
+
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    text = TINY.replace("max_staleness = 1", "max_staleness = 0").replace(
+        "[policy]\n", "[policy]\nbatch_max = 1\n"
+    )
+    (tmp_path / "tiny.toml").write_text(text)
+    for name in ("a", "b"):
+        out = str(tmp_path / name)
+        assert main(["run", str(tmp_path / "tiny.toml"), "--out", out, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0, capsys.readouterr().out

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agents.analysis.diff import describe, diverging_seqs, scenario_changes
-from agents.events.episodes import StepTaken
+from agents.analysis.diff import describe, diverging_seqs, scenario_changes, stream_of
+from agents.events.episodes import EpisodeAbandoned, StepTaken
+from agents.events.extractor import MergeDue
 from agents.events.policy import PolicyUpdated
 from agents.testing.events import policy_updated
 from engine.events import Envelope, Event
-from engine.lifecycle import ActorStarted
+from engine.lifecycle import ActorStarted, RunResumed
 
 
 def _step(episode: str, turn: int, reward: float = 0.0) -> StepTaken:
@@ -81,6 +82,38 @@ def test_the_earliest_differing_event_and_a_stream_that_ends() -> None:
     div = describe("w1/ep1", a[3], b[2])
     assert div.differing == ("reward",)
     assert div.a is not None and div.a["event"]["reward"] == 1.0
+
+
+def test_an_event_not_about_the_episode_it_was_emitted_under_is_compared_by_its_subject() -> None:
+    """The trainer emits a merge (or a group's advantages, an update) when whichever episode
+    ended last ended: under that episode's id, which is timing. Such events are compared by
+    what they are about, whatever episode's id they carry."""
+    a = _log(("trainer", "ep1", MergeDue(step=0)), ("trainer", "ep4", MergeDue(step=1)))
+    b = _log(("trainer", "ep2", MergeDue(step=0)), ("trainer", "ep3", MergeDue(step=1)))
+    assert stream_of(a[0]) == "trainer/merge_due:step=0"
+    assert diverging_seqs(a, b) is None
+    c = _log(("trainer", "ep1", MergeDue(step=0)), ("trainer", "ep4", MergeDue(step=2)))
+    assert diverging_seqs(a, c) == ("trainer/merge_due:step=1", 1, None)
+    assert stream_of(_log(("w-3", "ep1", _step("ep1", 0)))[0]) == "w/ep1"  # about its episode
+
+
+def test_an_abandoned_attempt_and_a_resume_are_left_out() -> None:
+    """A run stopped mid-episode and resumed: the lost attempt, its abandonment and the
+    session's lifecycle events are not compared; the re-run is, and equals the run left
+    alone."""
+    alone = _log(("worker-0", "ep0", _step("ep0", 0)), ("worker-0", "ep0", _step("ep0", 1)))
+    resumed = _log(
+        ("worker-0", "ep0", _step("ep0", 0, reward=0.25)),  # the lost attempt
+        ("runtime", "", RunResumed(after=0)),
+        ("runtime", "", _started("worker-0")),
+        ("trainer", "ep0", EpisodeAbandoned(episode="ep0", worker="worker-0")),
+        ("worker-1", "ep0", _step("ep0", 0)),
+        ("worker-1", "ep0", _step("ep0", 1)),
+    )
+    assert diverging_seqs(alone, resumed) is None
+    other = Envelope(seq=5, run="r", t=5, actor="worker-1", corr="ep0", event=_step("ep0", 5))
+    changed = [*resumed[:-1], other]  # the re-run's second turn differs
+    assert diverging_seqs(alone, changed) == ("worker/ep0", 1, 5)
 
 
 def test_scenario_changes_are_dotted_keys() -> None:
