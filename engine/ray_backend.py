@@ -351,7 +351,9 @@ async def _watch_nodes(name: str) -> None:
     while True:
         await trio.sleep(_NODES_EVERY_S)
         try:  # a GCS that is gone too may keep the call waiting: the thread is left to it
-            nodes = await trio.to_thread.run_sync(_ray().nodes, abandon_on_cancel=True)
+            nodes = await trio.to_thread.run_sync(
+                _ray().nodes, abandon_on_cancel=True, limiter=trio.CapacityLimiter(1)
+            )
         except Exception:  # not reached for now: start_timeout still bounds the wait
             continue
         if not any(node.get("Alive") for node in nodes):

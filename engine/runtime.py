@@ -590,8 +590,9 @@ class Runtime:
                 task_status.started()
                 await self._feed(committer)
         finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(committer.stop)
+            with trio.CancelScope(shield=True):  # a limiter of its own: never queued behind
+                # threads that a plug-in's hung calls hold (trio's default has 40 tokens)
+                await trio.to_thread.run_sync(committer.stop, limiter=trio.CapacityLimiter(1))
             sys.setswitchinterval(interval)
 
     async def _feed(self, committer: _Committer) -> None:

@@ -116,7 +116,7 @@ class EnvWorker(Actor):
         self._timeout = step_timeout
 
     async def run(self, ctx: Context) -> None:
-        world = await ctx.to_thread(self._make_world)
+        world = await self._build()
         inbox = ctx.events()
         try:
             async for env in inbox:
@@ -136,24 +136,38 @@ class EnvWorker(Actor):
                     )
                     ctx.log.warning("episode aborted", episode=env.event.episode, error=str(exc))
                     await self._close(ctx, world)
-                    world = await ctx.to_thread(self._make_world)
+                    world = await self._build()
         finally:
             with trio.CancelScope(shield=True):  # a JVM may take seconds to exit
                 await self._close(ctx, world)
 
-    async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _build(self) -> TextWorld:
+        """A new world, built in a thread under ``step_timeout``.
+
+        Raises:
+            TimeoutError: the constructor did not return in time (the actor fails with it).
+        """
+        return await self._blocking(self._make_world, what="the world's constructor")
+
+    async def _blocking(self, fn: Callable[..., Any], *args: Any, what: str = "") -> Any:
         """``fn(*args)`` in a worker thread, abandoned after ``step_timeout`` seconds.
+
+        Each call has a thread limiter of its own: an abandoned thread keeps its limiter's
+        token until it returns (never, for a world that hangs), and on trio's default limiter
+        (40 tokens, shared by every thread the run starts) 40 hangs stalled the whole run, its
+        shutdown included. A worker has one call in flight at a time, so its own is enough.
 
         Raises:
             TimeoutError: ``fn`` did not return in time (its thread keeps running).
         """
+        limiter = trio.CapacityLimiter(1)
         if self._timeout is None:
-            return await trio.to_thread.run_sync(fn, *args)
+            return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
         with trio.move_on_after(self._timeout):
-            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-        name = getattr(fn, "__name__", "call")
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
+        name = what or f"world.{getattr(fn, '__name__', 'call')}"
         raise TimeoutError(
-            f"world.{name} did not return within {self._timeout:g} s (world.step_timeout); "
+            f"{name} did not return within {self._timeout:g} s (world.step_timeout); "
             "its thread and world were abandoned"
         )
 

@@ -4,6 +4,7 @@ converted, and no event that cannot be decoded is ever committed."""
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Any
 
@@ -295,3 +296,50 @@ def test_an_actor_that_calls_sys_exit_or_a_factory_that_builds_no_actor_fails_it
         outcome = trio.run(Runtime(log, STARTED, specs, [ActorStats()], seed=5).run)
         assert outcome.reason == "failed" and says in outcome.error, outcome.error
         assert isinstance(list(log.read())[-1].event, RunFailed)
+
+
+class Hung(MiniLab):
+    """A blocking MiniLab whose every ``step`` hangs until ``release`` is set."""
+
+    blocking = True
+    release = threading.Event()
+
+    def __init__(self) -> None:
+        super().__init__(families=("fetch",), train_variants=20)
+
+    def step(self, action: str) -> Observation:
+        Hung.release.wait(120)
+        return super().step(action)
+
+
+def test_more_hung_world_calls_than_trios_thread_limit_do_not_stall_the_run() -> None:
+    """Each hung call's thread is abandoned holding a thread-limiter token until it returns
+    (never): on trio's default limiter (40 tokens) the 41st world call, the next world's
+    construction and the runtime's shutdown waited forever (SIGTERM could not stop the run).
+    Every world call now has a limiter of its own: 60 hung episodes abort, the run ends."""
+    tasks = MiniLab(families=("fetch",), train_variants=20).tasks("fetch", "train")
+    names = ["w0", "w1"]
+    specs = [ActorSpec(name="scheduler", factory=partial(Scheduler, tasks, 60, names), driver=True)]
+    specs += [
+        ActorSpec(
+            name=name,
+            factory=partial(EnvWorker, Hung, RandomAgent, step_timeout=0.02),
+            accepts=lambda ev, name=name: getattr(ev, "worker", None) == name,
+        )
+        for name in names
+    ]
+    log = MemoryEventLog()
+    runtime = Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=5)
+
+    async def bounded() -> Any:
+        with trio.fail_after(60):  # a stall fails the test instead of hanging it
+            return await runtime.run()
+
+    try:
+        outcome = trio.run(bounded)
+    finally:
+        Hung.release.set()  # the abandoned threads return and end
+    assert outcome.reason == "completed", outcome
+    aborted = [e.event for e in log.read() if isinstance(e.event, EpisodeAborted)]
+    assert len(aborted) == 60
+    assert all("did not return within 0.02 s (world.step_timeout)" in a.reason for a in aborted)
