@@ -52,7 +52,10 @@ class Shown(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
-    """One turn: what the policy saw, what it chose, what the world answered."""
+    """One turn: what the policy saw, what it chose, what the world answered. ``answered``
+    False: the world did not answer the action (the episode's last turn: the world failed on
+    it and the episode was aborted, or the episode is still running); reward and score are
+    then 0 and ``seq`` is the action's."""
 
     turn: int
     observation: str
@@ -67,6 +70,7 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     score: float = 0.0
     done: bool = False
     seq: int = -1
+    answered: bool = True
 
 
 class Advantage(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,6 +173,7 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
     assigned = events[assigns[-1]].event
     assert isinstance(assigned, EpisodeAssigned)
     started = next((e.event for e in envs if isinstance(e.event, EpisodeStarted)), None)
+    turns = _turns(envs, started)
     ends = (e.event for e in envs if isinstance(e.event, EpisodeFinished | EpisodeAborted))
     fin = next(ends, None)
     return EpisodeAudit(
@@ -179,11 +184,11 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
         rollout=assigned.rollout,
         worker=assigned.worker,
         goal=started.goal if started is not None else "",
-        turns=_turns(envs, started),
+        turns=turns,
         ended="finished" if isinstance(fin, EpisodeFinished) else fin.reason if fin else "running",
         success=isinstance(fin, EpisodeFinished) and fin.success,
         score=fin.score if isinstance(fin, EpisodeFinished) else 0.0,
-        steps=fin.steps if isinstance(fin, EpisodeFinished) else 0,
+        steps=fin.steps if isinstance(fin, EpisodeFinished) else sum(t.answered for t in turns),
         total_reward=fin.total_reward if isinstance(fin, EpisodeFinished) else 0.0,
         advantage=_advantage(envs, episode),
         update=_update(log, index, envs, episode),
@@ -198,7 +203,7 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
     admissible = started.admissible if started else ()
     retrieved: dict[int, tuple[Shown, ...]] = {}
     asked: dict[int, ActionRequested] = {}
-    sampled: dict[int, ActionSampled] = {}
+    sampled: dict[int, Envelope[Event]] = {}
     turns: list[Turn] = []
     for env in envs:
         ev = env.event
@@ -217,9 +222,9 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
         elif isinstance(ev, ActionRequested):
             asked[ev.turn] = ev
         elif isinstance(ev, ActionSampled):
-            sampled[ev.turn] = ev
+            sampled[ev.turn] = env
         elif isinstance(ev, StepTaken):
-            req, smp = asked.get(ev.turn), sampled.get(ev.turn)
+            req, smp = asked.get(ev.turn), _sampled(sampled.get(ev.turn))
             turns.append(
                 Turn(
                     turn=ev.turn,
@@ -238,7 +243,31 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
                 )
             )
             observation, admissible = ev.observation, ev.admissible
+    last = turns[-1].turn + 1 if turns else 0
+    pending = sampled.get(last)
+    if pending is not None:  # chosen, and the world never answered it
+        smp, req = _sampled(pending), asked.get(last)
+        assert smp is not None
+        turns.append(
+            Turn(
+                turn=last,
+                observation=observation,
+                admissible=admissible,
+                retrieved=retrieved.get(last, ()),
+                tips_shown=len(req.tips) if req else 0,
+                action=smp.action,
+                logp=smp.logp,
+                policy_version=smp.policy_version,
+                valid=smp.valid,
+                seq=pending.seq,
+                answered=False,
+            )
+        )
     return tuple(turns)
+
+
+def _sampled(env: Envelope[Event] | None) -> ActionSampled | None:
+    return env.event if env is not None and isinstance(env.event, ActionSampled) else None
 
 
 def _advantage(envs: list[Envelope[Event]], episode: str) -> Advantage | None:

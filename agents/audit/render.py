@@ -209,10 +209,12 @@ def _turn(t: Turn) -> list[str]:
     if t.tips_shown and not t.retrieved:
         out.append(f"    {t.tips_shown} entries shown (retrieved at an earlier turn)")
     valid = "" if t.valid else " (not admissible)"
-    out.append(
-        f"    action: {t.action}{valid}  logp {_f(t.logp, 4)}  -> reward {t.reward:+g}, score "
-        f"{t.score:.3f}{', done' if t.done else ''}"
+    answer = (
+        f"reward {t.reward:+g}, score {t.score:.3f}{', done' if t.done else ''}"
+        if t.answered
+        else "the world did not answer it"
     )
+    out.append(f"    action: {t.action}{valid}  logp {_f(t.logp, 4)}  -> {answer}")
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from agents.events.episodes import (
     EpisodeAbandoned,
+    EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
     EpisodeStarted,
@@ -94,9 +95,11 @@ class Stream:
         *,
         observation: str = "you see a can and a stove.",
         abandon: bool = False,
+        abort: str = "",
     ) -> None:
         """One episode of one turn; ``abandon``: an attempt lost after its first sample
-        (:class:`EpisodeAbandoned`), to be run again."""
+        (:class:`EpisodeAbandoned`), to be run again; ``abort``: the world failed on its first
+        action (:class:`EpisodeAborted` with that reason)."""
         rollout = "guided" if tip is not None else "plain"
         self.add(
             EpisodeAssigned(
@@ -171,6 +174,9 @@ class Stream:
         )
         if abandon:
             self.add(EpisodeAbandoned(episode=ep, worker="w0", reason="worker restarted (lost)"))
+            return
+        if abort:
+            self.add(EpisodeAborted(episode=ep, worker="w0", reason=abort))
             return
         reward = 1.0 if success else 0.0
         self.add(

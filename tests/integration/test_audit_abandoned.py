@@ -25,6 +25,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # ep008 is shown entry 3 and lost; its second attempt is shown entry 4 and succeeds
     s.episode("ep008", 8, success=False, tip=3, observation=LOST, abandon=True)
     s.episode("ep008", 8, success=True, tip=4, call=s.calls["xC"])
+    s.episode("ep009", 9, success=False, abort="RuntimeError: the simulator lost its state")
     return write_run(tmp_path_factory.mktemp("abandoned"), s.envs)
 
 
@@ -58,3 +59,22 @@ def test_every_view_of_an_episode_run_twice_is_its_last_attempt(
     assert main(["audit", str(run), "tip", "3"]) == 0
     out = capsys.readouterr().out
     assert "abandoned (the episode ran again)" in out and "1 of them in attempts later" in out
+
+
+def test_an_aborted_episode_shows_the_action_its_world_failed_on(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The world failed on the episode's first action: the audit shows that action (what a
+    researcher debugging the world needs), marked unanswered, and counts no step for it."""
+    log = LmdbEventLog.open(run / "log")
+    index, _ = open_index(run, log)
+    try:
+        a = audit_episode(log, index, "ep009")
+    finally:
+        index.close()
+        log.close()
+    assert a.ended == "RuntimeError: the simulator lost its state" and a.steps == 0
+    assert [(t.turn, t.action, t.answered) for t in a.turns] == [(0, "take can", False)]
+    assert main(["audit", str(run), "episode", "ep009"]) == 0
+    out = capsys.readouterr().out
+    assert "action: take can  logp -0.5000  -> the world did not answer it" in out, out
