@@ -227,10 +227,9 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         if a.credited
         else "no extractor credit in this run"
     )
-    out = [
-        f"credit {head}, from {a.events} events: {credit}; advantages {adv}, split={a.split}, "
-        f"weighted={a.weighted}"
-    ]
+    subgroups = a.credited or a.guided_advantage is not None  # guided and free episodes
+    split = f", split={a.split}, weighted={a.weighted}" if subgroups else ""
+    out = [f"credit {head}, from {a.events} events: {credit}; advantages {adv}{split}"]
     for c in a.checks:
         line = (
             f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} equal"

@@ -261,3 +261,15 @@ def test_a_run_whose_every_training_episode_aborted_exits_1_saying_so(
     assert "RuntimeError: the training simulator is down" in err
     assert "none of the run's" not in err  # not the unchanged-policy warning: its cause is wrong
     assert any(isinstance(e, EpisodeFinished) and e.purpose == "eval" for e in read_events(out))
+
+
+def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GRPO (and EMPO2) have no guided and free subgroups: the audit's first line does not
+    print Complementary RL's split/weighted settings as if they applied."""
+    capsys.readouterr()
+    assert main(["audit", str(run_dir), "credit"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "no extractor credit in this run; advantages as recorded" in first, first
+    assert "split=" not in first and "weighted=" not in first, first
