@@ -32,7 +32,8 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         options: keyword arguments for the world's constructor.
         step_timeout: seconds a blocking world's ``reset``, ``step`` or ``close`` may take
             before the episode is aborted as hung (0: no limit; worlds stepped on the event
-            loop, like minilab, are not timed).
+            loop, like minilab, are not timed); its constructor, ``families`` and ``tasks``
+            have as long (at assembly, in a worker, in pre-training, ``whatif`` and ``probe``).
         max_turns: the most turns of one episode; one the world has not ended by then
             finishes as truncated (``EpisodeFinished.truncated``, with the score and success of
             its last turn), so a world that never says done cannot run (and fill the disk)
