@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import random
-import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,7 +23,7 @@ from agents.acting.env_worker import EnvWorker, PromptSettings
 from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
-from agents.acting.world_calls import utf8_text
+from agents.acting.world_calls import Abandoned, in_thread, utf8_text
 from agents.events.policy import PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
@@ -569,26 +568,19 @@ def world_tasks(scenario: Scenario, split: str, source: str, pool: int = 0) -> t
     The hung thread is abandoned (Python cannot stop a thread)."""
     limit = scenario.world.step_timeout or None
     make_world = world_factory(scenario, source)
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["tasks"] = _tasks(make_world(), scenario, split, source, pool)
-        except BaseException as exc:  # raised again in the calling thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=work, name="coevo-world-tasks", daemon=True)
-    thread.start()
-    thread.join(limit)
-    if thread.is_alive():
+    try:
+        tasks, error = in_thread(
+            lambda: _tasks(make_world(), scenario, split, source, pool), limit, "coevo-world-tasks"
+        )
+    except Abandoned:
         raise ScenarioInvalid(
             source,
             f"$.world: {scenario.world.name} did not build, list its {split} tasks and close "
             f"within {limit:g} s ([world] step_timeout); its thread was abandoned",
-        )
-    if "error" in box:
-        raise box["error"]
-    return cast("tuple[Task, ...]", box["tasks"])
+        ) from None
+    if error is not None:
+        raise error
+    return cast("tuple[Task, ...]", tasks)
 
 
 def _tasks(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,10 +26,12 @@ from engine.world import Observation, Task, TextWorld
 
 __all__ = [
     "UNLIMITED_CAP",
+    "Abandoned",
     "GuardedWorld",
     "ObservationInvalid",
     "WorldFailed",
     "checked_observation",
+    "in_thread",
     "utf8_text",
 ]
 
@@ -213,41 +216,63 @@ class GuardedWorld:
         if self._timeout is None or not blocking:
             try:
                 return fn(*args)
-            except CoevoError:  # coevo's own, worded already (a scenario's bad world options)
+            except (Exception, SystemExit) as exc:  # not KeyboardInterrupt: the user's Ctrl-C
                 self.broken = True
-                raise
-            except SystemExit as exc:
-                self.broken = True
-                raise WorldFailed(f"{what} called sys.exit({exc.code!r})") from None
-            except Exception as exc:
-                self.broken = True
-                raise WorldFailed(f"{what} raised {_raised(exc)}") from None
-        box: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                box["out"] = fn(*args)
-            except BaseException as exc:  # told in the calling thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=work, name="coevo-world-call", daemon=True)
-        thread.start()
-        thread.join(self._timeout)
-        if thread.is_alive():
+                raise _failed(what, exc) from None
+        try:
+            out, error = in_thread(partial(fn, *args), self._timeout, "coevo-world-call")
+        except Abandoned:
             self.broken = True
             raise WorldFailed(
                 f"{what} did not return within {self._timeout:g} s (world.step_timeout); its "
                 "thread and world were abandoned"
-            )
-        if "error" in box:
+            ) from None
+        if error is not None:
             self.broken = True
-            exc = box["error"]
-            if isinstance(exc, CoevoError):
-                raise exc
-            if isinstance(exc, SystemExit):
-                raise WorldFailed(f"{what} called sys.exit({exc.code!r})") from None
-            raise WorldFailed(f"{what} raised {_raised(exc)}") from None
-        return box["out"]
+            raise _failed(what, error) from None
+        return out
+
+
+class Abandoned(Exception):
+    """A call :func:`in_thread` ran did not return in time; its thread was left running."""
+
+
+def in_thread(
+    fn: Callable[[], Any], timeout: float | None, name: str
+) -> tuple[Any, BaseException | None]:
+    """``fn()`` in a daemon thread named ``name``, waited for ``timeout`` seconds (None: no
+    limit). Returns what it returned, or what it raised (anything, ``SystemExit`` and a
+    ``KeyboardInterrupt`` raised in that thread included, for the caller to word); a
+    Ctrl-C while waiting is the caller's own.
+
+    Raises:
+        Abandoned: ``fn`` did not return in time (its thread keeps running: Python cannot
+            stop a thread).
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as exc:  # told in the calling thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise Abandoned(name)
+    return box.get("out"), box.get("error")
+
+
+def _failed(what: str, exc: BaseException) -> CoevoError:
+    """The error a world call's exception is reported as: coevo's own as it is (worded
+    already: a scenario's bad world options), the others naming the call."""
+    if isinstance(exc, CoevoError):
+        return exc
+    if isinstance(exc, SystemExit):
+        return WorldFailed(f"{what} called sys.exit({exc.code!r})")
+    return WorldFailed(f"{what} raised {_raised(exc)}")
 
 
 def _raised(exc: BaseException) -> str:
