@@ -203,8 +203,30 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
     admissible = started.admissible if started else ()
     retrieved: dict[int, tuple[Shown, ...]] = {}
     asked: dict[int, ActionRequested] = {}
-    sampled: dict[int, Envelope[Event]] = {}
+    sampled: dict[int, tuple[ActionSampled, int]] = {}  # turn -> the sample and its seq
     turns: list[Turn] = []
+
+    def turn(k: int, seq: int, smp: ActionSampled | None, step: StepTaken | None) -> Turn:
+        """Turn ``k``: what the policy saw (the observation so far) and chose, and the
+        world's answer (``step``; None: it never answered the action)."""
+        req = asked.get(k)
+        return Turn(
+            turn=k,
+            observation=observation,
+            admissible=admissible,
+            retrieved=retrieved.get(k, ()),
+            tips_shown=len(req.tips) if req else 0,
+            action=step.action if step else smp.action if smp else "",
+            logp=smp.logp if smp else None,
+            policy_version=smp.policy_version if smp else -1,
+            valid=smp.valid if smp else True,
+            reward=step.reward if step else 0.0,
+            score=step.score if step else 0.0,
+            done=step.done if step else False,
+            seq=seq,
+            answered=step is not None,
+        )
+
     for env in envs:
         ev = env.event
         if isinstance(ev, TipsRetrieved):
@@ -222,52 +244,16 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
         elif isinstance(ev, ActionRequested):
             asked[ev.turn] = ev
         elif isinstance(ev, ActionSampled):
-            sampled[ev.turn] = env
+            sampled[ev.turn] = (ev, env.seq)
         elif isinstance(ev, StepTaken):
-            req, smp = asked.get(ev.turn), _sampled(sampled.get(ev.turn))
-            turns.append(
-                Turn(
-                    turn=ev.turn,
-                    observation=observation,
-                    admissible=admissible,
-                    retrieved=retrieved.get(ev.turn, ()),
-                    tips_shown=len(req.tips) if req else 0,
-                    action=ev.action,
-                    logp=smp.logp if smp else None,
-                    policy_version=smp.policy_version if smp else -1,
-                    valid=smp.valid if smp else True,
-                    reward=ev.reward,
-                    score=ev.score,
-                    done=ev.done,
-                    seq=env.seq,
-                )
-            )
+            smp = sampled[ev.turn][0] if ev.turn in sampled else None
+            turns.append(turn(ev.turn, env.seq, smp, ev))
             observation, admissible = ev.observation, ev.admissible
     last = turns[-1].turn + 1 if turns else 0
-    pending = sampled.get(last)
-    if pending is not None:  # chosen, and the world never answered it
-        smp, req = _sampled(pending), asked.get(last)
-        assert smp is not None
-        turns.append(
-            Turn(
-                turn=last,
-                observation=observation,
-                admissible=admissible,
-                retrieved=retrieved.get(last, ()),
-                tips_shown=len(req.tips) if req else 0,
-                action=smp.action,
-                logp=smp.logp,
-                policy_version=smp.policy_version,
-                valid=smp.valid,
-                seq=pending.seq,
-                answered=False,
-            )
-        )
+    if last in sampled:  # chosen, and the world never answered it
+        smp, seq = sampled[last]
+        turns.append(turn(last, seq, smp, None))
     return tuple(turns)
-
-
-def _sampled(env: Envelope[Event] | None) -> ActionSampled | None:
-    return env.event if env is not None and isinstance(env.event, ActionSampled) else None
 
 
 def _advantage(envs: list[Envelope[Event]], episode: str) -> Advantage | None:
