@@ -256,7 +256,7 @@ def _workers(
         extract=scenario.prompt.extract,
         max_ops=scenario.complementary.max_ops,
     )
-    timeout = scenario.world.step_timeout or None
+    timeout = scenario.world.call_limit
     specs = [
         ActorSpec(
             name=name,
@@ -566,7 +566,7 @@ def world_tasks(scenario: Scenario, split: str, source: str, pool: int = 0) -> t
     seconds (as each world call of a run is): a plug-in world whose constructor, ``families``,
     ``tasks`` or ``close`` hangs is an error, not a ``validate`` or ``run`` that never ends.
     The hung thread is abandoned (Python cannot stop a thread)."""
-    limit = scenario.world.step_timeout or None
+    limit = scenario.world.call_limit
     make_world = world_factory(scenario, source)
     try:
         tasks, error = in_thread(

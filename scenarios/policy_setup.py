@@ -375,7 +375,7 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
     spec = embedded_spec(scenario, source)
     with _building(source, "$.policy.model", "the embedded model"):
         return ensure_embedded(
-            spec, threads=p.threads or None, step_timeout=scenario.world.step_timeout or None
+            spec, threads=p.threads or None, step_timeout=scenario.world.call_limit
         )
 
 
@@ -456,7 +456,7 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
             base,
             ops,
             threads=scenario.policy.threads or None,
-            step_timeout=scenario.world.step_timeout or None,
+            step_timeout=scenario.world.call_limit,
         )
 
 

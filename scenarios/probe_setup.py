@@ -227,7 +227,7 @@ def _setup(
             system=s.prompt.system,
             memory=s.prompt.memory,
             max_turns=s.world.max_turns,
-            step_timeout=s.world.step_timeout or None,
+            step_timeout=s.world.call_limit,
         ),
         episodes=options.episodes,
         seed=options.seed,

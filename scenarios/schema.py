@@ -53,6 +53,11 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_turns: Annotated[int, Meta(ge=0, le=10**9)] = 1000
     pool: NonNegInt = 0
 
+    @property
+    def call_limit(self) -> float | None:
+        """``step_timeout`` as the seconds each world call may take: None for 0, no limit."""
+        return self.step_timeout or None
+
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The agent acting in the world.

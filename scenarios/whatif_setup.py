@@ -75,7 +75,7 @@ def run_whatif(
         system=scenario.prompt.system,
         memory=scenario.prompt.memory,
     )
-    world = GuardedWorld(world_factory(scenario, source), scenario.world.step_timeout or None)
+    world = GuardedWorld(world_factory(scenario, source), scenario.world.call_limit)
     try:
         turns = scenario.world.max_turns
         control = replay(rec, world, runners.get, prompting, max_turns=turns)
