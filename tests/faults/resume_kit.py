@@ -25,7 +25,12 @@ from typing import Any
 
 import msgspec
 
-from agents.events.episodes import EpisodeAbandoned
+from agents.events.episodes import (
+    EpisodeAbandoned,
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+)
 from agents.events.policy import PolicyUpdated
 from engine.errors import LogError
 from engine.events import Envelope, Event
@@ -476,3 +481,34 @@ def check_consistent(
     assert duplicates(final) == []
     assert completed(final)
     check_sessions(final, after)
+    check_abandoned(final, after)
+
+
+def running(envs: list[Envelope[Event]]) -> set[str]:
+    """The episodes a log leaves running: assigned, and neither ended (finished, aborted) nor
+    abandoned after their last assignment."""
+    out: set[str] = set()
+    for env in envs:
+        ev = env.event
+        if isinstance(ev, EpisodeAssigned):
+            out.add(ev.episode)
+        elif isinstance(ev, EpisodeFinished | EpisodeAborted | EpisodeAbandoned):
+            out.discard(ev.episode)
+    return out
+
+
+def check_abandoned(final: list[Envelope[Event]], after: list[list[Envelope[Event]]]) -> None:
+    """Each resume that committed abandons (``reason`` empty) exactly the episodes the log it
+    began from left running, and abandons nothing else for a stop. Whether a stop leaves any
+    running is timing: commits alternate between a batch of whole scripted episodes and the
+    assignments that follow, and a stop landing just after the first kind leaves none."""
+    ends = [len(before) for before in after] + [len(final)]
+    for start, end in itertools.pairwise(ends):
+        if end == start:  # a resume stopped before its first commit: the next one abandons
+            continue
+        by_stop = {
+            env.event.episode
+            for env in final[start:end]
+            if isinstance(env.event, EpisodeAbandoned) and not env.event.reason
+        }
+        assert by_stop == running(final[:start]), (start, by_stop, running(final[:start]))

@@ -79,19 +79,31 @@ def test_a_rollout_stopped_three_times_ends_as_the_run_left_alone(tmp_path: Path
     """Each stop's point counts the events of its own session (``relative``): an absolute
     point that the previous stop overshot (scripted explorers write thousands of events a
     second, and on a loaded machine the overshoot passed the next point) ends the next resume
-    as it loads, before its first commit, and the run was stopped fewer times than planned."""
+    as it loads, before its first commit, and the run was stopped fewer times than planned.
+
+    Whether a stop leaves an episode running is timing (:func:`resume_kit.check_abandoned`):
+    on a loaded machine all three stops of a chain once landed between commits of whole
+    episodes. A chain that abandoned nothing is checked and followed by another one, with
+    other stops, until one has re-run an abandoned episode (three at most)."""
     toml = scenario(tmp_path, ROLLOUT)
     finish(coevo(["run", str(toml), "--out", str(tmp_path / "ref"), "--quiet"], tmp_path))
     reference = read_log(tmp_path / "ref")
-    n, rng = len(reference), random.Random(3)
-    gaps = [(sig, rng.randrange(n // 20, n // 6)) for sig, _ in kills(rng, n, 3)]
-    chain = stop_and_resume(tmp_path, toml, "stopped", gaps, relative=True)
-    fault_counts.record(**chain.counts())
-    assert len(chain.after) == 3, "the run ended before a stop"
-    assert chain.counts()["stops_before_first_commit"] == 0
-    check_consistent(chain.run, chain.final, chain.after)
-    assert comparable(chain.final) == comparable(reference)
-    assert any(isinstance(env.event, EpisodeAbandoned) for env in chain.final)
+    n, counts = len(reference), dict[str, int]()
+    try:
+        for attempt in range(3):
+            rng = random.Random(3 + attempt)
+            gaps = [(sig, rng.randrange(n // 20, n // 6)) for sig, _ in kills(rng, n, 3)]
+            chain = stop_and_resume(tmp_path, toml, f"stopped{attempt}", gaps, relative=True)
+            add_counts(counts, chain.counts())
+            assert len(chain.after) == 3, "the run ended before a stop"
+            assert chain.counts()["stops_before_first_commit"] == 0
+            check_consistent(chain.run, chain.final, chain.after)
+            assert comparable(chain.final) == comparable(reference)
+            if any(isinstance(env.event, EpisodeAbandoned) for env in chain.final):
+                return
+        raise AssertionError("no stop of three chains left an episode running")
+    finally:
+        fault_counts.record(**counts)
 
 
 def test_a_stop_before_a_resume_commits_leaves_the_log_as_it_was(tmp_path: Path) -> None:
