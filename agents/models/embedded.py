@@ -94,7 +94,7 @@ from agents.models.specs import EmbeddedSpec
 from engine.world import TextWorld
 from engine.world_registry import load_world
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Part of the cache key: bump it when the same spec would build a different model."""
 
 PAD, EOM, TIP_OPEN, TIP_CLOSE = "<pad>", "<eom>", "<tip>", "</tip>"

@@ -31,6 +31,13 @@ Message = Mapping[str, str]
 Step = tuple[str, str]
 """One past turn as the policy sees it: (action, the observation that answered it)."""
 
+SHOWN_CHARS = 8_000
+"""The most characters of one text from the world (a goal, an observation) that a prompt
+shows. A longer one keeps its first quarter and its last three quarters with a "..." line
+(:data:`CUT_TEXT`) between them: the policy's position limit would cut the prompt's middle
+anyway (:func:`cut_middle`), and a world that answers with hundreds of kilobytes made every
+prompt of the window that long to record, tokenize and embed (a run twenty times slower)."""
+
 
 class Tokenizer(Protocol):
     """The part of a ``transformers`` tokenizer that prompts use."""
@@ -58,7 +65,8 @@ def turn_messages(
     Args:
         goal: the task's goal text.
         history: the episode's earlier turns, oldest first; only the last ``window`` are shown.
-        observation: what the world said last (the first observation on turn 0).
+        observation: what the world said last (the first observation on turn 0). The goal and
+            each observation show at most :data:`SHOWN_CHARS` characters (:func:`shown`).
         admissible: the actions to list in the prompt; None lists none (when the policy scores
             the admissible actions it does not need to read them).
         tips: memory entries to show, each inside ``<tip> ... </tip>``.
@@ -74,10 +82,10 @@ def turn_messages(
     """
     if window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
-    lines = [f"goal: {goal}"]
-    shown = history[len(history) - window :] if window else ()
-    lines += [f"> {action}\n{answer}" for action, answer in shown]
-    lines.append(f"now: {observation}")
+    lines = [f"goal: {shown(goal)}"]
+    past = history[max(0, len(history) - window) :] if window else ()
+    lines += [f"> {action}\n{shown(answer)}" for action, answer in past]
+    lines.append(f"now: {shown(observation)}")
     if admissible is not None:
         lines.append(f"actions: {' | '.join(admissible)}")
     shown_tips = [f"<tip> {tip} </tip>" for tip in tips]
@@ -97,6 +105,17 @@ def state_text(goal: str, history: Sequence[Step], observation: str, *, window: 
     return turn_messages(goal, history, observation, window=window)[1]["content"]
 
 
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` as a prompt shows it: as it is up to ``limit`` characters, else its first
+    quarter and the rest of ``limit`` from its end, with :data:`CUT_TEXT` between them
+    (:data:`SHOWN_CHARS`)."""
+    if len(text) <= limit:
+        return text
+    head = (limit - len(CUT_TEXT)) // 4
+    tail = limit - len(CUT_TEXT) - head
+    return f"{text[:head]}{CUT_TEXT}{text[len(text) - tail :]}"
+
+
 def strip_tips(
     messages: Sequence[Message], tips: Sequence[str], memory: MemoryPlace = "user"
 ) -> list[dict[str, str]]:
@@ -111,11 +130,11 @@ def strip_tips(
     if not tips:
         return out
     suffix = "".join(f"\n<tip> {tip} </tip>" for tip in tips)
-    shown = out[-1] if memory == "user" else out[0]
-    if shown["role"] != memory or not shown["content"].endswith(suffix):
+    target = out[-1] if memory == "user" else out[0]
+    if target["role"] != memory or not target["content"].endswith(suffix):
         where = "last" if memory == "user" else "first"
         raise ValueError(f"the {where} message is not a {memory} message ending with these tips")
-    shown["content"] = shown["content"][: -len(suffix)]
+    target["content"] = target["content"][: -len(suffix)]
     return out
 
 
@@ -139,8 +158,8 @@ def reflection_messages(
     Returns:
         A system and a user message.
     """
-    lines = [f"goal: {goal}", f"start: {first_observation}"]
-    lines += [f"> {action}\n{answer}" for action, answer in history]
+    lines = [f"goal: {shown(goal)}", f"start: {shown(first_observation)}"]
+    lines += [f"> {action}\n{shown(answer)}" for action, answer in history]
     lines.append(f"outcome: {'success' if success else 'failure'}")
     return [
         {"role": "system", "content": system},

@@ -15,14 +15,19 @@ from hypothesis import strategies as st
 from agents.acting.inference import ActSettings, PolicyRunner
 from agents.events.memory import ReflectionRequested
 from agents.events.policy import ActionRequested
+from agents.memory.extraction import extract_messages
 from agents.models.embedded import build_tokenizer, word_pieces
 from agents.models.prompts import (
+    CUT_TEXT,
+    SHOWN_CHARS,
     cut_middle,
     encode_prompt,
     encode_response,
     from_pairs,
     prompt_room,
     reflection_messages,
+    shown,
+    state_text,
     to_pairs,
     turn_messages,
 )
@@ -167,3 +172,29 @@ def test_generated_actions_and_reflections_leave_room_for_their_tokens(model, to
     (tip,) = runner.reflect([reflection])
     assert len(tip.prompt_ids) == LIMIT - 20 and tip.prompt_cut > 0
     assert runner.prompts_cut == 2
+
+
+# --- what a prompt shows of a long text from the world ---------------------------------------
+
+
+def test_a_huge_observation_shows_its_head_and_its_end_in_every_prompt() -> None:
+    """A world that answers with hundreds of kilobytes: each text a prompt shows (the goal,
+    the observation, each past turn's answer, every turn of a reflection or an extraction)
+    keeps SHOWN_CHARS characters, its start and its end (a run was twenty times slower with
+    every turn's prompt megabytes long)."""
+    huge = "START " + "blah " * 80_000 + " END"
+    history = [("look", huge)] * 3
+    turn = turn_messages(huge, history, huge)[1]["content"]
+    reflect = reflection_messages(huge, huge, history * 4, success=False)[1]["content"]
+    extract = extract_messages(huge, huge, history, success=True, entry=None)[1]["content"]
+    for text, texts in ((turn, 5), (reflect, 14), (extract, 5)):
+        assert len(text) < texts * (SHOWN_CHARS + 20)
+        assert text.count("START") == text.count(" END") == texts
+    assert state_text(huge, history, huge).count(CUT_TEXT) == 5
+
+
+def test_a_text_up_to_the_limit_is_shown_as_it_is() -> None:
+    text = "x" * SHOWN_CHARS
+    assert shown(text) == text
+    cut = shown(text + "y")
+    assert len(cut) == SHOWN_CHARS and cut.endswith("y") and CUT_TEXT in cut

@@ -50,3 +50,15 @@ def test_stripping_from_the_other_place_is_refused() -> None:
     in_user = turn_messages("g.", [], "o.", tips=["a."])
     with pytest.raises(ValueError, match="first message is not a system message ending"):
         strip_tips(in_user, ["a."], "system")
+
+
+def test_a_history_shorter_than_the_window_is_shown_whole() -> None:
+    """Every past turn up to ``window`` is shown: a history of 3 with a window of 4 showed only
+    its last turn (the slice started at -1)."""
+    history = [("open box", "one."), ("open jar", "two."), ("look", "three.")]
+    for n in range(len(history) + 1):
+        user = turn_messages("g.", history[:n], "now.", window=4)[1]["content"]
+        assert [line for line in user.splitlines() if line.startswith("> ")] == [
+            f"> {action}" for action, _ in history[:n]
+        ]
+    assert turn_messages("g.", history, "now.", window=2)[1]["content"].count("> ") == 2
