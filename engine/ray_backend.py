@@ -604,13 +604,14 @@ class _ProxyFactory:
         mailbox: int,
         process: _Process,
         sticky: tuple[type[Event], ...] = (),
+        answers: tuple[type[Event], ...] = (),
     ) -> None:
         self.cls = cls
         self.factory = factory
         self.placement = placement
         self.mailbox = mailbox
         self.process = process
-        self.inflight = Inflight(sticky=sticky)
+        self.inflight = Inflight(sticky=sticky, answers=answers)
 
     def __call__(self) -> Actor:
         return self.cls(self.factory, self.placement, self.inflight, self.mailbox, self.process)
@@ -623,6 +624,7 @@ def remote_spec(
     mailbox: int = 64,
     process: _Process | None = None,
     sticky: tuple[type[Event], ...] = (),
+    answers: tuple[type[Event], ...] = (),
 ) -> ActorSpec:
     """``spec`` with its actor placed on Ray: the same name, supervision and filter, a proxy in
     the driver. An actor that rebuilds state on resume (``Actor.recover``) is given the
@@ -639,6 +641,9 @@ def remote_spec(
         process: the process it shares with others (:func:`remote_specs`); None: its own.
         sticky: the kinds of event whose newest one the actor's next process is given first
             when its process is lost (:attr:`engine.remote.Inflight.sticky`).
+        answers: the kinds of request it answers and takes several of at once: each one taken
+            and not answered when its process is lost is given to the next
+            (:attr:`engine.remote.Inflight.answers`).
     """
     probe = spec.factory()
     kind = type(probe)
@@ -650,7 +655,7 @@ def remote_spec(
     }
     cls = type(f"Remote{kind.__name__}", (RemoteActor,), attrs)
     process = process or _Process(placement, 1)
-    proxy = _ProxyFactory(cls, spec.factory, placement, mailbox, process, sticky)
+    proxy = _ProxyFactory(cls, spec.factory, placement, mailbox, process, sticky, answers)
     return dataclasses.replace(spec, factory=proxy)
 
 

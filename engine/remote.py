@@ -369,6 +369,11 @@ class Inflight:
             (those that set what the actor serves with, e.g. the policy version an inference
             actor loads).
         latest: the newest delivered envelope of each sticky kind.
+        answers: the kinds of request the actor answers, each by an event whose cause is the
+            request's seq, and may take several of before it answers any (an inference actor
+            gathers a batch, two batches in flight): every one it took and had not answered is
+            given to a new host, not only ``current``.
+        open: those taken and not answered yet, by seq.
     """
 
     pending: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
@@ -380,6 +385,8 @@ class Inflight:
     latest: dict[type[Event], Envelope[Event]] = field(
         default_factory=dict[type[Event], Envelope[Event]]
     )
+    answers: tuple[type[Event], ...] = ()
+    open: dict[int, Envelope[Event]] = field(default_factory=dict[int, Envelope[Event]])
 
     def delivered(self, envelopes: list[Envelope[Event]]) -> None:
         """Record a delivery to the current host."""
@@ -393,30 +400,44 @@ class Inflight:
         newly = taken - self.taken
         if newly > 0:
             self.current = self.pending[newly - 1]
+            if self.answers:
+                self.open.update(
+                    (env.seq, env)
+                    for env in self.pending[:newly]
+                    if isinstance(env.event, self.answers)
+                )
             del self.pending[:newly]
             self.taken = taken
             self.answered = False
+        causes = {env.cause for env in emitted if env.cause is not None}
         if self.current is not None:
-            seq = self.current.seq
-            self.answered = self.answered or any(env.cause == seq for env in emitted)
+            self.answered = self.answered or self.current.seq in causes
+        for seq in causes.intersection(self.open) if self.open else ():
+            del self.open[seq]
 
     def failed(self) -> None:
-        """The actor raised on ``current``: as in the driver, it is not delivered again."""
+        """The actor raised on ``current`` (and on the requests it had taken with it): as in
+        the driver, they are not delivered again."""
         self.current = None
+        self.open.clear()
 
     def redeliver(self, after: int = -1) -> list[Envelope[Event]]:
         """What a new host is to be given first, its predecessor lost: the newest envelope of
         each sticky kind it had taken, then the envelope the lost actor was handling if nothing
-        it emitted in answer arrived, then those it had not taken. They stay recorded as
+        it emitted in answer arrived and every request of the ``answers`` kinds it took and had
+        not answered (in seq order), then those it had not taken. They stay recorded as
         delivered to the new host (not yet taken), so a host lost before taking them passes
         them on again; the caller sends them without :meth:`delivered`. Those up to seq
         ``after`` are dropped: the new host's actor was rebuilt from the log up to there."""
-        again = [self.current] if self.current is not None and not self.answered else []
-        again += self.pending
+        lost = dict(self.open)
+        if self.current is not None and not self.answered:
+            lost[self.current.seq] = self.current
+        again = [lost[seq] for seq in sorted(lost)] + self.pending
         seqs = {env.seq for env in again}
         kept = [env for env in self.latest.values() if env.seq not in seqs]
         again = [env for env in sorted(kept, key=lambda env: env.seq) + again if env.seq > after]
         self.pending, self.current, self.answered, self.taken, self.pid = again, None, False, 0, 0
+        self.open = {}
         return list(again)
 
 

@@ -24,7 +24,8 @@ from agents.acting.projections import EpisodeTable
 from agents.acting.scheduler import Scheduler
 from agents.acting.scripted import Agent, Explorer, RandomAgent
 from agents.acting.world_calls import Abandoned, in_thread, utf8_text
-from agents.events.policy import PolicyUpdated
+from agents.events.memory import ReflectionRequested
+from agents.events.policy import ActionRequested, PolicyUpdated
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.base import Method
 from agents.report.curves import report as curves_report
@@ -376,9 +377,15 @@ def _placed_models(scenario: Scenario, specs: list[ActorSpec], source: str) -> l
     for spec in specs:
         config = placed.get(spec.name)
         if config is not None:
-            sticky = (PolicyUpdated,) if spec.name == INFERENCE else ()
+            # inference rebuilds nothing from the log when restarted: what it had taken (a
+            # batch, two in flight) and not answered is given to its next process
+            inference = spec.name == INFERENCE
             remote = ray_backend.remote_spec(
-                spec, _placement(config), mailbox=rt.mailbox, sticky=sticky
+                spec,
+                _placement(config),
+                mailbox=rt.mailbox,
+                sticky=(PolicyUpdated,) if inference else (),
+                answers=(ActionRequested, ReflectionRequested) if inference else (),
             )
             spec = dataclasses.replace(
                 remote,

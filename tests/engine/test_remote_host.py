@@ -304,3 +304,19 @@ def test_an_encoded_history_reads_as_the_list_it_was_made_from(chunk: int) -> No
         history[len(envs)]
     empty = EncodedHistory(CODEC, encode_history(CODEC, [], chunk=chunk))
     assert len(empty) == 0 and list(empty) == [] and empty[:] == []
+
+
+def test_inflight_redelivers_every_request_of_an_answered_kind_taken_and_not_answered() -> None:
+    """An inference actor takes a batch of requests (two batches in flight) before it answers
+    any: its process lost, only the last one taken was given to the next, and the episodes
+    whose requests were lost waited for good (the run stopped at its staleness bound)."""
+    rec = Inflight(answers=(RunStopped,), sticky=(RunStarted,))
+    rec.delivered([env(1), env(2), env(3), env(4), env(5)])
+    rec.reported(4, [answer(2)])  # took four, answered one of them
+    assert [e.seq for e in rec.redeliver()] == [1, 3, 4, 5]
+    rec.reported(4, [answer(3), answer(1)])  # the next host took them and answered two
+    rec.reported(4, [answer(5)])
+    assert [e.seq for e in rec.redeliver()] == [4]
+    rec.reported(1, [])
+    rec.failed()  # it raised on the batch: as locally, not handled again
+    assert rec.redeliver() == []
