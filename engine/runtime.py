@@ -68,15 +68,35 @@ def _restore(previous: dict[signal.Signals, Any]) -> None:
         signal.signal(sig, handler)
 
 
-def _stop_where_it_is(signum: int) -> None:
+def _pass_on(signum: int, frame: Any, previous: dict[signal.Signals, Any]) -> None:
+    """Handle ``signum`` as the handler before the run's would have: call it, or (the
+    default action) restore it and raise the signal again."""
+    before = previous.get(signal.Signals(signum), signal.SIG_DFL)
+    if callable(before):
+        before(signum, frame)
+        return
+    if before is signal.SIG_IGN:
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+
+
+def _stop_where_it_is(signum: int, stopping: bool = False) -> None:
     """End the process now, as a SIGKILL would (every commit stays; nothing after it is
-    written), with one line: the event loop is blocked, so nothing graceful can run."""
+    written), with one line: the event loop is blocked, so nothing graceful can run, or
+    (``stopping``) the graceful stop the first signal began has not ended in a second."""
     sig = signal.Signals(signum)
+    why = (
+        f" while the run stops ({_LOOP_BLOCKED:g} s or more since the first: a world call "
+        "that hangs?)"
+        if stopping
+        else f", and the event loop has not run since the first ({_LOOP_BLOCKED:g} s or more: "
+        "a world stepped on the loop that hangs?)"
+    )
     os.write(
         2,
-        f"coevo: {sig.name} again, and the event loop has not run since the first "
-        f"({_LOOP_BLOCKED:g} s or more: a world stepped on the loop that hangs?): stopped where "
-        "it was; the log keeps every commit\n".encode(),
+        f"coevo: {sig.name} again{why}: stopped where it was; the log keeps every commit "
+        "(coevo resume continues the run)\n".encode(),
     )
     os._exit(_SIGNAL_EXIT.get(sig, 1))
 
@@ -444,7 +464,10 @@ class Runtime:
         watching task is first scheduled). A signal that arrives while an earlier one has waited
         :data:`_LOOP_BLOCKED` seconds for the loop (blocked: such a world that hangs, on every
         worker in turn) ends the process where it is, as a SIGKILL would, with one line and
-        exit 130 or 143: what was committed stays, and ``coevo resume`` continues the run.
+        exit 130 or 143: what was committed stays, and ``coevo resume`` continues the run. So
+        does a signal that arrives that long after the loop took the first (the stop waits on
+        something: a world's ``close``); one sooner (a double Ctrl-C) goes where it went
+        before the run.
         """
         if not self._cfg.handle_signals:
             yield None
@@ -452,14 +475,20 @@ class Runtime:
         token = trio.lowlevel.current_trio_token()
         send, signals = trio.open_memory_channel[int](math.inf)
         waiting: list[float] = []  # when each signal the loop has not taken yet arrived
+        taken: list[float] = []  # when the loop took the first: the stop began
 
-        def take(signum: int) -> None:  # on the loop: the stop begins, and another signal
-            waiting.clear()  # goes where it went before (a second Ctrl-C ends a slow stop)
-            _restore(previous)
+        def take(signum: int) -> None:  # on the loop: the stop begins
+            waiting.clear()
+            taken.append(time.monotonic())
             send.send_nowait(signum)
 
         def handler(signum: int, frame: Any) -> None:
             now = time.monotonic()
+            if taken:  # a second signal: soon after the first, it goes where it went before
+                if now - taken[0] >= _LOOP_BLOCKED:  # (a double Ctrl-C); later, the stop is
+                    _stop_where_it_is(signum, stopping=True)  # slow: it ends here
+                _pass_on(signum, frame, previous)
+                return
             if waiting and now - waiting[0] >= _LOOP_BLOCKED:
                 _stop_where_it_is(signum)
             waiting.append(now)

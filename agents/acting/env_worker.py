@@ -53,6 +53,12 @@ from engine.events import Envelope, Event
 from engine.seeds import derive_rng, derive_seed
 from engine.world import Observation, Task, TextWorld
 
+CLOSE_GRACE_S = 10.0
+"""The most seconds a worker waits for its world's last ``close`` as the run ends or stops
+(a JVM exits in a few): one that hangs is abandoned then rather than after ``[world]
+step_timeout``, which held a stop for that long (600 s by default) on a world whose earlier
+call had hung with a lock its ``close`` needs."""
+
 AgentFactory = Callable[[Any], Agent]
 """Builds an agent for one episode from that episode's ``random.Random``."""
 
@@ -139,7 +145,7 @@ class EnvWorker(Actor):
                     world = await self._build()
         finally:
             with trio.CancelScope(shield=True):  # a JVM may take seconds to exit
-                await self._close(ctx, world)
+                await self._close(ctx, world, CLOSE_GRACE_S)
 
     async def _build(self) -> TextWorld:
         """A new world, built in a thread under ``step_timeout``.
@@ -149,8 +155,11 @@ class EnvWorker(Actor):
         """
         return await self._blocking(self._make_world, what="the world's constructor")
 
-    async def _blocking(self, fn: Callable[..., Any], *args: Any, what: str = "") -> Any:
-        """``fn(*args)`` in a worker thread, abandoned after ``step_timeout`` seconds.
+    async def _blocking(
+        self, fn: Callable[..., Any], *args: Any, what: str = "", limit: float | None = None
+    ) -> Any:
+        """``fn(*args)`` in a worker thread, abandoned after ``step_timeout`` seconds (or
+        ``limit``, if that is shorter).
 
         Each call has a thread limiter of its own: an abandoned thread keeps its limiter's
         token until it returns (never, for a world that hangs), and on trio's default limiter
@@ -161,21 +170,25 @@ class EnvWorker(Actor):
             TimeoutError: ``fn`` did not return in time (its thread keeps running).
         """
         limiter = trio.CapacityLimiter(1)
-        if self._timeout is None:
+        bounds = [t for t in (self._timeout, limit) if t is not None]
+        if not bounds:
             return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
-        with trio.move_on_after(self._timeout):
+        deadline = min(bounds)
+        with trio.move_on_after(deadline):
             return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
         name = what or f"world.{getattr(fn, '__name__', 'call')}"
+        why = "world.step_timeout" if deadline == self._timeout else "as the run ends"
         raise TimeoutError(
-            f"{name} did not return within {self._timeout:g} s (world.step_timeout); "
+            f"{name} did not return within {deadline:g} s ({why}); "
             "its thread and world were abandoned"
         )
 
-    async def _close(self, ctx: Context, world: TextWorld) -> None:
-        """Close a world; a hung one is left to its abandoned thread, one that fails to close
-        is dropped all the same (it is never used again)."""
+    async def _close(self, ctx: Context, world: TextWorld, limit: float | None = None) -> None:
+        """Close a world (within ``limit`` seconds, if given, or ``step_timeout``); a hung one
+        is left to its abandoned thread, one that fails to close is dropped all the same (it is
+        never used again)."""
         try:
-            await self._blocking(world.close)
+            await self._blocking(world.close, limit=limit)
         except TimeoutError as exc:
             ctx.log.warning("world close abandoned", error=str(exc))
         except SystemExit as exc:  # a plug-in's sys.exit() must not end the run

@@ -25,7 +25,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -69,10 +69,60 @@ admissible, but a free-text policy can type them; the world answers :data:`REFUS
 turn is spent."""
 REFUSED = "That command is not available in this world."
 _log = structlog.get_logger("coevo.textworld")
-_TW_LOCK = threading.RLock()
-"""TextWorld is not thread-safe: games loaded in two threads at once corrupt its logic parser
-(tatsu) state. Every call into it (generate, start, reset, step) holds this process-wide lock;
-the calls are pure Python under the GIL, so little parallelism is lost."""
+PLAY_LIMIT_S = 60.0
+"""Seconds a call that plays (start, reset, step, close: milliseconds each) may hold
+:data:`_TW_LOCK` before the calls waiting on it give up: it hung (a damaged game spinning in
+jericho) and will never let go."""
+GENERATE_LIMIT_S = 900.0
+"""The same for generating and compiling a game (1 to 7 s each on a 2-core machine)."""
+
+
+class _OneAtATime:
+    """TextWorld is not thread-safe: games loaded in two threads at once corrupt its logic
+    parser (tatsu) state. Every call into it (generate, start, reset, step, close) holds this
+    process-wide lock; the calls are pure Python under the GIL, so little parallelism is lost.
+
+    A call that never returns holds it for good, and every other TextWorld game of the process
+    then waited on it: each of their calls until ``[world] step_timeout`` (600 s) abandoned it,
+    episode after episode, for hours. The lock knows what holds it and since when: a call
+    waiting on a holder past its limit (:data:`PLAY_LIMIT_S`, :data:`GENERATE_LIMIT_S`) fails
+    at once with what is stuck, so each episode aborts with that reason.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._holder: tuple[str, float, float, int] | None = None  # what, since, limit, thread
+
+    @contextlib.contextmanager
+    def held(self, what: str, limit: float = PLAY_LIMIT_S) -> Any:
+        """Hold the lock for ``what`` (a call's description), expected to take under ``limit``
+        seconds.
+
+        Raises:
+            RuntimeError: the holder has held it past its own limit (it hung).
+        """
+        while not self._lock.acquire(timeout=0.5):
+            holder = self._holder
+            if holder is not None and (age := time.monotonic() - holder[1]) > holder[2]:
+                raise RuntimeError(
+                    f"textworld is stuck in this process: {holder[0]} has not returned for "
+                    f"{age:.0f} s, and every game of the process waits on it (TextWorld "
+                    "plays one call at a time); a damaged game? delete it to have it "
+                    "generated again"
+                )
+        outer = self._holder
+        if outer is None or outer[3] != threading.get_ident():
+            self._holder = (what, time.monotonic(), limit, threading.get_ident())
+        try:
+            yield
+        finally:
+            mine = outer is not None and outer[3] == threading.get_ident()
+            self._holder = outer if mine else None
+            self._lock.release()
+
+
+_TW_LOCK = _OneAtATime()
+"""The one lock around every call into TextWorld (:class:`_OneAtATime`)."""
 
 
 def clean(feedback: str) -> str:
@@ -206,7 +256,7 @@ class TextWorldGames:
         if path not in self._envs:  # not yet started: a damaged cached game is made again
             self._ensure_game(task, path)
         self._episode = None
-        with _TW_LOCK:
+        with _TW_LOCK.held(f"world.reset of textworld game {path}"):
             state = self._open(path).reset()
         walkthrough = tuple(str(a) for a in (state.get("extra.walkthrough") or ()))
         goal = " ".join(str(state.objective).split())
@@ -236,7 +286,7 @@ class TextWorldGames:
                 done=ep.done,
                 score=ep.points / (ep.max_score or 1.0),
             )
-        with _TW_LOCK:
+        with _TW_LOCK.held(f"world.step({action!r}) of a textworld game"):
             state, points, done = self._env.step(action)
         ep.steps += 1
         won = bool(state.won)
@@ -258,7 +308,7 @@ class TextWorldGames:
         """Close the games' interpreters. Safe to call twice."""
         envs, self._envs, self._env = self._envs, {}, None
         self._episode = None
-        with _TW_LOCK:
+        with _TW_LOCK.held("world.close of textworld games"):
             for env in envs.values():
                 env.close()
 
@@ -315,7 +365,7 @@ class TextWorldGames:
             if why is None:
                 return
             _log.warning("damaged textworld game: generating it again", game=str(path), why=why)
-            with _TW_LOCK:
+            with _TW_LOCK.held(f"removing damaged textworld game {path}"):
                 path.unlink(missing_ok=True)  # the .z8 first: the pair is then incomplete
                 path.with_suffix(".json").unlink(missing_ok=True)
         self._generate(task, path)
@@ -336,7 +386,13 @@ class TextWorldGames:
                 lost=True,
                 extras=["walkthrough"],
             )
-            env = self._tw.start(str(path), request_infos=infos)
+            try:
+                env = self._tw.start(str(path), request_infos=infos)
+            except Exception as exc:  # a game file damaged where the checks do not look
+                raise ValueError(
+                    f"textworld game {path} does not load ({type(exc).__name__}: {exc}); "
+                    "delete it and its .json to have them generated again"
+                ) from exc
         self._envs[path] = env  # most recent last
         while len(self._envs) > OPEN_GAMES:
             oldest = next(iter(self._envs))
@@ -350,7 +406,7 @@ class TextWorldGames:
         challenges = import_extra("textworld.challenges", "textworld")
         generator = import_extra("textworld.generator", "textworld")
         _quiet_jericho()  # the generator plays the walkthrough to check it
-        with _TW_LOCK:
+        with _TW_LOCK.held(f"generating textworld game {path}", GENERATE_LIMIT_S):
             if path.is_file():  # another worker of this process made it meanwhile
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -399,20 +455,30 @@ def broken_game(path: Path) -> str | None:
     length = int.from_bytes(data[0x1A:0x1C], "big") * (
         2 if version <= 3 else 4 if version <= 5 else 8
     )
-    if length:  # 0: an old story file that does not say
-        if not 64 <= length <= len(data):
-            return f"cut short or damaged: its header says {length} bytes, the file has {len(data)}"
-        checksum = int.from_bytes(data[0x1C:0x1E], "big")
-        if checksum and sum(data[0x40:length]) & 0xFFFF != checksum:
-            return "damaged: its checksum does not match its contents"
+    checksum = int.from_bytes(data[0x1C:0x1E], "big")
+    if not length or not checksum:  # Inform, TextWorld's compiler, always writes both
+        return "damaged: its header gives no length or no checksum"
+    if not 64 <= length <= len(data):
+        return f"cut short or damaged: its header says {length} bytes, the file has {len(data)}"
+    if sum(data[0x40:length]) & 0xFFFF != checksum:
+        return "damaged: its checksum does not match its contents"
     meta = path.with_suffix(".json")
     try:
-        json.loads(meta.read_text(encoding="utf-8"))
+        game: object = json.loads(meta.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return f"{meta.name} is missing"
     except (OSError, ValueError) as exc:
         return f"{meta.name} does not read ({exc})"
+    lacks = GAME_KEYS - set(cast(dict[str, Any], game)) if isinstance(game, dict) else GAME_KEYS
+    if lacks:
+        return f"{meta.name} is not a TextWorld game's (no {', '.join(sorted(lacks))})"
     return None
+
+
+GAME_KEYS = frozenset({"world", "grammar", "quests", "infos", "KB"})
+"""The top-level keys of a TextWorld game's ``.json`` that loading the game requires
+(TextWorld 1.7's ``Game.deserialize``; it also writes ``version``, ``metadata`` and
+``objective``, which it reads if present)."""
 
 
 def _commands(state: Any) -> tuple[str, ...]:

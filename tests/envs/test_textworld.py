@@ -14,6 +14,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,13 @@ pytest.importorskip("textworld")
 
 from engine.world import Observation, Task
 from engine.world_registry import load_world
-from scenarios.worlds.textworld import FAMILIES, REFUSED, TextWorldGames, broken_game
+from scenarios.worlds.textworld import (
+    FAMILIES,
+    REFUSED,
+    TextWorldGames,
+    _OneAtATime,
+    broken_game,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "textworld_rollout.toml"
@@ -127,7 +134,15 @@ def test_the_step_limit_ends_an_episode_unsolved(world: TextWorldGames) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["random bytes", "truncated", "a flipped byte", "no json", "bad json"],
+    [
+        "random bytes",
+        "truncated",
+        "a flipped byte",
+        "no checksum and random bytes",
+        "no json",
+        "bad json",
+        "another json",
+    ],
 )
 def test_a_damaged_cached_game_is_generated_again(world: TextWorldGames, damage: str) -> None:
     """jericho's interpreter ends the whole process (C ``exit``) on a story file it cannot
@@ -148,10 +163,15 @@ def test_a_damaged_cached_game_is_generated_again(world: TextWorldGames, damage:
     elif damage == "a flipped byte":
         mid = len(game) // 2
         path.write_bytes(game[:mid] + bytes([game[mid] ^ 0xFF]) + game[mid + 1 :])
+    elif damage == "no checksum and random bytes":  # jericho then spun in reset for good
+        noise = random.Random(2).randbytes(len(game) - 0x40)
+        path.write_bytes(game[:0x1C] + b"\0\0" + game[0x1E:0x40] + noise)
     elif damage == "no json":
         meta.unlink()
-    else:
+    elif damage == "bad json":
         meta.write_text("{not json")
+    else:  # it read as JSON, and the game then failed to load with KeyError: 'KB'
+        meta.write_text("{}")
     assert broken_game(path) is not None
     again = TextWorldGames(**scenario_options(), cache_dir=str(world.cache))
     try:
@@ -246,3 +266,27 @@ def test_game_folders_left_by_a_killed_generation_are_swept(tmp_path: Path) -> N
     os.utime(young, (now - 60, now - 60))
     sweep_stale(tmp_path, now)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".gen-young", "kept.z8"]
+
+
+def test_a_call_that_never_returns_fails_the_calls_waiting_on_it_with_what_is_stuck() -> None:
+    """TextWorld plays one call at a time per process: a call that hung (a damaged game
+    spinning in jericho) held the lock for good, and every other game's call waited on it
+    until ``step_timeout`` abandoned it, episode after episode. A call waiting on a holder
+    past its limit now fails at once, naming it; the lock works again once it is let go."""
+    lock, holding, let_go = _OneAtATime(), threading.Event(), threading.Event()
+
+    def hang() -> None:
+        with lock.held("world.reset of game v3.z8", limit=0.3):
+            holding.set()
+            let_go.wait(30)
+
+    holder = threading.Thread(target=hang, daemon=True)
+    holder.start()
+    assert holding.wait(10)
+    stuck = r"stuck in this process: world.reset of game v3.z8"
+    with pytest.raises(RuntimeError, match=stuck), lock.held("world.step('look')"):
+        pass
+    let_go.set()
+    holder.join(10)
+    with lock.held("world.step('look')"), lock.held("nested in the same thread"):
+        pass

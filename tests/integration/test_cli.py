@@ -424,6 +424,85 @@ def test_a_second_signal_ends_a_run_whose_event_loop_a_world_blocks(
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+LOCKED_WORLD = """
+import threading, time
+from pathlib import Path
+from scenarios.worlds.minilab import MiniLab
+
+LOCK = threading.Lock()  # one interpreter per process, as TextWorld's jericho
+
+class Locked(MiniLab):
+    blocking = True  # in a thread, under world.step_timeout
+
+    def step(self, action):
+        with LOCK:
+            Path(__file__).with_name("hung").touch()
+            time.sleep(10**6)
+
+    def close(self):
+        with LOCK:  # waits for the hung step for good
+            pass
+"""
+
+
+def _start_locked(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    (tmp_path / "locked.py").write_text(LOCKED_WORLD)
+    proc = subprocess.Popen(
+        [COEVO, "run", EXPLORE, "--out", str(tmp_path / "run"), "--set",
+         'world.name="locked:Locked"', "--set", "world.step_timeout=300", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "hung").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the loop has taken the hang's thread and waits on it
+    return proc
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_a_stop_does_not_wait_step_timeout_for_a_world_whose_close_hangs(tmp_path: Path) -> None:
+    """A world call hung with a lock its ``close`` needs (a damaged TextWorld game spinning in
+    jericho): a SIGTERM stopped the run only after ``step_timeout`` (300 s here, 600 by
+    default), the worker's last ``close`` waiting that long. It now waits CLOSE_GRACE_S."""
+    proc = _start_locked(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the stop waited for the hung world's close")
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    last = json.loads(list_events(tmp_path / "run")[-1])["event"]
+    assert (last["kind"], last["signal"]) == ("run_stopped", "SIGTERM"), last
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_a_second_into_a_slow_stop_ends_it(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The first signal is taken and the stop waits (here on the hung world's close); a second
+    one a second or more later ends the process where it is, with one line (it went where it
+    went before the run: nowhere that could end a stop the loop waits in)."""
+    proc = _start_locked(tmp_path)
+    proc.send_signal(sig)
+    time.sleep(1.5)
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=8)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("a second signal did not end a slow stop")
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"coevo: {sig.name} again while the run stops"), err
+    assert "Traceback" not in err
+
+
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_a_sigterm_ends_log_follow_with_143(small_run: Path) -> None:
     """A Ctrl-C is how ``--follow`` ends (exit 0); a SIGTERM is a stop (it ended with 0 too)."""
