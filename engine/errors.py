@@ -44,6 +44,14 @@ class ModelUnavailable(CoevoError):
     exit_code = 2
 
 
+class ClusterUnavailable(CoevoError):
+    """The Ray cluster a scenario names (``[runtime.ray] address``) cannot be joined: nothing
+    answers at its address, or Ray refused to connect. The scenario is valid; the cluster is
+    not there (start it, or fix the address)."""
+
+    exit_code = 2
+
+
 class RunNotFound(CoevoError):
     """A path given as a run directory holds no coevo event log (or does not exist)."""
 

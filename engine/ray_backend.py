@@ -38,6 +38,7 @@ import importlib.util
 import math
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
@@ -46,6 +47,7 @@ import msgspec
 import trio
 
 from engine.actor import Actor, ActorSpec, Context
+from engine.errors import ClusterUnavailable
 from engine.events import Codec, Envelope, Event
 from engine.remote import (
     Inflight,
@@ -249,17 +251,44 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
     options: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
     if address == "local":
         options["num_cpus"] = num_cpus
+    elif address != "auto":
+        _check_answers(address)
     with _own_signals():
         try:
             ray.init(address=address, **options)
-        except BaseException:  # a Ctrl-C or SIGTERM as it started: what it started goes
-            with contextlib.suppress(Exception):  # (left half up, the process crashed at exit)
-                ray.shutdown()
+        except BaseException as exc:  # a Ctrl-C or SIGTERM as it started: what it started
+            with contextlib.suppress(Exception):  # goes (left half up, the process crashed
+                ray.shutdown()  # at exit)
+            if isinstance(exc, Exception) and address != "local":
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ClusterUnavailable(
+                    f"cannot join the Ray cluster at {address!r} ([runtime.ray] address): "
+                    f"{type(exc).__name__}: {first}"
+                ) from None
             raise
     try:
         yield
     finally:
         ray.shutdown()
+
+
+CONNECT_TIMEOUT_S = 10.0
+"""Seconds to wait for a cluster's ``HOST:PORT`` to accept a connection before ``ray.init``
+(which, with nothing there, retried for minutes without an end in sight)."""
+
+
+def _check_answers(address: str) -> None:
+    """Raise :class:`ClusterUnavailable` unless something accepts a TCP connection at
+    ``address`` (``HOST:PORT``) within :data:`CONNECT_TIMEOUT_S`."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ClusterUnavailable(
+            f"cannot join the Ray cluster at {address!r} ([runtime.ray] address): nothing "
+            f"answers there ({why}); start the cluster (ray start --head) or fix the address"
+        ) from None
 
 
 _SIGNALS = tuple(

@@ -280,7 +280,28 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
             f"{', '.join(sorted({'rollout', *BUILTIN, *installed}))} "
             "or an import path 'package.module:Class'",
         )
+    if scenario.runtime.backend == "ray" and (why := bad_ray_address(scenario.runtime.ray.address)):
+        raise ScenarioInvalid(source, f"$.runtime.ray.address: {why}")
     return scenario
+
+
+def bad_ray_address(address: str) -> str:
+    """Why ``address`` cannot name the Ray cluster a run joins, or "": "local", "auto" and
+    ``HOST:PORT`` (a port 1-65535) can; a Ray Client address (``ray://``) cannot (the driver
+    must be a node of the cluster, docs/DEPLOY.md)."""
+    if address in ("local", "auto"):
+        return ""
+    if address.startswith("ray://"):
+        return (
+            f"{address!r} is a Ray Client address, which coevo does not support: run coevo on "
+            "a node of the cluster with its HOST:PORT (or auto)"
+        )
+    host, colon, port = address.rpartition(":")
+    if not colon or not host.strip() or "/" in address or any(c.isspace() for c in address):
+        return f"{address!r} is not local, auto or a cluster's HOST:PORT"
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"{address!r}: the port must be a number from 1 to 65535"
+    return ""
 
 
 def resolved_toml(scenario: Scenario) -> str:

@@ -13,7 +13,7 @@ import structlog.testing
 from agents.learning.trainee_host import LearnerProcessLost
 from engine import ray_backend
 from engine.actor import Actor, ActorSpec, Context
-from engine.errors import ScenarioInvalid
+from engine.errors import ClusterUnavailable, ScenarioInvalid
 from engine.events import Event
 from engine.recovery import Replayed
 from engine.remote import RemoteActorLost, RemoteActorRestartable
@@ -227,6 +227,10 @@ def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
         ("\n[runtime.ray.learner]\nin_flight = 0\n", "$.runtime.ray.learner.in_flight"),
         ("\n[runtime.ray.inference]\nnum_gpus = -1\n", "$.runtime.ray.inference.num_gpus"),
         ('\n[runtime.ray]\naddress = ""\n', "$.runtime.ray.address"),
+        ('\n[runtime.ray]\naddress = "ray://head:10001"\n', "$.runtime.ray.address: 'ray://"),
+        ('\n[runtime.ray]\naddress = "head"\n', "$.runtime.ray.address: 'head' is not local"),
+        ('\n[runtime.ray]\naddress = "head:0"\n', "$.runtime.ray.address: 'head:0': the port"),
+        ('\n[runtime.ray]\naddress = "head:x"\n', "$.runtime.ray.address: 'head:x': the port"),
     ],
 )
 def test_placements_out_of_bounds_are_refused(tmp_path: Path, extra: str, fragment: str) -> None:
@@ -479,3 +483,18 @@ def test_a_stopped_command_that_imported_ray_leaves_without_the_teardown(ray: bo
     )
     assert done.returncode == 130 and done.stderr.endswith("coevo: interrupted\n")
     assert done.stdout == "said before the stop" + ("" if ray else "|teardown")
+
+
+def test_a_cluster_address_where_nothing_answers_is_one_line_not_a_wait_without_end() -> None:
+    """``ray.init`` at a ``HOST:PORT`` where nothing listens retried for minutes with no end
+    in sight (and "auto" with no cluster, or a Ray Client address, ended in a traceback):
+    the address is now tried first, and every failure to join is one line, exit 2."""
+    import socket
+
+    with socket.socket() as free:  # a port nothing listens on once it is closed
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(ClusterUnavailable) as err, ray_backend.connected(f"127.0.0.1:{port}"):
+        pytest.fail("joined a cluster that is not there")
+    assert str(err.value).startswith(f"cannot join the Ray cluster at '127.0.0.1:{port}'")
+    assert "nothing answers there" in str(err.value) and err.value.exit_code == 2
