@@ -448,7 +448,7 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     credit_sign_flips: int
     requests: tuple[int, int]
     calls_flipped: int
-    samples: int
+    samples: int  # the episodes of the advantage groups, one advantage each (the JSON's name)
     samples_changed: int
     sample_sign_flips: int
     guided_advantage: tuple[float, float] | None

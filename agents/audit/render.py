@@ -253,7 +253,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         f"{a.calls_flipped} of {len(a.calls)}"
     )
     out.append(
-        f"  samples whose advantage changes: {a.samples_changed} of {a.samples} (sign flips "
+        f"  episodes whose advantage changes: {a.samples_changed} of {a.samples} (sign flips "
         f"{a.sample_sign_flips})"
     )
     if a.guided_advantage is not None and a.free_advantage is not None:
