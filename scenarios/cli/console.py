@@ -213,8 +213,8 @@ def actors_table(actor_state: Any) -> Table:
             str(row.starts),
             str(row.failures),
             str(row.restarts),
-            str(row.first_seq),
-            str(row.last_seq),
+            str(row.first_seq) if row.first_seq >= 0 else "-",  # -1: it emitted nothing
+            str(row.last_seq) if row.last_seq >= 0 else "-",
         )
     return table
 
