@@ -44,6 +44,7 @@ from agents.events.memory import ReflectionRequested, TipProposed
 from engine.errors import AuditQueryInvalid
 from engine.eventlog import EventLog
 from engine.events import Envelope, Event
+from engine.lifecycle import RunStopped
 from stores.fact_index import FactIndex
 
 # --- answers -----------------------------------------------------------------------------------
@@ -165,6 +166,7 @@ class TipAudit(msgspec.Struct, frozen=True, kw_only=True):
     guided: int
     guided_success: int
     credit_sum: float
+    completed: bool = False  # the run has completed: a credit no update used never will
 
 
 # --- one entry ---------------------------------------------------------------------------------
@@ -229,7 +231,16 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         guided=len(episodes),
         guided_success=sum(1 for u in episodes.values() if u.ended and u.success),
         credit_sum=math.fsum(c.credit for c in credits),
+        completed=_completed(log),
     )
+
+
+def _completed(log: EventLog) -> bool:
+    """Whether the log's last event records its run's completion."""
+    end = log.next_seq
+    last = next(iter(log.read(end - 1, end)), None) if end else None
+    ev = last.event if last is not None else None
+    return isinstance(ev, RunStopped) and ev.reason == "completed"
 
 
 def _use(

@@ -92,7 +92,7 @@ def render_tip(a: TipAudit) -> list[str]:
         )
         for c in a.credits[:MAX_ROWS]:
             res = f"{'success' if c.success else 'failure'} {_f(c.episode_score, 2)}"
-            upd = str(c.update) if c.update >= 0 else "pending"
+            upd = str(c.update) if c.update >= 0 else "none" if a.completed else "pending"
             out.append(
                 f"    {c.seq:<8} {c.episode:<10} {c.call:<10} {res:<16} {c.rule:<14} "
                 f"{c.credit:+6.3f}  {upd}"

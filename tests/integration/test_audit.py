@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from audit_golden import Stream, golden_stream, write_run
 
@@ -480,3 +481,20 @@ def test_the_browser_rebuilds_a_damaged_index_it_holds_open(
         assert view.episodes({})  # read again from the rebuilt index
     finally:
         view.close()
+
+
+def test_a_credit_no_update_used_reads_pending_until_the_run_completed(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A completed run's credit that no update trained on was shown "pending", as if an
+    update were still to come."""
+    from agents.audit.answers import TipAudit
+    from agents.audit.render import render_tip
+
+    a = msgspec.convert(audit_json(capsys, str(run), "tip", "2"), TipAudit)
+    unused = msgspec.structs.replace(a.credits[0], update=-1)
+    a = msgspec.structs.replace(a, credits=(unused,))
+    for completed, word in ((False, "pending"), (True, "none")):
+        rows = render_tip(msgspec.structs.replace(a, completed=completed))
+        [row] = [r for r in rows if r.strip().startswith(str(unused.seq))]
+        assert row.split()[-1] == word, row
