@@ -22,6 +22,16 @@ from stores.checkpoints import DirCheckpoints, check_model_dir, load_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
+TINY = [
+    f"policy.embedded.{key}={value}"
+    for key, value in {
+        "steps": 20, "warmup": 2, "episodes_per_family": 6, "hidden_size": 32, "layers": 1,
+        "heads": 2, "kv_heads": 1, "intermediate_size": 64, "eval_variants": 1, "eval_notes": 1,
+        "note_episodes_per_family": 8, "probe_variants": 1, "probe_seeds": 1,
+    }.items()
+]  # fmt: skip
+"""A small embedded model: the quickstart's takes about ten minutes to build on 2 cores, more
+than a test's time limit on a machine without it in its cache."""
 
 
 def tiny_model() -> tuple[Any, Any]:
@@ -308,7 +318,7 @@ def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
     from stores.lmdb_log import LmdbEventLog
 
     path = tmp_path / "model"  # a copy of the embedded model, as a researcher's own directory
-    shutil.copytree(policy_model_dir(load_scenario(QUICKSTART), QUICKSTART), path)
+    shutil.copytree(policy_model_dir(load_scenario(QUICKSTART, TINY), QUICKSTART), path)
     sets = [f"policy.model={path}", 'run.method="rollout"', "run.episodes=2", "run.workers=1"]
     args = [a for s in sets for a in ("--set", s)]
     assert main(["run", QUICKSTART, "--out", str(tmp_path / "ran"), "--quiet", *args]) == 0
@@ -400,7 +410,7 @@ def test_a_resume_on_another_build_of_the_embedded_model_says_where_to_resume(
     from stores.checkpoints import model_files
     from stores.lmdb_log import LmdbEventLog
 
-    sets = ['run.method="rollout"', "run.episodes=2", "run.workers=1"]
+    sets = ['run.method="rollout"', "run.episodes=2", "run.workers=1", *TINY]
     scenario = load_scenario(QUICKSTART, sets)
     built = policy_model_dir(scenario, QUICKSTART)
     files = {**model_files(built), "model.safetensors": "0" * 64}  # another machine's build
