@@ -380,6 +380,22 @@ class Hangs(MiniLab):
 """
 
 
+def signal_twice(proc: subprocess.Popen[str], sig: signal.Signals, wait: float, why: str) -> str:
+    """Send ``sig`` to ``proc``, again 1.5 s later; its stderr, once it ended within ``wait``
+    seconds with ``sig``'s exit status (else the test fails with ``why``)."""
+    proc.send_signal(sig)
+    time.sleep(1.5)
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(why)
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    return err
+
+
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_second_signal_ends_a_run_whose_event_loop_a_world_blocks(
@@ -400,16 +416,7 @@ def test_a_second_signal_ends_a_run_whose_event_loop_a_world_blocks(
     deadline = time.monotonic() + 60
     while not (tmp_path / "hung").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(sig)
-    time.sleep(1.5)
-    proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail("two signals did not end a run whose event loop is blocked")
-    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    err = signal_twice(proc, sig, 30, "two signals did not end a run whose event loop is blocked")
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"coevo: {sig.name} again, and the event loop has not run"), err
     verify = subprocess.run(
@@ -487,17 +494,7 @@ def test_a_second_signal_a_second_into_a_slow_stop_ends_it(
     """The first signal is taken and the stop waits (here on the hung world's close); a second
     one a second or more later ends the process where it is, with one line (it went where it
     went before the run: nowhere that could end a stop the loop waits in)."""
-    proc = _start_locked(tmp_path)
-    proc.send_signal(sig)
-    time.sleep(1.5)
-    proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=8)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail("a second signal did not end a slow stop")
-    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    err = signal_twice(_start_locked(tmp_path), sig, 8, "a second signal did not end a slow stop")
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"coevo: {sig.name} again while the run stops"), err
     assert "Traceback" not in err
