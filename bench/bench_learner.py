@@ -38,7 +38,7 @@ def updates_of(run: Path, n: int) -> tuple[Trainee, list[RequestedUpdate]]:
     try:
         envs = iter(log.read(0))
         first = next(envs)
-        rx = reexecution_for(find_run(str(run)).root, first.event.seed)
+        rx = reexecution_for(find_run(str(run)).root, log.read_meta(), first.event.seed)
         updates = list(itertools.islice(requested_updates(envs, first.event.seed), n))
     finally:
         log.close()

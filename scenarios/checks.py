@@ -12,7 +12,7 @@ from agents.methods.registry import BUILTIN, method_class
 from engine.eventlog import RunMeta
 from engine.invariants import CheckContext, Invariant, Registered, select
 from engine.world_registry import builtin_worlds
-from scenarios.loader import parse_toml, to_scenario
+from scenarios.loader import stored_scenario
 from scenarios.schema import Scenario
 
 __all__ = ["built_for", "check_context", "context_of", "invariants_for"]
@@ -51,8 +51,7 @@ def check_context(meta: RunMeta | None, source: str = "the run") -> tuple[CheckC
     """
     if meta is None:
         return CheckContext(), []
-    where = f"{source} (its scenario)"
-    return context_of(to_scenario(parse_toml(meta.scenario_toml, where), where), meta)
+    return context_of(stored_scenario(meta, source), meta)
 
 
 def invariants_for(

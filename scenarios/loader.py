@@ -12,7 +12,7 @@ import os
 import stat
 import tomllib
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import structlog
@@ -21,6 +21,9 @@ import tomli_w
 from agents.methods.registry import BUILTIN, installed_methods
 from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
+
+if TYPE_CHECKING:
+    from engine.eventlog import RunMeta
 
 MAX_BYTES = 1_000_000
 MAX_DEPTH = 32
@@ -53,6 +56,29 @@ def read_scenario(
         apply_override(doc, item, source)
     scenario = to_scenario(doc, source)
     return scenario, unread_tables(doc, scenario)
+
+
+def stored_scenario(
+    meta: RunMeta | None, where: str, overrides: list[str] | tuple[str, ...] = ()
+) -> Scenario:
+    """The scenario a run was started with, as its log's metadata stores it, with
+    ``overrides`` (``key.path=value``: what differs on this machine, such as where a base model
+    lies or the device).
+
+    The run directory's ``scenario.toml`` is a copy for people to read: edited, deleted or
+    replaced by another run's, it changes nothing any command reads of the run.
+
+    Raises:
+        ScenarioInvalid: the log holds no metadata, an override is malformed, or the scenario
+            does not validate here (a plug-in method or world that no longer loads).
+    """
+    source = f"{where} (its scenario)"
+    if meta is None:
+        raise ScenarioInvalid(source, "the run's log holds no run metadata")
+    doc = parse_toml(meta.scenario_toml, source)
+    for item in overrides:
+        apply_override(doc, item, source)
+    return to_scenario(doc, source)
 
 
 def warn_settings(source: str, scenario: Scenario, unread: list[str], played: int) -> None:

@@ -23,7 +23,7 @@ from agents.models.specs import EmbeddedSpec, OpsSpec
 from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, prepare
 from engine.actor import Actor, ActorSpec
 from engine.errors import CoevoError, ModelUnavailable, ScenarioInvalid
-from scenarios.loader import load_scenario
+from scenarios.loader import stored_scenario
 from scenarios.methods import method_of
 from scenarios.schema import Scenario
 from stores.checkpoints import (
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from agents.audit.reexecute import Reexecution
     from agents.learning.learner import Trainee
     from agents.memory.extractor import ExtractorModel
+    from engine.eventlog import RunMeta
 
 INFERENCE = "inference"
 LEARNER = "learner"
@@ -535,21 +536,24 @@ def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
     return Trainee(net, tokenizer, device, reference=scenario.grpo.kl_coef > 0)
 
 
-def reexecution_for(run_dir: Path, run_seed: int) -> Reexecution:
-    """What re-executes a finished run's updates: its scenario's base models at version 0,
-    loaded as the run loaded them (device, torch threads, the embedded model's cache).
+def reexecution_for(
+    run_dir: Path, meta: RunMeta | None, run_seed: int, overrides: list[str] | tuple[str, ...] = ()
+) -> Reexecution:
+    """What re-executes a finished run's updates: its scenario (``meta``, the log's metadata,
+    with this machine's ``overrides``)'s base models at version 0, loaded as the run loaded
+    them (device, torch threads, the embedded model's cache).
 
     Raises:
-        ScenarioInvalid: the run's ``scenario.toml`` is missing or invalid, or its method
-            trains no model.
+        ScenarioInvalid: the log's scenario is missing or does not validate here, or its
+            method trains no model.
         ModelUnavailable: a base model cannot be found or built.
     """
     import torch
 
     from agents.audit.reexecute import Reexecution
 
-    source = str(run_dir / "scenario.toml")
-    scenario = load_scenario(source)
+    source = f"{run_dir} (its scenario)"
+    scenario = stored_scenario(meta, str(run_dir), overrides)
     if scenario.run.method == ROLLOUT or scenario.agent.kind != "policy":
         raise ScenarioInvalid(source, f"run.method = {scenario.run.method!r} trains no model")
     if scenario.policy.threads:

@@ -1,8 +1,8 @@
 """``coevo probe``'s assembly: a finished Complementary RL run (and its frozen control) mapped to
 what :func:`agents.probe.coevolution.probe` holds fixed and the extractors it compares.
 
-From the run directory: its resolved ``scenario.toml`` (world, held-out split, families, the
-bank's rules and embedder, the policy's prompt settings), its log (the bank-writing requests,
+From the run directory: the resolved scenario its log stores (world, held-out split, families,
+the bank's rules and embedder, the policy's prompt settings), its log (the bank-writing requests,
 the extractor's versions, the final policy) and its checkpoints. An extractor version whose
 checkpoint was pruned is rebuilt by re-executing the logged extractor updates from the base
 (:class:`agents.audit.reexecute.Reexecution`, digests checked against the log at every step).
@@ -42,11 +42,12 @@ from agents.models.embedder import Embedder
 from agents.models.tuning import load_version
 from agents.probe.coevolution import ProbeInvalid, ProbeResult, Progress, Setup, Writer, probe
 from agents.probe.play import PlaySettings
+from engine.eventlog import RunMeta
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
 from engine.world import Task
 from scenarios.assemble import world_factory, world_tasks
-from scenarios.loader import load_scenario
+from scenarios.loader import stored_scenario
 from scenarios.methods import method_of
 from scenarios.policy_setup import (
     extractor_model_dir,
@@ -119,21 +120,28 @@ def _complementary(scenario: Scenario) -> bool:
         return False
 
 
-def read_run(path: str, read: Callable[[str], Iterable[Envelope[Event]]]) -> RunLog:
+def read_run(
+    path: str,
+    meta: RunMeta | None,
+    read: Callable[[str], Iterable[Envelope[Event]]],
+    overrides: list[str] | tuple[str, ...] = (),
+) -> RunLog:
     """A Complementary RL run's scenario and the events a probe needs.
 
     Args:
         path: the run directory.
+        meta: its log's metadata (the scenario the run was started with).
         read: the run's envelopes in order (the CLI opens the log).
+        overrides: ``key.path=value`` settings of this machine for the scenario.
 
     Raises:
         RunNotFound: ``path`` holds no run.
-        ScenarioInvalid: its ``scenario.toml`` is missing or invalid.
+        ScenarioInvalid: the log's scenario is missing or does not validate here.
         ProbeInvalid: it is not a Complementary RL run, or its log is empty.
     """
     root = find_run(path).root
-    source = str(root / "scenario.toml")
-    scenario = load_scenario(source)
+    source = f"{root} (its scenario)"
+    scenario = stored_scenario(meta, str(root), overrides)
     if not _complementary(scenario):
         raise ProbeInvalid(
             f"{path}: run.method = {scenario.run.method!r}: not a Complementary RL run "

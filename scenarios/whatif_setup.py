@@ -20,7 +20,7 @@ from agents.events.policy import PolicyUpdated
 from engine.errors import AuditQueryInvalid, ScenarioInvalid
 from engine.eventlog import machine_description
 from scenarios.assemble import world_factory
-from scenarios.loader import parse_toml, to_scenario
+from scenarios.loader import stored_scenario
 from scenarios.schema import Scenario
 from stores.fact_index import FactIndex
 
@@ -35,8 +35,10 @@ def run_whatif(
     without: int | None,
     instead: int | None,
     version: int | None,
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> WhatIf:
-    """Replay ``episode`` unchanged and with the one change asked for.
+    """Replay ``episode`` unchanged and with the one change asked for, under the scenario the
+    log stores with this machine's ``overrides`` (``key.path=value``).
 
     Raises:
         AuditQueryInvalid: no such episode, or entry, or version; not a policy's episode; a
@@ -45,8 +47,8 @@ def run_whatif(
         WorldFailed: the world could not be built, or raised, hung or answered wrongly.
     """
     meta = log.read_meta()
+    scenario = stored_scenario(meta, str(root), overrides)
     source = f"{root} (its scenario)"
-    scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)
     if scenario.agent.kind != "policy":
         raise AuditQueryInvalid(
             f"{root}: agent.kind = {scenario.agent.kind!r}: no policy to replay"

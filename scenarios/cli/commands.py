@@ -23,7 +23,14 @@ from rich.console import Console
 
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
-from scenarios.cli.common import InputInvalid, naming, open_run, out_path, stdout_to_stderr
+from scenarios.cli.common import (
+    InputInvalid,
+    naming,
+    open_run,
+    out_path,
+    read_meta,
+    stdout_to_stderr,
+)
 from scenarios.cli.entry import Terminated, stopped
 from scenarios.cli.explore import add_commands
 from scenarios.cli.logsetup import configure_logging
@@ -84,6 +91,12 @@ class _Stdout(Console):
         raise BrokenPipeError
 
 
+HERE_HELP = (
+    "a setting of the run's scenario on this machine, as in `coevo run` (where a base model "
+    "lies, the device); every other setting is the one the run's log stores"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
@@ -124,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="re-run every recorded model update from the base weights; check every digest",
     )
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=HERE_HELP)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("report", help="one self-contained HTML page of plots about runs")
@@ -141,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the probe's seed (episodes, bootstrap)")
     p.add_argument("--out", metavar="DIR", help="report, JSON and plot (default: RUN/probe)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=HERE_HELP)
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("log", help="list a run's events")
@@ -178,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--without-tip", type=int, metavar="ID", help="the entry removed from it")
     q.add_argument("--with-tip", type=int, metavar="ID", help="an entry shown (in its place)")
     q.add_argument("--version", type=int, metavar="N", help="another policy version acting")
+    q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=HERE_HELP)
     p.set_defaults(func=cmd_audit)
 
     add_check(sub)
@@ -200,10 +216,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise InputInvalid("--verify checks the whole log; it takes no --until or --json")
     if args.reexecute_learner and (args.until is not None or args.json or args.verify):
         raise InputInvalid("--reexecute-learner takes no --until, --json or --verify")
+    if args.set and not args.reexecute_learner:
+        raise InputInvalid("--set applies to --reexecute-learner (which loads the run's models)")
     log = open_run(args.run)
     try:
         if args.reexecute_learner:
-            return _reexecute(args.run, log)
+            return _reexecute(args.run, log, args.set)
         if args.verify:
             with naming(log.path):
                 ctx, notes = check_context(log.read_meta(), args.run)
@@ -231,7 +249,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reexecute(path: str, log: Any) -> int:
+def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
     from engine.lifecycle import RunStarted
     from engine.replay import replay_until
     from scenarios.assemble import projections
@@ -247,7 +265,7 @@ def _reexecute(path: str, log: Any) -> int:
         raise InputInvalid(f"{path}: the log records no model update to re-execute")
     console = Console(stderr=True)
     console.print(f"loading the base models of {path} ...")
-    run = reexecution_for(find_run(path).root, first.event.seed)
+    run = reexecution_for(find_run(path).root, log.read_meta(), first.event.seed, overrides)
     try:
         with StepProgress(console, total, "updates") as progress:
             summary = run.run(
@@ -386,8 +404,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     given = None if args.out is None else out_path(args.out, Path)  # before any work
     if given is not None and given.exists() and not given.is_dir():
         raise InputInvalid(f"--out {given}: a file, not a directory for the probe's report")
-    run = read_run(args.run, read)
-    control = read_run(args.control, read) if args.control else None
+    run = read_run(args.run, read_meta(args.run), read, args.set)
+    control = (
+        read_run(args.control, read_meta(args.control), read, args.set) if args.control else None
+    )
     options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
     console = Console(stderr=True)
     out = given if given is not None else run.root / "probe"
@@ -633,14 +653,12 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     from agents.audit.credit import audit_credit, gather, with_overrides
     from agents.invariants.credit import run_settings
     from engine.errors import AuditQueryInvalid
-    from scenarios.loader import parse_toml, to_scenario
+    from scenarios.loader import stored_scenario
     from scenarios.methods import advantages_changed
 
     if args.top < 0:
         raise InputInvalid(f"--top must be >= 0, got {args.top}")
-    meta = log.read_meta()
-    source = f"{args.run} (its scenario)"
-    scenario = to_scenario(parse_toml(meta.scenario_toml if meta else "", source), source)
+    scenario = stored_scenario(log.read_meta(), args.run)
     try:  # the run's own settings, as the credit invariant reads them
         base = run_settings(scenario)
     except ValueError as exc:

@@ -16,7 +16,15 @@ from engine.errors import CoevoError, LogError, RunNotFound
 from stores.lmdb_env import DATA_FILE
 from stores.rundir import find_run
 
-__all__ = ["InputInvalid", "LogUnreadable", "naming", "open_run", "stdout_to_stderr", "version"]
+__all__ = [
+    "InputInvalid",
+    "LogUnreadable",
+    "naming",
+    "open_run",
+    "read_meta",
+    "stdout_to_stderr",
+    "version",
+]
 
 
 class InputInvalid(CoevoError):
@@ -83,6 +91,17 @@ def open_run(path: str) -> Any:
         raise RunNotFound(f"{path}: cannot open event log ({type(exc).__name__}: {exc})") from None
     import_run_method(log)  # a plug-in method's own events decode
     return log
+
+
+def read_meta(path: str) -> Any:
+    """The metadata of the run at ``path`` (None: its log holds none), read without the writer
+    lock: it never changes."""
+    log = open_run(path)
+    try:
+        with naming(log.path):
+            return log.read_meta()
+    finally:
+        log.close()
 
 
 def version() -> str:

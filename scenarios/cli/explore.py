@@ -353,7 +353,14 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         def ask(index: Any) -> Any:
             with naming(log.path), stdout_to_stderr():  # a world's prints: not the answer
                 return run_whatif(
-                    root, log, index, args.id, args.without_tip, args.with_tip, args.version
+                    root,
+                    log,
+                    index,
+                    args.id,
+                    args.without_tip,
+                    args.with_tip,
+                    args.version,
+                    args.set,
                 )
 
         where = Path(args.index) if args.index else None

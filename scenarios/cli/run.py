@@ -22,6 +22,7 @@ from scenarios.cli.common import (
     naming,
     open_run,
     out_path,
+    read_meta,
     stdout_to_stderr,
     version,
 )
@@ -399,12 +400,12 @@ def _report(report: Any, rd: RunDir, updates: list[Any]) -> list[str]:
 def cmd_resume(args: argparse.Namespace) -> int:
     from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
     from scenarios.assemble import ROLLOUT, assemble, cluster
-    from scenarios.loader import parse_toml, to_scenario
+    from scenarios.loader import stored_scenario
 
     rd = find_run(args.run)
     meta = _read_meta(args.run)
     source = f"{args.run} (its scenario)"
-    scenario = to_scenario(parse_toml(meta.scenario_toml, source), source)
+    scenario = stored_scenario(meta, args.run)
     log = _open_writer(rd, durable=scenario.runtime.durable)
     joined = contextlib.ExitStack()
     try:  # the history is read under the writer lock: no other session writes after it
@@ -413,8 +414,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         _same_models(args.run, meta.models, assembly.models, _embedded_roles(scenario))
         if args.no_tracking:
             assembly = dataclasses.replace(assembly, tracking=None)
-        if not history:  # created, then stopped before its first event: it starts now
-            _keep_scenario(rd, meta.scenario_toml)
+        _keep_scenario(rd, meta.scenario_toml)
         joined.enter_context(cluster(scenario, source))
     except BaseException:
         log.close()
@@ -511,24 +511,30 @@ def _same_models(
 
 
 def _keep_scenario(rd: RunDir, text: str) -> None:
-    """Write the run's resolved scenario, unless it is there (a run stopped while it was being
-    created may not have written it)."""
-    if rd.scenario.is_file():
-        return
+    """Write the run's resolved scenario where it is missing (a run stopped while it was being
+    created, or a deleted file), and say so where the file is not the scenario the log stores:
+    a resume continues the run as its log stores it, whatever the file says."""
     try:
-        rd.scenario.write_text(text, encoding="utf-8")
+        kept = rd.scenario.read_bytes() if rd.scenario.exists() else None
     except OSError as exc:
-        raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
+        kept = f"unreadable: {exc.strerror}".encode()
+    if kept is None:
+        try:
+            rd.scenario.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
+    elif kept != text.encode("utf-8"):
+        print(
+            f"coevo: warning: {rd.scenario} is not the scenario this run's log stores (changed "
+            "or replaced since the run started); the run resumes as its log stores it, and a "
+            "changed setting applies only to a new run (`coevo run` that file)",
+            file=sys.stderr,
+        )
 
 
 def _read_meta(path: str) -> Any:
-    """The run's metadata (its scenario), read without the writer lock: it never changes."""
-    reader = open_run(path)
-    try:
-        with naming(reader.path):
-            meta = reader.read_meta()
-    finally:
-        reader.close()
+    """The run's metadata (its scenario)."""
+    meta = read_meta(path)
     if meta is None:
         raise RunNotFound(f"{path}: the run's log holds no run metadata; nothing to resume")
     return meta

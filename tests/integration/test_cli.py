@@ -256,6 +256,37 @@ def test_a_run_stopped_as_its_log_was_created_can_be_run_again_or_resumed(tmp_pa
     assert coevo("replay", str(created), "--verify").returncode == 0
 
 
+def test_resume_follows_the_log_s_scenario_and_says_when_the_file_differs(tmp_path: Path) -> None:
+    """``scenario.toml`` is a copy for people: an edited one is left as it is, the run resumes
+    as its log stores it, and the user is told that the edit does not apply."""
+    from engine.eventlog import new_run_meta
+    from scenarios.loader import load_scenario, resolved_toml
+    from stores.lmdb_log import LmdbEventLog
+
+    run = tmp_path / "run"
+    text = resolved_toml(load_scenario(EXPLORE, ["run.episodes=20"]))
+    meta = new_run_meta(
+        "r1", scenario_name="explore", seed=1, coevo_version="0", scenario_toml=text
+    )
+    LmdbEventLog.create(run / "log", meta).close()
+    edited = text.replace("episodes = 20\n", "episodes = 30\n", 1)
+    assert edited != text
+    (run / "scenario.toml").write_text(edited)
+    proc = coevo("resume", str(run), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[0] == (
+        f"coevo: warning: {run / 'scenario.toml'} is not the scenario this run's log stores "
+        "(changed or replaced since the run started); the run resumes as its log stores it, "
+        "and a changed setting applies only to a new run (`coevo run` that file)"
+    )
+    assert (run / "scenario.toml").read_text() == edited
+    kinds = [
+        json.loads(line)["event"]["kind"]
+        for line in coevo("log", str(run), "--json").stdout.splitlines()
+    ]
+    assert kinds.count("episode_finished") == 20
+
+
 def start_long_run(out: Path, *extra: str) -> subprocess.Popen[str]:
     """Start a run far too long to finish and wait until its log exists."""
     proc = subprocess.Popen(

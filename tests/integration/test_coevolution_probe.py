@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from bench_import import load_bench
 from test_complementary_run import COMPLEMENTARY
@@ -20,8 +21,10 @@ from agents.events.extractor import ExtractorCalled, ExtractorUpdated
 from agents.events.memory import TipEvicted, TipStored
 from agents.memory.bank_rebuild import RebuildSettings, Rebuilt, bank_script, rebuild_bank
 from agents.methods.actors import bank_settings, embedder_for
+from engine.eventlog import RunMeta
 from engine.events import Envelope, Event
 from scenarios.cli import main
+from scenarios.loader import scenario_hash
 from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
 from scenarios.probe_setup import read_run
 from stores.lmdb_log import LmdbEventLog
@@ -171,6 +174,14 @@ def test_a_pruned_version_is_re_executed_to_the_same_bank(
     assert redone["stats"] == kept["stats"] and redone["outcomes"] == kept["outcomes"]
 
 
+def stored_meta(run_dir: Path) -> RunMeta | None:
+    log = LmdbEventLog.open(run_dir / "log", writable=False)
+    try:
+        return log.read_meta()
+    finally:
+        log.close()
+
+
 def envelopes(path: str) -> Iterator[Envelope[Event]]:
     log = LmdbEventLog.open(Path(path) / "log", writable=False)
     try:
@@ -181,7 +192,7 @@ def envelopes(path: str) -> Iterator[Envelope[Event]]:
 
 def rebuild_v0(run_dir: Path) -> Rebuilt:
     """The bank the run's extractor at its base writes from the run's own requests."""
-    run = read_run(str(run_dir), envelopes)
+    run = read_run(str(run_dir), stored_meta(run_dir), envelopes)
     s = run.scenario
     ext = load_extractor_for(s, extractor_model_dir(s, run.source, policy_model_dir(s, run.source)))
     embedder = embedder_for(s.complementary.embedder, s.complementary.query_chars)()
@@ -237,15 +248,26 @@ def test_version_0_answers_the_trained_run_as_its_extractor_did_before_training(
 
 
 def run_copy(root: Path, name: str, old: str, new: str) -> Path:
-    """A copy of the run's scenario and log with ``old`` replaced by ``new`` in its scenario."""
+    """A copy of the run with ``old`` replaced by ``new`` in the scenario its log stores (the
+    one every command reads; ``scenario.toml`` is a copy for people)."""
     out = root / f"probe-bad-{name}"
     if not out.exists():
         shutil.copytree(
-            root / "run", out, ignore=shutil.ignore_patterns("checkpoints", "extractor")
+            root / "run", out, ignore=shutil.ignore_patterns("checkpoints", "extractor", "log")
         )
-        text = (out / "scenario.toml").read_text()
-        assert old in text
-        (out / "scenario.toml").write_text(text.replace(old, new))
+        reader = LmdbEventLog.open(root / "run" / "log", writable=False)
+        try:
+            meta, envs = reader.read_meta(), list(reader.read(0, None))
+        finally:
+            reader.close()
+        assert meta is not None and old in meta.scenario_toml
+        text = meta.scenario_toml.replace(old, new)
+        meta = msgspec.structs.replace(meta, scenario_toml=text, scenario_hash=scenario_hash(text))
+        writer = LmdbEventLog.create(out / "log", meta, durable=False)
+        try:
+            writer.append(envs)
+        finally:
+            writer.close()
     return out
 
 

@@ -180,6 +180,24 @@ def test_a_different_base_model_is_named_before_training(
     assert line.endswith(f"the run started from {'1' * 32} (another base model or cache?)")
 
 
+def test_the_run_directory_s_scenario_file_changes_nothing(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run re-executes from the scenario its log stores: its ``scenario.toml`` (a copy for
+    people) deleted, or edited to a setting that cannot load here, changes nothing."""
+    deleted = copy_run(root, "no-scenario-file")
+    (deleted / "scenario.toml").unlink()
+    assert main(["replay", str(deleted), "--reexecute-learner"]) == 0
+    edited = copy_run(root, "edited-scenario-file")
+    text = (edited / "scenario.toml").read_text()
+    assert '\ndevice = "cpu"\n' in text
+    (edited / "scenario.toml").write_text(
+        text.replace('\ndevice = "cpu"\n', '\ndevice = "cuda:7"\n')
+    )
+    assert main(["replay", str(edited), "--reexecute-learner"]) == 0
+    assert "diverged" not in capsys.readouterr().err
+
+
 def test_a_run_without_updates_is_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -378,7 +378,6 @@ def test_a_world_that_fails_under_the_replay_is_one_line_and_exit_1(
     """The replay calls the world behind the env worker's guards, with the run's
     ``[world] step_timeout`` (here 0.5 s): no traceback, no wait without end, no NaN result."""
     import scenarios.whatif_setup as setup
-    from scenarios.loader import parse_toml, to_scenario
 
     real = setup.world_factory
 
@@ -409,17 +408,13 @@ def test_a_world_that_fails_under_the_replay_is_one_line_and_exit_1(
 
         return build
 
-    def short_timeout(text: str, source: str) -> Any:
-        s = to_scenario(parse_toml(text, source), source)
-        return msgspec.structs.replace(s, world=msgspec.structs.replace(s.world, step_timeout=0.5))
-
     monkeypatch.setattr(setup, "world_factory", failing)
-    monkeypatch.setattr(setup, "to_scenario", lambda parsed, source: parsed)
-    monkeypatch.setattr(setup, "parse_toml", short_timeout)
     credit = of(read_events(run), CreditAssigned)[0]
     played = [t for t in _recorded_actions(run, credit.episode)]
     capsys.readouterr()
-    code = main(["audit", str(run), "whatif", credit.episode, "--without-tip", str(credit.entry)])
+    tip = ["--without-tip", str(credit.entry)]
+    here = ["--set", "world.step_timeout=0.5"]  # a setting of this machine, not the run's
+    code = main(["audit", str(run), "whatif", credit.episode, *tip, *here])
     err = capsys.readouterr().err
     assert code == 1, err
     prefix = f"coevo: error: replaying episode {credit.episode}: "
