@@ -96,19 +96,23 @@ class RunData:
     calls: dict[str, Call]
 
 
-def read_method(run_dir: Path) -> str:
-    """The run's ``run.method`` from its resolved ``scenario.toml`` ("?" when unreadable)."""
+def read_method(scenario_toml: str) -> str:
+    """The ``run.method`` of a run's resolved scenario (its log's metadata stores it; "?" when
+    it does not parse)."""
     try:
-        doc = tomllib.loads((run_dir / "scenario.toml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        doc = tomllib.loads(scenario_toml)
+    except tomllib.TOMLDecodeError:
         return "?"
     method = doc.get("run", {}).get("method", "?")
     kind = doc.get("agent", {}).get("kind", "policy")
     return str(method) if kind == "policy" else f"{method} ({kind} agent)"
 
 
-def fold_run(label: str, run_dir: Path, envelopes: Iterable[Envelope[Event]]) -> RunData:
-    """Read a run's log once and fold everything the report shows."""
+def fold_run(
+    label: str, run_dir: Path, scenario_toml: str, envelopes: Iterable[Envelope[Event]]
+) -> RunData:
+    """Read a run's log once and fold everything the report shows (``scenario_toml``: the
+    resolved scenario its log's metadata stores)."""
     events: list[Envelope[Event]] = []
     count = 0
     for env in envelopes:
@@ -122,7 +126,7 @@ def fold_run(label: str, run_dir: Path, envelopes: Iterable[Envelope[Event]]) ->
     return RunData(
         label=label,
         path=run_dir,
-        method=read_method(run_dir),
+        method=read_method(scenario_toml),
         seed=start.seed if start else None,
         scenario=start.scenario if start else "?",
         events=count,

@@ -318,7 +318,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             if log.next_seq == 0:
                 raise InputInvalid(f"{path}: the event log is empty")
-            runs.append(fold_run(_label(root, roots), root, log.read(0, None)))
+            meta = log.read_meta()
+            toml = meta.scenario_toml if meta else ""
+            runs.append(fold_run(_label(root, roots), root, toml, log.read(0, None)))
         finally:
             log.close()
     out = out_path(args.out, lambda: runs[0].path / "report.html")

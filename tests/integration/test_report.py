@@ -89,6 +89,22 @@ def test_sections_without_data_say_so(page: Path, runs: tuple[Path, Path]) -> No
     )
 
 
+def test_the_method_is_the_one_the_log_stores(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """Not ``scenario.toml``'s (a copy for people): deleted or another run's, the page says the
+    same."""
+    copy = tmp_path / "copy"
+    shutil.copytree(runs[0], copy)
+    (copy / "scenario.toml").write_text((runs[1] / "scenario.toml").read_text())
+    gone = tmp_path / "gone"
+    shutil.copytree(runs[1], gone)
+    (gone / "scenario.toml").unlink()
+    out = tmp_path / "report.html"
+    assert main(["report", str(copy), str(gone), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "<td>tiny-complementary</td><td>complementary</td>" in text
+    assert "<td>explore-tiny</td><td>rollout (explorer agent)</td>" in text
+
+
 def test_entries_show_their_text_credits_and_lineage_command(
     page: Path, runs: tuple[Path, Path]
 ) -> None:

@@ -150,8 +150,8 @@ def test_a_page_escapes_entry_text_and_links_parents_shown(tmp_path: Path) -> No
     envs = [Envelope(seq=i, run="r", t=0, actor="a", event=ev) for i, ev in enumerate(STREAM)]
     envs.append(Envelope(seq=len(envs), run="r", t=0, actor="a", event=credit(2, 1.0, "ep4")))
     envs.append(Envelope(seq=len(envs), run="r", t=0, actor="a", event=credit(1, 1.0, "ep5")))
-    page = render([fold_run("one", tmp_path, envs)])
-    assert render([fold_run("one", tmp_path, envs)]) == page  # the same log, the same bytes
+    page = render([fold_run("one", tmp_path, "", envs)])
+    assert render([fold_run("one", tmp_path, "", envs)]) == page  # the same log, the same bytes
     assert "tip 2 &lt;b&gt;" in page and "tip 2 <b>" not in page
     assert 'id="r0-tip2"' in page and 'id="r0-tip1"' not in page  # 1's credits sum to 0
     assert "<dt>parents</dt><dd>#1</dd>" in page  # not shown, so not a link
