@@ -23,6 +23,9 @@ from engine.seeds import derive_rng
 
 T = TypeVar("T")
 
+PACE_WAIT_S = 1.0
+"""The longest :meth:`Context.pace` waits for room in a full write buffer."""
+
 
 class Host(Protocol):
     """What a :class:`Context` needs of the process hosting its actor: the driver's
@@ -173,6 +176,17 @@ class Context:
         self._check(ev)
         corr, cause = provenance(self.current, corr, cause)
         while not self._push(self.name, ev, cause, corr, self._source):
+            await self._runtime.wait_space()
+
+    async def pace(self) -> None:
+        """A checkpoint for an actor that emits many events for one it handles (an episode's
+        turns, when a scripted agent plays a world stepped on the event loop, never wait on
+        anything): the writer commits, other actors run and a stop signal is taken between
+        them, and while the write buffer is full the actor waits for room, at most
+        :data:`PACE_WAIT_S` seconds (a reacting actor waits no longer: the writer may itself
+        be waiting to deliver into this actor's mailbox)."""
+        await trio.lowlevel.checkpoint()
+        with trio.move_on_after(PACE_WAIT_S):
             await self._runtime.wait_space()
 
     def answered(self, cls: type[Event]) -> bool:

@@ -255,6 +255,7 @@ class EnvWorker(Actor):
                     score=obs.score,
                 )
             )
+            await ctx.pace()  # a turn that awaited nothing (a scripted agent, a world on the loop)
             turn += 1
         if isinstance(agent, _PolicyAgent) and job.reflect:
             await agent.reflect(obs)

@@ -51,7 +51,9 @@ from stores.fact_index import FactIndex
 
 
 class Origin(msgspec.Struct, frozen=True, kw_only=True):
-    """What wrote an entry: an extractor call (``kind`` "extractor") or a reflection.
+    """What wrote an entry: an extractor call (``kind`` "extractor"), a reflection, or neither
+    (``kind`` "actor": ``source`` names the actor that stored it at ``seq``, a method's own
+    list; ``request_seq`` is the event it was handling).
 
     ``episodes`` are the episodes it was written from (extract: the one episode; merge: none, the
     merged ``entries`` say where it came from); ``op`` the operation that wrote this entry.
@@ -221,7 +223,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         stored_seq=stored_seq,
         evicted_seq=evicted_seq,
         evicted=reason,
-        origin=_origin(log, st),
+        origin=_origin(log, st, stored_seq),
         lineage=_lineage(index, tip, frozenset(), rows),
         children=tuple(r.tip for _, r in rows if isinstance(r, Child)),
         duplicates=tuple(r.call or r.episode for _, r in rows if isinstance(r, Duplicated)),
@@ -314,8 +316,9 @@ def _updates(index: FactIndex, call: str, credits: tuple[Credit, ...]) -> tuple[
     return tuple(out)
 
 
-def _origin(log: EventLog, st: Stored) -> Origin:
-    """The extractor call or reflection that wrote an entry, and what it was written from."""
+def _origin(log: EventLog, st: Stored, stored_seq: int) -> Origin:
+    """The extractor call or reflection that wrote an entry, and what it was written from; or
+    the actor that stored it, when neither did (a method's own list, docs/METHODS.md)."""
     got = fetch(log, [st.cause] if st.cause is not None else [])
     cause = got.get(st.cause) if st.cause is not None else None
     ev = cause.event if cause is not None else None
@@ -339,6 +342,10 @@ def _origin(log: EventLog, st: Stored) -> Origin:
                     origin, request_seq=env.seq, episode_success=env.event.success
                 )
         return origin
+    if not st.call and not st.episode:
+        env = fetch(log, [stored_seq]).get(stored_seq)
+        actor = env.actor if env is not None else "?"
+        return Origin(kind="actor", seq=stored_seq, source=actor, request_seq=st.cause)
     kind = "extractor" if st.call else "reflection"
     return Origin(kind=kind, seq=None, call=st.call, source=st.episode, episodes=(st.episode,))
 

@@ -51,6 +51,11 @@ def render_tip(a: TipAudit) -> list[str]:
         if o.errors:
             out.append(f"    parser: {'; '.join(o.errors)}")
         out.append(f"    response: {_q(o.response)}")
+    elif o.kind == "actor":
+        out.append(
+            f"  stored by actor {o.source!r} at seq {o.seq}, handling seq {o.request_seq} "
+            "(no extractor call or reflection wrote it)"
+        )
     else:
         out.append(
             f"  written by the policy's reflection on {o.source} at seq {o.seq} (policy v"
@@ -114,8 +119,9 @@ def render_tip(a: TipAudit) -> list[str]:
 
 def _lineage(node: Lineage, indent: str) -> list[str]:
     gone = f" [evicted: {node.evicted}]" if node.evicted else ""
-    who = node.call or f"reflection on {node.source}"
-    lines = [f"{indent}{node.tip} by {who} (from {node.source}){gone}: {_q(node.text, 60)}"]
+    who = node.call or (f"reflection on {node.source}" if node.source else "its actor")
+    src = f" (from {node.source})" if node.source else ""
+    lines = [f"{indent}{node.tip} by {who}{src}{gone}: {_q(node.text, 60)}"]
     for parent in node.parents:
         lines += _lineage(parent, indent + "  <- ")
     return lines
@@ -203,8 +209,8 @@ def _turn(t: Turn) -> list[str]:
     out.append(f"    admissible: {' | '.join(t.admissible)}")
     for s in t.retrieved:
         out.append(
-            f"    retrieved entry {s.tip} ({s.call or 'reflection'}; rank {s.rank}, similarity "
-            f"{s.similarity:.3f}, score {_f(s.score, 2)}): {_q(s.text, 60)}"
+            f"    retrieved entry {s.tip} ({s.call or 'no extractor call'}; rank {s.rank}, "
+            f"similarity {s.similarity:.3f}, score {_f(s.score, 2)}): {_q(s.text, 60)}"
         )
     if t.tips_shown and not t.retrieved:
         out.append(f"    {t.tips_shown} entries shown (retrieved at an earlier turn)")

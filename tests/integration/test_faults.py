@@ -492,3 +492,76 @@ def test_an_actor_that_keeps_failing_stops_the_run_with_its_error(tmp_path: Path
     reports = [f"actor {f['actor']!r} failed: {f['error_type']}: {f['message']}" for f in failed]
     assert final["message"] in reports
     verified(run)
+
+
+SPIN = '''
+from engine.world import Observation, Task
+
+
+class Spin:
+    """Stepped on the event loop, never ends."""
+
+    name = "spin"
+    blocking = False
+
+    def families(self):
+        return ("spin",)
+
+    def tasks(self, family, split):
+        first = 0 if split == "train" else 1000
+        return [Task(family=family, variant=first + v, split=split) for v in range(4)]
+
+    def reset(self, task, seed):
+        return self._obs()
+
+    def step(self, action):
+        return self._obs()
+
+    def close(self):
+        pass
+
+    def _obs(self):
+        return Observation(text="spinning.", admissible=("wait",), goal="never ends.")
+'''
+
+
+def test_an_endless_episode_on_the_event_loop_is_committed_as_it_goes_and_stops_at_once(
+    tmp_path: Path,
+) -> None:
+    """A scripted agent in a world stepped on the event loop awaits nothing between turns: the
+    writer never ran during an episode (the log kept its first events, memory grew until the
+    kernel killed the process) and SIGTERM was not taken until a second one."""
+    (tmp_path / "spinworld.py").write_text(SPIN)
+    scenario = tmp_path / "spin.toml"
+    scenario.write_text(
+        'name = "spin"\n[world]\nname = "spinworld:Spin"\nmax_turns = 0\n'
+        '[agent]\nkind = "random"\n[run]\nepisodes = 4\nworkers = 2\n'
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [COEVO, "run", str(scenario), "--out", str(run), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        wait_for_writer(run, proc)
+        deadline = time.monotonic() + 60
+        steps = 0
+        while time.monotonic() < deadline and steps < 5000:
+            time.sleep(0.5)
+            reader = coevo("log", str(run), "--kind", "step_taken", "--json", env=env)
+            steps = reader.stdout.count("\n")
+        assert steps >= 5000, "the episodes' turns were not committed while they were played"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    log = coevo("log", str(run), "--json", "--from", "0", env=env)
+    last = json.loads(log.stdout.splitlines()[-1])["event"]
+    assert last["kind"] == "run_stopped" and last["reason"] == "signal", last
+    assert verified(run) > steps

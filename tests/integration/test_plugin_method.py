@@ -63,6 +63,15 @@ def test_the_documented_method_runs_by_import_path(plugin_dir: Path) -> None:
     assert audit.returncode == 0, audit.stderr
     checks = {c["kind"]: c for c in json.loads(audit.stdout)["checks"]}
     assert checks["advantages_computed"]["equal"] == len(groups) > 0
+    # the audit says which actor stored an entry that no extractor call or reflection wrote
+    first = stored[0]["tip_id"]
+    tip = coevo(plugin_dir, "audit", "run", "tip", str(first), "--json")
+    assert tip.returncode == 0, tip.stderr
+    origin = json.loads(tip.stdout)["origin"]
+    assert origin["kind"] == "actor" and origin["source"] == "insights", origin
+    text = coevo(plugin_dir, "audit", "run", "tip", str(first)).stdout
+    assert f"stored by actor 'insights' at seq {origin['seq']}, handling seq " in text
+    assert "reflection on" not in text
     recovers_its_lists(plugin_dir, stored)
 
 
