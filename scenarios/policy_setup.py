@@ -395,18 +395,22 @@ def check_policy_model(scenario: Scenario, source: str) -> None:
 
 def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:
     """The spec of the embedded model a scenario asks for (nothing is built): the scenario's
-    world and window, and the fields of ``policy.embedded``.
+    world and window, and the fields of ``policy.embedded``. The run's ``[world.options]``
+    apply to the model's world only when it is the run's world: a model built on another
+    world (``policy.embedded.world``) has that world's defaults unless ``world_options`` says.
 
     Raises:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
     """
     p = scenario.policy
+    given = _known_fields(p.embedded, EmbeddedSpec, "$.policy.embedded", source)
+    own = given.get("world", scenario.world.name) == scenario.world.name
     fields: dict[str, Any] = {
         "world": scenario.world.name,
-        "world_options": dict(scenario.world.options),
+        "world_options": dict(scenario.world.options) if own else {},
+        "window": p.window,
     }
-    fields["window"] = p.window
-    fields.update(_known_fields(p.embedded, EmbeddedSpec, "$.policy.embedded", source))
+    fields.update(given)
     try:
         return msgspec.convert(fields, EmbeddedSpec)
     except (msgspec.ValidationError, ValueError) as exc:

@@ -422,8 +422,10 @@ def _whatif_lines(w: Any) -> list[str]:
             "changed replay is one sample, not the answer"
         )
         lines.append(f"  why: {_stray_cause(w)}")
-    width = max([len(cell(w.control, k)) for k in range(len(w.control.turns))] + [len("as logged")])
-    lines.append(f"{'turn':>4}  {'as logged':<{width}}  |  {w.change}")
+    # the control's column: the log's own trajectory when it gave it back, else the replay's
+    label = "as logged" if w.reproduced else "control (replayed unchanged)"
+    width = max([len(cell(w.control, k)) for k in range(len(w.control.turns))] + [len(label)])
+    lines.append(f"{'turn':>4}  {label:<{width}}  |  {w.change}")
     for k in range(max(len(w.control.turns), len(w.changed.turns))):
         mark = "*" if w.first_difference is not None and k >= w.first_difference else " "
         lines.append(f"{k:>4}{mark} {cell(w.control, k):<{width}}  |  {cell(w.changed, k)}")
