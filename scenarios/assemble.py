@@ -42,7 +42,7 @@ from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from engine.world import Task, TextWorld
 from engine.world_registry import WorldOptionsInvalid, close_world, load_world
-from scenarios.methods import method_of
+from scenarios.methods import checked_method
 from scenarios.schema import RayPlacementConfig, Scenario
 
 SCHEDULER = "scheduler"
@@ -153,7 +153,7 @@ def assemble(
         )
     _check_learning(scenario, source)
     # built once, before any model is built (a plug-in's errors first)
-    method = _method(scenario, source) if scenario.run.method != ROLLOUT else None
+    method = checked_method(scenario, source) if scenario.run.method != ROLLOUT else None
     from scenarios.policy_setup import policy_actors  # torch and transformers: only here
 
     specs = _workers(scenario, workers, make_world, None, source)
@@ -519,17 +519,6 @@ def _trainer(
         )
     except ValueError as exc:
         raise ScenarioInvalid(source, f"$.run: {exc}") from None
-
-
-def _method(scenario: Scenario, source: str) -> Method:
-    from agents.methods.registry import MethodOptionsInvalid
-
-    try:
-        return method_of(scenario)
-    except MethodOptionsInvalid as exc:  # the [method] table's fault, not the method's name
-        raise ScenarioInvalid(source, f"$.method: {exc}") from None
-    except ValueError as exc:
-        raise ScenarioInvalid(source, f"$.run.method: {exc}") from None
 
 
 def runtime_config(scenario: Scenario, handle_signals: bool = False) -> RuntimeConfig:

@@ -6,7 +6,8 @@ import msgspec
 
 from agents.methods.base import Method
 from agents.methods.builtin import complementary_rule, grpo_rule
-from agents.methods.registry import BUILTIN, scenario_method
+from agents.methods.registry import BUILTIN, MethodOptionsInvalid, scenario_method
+from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
 
 
@@ -18,6 +19,21 @@ def method_of(scenario: Scenario) -> Method:
         ValueError: see :func:`agents.methods.registry.build_method`.
     """
     return scenario_method(scenario)
+
+
+def checked_method(scenario: Scenario, source: str) -> Method:
+    """:func:`method_of`, its errors as the scenario's.
+
+    Raises:
+        ScenarioInvalid: the method cannot be built (its module does not import, its name is
+            unknown, its ``[method]`` table is invalid).
+    """
+    try:
+        return method_of(scenario)
+    except MethodOptionsInvalid as exc:  # the [method] table's fault, not the method's name
+        raise ScenarioInvalid(source, f"$.method: {exc}") from None
+    except ValueError as exc:
+        raise ScenarioInvalid(source, f"$.run.method: {exc}") from None
 
 
 def method_with(

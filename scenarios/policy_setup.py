@@ -24,7 +24,7 @@ from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, pre
 from engine.actor import Actor, ActorSpec
 from engine.errors import CoevoError, ModelUnavailable, ScenarioInvalid
 from scenarios.loader import stored_scenario
-from scenarios.methods import method_of
+from scenarios.methods import checked_method
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     Checkpoints,
@@ -565,7 +565,7 @@ def reexecution_for(
     model = policy_model_dir(scenario, source)
     trainee = load_trainee_for(scenario, model)
     extractor = None
-    if "extractor" in _roles(method_of(scenario), source):
+    if "extractor" in _roles(checked_method(scenario, source), source):
         extractor = load_extractor_for(scenario, extractor_model_dir(scenario, source, model))
     return Reexecution(run_dir, run_seed, trainee, extractor)
 

@@ -8,7 +8,6 @@ Struct its options decode into (None: it takes none).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -157,8 +156,8 @@ def import_run_method(log: Any) -> None:
     """Import the plug-in module of the method the run in ``log`` names, if it is one and can
     be imported (:func:`method_class`), so that the events its actors recorded decode (a
     reader process imports only what the ``coevo.events`` entry points name). A run of a
-    built-in method, a module that is not on the path or fails: nothing (reading such events
-    then says their kind is unknown).
+    built-in method: nothing; a module that is not on the path or fails: noted in
+    :data:`UNIMPORTED` (reading such events then says their kind is unknown, and why).
     """
     import tomllib
 
@@ -167,6 +166,22 @@ def import_run_method(log: Any) -> None:
         method = tomllib.loads(meta.scenario_toml).get("run", {}).get("method", "")
     except Exception:  # no metadata, a damaged scenario text: the log's own errors say so
         return
-    if isinstance(method, str) and method not in BUILTIN:
-        with contextlib.suppress(ValueError):  # "rollout", a plug-in that is not importable
+    if isinstance(method, str) and method not in BUILTIN and method != "rollout":
+        try:
             method_class(method)
+        except ValueError as exc:  # a plug-in that is not importable here
+            UNIMPORTED[method] = str(exc)
+
+
+UNIMPORTED: dict[str, str] = {}
+"""The plug-in methods of runs read in this process whose module did not import, and why
+(:func:`import_run_method`): an event kind the log cannot decode is most likely theirs."""
+
+
+def unimported_note() -> str:
+    """What to add to an "unknown event kind" error: the run's plug-in method that did not
+    import here ("" when none)."""
+    return "; ".join(
+        f"the run's method {name!r} did not import here ({why}): put its module on PYTHONPATH"
+        for name, why in UNIMPORTED.items()
+    )

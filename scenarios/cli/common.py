@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CoevoError, LogError, RunNotFound
+from engine.errors import CoevoError, LogError, RunNotFound, SchemaTooNew
 from stores.lmdb_env import DATA_FILE
 from stores.rundir import find_run
 
@@ -40,9 +40,15 @@ def naming(where: Path) -> Generator[None]:
     try:
         yield
     except LogError as exc:
-        if str(where) in str(exc):
+        note = ""
+        if isinstance(exc, SchemaTooNew) and "unknown event kind" in str(exc):
+            from agents.methods.registry import unimported_note
+
+            note = unimported_note()
+        if str(where) in str(exc) and not note:
             raise
-        raise LogUnreadable(f"{where}: {exc}") from None
+        said = str(exc) if str(where) in str(exc) else f"{where}: {exc}"
+        raise LogUnreadable(f"{said}; {note}" if note else said) from None
 
 
 @contextmanager

@@ -272,6 +272,15 @@ def test_a_plugin_methods_own_events_are_read_by_a_reader_that_can_import_it(
         done = cli(*command, path=plugins)
         assert done.returncode == 0, done.stderr
     assert done.stdout  # the replayed state
+    # without the module on the path: its kind is unknown, and the error says which module
+    done = cli("replay", str(out))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "unknown event kind 'boundary_group_noted'" in done.stderr
+    assert (
+        "the run's method 'boundary_noting:Noting' did not import here (cannot import method "
+        "module 'boundary_noting'"
+    ) in done.stderr
+    assert done.stderr.rstrip().endswith("put its module on PYTHONPATH")
 
 
 def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins: Path) -> None:

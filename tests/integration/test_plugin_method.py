@@ -73,6 +73,15 @@ def test_the_documented_method_runs_by_import_path(plugin_dir: Path) -> None:
     assert f"stored by actor 'insights' at seq {origin['seq']}, handling seq " in text
     assert "reflection on" not in text
     recovers_its_lists(plugin_dir, stored)
+    # without the plug-in on the path: one line naming its module, no traceback
+    alone = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [COEVO, "replay", "run", "--reexecute-learner"],
+        capture_output=True, text=True, cwd=plugin_dir, env=alone, timeout=300,
+    )  # fmt: skip
+    *_, last = proc.stderr.splitlines()  # after "loading the base models of run ..."
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert last.startswith("coevo: error: ") and "cannot import method module 'insights'" in last
 
 
 def recovers_its_lists(plugin_dir: Path, stored: list[dict]) -> None:
