@@ -1,6 +1,6 @@
 """A warning when something blocks the event loop: every actor of a run shares one trio
 thread, so a hook that computes for a minute inside it (a plug-in's ``score``, a world's
-``step`` called without ``ctx.run_sync``) stops every other actor, the log's writer included,
+``step`` called without ``ctx.to_thread``) stops every other actor, the log's writer included,
 and the run looked hung without a word.
 
 A trio instrument marks where each turn of the scheduler begins and ends (it waits for I/O
@@ -118,7 +118,7 @@ class LoopWatch(trio.abc.Instrument):
                 frame = frames.get(self._loop_thread)
                 self._log.warning(
                     "event loop blocked: every actor waits until this returns (run blocking "
-                    "work through ctx.run_sync)",
+                    "work through ctx.to_thread)",
                     blocked_s=round(time.monotonic() - turned, 1),
                     where=where(frame),
                 )

@@ -691,9 +691,12 @@ class GrpoTrainer(Replayed):
         similar = [self._similar.get(e, []) for e in episodes]
         for e in group.episodes:
             self._similar.pop(e, None)
-        scored = checked_scored(
-            self._method.score(outcomes, rollouts, similar), len(episodes), self._method
-        )
+        try:
+            scored = self._method.score(outcomes, rollouts, similar)
+        except (Exception, SystemExit) as exc:  # a plug-in's bug, named (its traceback is logged)
+            said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ValueError(f"{method_label(self._method)}: score raised {said}") from exc
+        scored = checked_scored(scored, len(episodes), self._method)
         rewards, advantages = scored.rewards, scored.advantages
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)
         step = group.index // self._grpo.groups_per_update

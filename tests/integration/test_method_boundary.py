@@ -88,6 +88,11 @@ class NanScore(Grpo):
         return Scored(s.rewards, tuple(math.nan for _ in s.advantages), s.rule)
 
 
+class RaisingScore(Grpo):
+    def score(self, outcomes, rollouts, similar):
+        raise ValueError("my score exploded")
+
+
 class HugeScore(Grpo):
     def score(self, outcomes, rollouts, similar):
         s = super().score(outcomes, rollouts, similar)
@@ -183,6 +188,10 @@ def test_a_module_that_exits_on_import_is_one_line(
     [
         ("NanScore", f"{LABEL.format('NanScore')}: score returned advantages that are not finite"),
         ("HugeScore", "UpdateNotFinite: policy update 0: loss "),
+        (
+            "RaisingScore",
+            f"{LABEL.format('RaisingScore')}: score raised ValueError: my score exploded",
+        ),
         ("TipsWithoutMemory", "rollout() returned 'tips', which asks the memory, but no actor"),
         ("MemoryEvalWithoutMemory", "memory_eval is 'tips', which asks the memory, but no actor"),
     ],
