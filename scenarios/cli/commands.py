@@ -8,6 +8,7 @@ exit code (2 for bad input); never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
 import os
@@ -25,6 +26,7 @@ from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import (
     InputInvalid,
+    keep_stderr_open,
     naming,
     open_run,
     out_path,
@@ -45,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("stdout", "stderr"):  # started with the stream closed (``>&-``): Python
         if getattr(sys, name) is None:  # leaves it None, and every print failed on it
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
+    keep_stderr_open()
     parser = build_parser()
     args = parser.parse_args(argv)
     # log lines (an embedded model being built, say) go to stderr, never into a command's
@@ -559,8 +562,12 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
                 async for env in follow(log, flt, writing=lambda: writer_alive(log.path)):
                     if args.limit is not None and count >= args.limit:
                         break
-                    _print_envelope(env, args.json)
-                    sys.stdout.flush()
+                    try:
+                        _print_envelope(env, args.json)
+                        sys.stdout.flush()
+                    except BrokenPipeError:  # `| head`: the reader has what it wanted
+                        _drop_stdout()
+                        break
                     count += 1
                 nursery.cancel_scope.cancel()
 
@@ -576,6 +583,14 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
     if terminated:
         raise Terminated
     return 0
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null (its reader has gone): the flush at exit must not fail."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _interrupt(exc: BaseException) -> KeyboardInterrupt | None:

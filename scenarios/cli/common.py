@@ -19,6 +19,7 @@ from stores.rundir import find_run
 __all__ = [
     "InputInvalid",
     "LogUnreadable",
+    "keep_stderr_open",
     "naming",
     "open_run",
     "read_meta",
@@ -49,6 +50,45 @@ def naming(where: Path) -> Generator[None]:
             raise
         said = str(exc) if str(where) in str(exc) else f"{where}: {exc}"
         raise LogUnreadable(f"{said}; {note}" if note else said) from None
+
+
+class _Stderr:
+    """``sys.stderr`` that outlives its reader: once a write or flush finds the pipe closed
+    (``coevo run 2>&1 | head``), file descriptor 2 is pointed at ``/dev/null`` and what is
+    written after is dropped. A run's progress bar and warnings go to stderr; rich ends the
+    process on a broken pipe (``SystemExit(1)``), which stopped a run mid-episode with nothing
+    recorded."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def keep_stderr_open() -> None:
+    """Make ``sys.stderr`` survive its reader going away (:class:`_Stderr`)."""
+    if not isinstance(sys.stderr, _Stderr):
+        sys.stderr = _Stderr(sys.stderr)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 @contextmanager

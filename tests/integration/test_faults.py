@@ -135,6 +135,38 @@ def test_a_reader_gone_from_the_pipe_ends_every_command_with_0(tmp_path: Path) -
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
 
 
+def test_a_run_whose_stderr_reader_has_gone_completes(tmp_path: Path) -> None:
+    """``coevo run ... 2>&1 | head -2`` ended the run after a few seconds with exit 1 and
+    nothing recorded (rich ends the process on a broken pipe, and the progress bar writes to
+    stderr); ``log --follow | head -1`` was a traceback."""
+    run = tmp_path / "run"
+    gone, err = os.pipe()
+    os.close(gone)  # every write to stderr fails: its reader has gone
+    try:
+        proc = subprocess.run(
+            [COEVO, "run", EXPLORE, "--out", str(run), "--set", "run.episodes=60"],
+            stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT, timeout=300, check=False,
+            env={**os.environ, "COLUMNS": "80"},
+        )  # fmt: skip
+    finally:
+        os.close(err)
+    assert proc.returncode == 0
+    log = coevo("log", str(run), "--json")
+    last = json.loads(log.stdout.splitlines()[-1])["event"]
+    assert last["kind"] == "run_stopped" and last["reason"] == "completed", last
+    assert verified(run) > 0
+    gone, out = os.pipe()
+    os.close(gone)
+    try:
+        proc = subprocess.run(
+            [COEVO, "log", str(run), "--follow"], stdout=out, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(out)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
 def verified(run: Path) -> int:
     """The event count ``coevo replay --verify`` reports (it must pass)."""
     proc = coevo("replay", str(run), "--verify")
