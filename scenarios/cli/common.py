@@ -88,7 +88,7 @@ class _Stderr:
 def keep_stderr_open() -> None:
     """Make ``sys.stderr`` survive its reader going away (:class:`_Stderr`)."""
     if not isinstance(sys.stderr, _Stderr):
-        sys.stderr = _Stderr(sys.stderr)  # pyright: ignore[reportAttributeAccessIssue]
+        sys.stderr = _Stderr(sys.stderr)
 
 
 @contextmanager
