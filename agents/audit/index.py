@@ -79,7 +79,7 @@ from stores.fact_index import (
 
 T = TypeVar("T")
 
-INDEX_FORMAT = 4
+INDEX_FORMAT = 5
 """Bumped when the facts change; an index of another format is rebuilt."""
 
 REFRESH_CHUNK = 20_000
@@ -401,7 +401,14 @@ def refresh(
     while index.upto < end:
         start = index.upto
         stop = min(end, start + chunk)
-        facts = [f for part in log.read_chunks(start, stop) for env in part for f in facts_of(env)]
+        facts: list[Fact] = []
+        last = None
+        for part in log.read_chunks(start, stop):
+            for env in part:
+                facts += facts_of(env)
+            last = part[-1] if part else last
+        if last is not None:  # which log it read, with the range (see _from_this_log)
+            facts.append((MARK, _mark(last.seq, last.t)))
         index.extend(start, stop, facts)  # False: another process indexed it; go on from there
         if progress is not None:
             progress(index.upto - first, end - first)
@@ -550,6 +557,16 @@ def open_index(
         index = MemoryFactIndex()
         note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
     try:
+        other = _from_this_log(log, index)
+        said = f"was made from another copy of this run's log ({other}); rebuilt it from this log"
+    except IndexDamaged as exc:  # its mark fails its checksum
+        other, said = str(exc), f"was damaged ({exc}); rebuilt it from the log"
+    if other and isinstance(index, LmdbFactIndex):  # a cache: built again from this log
+        index.close()
+        LmdbFactIndex.wipe(path)
+        index = LmdbFactIndex.open(path, ident)
+        note = f"the audit index in {path} {said}"
+    try:
         refresh(log, index, progress=progress)
     except IndexWriteFailed as exc:  # a full disk: the index is a cache, the log is intact
         index.close()
@@ -560,6 +577,29 @@ def open_index(
         index.close()
         raise
     return index, note
+
+
+MARK = b"\xffmark"
+"""The key of the index's last indexed event (seq, commit time): a log copied and resumed
+apart keeps its run id but not its later events, and an index read further than the log
+(or from the other copy) would answer from events this log does not hold."""
+
+
+def _mark(seq: int, t: int) -> bytes:
+    return seq.to_bytes(8, "big") + t.to_bytes(8, "big", signed=True)
+
+
+def _from_this_log(log: EventLog, index: FactIndex) -> str:
+    """Why ``index`` was not made from ``log`` ("" when it was, or is empty)."""
+    upto = index.upto
+    if upto == 0:
+        return ""
+    if upto > log.next_seq:
+        return f"it reaches seq {upto - 1}, the log ends at seq {log.next_seq - 1}"
+    env = next(iter(log.read(upto - 1, upto)), None)
+    if env is None or index.get(MARK) != _mark(env.seq, env.t):
+        return f"its event {upto - 1} is not the log's"
+    return ""
 
 
 def _damaged(path: Path, exc: Exception) -> str:

@@ -498,3 +498,32 @@ def test_a_credit_no_update_used_reads_pending_until_the_run_completed(
         rows = render_tip(msgspec.structs.replace(a, completed=completed))
         [row] = [r for r in rows if r.strip().startswith(str(unused.seq))]
         assert row.split()[-1] == word, row
+
+
+def test_an_index_made_from_another_copy_of_the_log_is_rebuilt(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run copied and resumed apart keeps its run id: an index that read further than this
+    log (an older copy beside a newer index), or read the other copy's events, answered from
+    events this log does not hold (a wrong episode, or an assertion's traceback)."""
+    import shutil
+
+    full = _copy_with_index(run, tmp_path / "full", capsys)
+    want = audit(capsys, str(full), "tip", "4")[1]
+    cut = next(i for i, e in enumerate(STREAM.envs) if e.event.__struct_config__.tag == "merge_due")
+    older = write_run(tmp_path / "older", STREAM.envs[:cut])  # the same run, earlier
+    shutil.copytree(full / INDEX_DIR, older / INDEX_DIR)
+    code, out, err = audit(capsys, str(older), "tip", "0")
+    assert code == 0 and json.loads(audit(capsys, str(older), "tip", "0", "--json")[1])
+    assert err.startswith(f"coevo: note: the audit index in {older / INDEX_DIR} was made from ")
+    assert f"(it reaches seq {len(STREAM.envs) - 1}, the log ends at seq {cut - 1})" in err
+    fresh = write_run(tmp_path / "fresh", STREAM.envs[:cut])
+    assert (code, out) == audit(capsys, str(fresh), "tip", "0")[:2]
+    # as long, but its last event is another one (the other copy's, after a resume)
+    other = [*STREAM.envs[:-1], msgspec.structs.replace(STREAM.envs[-1], t=STREAM.envs[-1].t + 1)]
+    apart = write_run(tmp_path / "apart", other)
+    shutil.copytree(full / INDEX_DIR, apart / INDEX_DIR)
+    code, out, err = audit(capsys, str(apart), "tip", "4")
+    assert code == 0 and out == want
+    assert f"(its event {len(STREAM.envs) - 1} is not the log's); rebuilt it from this log" in err
+    assert audit(capsys, str(apart), "tip", "4") == (0, want, "")
