@@ -65,13 +65,15 @@ def make_app(runs: Mapping[str, RunView]) -> Starlette:
             raise HTTPException(404, f"no run named {name!r} here (runs: {known})")
         view = runs[name]
         view.refresh()
+        if view.gone:
+            raise HTTPException(404, view.gone)
         return view
 
     async def index(request: Request) -> Response:
         rows = []
         for view in runs.values():
-            view.refresh()
-            rows.append((view, view.log.next_seq, view.status()))
+            end = view.refresh()
+            rows.append((view, end if view.gone else view.log.next_seq, view.status()))
         return page("runs.html", rows=rows, live=any(s == "live" for _, _, s in rows))
 
     async def episodes(request: Request) -> Response:

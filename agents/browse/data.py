@@ -33,7 +33,7 @@ from agents.events.policy import ActionRequested, ActionSampled
 from agents.methods.registry import import_run_method
 from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
-from stores.lmdb_env import writer_alive
+from stores.lmdb_env import DATA_FILE, writer_alive
 from stores.lmdb_log import LmdbEventLog
 from stores.rundir import find_run
 
@@ -93,6 +93,9 @@ class RunView:
         self.log = log
         self.index = index
         self.note = note
+        self.gone = ""
+        """Why the run is no longer there ("" while it is): its directory was deleted."""
+        self._file = _identity(root)
         self._rows: tuple[int, list[EpisodeRow]] = (-1, [])
 
     @classmethod
@@ -118,13 +121,34 @@ class RunView:
         self.log.close()
 
     def refresh(self) -> int:
-        """Index what the log committed since the last page; returns the log's length."""
+        """Index what the log committed since the last page; returns the log's length. A run
+        directory deleted since it was opened sets :attr:`gone`; one holding another log now
+        (deleted and run again, or copied over) is opened afresh, and :attr:`note` says so."""
+        now = _identity(self.root)
+        if now == self._file:
+            return 0 if self.gone else refresh(self.log, self.index)
+        if now is None:  # its files are let go: a deleted run's disk space is freed
+            self.close()
+            self.gone = f"{self.root}: the run is gone (deleted or moved since serve started)"
+            self._file = None
+            return 0
+        fresh = RunView.open(self.name, self.root)
+        self.close()
+        self.log, self.index, self._file, self.gone = fresh.log, fresh.index, now, ""
+        self._rows = (-1, [])
+        meta = self.log.read_meta()
+        self.note = (
+            f"{self.root} was replaced since serve started; this is the run there now "
+            f"({meta.run_id if meta is not None else '?'})"
+        )
         return refresh(self.log, self.index)
 
     def status(self) -> str:
         """ "completed", "stopped (reason)", "failed", "live" (no final event yet, and the
         process writing it runs), or "killed" (no final event, and no writer runs: killed, or
         its machine lost; ``coevo resume`` continues it)."""
+        if self.gone:
+            return "gone"
         end = self.log.next_seq
         last = fetch(self.log, [end - 1])[end - 1].event if end else None
         if isinstance(last, RunStopped):
@@ -210,6 +234,15 @@ class RunView:
 
 
 _TURN_KINDS = frozenset({"action_requested", "action_sampled"})
+
+
+def _identity(root: Path) -> tuple[int, int] | None:
+    """Which file the run's log is (device, inode), or None when it is not there."""
+    try:
+        st = (root / "log" / DATA_FILE).stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _row(ep: str, a: Assigned, end: Outcome | None, version: int | None) -> EpisodeRow:

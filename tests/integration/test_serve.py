@@ -379,3 +379,63 @@ def test_an_aborted_use_reads_aborted_on_the_entry_page(
     uses = re.search(r'<table id="uses">(.*?)</table>', page, re.S)
     assert uses is not None
     assert '<td class="aborted">aborted</td>' in uses.group(1), uses.group(1)
+
+
+def test_a_run_deleted_or_replaced_while_served_is_said_to_be(tmp_path: Path) -> None:
+    """The browser kept showing a run whose directory was deleted (and kept its deleted log
+    open), or the old run after the directory was replaced by another (deleted and run again,
+    copied over), with no word."""
+    from starlette.testclient import TestClient
+
+    from agents.browse.app import make_app
+
+    def a_run(root: Path, run_id: str, episodes: int) -> None:
+        meta = new_run_meta(run_id, scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
+        log = LmdbEventLog.create(root / "log", meta, durable=False)
+        try:
+            events: list[Event] = [
+                RunStarted(run_id=run_id, scenario="x", scenario_hash="", seed=0, coevo_version="0")
+            ]
+            events += [
+                EpisodeAssigned(
+                    episode=f"ep{i:06d}",
+                    index=i,
+                    worker="w",
+                    family="heat",
+                    variant=i,
+                    split="train",
+                    seed=i,
+                )
+                for i in range(episodes)
+            ]
+            events.append(RunStopped(reason="completed", signal="", exit_code=0))
+            log.append(
+                [Envelope(seq=i, run=run_id, t=i, actor="a", event=e) for i, e in enumerate(events)]
+            )
+        finally:
+            log.close()
+
+    kept, swapped = tmp_path / "kept", tmp_path / "swapped"
+    a_run(kept, "r-kept", 2)
+    a_run(swapped, "r-old", 2)
+    views = open_views([str(kept), str(swapped)])
+    try:
+        client = TestClient(make_app(views))
+        assert "ep000001" in client.get("/runs/kept").text
+        shutil.rmtree(kept)
+        page = client.get("/runs/kept")
+        assert page.status_code == 404 and "the run is gone (deleted or moved" in unescape(
+            page.text
+        )
+        assert re.search(r'<td class="gone">gone</td>', client.get("/").text)
+        assert views["kept"].log.closed  # its deleted files are let go
+        shutil.rmtree(swapped)
+        a_run(swapped, "r-new", 3)
+        page = unescape(client.get("/runs/swapped").text)
+        assert "ep000002" in page and "was replaced since serve started" in page
+        assert "(r-new)" in page
+        a_run(kept, "r-back", 1)  # a run there again
+        assert client.get("/runs/kept").status_code == 200
+    finally:
+        for view in views.values():
+            view.close()
