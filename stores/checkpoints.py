@@ -713,6 +713,7 @@ class DirCheckpoints:
         tokenizer.save_pretrained(partial)
         if optimizer is not None:
             save_file(optimizer, str(partial / OPTIMIZER_FILE))
+        share_as_umask(partial)
         _fsync_tree(partial)
         if final.exists():  # written before a crash, never referenced: set aside, then replace
             stale = self.root / f".{name}.stale"
@@ -760,6 +761,18 @@ class DirCheckpoints:
                 shutil.rmtree(old)
         for leftover in self.root.glob(".v[0-9]*.partial"):  # of a save a crash interrupted
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def share_as_umask(root: Path) -> None:
+    """Give ``root`` and everything under it the modes a plain file or directory created here
+    gets (0666 / 0777 less the umask): safetensors writes its files 0600 and ``mkdtemp`` its
+    directory 0700, so another user of a shared run directory or model cache could not read
+    a checkpoint or the embedded model."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _fsync_tree(root: Path) -> None:

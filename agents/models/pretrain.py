@@ -31,6 +31,7 @@ from transformers.utils import logging as hf_logging
 from agents.models.prompts import Message
 from agents.models.specs import TrainSpec
 from agents.models.tuning import torch_threads
+from stores.checkpoints import share_as_umask
 from engine.errors import ModelUnavailable
 
 BUCKET = 8
@@ -307,6 +308,7 @@ def _build_locked(
         _log().info("pretrain.build", key=key, path=str(final))
         build_into(tmp)
         (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1) + "\n")
+        share_as_umask(tmp)
         tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

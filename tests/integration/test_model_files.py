@@ -424,3 +424,29 @@ def test_a_resume_on_another_build_of_the_embedded_model_says_where_to_resume(
     assert main(["resume", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert "model.safetensors changed; the embedded model is built on each machine" in err, err
+
+
+def test_checkpoints_and_cached_models_are_readable_as_the_umask_says(tmp_path: Path) -> None:
+    """safetensors writes its files 0600 and the cache's build directory was made 0700: another
+    user of a shared run directory or model cache could not read a checkpoint or the model."""
+    from agents.models.pretrain import cached_build
+
+    old = os.umask(0o022)
+    try:
+        model, tokenizer = tiny_model()
+        store = DirCheckpoints(tmp_path / "checkpoints", keep=2)
+        store.save(1, model, tokenizer, {"m": torch.zeros(2)})
+        version = tmp_path / "checkpoints" / "v000001"
+
+        def build(out: Path) -> None:
+            model.save_pretrained(out)
+            tokenizer.save_pretrained(out)
+
+        built = cached_build(tmp_path / "cache", "k", ("model.safetensors",), build)
+        for root in (version, built):
+            assert root.stat().st_mode & 0o777 == 0o755
+            modes = {p.name: p.stat().st_mode & 0o777 for p in root.iterdir()}
+            assert modes["model.safetensors"] == 0o644, modes
+            assert set(modes.values()) == {0o644}, modes
+    finally:
+        os.umask(old)
