@@ -31,8 +31,8 @@ from transformers.utils import logging as hf_logging
 from agents.models.prompts import Message
 from agents.models.specs import TrainSpec
 from agents.models.tuning import torch_threads
-from stores.checkpoints import share_as_umask
 from engine.errors import ModelUnavailable
+from stores.checkpoints import share_as_umask
 
 BUCKET = 8
 """Batches drawn together and grouped by length, so that little of a batch is padding."""
