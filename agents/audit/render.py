@@ -218,7 +218,7 @@ def _turn(t: Turn) -> list[str]:
     answer = (
         f"reward {t.reward:+g}, score {t.score:.3f}{', done' if t.done else ''}"
         if t.answered
-        else "the world did not answer it"
+        else "no step recorded (the run stopped, or the world failed, before it)"
     )
     out.append(f"    action: {t.action}{valid}  logp {_f(t.logp, 4)}  -> {answer}")
     return out

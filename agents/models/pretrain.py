@@ -204,7 +204,10 @@ def default_cache_root() -> Path:
     """
     given = os.environ.get("COEVO_CACHE")
     if given:
-        return Path(given).expanduser()
+        try:
+            return Path(given).expanduser()
+        except RuntimeError as exc:  # "~someone" with no such user
+            raise ModelUnavailable(f"COEVO_CACHE={given!r}: {exc}") from None
     if os.environ.get("HOME") == "":  # Path.home() would be "": a cache in the working dir
         raise ModelUnavailable(
             "no directory for the model cache: HOME is empty and COEVO_CACHE is not set "

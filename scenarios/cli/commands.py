@@ -47,7 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("stdout", "stderr"):  # started with the stream closed (``>&-``): Python
         if getattr(sys, name) is None:  # leaves it None, and every print failed on it
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # an ASCII stream
+            # (PYTHONIOENCODING=ascii) shows what it cannot encode escaped, never a traceback
+            getattr(sys, name).reconfigure(errors="backslashreplace")
     keep_stderr_open()
+    columns = os.environ.get("COLUMNS", "")
+    if columns and not (columns.isdigit() and int(columns) >= MIN_COLUMNS):
+        del os.environ["COLUMNS"]  # COLUMNS=0 printed every table as nothing
     parser = build_parser()
     args = parser.parse_args(argv)
     # log lines (an embedded model being built, say) go to stderr, never into a command's
@@ -93,6 +99,10 @@ class _Stdout(Console):
         os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe
         raise BrokenPipeError
 
+
+MIN_COLUMNS = 20
+"""A narrower ``COLUMNS`` (or one that is not a number) is ignored: the terminal's width, or
+80 columns, instead."""
 
 HERE_HELP = (
     "a setting of the run's scenario on this machine, as in `coevo run` (where a base model "

@@ -306,6 +306,10 @@ def open_views(paths: list[str]) -> dict[str, Any]:
     from agents.browse.data import RunView
 
     roots = [find_run(path).root for path in paths]
+    real = [r.resolve() for r in roots]
+    twice = [str(r) for r in real if real.count(r) > 1]
+    if twice:
+        raise InputInvalid(f"{twice[0]}: given more than once")
     views: dict[str, Any] = {}
     try:
         for path, root in zip(paths, roots, strict=True):

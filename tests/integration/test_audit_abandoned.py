@@ -77,4 +77,5 @@ def test_an_aborted_episode_shows_the_action_its_world_failed_on(
     assert [(t.turn, t.action, t.answered) for t in a.turns] == [(0, "take can", False)]
     assert main(["audit", str(run), "episode", "ep009"]) == 0
     out = capsys.readouterr().out
-    assert "action: take can  logp -0.5000  -> the world did not answer it" in out, out
+    said = "no step recorded (the run stopped, or the world failed, before it)"
+    assert f"action: take can  logp -0.5000  -> {said}" in out, out

@@ -607,3 +607,32 @@ def test_log_lines_go_to_stderr_never_into_a_commands_output(
     structlog.get_logger("coevo").bind(actor="embedded").info("building the embedded model")
     out, err = capsys.readouterr()
     assert "building the embedded model" in err and out == ""
+
+
+def test_an_ascii_stream_or_a_zero_width_is_no_traceback_and_no_silence(
+    small_run: Path, tmp_path: Path
+) -> None:
+    """``PYTHONIOENCODING=ascii``: ``log`` (its "…"), ``check`` and ``report`` on a run with a
+    non-ASCII name were tracebacks; ``COLUMNS=0 coevo replay`` printed nothing, exit 0."""
+    import os
+    import shutil
+
+    named = tmp_path / "rün 日本"
+    shutil.copytree(small_run, named)
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [COEVO, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+            env={**os.environ, **env},
+        )  # fmt: skip
+
+    for args in (
+        ["log", str(named), "--limit", "3"],
+        ["check", str(named)],
+        ["report", str(named), "--out", str(tmp_path / "rëport.html")],
+    ):
+        proc = run(*args, PYTHONIOENCODING="ascii")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert "\\u" in run("check", str(named), PYTHONIOENCODING="ascii").stdout  # escaped
+    proc = run("replay", str(small_run), COLUMNS="0")
+    assert proc.returncode == 0 and "actors" in proc.stdout and "worker-0" in proc.stdout

@@ -285,6 +285,10 @@ def test_serve_refuses_a_public_address_and_bad_runs(
     assert main(["serve", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"
+    (tmp_path / "link").symlink_to(distill_root / "run")
+    assert main(["serve", run, str(tmp_path / "link")]) == 2  # one run twice: two views of it
+    err = capsys.readouterr().err
+    assert err == f"coevo: error: {(distill_root / 'run').resolve()}: given more than once\n"
 
 
 def test_serve_names_the_port_it_listens_on_and_refuses_one_in_use(
