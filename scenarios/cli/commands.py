@@ -104,9 +104,16 @@ MIN_COLUMNS = 20
 """A narrower ``COLUMNS`` (or one that is not a number) is ignored: the terminal's width, or
 80 columns, instead."""
 
+SET_HELP = (
+    "override a scenario setting; VALUE is read as TOML (3, 0.5, true, nan, inf, [1, 2], "
+    '"text") and else taken as text: quote a text that reads as TOML '
+    "(--set 'world.options.mode=\"nan\"')"
+)
+
 HERE_HELP = (
     "a setting of the run's scenario on this machine, as in `coevo run` (where a base model "
-    "lies, the device); every other setting is the one the run's log stores"
+    "lies, the device; VALUE is read as TOML, else taken as text); every other setting is "
+    "the one the run's log stores"
 )
 
 
@@ -119,13 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check a scenario file and print it resolved")
     p.add_argument("file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=SET_HELP)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("run", help="run a scenario into a new run directory")
     p.add_argument("file")
     p.add_argument("--out", help="run directory (default: runs/<name>-<time>-<id>)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=SET_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.set_defaults(func=cmd_run)
 
