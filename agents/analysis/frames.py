@@ -48,12 +48,12 @@ def read_events(
     from stores.lmdb_log import LmdbEventLog
     from stores.rundir import find_run
 
-    wanted = _kinds(kinds)
     if start < 0:
         raise ValueError(f"start must be >= 0, got {start}")
     log = LmdbEventLog.open(find_run(run).log, writable=False)
-    import_run_method(log)  # a plug-in method's own events decode
     try:
+        import_run_method(log)  # a plug-in method's own events decode, and its kinds are known
+        wanted = _kinds(kinds)
         end = log.next_seq if stop is None else min(stop, log.next_seq)
         for env in log.read(start, end):
             if wanted is None or env.event.__struct_config__.tag in wanted:

@@ -281,6 +281,16 @@ def test_a_plugin_methods_own_events_are_read_by_a_reader_that_can_import_it(
         done = cli(*command, path=plugins)
         assert done.returncode == 0, done.stderr
     assert done.stdout  # the replayed state
+    # a data frame of the plug-in's kind, in a fresh process (the kind was refused there
+    # before the run's method module was imported)
+    code = f"from agents.analysis.frames import events_frame as f; print(len(f({str(out)!r}, "
+    code += "'boundary_group_noted')))"
+    paths = os.pathsep.join([str(plugins), str(ROOT)])
+    frame = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": paths}, check=False,
+    )  # fmt: skip
+    assert frame.returncode == 0 and int(frame.stdout) > 0, frame.stderr
     # without the module on the path: its kind is unknown, and the error says which module
     done = cli("replay", str(out))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
