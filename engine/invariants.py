@@ -307,6 +307,7 @@ def check_stream(
                 continue
             if last is None:
                 first = chunk[0].seq
+            _check_numbering(chunk, first if last is None else last.seq + 1)
             check_all(invariants, chunk, False)
             count += len(chunk)
             last = chunk[-1]
@@ -322,6 +323,26 @@ def check_stream(
             events=read, invariants=names, skipped=tuple(skipped), violation=violation
         )
     return CheckReport(events=count, invariants=names, skipped=tuple(skipped), completed=done)
+
+
+def _check_numbering(chunk: Sequence[Envelope[Event]], expected: int) -> None:
+    """The stream's own order, whatever the invariants: consecutive seqs, and each cause an
+    earlier event (a log's reader refuses any other; a stream built in memory may hold it).
+
+    Raises:
+        InvariantViolated: as ``numbering``, at the first envelope out of order.
+    """
+    for seq, env in enumerate(chunk, expected):
+        if env.seq != seq:
+            raise InvariantViolated(
+                "numbering", env.seq, f"seq {env.seq} where seq {seq} comes next (seqs follow "
+                "one another in a stream)", (env.seq,),
+            )  # fmt: skip
+        if env.cause is not None and not 0 <= env.cause < seq:
+            raise InvariantViolated(
+                "numbering", seq, f"its cause is seq {env.cause}, not an earlier event",
+                (seq, env.cause),
+            )  # fmt: skip
 
 
 def check_log(

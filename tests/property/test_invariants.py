@@ -281,3 +281,27 @@ def test_a_stream_shrinks_to_a_small_one() -> None:
     )
     kinds = [type(e.event).__name__ for e in smallest]
     assert kinds == ["RunStarted", "EpisodeAssigned", "EpisodeStarted", "EpisodeFinished"]
+
+
+@CONTROL
+@given(envs=runs(), data=st.data())
+def test_every_check_catches_a_stream_out_of_order(envs: Stream, data: st.DataObject) -> None:
+    """Whatever invariants are asked for, the stream's own numbering is checked: two envelopes
+    swapped, seqs shifted, a cause that is not an earlier event (a log's reader refuses these;
+    a stream made in memory may hold them)."""
+    assume(len(envs) >= 3)
+    at = data.draw(st.integers(1, len(envs) - 2))
+
+    def numbering(bad: Stream) -> int | None:
+        report = check_stream([bad], [])
+        return None if report.violation is None else report.violation.seq
+
+    assert numbering(envs) is None
+    swapped = [*envs[:at], envs[at + 1], envs[at], *envs[at + 2 :]]
+    assert numbering(swapped) == envs[at + 1].seq
+    shifted = [*envs[:at], *(msgspec.structs.replace(e, seq=e.seq + 100) for e in envs[at:])]
+    assert numbering(shifted) == at + 100
+    ahead = msgspec.structs.replace(envs[at], cause=at + 1)
+    assert numbering([*envs[:at], ahead, *envs[at + 1 :]]) == at
+    report = check_stream([[*envs[:at], ahead, *envs[at + 1 :]]], [fresh(n) for n in coevos()])
+    assert report.violation is not None and report.violation.invariant == "numbering"
