@@ -169,7 +169,15 @@ def _check_name(world: object, name_or_path: str) -> None:
         ValueError: reading it raised, or it is not a string.
     """
     try:
-        name = getattr(world, "name", None)
+        name = world.name
+    except AttributeError as exc:  # no name at all, or a property of its class that raised it
+        if not any("name" in vars(cls) for cls in type(world).__mro__):
+            name = None
+        else:
+            raise ValueError(
+                f"world {name_or_path!r}: reading its name raised AttributeError: "
+                f"{_one_line(exc)}"
+            ) from exc
     except Exception as exc:  # a plug-in's property raising: reported, never a traceback
         raise ValueError(
             f"world {name_or_path!r}: reading its name raised {type(exc).__name__}: "

@@ -615,7 +615,8 @@ def _list_tasks(
     listed = tuple(cast("Iterable[object]", returned))  # a plug-in's: checked
     offered = tuple(f for f in listed if isinstance(f, str))
     if len(offered) != len(listed) or len(set(offered)) != len(offered):
-        raise ScenarioInvalid(source, f"$.world: {name}.families() returned {listed!r}")
+        why = "names that are not strings" if len(offered) != len(listed) else "a name twice"
+        raise ScenarioInvalid(source, f"$.world: {name}.families() returned {listed!r}: {why}")
     for family in offered:  # every assignment logs it: the log's encoding must hold it
         try:
             utf8_text(family, f"{name}.families()'s {family!r}")

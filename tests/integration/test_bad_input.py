@@ -127,6 +127,11 @@ WORLDS = {
         "    def name(self):\n        raise KeyError('no name')\n",
         "reading its name raised KeyError",
     ),
+    "name raises AttributeError": (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n    @property\n"
+        "    def name(self):\n        return self.missing\n",
+        "reading its name raised AttributeError: 'W' object has no attribute 'missing'",
+    ),
     "close raises": (
         "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
         "    def close(self):\n        raise OSError('close fails')\n",
@@ -152,7 +157,7 @@ WORLDS = {
     "a family twice": (
         "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
         "    def families(self):\n        return ('fetch', 'heat', 'fetch')\n",
-        ".families() returned ('fetch', 'heat', 'fetch')",
+        ".families() returned ('fetch', 'heat', 'fetch'): a name twice",
     ),
     "families as one string": (
         "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
