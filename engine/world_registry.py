@@ -175,8 +175,7 @@ def _check_name(world: object, name_or_path: str) -> None:
             name = None
         else:
             raise ValueError(
-                f"world {name_or_path!r}: reading its name raised AttributeError: "
-                f"{_one_line(exc)}"
+                f"world {name_or_path!r}: reading its name raised AttributeError: {_one_line(exc)}"
             ) from exc
     except Exception as exc:  # a plug-in's property raising: reported, never a traceback
         raise ValueError(
