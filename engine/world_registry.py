@@ -169,7 +169,7 @@ def _check_name(world: object, name_or_path: str) -> None:
         ValueError: reading it raised, or it is not a string.
     """
     try:
-        name = world.name
+        name: object = getattr(world, "name")  # noqa: B009 (an AttributeError is told apart)
     except AttributeError as exc:  # no name at all, or a property of its class that raised it
         if not any("name" in vars(cls) for cls in type(world).__mro__):
             name = None
