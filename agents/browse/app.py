@@ -43,8 +43,20 @@ ROWS = 500
 REFRESH = 5
 """Seconds between reloads of a live run's pages."""
 
+
+def _shown(value: object) -> object:
+    """What a page shows of a value: control characters a world's text may hold (NUL, escape
+    sequences) written as ``\\xNN``, which no HTML may hold raw."""
+    if isinstance(value, str) and _CONTROL.search(value):
+        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    return value
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("templates")),
+    finalize=_shown,
     autoescape=select_autoescape(default=True),
     trim_blocks=True,
     lstrip_blocks=True,

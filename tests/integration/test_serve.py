@@ -443,3 +443,11 @@ def test_a_run_deleted_or_replaced_while_served_is_said_to_be(tmp_path: Path) ->
     finally:
         for view in views.values():
             view.close()
+
+
+def test_a_control_character_in_a_world_s_text_is_shown_escaped() -> None:
+    """A NUL in an observation was written raw into the page (no HTML may hold one)."""
+    from agents.browse.app import _TEMPLATES  # pyright: ignore[reportPrivateUsage]
+
+    page = _TEMPLATES.from_string("<p>{{ text }}</p>").render(text="a\x00b\x1b[2Jc <d>")
+    assert page == "<p>a\\x00b\\x1b[2Jc &lt;d&gt;</p>"
