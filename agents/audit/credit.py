@@ -270,12 +270,22 @@ def _own_rule(path: str, inputs: CreditInputs) -> Callable[[EpisodeFinished], fl
             with contextlib.suppress(OverflowError):  # an int past a float's range
                 value = float(got)
         if not math.isfinite(value):
+            said = _short(got)
             raise AuditQueryInvalid(
-                f"credit rule {path!r} gave {got!r} for episode {ev.episode}, not a finite number"
+                f"credit rule {path!r} gave {said} for episode {ev.episode}, not a finite number"
             )
         return value
 
     return credit
+
+
+def _short(value: object, most: int = 80) -> str:
+    """``repr(value)``, cut to ``most`` characters (a rule's 10**400 has 401 digits)."""
+    try:
+        text = repr(value)
+    except Exception:  # a plug-in's object whose repr raises
+        return f"a {type(value).__name__}"
+    return text if len(text) <= most else f"{text[: most - 21]}... ({len(text):,} characters)"
 
 
 def _relative_credits(inputs: CreditInputs) -> dict[str, float]:

@@ -278,7 +278,11 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
         ("my_rules:absent", "credit rule module 'my_rules' has no function 'absent'"),
         ("no_such_rules:x", "cannot import credit rule module 'no_such_rules': ModuleNotFound"),
         ("my rules:x", "bad credit rule import path"),
-        ("my_rules:past_floats", "gave 1000000000"),
+        (
+            "my_rules:past_floats",
+            "gave 1000000000000000000000000000000000000000000000000000"
+            "000000... (401 characters) for episode ep",
+        ),
         ("my_rules:huge", "credit rule 'my_rules:huge': its credits are too large to add up"),
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
