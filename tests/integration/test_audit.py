@@ -280,8 +280,7 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
         ("my rules:x", "bad credit rule import path"),
         (
             "my_rules:past_floats",
-            "gave 1000000000000000000000000000000000000000000000000000"
-            "000000... (401 characters) for episode ep",
+            "gave 1" + "0" * 58 + "... (401 characters) for episode ep",
         ),
         ("my_rules:huge", "credit rule 'my_rules:huge': its credits are too large to add up"),
     ):
