@@ -53,6 +53,11 @@ from engine.events import Envelope, Event
 from engine.seeds import derive_rng, derive_seed
 from engine.world import Observation, Task, TextWorld
 
+PACE_TURNS = 16
+"""How many turns that awaited nothing (a scripted agent in a world stepped on the event loop)
+an episode plays between two :meth:`engine.actor.Context.pace`: the writer commits and a stop
+signal is taken between them (every turn cost a third of the explore scenario's speed)."""
+
 CLOSE_GRACE_S = 10.0
 """The most seconds a worker waits for its world's last ``close`` as the run ends or stops
 (a JVM exits in a few): one that hangs is abandoned then rather than after ``[world]
@@ -234,6 +239,8 @@ class EnvWorker(Actor):
         )
         turn = 0
         total = 0.0
+        # a scripted agent in a world stepped on the event loop awaits nothing between turns
+        idle = not blocking and not isinstance(agent, _PolicyAgent)
         while not obs.done and not (self._max_turns and turn >= self._max_turns):
             if isinstance(agent, _PolicyAgent):
                 action = await agent.act(obs, turn)
@@ -255,7 +262,8 @@ class EnvWorker(Actor):
                     score=obs.score,
                 )
             )
-            await ctx.pace()  # a turn that awaited nothing (a scripted agent, a world on the loop)
+            if idle and turn % PACE_TURNS == PACE_TURNS - 1:
+                await ctx.pace()
             turn += 1
         if isinstance(agent, _PolicyAgent) and job.reflect:
             await agent.reflect(obs)
