@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import errno
 import os
+import warnings
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # (PYTHONIOENCODING=ascii) shows what it cannot encode escaped, never a traceback
             getattr(sys, name).reconfigure(errors="backslashreplace")
     keep_stderr_open()
+    # a run named in a script matplotlib's font lacks (CJK): boxes in the plot, not a warning
+    warnings.filterwarnings(
+        "ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning
+    )
     columns = os.environ.get("COLUMNS", "")
     if columns and not (columns.isdigit() and int(columns) >= MIN_COLUMNS):
         del os.environ["COLUMNS"]  # COLUMNS=0 printed every table as nothing

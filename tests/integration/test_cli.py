@@ -634,5 +634,7 @@ def test_an_ascii_stream_or_a_zero_width_is_no_traceback_and_no_silence(
         proc = run(*args, PYTHONIOENCODING="ascii")
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
     assert "\\u" in run("check", str(named), PYTHONIOENCODING="ascii").stdout  # escaped
+    proc = run("report", str(named), "--out", str(tmp_path / "plain.html"))
+    assert proc.returncode == 0 and "Glyph" not in proc.stderr, proc.stderr  # matplotlib's font
     proc = run("replay", str(small_run), COLUMNS="0")
     assert proc.returncode == 0 and "actors" in proc.stdout and "worker-0" in proc.stdout
