@@ -12,9 +12,9 @@ import contextlib
 import difflib
 import errno
 import os
-import warnings
 import signal
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
