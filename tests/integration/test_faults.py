@@ -391,6 +391,17 @@ class Boom(MiniLab):
 '''
 
 
+def world_scenario(
+    tmp_path: Path, module: str, code: str, toml: str
+) -> tuple[Path, dict[str, str]]:
+    """A plug-in world's module (``code``) and a scenario (``toml``) in ``tmp_path``, and the
+    environment that imports it."""
+    (tmp_path / f"{module}.py").write_text(code)
+    scenario = tmp_path / f"{module}.toml"
+    scenario.write_text(toml)
+    return scenario, {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+
+
 def plugin_scenario(tmp_path: Path, **runtime: object) -> tuple[Path, dict[str, str]]:
     (tmp_path / "boomworld.py").write_text(PLUGIN)
     scenario = tmp_path / "boom.toml"
@@ -473,13 +484,11 @@ def test_a_run_whose_every_episode_aborted_says_so_and_its_log_reads(tmp_path: P
     """A world's bad observations never reach the log (before: the run completed with exit 0
     and every later ``log``, ``replay``, ``report`` and ``audit`` said the log was corrupted),
     and a run that finished no episode does not exit 0 as if all were well."""
-    (tmp_path / "notext.py").write_text(NONE_TEXT)
-    scenario = tmp_path / "notext.toml"
-    scenario.write_text(
+    scenario, env = world_scenario(
+        tmp_path, "notext", NONE_TEXT,
         'name = "notext"\n[world]\nname = "notext:NoText"\nfamilies = ["fetch"]\n'
-        '[agent]\nkind = "explorer"\n[run]\nepisodes = 6\nworkers = 2\n'
-    )
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+        '[agent]\nkind = "explorer"\n[run]\nepisodes = 6\nworkers = 2\n',
+    )  # fmt: skip
     run = tmp_path / "run"
     proc = coevo("run", str(scenario), "--out", str(run), "--quiet", env=env)
     assert proc.returncode == 1, proc.stderr
@@ -563,13 +572,11 @@ def test_an_endless_episode_on_the_event_loop_is_committed_as_it_goes_and_stops_
     """A scripted agent in a world stepped on the event loop awaits nothing between turns: the
     writer never ran during an episode (the log kept its first events, memory grew until the
     kernel killed the process) and SIGTERM was not taken until a second one."""
-    (tmp_path / "spinworld.py").write_text(SPIN)
-    scenario = tmp_path / "spin.toml"
-    scenario.write_text(
+    scenario, env = world_scenario(
+        tmp_path, "spinworld", SPIN,
         'name = "spin"\n[world]\nname = "spinworld:Spin"\nmax_turns = 0\n'
-        '[agent]\nkind = "random"\n[run]\nepisodes = 4\nworkers = 2\n'
-    )
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+        '[agent]\nkind = "random"\n[run]\nepisodes = 4\nworkers = 2\n',
+    )  # fmt: skip
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [COEVO, "run", str(scenario), "--out", str(run), "--quiet"],
