@@ -406,6 +406,27 @@ class LmdbEventLog:
             return VerifyReport(records=records, ok=False, first_bad=records, error=str(exc))
         return VerifyReport(records=records, ok=True)
 
+    def copy_to(self, path: str | os.PathLike[str]) -> None:
+        """Write a consistent copy of the log, as of its last commit, into the new or empty
+        directory ``path`` (LMDB's own copy, in one read transaction: never torn, even while
+        the run writes; free pages left out). The copy has no writer lock.
+
+        Raises:
+            LogError: ``path`` is not a new or empty directory, or the copy failed (a full
+                disk); a failed copy's files are removed.
+        """
+        dest = Path(path)
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise LogError(f"{dest}: not a new or empty directory for the log's copy")
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            with self._shared.reading() as env:
+                env.copy(str(dest), compact=True)
+        except (OSError, lmdb.Error) as exc:
+            for leftover in dest.glob("*.mdb"):
+                leftover.unlink(missing_ok=True)
+            raise LogError(f"cannot copy the event log to {dest}: {exc}") from None
+
     def close(self) -> None:
         """Release the environment and the writer lock. Safe to call twice."""
         if self._closed:

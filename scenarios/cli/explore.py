@@ -1,6 +1,6 @@
 """The ``coevo`` commands that open a finished or live run to people and tools: ``export``
-(its scalars to TensorBoard, W&B offline or MLflow), ``diff`` (two runs compared) and ``serve``
-(a read-only web browser of runs)."""
+(its scalars to TensorBoard, W&B offline or MLflow), ``diff`` (two runs compared), ``serve``
+(a read-only web browser of runs) and ``copy`` (a run copied whole, even while written)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,73 @@ def add_commands(sub: Any) -> None:
         help="allow a --host other than the loopback (the pages show everything in the runs)",
     )
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("copy", help="copy a run directory, consistently even while it is written")
+    p.add_argument("run")
+    p.add_argument("dest", metavar="DEST", help="a new or empty directory")
+    p.set_defaults(func=cmd_copy)
+
+
+def cmd_copy(args: argparse.Namespace) -> int:
+    """``coevo copy RUN DEST``: the log as of its last commit (never torn, unlike a ``cp -r``
+    taken while the run writes), then the run directory's other files."""
+    import shutil
+
+    from agents.audit.index import INDEX_DIR
+    from stores.lmdb_env import writer_alive
+
+    rd = find_run(args.run)
+    dest = Path(args.dest)
+    src, there = rd.root.resolve(), dest.resolve()
+    if there == src or src in there.parents or there in src.parents:
+        raise InputInvalid(f"{dest}: inside {rd.root} or holding it; copy to another directory")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise InputInvalid(f"{dest}: not a new or empty directory for the copy")
+    log = open_run(args.run)
+    try:
+        with naming(log.path):
+            live = writer_alive(log.path)
+            log.copy_to(dest / "log")
+            end = log.next_seq
+            meta = log.read_meta()
+    finally:
+        log.close()
+    skip = {"log", INDEX_DIR}  # the log copied above; the index is a cache of it
+    for item in sorted(rd.root.iterdir()):
+        if item.name in skip:
+            continue
+        target = dest / item.name
+        try:
+            if item.is_dir() and not item.is_symlink():
+                shutil.copytree(item, target, symlinks=True)
+            else:
+                shutil.copy2(item, target, follow_symlinks=False)
+        except FileNotFoundError:  # the run removed it meanwhile (a pruned checkpoint)
+            continue
+        except OSError as exc:
+            raise InputInvalid(f"cannot copy {item} to {target}: {exc.strerror or exc}") from None
+    copied = log_end(dest / "log")
+    run_id = meta.run_id if meta is not None else "?"
+    print(f"copied run {run_id} to {dest}: {copied:,} events", file=sys.stderr)
+    if live:
+        print(
+            f"coevo: note: the run was being written (its log had {end:,} events when the copy "
+            f"began); the copy is its log as of one commit. Resumed, the copy is a second run "
+            f"of id {run_id}, apart from the original",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def log_end(path: Path) -> int:
+    """How many events the log at ``path`` holds."""
+    from stores.lmdb_log import LmdbEventLog
+
+    log = LmdbEventLog.open(path)
+    try:
+        return log.next_seq
+    finally:
+        log.close()
 
 
 def cmd_export(args: argparse.Namespace) -> int:

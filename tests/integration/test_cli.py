@@ -638,3 +638,30 @@ def test_an_ascii_stream_or_a_zero_width_is_no_traceback_and_no_silence(
     assert proc.returncode == 0 and "Glyph" not in proc.stderr, proc.stderr  # matplotlib's font
     proc = run("replay", str(small_run), COLUMNS="0")
     assert proc.returncode == 0 and "actors" in proc.stdout and "worker-0" in proc.stdout
+
+
+def test_copy_takes_a_whole_log_even_while_the_run_writes(tmp_path: Path) -> None:
+    """A ``cp -r`` of a run being written can be torn mid-commit (3 of 52 in an outside
+    tester's loop: the copy read as damaged). ``coevo copy`` takes the log in one read
+    transaction: every copy verifies, and says it was taken from a live run."""
+    out = tmp_path / "live"
+    proc = start_long_run(out, "--quiet")
+    try:
+        for k in range(4):
+            time.sleep(0.3)
+            copied = coevo("copy", str(out), str(tmp_path / f"copy{k}"))
+            assert copied.returncode == 0, copied.stderr
+            assert "the run was being written" in copied.stderr
+            verify = coevo("replay", str(tmp_path / f"copy{k}"), "--verify")
+            assert verify.returncode == 0 and verify.stdout.startswith("verified "), verify
+            assert (tmp_path / f"copy{k}" / "scenario.toml").is_file()
+            assert not (tmp_path / f"copy{k}" / "log" / "writer.lock").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    done = coevo("copy", str(out), str(tmp_path / "done"))
+    assert done.returncode == 0 and "being written" not in done.stderr, done.stderr
+    stopped = coevo("log", str(tmp_path / "done"), "--kind", "run_stopped", "--json").stdout
+    assert json.loads(stopped.splitlines()[-1])["event"]["reason"] == "signal"
+    assert_clean_error(coevo("copy", str(out), str(tmp_path / "done")), 2, "not a new or empty")
+    assert_clean_error(coevo("copy", str(out), str(out / "inner")), 2, "inside")
