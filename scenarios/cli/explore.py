@@ -83,14 +83,16 @@ def cmd_copy(args: argparse.Namespace) -> int:
     finally:
         log.close()
     skip = {"log", INDEX_DIR}  # the log copied above; the index is a cache of it
-    for item in sorted(rd.root.iterdir()):
-        if item.name in skip:
-            continue
-        target = dest / item.name
+    for item in sorted(rd.root.rglob("*")):
+        rel = item.relative_to(rd.root)
+        if rel.parts[0] in skip or any(part.startswith(".") for part in rel.parts):
+            continue  # a checkpoint still being written (.vNNNNNN.partial) is not one yet
+        target = dest / rel
         try:
             if item.is_dir() and not item.is_symlink():
-                shutil.copytree(item, target, symlinks=True)
+                target.mkdir(parents=True, exist_ok=True)
             else:
+                target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(item, target, follow_symlinks=False)
         except FileNotFoundError:  # the run removed it meanwhile (a pruned checkpoint)
             continue
