@@ -698,6 +698,13 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     if args.top < 0:
         raise InputInvalid(f"--top must be >= 0, got {args.top}")
     scenario = stored_scenario(log.read_meta(), args.run)
+    subgroups = [s for s in args.set if s.partition("=")[0] in ("split", "weighted")]
+    if subgroups and scenario.run.method in ("grpo", "empo2", "rollout"):
+        raise AuditQueryInvalid(
+            f"--set {subgroups[0]}: run.method = {scenario.run.method!r} has no guided and free "
+            "subgroups (split and weighted are Complementary RL's; std_norm re-derives its "
+            "advantages)"
+        )
     try:  # the run's own settings, as the credit invariant reads them
         base = run_settings(scenario)
     except ValueError as exc:

@@ -273,3 +273,8 @@ def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
     first = capsys.readouterr().out.splitlines()[0]
     assert "no extractor credit in this run; advantages as recorded" in first, first
     assert "split=" not in first and "weighted=" not in first, first
+    for setting in ("split=false", "weighted=true"):  # accepted, and called a counterfactual
+        assert main(["audit", str(run_dir), "credit", "--set", setting]) == 2
+        err = capsys.readouterr().err
+        assert f"--set {setting}: run.method = 'grpo' has no guided and free subgroups" in err
+    assert main(["audit", str(run_dir), "credit", "--set", "std_norm=false"]) == 0
