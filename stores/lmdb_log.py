@@ -406,10 +406,13 @@ class LmdbEventLog:
             return VerifyReport(records=records, ok=False, first_bad=records, error=str(exc))
         return VerifyReport(records=records, ok=True)
 
-    def copy_to(self, path: str | os.PathLike[str]) -> None:
+    def copy_to(self, path: str | os.PathLike[str]) -> int:
         """Write a consistent copy of the log, as of its last commit, into the new or empty
         directory ``path`` (LMDB's own copy, in one read transaction: never torn, even while
         the run writes; free pages left out). The copy has no writer lock.
+
+        Returns:
+            How many events the copy holds (read in the copy's transaction).
 
         Raises:
             LogError: ``path`` is not a new or empty directory, or the copy failed (a full
@@ -418,14 +421,23 @@ class LmdbEventLog:
         dest = Path(path)
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise LogError(f"{dest}: not a new or empty directory for the log's copy")
+
+        def copy(txn: Txn[bytes]) -> int:
+            try:
+                self._shared.env.copy(str(dest), compact=True, txn=txn)
+            except (OSError, lmdb.Error) as exc:  # not the log's damage: the copy's failure
+                raise LogError(f"cannot copy the event log to {dest}: {exc}") from None
+            return events_end(txn.cursor(self._shared.events))
+
         try:
             dest.mkdir(parents=True, exist_ok=True)
-            with self._shared.reading() as env:
-                env.copy(str(dest), compact=True)
-        except (OSError, lmdb.Error) as exc:
+            return self._read_txn(copy)
+        except OSError as exc:
+            raise LogError(f"cannot copy the event log to {dest}: {exc}") from None
+        except LogError:
             for leftover in dest.glob("*.mdb"):
                 leftover.unlink(missing_ok=True)
-            raise LogError(f"cannot copy the event log to {dest}: {exc}") from None
+            raise
 
     def close(self) -> None:
         """Release the environment and the writer lock. Safe to call twice."""

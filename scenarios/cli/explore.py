@@ -77,8 +77,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     try:
         with naming(log.path):
             live = writer_alive(log.path)
-            log.copy_to(dest / "log")
-            end = log.next_seq
+            copied = log.copy_to(dest / "log")
             meta = log.read_meta()
     finally:
         log.close()
@@ -98,28 +97,15 @@ def cmd_copy(args: argparse.Namespace) -> int:
             continue
         except OSError as exc:
             raise InputInvalid(f"cannot copy {item} to {target}: {exc.strerror or exc}") from None
-    copied = log_end(dest / "log")
     run_id = meta.run_id if meta is not None else "?"
     print(f"copied run {run_id} to {dest}: {copied:,} events", file=sys.stderr)
     if live:
         print(
-            f"coevo: note: the run was being written (its log had {end:,} events when the copy "
-            f"began); the copy is its log as of one commit. Resumed, the copy is a second run "
-            f"of id {run_id}, apart from the original",
+            "coevo: note: the run was being written; the copy is its log as of one commit. "
+            f"Resumed, the copy is a second run of id {run_id}, apart from the original",
             file=sys.stderr,
         )
     return 0
-
-
-def log_end(path: Path) -> int:
-    """How many events the log at ``path`` holds."""
-    from stores.lmdb_log import LmdbEventLog
-
-    log = LmdbEventLog.open(path)
-    try:
-        return log.next_seq
-    finally:
-        log.close()
 
 
 def cmd_export(args: argparse.Namespace) -> int:
