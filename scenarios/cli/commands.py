@@ -33,6 +33,7 @@ from scenarios.cli.common import (
     out_path,
     read_meta,
     stdout_to_stderr,
+    to_devnull,
 )
 from scenarios.cli.entry import Terminated, stopped
 from scenarios.cli.explore import add_commands
@@ -100,8 +101,7 @@ class _Stdout(Console):
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe
+        to_devnull(sys.stdout)  # nothing more reaches the closed pipe
         raise BrokenPipeError
 
 
@@ -588,7 +588,7 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
                         _print_envelope(env, args.json)
                         sys.stdout.flush()
                     except BrokenPipeError:  # `| head`: the reader has what it wanted
-                        _drop_stdout()
+                        to_devnull(sys.stdout)
                         break
                     count += 1
                 nursery.cancel_scope.cancel()
@@ -605,14 +605,6 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
     if terminated:
         raise Terminated
     return 0
-
-
-def _drop_stdout() -> None:
-    """Point stdout at /dev/null (its reader has gone): the flush at exit must not fail."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 def _interrupt(exc: BaseException) -> KeyboardInterrupt | None:

@@ -24,6 +24,7 @@ __all__ = [
     "open_run",
     "read_meta",
     "stdout_to_stderr",
+    "to_devnull",
     "version",
 ]
 
@@ -76,13 +77,19 @@ class _Stderr:
             self._gone()
 
     def _gone(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
+        to_devnull(self._stream)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def to_devnull(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at /dev/null: its reader has gone, and what is
+    written (or flushed at exit) after must not fail."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 def keep_stderr_open() -> None:
