@@ -58,6 +58,11 @@ def read_scenario(
     return scenario, unread_tables(doc, scenario)
 
 
+def stored_source(where: str) -> str:
+    """How messages name the scenario :func:`stored_scenario` reads of the run at ``where``."""
+    return f"{where} (its scenario)"
+
+
 def stored_scenario(
     meta: RunMeta | None, where: str, overrides: list[str] | tuple[str, ...] = ()
 ) -> Scenario:
@@ -72,7 +77,7 @@ def stored_scenario(
         ScenarioInvalid: the log holds no metadata, an override is malformed, or the scenario
             does not validate here (a plug-in method or world that no longer loads).
     """
-    source = f"{where} (its scenario)"
+    source = stored_source(where)
     if meta is None:
         raise ScenarioInvalid(source, "the run's log holds no run metadata")
     doc = parse_toml(meta.scenario_toml, source)

@@ -23,7 +23,7 @@ from agents.models.specs import EmbeddedSpec, OpsSpec
 from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, prepare
 from engine.actor import Actor, ActorSpec
 from engine.errors import CoevoError, ModelUnavailable, ScenarioInvalid
-from scenarios.loader import stored_scenario
+from scenarios.loader import stored_scenario, stored_source
 from scenarios.methods import checked_method
 from scenarios.schema import Scenario
 from stores.checkpoints import (
@@ -556,7 +556,7 @@ def reexecution_for(
 
     from agents.audit.reexecute import Reexecution
 
-    source = f"{run_dir} (its scenario)"
+    source = stored_source(str(run_dir))
     scenario = stored_scenario(meta, str(run_dir), overrides)
     if scenario.run.method == ROLLOUT or scenario.agent.kind != "policy":
         raise ScenarioInvalid(source, f"run.method = {scenario.run.method!r} trains no model")

@@ -47,7 +47,7 @@ from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
 from engine.world import Task
 from scenarios.assemble import world_factory, world_tasks
-from scenarios.loader import stored_scenario
+from scenarios.loader import stored_scenario, stored_source
 from scenarios.methods import method_of
 from scenarios.policy_setup import (
     extractor_model_dir,
@@ -140,7 +140,7 @@ def read_run(
         ProbeInvalid: it is not a Complementary RL run, or its log is empty.
     """
     root = find_run(path).root
-    source = f"{root} (its scenario)"
+    source = stored_source(str(root))
     scenario = stored_scenario(meta, str(root), overrides)
     if not _complementary(scenario):
         raise ProbeInvalid(

@@ -20,7 +20,7 @@ from agents.events.policy import PolicyUpdated
 from engine.errors import AuditQueryInvalid, ScenarioInvalid
 from engine.eventlog import machine_description
 from scenarios.assemble import world_factory
-from scenarios.loader import stored_scenario
+from scenarios.loader import stored_scenario, stored_source
 from scenarios.schema import Scenario
 from stores.fact_index import FactIndex
 
@@ -48,7 +48,7 @@ def run_whatif(
     """
     meta = log.read_meta()
     scenario = stored_scenario(meta, str(root), overrides)
-    source = f"{root} (its scenario)"
+    source = stored_source(str(root))
     if scenario.agent.kind != "policy":
         raise AuditQueryInvalid(
             f"{root}: agent.kind = {scenario.agent.kind!r}: no policy to replay"

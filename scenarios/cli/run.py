@@ -400,11 +400,11 @@ def _report(report: Any, rd: RunDir, updates: list[Any]) -> list[str]:
 def cmd_resume(args: argparse.Namespace) -> int:
     from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
     from scenarios.assemble import ROLLOUT, assemble, cluster
-    from scenarios.loader import stored_scenario
+    from scenarios.loader import stored_scenario, stored_source
 
     rd = find_run(args.run)
     meta = _read_meta(args.run)
-    source = f"{args.run} (its scenario)"
+    source = stored_source(args.run)
     scenario = stored_scenario(meta, args.run)
     log = _open_writer(rd, durable=scenario.runtime.durable)
     joined = contextlib.ExitStack()
