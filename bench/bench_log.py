@@ -168,7 +168,7 @@ def engine_append(
     spec = ActorSpec(name="source", factory=lambda: Source(events), driver=True)
     runtime = Runtime(log, started, [spec], folds, seed=0, config=RuntimeConfig())
     if not check:
-        runtime.check_event = lambda ev: None
+        runtime.check_event = lambda ev: 0
     t0, c0 = time.perf_counter(), time.process_time()
     outcome = trio.run(runtime.run)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0

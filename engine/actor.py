@@ -38,13 +38,20 @@ class Host(Protocol):
         ...
 
     def push(
-        self, actor: str, ev: Event, cause: int | None, corr: str, bounded: bool = False
+        self,
+        actor: str,
+        ev: Event,
+        cause: int | None,
+        corr: str,
+        bounded: bool = False,
+        size: int = 0,
     ) -> bool:
-        """Queue ``ev``; False (nothing queued) when ``bounded`` and the buffer is full."""
+        """Queue ``ev`` (``size`` bytes encoded); False (nothing queued) when ``bounded`` and
+        the buffer is full."""
         ...
 
-    def check_event(self, ev: Event) -> None:
-        """Raise ``EventInvalid`` unless ``ev`` would decode from the log."""
+    def check_event(self, ev: Event) -> int:
+        """Raise ``EventInvalid`` unless ``ev`` would decode from the log; its encoded size."""
         ...
 
     async def wait_space(self) -> None:
@@ -173,9 +180,9 @@ class Context:
             EventInvalid: ``ev`` would not decode from the log (a field of another type than
                 declared); nothing is queued.
         """
-        self._check(ev)
+        size = self._check(ev)
         corr, cause = provenance(self.current, corr, cause)
-        while not self._push(self.name, ev, cause, corr, self._source):
+        while not self._push(self.name, ev, cause, corr, self._source, size):
             await self._runtime.wait_space()
 
     async def pace(self) -> None:

@@ -171,9 +171,12 @@ class Codec:
         self._known = 0
         self._event_decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
 
-    def check(self, ev: Event) -> None:
+    def check(self, ev: Event) -> int:
         """Raise unless ``ev`` encodes and decodes back as its own class (about a microsecond
         for an event of a turn): what the log will be able to read.
+
+        Returns:
+            The size of ``ev`` encoded, in bytes (what the write buffer counts).
 
         Raises:
             EventInvalid: a field's value is not of its declared type, naming the field.
@@ -183,11 +186,13 @@ class Codec:
         if decoder is None:
             decoder = self._event_decoders[cls] = msgspec.msgpack.Decoder(_recordable(cls))
         try:
-            decoder.decode(self._encoder.encode(ev))
+            encoded = self._encoder.encode(ev)
+            decoder.decode(encoded)
         except (TypeError, OverflowError, msgspec.EncodeError) as exc:  # a numpy scalar, 2**70
             raise EventInvalid(f"{cls.__struct_config__.tag} cannot be recorded: {exc}") from None
         except msgspec.ValidationError as exc:
             raise EventInvalid(f"{cls.__struct_config__.tag} cannot be recorded: {exc}") from None
+        return len(encoded)
 
     def encode(self, envelope: Envelope[Event]) -> bytes:
         """Encode one envelope (its ``v`` must already be the event class's version)."""

@@ -31,8 +31,8 @@ __all__ = ["FINAL_EVENTS", "Numbering", "Pending"]
 FINAL_EVENTS = frozenset({RunStopped, RunFailed})
 """The kinds of a run's final event: the last event ever queued, checksummed before it."""
 
-Pending = tuple[str, Event, int | None, str, int]
-"""A queued emission: (actor, event, cause, corr, wall time ns)."""
+Pending = tuple[str, Event, int | None, str, int, int]
+"""A queued emission: (actor, event, cause, corr, wall time ns, bytes encoded)."""
 
 
 class Numbering:
@@ -110,7 +110,7 @@ class Numbering:
                 seq=seq, run=run_id, t=t, actor=actor, event=ev, cause=cause, corr=corr,
                 v=ev.version,
             )
-            for seq, (actor, ev, cause, corr, t) in enumerate(pending, self.seq)
+            for seq, (actor, ev, cause, corr, t, _) in enumerate(pending, self.seq)
         ]  # fmt: skip
         self.seq += len(envs)
         out.extend(envs)

@@ -41,6 +41,7 @@ import trio
 from engine.actor import Actor, Context, Mailbox
 from engine.errors import CoevoError
 from engine.events import Codec, Envelope, Event
+from engine.runtime import WRITE_BUFFER_BYTES
 from engine.seeds import derive_seed
 
 State = Literal["running", "ended", "failed"]
@@ -206,6 +207,8 @@ class RemoteHost:
         mailbox: batches the actor's mailbox holds before a delivery waits.
         outbox: events a source actor may have emitted and not yet shipped before its ``emit``
             waits (an actor that reacts to events never waits, as in the driver).
+        outbox_bytes: the same in bytes of the events encoded (one poll's report holds at
+            most this, or one larger event).
         history: for the first start of a resumed run: the earlier sessions' events
             (:func:`encode_history`), given to the actor's :meth:`Actor.recover` before it runs
             as an :class:`EncodedHistory` (None: no recovery).
@@ -221,6 +224,7 @@ class RemoteHost:
         attempt: int,
         mailbox: int = 64,
         outbox: int = 8192,
+        outbox_bytes: int = WRITE_BUFFER_BYTES,
         history: HistoryChunks | None = None,
         restart_for: tuple[type[Exception], ...] = (),
     ) -> None:
@@ -231,6 +235,8 @@ class RemoteHost:
         self._factory = factory
         self._attempt = attempt
         self._outbox_max = outbox
+        self._outbox_bytes = outbox_bytes
+        self._out_bytes = 0
         self._history = history
         self._restart_for = restart_for
         self._restart = False
@@ -255,18 +261,29 @@ class RemoteHost:
     def actor_seed(self, name: str) -> int:
         return derive_seed(self.seed, "actor", name)
 
+    def _full(self) -> bool:
+        out = self._out
+        return bool(out) and (len(out) >= self._outbox_max or self._out_bytes >= self._outbox_bytes)
+
     def push(
-        self, actor: str, ev: Event, cause: int | None, corr: str, bounded: bool = False
+        self,
+        actor: str,
+        ev: Event,
+        cause: int | None,
+        corr: str,
+        bounded: bool = False,
+        size: int = 0,
     ) -> bool:
-        if bounded and len(self._out) >= self._outbox_max:
+        if bounded and self._full():
             return False
         env = Envelope(seq=0, run="", t=0, actor=actor, event=ev, cause=cause, corr=corr)
         self._out.append(msgspec.structs.replace(env, v=type(ev).version))
+        self._out_bytes += size
         self._changed.unpark_all()
         return True
 
     async def wait_space(self) -> None:
-        while len(self._out) >= self._outbox_max:
+        while self._full():
             await self._changed.park()
 
     def subscribed(self, cls: type[Event], besides: str = "") -> bool:
@@ -347,6 +364,7 @@ class RemoteHost:
             while not self._out and self._state == "running":
                 await self._changed.park()
         out, self._out = self._out, []
+        self._out_bytes = 0
         self._changed.unpark_all()  # a source actor waiting for room
         numbered = [msgspec.structs.replace(env, seq=i) for i, env in enumerate(out)]
         events = self._codec.encode_batch(numbered)

@@ -17,10 +17,13 @@ and the run ends with :class:`RunStopped`.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
+import itertools
 import math
+import operator
 import os
 import queue
 import signal
@@ -107,6 +110,15 @@ def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return next(error_leaves(group))
 
 
+WRITE_BUFFER_BYTES = 64 * 2**20
+"""Default bytes of encoded events a source actor may have queued before ``emit`` waits: a
+world that answers megabytes a turn fills it long before the event count does."""
+
+
+_SIZE = operator.itemgetter(5)
+"""A pending event's size encoded (:data:`engine.numbering.Pending`)."""
+
+
 class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Knobs of the runtime (the scenario's ``[runtime]`` table maps onto these).
 
@@ -115,6 +127,9 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
             queued, up to this; a large cap lets a loaded run spread each fsync over more events.
         batch_wait: seconds the writer lingers for more events before a partial batch (0: none).
         write_buffer: events a source actor may have queued before ``emit`` waits.
+        write_buffer_bytes: the same in bytes (the events encoded), and the most bytes of
+            events in one commit (a single larger event still goes alone): with the two
+            batches between numbering and delivery, the writer holds about three times this.
         mailbox: batches an actor's mailbox holds before delivery waits.
         checksum_every: events between projection checksums (0: only at the end), at least.
         snapshot_every: events between projection snapshots (0: never), at least.
@@ -135,6 +150,7 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
     batch_max: int = 4096
     batch_wait: float = 0.0
     write_buffer: int = 8192
+    write_buffer_bytes: int = WRITE_BUFFER_BYTES
     mailbox: int = 64
     checksum_every: int = 1000
     snapshot_every: int = 20000
@@ -298,6 +314,9 @@ class Runtime:
         self._resumed = resumed
         self._history = history
         self._pending: list[Pending] = []
+        self._pending_bytes = 0
+        self._buffer_events = self._cfg.write_buffer
+        self._buffer_bytes = self._cfg.write_buffer_bytes
         self._wake = trio.lowlevel.ParkingLot()
         self._space = trio.lowlevel.ParkingLot()
         self._closing = False
@@ -344,35 +363,57 @@ class Runtime:
         return self._next
 
     def statistics(self) -> dict[str, Any]:
-        """Pending events, committed events and per-mailbox queue lengths."""
+        """Pending events (and their bytes encoded), committed events and per-mailbox queue
+        lengths."""
         return {
             "pending": len(self._pending),
+            "pending_bytes": self._pending_bytes,
             "committed": self._next,
             "mailboxes": {s.spec.name: s.send.statistics().current_buffer_used for s in self._subs},
         }
 
     # --- emission ---------------------------------------------------------------------------
 
+    def _full(self) -> bool:
+        """Whether the write buffer holds ``write_buffer`` events, or ``write_buffer_bytes``
+        (an event larger than that still goes into an empty buffer)."""
+        pending = self._pending
+        return bool(pending) and (
+            len(pending) >= self._buffer_events or self._pending_bytes >= self._buffer_bytes
+        )
+
     async def wait_space(self) -> None:
         """Wait until the writer has taken events out of a full write buffer."""
-        while len(self._pending) >= self._cfg.write_buffer:
+        while self._full():
             await self._space.park()
 
     def push(
-        self, actor: str, ev: Event, cause: int | None, corr: str, bounded: bool = False
+        self,
+        actor: str,
+        ev: Event,
+        cause: int | None,
+        corr: str,
+        bounded: bool = False,
+        size: int = 0,
     ) -> bool:
-        """Queue an event for the writer (see :meth:`Context.emit`); never waits.
+        """Queue an event of ``size`` bytes encoded for the writer (see
+        :meth:`Context.emit`); never waits.
 
         Returns:
             False, with nothing queued, if ``bounded`` (a source actor's event) and the write
             buffer is full: the caller waits (:meth:`wait_space`) and pushes again.
         """
         pending = self._pending
-        if bounded and len(pending) >= self._cfg.write_buffer:
+        if (
+            bounded
+            and pending
+            and (len(pending) >= self._buffer_events or self._pending_bytes >= self._buffer_bytes)
+        ):  # _full(), inline: this runs for every event
             return False
         if not pending:
             self._wake.unpark_all()
-        pending.append((actor, ev, cause, corr, self._clock()))
+        pending.append((actor, ev, cause, corr, self._clock(), size))
+        self._pending_bytes += size
         self._pushed += 1
         return True
 
@@ -637,15 +678,28 @@ class Runtime:
                 await self._wake.park()
             if cfg.batch_wait > 0 and len(self._pending) < cfg.batch_max:
                 await trio.sleep(cfg.batch_wait)
-            n = min(len(self._pending), cfg.batch_max)
+            n = self._batch_size()
             batch = self._pending[:n]
             del self._pending[:n]
+            self._pending_bytes = (
+                sum(map(_SIZE, self._pending)) if self._pending_bytes and self._pending else 0
+            )
             self._space.unpark_all()
             self._in_flight += 1
             envelopes, snapshots = self._numbering.prepare(batch)
             pushed = self._pushed - len(self._pending)
             encoded = self._log.encode(envelopes)
             committer.submit(_Prepared(envelopes, snapshots, encoded, pushed))
+
+    def _batch_size(self) -> int:
+        """How many pending events the next batch takes: up to ``batch_max``, and up to
+        ``write_buffer_bytes`` of them encoded (at least one)."""
+        n = min(len(self._pending), self._cfg.batch_max)
+        most = self._cfg.write_buffer_bytes
+        if self._pending_bytes <= most:
+            return n
+        ends = list(itertools.accumulate(map(_SIZE, self._pending[:n])))
+        return max(1, bisect.bisect_right(ends, most))
 
     def _on_committed(self, prepared: _Prepared, error: BaseException | None) -> None:
         """The committer's report of one batch (run on the event loop, in commit order)."""

@@ -528,6 +528,7 @@ def runtime_config(scenario: Scenario, handle_signals: bool = False) -> RuntimeC
         batch_max=rt.batch_max,
         batch_wait=rt.batch_wait_ms / 1000.0,
         write_buffer=rt.write_buffer,
+        write_buffer_bytes=round(rt.write_buffer_mb * 2**20),
         mailbox=rt.mailbox,
         checksum_every=rt.checksum_every,
         snapshot_every=rt.snapshot_every,

@@ -256,6 +256,8 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         batch_max: most events per commit.
         batch_wait_ms: how long the writer lingers to fill a batch.
         write_buffer: queued events before a source actor waits.
+        write_buffer_mb: the same in MiB of events encoded, and the most per commit (an
+            env worker whose world answers megabytes a turn waits for the disk here).
         mailbox: queued batches per actor before delivery waits.
         checksum_every: events between projection checksums (0: only at the end), at least.
         snapshot_every: events between projection snapshots (0: never), at least.
@@ -278,6 +280,7 @@ class RuntimeSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     batch_max: Annotated[int, Meta(ge=1, le=100_000)] = 4096
     batch_wait_ms: Annotated[float, Meta(ge=0, le=10_000)] = 0.0
     write_buffer: Annotated[int, Meta(ge=1, le=10_000_000)] = 8192
+    write_buffer_mb: Annotated[float, Meta(ge=0.001, le=1_048_576)] = 64.0
     mailbox: Annotated[int, Meta(ge=1, le=100_000)] = 64
     checksum_every: NonNegInt = 1000
     snapshot_every: NonNegInt = 20_000

@@ -42,9 +42,9 @@ class Seen:
 
 
 def pending(count: int, final: bool = True) -> list[Pending]:
-    items: list[Pending] = [("src", Tick(n=i), None, "", i) for i in range(count)]
+    items: list[Pending] = [("src", Tick(n=i), None, "", i, 0) for i in range(count)]
     if final:
-        items.append(("runtime", RunStopped(reason="completed", exit_code=0), None, "", count))
+        items.append(("runtime", RunStopped(reason="completed", exit_code=0), None, "", count, 0))
     return items
 
 

@@ -183,6 +183,30 @@ def test_a_source_actor_waits_when_its_outbox_is_full() -> None:
     assert got == 10 and rep.state == "ended"
 
 
+def test_a_source_actor_waits_when_its_outbox_holds_its_bytes() -> None:
+    emitted: list[int] = []
+
+    class Source(Actor):
+        async def run(self, ctx: Context) -> None:
+            for i in range(10):
+                await ctx.emit(RunStopped(reason=str(i) * 1000))
+                emitted.append(i)
+
+    host = RemoteHost("source", Source, 7, 0, outbox=100, outbox_bytes=2500)
+    try:
+        time.sleep(0.3)
+        assert len(emitted) == 3  # ~1 KB each: the fourth emit waits for a poll
+        rep, out = report(host)
+        got = len(out)
+        while rep.state == "running":
+            rep, more = report(host)
+            assert len(more) <= 4
+            got += len(more)
+    finally:
+        host.stop()
+    assert got == 10 and rep.state == "ended"
+
+
 def env(seq: int) -> Envelope[Event]:
     return Envelope(seq=seq, run="r", t=0, actor="x", event=RunStopped(reason=str(seq)))
 

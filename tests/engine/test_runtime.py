@@ -440,6 +440,126 @@ def test_source_waits_when_write_buffer_is_full() -> None:
     assert sum(isinstance(e.event, Ping) for e in log.read()) == 200
 
 
+@event
+class Blob(Event, tag="test_blob", frozen=True, kw_only=True):
+    data: str
+
+
+class BlobSource(Actor):
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = sizes
+
+    async def run(self, ctx: Context) -> None:
+        for i, size in enumerate(self.sizes):
+            await ctx.emit(Blob(data=str(i % 10) * size))
+
+
+class CountingGatedLog(GatedLog):
+    """A gated log that records the bytes of each batch it stores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_bytes: list[int] = []
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        self.batch_bytes.append(sum(map(len, batch.pieces)))
+        super().append_encoded(batch, snapshots=snapshots)
+
+
+def test_the_write_buffer_is_bounded_in_bytes_too() -> None:
+    """Events of 100 KB against a 1 MB buffer of 10,000 events: the source waits once about
+    1 MB is queued, and no commit holds much more than 1 MB (the event-count bound alone
+    queued all 200, 20 MB, while the disk was slow)."""
+    log = CountingGatedLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    bound = 2**20
+    cfg = RuntimeConfig(write_buffer=10_000, write_buffer_bytes=bound, batch_max=4096)
+    sizes = [100_000] * 200
+    rt = Runtime(
+        log,
+        started,
+        [ActorSpec(name="src", factory=lambda: BlobSource(sizes), driver=True)],
+        [],
+        seed=0,
+        config=cfg,
+    )
+    high_water: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rt.run)
+            with trio.fail_after(10):
+                while rt.statistics()["pending_bytes"] < bound:  # the disk is stalled
+                    await trio.sleep(0.001)
+            for _ in range(30):
+                await trio.sleep(0.01)
+                high_water.append(rt.statistics()["pending_bytes"])
+            log.gate.set()
+
+    trio.run(main)
+    assert bound <= max(high_water) <= bound + 100_100
+    assert max(log.batch_bytes) <= bound + 2 * 100_100  # the runtime's own small events besides
+    blobs = [e.event for e in log.read() if isinstance(e.event, Blob)]
+    assert [b.data[0] for b in blobs] == [str(i % 10) for i in range(200)]
+
+
+class PacedBlobs(Actor):
+    """Reacts to one Ping with many large events, pacing itself as an env worker does."""
+
+    subscribes = (Ping,)
+
+    async def run(self, ctx: Context) -> None:
+        async for _ in ctx.events():
+            for i in range(40):
+                await ctx.emit(Blob(data="x" * 100_000), corr=f"b{i}")
+                await ctx.pace()
+            return
+
+
+def test_a_reacting_actor_that_paces_waits_on_the_bytes_bound() -> None:
+    """An env worker whose scripted agent awaits nothing paces itself: with a slow disk it
+    waits for room in bytes too (real clock: the gate opens after 0.5 s, within PACE_WAIT_S)."""
+    log = GatedLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    bound = 2**20
+    cfg = RuntimeConfig(write_buffer_bytes=bound)
+    specs = [
+        ActorSpec(name="src", factory=lambda: Source(1)),
+        ActorSpec(name="blobs", factory=PacedBlobs, driver=True),
+    ]
+    rt = Runtime(log, started, specs, [], seed=0, config=cfg)
+    high_water: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rt.run)
+            log.gate.set()  # the Ping reaches the actor
+            while not rt.statistics()["pending_bytes"]:
+                await trio.sleep(0.001)
+            log.gate.clear()  # then the disk stalls
+            for _ in range(50):
+                await trio.sleep(0.01)
+                high_water.append(rt.statistics()["pending_bytes"])
+            log.gate.set()
+
+    trio.run(main)
+    assert max(high_water) <= bound + 100_100
+    assert sum(isinstance(e.event, Blob) for e in log.read()) == 40
+
+
+def test_an_event_larger_than_the_byte_bound_still_goes() -> None:
+    log, _ = run_runtime(
+        [ActorSpec(name="src", factory=lambda: BlobSource([5000, 10, 5000, 5000]), driver=True)],
+        RuntimeConfig(write_buffer_bytes=1000),
+    )
+    assert [len(e.event.data) for e in log.read() if isinstance(e.event, Blob)] == [
+        5000,
+        10,
+        5000,
+        5000,
+    ]
+
+
 def test_actor_names_must_be_unique() -> None:
     started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
     specs = [ActorSpec(name="a", factory=Forever), ActorSpec(name="a", factory=Forever)]

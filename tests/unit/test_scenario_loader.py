@@ -137,6 +137,16 @@ def test_defaults_form_a_valid_scenario() -> None:
     assert sc.runtime.durable is True
 
 
+def test_the_runtime_table_sets_the_engine_and_its_defaults_are_the_engine_s() -> None:
+    from engine.runtime import RuntimeConfig
+    from scenarios.assemble import runtime_config
+
+    assert runtime_config(to_scenario({"name": "n"}, "inline")) == RuntimeConfig()
+    sc = to_scenario({"name": "n", "runtime": {"write_buffer_mb": 0.5, "batch_max": 7}}, "x")
+    cfg = runtime_config(sc)
+    assert cfg.write_buffer_bytes == 2**19 and cfg.batch_max == 7
+
+
 @pytest.mark.parametrize(
     ("data", "fragment"),
     [
