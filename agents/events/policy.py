@@ -215,12 +215,17 @@ class EvalRoundStarted(Event, tag="eval_round_started", frozen=True, kw_only=Tru
 
     ``memory``: the episodes are shown the training bank's entries (Complementary RL's
     evaluation with its bank; a round without memory of the same number plays the same tasks).
+    ``holds_updates``: the trainer requests no policy update until every round at this
+    version has ended (EMPO2's adaptation round too), so no other version plays in it; False
+    in logs written before 2026-12-05, whose rounds could be played partly by the versions
+    that landed meanwhile.
     """
 
     round: int
     policy_version: int
     episodes: int
     memory: bool = False
+    holds_updates: bool = False
 
 
 @event

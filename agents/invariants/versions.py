@@ -5,7 +5,9 @@ Update ``n`` of a model is requested once, in order (``gradient_requested`` /
 (``policy_updated`` / ``extractor_updated``), starting from the digest version ``n`` ended at
 (``parent_digest``, where recorded). Whatever names a version that answered (a sample, a tip,
 an evaluation round, an extractor call) names one the log already holds: no model answers
-with weights it has not been given.
+with weights it has not been given. In a run whose rounds hold updates
+(``eval_round_started.holds_updates``), a round ends at the version it names: no other
+version played in it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Versions:
     def __init__(self, ctx: CheckContext | None = None) -> None:
         self._policy = _Chain("policy")
         self._extractor = _Chain("extractor")
+        self._holds = False  # the run's evaluation rounds hold updates
 
     def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
         for env in envs:
@@ -78,6 +81,10 @@ class Versions:
                 continue
             if kind in _USERS_OF_POLICY:
                 self._used(env.seq, self._policy, getattr(ev, "policy_version"))  # noqa: B009
+                if isinstance(ev, EvalRoundStarted) and ev.holds_updates:
+                    self._holds = True
+                elif isinstance(ev, EvalRoundFinished | AdaptRoundFinished) and self._holds:
+                    self._held(env.seq, ev)
             elif isinstance(ev, ExtractorCalled):
                 self._used(env.seq, self._extractor, ev.extractor_version)
             elif isinstance(ev, GradientRequested):
@@ -99,6 +106,17 @@ class Versions:
                 seq,
                 f"answered by {chain.model} version {version}; {held}",
                 (chain.seq,) if chain.seq >= 0 else (),
+            )
+
+    def _held(self, seq: int, ev: EvalRoundFinished | AdaptRoundFinished) -> None:
+        chain = self._policy
+        if ev.policy_version != chain.version:
+            raise InvariantViolated(
+                self.name,
+                seq,
+                f"round {ev.round} of policy version {ev.policy_version} ended at version "
+                f"{chain.version}: an update was published while it held them",
+                (chain.seq,),
             )
 
     def _requested(self, seq: int, chain: _Chain, update: int) -> None:

@@ -306,6 +306,12 @@ class GrpoTrainer(Replayed):
         self._stepped = 0  # steps requested: all their groups ended, in order (warm-up included)
         self._version = 0
         self._round = 0
+        # versions whose rounds (evaluation, with memory, adaptation) have all ended; until
+        # then no update that would replace that version is requested (a log written before
+        # this hold goes on without it: EvalRoundStarted.holds_updates)
+        self._hold = True
+        self._open: dict[int, int] = {}  # version -> its rounds still playing
+        self._evaluated: set[int] = set()
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
         self._started: set[str] = set()  # running episodes whose worker has begun them
         self._legacy_requests = False  # resumed from requests that predate their two fields
@@ -349,9 +355,7 @@ class GrpoTrainer(Replayed):
             return await self._settle(ctx)
         if isinstance(ev, PolicyUpdated):
             self._version = ev.policy_version
-            if self._eval_tasks and (
-                ev.policy_version % self._eval.every == 0 or ev.policy_version == self._updates
-            ):
+            if self._round_due(ev.policy_version):
                 await self._start_round(ctx)
         elif isinstance(ev, TipsRetrieved):
             if ev.episode in self._similar:
@@ -436,6 +440,12 @@ class GrpoTrainer(Replayed):
         # the replay must ask for the settlement where the log does
         self._credits = any(
             env.actor == ctx.name and isinstance(env.event, CreditsDue) for env in history
+        )
+        self._hold = not any(
+            env.actor == ctx.name
+            and isinstance(env.event, EvalRoundStarted)
+            and not env.event.holds_updates
+            for env in history
         )
         await super().recover(ctx, history)
 
@@ -570,6 +580,33 @@ class GrpoTrainer(Replayed):
         if self._adapt_tasks and self._version in (0, self._updates):
             self._start_adapt(ctx, number)
 
+    def _round_due(self, version: int) -> bool:
+        """Whether evaluation rounds are played at ``version`` (0, every ``eval.every``-th,
+        and the last)."""
+        return bool(self._eval_tasks) and (
+            version % self._eval.every == 0 or version == self._updates
+        )
+
+    def _held(self) -> bool:
+        """Whether the next step's update waits: it would replace a version whose rounds
+        have not all ended (a warm-up step replaces nothing)."""
+        step = self._stepped
+        if not self._hold or step < self._warmup:
+            return False
+        replaced = step - self._warmup  # the version the update starts from
+        return self._round_due(replaced) and replaced not in self._evaluated
+
+    def _opened(self, version: int) -> None:
+        self._open[version] = self._open.get(version, 0) + 1
+
+    async def _closed(self, ctx: Context, version: int) -> None:
+        """One round at ``version`` ended; once all have, the updates they held go on."""
+        self._open[version] -= 1
+        if self._open[version] == 0:
+            del self._open[version]
+            self._evaluated.add(version)
+            await self._request_ready(ctx)
+
     async def _round_of(
         self, ctx: Context, number: int, jobs: list[EpisodeAssigned], memory: bool = False
     ) -> None:
@@ -577,15 +614,21 @@ class GrpoTrainer(Replayed):
         for job in jobs:
             self._rounds[job.episode] = r
         self._queue.extendleft(reversed(jobs))  # evaluation goes first
+        self._opened(r.version)
         await ctx.emit(
             EvalRoundStarted(
-                round=r.number, policy_version=r.version, episodes=len(jobs), memory=memory
+                round=r.number,
+                policy_version=r.version,
+                episodes=len(jobs),
+                memory=memory,
+                holds_updates=self._hold,
             )
         )
 
     def _start_adapt(self, ctx: Context, number: int) -> None:
         n = self._eval.adapt_attempts
         a = _Adapt(number, self._version, list(self._adapt_tasks), n, [0] * n, [0.0] * n)
+        self._opened(a.version)
         jobs = [self._adapt_job(ctx, a, i, 0) for i in range(len(a.tasks))]
         self._queue.extendleft(reversed(jobs))
 
@@ -644,6 +687,7 @@ class GrpoTrainer(Replayed):
                     aborted=a.aborted,
                 )
             )
+            await self._closed(ctx, a.version)
 
     async def _ended(self, ctx: Context, ev: EpisodeFinished | EpisodeAborted) -> None:
         if ev.episode in self._rounds:
@@ -679,6 +723,7 @@ class GrpoTrainer(Replayed):
                     memory=r.memory,
                 )
             )
+            await self._closed(ctx, r.version)
 
     def _per_update(self) -> int:
         return self._grpo.group_size * self._grpo.groups_per_update
@@ -722,7 +767,13 @@ class GrpoTrainer(Replayed):
         del self._groups[gid]
         batch = _Batch(tuple(episodes), advantages, tuple(rollouts))
         self._pending.setdefault(step, {})[group.index] = batch
-        while len(self._pending.get(self._stepped, ())) == self._grpo.groups_per_update:
+        await self._request_ready(ctx)
+
+    async def _request_ready(self, ctx: Context) -> None:
+        """Request every next step whose groups have all ended, in order, unless it is
+        :meth:`_held`."""
+        per = self._grpo.groups_per_update
+        while len(self._pending.get(self._stepped, ())) == per and not self._held():
             await self._request(ctx, self._pending.pop(self._stepped))
 
     async def _request(self, ctx: Context, groups: dict[int, _Batch]) -> None:

@@ -7,15 +7,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agents.events.episodes import EpisodeAborted, EpisodeFinished
 from agents.events.extractor import CreditAssigned, CreditsSettled, MergePlanned
 from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
-from agents.events.policy import ActionSampled, AdvantagesComputed, PolicyUpdated
+from agents.events.policy import (
+    ActionSampled,
+    AdvantagesComputed,
+    EvalRoundFinished,
+    EvalRoundStarted,
+    PolicyUpdated,
+)
 from agents.invariants import Credit
 from agents.testing.edits import drop, insert, swap
+from agents.testing.events import policy_updated
 from agents.testing.streams import AUDIT, runs
 from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
@@ -187,6 +195,24 @@ def test_versions_catches_a_sample_from_a_version_not_yet_made(
     assert isinstance(ev, ActionSampled)
     bad = swap(envs, at, msgspec.structs.replace(ev, policy_version=ev.policy_version + 1))
     assert caught(envs, "versions") is None and caught(bad, "versions") == at
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_versions_catches_an_update_published_while_a_round_held_them(holds: bool) -> None:
+    """A round that holds updates ends at its own version; one written before the hold (an
+    old log) may end at a later one."""
+    played = [
+        EvalRoundStarted(round=0, policy_version=0, episodes=1, holds_updates=holds),
+        policy_updated(1),
+        EvalRoundFinished(
+            round=0, policy_version=0, episodes=1, success=1.0, score=1.0, train_episodes=4
+        ),
+    ]
+    envs = [Envelope(seq=i, run="r", t=0, actor="trainer", event=ev) for i, ev in enumerate(played)]
+    assert caught(envs, "versions") == (2 if holds else None)
+    after = [played[0], played[2], played[1]]  # the update once the round has ended
+    envs = [Envelope(seq=i, run="r", t=0, actor="trainer", event=ev) for i, ev in enumerate(after)]
+    assert caught(envs, "versions") is None
 
 
 @CONTROL

@@ -18,7 +18,13 @@ from agents.events.episodes import (
     EpisodeStarted,
 )
 from agents.events.extractor import MergeDue, MergePlanned, MergeRequested
-from agents.events.policy import AdvantagesComputed, GradientRequested, PolicyUpdated
+from agents.events.policy import (
+    AdaptRoundFinished,
+    AdvantagesComputed,
+    EvalRoundFinished,
+    GradientRequested,
+    PolicyUpdated,
+)
 from agents.learning.trainer import GrpoTrainer
 from agents.methods.builtin import Complementary, Empo2
 from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
@@ -68,6 +74,7 @@ class Drive:
         self.plans: list[MergeDue] = []
         self.version = 0
         self.version_at: dict[str, int] = {}  # episode -> policy version when it was assigned
+        self.round_ends: list[tuple[int, int]] = []  # (a round's version, the version then)
         self.ctx = ReplayContext("trainer", SEED)
 
     def _collect(self) -> None:
@@ -80,6 +87,8 @@ class Drive:
                 self.owed.append(ev)
             elif isinstance(ev, MergeDue):
                 self.plans.append(ev)
+            elif isinstance(ev, EvalRoundFinished | AdaptRoundFinished):
+                self.round_ends.append((ev.policy_version, self.version))
         self.ctx.emitted.clear()
 
     def run(self) -> list[tuple[str, Event]]:
@@ -248,6 +257,14 @@ def test_groups_feed_their_planned_update_whatever_order_they_end_in(
         assert all(drive.version_at[e] >= r.update - grpo.max_staleness for e in r.episodes)
     for g in of(log, AdvantagesComputed):
         assert {step_of[e] - warmup for e in g.episodes} == {g.update}
+    # no update lands while a round plays: each ends at the version it names, and its x is
+    # the training episodes behind that version (with the warm-up steps)
+    assert drive.round_ends and all(v == now for v, now in drive.round_ends)
+    for r in of(log, EvalRoundFinished):
+        if r.policy_version:
+            assert r.train_episodes == (r.policy_version + warmup) * per_step
+        else:
+            assert r.train_episodes <= warmup * per_step
     if comp is not None:  # every guided episode is trained on; none vanished into a warm-up
         groups = of(log, AdvantagesComputed)
         guided = {
@@ -354,3 +371,30 @@ def test_a_log_from_before_merge_plans_is_told_from_one_cut_mid_pass() -> None:
     assert not _passes_unplanned(history(due, chunk))  # cut mid-pass: planned on resume
     assert not _passes_unplanned(history(due, chunk, planned, asked, later))
     assert not _passes_unplanned(history(due))
+
+
+def test_a_log_whose_rounds_did_not_hold_updates_resumes_without_the_hold() -> None:
+    """A run written before rounds held updates (``holds_updates`` False) had updates land
+    while a round played; its trainer's replay must go on without the hold, or it would
+    emit its requests later than the log holds them (the resume would diverge)."""
+    grpo = GrpoConfig(group_size=2, groups_per_update=2, max_staleness=1)
+    evaluation = EvalConfig(every=1, episodes=2)
+
+    def first(options: list[str]) -> str:  # updates as soon as they are owed, rounds last
+        return "update" if "update" in options else options[-1]
+
+    old = trainer_of(grpo, 16, 2, evaluation=evaluation)
+    old._hold = False  # pyright: ignore[reportPrivateUsage] (the code before the hold)
+    drive = Drive(old, first)
+    log = drive.run()
+    assert any(v != now for v, now in drive.round_ends)  # an update landed mid-round
+    envs = [
+        Envelope(seq=i, run="r", t=0, actor=actor, event=ev) for i, (actor, ev) in enumerate(log)
+    ]
+    for cut in (len(envs) // 2, len(envs)):
+        again = trainer_of(grpo, 16, 2, evaluation=evaluation)
+        trio.run(again.recover, cast(Context, ReplayContext("trainer", SEED)), envs[:cut])
+        assert not again._hold  # pyright: ignore[reportPrivateUsage]
+    held = Drive(trainer_of(grpo, 16, 2, evaluation=evaluation), first)
+    held.run()
+    assert all(v == now for v, now in held.round_ends)
