@@ -32,6 +32,7 @@ from agents.audit.index import (
     consumers,
     fetch,
     outcomes,
+    purposes,
     tip_rows,
     weighed,
 )
@@ -203,10 +204,12 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     shown_in = [r.episode for _, r in retrieved]
     ends, lost = outcomes(index, shown_in), abandoned(index, shown_in)
     uses = tuple(
-        _use(seq, r, None, stored_seq, evicted_seq, abandoned=True)
+        _use(seq, r, None, stored_seq, evicted_seq, purpose, abandoned=True)
         if cut is not None and seq < cut
-        else _use(seq, r, end, stored_seq, evicted_seq)
-        for (seq, r), end, cut in zip(retrieved, ends, lost, strict=True)
+        else _use(seq, r, end, stored_seq, evicted_seq, purpose)
+        for (seq, r), end, cut, purpose in zip(
+            retrieved, ends, lost, purposes(index, shown_in), strict=True
+        )
     )
     credits = _credits(index, rows)
     updates = _updates(index, st.call, credits)
@@ -251,6 +254,7 @@ def _use(
     end: Outcome | None,
     stored: int,
     evicted: int | None,
+    purpose: str,
     *,
     abandoned: bool = False,
 ) -> Use:
@@ -263,7 +267,7 @@ def _use(
         similarity=r.similarity,
         score=r.score,
         alive=stored < seq and (evicted is None or evicted > seq),
-        purpose=end.purpose if end is not None else "",
+        purpose=end.purpose if end is not None else purpose,
         ended=end is not None,
         success=end is not None and end.success,
         outcome_score=end.score if end is not None else 0.0,

@@ -465,6 +465,13 @@ def assigned(index: FactIndex) -> list[tuple[str, Assigned]]:
     return [(k[1:].decode(), _ASSIGNED_DECODER.decode(v)) for k, v in index.scan(b"a")]
 
 
+def purposes(index: FactIndex, episodes: Sequence[str]) -> list[str]:
+    """What each of ``episodes`` was assigned for ("train", "eval"; "" if never assigned),
+    in one read: known also of an attempt that did not end."""
+    raws = index.get_many([b"a" + ep.encode() for ep in episodes])
+    return ["" if raw is None else _ASSIGNED_DECODER.decode(raw).purpose for raw in raws]
+
+
 def versions(index: FactIndex, episodes: Sequence[str]) -> list[int | None]:
     """The policy version of each episode's first sampled action (None: no policy action)."""
     raws = index.get_many([b"p" + ep.encode() for ep in episodes])

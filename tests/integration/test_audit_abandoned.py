@@ -45,7 +45,8 @@ def test_every_view_of_an_episode_run_twice_is_its_last_attempt(
         assert len(rec.requests) == 1 and rec.played.success
         assert set(rec.shown) == {4}
         lost = [u for u in audit_tip(log, index, 3).uses if u.episode == "ep008"]
-        assert [(u.abandoned, u.ended) for u in lost] == [(True, False)]
+        # its purpose is known though it never ended (it was "" before)
+        assert [(u.abandoned, u.ended, u.purpose) for u in lost] == [(True, False, "train")]
         first = audit_tip(log, index, 3)
         assert "ep008" not in {u.episode for u in first.uses if not u.abandoned}
         kept = [u for u in audit_tip(log, index, 4).uses if u.episode == "ep008"]
