@@ -207,13 +207,13 @@ class RemoteHost:
         mailbox: batches the actor's mailbox holds before a delivery waits.
         outbox: events a source actor may have emitted and not yet shipped before its ``emit``
             waits (an actor that reacts to events never waits, as in the driver).
-        outbox_bytes: the same in bytes of the events encoded (one poll's report holds at
-            most this, or one larger event).
         history: for the first start of a resumed run: the earlier sessions' events
             (:func:`encode_history`), given to the actor's :meth:`Actor.recover` before it runs
             as an :class:`EncodedHistory` (None: no recovery).
         restart_for: the errors of the actor's code that its spec restarts for (``()``: none;
             ``(Exception,)``: any); a failure with one is reported ``restart``.
+        outbox_bytes: the same as ``outbox`` in bytes of the events encoded (a poll's report
+            holds about this at most, or one larger event).
     """
 
     def __init__(
@@ -224,9 +224,9 @@ class RemoteHost:
         attempt: int,
         mailbox: int = 64,
         outbox: int = 8192,
-        outbox_bytes: int = WRITE_BUFFER_BYTES,
         history: HistoryChunks | None = None,
         restart_for: tuple[type[Exception], ...] = (),
+        outbox_bytes: int = WRITE_BUFFER_BYTES,
     ) -> None:
         if mailbox < 1 or outbox < 1:
             raise ValueError(f"mailbox and outbox must be >= 1, got {mailbox} and {outbox}")
