@@ -129,6 +129,14 @@ def _hint(reason: str) -> str:
     return "disk full, or a file-size limit?"
 
 
+class RunDirectoryMoved(CoevoError):
+    """The run's directory was moved, replaced or deleted while the run wrote into it: what
+    the run writes by path (checkpoints, curves) would go to a new directory at the old path,
+    apart from the log (which follows the directory it was opened in). No restart mends it."""
+
+    restartable = False
+
+
 class LogLocked(LogError):
     """A second writer tried to open a log that already has one. Readers are never refused.
 

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from engine.errors import ModelUnavailable
+from engine.errors import ModelUnavailable, RunDirectoryMoved
+from stores.rundir import dir_identity
 
 if TYPE_CHECKING:  # torch, safetensors and transformers are imported where they are used:
     import torch  # commands that only check settings or read logs never load them
@@ -685,6 +686,25 @@ class DirCheckpoints:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = root
         self.keep = keep
+        self._home = dir_identity(root.parent)  # the run directory it writes into
+
+    def _check_home(self, version: int) -> None:
+        """Raise unless the run directory is still the one this store was made in: after a
+        move, save_pretrained would create the old path anew, and the checkpoints would live
+        apart from the log that names them.
+
+        Raises:
+            RunDirectoryMoved: it was moved, deleted or replaced.
+        """
+        home = self.root.parent
+        now = dir_identity(home)
+        if now is None or (self._home is not None and now != self._home):
+            raise RunDirectoryMoved(
+                f"the run directory {home} was moved, deleted or replaced while the run wrote "
+                f"into it: version {version}'s checkpoint is not written (nothing is created "
+                "at the old path); the log is complete up to here wherever the directory went, "
+                "and coevo resume continues it there"
+            )
 
     def save(
         self,
@@ -701,6 +721,7 @@ class DirCheckpoints:
         only after that: a crash at any point leaves either no ``vNNNNNN/`` or a complete one,
         and a ``.partial`` that the next save of this store removes. Pruning then keeps the
         newest ``keep`` versions and every version >= ``protect_from``."""
+        self._check_home(version)
         name = f"v{version:06d}"
         final = self.root / name
         partial = self.root / f".{name}.partial"
@@ -724,6 +745,7 @@ class DirCheckpoints:
         else:
             partial.rename(final)
         _fsync_dir(self.root)
+        self._check_home(version)  # moved meanwhile: the name must not reach the log
         self._prune(protect_from)
         return f"{self.root.name}/{name}"
 

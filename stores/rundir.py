@@ -7,6 +7,7 @@ structured log) and ``scenario.toml`` (the resolved scenario the run was started
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,16 @@ class RunDir:
         if self.log.is_dir() and not set(logs) - LOG_FILES:
             names.remove(LOG_DIR)
         return names
+
+
+def dir_identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of directory ``path`` (None: none there, or it cannot be read):
+    what tells a directory moved, deleted or replaced since from one still in place."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -27,7 +27,7 @@ from scenarios.cli.common import (
     version,
 )
 from scenarios.cli.entry import stopped
-from stores.rundir import RunDir, default_run_dir, find_run, new_run_id
+from stores.rundir import RunDir, default_run_dir, dir_identity, find_run, new_run_id
 
 __all__ = ["cmd_resume", "cmd_run", "cmd_validate"]
 
@@ -195,6 +195,7 @@ def _drive(
         history=history,
     )
     run_id = started.run_id
+    home = dir_identity(rd.root)
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
     console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
@@ -210,8 +211,16 @@ def _drive(
                 close_logging()
         console.print(actors_table(runtime.states["actor_stats"]))
         console.print(families_table(runtime.states["episodes"]))
+        moved = dir_identity(rd.root) != home
         return _finish(
-            console, assembly.report, runtime.states["episodes"], outcome, run_id, rd, quiet
+            console,
+            None if moved else assembly.report,
+            runtime.states["episodes"],
+            outcome,
+            run_id,
+            rd,
+            quiet,
+            moved=moved,
         )
     except KeyboardInterrupt as exc:  # outside the runtime's own handling: its start or end
         code = stopped(exc)
@@ -283,10 +292,19 @@ def _finish(
     run_id: str,
     rd: RunDir,
     quiet: bool,
+    *,
+    moved: bool = False,
 ) -> int:
     """Write the run's reports, print how it ended, and return the exit code: the run's, or 1
-    when it completed but its curves cannot be written or none of its episodes finished."""
-    unwritten = ""
+    when it completed but its curves cannot be written (``moved``: its directory was moved
+    or deleted while it ran) or none of its episodes finished."""
+    unwritten = (
+        f"coevo: error: the run directory {rd.root} was moved, deleted or replaced while the "
+        "run wrote into it, and its curves are not written (a moved run's log is complete "
+        "where it went: coevo report draws them there)"
+        if moved
+        else ""
+    )
     updates: list[Any] = []  # the policy's updates, seen as the report reads the log
     if report is not None:
         try:

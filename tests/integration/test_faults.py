@@ -604,3 +604,31 @@ def test_an_endless_episode_on_the_event_loop_is_committed_as_it_goes_and_stops_
     last = json.loads(log.stdout.splitlines()[-1])["event"]
     assert last["kind"] == "run_stopped" and last["reason"] == "signal", last
     assert verified(run) > steps
+
+
+def test_a_run_whose_directory_is_moved_mid_run_says_so(tmp_path: Path) -> None:
+    """A run directory renamed (or deleted) while the run writes: the run ended saying it
+    completed in a directory that no longer held it (exit 0), or failed reading its curves
+    from the old path ("not a coevo run directory"). It says what happened and creates
+    nothing at the old path; the moved log is whole."""
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    proc = subprocess.Popen(
+        [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", *LONG_RUN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        wait_for_writer(run, proc)
+        run.rename(moved)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "was moved, deleted or replaced while the run wrote into it" in err, err
+    assert "Traceback" not in err
+    assert not run.exists()
+    assert verified(moved) > 0

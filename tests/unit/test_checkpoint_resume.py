@@ -72,3 +72,23 @@ def test_pruning_keeps_every_version_from_protect_from(tmp_path: Path) -> None:
     assert kept == ["v000002", "v000003"]
     store.save(4, model, _Tokenizer())  # no protection: the newest `keep` only
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["v000004"]
+
+
+def test_a_checkpoint_is_not_written_after_the_run_directory_moved(tmp_path: Path) -> None:
+    """A run directory renamed mid-run: the learner's next save created the old path anew,
+    holding only checkpoints/, and the log (which moved) named checkpoints it did not have."""
+    import pytest
+
+    from engine.errors import RunDirectoryMoved
+
+    run = tmp_path / "run"
+    run.mkdir()
+    store = DirCheckpoints(run / "checkpoints")
+    run.rename(tmp_path / "moved")
+    with pytest.raises(RunDirectoryMoved, match="was moved, deleted or replaced"):
+        store.save(1, object(), object())
+    assert not run.exists()
+    run.mkdir()  # another directory at the old path: still not the run's
+    with pytest.raises(RunDirectoryMoved):
+        store.save(1, object(), object())
+    assert list(run.iterdir()) == []
