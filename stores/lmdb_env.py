@@ -10,6 +10,7 @@ process is open.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -64,6 +65,10 @@ def open_env(
     """
     flags = {"create": create, "readonly": not writable, "sync": durable, "metasync": durable}
     check_metas(path)
+    if create:
+        with contextlib.suppress(OSError):  # LMDB says why it cannot
+            path.mkdir(parents=True, exist_ok=True)
+    allocate_lock_file(path)
     try:
         env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
     except lmdb.Error as exc:
@@ -93,6 +98,41 @@ def open_env(
         env.close()
         raise
     return env, dbs
+
+
+LOCK_FILE = "lock.mdb"
+LOCK_BYTES = 8192
+"""The size LMDB gives its lock file with py-lmdb's 126 reader slots (its first opener
+truncates the file to it; later ones size their reader table by the file)."""
+
+
+def allocate_lock_file(path: Path) -> None:
+    """Create ``path/lock.mdb`` with its blocks allocated, when it is missing or empty. LMDB
+    creates it as a sparse file and maps it; on a full disk, touching the map killed the
+    process with SIGBUS (every read command, on a run copied to a full disk). An existing
+    lock file is left as it is: another process may be using it, sized by its length.
+
+    Raises:
+        LogError: there is no room for it.
+    """
+    lock = path / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only directory, no such directory: LMDB says what it says
+        return
+    try:
+        if os.fstat(fd).st_size == 0:
+            os.posix_fallocate(fd, 0, LOCK_BYTES)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_size == 0:
+                lock.unlink()
+        raise LogError(
+            f"cannot open event log at {path}: no room for its lock file {LOCK_FILE} "
+            f"({exc.strerror or exc}: a full disk?)"
+        ) from None
+    finally:
+        os.close(fd)
 
 
 def check_file_size(path: Path, env: lmdb.Environment) -> None:

@@ -760,3 +760,32 @@ def test_a_writer_killed_at_any_moment_leaves_whole_commits(path: Path, durable:
     with LmdbEventLog.open(path, writable=True) as log:
         log.append(envelopes(end, 2))
         assert log.next_seq == end + 2 and log.verify().ok
+
+
+def test_the_lock_file_is_allocated_before_lmdb_maps_it(tmp_path: Path) -> None:
+    """LMDB made its lock file sparse and mapped it: on a full disk, touching it killed every
+    read command with SIGBUS (a run copied onto a full disk). Its blocks are allocated first."""
+    path = tmp_path / "log"
+    with LmdbEventLog.create(path, META):
+        pass
+    (path / "lock.mdb").unlink()  # a copy has none
+    with LmdbEventLog.open(path):
+        st = os.stat(path / "lock.mdb")
+        assert st.st_size == 8192 and st.st_blocks * 512 >= 8192
+
+
+def test_no_room_for_the_lock_file_is_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "log"
+    with LmdbEventLog.create(path, META):
+        pass
+    (path / "lock.mdb").unlink()
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(LogError, match="no room for its lock file lock.mdb .No space left"):
+        LmdbEventLog.open(path)
+    assert not (path / "lock.mdb").exists()  # nothing half made is left
