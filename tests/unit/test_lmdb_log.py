@@ -786,6 +786,6 @@ def test_no_room_for_the_lock_file_is_one_error(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full)
-    with pytest.raises(LogError, match="no room for its lock file lock.mdb .No space left"):
+    with pytest.raises(LogError, match=r"no room for its lock file lock\.mdb \(No space left"):
         LmdbEventLog.open(path)
     assert not (path / "lock.mdb").exists()  # nothing half made is left
