@@ -100,7 +100,6 @@ def open_env(
     return env, dbs
 
 
-LOCK_FILE = "lock.mdb"
 LOCK_BYTES = 8192
 """The size LMDB gives its lock file with py-lmdb's 126 reader slots (its first opener
 truncates the file to it; later ones size their reader table by the file)."""
@@ -115,7 +114,7 @@ def allocate_lock_file(path: Path) -> None:
     Raises:
         LogError: there is no room for it.
     """
-    lock = path / LOCK_FILE
+    lock = path / ENV_LOCK_FILE
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:  # a read-only directory, no such directory: LMDB says what it says
@@ -128,7 +127,7 @@ def allocate_lock_file(path: Path) -> None:
             if os.fstat(fd).st_size == 0:
                 lock.unlink()
         raise LogError(
-            f"cannot open event log at {path}: no room for its lock file {LOCK_FILE} "
+            f"cannot open event log at {path}: no room for its lock file {ENV_LOCK_FILE} "
             f"({exc.strerror or exc}: a full disk?)"
         ) from None
     finally:
