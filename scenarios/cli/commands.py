@@ -80,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             said = f"too many open files (raise the limit: ulimit -n): {exc}"
         elif exc.errno == errno.ENAMETOOLONG:  # bad input, as a path that is not UTF-8
             said = f"a path is too long for this file system: {exc.filename!r}"
+        elif exc.errno in _WRITE_ERRNOS:  # `> /dev/full`, a full disk under the output
+            what = str(exc.filename) if exc.filename else "the output"
+            said = f"cannot write {what}: {exc.strerror or exc}"
+            to_devnull(sys.stdout)  # else the interpreter's last flush fails on it again
         else:
             raise
         print(f"coevo: error: {said}", file=sys.stderr)
@@ -93,6 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+"""Errors of a write that failed for lack of room or a failing device (the command's output
+on a full disk, say): one line, exit 1."""
 
 
 class _Stdout(Console):

@@ -135,6 +135,23 @@ def test_a_reader_gone_from_the_pipe_ends_every_command_with_0(tmp_path: Path) -
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
 
 
+def test_output_onto_a_full_disk_is_one_line(tmp_path: Path) -> None:
+    """``coevo log RUN > /dev/full`` (a full disk under the output) was a traceback in most
+    read commands."""
+    run = tmp_path / "run"
+    args = ("--quiet", "--set", "run.episodes=4")
+    assert coevo("run", EXPLORE, "--out", str(run), *args).returncode == 0
+    commands = (["log", str(run), "--json"], ["replay", str(run)], ["check", str(run)])
+    for command in (*commands, ["audit", str(run), "episode", "ep000000"]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run(
+                [COEVO, *command], stdout=full, stderr=subprocess.PIPE, text=True,
+                cwd=ROOT, timeout=120, check=False,
+            )  # fmt: skip
+        said = "coevo: error: cannot write the output: No space left on device\n"
+        assert proc.returncode == 1 and proc.stderr == said, (command, proc.stderr)
+
+
 def test_a_run_whose_stderr_reader_has_gone_completes(tmp_path: Path) -> None:
     """``coevo run ... 2>&1 | head -2`` ended the run after a few seconds with exit 1 and
     nothing recorded (rich ends the process on a broken pipe, and the progress bar writes to
