@@ -182,6 +182,21 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
     return outside_lmdb(Path(value), "--out")
 
 
+def resolved_path(path: Path, what: str) -> Path:
+    """``path`` made absolute, its symbolic links followed.
+
+    Raises:
+        InputInvalid: it cannot be (a loop of symbolic links, a directory that cannot be
+            read), saying so for ``what`` (the option or argument that gave it).
+    """
+    try:
+        return path.resolve()
+    except RuntimeError:  # Python 3.11's word for a loop of symbolic links
+        raise InputInvalid(f"{what} {path}: a loop of symbolic links") from None
+    except OSError as exc:
+        raise InputInvalid(f"{what} {path}: {exc.strerror or exc}") from None
+
+
 def outside_lmdb(path: Path, flag: str) -> Path:
     """``path``, refused when it is or lies in a directory of an LMDB environment (a run's
     ``log/``, its ``audit/`` index): files written there sit beside ``data.mdb``, where no
@@ -190,7 +205,7 @@ def outside_lmdb(path: Path, flag: str) -> Path:
     Raises:
         InputInvalid: it does.
     """
-    resolved = path.resolve()
+    resolved = resolved_path(path, flag)
     for folder in (resolved, *resolved.parents):
         if (folder / DATA_FILE).is_file():
             raise InputInvalid(

@@ -17,6 +17,7 @@ from scenarios.cli.common import (
     naming,
     open_run,
     outside_lmdb,
+    resolved_path,
     stdout_to_stderr,
     version,
 )
@@ -68,7 +69,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
 
     rd = find_run(args.run)
     dest = Path(args.dest)
-    src, there = rd.root.resolve(), dest.resolve()
+    src, there = rd.root.resolve(), resolved_path(dest, "DEST")
     if there == src or src in there.parents or there in src.parents:
         raise InputInvalid(f"{dest}: inside {rd.root} or holding it; copy to another directory")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):

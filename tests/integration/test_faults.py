@@ -152,6 +152,26 @@ def test_output_onto_a_full_disk_is_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 1 and proc.stderr == said, (command, proc.stderr)
 
 
+def test_an_output_path_in_a_loop_of_symbolic_links_is_one_line(tmp_path: Path) -> None:
+    """``--out`` through a loop of symbolic links was a traceback (``Path.resolve``'s
+    RuntimeError) in ``run``, ``report``, ``export`` and ``copy``."""
+    run = tmp_path / "run"
+    args = ("--quiet", "--set", "run.episodes=4")
+    assert coevo("run", EXPLORE, "--out", str(run), *args).returncode == 0
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    loop = str(tmp_path / "loop1")
+    for command, flag in (
+        (["run", EXPLORE, "--out", loop], "--out"),
+        (["report", str(run), "--out", loop], "--out"),
+        (["export", str(run), "--tensorboard", loop], "--tensorboard"),
+        (["copy", str(run), loop], "DEST"),
+    ):
+        proc = coevo(*command)
+        said = f"coevo: error: {flag} {loop}: a loop of symbolic links\n"
+        assert proc.returncode == 2 and proc.stderr == said, (command, proc.stderr)
+
+
 def test_a_run_whose_stderr_reader_has_gone_completes(tmp_path: Path) -> None:
     """``coevo run ... 2>&1 | head -2`` ended the run after a few seconds with exit 1 and
     nothing recorded (rich ends the process on a broken pipe, and the progress bar writes to
