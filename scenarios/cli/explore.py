@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import socket
 import sys
 import tomllib
@@ -21,7 +22,7 @@ from scenarios.cli.common import (
     stdout_to_stderr,
     version,
 )
-from stores.rundir import find_run
+from stores.rundir import RunDir, find_run
 
 __all__ = ["add_commands"]
 
@@ -62,11 +63,6 @@ def add_commands(sub: Any) -> None:
 def cmd_copy(args: argparse.Namespace) -> int:
     """``coevo copy RUN DEST``: the log as of its last commit (never torn, unlike a ``cp -r``
     taken while the run writes), then the run directory's other files."""
-    import shutil
-
-    from agents.audit.index import INDEX_DIR
-    from stores.lmdb_env import writer_alive
-
     rd = find_run(args.run)
     dest = Path(args.dest)
     src, there = rd.root.resolve(), resolved_path(dest, "DEST")
@@ -74,7 +70,37 @@ def cmd_copy(args: argparse.Namespace) -> int:
         raise InputInvalid(f"{dest}: inside {rd.root} or holding it; copy to another directory")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputInvalid(f"{dest}: not a new or empty directory for the copy")
-    log = open_run(args.run)
+    existed = dest.exists()
+    try:
+        live, copied, meta = _copy_run(rd, dest)
+    except BaseException:  # a full disk, a Ctrl-C: what was copied would block a retry
+        if existed:
+            for item in dest.iterdir():
+                shutil.rmtree(item, ignore_errors=True) if item.is_dir() else item.unlink()
+        else:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
+    run_id = meta.run_id if meta is not None else "?"
+    print(f"copied run {run_id} to {dest}: {copied:,} events", file=sys.stderr)
+    if live:
+        print(
+            "coevo: note: the run was being written; the copy is its log as of one commit. "
+            f"Resumed, the copy is a second run of id {run_id}, apart from the original",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _copy_run(rd: RunDir, dest: Path) -> tuple[bool, int, Any]:
+    """:func:`cmd_copy`'s work: whether the run was live, the events copied, its metadata.
+
+    Raises:
+        InputInvalid: a file cannot be copied.
+    """
+    from agents.audit.index import INDEX_DIR
+    from stores.lmdb_env import writer_alive
+
+    log = open_run(str(rd.root))
     try:
         with naming(log.path):
             live = writer_alive(log.path)
@@ -98,15 +124,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
             continue
         except OSError as exc:
             raise InputInvalid(f"cannot copy {item} to {target}: {exc.strerror or exc}") from None
-    run_id = meta.run_id if meta is not None else "?"
-    print(f"copied run {run_id} to {dest}: {copied:,} events", file=sys.stderr)
-    if live:
-        print(
-            "coevo: note: the run was being written; the copy is its log as of one commit. "
-            f"Resumed, the copy is a second run of id {run_id}, apart from the original",
-            file=sys.stderr,
-        )
-    return 0
+    return live, copied, meta
 
 
 def cmd_export(args: argparse.Namespace) -> int:

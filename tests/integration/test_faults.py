@@ -669,3 +669,26 @@ def test_a_run_whose_directory_is_moved_mid_run_says_so(tmp_path: Path) -> None:
     assert "Traceback" not in err
     assert not run.exists()
     assert verified(moved) > 0
+
+
+def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path) -> None:
+    """``coevo copy`` onto a full disk said so in one line but left ``DEST/log/``: the retry,
+    once there was room, was refused ("not a new or empty directory")."""
+    import resource
+
+    run, dest, empty = tmp_path / "run", tmp_path / "copy", tmp_path / "empty"
+    assert coevo("run", EXPLORE, "--out", str(run), "--quiet").returncode == 0
+    empty.mkdir()
+
+    def tiny_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, resource.RLIM_INFINITY))
+
+    for target, stays in ((dest, False), (empty, True)):
+        proc = coevo("copy", str(run), str(target), preexec_fn=tiny_files)
+        assert proc.returncode != 0 and proc.stderr.startswith("coevo: error: "), proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert target.exists() == stays and (not stays or not any(target.iterdir()))
+        again = coevo("copy", str(run), str(target))
+        assert again.returncode == 0, again.stderr
+        assert verified(target) == verified(run)
