@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
+import os
 import shutil
 import socket
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, cast
@@ -310,7 +314,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(f"coevo: note: {view.name}: {view.note}", file=sys.stderr)
         sock = _listen(args.host, args.port)
         port = sock.getsockname()[1]  # the port the system chose for --port 0
-        server = uvicorn.Server(uvicorn.Config(make_app(views), log_level="warning"))
+        config = uvicorn.Config(
+            make_app(views), log_level="warning", limit_concurrency=_connections_allowed()
+        )
+        server = uvicorn.Server(config)
+        _quiet_asyncio()
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(
             f"serving {len(views)} run{'s' * (len(views) > 1)} at http://{host}:{port}/ "
@@ -325,6 +333,67 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for view in views.values():
             view.close()
     return 0
+
+
+def _connections_allowed() -> int:
+    """The connections ``serve`` holds at once (more are answered 503 and closed): what the
+    open-file limit leaves, raised first to its hard limit. Out of descriptors, asyncio's
+    accept loop logged each failed accept and retried, in a burst per connection waiting:
+    the server spun, answered nothing and did not stop on SIGTERM.
+
+    Raises:
+        InputInvalid: the limit leaves too few to serve.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            raised = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, raised), hard))
+            soft = max(soft, raised)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 64
+    allowed = (soft - used - 16) // 2  # each connection may open a file while it is served
+    if allowed < 2:
+        raise InputInvalid(
+            f"too few open files allowed to serve (ulimit -n is {soft}, {used} in use): raise it"
+        )
+    return min(allowed, 1000)
+
+
+class _Once(logging.Filter):
+    """Lets a message through once in ``every`` seconds (asyncio's word on a failed accept,
+    repeated for every connection waiting)."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        super().__init__()
+        self.every = every
+        self.last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        key = str(record.msg)[:80]
+        if now - self.last.get(key, -math.inf) < self.every:
+            return False
+        self.last[key] = now
+        record.exc_info = None  # one line: no traceback (rendering one may open files)
+        record.exc_text = None
+        return True
+
+
+def _quiet_asyncio() -> None:
+    """asyncio's errors in ``serve`` as plain lines on stderr, each at most once in ten
+    seconds, without the run console's rich tracebacks."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("coevo serve: %(message)s"))
+    handler.addFilter(_Once())
+    log = logging.getLogger("asyncio")
+    log.handlers[:] = [handler]
+    log.propagate = False
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -482,3 +482,42 @@ def test_a_control_character_in_a_world_s_text_is_shown_escaped() -> None:
 
     page = _TEMPLATES.from_string("<p>{{ text }}</p>").render(text="a\x00b\x1b[2Jc <d>")
     assert page == "<p>a\\x00b\\x1b[2Jc &lt;d&gt;</p>"
+
+
+def test_serve_out_of_file_descriptors_stays_up_and_stops_on_sigterm(live_run: Path) -> None:
+    """120 connections at once under ``ulimit -n 64``: asyncio logged every failed accept
+    (each through the console's rich traceback, which itself failed to open a file) and
+    retried in bursts; the server spun at full CPU, wrote megabytes a second to stderr,
+    answered nothing and ignored SIGTERM."""
+    import resource
+    import signal
+
+    def few_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    coevo = str(Path(sys.executable).parent / "coevo")
+    proc = subprocess.Popen(
+        [coevo, "serve", str(live_run), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=few_files,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
+        held = []
+        for _ in range(120):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append(s)
+        time.sleep(2)
+        for s in held:
+            s.close()
+        time.sleep(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as answer:
+            assert answer.status == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert len(err) < 100_000 and "Logging error" not in err, err[-3000:]
