@@ -178,9 +178,25 @@ def _built(spec: ActorSpec) -> Actor:
     return actor
 
 
-def _failure(exc: Exception | SystemExit) -> Exception:
+class NativePanic(Exception):
+    """A library written in Rust panicked in the actor's code (pyo3's ``PanicException``,
+    which derives from ``BaseException`` and so passed every ``except Exception``: the
+    tokenizer's thread pool, under a process limit, escaped the run with no final event)."""
+
+
+def _actor_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by an actor's code, is that actor's failure (supervised and
+    recorded) rather than the run's own end (a cancellation, a Ctrl-C)."""
+    return isinstance(exc, Exception | SystemExit) or type(exc).__name__ == "PanicException"
+
+
+def _failure(exc: BaseException) -> Exception:
     if isinstance(exc, SystemExit):
         return ExitCalled(f"sys.exit({exc.code!r}) was called in the actor's code")
+    if not isinstance(exc, Exception):
+        failure = NativePanic(f"a native library panicked: {exc}")
+        failure.__cause__ = exc
+        return failure
     return exc
 
 
@@ -592,7 +608,9 @@ class Runtime:
                         mailbox.skip_through = history[-1].seq if history else -1
                         await actor.recover(ctx, history)
                     await actor.run(ctx)
-                except (Exception, SystemExit) as caught:
+                except BaseException as caught:
+                    if not _actor_error(caught):
+                        raise
                     exc = _failure(caught)
                     if not self._on_failure(spec, attempt, exc):
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc

@@ -88,6 +88,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"coevo: error: {said}", file=sys.stderr)
         return 2 if exc.errno == errno.ENAMETOOLONG else 1
+    except RuntimeError as exc:  # a run's own loop says more (scenarios.cli.run._run_loop)
+        if "can't start new thread" not in str(exc):
+            raise
+        print(
+            "coevo: error: the process cannot start another thread (a process or memory "
+            "limit: ulimit -u, ulimit -v)",
+            file=sys.stderr,
+        )
+        return 1
     except UnicodeEncodeError as exc:
         if "surrogates not allowed" not in str(exc) or os.sep not in exc.object:
             raise

@@ -734,3 +734,24 @@ def test_switch_interval_holds_for_the_run_only(interval: float) -> None:
     run_runtime(specs, RuntimeConfig(switch_interval=interval))
     assert seen == [pytest.approx(interval or before)]
     assert sys.getswitchinterval() == before
+
+
+class PanicException(BaseException):
+    """What pyo3 raises when a Rust library panics (its own class of this name)."""
+
+
+class Panicking(Actor):
+    async def run(self, ctx: Context) -> None:
+        await ctx.emit(Ping(n=0))
+        raise PanicException("The global thread pool has not been initialized.")
+
+
+def test_a_native_panic_in_an_actor_is_its_failure_and_the_run_records_its_end() -> None:
+    """pyo3's PanicException derives from BaseException: it passed supervision, escaped the
+    runtime as a traceback and left the log with no final event."""
+    log, outcome = run_runtime([ActorSpec(name="p", factory=Panicking, driver=True)])
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [f.error_type for f in failed] == ["NativePanic"]
+    assert "a native library panicked: The global thread pool" in failed[0].message
+    assert outcome.reason == "failed"
+    assert isinstance(list(log.read())[-1].event, RunFailed)

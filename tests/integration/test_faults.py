@@ -692,3 +692,24 @@ def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path
         again = coevo("copy", str(run), str(target))
         assert again.returncode == 0, again.stderr
         assert verified(target) == verified(run)
+
+
+def test_no_thread_to_start_is_one_line_before_a_run_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under ``ulimit -u``, ``validate`` (and ``run`` before its loop) failed with a traceback
+    from the world's first call in a thread; the run's loop already said it in one line."""
+    import threading
+
+    from scenarios.cli import main
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    assert main(["validate", EXPLORE]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "coevo: error: the process cannot start another thread (a process or memory limit: "
+        "ulimit -u, ulimit -v)\n"
+    )
