@@ -684,9 +684,9 @@ class DirCheckpoints:
     def __init__(self, root: Path, keep: int = 3) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self.root = root
+        self.root = Path(root)
         self.keep = keep
-        self._home = dir_identity(root.parent)  # the run directory it writes into
+        self._home = dir_identity(self.root.parent)  # the run directory it writes into
 
     def _check_home(self, version: int) -> None:
         """Raise unless the run directory is still the one this store was made in: after a
@@ -697,8 +697,10 @@ class DirCheckpoints:
             RunDirectoryMoved: it was moved, deleted or replaced.
         """
         home = self.root.parent
-        now = dir_identity(home)
-        if now is None or (self._home is not None and now != self._home):
+        if self._home is None:  # made before its directory existed: the first save makes it
+            self._home = dir_identity(home) if home.is_dir() else None
+            return
+        if dir_identity(home) != self._home:
             raise RunDirectoryMoved(
                 f"the run directory {home} was moved, deleted or replaced while the run wrote "
                 f"into it: version {version}'s checkpoint is not written (nothing is created "
