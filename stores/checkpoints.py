@@ -366,8 +366,14 @@ def _tensor_shapes(file: Path, where: str) -> dict[str, tuple[int, ...]]:
             keys: list[str] = list(f.keys())  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
             return {k: tuple(f.get_slice(k).get_shape()) for k in keys}  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
     except Exception as exc:  # SafetensorError, OSError: a damaged or foreign file
+        said = _one_line(exc)
+        if "Too many open files" in said:  # the process's limit, not the file (os error 24)
+            raise ModelUnavailable(
+                f"{where}: cannot open {file.name}: too many open files in this process "
+                "(raise the limit: ulimit -n)"
+            ) from None
         raise ModelUnavailable(
-            f"{where}: {file.name} is not a valid safetensors file ({_one_line(exc)})"
+            f"{where}: {file.name} is not a valid safetensors file ({said})"
         ) from None
 
 

@@ -450,3 +450,24 @@ def test_checkpoints_and_cached_models_are_readable_as_the_umask_says(tmp_path: 
             assert set(modes.values()) == {0o644}, modes
     finally:
         os.umask(old)
+
+
+def test_no_file_descriptor_left_is_not_called_a_damaged_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a low ``ulimit -n`` the learner's model check said "model.safetensors is not a
+    valid safetensors file (... Too many open files (os error 24))", blaming the file."""
+    import safetensors
+
+    from engine.errors import ModelUnavailable
+    from stores import checkpoints
+
+    def no_fd(path: str, framework: str) -> None:
+        raise OSError(f"unable to open file {path}: Too many open files (os error 24)")
+
+    monkeypatch.setattr(safetensors, "safe_open", no_fd)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(ModelUnavailable, match="too many open files in this process") as err:
+        checkpoints._tensor_shapes(weights, "model")  # pyright: ignore[reportPrivateUsage]
+    assert "not a valid safetensors file" not in str(err.value)
