@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from engine.errors import ModelUnavailable, RunDirectoryMoved
-from stores.rundir import dir_identity
+from stores.rundir import path_identity
 
 if TYPE_CHECKING:  # torch, safetensors and transformers are imported where they are used:
     import torch  # commands that only check settings or read logs never load them
@@ -692,7 +692,7 @@ class DirCheckpoints:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
-        self._home = dir_identity(self.root.parent)  # the run directory it writes into
+        self._home = path_identity(self.root.parent)  # the run directory it writes into
 
     def _check_home(self, version: int) -> None:
         """Raise unless the run directory is still the one this store was made in: after a
@@ -704,9 +704,9 @@ class DirCheckpoints:
         """
         home = self.root.parent
         if self._home is None:  # made before its directory existed: the first save makes it
-            self._home = dir_identity(home) if home.is_dir() else None
+            self._home = path_identity(home) if home.is_dir() else None
             return
-        if dir_identity(home) != self._home:
+        if path_identity(home) != self._home:
             raise RunDirectoryMoved(
                 f"the run directory {home} was moved, deleted or replaced while the run wrote "
                 f"into it: version {version}'s checkpoint is not written (nothing is created "

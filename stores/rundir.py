@@ -61,9 +61,10 @@ class RunDir:
         return names
 
 
-def dir_identity(path: Path) -> tuple[int, int] | None:
-    """The device and inode of directory ``path`` (None: none there, or it cannot be read):
-    what tells a directory moved, deleted or replaced since from one still in place."""
+def path_identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of what is at ``path`` (None: nothing there, or it cannot be
+    read): what tells a directory or file moved, deleted or replaced since from one still in
+    place."""
     try:
         st = os.stat(path)
     except OSError:

@@ -35,7 +35,7 @@ from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
 from stores.lmdb_env import DATA_FILE, writer_alive
 from stores.lmdb_log import LmdbEventLog
-from stores.rundir import find_run
+from stores.rundir import LOG_DIR, find_run, path_identity
 
 __all__ = ["FILTERS", "Candidate", "EpisodeRow", "RunView"]
 
@@ -238,11 +238,7 @@ _TURN_KINDS = frozenset({"action_requested", "action_sampled"})
 
 def _identity(root: Path) -> tuple[int, int] | None:
     """Which file the run's log is (device, inode), or None when it is not there."""
-    try:
-        st = (root / "log" / DATA_FILE).stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+    return path_identity(root / LOG_DIR / DATA_FILE)
 
 
 def _row(ep: str, a: Assigned, end: Outcome | None, version: int | None) -> EpisodeRow:

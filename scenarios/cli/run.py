@@ -27,7 +27,7 @@ from scenarios.cli.common import (
     version,
 )
 from scenarios.cli.entry import stopped
-from stores.rundir import RunDir, default_run_dir, dir_identity, find_run, new_run_id
+from stores.rundir import RunDir, default_run_dir, find_run, new_run_id, path_identity
 
 __all__ = ["cmd_resume", "cmd_run", "cmd_validate"]
 
@@ -195,7 +195,7 @@ def _drive(
         history=history,
     )
     run_id = started.run_id
-    home = dir_identity(rd.root)
+    home = path_identity(rd.root)
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
     console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
@@ -211,7 +211,7 @@ def _drive(
                 close_logging()
         console.print(actors_table(runtime.states["actor_stats"]))
         console.print(families_table(runtime.states["episodes"]))
-        moved = dir_identity(rd.root) != home
+        moved = path_identity(rd.root) != home
         return _finish(
             console,
             None if moved else assembly.report,
