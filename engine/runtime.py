@@ -713,7 +713,7 @@ class Runtime:
         """How many pending events the next batch takes: up to ``batch_max``, and up to
         ``write_buffer_bytes`` of them encoded (at least one)."""
         n = min(len(self._pending), self._cfg.batch_max)
-        most = self._cfg.write_buffer_bytes
+        most = self._buffer_bytes
         if self._pending_bytes <= most:
             return n
         ends = list(itertools.accumulate(map(_SIZE, self._pending[:n])))
