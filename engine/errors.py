@@ -76,6 +76,12 @@ class LogCorrupted(LogError):
         super().__init__(f"event log corrupted at seq {seq}: {reason}")
 
 
+class LogDamaged(LogError):
+    """The log's file is damaged below its records: truncated, meta pages that disagree, pages
+    LMDB cannot read or would abort on. (A record that fails its checksum is
+    :class:`LogCorrupted`.)"""
+
+
 class SequenceConflict(LogError):
     """An append did not start at the log's next sequence number (another writer got there first,
     or the caller's view of the log is stale). Nothing of the batch was written."""

@@ -61,6 +61,8 @@ class VerifyResult:
     ok: bool
     error: str = ""
     first_bad_seq: int | None = None
+    damaged: bool = False
+    """The failure is a record that fails its checksum or cannot be read (not a divergence)."""
 
 
 def verify_log(
@@ -100,7 +102,8 @@ def verify_log(
             check_all(facts, None, completed(last))
     except (LogCorrupted, SchemaTooNew) as exc:
         bad = exc.seq if isinstance(exc, LogCorrupted) else fold.last_seq + 1
-        return VerifyResult(fold.last_seq + 1, checks, False, str(exc), bad)
+        damaged = isinstance(exc, LogCorrupted)
+        return VerifyResult(fold.last_seq + 1, checks, False, str(exc), bad, damaged)
     except (ReplayDiverged, LogInconsistent) as exc:
         return VerifyResult(fold.last_seq + 1, checks, False, str(exc), exc.seq)
     if fold.last_seq + 1 != end:

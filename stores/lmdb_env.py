@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from engine.errors import LogError, LogLocked, LogWriteFailed, NotALog
+from engine.errors import LogDamaged, LogError, LogLocked, LogWriteFailed, NotALog
 from stores import lmdb_pages
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def open_env(
         env.close()
         if "mdb_txn_commit" in str(exc):  # a commit refused (a full disk): nothing damaged
             raise LogWriteFailed(str(path), None, str(exc)) from None
-        raise LogError(f"event log at {path} is damaged: LMDB cannot open it ({exc})") from None
+        raise LogDamaged(f"event log at {path} is damaged: LMDB cannot open it ({exc})") from None
     except BaseException:
         env.close()
         raise
@@ -139,12 +139,12 @@ def check_file_size(path: Path, env: lmdb.Environment) -> None:
     maps the file, and touching a page past its end kills the process with SIGBUS.
 
     Raises:
-        LogError: the file is truncated.
+        LogDamaged: the file is truncated.
     """
     need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     have = os.stat(path / DATA_FILE).st_size
     if have < need:
-        raise LogError(
+        raise LogDamaged(
             f"event log at {path} is damaged: {DATA_FILE} has {have} bytes but its last "
             f"commit uses {need} (the file was truncated)"
         )
@@ -159,7 +159,7 @@ def check_metas(path: Path) -> None:
     twice alike counts.
 
     Raises:
-        LogError: the meta pages disagree.
+        LogDamaged: the meta pages disagree.
     """
     seen = None
     for _ in range(50):
@@ -168,7 +168,7 @@ def check_metas(path: Path) -> None:
         if problem is None:
             return
         if metas == seen:
-            raise LogError(f"event log at {path} is damaged: {problem}")
+            raise LogDamaged(f"event log at {path} is damaged: {problem}")
         seen = metas
         time.sleep(0.01)
     # 50 readings, each different: a writer commits faster than two pages are read; its
@@ -183,7 +183,7 @@ def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
     environment's free database is checked too (only writers read it).
 
     Raises:
-        LogError: a page is not what the page pointing at it says it is.
+        LogDamaged: a page is not what the page pointing at it says it is.
     """
     file = path / DATA_FILE
     for _ in range(100):  # a live writer may commit twice while we find the meta page
@@ -200,7 +200,7 @@ def check_pages(path: Path, env: lmdb.Environment, writable: bool) -> None:
                 except lmdb_pages.PageDamaged as exc:
                     if _meta_of(file, txnid) != meta:
                         continue  # a live writer rewrote the meta page as it was read: again
-                    raise LogError(
+                    raise LogDamaged(
                         f"event log at {path} is damaged: {exc} (commit {txnid}; LMDB would "
                         "abort reading it)"
                     ) from None

@@ -30,6 +30,7 @@ import msgspec
 from engine.errors import (
     LogClosed,
     LogCorrupted,
+    LogDamaged,
     LogError,
     LogWriteFailed,
     SchemaTooNew,
@@ -500,7 +501,7 @@ class LmdbEventLog:
                 reason = f"LMDB cannot read the log's pages ({exc})"
                 if at is not None:
                     raise LogCorrupted(at, reason) from None
-                raise LogError(f"event log at {self._path} is damaged: {reason}") from None
+                raise LogDamaged(f"event log at {self._path} is damaged: {reason}") from None
 
     def _write(self, body: Callable[[Txn[memoryview]], T], at: int | None = None) -> T:
         """Run ``body`` in a write transaction and commit, growing the map when it is full.

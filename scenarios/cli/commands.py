@@ -26,6 +26,7 @@ from rich.console import Console
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import (
+    TORN_COPY_HINT,
     InputInvalid,
     keep_stderr_open,
     naming,
@@ -34,6 +35,7 @@ from scenarios.cli.common import (
     read_meta,
     stdout_to_stderr,
     to_devnull,
+    torn_copy_hint,
 )
 from scenarios.cli.entry import Terminated, stopped
 from scenarios.cli.explore import add_commands
@@ -69,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CoevoError as exc:
-        print(f"coevo: error: {exc}", file=sys.stderr)
+        print(f"coevo: error: {exc}{torn_copy_hint(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # a Ctrl-C or a SIGTERM (entry.Terminated)
         return stopped(exc)
@@ -204,7 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("log", help="list a run's events")
     p.add_argument("run")
     p.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
-    p.add_argument("--actor", action="append", default=[], help="emitting actor (repeatable)")
+    p.add_argument(
+        "--actor",
+        action="append",
+        default=[],
+        help="emitting actor (repeatable); an actor's start, failure, restart: the runtime's",
+    )
     p.add_argument("--episode", default="", help="correlation / episode id")
     p.add_argument("--from", dest="start", type=int, default=0, metavar="SEQ")
     p.add_argument("--to", dest="stop", type=int, default=None, metavar="SEQ", help="exclusive")
@@ -272,7 +279,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             for note in notes:
                 print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:
-                raise _VerifyFailed(f"{log.path}: {result.error}")
+                hint = TORN_COPY_HINT if result.damaged else ""
+                raise _VerifyFailed(f"{log.path}: {result.error}{hint}")
             print(f"verified {result.events} events, {result.checks} checksums: ok")
             return 0
         with naming(log.path):

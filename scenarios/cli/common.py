@@ -12,11 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CoevoError, LogError, RunNotFound, SchemaTooNew
+from engine.errors import (
+    CoevoError,
+    LogCorrupted,
+    LogDamaged,
+    LogError,
+    RunNotFound,
+    SchemaTooNew,
+)
 from stores.lmdb_env import DATA_FILE
 from stores.rundir import find_run
 
 __all__ = [
+    "TORN_COPY_HINT",
     "InputInvalid",
     "LogUnreadable",
     "keep_stderr_open",
@@ -25,6 +33,7 @@ __all__ = [
     "read_meta",
     "stdout_to_stderr",
     "to_devnull",
+    "torn_copy_hint",
     "version",
 ]
 
@@ -33,6 +42,19 @@ class InputInvalid(CoevoError):
     """Bad command-line input that no more specific error describes (exit 2)."""
 
     exit_code = 2
+
+
+TORN_COPY_HINT = (
+    " (a copy taken while its run wrote, by cp -r or rsync, can be torn like this: "
+    "copy a live run with `coevo copy RUN DEST`)"
+)
+"""Added to a message that says a log's file or records are damaged: a copy taken with
+``cp -r`` while its run wrote can be torn mid-commit and reads so."""
+
+
+def torn_copy_hint(exc: BaseException) -> str:
+    """:data:`TORN_COPY_HINT` when ``exc`` says a log's file or records are damaged, else ""."""
+    return TORN_COPY_HINT if isinstance(exc, LogDamaged | LogCorrupted) else ""
 
 
 @contextmanager
@@ -50,6 +72,7 @@ def naming(where: Path) -> Generator[None]:
         if str(where) in str(exc) and not note:
             raise
         said = str(exc) if str(where) in str(exc) else f"{where}: {exc}"
+        said += torn_copy_hint(exc)
         raise LogUnreadable(f"{said}; {note}" if note else said) from None
 
 
@@ -198,14 +221,20 @@ def resolved_path(path: Path, what: str) -> Path:
 
 
 def outside_lmdb(path: Path, flag: str) -> Path:
-    """``path``, refused when it is or lies in a directory of an LMDB environment (a run's
-    ``log/``, its ``audit/`` index): files written there sit beside ``data.mdb``, where no
-    output belongs and whose directory coevo treats as the log's alone.
+    """``path`` (an output), refused when it is or lies in a directory of an LMDB environment
+    (a run's ``log/``, its ``audit/`` index): files written there sit beside ``data.mdb``,
+    where no output belongs and whose directory coevo treats as the log's alone.
 
     Raises:
-        InputInvalid: it does.
+        InputInvalid: it does, or ``path`` is a symbolic link to nothing (creating the
+            directory there would fail with "File exists", which tells the user nothing).
     """
-    resolved = resolved_path(path, flag)
+    resolved = resolved_path(path, flag)  # a loop of links first: it does not exist either
+    if path.is_symlink() and not path.exists():
+        raise InputInvalid(
+            f"{flag} {path}: a symbolic link to {os.readlink(path)}, which does not exist; "
+            "create its target or name another path"
+        )
     for folder in (resolved, *resolved.parents):
         if (folder / DATA_FILE).is_file():
             raise InputInvalid(

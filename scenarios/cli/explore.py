@@ -69,7 +69,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     taken while the run writes), then the run directory's other files."""
     rd = find_run(args.run)
     dest = Path(args.dest)
-    src, there = rd.root.resolve(), resolved_path(dest, "DEST")
+    src, there = rd.root.resolve(), resolved_path(outside_lmdb(dest, "DEST"), "DEST")
     if there == src or src in there.parents or there in src.parents:
         raise InputInvalid(f"{dest}: inside {rd.root} or holding it; copy to another directory")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):

@@ -97,6 +97,9 @@ def configure_logging(console: Console, level: str, jsonl: Path | None = None) -
     torch_log = logging.getLogger("torch")  # torch sets it when its import completes; one
     if torch_log.level == logging.NOTSET:  # stopped half-way left its exit hooks' info lines
         torch_log.setLevel(logging.WARNING)
+    plots_log = logging.getLogger("matplotlib")  # its notes on a HOME it cannot write to (8
+    if plots_log.level == logging.NOTSET:  # lines per report) are about matplotlib's cache,
+        plots_log.setLevel(logging.ERROR)  # not about coevo's output: the plots are written
     con = _RichConsoleHandler(console)
     con.setLevel(level.upper())
     con.setFormatter(

@@ -236,6 +236,9 @@ def test_the_intact_run_reads(run_dir: Path) -> None:
     assert results[0].out.startswith("verified ")
 
 
+TORN_LIKE = ("was truncated", "must be consecutive", "checksum")
+
+
 def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_path: Path) -> None:
     size = (run_dir / "log" / "data.mdb").stat().st_size
     records = events_in_file(run_dir)
@@ -270,6 +273,12 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
     check_damaged(results, expect, run_dir)
     flipped = [r for r in results if r.name.startswith("record ")]
     assert flipped and all(r.code != 0 for r in flipped)
+    # a torn `cp -r` of a live run reads as truncated or damaged: each such error says how to
+    # copy a live run instead (it said nothing about copies)
+    torn = [r for r in results if any(f in expect.get(r.name, "") for f in TORN_LIKE)]
+    assert len(torn) >= 5 * len(COMMANDS)
+    for result in torn:
+        assert "copy a live run with `coevo copy RUN DEST`)" in result.err, result
 
 
 def test_damaged_pages_under_a_branch_page_are_one_line_not_an_abort(

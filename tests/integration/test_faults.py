@@ -152,24 +152,33 @@ def test_output_onto_a_full_disk_is_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 1 and proc.stderr == said, (command, proc.stderr)
 
 
-def test_an_output_path_in_a_loop_of_symbolic_links_is_one_line(tmp_path: Path) -> None:
+def test_an_output_path_through_a_bad_symbolic_link_is_one_line(tmp_path: Path) -> None:
     """``--out`` through a loop of symbolic links was a traceback (``Path.resolve``'s
-    RuntimeError) in ``run``, ``report``, ``export`` and ``copy``."""
+    RuntimeError) in ``run``, ``report``, ``export`` and ``copy``; a link to nothing was
+    "File exists" (``run``, ``copy``) or "cannot read: No such file or directory"
+    (``report``)."""
     run = tmp_path / "run"
     args = ("--quiet", "--set", "run.episodes=4")
     assert coevo("run", EXPLORE, "--out", str(run), *args).returncode == 0
     (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
     (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
-    loop = str(tmp_path / "loop1")
-    for command, flag in (
-        (["run", EXPLORE, "--out", loop], "--out"),
-        (["report", str(run), "--out", loop], "--out"),
-        (["export", str(run), "--tensorboard", loop], "--tensorboard"),
-        (["copy", str(run), loop], "DEST"),
-    ):
-        proc = coevo(*command)
-        said = f"coevo: error: {flag} {loop}: a loop of symbolic links\n"
-        assert proc.returncode == 2 and proc.stderr == said, (command, proc.stderr)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    loop, dangling = str(tmp_path / "loop1"), str(tmp_path / "dangling")
+    for where, why in (
+        (loop, "a loop of symbolic links"),
+        (dangling, f"a symbolic link to {tmp_path / 'nowhere'}, which does not exist; "
+         "create its target or name another path"),
+    ):  # fmt: skip
+        for command, flag in (
+            (["run", EXPLORE, "--out", where], "--out"),
+            (["report", str(run), "--out", where], "--out"),
+            (["export", str(run), "--tensorboard", where], "--tensorboard"),
+            (["copy", str(run), where], "DEST"),
+        ):
+            proc = coevo(*command)
+            said = f"coevo: error: {flag} {where}: {why}\n"
+            assert proc.returncode == 2 and proc.stderr == said, (command, proc.stderr)
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_a_run_whose_stderr_reader_has_gone_completes(tmp_path: Path) -> None:
@@ -713,3 +722,17 @@ def test_no_thread_to_start_is_one_line_before_a_run_too(
         "coevo: error: the process cannot start another thread (a process or memory limit: "
         "ulimit -u, ulimit -v)\n"
     )
+
+
+def test_a_report_under_an_unusable_home_prints_no_matplotlib_notes(tmp_path: Path) -> None:
+    """With a HOME that cannot be written (a service account, a container), matplotlib's notes
+    on its own cache (eight log lines) came out with every report; the report is complete."""
+    run = tmp_path / "run"
+    args = ("--quiet", "--set", "run.episodes=4")
+    assert coevo("run", EXPLORE, "--out", str(run), *args).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "MPLCONFIGDIR"}
+    (tmp_path / "home").write_text("a file, not a directory")
+    env["HOME"] = str(tmp_path / "home")
+    proc = coevo("report", str(run), "--out", str(tmp_path / "r.md"), env=env)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "(" in proc.stdout and (tmp_path / "r.md").stat().st_size > 0
