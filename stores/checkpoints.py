@@ -211,7 +211,9 @@ def _same_reading(path: Path, tokenizer: Any, model_type: str, where: str) -> No
 
 def positions_of(path: Path) -> int | None:
     """The most positions the model in ``path`` was built for (``max_position_embeddings`` of
-    its ``config.json``, or of its text config), None where it does not say."""
+    its ``config.json``, or of its text config, under the name its model type gives it:
+    GPT-2's ``n_positions``, as the loaded config's attribute reads), None where it does not
+    say."""
     try:
         doc = json.loads((path / "config.json").read_bytes())
     except (OSError, ValueError, RecursionError):
@@ -220,10 +222,25 @@ def positions_of(path: Path) -> int | None:
         return None
     doc = cast("dict[str, Any]", doc)
     text = doc.get("text_config")
-    found = doc.get("max_position_embeddings")
+    found = _positions_in(doc)
     if found is None and isinstance(text, dict):
-        found = cast("dict[str, Any]", text).get("max_position_embeddings")
+        found = _positions_in(cast("dict[str, Any]", text))
     return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
+
+
+def _positions_in(doc: dict[str, Any]) -> object:
+    """``max_position_embeddings`` of a config's JSON, or the key its model type's config class
+    maps that name to (``attribute_map``)."""
+    if "max_position_embeddings" in doc:
+        return doc["max_position_embeddings"]
+    try:
+        from transformers import CONFIG_MAPPING
+
+        mapping = CONFIG_MAPPING[doc["model_type"]].attribute_map
+    except Exception:  # no or an unknown model type: nothing else to look for
+        return None
+    key = mapping.get("max_position_embeddings")
+    return doc.get(key) if isinstance(key, str) else None
 
 
 def _text_config(config: Any) -> Any:
@@ -299,7 +316,7 @@ class _Auto(Protocol):
 
     def from_pretrained(self, path: Path, /, **kwargs: Any) -> Any: ...
 
-    def from_config(self, config: Any, /) -> Any: ...
+    def from_config(self, config: Any, /, **kwargs: Any) -> Any: ...
 
 
 def _auto(cls: object) -> _Auto:
@@ -384,8 +401,11 @@ def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
     try:
         import torch
 
+        # float32 as the process is: building in the config's dtype (bfloat16, float16) sets
+        # torch's default dtype, process-wide, while it builds, and the run's other threads
+        # (inference scoring) made their tensors in it meanwhile and failed
         with _quiet_transformers(), torch.device("meta"):
-            model = _auto(AutoModelForCausalLM).from_config(config)
+            model = _auto(AutoModelForCausalLM).from_config(config, dtype=torch.float32)
     except Exception as exc:  # a config transformers accepts but cannot build
         raise ModelUnavailable(f"{where}: config.json does not build: {_one_line(exc)}") from None
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}

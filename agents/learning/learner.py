@@ -196,12 +196,13 @@ def behaviour_logps(
     T the longest response and the mask 1 on its tokens."""
     turns = [s.turn for s in batch]
     if turns[0].mode == "score":
-        old = torch.tensor([[t.logp] for t in turns], device=device)
+        old = torch.tensor([[t.logp] for t in turns], dtype=torch.float32, device=device)
         return old, torch.ones_like(old)
-    old = torch.zeros((len(turns), max(len(t.response_ids) for t in turns)), device=device)
+    width = max(len(t.response_ids) for t in turns)
+    old = torch.zeros((len(turns), width), dtype=torch.float32, device=device)
     mask = torch.zeros_like(old)
     for b, t in enumerate(turns):
-        old[b, : len(t.token_logps)] = torch.tensor(t.token_logps)
+        old[b, : len(t.token_logps)] = torch.tensor(t.token_logps, dtype=torch.float32)
         mask[b, : len(t.response_ids)] = 1.0
     return old, mask
 
@@ -314,7 +315,10 @@ def _gap(samples: Sequence[Sample], prox: dict[int, torch.Tensor]) -> SamplerGap
     learner = torch.cat([prox[id(s)].cpu() for s in samples])
     sampler = torch.cat(
         [
-            torch.tensor([s.turn.logp] if s.turn.mode == "score" else list(s.turn.token_logps))
+            torch.tensor(
+                [s.turn.logp] if s.turn.mode == "score" else list(s.turn.token_logps),
+                dtype=torch.float32,
+            )
             for s in samples
         ]
     )
@@ -369,7 +373,7 @@ def _one_step(
         gap = sampler_gap(logp.detach()[keep].double(), old_logp[keep].double())
     if req.low_prob_delta is not None:
         mask = mask * low_prob_mask(old_logp, mask, req.low_prob_delta)[:, None]  # (B, T)
-    adv = torch.tensor([s.adv for s in batch], device=trainee.device)  # (B,)
+    adv = torch.tensor([s.adv for s in batch], dtype=torch.float32, device=trainee.device)
     is_weight = None
     tis: dict[str, float] = {}
     if req.tis_cap is not None:  # ratio against the learner's own start, weighted to the sampler

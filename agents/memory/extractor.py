@@ -219,8 +219,8 @@ def extractor_step(
         )  # (B, T)
         old = torch.zeros_like(logp)
         for b, c in enumerate(batch):
-            old[b, : len(c.token_logps)] = torch.tensor(c.token_logps)
-        adv = torch.tensor([adv_of[c.call] for c in batch], device=device)  # (B,)
+            old[b, : len(c.token_logps)] = torch.tensor(c.token_logps, dtype=torch.float32)
+        adv = torch.tensor([adv_of[c.call] for c in batch], dtype=torch.float32, device=device)
         tokens = sum(len(c.response_ids) for c in calls)  # sum_i |m_i| over the whole batch
         out = cispo_loss(
             logp, old, adv, mask, clip_low=req.clip_low, clip_high=req.clip_high, tokens=tokens

@@ -231,7 +231,7 @@ def _tensors(
         positions[b, : len(row.positions)] = row.positions
         pad = np.arange(len(row.ids), width)
         allowed[b, pad, pad] = True  # padding sees itself: no row of the mask is empty (no NaN)
-    attention = torch.zeros((len(rows), 1, width, width))
+    attention = torch.zeros((len(rows), 1, width, width), dtype=torch.float32)
     attention.masked_fill_(~torch.from_numpy(allowed)[:, None], torch.finfo(attention.dtype).min)
     row_of, at, tokens, owner = (torch.tensor(col) for col in zip(*scored, strict=True))
     return Packed(

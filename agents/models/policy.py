@@ -77,7 +77,7 @@ def candidate_scores(
     """
     picked = scored_logits(model, packed, device, head_only=head_only)  # (N, V)
     token_logp = picked.float().log_softmax(-1).gather(1, packed.tokens.to(device)[:, None])[:, 0]
-    scores = torch.zeros(sum(packed.counts), device=device)
+    scores = torch.zeros(sum(packed.counts), dtype=torch.float32, device=device)
     return scores.index_add(0, packed.owner.to(device), token_logp), token_logp
 
 
@@ -326,8 +326,8 @@ def response_logps(
         attn[b, : len(p) + len(r)] = 1
     logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits  # (B, L, V)
     t = temperature if temperature > 0 else 1.0
-    logp = torch.zeros((batch, longest), device=device)
-    mask = torch.zeros((batch, longest), device=device)
+    logp = torch.zeros((batch, longest), dtype=torch.float32, device=device)
+    mask = torch.zeros((batch, longest), dtype=torch.float32, device=device)
     for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         n = len(r)
         rows = (logits[b, len(p) - 1 : len(p) - 1 + n].float() / t).log_softmax(-1)  # (n, V)

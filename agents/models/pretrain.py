@@ -105,7 +105,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> tuple[torch.Tensor, ...]:
     width = max(len(s.prompt) + len(s.response) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)  # (B, T)
     attention = torch.zeros_like(ids)  # (B, T)
-    response = torch.zeros((len(samples), width - 1))  # (B, T-1)
+    response = torch.zeros((len(samples), width - 1), dtype=torch.float32)  # (B, T-1)
     prompt = torch.zeros_like(response)  # (B, T-1)
     for b, sample in enumerate(samples):
         n, m = len(sample.prompt), len(sample.response)

@@ -471,3 +471,52 @@ def test_no_file_descriptor_left_is_not_called_a_damaged_model(
     with pytest.raises(ModelUnavailable, match="too many open files in this process") as err:
         checkpoints._tensor_shapes(weights, "model")  # pyright: ignore[reportPrivateUsage]
     assert "not a valid safetensors file" not in str(err.value)
+
+
+def test_checking_a_half_precision_model_leaves_torch_s_default_dtype_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking a checkpoint whose config says ``bfloat16`` (most real ones) built it on the
+    meta device in that dtype, which set torch's default dtype for the whole process while it
+    built: the run's inference thread made its attention mask in float16 meanwhile and failed
+    (``Expected attn_mask dtype ...``), in 1 to 3 of 3 runs of such checkpoints."""
+    path = tmp_path / "bf16"
+    model, tokenizer = tiny_model()
+    model.to(torch.bfloat16).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    assert json.loads((path / "config.json").read_text())["dtype"] == "bfloat16"
+    seen: list[torch.dtype] = []
+    real = torch.set_default_dtype
+
+    def spy(dtype: torch.dtype) -> None:
+        seen.append(dtype)
+        real(dtype)
+
+    monkeypatch.setattr(torch, "set_default_dtype", spy)
+    check_model_dir(path)
+    loaded, _ = load_model_dir(path, torch.device("cpu"))
+    assert next(loaded.parameters()).dtype == torch.float32
+    assert set(seen) <= {torch.float32}, seen
+
+
+def test_a_model_that_names_its_positions_otherwise_is_checked_against_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GPT-2's config says ``n_positions``, not ``max_position_embeddings`` (transformers maps
+    one to the other): validate read only the latter, so a response of 200 tokens on a model
+    of 128 positions passed it and failed the run (``IndexError`` in the position table)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = tiny_tokenizer(["look", "open", "door", "take", "key"])
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=128, n_embd=16, n_layer=1, n_head=2,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    path = tmp_path / "gpt2"
+    GPT2LMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    assert "max_position_embeddings" not in json.loads((path / "config.json").read_text())
+    assert ckpt.positions_of(path) == 128
+    base = ["--set", f"policy.model={path}", "--set", 'policy.mode="generate"']
+    assert main(["validate", QUICKSTART, *base, "--set", "policy.max_new_tokens=65"]) == 2
+    assert "built for 128 positions" in capsys.readouterr().err

@@ -178,3 +178,22 @@ def test_a_lora_adapted_model_is_scored_head_only_as_its_whole_forward_pass() ->
             position_ids=packed.positions,
         ).logits[packed.rows, packed.at]
     assert torch.equal(head_only, whole)
+
+
+def test_scoring_makes_its_tensors_in_float32_whatever_torch_s_default_dtype() -> None:
+    """torch's default dtype is process-wide, and building a half-precision model sets it while
+    it builds (transformers does); scoring in another thread meanwhile made its mask and
+    scores in that dtype and failed. Its tensors are float32 whatever the default."""
+    model = tiny_qwen2(12, hidden=16)
+    prompts, cands = [[5, 6, 7, 8], [5, 6, 9]], [[[2, 3], [4]], [[3], [2, 2, 2]]]
+    with torch.no_grad():
+        want, _ = candidate_scores(model, pack(prompts, cands, pad_id=0), CPU)
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float16)
+        try:
+            packed = pack(prompts, cands, pad_id=0)
+            got, _ = candidate_scores(model, packed, CPU)
+        finally:
+            torch.set_default_dtype(old)
+    assert packed.attention.dtype == torch.float32 and got.dtype == torch.float32
+    assert torch.equal(got, want)
