@@ -33,6 +33,7 @@ from stores.checkpoints import (
     check_device,
     check_model_dir,
     load_model_dir,
+    module_names,
     resolve_device,
 )
 
@@ -85,6 +86,7 @@ def policy_actors(
     # the base models' settings (and local paths) are checked before anything is built
     bases = {role: base_model_dir(scenario, source, role, None) for role in roles}
     check_rooms(scenario, source, method, "extractor" in roles)
+    check_lora_targets(scenario, source, "extractor" in roles)
     model = policy_model_dir(scenario, source) if prepare_model else None
     if not prepare_model:
         check_policy_model(scenario, source)
@@ -101,6 +103,38 @@ def policy_actors(
     )
     dirs = {role: path for role, path in {"policy": model, **bases}.items() if path is not None}
     return _policy_actors(scenario, method, model, run, early, source), dirs
+
+
+def check_lora_targets(scenario: Scenario, source: str, extractor: bool) -> None:
+    """Every LoRA target names a module of its model (read from the model's config, built on
+    the meta device: no weights are read), so a run is refused before it starts; the adapters
+    were added, and the name checked, only when an actor loaded the model. A model whose
+    config cannot be read is left to its own check.
+
+    Raises:
+        ScenarioInvalid: a target names no module.
+    """
+    p, c = scenario.policy, scenario.complementary
+    checks = [("$.policy.lora.targets", p.lora, p.model)]
+    if extractor:
+        base = p.model if c.extractor == "embedded" else c.extractor
+        checks.append(("$.complementary.lora.targets", c.lora, base))
+    for where, lora, model in checks:
+        used = lora.used()
+        if used is None:
+            continue
+        names = module_names(None if model in _EMBEDDED else Path(model).expanduser())
+        missing = sorted(set(used.targets) - names) if names else []
+        if missing:
+            raise ScenarioInvalid(
+                source,
+                f"{where}: {missing} name no module of the model {model!r} (its modules: "
+                f"{', '.join(sorted(names)[:16])})",
+            )
+
+
+_EMBEDDED = ("embedded", "embedded-ops")
+"""Model settings that name the embedded model (a Qwen2, :mod:`agents.models.embedded`)."""
 
 
 def check_rooms(scenario: Scenario, source: str, method: Method | None, extractor: bool) -> None:
@@ -499,6 +533,15 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     p = scenario.policy
     device = resolve_device(p.device)
     net, tokenizer = load_model_dir(model, device)
+    if p.mode == "score":  # before the dtype and adapters: float32, to its rounding
+        from agents.models.policy import packed_scoring_fault
+
+        fault = packed_scoring_fault(net, device, tokenizer.pad_token_id or 0)
+        if fault is not None:
+            raise ModelUnavailable(
+                f'{model}: {fault}; act with policy.mode = "generate", which uses the '
+                "model's own attention"
+            )
     net = _prepared(scenario, net, p.lora, "policy")
     return runner_for(scenario, net, tokenizer, device)
 

@@ -81,6 +81,58 @@ def candidate_scores(
     return scores.index_add(0, packed.owner.to(device), token_logp), token_logp
 
 
+def packed_scoring_fault(model: Any, device: torch.device, pad_id: int) -> str | None:
+    """What is wrong with scoring ``model``'s candidates packed (:func:`candidate_scores`), or
+    None: packing replaces the model's own attention mask with a block mask, which is right
+    for full causal attention only. A model that attends otherwise (a sliding window shorter
+    than the prompt, local attention, a recurrent model that ignores the mask) scored wrong
+    without a sign, and some architectures fail on the mask. Two requests whose prompts share
+    a beginning, longer than any window the config names, are scored packed and each
+    candidate alone by the model's own forward pass; they must agree to float32 rounding.
+    """
+    config = getattr(model, "config", None)
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    limit = getattr(config, "max_position_embeddings", None)
+    limit = limit if isinstance(limit, int) and limit > 0 else 4096
+    windows = [
+        getattr(config, k, None) for k in ("sliding_window", "attention_window", "window_size")
+    ]
+    window = max([w for w in windows if isinstance(w, int) and w > 0] or [0])
+    length = min(limit - 8, max(48, window + 16))
+    if length < 8 or vocab < 8:
+        return None
+    draw = random.Random(0)
+    prompt = [draw.randrange(3, vocab) for _ in range(length)]
+    other = prompt[: length // 2] + [draw.randrange(3, vocab) for _ in range(length // 3)]
+    cands = [[draw.randrange(3, vocab) for _ in range(n)] for n in (1, 3)]
+    prompts, candidates = [prompt, other], [cands, cands]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            try:
+                packed, _ = candidate_scores(model, pack(prompts, candidates, pad_id), device)
+            except Exception as exc:  # an architecture that cannot take the block mask
+                said = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                return f"scoring candidates packed fails on this architecture ({said})"
+            alone = []
+            for p, cs in zip(prompts, candidates, strict=True):
+                for c in cs:
+                    ids = torch.tensor([[*p, *c]], device=device)
+                    logp = model(input_ids=ids).logits[0].float().log_softmax(-1)
+                    alone.append(sum(float(logp[len(p) - 1 + t, tok]) for t, tok in enumerate(c)))
+    finally:
+        model.train(was_training)
+    worst = max(abs(float(a) - b) for a, b in zip(packed.tolist(), alone, strict=True))
+    if worst > 1e-3:
+        return (
+            f"scoring candidates packed differs from the model's own forward pass by up to "
+            f"{worst:.3g} nats (a {length}-token prompt; its attention is not full causal "
+            "attention: a sliding window, local attention or a recurrent model)"
+        )
+    return None
+
+
 CANDIDATE_PLACES = 1024
 """The most candidate tokens of one request scored in one forward pass. A world that offers
 thousands of actions would otherwise make one row of all of them, whose (L, L) attention grows

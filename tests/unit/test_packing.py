@@ -197,3 +197,40 @@ def test_scoring_makes_its_tensors_in_float32_whatever_torch_s_default_dtype() -
             torch.set_default_dtype(old)
     assert packed.attention.dtype == torch.float32 and got.dtype == torch.float32
     assert torch.equal(got, want)
+
+
+def test_a_model_whose_attention_packing_cannot_stand_in_for_is_found() -> None:
+    """Packing replaces the model's attention mask with a block mask: a sliding window shorter
+    than the prompt (Mistral's), a recurrent model (RWKV, which ignores masks) scored wrong
+    without a sign (0.03-0.6 nats here), and Bloom failed on the mask mid-run. Full causal
+    attention, with or without the head at the scored places only, passes."""
+    from transformers import (
+        BloomConfig,
+        BloomForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        RwkvConfig,
+        RwkvForCausalLM,
+    )
+
+    from agents.models.policy import packed_scoring_fault
+
+    def mistral(window: int | None) -> MistralForCausalLM:
+        return MistralForCausalLM(MistralConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, sliding_window=window,
+            max_position_embeddings=256,
+        )).eval()  # fmt: skip
+
+    torch.manual_seed(0)
+    assert packed_scoring_fault(tiny_qwen2(100, hidden=32), CPU, 0) is None
+    assert packed_scoring_fault(mistral(None), CPU, 0) is None
+    slid = packed_scoring_fault(mistral(16), CPU, 0)
+    assert slid is not None and "differs from the model's own forward pass" in slid
+    rwkv = RwkvForCausalLM(RwkvConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+        context_length=128,
+    )).eval()  # fmt: skip
+    assert "differs" in (packed_scoring_fault(rwkv, CPU, 0) or "")
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=2))
+    assert "fails on this architecture" in (packed_scoring_fault(bloom.eval(), CPU, 0) or "")
