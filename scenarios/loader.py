@@ -55,7 +55,48 @@ def read_scenario(
     for item in overrides:
         apply_override(doc, item, source)
     scenario = to_scenario(doc, source)
+    refuse_futile(scenario, source)
     return scenario, unread_tables(doc, scenario)
+
+
+def refuse_futile(scenario: Scenario, source: str) -> None:
+    """Refuse settings a new run would accept and then spend its time on for nothing: a
+    subgroup of one (Complementary RL: its advantage is always 0, so it never trains), an
+    extractor update of one call (its advantage is its reward less the batch's mean: 0), a
+    final round or an adaptation test without evaluation rounds (they are played in the last
+    round, and ``eval.every = 0`` plays none). Checked for a scenario a person gives, not for
+    a run's stored one (``stored_scenario``): runs made before the check still read.
+
+    Raises:
+        ScenarioInvalid: one of those.
+    """
+    e = scenario.eval
+    for key, value in (("final_episodes", e.final_episodes), ("adapt_attempts", e.adapt_attempts)):
+        if value and not e.every:
+            raise ScenarioInvalid(
+                source,
+                f"$.eval.{key} = {value}: played in the last evaluation round, and "
+                "eval.every = 0 plays none; set eval.every (e.g. to the run's number of "
+                "updates for a first and a last round only)",
+            )
+    if scenario.run.method != "complementary":
+        return
+    c, size = scenario.complementary, scenario.grpo.group_size
+    if c.subgroups and min(size // 2, size - size // 2) < 2:
+        raise ScenarioInvalid(
+            source,
+            f"$.grpo.group_size = {size}: Complementary RL splits a group into a guided and a "
+            f"free subgroup ({size // 2} and {size - size // 2} episodes), and an episode alone "
+            "in its subgroup always has advantage 0 (it never trains); use at least 4, or "
+            "complementary.subgroups = false",
+        )
+    if c.batch == 1:
+        raise ScenarioInvalid(
+            source,
+            "$.complementary.batch = 1: a call's advantage is its reward less its batch's "
+            "mean, always 0 in a batch of one, so the extractor would never learn; use at "
+            "least 2 (a batch the run never fills keeps the extractor as it starts)",
+        )
 
 
 def stored_source(where: str) -> str:
@@ -108,7 +149,7 @@ def warn_settings(source: str, scenario: Scenario, unread: list[str], played: in
             f"grpo.groups_per_update): the run plays {played}"
         )
     e = scenario.eval
-    evaluates = e.every > 0 or e.final_episodes > 0 or e.adapt_attempts > 0
+    evaluates = e.every > 0  # the final round and the adaptation test are played in rounds
     learns = scenario.run.method != "rollout"
     if learns and evaluates and scenario.world.split == e.split == "heldout":
         log.warning(

@@ -411,6 +411,37 @@ def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def _smallest_qwen2() -> Any:
+    """A smallest config of the embedded model's architecture (its module names are what is
+    read of it)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=8,
+        hidden_size=8,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    )
+
+
+def module_names(path: Path | None) -> set[str]:
+    """The last parts of the module names of the model ``path`` holds (what LoRA targets
+    name), built from its config on the meta device (None: the embedded model's architecture,
+    a Qwen2); empty when the config cannot be read or built (its own check says why)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        config = _smallest_qwen2() if path is None else _read_config(path, str(path))
+        with _quiet_transformers(), torch.device("meta"):
+            model = _auto(AutoModelForCausalLM).from_config(config, dtype=torch.float32)
+    except Exception:  # ModelUnavailable, or a config transformers cannot build
+        return set()
+    return {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
+
+
 def _compare_shapes(
     expected: dict[str, tuple[int, ...]],
     found: dict[str, tuple[int, ...]],

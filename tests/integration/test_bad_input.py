@@ -295,6 +295,39 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
             ["runtime.backend=ray", "runtime.ray.extractor.num_cpus=1"],
             "$.runtime.ray.extractor: run.method = 'grpo' has no extractor actor to place",
         ),
+        # settings a run spent its time on for nothing (an outside tester's runs): a subgroup
+        # of one never trains, nor an extractor on batches of one call; a final round or an
+        # adaptation test without evaluation rounds was not played
+        (
+            ["run.method=complementary", "complementary.embedder=hashing", "grpo.group_size=3"],
+            "$.grpo.group_size = 3: Complementary RL splits a group into a guided and a free "
+            "subgroup (1 and 2 episodes)",
+        ),
+        (
+            ["run.method=complementary", "complementary.embedder=hashing", "complementary.batch=1"],
+            "$.complementary.batch = 1: a call's advantage is its reward less its batch's mean",
+        ),
+        (
+            ["eval.every=0", "eval.final_episodes=3"],
+            "$.eval.final_episodes = 3: played in the last evaluation round, and eval.every = 0",
+        ),
+        (
+            ["run.method=empo2", "eval.every=0", "eval.adapt_attempts=2"],
+            "$.eval.adapt_attempts = 2: played in the last evaluation round",
+        ),
+        # a LoRA target was checked only when an actor added the adapters, mid-run
+        (
+            ["policy.lora.r=2", "policy.lora.targets=['q_proj','nosuch']"],
+            "$.policy.lora.targets: ['nosuch'] name no module of the model 'embedded' (its "
+            "modules: ",
+        ),
+        (
+            [
+                *("run.method=complementary", "complementary.embedder=hashing"),
+                *("complementary.lora.r=2", "complementary.lora.targets=['c_attn']"),
+            ],
+            "$.complementary.lora.targets: ['c_attn'] name no module of the model",
+        ),
     ],
 )
 def test_run_refuses_what_validate_refuses_before_it_builds_a_model(
