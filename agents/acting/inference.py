@@ -177,6 +177,7 @@ class PolicyRunner:
         self.version = version
         self.max_positions = max_positions if max_positions is not None else position_limit(model)
         self.prompts_cut = 0  # prompts that lost their middle so far
+        self.alike: tuple[str, str] | None = None  # two actions the tokenizer encodes alike
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._prompts = PromptEncoder(tokenizer)
         self._gap = cut_gap(tokenizer) if self.max_positions is not None else []
@@ -203,6 +204,8 @@ class PolicyRunner:
             cands = [
                 [self._response_ids(a) for a in r.admissible] if score else [] for r in requests
             ]
+        if score and self.alike is None:
+            self.alike = _encoded_alike(requests, cands)
         rooms = [self._room(c) for c in cands]
         cuts = [0] * len(requests)
         for i, room in enumerate(rooms):
@@ -395,6 +398,7 @@ class InferenceActor(Actor):
         self._runner: PolicyRunner | None = None
         self._owed: list[Envelope[Event]] = []  # a resumed run's unanswered reflections
         self._cut_told = False  # whether the first cut prompt was logged
+        self._alike_told = False  # whether actions the tokenizer encodes alike were logged
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Load the newest policy version the log names, and owe an answer to each reflection
@@ -482,6 +486,14 @@ class InferenceActor(Actor):
             for env, tip in zip(reflections, tips, strict=True):
                 await ctx.emit(tip, cause=env.seq, corr=env.corr)
             answered += tips
+        if runner.alike is not None and not self._alike_told:
+            self._alike_told = True
+            ctx.log.warning(
+                "the tokenizer encodes two different actions alike, so the policy cannot tell "
+                "them apart (scored alike, chosen alike often): a tokenizer that loses "
+                "characters or words",
+                actions=list(runner.alike),
+            )
         cut = next((a for a in answered if a.prompt_cut), None)
         if cut is not None and not self._cut_told:
             self._cut_told = True
@@ -519,6 +531,19 @@ def _rope_types(params: Any, found: list[Any]) -> None:
                 found.append(value)
             else:
                 _rope_types(value, found)
+
+
+def _encoded_alike(
+    requests: Sequence[ActionRequested], cands: Sequence[Sequence[list[int]]]
+) -> tuple[str, str] | None:
+    """Two different admissible actions of one request whose token ids are the same, or None."""
+    for request, ids in zip(requests, cands, strict=True):
+        seen: dict[tuple[int, ...], str] = {}
+        for action, tokens in zip(request.admissible, ids, strict=True):
+            other = seen.setdefault(tuple(tokens), action)
+            if other != action:
+                return other, action
+    return None
 
 
 def _is_update(ev: Event) -> bool:

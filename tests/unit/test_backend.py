@@ -189,3 +189,21 @@ def test_an_unknown_backend_is_refused_by_name() -> None:
     refused = r"no inference backend 'vllm' in this build; backends: \['hf'\]"
     with pytest.raises(ValueError, match=refused):
         backend_named("vllm")
+
+
+def test_actions_the_tokenizer_encodes_alike_are_found(tokenizer: Any) -> None:
+    """A tokenizer that loses characters (a BPE without byte fallback, a word-level
+    vocabulary) encoded "put clay jug in oven" as "put clay mug in oven" for an outside tester:
+    the two score alike, and nothing said so. The runner names the first such pair (the
+    inference actor logs it once)."""
+    model = tiny(tokenizer)
+    settings = ActSettings(mode="score", temperature=1.0, max_new_tokens=6, tip_tokens=5)
+    plain = PolicyRunner(model, tokenizer, settings)
+    plain.answer(requests())
+    assert plain.alike is None
+    lossy = PolicyRunner(model, tokenizer, settings)
+    with lossy._tokenizing:
+        ids = lossy._response_ids("open box")
+    lossy._responses["open bin"] = list(ids)  # what a tokenizer that loses "x"/"n" gives
+    lossy.answer(requests())
+    assert lossy.alike == ("open box", "open bin")
