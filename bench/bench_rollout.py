@@ -14,8 +14,8 @@ in which the two files differ are printed first. An absolute path is the same fi
 
     .venv/bin/python bench/bench_rollout.py --baseline ../main-worktree --rounds 3
     .venv/bin/python bench/bench_rollout.py --baseline B --scenario scenarios/empo2.toml \\
-        --set run.episodes=128 --set eval.every=0 --no-rollout \\
-        [--new-set empo2.embedder=minilm-int8]
+        --set run.episodes=128 --set eval.every=0 --set eval.final_episodes=0 \\
+        --set eval.adapt_attempts=0 --no-rollout [--new-set empo2.embedder=minilm-int8]
 """
 
 from __future__ import annotations

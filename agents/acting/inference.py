@@ -486,13 +486,14 @@ class InferenceActor(Actor):
             for env, tip in zip(reflections, tips, strict=True):
                 await ctx.emit(tip, cause=env.seq, corr=env.corr)
             answered += tips
-        if runner.alike is not None and not self._alike_told:
+        alike = getattr(runner, "alike", None)  # a runner of another kind may not tell
+        if alike is not None and not self._alike_told:
             self._alike_told = True
             ctx.log.warning(
                 "the tokenizer encodes two different actions alike, so the policy cannot tell "
                 "them apart (scored alike, chosen alike often): a tokenizer that loses "
                 "characters or words",
-                actions=list(runner.alike),
+                actions=list(alike),
             )
         cut = next((a for a in answered if a.prompt_cut), None)
         if cut is not None and not self._cut_told:

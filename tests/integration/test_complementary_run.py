@@ -50,6 +50,10 @@ COMPLEMENTARY = (
     )
 )
 SETTINGS = CreditSettings(batch=3, lr=0.05, rule="score")
+NO_EVAL = COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0").replace(
+    "final_episodes = 9", "final_episodes = 0"
+)
+"""The run without evaluation rounds (nor a final one: ``validate`` refuses one without them)."""
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +233,7 @@ def test_a_slow_extractor_finishes_its_work_before_the_run_completes(
         return answer(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ExtractorModel, "answer", slow)
-    scenario = COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0")  # the last update ends it
+    scenario = NO_EVAL  # the last update ends it
     run = run_scenario(tmp_path, scenario.replace("episodes = 32", "episodes = 24"))
     events = read_events(run)
     asked = len(of(events, ExtractionRequested)) + len(of(events, MergeRequested))
@@ -259,11 +263,9 @@ def test_a_merge_pass_planned_late_is_waited_for(
         return await apply(self, ctx, bank, batch, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(MemoryActor, "_apply_vectors", late)
-    scenario = (
-        COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0")  # the last update ends it
-        .replace("episodes = 32", "episodes = 24")  # steps 0 (warm-up), 1, 2
-        .replace("merge_every = 2", "merge_every = 3")  # a pass with the last update only
-    )
+    scenario = NO_EVAL.replace("episodes = 32", "episodes = 24")  # steps 0 (warm-up), 1, 2
+    # a pass with the last update only, which ends the run
+    scenario = scenario.replace("merge_every = 2", "merge_every = 3")
     run = run_scenario(tmp_path, scenario)
     events = read_events(run)
     [due] = of(events, MergeDue)
@@ -299,9 +301,9 @@ def test_an_extractor_update_asked_for_late_is_waited_for(
         return await handle(self, ctx, ev)  # type: ignore[arg-type]
 
     monkeypatch.setattr(CreditActor, "handle", late)
-    scenario = COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0").replace(
+    scenario = NO_EVAL.replace(
         "batch = 3",
-        "batch = 1",  # every credited episode asks for an update
+        "batch = 2",  # every other credited episode asks for an update
     )
     run = run_scenario(tmp_path, scenario)
     events = read_events(run)
@@ -341,7 +343,7 @@ def test_a_run_stopped_while_its_credits_are_due_settles_on_resume(
 
     monkeypatch.setattr(CreditActor, "handle", stop_late)
     scenario = tmp_path / "scenario.toml"
-    scenario.write_text(COMPLEMENTARY.replace("\nevery = 2", "\nevery = 0"))
+    scenario.write_text(NO_EVAL)
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
     assert main(["run", str(scenario), "--out", str(run), "--quiet"]) == 130
