@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -114,8 +114,26 @@ def _checked(path: Path, setting: str = "model") -> tuple[Path, Any]:
     found: dict[str, tuple[int, ...]] = {}
     for shard in shards:
         found.update(_tensor_shapes(shard, where))
-    _compare_shapes(expected, found, where, _tied(config))
+    if not renamed_on_load(config):  # else the load's own report is checked (load_model_dir)
+        _compare_shapes(expected, found, where, _tied(config))
     return path, _check_tokenizer(path, config, where)
+
+
+def renamed_on_load(config: Any) -> bool:
+    """Whether transformers renames or fuses this architecture's stored weights as it loads
+    them (GPT-NeoX's ``embed_out`` becomes ``lm_head``; Mixtral's and Qwen2-MoE's experts are
+    fused): the file's names are then not the built model's, and comparing them refused valid
+    checkpoints. Such a model is checked by what its load reports instead."""
+    from transformers import conversion_mapping
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    mapping = cast(
+        "Callable[[str], object]",
+        conversion_mapping.get_checkpoint_conversion_mapping,  # pyright: ignore[reportUnknownMemberType]
+    )
+    model_type = getattr(config, "model_type", "")
+    names = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), model_type]
+    return any(n and mapping(n) is not None for n in names)
 
 
 PROBE_WORDS = "you are in the kitchen look around open the door take the key go north 1 2"
@@ -515,15 +533,43 @@ def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
     hf_logging.disable_progress_bar()  # a run has its own progress display
     where, tokenizer = _checked(Path(path))
     try:
-        with _LOADING:
-            model = _auto(AutoModelForCausalLM).from_pretrained(
-                where, local_files_only=True, dtype=torch.float32, use_safetensors=True
+        with _LOADING, _quiet_transformers():  # its load report: the line below says it
+            model, info = _auto(AutoModelForCausalLM).from_pretrained(
+                where,
+                local_files_only=True,
+                dtype=torch.float32,
+                use_safetensors=True,
+                output_loading_info=True,
             )
     except Exception as exc:  # transformers, tokenizers and safetensors errors share no base
         raise ModelUnavailable(f"{where}: cannot load: {_one_line(exc)}") from None
+    _check_loading_info(info, where, _tied(model.config))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
+
+
+def _check_loading_info(info: dict[str, Any], where: Path, tied: bool) -> None:
+    """Refuse a load that left a parameter to its random start, or read a tensor into one of
+    another shape or read none into it (what transformers reports; the file's names were
+    compared before it loaded, except for an architecture it renames: :func:`renamed_on_load`).
+
+    Raises:
+        ModelUnavailable: a parameter is missing (a tied output layer aside), mismatched, or a
+            stored tensor was not used.
+    """
+    missing = [k for k in info.get("missing_keys", ()) if not (tied and "lm_head" in k)]
+    problems = [
+        ("missing", missing),
+        ("of another shape", [k for k, *_ in info.get("mismatched_keys", ())]),
+        ("unused", list(info.get("unexpected_keys", ()))),
+    ]
+    for what, keys in problems:
+        if keys:
+            raise ModelUnavailable(
+                f"{where}: weights do not fit config.json: {len(keys)} tensors {what} "
+                f"(first {sorted(keys)[0]!r})"
+            )
 
 
 def param_digest(model: Any) -> str:

@@ -520,3 +520,39 @@ def test_a_model_that_names_its_positions_otherwise_is_checked_against_them(
     base = ["--set", f"policy.model={path}", "--set", 'policy.mode="generate"']
     assert main(["validate", QUICKSTART, *base, "--set", "policy.max_new_tokens=65"]) == 2
     assert "built for 128 positions" in capsys.readouterr().err
+
+
+def test_checkpoints_whose_weights_transformers_renames_as_it_loads_are_checked_by_the_load(
+    tmp_path: Path,
+) -> None:
+    """transformers 5 stores GPT-NeoX's output layer as ``embed_out`` and Mixtral's experts
+    one by one, and renames or fuses them as it loads: comparing the file's names with the
+    built model's refused such checkpoints, written by transformers itself. Their load's own
+    report is checked instead: a tensor left out is still refused."""
+    from safetensors.torch import load_file, save_file
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    tokenizer = tiny_tokenizer(["look", "open", "door", "take", "key"])
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    sizes = {"vocab_size": len(tokenizer), "hidden_size": 32, "num_hidden_layers": 1}
+    sizes |= {"num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128}
+    models = {
+        "neox": GPTNeoXForCausalLM(GPTNeoXConfig(**sizes, **ids)),
+        "mixtral": MixtralForCausalLM(
+            MixtralConfig(**sizes, **ids, num_key_value_heads=1, num_local_experts=2)
+        ),
+    }
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        check_model_dir(tmp_path / name)
+        loaded, _ = load_model_dir(tmp_path / name, torch.device("cpu"))
+        assert type(loaded) is type(model)
+    assert "embed_out.weight" in load_file(tmp_path / "neox" / "model.safetensors")
+    shutil.copytree(tmp_path / "neox", tmp_path / "short")
+    weights = load_file(tmp_path / "short" / "model.safetensors")
+    del weights["gpt_neox.layers.0.mlp.dense_4h_to_h.bias"]
+    save_file(weights, tmp_path / "short" / "model.safetensors", metadata={"format": "pt"})
+    check_model_dir(tmp_path / "short")  # the names are the load's to check
+    with pytest.raises(ModelUnavailable, match=r"1 tensors missing \(first 'gpt_neox.layers.0"):
+        load_model_dir(tmp_path / "short", torch.device("cpu"))
