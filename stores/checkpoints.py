@@ -172,9 +172,12 @@ def _check_tokenizer(path: Path, config: Any, where: str) -> Any:
         raise ModelUnavailable(f"{where}: the tokenizer has no eos token: responses could not end")
     vocab = getattr(_text_config(config), "vocab_size", None)
     if isinstance(vocab, int) and len(tokenizer) > vocab:
+        past = tokenizer.convert_ids_to_tokens(list(range(vocab, min(len(tokenizer), vocab + 3))))
         raise ModelUnavailable(
             f"{where}: the tokenizer has {len(tokenizer)} tokens, the model's embedding "
-            f"{vocab} (config.json vocab_size): ids past it cannot be read"
+            f"{vocab} (config.json vocab_size): ids past it cannot be read (from id {vocab}: "
+            f"{', '.join(map(repr, past))}{', ...' if len(tokenizer) > vocab + 3 else ''}: "
+            "tokens transformers may add for the tokenizer's class, as Qwen2's <|endoftext|>)"
         )
     if not getattr(tokenizer, "chat_template", None):
         raise ModelUnavailable(

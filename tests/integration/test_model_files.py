@@ -362,8 +362,12 @@ def test_a_tokenizer_larger_than_the_models_embedding_is_refused(tmp_path: Path)
     tokenizer.save_pretrained(path)
     with pytest.raises(
         ModelUnavailable, match=rf"has {len(tokenizer)} tokens, the model's embedding 50"
-    ):
+    ) as refused:
         check_model_dir(path)
+    # which tokens lie past it (a rebuilt Qwen2 tokenizer's added <|endoftext|> was refused
+    # without a word of which token it was)
+    past = tokenizer.convert_ids_to_tokens([50, 51, 52])
+    assert f"(from id 50: {', '.join(map(repr, past))}, ...:" in str(refused.value)
 
 
 def test_a_response_longer_than_half_the_models_positions_is_refused_by_validate(
