@@ -415,18 +415,27 @@ def _tensor_shapes(file: Path, where: str) -> dict[str, tuple[int, ...]]:
         ) from None
 
 
-def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
-    """Parameter names and shapes of the model ``config`` builds, on the meta device."""
+def _meta_model(config: Any) -> Any:
+    """The causal LM ``config`` builds, on the meta device (no memory, no weights read).
+
+    In float32, as the process is: building in the config's dtype (bfloat16, float16) sets
+    torch's default dtype, process-wide, while it builds, and the run's other threads
+    (inference scoring) made their tensors in it meanwhile and failed.
+
+    Raises:
+        Exception: whatever transformers raises for a config it cannot build.
+    """
+    import torch
     from transformers import AutoModelForCausalLM
 
-    try:
-        import torch
+    with _quiet_transformers(), torch.device("meta"):
+        return _auto(AutoModelForCausalLM).from_config(config, dtype=torch.float32)
 
-        # float32 as the process is: building in the config's dtype (bfloat16, float16) sets
-        # torch's default dtype, process-wide, while it builds, and the run's other threads
-        # (inference scoring) made their tensors in it meanwhile and failed
-        with _quiet_transformers(), torch.device("meta"):
-            model = _auto(AutoModelForCausalLM).from_config(config, dtype=torch.float32)
+
+def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of the model ``config`` builds, on the meta device."""
+    try:
+        model = _meta_model(config)
     except Exception as exc:  # a config transformers accepts but cannot build
         raise ModelUnavailable(f"{where}: config.json does not build: {_one_line(exc)}") from None
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -451,13 +460,9 @@ def module_names(path: Path | None) -> set[str]:
     """The last parts of the module names of the model ``path`` holds (what LoRA targets
     name), built from its config on the meta device (None: the embedded model's architecture,
     a Qwen2); empty when the config cannot be read or built (its own check says why)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     try:
         config = _smallest_qwen2() if path is None else _read_config(path, str(path))
-        with _quiet_transformers(), torch.device("meta"):
-            model = _auto(AutoModelForCausalLM).from_config(config, dtype=torch.float32)
+        model = _meta_model(config)
     except Exception:  # ModelUnavailable, or a config transformers cannot build
         return set()
     return {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
