@@ -178,7 +178,7 @@ def _positions(scenario: Scenario, source: str, model: str) -> int | None:
     ``embedded-ops`` base is built from it), a local directory's config, None unknown."""
     from stores.checkpoints import positions_of
 
-    if model in ("embedded", "embedded-ops"):
+    if model in _EMBEDDED:
         return embedded_spec(scenario, source).max_positions
     try:
         return positions_of(Path(model).expanduser())
