@@ -129,14 +129,18 @@ def stored_scenario(
 
 def warn_settings(source: str, scenario: Scenario, unread: list[str], played: int) -> None:
     """Log a warning for each setting a valid scenario holds that is likely not what its
-    author meant (after it was found valid: a refused one says only why): tables nothing
-    reads (``unread``), fewer episodes than ``run.episodes`` asks (a learning run plays
-    whole steps of ``group_size * groups_per_update``; ``played``), and training on the
+    author meant (after it was found valid: a refused one says only why): tables and keys
+    nothing reads (``unread``), fewer episodes than ``run.episodes`` asks (a learning run
+    plays whole steps of ``group_size * groups_per_update``; ``played``), and training on the
     variants held-out evaluation plays."""
     log = structlog.get_logger("coevo")
     if unread:
+        named = ", ".join(t if t in UNREAD_KEYS else f"[{t}]" for t in unread)
+        instead = "".join(
+            f"; {UNREAD_KEYS[t][1]} is read instead" for t in unread if t in UNREAD_KEYS
+        )
         log.warning(
-            f"{source}: nothing reads {', '.join(f'[{t}]' for t in unread)} in this scenario",
+            f"{source}: nothing reads {named} in this scenario{instead}",
             method=scenario.run.method,
             agent=scenario.agent.kind,
         )
@@ -158,9 +162,15 @@ def warn_settings(source: str, scenario: Scenario, unread: list[str], played: in
         )
 
 
+UNREAD_KEYS = {"grpo.std_norm": ("complementary", "complementary.subgroup_std")}
+"""Keys of a table a method reads that this method does not: the method that does not, and
+the key it reads instead (Complementary RL normalises its subgroups' advantages by its own)."""
+
+
 def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     """The tables a scenario file sets that its built-in method and agent never read (the
-    settings of another method, or a policy's for a scripted agent): accepted, since one file
+    settings of another method, or a policy's for a scripted agent), then the keys of a read
+    table it does not read (:data:`UNREAD_KEYS`, as ``table.key``): accepted, since one file
     may serve several runs (``--set run.method=grpo`` for the baseline), but said."""
     method = scenario.run.method
     unread: list[str] = []
@@ -170,6 +180,10 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
         readers = {"grpo": set(BUILTIN), "eval": set(BUILTIN)}
         readers |= {m: {m} for m in ("empo2", "complementary")}
         unread += [t for t, read_by in readers.items() if t in doc and method not in read_by]
+    for name, (not_by, _) in UNREAD_KEYS.items():
+        table, key = name.split(".")
+        if method == not_by and table not in unread and key in (doc.get(table) or {}):
+            unread.append(name)
     return unread
 
 

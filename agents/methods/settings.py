@@ -36,7 +36,8 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         clip_low, clip_high: the ratio clip range ``[1 - clip_low, 1 + clip_high]``.
         dual_clip: dual-clip constant c > 1 for negative advantages (0: off).
         kl_coef: weight of the KL to the frozen initial policy (0: no reference model).
-        std_norm: divide advantages by the group's std (False: mean-only).
+        std_norm: divide advantages by the group's std (False: mean-only); GRPO and EMPO2
+            (Complementary RL's is ``complementary.subgroup_std``).
         aggregation: "seq-mean-token-mean", "token-mean" or "seq-mean-token-sum".
         max_grad_norm: gradient clipping norm.
         max_staleness: how many versions older than the one being trained a sample may be

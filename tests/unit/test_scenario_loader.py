@@ -182,9 +182,20 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         ('[run]\nmethod = "empo2"\n[empo2]\n[complementary]\nlam = 0.1\n', ["complementary"]),
         ('[run]\nmethod = "rollout"\n[grpo]\n[eval]\n', ["grpo", "eval"]),
         ('[agent]\nkind = "explorer"\n[policy]\n[prompt]\n', ["policy", "prompt"]),
+        ('[run]\nmethod = "complementary"\n[grpo]\nstd_norm = false\n', ["grpo.std_norm"]),
+        ('[run]\nmethod = "empo2"\n[grpo]\nstd_norm = false\n', []),
         ('[run]\nmethod = "mine.methods:Mine"\n[empo2]\n[agent]\nkind = "policy"\n', []),
     ],
-    ids=["grpo reads its own", "grpo", "empo2", "rollout", "scripted agent", "plug-in method"],
+    ids=[
+        "grpo reads its own",
+        "grpo",
+        "empo2",
+        "rollout",
+        "scripted agent",
+        "complementary's std",
+        "empo2 reads grpo's std",
+        "plug-in method",
+    ],
 )
 def test_tables_nothing_reads_are_named(text: str, unread: list[str]) -> None:
     import tomllib
