@@ -35,7 +35,7 @@ from agents.learning.learner import (
     update_seed,
 )
 from agents.memory.extractor import ExtractorModel, extractor_step
-from agents.models.policy import LAYOUTS
+from agents.models.policy import LAYOUTS, UNRECORDED_LAYOUTS
 from agents.models.tuning import torch_threads, trainable
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event
@@ -227,7 +227,8 @@ class Reexecution:
         self.calls: dict[str, ExtractorCalled] = {}
         self.ext_requests: dict[int, ExtractorGradientRequested] = {}
         self.summary = Summary()
-        self._layouts: tuple[str, ...] = LAYOUTS  # for requests that do not record theirs
+        # for requests that do not record theirs (logs written before 2026-12-02)
+        self._layouts: tuple[str, ...] = UNRECORDED_LAYOUTS
 
     def feed(self, env: Envelope[Event]) -> Checked | None:
         """Fold one envelope; returns the update it completed, if any.

@@ -124,6 +124,10 @@ def eval_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
     return [tasks[i * len(tasks) // n] for i in range(n)]
 
 
+SCORING = "kept"
+"""The scoring layout a new run's requests name (``agents.models.policy.LAYOUTS``)."""
+
+
 def gradient_request(
     grpo: GrpoConfig,
     update: int,
@@ -151,7 +155,7 @@ def gradient_request(
         max_staleness=grpo.max_staleness,
         tis_cap=grpo.tis_cap or None,
         skip_zero_advantage=grpo.skip_zero_advantage,
-        scoring="packed",
+        scoring=SCORING,
     )
 
 
@@ -315,6 +319,7 @@ class GrpoTrainer(Replayed):
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
         self._started: set[str] = set()  # running episodes whose worker has begun them
         self._legacy_requests = False  # resumed from requests that predate their two fields
+        self._scoring = SCORING  # the layout its requests name (a resumed run: the log's)
         # the extractor's work the run still owes: open extraction and merge requests (what
         # each is about, as its answer names it) and extractor update requests not yet made
         self._extracting: dict[int, Subject] = {}  # request seq -> what it is about
@@ -428,14 +433,16 @@ class GrpoTrainer(Replayed):
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
         """Replay on ``history`` (:meth:`Replayed.recover`). A run whose log holds requests
         written before :class:`GradientRequested` recorded ``skip_zero_advantage`` and
-        ``scoring`` (coevo before 2026-12-02) goes on writing them that way: the replay must
-        emit what the log holds, and its learner goes on training as it did."""
-        self._legacy_requests = any(
-            env.actor == ctx.name
-            and isinstance(env.event, GradientRequested)
-            and env.event.scoring is None
+        ``scoring`` (coevo before 2026-12-02) goes on writing them that way, and one whose
+        requests name an older scoring layout goes on naming it: the replay must emit what
+        the log holds, and its learner goes on training as it did."""
+        layouts = [
+            env.event.scoring
             for env in history
-        )
+            if env.actor == ctx.name and isinstance(env.event, GradientRequested)
+        ]
+        self._legacy_requests = None in layouts
+        self._scoring = next((x for x in reversed(layouts) if x is not None), SCORING)
         self._legacy_merges = _passes_unplanned(history)
         # the replay must ask for the settlement where the log does
         self._credits = any(
@@ -803,6 +810,8 @@ class GrpoTrainer(Replayed):
         )
         if self._legacy_requests:
             req = msgspec.structs.replace(req, skip_zero_advantage=False, scoring=None)
+        elif req.scoring != self._scoring:
+            req = msgspec.structs.replace(req, scoring=self._scoring)
         await ctx.emit(self._method.loss(req))
 
 

@@ -14,8 +14,7 @@ Scoring packs every request of a batch into the rows of one forward pass
 (:mod:`agents.models.packing`): each candidate attends to its prompt and to itself only, at the
 positions it would have after the prompt alone, so one forward pass scores every candidate
 without repeating a prompt, and requests whose prompts begin alike share those places. The
-output layer runs only at the places whose logits score a token (for the model types known to
-allow it, :data:`HEAD_ONLY`).
+output layer runs only at the places whose logits score a token (:func:`scored_logits`).
 
 Every draw uses a uniform number from the request's own ``random.Random``, so what is sampled
 does not depend on which requests shared a forward pass.
@@ -24,6 +23,8 @@ does not depend on which requests shared a forward pass.
 from __future__ import annotations
 
 import bisect
+import functools
+import inspect
 import math
 import random
 from collections.abc import Sequence
@@ -40,16 +41,33 @@ from agents.models.packing import Ids, Packed, pack, pack_rows
 HEAD_ONLY = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
-LAYOUTS = ("packed", "rows")
-"""How a learner lays "score" turns out in its forward pass (``GradientRequested.scoring``)."""
+LAYOUTS = ("kept", "packed", "rows")
+"""How a learner lays "score" turns out in its forward pass (``GradientRequested.scoring``),
+the layout of :func:`scored_logits`: "kept" since 2026-12-05, "packed" and "rows" before."""
+
+UNRECORDED_LAYOUTS = ("packed", "rows")
+"""The layouts a request that records none (written before 2026-12-02) may have used."""
 
 
 def scored_logits(
-    model: Any, packed: Packed, device: torch.device, *, head_only: bool = True
+    model: Any, packed: Packed, device: torch.device, *, layout: str = "kept"
 ) -> torch.Tensor:
-    """The logits at every scored place, (N, V): for the model types in :data:`HEAD_ONLY`
-    the output layer runs at those places only (unless ``head_only`` is False), otherwise on
-    every place of every row."""
+    """The logits at every scored place, (N, V).
+
+    Where the output layer runs, by ``layout`` (:data:`LAYOUTS`; "rows" packs one request per
+    row, :func:`agents.models.packing.pack_rows`, the others :func:`agents.models.packing.pack`):
+
+    - "kept": at the scored places only. For the model types in :data:`HEAD_ONLY` the head is
+      applied to the decoder's output there; any other model is asked for those places
+      (``logits_to_keep`` as a mask: the model applies its own soft-capping or scaling), and
+      one whose ``forward`` does not take it runs its head everywhere.
+    - "packed" (before 2026-12-05): as "kept" for :data:`HEAD_ONLY`, everywhere for others.
+    - "rows" (before 2026-12-01): everywhere.
+
+    The three give the same numbers up to float32 rounding; the older are kept to re-execute
+    the updates of logs written with them bit for bit (a model outside :data:`HEAD_ONLY` took
+    gigabytes for a large vocabulary at every place of every row).
+    """
     kwargs = {
         "input_ids": packed.input_ids.to(device),
         "attention_mask": packed.attention.to(device),
@@ -57,25 +75,51 @@ def scored_logits(
         "use_cache": False,  # one pass: no key-value cache to build
     }
     rows, at = packed.rows.to(device), packed.at.to(device)
-    if head_only and getattr(model.config, "model_type", None) in HEAD_ONLY:
+    if layout != "rows" and getattr(model.config, "model_type", None) in HEAD_ONLY:
         # the decoder and the head through their accessors, not ``.model`` and ``.lm_head``:
         # on a peft-adapted model ``.model`` is the whole causal LM, not its decoder
         hidden = model.get_decoder()(**kwargs).last_hidden_state  # (B, L, H)
         return model.get_output_embeddings()(hidden[rows, at])  # (N, V)
+    if layout == "kept" and keeps_logits(model):
+        keep = torch.zeros(packed.input_ids.shape, dtype=torch.bool, device=device)
+        keep[rows, at] = True  # a place repeats when a prompt's last scores several candidates
+        kept = model(**kwargs, logits_to_keep=keep).logits  # (K, V), the places in row order
+        if kept.dim() != 2 or kept.shape[0] != int(keep.sum()):
+            raise ValueError(
+                f"{type(model).__name__} answered logits_to_keep (a mask of "
+                f"{int(keep.sum())} places) with logits of shape {tuple(kept.shape)}"
+            )
+        rank = keep.flatten().cumsum(0) - 1  # each kept place's row in ``kept``
+        return kept[rank[rows * keep.shape[1] + at]]  # (N, V)
     return model(**kwargs).logits[rows, at]  # (B, L, V) -> (N, V)
 
 
+def keeps_logits(model: Any) -> bool:
+    """Whether ``model``'s ``forward`` takes ``logits_to_keep`` (a peft-adapted model's: its
+    base model's, to which it passes the keyword on)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _takes_logits_to_keep(type(base))
+
+
+@functools.cache
+def _takes_logits_to_keep(cls: type) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
+
+
 def candidate_scores(
-    model: Any, packed: Packed, device: torch.device, *, head_only: bool = True
+    model: Any, packed: Packed, device: torch.device, *, layout: str = "kept"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Score packed candidates in one forward pass (with or without grad, as the caller's
-    context decides); ``head_only``: see :func:`scored_logits`.
+    context decides); ``layout``: see :func:`scored_logits`.
 
     Returns:
         ``(scores, token_logp)``: the sum of token log-probs of every candidate, flat in
         request order (sum(counts),), and the log-prob of every candidate token (N,).
     """
-    picked = scored_logits(model, packed, device, head_only=head_only)  # (N, V)
+    picked = scored_logits(model, packed, device, layout=layout)  # (N, V)
     token_logp = picked.float().log_softmax(-1).gather(1, packed.tokens.to(device)[:, None])[:, 0]
     scores = torch.zeros(sum(packed.counts), dtype=torch.float32, device=device)
     return scores.index_add(0, packed.owner.to(device), token_logp), token_logp
@@ -167,7 +211,7 @@ def scores_in_passes(
     pad_id: int,
     device: torch.device,
     *,
-    rows: bool = False,
+    layout: str = "kept",
     with_tokens: bool = True,
     budget: int | None = None,
 ) -> tuple[torch.Tensor, list[list[float]]]:
@@ -177,8 +221,8 @@ def scores_in_passes(
     one pass up to float rounding).
 
     Args:
-        rows: lay requests out one per row (:func:`agents.models.packing.pack_rows`, the
-            output layer everywhere), not packed.
+        layout: how the pass lays requests out and where its output layer runs
+            (:data:`LAYOUTS`, :func:`scored_logits`).
         with_tokens: also return each candidate's token log-probs (else empty lists).
         budget: candidate tokens per pass (None: :data:`CANDIDATE_PLACES`).
 
@@ -190,7 +234,7 @@ def scores_in_passes(
     budget = CANDIDATE_PLACES if budget is None else budget
     sizes = [sum(len(c) for c in cands) for cands in candidates]
     if all(size <= budget for size in sizes):  # every request in one pass, as always
-        return _one_pass(model, prompts, candidates, pad_id, device, rows, with_tokens)
+        return _one_pass(model, prompts, candidates, pad_id, device, layout, with_tokens)
     small = [i for i, size in enumerate(sizes) if size <= budget]
     passes = [[(i, 0, len(candidates[i])) for i in small]] if small else []
     for i, size in enumerate(sizes):  # (request, first, end candidate) of each pass
@@ -210,7 +254,7 @@ def scores_in_passes(
             [candidates[i][a:b] for i, a, b in chunk],
             pad_id,
             device,
-            rows,
+            layout,
             with_tokens,
             recompute=torch.is_grad_enabled(),
         )
@@ -228,20 +272,20 @@ def _one_pass(
     candidates: Sequence[Sequence[Ids]],
     pad_id: int,
     device: torch.device,
-    rows: bool,
+    layout: str,
     with_tokens: bool,
     recompute: bool = False,
 ) -> tuple[torch.Tensor, list[list[float]]]:
     """:func:`candidate_scores` of one packing of every request, and each candidate's token
     log-probs (empty lists unless ``with_tokens``); with ``recompute``, checkpointed (the
     pass's activations are not kept for the backward pass, which runs its forward again)."""
-    packed = (pack_rows if rows else pack)(prompts, candidates, pad_id)
+    packed = (pack_rows if layout == "rows" else pack)(prompts, candidates, pad_id)
     if recompute:
         flat, token_logp = checkpoint(
-            candidate_scores, model, packed, device, head_only=not rows, use_reentrant=False
+            candidate_scores, model, packed, device, layout=layout, use_reentrant=False
         )
     else:
-        flat, token_logp = candidate_scores(model, packed, device, head_only=not rows)
+        flat, token_logp = candidate_scores(model, packed, device, layout=layout)
     tokens: list[list[float]] = [[] for _ in range(len(flat))]
     if with_tokens:
         logps = token_logp.detach().double().cpu().tolist()
@@ -343,14 +387,13 @@ def chosen_action_logps(
     temperature: float,
     pad_id: int,
     device: torch.device,
-    layout: str = "packed",
+    layout: str = "kept",
 ) -> torch.Tensor:
     """Log-prob of each chosen candidate under the candidate softmax, with grad: (B, 1).
 
-    ``layout`` (:data:`LAYOUTS`): "packed" (:func:`agents.models.packing.pack`, the output
-    layer at the scored places only) or "rows" (:func:`agents.models.packing.pack_rows`, the
-    output layer everywhere): how coevo scored before 2026-12-01, the same numbers up to
-    float32 rounding, kept to re-execute the updates of logs written then bit for bit.
+    ``layout`` (:data:`LAYOUTS`, :func:`scored_logits`): "kept", or "packed" and "rows" as
+    coevo scored before, the same numbers up to float32 rounding, kept to re-execute the
+    updates of logs written then bit for bit.
 
     Raises:
         ValueError: an unknown ``layout``.
@@ -358,7 +401,7 @@ def chosen_action_logps(
     if layout not in LAYOUTS:
         raise ValueError(f"unknown scoring layout {layout!r}, expected one of {LAYOUTS}")
     flat, _ = scores_in_passes(
-        model, prompts, candidates, pad_id, device, rows=layout == "rows", with_tokens=False
+        model, prompts, candidates, pad_id, device, layout=layout, with_tokens=False
     )  # (sum(counts),)
     t = temperature if temperature > 0 else 1.0
     rows = split_rows(flat, [len(c) for c in candidates])

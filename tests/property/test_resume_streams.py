@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Literal, cast
 
 import msgspec
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -401,22 +402,27 @@ def test_the_trainer_resumes_at_any_cut(
     trio.run(check)
 
 
+@pytest.mark.parametrize("layout", [None, "packed"], ids=["no fields", "an older layout"])
 @settings(max_examples=20, deadline=None)
 @given(data=st.data(), method=st.sampled_from(sorted(TRAINERS)), staleness=st.integers(0, 1))
 def test_a_trainer_whose_requests_predate_their_fields_resumes_writing_them_so(
-    data: st.DataObject, method: str, staleness: int
+    data: st.DataObject, method: str, staleness: int, layout: str | None
 ) -> None:
     """A run begun before ``GradientRequested`` recorded ``skip_zero_advantage`` and
-    ``scoring`` (its log holds the two fields' defaults) resumes at any cut after its first
-    request: the replay emits the requests as they were logged, and those after the cut the
-    same way."""
+    ``scoring`` (its log holds the two fields' defaults), or before its scoring layout was the
+    one new runs name ("packed" before "kept"), resumes at any cut after its first request:
+    the replay emits the requests as they were logged, and those after the cut the same way."""
 
     def make() -> Replayed:
         return TRAINERS[method](staleness, 2)
 
     def old(env: Envelope[Event]) -> Envelope[Event]:
         if env.actor == NAME and isinstance(env.event, GradientRequested):
-            before = msgspec.structs.replace(env.event, skip_zero_advantage=False, scoring=None)
+            if layout is None:
+                before = msgspec.structs.replace(env.event, skip_zero_advantage=False, scoring=None)
+            else:
+                assert env.event.scoring != layout  # what new runs name
+                before = msgspec.structs.replace(env.event, scoring=layout)
             return msgspec.structs.replace(env, event=before)
         return env
 

@@ -238,3 +238,105 @@ def test_a_model_whose_attention_packing_cannot_stand_in_for_is_found() -> None:
     assert "differs" in (packed_scoring_fault(rwkv, CPU, 0) or "")
     bloom = BloomForCausalLM(BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=2))
     assert "fails on this architecture" in (packed_scoring_fault(bloom.eval(), CPU, 0) or "")
+
+
+def outside_head_only(arch: str) -> torch.nn.Module:
+    """A random model of a type outside ``HEAD_ONLY``: GPT-2, or Gemma 2 (its logits
+    soft-capped after the head, which the model applies itself)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(4)
+    if arch == "gpt2":
+        net = GPT2LMHeadModel(GPT2Config(vocab_size=60, n_embd=16, n_layer=1, n_head=2))
+    else:
+        config = Gemma2Config(
+            vocab_size=60,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            final_logit_softcapping=2.0,
+            sliding_window=4096,
+            attn_implementation="eager",
+        )
+        net = Gemma2ForCausalLM(config)
+    return net.eval()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma2"])
+def test_a_model_outside_the_head_only_list_runs_its_head_at_the_scored_places_only(
+    arch: str,
+) -> None:
+    """A large vocabulary's logits at every place of every row took gigabytes (a 152k
+    vocabulary on a 1-layer GPT-2: 10.6 GB): "kept" asks the model for the scored places
+    (its own soft-capping applied), "packed", as logs written before it ran, did not."""
+    net = outside_head_only(arch)
+    prompts, cands = generated(3, 24)
+    packed = pack(prompts, cands, pad_id=0)
+    places = len({(int(r), int(a)) for r, a in zip(packed.rows, packed.at, strict=True)})
+    assert places < len(packed.at)  # some places repeat (a prompt's last, per candidate)
+    heads: list[tuple[int, ...]] = []
+    hook = net.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: heads.append(tuple(args[0].shape))
+    )
+    with torch.no_grad():
+        kept = scored_logits(net, packed, CPU)
+        old = scored_logits(net, packed, CPU, layout="packed")
+        whole = net(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention,
+            position_ids=packed.positions,
+        ).logits[packed.rows, packed.at]
+    hook.remove()
+    assert heads[0] == (places, 16)  # the head ran at the scored places, each once
+    assert heads[1] == (*packed.input_ids.shape, 16)  # everywhere, as before
+    assert torch.equal(old, whole)
+    assert torch.allclose(kept, whole, rtol=0, atol=1e-5)
+    scores, _ = candidate_scores(net, packed, CPU)
+    want, _ = candidate_scores(net, packed, CPU, layout="packed")
+    assert torch.allclose(scores, want, rtol=0, atol=1e-4)
+
+
+def test_a_model_whose_forward_cannot_keep_logits_runs_its_head_everywhere() -> None:
+    class Plain(torch.nn.Module):  # a causal LM whose forward takes no logits_to_keep
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, **kwargs: object) -> object:
+            assert "logits_to_keep" not in kwargs
+            return self.inner(**kwargs)
+
+    net = outside_head_only("gpt2")
+    packed = pack(*generated(5, 8), pad_id=0)
+    with torch.no_grad():
+        got = scored_logits(Plain(net), packed, CPU)
+        want = scored_logits(net, packed, CPU, layout="packed")
+    assert torch.equal(got, want)
+
+
+def test_a_learner_s_gradient_through_kept_logits_is_packed_s() -> None:
+    from agents.models.policy import chosen_action_logps
+
+    net = outside_head_only("gpt2")
+    prompts, cands = generated(6, 12)
+    grads = []
+    for layout in ("kept", "packed"):
+        net.zero_grad()
+        logp = chosen_action_logps(
+            net,
+            prompts,
+            cands,
+            [0] * len(prompts),
+            temperature=1.0,
+            pad_id=0,
+            device=CPU,
+            layout=layout,
+        )
+        logp.sum().backward()
+        grads.append([p.grad.clone() for p in net.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

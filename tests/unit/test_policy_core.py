@@ -154,7 +154,7 @@ def test_pack_rejects_empty_input() -> None:
         pack([[1], [2]], [[[1]]], 0)
 
 
-@pytest.mark.parametrize("layout", ["packed", "rows"])
+@pytest.mark.parametrize("layout", ["kept", "packed", "rows"])
 def test_a_request_with_very_many_candidates_is_scored_in_passes_to_the_same_numbers(
     model: Qwen2ForCausalLM, monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
@@ -166,7 +166,7 @@ def test_a_request_with_very_many_candidates_is_scored_in_passes_to_the_same_num
     many = [[1 + k % 40, 2 + k % 37] for k in range(60)]  # 120 candidate tokens
     prompts, candidates = [*PROMPTS, [20, 21, 22]], [*CANDIDATES, many]
     whole, tokens = policy.scores_in_passes(
-        model, prompts, candidates, 0, CPU, rows=layout == "rows", budget=10**6
+        model, prompts, candidates, 0, CPU, layout=layout, budget=10**6
     )
     calls: list[int] = []
     real = policy.candidate_scores
@@ -177,7 +177,7 @@ def test_a_request_with_very_many_candidates_is_scored_in_passes_to_the_same_num
 
     monkeypatch.setattr(policy, "candidate_scores", counted)
     split, split_tokens = policy.scores_in_passes(
-        model, prompts, candidates, 0, CPU, rows=layout == "rows", budget=25
+        model, prompts, candidates, 0, CPU, layout=layout, budget=25
     )
     assert len(calls) == 1 + 5  # the three small requests together, the big one in 5 chunks
     assert split.shape == whole.shape == (sum(len(c) for c in candidates),)

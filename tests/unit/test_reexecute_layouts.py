@@ -80,6 +80,12 @@ def test_the_layouts_score_alike_but_not_bit_for_bit() -> None:
         chosen_action_logps(model, *args, temperature=1.0, pad_id=0, device=CPU, layout="columns")
 
 
+def test_kept_trains_a_head_only_model_as_packed_did_bit_for_bit() -> None:
+    """The embedded model's type is in ``HEAD_ONLY``: its runs' updates are the same whichever
+    of the two layouts their requests name (only other models' differ)."""
+    assert digests(["kept", "kept"]) == digests(["packed", "packed"])
+
+
 @pytest.mark.parametrize("layouts", [["rows", "rows"], ["packed", "packed"], ["rows", "packed"]])
 def test_requests_without_their_layout_re_execute_in_the_one_they_ran(
     layouts: list[str],
