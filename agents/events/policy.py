@@ -123,10 +123,11 @@ class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=Tr
     ``skip_zero_advantage``: a minibatch's turns with advantage 0 skip the forward and backward
     passes (they add 0 to the loss; its normaliser still counts them: the same gradient up to
     float rounding); False in logs written before it existed, whose updates re-execute as
-    they ran. ``scoring``: how the learner lays "score" turns out in its forward pass
-    (``agents.models.policy.LAYOUTS``: "kept"; "packed" before 2026-12-05, "rows" before
-    2026-12-01); None in logs written before it was recorded (2026-12-02), which used
-    "packed" or "rows": re-execution finds which one reproduces each update's digest.
+    they ran. ``scoring``: how the learner lays turns out in its forward pass and where its
+    output layer runs (``agents.models.policy.LAYOUTS``: "kept", at the places it trains on,
+    for "score" and "generate" turns; "packed" before 2026-12-05, "rows" before 2026-12-01);
+    None in logs written before it was recorded (2026-12-02), which used "packed" or "rows":
+    re-execution finds which one reproduces each update's digest.
     """
 
     update: int

@@ -158,9 +158,9 @@ def sample_logps(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Current log-probs, behaviour log-probs and mask of a minibatch (all one mode).
 
-    In "score" mode a sample is one action-level log-prob (the candidate softmax): (B, 1),
-    its turns laid out as ``scoring`` says (``agents.models.policy.LAYOUTS``; None:
-    "packed"). In "generate" mode it is the response's token log-probs: (B, T).
+    In "score" mode a sample is one action-level log-prob (the candidate softmax): (B, 1); in
+    "generate" mode it is the response's token log-probs: (B, T). Either is computed in the
+    layout ``scoring`` names (``agents.models.policy.LAYOUTS``; None: "packed").
     """
     turns = [s.turn for s in batch]
     prompts = [s.prompt_ids for s in batch]
@@ -183,6 +183,7 @@ def sample_logps(
             temperature=turns[0].temperature,
             pad_id=pad_id,
             device=device,
+            layout=scoring or "packed",
         )  # (B, T)
     old, mask = behaviour_logps(batch, device)
     return logp, old, mask

@@ -216,6 +216,7 @@ def extractor_step(
             temperature=batch[0].temperature,
             pad_id=ext.pad_id,
             device=device,
+            layout="packed",  # the head at every place: its requests record no layout
         )  # (B, T)
         old = torch.zeros_like(logp)
         for b, c in enumerate(batch):

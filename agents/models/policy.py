@@ -417,8 +417,13 @@ def response_logps(
     temperature: float,
     pad_id: int,
     device: torch.device,
+    layout: str = "kept",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each response after its prompt, with grad.
+
+    ``layout`` (:data:`LAYOUTS`): "kept" runs the output layer at the places that predict a
+    response token only (for a model whose ``forward`` takes ``logits_to_keep``); the older
+    layouts ran it at every place of every row, as their logs' updates re-execute.
 
     Returns:
         ``(logp, mask)``, both (B, T) with T the longest response; mask is 1 on real tokens.
@@ -433,13 +438,29 @@ def response_logps(
     for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         ids[b, : len(p) + len(r)] = torch.tensor([*p, *r])
         attn[b, : len(p) + len(r)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits  # (B, L, V)
+    kwargs = {"input_ids": ids.to(device), "attention_mask": attn.to(device)}
+    spans = [(len(p) - 1, len(r)) for p, r in zip(prompts, responses, strict=True)]
+    if layout == "kept" and keeps_logits(model):
+        keep = torch.zeros((batch, width), dtype=torch.bool, device=device)
+        for b, (first, n) in enumerate(spans):
+            keep[b, first : first + n] = True
+        kept = model(**kwargs, logits_to_keep=keep).logits  # (K, V), the places in row order
+        if kept.dim() != 2 or kept.shape[0] != int(keep.sum()):
+            raise ValueError(
+                f"{type(model).__name__} answered logits_to_keep (a mask of "
+                f"{int(keep.sum())} places) with logits of shape {tuple(kept.shape)}"
+            )
+        starts = [sum(n for _, n in spans[:b]) for b in range(batch)]
+        per_row = [kept[at : at + n] for at, (_, n) in zip(starts, spans, strict=True)]
+    else:
+        logits = model(**kwargs).logits  # (B, L, V)
+        per_row = [logits[b, first : first + n] for b, (first, n) in enumerate(spans)]
     t = temperature if temperature > 0 else 1.0
     logp = torch.zeros((batch, longest), dtype=torch.float32, device=device)
     mask = torch.zeros((batch, longest), dtype=torch.float32, device=device)
-    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+    for b, (r, picked) in enumerate(zip(responses, per_row, strict=True)):
         n = len(r)
-        rows = (logits[b, len(p) - 1 : len(p) - 1 + n].float() / t).log_softmax(-1)  # (n, V)
+        rows = (picked.float() / t).log_softmax(-1)  # (n, V)
         logp[b, :n] = rows.gather(1, torch.tensor(r, device=device)[:, None])[:, 0]
         mask[b, :n] = 1.0
     return logp, mask
@@ -477,11 +498,13 @@ def generate(
     out: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
     done = [False] * batch
     with torch.no_grad():
-        step = model(
-            input_ids=ids.to(device),
+        last_only = {"logits_to_keep": 1} if keeps_logits(model) else {}
+        step = model(  # the prompts: logits at their last place (a vocabulary's at every one
+            input_ids=ids.to(device),  # of thousands took gigabytes)
             attention_mask=attn.to(device),
             position_ids=positions.to(device),
             use_cache=True,
+            **last_only,
         )
         for _ in range(max_new_tokens):
             last = step.logits[:, -1].float()  # (B, V)

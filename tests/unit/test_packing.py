@@ -340,3 +340,38 @@ def test_a_learner_s_gradient_through_kept_logits_is_packed_s() -> None:
     assert len(grads[0]) == len(grads[1]) > 0
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_generation_and_its_learner_run_the_head_where_a_token_is_drawn_or_trained(
+    arch: str,
+) -> None:
+    """A generating model's prompts took its output layer at every place, in the prefill
+    and in the learner's pass (a 152k vocabulary over thousands of places: gigabytes): the
+    prefill keeps the last place, "kept" the places that predict a response token."""
+    from agents.models.policy import generate, response_logps
+
+    net = outside_head_only("gpt2") if arch == "gpt2" else tiny_qwen2(60, seed=4)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    heads: list[tuple[int, ...]] = []
+    hook = net.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: heads.append(tuple(args[0].shape))
+    )
+    rngs = [random.Random(k) for k in range(3)]
+    drawn = generate(
+        net, prompts, rngs, temperature=1.0, max_new_tokens=4, eos_id=1, pad_id=0, device=CPU
+    )
+    assert heads[0][:2] == (3, 1)  # the prefill: each prompt's last place
+    responses = [ids for ids, _ in drawn]
+    heads.clear()
+    got, mask = response_logps(net, prompts, responses, temperature=1.0, pad_id=0, device=CPU)
+    old, old_mask = response_logps(
+        net, prompts, responses, temperature=1.0, pad_id=0, device=CPU, layout="packed"
+    )
+    hook.remove()
+    width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
+    assert heads[0][0] == sum(map(len, responses)) and heads[1][:2] == (3, width)
+    assert torch.equal(mask, old_mask)
+    torch.testing.assert_close(got, old, rtol=0, atol=1e-5)
+    for b, (ids, lps) in enumerate(drawn):  # what was drawn is what the learner reads
+        assert got[b, : len(ids)].tolist() == pytest.approx(lps, abs=1e-5)
