@@ -10,9 +10,11 @@ points it completes. Series and their steps (``x``):
   failures with return and score 0, as in the run's train curve);
   the training bank's ``bank/size`` at the block's end and its ``bank/stored``,
   ``bank/evicted``, ``bank/rejected`` in the block; ``retrieval/count`` and
-  ``retrieval/shown`` (mean entries shown) of training retrievals in the block;
-  ``credit/mean`` and ``credit/count`` of the block's credits; ``throughput/episodes_per_s``
-  and ``throughput/events_per_s`` over the block (from the envelopes' emission times);
+  ``retrieval/shown`` (mean entries shown) of the retrievals of the block's training
+  episodes (an attempt abandoned on a resume counts none); ``credit/mean`` and
+  ``credit/count`` of the block's credits; ``throughput/episodes_per_s`` and
+  ``throughput/events_per_s`` over the block (from the envelopes' emission times). A mean
+  over nothing (``retrieval/shown``, ``credit/mean`` of a block without any) is not written;
 - per evaluation round (``x`` = training episodes at its end): ``heldout/success``,
   ``heldout/score`` (``heldout_bank/...`` for rounds played with the bank);
 - per adaptation round (``x`` = policy version): ``adapt/success_attempt_N``;
@@ -23,7 +25,11 @@ points it completes. Series and their steps (``x``):
   ``extractor/reward`` (mean reward of its batch), ``extractor/samples``,
   ``extractor/grad_norm``, ``extractor/clip_frac``.
 
-A block still open when the run ends is not written (live and exported alike).
+When the run completes (``run_stopped`` with reason "completed") the block still open is
+written at the training episodes ended, if anything happened in it: its episodes' means over
+as many as it holds (fewer than ``block``), and what came after the last training episode
+ended (the last credits and bank entries). A run stopped or failed keeps its block open for
+its resume. Live and exported alike.
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ from typing import Any
 
 import msgspec
 
-from agents.events.episodes import EpisodeAborted, EpisodeFinished
+from agents.events.episodes import EpisodeAbandoned, EpisodeAborted, EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorGradientRequested, ExtractorUpdated
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from engine.events import Envelope, Event
+from engine.lifecycle import RunStopped
 
 __all__ = ["KINDS", "READ", "Scalar", "ScalarFold", "fold_scalars"]
 
@@ -90,6 +97,8 @@ class ScalarFold:
         self.bank_size = 0
         self._open = _Block()
         self._rewards: dict[int, float] = {}
+        # per running training episode: its retrievals and the entries they showed
+        self._retrieved: dict[str, tuple[int, int]] = {}
         self._mark: tuple[int, int] | None = None  # (seq, t) where the open block began
         self._on: dict[type[Event], Callable[[Any, Envelope[Event]], list[Scalar]]] = {
             EpisodeFinished: self._episode,
@@ -104,6 +113,8 @@ class ScalarFold:
             TipRejected: self._bank,
             TipsRetrieved: self._retrieval,
             CreditAssigned: self._credit,
+            EpisodeAbandoned: self._abandoned,
+            RunStopped: self._stopped,
         }
 
     def evolve(self, env: Envelope[Event]) -> list[Scalar]:
@@ -115,10 +126,14 @@ class ScalarFold:
 
     def _episode(self, ev: EpisodeFinished | EpisodeAborted, env: Envelope[Event]) -> list[Scalar]:
         if ev.purpose != "train":
+            self._retrieved.pop(ev.episode, None)
             return []
         self.train_episodes += 1
         b = self._open
         b.episodes += 1
+        count, shown = self._retrieved.pop(ev.episode, (0, 0))
+        b.retrievals += count
+        b.shown += shown
         if isinstance(ev, EpisodeAborted):
             b.aborted += 1
         else:
@@ -131,31 +146,46 @@ class ScalarFold:
         return self._close_block(env)
 
     def _close_block(self, env: Envelope[Event]) -> list[Scalar]:
-        b, n, x = self._open, self.block, self.train_episodes
+        b, n, x = self._open, self._open.episodes, self.train_episodes
         assert self._mark is not None  # set by the first envelope
         seq0, t0 = self._mark
         seconds = (env.t - t0) / 1e9
-        values: list[tuple[str, float]] = [
-            ("train/success", b.wins / n),
-            ("train/return", b.reward / n),
-            ("train/score", b.score / n),
-            ("train/steps", b.steps / max(n - b.aborted, 1)),
-            ("train/aborted", float(b.aborted)),
+        values: list[tuple[str, float]] = []
+        if n:  # the run's last block may hold fewer than ``block`` episodes, or none
+            values += [
+                ("train/success", b.wins / n),
+                ("train/return", b.reward / n),
+                ("train/score", b.score / n),
+                ("train/steps", b.steps / max(n - b.aborted, 1)),
+                ("train/aborted", float(b.aborted)),
+            ]
+        values += [
             ("bank/size", float(self.bank_size)),
             ("bank/stored", float(b.stored)),
             ("bank/evicted", float(b.evicted)),
             ("bank/rejected", float(b.rejected)),
             ("retrieval/count", float(b.retrievals)),
-            ("retrieval/shown", b.shown / b.retrievals if b.retrievals else 0.0),
             ("credit/count", float(len(b.credits))),
-            ("credit/mean", math.fsum(b.credits) / len(b.credits) if b.credits else 0.0),
         ]
-        if seconds > 0:
+        if b.retrievals:
+            values.append(("retrieval/shown", b.shown / b.retrievals))
+        if b.credits:
+            values.append(("credit/mean", math.fsum(b.credits) / len(b.credits)))
+        if seconds > 0 and n:
             values.append(("throughput/episodes_per_s", n / seconds))
             values.append(("throughput/events_per_s", (env.seq - seq0) / seconds))
         self._open = _Block()
         self._mark = (env.seq, env.t)
         return _points(values, x, env)
+
+    def _stopped(self, ev: RunStopped, env: Envelope[Event]) -> list[Scalar]:
+        b = self._open
+        busy = b.episodes or b.stored or b.evicted or b.rejected or b.retrievals or b.credits
+        return self._close_block(env) if ev.reason == "completed" and busy else []
+
+    def _abandoned(self, ev: EpisodeAbandoned, env: Envelope[Event]) -> list[Scalar]:
+        self._retrieved.pop(ev.episode, None)  # the attempt's retrievals are not the run's
+        return []
 
     def _eval(self, ev: EvalRoundFinished, env: Envelope[Event]) -> list[Scalar]:
         prefix = "heldout_bank" if ev.memory else "heldout"
@@ -211,8 +241,8 @@ class ScalarFold:
 
     def _retrieval(self, ev: TipsRetrieved, env: Envelope[Event]) -> list[Scalar]:
         if ev.slot.split("/", 1)[0] == "train" and not ev.read_only:
-            self._open.retrievals += 1
-            self._open.shown += len(ev.tip_ids)
+            count, shown = self._retrieved.get(ev.episode, (0, 0))
+            self._retrieved[ev.episode] = (count + 1, shown + len(ev.tip_ids))
         return []
 
     def _credit(self, ev: CreditAssigned, env: Envelope[Event]) -> list[Scalar]:
@@ -233,6 +263,8 @@ KINDS: tuple[type[Event], ...] = (
     TipRejected,
     TipsRetrieved,
     CreditAssigned,
+    EpisodeAbandoned,
+    RunStopped,
 )
 """The event types the fold reads (what the tracker folds of each batch)."""
 

@@ -8,14 +8,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from agents.events.episodes import EpisodeFinished
+from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import CreditAssigned
-from agents.events.memory import TipEvicted, TipStored
+from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
 from agents.testing.events import episode_finished, policy_updated
 from agents.tracking.observer import Tracker, TrackingFailed
 from agents.tracking.scalars import Scalar, ScalarFold, fold_scalars
 from engine.events import Envelope, Event
-from engine.lifecycle import RunStarted
+from engine.lifecycle import RunStarted, RunStopped
 
 
 def _env(seq: int, ev: Event, seconds: float) -> Envelope[Event]:
@@ -66,6 +66,65 @@ def test_blocks_bank_credit_and_throughput() -> None:
     assert points[("bank/size", 4)] == 0.0 and points[("bank/evicted", 4)] == 1.0
     assert points[("credit/count", 4)] == 0.0
     assert ("train/success", 6) not in points  # one episode of the third block: not written
+
+
+def _retrieved(ep: int, shown: int, slot: str = "train/f") -> TipsRetrieved:
+    return TipsRetrieved(
+        episode=f"ep{ep}", worker="w", turn=0, slot=slot, tip_ids=tuple(range(shown)),
+        similarities=(0.5,) * shown, ranks=tuple(range(shown)), tips=("t",) * shown,
+        similar=shown, slot_size=9,
+    )  # fmt: skip
+
+
+def test_a_completed_run_writes_its_open_block_and_no_mean_of_nothing() -> None:
+    """What came after the last full block (the last episodes, the credits and entries made
+    once training episodes had ended) was never written, and a block without credits or
+    retrievals read as a mean of 0.0 (under +-1 credits: "balanced")."""
+    events: list[Event] = [
+        _finished(0, True),
+        _finished(1, False),  # the first block: no credit, no retrieval
+        _finished(2, True),  # the last block holds one episode
+        CreditAssigned(episode="ep2", entry=0, call="c", success=True, credit=-1.0, step=0),
+        _stored(5, "train/f"),
+    ]
+    stops = [
+        RunStopped(reason="signal", exit_code=143),
+        RunStopped(reason="completed", exit_code=0),
+    ]
+    envs = [_env(i, ev, 10.0 + i) for i, ev in enumerate([*events, *stops])]
+    stopped = fold_scalars(envs[:-1], block=2)  # stopped by a signal: to be resumed
+    assert {p.step for p in stopped} == {2}
+    points = {(p.tag, p.step): p.value for p in fold_scalars(envs, block=2)}
+    assert ("credit/mean", 2) not in points and ("retrieval/shown", 2) not in points
+    assert points[("credit/count", 2)] == 0.0 and points[("retrieval/count", 2)] == 0.0
+    assert points[("train/success", 3)] == 1.0  # over the one episode it holds
+    assert points[("credit/mean", 3)] == -1.0 and points[("credit/count", 3)] == 1.0
+    assert points[("bank/size", 3)] == 1.0 and points[("bank/stored", 3)] == 1.0
+    idle = [_finished(0, True), _finished(1, True), RunStopped(reason="completed", exit_code=0)]
+    after = fold_scalars([_env(i, ev, 1.0 + i) for i, ev in enumerate(idle)], block=2)
+    assert {p.step for p in after} == {2}  # nothing after the last block: nothing more
+
+
+def test_retrievals_count_in_the_block_their_episode_ended_and_not_when_abandoned() -> None:
+    """A resume abandons the attempts it found running: their retrievals are not the run's
+    (a block showed 17 retrievals for 16 episodes, 8 of them guided)."""
+    events: list[Event] = [
+        _retrieved(0, 2),
+        _retrieved(1, 1),
+        _retrieved(9, 3, slot="eval/f"),  # not the training bank
+        EpisodeAbandoned(episode="ep1", worker="w"),
+        _retrieved(1, 3),  # its next attempt
+        _finished(0, True),
+        _retrieved(2, 1),  # still running when the block ends
+        _finished(1, True),
+        _finished(2, True),
+        _finished(3, True),
+    ]
+    points = {(p.tag, p.step): p.value for p in fold_scalars(
+        [_env(i, ev, 1.0 + i) for i, ev in enumerate(events)], block=2
+    )}  # fmt: skip
+    assert points[("retrieval/count", 2)] == 2.0 and points[("retrieval/shown", 2)] == 2.5
+    assert points[("retrieval/count", 4)] == 1.0 and points[("retrieval/shown", 4)] == 1.0
 
 
 def test_an_aborted_training_episode_is_a_failure_of_its_block_as_in_the_curve() -> None:
