@@ -160,8 +160,10 @@ class _Model:
         self.digest = param_digest(model)
         self.version = 0
 
-    def check(self, env: Envelope[Event], update: int, recorded: str, parent: str) -> None:
-        """Compare the digests before and after an update with the log."""
+    def check_start(self, env: Envelope[Event], update: int, parent: str) -> None:
+        """Before the first update: compare the starting weights with those the run started
+        from (``parent``; "" in older logs), so that another base model is named as such and
+        not run into (a vocabulary of another size fails inside the step)."""
         if parent and self.version == 0 and parent != self.digest:
             raise UpdateDiverged(
                 self.name,
@@ -170,6 +172,9 @@ class _Model:
                 f"the starting weights have digest {self.digest}, the run started from "
                 f"{parent} (another base model or cache?)",
             )
+
+    def check(self, env: Envelope[Event], update: int, recorded: str) -> None:
+        """Compare the digest after an update with the log."""
         self.digest = param_digest(self.model)
         self.version += 1
         if self.digest != recorded:
@@ -277,6 +282,7 @@ class Reexecution:
                 env.seq,
                 f"the request names scoring {req.scoring!r}, not one of {LAYOUTS}",
             )
+        self.policy.check_start(env, ev.update, ev.parent_digest)
         with torch_threads(ev.threads):  # as many as the update ran with (None: as they are)
             stats = self._policy_step(req, samples, update.seed, update.version, ev.digest)
         if (stats.samples, stale) != (ev.samples, ev.stale):
@@ -287,7 +293,7 @@ class Reexecution:
                 f"re-execution trained on {stats.samples} samples ({stale} stale), the log "
                 f"records {ev.samples} ({ev.stale} stale)",
             )
-        self.policy.check(env, ev.update, ev.digest, ev.parent_digest)
+        self.policy.check(env, ev.update, ev.digest)
         name = self.policy.check_checkpoint(env, ev.update, ev.checkpoint)
         self.summary.policy += 1
         self.summary.checkpoints += bool(name)
@@ -326,6 +332,7 @@ class Reexecution:
             raise UpdateDiverged(
                 "extractor", ev.update, env.seq, f"calls {missing[:3]} are not in the log"
             )
+        self.ext.check_start(env, ev.update, ev.parent_digest)
         stats = extractor_step(self.extractor, [self.calls[c] for c in req.calls], req)
         self.extractor.version += 1
         if stats.samples != ev.samples:
@@ -335,7 +342,7 @@ class Reexecution:
                 env.seq,
                 f"re-execution trained on {stats.samples} calls, the log records {ev.samples}",
             )
-        self.ext.check(env, ev.update, ev.digest, ev.parent_digest)
+        self.ext.check(env, ev.update, ev.digest)
         name = self.ext.check_checkpoint(env, ev.update, ev.checkpoint)
         self.summary.extractor += 1
         self.summary.checkpoints += bool(name)

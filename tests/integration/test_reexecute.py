@@ -165,18 +165,34 @@ def test_a_tampered_checkpoint_is_the_first_divergent_update(
     assert line.endswith(f"the log records {_digest(run, 2)}")
 
 
+@pytest.mark.parametrize(
+    ("kind", "step"), [(PolicyUpdated, "grpo_step"), (ExtractorUpdated, "extractor_step")]
+)
 def test_a_different_base_model_is_named_before_training(
-    root: Path, capsys: pytest.CaptureFixture[str]
+    root: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: type[Event],
+    step: str,
 ) -> None:
+    """Named before its first update is run: another base model (the policy's given as the
+    extractor's) failed inside the step with a traceback (``IndexError``: its vocabulary)."""
+    import agents.audit.reexecute as reexecute
+
     def tamper(ev: Event) -> Event:
-        if isinstance(ev, PolicyUpdated) and ev.update == 0:
+        if isinstance(ev, kind) and getattr(ev, "update", None) == 0:
             return msgspec.structs.replace(ev, parent_digest="1" * 32)
         return ev
 
-    run = copy_run(root, "other-base", tamper)
+    def fails(*_args: object, **_kwargs: object) -> None:
+        raise IndexError("index out of range in self")
+
+    run = copy_run(root, f"other-base-{step}", tamper)
+    monkeypatch.setattr(reexecute, step, fails)
     assert main(["replay", str(run), "--reexecute-learner"]) == 1
     line = first_line(capsys.readouterr().err)
-    assert line.startswith("coevo: error: policy update 0 (seq ")
+    name = "policy" if kind is PolicyUpdated else "extractor"
+    assert line.startswith(f"coevo: error: {name} update 0 (seq ")
     assert line.endswith(f"the run started from {'1' * 32} (another base model or cache?)")
 
 
