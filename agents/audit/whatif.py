@@ -46,9 +46,11 @@ from engine.world import Task
 
 __all__ = ["Change", "Played", "Recorded", "WhatIf", "check", "recorded", "replay", "what_if"]
 
-LOGP_TOLERANCE = 1e-6
-"""How far a replayed log-prob may be from the logged one (batched forward passes round
-differently in the last bits) for the control to count as reproducing the log."""
+LOGP_TOLERANCE = 1e-4
+"""How far a replayed log-prob may be from the logged one for the control to count as
+reproducing the log, its action being the same: the run scored each request packed with
+others in a batch, the replay alone, and the two round float32 sums differently (candidate
+scores measured up to 8.1e-6 apart, docs/BENCHMARKS.md; 1e-6 failed EMPO2 replays at 2e-6)."""
 
 
 class PlayedTurn(msgspec.Struct, frozen=True, kw_only=True):

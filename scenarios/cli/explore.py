@@ -547,6 +547,8 @@ def _num(x: float, sign: str = "") -> str:
 
 
 def _whatif_lines(w: Any) -> list[str]:
+    from agents.audit.whatif import LOGP_TOLERANCE
+
     def outcome(p: Any) -> str:
         return f"{'success' if p.success else 'failure'}, score {_num(p.score)}, {p.steps} steps"
 
@@ -560,7 +562,7 @@ def _whatif_lines(w: Any) -> list[str]:
     if w.reproduced:
         lines.append(
             f"control: replayed unchanged, it gives back the logged trajectory "
-            f"({len(w.logged.turns)} turns, every action, log-probs within 1e-6)"
+            f"({len(w.logged.turns)} turns, every action, log-probs within {LOGP_TOLERANCE:g})"
         )
     else:
         lines.append(

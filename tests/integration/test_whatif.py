@@ -284,6 +284,20 @@ def test_a_control_that_strays_from_the_log_is_reported() -> None:
     strays = what_if(rec, _played("look", "take key"), _played("look", "take key"), change)
     assert not strays.reproduced and strays.first_difference is None
     assert strays.strayed == "at turn 1, 'take key' where the log has 'open box'"
+
+    # a log-prob rounded otherwise (the run's request was scored in a batch, the replay's
+    # alone: 2e-6 apart in an EMPO2 run) is the same; beyond float32 rounding it is not
+    def nudged(by: float) -> Played:
+        played = _played("look", "open box")
+        turn = msgspec.structs.replace(played.turns[1], logp=-1.0 + by)
+        return msgspec.structs.replace(played, turns=(played.turns[0], turn))
+
+    assert what_if(rec, nudged(2e-6), _played("look", "take key"), change).reproduced
+    off = what_if(rec, nudged(1e-3), _played("look", "take key"), change)
+    assert (
+        off.strayed
+        == "at turn 1, the same action with log-prob -0.999000 where the log has -1.000000"
+    )
     short = what_if(rec, _played("look"), _played("look"), change)
     assert short.strayed == "the replay played 1 turns, the log 2"
     assert same.strayed == ""
