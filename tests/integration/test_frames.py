@@ -52,7 +52,7 @@ def test_the_notebook_computes_what_the_events_say(
     assert top.height == len(totals)
     first = top.row(0, named=True)
     best = max(totals, key=lambda e: (sum(totals[e]), -e))
-    assert (first["entry"], first["uses"]) == (best, len(totals[best]))
+    assert (first["entry"], first["credits"]) == (best, len(totals[best]))
     assert first["total"] == pytest.approx(sum(totals[best]))
     table = notebook["table"]
     assert table.num_rows == len(events)
