@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import io
 import os
 import signal
 import sys
@@ -51,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("stdout", "stderr"):  # started with the stream closed (``>&-``): Python
         if getattr(sys, name) is None:  # leaves it None, and every print failed on it
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
+        buffered(name)
         with contextlib.suppress(AttributeError, ValueError, OSError):  # an ASCII stream
             # (PYTHONIOENCODING=ascii) shows what it cannot encode escaped, never a traceback
             getattr(sys, name).reconfigure(errors="backslashreplace")
@@ -69,13 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # with --quiet only warnings and errors
     configure_logging(Console(stderr=True), "warning" if getattr(args, "quiet", False) else "info")
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a full disk or a gone reader is one line, not at exit
+        return code
     except CoevoError as exc:
         print(f"coevo: error: {exc}{torn_copy_hint(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # a Ctrl-C or a SIGTERM (entry.Terminated)
         return stopped(exc)
     except BrokenPipeError:
+        to_devnull(sys.stdout)  # what is still buffered must not fail the last flush
         return 0
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
@@ -108,6 +113,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+def buffered(name: str) -> None:
+    """Give ``sys.<name>`` a buffered binary layer where it has none (``PYTHONUNBUFFERED``,
+    ``python -u``): its raw file takes as much of a write as fits and the text layer drops
+    the rest without an error, so ``coevo replay RUN --json > FILE`` on a full disk wrote a
+    cut output and exited 0. A buffered writer writes it all or raises. Lines still go out as
+    they are written (``log --follow``)."""
+    stream = getattr(sys, name)
+    raw = getattr(stream, "buffer", None)
+    if not isinstance(stream, io.TextIOWrapper) or not isinstance(raw, io.RawIOBase):
+        return
+    with contextlib.suppress(OSError, ValueError):  # closed: it stays as it is
+        stream.flush()
+        wrapped = io.TextIOWrapper(
+            io.BufferedWriter(raw),
+            encoding=stream.encoding,
+            errors=stream.errors,
+            line_buffering=True,
+        )
+        setattr(sys, name, wrapped)
 
 
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
