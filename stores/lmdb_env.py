@@ -374,8 +374,9 @@ _HOST = socket.gethostname().replace(" ", "_") or "unknown-host"
 def writer_alive(path: Path) -> bool:
     """Whether the process that last took the log's writer lock at ``path`` may still be
     running: the pid it noted, asked with signal 0 when it noted this machine's name (the lock
-    itself is not touched, so a writer starting now is never refused). A run killed with
-    SIGKILL leaves its pid behind, not its process. A writer on another machine (a run
+    itself is not touched, so a writer starting now is never refused), and on Linux whether
+    that process holds the lock file open (:func:`_holds_open`). A run killed with SIGKILL
+    leaves its pid behind, not its process. A writer on another machine (a run
     directory on a shared file system) cannot be asked: it counts as running."""
     try:
         noted = (path / LOCK_FILE).read_text().split()
@@ -392,7 +393,27 @@ def writer_alive(path: Path) -> bool:
         return False
     except PermissionError:  # another user's process: it exists
         return True
-    return True
+    return _holds_open(pid, path / LOCK_FILE) is not False
+
+
+def _holds_open(pid: int, file: Path) -> bool | None:
+    """Whether process ``pid`` of this machine has ``file`` open (the writer holds its lock
+    file open while it writes), from ``/proc/PID/fd``; None where that cannot be read (not
+    Linux, another user's process). A process that merely has the noted pid (pids are reused:
+    a container's pid 1 always exists) is not the writer."""
+    try:
+        want = os.stat(file)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile, or not a file
+            continue
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+            return True
+    return False
 
 
 def _file_key(path: Path) -> tuple[int, int]:

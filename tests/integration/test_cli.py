@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -585,6 +586,21 @@ def test_log_follow_ends_when_nobody_writes_the_log_and_a_sigterm_is_one_line(
         writer.communicate()
     assert (follow.returncode, err) == (143, "coevo: terminated\n")
     assert "run_started" in out
+
+
+def test_log_follow_ends_when_the_noted_writer_pid_is_another_process(
+    small_run: Path, tmp_path: Path
+) -> None:
+    """A pid is reused (a container's pid 1 always exists): a finished run whose lock file
+    names a live process that is not its writer was followed for ever."""
+    import socket
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    host = socket.gethostname().replace(" ", "_") or "unknown-host"
+    (run / "log" / "writer.lock").write_text(f"{os.getpid()} {host}\n")  # alive, not its writer
+    done = coevo("log", str(run), "--follow", timeout=30)
+    assert done.returncode == 0 and done.stdout == coevo("log", str(run)).stdout
 
 
 def list_events(run: Path) -> list[str]:

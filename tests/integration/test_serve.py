@@ -5,6 +5,7 @@ it), checked against what ``coevo audit`` says of the same episode and entry."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -38,12 +39,17 @@ needs_chromium = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def live_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run whose log has no final event yet (created, nothing committed): a live run."""
+def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A run whose log has no final event yet (created, nothing committed): a live run, its
+    lock file held open by this process, which its lock file names (as a writer's is)."""
     root = tmp_path_factory.mktemp("live") / "live"
     meta = new_run_meta("r-live", scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
     LmdbEventLog.create(root / "log", meta, durable=False).close()
-    return root
+    held = os.open(root / "log" / "writer.lock", os.O_RDONLY)
+    try:
+        yield root
+    finally:
+        os.close(held)
 
 
 @pytest.fixture(scope="module")
