@@ -73,7 +73,9 @@ def open_env(
         env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
     except lmdb.Error as exc:
         reason = str(exc).removeprefix(f"{path}: ")  # LMDB's messages start with the path
-        raise LogError(f"cannot open event log at {path}: {reason}") from None
+        if writable or "Permission denied" not in reason or not (path / DATA_FILE).is_file():
+            raise LogError(f"cannot open event log at {path}: {reason}") from None
+        env = _open_unlocked(path, map_size, flags)
     try:
         check_file_size(path, env)
         check_pages(path, env, writable)
@@ -98,6 +100,27 @@ def open_env(
         env.close()
         raise
     return env, dbs
+
+
+def _open_unlocked(path: Path, map_size: int, flags: dict[str, bool]) -> lmdb.Environment:
+    """A reader's environment without LMDB's reader table, for a log whose ``lock.mdb`` this
+    user may not write (another user's run, readable by all): safe only while nobody writes
+    the log, whose writer could otherwise reuse pages being read.
+
+    Raises:
+        LogError: a writer may be writing it, or LMDB refuses it even so.
+    """
+    lock = path / ENV_LOCK_FILE
+    if writer_alive(path):
+        raise LogError(
+            f"cannot open event log at {path}: reading a run while it is written needs write "
+            f"access to {lock} (LMDB's table of readers); read it once it has ended"
+        )
+    try:
+        return lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), lock=False, **flags)
+    except lmdb.Error as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise LogError(f"cannot open event log at {path}: {reason}") from None
 
 
 LOCK_BYTES = 8192

@@ -789,3 +789,32 @@ def test_no_room_for_the_lock_file_is_one_error(
     with pytest.raises(LogError, match=r"no room for its lock file lock\.mdb \(No space left"):
         LmdbEventLog.open(path)
     assert not (path / "lock.mdb").exists()  # nothing half made is left
+
+
+def test_a_run_whose_lock_mdb_this_user_cannot_write_is_read_once_nobody_writes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's run, readable by all, failed every reading command with "Permission
+    denied" (LMDB's reader table, ``lock.mdb``, wants writing). With nobody writing the log
+    it is read without that table; while its writer holds it, the error names the file."""
+    import stores.lmdb_env as lmdb_env
+
+    log = LmdbEventLog.create(tmp_path / "log", META, durable=False)
+    log.append(envelopes(0, 5))
+    log.close()
+    real = lmdb.open
+
+    def open_as_another_user(path: str, **kwargs: object) -> lmdb.Environment:
+        if kwargs.get("lock", True):  # as LMDB does without write access to lock.mdb
+            raise lmdb.Error(f"{path}: Permission denied")
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(lmdb_env.lmdb, "open", open_as_another_user)
+    reader = LmdbEventLog.open(tmp_path / "log")
+    try:
+        assert [e.seq for e in reader.read(0, 5)] == list(range(5))
+    finally:
+        reader.close()
+    monkeypatch.setattr(lmdb_env, "writer_alive", lambda _path: True)
+    with pytest.raises(LogError, match=r"needs write access to .*lock\.mdb"):
+        LmdbEventLog.open(tmp_path / "log")
