@@ -105,13 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     except UnicodeEncodeError as exc:
-        if "surrogates not allowed" not in str(exc) or os.sep not in exc.object:
+        if os.sep not in exc.object:
             raise
-        print(
-            f"coevo: error: {exc.object!r}: a path that holds bytes that are not UTF-8, which "
-            "the event log's library cannot open; rename it",
-            file=sys.stderr,
-        )
+        if "surrogates not allowed" in str(exc):
+            said = "a path that holds bytes that are not UTF-8, which the event log's library "
+            said += "cannot open; rename it"
+        else:  # LC_ALL=C with Python's UTF-8 modes off: the library encodes paths in ASCII
+            said = (
+                f"a path that the file-name encoding ({sys.getfilesystemencoding()}) cannot "
+                "hold, which the event log's library cannot open; use a UTF-8 locale "
+                "(LC_ALL=C.UTF-8) or rename it"
+            )
+        print(f"coevo: error: {exc.object!r}: {said}", file=sys.stderr)
         return 2
 
 

@@ -73,6 +73,16 @@ def test_a_path_too_long_or_not_utf8_is_one_line(tmp_path: Path) -> None:
     assert "bad\\udcffname/log': a path that holds bytes that are not UTF-8" in proc.stderr
 
 
+def test_a_path_an_ascii_file_name_encoding_cannot_hold_is_one_line(tmp_path: Path) -> None:
+    """Under ``LC_ALL=C`` with Python's UTF-8 modes off, file names are ASCII to Python: a
+    run directory named in Japanese was a traceback (the log's library encodes the path)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG"))}
+    env |= {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    proc = coevo("run", EXPLORE, "--out", str(tmp_path / "r 日本"), "--quiet", env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "a path that the file-name encoding (ascii) cannot hold" in proc.stderr
+
+
 def test_a_full_disk_as_the_log_is_created_is_a_refused_write_not_damage(
     tmp_path: Path,
 ) -> None:
