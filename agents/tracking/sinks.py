@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from itertools import groupby
 from pathlib import Path
@@ -115,6 +116,7 @@ class TensorBoardSink:
     def __init__(self, logdir: Path) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+        _quiet_writer_threads()
         self._writer = EventFileWriter(str(logdir))
 
     def write(self, points: Sequence[Scalar]) -> None:
@@ -130,6 +132,25 @@ class TensorBoardSink:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def _quiet_writer_threads() -> None:
+    """Keep a TensorBoard writing thread's ``OSError`` (a full disk) from printing a traceback:
+    the thread keeps it, and the writer raises it on this side at its next write or flush,
+    where the tracker (or ``coevo export``) says it in one line."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    before = threading.excepthook
+    if getattr(before, "coevo_quiet", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, OSError):
+            return
+        before(args)
+
+    hook.coevo_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 _WANDB_ID_MAX = 200

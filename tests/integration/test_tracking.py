@@ -8,6 +8,7 @@ import importlib.util
 import json
 import shutil
 import struct
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -333,3 +334,33 @@ def test_a_tracked_run_killed_renamed_and_resumed_goes_on_in_one_wandb_and_mlflo
     metas = list((renamed / "tracking" / "mlruns").glob("*/*/meta.yaml"))
     assert len(metas) == 1  # one MLflow run, finished
     assert yaml.safe_load(metas[0].read_text())["status"] == 3  # RunStatus.FINISHED
+
+
+ROOT = Path(__file__).resolve().parents[2]
+COEVO = str(Path(sys.executable).parent / "coevo")
+EXPLORE = str(ROOT / "scenarios" / "explore.toml")
+
+
+def test_a_full_disk_under_tensorboard_is_no_thread_traceback(tmp_path: Path) -> None:
+    """TensorBoard writes from a thread of its own: a full disk printed that thread's
+    traceback ("Exception in thread ...") beside the one line that says it. A file-size
+    limit fails its writes here as a full disk does."""
+    import resource
+    import subprocess
+
+    run = tmp_path / "run"
+    args = ("--quiet", "--set", "run.episodes=512")
+    made = subprocess.run(
+        [COEVO, "run", EXPLORE, "--out", str(run), *args], capture_output=True, check=False
+    )
+    assert made.returncode == 0, made.stderr
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    proc = subprocess.run(
+        [COEVO, "export", str(run), "--tensorboard", str(tmp_path / "tb")],
+        capture_output=True, text=True, check=False, preexec_fn=small_files,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"coevo: error: {tmp_path / 'tb'}: cannot write: File too large\n"
