@@ -24,8 +24,15 @@ def _q(text: str, width: int = 90) -> str:
     return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
-def _f(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:+.{digits}f}"
+def _f(x: float | None, digits: int = 3, width: int = 0) -> str:
+    """``x`` signed to ``digits`` decimals ("-" for None); a value that rounds to zero is
+    "+0.000", never "-0.000"."""
+    if x is None:
+        return "-".rjust(width)
+    shown = f"{x:+.{digits}f}"
+    if float(shown) == 0:
+        shown = f"{0.0:+.{digits}f}"
+    return shown.rjust(width)
 
 
 def render_tip(a: TipAudit) -> list[str]:
@@ -209,7 +216,7 @@ def _turn(t: Turn) -> list[str]:
     out.append(f"    admissible: {' | '.join(t.admissible)}")
     for s in t.retrieved:
         out.append(
-            f"    retrieved entry {s.tip} ({s.call or 'no extractor call'}; rank {s.rank}, "
+            f"    retrieved entry {s.tip} ({s.call or 'written by a reflection'}; rank {s.rank}, "
             f"similarity {s.similarity:.3f}, score {_f(s.score, 2)}): {_q(s.text, 60)}"
         )
     if t.tips_shown and not t.retrieved:
@@ -237,11 +244,16 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     split = f", split={a.split}, weighted={a.weighted}" if subgroups else ""
     out = [f"credit {head}, from {a.events} events: {credit}; advantages {adv}{split}"]
     for c in a.checks:
+        same = "identical in every field" if a.counterfactual else "equal"
         line = (
-            f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} equal"
+            f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} {same}"
         )
-        if c.pending:
-            line += f", {c.pending} not recorded yet"
+        if c.pending:  # a live run's credit actor has not recorded them, or a counterfactual's
+            line += (
+                f", {c.pending} more than the log holds"
+                if a.counterfactual
+                else f", {c.pending} not recorded yet"
+            )
         out.append(line)
         m = c.first_mismatch
         if m is not None and not a.counterfactual:
@@ -265,7 +277,8 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     if a.guided_advantage is not None and a.free_advantage is not None:
         g, f = a.guided_advantage, a.free_advantage
         out.append(
-            f"  mean advantage guided {g[0]:+.4f} -> {g[1]:+.4f}, free {f[0]:+.4f} -> {f[1]:+.4f}"
+            f"  mean advantage guided {_f(g[0], 4)} -> {_f(g[1], 4)}, free {_f(f[0], 4)} -> "
+            f"{_f(f[1], 4)}"
         )
     if a.entries and top:
         out.append(
@@ -273,7 +286,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
             "re-derived"
         )
         out += [
-            f"    {e.tip:>6} {e.credits:>5} {e.recorded:+9.3f} -> {e.derived:+9.3f}"
+            f"    {e.tip:>6} {e.credits:>5} {_f(e.recorded, 3, 9)} -> {_f(e.derived, 3, 9)}"
             for e in a.entries[:top]
         ]
     if a.calls and top:
@@ -283,7 +296,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         )
         out += [
             f"    {x.call:<10} {x.credits:>4}  {_f(x.recorded_reward)} -> {_f(x.derived_reward)}  "
-            f"{x.recorded_push:+.4f} -> {x.derived_push:+.4f}  "
+            f"{_f(x.recorded_push, 4)} -> {_f(x.derived_push, 4)}  "
             f"{x.recorded_updates} -> {x.derived_updates}"
             for x in a.calls[:top]
         ]

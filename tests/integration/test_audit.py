@@ -530,3 +530,18 @@ def test_an_index_made_from_another_copy_of_the_log_is_rebuilt(
     assert code == 0 and out == want
     assert f"(its event {len(STREAM.envs) - 1} is not the log's); rebuilt it from this log" in err
     assert audit(capsys, str(apart), "tip", "4") == (0, want, "")
+
+
+def test_numbers_that_round_to_zero_are_unsigned_zeros_and_a_reflection_is_named() -> None:
+    """A mean advantage of -1e-17 read "-0.0000"; an entry a reflection wrote was retrieved
+    "(no extractor call; ...)"."""
+    from agents.audit.episode import Shown, Turn
+    from agents.audit.render import _f, _turn  # pyright: ignore[reportPrivateUsage]
+
+    assert [_f(-1e-17, 4), _f(-0.0), _f(-0.0004, 3, 9), _f(None, 3, 3)] == [
+        "+0.0000", "+0.000", "   +0.000", "  -",
+    ]  # fmt: skip
+    assert _f(-0.0006) == "-0.001"
+    seen = Shown(tip=5, call="", rank=0, similarity=0.9, score=None, text="t")
+    turn = Turn(turn=0, observation="o", admissible=("a",), retrieved=(seen,), action="a")
+    assert "retrieved entry 5 (written by a reflection; rank 0" in "\n".join(_turn(turn))
