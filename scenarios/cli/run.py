@@ -110,7 +110,8 @@ def _create(scenario: Any, assembly: Any, rd: RunDir, run_id: str, *, quiet: boo
     try:  # the log first: creating it claims the directory (a second run is refused)
         log = LmdbEventLog.create(rd.log, meta, durable=scenario.runtime.durable)
     except OSError as exc:
-        raise InputInvalid(f"{rd.root}: cannot create the run directory: {exc.strerror}") from None
+        what = "cannot write in the run directory" if existed else "cannot create the run directory"
+        raise InputInvalid(f"{rd.root}: {what}: {exc.strerror}") from None
     except LogLocked as exc:  # another process is creating or writing a run there
         raise InputInvalid(f"{rd.root}: already holds a run ({exc.holder})") from None
     except LogError:

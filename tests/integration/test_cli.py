@@ -681,3 +681,22 @@ def test_copy_takes_a_whole_log_even_while_the_run_writes(tmp_path: Path) -> Non
     assert json.loads(stopped.splitlines()[-1])["event"]["reason"] == "signal"
     assert_clean_error(coevo("copy", str(out), str(tmp_path / "done")), 2, "not a new or empty")
     assert_clean_error(coevo("copy", str(out), str(out / "inner")), 2, "inside")
+
+
+def test_an_existing_out_directory_that_cannot_be_written_is_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An existing, empty ``--out`` on a read-only file system read "cannot create the run
+    directory" (it exists)."""
+    from scenarios.cli import main
+    from stores.lmdb_log import LmdbEventLog
+
+    def read_only(*_args: object, **_kwargs: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(LmdbEventLog, "create", read_only)
+    (tmp_path / "there").mkdir()
+    for name, said in (("there", "cannot write in"), ("new", "cannot create")):
+        assert main(["run", EXPLORE, "--out", str(tmp_path / name), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / name}: {said} the run directory: Read-only file system" in err
