@@ -28,6 +28,7 @@ from agents.events.extractor import (
 )
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
+from agents.report.intervals import proportion_interval
 from engine.events import Event
 from stores.rundir import replace_file
 
@@ -295,9 +296,14 @@ def summary_lines(curves: Curves) -> list[str]:
             f"{last[2]:.1%} at version {last[1]} ({len(curves.heldout)} rounds)"
         )
     if curves.train:
+
+        def rate(success: float) -> str:  # a block of one run: its interval says how little
+            low, high = proportion_interval(success, curves.block)  # two blocks can tell
+            return f"{success:.1%} [{low:.0%}, {high:.0%}]"
+
         lines.append(
-            f"train success: first block {curves.train[0][1]:.1%}, "
-            f"last block {curves.train[-1][1]:.1%} (blocks of {curves.block})"
+            f"train success: first block {rate(curves.train[0][1])}, last block "
+            f"{rate(curves.train[-1][1])} (blocks of {curves.block}, 95% intervals)"
         )
     if curves.train_aborted:
         lines.append(

@@ -50,6 +50,21 @@ ROUNDS = 4000
 """Bootstrap resamples per interval."""
 
 
+def proportion_interval(rate: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate measured on ``n`` episodes (one run's
+    block or round: no seeds to resample), which stays inside [0, 1] at 0% and 100%.
+
+    Raises:
+        ValueError: ``n`` is not positive or ``rate`` is outside [0, 1].
+    """
+    if n < 1 or not 0.0 <= rate <= 1.0:
+        raise ValueError(f"a rate in [0, 1] over n >= 1 episodes, got {rate} over {n}")
+    denom = 1 + z * z / n
+    centre = (rate + z * z / (2 * n)) / denom
+    half = z * np.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+
+
 def _check(groups: Groups) -> list[np.ndarray]:
     arrays = [np.asarray(g, dtype=np.float64) for g in groups]
     if not arrays or any(a.size == 0 for a in arrays):

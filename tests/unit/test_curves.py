@@ -67,6 +67,25 @@ def test_an_aborted_training_episode_is_a_failure_in_the_train_curve_and_said() 
     assert not any(line.startswith("aborted") for line in summary_lines(fold_curves(events[::2])))
 
 
+def test_the_summary_gives_each_train_block_its_interval() -> None:
+    """Two blocks of 25 episodes (36% and 40%) read as learning; their intervals say how
+    little two blocks of one run can tell."""
+    from agents.report.intervals import proportion_interval
+
+    events = [finished(i, i % 25 < 9) for i in range(25)]
+    events += [finished(25 + i, i % 25 < 10) for i in range(25)]
+    curves = fold_curves(events, block=25)
+    assert [row[:2] for row in curves.train] == [(25, 0.36), (50, 0.4)]
+    assert (
+        "train success: first block 36.0% [20%, 55%], last block 40.0% [23%, 59%] "
+        "(blocks of 25, 95% intervals)"
+    ) in summary_lines(curves)
+    assert proportion_interval(0.0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert proportion_interval(1.0, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    with pytest.raises(ValueError, match="n >= 1"):
+        proportion_interval(0.5, 0)
+
+
 def test_heldout_rounds_and_updates_become_rows() -> None:
     events = [
         EvalRoundFinished(
