@@ -128,12 +128,13 @@ def buffered(name: str) -> None:
     they are written (``log --follow``)."""
     stream = getattr(sys, name)
     raw = getattr(stream, "buffer", None)
-    if not isinstance(stream, io.TextIOWrapper) or not isinstance(raw, io.RawIOBase):
-        return
+    if stream is not getattr(sys, f"__{name}__") or not isinstance(raw, io.RawIOBase):
+        return  # buffered, or not the process's own stream (a test's capture)
     with contextlib.suppress(OSError, ValueError):  # closed: it stays as it is
         stream.flush()
+        own = io.FileIO(raw.fileno(), "w", closefd=False)  # closing it leaves the fd open
         wrapped = io.TextIOWrapper(
-            io.BufferedWriter(raw),
+            io.BufferedWriter(own),
             encoding=stream.encoding,
             errors=stream.errors,
             line_buffering=True,
