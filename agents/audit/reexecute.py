@@ -333,7 +333,15 @@ class Reexecution:
                 "extractor", ev.update, env.seq, f"calls {missing[:3]} are not in the log"
             )
         self.ext.check_start(env, ev.update, ev.parent_digest)
-        stats = extractor_step(self.extractor, [self.calls[c] for c in req.calls], req)
+        if ev.scoring is not None and ev.scoring not in LAYOUTS:
+            raise UpdateDiverged(
+                "extractor",
+                ev.update,
+                env.seq,
+                f"the update names scoring {ev.scoring!r}, not one of {LAYOUTS}",
+            )
+        layout = ev.scoring or "packed"  # None: written before the layout was recorded
+        stats = extractor_step(self.extractor, [self.calls[c] for c in req.calls], req, layout)
         self.extractor.version += 1
         if stats.samples != ev.samples:
             raise UpdateDiverged(

@@ -190,8 +190,15 @@ class StepStats:
     clip_frac: float
 
 
+SCORING = "kept"
+"""The layout a new extractor update computes in (``ExtractorUpdated.scoring``)."""
+
+
 def extractor_step(
-    ext: ExtractorModel, calls: Sequence[ExtractorCalled], req: ExtractorGradientRequested
+    ext: ExtractorModel,
+    calls: Sequence[ExtractorCalled],
+    req: ExtractorGradientRequested,
+    layout: str = SCORING,
 ) -> StepStats:
     """One CISPO step on the calls' responses, each with advantage ``A(m) * w(m)``.
 
@@ -199,7 +206,9 @@ def extractor_step(
     loss and are left out of the forward pass, but their tokens still count in the token mean
     (:func:`agents.methods.cispo.cispo_loss`'s ``tokens``). With none left there is no signal: no
     optimiser step, the weights (and AdamW's moments) are unchanged. The model stays in eval
-    mode (dropout off), so the on-policy ratio is exactly 1.
+    mode (dropout off), so the on-policy ratio is exactly 1. ``layout``: where the forward
+    pass runs the output layer (:func:`agents.models.policy.response_logps`; the update's
+    ``ExtractorUpdated.scoring``).
     """
     adv_of = {c: a * w for c, a, w in zip(req.calls, req.advantages, req.weights, strict=True)}
     batch = [c for c in calls if adv_of[c.call] != 0.0 and c.response_ids]
@@ -216,7 +225,7 @@ def extractor_step(
             temperature=batch[0].temperature,
             pad_id=ext.pad_id,
             device=device,
-            layout="packed",  # the head at every place: its requests record no layout
+            layout=layout,
         )  # (B, T)
         old = torch.zeros_like(logp)
         for b, c in enumerate(batch):
@@ -362,7 +371,7 @@ class ExtractorActor(Actor):
         start = time.perf_counter()
         chosen = [self._calls[c] for c in req.calls]
         reset_peak(ext.settings.device)
-        stats = await ctx.to_thread(extractor_step, ext, chosen, req)
+        stats = await ctx.to_thread(extractor_step, ext, chosen, req, SCORING)
         memory = ext.memory()
         await ctx.to_thread(ext.sync)
         ext.version += 1
@@ -385,6 +394,7 @@ class ExtractorActor(Actor):
                 total_params=memory.total_params,
                 optimizer_bytes=memory.optimizer_bytes,
                 peak_bytes=memory.peak_bytes,
+                scoring=SCORING,
             )
         )
 

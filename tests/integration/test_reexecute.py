@@ -74,6 +74,9 @@ def test_every_update_re_executes_bit_for_bit(
     policy, extractor = of(events, PolicyUpdated), of(events, ExtractorUpdated)
     assert len(policy) == 3 and [u.update for u in extractor] == list(range(len(extractor)))
     assert any(u.samples > 0 for u in extractor), "an extractor update should train"
+    # both models' updates name the layout they ran in, which re-execution follows
+    assert {u.scoring for u in extractor} == {r.scoring for r in of(events, GradientRequested)}
+    assert {u.scoring for u in extractor} == {"kept"}
     distilled = {
         e
         for r in of(events, GradientRequested)
