@@ -275,13 +275,7 @@ class Reexecution:
     def _policy(self, env: Envelope[Event], update: RequestedUpdate) -> Checked:
         assert self.policy is not None
         req, samples, stale, ev = update.request, update.samples, update.stale, update.result
-        if req.scoring is not None and req.scoring not in LAYOUTS:
-            raise UpdateDiverged(
-                "policy",
-                ev.update,
-                env.seq,
-                f"the request names scoring {req.scoring!r}, not one of {LAYOUTS}",
-            )
+        _known_layout("policy", ev.update, env.seq, req.scoring, "request")
         self.policy.check_start(env, ev.update, ev.parent_digest)
         with torch_threads(ev.threads):  # as many as the update ran with (None: as they are)
             stats = self._policy_step(req, samples, update.seed, update.version, ev.digest)
@@ -333,13 +327,7 @@ class Reexecution:
                 "extractor", ev.update, env.seq, f"calls {missing[:3]} are not in the log"
             )
         self.ext.check_start(env, ev.update, ev.parent_digest)
-        if ev.scoring is not None and ev.scoring not in LAYOUTS:
-            raise UpdateDiverged(
-                "extractor",
-                ev.update,
-                env.seq,
-                f"the update names scoring {ev.scoring!r}, not one of {LAYOUTS}",
-            )
+        _known_layout("extractor", ev.update, env.seq, ev.scoring, "update")
         layout = ev.scoring or "packed"  # None: written before the layout was recorded
         stats = extractor_step(self.extractor, [self.calls[c] for c in req.calls], req, layout)
         self.extractor.version += 1
@@ -355,6 +343,14 @@ class Reexecution:
         self.summary.extractor += 1
         self.summary.checkpoints += bool(name)
         return Checked("extractor", ev.update, ev.extractor_version, ev.digest, name)
+
+
+def _known_layout(model: str, update: int, seq: int, layout: str | None, where: str) -> None:
+    """Refuse a scoring layout this code does not know (None: not recorded, an older log)."""
+    if layout is not None and layout not in LAYOUTS:
+        raise UpdateDiverged(
+            model, update, seq, f"the {where} names scoring {layout!r}, not one of {LAYOUTS}"
+        )
 
 
 def _state(trainee: Trainee) -> tuple[list[torch.Tensor], dict[str, Any] | None]:
