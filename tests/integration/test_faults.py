@@ -380,6 +380,19 @@ def wait_for_writer(run: Path, proc: subprocess.Popen[str]) -> int:
     pytest.fail("the first run never took the writer lock")
 
 
+def wait_for_a_commit(run: Path, proc: subprocess.Popen[str]) -> None:
+    """Wait until the run's log holds a commit (it took its writer lock before creating it)."""
+    from stores.lmdb_env import is_blank
+
+    data = run / "log" / "data.mdb"
+    for _ in range(600):
+        if data.is_file() and data.stat().st_size > 0 and not is_blank(run / "log"):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    pytest.fail("the run never committed")
+
+
 def test_a_second_process_writing_the_same_run_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
     first = subprocess.Popen(
@@ -716,6 +729,7 @@ def test_a_run_whose_directory_is_moved_mid_run_says_so(tmp_path: Path) -> None:
     )
     try:
         wait_for_writer(run, proc)
+        wait_for_a_commit(run, proc)  # moved while its log was being created: another story
         run.rename(moved)
         time.sleep(1)
         proc.send_signal(signal.SIGTERM)
