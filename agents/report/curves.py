@@ -56,6 +56,7 @@ class Curves:
         adapt: ``(version, attempt, success, score)`` per attempt of each adaptation round
             (EMPO2's test: attempt 1 has an empty memory).
         heldout_memory: as ``heldout``, for rounds played with the bank (Complementary RL).
+        heldout_episodes: episodes of the ``heldout`` round of each policy version.
     """
 
     block: int
@@ -73,6 +74,7 @@ class Curves:
     heldout_memory: list[tuple[int, int, float, float]] = field(
         default_factory=list[tuple[int, int, float, float]]
     )
+    heldout_episodes: dict[int, int] = field(default_factory=dict[int, int])
 
 
 def train_ended(ev: Event) -> bool:
@@ -105,6 +107,7 @@ def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
                 wins, score = 0, 0.0
         elif isinstance(ev, EvalRoundFinished) and not ev.memory:
             curves.heldout.append((ev.train_episodes, ev.policy_version, ev.success, ev.score))
+            curves.heldout_episodes[ev.policy_version] = ev.episodes
         elif isinstance(ev, EvalRoundFinished):
             curves.heldout_memory.append(
                 (ev.train_episodes, ev.policy_version, ev.success, ev.score)
@@ -289,21 +292,26 @@ def _few(xs: Sequence[object]) -> str:
 def summary_lines(curves: Curves) -> list[str]:
     """What the CLI prints at the end of a learning run."""
     lines = []
+
+    def rate(success: float, n: int | None) -> str:  # one run's block or round: its interval
+        if not n:  # says how little two of them can tell
+            return f"{success:.1%}"
+        low, high = proportion_interval(success, n)
+        return f"{success:.1%} [{low:.0%}, {high:.0%}]"
+
     if curves.heldout:
         first, last = curves.heldout[0], curves.heldout[-1]
+        sizes = [curves.heldout_episodes.get(row[1]) for row in (first, last)]
+        of = [f" of {n}" if n else "" for n in sizes]
         lines.append(
-            f"held-out success: {first[2]:.1%} at version {first[1]} -> "
-            f"{last[2]:.1%} at version {last[1]} ({len(curves.heldout)} rounds)"
+            f"held-out success: {rate(first[2], sizes[0])}{of[0]} at version {first[1]} -> "
+            f"{rate(last[2], sizes[1])}{of[1]} at version {last[1]} ({len(curves.heldout)} "
+            "rounds" + (", 95% intervals)" if any(sizes) else ")")
         )
     if curves.train:
-
-        def rate(success: float) -> str:  # a block of one run: its interval says how little
-            low, high = proportion_interval(success, curves.block)  # two blocks can tell
-            return f"{success:.1%} [{low:.0%}, {high:.0%}]"
-
         lines.append(
-            f"train success: first block {rate(curves.train[0][1])}, last block "
-            f"{rate(curves.train[-1][1])} (blocks of {curves.block}, 95% intervals)"
+            f"train success: first block {rate(curves.train[0][1], curves.block)}, last block "
+            f"{rate(curves.train[-1][1], curves.block)} (blocks of {curves.block}, 95% intervals)"
         )
     if curves.train_aborted:
         lines.append(

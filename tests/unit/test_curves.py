@@ -101,7 +101,8 @@ def test_heldout_rounds_and_updates_become_rows() -> None:
     assert curves.heldout == [(0, 0, 0.25, 0.3), (64, 2, 0.75, 0.8)]
     assert [row[0] for row in curves.updates] == [1, 2]
     assert summary_lines(curves)[0] == (
-        "held-out success: 25.0% at version 0 -> 75.0% at version 2 (2 rounds)"
+        "held-out success: 25.0% [5%, 70%] of 4 at version 0 -> 75.0% [30%, 95%] of 4 at "
+        "version 2 (2 rounds, 95% intervals)"
     )
 
 
