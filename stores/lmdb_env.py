@@ -70,12 +70,20 @@ def open_env(
             path.mkdir(parents=True, exist_ok=True)
     allocate_lock_file(path)
     try:
-        env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
+        try:
+            env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), **flags)
+        except lmdb.Error as exc:
+            denied = "Permission denied" in str(exc) and (path / DATA_FILE).is_file()
+            if writable or not denied:
+                raise
+            # another user's run, readable by all, whose lock.mdb this user may not write
+            _refuse_while_written(path)
+            env = lmdb.open(
+                str(path), map_size=map_size, max_dbs=len(DB_NAMES), lock=False, **flags
+            )
     except lmdb.Error as exc:
         reason = str(exc).removeprefix(f"{path}: ")  # LMDB's messages start with the path
-        if writable or "Permission denied" not in reason or not (path / DATA_FILE).is_file():
-            raise LogError(f"cannot open event log at {path}: {reason}") from None
-        env = _open_unlocked(path, map_size, flags)
+        raise LogError(f"cannot open event log at {path}: {reason}") from None
     try:
         check_file_size(path, env)
         check_pages(path, env, writable)
@@ -102,25 +110,19 @@ def open_env(
     return env, dbs
 
 
-def _open_unlocked(path: Path, map_size: int, flags: dict[str, bool]) -> lmdb.Environment:
-    """A reader's environment without LMDB's reader table, for a log whose ``lock.mdb`` this
-    user may not write (another user's run, readable by all): safe only while nobody writes
+def _refuse_while_written(path: Path) -> None:
+    """A reader without LMDB's reader table (``lock=False``) is safe only while nobody writes
     the log, whose writer could otherwise reuse pages being read.
 
     Raises:
-        LogError: a writer may be writing it, or LMDB refuses it even so.
+        LogError: a writer may be writing it.
     """
-    lock = path / ENV_LOCK_FILE
     if writer_alive(path):
         raise LogError(
             f"cannot open event log at {path}: reading a run while it is written needs write "
-            f"access to {lock} (LMDB's table of readers); read it once it has ended"
+            f"access to {path / ENV_LOCK_FILE} (LMDB's table of readers); read it once it "
+            "has ended"
         )
-    try:
-        return lmdb.open(str(path), map_size=map_size, max_dbs=len(DB_NAMES), lock=False, **flags)
-    except lmdb.Error as exc:
-        reason = str(exc).removeprefix(f"{path}: ")
-        raise LogError(f"cannot open event log at {path}: {reason}") from None
 
 
 LOCK_BYTES = 8192

@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested, ExtractorUpdated
-from agents.events.policy import GradientRequested, PolicyUpdated
+from agents.events.policy import LAYOUTS, UNRECORDED_LAYOUTS, GradientRequested, PolicyUpdated
 from agents.learning.learner import (
     Sample,
     SampleBuffer,
@@ -35,7 +35,6 @@ from agents.learning.learner import (
     update_seed,
 )
 from agents.memory.extractor import ExtractorModel, extractor_step
-from agents.models.policy import LAYOUTS, UNRECORDED_LAYOUTS
 from agents.models.tuning import torch_threads, trainable
 from engine.errors import UpdateDiverged
 from engine.events import Envelope, Event

@@ -161,7 +161,7 @@ class ExtractorUpdated(Event, tag="extractor_updated", frozen=True, kw_only=True
     ``trainable_params``, ``total_params``, ``optimizer_bytes``, ``peak_bytes``: what the
     trained state costs (``agents.models.tuning.MemoryUse``; None in older logs).
     ``scoring``: where the update's forward pass ran the output layer
-    (``agents.models.policy.LAYOUTS``: "kept", at the places that predict a response token;
+    (``agents.events.policy.LAYOUTS``: "kept", at the places that predict a response token;
     None in logs written before 2026-12-05, whose updates ran it at every place, "packed"),
     which re-execution follows.
     """

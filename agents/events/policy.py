@@ -108,6 +108,19 @@ class AdvantagesComputed(Event, tag="advantages_computed", frozen=True, kw_only=
     rollouts: tuple[str, ...] = ()
 
 
+LAYOUTS = ("kept", "packed", "rows")
+"""Where an update's forward pass runs the output layer, as its event records it
+(``GradientRequested.scoring``, ``ExtractorUpdated.scoring``; computed by
+``agents.models.policy.scored_logits`` and ``response_logps``): "kept" since 2026-12-05,
+"packed" and "rows" before."""
+
+SCORING = LAYOUTS[0]
+"""The layout a new update computes in (a resumed run goes on with its log's)."""
+
+UNRECORDED_LAYOUTS = ("packed", "rows")
+"""The layouts a request that records none (written before 2026-12-02) may have used."""
+
+
 @event
 class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=True):
     """The trainer asks the learner for update ``update`` (it produces version ``update + 1``).
@@ -124,7 +137,7 @@ class GradientRequested(Event, tag="gradient_requested", frozen=True, kw_only=Tr
     passes (they add 0 to the loss; its normaliser still counts them: the same gradient up to
     float rounding); False in logs written before it existed, whose updates re-execute as
     they ran. ``scoring``: how the learner lays turns out in its forward pass and where its
-    output layer runs (``agents.models.policy.LAYOUTS``: "kept", at the places it trains on,
+    output layer runs (:data:`LAYOUTS`: "kept", at the places it trains on,
     for "score" and "generate" turns; "packed" before 2026-12-05, "rows" before 2026-12-01);
     None in logs written before it was recorded (2026-12-02), which used "packed" or "rows":
     re-execution finds which one reproduces each update's digest.

@@ -160,7 +160,7 @@ def sample_logps(
 
     In "score" mode a sample is one action-level log-prob (the candidate softmax): (B, 1); in
     "generate" mode it is the response's token log-probs: (B, T). Either is computed in the
-    layout ``scoring`` names (``agents.models.policy.LAYOUTS``; None: "packed").
+    layout ``scoring`` names (``agents.events.policy.LAYOUTS``; None: "packed").
     """
     turns = [s.turn for s in batch]
     prompts = [s.prompt_ids for s in batch]

@@ -59,6 +59,7 @@ from agents.events.memory import (
     TipStored,
 )
 from agents.events.policy import (
+    SCORING,
     AdaptRoundFinished,
     AdvantagesComputed,
     EvalRoundFinished,
@@ -122,10 +123,6 @@ def eval_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
     if not tasks:
         raise ValueError("no evaluation tasks")
     return [tasks[i * len(tasks) // n] for i in range(n)]
-
-
-SCORING = "kept"
-"""The scoring layout a new run's requests name (``agents.models.policy.LAYOUTS``)."""
 
 
 def gradient_request(

@@ -29,6 +29,7 @@ from agents.events.extractor import (
     MergeRequested,
     Op,
 )
+from agents.events.policy import SCORING
 from agents.learning.learner import adamw, refuse_non_finite
 from agents.memory.extraction import (
     MAX_CONTENT_CHARS,
@@ -188,10 +189,6 @@ class StepStats:
     loss: float
     grad_norm: float
     clip_frac: float
-
-
-SCORING = "kept"
-"""The layout a new extractor update computes in (``ExtractorUpdated.scoring``)."""
 
 
 def extractor_step(

@@ -34,19 +34,12 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from agents.events.policy import LAYOUTS
 from agents.models.packing import Ids, Packed, pack, pack_rows
 
 # model types whose causal LM computes its logits as ``lm_head(the base model's output)`` and
 # nothing more (no soft-capping or scaling), so the head can be applied to the scored places only
 HEAD_ONLY = frozenset({"qwen2", "qwen3", "llama", "mistral"})
-
-
-LAYOUTS = ("kept", "packed", "rows")
-"""How a learner lays "score" turns out in its forward pass (``GradientRequested.scoring``),
-the layout of :func:`scored_logits`: "kept" since 2026-12-05, "packed" and "rows" before."""
-
-UNRECORDED_LAYOUTS = ("packed", "rows")
-"""The layouts a request that records none (written before 2026-12-02) may have used."""
 
 
 def scored_logits(
@@ -83,15 +76,26 @@ def scored_logits(
     if layout == "kept" and keeps_logits(model):
         keep = torch.zeros(packed.input_ids.shape, dtype=torch.bool, device=device)
         keep[rows, at] = True  # a place repeats when a prompt's last scores several candidates
-        kept = model(**kwargs, logits_to_keep=keep).logits  # (K, V), the places in row order
-        if kept.dim() != 2 or kept.shape[0] != int(keep.sum()):
-            raise ValueError(
-                f"{type(model).__name__} answered logits_to_keep (a mask of "
-                f"{int(keep.sum())} places) with logits of shape {tuple(kept.shape)}"
-            )
-        rank = keep.flatten().cumsum(0) - 1  # each kept place's row in ``kept``
-        return kept[rank[rows * keep.shape[1] + at]]  # (N, V)
+        rank = keep.flatten().cumsum(0) - 1  # each kept place's row in the kept logits
+        return kept_logits(model, kwargs, keep)[rank[rows * keep.shape[1] + at]]  # (N, V)
     return model(**kwargs).logits[rows, at]  # (B, L, V) -> (N, V)
+
+
+def kept_logits(model: Any, kwargs: dict[str, Any], keep: torch.Tensor) -> torch.Tensor:
+    """The model's logits at the places ``keep`` (B, L, bool) marks, (K, V) in row order:
+    its forward pass with ``logits_to_keep`` as that mask (the head runs there only).
+
+    Raises:
+        ValueError: the model answered with logits of another shape (a ``forward`` that takes
+            the keyword but not a mask).
+    """
+    kept = model(**kwargs, logits_to_keep=keep).logits
+    if kept.dim() != 2 or kept.shape[0] != int(keep.sum()):
+        raise ValueError(
+            f"{type(model).__name__} answered logits_to_keep (a mask of {int(keep.sum())} "
+            f"places) with logits of shape {tuple(kept.shape)}"
+        )
+    return kept
 
 
 def keeps_logits(model: Any) -> bool:
@@ -444,14 +448,7 @@ def response_logps(
         keep = torch.zeros((batch, width), dtype=torch.bool, device=device)
         for b, (first, n) in enumerate(spans):
             keep[b, first : first + n] = True
-        kept = model(**kwargs, logits_to_keep=keep).logits  # (K, V), the places in row order
-        if kept.dim() != 2 or kept.shape[0] != int(keep.sum()):
-            raise ValueError(
-                f"{type(model).__name__} answered logits_to_keep (a mask of "
-                f"{int(keep.sum())} places) with logits of shape {tuple(kept.shape)}"
-            )
-        starts = [sum(n for _, n in spans[:b]) for b in range(batch)]
-        per_row = [kept[at : at + n] for at, (_, n) in zip(starts, spans, strict=True)]
+        per_row = list(torch.split(kept_logits(model, kwargs, keep), [n for _, n in spans]))
     else:
         logits = model(**kwargs).logits  # (B, L, V)
         per_row = [logits[b, first : first + n] for b, (first, n) in enumerate(spans)]

@@ -179,8 +179,7 @@ class ScalarFold:
         return _points(values, x, env)
 
     def _stopped(self, ev: RunStopped, env: Envelope[Event]) -> list[Scalar]:
-        b = self._open
-        busy = b.episodes or b.stored or b.evicted or b.rejected or b.retrievals or b.credits
+        busy = self._open != _Block()  # anything happened since the last block closed
         return self._close_block(env) if ev.reason == "completed" and busy else []
 
     def _abandoned(self, ev: EpisodeAbandoned, env: Envelope[Event]) -> list[Scalar]:
