@@ -19,6 +19,8 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import structlog
+
 from agents.tracking.scalars import Scalar
 from engine.errors import CoevoError
 
@@ -249,6 +251,10 @@ class MlflowSink:
         experiment = (
             found.experiment_id if found is not None else self._client.create_experiment("coevo")
         )
+        if continues and (mended := mend_torn_metrics(where)):
+            structlog.get_logger("coevo").bind(actor="tracker").warning(
+                "mlflow metric files a killed session left half-written mended", files=mended
+            )
         earlier = (
             self._client.search_runs([experiment], order_by=["attribute.start_time DESC"])
             if continues and found is not None
@@ -272,6 +278,34 @@ class MlflowSink:
 
     def close(self) -> None:
         self._client.set_terminated(self.run_id)
+
+
+def mend_torn_metrics(where: Path) -> int:
+    """Drop what a killed session left half-written in the MLflow file store at ``where``;
+    the number of metric files mended.
+
+    The store appends one line per point to a file per metric (``<experiment>/<run>/metrics/
+    <key>``, every line ending in a newline). A process killed between creating such a file and
+    writing its first line leaves it empty, which MLflow refuses to read ("No data found": the
+    resumed session could not continue its run); killed within a line, it leaves a torn last
+    line, which MLflow refuses or, cut after its second field, reads as a point at step 0 that
+    was never written. Each file keeps its whole lines; one with none is removed. A point so
+    dropped was committed to the run's log before it was written (``coevo export`` writes it).
+    """
+    mended = 0
+    for path in where.glob("*/*/metrics/**/*"):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        whole = data.rfind(b"\n") + 1
+        if data and whole == len(data):
+            continue
+        if whole:
+            os.truncate(path, whole)
+        else:
+            path.unlink()
+        mended += 1
+    return mended
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

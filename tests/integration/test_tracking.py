@@ -336,6 +336,40 @@ def test_a_tracked_run_killed_renamed_and_resumed_goes_on_in_one_wandb_and_mlflo
     assert yaml.safe_load(metas[0].read_text())["status"] == 3  # RunStatus.FINISHED
 
 
+@needs["mlflow"]
+def test_a_resumed_session_continues_an_mlflow_run_whose_metric_files_a_kill_tore(
+    tmp_path: Path,
+) -> None:
+    """A session killed while MLflow appended a point can leave a metric file empty (created,
+    its line not yet written) or with a torn last line. The resumed session's sink could not
+    start ("Metric 'train/aborted' is malformed. No data found.", seen in CI), and a line torn
+    after its second field reads as a point at step 0 that was never written."""
+    from mlflow.tracking import MlflowClient
+
+    from agents.tracking.sinks import MlflowSink, open_sink
+
+    store = tmp_path / "mlruns"
+    first = open_sink("mlflow", store, "r", {}, continues=False)
+    first.write([Scalar("train/success", 1, 0.5, 1.0), Scalar("train/return", 1, 2.0, 1.0)])
+    assert isinstance(first, MlflowSink)
+    (metrics,) = store.glob("*/*/metrics")
+    (metrics / "train" / "aborted").write_text("")
+    with (metrics / "train" / "return").open("a") as f:
+        f.write("1000 3.0")
+
+    again = open_sink("mlflow", store, "r", {}, continues=True)
+    assert isinstance(again, MlflowSink) and again.run_id == first.run_id
+    again.write([Scalar("train/return", 2, 4.0, 2.0)])
+    again.close()
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    history = client.get_metric_history(first.run_id, "train/return")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 4.0)]
+    assert not (metrics / "train" / "aborted").exists()
+    assert [
+        (m.step, m.value) for m in client.get_metric_history(first.run_id, "train/success")
+    ] == [(1, 0.5)]
+
+
 ROOT = Path(__file__).resolve().parents[2]
 COEVO = str(Path(sys.executable).parent / "coevo")
 EXPLORE = str(ROOT / "scenarios" / "explore.toml")
