@@ -37,12 +37,17 @@ class _RichConsoleHandler(logging.Handler):
 
 class _JsonLinesHandler(logging.FileHandler):
     """The run's JSON lines file. A write that fails (a full disk) stops the file with one
-    warning on the console, where stdlib logging would print a traceback for every record."""
+    warning on the console, where stdlib logging would print a traceback for every record.
+    A resumed session appends to the file an earlier one left: one killed within a record left
+    a torn last line, ended here, so the first record of this session is a line of its own
+    (not glued to the torn one, one line no JSON reader can parse)."""
 
     def __init__(self, path: Path, console: Console) -> None:
         super().__init__(path, encoding="utf-8")
         self._console = console
         self._failed = False
+        if self.stream is not None and _ends_torn(path):
+            self.stream.write("\n")
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self._failed:
@@ -73,6 +78,15 @@ class _JsonLinesHandler(logging.FileHandler):
             markup=False,
             highlight=False,
         )
+
+
+def _ends_torn(path: Path) -> bool:
+    """Whether the regular file at ``path`` ends with something other than a newline."""
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        if path.is_file() and f.seek(0, 2) > 0:
+            f.seek(-1, 2)
+            return f.read(1) != b"\n"
+    return False
 
 
 def configure_logging(console: Console, level: str, jsonl: Path | None = None) -> None:

@@ -48,3 +48,23 @@ def test_nothing_logged_after_the_log_is_closed_reaches_stderr(
         assert capsys.readouterr().err == ""
     finally:
         logging.getLogger().handlers.clear()
+
+
+def test_a_torn_last_line_a_killed_session_left_is_not_glued_to_the_next_record(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    jsonl = tmp_path / "coevo.jsonl"
+    jsonl.write_text('{"event": "whole"}\n{"event": "to')  # killed within its second record
+    configure_logging(Console(stderr=True, width=400), "error", jsonl)
+    try:
+        structlog.get_logger("coevo").info("resumed")
+    finally:
+        close_logging()
+    lines = jsonl.read_text().splitlines()
+    assert lines[:2] == ['{"event": "whole"}', '{"event": "to']
+    assert [json.loads(line)["event"] for line in lines[2:]] == ["resumed"]
+    configure_logging(Console(stderr=True, width=400), "error", jsonl)  # whole: nothing added
+    close_logging()
+    assert jsonl.read_text().count("\n") == 3
