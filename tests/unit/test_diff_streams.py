@@ -84,6 +84,25 @@ def test_the_earliest_differing_event_and_a_stream_that_ends() -> None:
     assert div.a is not None and div.a["event"]["reward"] == 1.0
 
 
+def test_a_log_is_compared_by_digest_not_held_in_memory() -> None:
+    """``coevo diff`` kept every event's encoded form of both logs (3.2 GB for a 3.2M-event
+    log): it keeps a digest per event, whatever the event's size."""
+    import tracemalloc
+
+    from agents.analysis.diff import _streams
+
+    big = _step("ep0", 0).__replace__(observation="x" * 2000)  # ~2 KB an event
+    log = _log(*[(f"w{i % 4}", f"ep{i // 10}", big.__replace__(turn=i)) for i in range(5000)])
+    tracemalloc.start()
+    try:
+        streams = _streams(log)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert sum(len(v) for v in streams.values()) == 2 * len(log)
+    assert held < 100 * len(log)  # the events' encoded forms alone were ~10 MB
+
+
 def test_an_event_not_about_the_episode_it_was_emitted_under_is_compared_by_its_subject() -> None:
     """The trainer emits a merge (or a group's advantages, an update) when whichever episode
     ended last ended: under that episode's id, which is timing. Such events are compared by
