@@ -248,14 +248,25 @@ class EpisodeResult:
     transcript: tuple[Turn, ...]
 
 
-def run_episode(world: TextWorld, task: Task, seed: int, agent: Agent) -> EpisodeResult:
-    """Run one episode of ``task`` with ``agent`` until the world says done.
+MAX_TURNS = 1000
+"""The most turns :func:`run_episode` plays of one episode by default: a world that never ends
+one, or an agent that repeats an action the world answers without ending, would play for
+ever (the embedded model's checks hung on a world that ends only on success)."""
+
+
+def run_episode(
+    world: TextWorld, task: Task, seed: int, agent: Agent, max_turns: int = MAX_TURNS
+) -> EpisodeResult:
+    """Run one episode of ``task`` with ``agent`` until the world says done, or for
+    ``max_turns`` turns (the episode then ends there, unsuccessful, as a run truncates one at
+    its ``[world] max_turns``).
 
     Args:
         world: any text world.
         task: the task to play.
         seed: the episode seed passed to ``world.reset``.
         agent: any object with ``reset(goal, observation)`` and ``act(observation)``.
+        max_turns: the most turns played.
 
     Returns:
         The episode's :class:`EpisodeResult`.
@@ -263,10 +274,13 @@ def run_episode(world: TextWorld, task: Task, seed: int, agent: Agent) -> Episod
     obs = world.reset(task, seed)
     agent.reset(obs.goal, obs)
     transcript: list[Turn] = []
-    while not obs.done:
+    while not obs.done and len(transcript) < max_turns:
         action = agent.act(obs)
         obs = world.step(action)
         transcript.append((action, obs.text, obs.reward))
     return EpisodeResult(
-        success=obs.success, score=obs.score, steps=len(transcript), transcript=tuple(transcript)
+        success=obs.done and obs.success,
+        score=obs.score,
+        steps=len(transcript),
+        transcript=tuple(transcript),
     )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from agents.acting.scripted import Agent, Explorer, RandomAgent, Turn
+from agents.acting.scripted import MAX_TURNS, Agent, Explorer, RandomAgent, Turn
 from agents.acting.world_calls import WorldFailed, checked_observation
 from agents.models.notes import EMPTY_NOTE, NoteSource, Shown, combine_notes, render, write_library
 from agents.models.prompts import Step, reflection_messages, turn_messages
@@ -38,7 +38,7 @@ NOTE_MIX = (
 (:data:`agents.models.notes.NOTE_KINDS`)."""
 
 
-PLAY_TURNS = 1000
+PLAY_TURNS = MAX_TURNS
 """The most turns of one episode of scripted play (as a run's ``[world] max_turns``)."""
 
 

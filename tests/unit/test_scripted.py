@@ -7,6 +7,7 @@ import random
 import pytest
 
 from agents.acting.scripted import (
+    MAX_TURNS,
     EpisodeResult,
     Explorer,
     RandomAgent,
@@ -15,7 +16,7 @@ from agents.acting.scripted import (
     phrases,
     run_episode,
 )
-from engine.world import Task
+from engine.world import Observation, Task
 from scenarios.worlds.minilab import MiniLab
 
 COMMIT_VERBS = ("put ", "pour ", "connect ", "unlock ", "turn on ", "stir ")
@@ -203,3 +204,32 @@ def test_a_note_from_another_variant_partly_transfers_through_the_rules() -> Non
     assert runs == 150
     assert 0.5 <= with_note / runs <= 0.95  # the rule holds in most variants, not all
     assert without / runs <= 0.2
+
+
+class _Endless:
+    """A world that ends an episode only on success, which "wait" never reaches."""
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        return Observation(text="a room", admissible=("wait", "win"), goal="win")
+
+    def step(self, action: str) -> Observation:
+        won = action == "win"
+        return Observation(text="ok", admissible=("wait", "win"), goal="win", done=won, success=won)
+
+
+class _Waiter:
+    def reset(self, goal: str, observation: Observation) -> None:
+        pass
+
+    def act(self, observation: Observation) -> str:
+        return "wait"
+
+
+def test_an_episode_that_never_ends_stops_at_its_bound_unsuccessful() -> None:
+    """The embedded model's checks play greedy episodes with ``run_episode``: a world that
+    ends only on success, and a policy that repeats an action, hung the build for good."""
+    task = Task(family="f", variant=0, split="train")
+    result = run_episode(_Endless(), task, 0, _Waiter())  # type: ignore[arg-type]
+    assert (result.steps, result.success) == (MAX_TURNS, False)
+    short = run_episode(_Endless(), task, 0, _Waiter(), max_turns=3)  # type: ignore[arg-type]
+    assert short.steps == 3 and short.transcript[-1] == ("wait", "ok", 0.0)
