@@ -282,20 +282,39 @@ def _one_pass(
 ) -> tuple[torch.Tensor, list[list[float]]]:
     """:func:`candidate_scores` of one packing of every request, and each candidate's token
     log-probs (empty lists unless ``with_tokens``); with ``recompute``, checkpointed (the
-    pass's activations are not kept for the backward pass, which runs its forward again)."""
-    packed = (pack_rows if layout == "rows" else pack)(prompts, candidates, pad_id)
+    pass's activations are not kept for the backward pass, which runs its forward again).
+
+    The packing is made inside the checkpointed call, from the token lists: a checkpoint keeps
+    its arguments until the backward pass, and a :class:`~agents.models.packing.Packed`
+    holds an (B, 1, L, L) float mask, so an update over a world offering thousands of actions
+    (dozens of passes a request) held every pass's mask (hundreds of MB a request)."""
     if recompute:
-        flat, token_logp = checkpoint(
-            candidate_scores, model, packed, device, layout=layout, use_reentrant=False
-        )
+        flat, token_logp, owner = checkpoint(
+            _packed_scores, model, prompts, candidates, pad_id, device, layout,
+            use_reentrant=False,
+        )  # fmt: skip
     else:
-        flat, token_logp = candidate_scores(model, packed, device, layout=layout)
+        flat, token_logp, owner = _packed_scores(model, prompts, candidates, pad_id, device, layout)
     tokens: list[list[float]] = [[] for _ in range(len(flat))]
     if with_tokens:
         logps = token_logp.detach().double().cpu().tolist()
-        for owner, lp in zip(packed.owner.tolist(), logps, strict=True):
-            tokens[owner].append(lp)
+        for k, lp in zip(owner.tolist(), logps, strict=True):
+            tokens[k].append(lp)
     return flat, tokens
+
+
+def _packed_scores(
+    model: Any,
+    prompts: Sequence[Ids],
+    candidates: Sequence[Sequence[Ids]],
+    pad_id: int,
+    device: torch.device,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`candidate_scores` of the requests packed by ``layout``, and each scored token's
+    candidate (``Packed.owner``)."""
+    packed = (pack_rows if layout == "rows" else pack)(prompts, candidates, pad_id)
+    return (*candidate_scores(model, packed, device, layout=layout), packed.owner)
 
 
 def split_rows(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
