@@ -222,8 +222,12 @@ def tracker(
     block = scenario.tracking.block
 
     def start(history: Sequence[Envelope[Event]]) -> Tracker:
+        # every session continues what an earlier one left in the sinks' directories (a new
+        # run's are empty): a session killed before its first event was committed left an
+        # MLflow run and a W&B run all the same, and a resume with no history to fold opened
+        # second ones beside them, the first "running" for good
         sinks = [
-            open_sink(name, sink_dir(root, name), root.name, config, continues=bool(history))
+            open_sink(name, sink_dir(root, name), root.name, config, continues=True)
             for name in names
         ]
         return Tracker(sinks, block, history)
