@@ -244,6 +244,9 @@ class MlflowSink:
         self, where: Path, run: str, config: Mapping[str, Any], *, continues: bool = False
     ) -> None:
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        # MLflow reports its use over HTTPS as it is imported (config.mlflow-telemetry.io): a
+        # run's tracking is local files, offline, unless the user asks otherwise
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.tracking import MlflowClient
 
         self._client = MlflowClient(tracking_uri=where.resolve().as_uri())

@@ -337,6 +337,56 @@ def test_a_tracked_run_killed_renamed_and_resumed_goes_on_in_one_wandb_and_mlflo
 
 
 @needs["mlflow"]
+@needs["wandb"]
+def test_a_session_killed_before_its_first_event_is_continued_in_the_same_tracked_runs(
+    tmp_path: Path,
+) -> None:
+    """A session killed after its sinks opened but before its first commit leaves a log of no
+    event beside an MLflow and a W&B run: its resume, with no history to fold, opened second
+    runs of the same name beside them (the first MLflow run "running" for good)."""
+    import yaml
+
+    out = tmp_path / "run"
+    tracked = 'tracking.sinks=["wandb", "mlflow"]'
+    args = ["run", EXPLORE, "--out", str(out), "--quiet", "--set", "run.episodes=4"]
+    assert main([*args, "--set", tracked]) == 0
+    with LmdbEventLog.open(out / "log") as log:
+        meta = log.read_meta()
+    shutil.rmtree(out / "log")
+    with LmdbEventLog.create(out / "log", meta):  # the log as such a kill leaves it
+        pass
+    assert main(["resume", str(out), "--quiet"]) == 0
+    metas = list((out / "tracking" / "mlruns").glob("*/*/meta.yaml"))
+    assert len(metas) == 1
+    assert yaml.safe_load(metas[0].read_text())["status"] == 3  # RunStatus.FINISHED
+    runs = sorted((out / "tracking" / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({r.name.split("-", 3)[3] for r in runs}) == 1
+
+
+@needs["mlflow"]
+def test_the_mlflow_sink_sends_no_telemetry(tmp_path: Path) -> None:
+    """MLflow reports its use over HTTPS when it is imported (seen in a run's log file); a
+    run's tracking is offline. Outside pytest and CI, where MLflow turns it off itself."""
+    import os
+    import subprocess
+
+    code = (
+        "import pathlib; from agents.tracking.sinks import open_sink; "
+        f"open_sink('mlflow', pathlib.Path({str(tmp_path / 'mlruns')!r}), 'r', {{}}); "
+        "from mlflow.telemetry.utils import is_telemetry_disabled; "
+        "print(is_telemetry_disabled())"
+    )
+    quiet = ("PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY")
+    env = {k: v for k, v in os.environ.items() if k not in quiet and "DO_NOT_TRACK" not in k}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+
+
+@needs["mlflow"]
 def test_a_resumed_session_continues_an_mlflow_run_whose_metric_files_a_kill_tore(
     tmp_path: Path,
 ) -> None:
