@@ -127,6 +127,15 @@ def _actions(value: object) -> tuple[str, ...]:
     for i, action in enumerate(actions):
         if not isinstance(action, str):
             raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
+    first: dict[str, int] = {}
+    for i, action in enumerate(actions):
+        if not action.strip():  # scored by the end of its message alone: likelier than any
+            raise ValueError(f"admissible[{i}] is {action!r}, an empty action")
+        if action in first:  # scored once per copy: its probability counted that many times
+            raise ValueError(
+                f"admissible[{i}] {_short(action)} repeats admissible[{first[action]}]"
+            )
+        first[action] = i
     return tuple(utf8_text(str(a), f"admissible[{i}]") for i, a in enumerate(actions))
 
 
