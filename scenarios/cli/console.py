@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agents.audit.render import safe_line
 from engine.events import Envelope, Event
 
 
@@ -239,7 +240,7 @@ def envelope_line(env: Envelope[Event], width: int = 160) -> str:
     body = " ".join(f"{k}={_short(v)}" for k, v in fields.items() if k != "kind")
     stamp = time.strftime("%H:%M:%S", time.gmtime(env.t / 1e9))
     line = f"{env.seq:>8} {stamp} {env.actor:<12} {fields['kind']:<20} {env.corr:<10} {body}"
-    return line if len(line) <= width else line[: width - 1] + "…"
+    return safe_line(line if len(line) <= width else line[: width - 1] + "…")
 
 
 def _short(value: Any) -> str:

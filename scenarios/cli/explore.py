@@ -285,8 +285,11 @@ def _value(value: Any, default: bool = False) -> str:
 
 
 def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
-    """An envelope of a divergence: where it is, and the differing fields first."""
+    """An envelope of a divergence: where it is, and the differing fields first (a world's
+    text as the terminal shows it, its control characters escaped)."""
     import msgspec
+
+    from agents.audit.render import safe_line
 
     event = dict(env["event"])
     kind = event.pop("kind")
@@ -294,7 +297,7 @@ def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
     first = [k for k in differing if k in event] + [k for k in event if k not in differing]
     body = " ".join(f"{k}={msgspec.json.encode(event[k]).decode()[:80]}" for k in first)
     line = f"seq {env['seq']} {where} (cause {env['cause']}): {body}"
-    return line if len(line) <= 300 else line[:299] + "…"
+    return safe_line(line if len(line) <= 300 else line[:299] + "…")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

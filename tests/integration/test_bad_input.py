@@ -262,12 +262,14 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A world's goal (and actions) are its own text: an escape sequence in one cleared the
-    screen of whoever ran ``coevo audit RUN episode``; they print escaped."""
+    screen of whoever ran ``coevo audit RUN episode``, and a right-to-left override reordered
+    what ``coevo log`` and ``coevo diff`` showed after it; they print escaped."""
     source = (
         "import msgspec\nfrom scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
         "    def reset(self, task, seed):\n"
         "        obs = super().reset(task, seed)\n"
-        "        return msgspec.structs.replace(obs, goal='evil \\x1b[2J\\x1b[31mRED\\x07')\n"
+        "        return msgspec.structs.replace(obs, goal='evil \\x1b[2J\\x1b[31mRED\\x07',\n"
+        "            text='\\u202egnp.exe ' + obs.text)\n"
     )
     world = plugin(tmp_path, monkeypatch, source)
     run = tmp_path / "run"
@@ -278,6 +280,15 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "goal: evil \\x1b[2J\\x1b[31mRED\\x07" in out
+    assert main(["log", str(run), "--kind", "episode_started", "--limit", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "\u202e" not in out and "\\u202egnp." in out
+    from scenarios.cli.explore import _event_line  # a divergence, as ``coevo diff`` shows it
+
+    step = {"kind": "step_taken", "observation": "ok\u202egnp.exe"}
+    env = {"seq": 9, "actor": "worker-0", "corr": "ep1", "cause": 8, "event": step}
+    line = _event_line(env, ("observation",))
+    assert "\u202e" not in line and "\\u202egnp.exe" in line
 
 
 @pytest.mark.parametrize(
