@@ -170,8 +170,9 @@ the key it reads instead (Complementary RL normalises its subgroups' advantages 
 def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     """The tables a scenario file sets that its built-in method and agent never read (the
     settings of another method, or a policy's for a scripted agent), then the keys of a read
-    table it does not read (:data:`UNREAD_KEYS`, as ``table.key``): accepted, since one file
-    may serve several runs (``--set run.method=grpo`` for the baseline), but said."""
+    table it does not read (:data:`UNREAD_KEYS`, as ``table.key``), a rollout's ``[method]``
+    options and ``[policy.embedded]`` beside a model directory: accepted, since one file may
+    serve several runs (``--set run.method=grpo`` for the baseline), but said."""
     method = scenario.run.method
     unread: list[str] = []
     if scenario.agent.kind != "policy":
@@ -180,6 +181,12 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
         readers = {"grpo": set(BUILTIN), "eval": set(BUILTIN)}
         readers |= {m: {m} for m in ("empo2", "complementary")}
         unread += [t for t, read_by in readers.items() if t in doc and method not in read_by]
+    if method == "rollout" and doc.get("method"):  # a plug-in's options (a built-in refuses)
+        unread.append("method")
+    policy = cast("dict[str, Any]", doc.get("policy") or {})
+    embedded = bool(policy.get("embedded")) and "policy" not in unread
+    if embedded and scenario.policy.model != "embedded":
+        unread.append("policy.embedded")  # the built-in model's settings, for a model directory
     for name, (not_by, _) in UNREAD_KEYS.items():
         table, key = name.split(".")
         if method == not_by and table not in unread and key in (doc.get(table) or {}):

@@ -185,6 +185,13 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         ('[run]\nmethod = "complementary"\n[grpo]\nstd_norm = false\n', ["grpo.std_norm"]),
         ('[run]\nmethod = "empo2"\n[grpo]\nstd_norm = false\n', []),
         ('[run]\nmethod = "mine.methods:Mine"\n[empo2]\n[agent]\nkind = "policy"\n', []),
+        ('[run]\nmethod = "rollout"\n[method]\nfoo = 1\n', ["method"]),
+        ('[run]\nmethod = "rollout"\n[method]\n', []),
+        (
+            '[agent]\nkind = "policy"\n[policy]\nmodel = "/m"\n[policy.embedded]\nlayers = 2\n',
+            ["policy.embedded"],
+        ),
+        ('[agent]\nkind = "policy"\n[policy.embedded]\nlayers = 2\n', []),
     ],
     ids=[
         "grpo reads its own",
@@ -195,6 +202,10 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         "complementary's std",
         "empo2 reads grpo's std",
         "plug-in method",
+        "a rollout's method options",
+        "an empty method table",
+        "embedded settings of a model directory",
+        "embedded settings of the embedded model",
     ],
 )
 def test_tables_nothing_reads_are_named(text: str, unread: list[str]) -> None:
