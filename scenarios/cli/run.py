@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +245,7 @@ def _run_loop(runtime: Any, rd: RunDir) -> Any:
 
     again = f"the log keeps every commit: `coevo resume {rd.root}` continues the run"
     try:
-        return trio.run(runtime.run)
+        return _trio_run_stoppable(runtime.run)
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             why = "too many open files (raise the limit: ulimit -n)"
@@ -263,6 +263,49 @@ def _run_loop(runtime: Any, rd: RunDir) -> Any:
         ) from None
     except MemoryError:
         raise OutOfResources(f"the run stopped: out of memory; {again}") from None
+
+
+def _trio_run_stoppable(run: Callable[[], Awaitable[Any]]) -> Any:
+    """``trio.run(run)``, a SIGTERM or SIGHUP outside the runtime's own handling (before the
+    actors start, after they end) delivered as trio delivers a Ctrl-C and raised from here
+    as :class:`~scenarios.cli.entry.Terminated` (or ``HungUp``).
+
+    The command line's handler raises ``Terminated`` wherever the process is: in trio's own
+    teardown (a SIGTERM as a run completed), that left the loop waiting for ever on nothing.
+    Trio holds a ``KeyboardInterrupt`` off its internals (it raises it in the main task at
+    its next checkpoint, or from ``trio.run`` once the run has ended), for its own SIGINT
+    handler only, which these signals go through here.
+    """
+    import signal
+
+    from scenarios.cli.entry import HungUp, Terminated
+
+    others = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+    saved = {s: signal.getsignal(s) for s in others}
+    before = signal.getsignal(signal.SIGINT)
+    late: list[int] = []
+
+    async def main() -> Any:
+        trio_ki = signal.getsignal(signal.SIGINT)
+        if trio_ki is not before and callable(trio_ki):  # trio's own, installed by trio.run
+
+            def as_interrupt(signum: int, frame: Any) -> None:
+                late.append(signum)
+                trio_ki(signal.SIGINT, frame)
+
+            for sig in others:
+                signal.signal(sig, as_interrupt)
+        return await run()
+
+    try:
+        return trio.run(main)
+    except KeyboardInterrupt:
+        if late:
+            raise (HungUp if late[-1] == signal.SIGHUP else Terminated)() from None
+        raise
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _how_it_ended(rd: RunDir, run_id: str, curves: bool) -> str:
