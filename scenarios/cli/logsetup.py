@@ -80,6 +80,14 @@ class _JsonLinesHandler(logging.FileHandler):
         )
 
 
+def _too_long_note(record: logging.LogRecord) -> bool:
+    """Drop a tokenizer's note that a text is longer than its model's positions ("Token indices
+    sequence length is longer than ... will result in indexing errors"), printed raw on the
+    console when a world's action or observation was long: coevo cuts what it gives a model to
+    its positions itself (``agents.models.prompts``), so no such index is ever used."""
+    return not str(record.msg).startswith("Token indices sequence length is longer")
+
+
 def _ends_torn(path: Path) -> bool:
     """Whether the regular file at ``path`` ends with something other than a newline."""
     with contextlib.suppress(OSError), path.open("rb") as f:
@@ -114,6 +122,7 @@ def configure_logging(console: Console, level: str, jsonl: Path | None = None) -
     plots_log = logging.getLogger("matplotlib")  # its notes on a HOME it cannot write to (8
     if plots_log.level == logging.NOTSET:  # lines per report) are about matplotlib's cache,
         plots_log.setLevel(logging.ERROR)  # not about coevo's output: the plots are written
+    logging.getLogger("transformers.tokenization_utils_base").addFilter(_too_long_note)
     con = _RichConsoleHandler(console)
     con.setLevel(level.upper())
     con.setFormatter(

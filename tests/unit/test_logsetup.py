@@ -68,3 +68,20 @@ def test_a_torn_last_line_a_killed_session_left_is_not_glued_to_the_next_record(
     configure_logging(Console(stderr=True, width=400), "error", jsonl)  # whole: nothing added
     close_logging()
     assert jsonl.read_text().count("\n") == 3
+
+
+def test_a_tokenizers_note_on_a_long_text_is_not_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """coevo cuts prompts to the model's positions itself: transformers' note that a text is
+    longer than them (a world's long action) printed raw on the console."""
+    from agents.testing.models import tiny_tokenizer
+
+    configure_logging(Console(stderr=True, width=400), "warning", None)
+    try:
+        tokenizer = tiny_tokenizer(["go"])
+        tokenizer.model_max_length = 8
+        assert len(tokenizer.encode("go " * 40, add_special_tokens=False)) > 8
+    finally:
+        close_logging()
+    assert "Token indices" not in capsys.readouterr().err
