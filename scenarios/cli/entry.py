@@ -6,7 +6,9 @@ with one line and exit 130 (143 for SIGTERM) like a stop later on, not with a tr
 silent death. A SIGTERM is raised where the process is as :class:`Terminated`, a kind of
 KeyboardInterrupt, so that every path that stops gracefully on a Ctrl-C (closing the log,
 the run's closing report) does on a SIGTERM too; while a run's actors run, the runtime turns
-both into a graceful stop itself (``engine.runtime``).
+both into a graceful stop itself (``engine.runtime``), and while its event loop runs before
+or after them, a SIGTERM goes through trio's Ctrl-C handler, which keeps it out of trio's own
+code (``scenarios.cli.run``).
 """
 
 from __future__ import annotations
