@@ -226,10 +226,17 @@ class WandbSink:
 
 
 def _earlier_wandb_id(where: Path) -> str | None:
-    """The id of the latest offline W&B run under ``where`` (None if there is none): W&B
-    names its directory ``offline-run-YYYYMMDD_HHMMSS-<id>``."""
-    runs = sorted(p.name for p in (where / "wandb").glob("offline-run-*-*") if p.is_dir())
-    return runs[-1].split("-", 3)[3] if runs else None
+    """The id of the latest offline W&B run under ``where`` (None if there is none), from its
+    records file ``run-<id>.wandb``: W&B names the directory ``offline-run-YYYYMMDD_HHMMSS-
+    <id>``, but ``...-<id>-1`` when a run of that id began there in the same second (two
+    sessions of a short run), which read as the id ``<id>-1``."""
+    runs = sorted(p for p in (where / "wandb").glob("offline-run-*-*") if p.is_dir())
+    if not runs:
+        return None
+    records = sorted(runs[-1].glob("run-*.wandb"))
+    if records:
+        return records[0].name.removeprefix("run-").removesuffix(".wandb")
+    return runs[-1].name.split("-", 3)[3]  # killed before its records file was made
 
 
 class MlflowSink:

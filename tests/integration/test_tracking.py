@@ -28,6 +28,13 @@ needs = {
 }
 
 
+def _wandb_id_of(offline_run: Path) -> str:
+    """The W&B id of an offline run directory, from its records file ``run-<id>.wandb`` (its
+    directory's name ends ``-<id>-1`` when a run of that id began there in the same second)."""
+    (records,) = offline_run.glob("run-*.wandb")
+    return records.name.removeprefix("run-").removesuffix(".wandb")
+
+
 def _folded(run: Path) -> list[Scalar]:
     log = LmdbEventLog.open(run / "log", writable=False)
     try:
@@ -296,6 +303,20 @@ def test_a_sink_that_cannot_start_leaves_no_run_and_a_resume_can_go_without_it(
     assert not [p for p in (out / "tracking").rglob("*") if p.is_file()]  # nothing tracked
 
 
+def test_the_wandb_run_a_session_continues_is_read_from_its_records_file(tmp_path: Path) -> None:
+    """Two sessions of a short run began within one second (CI): W&B named the second's
+    directory ``offline-run-<time>-run-1``, whose name read as the id ``run-1``, and the next
+    session would have continued a series of that id."""
+    from agents.tracking.sinks import _earlier_wandb_id
+
+    for name in ("offline-run-20261205_111437-run", "offline-run-20261205_111437-run-1"):
+        (tmp_path / "wandb" / name).mkdir(parents=True)
+        (tmp_path / "wandb" / name / "run-run.wandb").write_bytes(b"")
+    assert _earlier_wandb_id(tmp_path) == "run"
+    (tmp_path / "wandb" / "offline-run-20261205_111440-other").mkdir()  # killed before its file
+    assert _earlier_wandb_id(tmp_path) == "other"
+
+
 def test_a_wandb_id_fits_the_directory_wandb_names_after_it() -> None:
     from agents.tracking.sinks import wandb_id
 
@@ -330,7 +351,7 @@ def test_a_tracked_run_killed_renamed_and_resumed_goes_on_in_one_wandb_and_mlflo
     assert read_log(renamed)[-1].event.reason == "completed"  # type: ignore[attr-defined]
 
     runs = sorted((renamed / "tracking" / "wandb" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and {r.name.split("-", 3)[3] for r in runs} == {"first"}
+    assert len(runs) == 2 and {_wandb_id_of(r) for r in runs} == {"first"}
     metas = list((renamed / "tracking" / "mlruns").glob("*/*/meta.yaml"))
     assert len(metas) == 1  # one MLflow run, finished
     assert yaml.safe_load(metas[0].read_text())["status"] == 3  # RunStatus.FINISHED
@@ -360,7 +381,7 @@ def test_a_session_killed_before_its_first_event_is_continued_in_the_same_tracke
     assert len(metas) == 1
     assert yaml.safe_load(metas[0].read_text())["status"] == 3  # RunStatus.FINISHED
     runs = sorted((out / "tracking" / "wandb" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and len({r.name.split("-", 3)[3] for r in runs}) == 1
+    assert len(runs) == 2 and len({_wandb_id_of(r) for r in runs}) == 1
 
 
 @needs["mlflow"]
