@@ -88,6 +88,31 @@ def replace_file(path: Path, data: bytes) -> None:
         raise
 
 
+def torn_tail(path: Path) -> int | None:
+    """Where the last whole line of the file at ``path`` ends, if the file ends within a line
+    (its writer was killed writing it; 0: no line is whole); None if it ends with a newline or
+    is empty. Read from the end, a block at a time: a long file is not read through.
+
+    Raises:
+        OSError: it cannot be read.
+    """
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return None
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return None
+        while end > 0:
+            start = max(0, end - 65_536)
+            f.seek(start)
+            found = f.read(end - start).rfind(b"\n")
+            if found >= 0:
+                return start + found + 1
+            end = start
+        return 0
+
+
 def new_run_id() -> str:
     """A fresh, unique run id."""
     return uuid.uuid4().hex[:12]

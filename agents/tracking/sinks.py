@@ -23,6 +23,7 @@ import structlog
 
 from agents.tracking.scalars import Scalar
 from engine.errors import CoevoError
+from stores.rundir import torn_tail
 
 __all__ = ["SINKS", "ScalarSink", "SinkUnavailable", "open_sink"]
 
@@ -306,9 +307,8 @@ def mend_torn_metrics(where: Path) -> int:
     for path in where.glob("*/*/metrics/**/*"):
         if not path.is_file():
             continue
-        data = path.read_bytes()
-        whole = data.rfind(b"\n") + 1
-        if data and whole == len(data):
+        whole = torn_tail(path) if path.stat().st_size else 0
+        if whole is None:
             continue
         if whole:
             os.truncate(path, whole)

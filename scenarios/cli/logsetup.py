@@ -15,6 +15,8 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 
+from stores.rundir import torn_tail
+
 _SHARED: list[structlog.typing.Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
@@ -90,10 +92,8 @@ def _too_long_note(record: logging.LogRecord) -> bool:
 
 def _ends_torn(path: Path) -> bool:
     """Whether the regular file at ``path`` ends with something other than a newline."""
-    with contextlib.suppress(OSError), path.open("rb") as f:
-        if path.is_file() and f.seek(0, 2) > 0:
-            f.seek(-1, 2)
-            return f.read(1) != b"\n"
+    with contextlib.suppress(OSError):
+        return path.is_file() and torn_tail(path) is not None
     return False
 
 
