@@ -249,9 +249,11 @@ class EpisodeResult:
 
 
 MAX_TURNS = 1000
-"""The most turns :func:`run_episode` plays of one episode by default: a world that never ends
-one, or an agent that repeats an action the world answers without ending, would play for
-ever (the embedded model's checks hung on a world that ends only on success)."""
+"""The most turns of one scripted episode: :func:`run_episode` ends one there by default,
+unsuccessful, and pre-training's play refuses a world whose episode goes on past it
+(``agents.models.pretrain_play``). A world that never ends an episode, or an agent that repeats
+an action the world answers without ending, would play for ever (the embedded model's checks
+hung on a world that ends only on success)."""
 
 
 def run_episode(

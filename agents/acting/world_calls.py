@@ -127,7 +127,7 @@ def _actions(value: object) -> tuple[str, ...]:
     for i, action in enumerate(actions):
         if not isinstance(action, str):
             raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
-    first: dict[str, int] = {}
+    first: dict[str, int] = {}  # each action's index, in order: the checked tuple
     for i, action in enumerate(actions):
         if not action.strip():  # scored by the end of its message alone: likelier than any
             raise ValueError(f"admissible[{i}] is {action!r}, an empty action")
@@ -135,8 +135,8 @@ def _actions(value: object) -> tuple[str, ...]:
             raise ValueError(
                 f"admissible[{i}] {_short(action)} repeats admissible[{first[action]}]"
             )
-        first[action] = i
-    return tuple(utf8_text(str(a), f"admissible[{i}]") for i, a in enumerate(actions))
+        first[utf8_text(str(action), f"admissible[{i}]")] = i
+    return tuple(first)
 
 
 def _number(value: object, field: str) -> float:

@@ -38,10 +38,6 @@ NOTE_MIX = (
 (:data:`agents.models.notes.NOTE_KINDS`)."""
 
 
-PLAY_TURNS = MAX_TURNS
-"""The most turns of one episode of scripted play (as a run's ``[world] max_turns``)."""
-
-
 class PlaySpec(Protocol):
     """What play reads of a spec (an :class:`agents.models.embedded.EmbeddedSpec`)."""
 
@@ -94,8 +90,8 @@ def play(
     agent.reset(obs.goal, obs)
     goal, first, turns, offered = obs.goal, obs.text, [], []
     while not obs.done:
-        if len(turns) >= PLAY_TURNS:
-            raise PlayFailed(f"an episode of {where} did not end in {PLAY_TURNS} turns")
+        if len(turns) >= MAX_TURNS:
+            raise PlayFailed(f"an episode of {where} did not end in {MAX_TURNS} turns")
         offered.append(tuple(obs.admissible))
         action = agent.act(obs)
         obs = _world_call(partial(world.step, action), f"world.step({action!r}) on {where}")
