@@ -179,7 +179,7 @@ class PolicyRunner:
         self.prompts_cut = 0  # prompts that lost their middle so far
         self.alike: tuple[str, str] | None = None  # two actions the tokenizer encodes alike
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._prompts = PromptEncoder(tokenizer)
+        self._prompts = PromptEncoder(tokenizer, settings.memory)
         self._gap = cut_gap(tokenizer) if self.max_positions is not None else []
         self._responses: dict[str, list[int]] = {}  # action text -> ids (worlds repeat them)
         self._tokenizing = threading.Lock()
@@ -200,7 +200,9 @@ class PolicyRunner:
         prompt without its tips, tokenized in one call."""
         score = self.settings.mode == "score"
         with self._tokenizing:
-            encoded = self._prompts.encode([from_pairs(r.messages) for r in requests])
+            encoded = self._prompts.encode(
+                [from_pairs(r.messages) for r in requests], [r.tips for r in requests]
+            )
             cands = [
                 [self._response_ids(a) for a in r.admissible] if score else [] for r in requests
             ]

@@ -73,7 +73,6 @@ from agents.models.pretrain import (
     Sample,
     cached_build,
     default_cache_root,
-    encode_prompts,
     reflection_steps,
     train,
 )
@@ -84,6 +83,9 @@ from agents.models.pretrain_play import (
     turn_conversations,
 )
 from agents.models.prompts import (
+    TIP_CLOSE,
+    TIP_OPEN,
+    PromptEncoder,
     cut_gap,
     encode_response,
     fit_sample,
@@ -97,7 +99,7 @@ from engine.world_registry import load_world
 FORMAT_VERSION = 4
 """Part of the cache key: bump it when the same spec would build a different model."""
 
-PAD, EOM, TIP_OPEN, TIP_CLOSE = "<pad>", "<eom>", "<tip>", "</tip>"
+PAD, EOM = "<pad>", "<eom>"
 ROLES = ("system", "user", "assistant")
 SPECIAL_TOKENS = (PAD, EOM, *(f"<{role}>" for role in ROLES), TIP_OPEN, TIP_CLOSE)
 CHAT_TEMPLATE = (
@@ -209,20 +211,21 @@ def make_samples(
 ) -> dict[str, list[Sample]]:
     """The turn samples (prompt, action taken) and the reflection samples (prompt, hindsight
     note) of ``episodes``."""
-    pairs = {
+    items = {  # (prompt, the tips it shows, response)
         "turn": [
-            (c, action)
+            (c, ep.tips, action)
             for ep in episodes
             for c, (action, _, _) in zip(turn_conversations(ep, window), ep.transcript, strict=True)
         ],
         "reflection": [
-            (reflection_conversation(ep), hindsight_note(ep.transcript)) for ep in episodes
+            (reflection_conversation(ep), (), hindsight_note(ep.transcript)) for ep in episodes
         ],
     }
+    encoder = PromptEncoder(tokenizer)
     pools = {}
-    for kind, items in pairs.items():
-        prompts = encode_prompts(tokenizer, [c for c, _ in items])
-        responses = [encode_response(tokenizer, text) for _, text in items]
+    for kind, kind_items in items.items():
+        prompts = encoder.encode([c for c, _, _ in kind_items], [t for _, t, _ in kind_items])
+        responses = [encode_response(tokenizer, text) for _, _, text in kind_items]
         pools[kind] = [
             Sample(kind, tuple(p), tuple(r)) for p, r in zip(prompts, responses, strict=True)
         ]

@@ -66,12 +66,11 @@ from agents.models.pretrain import (
     Sample,
     cached_build,
     default_cache_root,
-    encode_prompts,
     reflection_steps,
     train,
 )
 from agents.models.pretrain_play import Episode, play_families
-from agents.models.prompts import encode_response
+from agents.models.prompts import PromptEncoder, encode_response
 from agents.models.specs import OpsSpec
 from engine.world_registry import load_world
 from stores.checkpoints import load_model_dir
@@ -206,7 +205,7 @@ def encode_items(
     tokenizer: Any, items: Sequence[Item], max_positions: int
 ) -> tuple[dict[str, list[Sample]], int]:
     """The samples by kind, and how many items were dropped for not fitting ``max_positions``."""
-    prompts = encode_prompts(tokenizer, [it.messages for it in items])
+    prompts = PromptEncoder(tokenizer).encode([it.messages for it in items])
     pools: dict[str, list[Sample]] = {"extract": [], "merge": []}
     dropped = 0
     for item, prompt in zip(items, prompts, strict=True):
@@ -242,7 +241,7 @@ def answer_check(
     report: dict[str, Any] = {}
     for kind in ("extract", "merge"):
         chosen = [it for it in items if it.kind == kind]
-        prompts = encode_prompts(tokenizer, [it.messages for it in chosen])
+        prompts = PromptEncoder(tokenizer).encode([it.messages for it in chosen])
         fits = [(it, p) for it, p in zip(chosen, prompts, strict=True) if len(p) < max_positions]
         valid, exact, ops = 0, 0, Counter[str]()
         for item, prompt in fits:

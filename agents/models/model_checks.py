@@ -14,7 +14,6 @@ import torch
 
 from agents.acting.scripted import Explorer, hindsight_note, parse_note, run_episode
 from agents.models.policy import generate, score_and_choose
-from agents.models.pretrain import encode_prompts
 from agents.models.pretrain_play import (
     PlaySpec,
     play_families,
@@ -22,6 +21,7 @@ from agents.models.pretrain_play import (
     split_train,
 )
 from agents.models.prompts import (
+    PromptEncoder,
     Step,
     cut_gap,
     cut_middle,
@@ -149,7 +149,7 @@ def note_check(model: Any, tokenizer: Any, world: TextWorld, spec: CheckSpec) ->
     notes with a plan. A note is cut 16 tokens past its target's length."""
     episodes = play_families(world, spec, spec.eval_notes, True, "check")
     exact, same, planned = [], [], []
-    prompts = encode_prompts(tokenizer, [reflection_conversation(ep) for ep in episodes])
+    prompts = PromptEncoder(tokenizer).encode([reflection_conversation(ep) for ep in episodes])
     gap = cut_gap(tokenizer)
     for episode, prompt in zip(episodes, prompts, strict=True):
         target = hindsight_note(episode.transcript)

@@ -23,8 +23,14 @@ import torch
 
 from agents.models.notes import NoteSource, Shown, render, write_library
 from agents.models.policy import score_and_choose
-from agents.models.pretrain import encode_prompts
-from agents.models.prompts import Step, cut_gap, encode_response, fit_scoring, turn_messages
+from agents.models.prompts import (
+    PromptEncoder,
+    Step,
+    cut_gap,
+    encode_response,
+    fit_scoring,
+    turn_messages,
+)
 from agents.report.intervals import bootstrap_ratio
 from engine.world import Task, TextWorld
 
@@ -92,12 +98,13 @@ def _play_chunk(
         rng = random.Random(f"coevo.note-probe/{job.seed}")
         live.append(_Live(job, world, obs.goal, obs.text, obs.admissible, [], rng))
     cache: dict[str, list[int]] = {}
+    encoder = PromptEncoder(tokenizer)
     while active := [ep for ep in live if not ep.done]:
         messages = [
             turn_messages(ep.goal, ep.history, ep.text, tips=ep.job.tips, window=window)
             for ep in active
         ]
-        prompts = encode_prompts(tokenizer, messages)
+        prompts = encoder.encode(messages, [ep.job.tips for ep in active])
         for action in {a for ep in active for a in ep.admissible} - cache.keys():
             cache[action] = encode_response(tokenizer, action)
         limit, gap = model.config.max_position_embeddings, cut_gap(tokenizer)

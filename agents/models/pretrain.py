@@ -28,7 +28,6 @@ import structlog
 import torch
 from transformers.utils import logging as hf_logging
 
-from agents.models.prompts import Message
 from agents.models.specs import TrainSpec
 from agents.models.tuning import torch_threads
 from engine.errors import ModelUnavailable
@@ -48,19 +47,6 @@ class Sample(NamedTuple):
     kind: str
     prompt: tuple[int, ...]
     response: tuple[int, ...]
-
-
-def encode_prompts(tokenizer: Any, conversations: Sequence[Sequence[Message]]) -> list[list[int]]:
-    """:func:`agents.models.prompts.encode_prompt` of each conversation, tokenized in one batch."""
-    if not conversations:  # the tokenizer refuses an empty batch
-        return []
-    texts = [
-        tokenizer.apply_chat_template(
-            [dict(m) for m in c], add_generation_prompt=True, tokenize=False
-        )
-        for c in conversations
-    ]
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def reflection_steps(steps: int, share: float) -> list[bool]:

@@ -12,14 +12,25 @@ inside ``<tip> ... </tip>``, to the user message (the default) or to the system 
 scenario's ``[prompt]`` table says which (``memory``), and sets the system message's text
 (``system``). Rendering the same turn with ``tips=()`` gives the prompt with the tip lines removed,
 which is what off-policy distillation trains on (:func:`strip_tips`).
+
+A content is text. The only special tokens of a prompt are the ones the chat template writes
+around the contents and the ``<tip>`` / ``</tip>`` around each shown tip (where the tokenizer
+has such tokens, as the embedded default's has): a goal, an observation, an action or a tip that
+holds the text of a special token (``<|im_end|>``, ``<eom>``) is tokenized as those characters
+(:class:`PromptEncoder`, :func:`encode_response`). Otherwise a world could end the user's
+message and write a system message of its own, or an action could end its own candidate early.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, cast
 
 T = TypeVar("T", bound=Sequence[int])
+
+TIP_OPEN, TIP_CLOSE = "<tip>", "</tip>"
+"""What stands before and after each tip a prompt shows."""
 
 TURN_SYSTEM = "you act in a text lab to reach the goal. answer with one action."
 REFLECT_SYSTEM = "you read an episode of a text lab and write a short note for the next try."
@@ -88,7 +99,7 @@ def turn_messages(
     lines.append(f"now: {shown(observation)}")
     if admissible is not None:
         lines.append(f"actions: {' | '.join(admissible)}")
-    shown_tips = [f"<tip> {tip} </tip>" for tip in tips]
+    shown_tips = [tip_line(tip) for tip in tips]
     if memory == "user":
         lines += shown_tips
     else:
@@ -97,6 +108,11 @@ def turn_messages(
         {"role": "system", "content": system},
         {"role": "user", "content": "\n".join(lines)},
     ]
+
+
+def tip_line(tip: str) -> str:
+    """The line that shows ``tip`` in a prompt."""
+    return f"{TIP_OPEN} {tip} {TIP_CLOSE}"
 
 
 def state_text(goal: str, history: Sequence[Step], observation: str, *, window: int = 4) -> str:
@@ -129,7 +145,7 @@ def strip_tips(
     out = [dict(m) for m in messages]
     if not tips:
         return out
-    suffix = "".join(f"\n<tip> {tip} </tip>" for tip in tips)
+    suffix = "".join(f"\n{tip_line(tip)}" for tip in tips)
     target = out[-1] if memory == "user" else out[0]
     if target["role"] != memory or not target["content"].endswith(suffix):
         where = "last" if memory == "user" else "first"
@@ -181,29 +197,39 @@ def from_pairs(pairs: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
     return [{"role": role, "content": content} for role, content in pairs]
 
 
-def encode_prompt(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:
-    """The token ids of ``messages`` followed by the assistant's turn header.
+def encode_prompt(
+    tokenizer: Tokenizer,
+    messages: Sequence[Message],
+    tips: Sequence[str] = (),
+    memory: MemoryPlace = "user",
+) -> list[int]:
+    """The token ids of ``messages`` followed by the assistant's turn header: one conversation
+    of :meth:`PromptEncoder.encode` (``tips`` are the tips shown in the ``memory`` message).
 
     Raises:
         ValueError: the tokenizer has no chat template.
     """
-    ids = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
-    )
-    if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+    return PromptEncoder(tokenizer, memory).encode([messages], [tips])[0]
 
 
 def encode_response(tokenizer: Tokenizer, text: str) -> list[int]:
-    """The token ids of a response: ``text`` then end-of-sequence.
+    """The token ids of a response: ``text`` (a special token's text in it is read as its
+    characters) then end-of-sequence.
 
     Raises:
         ValueError: the tokenizer has no end-of-sequence token.
     """
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos token: responses could not end")
-    return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    ids = tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    return [*ids, tokenizer.eos_token_id]
+
+
+def special_ids(tokenizer: Any) -> dict[str, int]:
+    """The texts ``tokenizer`` reads as one special token wherever they stand, with their ids
+    (its special added tokens)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return {t.content: int(i) for i, t in added.items() if getattr(t, "special", False)}
 
 
 def decode_response(tokenizer: Any, ids: Sequence[int]) -> str:
@@ -300,7 +326,8 @@ _PROBES = ("", " two  words \n and a line ", "{{ braces }} {% raw %} 'quotes' \"
 
 
 class PromptEncoder:
-    """:func:`encode_prompt` for a batch of conversations, with one tokenizer call.
+    """The token ids of conversations followed by the assistant's turn header, a batch at a
+    time.
 
     The chat template is rendered once per sequence of roles, with a marker for each content;
     if the rendering is then exactly the marked text with each marker replaced by its content
@@ -311,25 +338,120 @@ class PromptEncoder:
     the roles) would not be caught by the check: this encoder is for templates that place the
     contents as they are (the embedded model's, and Qwen2's or Llama's plain messages).
 
+    A content is text: where one holds the text of one of the tokenizer's special tokens that
+    is not a tip's ``<tip>`` or ``</tip>`` (:func:`tip_line`), the conversation is tokenized
+    in pieces, the template's special tokens (and the tips') as themselves and the text between
+    them with the special tokens' texts read as characters. A conversation whose contents hold
+    no such text is tokenized whole, as the tokenizer reads the rendered text (the same ids as
+    before contents were checked).
+
     Args:
         tokenizer: a ``transformers`` tokenizer with a chat template.
+        memory: the message the tips shown are appended to (:func:`turn_messages`).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, memory: MemoryPlace = "user") -> None:
         self.tokenizer = tokenizer
+        self.memory = memory
         self._layouts: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+        self._specials = special_ids(tokenizer)
+        texts = sorted(self._specials, key=len, reverse=True)  # the longest where two start
+        self._find = re.compile("|".join(map(re.escape, texts))) if texts else None
 
-    def encode(self, conversations: Sequence[Sequence[Message]]) -> list[list[int]]:
-        """The ids :func:`encode_prompt` gives each conversation, in order.
+    def encode(
+        self,
+        conversations: Sequence[Sequence[Message]],
+        tips: Sequence[Sequence[str]] | None = None,
+    ) -> list[list[int]]:
+        """The ids of each conversation, in order; ``tips[k]`` are the tips the ``k``-th shows
+        (None: none shows any).
 
         Raises:
-            ValueError: the tokenizer has no chat template.
+            ValueError: the tokenizer has no chat template; ``tips`` is not one per
+                conversation.
         """
         if not conversations:
             return []
-        texts = [self.render(c) for c in conversations]
-        ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
-        return [list(row) for row in ids]
+        if tips is not None and len(tips) != len(conversations):
+            raise ValueError(f"{len(tips)} tip lists for {len(conversations)} conversations")
+        pieces = [self._pieces(c, tips[k] if tips else ()) for k, c in enumerate(conversations)]
+        whole = [p for p in pieces if isinstance(p, str)]
+        texts = [t for p in pieces if not isinstance(p, str) for t in p if isinstance(t, str)]
+        done = iter(self._tokenize(whole))
+        split = iter(self._tokenize(texts, split_special_tokens=True))
+        out: list[list[int]] = []
+        for p in pieces:
+            if isinstance(p, str):
+                out.append(next(done))
+                continue
+            ids: list[int] = []
+            for t in p:
+                ids += next(split) if isinstance(t, str) else [t]
+            out.append(ids)
+        return out
+
+    def _tokenize(self, texts: list[str], **kwargs: Any) -> list[list[int]]:
+        if not texts:  # the tokenizer refuses an empty batch
+            return []
+        rows = self.tokenizer(texts, add_special_tokens=False, verbose=False, **kwargs)
+        return [list(row) for row in rows["input_ids"]]
+
+    def _pieces(self, conversation: Sequence[Message], tips: Sequence[str]) -> str | list:
+        """The rendered conversation: its text when no content holds a special token's text
+        that is not a tip's own, else its pieces: text to read as characters, and the ids of
+        the special tokens the template and the tips place."""
+        forged = self._forged(conversation, tips)
+        if not any(forged):
+            return self.render(conversation)
+        mark = "\ue000"  # stands for each forged text while the template renders
+        while any(mark in m["content"] for m in conversation):
+            mark += "\ue000"
+        marked, found = [], []
+        for m, spans in zip(conversation, forged, strict=True):
+            content, kept, last = m["content"], [], 0
+            for a, b in spans:
+                kept += (content[last:a], mark)
+                found.append(content[a:b])
+                last = b
+            marked.append({**m, "content": "".join([*kept, content[last:]])})
+        rendered = self.render(marked)
+        if rendered.count(mark) != len(found):
+            raise ValueError("the chat template changed a content's text: cannot place it")
+        back = iter(found)
+
+        def text(a: int, b: int) -> str:  # the forged texts back in place of their marks
+            first, *rest = rendered[a:b].split(mark)
+            return first + "".join(next(back) + part for part in rest)
+
+        assert self._find is not None  # it found the forged texts
+        out: list[str | int] = []
+        last = 0
+        for match in self._find.finditer(rendered):
+            out += (text(last, match.start()), self._specials[match.group()])
+            last = match.end()
+        out.append(text(last, len(rendered)))
+        return [p for p in out if p != ""]
+
+    def _forged(
+        self, conversation: Sequence[Message], tips: Sequence[str]
+    ) -> list[list[tuple[int, int]]]:
+        """For each message, where its content holds a special token's text that is not one
+        of the ``tips``' own ``<tip>`` and ``</tip>`` (start and end offsets)."""
+        if self._find is None:
+            return [[] for _ in conversation]
+        where = len(conversation) - 1 if self.memory == "user" else 0
+        out = []
+        for i, m in enumerate(conversation):
+            content = m["content"]
+            own = _tip_marks(content, tips) if i == where and tips else {}
+            out.append(
+                [
+                    match.span()
+                    for match in self._find.finditer(content)
+                    if own.get(match.start()) != match.group()
+                ]
+            )
+        return out
 
     def render(self, conversation: Sequence[Message]) -> str:
         """The text the chat template makes of ``conversation`` with the assistant's header."""
@@ -370,3 +492,17 @@ class PromptEncoder:
             if self._template(messages) != expected:
                 return None
         return tuple(parts)
+
+
+def _tip_marks(content: str, tips: Sequence[str]) -> dict[int, str]:
+    """Where ``content``'s tip lines (it ends with them, one per tip) have their ``<tip>`` and
+    ``</tip>``: offset -> text. None if it does not end with those lines."""
+    suffix = "".join(f"\n{tip_line(tip)}" for tip in tips)
+    if not content.endswith(suffix):
+        return {}
+    marks, at = {}, len(content) - len(suffix)
+    for tip in tips:
+        marks[at + 1] = TIP_OPEN
+        at += 1 + len(tip_line(tip))
+        marks[at - len(TIP_CLOSE)] = TIP_CLOSE
+    return marks

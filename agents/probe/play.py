@@ -280,6 +280,7 @@ def _request(ep: _Live, seed: int, s: PlaySettings) -> ActionRequested:
         admissible=ep.obs.admissible,
         seed=derive_seed(seed, "act", turn),
         greedy=s.greedy,
+        tips=ep.tips,
     )
 
 

@@ -30,7 +30,6 @@ from agents.models.pretrain import (
     BUCKET,
     batch_plan,
     collate,
-    encode_prompts,
     lr_at,
     pretrain_loss,
     reflection_steps,
@@ -46,6 +45,7 @@ from agents.models.pretrain_play import (
     turn_conversations,
 )
 from agents.models.prompts import (
+    PromptEncoder,
     decode_response,
     encode_prompt,
     encode_response,
@@ -226,7 +226,7 @@ def test_a_world_that_fails_in_scripted_play_says_where(oddity: str, says: str) 
 
 
 def test_no_prompts_encode_to_no_ids(tokenizer) -> None:
-    assert encode_prompts(tokenizer, []) == []  # eval_notes = 0 crashed the build's check
+    assert PromptEncoder(tokenizer).encode([]) == []  # eval_notes = 0 crashed the build's check
 
 
 def test_play_is_seeded_mixed_and_not_filtered_by_outcome(
@@ -320,8 +320,9 @@ def test_chat_template_renders_roles_and_the_assistant_header(tokenizer) -> None
 
 def test_tips_are_one_token_each_around_whole_words(tokenizer) -> None:
     note = "plan: open box, take apple.\nfound: apple after open box."
-    messages = turn_messages("find the apple.", [], "you see a box.", tips=[note, "avoid: look."])
-    ids = encode_prompt(tokenizer, messages)
+    tips = [note, "avoid: look."]
+    messages = turn_messages("find the apple.", [], "you see a box.", tips=tips)
+    ids = encode_prompt(tokenizer, messages, tips)
     vocab = tokenizer.get_vocab()
     assert ids.count(vocab["<tip>"]) == 2 and ids.count(vocab["</tip>"]) == 2
     tokens = tokenizer.convert_ids_to_tokens(ids)
@@ -345,8 +346,8 @@ def test_turn_samples_are_the_prompt_of_each_turn_and_the_action(
     for sample, (ep, t) in zip(pools["turn"], turns, strict=True):
         history = ep.history
         observation = history[t - 1][1] if t else ep.first
-        messages = turn_messages(ep.goal, history[:t], observation, window=window)
-        assert list(sample.prompt) == encode_prompt(tokenizer, messages)
+        messages = turn_messages(ep.goal, history[:t], observation, tips=ep.tips, window=window)
+        assert list(sample.prompt) == encode_prompt(tokenizer, messages, ep.tips)
         assert decode_response(tokenizer, sample.response) == ep.transcript[t][0]
         assert sample.response[-1] == tokenizer.eos_token_id
 
@@ -362,11 +363,22 @@ def test_reflection_samples_are_the_episode_and_its_hindsight_note(
         assert decode_response(tokenizer, sample.response) == hindsight_note(ep.transcript)
 
 
-def test_batch_encoding_equals_encode_prompt(tokenizer, episodes: list[Episode]) -> None:
-    conversations = [c for ep in episodes[:4] for c in turn_conversations(ep, 4)]
-    conversations += [reflection_conversation(ep) for ep in episodes[:4]]
-    assert encode_prompts(tokenizer, conversations) == [
-        encode_prompt(tokenizer, c) for c in conversations
+def test_batch_encoding_is_the_templates_text_as_the_tokenizer_reads_it(
+    tokenizer, episodes: list[Episode]
+) -> None:
+    """The pre-training prompts of a world whose texts hold no special token's text are the
+    ids the build trained on before contents were checked (a cached model stays valid)."""
+    chosen = [*episodes[:4], *(ep for ep in episodes if ep.tips)][:8]
+    assert any(ep.tips for ep in chosen)  # tips' own <tip> and </tip> are special tokens
+    conversations = [c for ep in chosen for c in turn_conversations(ep, 4)]
+    conversations += [reflection_conversation(ep) for ep in chosen]
+    texts = [
+        tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+        for c in conversations
+    ]
+    pools = make_samples(tokenizer, chosen, 4)
+    assert [list(s.prompt) for s in pools["turn"] + pools["reflection"]] == [
+        list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]
     ]
 
 

@@ -126,7 +126,7 @@ def test_deleting_tip_token_spans_is_not_the_no_memory_prompt(tokenizer) -> None
     """Why stripping re-renders the text: byte-level BPE merges the observation's last "."
     with the newline the tip line starts with, so cutting tokens would leave ".\\n"."""
     shown = encode_prompt(
-        tokenizer, turn_messages("find the apple.", [], "you see a box.", tips=NOTES[:1])
+        tokenizer, turn_messages("find the apple.", [], "you see a box.", tips=NOTES[:1]), NOTES[:1]
     )
     vocab = tokenizer.get_vocab()
     start, end = shown.index(vocab["<tip>"]), shown.index(vocab["</tip>"])

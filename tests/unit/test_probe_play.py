@@ -84,6 +84,9 @@ def test_every_turn_shows_the_entry_retrieved_from_the_family_partition() -> Non
         turns = [r for r in runner.requests if r.episode == f"probe{p.index}"]
         assert len(turns) == p.steps > 0
         assert all(r.messages[-1][1].endswith(f"<tip> {p.family} note </tip>") for r in turns)
+        # the request names the tip it shows: the policy reads its <tip> and </tip> as the
+        # special tokens they are, not as a world's text (agents.models.prompts)
+        assert all(r.tips == (f"{p.family} note",) for r in turns)
     assert [t.retrieved for t in bank.tips.values()] == [3, 3]  # counted on the bank given
 
 
