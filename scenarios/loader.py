@@ -11,6 +11,8 @@ import hashlib
 import os
 import stat
 import tomllib
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +26,7 @@ from scenarios.schema import Scenario
 
 if TYPE_CHECKING:
     from engine.eventlog import RunMeta
+    from engine.world import Task
 
 MAX_BYTES = 1_000_000
 MAX_DEPTH = 32
@@ -127,13 +130,29 @@ def stored_scenario(
     return to_scenario(doc, source)
 
 
-def warn_settings(source: str, scenario: Scenario, unread: list[str], played: int) -> None:
+def warn_settings(
+    source: str,
+    scenario: Scenario,
+    unread: list[str],
+    played: int,
+    tasks: Sequence[Task] = (),
+) -> None:
     """Log a warning for each setting a valid scenario holds that is likely not what its
     author meant (after it was found valid: a refused one says only why): tables and keys
     nothing reads (``unread``), fewer episodes than ``run.episodes`` asks (a learning run
-    plays whole steps of ``group_size * groups_per_update``; ``played``), and training on the
-    variants held-out evaluation plays."""
+    plays whole steps of ``group_size * groups_per_update``; ``played``), a ``world.pool``
+    larger than a family's variants (``tasks``, the run's), and training on the variants
+    held-out evaluation plays."""
     log = structlog.get_logger("coevo")
+    pool = scenario.world.pool
+    counts = Counter(t.family for t in tasks)
+    short = {f: n for f, n in counts.items() if pool and n < pool}
+    if short:
+        named = ", ".join(f"{f} ({n})" for f, n in short.items())
+        log.warning(
+            f"{source}: world.pool = {pool} is more than the {scenario.world.split} variants "
+            f"of {named}: training draws from all of them"
+        )
     if unread:
         named = ", ".join(t if t in UNREAD_KEYS else f"[{t}]" for t in unread)
         instead = "".join(

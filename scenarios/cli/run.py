@@ -39,7 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     scenario, unread = read_scenario(args.file, args.set)
     with stdout_to_stderr():  # a world that prints as it is built: not into the TOML
         assembly = assemble(scenario, args.file, prepare_model=False)
-    warn_settings(args.file, scenario, unread, assembly.episodes)
+    warn_settings(args.file, scenario, unread, assembly.episodes, assembly.tasks)
     sys.stdout.write(resolved_toml(scenario))
     print(
         f"# valid: {len(assembly.tasks)} tasks, {assembly.episodes} episodes, "
@@ -74,7 +74,7 @@ def _execute(
     from scenarios.loader import warn_settings
 
     assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
-    warn_settings(source, scenario, unread, assembly.episodes)
+    warn_settings(source, scenario, unread, assembly.episodes, assembly.tasks)
     with cluster(scenario, source):  # a placement the cluster cannot hold: refused, no run dir
         return _create(scenario, assembly, rd, run_id, quiet=quiet)
 

@@ -248,3 +248,20 @@ def test_training_on_the_variants_evaluation_holds_out_is_warned_about(
         assert main(["validate", quickstart, *(a for s in sets for a in ("--set", s))]) == 0
         err = capsys.readouterr().err.replace("\n", "")
         assert (warned in err) == warns, (sets, err)
+
+
+def test_a_pool_larger_than_a_familys_variants_is_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``world.pool`` above the variants a family has trains on all of them: said, where it
+    was accepted without a word (a pool of 50 read as 50 variants revisited)."""
+    from scenarios.cli import main
+
+    quickstart = str(Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml")
+    small = ["--set", "world.options.train_variants=6"]
+    warned = "world.pool = 8 is more than the train variants of"
+    for sets, warns in ((["world.pool=8"], True), (["world.pool=6"], False), ([], False)):
+        assert main(["validate", quickstart, *small, *(a for s in sets for a in ("--set", s))]) == 0
+        err = capsys.readouterr().err.replace("\n", "")
+        assert (warned in err) == warns, (sets, err)
+        assert not warns or "(6)" in err
