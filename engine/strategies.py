@@ -134,7 +134,7 @@ def event_strategy(cls: type[Event], **fields: st.SearchStrategy[Any]) -> st.Sea
     named in ``fields`` from the strategies given.
 
     Raises:
-        TypeError: a field with no derivation and no registered strategy.
+        TypeError: fields with no derivation and no registered strategy (each named).
     """
     if not fields and cls in _CLASSES:
         return _CLASSES[cls]
@@ -143,13 +143,19 @@ def event_strategy(cls: type[Event], **fields: st.SearchStrategy[Any]) -> st.Sea
     names = {f.name for f in info.fields}
     unknown = sorted(set(fields) - names)
     if unknown:
-        raise TypeError(f"{cls.__name__} has no field {unknown[0]!r}")
+        raise TypeError(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}")
     drawn: dict[str, st.SearchStrategy[Any]] = {}
+    missing: list[str] = []  # every field without one, not only the first
     for f in info.fields:
         given = fields.get(f.name, _FIELDS.get((cls, f.name)))
-        drawn[f.name] = (
-            given if given is not None else strategy_for(f.type, f"{cls.__name__}.{f.name}")
-        )
+        try:
+            drawn[f.name] = (
+                given if given is not None else strategy_for(f.type, f"{cls.__name__}.{f.name}")
+            )
+        except TypeError as exc:
+            missing.append(str(exc))
+    if missing:
+        raise TypeError("; ".join(missing))
     return st.fixed_dictionaries(drawn).map(lambda kw: cls(**kw))
 
 

@@ -44,6 +44,13 @@ class Ledger(Event, tag="test_ledger", frozen=True, kw_only=True):
     note: str = ""
 
 
+class Ledgers(Event, tag="test_ledgers", frozen=True, kw_only=True):
+    """Two fields without a derivation."""
+
+    amount: decimal.Decimal
+    owed: tuple[decimal.Decimal, ...] = ()
+
+
 class Bounded(Event, tag="test_bounded", frozen=True, kw_only=True):
     level: Annotated[int, msgspec.Meta(ge=1, le=3)]
     colour: Literal["red", "blue"]
@@ -58,6 +65,12 @@ def test_a_type_without_a_derivation_is_a_gap_until_it_registers_one() -> None:
         event_strategy(Ledger)
     register_strategy(Ledger, amount=st.decimals(allow_nan=False, allow_infinity=False))
     assert strategy_gaps([Ledger]) == {}
+
+
+def test_every_field_without_a_derivation_is_named_at_once() -> None:
+    """A plug-in's author learns every field to register in one go, not one per try."""
+    gap = strategy_gaps([Ledgers])["Ledgers"]
+    assert "Ledgers.amount" in gap and "Ledgers.owed" in gap
 
 
 @settings(max_examples=60)
