@@ -8,6 +8,7 @@ Every query reads index rows and the handful of events a page shows, never the w
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,11 +32,13 @@ from agents.audit.index import (
 )
 from agents.events.policy import ActionRequested, ActionSampled
 from agents.methods.registry import import_run_method
+from engine.errors import CoevoError
 from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
 from stores.lmdb_env import DATA_FILE, writer_alive
 from stores.lmdb_log import LmdbEventLog
-from stores.rundir import LOG_DIR, find_run, path_identity
+from stores.lmdb_pages import read_metas
+from stores.rundir import LOG_DIR, find_run
 
 __all__ = ["FILTERS", "Candidate", "EpisodeRow", "RunView"]
 
@@ -94,8 +97,10 @@ class RunView:
         self.index = index
         self.note = note
         self.gone = ""
-        """Why the run is no longer there ("" while it is): its directory was deleted."""
-        self._file = _identity(root)
+        """Why the run cannot be shown now ("" while it can): its directory was deleted, or
+        its log cannot be read (truncated, or being copied over)."""
+        self._file = _file_state(root)
+        self._run = _run_id(log)
         self._rows: tuple[int, list[EpisodeRow]] = (-1, [])
 
     @classmethod
@@ -123,24 +128,43 @@ class RunView:
     def refresh(self) -> int:
         """Index what the log committed since the last page; returns the log's length. A run
         directory deleted since it was opened sets :attr:`gone`; one holding another log now
-        (deleted and run again, or copied over) is opened afresh, and :attr:`note` says so."""
-        now = _identity(self.root)
-        if now == self._file:
-            return 0 if self.gone else refresh(self.log, self.index)
+        (deleted and run again, or copied over, in place too) is opened afresh, and
+        :attr:`note` says so. A log file that no longer holds every page of its last commit
+        (truncated, or half copied over) is let go before it is read (its mapped pages would
+        kill the process), :attr:`gone` says why, and the next page tries it again."""
+        now = _file_state(self.root)
+        if not self.gone and now is not None and self._file is not None:
+            if now == self._file:
+                return refresh(self.log, self.index)
+            if _continues(self._file, now) and _run_id(self.log) == self._run:
+                self._file = now  # the same log, committed further
+                return refresh(self.log, self.index)
+        if not self.gone:
+            self.close()  # before the file is read again: its map may reach past its end
         if now is None:  # its files are let go: a deleted run's disk space is freed
-            self.close()
             self.gone = f"{self.root}: the run is gone (deleted or moved since serve started)"
             self._file = None
             return 0
-        fresh = RunView.open(self.name, self.root)
-        self.close()
-        self.log, self.index, self._file, self.gone = fresh.log, fresh.index, now, ""
-        self._rows = (-1, [])
-        meta = self.log.read_meta()
+        fresh: RunView | None = None
+        why = f"{DATA_FILE} does not hold every page of its last commit (cut, or written over)"
+        if now.whole:
+            try:
+                fresh = RunView.open(self.name, self.root)
+            except CoevoError as exc:
+                why = str(exc)
+        if fresh is None:
+            self.gone = f"{self.root}: the run's log cannot be read now: {why}"
+            self._file = now
+            return 0
         self.note = (
-            f"{self.root} was replaced since serve started; this is the run there now "
-            f"({meta.run_id if meta is not None else '?'})"
+            fresh.note
+            if fresh._run == self._run
+            else f"{self.root} was replaced since serve started; this is the run there now "
+            f"({fresh._run or '?'})"
         )
+        self.log, self.index, self._file, self.gone = fresh.log, fresh.index, fresh._file, ""
+        self._run = fresh._run
+        self._rows = (-1, [])
         return refresh(self.log, self.index)
 
     def status(self) -> str:
@@ -236,9 +260,50 @@ class RunView:
 _TURN_KINDS = frozenset({"action_requested", "action_sampled"})
 
 
-def _identity(root: Path) -> tuple[int, int] | None:
-    """Which file the run's log is (device, inode), or None when it is not there."""
-    return path_identity(root / LOG_DIR / DATA_FILE)
+@dataclass(frozen=True)
+class _FileState:
+    """What the run's log file is, read from the file itself (not through LMDB's map)."""
+
+    identity: tuple[int, int]  # device, inode
+    size: int
+    txnid: int  # the newest commit its meta pages record (-1: none readable)
+    need: int  # the bytes that commit's pages take
+
+    @property
+    def whole(self) -> bool:
+        """Whether the file holds every page of its newest commit."""
+        return self.txnid >= 0 and self.size >= self.need
+
+
+def _file_state(root: Path) -> _FileState | None:
+    """The state of ``root``'s log file, or None when it is not there."""
+    path = root / LOG_DIR / DATA_FILE
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    metas = [m for m in read_metas(path) if m is not None and m.valid]
+    newest = max(metas, key=lambda m: m.txnid, default=None)
+    if newest is None:
+        return _FileState((st.st_dev, st.st_ino), st.st_size, -1, 0)
+    need = (newest.last_pgno + 1) * newest.psize
+    return _FileState((st.st_dev, st.st_ino), st.st_size, newest.txnid, need)
+
+
+def _continues(before: _FileState, now: _FileState) -> bool:
+    """Whether ``now`` can be the file ``before`` was, committed further: the same file,
+    whole, no older, and no shorter than the pages read before."""
+    return (
+        now.identity == before.identity
+        and now.whole
+        and now.txnid >= before.txnid
+        and now.size >= before.need
+    )
+
+
+def _run_id(log: Any) -> str:
+    meta = log.read_meta()
+    return meta.run_id if meta is not None else ""
 
 
 def _row(ep: str, a: Assigned, end: Outcome | None, version: int | None) -> EpisodeRow:

@@ -430,32 +430,7 @@ def test_a_run_deleted_or_replaced_while_served_is_said_to_be(tmp_path: Path) ->
 
     from agents.browse.app import make_app
 
-    def a_run(root: Path, run_id: str, episodes: int) -> None:
-        meta = new_run_meta(run_id, scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
-        log = LmdbEventLog.create(root / "log", meta, durable=False)
-        try:
-            events: list[Event] = [
-                RunStarted(run_id=run_id, scenario="x", scenario_hash="", seed=0, coevo_version="0")
-            ]
-            events += [
-                EpisodeAssigned(
-                    episode=f"ep{i:06d}",
-                    index=i,
-                    worker="w",
-                    family="heat",
-                    variant=i,
-                    split="train",
-                    seed=i,
-                )
-                for i in range(episodes)
-            ]
-            events.append(RunStopped(reason="completed", signal="", exit_code=0))
-            log.append(
-                [Envelope(seq=i, run=run_id, t=i, actor="a", event=e) for i, e in enumerate(events)]
-            )
-        finally:
-            log.close()
-
+    a_run = _a_run
     kept, swapped = tmp_path / "kept", tmp_path / "swapped"
     a_run(kept, "r-kept", 2)
     a_run(swapped, "r-old", 2)
@@ -480,6 +455,74 @@ def test_a_run_deleted_or_replaced_while_served_is_said_to_be(tmp_path: Path) ->
     finally:
         for view in views.values():
             view.close()
+
+
+def _a_run(root: Path, run_id: str, episodes: int) -> None:
+    meta = new_run_meta(run_id, scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
+    log = LmdbEventLog.create(root / "log", meta, durable=False)
+    try:
+        events: list[Event] = [
+            RunStarted(run_id=run_id, scenario="x", scenario_hash="", seed=0, coevo_version="0")
+        ]
+        events += [
+            EpisodeAssigned(
+                episode=f"ep{i:06d}",
+                index=i,
+                worker="w",
+                family="heat",
+                variant=i,
+                split="train",
+                seed=i,
+            )
+            for i in range(episodes)
+        ]
+        events.append(RunStopped(reason="completed", signal="", exit_code=0))
+        log.append(
+            [Envelope(seq=i, run=run_id, t=i, actor="a", event=e) for i, e in enumerate(events)]
+        )
+    finally:
+        log.close()
+
+
+SERVE_THROUGH = """
+import os, shutil, sys
+from html import unescape
+from starlette.testclient import TestClient
+from agents.browse.app import make_app
+from scenarios.cli.explore import open_views
+
+served, other = sys.argv[1], sys.argv[2]
+data = os.path.join(served, "log", "data.mdb")
+views = open_views([served])
+client = TestClient(make_app(views))
+print(client.get("/runs/served").status_code)
+os.truncate(data, 8192)  # its two meta pages: every other page it maps is gone
+page = client.get("/runs/served")
+print(page.status_code, unescape(page.text).count("cannot be read now"))
+print(client.get("/").status_code)
+shutil.copyfile(other, data)  # in place: the same inode, another run's log
+page = unescape(client.get("/runs/served").text)
+print("ep000002" in page, "(r-new)" in page, "was replaced since serve started" in page)
+"""
+
+
+def test_a_log_truncated_or_copied_over_in_place_while_served(tmp_path: Path) -> None:
+    """A log file truncated under serve killed it with SIGBUS (its pages are mapped), and one
+    copied over in place (``cp`` keeps the inode) was served as the old run, mixed with the
+    new one's events (a traceback page where they disagreed). Run in a child process: the
+    SIGBUS would end the test session."""
+    _a_run(tmp_path / "served", "r-old", 2)
+    _a_run(tmp_path / "other", "r-new", 3)
+    other = tmp_path / "other" / "log" / "data.mdb"
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_THROUGH, str(tmp_path / "served"), str(other)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:4] == ["200", "404 1", "200", "True True True"]
 
 
 def test_a_control_character_in_a_world_s_text_is_shown_escaped() -> None:
