@@ -149,8 +149,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         held = written_before(sink_name, Path(where), name)
         if held:
             raise InputInvalid(
-                f"--{sink_name} {where}: already holds {held}; an export there again would "
-                "show every point twice (choose another directory, or remove it first)"
+                f"--{sink_name} {where}: already holds {held} (an earlier export of this run, "
+                "or a run's own tracking); an export there again would show its points twice "
+                "(choose another directory, or remove that first)"
             )
     log = open_run(args.run)
     try:
@@ -162,16 +163,50 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         log.close()
     config = _scenario_dict(meta.scenario_toml if meta else "")
-    for sink_name, where in targets:
-        try:
-            sink = open_sink(sink_name, Path(where), name, config)
-            sink.write(points)
-            sink.close()
-        except OSError as exc:
-            raise InputInvalid(f"{where}: cannot write: {exc.strerror or exc}") from None
-        series = len({p.tag for p in points})
-        print(f"{sink_name}: {len(points)} points of {series} series -> {where} (block {block})")
+    before = {where: _paths_under(Path(where)) for _, where in targets}
+    done: list[str] = []
+    try:
+        for sink_name, where in targets:
+            try:
+                sink = open_sink(sink_name, Path(where), name, config)
+                sink.write(points)
+                sink.close()
+            except OSError as exc:
+                raise InputInvalid(f"{where}: cannot write: {exc.strerror or exc}") from None
+            series = len({p.tag for p in points})
+            done.append(
+                f"{sink_name}: {len(points)} points of {series} series -> {where} (block {block})"
+            )
+    except BaseException:  # stopped or failed part way: none of it stays (a re-run is refused)
+        if "wandb" in sys.modules:  # its service process would write on into what goes
+            with contextlib.suppress(Exception):
+                sys.modules["wandb"].teardown()
+        for where, paths in before.items():
+            _remove_new(Path(where), paths)
+        raise
+    print("\n".join(done))
     return 0
+
+
+def _paths_under(root: Path) -> set[Path] | None:
+    """Every path under ``root`` (None: ``root`` is not there)."""
+    return set(root.rglob("*")) if root.is_dir() else None
+
+
+def _remove_new(root: Path, before: set[Path] | None) -> None:
+    """Remove what is under ``root`` that was not in ``before`` (``root`` itself when it was not
+    there): what an export stopped part way wrote."""
+    if before is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    new = set(root.rglob("*")) - before
+    for path in sorted(new):
+        if path.parent in new:  # removed with its directory
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _scenario_dict(text: str) -> dict[str, Any]:

@@ -225,9 +225,40 @@ def test_a_second_export_into_the_same_directory_is_refused(
         assert main(["export", str(run), f"--{sink}", str(where)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"coevo: error: --{sink} {where}: already holds ") and (
-            "show every point twice" in err
+            "show its points twice" in err
         )
         assert sorted(p.relative_to(where) for p in where.rglob("*")) == before
+
+
+def test_an_export_stopped_part_way_leaves_nothing_and_runs_again(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C or SIGTERM during an export left the sinks it had finished and part of the
+    one it was writing, and the re-run was refused ("already holds ..."): a stopped export
+    now removes what it wrote, and what the directory held before stays."""
+    from agents.tracking import sinks
+
+    sinks_now = ["tensorboard"] + (["mlflow"] if importlib.util.find_spec("mlflow") else [])
+    where = {s: tmp_path / s for s in sinks_now}
+    where["tensorboard"].mkdir()
+    (where["tensorboard"] / "notes.txt").write_text("mine\n")  # held before: stays
+    args = ["export", str(run), *(a for s in sinks_now for a in (f"--{s}", str(where[s])))]
+    last = sinks_now[-1]
+    cls = sinks.MlflowSink if last == "mlflow" else sinks.TensorBoardSink
+    written = cls.write
+
+    def stopped(self, points) -> None:  # the last sink is stopped after writing part
+        written(self, points[: len(points) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cls, "write", stopped)
+    assert main(args) == 130  # "coevo: interrupted"
+    assert [p.name for p in where["tensorboard"].iterdir()] == ["notes.txt"]
+    if "mlflow" in where:
+        assert not where["mlflow"].exists()  # it made the directory: it goes too
+    monkeypatch.undo()
+    assert all(sinks.written_before(s, where[s], run.name) == "" for s in sinks_now)
+    assert main(["export", str(run), "--tensorboard", str(where["tensorboard"])]) == 0
 
 
 @needs["mlflow"]
