@@ -36,6 +36,8 @@ from agents.report.plots import (
 )
 from engine.events import Envelope, Event
 from engine.lifecycle import RunFailed, RunStarted, RunStopped
+from stores.lmdb_env import writer_alive
+from stores.rundir import LOG_DIR
 
 TOP = 8  # entries listed as most credited and as most harmful, per run
 SKIPPED = frozenset({"action_requested", "action_sampled", "step_taken", "episode_started"})
@@ -130,7 +132,7 @@ def fold_run(
         seed=start.seed if start else None,
         scenario=start.scenario if start else "?",
         events=count,
-        status=_status(plain[-1] if plain else None),
+        status=_status(plain[-1] if plain else None, run_dir / LOG_DIR),
         train_episodes=train,
         curves=fold_curves(plain, block=block_size(train)),
         coevolution=fold_coevolution(plain),
@@ -139,12 +141,15 @@ def fold_run(
     )
 
 
-def _status(last: Event | None) -> str:
+def _status(last: Event | None, log_dir: Path) -> str:
+    """How the run ended, or whether it is live or was killed (as ``coevo serve`` says)."""
     if isinstance(last, RunStopped):
         return "completed" if last.reason == "completed" else f"stopped ({last.reason})"
     if isinstance(last, RunFailed):
         return f"failed: {last.error_type}"
-    return "no run_stopped yet (still running, or killed)"
+    if writer_alive(log_dir):
+        return "no run_stopped yet: live (a process writes its log)"
+    return "no run_stopped yet: killed (no process writes its log; coevo resume continues it)"
 
 
 def fold_entries(envelopes: Iterable[Envelope[Event]]) -> tuple[dict[int, Entry], dict[str, Call]]:

@@ -620,12 +620,15 @@ def _check_episode(log: Any, asked: str) -> None:
 
 def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
     """Print events as the run commits them, until ``--limit``, until the run's writer is
-    gone and every event is shown (a run that ended or was killed), or until a Ctrl-C (exit
-    0) or a SIGTERM (exit 143; taken inside trio, so it stops the tail where it waits)."""
+    gone and every event is shown (a run that ended or was killed: a killed one is said on
+    stderr), or until a Ctrl-C (exit 0) or a SIGTERM (exit 143; taken inside trio, so it stops
+    the tail where it waits)."""
+    from engine.lifecycle import RunFailed, RunStopped
     from engine.replay import follow
     from stores.lmdb_env import writer_alive
 
     terminated = False
+    caught_up = False  # the tail reached the end of a log no process writes
 
     async def on_sigterm(signals: Any, scope: trio.CancelScope) -> None:
         nonlocal terminated
@@ -649,6 +652,9 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
                         to_devnull(sys.stdout)
                         break
                     count += 1
+                else:
+                    nonlocal caught_up
+                    caught_up = flt.stop is None or log.next_seq < flt.stop
                 nursery.cancel_scope.cancel()
 
     try:
@@ -662,6 +668,14 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
         return 0
     if terminated:
         raise Terminated
+    end = log.next_seq
+    last = next(iter(log.read(end - 1, end))).event if caught_up and end else None
+    if caught_up and not isinstance(last, RunStopped | RunFailed):
+        print(
+            f"coevo: {args.run}: no process writes this run any more and its log has no final "
+            "event: it was killed (coevo resume continues it)",
+            file=sys.stderr,
+        )
     return 0
 
 

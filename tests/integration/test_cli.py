@@ -563,6 +563,7 @@ def test_log_follow_ends_when_nobody_writes_the_log_and_a_sigterm_is_one_line(
     a live run's next commit printed trio's warnings and five ignored-exception tracebacks."""
     done = coevo("log", str(small_run), "--follow", timeout=30)  # its writer is gone
     assert done.returncode == 0 and done.stdout == coevo("log", str(small_run)).stdout
+    assert "killed" not in done.stderr  # it completed
     writer = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(tmp_path / "live" / "log")],
         stdout=subprocess.PIPE,
@@ -586,6 +587,10 @@ def test_log_follow_ends_when_nobody_writes_the_log_and_a_sigterm_is_one_line(
         writer.communicate()
     assert (follow.returncode, err) == (143, "coevo: terminated\n")
     assert "run_started" in out
+    # its writer killed: the follow ends, and says so (it ended as quietly as a completed one)
+    done = coevo("log", str(tmp_path / "live"), "--follow", timeout=30)
+    assert done.returncode == 0 and "run_started" in done.stdout
+    assert "it was killed (coevo resume continues it)" in done.stderr
 
 
 def test_log_follow_ends_when_the_noted_writer_pid_is_another_process(

@@ -155,4 +155,23 @@ def test_a_page_escapes_entry_text_and_links_parents_shown(tmp_path: Path) -> No
     assert "tip 2 &lt;b&gt;" in page and "tip 2 <b>" not in page
     assert 'id="r0-tip2"' in page and 'id="r0-tip1"' not in page  # 1's credits sum to 0
     assert "<dt>parents</dt><dd>#1</dd>" in page  # not shown, so not a link
-    assert "no run_stopped yet (still running, or killed)" in page
+    assert "no run_stopped yet: killed (no process writes its log" in page  # none runs
+
+
+def test_a_report_tells_a_live_run_from_a_killed_one(tmp_path: Path) -> None:
+    """A run without a final event read "still running, or killed", where `serve` told the two
+    apart: the writer's lock says whether a process still writes the log."""
+    import os
+    import socket
+
+    from stores.lmdb_env import LOCK_FILE
+    from stores.rundir import LOG_DIR
+
+    envs = [Envelope(seq=i, run="r", t=0, actor="a", event=ev) for i, ev in enumerate(STREAM)]
+    (tmp_path / LOG_DIR).mkdir()
+    assert "killed (no process writes its log" in render([fold_run("one", tmp_path, "", envs)])
+    with open(tmp_path / LOG_DIR / LOCK_FILE, "w") as lock:  # held open, as a writer holds it
+        lock.write(f"{os.getpid()} {socket.gethostname().replace(' ', '_')}\n")
+        lock.flush()
+        page = render([fold_run("one", tmp_path, "", envs)])
+    assert "no run_stopped yet: live (a process writes its log)" in page
