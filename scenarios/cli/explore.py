@@ -64,14 +64,25 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_copy)
 
 
+COPYING = ".log.copying"
+"""Where ``coevo copy`` writes the log until the run's other files are copied: a copy killed
+part way is not a run directory (no ``log``), not one that reads as complete."""
+
+
 def cmd_copy(args: argparse.Namespace) -> int:
     """``coevo copy RUN DEST``: the log as of its last commit (never torn, unlike a ``cp -r``
-    taken while the run writes), then the run directory's other files."""
+    taken while the run writes), then the run directory's other files; the log takes its
+    name last (:data:`COPYING`)."""
     rd = find_run(args.run)
     dest = Path(args.dest)
     src, there = rd.root.resolve(), resolved_path(outside_lmdb(dest, "DEST"), "DEST")
     if there == src or src in there.parents or there in src.parents:
         raise InputInvalid(f"{dest}: inside {rd.root} or holding it; copy to another directory")
+    if (dest / COPYING).exists():
+        raise InputInvalid(
+            f"{dest}: holds a copy that was stopped before it ended (killed); remove it and "
+            "copy again"
+        )
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputInvalid(f"{dest}: not a new or empty directory for the copy")
     existed = dest.exists()
@@ -108,7 +119,7 @@ def _copy_run(rd: RunDir, dest: Path) -> tuple[bool, int, Any]:
     try:
         with naming(log.path):
             live = writer_alive(log.path)
-            copied = log.copy_to(dest / "log")
+            copied = log.copy_to(dest / COPYING)
             meta = log.read_meta()
     finally:
         log.close()
@@ -128,6 +139,7 @@ def _copy_run(rd: RunDir, dest: Path) -> tuple[bool, int, Any]:
             continue
         except OSError as exc:
             raise InputInvalid(f"cannot copy {item} to {target}: {exc.strerror or exc}") from None
+    (dest / COPYING).rename(dest / "log")  # now it is a run directory
     return live, copied, meta
 
 

@@ -766,6 +766,42 @@ def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path
         assert verified(target) == verified(run)
 
 
+KILLED_COPY = """
+import os, shutil, signal, sys
+from scenarios.cli import main
+
+def killed(*args, **kwargs):  # the log is copied; the run's other files are next
+    os.kill(os.getpid(), signal.SIGKILL)
+
+shutil.copy2 = killed
+main(["copy", sys.argv[1], sys.argv[2]])
+"""
+
+
+def test_a_copy_killed_part_way_is_not_taken_for_a_run(tmp_path: Path) -> None:
+    """A SIGKILLed ``coevo copy`` left the whole log and part of the run's other files: a
+    destination that `check` and `replay --verify` passed as a complete run, its checkpoints
+    missing. The log takes its name last; the re-run says what is there."""
+    run, dest = tmp_path / "run", tmp_path / "copy"
+    assert coevo("run", EXPLORE, "--out", str(run), "--quiet").returncode == 0
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_COPY, str(run), str(dest)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    check = coevo("check", str(dest))
+    assert check.returncode == 2 and "not a coevo run directory" in check.stderr, check.stderr
+    again = coevo("copy", str(run), str(dest))
+    assert again.returncode == 2
+    assert "holds a copy that was stopped before it ended" in again.stderr, again.stderr
+    shutil.rmtree(dest)
+    assert coevo("copy", str(run), str(dest)).returncode == 0
+    assert verified(dest) == verified(run)
+
+
 def test_no_thread_to_start_is_one_line_before_a_run_too(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
