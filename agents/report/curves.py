@@ -113,8 +113,8 @@ def fold_curves(events: Iterable[Event], block: int = 64) -> Curves:
                 (ev.train_episodes, ev.policy_version, ev.success, ev.score)
             )
         elif isinstance(ev, AdaptRoundFinished):
-            for a, (success, score) in enumerate(zip(ev.success, ev.score, strict=True)):
-                curves.adapt.append((ev.policy_version, a + 1, success, score))
+            for a, (won, scored) in enumerate(zip(ev.success, ev.score, strict=True)):
+                curves.adapt.append((ev.policy_version, a + 1, won, scored))
         elif isinstance(ev, PolicyUpdated):
             curves.updates.append(
                 (

@@ -118,6 +118,20 @@ def test_report_writes_csv_and_png(tmp_path: Path) -> None:
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_an_adaptation_round_ending_mid_block_leaves_the_train_block_alone() -> None:
+    """The adaptation round's scores were read into the train block's running score (a name
+    reused): a block of four episodes scoring 1.0 read 0.2625 with a round ending inside it."""
+    adapt = AdaptRoundFinished(
+        round=0, policy_version=0, tasks=2, attempts=2, success=(0.5, 0.0), score=(0.5, 0.05),
+        aborted=0,
+    )  # fmt: skip
+    events: list[Event] = [finished(i, True) for i in range(4)]
+    events.insert(3, adapt)
+    curves = fold_curves(events, block=4)
+    assert curves.train == [(4, 1.0, pytest.approx(1.0))]
+    assert curves.adapt == [(0, 1, 0.5, 0.5), (0, 2, 0.0, 0.05)]
+
+
 def test_adaptation_rounds_become_rows_a_csv_and_summary_lines(tmp_path: Path) -> None:
     events = [
         AdaptRoundFinished(
