@@ -184,20 +184,32 @@ class StepProgress:
 
 
 def families_table(episodes_state: Any) -> Table:
-    """Per-family outcome table of an ``EpisodeTable`` state: an aborted episode (its world
+    """Outcomes by family and purpose (training, evaluation: held-out rounds, rounds with the
+    bank, adaptation) of an ``EpisodeTable`` state's episodes: an aborted episode (its world
     failed) counts as a failure in ``success``, as held-out evaluation and the train curve
-    count it; ``mean steps`` is over the finished ones."""
+    count it; ``mean steps`` is over the finished ones. Training and evaluation episodes were
+    counted together, a family's success a mix of the two."""
     table = Table(title="episodes by family")
-    for col in ("family", "finished", "aborted", "success", "mean steps"):
-        table.add_column(col, justify="right" if col != "family" else "left")
-    for name, row in sorted(episodes_state.families.items()):
-        ended = row.episodes + row.aborted
+    for col in ("family", "purpose", "finished", "aborted", "success", "mean steps"):
+        table.add_column(col, justify="left" if col in ("family", "purpose") else "right")
+    counts: dict[tuple[str, str], list[int]] = {}  # finished, aborted, successes, steps
+    for row in episodes_state.episodes.values():
+        if row.status not in ("finished", "aborted"):
+            continue
+        c = counts.setdefault((row.family, row.purpose), [0, 0, 0, 0])
+        if row.status == "aborted":
+            c[1] += 1
+        else:
+            c[0], c[2], c[3] = c[0] + 1, c[2] + int(row.success), c[3] + row.steps
+    for (family, purpose), (done, aborted, won, steps) in sorted(counts.items()):
+        ended = done + aborted
         table.add_row(
-            name,
-            str(row.episodes),
-            str(row.aborted),
-            f"{row.successes / ended:.1%}" if ended else "-",
-            f"{row.steps / row.episodes:.1f}" if row.episodes else "-",
+            family,
+            purpose,
+            str(done),
+            str(aborted),
+            f"{won / ended:.1%}" if ended else "-",
+            f"{steps / done:.1f}" if done else "-",
         )
     return table
 

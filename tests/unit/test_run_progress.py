@@ -53,22 +53,29 @@ def test_events_per_second_is_the_rate_of_the_last_seconds(
     assert progress._rate() == pytest.approx(100, rel=0.2)  # the mean since start: ~7,700
 
 
-def test_the_family_table_counts_an_aborted_episode_as_a_failure() -> None:
-    """72 of 74 episodes aborted and the 2 finished succeeded: 2.7%, not 100%."""
+def test_the_family_table_counts_an_aborted_episode_as_a_failure_by_purpose() -> None:
+    """72 of 74 episodes aborted and the 2 finished succeeded: 2.7%, not 100%. Training and
+    evaluation episodes are rows of their own (a family's success mixed the two: 35.7% where
+    training was 44.4% and evaluation 20.0%)."""
     from rich.console import Console as Rich
 
-    from agents.acting.projections import EpisodeTableState, FamilyRow
+    from agents.acting.projections import EpisodeRow, EpisodeTableState
     from scenarios.cli.console import families_table
 
-    state = EpisodeTableState(
-        families={
-            "fetch": FamilyRow(episodes=2, successes=2, aborted=72, steps=10),
-            "heat": FamilyRow(aborted=3),
-        }
-    )
+    def row(family: str, purpose: str, status: str, success: bool = False) -> EpisodeRow:
+        return EpisodeRow(
+            index=0, worker="w", family=family, variant=0, split="train", seed=0,
+            purpose=purpose, status=status, steps=5, success=success,
+        )  # fmt: skip
+
+    rows = [row("fetch", "train", "finished", True)] * 2 + [row("fetch", "train", "aborted")] * 72
+    rows += [row("heat", "train", "aborted")] * 3 + [row("heat", "train", "running")]
+    rows += [row("heat", "eval", "finished", True), row("heat", "eval", "finished")]
+    state = EpisodeTableState(episodes={f"ep{i}": r for i, r in enumerate(rows)})
     out = Rich(width=100, record=True)
     out.print(families_table(state))
-    rows = [line.split() for line in out.export_text().splitlines() if "│" in line]
-    cells = [[c for c in row if c != "│"] for row in rows]
-    assert ["fetch", "2", "72", "2.7%", "5.0"] in cells, cells
-    assert ["heat", "0", "3", "0.0%", "-"] in cells, cells
+    lines = [line.split() for line in out.export_text().splitlines() if "│" in line]
+    cells = [[c for c in line if c != "│"] for line in lines]
+    assert ["fetch", "train", "2", "72", "2.7%", "5.0"] in cells, cells
+    assert ["heat", "train", "0", "3", "0.0%", "-"] in cells, cells
+    assert ["heat", "eval", "2", "0", "50.0%", "5.0"] in cells, cells
