@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents.events.episodes import EpisodeAborted, EpisodeFinished
+from agents.events.episodes import EpisodeAborted, EpisodeAssigned, EpisodeFinished
 from agents.events.extractor import (
     CreditAssigned,
     ExtractorCalled,
@@ -142,7 +142,9 @@ class Coevolution:
             adaptation rounds write memories of their own, left out).
         bank_ops: ``(x, what)`` per change or refusal in the training bank: "stored",
             "evicted:<reason>", "rejected:<reason>".
-        retrievals: ``(x, entries shown, entries in the slot)`` per training retrieval.
+        retrievals: ``(x, entries shown, entries in the slot)`` per retrieval of a training
+            episode (an evaluation round played with the bank reads the training slots too,
+            and is left out).
         extractor: ``(x, mean reward of the batch, loss, samples)`` per extractor update.
         ops: operation counts of all extractor calls.
         calls: extraction and merge calls; ``malformed`` of them had no usable operation,
@@ -172,8 +174,11 @@ def fold_coevolution(events: Iterable[Event]) -> Coevolution:
     size = 0
     train_slots: set[str] = set()
     rewards: dict[int, float] = {}
+    evaluated: set[str] = set()  # episodes not of training: their retrievals are left out
     for ev in events:
-        if train_ended(ev):
+        if isinstance(ev, EpisodeAssigned) and ev.purpose != "train":
+            evaluated.add(ev.episode)
+        elif train_ended(ev):
             ended += 1
         elif isinstance(ev, CreditAssigned):
             c.credits.append((ended, ev.credit))
@@ -189,7 +194,9 @@ def fold_coevolution(events: Iterable[Event]) -> Coevolution:
             if not isinstance(ev, TipRejected):
                 c.bank.append((ended, size))
                 train_slots.add(ev.slot)
-        elif isinstance(ev, TipsRetrieved) and _in_training(ev.slot):
+        elif (
+            isinstance(ev, TipsRetrieved) and _in_training(ev.slot) and ev.episode not in evaluated
+        ):
             c.retrievals.append((ended, len(ev.tip_ids), ev.slot_size))
         elif isinstance(ev, ExtractorCalled):
             c.calls += 1
@@ -322,10 +329,15 @@ def summary_lines(curves: Curves) -> list[str]:
         secs = sum(row[6] for row in curves.updates)
         lines.append(f"updates: {len(curves.updates)}, {secs:.1f} s in the learner")
     if curves.heldout_memory:
-        first, last = curves.heldout_memory[0], curves.heldout_memory[-1]
+        # a round before any training episode ended read an empty bank (entries come from
+        # training episodes): a measurement without memory, not one with the bank
+        filled = [row for row in curves.heldout_memory if row[0] > 0]
+        first, last = (filled or curves.heldout_memory)[0], curves.heldout_memory[-1]
+        empty = len(filled) < len(curves.heldout_memory)
         lines.append(
             f"held-out success with the bank: {first[2]:.1%} at version {first[1]} -> "
             f"{last[2]:.1%} at version {last[1]}"
+            + (" (the round before any training episode ended read an empty bank)" if empty else "")
         )
     versions = sorted({row[0] for row in curves.adapt})
     for v in versions:

@@ -274,7 +274,8 @@ def _success(runs: list[RunData]) -> list[str]:
         "No finished training episode or evaluation round in",
         success_figure,
         f"Train curves: mean over blocks of {blocks} training episodes. Held-out: "
-        "each evaluation round on held-out variants (dashed: played with the bank). "
+        "each evaluation round on held-out variants (dashed: played with the bank; its point "
+        "at 0 training episodes read an empty bank, entries coming from training episodes). "
         "Return is the episode's final score.",
     )
 

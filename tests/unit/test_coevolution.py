@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_curves import finished
 
@@ -124,6 +125,22 @@ def test_the_fold_follows_the_training_bank_only() -> None:
     assert c.credits == [(2, 1.0), (2, -1.0), (2, -1.0)]
     assert c.extractor == [(2, 0.0, 0.25, 1)]
     assert (c.calls, c.updates, c.trained, c.ops["add"]) == (1, 1, 1, 1)
+
+
+def test_an_evaluation_round_s_retrievals_are_not_training_retrievals() -> None:
+    """A round played with the bank reads the training slots (read-only): its retrievals
+    were counted as training ones (112 where a run's training episodes made 48)."""
+    from agents.events.episodes import EpisodeAssigned
+
+    def assigned(episode: str, purpose: str) -> EpisodeAssigned:
+        return EpisodeAssigned(
+            episode=episode, index=0, worker="w", family="heat", variant=0, split="heldout",
+            seed=0, purpose=purpose,
+        )  # fmt: skip
+
+    held = msgspec.structs.replace(retrieved((1,)), episode="ev1", read_only=True)
+    stream = [assigned("ev1", "eval"), assigned("ep", "train"), held, *STREAM]
+    assert fold_coevolution(stream).retrievals == fold_coevolution(STREAM).retrievals
 
 
 def test_entries_gather_what_the_log_says_of_each() -> None:

@@ -106,6 +106,30 @@ def test_heldout_rounds_and_updates_become_rows() -> None:
     )
 
 
+def test_the_bank_round_before_any_training_read_an_empty_bank_and_is_said_so() -> None:
+    """The round with the bank at version 0 plays before any training episode ended, so its
+    bank is empty: the summary compared it as "with the bank" (0.0% -> ...)."""
+    rounds = [
+        EvalRoundFinished(
+            round=r,
+            policy_version=v,
+            episodes=4,
+            success=s,
+            score=s,
+            train_episodes=x,
+            memory=True,
+        )
+        for r, v, s, x in ((0, 0, 0.0, 0), (1, 2, 0.25, 64), (2, 4, 0.5, 128))
+    ]
+    lines = summary_lines(fold_curves([*rounds, updated(1)]))
+    assert lines[-1] == (
+        "held-out success with the bank: 25.0% at version 2 -> 50.0% at version 4 (the round "
+        "before any training episode ended read an empty bank)"
+    )
+    lines = summary_lines(fold_curves([*rounds[1:], updated(1)]))
+    assert lines[-1] == "held-out success with the bank: 25.0% at version 2 -> 50.0% at version 4"
+
+
 def test_report_writes_csv_and_png(tmp_path: Path) -> None:
     events = [finished(i, i % 3 == 0) for i in range(128)] + [updated(1)]
     lines = report(tmp_path, events, title="t")
