@@ -17,7 +17,13 @@ interleaving). The runtime's checksums and snapshots (:data:`DERIVED`) fold the 
 itself and are not compared, nor what a session records (:data:`SESSION`: a resume, actors
 starting again); an attempt of an episode that a stop (or a worker's restart) abandoned is
 left out, its re-run compared: a run stopped and resumed compares equal to the run left
-alone when it did the same. The functions are pure.
+alone when it did the same. An extractor call's id is the seq of its request (``x1786``), and
+a bank entry's id its place in the order entries were stored across all slots: both move with
+the interleaving too (no prompt shows either: entries are shown by position). Calls are
+compared, and named in streams, by what they are about (``extract:ep000035:train/heat``,
+:func:`agents.events.extractor.subject_of`), entries by the call (or the reflected episode)
+that stored them and their place among its entries (``extract:ep000035:train/heat#0``). The
+functions are pure.
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ import tomllib
 from array import array
 from collections.abc import Iterable, Mapping
 from hashlib import blake2b
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import msgspec
 
+from agents.events.extractor import ExtractorCalled, subject_of
+from agents.events.memory import TipStored
 from engine.events import Envelope, Event
 
 __all__ = [
@@ -40,6 +49,8 @@ __all__ = [
     "VOLATILE",
     "Change",
     "Divergence",
+    "Found",
+    "Names",
     "describe",
     "diverging_seqs",
     "scenario_changes",
@@ -132,14 +143,50 @@ SUBJECT = (
 id is an episode the event is not about (:func:`stream_of`)."""
 
 
-def stream_of(env: Envelope[Event]) -> str:
+@dataclass
+class Names:
+    """What a log's extractor calls and bank entries are compared as (see the module's
+    docstring), filled as the log is read: a call's answer, and an entry's storing, come
+    before anything names them."""
+
+    calls: dict[str, str] = field(default_factory=dict[str, str])
+    tips: dict[int, str] = field(default_factory=dict[int, str])
+    stored: dict[str, int] = field(default_factory=dict[str, int])  # entries per call so far
+
+    def read(self, ev: Event) -> None:
+        if isinstance(ev, ExtractorCalled):
+            self.calls[ev.call] = ":".join(subject_of(ev))
+        elif isinstance(ev, TipStored):
+            by = ev.call or f"reflect:{ev.episode}:{ev.slot}"
+            k = self.stored.get(by, 0)
+            self.stored[by] = k + 1
+            self.tips[ev.tip_id] = f"{self.calls.get(by, by)}#{k}"
+
+
+_TIP = frozenset({"tip_id", "entry", "duplicate_of"})
+_TIPS = frozenset({"tip_ids", "parents", "entries"})
+
+
+class Found(NamedTuple):
+    """The first divergence: its stream, the seq of each side's event there (None: that
+    side's stream ended), and each log's :class:`Names` (for :func:`describe`)."""
+
+    stream: str
+    seq_a: int | None
+    seq_b: int | None
+    names_a: Names
+    names_b: Names
+
+
+def stream_of(env: Envelope[Event], names: Names | None = None) -> str:
     """The stream an envelope belongs to: ``actor/corr``, the runtime's by the actor its
     event names (``runtime:worker-0/``), an actor numbered ``-N`` within an episode without its
     number (``worker/ep000005``). An event emitted under an episode's id but not about that
     episode (the trainer's group advantages, gradient request or evaluation round, emitted when
     whichever episode ended last ended; the credit actor's extractor update) is in the stream of
     its actor, kind and :data:`SUBJECT` fields instead (``trainer/advantages_computed:
-    group=g00003``): which episode ended last is timing, not the run's behaviour."""
+    group=g00003``): which episode ended last is timing, not the run's behaviour. A ``call``
+    is named by what it is about where ``names`` knows it."""
     subject = getattr(env.event, "actor", None) if env.actor == "runtime" else None
     name = f"{env.actor}:{subject}" if isinstance(subject, str) else env.actor
     if not env.corr:
@@ -147,19 +194,19 @@ def stream_of(env: Envelope[Event]) -> str:
     name = re.sub(r"-\d+$", "", name)
     if env.actor != "runtime" and getattr(env.event, "episode", None) != env.corr:
         about = ",".join(
-            f"{field}={getattr(env.event, field)}" for field in SUBJECT if hasattr(env.event, field)
+            f"{field}={_named(getattr(env.event, field), field, names or Names())}"
+            for field in SUBJECT
+            if hasattr(env.event, field)
         )
         return f"{name}/{env.event.__struct_config__.tag}:{about}"
     return f"{name}/{env.corr}"
 
 
-def diverging_seqs(
-    a: Iterable[Envelope[Event]], b: Iterable[Envelope[Event]]
-) -> tuple[str, int | None, int | None] | None:
-    """The first divergence of ``a`` and ``b`` (see the module's docstring): its stream and
-    the seq of each side's event there (None: that side's stream ended), or None when every
+def diverging_seqs(a: Iterable[Envelope[Event]], b: Iterable[Envelope[Event]]) -> Found | None:
+    """The first divergence of ``a`` and ``b`` (see the module's docstring), or None when every
     stream is the same."""
-    streams_a, streams_b = _streams(a), _streams(b)
+    names_a, names_b = Names(), Names()
+    streams_a, streams_b = _streams(a, names_a), _streams(b, names_b)
     found: tuple[int, str, int | None, int | None] | None = None
     for name in streams_a.keys() | streams_b.keys():
         xs, ys = streams_a.get(name, _NONE), streams_b.get(name, _NONE)
@@ -173,17 +220,22 @@ def diverging_seqs(
         assert order is not None  # one of the two streams goes on past i
         if found is None or (order, name) < found[:2]:
             found = (order, name, seq_a, seq_b)
-    return None if found is None else found[1:]
+    return None if found is None else Found(*found[1:], names_a, names_b)
 
 
 def describe(
-    stream: str, env_a: Envelope[Event] | None, env_b: Envelope[Event] | None
+    stream: str,
+    env_a: Envelope[Event] | None,
+    env_b: Envelope[Event] | None,
+    names: tuple[Names, Names] | None = None,
 ) -> Divergence:
-    """The :class:`Divergence` of two envelopes (one may be missing)."""
+    """The :class:`Divergence` of two envelopes (one may be missing); ``names``: each log's
+    :class:`Names` (:class:`Found`), so that two ids of one call or entry are no difference."""
     if env_a is None or env_b is None:
         differing: tuple[str, ...] = ("end of stream",)
     else:
-        key_a, key_b = _comparable(env_a), _comparable(env_b)
+        name_a, name_b = names or (Names(), Names())
+        key_a, key_b = _comparable(env_a, name_a), _comparable(env_b, name_b)
         differing = tuple(
             name
             for name in sorted(key_a.keys() | key_b.keys())
@@ -202,15 +254,17 @@ def describe(
 _NONE: array[int] = array("Q")
 
 
-def _streams(envs: Iterable[Envelope[Event]]) -> dict[str, array[int]]:
+def _streams(envs: Iterable[Envelope[Event]], names: Names) -> dict[str, array[int]]:
     """Each stream's events as ``seq, digest`` pairs in one flat array (the digest: 64 bits
     of BLAKE2b over the event's comparable form, so a log costs ~16 bytes per event here, not
     its events; two different events share a digest with probability 2**-64); an abandoned
     attempt's events are dropped when its ``episode_abandoned`` comes (the episode runs again
-    from its assignment, as in a run that was never stopped)."""
+    from its assignment, as in a run that was never stopped). ``names`` is filled as the log
+    is read."""
     out: dict[str, array[int]] = {}
     for env in envs:
         kind = env.event.__struct_config__.tag
+        names.read(env.event)
         if kind in DERIVED or kind in SESSION:
             continue
         if kind == "episode_abandoned":
@@ -218,14 +272,31 @@ def _streams(envs: Iterable[Envelope[Event]]) -> dict[str, array[int]]:
             for name in [n for n in out if n.endswith(lost)]:
                 del out[name]
             continue
-        digest = blake2b(_ENCODER.encode(_comparable(env)), digest_size=8).digest()
-        out.setdefault(stream_of(env), array("Q")).extend((env.seq, int.from_bytes(digest)))
+        digest = blake2b(_ENCODER.encode(_comparable(env, names)), digest_size=8).digest()
+        out.setdefault(stream_of(env, names), array("Q")).extend((env.seq, int.from_bytes(digest)))
     return out
 
 
-def _comparable(env: Envelope[Event]) -> dict[str, Any]:
+def _comparable(env: Envelope[Event], names: Names) -> dict[str, Any]:
     fields: dict[str, Any] = msgspec.to_builtins(env.event)
-    return {k: v for k, v in fields.items() if k not in VOLATILE}
+    return {k: _named(v, k, names) for k, v in fields.items() if k not in VOLATILE}
+
+
+def _named(value: Any, field: str, names: Names) -> Any:
+    """``value`` (of an event's ``field``, as builtins) with the ids of extractor calls and
+    bank entries named as :class:`Names` knows them (an id it does not know stays)."""
+    calls, tips = names.calls, names.tips
+    if field == "call" and isinstance(value, str):
+        return calls.get(value, value)
+    if field == "calls" and isinstance(value, list | tuple):
+        return [calls.get(c, c) for c in value]
+    if field in _TIP and isinstance(value, int):
+        return tips.get(value, value)
+    if field in _TIPS and isinstance(value, list | tuple):
+        return [tips.get(t, t) for t in value]
+    if field == "ops" and isinstance(value, list | tuple):  # (op, entry ids, text) each
+        return [[op, [tips.get(t, t) for t in ids], text] for op, ids, text in value]
+    return value
 
 
 def _plain(env: Envelope[Event] | None) -> dict[str, Any] | None:

@@ -275,10 +275,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
             found = diverging_seqs(log_a.read(0, counts[0]), log_b.read(0, counts[1]))
             divergence = None
             if found is not None:
-                stream, seq_a, seq_b = found
+                stream, seq_a, seq_b, names_a, names_b = found
                 env_a = fetch(log_a, [seq_a])[seq_a] if seq_a is not None else None
                 env_b = fetch(log_b, [seq_b])[seq_b] if seq_b is not None else None
-                divergence = describe(stream, env_a, env_b)
+                divergence = describe(stream, env_a, env_b, (names_a, names_b))
     finally:
         log_a.close()
         if log_b is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.analysis.diff import describe, diverging_seqs, scenario_changes, stream_of
+from agents.analysis.diff import Names, describe, diverging_seqs, scenario_changes, stream_of
 from agents.events.episodes import EpisodeAbandoned, StepTaken
 from agents.events.extractor import MergeDue
 from agents.events.policy import PolicyUpdated
@@ -75,10 +75,11 @@ def test_the_earliest_differing_event_and_a_stream_that_ends() -> None:
         ("w1", "ep1", _step("ep1", 1, reward=0.5)),
     )
     found = diverging_seqs(a, b)
-    assert found == ("w0/ep0", 2, None)  # ep0's turn 1 (seq 2 in A) comes before ep1's (seq 3)
+    # ep0's turn 1 (seq 2 in A) comes before ep1's (seq 3)
+    assert found is not None and found[:3] == ("w0/ep0", 2, None)
     div = describe("w0/ep0", a[2], None)
     assert (div.seq_a, div.seq_b, div.differing) == (2, None, ("end of stream",))
-    assert diverging_seqs(a[:2] + a[3:], b) == ("w1/ep1", 3, 2)  # A without ep0's turn 1
+    assert diverging_seqs(a[:2] + a[3:], b)[:3] == ("w1/ep1", 3, 2)  # A without ep0's turn 1
     div = describe("w1/ep1", a[3], b[2])
     assert div.differing == ("reward",)
     assert div.a is not None and div.a["event"]["reward"] == 1.0
@@ -95,7 +96,7 @@ def test_a_log_is_compared_by_digest_not_held_in_memory() -> None:
     log = _log(*[(f"w{i % 4}", f"ep{i // 10}", big.__replace__(turn=i)) for i in range(5000)])
     tracemalloc.start()
     try:
-        streams = _streams(log)
+        streams = _streams(log, Names())
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
@@ -112,7 +113,7 @@ def test_an_event_not_about_the_episode_it_was_emitted_under_is_compared_by_its_
     assert stream_of(a[0]) == "trainer/merge_due:step=0"
     assert diverging_seqs(a, b) is None
     c = _log(("trainer", "ep1", MergeDue(step=0)), ("trainer", "ep4", MergeDue(step=2)))
-    assert diverging_seqs(a, c) == ("trainer/merge_due:step=1", 1, None)
+    assert diverging_seqs(a, c)[:3] == ("trainer/merge_due:step=1", 1, None)
     assert stream_of(_log(("w-3", "ep1", _step("ep1", 0)))[0]) == "w/ep1"  # about its episode
 
 
@@ -132,7 +133,7 @@ def test_an_abandoned_attempt_and_a_resume_are_left_out() -> None:
     assert diverging_seqs(alone, resumed) is None
     other = Envelope(seq=5, run="r", t=5, actor="worker-1", corr="ep0", event=_step("ep0", 5))
     changed = [*resumed[:-1], other]  # the re-run's second turn differs
-    assert diverging_seqs(alone, changed) == ("worker/ep0", 1, 5)
+    assert diverging_seqs(alone, changed)[:3] == ("worker/ep0", 1, 5)
 
 
 def test_scenario_changes_are_dotted_keys() -> None:
@@ -184,3 +185,68 @@ def test_a_plugin_methods_options_are_compared_with_their_defaults(
     got = [(c.key, c.a, c.b, c.default_a) for c in scenario_changes(a, b, defaults)]
     assert got == [("method.k", 2, 3, True)]
     assert table_defaults(method="no_such_module:X")["method"] == {}
+
+
+def _called(call: str, source: str, text: str = "add: open box") -> Event:
+    from agents.events.extractor import ExtractorCalled
+
+    return ExtractorCalled(
+        call=call, task="extract", source=source, slot="train/heat", prompt_ids=(1,),
+        response_ids=(2,), token_logps=(-0.5,), text=text, temperature=1.0, extractor_version=0,
+    )  # fmt: skip
+
+
+def _credited(call: str, episode: str, entry: int = 1) -> Event:
+    from agents.events.extractor import CreditAssigned
+
+    return CreditAssigned(episode=episode, entry=entry, call=call, success=True, credit=1.0, step=0)
+
+
+def _stored(tip: int, call: str, parents: tuple[int, ...] = ()) -> Event:
+    from agents.events.memory import TipStored
+
+    return TipStored(
+        tip_id=tip, slot="train/heat", episode="ep5", text="open box", score=0.0, key="k",
+        call=call, parents=parents,
+    )  # fmt: skip
+
+
+def test_an_extractor_call_is_compared_by_what_it_is_about_not_its_id() -> None:
+    """A call's id is its request's seq (x1786 in one run, x1798 in the other, every other
+    field the same): diff reported a divergence at the first call of every Complementary RL
+    pair; the first real difference (the call's text here) is still found."""
+    a = _log(
+        ("w0", "ep0", _step("ep0", 0)),
+        ("extractor", "ep5", _called("x1", "ep5")),
+        ("credit", "ep9", _credited("x1", "ep9")),
+    )
+    b = _log(
+        ("w0", "ep0", _step("ep0", 0)),
+        ("runtime", "", _started("w1")),
+        ("extractor", "ep5", _called("x2", "ep5")),
+        ("credit", "ep9", _credited("x2", "ep9")),
+    )
+    assert diverging_seqs(a, b) is None
+    # entries numbered across slots in storing order: 3 and 7 here, 4 and 8 there
+    a += _log(("memory", "ep5", _stored(3, "x1")), ("memory", "ep6", _stored(7, "x1", (3,))))
+    a.append(
+        a[0].__replace__(seq=len(a), actor="credit", corr="ep9", event=_credited("x1", "ep9", 7))
+    )
+    b += _log(("memory", "ep5", _stored(4, "x2")), ("memory", "ep6", _stored(8, "x2", (4,))))
+    b.append(
+        b[0].__replace__(seq=len(b), actor="credit", corr="ep9", event=_credited("x2", "ep9", 8))
+    )
+    a, b = (
+        [e.__replace__(seq=i) for i, e in enumerate(a)],
+        [e.__replace__(seq=i) for i, e in enumerate(b)],
+    )
+    assert diverging_seqs(a, b) is None
+    wrong = [*b[:-1], b[-1].__replace__(event=_credited("x2", "ep9", 4))]  # the other entry
+    found = diverging_seqs(a, wrong)
+    assert found is not None and found.seq_a == len(a) - 1 and found.seq_b == len(b) - 1
+    c = [*b[:2], b[2].__replace__(event=_called("x2", "ep5", text="add: look")), b[3]]
+    found = diverging_seqs(a, c)
+    stream = "extractor/extractor_called:call=extract:ep5:train/heat,slot=train/heat,"
+    assert found is not None and found[:3] == (f"{stream}extractor_version=0", 1, 2)
+    div = describe(found.stream, a[1], c[2], (found.names_a, found.names_b))
+    assert div.differing == ("text",)
