@@ -32,8 +32,8 @@ import re
 import tomllib
 from array import array
 from collections.abc import Iterable, Mapping
-from hashlib import blake2b
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from typing import Any, NamedTuple
 
 import msgspec
