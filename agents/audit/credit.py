@@ -458,7 +458,7 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     credit_sign_flips: int
     requests: tuple[int, int]
     calls_flipped: int
-    samples: int  # the episodes of the advantage groups, one advantage each (the JSON's name)
+    samples: int  # the episodes of the groups an update trained on (warm-up ones left out)
     samples_changed: int
     sample_sign_flips: int
     guided_advantage: tuple[float, float] | None
@@ -516,10 +516,12 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
             labels,
         ),
     )
+    trained = {ep for _, r, _ in grads for ep in r.episodes}  # warm-up groups train nothing
     samples = [
         (mode.guided, a, b)
         for _, g, d in groups
-        for mode, a, b in zip(_modes(g), g.advantages, d.advantages, strict=True)
+        for ep, mode, a, b in zip(g.episodes, _modes(g), g.advantages, d.advantages, strict=True)
+        if ep in trained
     ]
     changed = [(a, b) for a, b in zip(rec_c, der_c, strict=False) if a.credit != b.credit]
     calls = _calls(rec_c, der_c, rec_x, der_x)

@@ -271,8 +271,8 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         f"{a.calls_flipped} of {len(a.calls)}"
     )
     out.append(
-        f"  episodes whose advantage changes: {a.samples_changed} of {a.samples} (sign flips "
-        f"{a.sample_sign_flips})"
+        f"  episodes whose advantage changes: {a.samples_changed} of the {a.samples} an update "
+        f"trained on (sign flips {a.sample_sign_flips})"
     )
     if a.guided_advantage is not None and a.free_advantage is not None:
         g, f = a.guided_advantage, a.free_advantage

@@ -545,3 +545,35 @@ def test_numbers_that_round_to_zero_are_unsigned_zeros_and_a_reflection_is_named
     seen = Shown(tip=5, call="", rank=0, similarity=0.9, score=None, text="t")
     turn = Turn(turn=0, observation="o", admissible=("a",), retrieved=(seen,), action="a")
     assert "retrieved entry 5 (written by a reflection; rank 0" in "\n".join(_turn(turn))
+
+
+def test_a_group_no_update_trained_on_is_left_out_of_the_advantage_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Complementary RL's warm-up groups have advantages and train nothing: "episodes whose
+    advantage changes" counted them (48 of 128 where 32 of the 128 were warm-up)."""
+    from agents.events.policy import AdvantagesComputed
+
+    first = next(e for e in STREAM.envs if isinstance(e.event, AdvantagesComputed))
+    assert isinstance(first.event, AdvantagesComputed)
+    named = tuple(f"warm{i}" for i in range(len(first.event.episodes)))
+    warm = first.event.__replace__(group="g-warm", episodes=named)
+    from agents.events.episodes import EpisodeFinished
+
+    ended = {
+        e.event.episode: e
+        for e in STREAM.envs
+        if isinstance(e.event, EpisodeFinished) and e.event.episode in first.event.episodes
+    }
+    copies = [
+        ended[ep].__replace__(event=ended[ep].event.__replace__(episode=new), corr=new)
+        for ep, new in zip(first.event.episodes, named, strict=True)
+    ]
+    envs = [*STREAM.envs]
+    at = envs.index(first)
+    envs[at:at] = [*copies, first.__replace__(event=warm)]
+    envs = [e.__replace__(seq=i) for i, e in enumerate(envs)]
+    std = ("credit", "--set", "std_norm=true")
+    base = audit_json(capsys, str(write_run(tmp_path / "a", STREAM.envs)), *std)
+    more = audit_json(capsys, str(write_run(tmp_path / "b", envs)), *std)
+    assert more["samples"] == base["samples"] == 4
