@@ -6,9 +6,10 @@ fixed. For each extractor (versions of a Complementary RL run's extractor, and t
 control's) it rebuilds the bank that extractor would write from the same episodes
 (:mod:`agents.memory.bank_rebuild`: the run's logged extraction requests and merge passes), then
 plays one fixed policy with each bank on the same held-out tasks and seeds
-(:mod:`agents.probe.play`), plus once with no bank. Success per bank comes with a 95%
-bootstrap interval, and each later version is compared with every frozen extractor, on the
-same episodes (:mod:`agents.report.intervals`).
+(:mod:`agents.probe.play`), plus once with no bank. Success per bank comes with a 95% Wilson
+interval (a percentile bootstrap of 0 of 20 is [0, 0], which any later success would lie
+above), and each later version is compared with every frozen extractor, on the same episodes
+(:mod:`agents.report.intervals`).
 
 Co-evolution is shown when the last version's bank raises the policy's success above every
 frozen extractor's bank (version 0, and the control's when given) beyond the 95% intervals:
@@ -38,7 +39,7 @@ from agents.memory.bank_rebuild import (
     rebuild_bank,
 )
 from agents.probe.play import Played, PlaySettings, episode_seeds, play
-from agents.report.intervals import ROUNDS, Interval, bootstrap_mean, paired_difference
+from agents.report.intervals import ROUNDS, Interval, paired_difference, success_rate
 from engine.errors import CoevoError
 from engine.seeds import derive_seed
 from engine.world import Task, TextWorld
@@ -117,7 +118,7 @@ class Setup:
 class BankResult(msgspec.Struct, frozen=True, kw_only=True):
     """One bank's probe: who wrote it, what it holds, and the policy's success with it.
 
-    ``success`` is the mean over episodes with its bootstrap interval, ``by_family`` the same
+    ``success`` is the mean over episodes with its Wilson interval, ``by_family`` the same
     per family; ``shown`` the fraction of episodes shown an entry, ``distinct`` how many
     different entries were shown; ``outcomes`` each episode's success (1 / 0) in index order;
     ``aborted`` how many episodes' world failed (counted as failures), ``abort`` the first
@@ -277,21 +278,14 @@ def _result(
     label = writer.label if writer else NO_BANK
     outcomes = [int(e.success) for e in played]
     families = sorted({e.family for e in played})
-    by_family = {
-        f: bootstrap_mean(
-            [[int(e.success) for e in played if e.family == f]],
-            seed=_bootstrap_seed(setup),
-            rounds=setup.resamples,
-        )
-        for f in families
-    }
+    by_family = {f: success_rate([e.success for e in played if e.family == f]) for f in families}
     return BankResult(
         label=label,
         version=writer.version if writer else None,
         origin=writer.origin if writer else "",
         digest=writer.digest if writer else "",
         stats=rebuilt.stats() if rebuilt else None,
-        success=bootstrap_mean([outcomes], seed=_bootstrap_seed(setup), rounds=setup.resamples),
+        success=success_rate(outcomes),
         score=sum(e.score for e in played) / len(played),
         by_family=by_family,
         shown=sum(e.entry >= 0 for e in played) / len(played),

@@ -67,7 +67,7 @@ def markdown(result: ProbeResult) -> str:
         f"- banks rebuilt from the run's {result.extractions} logged extraction requests and "
         f"{result.merge_passes} merge passes, each answered by the bank's extractor",
         "",
-        "## Success per bank (mean over episodes, 95% bootstrap interval)",
+        "## Success per bank (mean over episodes, 95% Wilson interval)",
         "",
         "| bank | extractor | entries | "
         + " / ".join(OPS[:5])

@@ -96,6 +96,21 @@ def _check_settings(rounds: int, level: float) -> None:
         raise ValueError(f"level must be in (0, 1), got {level}")
 
 
+def success_rate(outcomes: Sequence[int | bool]) -> Interval:
+    """The success rate of ``outcomes`` (one per episode, of one run) with its 95% Wilson
+    interval (:func:`proportion_interval`): a percentile bootstrap of 0 of 20 is [0, 0], so an
+    interval compared with it would claim a difference on no evidence.
+
+    Raises:
+        ValueError: no outcome.
+    """
+    if not outcomes:
+        raise ValueError("a success rate needs at least one episode")
+    rate = sum(map(int, outcomes)) / len(outcomes)
+    low, high = proportion_interval(rate, len(outcomes))
+    return Interval(rate, low, high, 1, len(outcomes))
+
+
 def bootstrap_mean(
     groups: Groups, *, rounds: int = ROUNDS, level: float = 0.95, seed: int = 0
 ) -> Interval:

@@ -21,6 +21,7 @@ from agents.events.extractor import ExtractorCalled, ExtractorUpdated
 from agents.events.memory import TipEvicted, TipStored
 from agents.memory.bank_rebuild import RebuildSettings, Rebuilt, bank_script, rebuild_bank
 from agents.methods.actors import bank_settings, embedder_for
+from agents.report.intervals import proportion_interval
 from engine.eventlog import RunMeta
 from engine.events import Envelope, Event
 from scenarios.cli import main
@@ -104,6 +105,8 @@ def test_every_bank_is_played_on_the_same_episodes_with_intervals(
         assert len(b["outcomes"]) == EPISODES and s["episodes"] == EPISODES
         assert s["value"] == pytest.approx(sum(b["outcomes"]) / EPISODES)
         assert s["low"] <= s["value"] <= s["high"]
+        # Wilson's, not a percentile bootstrap's ([0, 0] at 0 of n: any success lay "above" it)
+        assert [s["low"], s["high"]] == pytest.approx(proportion_interval(s["value"], EPISODES))
         assert set(b["by_family"]) == {"fetch"}
         if b["label"] == "no bank":
             assert b["stats"] is None and b["shown"] == 0 and b["distinct"] == 0

@@ -8,7 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from agents.report.intervals import Interval, bootstrap_mean, bootstrap_ratio, paired_difference
+from agents.report.intervals import (
+    Interval,
+    bootstrap_mean,
+    bootstrap_ratio,
+    paired_difference,
+    success_rate,
+)
 
 
 def test_constant_values_have_a_point_interval() -> None:
@@ -96,3 +102,15 @@ def test_above_means_no_overlap() -> None:
 def test_bad_settings_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         bootstrap_mean([[1.0]], **kwargs)
+
+
+def test_a_success_rate_at_zero_keeps_an_interval_that_weak_evidence_does_not_clear() -> None:
+    """The probe compared percentile bootstrap intervals: 0 of 40 is [0, 0], and 4 of 40 lay
+    "entirely above" it, co-evolution "shown" on four successes."""
+    none, four = success_rate([0] * 40), success_rate([1] * 4 + [0] * 36)
+    assert none.value == 0.0 and none.low == 0.0 and none.high > 0.08
+    assert not four.above(none)
+    assert bootstrap_mean([[1] * 4 + [0] * 36]).above(bootstrap_mean([[0] * 40]))  # as it was
+    assert success_rate([1] * 40).above(none) and (four.seeds, four.episodes) == (1, 40)
+    with pytest.raises(ValueError, match="at least one episode"):
+        success_rate([])
