@@ -42,7 +42,13 @@ from engine.replay import FactCheck
 from engine.runtime import RuntimeConfig
 from engine.world import Task, TextWorld
 from engine.world_registry import WorldOptionsInvalid, close_world, load_world
-from scenarios.methods import checked_method
+from scenarios.methods import (
+    built_on_empo2,
+    checked_method,
+    complementary_settings,
+    empo2_settings,
+    section_path,
+)
 from scenarios.schema import RayPlacementConfig, Scenario
 
 SCHEDULER = "scheduler"
@@ -259,7 +265,7 @@ def _workers(
         memory=scenario.prompt.memory,
         reflect=scenario.prompt.reflect,
         extract=scenario.prompt.extract,
-        max_ops=scenario.complementary.max_ops,
+        max_ops=complementary_settings(scenario).max_ops,
     )
     timeout = scenario.world.call_limit
     specs = [
@@ -493,13 +499,15 @@ def _check_learning(scenario: Scenario, source: str) -> None:
             f'$.agent.kind: run.method = {scenario.run.method!r} needs kind = "policy", '
             f"got {scenario.agent.kind!r}",
         )
-    e = scenario.empo2
-    if scenario.run.method == "empo2" and e.low_prob_mask and scenario.policy.mode == "score":
+    e = empo2_settings(scenario)
+    on_empo2 = scenario.run.method == "empo2" or built_on_empo2(scenario)
+    if on_empo2 and e.low_prob_mask and scenario.policy.mode == "score":
         raise ScenarioInvalid(
             source,
-            '$.empo2.low_prob_mask: needs policy.mode = "generate" (it thresholds the '
-            'log-probs of sampled tokens; a "score" action\'s log-prob is over the admissible '
-            "actions and falls below low_prob_delta when there are many)",
+            f"{section_path(scenario, 'empo2')}.low_prob_mask: needs policy.mode = "
+            '"generate" (it thresholds the log-probs of sampled tokens; a "score" '
+            "action's log-prob is over the admissible actions and falls below low_prob_delta "
+            "when there are many)",
         )
 
 

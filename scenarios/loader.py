@@ -82,21 +82,24 @@ def refuse_futile(scenario: Scenario, source: str) -> None:
                 "eval.every = 0 plays none; set eval.every (e.g. to the run's number of "
                 "updates for a first and a last round only)",
             )
-    if scenario.run.method != "complementary":
+    from scenarios.methods import built_on_complementary, complementary_settings, section_path
+
+    if scenario.run.method != "complementary" and not built_on_complementary(scenario):
         return
-    c, size = scenario.complementary, scenario.grpo.group_size
+    c, size = complementary_settings(scenario), scenario.grpo.group_size
+    at = section_path(scenario, "complementary")
     if c.subgroups and min(size // 2, size - size // 2) < 2:
         raise ScenarioInvalid(
             source,
             f"$.grpo.group_size = {size}: Complementary RL splits a group into a guided and a "
             f"free subgroup ({size // 2} and {size - size // 2} episodes), and an episode alone "
-            "in its subgroup always has advantage 0 (it never trains); use at least 4, or "
-            "complementary.subgroups = false",
+            f"in its subgroup always has advantage 0 (it never trains); use at least 4, or "
+            f"{at[2:]}.subgroups = false",
         )
     if c.batch == 1:
         raise ScenarioInvalid(
             source,
-            "$.complementary.batch = 1: a call's advantage is its reward less its batch's "
+            f"{at}.batch = 1: a call's advantage is its reward less its batch's "
             "mean, always 0 in a batch of one, so the extractor would never learn; use at "
             "least 2 (a batch the run never fills keeps the extractor as it starts)",
         )

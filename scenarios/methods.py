@@ -6,7 +6,14 @@ import msgspec
 
 from agents.methods.base import Method
 from agents.methods.builtin import complementary_rule, grpo_rule
-from agents.methods.registry import BUILTIN, MethodOptionsInvalid, scenario_method
+from agents.methods.registry import (
+    BUILTIN,
+    MethodOptionsInvalid,
+    built_on,
+    method_settings,
+    scenario_method,
+)
+from agents.methods.settings import ComplementaryConfig, Empo2Config
 from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
 
@@ -19,6 +26,36 @@ def method_of(scenario: Scenario) -> Method:
         ValueError: see :func:`agents.methods.registry.build_method`.
     """
     return scenario_method(scenario)
+
+
+def complementary_settings(scenario: Scenario) -> ComplementaryConfig:
+    """The Complementary RL settings the scenario's method runs with: ``[complementary]``, or
+    a plug-in's ``[method]`` when it is built on Complementary RL
+    (:func:`agents.methods.registry.method_settings`)."""
+    return method_settings(scenario, ComplementaryConfig)
+
+
+def empo2_settings(scenario: Scenario) -> Empo2Config:
+    """The EMPO2 settings the scenario's method runs with: ``[empo2]``, or a plug-in's
+    ``[method]`` when it is built on EMPO2."""
+    return method_settings(scenario, Empo2Config)
+
+
+def built_on_complementary(scenario: Scenario) -> bool:
+    """Whether the scenario's method is a plug-in built on Complementary RL."""
+    return built_on(scenario, ComplementaryConfig) is not None
+
+
+def built_on_empo2(scenario: Scenario) -> bool:
+    """Whether the scenario's method is a plug-in built on EMPO2."""
+    return built_on(scenario, Empo2Config) is not None
+
+
+def section_path(scenario: Scenario, section: str) -> str:
+    """Where the scenario sets a method's ``section`` (``"empo2"``, ``"complementary"``), as
+    an error names it: ``$.complementary``, or ``$.method`` for a plug-in method."""
+    method = scenario.run.method
+    return f"$.{section}" if method in BUILTIN or method == "rollout" else "$.method"
 
 
 def checked_method(scenario: Scenario, source: str) -> Method:
@@ -67,10 +104,10 @@ def advantages_changed(
     nothing of ``split`` or ``weighted``); a plug-in's, any change to those sections."""
     changed = _advantages_set(scenario, std_norm, split, weighted)
     method = scenario.run.method
-    if method == "complementary":
-        return complementary_rule(scenario.grpo, scenario.complementary) != complementary_rule(
-            changed.grpo, changed.complementary
-        )
+    if method == "complementary" or built_on(scenario, ComplementaryConfig) is not None:
+        return complementary_rule(
+            scenario.grpo, complementary_settings(scenario)
+        ) != complementary_rule(changed.grpo, complementary_settings(changed))
     if method in BUILTIN:
         return grpo_rule(scenario.grpo) != grpo_rule(changed.grpo)
     return changed != scenario
@@ -79,12 +116,20 @@ def advantages_changed(
 def _advantages_set(
     scenario: Scenario, std_norm: bool | None, split: bool | None, weighted: bool | None
 ) -> Scenario:
+    """The scenario with those settings changed where its method reads them: ``[grpo]`` and
+    ``[complementary]``, or a plug-in's ``[method]`` table when it is built on Complementary
+    RL (changing ``[complementary]`` there changed nothing the method reads)."""
     grpo, comp = scenario.grpo, scenario.complementary
+    changes: dict[str, bool] = {}
     if std_norm is not None:
         grpo = msgspec.structs.replace(grpo, std_norm=std_norm)
-        comp = msgspec.structs.replace(comp, subgroup_std=std_norm)
+        changes["subgroup_std"] = std_norm
     if split is not None:
-        comp = msgspec.structs.replace(comp, subgroups=split)
+        changes["subgroups"] = split
     if weighted is not None:
-        comp = msgspec.structs.replace(comp, subgroup_weights=weighted)
-    return msgspec.structs.replace(scenario, grpo=grpo, complementary=comp)
+        changes["subgroup_weights"] = weighted
+    comp = msgspec.structs.replace(comp, **changes)
+    options = scenario.method
+    if built_on(scenario, ComplementaryConfig) is not None:
+        options = {**options, **changes}
+    return msgspec.structs.replace(scenario, grpo=grpo, complementary=comp, method=options)

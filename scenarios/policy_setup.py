@@ -24,7 +24,12 @@ from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, pre
 from engine.actor import Actor, ActorSpec
 from engine.errors import CoevoError, ModelUnavailable, ScenarioInvalid
 from scenarios.loader import stored_scenario, stored_source
-from scenarios.methods import checked_method
+from scenarios.methods import (
+    checked_method,
+    complementary_settings,
+    empo2_settings,
+    section_path,
+)
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     Checkpoints,
@@ -114,11 +119,11 @@ def check_lora_targets(scenario: Scenario, source: str, extractor: bool) -> None
     Raises:
         ScenarioInvalid: a target names no module.
     """
-    p, c = scenario.policy, scenario.complementary
+    p, c = scenario.policy, complementary_settings(scenario)
     checks = [("$.policy.lora.targets", p.lora, p.model)]
     if extractor:
         base = p.model if c.extractor == "embedded" else c.extractor
-        checks.append(("$.complementary.lora.targets", c.lora, base))
+        checks.append((f"{section_path(scenario, 'complementary')}.lora.targets", c.lora, base))
     for where, lora, model in checks:
         used = lora.used()
         if used is None:
@@ -158,11 +163,12 @@ def check_rooms(scenario: Scenario, source: str, method: Method | None, extracto
     if scenario.policy.mode == "generate":
         wanted.append((policy, "$.policy.max_new_tokens", scenario.policy.max_new_tokens))
     if isinstance(method, Empo2):
-        wanted.append((policy, "$.empo2.tip_tokens", scenario.empo2.tip_tokens))
+        at = section_path(scenario, "empo2")
+        wanted.append((policy, f"{at}.tip_tokens", empo2_settings(scenario).tip_tokens))
     if extractor:
-        c = scenario.complementary
+        c, at = complementary_settings(scenario), section_path(scenario, "complementary")
         limit = policy if c.extractor == "embedded" else _positions(scenario, source, c.extractor)
-        wanted.append((limit, "$.complementary.max_new_tokens", c.max_new_tokens))
+        wanted.append((limit, f"{at}.max_new_tokens", c.max_new_tokens))
     for limit, setting, tokens in wanted:
         if limit is not None and tokens > limit - limit // 2:
             raise ScenarioInvalid(
@@ -210,7 +216,7 @@ def load_base_for(scenario: Scenario, model: Path | None, role: str) -> LoadedMo
     assert model is not None, "the base models are prepared before the run starts"
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
-    lora = scenario.complementary.lora if role == "extractor" else scenario.policy.lora
+    lora = complementary_settings(scenario).lora if role == "extractor" else scenario.policy.lora
     net = _prepared(scenario, net, lora, role)
     backend = backend_named(scenario.policy.backend)(net, device)
     return LoadedModel(net=net, tokenizer=tokenizer, device=device, backend=backend)
@@ -241,7 +247,7 @@ def check_training(scenario: Scenario, source: str, roles: tuple[str, ...]) -> N
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     trained = [("policy", p.lora.used())] if scenario.run.method != ROLLOUT else []
     if "extractor" in roles:
-        trained.append(("extractor", scenario.complementary.lora.used()))
+        trained.append(("extractor", complementary_settings(scenario).lora.used()))
     for name, lora in trained:
         try:
             check_train_dtype(p.dtype, device, lora is not None, bf16)
@@ -466,30 +472,30 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
             ``complementary.ops`` names an unknown or invalid field.
         ModelUnavailable: the path holds no usable model (see :func:`check_model_dir`).
     """
-    c = scenario.complementary
+    c, at = complementary_settings(scenario), section_path(scenario, "complementary")
     if c.extractor == "embedded":
         return model
     if c.extractor != "embedded-ops":
-        where = f"{source}: $.complementary.extractor"
+        where = f"{source}: {at}.extractor"
         return check_model_dir(Path(c.extractor), where)
     if scenario.policy.model != "embedded":
         raise ScenarioInvalid(
             source,
-            '$.complementary.extractor: "embedded-ops" teaches the embedded model the '
+            f'{at}.extractor: "embedded-ops" teaches the embedded model the '
             f"operation format, but $.policy.model is {scenario.policy.model!r}",
         )
     fields: dict[str, Any] = {"max_ops": c.max_ops, "max_new_tokens": c.max_new_tokens}
-    fields.update(_known_fields(c.ops, OpsSpec, "$.complementary.ops", source))
+    fields.update(_known_fields(c.ops, OpsSpec, f"{at}.ops", source))
     try:
         ops = msgspec.convert(fields, OpsSpec)
     except (msgspec.ValidationError, ValueError) as exc:
-        raise ScenarioInvalid(source, f"$.complementary.ops: {exc}") from None
+        raise ScenarioInvalid(source, f"{at}.ops: {exc}") from None
     base = embedded_spec(scenario, source)
     if model is None:
         return None
     from agents.models.extractor_base import ensure_extractor_base
 
-    with _building(source, "$.complementary.extractor", "the extractor's base"):
+    with _building(source, f"{at}.extractor", "the extractor's base"):
         return ensure_extractor_base(
             model,
             base,
@@ -563,8 +569,8 @@ def runner_for(
         mode=p.mode,
         temperature=p.temperature,
         max_new_tokens=p.max_new_tokens,
-        tip_tokens=scenario.empo2.tip_tokens,
-        tip_temperature=scenario.empo2.tip_temperature,
+        tip_tokens=empo2_settings(scenario).tip_tokens,
+        tip_temperature=empo2_settings(scenario).tip_temperature,
         device=device,
         memory=scenario.prompt.memory,
     )
@@ -617,4 +623,6 @@ def load_extractor_for(scenario: Scenario, model: Path | None) -> ExtractorModel
     """The extractor of a scenario's method from its starting weights (blocking)."""
     from agents.methods.actors import load_extractor
 
-    return load_extractor(scenario.complementary, load_base_for(scenario, model, "extractor"))
+    return load_extractor(
+        complementary_settings(scenario), load_base_for(scenario, model, "extractor")
+    )

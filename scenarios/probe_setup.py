@@ -48,7 +48,7 @@ from engine.lifecycle import RunStarted
 from engine.world import Task
 from scenarios.assemble import world_factory, world_tasks
 from scenarios.loader import stored_scenario, stored_source
-from scenarios.methods import method_of
+from scenarios.methods import complementary_settings, method_of
 from scenarios.policy_setup import (
     extractor_model_dir,
     load_extractor_for,
@@ -209,16 +209,17 @@ def _setup(
 ) -> Setup:
     """What the probe holds fixed: the run's requests, bank rules, embedder, world, prompts."""
     s, p = run.scenario, run.scenario.policy
-    embedder = embedder_for(s.complementary.embedder, s.complementary.query_chars)()
+    c = complementary_settings(s)  # a plug-in built on Complementary RL: its [method]
+    embedder = embedder_for(c.embedder, c.query_chars)()
     return Setup(
         script=bank_script(run.envelopes),
-        bank=bank_settings(s.complementary),
+        bank=bank_settings(c),
         dim=embedder.dim,
         embed=_Cached(embedder),
         rebuild=RebuildSettings(
             run_seed=run.seed,
-            merge_chunk=s.complementary.merge_chunk,
-            merge_max=s.complementary.merge_max,
+            merge_chunk=c.merge_chunk,
+            merge_max=c.merge_max,
             batch=p.batch_max,
             merge_system=s.prompt.merge,
         ),

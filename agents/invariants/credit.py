@@ -18,7 +18,8 @@ from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
 from agents.events.memory import TipsRetrieved
 from agents.events.policy import AdvantagesComputed, GradientRequested
 from agents.learning.credit_actor import credit_settings
-from agents.methods.registry import scenario_method
+from agents.methods.registry import method_settings, scenario_method
+from agents.methods.settings import ComplementaryConfig
 from engine.errors import AuditQueryInvalid
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, InvariantViolated, invariant
@@ -47,7 +48,8 @@ def run_settings(scenario: Any) -> AuditSettings:
         ValueError: the run's method cannot be built (a plug-in that no longer imports).
     """
     method = None if scenario.run.method == "rollout" else scenario_method(scenario)
-    return AuditSettings(credit_settings(scenario.complementary), method, scenario.grpo.reward)
+    c = method_settings(scenario, ComplementaryConfig)  # a plug-in built on it: its [method]
+    return AuditSettings(credit_settings(c), method, scenario.grpo.reward)
 
 
 @invariant("credit", needs_scenario=True)

@@ -9,13 +9,13 @@ Struct its options decode into (None: it takes none).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from agents.methods.base import Method
 from agents.methods.builtin import Complementary, Empo2, Grpo
-from agents.methods.settings import GrpoConfig
+from agents.methods.settings import ComplementaryConfig, Empo2Config, GrpoConfig
 from engine.entrypoints import clash_message, import_named, named
 
 METHODS_GROUP = "coevo.methods"
@@ -150,6 +150,40 @@ def scenario_method(scenario: Any) -> Method:
     name = scenario.run.method
     sections: dict[str, object] = {"empo2": scenario.empo2, "complementary": scenario.complementary}
     return build_method(name, scenario.grpo, sections.get(name), scenario.method)
+
+
+S = TypeVar("S", Empo2Config, ComplementaryConfig)
+
+
+def method_settings(scenario: Any, kind: type[S]) -> S:
+    """The EMPO2 or Complementary RL settings (``kind``) the scenario's method runs with: a
+    plug-in built on that method (its ``Settings`` is ``kind`` or a subclass) takes them from
+    its ``[method]`` table, as the run built it; any other method from the scenario's own
+    section (``[empo2]``, ``[complementary]``: the built-in's settings, or their defaults).
+    Whatever reads a method's settings outside the method (the models a run prepares, the
+    audit's re-derivation, the probe's banks) reads them here, or a plug-in's run would be
+    prepared and audited under the defaults."""
+    struct = built_on(scenario, kind)
+    if struct is not None:
+        try:
+            return msgspec.convert(dict(scenario.method), struct)
+        except msgspec.ValidationError:  # its own error is said where the method is built
+            pass
+    return scenario.empo2 if kind is Empo2Config else scenario.complementary
+
+
+def built_on(scenario: Any, kind: type[S]) -> type[S] | None:
+    """The ``Settings`` of the scenario's method when it is a plug-in built on EMPO2 or
+    Complementary RL (``kind``, or a subclass of it), else None (a built-in, another
+    plug-in, or one that does not import here)."""
+    name = scenario.run.method
+    if name in BUILTIN or name == "rollout":
+        return None
+    try:
+        struct = getattr(method_class(name), "Settings", None)
+    except ValueError:
+        return None
+    return struct if isinstance(struct, type) and issubclass(struct, kind) else None
 
 
 def import_run_method(log: Any) -> None:

@@ -523,7 +523,9 @@ def _model_files(models: dict[str, Path]) -> dict[str, Any]:
 def _embedded_roles(scenario: Any) -> set[str]:
     """The model roles whose weights coevo builds on the machine (the embedded models)."""
     roles = {"policy"} if scenario.policy.model == "embedded" else set[str]()
-    if scenario.complementary.extractor in ("embedded", "embedded-ops") and roles:
+    from scenarios.methods import complementary_settings
+
+    if complementary_settings(scenario).extractor in ("embedded", "embedded-ops") and roles:
         roles.add("extractor")
     return roles
 

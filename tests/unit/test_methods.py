@@ -182,3 +182,50 @@ def test_the_scenarios_prompt_texts_reach_the_env_workers() -> None:
     )
     memory = next(s.factory for s in specs if s.name == "memory")
     assert isinstance(memory, partial) and memory.keywords["merge_system"] == "merge so."
+
+
+def test_a_plug_in_built_on_a_method_is_prepared_and_audited_under_its_own_settings(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A plug-in subclassing Complementary RL or EMPO2 takes its settings from [method]; what
+    read them outside the method read [complementary] / [empo2] (their defaults): the
+    extractor's base model, the reflections' length, the extraction prompt's max_ops, the
+    probe's banks and the credit audit, which then called a correct run broken."""
+    from agents.invariants.credit import run_settings
+    from agents.methods.registry import method_settings
+    from engine.errors import ModelUnavailable
+    from scenarios.methods import empo2_settings, method_with
+    from scenarios.policy_setup import extractor_model_dir
+
+    (tmp_path / "built_on.py").write_text(
+        "from agents.methods.builtin import Complementary, Empo2\n\n"
+        "class MyComp(Complementary):\n    pass\n\n"
+        "class MyEmpo2(Empo2):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    head = '[agent]\nkind = "policy"\n[grpo]\ngroup_size = 4\ngroups_per_update = 1\n'
+
+    def scenario(method: str, options: str):
+        toml = f'name = "c"\n[run]\nmethod = "{method}"\nepisodes = 8\n{head}{options}'
+        return to_scenario(parse_toml(toml, "c.toml"), "c.toml")
+
+    try:
+        comp = scenario(
+            "built_on:MyComp",
+            '[method]\ncredit = "score"\nbatch = 3\nsubgroups = true\nmax_ops = 2\n'
+            'extractor = "/no/such/model"\n',
+        )
+        c = method_settings(comp, ComplementaryConfig)
+        assert (c.credit, c.batch, c.max_ops) == ("score", 3, 2)
+        audit = run_settings(comp)
+        assert (audit.credit.batch, audit.credit.rule) == (3, "score")
+        flat = method_with(comp, split=False)
+        assert isinstance(flat, Complementary) and not flat._c.subgroups  # --set split=false
+        with pytest.raises((ModelUnavailable, ScenarioInvalid), match=r"\$\.method\.extractor"):
+            extractor_model_dir(comp, "c.toml", None)
+        empo2 = scenario("built_on:MyEmpo2", "[method]\ntip_tokens = 6\n")
+        assert empo2_settings(empo2).tip_tokens == 6
+        builtin = scenario("complementary", "[complementary]\nbatch = 5\n")
+        assert method_settings(builtin, ComplementaryConfig) is builtin.complementary
+    finally:
+        sys.modules.pop("built_on", None)
