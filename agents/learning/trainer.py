@@ -535,6 +535,13 @@ class GrpoTrainer(Replayed):
             step = g // self._grpo.groups_per_update
             rollout = self._method.rollout(ctx.run_seed, step, self._index, k)
             _check_mode(self._method, "rollout() returned", rollout, self._memory)
+            if rollout != "plain" and not self._method.records_rollouts:
+                raise ValueError(
+                    f"{method_label(self._method)}: rollout() returned {rollout!r} and "
+                    "records_rollouts is false: the learner would train the episode as "
+                    "'plain' (a distill episode with its tips in the prompt) and the audit "
+                    "re-derive it so; set records_rollouts = True"
+                )
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
             job = self._method.shape(job, task)
             group.episodes.append(job.episode)

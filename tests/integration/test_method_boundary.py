@@ -28,7 +28,7 @@ import math
 import sys
 
 from agents.methods.base import Scored
-from agents.methods.builtin import Grpo
+from agents.methods.builtin import Empo2, Grpo
 from engine.actor import ActorSpec
 
 
@@ -102,6 +102,13 @@ class HugeScore(Grpo):
 class TipsWithoutMemory(Grpo):
     def rollout(self, run_seed, step, index, member):
         return "tips"
+
+
+class UnrecordedDistill(Empo2):
+    records_rollouts = False  # its distill episodes trained as plain, its audit failed
+
+    def rollout(self, run_seed, step, index, member):
+        return "distill"
 
 
 
@@ -194,6 +201,7 @@ def test_a_module_that_exits_on_import_is_one_line(
         ),
         ("TipsWithoutMemory", "rollout() returned 'tips', which asks the memory, but no actor"),
         ("MemoryEvalWithoutMemory", "memory_eval is 'tips', which asks the memory, but no actor"),
+        ("UnrecordedDistill", "rollout() returned 'distill' and records_rollouts is false"),
     ],
 )
 def test_what_a_hook_returns_while_it_runs_fails_the_run_before_it_harms_the_model(
