@@ -72,8 +72,16 @@ def strategy_for(t: mi.Type, where: str = "a field") -> st.SearchStrategy[Any]:
     if isinstance(t, mi.IntType):
         low = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else INT64[0])
         high = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else INT64[1])
+        if t.multiple_of is not None:  # the multiples within the bounds
+            m = t.multiple_of
+            return st.integers(-(-low // m), high // m).map(lambda k: k * m)
         return st.integers(low, high)
     if isinstance(t, mi.FloatType):
+        if t.multiple_of is not None:
+            raise TypeError(
+                f"{where}: no strategy for a float that must be a multiple of "
+                f"{t.multiple_of}; register one with engine.strategies.register_strategy"
+            )
         return st.floats(
             min_value=t.ge if t.ge is not None else t.gt,
             max_value=t.le if t.le is not None else t.lt,
@@ -82,9 +90,12 @@ def strategy_for(t: mi.Type, where: str = "a field") -> st.SearchStrategy[Any]:
             allow_nan=False,
         )
     if isinstance(t, mi.StrType):
-        if t.pattern is not None:
-            return st.from_regex(t.pattern, fullmatch=True)
         low = t.min_length or 0
+        if t.pattern is not None:  # the pattern's strings, within the length bounds too
+            high = t.max_length
+            return st.from_regex(t.pattern, fullmatch=True).filter(
+                lambda s: len(s) >= low and (high is None or len(s) <= high)
+            )
         return st.text(min_size=low, max_size=max(low, t.max_length or MAX_TEXT))
     if isinstance(t, mi.BoolType):
         return st.booleans()

@@ -73,6 +73,30 @@ def test_every_field_without_a_derivation_is_named_at_once() -> None:
     assert "Ledgers.amount" in gap and "Ledgers.owed" in gap
 
 
+class Stepped(Event, tag="test_stepped", frozen=True, kw_only=True):
+    """Bounds the derivation ignored: a pattern's length, an int's multiple."""
+
+    word: Annotated[str, msgspec.Meta(pattern="^[a-z]+$", min_length=2, max_length=3)]
+    five: Annotated[int, msgspec.Meta(multiple_of=5, ge=-12, lt=40)]
+
+
+class Halves(Event, tag="test_halves", frozen=True, kw_only=True):
+    half: Annotated[float, msgspec.Meta(multiple_of=0.5)]
+
+
+@settings(max_examples=60)
+@given(ev=event_strategy(Stepped))
+def test_a_patterns_length_and_an_ints_multiple_are_kept(ev: Stepped) -> None:
+    """Drawn events the codec refused ("Expected int that's a multiple of 5"; a 4-letter
+    word for max_length 3), and strategy_gaps said nothing."""
+    assert msgspec.json.decode(msgspec.json.encode(ev), type=Stepped) == ev  # validated
+    assert 2 <= len(ev.word) <= 3 and ev.five % 5 == 0 and -12 <= ev.five < 40
+
+
+def test_a_float_multiple_has_no_derivation_and_says_so() -> None:
+    assert "multiple of 0.5" in strategy_gaps([Halves])["Halves"]
+
+
 @settings(max_examples=60)
 @given(ev=event_strategy(Bounded))
 def test_schema_bounds_and_literals_are_kept(ev: Bounded) -> None:
