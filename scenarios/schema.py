@@ -20,6 +20,9 @@ from agents.models.tuning import LoraSettings
 PositiveInt = Annotated[int, Meta(ge=1, le=1_000_000_000)]
 NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
 Name = Annotated[str, Meta(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")]
+Family = Annotated[str, Meta(min_length=1, max_length=300)]
+"""A task family as its world names it (``"日本語"``, ``"c d"``): checked against what the world
+offers when the scenario is assembled, not against a pattern of coevo's own."""
 
 
 class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -46,7 +49,7 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """
 
     name: Annotated[str, Meta(min_length=1, max_length=300)] = "minilab"
-    families: list[Name] = msgspec.field(default_factory=list[str])
+    families: list[Family] = msgspec.field(default_factory=list[str])
     split: Literal["train", "heldout"] = "train"
     options: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     step_timeout: Annotated[float, Meta(ge=0, le=86_400)] = 600.0

@@ -211,6 +211,29 @@ def test_a_family_listed_twice_is_refused(capsys: pytest.CaptureFixture[str]) ->
     refused(capsys, argv, "$.world.families: ['heat'] listed more than once")
 
 
+def test_a_world_s_own_family_names_can_be_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A world may name its families "日本語" or "c d" (a run with families = [] played them),
+    but world.families refused every name outside [A-Za-z0-9_.-]."""
+    from scenarios.cli import main
+
+    source = (
+        "from engine.world import Task\nfrom scenarios.worlds.minilab import MiniLab\n"
+        "NAMES = {'日本語': 'heat', 'c d': 'fetch'}\n"
+        "class W(MiniLab):\n"
+        "    def families(self):\n        return tuple(NAMES)\n"
+        "    def tasks(self, family, split):\n"
+        "        return [Task(family=family, variant=t.variant, split=t.split)\n"
+        "                for t in super().tasks(NAMES[family], split)]\n"
+    )
+    world = plugin(tmp_path, monkeypatch, source)
+    argv = ["validate", EXPLORE, "--set", f"world.name={world}"]
+    assert main([*argv, "--set", 'world.families=["日本語", "c d"]']) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    refused(capsys, [*argv, "--set", 'world.families=["café"]'], "$.world.families: unknown")
+
+
 def model_dir(tmp_path: Path, config: object, index: object = None) -> Path:
     path = tmp_path / "model"
     path.mkdir()
