@@ -76,6 +76,20 @@ class LogCorrupted(LogError):
         super().__init__(f"event log corrupted at seq {seq}: {reason}")
 
 
+class EventSchemaChanged(LogCorrupted):
+    """A record whose bytes are as written (its checksum holds) that its event class no longer
+    reads: the class changed (a field's type, a new version) without an upcaster from the
+    recorded version. Not damage: the message says how to read such logs."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(
+            seq,
+            f"{reason}; the record is as it was written (its checksum holds), so its event "
+            "class has changed since: give the class a new version and register an upcaster "
+            "from the recorded one (@engine.events.upcaster(tag, version), docs/ARCHITECTURE.md)",
+        )
+
+
 class LogDamaged(LogError):
     """The log's file is damaged below its records: truncated, meta pages that disagree, pages
     LMDB cannot read or would abort on. (A record that fails its checksum is

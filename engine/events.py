@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar, Union
 
 import msgspec
 
-from engine.errors import EventInvalid, LogCorrupted, SchemaTooNew
+from engine.errors import EventInvalid, EventSchemaChanged, LogCorrupted, SchemaTooNew
 
 __all__ = [
     "Codec",
@@ -293,7 +293,7 @@ class Codec:
         try:
             ev = msgspec.convert(body, cls)
         except msgspec.ValidationError as exc:
-            raise LogCorrupted(seq, f"{kind} v{raw_env.v} does not decode: {exc}") from None
+            raise EventSchemaChanged(seq, f"{kind} v{raw_env.v} does not decode: {exc}") from None
         # replace keeps the type it was given, Envelope[Raw]; the event is decoded now
         return msgspec.structs.replace(raw_env, event=ev, v=cls.version)  # pyright: ignore[reportReturnType]
 
@@ -310,11 +310,11 @@ def upcast(kind: str, have: int, want: int, body: dict[str, Any], seq: int) -> d
     for version in range(have, want):
         step = _UPCASTERS.get((kind, version))
         if step is None:
-            raise LogCorrupted(seq, f"no upcaster for {kind} v{version} -> v{version + 1}")
+            raise EventSchemaChanged(seq, f"no upcaster for {kind} v{version} -> v{version + 1}")
         try:
             body = step(body)
         except Exception as exc:  # an upcaster that cannot read this record
-            raise LogCorrupted(
+            raise EventSchemaChanged(
                 seq, f"upcasting {kind} v{version} -> v{version + 1} failed: {exc!r}"
             ) from None
     return body

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.errors import (
     CoevoError,
+    EventSchemaChanged,
     LogCorrupted,
     LogDamaged,
     LogError,
@@ -54,6 +55,8 @@ TORN_COPY_HINT = (
 
 def torn_copy_hint(exc: BaseException) -> str:
     """:data:`TORN_COPY_HINT` when ``exc`` says a log's file or records are damaged, else ""."""
+    if isinstance(exc, EventSchemaChanged):  # the bytes are as written: no copy tore them
+        return ""
     return TORN_COPY_HINT if isinstance(exc, LogDamaged | LogCorrupted) else ""
 
 

@@ -109,6 +109,33 @@ def test_newer_version_or_unknown_kind_is_refused() -> None:
         CODEC.decode(v1_bytes(1, 40, kind="from_the_future"), 1)
 
 
+@event
+class Remeasured(Event, tag="test_remeasured", frozen=True, kw_only=True):
+    """v2, with no upcaster from v1 (a plug-in that bumped its version and forgot one)."""
+
+    version: ClassVar[int] = 2
+    amount: float
+
+
+def test_a_changed_event_class_is_said_to_be_one_not_a_torn_copy() -> None:
+    """A record of an event whose class changed (a new version without an upcaster, a field's
+    type) read as corruption, with the hint that a cp -r copy can be torn like this: its
+    bytes are as written, and the message now says what to do."""
+    from engine.errors import EventSchemaChanged
+    from scenarios.cli.common import torn_copy_hint
+
+    with pytest.raises(EventSchemaChanged, match=r"no upcaster for test_remeasured v1 -> v2") as e:
+        CODEC.decode(v1_bytes(1, 40, kind="test_remeasured"), 1)
+    assert "@engine.events.upcaster(tag, version)" in str(e.value)
+    assert torn_copy_hint(e.value) == ""
+    raw = [2, "r", 0, "a", {"kind": "test_remeasured", "amount": "a lot"}, None, "", 2]
+    with pytest.raises(EventSchemaChanged, match="does not decode"):
+        CODEC.decode(msgspec.msgpack.encode(raw), 2)
+    with pytest.raises(LogCorrupted) as garbage:  # bytes that are no envelope: damage
+        CODEC.decode(b"\xff\xff\xff", 5)
+    assert torn_copy_hint(garbage.value) != ""
+
+
 def test_event_registration_rules() -> None:
     with pytest.raises(TypeError, match="explicit"):
 
