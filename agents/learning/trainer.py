@@ -72,7 +72,9 @@ from agents.methods.base import (
     ADV_EPS,
     ROLLOUTS,
     Method,
+    checked_loss,
     checked_scored,
+    checked_step_events,
     method_label,
     mode_of,
 )
@@ -799,7 +801,7 @@ class GrpoTrainer(Replayed):
             rollouts += groups[g].rollouts
         step = self._stepped
         self._stepped += 1
-        for ev in self._method.step_events(step):
+        for ev in checked_step_events(self._method.step_events(step), self._method):
             await ctx.emit(ev)
             if isinstance(ev, MergeDue) and not self._legacy_merges:
                 self._merging.add(ev.step)
@@ -816,7 +818,7 @@ class GrpoTrainer(Replayed):
             req = msgspec.structs.replace(req, skip_zero_advantage=False, scoring=None)
         elif req.scoring != self._scoring:
             req = msgspec.structs.replace(req, scoring=self._scoring)
-        await ctx.emit(self._method.loss(req))
+        await ctx.emit(checked_loss(self._method.loss(req), req, self._method))
 
 
 def _passes_unplanned(history: Sequence[Envelope[Event]]) -> bool:

@@ -23,8 +23,10 @@ Complementary RL and a researcher's own method goes through these hooks:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +109,47 @@ class Scored:
     intrinsic_coef: float = 0.0
 
 
+def checked_step_events(events: object, method: object) -> tuple[Event, ...]:
+    """What a method's ``step_events`` returned, if it is events.
+
+    Raises:
+        ValueError: anything else, naming the method (it read "dict is not an event").
+    """
+    where = f"{method_label(method)}: step_events()"
+    if isinstance(events, str | bytes | Mapping) or not isinstance(events, Sequence):
+        raise ValueError(f"{where} returned {events!r}, not a sequence of events")
+    bad = [e for e in events if not isinstance(e, Event)]
+    if bad:
+        raise ValueError(f"{where} returned {bad[0]!r}, not an event")
+    return tuple(events)
+
+
+LOSS_KEEPS = ("update", "episodes", "advantages", "rollouts")
+"""What ``loss`` must leave as it was given: the advantages come from ``score`` (where the
+audit re-derives them); ``loss`` sets how the update trains on them."""
+
+
+def checked_loss(out: object, req: GradientRequested, method: object) -> GradientRequested:
+    """What a method's ``loss(req)`` returned, if it is ``req`` with loss settings changed.
+
+    Raises:
+        ValueError: not a request, or one whose episodes, advantages, rollout modes or update
+            differ (``coevo check`` would call the run's updates wrong), naming the method.
+    """
+    where = f"{method_label(method)}: loss()"
+    if not isinstance(out, GradientRequested):
+        raise ValueError(
+            f"{where} returned {type(out).__name__}, not the GradientRequested it was given"
+        )
+    changed = [f for f in LOSS_KEEPS if getattr(out, f) != getattr(req, f)]
+    if changed:
+        raise ValueError(
+            f"{where} changed the request's {', '.join(changed)}: it sets loss settings only "
+            "(advantages come from score(), where the audit re-derives them)"
+        )
+    return out
+
+
 def method_label(method: object) -> str:
     """``method 'name'`` as messages name a method; a class outside coevo's own methods named
     too, since a plug-in that subclasses a built-in inherits its ``name`` (``method 'grpo'``
@@ -131,6 +174,9 @@ def checked_scored(scored: object, episodes: int, method: object) -> Scored:
     where = f"{method_label(method)}: score"
     if not isinstance(scored, Scored):
         raise ValueError(f"{where} returned {type(scored).__name__}, not a Scored")
+    if not isinstance(scored.rule, str):
+        raise ValueError(f"{where} returned the rule {scored.rule!r}, not its name as text")
+    floats: dict[str, tuple[float, ...]] = {}
     for name in ("rewards", "advantages", "outcomes", "intrinsic"):
         values = getattr(scored, name)
         if name in ("outcomes", "intrinsic") and not values:
@@ -139,14 +185,16 @@ def checked_scored(scored: object, episodes: int, method: object) -> Scored:
             raise ValueError(
                 f"{where} returned {len(values)} {name} for a group of {episodes} episodes"
             )
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int | float)]
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Real)]
         if bad:
             raise ValueError(f"{where} returned {name} that are not numbers: {bad[0]!r}")
-        if not all(math.isfinite(v) for v in values):
+        floats[name] = tuple(float(v) for v in values)  # a NumPy number is a number too
+        if not all(math.isfinite(v) for v in floats[name]):
             raise ValueError(f"{where} returned {name} that are not finite: {list(values)}")
-    if not math.isfinite(scored.intrinsic_coef):
-        raise ValueError(f"{where} returned intrinsic_coef {scored.intrinsic_coef}")
-    return scored
+    coef = scored.intrinsic_coef
+    if isinstance(coef, bool) or not isinstance(coef, numbers.Real) or not math.isfinite(coef):
+        raise ValueError(f"{where} returned intrinsic_coef {coef!r}")
+    return dataclasses.replace(scored, intrinsic_coef=float(coef), **floats)
 
 
 @dataclass(frozen=True)

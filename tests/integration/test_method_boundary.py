@@ -104,6 +104,27 @@ class TipsWithoutMemory(Grpo):
         return "tips"
 
 
+class LossReturnsNone(Grpo):
+    def loss(self, req):
+        return None
+
+
+class LossClipsAdvantages(Grpo):  # the audit re-derives score()'s advantages: check failed
+    def loss(self, req):
+        return req.__replace__(advantages=tuple(max(-0.1, min(0.1, a)) for a in req.advantages))
+
+
+class StepEventsDict(Grpo):
+    def step_events(self, step):
+        return {"step": step}
+
+
+class IntRule(Grpo):
+    def score(self, rewards, *args, **kwargs):
+        s = super().score(rewards, *args, **kwargs)
+        return Scored(s.rewards, s.advantages, 7)
+
+
 class UnrecordedDistill(Empo2):
     records_rollouts = False  # its distill episodes trained as plain, its audit failed
 
@@ -202,6 +223,10 @@ def test_a_module_that_exits_on_import_is_one_line(
         ("TipsWithoutMemory", "rollout() returned 'tips', which asks the memory, but no actor"),
         ("MemoryEvalWithoutMemory", "memory_eval is 'tips', which asks the memory, but no actor"),
         ("UnrecordedDistill", "rollout() returned 'distill' and records_rollouts is false"),
+        ("LossReturnsNone", f"{LABEL.format('LossReturnsNone')}: loss() returned NoneType, not"),
+        ("LossClipsAdvantages", "loss() changed the request's advantages: it sets loss settings"),
+        ("StepEventsDict", "step_events() returned {'step': 0}, not a sequence of events"),
+        ("IntRule", f"{LABEL.format('IntRule')}: score returned the rule 7, not its name as text"),
     ],
 )
 def test_what_a_hook_returns_while_it_runs_fails_the_run_before_it_harms_the_model(

@@ -229,3 +229,18 @@ def test_a_plug_in_built_on_a_method_is_prepared_and_audited_under_its_own_setti
         assert method_settings(builtin, ComplementaryConfig) is builtin.complementary
     finally:
         sys.modules.pop("built_on", None)
+
+
+def test_a_score_of_numpy_numbers_is_taken_as_floats() -> None:
+    """A plug-in's score returning np.float32 rewards was refused ("not numbers"), where
+    credit rules took NumPy numbers; they are floats once checked (the log records floats)."""
+    import numpy as np
+
+    from agents.methods.base import Scored, checked_scored
+
+    scored = Scored((np.float32(0.5), 1), (np.float64(0.25), -0.25), "mine", intrinsic_coef=0)
+    out = checked_scored(scored, 2, Grpo(GrpoConfig()))
+    assert out.rewards == (0.5, 1.0) and out.advantages == (0.25, -0.25)
+    assert all(type(v) is float for v in (*out.rewards, *out.advantages, out.intrinsic_coef))
+    with pytest.raises(ValueError, match="not numbers: True"):
+        checked_scored(Scored((True, 0.0), (0.0, 0.0), "mine"), 2, Grpo(GrpoConfig()))
