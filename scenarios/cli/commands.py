@@ -401,9 +401,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             if log.next_seq == 0:
                 raise InputInvalid(f"{path}: the event log is empty")
-            meta = log.read_meta()
-            toml = meta.scenario_toml if meta else ""
-            runs.append(fold_run(_label(root, roots), root, toml, log.read(0, None)))
+            with naming(log.path):  # which log, and a plug-in method that did not import
+                meta = log.read_meta()
+                toml = meta.scenario_toml if meta else ""
+                runs.append(fold_run(_label(root, roots), root, toml, log.read(0, None)))
         finally:
             log.close()
     out = out_path(args.out, lambda: runs[0].path / "report.html")
@@ -565,7 +566,13 @@ def cmd_log(args: argparse.Namespace) -> int:
                 near = difflib.get_close_matches(kind, list(kinds), n=3)
                 hint = f" (did you mean {' or '.join(near)}?)" if near else ""
                 known = ", ".join(kinds)
-                raise InputInvalid(f"--kind: no event kind {kind!r}{hint}; known: {known}")
+                from agents.methods.registry import unimported_note
+
+                note = unimported_note()  # the run's own method's kinds, when it did not import
+                raise InputInvalid(
+                    f"--kind: no event kind {kind!r}{hint}; known: {known}"
+                    + (f"; {note}" if note else "")
+                )
         flt = EventFilter(
             kinds=frozenset(args.kind),
             actors=frozenset(args.actor),
