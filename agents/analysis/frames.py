@@ -79,6 +79,11 @@ def events_table(
 
     flat = kinds is not None
     columns: dict[str, list[Any]] = {name: [] for name in _HEAD}
+    if flat:  # every field of the kinds asked for, rows or none ("amount" of no event: None)
+        known = event_types()
+        for kind in sorted(_kinds(kinds) or ()):
+            for f in msgspec.structs.fields(known[kind]):
+                columns.setdefault(f.name, [])
     for n, env in enumerate(read_events(run, kinds, start=start, stop=stop)):
         fields = msgspec.to_builtins(env.event)
         del fields["kind"]

@@ -71,3 +71,7 @@ def test_kinds_are_checked_and_fields_of_several_kinds_are_joined(distill_root: 
     envs = [e for e in read_envelopes(run, "action_sampled", stop=2000)]
     assert sampled.column("seq").to_pylist() == [e.seq for e in envs]
     assert sampled.column("cause").to_pylist() == [e.cause for e in envs]
+    # a kind the run never recorded: no rows, and still its fields' columns (the notebook's
+    # cell read a KeyError on a run without that kind)
+    none = events_frame(run, "adapt_round_finished")
+    assert len(none) == 0 and {"success", "attempts", "policy_version"} <= set(none.columns)
