@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import random
+from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -649,6 +650,16 @@ def _list_tasks(
         for fam in families
         for task in _first(world.tasks(fam, split), pool)
     ]
+    listed = Counter((t.family, t.variant) for t in tasks)
+    twice = sorted(k for k, n in listed.items() if n > 1)
+    if twice:  # each would be drawn twice as often as the others, without a word
+        family, variant = twice[0]
+        raise ScenarioInvalid(
+            source,
+            f"$.world: {name}.tasks({family!r}, {split!r}) lists variant {variant} more than "
+            f"once ({len(twice)} task(s) in all are listed so; each is drawn as often as it is "
+            "listed): list each task once",
+        )
     if not tasks:
         raise ScenarioInvalid(source, f"$.world: no {split} tasks in {families}")
     return tuple(tasks)

@@ -234,6 +234,21 @@ def test_a_world_s_own_family_names_can_be_chosen(
     refused(capsys, [*argv, "--set", 'world.families=["café"]'], "$.world.families: unknown")
 
 
+def test_a_task_a_world_lists_twice_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tasks() returning a variant twice was drawn twice as often (60 tasks of 30), where a
+    family listed twice is refused."""
+    source = (
+        "from scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
+        "    def tasks(self, family, split):\n        t = super().tasks(family, split)\n"
+        "        return t + t[:2]\n"
+    )
+    world = plugin(tmp_path, monkeypatch, source)
+    argv = ["validate", EXPLORE, "--set", f"world.name={world}"]
+    refused(capsys, argv, "lists variant 0 more than once (10 task(s) in all are listed so")
+
+
 def model_dir(tmp_path: Path, config: object, index: object = None) -> Path:
     path = tmp_path / "model"
     path.mkdir()
