@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from agents.audit.answers import Lineage, TipAudit
+from collections.abc import Sequence
+
+from agents.audit.answers import Lineage, TipAudit, Use
 from agents.audit.credit import CreditAudit
 from agents.audit.episode import EpisodeAudit, Turn
 
@@ -77,6 +79,7 @@ def render_tip(a: TipAudit) -> list[str]:
     lost = sum(u.abandoned for u in a.uses)
     out.append(
         f"  retrieved {len(a.uses)} times in {a.guided} episodes ({a.guided_success} succeeded)"
+        + _by_purpose(a.uses)
         + (f"; {lost} of them in attempts later abandoned" if lost else "")
     )
     if a.uses:
@@ -301,3 +304,19 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
             for x in a.calls[:top]
         ]
     return out
+
+
+def _by_purpose(uses: Sequence[Use]) -> str:
+    """The episodes an entry was shown in, by purpose, when there is more than one (training
+    and evaluation episodes' successes summed read as one success rate): ``: train 10 (1
+    succeeded), eval 14 (2 succeeded)``."""
+    episodes = {u.episode: u for u in uses if not u.abandoned}
+    purposes = sorted({u.purpose for u in episodes.values()}, key=lambda p: (p != "train", p))
+    if len(purposes) < 2:
+        return ""
+    parts = []
+    for p in purposes:
+        mine = [u for u in episodes.values() if u.purpose == p]
+        won = sum(1 for u in mine if u.ended and u.success)
+        parts.append(f"{p or '?'} {len(mine)} ({won} succeeded)")
+    return ": " + ", ".join(parts)

@@ -577,3 +577,21 @@ def test_a_group_no_update_trained_on_is_left_out_of_the_advantage_changes(
     base = audit_json(capsys, str(write_run(tmp_path / "a", STREAM.envs)), *std)
     more = audit_json(capsys, str(write_run(tmp_path / "b", envs)), *std)
     assert more["samples"] == base["samples"] == 4
+
+
+def test_an_entry_s_uses_are_counted_by_purpose_when_evaluation_shows_it_too() -> None:
+    """An entry shown in 10 training and 14 evaluation episodes read "retrieved 24 times in 24
+    episodes (3 succeeded)": one success rate over both kinds of episode."""
+    from agents.audit.answers import Use
+    from agents.audit.render import _by_purpose
+
+    def use(i: int, purpose: str, success: bool, abandoned: bool = False) -> Use:
+        return Use(
+            seq=i, episode=f"ep{i}", turn=0, position=0, rank=0, similarity=0.5, score=None,
+            alive=True, purpose=purpose, ended=True, success=success, abandoned=abandoned,
+        )  # fmt: skip
+
+    uses = [use(i, "train", i == 0) for i in range(10)]
+    uses += [use(10 + i, "eval", i < 2) for i in range(14)] + [use(99, "eval", True, True)]
+    assert _by_purpose(uses) == ": train 10 (1 succeeded), eval 14 (2 succeeded)"
+    assert _by_purpose(uses[:10]) == ""  # one purpose: the headline says it all
