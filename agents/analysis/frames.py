@@ -79,11 +79,7 @@ def events_table(
 
     flat = kinds is not None
     columns: dict[str, list[Any]] = {name: [] for name in _HEAD}
-    if flat:  # every field of the kinds asked for, rows or none ("amount" of no event: None)
-        known = event_types()
-        for kind in sorted(_kinds(kinds) or ()):
-            for f in msgspec.structs.fields(known[kind]):
-                columns.setdefault(f.name, [])
+    n = -1
     for n, env in enumerate(read_events(run, kinds, start=start, stop=stop)):
         fields = msgspec.to_builtins(env.event)
         del fields["kind"]
@@ -105,6 +101,11 @@ def events_table(
         for column in columns.values():
             if len(column) <= n:  # a field this kind lacks
                 column.append(None)
+    if flat:  # every field of the kinds asked for, with rows or none (a kind never recorded)
+        known = event_types()  # read_events imported the run's plug-in method by now
+        for kind in sorted(_kinds(kinds) or ()):
+            for f in msgspec.structs.fields(known[kind]):
+                columns.setdefault(f.name, [None] * (n + 1))
     if not flat:
         columns.setdefault("event", [])
     arrays = {name: _array(pa, name, values) for name, values in columns.items()}

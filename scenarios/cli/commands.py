@@ -38,7 +38,7 @@ from scenarios.cli.common import (
     to_devnull,
     torn_copy_hint,
 )
-from scenarios.cli.entry import Terminated, stopped
+from scenarios.cli.entry import Terminated, exits_after, stopped
 from scenarios.cli.explore import add_commands
 from scenarios.cli.logsetup import configure_logging
 from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
@@ -70,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # output (`--json` included); `run` and `resume` route them to their run directory too;
     # with --quiet only warnings and errors
     configure_logging(Console(stderr=True), "warning" if getattr(args, "quiet", False) else "info")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, where a full disk or a gone reader is one line, not at exit
@@ -78,7 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coevo: error: {exc}{torn_copy_hint(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # a Ctrl-C or a SIGTERM (entry.Terminated)
-        return stopped(exc)
+        code = stopped(exc)  # interrupts ignored while the process exits
+        if not exits_after():  # a program that goes on (a notebook) keeps its Ctrl-C
+            for sig, handler in handlers.items():
+                if handler is not None:  # None: not set from Python, nothing to put back
+                    signal.signal(sig, handler)
+        return code
     except BrokenPipeError:
         to_devnull(sys.stdout)  # what is still buffered must not fail the last flush
         return 0

@@ -33,8 +33,20 @@ def _terminate(signum: int, frame: object) -> NoReturn:
     raise HungUp if signum == signal.SIGHUP else Terminated
 
 
+_exiting = False
+"""Whether :func:`run` owns the process (it exits when the command returns)."""
+
+
+def exits_after() -> bool:
+    """Whether the process exits when the command returns (:func:`run`), rather than a
+    program (a test, a notebook) going on after calling the command line's ``main``."""
+    return _exiting
+
+
 def run(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the command line (:func:`scenarios.cli.commands.main`) and exit with its code."""
+    global _exiting
+    _exiting = True
     code = 130
     try:
         signal.signal(signal.SIGTERM, _terminate)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import signal
 import struct
 import sys
 from collections import defaultdict
@@ -252,7 +253,11 @@ def test_an_export_stopped_part_way_leaves_nothing_and_runs_again(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cls, "write", stopped)
+    sigint = signal.getsignal(signal.SIGINT)
     assert main(args) == 130  # "coevo: interrupted"
+    # and a program that called main goes on with its Ctrl-C: SIGINT was left ignored (the
+    # process exits after a stop), and a later test's Ctrl-C and trio's KI handling with it
+    assert signal.getsignal(signal.SIGINT) is sigint is not signal.SIG_IGN
     assert [p.name for p in where["tensorboard"].iterdir()] == ["notes.txt"]
     if "mlflow" in where:
         assert not where["mlflow"].exists()  # it made the directory: it goes too
