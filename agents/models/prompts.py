@@ -99,20 +99,25 @@ def turn_messages(
     lines.append(f"now: {shown(observation)}")
     if admissible is not None:
         lines.append(f"actions: {' | '.join(admissible)}")
-    shown_tips = [tip_line(tip) for tip in tips]
+    user = "\n".join(lines)
     if memory == "user":
-        lines += shown_tips
+        user += tip_lines(tips)
     else:
-        system = "\n".join([system, *shown_tips])
+        system += tip_lines(tips)
     return [
         {"role": "system", "content": system},
-        {"role": "user", "content": "\n".join(lines)},
+        {"role": "user", "content": user},
     ]
 
 
 def tip_line(tip: str) -> str:
     """The line that shows ``tip`` in a prompt."""
     return f"{TIP_OPEN} {tip} {TIP_CLOSE}"
+
+
+def tip_lines(tips: Sequence[str]) -> str:
+    """What :func:`turn_messages` appends to the memory message for ``tips``: a line each."""
+    return "".join(f"\n{tip_line(tip)}" for tip in tips)
 
 
 def state_text(goal: str, history: Sequence[Step], observation: str, *, window: int = 4) -> str:
@@ -145,7 +150,7 @@ def strip_tips(
     out = [dict(m) for m in messages]
     if not tips:
         return out
-    suffix = "".join(f"\n{tip_line(tip)}" for tip in tips)
+    suffix = tip_lines(tips)
     target = out[-1] if memory == "user" else out[0]
     if target["role"] != memory or not target["content"].endswith(suffix):
         where = "last" if memory == "user" else "first"
@@ -496,8 +501,8 @@ class PromptEncoder:
 
 def _tip_marks(content: str, tips: Sequence[str]) -> dict[int, str]:
     """Where ``content``'s tip lines (it ends with them, one per tip) have their ``<tip>`` and
-    ``</tip>``: offset -> text. None if it does not end with those lines."""
-    suffix = "".join(f"\n{tip_line(tip)}" for tip in tips)
+    ``</tip>``: offset -> text; none if it does not end with those lines."""
+    suffix = tip_lines(tips)
     if not content.endswith(suffix):
         return {}
     marks, at = {}, len(content) - len(suffix)
