@@ -89,11 +89,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     try:
         live, copied, meta = _copy_run(rd, dest)
     except BaseException:  # a full disk, a Ctrl-C: what was copied would block a retry
-        if existed:
-            for item in dest.iterdir():
-                shutil.rmtree(item, ignore_errors=True) if item.is_dir() else item.unlink()
-        else:
-            shutil.rmtree(dest, ignore_errors=True)
+        _remove_new(dest, set() if existed else None)  # it was empty, or not there
         raise
     run_id = meta.run_id if meta is not None else "?"
     print(f"copied run {run_id} to {dest}: {copied:,} events", file=sys.stderr)
