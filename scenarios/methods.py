@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from agents.methods.base import Method
@@ -51,11 +53,12 @@ def built_on_empo2(scenario: Scenario) -> bool:
     return built_on(scenario, Empo2Config) is not None
 
 
-def section_path(scenario: Scenario, section: str) -> str:
-    """Where the scenario sets a method's ``section`` (``"empo2"``, ``"complementary"``), as
-    an error names it: ``$.complementary``, or ``$.method`` for a plug-in method."""
-    method = scenario.run.method
-    return f"$.{section}" if method in BUILTIN or method == "rollout" else "$.method"
+def section_path(scenario: Scenario, section: Literal["empo2", "complementary"]) -> str:
+    """Where the scenario sets the settings of ``section`` its method runs with, as an error
+    names them: ``$.complementary``, or ``$.method`` for a plug-in built on that method
+    (:func:`method_settings` reads them there)."""
+    built = built_on_empo2 if section == "empo2" else built_on_complementary
+    return "$.method" if built(scenario) else f"$.{section}"
 
 
 def checked_method(scenario: Scenario, source: str) -> Method:
@@ -104,7 +107,7 @@ def advantages_changed(
     nothing of ``split`` or ``weighted``); a plug-in's, any change to those sections."""
     changed = _advantages_set(scenario, std_norm, split, weighted)
     method = scenario.run.method
-    if method == "complementary" or built_on(scenario, ComplementaryConfig) is not None:
+    if method == "complementary" or built_on_complementary(scenario):
         return complementary_rule(
             scenario.grpo, complementary_settings(scenario)
         ) != complementary_rule(changed.grpo, complementary_settings(changed))
@@ -130,6 +133,6 @@ def _advantages_set(
         changes["subgroup_weights"] = weighted
     comp = msgspec.structs.replace(comp, **changes)
     options = scenario.method
-    if built_on(scenario, ComplementaryConfig) is not None:
+    if built_on_complementary(scenario):
         options = {**options, **changes}
     return msgspec.structs.replace(scenario, grpo=grpo, complementary=comp, method=options)

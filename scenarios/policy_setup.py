@@ -564,13 +564,13 @@ def runner_for(
     """
     from agents.acting.inference import ActSettings, PolicyRunner
 
-    p = scenario.policy
+    p, e = scenario.policy, empo2_settings(scenario)
     settings = ActSettings(
         mode=p.mode,
         temperature=p.temperature,
         max_new_tokens=p.max_new_tokens,
-        tip_tokens=empo2_settings(scenario).tip_tokens,
-        tip_temperature=empo2_settings(scenario).tip_temperature,
+        tip_tokens=e.tip_tokens,
+        tip_temperature=e.tip_temperature,
         device=device,
         memory=scenario.prompt.memory,
     )
