@@ -11,6 +11,7 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import structlog
 from rich.console import Console
@@ -42,18 +43,29 @@ class _JsonLinesHandler(logging.FileHandler):
     warning on the console, where stdlib logging would print a traceback for every record.
     A resumed session appends to the file an earlier one left: one killed within a record left
     a torn last line, ended here, so the first record of this session is a line of its own
-    (not glued to the torn one, one line no JSON reader can parse)."""
+    (not glued to the torn one, one line no JSON reader can parse). A file that cannot be
+    opened (its run directory moved away as the run started) stops the same way: it was a
+    traceback out of the run's start."""
 
     def __init__(self, path: Path, console: Console) -> None:
-        super().__init__(path, encoding="utf-8")
+        super().__init__(path, encoding="utf-8", delay=True)
         self._console = console
         self._failed = False
-        if self.stream is not None and _ends_torn(path):
-            self.stream.write("\n")
+        try:
+            self.stream = self._open()  # now, as before: it follows its directory if moved
+        except OSError:
+            self._give_up()
+
+    def _open(self) -> Any:
+        stream = super()._open()
+        if _ends_torn(Path(self.baseFilename)):
+            stream.write("\n")
+        return stream
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not self._failed:
-            super().emit(record)
+        if self._failed:
+            return
+        super().emit(record)
 
     def flush(self) -> None:
         if self._failed:

@@ -85,3 +85,22 @@ def test_a_tokenizers_note_on_a_long_text_is_not_printed(
     finally:
         close_logging()
     assert "Token indices" not in capsys.readouterr().err
+
+
+def test_a_jsonl_file_that_cannot_be_opened_stops_with_one_warning(tmp_path) -> None:
+    """A run whose directory was moved away as its logging started: opening coevo.jsonl was a
+    traceback out of the run's start (seen once in CI, in the moved-directory fault test)."""
+    import logging
+
+    from rich.console import Console
+
+    from scenarios.cli.logsetup import _JsonLinesHandler
+
+    console = Console(record=True, width=200)
+    handler = _JsonLinesHandler(tmp_path / "gone" / "coevo.jsonl", console)
+    record = logging.LogRecord("coevo", logging.INFO, __file__, 1, "hello", None, None)
+    handler.emit(record)
+    handler.emit(record)  # once said, the file stays stopped
+    said = console.export_text()
+    assert said.count("cannot write") == 1 and "the structured log stops here" in said
+    handler.close()
