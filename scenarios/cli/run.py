@@ -118,13 +118,14 @@ def _create(scenario: Any, assembly: Any, rd: RunDir, run_id: str, *, quiet: boo
         if rd.exists():  # another process created a run there after our check
             raise InputInvalid(f"{rd.root}: already holds a run; choose another --out") from None
         raise
+    home = path_identity(rd.root)  # the directory the log was created in, moved or not later
     try:
         rd.scenario.write_text(text, encoding="utf-8")
     except OSError as exc:
         log.close()
         raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
     try:
-        return _drive(scenario, assembly, log, rd, started, quiet=quiet)
+        return _drive(scenario, assembly, log, rd, started, home, quiet=quiet)
     except TrackerNotStarted as exc:  # nothing of the run was written: nothing of it is left
         _discard(rd, existed)
         raise InputInvalid(f"{exc}; nothing ran, and {rd.root} is left as it was") from None
@@ -159,13 +160,16 @@ def _drive(
     log: Any,
     rd: RunDir,
     started: Any,
+    home: tuple[int, int] | None,
     *,
     quiet: bool,
     resumed: Any = None,
     history: Sequence[Any] = (),
 ) -> int:
     """Run the assembled actors over ``log`` (new or resumed), then print the summary. The
-    caller has joined the scenario's cluster (``scenarios.assemble.cluster``)."""
+    caller has joined the scenario's cluster (``scenarios.assemble.cluster``); ``home`` is the
+    run directory's :func:`path_identity` as the caller opened the log in it (taken here, a
+    move between the two went unseen)."""
     from engine.runtime import Runtime
     from scenarios.cli.console import RunProgress, actors_table, families_table
     from scenarios.cli.logsetup import close_logging, configure_logging
@@ -196,7 +200,6 @@ def _drive(
         history=history,
     )
     run_id = started.run_id
-    home = path_identity(rd.root)
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
     console.print(f"run {run_id}: {verb} -> {rd.root}")
     try:
@@ -469,6 +472,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     source = stored_source(args.run)
     scenario = stored_scenario(meta, args.run)
     log = _open_writer(rd, durable=scenario.runtime.durable)
+    home = path_identity(rd.root)
     joined = contextlib.ExitStack()
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
@@ -491,13 +495,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with joined:
         try:
             if not history:
-                return _drive(scenario, assembly, log, rd, started, quiet=args.quiet)
+                return _drive(scenario, assembly, log, rd, started, home, quiet=args.quiet)
             last = history[-1]
             ended = isinstance(last.event, RunStopped | RunFailed)
             previous = str(last.event.__struct_config__.tag) if ended else ""
             resumed = RunResumed(after=last.seq, previous=previous, coevo_version=version())
             return _drive(
-                scenario, assembly, log, rd, started,
+                scenario, assembly, log, rd, started, home,
                 quiet=args.quiet, resumed=resumed, history=history,
             )  # fmt: skip
         except TrackerNotStarted as exc:
