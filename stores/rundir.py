@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import RunNotFound
-from stores.lmdb_env import DATA_FILE, LOG_FILES, is_blank
+from engine.lifecycle import RunFailed, RunStopped
+from stores.lmdb_env import DATA_FILE, LOG_FILES, is_blank, writer_alive
 
 LOG_DIR = "log"
 STRUCTLOG_FILE = "coevo.jsonl"
@@ -70,6 +71,19 @@ def path_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def run_state(last: object, log_dir: Path) -> str:
+    """How a run stands, from its log's ``last`` event (None: an empty log) and its writer
+    lock in ``log_dir``: "completed", "stopped (REASON)", "failed (ERROR TYPE)", "live" (no
+    final event yet, and the process writing it runs) or "killed" (no final event, and no
+    process writes it: killed, or its machine lost; ``coevo resume`` continues it). The one
+    wording of ``coevo serve``, ``coevo report`` and ``coevo log --follow``."""
+    if isinstance(last, RunStopped):
+        return "completed" if last.reason == "completed" else f"stopped ({last.reason})"
+    if isinstance(last, RunFailed):
+        return f"failed ({last.error_type})"
+    return "live" if writer_alive(log_dir) else "killed"
 
 
 def replace_file(path: Path, data: bytes) -> None:

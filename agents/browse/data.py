@@ -33,12 +33,11 @@ from agents.audit.index import (
 from agents.events.policy import ActionRequested, ActionSampled
 from agents.methods.registry import import_run_method
 from engine.errors import CoevoError
-from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex, IndexDamaged, LmdbFactIndex
-from stores.lmdb_env import DATA_FILE, writer_alive
+from stores.lmdb_env import DATA_FILE
 from stores.lmdb_log import LmdbEventLog
 from stores.lmdb_pages import read_metas
-from stores.rundir import LOG_DIR, find_run
+from stores.rundir import LOG_DIR, find_run, run_state
 
 __all__ = ["FILTERS", "Candidate", "EpisodeRow", "RunView"]
 
@@ -168,18 +167,11 @@ class RunView:
         return refresh(self.log, self.index)
 
     def status(self) -> str:
-        """ "completed", "stopped (reason)", "failed", "live" (no final event yet, and the
-        process writing it runs), or "killed" (no final event, and no writer runs: killed, or
-        its machine lost; ``coevo resume`` continues it)."""
+        """:func:`stores.rundir.run_state`, or "gone" (the run's directory went away)."""
         if self.gone:
             return "gone"
         end = self.log.next_seq
-        last = fetch(self.log, [end - 1])[end - 1].event if end else None
-        if isinstance(last, RunStopped):
-            return "completed" if last.reason == "completed" else f"stopped ({last.reason})"
-        if isinstance(last, RunFailed):
-            return "failed"
-        return "live" if writer_alive(self.log.path) else "killed"
+        return run_state(fetch(self.log, [end - 1])[end - 1].event if end else None, self.log.path)
 
     def episodes(self, filters: Mapping[str, str]) -> list[EpisodeRow]:
         """The run's episodes in the order they were assigned, those matching ``filters``."""

@@ -35,9 +35,8 @@ from agents.report.plots import (
     updates_figure,
 )
 from engine.events import Envelope, Event
-from engine.lifecycle import RunFailed, RunStarted, RunStopped
-from stores.lmdb_env import writer_alive
-from stores.rundir import LOG_DIR
+from engine.lifecycle import RunStarted
+from stores.rundir import LOG_DIR, run_state
 
 TOP = 8  # entries listed as most credited and as most harmful, per run
 SKIPPED = frozenset({"action_requested", "action_sampled", "step_taken", "episode_started"})
@@ -142,14 +141,13 @@ def fold_run(
 
 
 def _status(last: Event | None, log_dir: Path) -> str:
-    """How the run ended, or whether it is live or was killed (as ``coevo serve`` says)."""
-    if isinstance(last, RunStopped):
-        return "completed" if last.reason == "completed" else f"stopped ({last.reason})"
-    if isinstance(last, RunFailed):
-        return f"failed: {last.error_type}"
-    if writer_alive(log_dir):
+    """How the run ended, or whether it is live or was killed (:func:`run_state`)."""
+    state = run_state(last, log_dir)
+    if state == "live":
         return "no run_stopped yet: live (a process writes its log)"
-    return "no run_stopped yet: killed (no process writes its log; coevo resume continues it)"
+    if state == "killed":
+        return "no run_stopped yet: killed (no process writes its log; coevo resume continues it)"
+    return state
 
 
 def fold_entries(envelopes: Iterable[Envelope[Event]]) -> tuple[dict[int, Entry], dict[str, Call]]:

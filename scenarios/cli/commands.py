@@ -636,9 +636,9 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
     gone and every event is shown (a run that ended or was killed: a killed one is said on
     stderr), or until a Ctrl-C (exit 0) or a SIGTERM (exit 143; taken inside trio, so it stops
     the tail where it waits)."""
-    from engine.lifecycle import RunFailed, RunStopped
     from engine.replay import follow
     from stores.lmdb_env import writer_alive
+    from stores.rundir import run_state
 
     terminated = False
     caught_up = False  # the tail reached the end of a log no process writes
@@ -683,7 +683,7 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
         raise Terminated
     end = log.next_seq
     last = next(iter(log.read(end - 1, end))).event if caught_up and end else None
-    if caught_up and not isinstance(last, RunStopped | RunFailed):
+    if caught_up and run_state(last, log.path) == "killed":
         print(
             f"coevo: {args.run}: no process writes this run any more and its log has no final "
             "event: it was killed (coevo resume continues it)",

@@ -192,3 +192,20 @@ def test_a_report_tells_a_live_run_from_a_killed_one(tmp_path: Path) -> None:
         lock.flush()
         page = render([fold_run("one", tmp_path, "", envs)])
     assert "no run_stopped yet: live (a process writes its log)" in page
+
+
+def test_serve_and_report_say_how_a_run_ended_in_the_same_words(tmp_path: Path) -> None:
+    """`serve`, `report` and `log --follow` each worked out a run's end state with their own
+    wording ("failed" in one, "failed: ValueError" in another): one ``run_state`` now."""
+    from engine.lifecycle import RunFailed, RunStopped
+    from stores.rundir import run_state
+
+    log = tmp_path / "log"
+    assert run_state(RunStopped(reason="completed"), log) == "completed"
+    assert run_state(RunStopped(reason="signal:SIGTERM"), log) == "stopped (signal:SIGTERM)"
+    failed = RunFailed(error_type="ValueError", message="no")
+    assert run_state(failed, log) == "failed (ValueError)"
+    assert run_state(None, log) == "killed"  # an empty log no process writes
+    envs = [Envelope(seq=i, run="r", t=0, actor="a", event=ev) for i, ev in enumerate(STREAM)]
+    envs.append(Envelope(seq=len(envs), run="r", t=0, actor="runtime", event=failed))
+    assert "failed (ValueError)" in render([fold_run("one", tmp_path, "", envs)])
