@@ -34,7 +34,6 @@ from agents.report.intervals import (
     Groups,
     Interval,
     bootstrap_mean,
-    paired_difference,
 )
 from engine.events import Event
 
@@ -223,18 +222,19 @@ def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
 
 
 def probe_summary(reports: list[dict]) -> tuple[list[str], dict]:
-    """The probes pooled over seeds: each bank's success (seeds and episodes resampled), and
-    the last version against version 0 on the same episodes (paired, pooled over seeds)."""
+    """The probes pooled over seeds: each bank's success, and the last version against
+    version 0 on the same episodes (paired): both with seeds, then episodes, resampled (the
+    paired interval resampled the pooled pairs, as if 1,500 pairs were independent of seed)."""
     labels: dict[str, list[list[float]]] = {}
     for report in reports:
         for bank in report["banks"]:
             labels.setdefault(_role(bank, report), []).append(bank["outcomes"])
-    diffs = []
+    diffs = []  # per seed, the pairs' differences: seeds then pairs resampled, as the cells
     for report in reports:
         by = {_role(b, report): b["outcomes"] for b in report["banks"]}
-        diffs += [a - b for a, b in zip(by["last"], by["v0"], strict=True)]
+        diffs.append([a - b for a, b in zip(by["last"], by["v0"], strict=True)])
     cells = {role: bootstrap_mean(groups) for role, groups in labels.items()}
-    paired = paired_difference(diffs, [0.0] * len(diffs))
+    paired = bootstrap_mean(diffs)
     shown = cells["last"].above(cells["v0"]) and (
         "control" not in cells or cells["last"].above(cells["control"])
     )

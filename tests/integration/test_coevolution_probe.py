@@ -331,5 +331,7 @@ def test_the_headline_pools_the_probes_of_several_seeds(result: dict[str, Any]) 
     last = by[max((b for b in by if b.startswith("v")), key=lambda b: by[b]["version"])]
     gain = (sum(last["outcomes"]) - sum(by["v0"]["outcomes"])) / EPISODES
     assert summary["last_minus_v0"].value == pytest.approx(gain)
+    # seeds then pairs resampled, as the cells are (the pairs were one pool, as if independent)
+    assert summary["last_minus_v0"].seeds == 2
     assert summary["shown"] == cells["last"].above(cells["v0"])
     assert any("co-evolution" in line for line in lines)
