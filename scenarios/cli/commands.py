@@ -770,17 +770,18 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     from agents.invariants.credit import run_settings
     from engine.errors import AuditQueryInvalid
     from scenarios.loader import stored_scenario
-    from scenarios.methods import advantages_changed
+    from scenarios.methods import advantages_changed, built_on_complementary
 
     if args.top < 0:
         raise InputInvalid(f"--top must be >= 0, got {args.top}")
     scenario = stored_scenario(log.read_meta(), args.run)
     subgroups = [s for s in args.set if s.partition("=")[0] in ("split", "weighted")]
-    if subgroups and scenario.run.method in ("grpo", "empo2", "rollout"):
-        raise AuditQueryInvalid(
-            f"--set {subgroups[0]}: run.method = {scenario.run.method!r} has no guided and free "
-            "subgroups (split and weighted are Complementary RL's; std_norm re-derives its "
-            "advantages)"
+    method = scenario.run.method
+    if subgroups and method != "complementary" and not built_on_complementary(scenario):
+        raise AuditQueryInvalid(  # a plug-in of its own: [complementary] is read by nothing
+            f"--set {subgroups[0]}: run.method = {method!r} has no guided and free subgroups "
+            "(split and weighted are Complementary RL's and its plug-ins'; std_norm "
+            "re-derives the advantages)"
         )
     try:  # the run's own settings, as the credit invariant reads them
         base = run_settings(scenario)

@@ -63,6 +63,9 @@ def test_the_documented_method_runs_by_import_path(plugin_dir: Path) -> None:
     assert audit.returncode == 0, audit.stderr
     checks = {c["kind"]: c for c in json.loads(audit.stdout)["checks"]}
     assert checks["advantages_computed"]["equal"] == len(groups) > 0
+    # a plug-in not built on Complementary RL has no subgroups: split re-derived nothing
+    split = coevo(plugin_dir, "audit", "run", "credit", "--set", "split=false")
+    assert split.returncode == 2 and "'insights:Insights' has no guided and free" in split.stderr
     # the audit says which actor stored an entry that no extractor call or reflection wrote
     first = stored[0]["tip_id"]
     tip = coevo(plugin_dir, "audit", "run", "tip", str(first), "--json")
