@@ -72,6 +72,7 @@ from agents.methods.base import (
     ADV_EPS,
     ROLLOUTS,
     Method,
+    checked_job,
     checked_loss,
     checked_scored,
     checked_step_events,
@@ -545,7 +546,7 @@ class GrpoTrainer(Replayed):
                     "re-derive it so; set records_rollouts = True"
                 )
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
-            job = self._method.shape(job, task)
+            job = checked_job(self._method.shape(job, task), job, self._method)
             group.episodes.append(job.episode)
             group.rollouts.append(rollout)
             self._owner[job.episode] = gid

@@ -124,6 +124,36 @@ def checked_step_events(events: object, method: object) -> tuple[Event, ...]:
     return tuple(events)
 
 
+SHAPE_KEEPS = (
+    "episode", "index", "worker", "family", "variant", "split", "seed", "purpose", "rollout",
+)  # fmt: skip
+"""What ``shape`` must leave as it was given: which task the episode plays, with what seed, as
+which rollout; it adds requests (``reflect``, ``extract``) and where the memory is
+(``scope``, ``slot``)."""
+
+
+def checked_job(out: object, job: EpisodeAssigned, method: object) -> EpisodeAssigned:
+    """What a method's ``shape(job, task)`` returned, if it is ``job`` with requests added.
+
+    Raises:
+        ValueError: not a job, or one that plays another task, seed or rollout (every episode
+            of a changed family aborted, naming no method), naming the method.
+    """
+    where = f"{method_label(method)}: shape()"
+    if not isinstance(out, EpisodeAssigned):
+        raise ValueError(
+            f"{where} returned {type(out).__name__}, not the EpisodeAssigned it was given"
+        )
+    changed = [f for f in SHAPE_KEEPS if getattr(out, f) != getattr(job, f)]
+    if changed:
+        raise ValueError(
+            f"{where} changed the job's {', '.join(changed)}: it adds requests only (reflect, "
+            "extract) and where the memory is (scope, slot); the task, seed and rollout are "
+            "the scheduler's"
+        )
+    return out
+
+
 LOSS_KEEPS = ("update", "episodes", "advantages", "rollouts")
 """What ``loss`` must leave as it was given: the advantages come from ``score`` (where the
 audit re-derives them); ``loss`` sets how the update trains on them."""

@@ -119,6 +119,11 @@ class StepEventsDict(Grpo):
         return {"step": step}
 
 
+class ShapeMovesFamily(Grpo):  # every episode aborted, the method named nowhere
+    def shape(self, job, task):
+        return job.__replace__(family="elsewhere")
+
+
 class IntRule(Grpo):
     def score(self, rewards, *args, **kwargs):
         s = super().score(rewards, *args, **kwargs)
@@ -227,6 +232,7 @@ def test_a_module_that_exits_on_import_is_one_line(
         ("LossClipsAdvantages", "loss() changed the request's advantages: it sets loss settings"),
         ("StepEventsDict", "step_events() returned {'step': 0}, not a sequence of events"),
         ("IntRule", f"{LABEL.format('IntRule')}: score returned the rule 7, not its name as text"),
+        ("ShapeMovesFamily", "shape() changed the job's family: it adds requests only"),
     ],
 )
 def test_what_a_hook_returns_while_it_runs_fails_the_run_before_it_harms_the_model(
