@@ -80,8 +80,20 @@ def run_whatif(
     world = GuardedWorld(world_factory(scenario, source), scenario.world.call_limit)
     try:
         turns = scenario.world.max_turns
-        control = replay(rec, world, runners.get, prompting, max_turns=turns)
-        changed = replay(rec, world, runners.get, prompting, change, max_turns=turns)
+        try:
+            control = replay(rec, world, runners.get, prompting, max_turns=turns)
+        except CheckpointGone as exc:  # it named the checkpoint, not why it was wanted
+            played = sorted({s.policy_version for s in rec.sampled})
+            raise AuditQueryInvalid(
+                f"{exc}; episode {episode} was played by policy version"
+                f"{'s' if len(played) > 1 else ''} {', '.join(map(str, played))}, and the "
+                "control (the episode replayed as it was played, which the change is compared "
+                "with) needs each"
+            ) from None
+        try:
+            changed = replay(rec, world, runners.get, prompting, change, max_turns=turns)
+        except CheckpointGone as exc:
+            raise AuditQueryInvalid(f"{exc}; the change ({change.describe()}) needs it") from None
     except WorldFailed as exc:
         raise WorldFailed(f"replaying episode {episode}: {exc}") from None
     finally:
@@ -99,6 +111,10 @@ def _entry_stored(index: FactIndex, tip: int) -> tuple[int, str]:
     if not stored:
         raise AuditQueryInvalid(f"no entry {tip} in this run (ids are TipStored.tip_id)")
     return stored[0][0], stored[0][1].text
+
+
+class CheckpointGone(AuditQueryInvalid):
+    """A policy version's checkpoint is no longer on disk (pruned: ``grpo.keep_checkpoints``)."""
 
 
 class _Runners:
@@ -165,7 +181,7 @@ class _Runners:
         from stores.checkpoints import weights_file
 
         if not weights_file(path).is_file():
-            raise AuditQueryInvalid(
+            raise CheckpointGone(
                 f"the checkpoint of policy version {version} ({name}) is no longer on disk "
                 "(runs keep the newest few: grpo.keep_checkpoints)"
             )

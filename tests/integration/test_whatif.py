@@ -233,8 +233,18 @@ def test_a_lora_run_replays_its_adapters_on_the_base(
     assert main(["audit", str(pruned), "whatif", episode, "--version", "1"]) == 2
     assert capsys.readouterr().err == (
         f"coevo: error: the checkpoint of policy version 1 ({updates[0].checkpoint}) is no "
-        "longer on disk (runs keep the newest few: grpo.keep_checkpoints)\n"
+        "longer on disk (runs keep the newest few: grpo.keep_checkpoints); the change (policy "
+        "version 1) needs it\n"
     )
+    shutil.rmtree(pruned / last.checkpoint)  # the version that played it: the control's
+    assert main(["audit", str(pruned), "whatif", episode, "--version", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"({last.checkpoint}) is no longer on disk" in err, err
+    assert err.endswith(
+        f"; episode {episode} was played by policy version {last.policy_version}, and the "
+        "control (the episode replayed as it was played, which the change is compared with) "
+        "needs each\n"
+    ), err
 
 
 @pytest.mark.usefixtures("tiny_cached")
