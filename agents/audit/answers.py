@@ -41,7 +41,7 @@ from agents.events.extractor import (
     ExtractorCalled,
     MergeRequested,
 )
-from agents.events.memory import ReflectionRequested, TipProposed
+from agents.events.memory import ReflectionRequested, TipProposed, TipRejected
 from engine.errors import AuditQueryInvalid
 from engine.eventlog import EventLog
 from engine.events import Envelope, Event
@@ -170,6 +170,12 @@ class TipAudit(msgspec.Struct, frozen=True, kw_only=True):
     guided_success: int
     credit_sum: float
     completed: bool = False  # the run has completed: a credit no update used never will
+    evicted_by: str = ""
+    """The extractor call whose update or merge took the entry out of the bank ("" for a
+    FIFO eviction or none)."""
+    evicted_into: tuple[int, ...] = ()
+    """The entries that call's result was refused as a duplicate of (a merge whose text the
+    bank already held: the entry lives on only there; :attr:`children` has none)."""
 
 
 # --- one entry ---------------------------------------------------------------------------------
@@ -200,6 +206,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     stored_seq, st = stored[0]
     evicted = [(seq, r.reason) for seq, r in rows if isinstance(r, Evicted)]
     evicted_seq, reason = evicted[0] if evicted else (None, "")
+    evicted_by, evicted_into = _eviction(log, evicted_seq) if evicted_seq is not None else ("", ())
     retrieved = [(seq, r) for seq, r in rows if isinstance(r, Retrieved)]
     shown_in = [r.episode for _, r in retrieved]
     ends, lost = outcomes(index, shown_in), abandoned(index, shown_in)
@@ -237,7 +244,34 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         guided_success=sum(1 for u in episodes.values() if u.ended and u.success),
         credit_sum=math.fsum(c.credit for c in credits),
         completed=_completed(log),
+        evicted_by=evicted_by,
+        evicted_into=evicted_into,
     )
+
+
+def _eviction(log: EventLog, seq: int) -> tuple[str, tuple[int, ...]]:
+    """The extractor call whose answer evicted an entry at ``seq`` (the eviction's cause), and
+    the entries its result was refused as a duplicate of: the bank emits an answer's evictions,
+    stores and refusals together, each caused by the call."""
+    env = fetch(log, [seq])[seq]
+    if env.cause is None:
+        return "", ()
+    called = fetch(log, [env.cause])[env.cause].event
+    if not isinstance(called, ExtractorCalled):
+        return "", ()
+    into: list[int] = []
+    for chunk in log.read_chunks(seq + 1, min(seq + 1 + _ANSWER_EVENTS, log.next_seq)):
+        for later in chunk:
+            if later.cause != env.cause:
+                return called.call, tuple(into)
+            ev = later.event
+            if isinstance(ev, TipRejected) and ev.call == called.call and ev.duplicate_of >= 0:
+                into.append(ev.duplicate_of)
+    return called.call, tuple(into)
+
+
+_ANSWER_EVENTS = 256
+"""The most events after an eviction read for the rest of its call's answer."""
 
 
 def _completed(log: EventLog) -> bool:

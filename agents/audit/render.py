@@ -45,6 +45,13 @@ def render_tip(a: TipAudit) -> list[str]:
         if a.evicted_seq is not None
         else "in the bank"
     )
+    if a.evicted_by:
+        where += f" by extractor call {a.evicted_by}"
+    if a.evicted_into:
+        where += (
+            f", whose result was refused as a duplicate of entry "
+            f"{', '.join(map(str, a.evicted_into))} (it lives on there)"
+        )
     out = [f"entry {a.tip} in {a.slot}: {_q(a.text)}", f"  stored at seq {a.stored_seq}; {where}"]
     if o.kind == "extractor":
         src = f"{o.task} of {', '.join(o.episodes)}" if o.episodes else o.task or "?"

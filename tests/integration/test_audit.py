@@ -62,7 +62,51 @@ def test_a_merged_entry_names_its_call_its_parents_and_its_replacement(
         (0, XA, "ep000", "merge"),
         (1, XB, "ep001", "merge"),
     ]
-    assert a["children"] == [4] and a["evicted"] == "update"
+    assert a["children"] == [4] and a["evicted"] == "update" and a["evicted_by"] == XC
+
+
+def test_an_entry_merged_into_a_text_the_bank_held_names_the_call_and_where_it_lives_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A merge whose result the bank already held (refused as a duplicate) evicted its entries
+    and stored nothing: their audit said only "evicted (merge)", though the refusal names
+    the call and the entry they live on in."""
+    from audit_golden import SLOT, TEXTS
+
+    from agents.events.extractor import ExtractorCalled, MergeRequested
+    from agents.events.memory import TipEvicted, TipRejected
+
+    s = Stream()
+    s.extract("ep000", True, "xA", ("add", ()), 0)
+    s.extract("ep001", True, "xB", ("add", ()), 1)
+    s.extract("ep002", True, "xC", ("add", ()), 2)
+    req = s.add(
+        MergeRequested(step=0, slot=SLOT, entries=(1, 2), messages=(("user", "m"),), seed=0)
+    )
+    call = s.add(
+        ExtractorCalled(
+            call="xM", task="merge", source="merge0", slot=SLOT, prompt_ids=(1,),
+            response_ids=(2,), token_logps=(-1.0,), text=TEXTS[0], temperature=1.0,
+            extractor_version=0, ops=(("merge", (1, 2), TEXTS[0]),),
+        ),
+        cause=req,
+    )  # fmt: skip
+    for tip in (1, 2):
+        s.add(TipEvicted(tip_id=tip, slot=SLOT, reason="merge"), cause=call)
+    s.add(
+        TipRejected(episode="merge0", slot=SLOT, reason="duplicate", duplicate_of=0, call="xM"),
+        cause=call,
+    )
+    s.add(TipEvicted(tip_id=0, slot=SLOT, reason="fifo"))  # caused by no call
+    run = write_run(tmp_path, s.envs)
+    a = audit_json(capsys, str(run), "tip", "1")
+    assert (a["evicted"], a["evicted_by"], a["evicted_into"]) == ("merge", "xM", [0])
+    code, out, _ = audit(capsys, str(run), "tip", "2")
+    assert code == 0 and (
+        "(merge) by extractor call xM, whose result was refused as a duplicate of entry 0" in out
+    ), out
+    a = audit_json(capsys, str(run), "tip", "0")
+    assert (a["evicted"], a["evicted_by"], a["evicted_into"]) == ("fifo", "", [])
 
 
 def test_a_credited_entry_lists_its_uses_credits_and_the_update_that_consumed_them(
