@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -96,6 +97,7 @@ def with_overrides(
     credit = replace(base.credit, rule=rule) if rule is not None else base.credit
     out = replace(base, credit=credit)
     method_sets: dict[str, bool] = {}
+    given: dict[str, str] = {}
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or key not in SETTABLE:
@@ -103,6 +105,13 @@ def with_overrides(
                 f"--set {item!r}: expected KEY=VALUE, KEY one of {', '.join(SETTABLE)}"
             )
         value = _parse(key, raw)
+        given[key] = item
+        if "reweight" in given and ("alpha" in given or "cooldown" in given):
+            other = given.get("alpha") or given["cooldown"]
+            raise AuditQueryInvalid(  # which won depended on their order
+                f"--set {given['reweight']} and --set {other}: reweight sets alpha and "
+                "cooldown (false: alpha=0, cooldown=0); set either reweight or those"
+            )
         if key in ("batch", "alpha", "cooldown"):
             out = replace(out, credit=replace(out.credit, **{key: value}))
         elif key == "reweight":
@@ -121,12 +130,17 @@ def with_overrides(
 def _parse(key: str, raw: str) -> Any:
     try:
         if key in ("batch", "cooldown"):
+            if not re.fullmatch(r"[+-]?[0-9]+", raw.strip()):
+                raise ValueError("must be a whole number")
             value: Any = int(raw)
             low = 1 if key == "batch" else 0
             if value < low:
                 raise ValueError(f"must be >= {low}")
         elif key == "alpha":
-            value = float(raw)
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError("must be a number") from None
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError("must be finite and >= 0")
         else:

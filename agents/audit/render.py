@@ -183,6 +183,12 @@ def render_episode(a: EpisodeAudit) -> list[str]:
             f"  advantage: {v.advantage:+.6f} for each of its {len(a.turns)} samples (rule "
             f"{v.rule}, rollout {v.rollout}, seq {v.seq})"
         )
+    elif a.purpose != "train":
+        out.append("  advantage: none (an evaluation episode: updates train on training ones)")
+    elif a.ended == "running":
+        out.append("  advantage: none (the episode has not ended)")
+    elif a.ended != "finished":  # its group's advantages are over the episodes that finished
+        out.append("  advantage: none (it aborted: an update trains on finished episodes only)")
     else:
         out.append("  advantage: none (not a trained episode, or its group has not ended)")
     if a.update is not None:
@@ -254,7 +260,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     split = f", split={a.split}, weighted={a.weighted}" if subgroups else ""
     out = [f"credit {head}, from {a.events} events: {credit}; advantages {adv}{split}"]
     for c in a.checks:
-        same = "identical in every field" if a.counterfactual else "equal"
+        same = "the same but for the rule's name" if a.counterfactual else "equal"
         line = (
             f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} {same}"
         )
@@ -301,8 +307,9 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         ]
     if a.calls and top:
         out.append(
-            f"  extractor calls (top {top} by change of push = sum of advantage x weight): call "
-            "credits reward push updates, recorded -> re-derived"
+            f"  extractor calls (top {top} by change of push = sum of advantage x weight): call, "
+            "credits (all), r(m) as its last update read it, push, updates; recorded -> "
+            "re-derived"
         )
         out += [
             f"    {x.call:<10} {x.credits:>4}  {_f(x.recorded_reward)} -> {_f(x.derived_reward)}  "

@@ -242,6 +242,9 @@ def test_the_relative_rule_credits_against_the_free_half(
     same = audit_json(capsys, str(run), "credit", "--rule", "score")  # +-1 as success here
     assert same["counterfactual"] and same["credits_changed"] == 0
     assert {c["kind"]: c["equal"] for c in same["checks"]}["credit_assigned"] == 3
+    code, out, _ = audit(capsys, str(run), "credit", "--rule", "score")
+    # the rule's name differs in every one: not "identical in every field"
+    assert code == 0 and "3 the same but for the rule's name" in out, out
 
 
 OWN_RULES = """
@@ -430,6 +433,16 @@ def test_an_unwritable_index_place_falls_back_to_memory(
         (("credit", "--rule", "luck"), "unknown credit rule 'luck'"),
         (("credit", "--set", "beta=1"), "--set 'beta=1': expected KEY=VALUE"),
         (("credit", "--set", "batch=0"), "--set batch=0: must be >= 1"),
+        (("credit", "--set", "cooldown=1.5"), "--set cooldown=1.5: must be a whole number"),
+        (("credit", "--set", "alpha=x"), "--set alpha=x: must be a number"),
+        (  # which of the two won depended on their order
+            ("credit", "--set", "alpha=0.7", "--set", "reweight=false"),
+            "--set reweight=false and --set alpha=0.7: reweight sets alpha and cooldown",
+        ),
+        (
+            ("credit", "--set", "reweight=true", "--set", "cooldown=2"),
+            "--set reweight=true and --set cooldown=2: reweight sets",
+        ),
         (("credit", "--set", "split=maybe"), "must be true or false"),
         (("credit", "--top", "-1"), "--top must be >= 0"),
     ],
@@ -639,3 +652,18 @@ def test_an_entry_s_uses_are_counted_by_purpose_when_evaluation_shows_it_too() -
     uses += [use(10 + i, "eval", i < 2) for i in range(14)] + [use(99, "eval", True, True)]
     assert _by_purpose(uses) == ": train 10 (1 succeeded), eval 14 (2 succeeded)"
     assert _by_purpose(uses[:10]) == ""  # one purpose: the headline says it all
+
+
+def test_an_episode_without_an_advantage_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An aborted guided episode read "not a trained episode, or its group has not ended",
+    though its group had ended: it aborted, and updates train on finished episodes only."""
+    s = Stream()
+    s.episode("ep000", 0, success=False, abort="the world raised")
+    s.episode("ep001", 1, success=True)
+    run = write_run(tmp_path, s.envs)
+    code, out, _ = audit(capsys, str(run), "episode", "ep000")
+    assert code == 0 and "advantage: none (it aborted: an update trains on finished" in out, out
+    code, out, _ = audit(capsys, str(run), "episode", "ep001")
+    assert code == 0 and "advantage: none (not a trained episode, or its group" in out, out
