@@ -283,7 +283,8 @@ def replay(
 
 def check(rec: Recorded, change: Change) -> None:
     """Refuse a change that names an entry the episode was not shown, or that changes nothing:
-    an entry shown instead of itself, or shown though the episode was shown it already.
+    an entry shown instead of itself, or shown though the episode was shown it already, or
+    the policy version that played every turn.
 
     Raises:
         AuditQueryInvalid: it does.
@@ -297,6 +298,13 @@ def check(rec: Recorded, change: Change) -> None:
                 f"episode {rec.episode} was shown entry {tip} already: showing it again adds a "
                 f"duplicate, not the entry (--without-tip {tip} asks what it did)"
             )
+    played = {s.policy_version for s in rec.sampled}
+    if change.version is not None and played == {change.version}:
+        raise AuditQueryInvalid(
+            f"episode {rec.episode} was played by policy version {change.version} at every "
+            f"turn: --version {change.version} replays it unchanged (another version asks "
+            "what it did)"
+        )
     if change.without is not None and change.without not in rec.shown:
         shown = ", ".join(map(str, sorted(rec.shown))) or "none"
         raise AuditQueryInvalid(

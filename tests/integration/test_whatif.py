@@ -179,7 +179,13 @@ def test_bad_changes_are_one_line(run: Path, capsys: pytest.CaptureFixture[str])
     credit = of(events, CreditAssigned)[0]
     shown = credit.entry
     other = next(t.tip_id for t in of(events, TipStored) if t.tip_id != shown)
+    (played,) = {s.policy_version for s in of(events, ActionSampled) if s.episode == credit.episode}
     for args, message in (
+        (  # replayed twice, the same trajectory side by side
+            ["--version", str(played)],
+            f"episode {credit.episode} was played by policy version {played} at every turn: "
+            f"--version {played} replays it unchanged (another version asks what it did)",
+        ),
         ([], "whatif needs a change: --without-tip ID, --with-tip ID or --version N"),
         (
             ["--without-tip", str(other)],
