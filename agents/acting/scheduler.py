@@ -44,6 +44,10 @@ def episode_id(index: int) -> str:
     return f"ep{index:06d}"
 
 
+RESUMED = "the run stopped while it ran; the resume runs it again"
+"""An :class:`EpisodeAbandoned`'s reason when a resume re-runs it (logs before 2026-12-05: "")."""
+
+
 async def abandon_running(
     ctx: Context, running: Iterable[EpisodeAssigned], tail: Sequence[Emitted]
 ) -> list[EpisodeAssigned]:
@@ -55,7 +59,9 @@ async def abandon_running(
     for job in again:
         if job.episode not in unlogged:
             await ctx.emit(
-                EpisodeAbandoned(episode=job.episode, worker=job.worker, purpose=job.purpose),
+                EpisodeAbandoned(
+                    episode=job.episode, worker=job.worker, purpose=job.purpose, reason=RESUMED
+                ),
                 corr=job.episode,
                 cause=None,
             )

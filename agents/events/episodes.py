@@ -104,7 +104,8 @@ class EpisodeAborted(Event, tag="episode_aborted", frozen=True, kw_only=True):
 class EpisodeAbandoned(Event, tag="episode_abandoned", frozen=True, kw_only=True):
     """The episode's attempt was lost and the episode is assigned again with the same id and
     seed; what the attempt recorded (turns, samples) is dropped. Either the run stopped (or was
-    killed) while it was running and ``coevo resume`` re-runs it (``reason`` empty), or its
+    killed) while it was running and ``coevo resume`` re-runs it (``reason`` says so; empty in
+    logs before 2026-12-05), or its
     worker was lost mid-episode and restarted (``reason``: "worker restarted (the failure)").
     Unlike :class:`EpisodeAborted`, the episode is not over: it is re-run."""
 

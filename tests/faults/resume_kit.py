@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from agents.acting.scheduler import RESUMED
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
@@ -498,9 +499,9 @@ def running(envs: list[Envelope[Event]]) -> set[str]:
 
 
 def check_abandoned(final: list[Envelope[Event]], after: list[list[Envelope[Event]]]) -> None:
-    """Each resume that committed abandons (``reason`` empty) exactly the episodes the log it
-    began from left running, and abandons nothing else for a stop. Whether a stop leaves any
-    running is timing: commits alternate between a batch of whole scripted episodes and the
+    """Each resume that committed abandons (``reason`` :data:`RESUMED`) exactly the episodes the
+    log it began from left running, and abandons nothing else for a stop. Whether a stop leaves
+    any running is timing: commits alternate between a batch of whole scripted episodes and the
     assignments that follow, and a stop landing just after the first kind leaves none."""
     ends = [len(before) for before in after] + [len(final)]
     for start, end in itertools.pairwise(ends):
@@ -509,6 +510,6 @@ def check_abandoned(final: list[Envelope[Event]], after: list[list[Envelope[Even
         by_stop = {
             env.event.episode
             for env in final[start:end]
-            if isinstance(env.event, EpisodeAbandoned) and not env.event.reason
+            if isinstance(env.event, EpisodeAbandoned) and env.event.reason == RESUMED
         }
         assert by_stop == running(final[:start]), (start, by_stop, running(final[:start]))

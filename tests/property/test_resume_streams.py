@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_credit_stream import streams
 
-from agents.acting.scheduler import Scheduler
+from agents.acting.scheduler import RESUMED, Scheduler
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
@@ -320,8 +320,8 @@ async def check_abandoned_and_assigned_again(
             key=lambda j: j.index,
         )
         abandoned = [
-            (EpisodeAbandoned(episode=j.episode, worker=j.worker, purpose=j.purpose), j.episode,
-             None)
+            (EpisodeAbandoned(episode=j.episode, worker=j.worker, purpose=j.purpose,
+                              reason=RESUMED), j.episode, None)
             for j in running
         ]  # fmt: skip
         rest = out[len(kept) :]
