@@ -63,6 +63,13 @@ class Host(Protocol):
         events of ``cls`` (True where that cannot be known)."""
         ...
 
+    def ctrl_c_possible(self) -> bool:
+        """Whether a ``KeyboardInterrupt`` raised now in an actor's code on the event loop's
+        thread may be the user's Ctrl-C: the runtime does not take SIGINT as a stop of its
+        own, or a stop signal has arrived (a second one goes where it went before). Else it
+        is the code's own (a plug-in world raising it)."""
+        ...
+
 
 class Actor(abc.ABC):
     """Base class of actors. Subclasses set ``subscribes`` and implement :meth:`run`."""
@@ -195,6 +202,11 @@ class Context:
         await trio.lowlevel.checkpoint()
         with trio.move_on_after(PACE_WAIT_S):
             await self._runtime.wait_space()
+
+    def ctrl_c_possible(self) -> bool:
+        """Whether a ``KeyboardInterrupt`` raised now on the loop's thread may be the user's
+        Ctrl-C (:meth:`Host.ctrl_c_possible`); else it is the actor's code's own."""
+        return self._runtime.ctrl_c_possible()
 
     def answered(self, cls: type[Event]) -> bool:
         """Whether some other actor of the run subscribes to ``cls`` (an event nobody else

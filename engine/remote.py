@@ -289,6 +289,9 @@ class RemoteHost:
     def subscribed(self, cls: type[Event], besides: str = "") -> bool:
         return True  # the driver's subscribers are not known in this process
 
+    def ctrl_c_possible(self) -> bool:
+        return False  # the actor runs on a thread of its own, where no signal lands
+
     # --- called from the transport's threads ------------------------------------------------
 
     def pid(self) -> int:

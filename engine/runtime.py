@@ -358,6 +358,7 @@ class Runtime:
         self._fed_all = False
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
+        self._signalled = False  # a stop signal arrived (ctrl_c_possible)
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
         self.check_event = Codec().check
         """Raise ``EventInvalid`` unless an event would decode from the log (``Context.emit``
@@ -540,6 +541,7 @@ class Runtime:
             send.send_nowait(signum)
 
         def handler(signum: int, frame: Any) -> None:
+            self._signalled = True
             now = time.monotonic()
             if taken:  # a second signal: soon after the first, it goes where it went before
                 if now - taken[0] >= _LOOP_BLOCKED:  # (a double Ctrl-C); later, the stop is
@@ -568,6 +570,11 @@ class Runtime:
         self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))
 
     # --- supervision ------------------------------------------------------------------------
+
+    def ctrl_c_possible(self) -> bool:
+        """Whether a ``KeyboardInterrupt`` raised now on the loop's thread may be the user's
+        Ctrl-C: the run does not handle signals, or one has arrived."""
+        return not self._cfg.handle_signals or self._signalled
 
     def subscribed(self, cls: type[Event], besides: str = "") -> bool:
         """Whether some actor, other than the one named ``besides``, subscribes to events of

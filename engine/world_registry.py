@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import threading
 from collections.abc import Mapping
 from typing import cast
 
@@ -156,6 +157,16 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
         raise ValueError(
             f"world {name_or_path!r} failed to start: {type(exc).__name__}: {_one_line(exc)}"
         ) from exc
+    except BaseException as exc:  # a BaseException of its own, or a KeyboardInterrupt
+        if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is (
+            threading.main_thread()
+        ):
+            raise  # on the main thread it may be the user's Ctrl-C
+        said = " ".join(str(exc).split())
+        raise ValueError(  # in a thread, where no signal lands: the constructor's own
+            f"world {name_or_path!r} failed to start: raised {type(exc).__name__}"
+            + (f": {said}" if said else "")
+        ) from None
     _check_name(world, name_or_path)
     if not isinstance(world, TextWorld):
         raise ValueError(f"world {name_or_path!r} does not implement TextWorld")

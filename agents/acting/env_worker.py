@@ -200,7 +200,9 @@ class EnvWorker(Actor):
             ctx.log.warning("world close failed", error=f"sys.exit({exc.code!r})")
         except KeyboardInterrupt:  # raised in a worker thread: the world's, not a signal
             ctx.log.warning("world close failed", error="KeyboardInterrupt")
-        except Exception as exc:  # the world is dropped: nothing more to do than say so
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:  # the world is dropped: nothing more to do than say so
             ctx.log.warning("world close failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _episode(
@@ -214,10 +216,19 @@ class EnvWorker(Actor):
             except SystemExit as exc:  # a plug-in's sys.exit() ends the episode, not the run
                 raise RuntimeError(f"world.{fn.__name__} called sys.exit({exc.code!r})") from None
             except KeyboardInterrupt:
-                if not blocking:  # on the loop's thread: it may be the user's Ctrl-C
+                if not blocking and ctx.ctrl_c_possible():  # it may be the user's Ctrl-C
                     raise
-                # raised in a worker thread, where no signal lands: the world's own doing
+                # raised in a worker thread, where no signal lands, or on the loop while the
+                # runtime takes SIGINT itself: the world's own doing
                 raise RuntimeError(f"world.{fn.__name__} raised KeyboardInterrupt") from None
+            except trio.Cancelled:
+                raise
+            except Exception:
+                raise
+            except BaseException as exc:  # a plug-in's own BaseException: the episode's end
+                raise RuntimeError(
+                    f"world.{fn.__name__} raised {type(exc).__name__}: {exc}"
+                ) from None
             return checked_observation(out, what)
 
         task = Task(family=job.family, variant=job.variant, split=job.split)

@@ -26,7 +26,7 @@ from engine.events import Codec, Event
 from engine.lifecycle import ActorFailed, RunFailed, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
-from engine.runtime import Runtime
+from engine.runtime import Runtime, RuntimeConfig
 from engine.world import Observation, Task
 from scenarios.worlds.minilab import MiniLab
 
@@ -56,7 +56,9 @@ class OddWorld(MiniLab):
         return obs
 
 
-def run_world(make_world: Any, episodes: int = 8, max_turns: int = 0) -> tuple[list[Any], Any]:
+def run_world(
+    make_world: Any, episodes: int = 8, max_turns: int = 0, signals: bool = False
+) -> tuple[list[Any], Any]:
     """Run ``episodes`` random-agent episodes on two workers; every committed event is read
     back (decoded) from the log."""
     tasks = MiniLab(families=("fetch",), train_variants=20).tasks("fetch", "train")
@@ -73,7 +75,8 @@ def run_world(make_world: Any, episodes: int = 8, max_turns: int = 0) -> tuple[l
         for name in names
     ]
     log = MemoryEventLog()
-    runtime = Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=5)
+    config = RuntimeConfig(handle_signals=signals)
+    runtime = Runtime(log, STARTED, specs, [ActorStats(), EpisodeTable()], seed=5, config=config)
     outcome = trio.run(runtime.run)
     assert verify_log(log, [ActorStats(), EpisodeTable()]).ok
     return [env.event for env in log.read()], outcome
@@ -163,6 +166,53 @@ def test_a_world_raising_keyboard_interrupt_in_its_thread_aborts_the_episode_onl
     assert aborted and all(
         e.reason == "RuntimeError: world.step raised KeyboardInterrupt" for e in aborted
     )
+
+
+class Mine(BaseException):
+    """A plug-in's own BaseException (not an Exception)."""
+
+
+class Raising(MiniLab):
+    """A world whose second step raises ``error`` (in a worker thread when ``blocking``, else
+    on the event loop's thread), and whose close does too."""
+
+    def __init__(self, error: BaseException, blocking: bool) -> None:
+        super().__init__(families=("fetch",))
+        self.error, self.blocking = error, blocking
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        self.turn = 0
+        return super().reset(task, seed)
+
+    def step(self, action: str) -> Observation:
+        self.turn += 1
+        if self.turn == 2:
+            raise self.error
+        return super().step(action)
+
+    def close(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (Mine("its own"), "RuntimeError: world.step raised Mine: its own"),
+        # on the loop's thread while the runtime takes SIGINT as a stop: not the user's Ctrl-C
+        (KeyboardInterrupt(), "RuntimeError: world.step raised KeyboardInterrupt"),
+    ],
+)
+def test_a_world_raising_a_base_exception_aborts_the_episode_only(
+    error: BaseException, says: str, blocking: bool
+) -> None:
+    """A plug-in's own BaseException ended the run with a traceback and no final event; a
+    non-blocking world's KeyboardInterrupt stopped the run as a Ctrl-C (exit 130), and its
+    resume again."""
+    events, outcome = run_world(partial(Raising, error, blocking), signals=True)
+    assert outcome.reason == "completed"
+    aborted = [e for e in events if isinstance(e, EpisodeAborted)]
+    assert len(aborted) == 8 and all(e.reason == says for e in aborted), aborted[0].reason
 
 
 class NeverDone(MiniLab):

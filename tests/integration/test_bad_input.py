@@ -171,6 +171,16 @@ WORLDS = {
         "        return super().tasks('fetch' if family.startswith('fetch') else family, split)\n",
         "a lone surrogate that UTF-8 cannot encode",
     ),
+    "its own BaseException as it starts": (  # a traceback and exit 1
+        "from scenarios.worlds.minilab import MiniLab\nclass Mine(BaseException):\n    pass\n"
+        "class W(MiniLab):\n    def __init__(self):\n        raise Mine('no')\n",
+        "failed to start: raised Mine: no",
+    ),
+    "KeyboardInterrupt as it starts": (  # read as the user's Ctrl-C: "interrupted", exit 130
+        "from scenarios.worlds.minilab import MiniLab\n"
+        "class W(MiniLab):\n    def __init__(self):\n        raise KeyboardInterrupt\n",
+        "failed to start: raised KeyboardInterrupt",
+    ),
     "tasks exit": (
         "import sys\nfrom scenarios.worlds.minilab import MiniLab\nclass W(MiniLab):\n"
         "    def families(self):\n        sys.exit(0)\n",
