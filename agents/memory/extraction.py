@@ -293,6 +293,26 @@ def parse_extraction(text: str, *, known_ids: Collection[int], max_ops: int = 3)
     return _parse(text, rules)
 
 
+def tried_operations(text: str) -> bool:
+    """Whether an extraction answer tried to write operations, well or not: JSON (an object,
+    a list, or something that fails to decode as one), or a line that starts with an operation
+    word (``add``, ``update``, ``return``) or with a word, ids and a colon (``delete 3: x``).
+    Prose, and notes under a heading ("Tip: ..."), did not: what ``plain_add`` may read as one
+    add (a malformed operation changes nothing)."""
+    body = _unfence(text)
+    items, json_error = _json_items(body)
+    if items is not None or json_error is not None:
+        return True
+    for raw in body.splitlines():
+        line = raw.strip()
+        if (marker := _MARKER.match(line)) is not None:
+            line = line[marker.end() :]
+        word = _WORD.match(line)
+        if word is not None and (word.group(1).lower() in _EXTRACT or _WITH_IDS.match(line)):
+            return True
+    return False
+
+
 def parse_merge(text: str, *, chunk_ids: Collection[int]) -> Parsed:
     """Read a merge answer: ``merge``, ``rewrite``, ``discard``, ``return``.
 
@@ -561,6 +581,7 @@ _MARKER = re.compile(r"(?:[-*•]|[0-9]{1,3}[.)])\s+")
 _SHAPE = re.compile(r"([A-Za-z]+)(?![A-Za-z0-9_])\s*(?:[-+0-9][-+0-9,\s]*)?(?::|$)")
 _WORD = re.compile(r"([A-Za-z]+)(?![A-Za-z0-9_])")
 _INT = re.compile(r"[+-]?[0-9]{1,18}")
+_WITH_IDS = re.compile(r"[A-Za-z]+\s+[-+]?[0-9][-+0-9,\s]*:")  # a word, ids, a colon
 
 
 def _line_pieces(body: str, grammar: dict[str, _Form]) -> list[_Piece | str] | None:

@@ -46,6 +46,7 @@ from agents.memory.extraction import (
     parse_merge,
     shown_ids,
     to_bank_ids,
+    tried_operations,
 )
 from agents.methods.cispo import cispo_loss
 from agents.models.backend import Backend, HfBackend
@@ -153,7 +154,12 @@ class ExtractorModel:
             if isinstance(req, ExtractionRequested):
                 ids = [req.entry] if req.entry >= 0 else []
                 parsed = parse_extraction(text, known_ids=shown_ids(len(ids)), max_ops=s.max_ops)
-                if s.plain_add and parsed.malformed and 0 < len(text) <= MAX_CONTENT_CHARS:
+                if (
+                    s.plain_add
+                    and parsed.malformed
+                    and 0 < len(text) <= MAX_CONTENT_CHARS
+                    and not tried_operations(text)
+                ):
                     note = "no operation syntax: read as one add"
                     parsed = Parsed((Add(text),), (*parsed.errors, note), False, "plain")
                 task, source = "extract", req.episode

@@ -391,3 +391,44 @@ def test_never_raises_on_huge_integers() -> None:
     assert extract(f"update {digits}: x").errors == (
         "line 1: ids must be integers, got '" + digits[:36] + "...",
     )
+
+
+@pytest.mark.parametrize(
+    ("answer", "added"),
+    [
+        ("take the mug, then heat it in the oven", True),  # prose: a note
+        ("Tip: open the oven first", True),  # a note under a heading
+        ("Now: take the mug\nthen: heat it", True),
+        ("update 7: a better tip", False),  # an entry it was not shown
+        ("delete 3: the old one", False),  # an operation there is not
+        ("add: ", False),  # an add without text
+        ('[{"op": "update", "id": 9, "content": "x"}]', False),
+        ("[]", False),
+        ('[{"op": "add", "content": "trunc', False),  # JSON cut off
+    ],
+)
+def test_plain_add_reads_notes_not_malformed_operations(
+    monkeypatch: pytest.MonkeyPatch, answer: str, added: bool
+) -> None:
+    """plain_add stored any malformed answer as an entry ("update 7: better tip", a JSON
+    list), where the docs promise that a malformed operation changes nothing and that only
+    an answer with no operation syntax is read as one add."""
+    from types import SimpleNamespace
+
+    import agents.memory.extractor as extractor
+    from agents.acting.inference import Reply
+    from agents.events.extractor import ExtractionRequested
+
+    reply = Reply(prompt=[1], ids=[2], logps=[-1.0], text=answer)
+    monkeypatch.setattr(extractor, "write_replies", lambda *a, **k: [reply])
+    model = SimpleNamespace(
+        settings=extractor.ExtractorSettings(), backend=None, tokenizer=None,
+        max_positions=64, version=0,
+    )  # fmt: skip
+    req = ExtractionRequested(
+        episode="ep0", worker="w", slot="train/heat", entry=-1, messages=(("user", "?"),),
+        success=True, score=1.0, seed=0,
+    )  # fmt: skip
+    (called,) = extractor.ExtractorModel.answer(model, [req], ["x0"])  # type: ignore[arg-type]
+    assert (called.ops == (("add", (), answer),)) is added, called
+    assert called.malformed is not added
