@@ -62,6 +62,11 @@ _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that stop a run gracefully: a Ctrl-C, a kill, a terminal or SSH session that
 closes (SIGHUP, unless the process ignores it: ``nohup``)."""
+STOP_NOTICE_S = 5.0
+"""Seconds a stop may wait on actors still running (an update in a thread, a world's close)
+before the runtime says which, and again every :data:`STOP_NOTICE_EVERY_S`."""
+STOP_NOTICE_EVERY_S = 30.0
+
 _LOOP_BLOCKED = 1.0
 """Seconds a stop signal may wait for the event loop before another one counts it blocked."""
 
@@ -359,6 +364,9 @@ class Runtime:
         self._actor_scope: trio.CancelScope | None = None
         self._stop_reason: tuple[str, int] | None = None
         self._signalled = False  # a stop signal arrived (ctrl_c_possible)
+        self._running: set[str] = set()  # the actors whose task has not returned
+        self._root: trio.Nursery | None = None
+        self._stop_notice = trio.CancelScope()  # ends with the actors (_notice_stop)
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
         self.check_event = Codec().check
         """Raise ``EventInvalid`` unless an event would decode from the log (``Context.emit``
@@ -456,12 +464,14 @@ class Runtime:
             watch.start()
         try:
             async with trio.open_nursery() as root:
+                self._root = root
                 await root.start(self._writer)
                 if self._next == 0:
                     self.push("runtime", self._run_started, None, "")
                 elif self._resumed is not None:
                     self.push("runtime", self._resumed, None, "")
                 outcome = await self._run_actors()
+                self._stop_notice.cancel()
                 self.push("runtime", self._final_event(outcome), None, "")
                 self._closing = True
                 self._wake.unpark_all()
@@ -510,8 +520,33 @@ class Runtime:
         """Cancel the actors; the run ends with :class:`RunStopped` (``reason``)."""
         if self._stop_reason is None:
             self._stop_reason = (reason, exit_code)
+            if self._root is not None:
+                self._root.start_soon(self._notice_stop, reason)
         if self._actor_scope is not None:
             self._actor_scope.cancel()
+
+    async def _notice_stop(self, reason: str) -> None:
+        """Say which actors a stop still waits on, once it has waited :data:`STOP_NOTICE_S`
+        (an update in a thread cannot be cancelled: a stop waited minutes without a word)."""
+        with self._stop_notice:
+            waited = STOP_NOTICE_S
+            await trio.sleep(waited)
+            hint = {}
+            if reason.startswith("signal:"):
+                hint["now"] = (
+                    "a second Ctrl-C or SIGTERM ends the process (the log keeps every commit, "
+                    "and coevo resume continues the run)"
+                )
+            while self._running:
+                self._log_out.warning(
+                    "stopping: still waiting for actors to finish what they are doing",
+                    actors=sorted(self._running),
+                    waited_s=round(waited),
+                    stop=reason,
+                    **hint,
+                )
+                await trio.sleep(STOP_NOTICE_EVERY_S)
+                waited += STOP_NOTICE_EVERY_S
 
     @contextlib.contextmanager
     def _signal_handler(self) -> Generator[trio.MemoryReceiveChannel[int] | None]:
@@ -598,7 +633,9 @@ class Runtime:
         attempt = 0
         actor, sub.first = sub.first, None
         mailbox = Mailbox(sub.recv)
-        with sub.recv:
+        self._running.add(spec.name)
+        with sub.recv, contextlib.ExitStack() as running:
+            running.callback(self._running.discard, spec.name)
             while True:
                 try:
                     if actor is None:

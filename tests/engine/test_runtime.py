@@ -391,6 +391,46 @@ def test_request_stop_cancels_actors_and_flushes() -> None:
     assert pings == list(range(len(pings)))  # nothing emitted before the stop was lost
 
 
+class Stubborn(Actor):
+    """An actor whose work cannot be cancelled for 100 s (a policy update in a thread)."""
+
+    async def run(self, ctx: Context) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(100)
+
+
+@pytest.mark.parametrize("reason", ["signal:SIGTERM", "requested"])
+def test_a_stop_that_waits_on_an_actor_says_which(reason: str) -> None:
+    """A SIGTERM during a four-minute update waited for it without a word (a second signal
+    would have ended the process, but nothing said so)."""
+    import structlog
+
+    log = MemoryEventLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+
+    async def main() -> RunOutcome:
+        rt = Runtime(log, started, [ActorSpec(name="slow", factory=Stubborn)], [], seed=0)
+        result: list[RunOutcome] = []
+        async with trio.open_nursery() as nursery:
+
+            async def go() -> None:
+                result.append(await rt.run())
+
+            nursery.start_soon(go)
+            while log.next_seq < 2:  # the run started, and its actor
+                await trio.sleep(0.01)
+            rt.request_stop(reason, 143)
+        return result[0]
+
+    with structlog.testing.capture_logs() as logs:  # the runtime binds its logger as it is made
+        outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert outcome.reason == reason
+    said = [e for e in logs if e["event"].startswith("stopping: still waiting")]
+    assert [e["waited_s"] for e in said] == [5, 35, 65, 95]  # then it finished, at 100 s
+    assert all(e["actors"] == ["slow"] and e["log_level"] == "warning" for e in said)
+    assert ("now" in said[0]) is reason.startswith("signal:")  # only a signal's second ends it
+
+
 def test_stop_requested_before_actors_start_still_ends_the_run() -> None:
     log = MemoryEventLog()
     started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
