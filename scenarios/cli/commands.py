@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="emitting actor (repeatable); an actor's start, failure, restart: the runtime's",
     )
-    p.add_argument("--episode", default="", help="correlation / episode id")
+    p.add_argument("--episode", default=None, help="correlation / episode id")
     p.add_argument("--from", dest="start", type=int, default=0, metavar="SEQ")
     p.add_argument("--to", dest="stop", type=int, default=None, metavar="SEQ", help="exclusive")
     p.add_argument("--limit", type=int, default=None, help="at most this many events")
@@ -564,6 +564,14 @@ def cmd_log(args: argparse.Namespace) -> int:
     for name, value in (("--from", args.start), ("--to", args.stop), ("--limit", args.limit)):
         if value is not None and value < 0:
             raise InputInvalid(f"{name} must be >= 0, got {value}")
+    if args.stop is not None and args.stop <= args.start:  # printed nothing, exit 0
+        raise InputInvalid(
+            f"--to {args.stop} is not after --from {args.start}: no event lies between them "
+            "(--to is exclusive)"
+        )
+    for name, given in (("--episode", [args.episode]), ("--actor", args.actor)):
+        if any(g is not None and not g.strip() for g in given):  # "" printed every event
+            raise InputInvalid(f"{name}: an empty name (leave the option out for every one)")
     log = open_run(args.run)  # first: it imports a plug-in method's own event kinds
     try:
         kinds = event_types()
@@ -582,7 +590,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         flt = EventFilter(
             kinds=frozenset(args.kind),
             actors=frozenset(args.actor),
-            corr=args.episode,
+            corr=args.episode or "",
             start=args.start,
             stop=args.stop,
         )

@@ -95,6 +95,14 @@ def test_a_log_filter_naming_nothing_in_the_run_is_an_error_not_silence(small_ru
         2,
         "--episode: no event of 'ep99999' in this run (its ",
     )
+    # an empty name printed every event; --to before --from printed nothing, exit 0
+    assert_clean_error(coevo("log", str(small_run), "--episode", ""), 2, "--episode: an empty name")
+    assert_clean_error(coevo("log", str(small_run), "--actor", " "), 2, "--actor: an empty name")
+    assert_clean_error(
+        coevo("log", str(small_run), "--from", "50", "--to", "10"),
+        2,
+        "--to 10 is not after --from 50: no event lies between them (--to is exclusive)",
+    )
     # a real actor or episode with nothing in range is an empty answer, not an error
     proc = coevo("log", str(small_run), "--actor", "worker-0", "--to", "1")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
