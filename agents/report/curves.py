@@ -334,9 +334,13 @@ def summary_lines(curves: Curves) -> list[str]:
         filled = [row for row in curves.heldout_memory if row[0] > 0]
         first, last = (filled or curves.heldout_memory)[0], curves.heldout_memory[-1]
         empty = len(filled) < len(curves.heldout_memory)
-        lines.append(
-            f"held-out success with the bank: {first[2]:.1%} at version {first[1]} -> "
+        said = (
             f"{last[2]:.1%} at version {last[1]}"
+            if first is last  # one round with a filled bank: no change to show
+            else f"{first[2]:.1%} at version {first[1]} -> {last[2]:.1%} at version {last[1]}"
+        )
+        lines.append(
+            f"held-out success with the bank: {said}"
             + (" (the round before any training episode ended read an empty bank)" if empty else "")
         )
     versions = sorted({row[0] for row in curves.adapt})

@@ -128,6 +128,13 @@ def test_the_bank_round_before_any_training_read_an_empty_bank_and_is_said_so() 
     )
     lines = summary_lines(fold_curves([*rounds[1:], updated(1)]))
     assert lines[-1] == "held-out success with the bank: 25.0% at version 2 -> 50.0% at version 4"
+    # one round with a filled bank: it was compared with itself ("50.0% at version 1 -> 50.0%
+    # at version 1")
+    lines = summary_lines(fold_curves([*rounds[:2], updated(1)]))
+    assert lines[-1] == (
+        "held-out success with the bank: 25.0% at version 2 (the round before any training "
+        "episode ended read an empty bank)"
+    )
 
 
 def test_report_writes_csv_and_png(tmp_path: Path) -> None:
