@@ -14,7 +14,7 @@ invariants do not.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import msgspec.inspect as mi
@@ -147,6 +147,9 @@ def event_strategy(cls: type[Event], **fields: st.SearchStrategy[Any]) -> st.Sea
     Raises:
         TypeError: fields with no derivation and no registered strategy (each named).
     """
+    given = cast("object", cls)  # the signature says an event class; a user may pass anything
+    if not (isinstance(given, type) and issubclass(given, Event)):
+        raise TypeError(f"event_strategy takes an event class, got {cls!r}")
     if not fields and cls in _CLASSES:
         return _CLASSES[cls]
     info = mi.type_info(cls)

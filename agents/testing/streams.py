@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from agents.audit.credit import AuditSettings
 from agents.events.episodes import (
@@ -73,6 +73,7 @@ __all__ = ["AUDIT", "CREDIT", "OPS", "Memory", "StreamBuilder", "runs"]
 
 Memory = Literal["none", "tips", "extractor"]
 """What the stream's memory is: none, EMPO2-like reflections, or a Complementary RL extractor."""
+MEMORIES: tuple[Memory, ...] = get_args(Memory)
 
 CREDIT = CreditSettings(batch=1)
 """The credit actor's settings streams are made with (an extractor request per credit)."""
@@ -566,15 +567,13 @@ class StreamBuilder:
         self.add(RunStopped(reason="completed"), actor="runtime")
 
 
-@st.composite
 def runs(
-    draw: st.DrawFn,
     *,
     memory: Memory | None = None,
     max_ops: int = 60,
     ops: Sequence[str] = OPS,
     completed: bool | None = None,
-) -> list[Envelope[Event]]:
+) -> st.SearchStrategy[list[Envelope[Event]]]:
     """A well-formed run's stream: ``run_started``, then a drawn program of operations
     (:data:`OPS`), then, if ``completed`` (drawn when None), every episode ended and
     ``run_stopped(completed)``.
@@ -585,8 +584,30 @@ def runs(
         ops: the operations to draw from (leave out "stop" for one session, "abort" for
             episodes that all finish).
         completed: whether the stream ends with the run's completion.
+
+    Raises:
+        ValueError: a memory or an operation there is not (a misspelt one was never drawn).
     """
-    builder = StreamBuilder(memory=memory or draw(st.sampled_from(("none", "tips", "extractor"))))
+    if memory is not None and memory not in MEMORIES:
+        raise ValueError(f"runs(memory={memory!r}): one of {', '.join(MEMORIES)}, or None")
+    unknown = [] if isinstance(ops, str) else [op for op in ops if op not in OPS]
+    if isinstance(ops, str) or unknown or not ops:
+        raise ValueError(
+            f"runs(ops={ops!r}): a sequence of operations of {', '.join(OPS)}"
+            + (f" ({', '.join(map(repr, unknown))}: no such operation)" if unknown else "")
+        )
+    return _runs(memory, max_ops, tuple(ops), completed)
+
+
+@st.composite
+def _runs(
+    draw: st.DrawFn,
+    memory: Memory | None,
+    max_ops: int,
+    ops: tuple[str, ...],
+    completed: bool | None,
+) -> list[Envelope[Event]]:
+    builder = StreamBuilder(memory=memory or draw(st.sampled_from(MEMORIES)))
     builder.begin()
     size = draw(st.integers(0, max_ops))  # drawn first: lists alone stay short
     step = st.tuples(st.sampled_from(_weighted(ops)), st.integers(0, 7))

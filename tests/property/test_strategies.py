@@ -120,3 +120,27 @@ def test_without_hypothesis_the_import_says_how_to_get_it_in_one_line() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "coevo's strategies need Hypothesis: pip install 'coevo[testing]'\n"
+
+
+def test_the_users_testing_api_refuses_what_it_would_misread() -> None:
+    """``event_strategy(int)`` was a bare AssertionError; ``runs(memory="bogus")`` a bare
+    KeyError; a misspelt op in ``runs(ops=...)`` was never drawn, without a word; a
+    ``check_only`` string was read letter by letter ("unknown invariant 'l'")."""
+    from agents.testing.streams import runs
+    from scenarios.harness import RunMachine
+
+    with pytest.raises(TypeError, match="event_strategy takes an event class, got <class 'int'>"):
+        event_strategy(int)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"runs\(memory='bogus'\): one of none, tips, extractor"):
+        runs(memory="bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"'strat', 'finsh': no such operation"):
+        runs(ops=("assign", "strat", "finsh"))
+    with pytest.raises(ValueError, match=r"runs\(ops='assign'\): a sequence of operations"):
+        runs(ops="assign")
+
+    class Letters(RunMachine):
+        scenario = 'name = "x"\n[agent]\nkind = "random"\n'
+        check_only = "lamp-lit"  # type: ignore[assignment]
+
+    with pytest.raises(TypeError, match=r"check_only = 'lamp-lit': a tuple of invariant names"):
+        Letters()
