@@ -245,3 +245,32 @@ def outside_lmdb(path: Path, flag: str) -> Path:
                 f"({DATA_FILE}); write somewhere else"
             )
     return path
+
+
+def newest_checkpoints(events: Any) -> dict[str, str]:
+    """The checkpoint a resume loads for each trained model, from a run's ``events`` in log
+    order (envelopes): ``{"policy": "checkpoints/v000002", "extractor": ...}`` (a model the
+    run never updated is absent)."""
+    from agents.events.extractor import ExtractorUpdated
+    from agents.events.policy import PolicyUpdated
+
+    named: dict[str, str] = {}
+    for env in events:
+        ev = env.event
+        if isinstance(ev, PolicyUpdated) and ev.checkpoint:
+            named["policy"] = ev.checkpoint
+        elif isinstance(ev, ExtractorUpdated) and ev.checkpoint:
+            named["extractor"] = ev.checkpoint
+    return named
+
+
+def missing_checkpoints(root: Path, named: dict[str, str]) -> list[str]:
+    """Of :func:`newest_checkpoints`, those whose weights are not on disk under ``root``, as
+    "the policy's checkpoints/v000002"."""
+    from stores.checkpoints import weights_file
+
+    return [
+        f"the {role}'s {name}"
+        for role, name in named.items()
+        if not weights_file(root / name).is_file()
+    ]

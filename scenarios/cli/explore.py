@@ -19,7 +19,9 @@ from typing import Any, cast
 
 from scenarios.cli.common import (
     InputInvalid,
+    missing_checkpoints,
     naming,
+    newest_checkpoints,
     open_run,
     outside_lmdb,
     resolved_path,
@@ -99,7 +101,31 @@ def cmd_copy(args: argparse.Namespace) -> int:
             f"Resumed, the copy is a second run of id {run_id}, apart from the original",
             file=sys.stderr,
         )
+    if gone := _unresumable(dest):
+        print(
+            f"coevo: error: the copy lacks {' and '.join(gone)}, the newest its log names (the "
+            "run pruned it while it was copied): the copy reads, checks and audits, but coevo "
+            "resume cannot continue it; copy the run again once it has stopped",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def _unresumable(dest: Path) -> list[str]:
+    """The checkpoints a resume of the copy at ``dest`` would load that it lacks."""
+    from agents.events.extractor import ExtractorUpdated
+    from agents.events.policy import PolicyUpdated
+    from engine.replay import EventFilter, iter_events
+
+    kinds = frozenset(str(c.__struct_config__.tag) for c in (PolicyUpdated, ExtractorUpdated))
+    log = open_run(str(dest))
+    try:
+        with naming(log.path):
+            named = newest_checkpoints(iter_events(log, EventFilter(kinds=kinds)))
+    finally:
+        log.close()
+    return missing_checkpoints(dest, named)
 
 
 def _copy_run(rd: RunDir, dest: Path) -> tuple[bool, int, Any]:

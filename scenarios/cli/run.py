@@ -19,7 +19,9 @@ from rich.console import Console
 from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
 from scenarios.cli.common import (
     InputInvalid,
+    missing_checkpoints,
     naming,
+    newest_checkpoints,
     open_run,
     out_path,
     read_meta,
@@ -641,14 +643,22 @@ def _history(path: str, log: Any, curves: Path | None) -> Sequence[Any]:
     from engine.lifecycle import RunStopped
 
     end, last = log.next_seq, None
+    named: dict[str, str] = {}
     with naming(log.path):
         for chunk in log.read_chunks(0, end):
             last = chunk[-1]
+            named.update(newest_checkpoints(chunk))
     history = LogHistory(log, end)
     if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
         missing = curves is not None and not all((curves / n).exists() for n in CURVE_FILES)
         raise NothingToResume(
             f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
             + (f"; its curves are missing: coevo report {path} draws them" if missing else "")
+        )
+    if gone := missing_checkpoints(Path(log.path).parent, named):  # before any episode plays
+        raise InputInvalid(
+            f"{path}: cannot be resumed: {' and '.join(gone)} (the newest its log names, "
+            "which a resume continues from) is not on disk; restore it from a copy of the run. "
+            "Reading the run needs none: replay, check, report and audit work as they are"
         )
     return history

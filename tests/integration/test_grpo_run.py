@@ -279,3 +279,36 @@ def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
         err = capsys.readouterr().err
         assert f"--set {setting}: run.method = 'grpo' has no guided and free subgroups" in err
     assert main(["audit", str(run_dir), "credit", "--set", "std_norm=false"]) == 0
+
+
+def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A killed run whose newest checkpoint was gone played a session's episodes before its
+    learner failed (ResumeDiverged, exit 1), growing the log on every try; a copy taken while
+    the run pruned that checkpoint said it was complete."""
+    import shutil
+
+    source = LmdbEventLog.open(run_dir / "log", writable=False)
+    try:
+        envs = list(source.read(0, None))
+        meta = source.read_meta()
+    finally:
+        source.close()
+    first = next(i for i, e in enumerate(envs) if isinstance(e.event, PolicyUpdated))
+    killed = tmp_path / "killed"  # the run as killed after its first update, checkpoints lost
+    log = LmdbEventLog.create(killed / "log", meta, durable=False)
+    try:
+        log.append(envs[: first + 1])
+    finally:
+        log.close()
+    shutil.copy(run_dir / "scenario.toml", killed / "scenario.toml")
+    checkpoint = envs[first].event.checkpoint
+    assert main(["resume", str(killed), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot be resumed: the policy's {checkpoint} (the newest its log names" in err, err
+    assert len(read_events(killed)) == first + 1  # nothing played, nothing written
+    assert main(["copy", str(killed), str(tmp_path / "copy")]) == 1
+    err = capsys.readouterr().err
+    assert f"coevo: error: the copy lacks the policy's {checkpoint}, the newest its log" in err
+    assert main(["copy", str(run_dir), str(tmp_path / "whole")]) == 0  # it has them all
