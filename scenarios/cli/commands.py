@@ -29,6 +29,7 @@ from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import (
     TORN_COPY_HINT,
     InputInvalid,
+    check_writable,
     keep_stderr_open,
     naming,
     open_run,
@@ -415,13 +416,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             log.close()
     out = out_path(args.out, lambda: runs[0].path / "report.html")
     _refuse_overwrite(out, PAGE_HEAD.encode())
+    check_writable(out, "--out FILE")
     for run in runs:
         _draw_missing_curves(run)
     page = render(runs).encode("utf-8")
     try:
         replace_file(out, page)
     except OSError as exc:
-        raise InputInvalid(f"{out}: cannot write: {exc.strerror}") from None
+        raise InputInvalid(
+            f"{out}: cannot write: {exc.strerror} (--out FILE writes it elsewhere)"
+        ) from None
     print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
     return 0
 
@@ -503,6 +507,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
     console = Console(stderr=True)
     out = given if given is not None else run.root / "probe"
+    check_writable(out, "--out DIR")  # not after every bank's episodes were played
     with _Stages(console) as stages:
 
         def done(r: BankResult) -> None:

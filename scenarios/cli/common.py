@@ -274,3 +274,26 @@ def missing_checkpoints(root: Path, named: dict[str, str]) -> list[str]:
         for role, name in named.items()
         if not weights_file(root / name).is_file()
     ]
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Refuse, before any work, an output ``path`` (a file or a directory, there or not) whose
+    nearest existing directory this process cannot write in: a read-only run directory made a
+    probe play all its episodes before it failed to write its report.
+
+    Raises:
+        InputInvalid: it cannot be written; ``what`` names the option that moves it.
+    """
+    there = path if path.is_dir() else path.parent
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not os.access(there, os.W_OK | os.X_OK):
+        why = "a read-only file system" if _read_only(there) else "no permission"
+        raise InputInvalid(f"{path}: cannot write in {there} ({why}); {what} writes it elsewhere")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -321,6 +321,34 @@ def test_bad_input_is_one_line_and_exit_2(
     assert out.read_text() == "mine" if case == "out-file" else not out.exists()
 
 
+def test_an_output_it_cannot_write_is_refused_before_any_episode(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a read-only run directory the probe played every bank's episodes, then failed to
+    write its report; report failed without naming --out."""
+    import os
+
+    import scenarios.cli.common as common
+    import scenarios.probe_setup as probe_setup
+
+    shut = tmp_path / "read-only"
+    shut.mkdir()
+    real = os.access
+    monkeypatch.setattr(  # as a read-only mount answers, which root's chmod cannot make
+        common.os, "access", lambda p, mode: Path(p) != shut and real(p, mode)
+    )
+
+    def played(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the probe played")
+
+    monkeypatch.setattr(probe_setup, "probe_run", played)
+    assert main(["probe", str(root / "run"), "--out", str(shut / "probe")]) == 2
+    err = capsys.readouterr().err
+    assert f"{shut / 'probe'}: cannot write in {shut} (no permission); --out DIR writes" in err
+    assert main(["report", str(root / "run"), "--out", str(shut / "r.html")]) == 2
+    assert "cannot write in" in capsys.readouterr().err
+
+
 def test_the_headline_pools_the_probes_of_several_seeds(result: dict[str, Any]) -> None:
     headline = load_bench("headline")
     lines, summary = headline.probe_summary([result, result])
