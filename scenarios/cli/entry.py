@@ -67,7 +67,22 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
                 code = _exit_code(exc)
     if code in (129, 130, 143) and "ray" in sys.modules:
         _leave_now(code)
+    _end_on_stop_signals(code)
     sys.exit(code)
+
+
+def _end_on_stop_signals(code: int) -> None:
+    """From here the command is done and the interpreter tears down (a learner's process
+    joined, torch's threads): a SIGTERM or SIGHUP now ends the process at once with the
+    command's own ``code``, as a Ctrl-C (ignored) leaves it. The default action ended it by the
+    signal, silently (exit -15) after a run had completed and written its curves."""
+
+    def leave(signum: int, frame: object) -> None:
+        _leave_now(code)
+
+    signal.signal(signal.SIGTERM, leave)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, leave)
 
 
 def _leave_now(code: int) -> NoReturn:
@@ -79,11 +94,14 @@ def _leave_now(code: int) -> NoReturn:
     import logging
     import os
 
-    logging.shutdown()
+    try:  # noqa: SIM105 - this module imports only sys and signal
+        logging.shutdown()
+    except Exception:  # in a signal handler that interrupted a log line being written
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:  # noqa: SIM105 - this module imports only sys and signal
             stream.flush()
-        except (OSError, ValueError):  # closed, or its reader gone
+        except (OSError, ValueError, RuntimeError):  # closed, its reader gone, or reentrant
             pass
     os._exit(code)
 

@@ -713,3 +713,30 @@ def test_an_existing_out_directory_that_cannot_be_written_is_said_so(
         assert main(["run", EXPLORE, "--out", str(tmp_path / name), "--quiet"]) == 2
         err = capsys.readouterr().err
         assert f"{tmp_path / name}: {said} the run directory: Read-only file system" in err
+
+
+SLOW_EXIT = """
+import atexit, time
+atexit.register(time.sleep, 30)  # a teardown that takes a while (a learner's process joined)
+from scenarios.cli.entry import run
+run(["validate", "scenarios/explore.toml"])
+"""
+
+
+def test_a_sigterm_after_the_command_is_done_ends_it_with_its_own_code(tmp_path: Path) -> None:
+    """A SIGTERM a second after a run completed (during the interpreter's teardown) ended the
+    process by the signal, silently (exit -15), its log and curves complete."""
+    out = tmp_path / "out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SLOW_EXIT], stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while "# valid:" not in out.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1)  # in the teardown's sleep now
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0, out.read_text()
+        finally:
+            proc.kill()
