@@ -30,7 +30,7 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from agents.events.episodes import EpisodeAssigned
 from agents.events.policy import GradientRequested
@@ -124,6 +124,8 @@ def checked_step_events(events: object, method: object) -> tuple[Event, ...]:
     return tuple(events)
 
 
+T = TypeVar("T")
+
 SHAPE_KEEPS = (
     "episode", "index", "worker", "family", "variant", "split", "seed", "purpose", "rollout",
 )  # fmt: skip
@@ -139,18 +141,30 @@ def checked_job(out: object, job: EpisodeAssigned, method: object) -> EpisodeAss
         ValueError: not a job, or one that plays another task, seed or rollout (every episode
             of a changed family aborted, naming no method), naming the method.
     """
-    where = f"{method_label(method)}: shape()"
-    if not isinstance(out, EpisodeAssigned):
+    return _kept(
+        out,
+        job,
+        SHAPE_KEEPS,
+        f"{method_label(method)}: shape()",
+        "job",
+        "it adds requests only (reflect, extract) and where the memory is (scope, slot); the "
+        "task, seed and rollout are the scheduler's",
+    )
+
+
+def _kept(out: object, given: T, keeps: Sequence[str], where: str, what: str, only: str) -> T:
+    """``out`` if it is of ``given``'s class with the fields ``keeps`` unchanged.
+
+    Raises:
+        ValueError: it is not, saying ``where`` and what the hook may change (``only``).
+    """
+    if not isinstance(out, type(given)):
         raise ValueError(
-            f"{where} returned {type(out).__name__}, not the EpisodeAssigned it was given"
+            f"{where} returned {type(out).__name__}, not the {type(given).__name__} it was given"
         )
-    changed = [f for f in SHAPE_KEEPS if getattr(out, f) != getattr(job, f)]
+    changed = [f for f in keeps if getattr(out, f) != getattr(given, f)]
     if changed:
-        raise ValueError(
-            f"{where} changed the job's {', '.join(changed)}: it adds requests only (reflect, "
-            "extract) and where the memory is (scope, slot); the task, seed and rollout are "
-            "the scheduler's"
-        )
+        raise ValueError(f"{where} changed the {what}'s {', '.join(changed)}: {only}")
     return out
 
 
@@ -166,18 +180,15 @@ def checked_loss(out: object, req: GradientRequested, method: object) -> Gradien
         ValueError: not a request, or one whose episodes, advantages, rollout modes or update
             differ (``coevo check`` would call the run's updates wrong), naming the method.
     """
-    where = f"{method_label(method)}: loss()"
-    if not isinstance(out, GradientRequested):
-        raise ValueError(
-            f"{where} returned {type(out).__name__}, not the GradientRequested it was given"
-        )
-    changed = [f for f in LOSS_KEEPS if getattr(out, f) != getattr(req, f)]
-    if changed:
-        raise ValueError(
-            f"{where} changed the request's {', '.join(changed)}: it sets loss settings only "
-            "(advantages come from score(), where the audit re-derives them)"
-        )
-    return out
+    return _kept(
+        out,
+        req,
+        LOSS_KEEPS,
+        f"{method_label(method)}: loss()",
+        "request",
+        "it sets loss settings only (advantages come from score(), where the audit re-derives "
+        "them)",
+    )
 
 
 def method_label(method: object) -> str:
