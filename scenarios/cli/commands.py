@@ -423,9 +423,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         replace_file(out, page)
     except OSError as exc:
-        raise InputInvalid(
-            f"{out}: cannot write: {exc.strerror} (--out FILE writes it elsewhere)"
-        ) from None
+        hint = "" if args.out else " (--out FILE writes it elsewhere)"
+        raise InputInvalid(f"{out}: cannot write: {exc.strerror}{hint}") from None
     print(f"report: {out} ({len(page) // 1024} KiB, {len(runs)} run{'s' * (len(runs) > 1)})")
     return 0
 

@@ -175,7 +175,9 @@ def test_a_hung_jvm_is_killed_and_the_next_reset_starts_a_new_one(
     pid = world.jvm_pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
-    with pytest.raises(JvmHung, match=rf"pid {pid}\) did not answer step 'look around' within 2s"):
+    # the step's own call, or (seen once in CI, under load) the valid-actions call after it
+    hung = rf"pid {pid}\) did not answer (step 'look around'|valid actions) within 2s"
+    with pytest.raises(JvmHung, match=hung):
         world.step("look around")
     assert pid not in jvm_pids() and world.jvm_pid is None
     with pytest.raises(RuntimeError, match="before reset"):

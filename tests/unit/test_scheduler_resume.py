@@ -8,7 +8,7 @@ from typing import cast
 import pytest
 import trio
 
-from agents.acting.scheduler import Scheduler
+from agents.acting.scheduler import RESUMED, Scheduler
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
@@ -135,7 +135,7 @@ def test_an_abandon_the_log_lacks_is_recorded_once_and_its_episode_run_again() -
     abandoned = [e for e in out if isinstance(e, EpisodeAbandoned)]
     assert [(e.episode, e.reason) for e in abandoned] == [
         ("ep000000", "worker restarted (RemoteActorLost: w0: gone)"),
-        ("ep000001", ""),
+        ("ep000001", RESUMED),
     ]
     assigned = [e.episode for e in out if isinstance(e, EpisodeAssigned)]
     assert assigned == ["ep000000", "ep000001"]
