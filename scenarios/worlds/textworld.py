@@ -219,6 +219,9 @@ class TextWorldGames:
             raise ValueError(f"cache_dir must be a path, got {cache_dir!r}")
         version = str(self._tw.__version__)
         self.cache = Path(cache_dir) if cache_dir else cache_root() / "textworld" / version
+        there = next((p for p in (self.cache, *self.cache.parents) if p.exists()), None)
+        if there is not None and not there.is_dir():  # every episode aborted on it
+            raise ValueError(f"cache_dir {str(self.cache)!r}: {str(there)!r} is not a directory")
         self._env: Any = None
         self._envs: dict[Path, Any] = {}
         self._episode: _Episode | None = None

@@ -218,9 +218,13 @@ def test_the_interpreters_own_commands_are_refused(
     assert world.step("look").text == play(world, task, ["look"])[-1].text
 
 
-def test_options_are_checked_with_one_line_errors() -> None:
+def test_options_are_checked_with_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="level must be between 1 and 30 for treasure_hunter"):
         load_world("textworld", {"level": 40})
+    (tmp_path / "file").write_text("x")  # every episode aborted "Not a directory"; valid
+    for where in (tmp_path / "file", tmp_path / "file" / "games"):
+        with pytest.raises(ValueError, match=f"'{tmp_path / 'file'}' is not a directory"):
+            load_world("textworld", {"cache_dir": str(where)})
     with pytest.raises(ValueError, match=r"unknown cooking settings \['knife'\]"):
         load_world("textworld", {"cooking": {"knife": True}})
     with pytest.raises(ValueError, match="unknown textworld families"):
