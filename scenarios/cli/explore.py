@@ -344,7 +344,46 @@ def _diff_lines(
             lines.append(f"  {side}: (the stream has no more events)")
         else:
             lines.append(f"  {side}: {_event_line(env, div.differing)}")
+    if div.a is not None and div.b is not None:  # where in each field, past what a line shows
+        for key in div.differing:
+            found = _first_difference(div.a["event"].get(key), div.b["event"].get(key))
+            if found:
+                lines.append(f"  {key}: first differs {found}")
     return lines
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """Where two field values first differ, and how (``at [23]: A -100.31357, B -100.31359``):
+    a long list or text differs past what an event's line shows."""
+    import msgspec
+
+    def shown(x: Any) -> str:
+        text = msgspec.json.encode(x).decode()
+        return text if len(text) <= 60 else text[:59] + "…"
+
+    if isinstance(a, list) and isinstance(b, list):
+        xs, ys = cast("list[Any]", a), cast("list[Any]", b)
+        for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+        if len(xs) != len(ys):
+            return f"at {path or 'its end'}: A has {len(xs)} items, B {len(ys)}"
+        return ""
+    if isinstance(a, dict) and isinstance(b, dict):
+        da, db = cast("dict[str, Any]", a), cast("dict[str, Any]", b)
+        for k in [*da, *(k for k in db if k not in da)]:
+            if da.get(k) != db.get(k):
+                return _first_difference(da.get(k), db.get(k), f"{path}.{k}")
+        return ""
+    if isinstance(a, str) and isinstance(b, str) and a != b:
+        pairs = enumerate(zip(a, b, strict=False))
+        i = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+        lo = max(i - 20, 0)
+        where = f"{path}, character {i}" if path else f"character {i}"
+        return f"at {where}: A {shown(a[lo : i + 30])}, B {shown(b[lo : i + 30])}"
+    if a != b:
+        return f"at {path or 'the value'}: A {shown(a)}, B {shown(b)}"
+    return ""
 
 
 def _value(value: Any, default: bool = False) -> str:

@@ -55,6 +55,7 @@ def test_another_seed_diverges_at_its_first_seeded_event(
     out = capsys.readouterr().out.splitlines()
     assert out[2:4] == ["scenario: 1 difference", "  seed: 0 -> 1"]
     assert out[4] == "events: first divergence at seq 0, stream runtime/ (seed)"
+    assert out[7] == "  seed: first differs at the value: A 0, B 1"
     assert main(["diff", str(a), str(c), "--json"]) == 1
     got = json.loads(capsys.readouterr().out)
     assert got["scenario"] == [{"key": "seed", "a": 0, "b": 1}]
@@ -121,3 +122,18 @@ def test_two_runs_of_a_deterministic_learning_scenario_are_the_same(
         assert main(["run", str(tmp_path / "tiny.toml"), "--out", out, "--quiet"]) == 0
     capsys.readouterr()
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0, capsys.readouterr().out
+
+
+def test_a_long_field_s_difference_is_shown_where_it_is() -> None:
+    """Two runs' ``candidate_scores`` differed at item 23 of 24 (float noise of batching);
+    the event lines, cut at 80 characters, showed the same prefix on both sides."""
+    from scenarios.cli.explore import _first_difference
+
+    a = [-60.55, -4.05, *[-1.0] * 21, -100.31357]
+    b = [*a[:23], -100.31359]
+    assert _first_difference(a, b) == "at [23]: A -100.31357, B -100.31359"
+    assert _first_difference([1, 2], [1, 2, 3]) == "at its end: A has 2 items, B 3"
+    assert _first_difference({"x": ["ab", "ac"]}, {"x": ["ab", "ad"]}) == (
+        'at .x[1], character 1: A "ac", B "ad"'
+    )
+    assert _first_difference([1], [1]) == ""
