@@ -25,11 +25,14 @@ points it completes. Series and their steps (``x``):
   ``extractor/reward`` (mean reward of its batch), ``extractor/samples``,
   ``extractor/grad_norm``, ``extractor/clip_frac``.
 
-When the run completes (``run_stopped`` with reason "completed") the block still open is
-written at the training episodes ended, if anything happened in it: its episodes' means over
-as many as it holds (fewer than ``block``), and what came after the last training episode
-ended (the last credits and bank entries). A run stopped or failed keeps its block open for
-its resume. Live and exported alike.
+A full block is written once it is final: when the next training episode ends or the session
+ends (``run_stopped``, ``run_failed``; :meth:`ScalarFold.finish` at the end of a log that has
+neither). When the run completes (``run_stopped`` with reason "completed") the block still
+open is written at the training episodes ended, if anything happened in it: its episodes'
+means over as many as it holds (fewer than ``block``), and what came after the last training
+episode ended (the last credits and bank entries); with no training episode after the last
+full block, that tail joins it (one point per series and step). A run stopped or failed
+keeps its open block for its resume. Live and exported alike.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from agents.events.extractor import CreditAssigned, ExtractorGradientRequested, 
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from engine.events import Envelope, Event
-from engine.lifecycle import RunStopped
+from engine.lifecycle import RunFailed, RunStopped
 
 __all__ = ["KINDS", "READ", "Scalar", "ScalarFold", "fold_scalars"]
 
@@ -79,6 +82,30 @@ class _Block:
     credits: list[float] = field(default_factory=list[float])
 
 
+@dataclass
+class _Held:
+    """A block closed and not yet written: its counts, the training episodes ended at its end
+    (``x``), the (seq, t) of its start and end, and the training bank's size at its end."""
+
+    block: _Block
+    x: int
+    start: tuple[int, int]
+    end: tuple[int, int]
+    bank_size: int
+
+    def absorb(self, tail: _Block, bank_size: int) -> None:
+        """Take in what came after it and before the run completed, with no training episode
+        (the last credits and bank changes): one point per step, not a second at the same x."""
+        b = self.block
+        b.stored += tail.stored
+        b.evicted += tail.evicted
+        b.rejected += tail.rejected
+        b.retrievals += tail.retrievals
+        b.shown += tail.shown
+        b.credits += tail.credits
+        self.bank_size = bank_size
+
+
 class ScalarFold:
     """The fold from envelopes to scalar points (pure: no clock, no I/O).
 
@@ -100,6 +127,7 @@ class ScalarFold:
         # per running training episode: its retrievals and the entries they showed
         self._retrieved: dict[str, tuple[int, int]] = {}
         self._mark: tuple[int, int] | None = None  # (seq, t) where the open block began
+        self._held: _Held | None = None  # the last full block, written once it is final
         self._on: dict[type[Event], Callable[[Any, Envelope[Event]], list[Scalar]]] = {
             EpisodeFinished: self._episode,
             EpisodeAborted: self._episode,
@@ -115,6 +143,7 @@ class ScalarFold:
             CreditAssigned: self._credit,
             EpisodeAbandoned: self._abandoned,
             RunStopped: self._stopped,
+            RunFailed: lambda ev, env: self._release(),  # the held block is final
         }
 
     def evolve(self, env: Envelope[Event]) -> list[Scalar]:
@@ -128,6 +157,7 @@ class ScalarFold:
         if ev.purpose != "train":
             self._retrieved.pop(ev.episode, None)
             return []
+        out = self._release()  # a training episode after a full block: that block is final
         self.train_episodes += 1
         b = self._open
         b.episodes += 1
@@ -142,14 +172,35 @@ class ScalarFold:
             b.score += ev.score
             b.steps += ev.steps
         if b.episodes < self.block:
-            return []
-        return self._close_block(env)
+            return out
+        assert self._mark is not None  # set by the first envelope
+        self._held = _Held(b, self.train_episodes, self._mark, (env.seq, env.t), self.bank_size)
+        self._open = _Block()
+        self._mark = (env.seq, env.t)
+        return out
+
+    def finish(self) -> list[Scalar]:
+        """The points a log that ends here still holds back: its last full block, written
+        live once the next training episode ends or the session ends (``run_stopped``,
+        ``run_failed``). ``coevo export`` of a live or killed run writes it."""
+        return self._release()
+
+    def _release(self) -> list[Scalar]:
+        """The held full block's points (none held: none)."""
+        held, self._held = self._held, None
+        return [] if held is None else self._block_points(held)
 
     def _close_block(self, env: Envelope[Event]) -> list[Scalar]:
-        b, n, x = self._open, self._open.episodes, self.train_episodes
         assert self._mark is not None  # set by the first envelope
-        seq0, t0 = self._mark
-        seconds = (env.t - t0) / 1e9
+        open_ = _Held(self._open, self.train_episodes, self._mark, (env.seq, env.t), self.bank_size)
+        self._open = _Block()
+        self._mark = (env.seq, env.t)
+        return self._block_points(open_)
+
+    def _block_points(self, held: _Held) -> list[Scalar]:
+        b, n, x = held.block, held.block.episodes, held.x
+        (seq0, t0), (seq1, t1) = held.start, held.end
+        seconds = (t1 - t0) / 1e9
         values: list[tuple[str, float]] = []
         if n:  # the run's last block may hold fewer than ``block`` episodes, or none
             values += [
@@ -160,7 +211,7 @@ class ScalarFold:
                 ("train/aborted", float(b.aborted)),
             ]
         values += [
-            ("bank/size", float(self.bank_size)),
+            ("bank/size", float(held.bank_size)),
             ("bank/stored", float(b.stored)),
             ("bank/evicted", float(b.evicted)),
             ("bank/rejected", float(b.rejected)),
@@ -173,14 +224,19 @@ class ScalarFold:
             values.append(("credit/mean", math.fsum(b.credits) / len(b.credits)))
         if seconds > 0 and n:
             values.append(("throughput/episodes_per_s", n / seconds))
-            values.append(("throughput/events_per_s", (env.seq - seq0) / seconds))
-        self._open = _Block()
-        self._mark = (env.seq, env.t)
-        return _points(values, x, env)
+            values.append(("throughput/events_per_s", (seq1 - seq0) / seconds))
+        return _points(values, x, held.end[1])
 
     def _stopped(self, ev: RunStopped, env: Envelope[Event]) -> list[Scalar]:
         busy = self._open != _Block()  # anything happened since the last block closed
-        return self._close_block(env) if ev.reason == "completed" and busy else []
+        if ev.reason != "completed":  # the held block is final; the open one waits for resume
+            return self._release()
+        if self._held is not None:  # no training episode since it: the tail joins it, at its x
+            if busy:
+                self._held.absorb(self._open, self.bank_size)
+                self._open = _Block()
+            return self._release()
+        return self._close_block(env) if busy else []
 
     def _abandoned(self, ev: EpisodeAbandoned, env: Envelope[Event]) -> list[Scalar]:
         self._retrieved.pop(ev.episode, None)  # the attempt's retrievals are not the run's
@@ -189,11 +245,11 @@ class ScalarFold:
     def _eval(self, ev: EvalRoundFinished, env: Envelope[Event]) -> list[Scalar]:
         prefix = "heldout_bank" if ev.memory else "heldout"
         values = [(f"{prefix}/success", ev.success), (f"{prefix}/score", ev.score)]
-        return _points(values, ev.train_episodes, env)
+        return _points(values, ev.train_episodes, env.t)
 
     def _adapt(self, ev: AdaptRoundFinished, env: Envelope[Event]) -> list[Scalar]:
         values = [(f"adapt/success_attempt_{a + 1}", s) for a, s in enumerate(ev.success)]
-        return _points(values, ev.policy_version, env)
+        return _points(values, ev.policy_version, env.t)
 
     def _policy(self, ev: PolicyUpdated, env: Envelope[Event]) -> list[Scalar]:
         values = [
@@ -207,7 +263,7 @@ class ScalarFold:
             ("update/stale", float(ev.stale)),
             ("update/seconds", ev.seconds),
         ]
-        return _points(values, ev.policy_version, env)
+        return _points(values, ev.policy_version, env.t)
 
     def _extractor_request(
         self, ev: ExtractorGradientRequested, env: Envelope[Event]
@@ -223,7 +279,7 @@ class ScalarFold:
             ("extractor/grad_norm", ev.grad_norm),
             ("extractor/clip_frac", ev.clip_frac),
         ]
-        return _points(values, ev.extractor_version, env)
+        return _points(values, ev.extractor_version, env.t)
 
     def _bank(self, ev: TipStored | TipEvicted | TipRejected, env: Envelope[Event]) -> list[Scalar]:
         if ev.slot.split("/", 1)[0] != "train":  # EMPO2's adaptation memories, evaluation
@@ -264,6 +320,7 @@ KINDS: tuple[type[Event], ...] = (
     CreditAssigned,
     EpisodeAbandoned,
     RunStopped,
+    RunFailed,
 )
 """The event types the fold reads (what the tracker folds of each batch)."""
 
@@ -271,8 +328,8 @@ READ = frozenset(KINDS)
 """:data:`KINDS` as a set, for the membership test made on every committed event."""
 
 
-def _points(values: Iterable[tuple[str, float]], step: int, env: Envelope[Event]) -> list[Scalar]:
-    wall = env.t / 1e9
+def _points(values: Iterable[tuple[str, float]], step: int, t: int) -> list[Scalar]:
+    wall = t / 1e9
     return [Scalar(tag, step, float(v), wall) for tag, v in values]
 
 
@@ -281,4 +338,5 @@ def fold_scalars(envelopes: Iterable[Envelope[Event]], block: int = 16) -> list[
     envelopes of :data:`KINDS` are folded, as the tracker does: the throughput of the first
     block is measured from the first of them, whichever envelopes are given."""
     fold = ScalarFold(block)
-    return [p for env in envelopes if type(env.event) in READ for p in fold.evolve(env)]
+    points = [p for env in envelopes if type(env.event) in READ for p in fold.evolve(env)]
+    return points + fold.finish()

@@ -197,6 +197,9 @@ def test_the_tracker_writes_what_the_fold_gives_and_drops_a_full_disk() -> None:
     tracker = Tracker([full, kept], block=2, history=history)
     tracker.observe(_batch(3, 3))
     tracker.observe(_batch(6, 4))
+    # a full block is written once the next training episode ends, or the session does
+    assert [p.step for p in tracker.written if p.tag == "train/success"] == [4, 6, 8]
+    tracker.observe([_stop(10)])
     tracker.close()
     assert kept.closed and not full.closed
     expected = [p for p in fold_scalars(history + _batch(3, 7), block=2) if p.step > 2]
@@ -204,8 +207,44 @@ def test_the_tracker_writes_what_the_fold_gives_and_drops_a_full_disk() -> None:
     assert [p.step for p in kept.points if p.tag == "train/success"] == [4, 6, 8, 10]
 
 
+def _stop(seq: int, reason: str = "signal") -> Envelope[Event]:
+    return _env(seq, RunStopped(reason=reason, exit_code=143 if reason == "signal" else 0), 99.0)
+
+
 def test_a_sink_that_breaks_otherwise_fails_the_tracking_on_close() -> None:
     tracker = Tracker([_Failing(ValueError("bad value"))], block=1)
-    tracker.observe(_batch(0, 1))
+    tracker.observe([*_batch(0, 1), _stop(1)])
     with pytest.raises(TrackingFailed, match="tracking failed: ValueError: bad value"):
         tracker.close()
+
+
+def test_a_completed_run_s_tail_after_a_full_block_is_one_point_per_step() -> None:
+    """With the training episodes a multiple of the block, the credits and entries that came
+    after the last one were written at the same step as that block: two values at one x
+    (``credit/count`` 4 then 0), and a viewer showing the latest showed the tail alone."""
+    from agents.events.memory import TipRejected
+
+    events: list[Event] = [
+        _finished(0, True),
+        CreditAssigned(episode="ep0", entry=0, call="c", success=True, credit=1.0, step=0),
+        _finished(1, False),  # the block is full
+        CreditAssigned(episode="ep1", entry=0, call="c", success=False, credit=-1.0, step=0),
+        _stored(7, "train/f"),
+        TipRejected(episode="ep1", slot="train/f", reason="duplicate", duplicate_of=7),
+        RunStopped(reason="completed", exit_code=0),
+    ]
+    envs = [_env(i, ev, 10.0 + i) for i, ev in enumerate(events)]
+    points = fold_scalars(envs, block=2)
+    steps = [(p.tag, p.step) for p in points]
+    assert len(steps) == len(set(steps)), steps  # one point per series and step
+    got = {(p.tag, p.step): p.value for p in points}
+    assert got[("credit/count", 2)] == 2.0 and got[("credit/mean", 2)] == 0.0
+    assert got[("bank/stored", 2)] == 1.0 and got[("bank/rejected", 2)] == 1.0
+    assert got[("bank/size", 2)] == 1.0 and got[("train/success", 2)] == 0.5
+    # the live tracker writes the same, the block once the run completed
+    tracker = Tracker([_Kept()], block=2)
+    tracker.observe(envs[:-1])
+    assert tracker.written == []
+    tracker.observe(envs[-1:])
+    tracker.close()
+    assert tracker.written == points
