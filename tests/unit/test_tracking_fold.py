@@ -248,3 +248,16 @@ def test_a_completed_run_s_tail_after_a_full_block_is_one_point_per_step() -> No
     tracker.observe(envs[-1:])
     tracker.close()
     assert tracker.written == points
+
+
+def test_a_resume_writes_a_held_block_once() -> None:
+    """A block held when the session ended: a stop wrote it (the resume must not again); a
+    kill did not (the resume writes it)."""
+    stopped = Tracker([_Kept()], block=2, history=[*_batch(0, 4), _stop(4)])
+    stopped.observe(_batch(5, 1))
+    stopped.close()
+    assert [p.step for p in stopped.written if p.tag == "train/success"] == []
+    killed = Tracker([_Kept()], block=2, history=_batch(0, 4))
+    killed.observe(_batch(4, 1))
+    killed.close()
+    assert [p.step for p in killed.written if p.tag == "train/success"] == [4]
