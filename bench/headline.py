@@ -224,12 +224,12 @@ def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
 def probe_summary(reports: list[dict]) -> tuple[list[str], dict]:
     """The probes pooled over seeds: each bank's success, and the last version against
     version 0 on the same episodes (paired): both with seeds, then episodes, resampled (the
-    paired interval resampled the pooled pairs, as if 1,500 pairs were independent of seed)."""
+    paired interval once resampled every seed's pairs as one pool)."""
     labels: dict[str, list[list[float]]] = {}
     for report in reports:
         for bank in report["banks"]:
             labels.setdefault(_role(bank, report), []).append(bank["outcomes"])
-    diffs = []  # per seed, the pairs' differences: seeds then pairs resampled, as the cells
+    diffs = []  # per seed, the pairs' differences
     for report in reports:
         by = {_role(b, report): b["outcomes"] for b in report["banks"]}
         diffs.append([a - b for a, b in zip(by["last"], by["v0"], strict=True)])

@@ -304,9 +304,7 @@ def tried_operations(text: str) -> bool:
     if items is not None or json_error is not None:
         return True
     for raw in body.splitlines():
-        line = raw.strip()
-        if (marker := _MARKER.match(line)) is not None:
-            line = line[marker.end() :]
+        line = _line_body(raw)
         word = _WORD.match(line)
         if word is not None and (word.group(1).lower() in _EXTRACT or _WITH_IDS.match(line)):
             return True
@@ -592,10 +590,7 @@ def _line_pieces(body: str, grammar: dict[str, _Form]) -> list[_Piece | str] | N
     pieces: list[_Piece | str] = []
     any_op = False
     for n, raw in enumerate(body.splitlines(), 1):
-        line = raw.strip()
-        marker = _MARKER.match(line)
-        if marker is not None:
-            line = line[marker.end() :]
+        line = _line_body(raw)
         if not line:
             continue
         word = _WORD.match(line)
@@ -609,6 +604,13 @@ def _line_pieces(body: str, grammar: dict[str, _Form]) -> list[_Piece | str] | N
             continue
         any_op = True
     return pieces if any_op else None
+
+
+def _line_body(raw: str) -> str:
+    """A line of an answer without its surrounding spaces and its list marker (``-``, ``1.``)."""
+    line = raw.strip()
+    marker = _MARKER.match(line)
+    return line[marker.end() :] if marker is not None else line
 
 
 def _line_piece(where: str, kind: str, rest: str, form: _Form) -> _Piece:

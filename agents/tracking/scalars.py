@@ -171,12 +171,8 @@ class ScalarFold:
             b.reward += ev.total_reward
             b.score += ev.score
             b.steps += ev.steps
-        if b.episodes < self.block:
-            return out
-        assert self._mark is not None  # set by the first envelope
-        self._held = _Held(b, self.train_episodes, self._mark, (env.seq, env.t), self.bank_size)
-        self._open = _Block()
-        self._mark = (env.seq, env.t)
+        if b.episodes == self.block:
+            self._held = self._take_open(env)
         return out
 
     def finish(self) -> list[Scalar]:
@@ -190,12 +186,15 @@ class ScalarFold:
         held, self._held = self._held, None
         return [] if held is None else self._block_points(held)
 
-    def _close_block(self, env: Envelope[Event]) -> list[Scalar]:
+    def _take_open(self, env: Envelope[Event]) -> _Held:
+        """Close the open block at ``env`` and start the next one there."""
         assert self._mark is not None  # set by the first envelope
-        open_ = _Held(self._open, self.train_episodes, self._mark, (env.seq, env.t), self.bank_size)
+        closed = _Held(
+            self._open, self.train_episodes, self._mark, (env.seq, env.t), self.bank_size
+        )
         self._open = _Block()
         self._mark = (env.seq, env.t)
-        return self._block_points(open_)
+        return closed
 
     def _block_points(self, held: _Held) -> list[Scalar]:
         b, n, x = held.block, held.block.episodes, held.x
@@ -236,7 +235,7 @@ class ScalarFold:
                 self._held.absorb(self._open, self.bank_size)
                 self._open = _Block()
             return self._release()
-        return self._close_block(env) if busy else []
+        return self._block_points(self._take_open(env)) if busy else []
 
     def _abandoned(self, ev: EpisodeAbandoned, env: Envelope[Event]) -> list[Scalar]:
         self._retrieved.pop(ev.episode, None)  # the attempt's retrievals are not the run's

@@ -63,9 +63,8 @@ class _JsonLinesHandler(logging.FileHandler):
         return stream
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self._failed:
-            return
-        super().emit(record)
+        if not self._failed:
+            super().emit(record)
 
     def flush(self) -> None:
         if self._failed:

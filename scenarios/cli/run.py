@@ -170,8 +170,8 @@ def _drive(
 ) -> int:
     """Run the assembled actors over ``log`` (new or resumed), then print the summary. The
     caller has joined the scenario's cluster (``scenarios.assemble.cluster``); ``home`` is the
-    run directory's :func:`path_identity` as the caller opened the log in it (taken here, a
-    move between the two went unseen)."""
+    run directory's :func:`path_identity` when the caller opened the log in it (taken here
+    instead, a move between the two went unseen)."""
     from engine.runtime import Runtime
     from scenarios.cli.console import RunProgress, actors_table, families_table
     from scenarios.cli.logsetup import close_logging, configure_logging
