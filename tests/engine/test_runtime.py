@@ -392,11 +392,15 @@ def test_request_stop_cancels_actors_and_flushes() -> None:
 
 
 class Stubborn(Actor):
-    """An actor whose work cannot be cancelled for 100 s (a policy update in a thread)."""
+    """An actor whose work cannot be cancelled until ``done`` is set (a policy update in a
+    thread)."""
+
+    def __init__(self, done: trio.Event) -> None:
+        self.done = done
 
     async def run(self, ctx: Context) -> None:
         with trio.CancelScope(shield=True):
-            await trio.sleep(100)
+            await self.done.wait()
 
 
 @pytest.mark.parametrize("reason", ["signal:SIGTERM", "requested"])
@@ -409,7 +413,9 @@ def test_a_stop_that_waits_on_an_actor_says_which(reason: str) -> None:
     started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
 
     async def main() -> RunOutcome:
-        rt = Runtime(log, started, [ActorSpec(name="slow", factory=Stubborn)], [], seed=0)
+        done = trio.Event()  # set 100 s after the stop: when the actor started does not count
+        spec = ActorSpec(name="slow", factory=lambda: Stubborn(done))
+        rt = Runtime(log, started, [spec], [], seed=0)
         result: list[RunOutcome] = []
         async with trio.open_nursery() as nursery:
 
@@ -420,6 +426,8 @@ def test_a_stop_that_waits_on_an_actor_says_which(reason: str) -> None:
             while log.next_seq < 2:  # the run started, and its actor
                 await trio.sleep(0.01)
             rt.request_stop(reason, 143)
+            await trio.sleep(100)
+            done.set()
         return result[0]
 
     with structlog.testing.capture_logs() as logs:  # the runtime binds its logger as it is made
