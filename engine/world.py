@@ -58,6 +58,9 @@ class TextWorld(Protocol):
     A world may set a class attribute ``blocking = False`` when ``reset`` and ``step`` take
     microseconds and touch no process or file (the built-in world): env workers then call them
     on the event loop instead of in a worker thread. Worlds without it are treated as blocking.
+    A world whose admissible actions are templates to fill in (``open OBJ``), not actions, sets
+    ``templates = True`` (an attribute): only a policy that writes its own actions
+    (``policy.mode = "generate"``) can play it, and assembly refuses any other agent.
     """
 
     name: str

@@ -601,6 +601,7 @@ def _tasks(
     name = scenario.world.name
     try:
         tasks = _list_tasks(world, scenario, split, source, pool)
+        _check_templates(world, scenario, source)
     except BaseException as exc:
         close_world(world)  # the listing's failure is the one to report
         if isinstance(exc, SystemExit):  # a plug-in's sys.exit() must not end coevo
@@ -615,6 +616,28 @@ def _tasks(
     if problem := close_world(world):
         raise ScenarioInvalid(source, f"$.world: {name}: {problem}")
     return tasks
+
+
+def _check_templates(world: TextWorld, scenario: Scenario, source: str) -> None:
+    """Refuse a world whose admissible actions are templates (``templates = True``, see
+    :class:`~engine.world.TextWorld`) unless a policy writes its own actions: a scripted agent
+    or a "score" policy picks an action among them and plays ``open OBJ`` word for word."""
+    if getattr(world, "templates", False) is not True:
+        return
+    if scenario.agent.kind == "policy" and scenario.policy.mode == "generate":
+        return
+    who = (
+        'policy.mode = "score" picks one of them'
+        if scenario.agent.kind == "policy"
+        else f"agent.kind = {scenario.agent.kind!r} picks one of them"
+    )
+    raise ScenarioInvalid(
+        source,
+        f"$.world: {scenario.world.name}'s admissible actions are templates ('open OBJ'), not "
+        f"actions, and {who} as it is: they need a policy that writes its own actions "
+        '(policy.mode = "generate"), or the world\'s real actions (for scienceworld, '
+        'world.options.actions = "valid")',
+    )
 
 
 def _list_tasks(

@@ -120,6 +120,7 @@ class ScienceWorld:
         self.max_steps = check_int("max_steps", max_steps, 1, 100_000)
         self.max_actions = check_int("max_actions", max_actions, 0, 100_000)
         self._actions = check_choice("actions", actions, ("valid", "templates"))
+        self.templates = self._actions == "templates"  # engine.world.TextWorld: for a writer
         self._heldout = check_choice("heldout", heldout, ("dev", "test"))
         self._variants = check_int("variants", variants, 0, 1_000_000)
         self._resolve = check_bool("resolve_ambiguity", resolve_ambiguity)

@@ -83,3 +83,44 @@ def test_a_missing_embedding_model_is_one_line_and_exit_2_before_the_run(
     err = capsys.readouterr().err.strip()
     assert err.startswith("coevo: error:") and "\n" not in err
     assert "all-MiniLM-L6-v2 is not installed" in err and "hashing" in err
+
+
+TEMPLATE_WORLD = """
+from scenarios.worlds.minilab import MiniLab
+
+class Templ(MiniLab):
+    templates = True  # its admissible actions are for a model that writes its own
+"""
+
+
+@pytest.mark.parametrize(
+    ("scenario", "overrides", "refused"),
+    [
+        ("quickstart.toml", [], 'policy.mode = "score" picks one of them'),
+        ("explore.toml", [], "agent.kind = 'explorer' picks one of them"),
+        ("quickstart.toml", ['policy.mode="generate"'], ""),
+    ],
+    ids=["score", "scripted", "generate"],
+)
+def test_a_world_of_action_templates_needs_a_policy_that_writes_its_actions(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    scenario: str,
+    overrides: list[str],
+    refused: str,
+) -> None:
+    """ScienceWorld's ``actions = "templates"`` (``open OBJ``) was accepted with a scripted
+    agent or a "score" policy, which then played the placeholders word for word."""
+    (tmp_path / "templ.py").write_text(TEMPLATE_WORLD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["validate", str(ROOT / "scenarios" / scenario), "--set", 'world.name="templ:Templ"']
+    for item in overrides:
+        args += ["--set", item]
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    if not refused:
+        assert code == 0, err
+        return
+    assert code == 2 and err.startswith("coevo: error:") and "\n" not in err, err
+    assert refused in err and "templates ('open OBJ')" in err, err
