@@ -74,6 +74,10 @@ class GrpoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     tis_cap: Annotated[float, Meta(ge=0, le=1000)] = 0.0
     skip_zero_advantage: bool = True
 
+    def __post_init__(self) -> None:
+        if 0 < self.dual_clip <= 1:  # the loss's constant c bounds a ratio above 1
+            raise ValueError(f"dual_clip must be 0 (off) or greater than 1, got {self.dual_clip:g}")
+
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Evaluation rounds on held-out variants, as their own episodes and events.
