@@ -414,6 +414,7 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
     if p.model != "embedded":
         return check_model_dir(Path(p.model), f"{source}: $.policy.model")
     spec = embedded_spec(scenario, source)
+    _check_model_world(scenario, spec, source)
     with _building(source, "$.policy.model", "the embedded model"):
         return ensure_embedded(
             spec, threads=p.threads or None, step_timeout=scenario.world.call_limit
@@ -430,7 +431,42 @@ def check_policy_model(scenario: Scenario, source: str) -> None:
     if scenario.policy.model != "embedded":
         check_model_dir(Path(scenario.policy.model), f"{source}: $.policy.model")
     else:
-        embedded_spec(scenario, source)
+        _check_model_world(scenario, embedded_spec(scenario, source), source)
+
+
+def _check_model_world(scenario: Scenario, spec: EmbeddedSpec, source: str) -> None:
+    """Build and close the world the embedded model learns, when it is not the run's own
+    world as the run builds it (``policy.embedded.world`` or ``world_options``): a world
+    that cannot be built is an error naming those keys, before any model is built, not a
+    failure of the model's build blamed on ``$.policy.model``.
+
+    Raises:
+        ScenarioInvalid: the world cannot be built with those options, or not in time.
+    """
+    from agents.acting.world_calls import Abandoned, in_thread
+    from engine.world_registry import WorldOptionsInvalid, close_world, load_world
+
+    w = scenario.world
+    if (spec.world, spec.world_options) == (w.name, dict(w.options)):
+        return  # the run's world: assembly built and checked it
+    at = "$.policy.embedded.world"
+    limit = w.call_limit
+    try:
+        world, error = in_thread(
+            lambda: load_world(spec.world, spec.world_options), limit, "coevo-model-world"
+        )
+    except Abandoned:
+        raise ScenarioInvalid(
+            source, f"{at}: {spec.world} did not build within {limit:g} s ([world] step_timeout)"
+        ) from None
+    if isinstance(error, WorldOptionsInvalid):
+        raise ScenarioInvalid(source, f"{at}_options: {error}")
+    if isinstance(error, ValueError):
+        raise ScenarioInvalid(source, f"{at}: {error}")
+    if error is not None:
+        raise ScenarioInvalid(source, f"{at}: {spec.world} raised {type(error).__name__}: {error}")
+    if problem := close_world(world):
+        raise ScenarioInvalid(source, f"{at}: {spec.world}: {problem}")
 
 
 def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:

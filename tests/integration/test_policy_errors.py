@@ -20,6 +20,13 @@ QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
         (["policy.model=/no/such/model"], "/no/such/model"),
         (["policy.embedded={hidden_sise = 3}"], "$.policy.embedded"),
         (["policy.embedded={layers = 0}"], "$.policy.embedded"),
+        (["policy.embedded.world=nosuch"], "$.policy.embedded.world: unknown world 'nosuch'"),
+        (
+            ["policy.embedded.world_options.zz=1"],
+            "$.policy.embedded.world_options: bad options for world 'minilab'",
+        ),
+        (["grpo.dual_clip=0.5"], "dual_clip must be 0 (off) or greater than 1, got 0.5"),
+        (["grpo.dual_clip=1"], "dual_clip must be 0 (off) or greater than 1, got 1"),
         (
             ['run.method="empo2"', "empo2.low_prob_mask=true"],
             '$.empo2.low_prob_mask: needs policy.mode = "generate"',
@@ -124,3 +131,18 @@ def test_a_world_of_action_templates_needs_a_policy_that_writes_its_actions(
         return
     assert code == 2 and err.startswith("coevo: error:") and "\n" not in err, err
     assert refused in err and "templates ('open OBJ')" in err, err
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["policy.embedded.world=nosuch", "policy.embedded.world_options.zz=1"],
+    ids=["world", "options"],
+)
+def test_validate_builds_the_world_the_embedded_model_learns(
+    capsys: pytest.CaptureFixture[str], override: str
+) -> None:
+    """``validate`` accepted a world (or options) for the embedded model that could not be
+    built; ``run`` then failed at the model's build, blaming ``$.policy.model``."""
+    assert main(["validate", QUICKSTART, "--set", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "$.policy.embedded.world" in err and "\n" not in err, err
