@@ -456,6 +456,9 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
 
     events: int
     counterfactual: bool
+    renamed: bool
+    """A counterfactual under another rule: its events carry that rule's name, which the
+    "equal" counts do not compare."""
     credited: bool
     """Some entry an extractor wrote guided a training episode: the run has credit (GRPO and
     EMPO2 runs have none; only their advantages are re-derived)."""
@@ -490,7 +493,8 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
         raise AuditQueryInvalid(
             "this run has no extractor credit to re-derive (no entry an extractor wrote was "
             "shown in a training episode): --rule and --set batch/alpha/cooldown/reweight "
-            "change nothing here; std_norm, split and weighted re-derive its advantages"
+            "change nothing here; std_norm re-derives its advantages (and split and weighted, "
+            "on a run with guided and free subgroups)"
         )
     counterfactual = (settings.credit, settings.method_sets) != (base.credit, base.method_sets)
     groups = [(seq, g, derive_group(g, inputs, settings)) for seq, g in inputs.groups]
@@ -509,7 +513,8 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
         _of(derived, ExtractorGradientRequested),
     )
     seq_of = dict(zip(map(id, inputs.recorded), inputs.seqs, strict=True))
-    labels = not counterfactual  # a counterfactual's events carry its rule's name
+    renamed = settings.credit.rule != base.credit.rule
+    labels = not renamed  # another rule's events carry its name
     checks = (
         _check("credit_assigned", rec_c, der_c, [seq_of[id(c)] for c in rec_c], labels),
         _check(
@@ -543,6 +548,7 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
     return CreditAudit(
         events=inputs.end,
         counterfactual=counterfactual,
+        renamed=renamed,
         credited=credited,
         rule=c.rule,
         batch=c.batch,

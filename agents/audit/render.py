@@ -85,7 +85,8 @@ def render_tip(a: TipAudit) -> list[str]:
         out.append(f"  later proposals refused as duplicates: {', '.join(a.duplicates)}")
     lost = sum(u.abandoned for u in a.uses)
     out.append(
-        f"  retrieved {len(a.uses)} times in {a.guided} episodes ({a.guided_success} succeeded)"
+        f"  retrieved {len(a.uses)} time{'s' * (len(a.uses) != 1)} in {a.guided} "
+        f"episode{'s' * (a.guided != 1)} ({a.guided_success} succeeded)"
         + _by_purpose(a.uses)
         + (f"; {lost} of them in attempts later abandoned" if lost else "")
     )
@@ -260,7 +261,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     split = f", split={a.split}, weighted={a.weighted}" if subgroups else ""
     out = [f"credit {head}, from {a.events} events: {credit}; advantages {adv}{split}"]
     for c in a.checks:
-        same = "the same but for the rule's name" if a.counterfactual else "equal"
+        same = "the same but for the rule's name" if a.renamed else "equal"
         line = (
             f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} {same}"
         )

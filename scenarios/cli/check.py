@@ -124,7 +124,8 @@ def _lines(run: str, report: CheckReport, involved: list[Any]) -> list[str]:
     if v is None:
         end = "completed" if report.completed else "not completed"
         lines = [
-            f"{run}: {report.events} events ({end}) hold {len(report.invariants)} invariants: "
+            f"{run}: {report.events} events ({end}) hold "
+            f"{len(report.invariants)} invariant{'s' * (len(report.invariants) != 1)}: "
             + ", ".join(report.invariants)
         ]
         lines += [f"  not checked: {s}" for s in report.skipped]

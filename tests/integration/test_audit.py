@@ -245,6 +245,10 @@ def test_the_relative_rule_credits_against_the_free_half(
     code, out, _ = audit(capsys, str(run), "credit", "--rule", "score")
     # the rule's name differs in every one: not "identical in every field"
     assert code == 0 and "3 the same but for the rule's name" in out, out
+    # a counterfactual under the run's own rule compares every field: "equal", as it is
+    code, out, _ = audit(capsys, str(run), "credit", "--set", "std_norm=true")
+    assert code == 0 and "counterfactual" in out and " equal" in out, out
+    assert "but for the rule's name" not in out, out
 
 
 OWN_RULES = """

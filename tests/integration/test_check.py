@@ -104,7 +104,7 @@ def test_an_invariant_asked_for_outside_its_scope_says_so(
     """A rollout has no lineage to check: "holds" alone would read as a verdict."""
     assert main(["check", str(run), "--invariant", "lineage"]) == 0
     out, err = capsys.readouterr()
-    assert "hold 1 invariants: lineage" in out
+    assert "hold 1 invariant: lineage" in out
     assert "coevo: note: lineage was run as asked, outside its scope (for methods " in err
 
 
