@@ -32,10 +32,11 @@ special tokens, 256 bytes, one per merge). Not a WordLevel model, because transf
 ``AutoTokenizer`` rebuilds the tokenizer of any ``qwen2`` checkpoint as a Qwen2 BPE from its
 vocabulary and merges. A word never seen is spelled in smaller pieces (there is no ``<unk>``),
 ``tokenizer.decode(ids, skip_special_tokens=True)`` gives any text back exactly, and
-:func:`decode_response` also stops at the end of the message.
+:func:`agents.models.prompts.decode_response` also stops at the end of the message.
 
-The default (0.31M parameters, 800 steps, ~0.93M tokens) built in 3.5 minutes with one torch
-thread on the shared 2-core dev VM (2.4 CPU minutes, load average ~4), checks included.
+The default (0.31M parameters, 6,000 steps, ~7M tokens) builds in about 8-10 minutes with one
+torch thread on a shared 2-core machine, checks included (docs/MODEL.md has the measured
+builds).
 
 Nothing on disk is pickled: ``AutoModelForCausalLM.from_pretrained(path)`` and
 ``AutoTokenizer.from_pretrained(path)`` load a cached build offline.
