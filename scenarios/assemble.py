@@ -167,7 +167,9 @@ def assemble(
     _check_model_placements(scenario, source, method is not None and prepare_model, run_dir)
     # every check that needs no model before any model is built (minutes for an embedded one)
     if method is not None:
-        heldout = world_tasks(scenario, scenario.eval.split, source)
+        # eval.every = 0 plays no round: a world without that split is fine then
+        every = scenario.eval.every
+        heldout = world_tasks(scenario, scenario.eval.split, source) if every else ()
         trainer = _trainer(scenario, method, tasks, heldout, workers, source)
         episodes = trainer.episodes
         specs.insert(0, ActorSpec(name=TRAINER, factory=lambda: trainer, driver=True))
@@ -684,7 +686,12 @@ def _list_tasks(
             "listed): list each task once",
         )
     if not tasks:
-        raise ScenarioInvalid(source, f"$.world: no {split} tasks in {families}")
+        why = (
+            f" (eval.split = {split!r}: evaluation rounds play them; eval.every = 0 plays none)"
+            if split == scenario.eval.split and split != scenario.world.split
+            else ""
+        )
+        raise ScenarioInvalid(source, f"$.world: no {split} tasks in {families}{why}")
     return tuple(tasks)
 
 

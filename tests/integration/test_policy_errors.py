@@ -146,3 +146,27 @@ def test_validate_builds_the_world_the_embedded_model_learns(
     assert main(["validate", QUICKSTART, "--set", override]) == 2
     err = capsys.readouterr().err.strip()
     assert "$.policy.embedded.world" in err and "\n" not in err, err
+
+
+NO_HELDOUT_WORLD = """
+from scenarios.worlds.minilab import MiniLab
+
+class NoHeld(MiniLab):
+    def tasks(self, family, split):
+        return [] if split == "heldout" else super().tasks(family, split)
+"""
+
+
+def test_a_world_without_heldout_tasks_learns_with_evaluation_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With ``eval.every = 0`` (no evaluation round) the held-out split was listed all the
+    same, and a world without one was refused, the message naming neither eval key."""
+    (tmp_path / "noheld.py").write_text(NO_HELDOUT_WORLD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["validate", QUICKSTART, "--set", 'world.name="noheld:NoHeld"']
+    assert main([*args, "--set", "eval.every=0"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "no heldout tasks" in err and "eval.every = 0 plays none" in err, err
