@@ -28,6 +28,7 @@ from engine.errors import LogError
 from stores.lmdb_env import (
     DATA_FILE,
     ENV_LOCK_FILE,
+    allocate_lock_file,
     check_file_size,
     check_metas,
     check_pages,
@@ -200,6 +201,7 @@ class LmdbFactIndex:
         root.mkdir(parents=True, exist_ok=True)
         if not os.access(root, os.W_OK):
             raise PermissionError(f"{root}: not writable")
+        allocate_lock_file(root, "fact index")  # LogError: no room (SIGBUS without it)
         try:
             if (root / DATA_FILE).exists():
                 check_metas(root)

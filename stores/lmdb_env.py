@@ -130,11 +130,14 @@ LOCK_BYTES = 8192
 truncates the file to it; later ones size their reader table by the file)."""
 
 
-def allocate_lock_file(path: Path) -> None:
-    """Create ``path/lock.mdb`` with its blocks allocated, when it is missing or empty. LMDB
-    creates it as a sparse file and maps it; on a full disk, touching the map killed the
-    process with SIGBUS (every read command, on a run copied to a full disk). An existing
-    lock file is left as it is: another process may be using it, sized by its length.
+def allocate_lock_file(path: Path, what: str = "event log") -> None:
+    """Create ``path/lock.mdb`` with its blocks allocated, when it is missing or empty, or
+    has a length and no block at all. LMDB creates it as a sparse file and maps it; on a full
+    disk, touching the map killed the process with SIGBUS (every read command, on a run
+    copied to a full disk; and every later one, once a process that died so had left the
+    sparse file behind). A lock file with a block is left as it is: another process may be
+    using it, sized by its length (one with none has never been written: LMDB writes its
+    header first).
 
     Raises:
         LogError: there is no room for it.
@@ -145,14 +148,17 @@ def allocate_lock_file(path: Path) -> None:
     except OSError:  # a read-only directory, no such directory: LMDB says what it says
         return
     try:
-        if os.fstat(fd).st_size == 0:
+        st = os.fstat(fd)
+        if st.st_size == 0:
             os.posix_fallocate(fd, 0, LOCK_BYTES)
+        elif st.st_blocks == 0:  # left by a process that died touching it: never written
+            os.posix_fallocate(fd, 0, st.st_size)
     except OSError as exc:
         with contextlib.suppress(OSError):
             if os.fstat(fd).st_size == 0:
                 lock.unlink()
         raise LogError(
-            f"cannot open event log at {path}: no room for its lock file {ENV_LOCK_FILE} "
+            f"cannot open the {what} at {path}: no room for its lock file {ENV_LOCK_FILE} "
             f"({exc.strerror or exc}: a full disk?)"
         ) from None
     finally:

@@ -774,6 +774,35 @@ def test_the_lock_file_is_allocated_before_lmdb_maps_it(tmp_path: Path) -> None:
         assert st.st_size == 8192 and st.st_blocks * 512 >= 8192
 
 
+def test_a_sparse_lock_file_left_by_a_dead_process_is_allocated(tmp_path: Path) -> None:
+    """A process killed by SIGBUS touching a sparse lock file left it behind with its length
+    and no block: every later open died the same way. It gets its blocks; its length stays."""
+    path = tmp_path / "log"
+    with LmdbEventLog.create(path, META):
+        pass
+    lock = path / "lock.mdb"
+    lock.unlink()
+    with lock.open("wb") as f:
+        f.truncate(8192)  # what LMDB's ftruncate leaves: a length, no block
+    assert os.stat(lock).st_blocks == 0
+    with LmdbEventLog.open(path):
+        st = os.stat(lock)
+        assert st.st_size == 8192 and st.st_blocks * 512 >= 8192
+
+
+def test_the_fact_index_allocates_its_lock_file(tmp_path: Path) -> None:
+    """The audit index's LMDB lock file was sparse too: ``coevo audit`` and ``serve`` died
+    of SIGBUS on a full disk. It is allocated before LMDB maps it."""
+    from stores.fact_index import LmdbFactIndex
+
+    index = LmdbFactIndex.open(tmp_path / "audit", "run")
+    try:
+        st = os.stat(tmp_path / "audit" / "lock.mdb")
+        assert st.st_blocks * 512 >= st.st_size > 0
+    finally:
+        index.close()
+
+
 def test_no_room_for_the_lock_file_is_one_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
