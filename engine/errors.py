@@ -143,6 +143,8 @@ def _hint(reason: str) -> str:
         ("File too large", "a file-size limit: ulimit -f?"),
         ("quota", "a disk quota?"),
         ("Read-only file system", "a read-only file system"),
+        ("Operation not permitted", "a file made immutable or append-only: lsattr?"),
+        ("Permission denied", "the files' permissions"),
     ):
         if words.lower() in reason.lower():
             return hint

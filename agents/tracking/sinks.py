@@ -91,7 +91,9 @@ def open_sink(
             return WandbSink(where, run, config, continues=continues)
         return MlflowSink(where, run, config, continues=continues)
     except Exception as exc:  # a path the file system refuses, a store MLflow cannot read, ...
-        what = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) else str(exc)
+        what = str(exc)
+        if isinstance(exc, OSError) and exc.strerror:  # the file, where the error names one
+            what = exc.strerror + (f" ({exc.filename})" if exc.filename else "")
         raise SinkUnavailable(
             f"tracking sink {name!r} cannot start in {where}: {type(exc).__name__}: {what}"
         ) from exc

@@ -110,8 +110,14 @@ def test_a_refused_write_names_its_likely_cause() -> None:
             "mdb_put: Cannot allocate memory",
             "mdb_txn_commit: Input/output error",
             "mdb_txn_commit: File too large",
+            "mdb_txn_commit: Operation not permitted",
         )
     }
+    # an immutable file (chattr +i) was told "disk full, or a file-size limit?"
+    assert (
+        "(a file made immutable or append-only: lsattr?)"
+        in said["mdb_txn_commit: Operation not permitted"]
+    )
     assert "(out of memory?)" in said["mdb_put: Cannot allocate memory"]
     assert "(disk full, or a file-size limit?)" in said["mdb_txn_commit: Input/output error"]
     assert "(a file-size limit: ulimit -f?)" in said["mdb_txn_commit: File too large"]

@@ -315,6 +315,12 @@ def test_a_sink_that_cannot_start_leaves_no_run_and_a_resume_can_go_without_it(
     assert err.startswith("coevo: error: tracking sink 'tensorboard' cannot start in ")
     assert "OSError: File name too long" in err and err.count("\n") == 1
     assert f"nothing ran, and {out} is left as it was" in err
+    nameless = OSError(28, "No space left on device")  # a full disk names no file
+    monkeypatch.setattr(sinks.TensorBoardSink, "__init__", lambda self, logdir: _raise(nameless))
+    assert main([*args, "--set", 'tracking.sinks=["tensorboard"]']) == 2
+    err = capsys.readouterr().err
+    assert "OSError: No space left on device;" in err and "(None)" not in err, err
+    monkeypatch.setattr(sinks.TensorBoardSink, "__init__", refuse)
     assert not out.exists()
     out.mkdir()  # an empty directory given as --out stays, empty
     assert main([*args, "--set", 'tracking.sinks=["tensorboard"]']) == 2
@@ -505,3 +511,7 @@ def test_a_full_disk_under_tensorboard_is_no_thread_traceback(tmp_path: Path) ->
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"coevo: error: {tmp_path / 'tb'}: cannot write: File too large\n"
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
