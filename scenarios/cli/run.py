@@ -227,6 +227,7 @@ def _drive(
             rd,
             quiet,
             moved=moved,
+            curves=assembly.report is not None,
         )
     except KeyboardInterrupt as exc:  # outside the runtime's own handling: its start or end
         code = stopped(exc)
@@ -343,17 +344,21 @@ def _finish(
     quiet: bool,
     *,
     moved: bool = False,
+    curves: bool = True,
 ) -> int:
     """Write the run's reports, print how it ended, and return the exit code: the run's, or 1
-    when it completed but its curves cannot be written (``moved``: its directory was moved
-    or deleted while it ran) or none of its episodes finished."""
+    when it completed but its curves (``curves``: a run that draws some) cannot be written
+    (``moved``: its directory was moved or deleted while it ran) or none of its episodes
+    finished."""
+    gone = f"the run directory {rd.root} was moved, deleted or replaced while the run wrote into it"
     unwritten = (
-        f"coevo: error: the run directory {rd.root} was moved, deleted or replaced while the "
-        "run wrote into it, and its curves are not written (a moved run's log is complete "
+        f"coevo: error: {gone}, and its curves are not written (a moved run's log is complete "
         "where it went: coevo report draws them there)"
-        if moved
+        if moved and curves
         else ""
     )
+    if moved and not curves:  # nothing was to be written there: the log is all
+        print(f"coevo: note: {gone}; its log is complete where it went", file=sys.stderr)
     updates: list[Any] = []  # the policy's updates, seen as the report reads the log
     if report is not None:
         try:

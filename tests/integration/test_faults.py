@@ -749,6 +749,31 @@ def test_a_run_whose_directory_is_moved_mid_run_says_so(tmp_path: Path) -> None:
     assert verified(moved) > 0
 
 
+def test_a_moved_run_that_draws_no_curves_completes_with_a_note(tmp_path: Path) -> None:
+    """A rollout (no curves to write) whose directory moved while it ran exited 1 for
+    "curves not written". It completes (exit 0), says where its log went, and verifies."""
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    args = ("--set", "run.episodes=5000", "--set", "run.workers=1")
+    proc = subprocess.Popen(
+        [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        wait_for_writer(run, proc)
+        wait_for_a_commit(run, proc)
+        run.rename(moved)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "coevo: note: the run directory" in err and "its log is complete where it" in err
+    assert "error" not in err and not run.exists()
+    assert verified(moved) > 0
+
+
 def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path) -> None:
     """``coevo copy`` onto a full disk said so in one line but left ``DEST/log/``: the retry,
     once there was room, was refused ("not a new or empty directory")."""
