@@ -87,13 +87,15 @@ def run_state(last: object, log_dir: Path) -> str:
 
 
 def replace_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through ``.NAME.partial`` beside it and a rename: a reader,
-    or a process killed meanwhile, finds the old file or the new one, never half of one.
+    """Write ``data`` to ``path`` through ``.NAME.PID.partial`` beside it and a rename: a
+    reader, or a process killed meanwhile, finds the old file or the new one, never half of
+    one; two processes writing the same file at once each rename a whole one of their own
+    (one partial name for both failed one of them: the other had renamed it away).
 
     Raises:
         OSError: it cannot be written (the partial file is removed).
     """
-    partial = path.with_name(f".{path.name}.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         partial.write_bytes(data)
         partial.replace(path)
