@@ -738,7 +738,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return cmd_whatif(args)
     log = open_run(args.run)
     try:
-        with stdout_to_stderr():  # a plug-in rule's or event's prints: not the answer
+        with naming(log.path), stdout_to_stderr():  # a plug-in's prints: not the answer
             answer = _audit_credit(log, args) if args.what == "credit" else _audit_one(log, args)
     finally:
         log.close()

@@ -47,7 +47,8 @@ class InputInvalid(CoevoError):
 
 TORN_COPY_HINT = (
     " (a copy taken while its run wrote, by cp -r or rsync, can be torn like this: "
-    "copy a live run with `coevo copy RUN DEST`)"
+    "copy a live run with `coevo copy RUN DEST`; the events before the damage still read: "
+    "coevo log RUN --to SEQ)"
 )
 """Added to a message that says a log's file or records are damaged: a copy taken with
 ``cp -r`` while its run wrote can be torn mid-commit and reads so."""

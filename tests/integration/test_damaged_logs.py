@@ -278,7 +278,7 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
     torn = [r for r in results if any(f in expect.get(r.name, "") for f in TORN_LIKE)]
     assert len(torn) >= 5 * len(COMMANDS)
     for result in torn:
-        assert "copy a live run with `coevo copy RUN DEST`)" in result.err, result
+        assert "copy a live run with `coevo copy RUN DEST`;" in result.err, result
 
 
 def test_damaged_pages_under_a_branch_page_are_one_line_not_an_abort(
@@ -403,3 +403,14 @@ def test_every_page_overwritten_and_every_record_flipped(
         f"\nlog damage sweep: {len(damages)} damaged copies, {len(results)} commands, "
         f"{failed} refused with one line, {len(results) - failed} unaffected"
     )
+
+
+def test_an_audit_of_a_damaged_log_names_the_log(run_dir: Path, tmp_path: Path) -> None:
+    """``coevo audit`` said "event log corrupted at seq N" without saying which log (the
+    other reading commands name it)."""
+    seq, offsets, length = events_in_file(run_dir)[3]
+    path = copy_with(run_dir, tmp_path / "flipped", flip_bits([at + length // 2 for at in offsets]))
+    (result,) = run_cases([("audit", ["audit", str(path), "episode", "ep000001"])])
+    assert result.code != 0
+    assert_one_line(result, str(path / "log"), f"at seq {seq}: checksum")
+    assert "the events before the damage still read: coevo log RUN --to SEQ" in result.err
