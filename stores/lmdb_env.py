@@ -365,13 +365,70 @@ _ENVS_LOCK = threading.Lock()
 def lock_writer(path: Path) -> int:
     """Take the log's writer lock (exclusive, non-blocking ``flock``) and note our pid in it.
 
+    The lock is held on the log directory itself as well as on ``writer.lock``: a lock file
+    deleted (or replaced by a sync tool) while a run writes is a new file, and its lock alone
+    let a second process write the same log. A file system that cannot lock a directory (some
+    network ones) keeps the file's lock alone.
+
     Returns:
-        The lock file's descriptor; closing it (or the process dying) releases the lock.
+        The lock file's descriptor; :func:`unlock_writer` (or the process dying) releases
+        the lock.
 
     Raises:
         LogLocked: another handle, in this process or another, holds it.
         LogError: the lock file cannot be opened for writing (a read-only directory).
     """
+    dir_fd = _lock_directory(path)
+    try:
+        fd = _lock_file(path)
+    except BaseException:
+        if dir_fd is not None:
+            os.close(dir_fd)
+        raise
+    if dir_fd is not None:
+        _DIRECTORY_LOCKS[fd] = dir_fd
+    return fd
+
+
+def unlock_writer(fd: int) -> None:
+    """Release the writer lock :func:`lock_writer` returned ``fd`` for."""
+    dir_fd = _DIRECTORY_LOCKS.pop(fd, None)
+    os.close(fd)
+    if dir_fd is not None:
+        os.close(dir_fd)
+
+
+_DIRECTORY_LOCKS: dict[int, int] = {}
+"""The directory lock held beside each writer lock file's descriptor."""
+
+
+def _lock_directory(path: Path) -> int | None:
+    """The log directory's descriptor, locked; None where it cannot be locked (a file system
+    without ``flock`` on directories: the lock file's alone then).
+
+    Raises:
+        LogLocked: another process holds it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # no such directory, not one: the lock file's open says why
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            noted = (path / LOCK_FILE).read_text(errors="replace")
+        except OSError:
+            noted = ""  # the lock file deleted under its writer
+        raise _locked(path, noted) from None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _lock_file(path: Path) -> int:
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:  # a read-only directory or file system, a full disk
@@ -381,14 +438,9 @@ def lock_writer(path: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        noted = os.pread(fd, 300, 0).decode(errors="replace").split()
-        holder = f"{noted[0]} on {noted[1]}" if len(noted) > 1 else "".join(noted) or "unknown"
+        noted = os.pread(fd, 300, 0).decode(errors="replace")
         os.close(fd)
-        raise LogLocked(
-            f"event log at {path} already has a writer (pid {holder}); "
-            "open it with writable=False to read",
-            holder=f"written by pid {holder}",
-        ) from None
+        raise _locked(path, noted) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {_HOST}\n".encode(), 0)
@@ -396,6 +448,17 @@ def lock_writer(path: Path) -> int:
         os.close(fd)
         raise LogError(f"cannot write the writer lock of {path}: {exc.strerror or exc}") from None
     return fd
+
+
+def _locked(path: Path, noted: str) -> LogLocked:
+    """The error for a writer lock held by another handle, naming the pid it noted."""
+    words = noted.split()
+    holder = f"{words[0]} on {words[1]}" if len(words) > 1 else "".join(words) or "unknown"
+    return LogLocked(
+        f"event log at {path} already has a writer (pid {holder}); "
+        "open it with writable=False to read",
+        holder=f"written by pid {holder}",
+    )
 
 
 _HOST = socket.gethostname().replace(" ", "_") or "unknown-host"

@@ -46,7 +46,14 @@ from engine.eventlog import (
     check_snapshot,
 )
 from engine.events import Codec, Envelope, Event
-from stores.lmdb_env import DATA_FILE, ENV_LOCK_FILE, SharedEnv, is_blank, lock_writer
+from stores.lmdb_env import (
+    DATA_FILE,
+    ENV_LOCK_FILE,
+    SharedEnv,
+    is_blank,
+    lock_writer,
+    unlock_writer,
+)
 from stores.lmdb_records import (
     MAX_SEQ,
     SEQ,
@@ -195,7 +202,7 @@ class LmdbEventLog:
             shared = SharedEnv.acquire(path, meta is not None, writable, size, durable, init)
         except BaseException:
             if lock_fd is not None:
-                os.close(lock_fd)
+                unlock_writer(lock_fd)
             raise
         log = cls(path, shared, lock_fd, durable, codec)
         try:
@@ -447,7 +454,7 @@ class LmdbEventLog:
         self._closed = True
         self._shared.release()
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            unlock_writer(self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> LmdbEventLog:

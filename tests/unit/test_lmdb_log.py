@@ -123,6 +123,21 @@ def test_second_writer_in_other_process_is_refused(path: Path) -> None:
     assert out.startswith(f"locked: event log at {path} already has a writer {holder}")
 
 
+def test_a_deleted_lock_file_does_not_let_a_second_writer_in(path: Path) -> None:
+    """``writer.lock`` deleted (or replaced) while a run writes is a new file, and its lock
+    alone let a second process resume into the live log. The directory is locked too."""
+    from stores.lmdb_env import LOCK_FILE
+
+    with LmdbEventLog.create(path, META) as writer:
+        (path / LOCK_FILE).unlink()
+        with pytest.raises(LogLocked, match="already has a writer"):
+            LmdbEventLog.open(path, writable=True)
+        writer.append(envelopes(0, 2))
+    with LmdbEventLog.open(path, writable=True) as writer:  # both locks died with close()
+        writer.append(envelopes(2, 1))
+        assert writer.next_seq == 3
+
+
 def test_create_over_existing_log_is_refused(path: Path) -> None:
     with LmdbEventLog.create(path, META) as log:
         log.append(envelopes(0, 3))
