@@ -81,13 +81,11 @@ def cmd_copy(args: argparse.Namespace) -> int:
     if there == src or src in there.parents or there in src.parents:
         raise InputInvalid(f"{dest}: inside {rd.root} or holding it; copy to another directory")
     if (dest / COPYING).exists():
-        raise InputInvalid(
-            f"{dest}: holds a copy that was stopped before it ended (killed); remove it and "
-            "copy again"
-        )
+        raise InputInvalid(_COPY_UNDER_WAY.format(dest=dest))
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputInvalid(f"{dest}: not a new or empty directory for the copy")
     existed = dest.exists()
+    _claim_copy(dest)
     try:
         live, copied, meta = _copy_run(rd, dest)
     except BaseException:  # a full disk, a Ctrl-C: what was copied would block a retry
@@ -110,6 +108,34 @@ def cmd_copy(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+_COPY_UNDER_WAY = (
+    "{dest}: holds a copy under way, or one stopped before it ended (killed); once no "
+    "coevo copy writes there, remove it and copy again"
+)
+
+
+def _claim_copy(dest: Path) -> None:
+    """Make ``dest/``:data:`COPYING` (creating ``dest``), the mark that this process copies
+    into ``dest``: two copies into one DEST at once raced (tracebacks, and the loser's
+    clean-up removed the winner's finished copy). Only one process creates the mark; a
+    process that finds ``dest`` holding more than its own mark (a copy that ended meanwhile)
+    takes its mark back and is refused.
+
+    Raises:
+        InputInvalid: another copy holds the mark, or has filled ``dest`` meanwhile.
+    """
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / COPYING).mkdir()
+    except FileExistsError:
+        raise InputInvalid(_COPY_UNDER_WAY.format(dest=dest)) from None
+    except OSError as exc:
+        raise InputInvalid(f"{dest}: cannot be made: {exc.strerror or exc}") from None
+    if {p.name for p in dest.iterdir()} != {COPYING}:
+        (dest / COPYING).rmdir()
+        raise InputInvalid(f"{dest}: not a new or empty directory for the copy")
 
 
 def _unresumable(dest: Path) -> list[str]:

@@ -827,9 +827,37 @@ def test_a_copy_killed_part_way_is_not_taken_for_a_run(tmp_path: Path) -> None:
     assert check.returncode == 2 and "not a coevo run directory" in check.stderr, check.stderr
     again = coevo("copy", str(run), str(dest))
     assert again.returncode == 2
-    assert "holds a copy that was stopped before it ended" in again.stderr, again.stderr
+    assert "holds a copy under way, or one stopped before it ended" in again.stderr, again.stderr
     shutil.rmtree(dest)
     assert coevo("copy", str(run), str(dest)).returncode == 0
+    assert verified(dest) == verified(run)
+
+
+def test_a_second_copy_into_the_same_destination_at_once_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ``coevo copy`` into one DEST at once both passed the "new or empty" check: the
+    loser failed with a traceback, and its clean-up removed the winner's finished copy. The
+    first to start claims DEST; the other, started while it copies, is refused in one line
+    and leaves its copy alone."""
+    from scenarios.cli import main
+    from stores.lmdb_log import LmdbEventLog
+
+    run, dest = tmp_path / "run", tmp_path / "copy"
+    assert coevo("run", EXPLORE, "--out", str(run), "--quiet").returncode == 0
+    real, second = LmdbEventLog.copy_to, []
+
+    def copy_to(self: LmdbEventLog, path: str) -> int:
+        if not second:  # the other copy starts and ends while this one is copying
+            second.append(-1)
+            second[0] = main(["copy", str(run), str(dest)])
+            second.append(capsys.readouterr().err)
+        return real(self, path)
+
+    monkeypatch.setattr(LmdbEventLog, "copy_to", copy_to)
+    assert main(["copy", str(run), str(dest)]) == 0, capsys.readouterr().err
+    assert second[0] == 2 and second[1].count("\n") == 1, second
+    assert "holds a copy under way" in second[1], second
     assert verified(dest) == verified(run)
 
 
