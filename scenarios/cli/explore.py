@@ -17,8 +17,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, cast
 
+from engine.errors import LogError
 from scenarios.cli.common import (
     InputInvalid,
+    LogUnreadable,
     missing_checkpoints,
     naming,
     newest_checkpoints,
@@ -99,7 +101,15 @@ def cmd_copy(args: argparse.Namespace) -> int:
             f"Resumed, the copy is a second run of id {run_id}, apart from the original",
             file=sys.stderr,
         )
-    if gone := _unresumable(dest):
+    try:
+        gone = _unresumable(dest)
+    except (LogUnreadable, LogError) as exc:  # LMDB copies pages as they are: the run's is so
+        print(
+            f"coevo: error: the run's log is damaged, and its copy holds it as it is: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    if gone:
         print(
             f"coevo: error: the copy lacks {' and '.join(gone)}, the newest its log names (the "
             "run pruned it while it was copied): the copy reads, checks and audits, but coevo "

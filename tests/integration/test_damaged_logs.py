@@ -414,3 +414,17 @@ def test_an_audit_of_a_damaged_log_names_the_log(run_dir: Path, tmp_path: Path) 
     assert result.code != 0
     assert_one_line(result, str(path / "log"), f"at seq {seq}: checksum")
     assert "the events before the damage still read: coevo log RUN --to SEQ" in result.err
+
+
+def test_a_copy_of_a_damaged_run_says_the_run_is_damaged(run_dir: Path, tmp_path: Path) -> None:
+    """``coevo copy`` of a run whose log is damaged said it copied every event, then blamed a
+    torn ``cp -r`` of the copy. It says the run's own log is damaged (the copy holds it as
+    it is)."""
+    seq, offsets, length = events_in_file(run_dir)[3]
+    path = copy_with(run_dir, tmp_path / "flipped", flip_bits([at + length // 2 for at in offsets]))
+    dest = tmp_path / "copy"
+    (result,) = run_cases([("copy", ["copy", str(path), str(dest)])])
+    assert result.code == 1 and "Traceback" not in result.err, result
+    last = result.err.splitlines()[-1]
+    assert last.startswith("coevo: error: the run's log is damaged, and its copy holds it"), result
+    assert f"at seq {seq}: checksum" in last, result
