@@ -532,8 +532,9 @@ def _trainer(
             scenario.eval,
             method,
         )
-    except ValueError as exc:
-        raise ScenarioInvalid(source, f"$.run: {exc}") from None
+    except ValueError as exc:  # its message names the key: the eval table's, or the run's
+        key = "$.eval" if str(exc).startswith("eval.") else "$.run"
+        raise ScenarioInvalid(source, f"{key}: {exc}") from None
 
 
 def runtime_config(scenario: Scenario, handle_signals: bool = False) -> RuntimeConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import os
+import re
 import stat
 import tomllib
 from collections import Counter
@@ -57,9 +58,26 @@ def read_scenario(
     doc = parse_toml(read_text(path), source)
     for item in overrides:
         apply_override(doc, item, source)
-    scenario = to_scenario(doc, source)
-    refuse_futile(scenario, source)
+    try:
+        scenario = to_scenario(doc, source)
+        refuse_futile(scenario, source)
+    except ScenarioInvalid as exc:
+        raise _naming_override(exc, overrides) from None
     return scenario, unread_tables(doc, scenario)
+
+
+def _naming_override(exc: ScenarioInvalid, overrides: Sequence[str]) -> ScenarioInvalid:
+    """``exc``, saying which ``--set`` gave the value it is about (the file holds another):
+    the last override whose key is the error's key path, or above or below it."""
+    found = re.search(r"`(\$[^`]*)`", exc.detail) or re.match(r"(\$[^\s:]*)", exc.detail)
+    if found is None:
+        return exc
+    at = found.group(1)
+    for item in reversed(overrides):
+        key = "$." + ".".join(_split_override(item, exc.source)[0])
+        if any(a == b or a.startswith(b + ".") for a, b in ((at, key), (key, at))):
+            return ScenarioInvalid(exc.source, f"{exc.detail} (given by --set {item})")
+    return exc
 
 
 def refuse_futile(scenario: Scenario, source: str) -> None:

@@ -25,6 +25,7 @@ QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
             ["policy.embedded.world_options.zz=1"],
             "$.policy.embedded.world_options: bad options for world 'minilab'",
         ),
+        (["eval.adapt_attempts=1"], "$.eval: eval.adapt_attempts needs a memory"),
         (["grpo.dual_clip=0.5"], "dual_clip must be 0 (off) or greater than 1, got 0.5"),
         (["grpo.dual_clip=1"], "dual_clip must be 0 (off) or greater than 1, got 1"),
         (

@@ -265,3 +265,27 @@ def test_a_pool_larger_than_a_familys_variants_is_warned_about(
         err = capsys.readouterr().err.replace("\n", "")
         assert (warned in err) == warns, (sets, err)
         assert not warns or "(6)" in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "given"),
+    [
+        (["run.episodes=-1"], "run.episodes=-1"),  # the key itself
+        (["grpo.dual_clip=0.5"], "grpo.dual_clip=0.5"),  # the error names its table
+        (["grpo={clip_low = 2.0}"], "grpo={clip_low = 2.0}"),  # the override sets a table
+        (["run.episodes=-1", "run.episodes=-2"], "run.episodes=-2"),  # the last one counts
+    ],
+)
+def test_an_invalid_value_from_the_command_line_names_its_override(
+    overrides: list[str], given: str
+) -> None:
+    """A bad ``--set`` value was reported against the file, which holds a valid one."""
+    with pytest.raises(ScenarioInvalid) as err:
+        load_scenario(ROOT / "scenarios" / "quickstart.toml", overrides)
+    assert str(err.value).endswith(f"(given by --set {given})"), err.value
+
+
+def test_an_invalid_value_names_only_the_override_that_gave_it() -> None:
+    with pytest.raises(ScenarioInvalid) as err:
+        load_scenario(ROOT / "scenarios" / "quickstart.toml", ["run.episodes=-1", "seed=3"])
+    assert "given by --set seed=3" not in str(err.value)
