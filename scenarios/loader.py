@@ -76,7 +76,8 @@ def _naming_override(exc: ScenarioInvalid, overrides: Sequence[str]) -> Scenario
     for item in reversed(overrides):
         key = "$." + ".".join(_split_override(item, exc.source)[0])
         if any(a == b or a.startswith(b + ".") for a, b in ((at, key), (key, at))):
-            return ScenarioInvalid(exc.source, f"{exc.detail} (given by --set {item})")
+            said = item if len(item) <= 120 else f"{item[:120]}... ({len(item):,} characters)"
+            return ScenarioInvalid(exc.source, f"{exc.detail} (given by --set {said})")
     return exc
 
 
@@ -403,7 +404,7 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
     try:
         scenario = msgspec.convert(doc, Scenario)
     except msgspec.ValidationError as exc:
-        raise ScenarioInvalid(source, str(exc)) from None
+        raise ScenarioInvalid(source, _shortened(str(exc))) from None
     method = scenario.run.method
     installed = installed_methods()
     if method not in {"rollout", *BUILTIN, *installed} and ":" not in method:
@@ -416,6 +417,17 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
     if scenario.runtime.backend == "ray" and (why := bad_ray_address(scenario.runtime.ray.address)):
         raise ScenarioInvalid(source, f"$.runtime.ray.address: {why}")
     return scenario
+
+
+def _shortened(message: str, most: int = 80) -> str:
+    """``message`` with each quoted value longer than ``most`` characters cut (msgspec
+    quotes a bad value whole: a 20,000-character one made a 20,000-character error line)."""
+
+    def cut(found: re.Match[str]) -> str:
+        value = found.group(1)
+        return f"'{value[:most]}...' ({len(value):,} characters)"
+
+    return re.sub("'([^']{" + str(most + 1) + ",})'", cut, message)
 
 
 def bad_ray_address(address: str) -> str:

@@ -289,3 +289,13 @@ def test_an_invalid_value_names_only_the_override_that_gave_it() -> None:
     with pytest.raises(ScenarioInvalid) as err:
         load_scenario(ROOT / "scenarios" / "quickstart.toml", ["run.episodes=-1", "seed=3"])
     assert "given by --set seed=3" not in str(err.value)
+
+
+def test_a_very_long_bad_value_is_cut_in_the_error() -> None:
+    """A 20,000-character bad enum value was echoed whole, twice (msgspec's message and the
+    override): one 40 KB line."""
+    long = "x" * 20_000
+    with pytest.raises(ScenarioInvalid) as err:
+        load_scenario(ROOT / "scenarios" / "quickstart.toml", [f'agent.kind="{long}"'])
+    said = str(err.value)
+    assert len(said) < 600 and "(20,000 characters)" in said and "`$.agent.kind`" in said, said
