@@ -180,6 +180,9 @@ def warn_settings(
         instead = "".join(
             f"; {UNREAD_KEYS[t][1]} is read instead" for t in unread if t in UNREAD_KEYS
         )
+        if "runtime.ray" in unread:
+            backend = scenario.runtime.backend
+            instead += f'; runtime.backend = "ray" reads it (this run is {backend!r})'
         log.warning(
             f"{source}: nothing reads {named} in this scenario{instead}",
             method=scenario.run.method,
@@ -228,6 +231,9 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     embedded = bool(policy.get("embedded")) and "policy" not in unread
     if embedded and scenario.policy.model != "embedded":
         unread.append("policy.embedded")  # the built-in model's settings, for a model directory
+    runtime = cast("dict[str, Any]", doc.get("runtime") or {})  # validated: a table
+    if runtime.get("ray") and scenario.runtime.backend != "ray":
+        unread.append("runtime.ray")  # the placements of a local run: a GPU asked for, unused
     for name, (not_by, _) in UNREAD_KEYS.items():
         table, key = name.split(".")
         if method == not_by and table not in unread and key in (doc.get(table) or {}):

@@ -192,6 +192,8 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
             ["policy.embedded"],
         ),
         ('[agent]\nkind = "policy"\n[policy.embedded]\nlayers = 2\n', []),
+        ("[runtime.ray.inference]\nnum_gpus = 1\n", ["runtime.ray"]),
+        ('[runtime]\nbackend = "ray"\n[runtime.ray.inference]\nnum_gpus = 1\n', []),
     ],
     ids=[
         "grpo reads its own",
@@ -206,6 +208,8 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         "an empty method table",
         "embedded settings of a model directory",
         "embedded settings of the embedded model",
+        "ray placements of a local run",
+        "ray placements of a ray run",
     ],
 )
 def test_tables_nothing_reads_are_named(text: str, unread: list[str]) -> None:
