@@ -202,9 +202,7 @@ def _copy_run(rd: RunDir, dest: Path) -> tuple[bool, int, Any]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from agents.tracking.scalars import KINDS, fold_scalars
-    from agents.tracking.sinks import open_sink, written_before
-    from engine.replay import EventFilter, iter_events
+    from agents.tracking.sinks import written_before
 
     targets = [
         (n, getattr(args, n)) for n in ("tensorboard", "wandb", "mlflow") if getattr(args, n)
@@ -216,13 +214,75 @@ def cmd_export(args: argparse.Namespace) -> int:
     name = find_run(args.run).root.name
     for sink_name, where in targets:
         outside_lmdb(Path(where), f"--{sink_name}")
-        held = written_before(sink_name, Path(where), name)
-        if held:
-            raise InputInvalid(
-                f"--{sink_name} {where}: already holds {held} (an earlier export of this run, "
-                "or a run's own tracking); an export there again would show its points twice "
-                "(choose another directory, or remove that first)"
-            )
+    before = {where: _paths_under(Path(where)) for _, where in targets}
+    done: list[str] = []
+    with contextlib.ExitStack() as claimed:
+        mine: list[str] = []  # the directories this export holds
+        try:
+            for sink_name, where in targets:  # two exports into one directory at once
+                claimed.callback(os.close, _claim_export(Path(where), f"--{sink_name}"))
+                mine.append(where)
+                if held := written_before(sink_name, Path(where), name):
+                    raise InputInvalid(
+                        f"--{sink_name} {where}: already holds {held} (an earlier export of "
+                        "this run, or a run's own tracking); an export there again would show "
+                        "its points twice (choose another directory, or remove that first)"
+                    )
+        except BaseException:
+            for where in mine:  # a directory made for the claim, still empty
+                if before[where] is None:
+                    with contextlib.suppress(OSError):
+                        Path(where).rmdir()
+            raise
+        _export(args, targets, name, before, done)
+    print("\n".join(done))
+    return 0
+
+
+def _claim_export(where: Path, flag: str) -> int:
+    """``where`` made and locked (``flock`` on the directory; released when the descriptor
+    closes or the process ends) for this export: two exports into one directory at once both
+    passed the check that it holds no export yet, and every point was there twice.
+
+    Returns:
+        The directory's descriptor (-1 where the file system cannot lock a directory).
+
+    Raises:
+        InputInvalid: it cannot be made, or another export holds it.
+    """
+    import fcntl
+
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputInvalid(f"{flag} {where}: cannot write: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InputInvalid(
+            f"{flag} {where}: another coevo export is writing into it now; an export there "
+            "too would show its points twice (choose another directory)"
+        ) from None
+    except OSError:  # a file system that cannot lock a directory: unguarded, as before
+        return fd
+    return fd
+
+
+def _export(
+    args: argparse.Namespace,
+    targets: list[tuple[str, str]],
+    name: str,
+    before: dict[str, set[Path] | None],
+    done: list[str],
+) -> None:
+    """:func:`cmd_export`'s work once its directories are claimed: fold the run's scalars and
+    write them to every sink; a failure part way removes what it wrote."""
+    from agents.tracking.scalars import KINDS, fold_scalars
+    from agents.tracking.sinks import open_sink
+    from engine.replay import EventFilter, iter_events
+
     log = open_run(args.run)
     try:
         with naming(log.path):
@@ -233,8 +293,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         log.close()
     config = _scenario_dict(meta.scenario_toml if meta else "")
-    before = {where: _paths_under(Path(where)) for _, where in targets}
-    done: list[str] = []
     try:
         for sink_name, where in targets:
             try:
@@ -254,8 +312,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         for where, paths in before.items():
             _remove_new(Path(where), paths)
         raise
-    print("\n".join(done))
-    return 0
 
 
 def _paths_under(root: Path) -> set[Path] | None:

@@ -231,6 +231,32 @@ def test_a_second_export_into_the_same_directory_is_refused(
         assert sorted(p.relative_to(where) for p in where.rglob("*")) == before
 
 
+def test_a_second_export_into_the_same_directory_at_once_is_refused(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two exports into one directory at once both passed the "holds no export yet" check
+    and both wrote: every point twice. The first holds the directory while it writes; the
+    other is refused in one line and touches nothing."""
+    from agents.tracking import sinks
+
+    where, second = tmp_path / "tb", []
+    real = sinks.written_before
+
+    def checked(sink: str, at: Path, run_name: str) -> str:
+        held = real(sink, at, run_name)
+        if not second:  # the other export runs whole after this one's check
+            second.append(-1)
+            second[0] = main(["export", str(run), "--tensorboard", str(where)])
+            second.append(capsys.readouterr().err)
+        return held
+
+    monkeypatch.setattr(sinks, "written_before", checked)
+    assert main(["export", str(run), "--tensorboard", str(where)]) == 0
+    assert second[0] == 2 and second[1].count("\n") == 1, second
+    assert "another coevo export is writing into it now" in second[1], second
+    assert len(list(where.rglob("events.out.tfevents.*"))) == 1
+
+
 def test_an_export_stopped_part_way_leaves_nothing_and_runs_again(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
