@@ -96,6 +96,9 @@ class Tracker:
                         )
                         self._sinks.remove(sink)
             for sink in self._sinks:
-                sink.close()
+                try:
+                    sink.close()
+                except OSError as exc:  # its last flush, on a full disk: as a write's
+                    log.warning("tracking sink dropped", sink=type(sink).__name__, error=str(exc))
         except BaseException as exc:  # handed to close(), which raises it on the caller's thread
             self._error = exc

@@ -122,6 +122,9 @@ def configure_logging(console: Console, level: str, jsonl: Path | None = None) -
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
+    # a handler that cannot write (a library's log file on a full disk: W&B's) is silent,
+    # not a "--- Logging error ---" traceback on stderr for every record (hundreds of lines)
+    logging.raiseExceptions = False
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

@@ -32,6 +32,34 @@ def test_a_jsonl_file_that_cannot_be_written_stops_with_one_warning(
     )
 
 
+def test_a_library_handler_that_cannot_write_is_silent(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """W&B's own log file on a full disk: Python's logging printed "--- Logging error ---"
+    and a traceback for every record (hundreds of lines before coevo's one)."""
+    import logging
+
+    class Full(logging.Handler):  # as logging.FileHandler fails: handleError
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                raise OSError(28, "No space left on device")
+            except OSError:
+                self.handleError(record)
+
+    configure_logging(Console(stderr=True, width=400), "error", None)
+    lib = logging.getLogger("wandb.like")
+    handler = Full()
+    lib.addHandler(handler)
+    try:
+        for i in range(3):
+            lib.warning("record %d", i)
+    finally:
+        lib.removeHandler(handler)
+        close_logging()
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err, err
+
+
 def test_nothing_logged_after_the_log_is_closed_reaches_stderr(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

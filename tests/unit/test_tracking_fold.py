@@ -211,6 +211,21 @@ def _stop(seq: int, reason: str = "signal") -> Envelope[Event]:
     return _env(seq, RunStopped(reason=reason, exit_code=143 if reason == "signal" else 0), 99.0)
 
 
+class _FullOnClose(_Kept):
+    def close(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_sink_whose_last_flush_meets_a_full_disk_is_dropped_as_a_write_is() -> None:
+    """W&B's close on a full disk failed the run ("tracking failed: OSError", exit 1),
+    while a write that met it dropped the sink with a warning."""
+    full, kept = _FullOnClose(), _Kept()
+    tracker = Tracker([full, kept], block=1)
+    tracker.observe([*_batch(0, 1), _stop(1)])
+    tracker.close()
+    assert kept.closed and kept.points == full.points == tracker.written
+
+
 def test_a_sink_that_breaks_otherwise_fails_the_tracking_on_close() -> None:
     tracker = Tracker([_Failing(ValueError("bad value"))], block=1)
     tracker.observe([*_batch(0, 1), _stop(1)])
