@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import fault_counts
@@ -725,35 +725,17 @@ def test_a_run_whose_directory_is_moved_mid_run_says_so(tmp_path: Path) -> None:
     completed in a directory that no longer held it (exit 0), or failed reading its curves
     from the old path ("not a coevo run directory"). It says what happened and creates
     nothing at the old path; the moved log is whole."""
-    run, moved = tmp_path / "run", tmp_path / "moved"
-    proc = subprocess.Popen(
-        [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", *LONG_RUN],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    try:
-        wait_for_writer(run, proc)
-        wait_for_a_commit(run, proc)  # moved while its log was being created: another story
-        run.rename(moved)
-        time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, err
+    code, err = moved_mid_run(tmp_path, LONG_RUN, stop=True)
+    assert code == 143, err
     assert "was moved, deleted or replaced while the run wrote into it" in err, err
     assert "Traceback" not in err
-    assert not run.exists()
-    assert verified(moved) > 0
 
 
-def test_a_moved_run_that_draws_no_curves_completes_with_a_note(tmp_path: Path) -> None:
-    """A rollout (no curves to write) whose directory moved while it ran exited 1 for
-    "curves not written". It completes (exit 0), says where its log went, and verifies."""
+def moved_mid_run(tmp_path: Path, args: Sequence[str], stop: bool) -> tuple[int, str]:
+    """An explore run into ``tmp_path/run``, renamed to ``tmp_path/moved`` once it has
+    committed, then (``stop``) sent SIGTERM a second later: its exit code and stderr, once
+    nothing is left at the old path and the moved log verifies."""
     run, moved = tmp_path / "run", tmp_path / "moved"
-    args = ("--set", "run.episodes=5000", "--set", "run.workers=1")
     proc = subprocess.Popen(
         [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", *args],
         stdout=subprocess.PIPE,
@@ -763,15 +745,27 @@ def test_a_moved_run_that_draws_no_curves_completes_with_a_note(tmp_path: Path) 
     )
     try:
         wait_for_writer(run, proc)
-        wait_for_a_commit(run, proc)
+        wait_for_a_commit(run, proc)  # moved while its log was being created: another story
         run.rename(moved)
+        if stop:
+            time.sleep(1)
+            proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err
-    assert "coevo: note: the run directory" in err and "its log is complete where it" in err
-    assert "error" not in err and not run.exists()
+    assert not run.exists()
     assert verified(moved) > 0
+    return proc.returncode, err
+
+
+def test_a_moved_run_that_draws_no_curves_completes_with_a_note(tmp_path: Path) -> None:
+    """A rollout (no curves to write) whose directory moved while it ran exited 1 for
+    "curves not written". It completes (exit 0), says where its log went, and verifies."""
+    args = ("--set", "run.episodes=5000", "--set", "run.workers=1")
+    code, err = moved_mid_run(tmp_path, args, stop=False)
+    assert code == 0, err
+    assert "coevo: note: the run directory" in err and "its log is complete where it" in err
+    assert "error" not in err
 
 
 def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path) -> None:
