@@ -6,8 +6,12 @@ Every table has the envelope's columns ``seq``, ``time`` (a timestamp in ns, UTC
 zone attached: pyarrow's conversion of a zoned column to pandas crashed the test suite's process
 once, in ``string_to_tzinfo``), ``actor``, ``corr``, ``cause`` and ``kind``. Asked for kinds, it
 has one column per field of those events (a field another kind lacks is null there; tuples are
-lists); asked for every kind, it has instead one ``event`` column holding each event's fields as
-JSON text, since the kinds' fields do not fit one schema.
+lists; a field named as an envelope column, such as ``actor_started.actor``, is
+``event_actor``; a field two kinds give values of types that do not fit one column, such as
+``success``, a boolean in ``episode_finished`` and a rate in ``eval_round_finished``, is JSON
+text: ask for one kind at a time to keep its type); asked for every kind, it has instead
+one ``event`` column holding each event's fields as JSON text, since the kinds' fields do not
+fit one schema.
 
 The frame libraries are the ``frames`` extra (``pip install 'coevo[frames]'``).
 """
@@ -42,14 +46,15 @@ def read_events(
 
     Raises:
         RunNotFound: ``run`` is not a run directory.
-        ValueError: a kind no event type has, or a negative ``start``.
+        ValueError: a kind no event type has, or a ``start`` or ``stop`` that is no seq.
     """
     from agents.methods.registry import import_run_method
     from stores.lmdb_log import LmdbEventLog
     from stores.rundir import find_run
 
-    if start < 0:
-        raise ValueError(f"start must be >= 0, got {start}")
+    for name, bound in (("start", start), ("stop", stop)):
+        if bound is not None and (type(bound) is not int or bound < 0):  # a bool is no seq
+            raise ValueError(f"{name} must be a seq (an int >= 0), got {bound!r}")
     log = LmdbEventLog.open(find_run(run).log, writable=False)
     try:
         import_run_method(log)  # a plug-in method's own events decode, and its kinds are known
@@ -92,7 +97,7 @@ def events_table(
             "kind": env.event.__struct_config__.tag,
         }
         if flat:
-            values.update({k: v for k, v in fields.items() if k not in _HEAD})
+            values.update({_column(k): v for k, v in fields.items()})
         else:
             values["event"] = _JSON.encode(fields).decode()
         for name, value in values.items():
@@ -105,7 +110,7 @@ def events_table(
         known = event_types()  # read_events imported the run's plug-in method by now
         for kind in sorted(_kinds(kinds) or ()):
             for f in msgspec.structs.fields(known[kind]):
-                columns.setdefault(f.name, [None] * (n + 1))
+                columns.setdefault(_column(f.name), [None] * (n + 1))
     if not flat:
         columns.setdefault("event", [])
     arrays = {name: _array(pa, name, values) for name, values in columns.items()}
@@ -113,6 +118,12 @@ def events_table(
 
 
 _HEAD = ("seq", "time", "actor", "corr", "cause", "kind")
+
+
+def _column(field: str) -> str:
+    """The column of an event's field: ``event_NAME`` for a name the envelope's columns hold
+    (``actor_started.actor``, the actor that started, is not the envelope's ``runtime``)."""
+    return f"event_{field}" if field in _HEAD else field
 
 
 def _array(pa: Any, name: str, values: list[Any]) -> Any:

@@ -75,3 +75,25 @@ def test_kinds_are_checked_and_fields_of_several_kinds_are_joined(distill_root: 
     # cell read a KeyError on a run without that kind)
     none = events_frame(run, "adapt_round_finished")
     assert len(none) == 0 and {"success", "attempts", "policy_version"} <= set(none.columns)
+
+
+def test_an_event_field_named_as_an_envelope_column_keeps_its_value(distill_root: Path) -> None:
+    """``actor_started.actor`` (the actor that started) was dropped for the envelope's
+    ``actor``, always "runtime": which actor started or failed could not be read."""
+    run = distill_root / "run"
+    frame = events_frame(run, "actor_started")
+    started = {e.event.actor for e in read_envelopes(run, "actor_started")}  # type: ignore[attr-defined]
+    assert set(frame["actor"]) == {"runtime"}
+    assert set(frame["event_actor"]) == started and len(started) > 1
+
+
+@pytest.mark.parametrize(
+    ("bounds", "said"),
+    [({"stop": -5}, "stop must be a seq"), ({"start": 1.5}, "start must be a seq")],
+)
+def test_bounds_that_are_no_seq_are_refused(
+    distill_root: Path, bounds: dict[str, Any], said: str
+) -> None:
+    """``stop=-5`` gave no rows without a word, and ``start=1.5`` a ``struct.error``."""
+    with pytest.raises(ValueError, match=said):
+        events_table(distill_root / "run", "episode_finished", **bounds)
