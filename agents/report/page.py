@@ -264,17 +264,28 @@ def _plotted(
     return out
 
 
+def _blocks(runs: list[RunData]) -> str:
+    """The train curves' block sizes: one number when the runs drawn share it, else each
+    run's (the sizes were sorted as text, unattributed, and a run without a train curve
+    counted)."""
+    drawn = [r for r in runs if r.curves.train]
+    sizes = {r.curves.block for r in drawn}
+    if len(sizes) <= 1:
+        said = str(sizes.pop()) if sizes else ""
+    else:
+        said = ", ".join(f"{r.curves.block} ({r.label})" for r in drawn)
+    return f"Train curves: mean over blocks of {said} training episodes. " if said else ""
+
+
 def _success(runs: list[RunData]) -> list[str]:
-    blocks = ", ".join(sorted({str(r.curves.block) for r in runs}))
     return _plotted(
         runs,
         [bool(r.curves.train or r.curves.heldout) for r in runs],
         "No finished training episode or evaluation round in",
         success_figure,
-        f"Train curves: mean over blocks of {blocks} training episodes. Held-out: "
-        "each evaluation round on held-out variants (dashed: played with the bank; its point "
-        "at 0 training episodes read an empty bank, entries coming from training episodes). "
-        "Return is the episode's final score.",
+        f"{_blocks(runs)}Held-out: each evaluation round on held-out variants (dashed: "
+        "played with the bank; its point at 0 training episodes read an empty bank, entries "
+        "coming from training episodes). Return is the episode's final score.",
     )
 
 

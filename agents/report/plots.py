@@ -61,13 +61,16 @@ def _lines(
     rows_of: Callable[[RunData], Sequence[tuple[float, float]]],
     **style: Any,
 ) -> bool:
-    """One line per run from its ``(x, y)`` rows; False when no run has any."""
+    """One line per run from its ``(x, y)`` rows; False when no run has any. A run of one
+    row is drawn as a marker (one point of a line alone is not drawn at all: a run of one
+    update showed four empty panels)."""
     drawn = False
     for i, r in enumerate(runs):
         rows = rows_of(r)
         if rows:
             xs, ys = zip(*rows, strict=True)
-            ax.plot(xs, ys, color=COLORS[i % 10], label=r.label, **style)
+            alone = {"marker": "o"} if len(rows) == 1 and style.get("marker") is None else {}
+            ax.plot(xs, ys, color=COLORS[i % 10], label=r.label, **{**style, **alone})
             drawn = True
     return drawn
 
