@@ -136,13 +136,17 @@ def bootstrap_ratio(
 ) -> Interval:
     """``mean(top) / mean(bottom)`` and its bootstrap interval (each side resampled on its
     own); ``episodes`` counts both sides. A bootstrap round whose bottom mean is 0 gives an
-    infinite ratio, which the percentiles keep.
+    infinite ratio, which the percentiles keep. For measures that are never negative (success
+    rates, counts): a bottom mean that crosses 0 makes the ratio's percentiles meaningless
+    (a negative bottom gave the interval [inf, inf] around -1).
 
     Raises:
-        ValueError: as :func:`bootstrap_mean`, or ``bottom``'s mean is 0.
+        ValueError: as :func:`bootstrap_mean`, a negative value, or ``bottom``'s mean is 0.
     """
     a, b = _check(top), _check(bottom)
     _check_settings(rounds, level)
+    if any((x < 0).any() for x in (*a, *b)):
+        raise ValueError("a ratio of means needs values >= 0 (success rates, counts)")
     base = float(np.concatenate(b).mean())
     if base == 0:
         raise ValueError("the bottom mean is 0: the ratio is undefined")

@@ -415,6 +415,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         finally:
             log.close()
     out = out_path(args.out, lambda: runs[0].path / "report.html")
+    if out.is_dir():
+        raise InputInvalid(f"{out}: a directory; --out takes the page's file (DIR/report.html)")
     _refuse_overwrite(out, PAGE_HEAD.encode())
     check_writable(out, "--out FILE")
     for run in runs:

@@ -288,6 +288,8 @@ def check_writable(path: Path, what: str) -> None:
     there = path if path.is_dir() else path.parent
     while not there.exists() and there != there.parent:
         there = there.parent
+    if not there.is_dir():  # a path under a file: "no permission" said root could not
+        raise InputInvalid(f"{path}: {there} is a file, not a directory; {what} writes elsewhere")
     if not os.access(there, os.W_OK | os.X_OK):
         why = "a read-only file system" if _read_only(there) else "no permission"
         raise InputInvalid(f"{path}: cannot write in {there} ({why}); {what} writes it elsewhere")

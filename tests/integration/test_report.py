@@ -149,6 +149,17 @@ def test_bad_input_is_one_line_and_exit_2(
     assert main(["report", str(runs[1]), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err == f"coevo: error: {out}: cannot write: No such file or directory\n"
+    # a directory read "cannot read: Is a directory"; a path under a file "no permission"
+    assert main(["report", str(runs[1]), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"coevo: error: {tmp_path}: a directory; --out takes the page's file (DIR/report.html)\n"
+    )
+    under = runs[1] / "scenario.toml" / "r.html"
+    assert main(["report", str(runs[1]), "--out", str(under)]) == 2
+    err = capsys.readouterr().err
+    assert f"{runs[1] / 'scenario.toml'} is a file, not a directory" in err, err
 
 
 def test_a_report_replaces_only_an_earlier_report(

@@ -66,6 +66,9 @@ def test_what_has_no_mean_is_refused(groups) -> None:
 def test_a_ratio_over_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="bottom mean is 0"):
         bootstrap_ratio([[1, 0]], [[0, 0]])
+    # a negative bottom gave -1.0 [inf, inf]: an interval that excludes its own value
+    with pytest.raises(ValueError, match="needs values >= 0"):
+        bootstrap_ratio([[1.0, 1.0]], [[-1.0, -1.0]])
 
 
 def test_a_bottom_that_often_resamples_to_zero_gives_an_infinite_upper_bound() -> None:
