@@ -190,6 +190,8 @@ def entry_id(text: str) -> int:
     """
     if not re.fullmatch(r"[0-9]+", text):
         raise AuditQueryInvalid(f"entry id must be a non-negative integer, got {text!r}")
+    if len(text) > 40:  # Python refuses to read an int of over 4,300 digits: no id has 40
+        raise AuditQueryInvalid(f"no entry {text[:20]}... ({len(text):,} digits) in this run")
     return int(text)
 
 

@@ -427,10 +427,14 @@ def tip_rows(index: FactIndex, tip: int) -> list[tuple[int, TipRow]]:
 
 
 def refs(index: FactIndex, namespace: str, name: str) -> list[tuple[int, str]]:
-    """The ``(seq, kind)`` of every event indexed under ``name`` in ``namespace``."""
+    """The ``(seq, kind)`` of every event indexed under ``name`` in ``namespace`` (a key is
+    the prefix and a seq of 8 bytes: a name ending in NULs matched another's keys by their
+    seq's leading zero bytes, and ``ep000300\\0`` read as ``ep000300``)."""
+    prefix = ref_prefix(namespace, name)
     return [
         (int.from_bytes(k[-8:], "big"), _REF_DECODER.decode(v).kind)
-        for k, v in index.scan(ref_prefix(namespace, name))
+        for k, v in index.scan(prefix)
+        if len(k) == len(prefix) + 8
     ]
 
 

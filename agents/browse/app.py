@@ -17,6 +17,7 @@ reads of a few milliseconds), so the log and the index are never read from two t
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
@@ -61,14 +63,51 @@ _TEMPLATES = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+_TEMPLATES.filters["shell"] = lambda value: shlex.quote(str(value))  # a command to paste
 
 
-def make_app(runs: Mapping[str, RunView]) -> Starlette:
-    """The application browsing ``runs`` (by name); it never writes to them."""
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+"""The names a browser on this machine reaches a loopback-bound server by."""
 
-    def page(template: str, code: int = 200, **context: Any) -> HTMLResponse:
-        body = _TEMPLATES.get_template(template).render(refresh=REFRESH, **context)
-        return HTMLResponse(body, status_code=code)
+
+def _page(template: str, code: int = 200, **context: Any) -> HTMLResponse:
+    body = _TEMPLATES.get_template(template).render(refresh=REFRESH, **context)
+    return HTMLResponse(body, status_code=code)
+
+
+def host_name(header: str) -> str:
+    """The host of a ``Host`` header, without its port (``[::1]:8000`` is ``::1``)."""
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class _KnownHosts:
+    """Answer 400 to a request naming a host this server is not (DNS rebinding: a page on
+    another site points its own name at 127.0.0.1, and a browser on this machine then reads
+    every run for it, the ``Host`` header still naming that site)."""
+
+    def __init__(self, app: Any, hosts: frozenset[str]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            host = host_name(header).lower()
+            if host and host not in self.hosts:
+                said = (
+                    f"this server answers requests for {', '.join(sorted(self.hosts))}, not "
+                    f"{host!r} (coevo serve --host NAME --public serves other names)"
+                )
+                await _page("error.html", 400, message=said)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def make_app(runs: Mapping[str, RunView], hosts: frozenset[str] | None = None) -> Starlette:
+    """The application browsing ``runs`` (by name); it never writes to them. With ``hosts``,
+    a request whose ``Host`` names another host is refused (400)."""
+    page = _page
 
     def run_of(request: Request) -> RunView:
         name = request.path_params["run"]
@@ -92,12 +131,13 @@ def make_app(runs: Mapping[str, RunView]) -> Starlette:
         view = run_of(request)
         chosen = {k: request.query_params.get(k, "") for k in FILTERS}
         number = request.query_params.get("page", "1")
-        if not re.fullmatch(r"[0-9]+", number) or int(number) < 1:
-            raise HTTPException(400, f"page must be a positive integer, got {number!r}")
+        if not re.fullmatch(r"[0-9]+", number) or int(number[:40]) < 1:
+            raise HTTPException(400, f"page must be a positive integer, got {number[:40]!r}")
         rows = view.episodes(chosen)
         pages = max(1, -(-len(rows) // PAGE))
-        if int(number) > pages:
-            raise HTTPException(404, f"page {number}: this list has {pages} page(s)")
+        if len(number) > 20 or int(number) > pages:  # no int of 5,000 digits is read
+            shown = number if len(number) <= 20 else f"{number[:20]}... ({len(number):,} digits)"
+            raise HTTPException(404, f"page {shown}: this list has {pages} page(s)")
         start = (int(number) - 1) * PAGE
         status = view.status()
         return page(
@@ -158,4 +198,5 @@ def make_app(runs: Mapping[str, RunView]) -> Starlette:
             CoevoError: failed,
             Exception: crashed,
         },
+        middleware=[] if hosts is None else [Middleware(_KnownHosts, hosts=hosts)],
     )

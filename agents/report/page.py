@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import io
+import shlex
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -382,7 +383,7 @@ def _entry_card(r: RunData, i: int, e: Entry, shown: set[int]) -> str:
     )
     credits = ", ".join(f"{html.escape(ep)} {c:+.2f}" for ep, c in e.credits[:24])
     more = f" … and {len(e.credits) - 24} more" if len(e.credits) > 24 else ""
-    command = f"coevo audit {r.path} tip {e.tip_id}"
+    command = f"coevo audit {shlex.quote(str(r.path))} tip {e.tip_id}"  # to paste in a shell
     return (
         f'<div class="entry" id="{anchor}"><p><a href="#{anchor}">#{e.tip_id}</a> in '
         f"{html.escape(e.slot)}: total credit <b>{e.total:+.2f}</b> from {len(e.credits)} "

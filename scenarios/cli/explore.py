@@ -508,7 +508,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InputInvalid(f"--port must be in 0..65535, got {args.port}")
     import uvicorn
 
-    from agents.browse.app import make_app
+    from agents.browse.app import LOOPBACK_NAMES, host_name, make_app
 
     views = open_views(args.runs)
     try:
@@ -517,8 +517,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(f"coevo: note: {view.name}: {view.note}", file=sys.stderr)
         sock = _listen(args.host, args.port)
         port = sock.getsockname()[1]  # the port the system chose for --port 0
+        hosts = None if args.public else LOOPBACK_NAMES | {host_name(args.host).lower()}
         config = uvicorn.Config(
-            make_app(views), log_level="warning", limit_concurrency=_connections_allowed()
+            make_app(views, hosts), log_level="warning", limit_concurrency=_connections_allowed()
         )
         server = uvicorn.Server(config)
         _quiet_asyncio()
@@ -658,10 +659,10 @@ def open_views(paths: list[str]) -> dict[str, Any]:
         raise InputInvalid(f"{twice[0]}: given more than once")
     views: dict[str, Any] = {}
     try:
-        for path, root in zip(paths, roots, strict=True):
-            same = sum(r.name == root.name for r in roots) > 1
+        for path, root, at in zip(paths, roots, real, strict=True):
+            same = sum(r.name == at.name for r in real) > 1  # resolved: "." has no name
             name = re.sub(
-                r"[^A-Za-z0-9_.-]", "-", f"{root.parent.name}-{root.name}" if same else root.name
+                r"[^A-Za-z0-9_.-]", "-", f"{at.parent.name}-{at.name}" if same else at.name
             )
             while name in views:
                 name += "-"

@@ -570,3 +570,43 @@ def test_serve_out_of_file_descriptors_stays_up_and_stops_on_sigterm(live_run: P
         proc.kill()
     assert proc.returncode == 143
     assert len(err) < 100_000 and "Logging error" not in err, err[-3000:]
+
+
+def test_serve_refuses_other_hosts_odd_ids_and_quotes_its_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an outside attack on serve: any ``Host`` was answered (a page on another site
+    could read the runs by DNS rebinding); a page number or entry id of 5,000 digits was a
+    500 "internal error"; ``ep000001%00`` was shown as ep000001; the "same in a terminal"
+    command of a run in ``my run`` did not paste; ``serve .`` listed a run named ""."""
+    from starlette.testclient import TestClient
+
+    from agents.browse.app import LOOPBACK_NAMES, make_app
+
+    run = tmp_path / "my run"
+    _a_run(run, "r-odd", 2)
+    monkeypatch.chdir(run)
+    here = open_views(["."])
+    names = list(here)
+    for view in here.values():
+        view.close()
+    assert names == ["my-run"]
+    views = open_views([str(run)])
+    try:
+        client = TestClient(make_app(views, LOOPBACK_NAMES), base_url="http://localhost:8000")
+        assert client.get("/").status_code == 200
+        for host in ("127.0.0.1:8000", "[::1]:8000", "LOCALHOST"):
+            assert client.get("/", headers={"host": host}).status_code == 200, host
+        refused = client.get("/runs/my-run", headers={"host": "attacker.example:8000"})
+        assert refused.status_code == 400 and "not &#39;attacker.example&#39;" in refused.text
+        digits = "9" * 5000
+        for path in (f"/runs/my-run?page={digits}", f"/runs/my-run/entries/{digits}"):
+            page = client.get(path)
+            assert page.status_code == 404 and "5,000 digits" in page.text, page.text[-300:]
+        assert client.get("/runs/my-run/episodes/ep000001").status_code == 200
+        assert client.get("/runs/my-run/episodes/ep000001%00").status_code == 404
+        hint = unescape(client.get("/runs/my-run/episodes/ep000001").text)
+        assert f"coevo audit '{run}' episode ep000001" in hint, hint
+    finally:
+        for view in views.values():
+            view.close()
