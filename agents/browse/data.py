@@ -98,7 +98,7 @@ class RunView:
         self.gone = ""
         """Why the run cannot be shown now ("" while it can): its directory was deleted, or
         its log cannot be read (truncated, or being copied over)."""
-        self._file = _file_state(root)
+        self._file = _file_state(root / LOG_DIR / DATA_FILE)
         self._run = _run_id(log)
         self._rows: tuple[int, list[EpisodeRow]] = (-1, [])
 
@@ -131,13 +131,13 @@ class RunView:
         :attr:`note` says so. A log file that no longer holds every page of its last commit
         (truncated, or half copied over) is let go before it is read (its mapped pages would
         kill the process), :attr:`gone` says why, and the next page tries it again."""
-        now = _file_state(self.root)
+        now = _file_state(self.root / LOG_DIR / DATA_FILE)
         if not self.gone and now is not None and self._file is not None:
             if now == self._file:
-                return refresh(self.log, self.index)
+                return refresh(self.log, self._whole_index())
             if _continues(self._file, now) and _run_id(self.log) == self._run:
                 self._file = now  # the same log, committed further
-                return refresh(self.log, self.index)
+                return refresh(self.log, self._whole_index())
         if not self.gone:
             self.close()  # before the file is read again: its map may reach past its end
         if now is None:  # its files are let go: a deleted run's disk space is freed
@@ -218,6 +218,19 @@ class RunView:
         number = entry_id(tip)
         return self._rebuilt_if_damaged(lambda: audit_tip(self.log, self.index, number))
 
+    def _whole_index(self) -> FactIndex:
+        """The index, built again from the log first when its file no longer holds every
+        page of its last commit (cut while served: its mapped pages killed the process with
+        SIGBUS, as a cut log's did), or is gone."""
+        index = self.index
+        if isinstance(index, LmdbFactIndex):
+            state = _file_state(index.path / DATA_FILE)
+            if state is None or not state.whole:
+                cut = IndexDamaged(f"{index.path / DATA_FILE} was cut or removed while served")
+                self.index, self.note = rebuilt_index(self.root, self.log, index, cut)
+                self._rows = (-1, [])
+        return self.index
+
     def _rebuilt_if_damaged(self, ask: Callable[[], T]) -> T:
         """``ask()``; when it meets a damaged fact (:class:`IndexDamaged`), the index is
         removed and built again from the log, and ``ask()`` runs once more."""
@@ -267,9 +280,9 @@ class _FileState:
         return self.txnid >= 0 and self.size >= self.need
 
 
-def _file_state(root: Path) -> _FileState | None:
-    """The state of ``root``'s log file, or None when it is not there."""
-    path = root / LOG_DIR / DATA_FILE
+def _file_state(path: Path) -> _FileState | None:
+    """The state of the LMDB data file at ``path`` (a log's, an index's), or None when it is
+    not there."""
     try:
         st = os.stat(path)
     except OSError:

@@ -610,3 +610,36 @@ def test_serve_refuses_other_hosts_odd_ids_and_quotes_its_commands(
     finally:
         for view in views.values():
             view.close()
+
+
+INDEX_CUT = """
+import os, sys
+from starlette.testclient import TestClient
+from agents.browse.app import make_app
+from scenarios.cli.explore import open_views
+
+served = sys.argv[1]
+views = open_views([served])
+client = TestClient(make_app(views))
+print(client.get("/runs/served/episodes/ep000001").status_code)
+os.truncate(os.path.join(served, "audit", "data.mdb"), 8192)  # its meta pages only
+page = client.get("/runs/served/episodes/ep000001")
+print(page.status_code, "was cut or removed while served" in views["served"].note)
+print(client.get("/runs/served").status_code)
+"""
+
+
+def test_an_audit_index_cut_while_served_is_built_again(tmp_path: Path) -> None:
+    """The audit index's file truncated under serve killed it with SIGBUS (exit 135, no
+    word), as a cut log's did before it was checked. Run in a child process: a SIGBUS would
+    end the test session."""
+    _a_run(tmp_path / "served", "r-cut", 3)
+    done = subprocess.run(
+        [sys.executable, "-c", INDEX_CUT, str(tmp_path / "served")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split("\n")[:3] == ["200", "200 True", "200"], done.stdout
