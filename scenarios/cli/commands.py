@@ -431,6 +431,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state_of(path: str) -> str:
+    """How the run at ``path`` stands (:func:`stores.rundir.run_state`)."""
+    from stores.rundir import run_state
+
+    log = open_run(path)
+    try:
+        with naming(log.path):
+            end = log.next_seq
+            last = next(iter(log.read(end - 1, end)), None) if end else None
+            return run_state(last.event if last is not None else None, log.path)
+    finally:
+        log.close()
+
+
 def _draw_missing_curves(run: Any) -> None:
     """Write a completed learning run's curves (CSV files and PNG) when its directory lacks
     one: the run was stopped, or the disk was full, between its end and its curves. A
@@ -502,6 +516,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if given is not None and given.exists() and not given.is_dir():
         raise InputInvalid(f"--out {given}: a file, not a directory for the probe's report")
     run = read_run(args.run, read_meta(args.run), read, args.set)
+    if (state := _state_of(args.run)) != "completed":  # the probe is for a finished run
+        print(
+            f"coevo: note: {args.run} has not completed ({state}): the probe plays the "
+            "extractor versions it reached",
+            file=sys.stderr,
+        )
     control = (
         read_run(args.control, read_meta(args.control), read, args.set) if args.control else None
     )

@@ -363,3 +363,20 @@ def test_the_headline_pools_the_probes_of_several_seeds(result: dict[str, Any]) 
     assert summary["last_minus_v0"].seeds == 2
     assert summary["shown"] == cells["last"].above(cells["v0"])
     assert any("co-evolution" in line for line in lines)
+
+
+def test_a_probe_of_a_run_that_has_not_completed_says_so(root: Path, tmp_path: Path) -> None:
+    """``coevo probe`` of a stopped or killed run played its banks without saying that the
+    run had not finished (the probe is for a finished run's extractor versions)."""
+    from scenarios.cli.commands import _state_of  # pyright: ignore[reportPrivateUsage]
+
+    assert _state_of(str(root / "run")) == "completed"
+    cut = tmp_path / "cut"
+    meta = stored_meta(root / "run")
+    assert meta is not None
+    log = LmdbEventLog.create(cut / "log", meta, durable=False)
+    try:
+        log.append(list(envelopes(str(root / "run")))[:50])  # killed: no final event
+    finally:
+        log.close()
+    assert _state_of(str(cut)) == "killed"
