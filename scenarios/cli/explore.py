@@ -220,8 +220,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         mine: list[str] = []  # the directories this export holds
         try:
             for sink_name, where in targets:  # two exports into one directory at once
-                claimed.callback(os.close, _claim_export(Path(where), f"--{sink_name}"))
-                mine.append(where)
+                real = os.path.realpath(where)  # two sinks of this export may share one
+                if real not in {os.path.realpath(w) for w in mine}:
+                    claimed.callback(os.close, _claim_export(Path(where), f"--{sink_name}"))
+                    mine.append(where)
                 if held := written_before(sink_name, Path(where), name):
                     raise InputInvalid(
                         f"--{sink_name} {where}: already holds {held} (an earlier export of "
@@ -245,7 +247,8 @@ def _claim_export(where: Path, flag: str) -> int:
     passed the check that it holds no export yet, and every point was there twice.
 
     Returns:
-        The directory's descriptor (-1 where the file system cannot lock a directory).
+        The directory's descriptor (held unlocked where the file system cannot lock a
+        directory: unguarded, as before).
 
     Raises:
         InputInvalid: it cannot be made, or another export holds it.

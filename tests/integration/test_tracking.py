@@ -255,6 +255,10 @@ def test_a_second_export_into_the_same_directory_at_once_is_refused(
     assert second[0] == 2 and second[1].count("\n") == 1, second
     assert "another coevo export is writing into it now" in second[1], second
     assert len(list(where.rglob("events.out.tfevents.*"))) == 1
+    both = tmp_path / "both"  # two sinks of one export in one directory: one claim
+    args = ["export", str(run), "--tensorboard", str(both), "--mlflow", f"{both}/"]
+    if importlib.util.find_spec("mlflow"):
+        assert main(args) == 0, capsys.readouterr().err
 
 
 def test_an_export_stopped_part_way_leaves_nothing_and_runs_again(
