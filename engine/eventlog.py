@@ -256,6 +256,13 @@ JOIN_CHUNKS = 64
 """Most envelopes :func:`joined_chunks` puts in one list."""
 
 
+def last_envelope(log: EventLog) -> Envelope[Event] | None:
+    """The log's last committed envelope (None: an empty log); of a live log, the last one
+    committed when it was asked."""
+    end = log.next_seq
+    return next(iter(log.read(end - 1, end)), None) if end else None
+
+
 def joined_chunks(
     chunks: Iterable[Sequence[Envelope[Event]]], most: int = JOIN_CHUNKS
 ) -> Iterator[list[Envelope[Event]]]:

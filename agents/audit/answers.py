@@ -43,7 +43,7 @@ from agents.events.extractor import (
 )
 from agents.events.memory import ReflectionRequested, TipProposed, TipRejected
 from engine.errors import AuditQueryInvalid
-from engine.eventlog import EventLog
+from engine.eventlog import EventLog, last_envelope
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStopped
 from stores.fact_index import FactIndex
@@ -278,8 +278,7 @@ _ANSWER_EVENTS = 256
 
 def _completed(log: EventLog) -> bool:
     """Whether the log's last event records its run's completion."""
-    end = log.next_seq
-    last = next(iter(log.read(end - 1, end)), None) if end else None
+    last = last_envelope(log)
     ev = last.event if last is not None else None
     return isinstance(ev, RunStopped) and ev.reason == "completed"
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from engine.errors import CoevoError
+from engine.eventlog import last_envelope
 from engine.invariants import CheckReport, check_stream, completed
 from scenarios.cli.common import InputInvalid, naming, open_run, stdout_to_stderr
 
@@ -77,10 +78,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             with gc_paused():
                 report = check_stream(log.read_chunks(0, log.next_seq), invariants, skipped=skipped)
             if report.violation is not None:  # the pass stopped there: the log's end says
-                last = list(log.read(log.next_seq - 1, log.next_seq)) if log.next_seq else []
-                report = msgspec.structs.replace(
-                    report, completed=completed(last[-1] if last else None)
-                )
+                report = msgspec.structs.replace(report, completed=completed(last_envelope(log)))
             involved = _involved(log, report)
     finally:
         log.close()

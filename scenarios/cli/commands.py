@@ -433,13 +433,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _state_of(path: str) -> str:
     """How the run at ``path`` stands (:func:`stores.rundir.run_state`)."""
+    from engine.eventlog import last_envelope
     from stores.rundir import run_state
 
     log = open_run(path)
     try:
         with naming(log.path):
-            end = log.next_seq
-            last = next(iter(log.read(end - 1, end)), None) if end else None
+            last = last_envelope(log)
             return run_state(last.event if last is not None else None, log.path)
     finally:
         log.close()
@@ -670,6 +670,7 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
     gone and every event is shown (a run that ended or was killed: a killed one is said on
     stderr), or until a Ctrl-C (exit 0) or a SIGTERM (exit 143; taken inside trio, so it stops
     the tail where it waits)."""
+    from engine.eventlog import last_envelope
     from engine.replay import follow
     from stores.lmdb_env import writer_alive
     from stores.rundir import run_state
@@ -715,9 +716,8 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
         return 0
     if terminated:
         raise Terminated
-    end = log.next_seq
-    last = next(iter(log.read(end - 1, end))).event if caught_up and end else None
-    if caught_up and run_state(last, log.path) == "killed":
+    last = last_envelope(log) if caught_up else None
+    if caught_up and run_state(last.event if last else None, log.path) == "killed":
         print(
             f"coevo: {args.run}: no process writes this run any more and its log has no final "
             "event: it was killed (coevo resume continues it)",

@@ -317,13 +317,14 @@ def _trio_run_stoppable(run: Callable[[], Awaitable[Any]]) -> Any:
 def _how_it_ended(rd: RunDir, run_id: str, curves: bool) -> str:
     """What a run's log says after a stop that the runtime did not handle (one at its very
     start or after its end): completed (its curves may be missing), or resumable."""
+    from engine.eventlog import last_envelope
     from engine.lifecycle import RunStopped
 
     try:
         reader = open_run(str(rd.root))
         try:
             n = reader.next_seq
-            last = next(iter(reader.read(n - 1, None)), None) if n else None
+            last = last_envelope(reader)
         finally:
             reader.close()
     except (CoevoError, OSError) as exc:
