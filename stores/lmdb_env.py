@@ -402,30 +402,44 @@ _DIRECTORY_LOCKS: dict[int, int] = {}
 """The directory lock held beside each writer lock file's descriptor."""
 
 
-def _lock_directory(path: Path) -> int | None:
-    """The log directory's descriptor, locked; None where it cannot be locked (a file system
-    without ``flock`` on directories: the lock file's alone then).
+def lock_directory(path: Path) -> int | None:
+    """``path``'s descriptor with an exclusive, non-blocking ``flock`` on it (released when
+    it is closed or the process ends); None where ``path`` is not a directory that can be
+    opened, or its file system cannot lock one (some network ones).
 
     Raises:
-        LogLocked: another process holds it.
+        BlockingIOError: another open descriptor, in this process or another, holds it.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:  # no such directory, not one: the lock file's open says why
+    except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        raise
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _lock_directory(path: Path) -> int | None:
+    """The log directory, locked (:func:`lock_directory`; None: the lock file's lock alone,
+    whose open says what is wrong with a path that is no directory).
+
+    Raises:
+        LogLocked: another process holds it.
+    """
+    try:
+        return lock_directory(path)
+    except BlockingIOError:
         try:
             noted = (path / LOCK_FILE).read_text(errors="replace")
         except OSError:
             noted = ""  # the lock file deleted under its writer
         raise _locked(path, noted) from None
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def _lock_file(path: Path) -> int:

@@ -222,7 +222,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             for sink_name, where in targets:  # two exports into one directory at once
                 real = os.path.realpath(where)  # two sinks of this export may share one
                 if real not in {os.path.realpath(w) for w in mine}:
-                    claimed.callback(os.close, _claim_export(Path(where), f"--{sink_name}"))
+                    if (fd := _claim_export(Path(where), f"--{sink_name}")) is not None:
+                        claimed.callback(os.close, fd)
                     mine.append(where)
                 if held := written_before(sink_name, Path(where), name):
                     raise InputInvalid(
@@ -241,36 +242,30 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _claim_export(where: Path, flag: str) -> int:
+def _claim_export(where: Path, flag: str) -> int | None:
     """``where`` made and locked (``flock`` on the directory; released when the descriptor
     closes or the process ends) for this export: two exports into one directory at once both
     passed the check that it holds no export yet, and every point was there twice.
 
     Returns:
-        The directory's descriptor (held unlocked where the file system cannot lock a
-        directory: unguarded, as before).
+        The directory's descriptor (None where the file system cannot lock a directory:
+        unguarded, as before).
 
     Raises:
         InputInvalid: it cannot be made, or another export holds it.
     """
-    import fcntl
+    from stores.lmdb_env import lock_directory
 
     try:
         where.mkdir(parents=True, exist_ok=True)
-        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputInvalid(f"{flag} {where}: cannot write: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return lock_directory(where)
     except BlockingIOError:
-        os.close(fd)
         raise InputInvalid(
             f"{flag} {where}: another coevo export is writing into it now; an export there "
             "too would show its points twice (choose another directory)"
         ) from None
-    except OSError:  # a file system that cannot lock a directory: unguarded, as before
-        return fd
-    return fd
+    except OSError as exc:
+        raise InputInvalid(f"{flag} {where}: cannot write: {exc.strerror or exc}") from None
 
 
 def _export(
