@@ -362,7 +362,22 @@ _ENVS: dict[tuple[int, int], SharedEnv] = {}
 _ENVS_LOCK = threading.Lock()
 
 
-def lock_writer(path: Path) -> int:
+class WriterLock:
+    """A log's writer lock, held: on ``writer.lock`` and on the log directory itself (None
+    where its file system cannot lock a directory). :meth:`release` (or the process dying)
+    lets them go."""
+
+    def __init__(self, file_fd: int, dir_fd: int | None) -> None:
+        self._fds = [fd for fd in (file_fd, dir_fd) if fd is not None]
+
+    def release(self) -> None:
+        """Let the lock go. Safe to call twice."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+
+def lock_writer(path: Path) -> WriterLock:
     """Take the log's writer lock (exclusive, non-blocking ``flock``) and note our pid in it.
 
     The lock is held on the log directory itself as well as on ``writer.lock``: a lock file
@@ -370,36 +385,17 @@ def lock_writer(path: Path) -> int:
     let a second process write the same log. A file system that cannot lock a directory (some
     network ones) keeps the file's lock alone.
 
-    Returns:
-        The lock file's descriptor; :func:`unlock_writer` (or the process dying) releases
-        the lock.
-
     Raises:
         LogLocked: another handle, in this process or another, holds it.
         LogError: the lock file cannot be opened for writing (a read-only directory).
     """
     dir_fd = _lock_directory(path)
     try:
-        fd = _lock_file(path)
+        return WriterLock(_lock_file(path), dir_fd)
     except BaseException:
         if dir_fd is not None:
             os.close(dir_fd)
         raise
-    if dir_fd is not None:
-        _DIRECTORY_LOCKS[fd] = dir_fd
-    return fd
-
-
-def unlock_writer(fd: int) -> None:
-    """Release the writer lock :func:`lock_writer` returned ``fd`` for."""
-    dir_fd = _DIRECTORY_LOCKS.pop(fd, None)
-    os.close(fd)
-    if dir_fd is not None:
-        os.close(dir_fd)
-
-
-_DIRECTORY_LOCKS: dict[int, int] = {}
-"""The directory lock held beside each writer lock file's descriptor."""
 
 
 def lock_directory(path: Path) -> int | None:
@@ -485,7 +481,14 @@ def writer_alive(path: Path) -> bool:
     itself is not touched, so a writer starting now is never refused), and on Linux whether
     that process holds the lock file open (:func:`_holds_open`). A run killed with SIGKILL
     leaves its pid behind, not its process. A writer on another machine (a run
-    directory on a shared file system) cannot be asked: it counts as running."""
+    directory on a shared file system) cannot be asked: it counts as running. Where the lock
+    file tells of no live writer (deleted or replaced while a run writes), the lock a writer
+    holds on the log directory itself does (:func:`_directory_locked`)."""
+    return _noted_writer_alive(path) or _directory_locked(path)
+
+
+def _noted_writer_alive(path: Path) -> bool:
+    """Whether the writer noted in the lock file at ``path`` may still be running."""
     try:
         noted = (path / LOCK_FILE).read_text().split()
         pid = int(noted[0]) if noted else 0
@@ -502,6 +505,24 @@ def writer_alive(path: Path) -> bool:
     except PermissionError:  # another user's process: it exists
         return True
     return _holds_open(pid, path / LOCK_FILE) is not False
+
+
+def _directory_locked(path: Path) -> bool:
+    """Whether some process holds a ``flock`` on the directory ``path`` (a log's writer holds
+    one: :func:`lock_writer`), from Linux's ``/proc/locks``, which lists every lock by its
+    file's device and inode without touching it; False where that cannot be read."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as lines:
+            table = lines.read()
+    except OSError:
+        return False
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        if "FLOCK" in fields and want in fields and "->" not in fields:
+            return True
+    return False
 
 
 def _holds_open(pid: int, file: Path) -> bool | None:

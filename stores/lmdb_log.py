@@ -50,9 +50,9 @@ from stores.lmdb_env import (
     DATA_FILE,
     ENV_LOCK_FILE,
     SharedEnv,
+    WriterLock,
     is_blank,
     lock_writer,
-    unlock_writer,
 )
 from stores.lmdb_records import (
     MAX_SEQ,
@@ -100,11 +100,11 @@ class LmdbEventLog:
     """
 
     def __init__(
-        self, path: Path, shared: SharedEnv, lock_fd: int | None, durable: bool, codec: Codec
+        self, path: Path, shared: SharedEnv, lock: WriterLock | None, durable: bool, codec: Codec
     ) -> None:
         self._path = path
         self._shared = shared
-        self._lock_fd = lock_fd
+        self._lock = lock
         self._sync_after_commit = durable and not shared.synced
         self._codec = codec
         self._closed = False
@@ -189,7 +189,7 @@ class LmdbEventLog:
     ) -> LmdbEventLog:
         """Lock (writers), share the environment, then create the log with ``meta`` or (None)
         check the format of the existing one. Nothing stays locked or open if this raises."""
-        lock_fd = lock_writer(path) if writable else None
+        lock = lock_writer(path) if writable else None
         try:
             init = None
             if meta is not None:
@@ -201,10 +201,10 @@ class LmdbEventLog:
                         (path / name).unlink(missing_ok=True)
             shared = SharedEnv.acquire(path, meta is not None, writable, size, durable, init)
         except BaseException:
-            if lock_fd is not None:
-                unlock_writer(lock_fd)
+            if lock is not None:
+                lock.release()
             raise
-        log = cls(path, shared, lock_fd, durable, codec)
+        log = cls(path, shared, lock, durable, codec)
         try:
             if meta is None:
                 log._check_format()
@@ -223,7 +223,7 @@ class LmdbEventLog:
     @property
     def writable(self) -> bool:
         """Whether this handle holds the writer lock."""
-        return self._lock_fd is not None
+        return self._lock is not None
 
     @property
     def closed(self) -> bool:
@@ -453,9 +453,9 @@ class LmdbEventLog:
             return
         self._closed = True
         self._shared.release()
-        if self._lock_fd is not None:
-            unlock_writer(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> LmdbEventLog:
         return self
@@ -473,7 +473,7 @@ class LmdbEventLog:
 
     def _check_writable(self) -> None:
         self._check_open()
-        if self._lock_fd is None:
+        if self._lock is None:
             raise LogError(f"event log at {self._path} is open read-only")
 
     @overload

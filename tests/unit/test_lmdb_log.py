@@ -138,6 +138,23 @@ def test_a_deleted_lock_file_does_not_let_a_second_writer_in(path: Path) -> None
         assert writer.next_seq == 3
 
 
+def test_a_live_writer_whose_lock_file_was_deleted_or_replaced_is_still_seen(
+    path: Path,
+) -> None:
+    """Readers ask whether a log's writer lives (``coevo log --follow``, a run's state) from
+    ``writer.lock``: deleted or replaced while a run writes, it told them of a killed run.
+    The lock the writer holds on the directory tells them."""
+    from stores.lmdb_env import LOCK_FILE, writer_alive
+
+    with LmdbEventLog.create(path, META):
+        assert writer_alive(path)
+        (path / LOCK_FILE).unlink()
+        assert writer_alive(path)
+        (path / LOCK_FILE).write_text(f"999999999 {socket.gethostname()}\n")  # a stale copy
+        assert writer_alive(path)
+    assert not writer_alive(path)
+
+
 def test_create_over_existing_log_is_refused(path: Path) -> None:
     with LmdbEventLog.create(path, META) as log:
         log.append(envelopes(0, 3))
