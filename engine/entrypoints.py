@@ -6,6 +6,8 @@ refused rather than one of them taken in silence.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from importlib.metadata import EntryPoint, entry_points
 from typing import NamedTuple
 
@@ -83,10 +85,26 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # a plug-in's failure at import: one line
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.partition(".")[0]:
+            hint = (  # the coevo script, unlike python -m, does not search where it runs
+                f" (is its directory on PYTHONPATH? {_cwd_note()})"
+            )
         raise ValueError(
-            f"cannot import {kind} module {module_name!r}: {type(exc).__name__}: {exc}"
+            f"cannot import {kind} module {module_name!r}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
     found = getattr(module, name, None)
     if found is None:
         raise ValueError(f"{kind} module {module_name!r} has no {what} {name!r}")
     return found
+
+
+def _cwd_note() -> str:
+    """Whether the current directory is searched for modules, said for an import hint."""
+    try:
+        here = os.getcwd()
+    except OSError:  # deleted under us
+        here = ""
+    if "" in sys.path or (here and here in sys.path):
+        return "the current directory is searched"
+    return "the current directory is not searched: PYTHONPATH=. adds it"

@@ -21,6 +21,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any, Literal, cast
 
 import msgspec
@@ -184,9 +185,10 @@ class CreditInputs:
     end: int = 0
 
 
-def gather(log: EventLog) -> CreditInputs:
-    """One pass over ``log`` up to its end as of now."""
-    end = log.next_seq
+def gather(log: EventLog, until: int | None = None) -> CreditInputs:
+    """One pass over ``log`` up to its end as of now, or (``until``) up to and including that
+    seq: the run as it stood then."""
+    end = log.next_seq if until is None else min(log.next_seq, until + 1)
     return gather_chunks(log.read_chunks(0, end), end)
 
 
@@ -240,12 +242,16 @@ def rule_function(path: str) -> CreditRule:
     return cast("CreditRule", fn)
 
 
-def derive_credits(inputs: CreditInputs, settings: AuditSettings) -> list[Event]:
-    """The credit actor's output re-folded from the log's retrievals and episode ends.
+def derive_credits(
+    inputs: CreditInputs, settings: AuditSettings, on_call: Callable[[int], None] | None = None
+) -> list[Event]:
+    """The credit actor's output re-folded from the log's retrievals and episode ends;
+    ``on_call`` is told how many times a rule of the researcher's own has been called, after
+    each call (a slow rule's progress).
 
     Raises:
         AuditQueryInvalid: a rule of the researcher's own that raises or gives no finite
-            number.
+            number; credits too large to add up.
     """
     book = CreditBook()
     rule = settings.credit.rule
@@ -254,39 +260,51 @@ def derive_credits(inputs: CreditInputs, settings: AuditSettings) -> list[Event]
         baseline = _relative_credits(inputs)
         given = lambda ev: baseline.get(ev.episode, 0.0)  # noqa: E731 - 0.0: no group (yet)
     elif rule not in RULES:
-        given = _own_rule(rule, inputs)
+        given = _own_rule(rule, inputs, on_call)
     out: list[Event] = []
     for ev in inputs.stream:
         try:
             out += book.decide(ev, settings.credit, given)
-        except OverflowError as exc:  # finite credits whose sum is not (a rule's 1e308s)
-            raise AuditQueryInvalid(
-                f"credit rule {rule!r}: its credits are too large to add up ({exc})"
-            ) from None
+        except OverflowError as exc:
+            raise _too_large(rule, exc) from None
     return out
 
 
-def _own_rule(path: str, inputs: CreditInputs) -> Callable[[EpisodeFinished], float]:
+def _too_large(rule: str, exc: OverflowError) -> AuditQueryInvalid:
+    """The error of finite credits whose sum is not (a rule's 1e308s), summed where it was."""
+    return AuditQueryInvalid(f"credit rule {rule!r}: its credits are too large to add up ({exc})")
+
+
+def _own_rule(
+    path: str, inputs: CreditInputs, on_call: Callable[[int], None] | None = None
+) -> Callable[[EpisodeFinished], float]:
     """A researcher's rule called with each credited episode's end and recorded group (a
-    guided training episode), its answer checked: a real number (a NumPy one too), finite."""
+    guided training episode), its answer checked: a real number (an int, a float, a Fraction,
+    a Decimal, a NumPy one), finite; not a bool."""
     fn = rule_function(path)
     group_of = {ep: g for _, g in inputs.groups for ep in g.episodes}
+    calls = 0
 
     def credit(ev: EpisodeFinished) -> float:
+        nonlocal calls
         try:
             got = fn(ev, group_of.get(ev.episode))
         except (Exception, SystemExit) as exc:  # the rule's bug: one line, not a traceback
             raise AuditQueryInvalid(
                 f"credit rule {path!r} raised {type(exc).__name__} on episode {ev.episode}: {exc}"
             ) from None
+        calls += 1
+        if on_call is not None:
+            on_call(calls)
         value = math.nan
-        if isinstance(got, numbers.Real) and not isinstance(got, bool):
-            with contextlib.suppress(OverflowError):  # an int past a float's range
+        if isinstance(got, numbers.Real | Decimal) and not isinstance(got, bool):
+            with contextlib.suppress(OverflowError, ValueError):  # 10**400, Decimal("sNaN")
                 value = float(got)
         if not math.isfinite(value):
             said = _short(got)
+            what = "a bool, not a number" if isinstance(got, bool) else "not a finite number"
             raise AuditQueryInvalid(
-                f"credit rule {path!r} gave {said} for episode {ev.episode}, not a finite number"
+                f"credit rule {path!r} gave {said} for episode {ev.episode}: {what}"
             )
         return value
 
@@ -416,7 +434,9 @@ class Check(msgspec.Struct, frozen=True, kw_only=True):
     """Recorded events of one kind against their re-derivation, in order.
 
     ``pending``: re-derived past the last recorded one (a live run's credit actor has not
-    written them yet).
+    written them yet); ``names_compared``: False where the re-derivation's rule has another
+    name (a counterfactual rule, or advantages under other method settings), so ``equal``
+    counts the events that are the same but for that name.
     """
 
     kind: str
@@ -425,6 +445,7 @@ class Check(msgspec.Struct, frozen=True, kw_only=True):
     equal: int
     pending: int
     first_mismatch: Mismatch | None = None
+    names_compared: bool = True
 
 
 class EntryChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -484,18 +505,45 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     calls: tuple[CallChange, ...]
 
 
-def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSettings) -> CreditAudit:
+def audit_credit(
+    inputs: CreditInputs,
+    settings: AuditSettings,
+    base: AuditSettings,
+    *,
+    asked: bool = False,
+    on_call: Callable[[int], None] | None = None,
+) -> CreditAudit:
     """Re-derive ``inputs`` under ``settings`` and compare with what the log recorded
-    (``base``: the run's own settings; anything else is a counterfactual)."""
-    derived = derive_credits(inputs, settings)
+    (``base``: the run's own settings; anything else is a counterfactual). ``asked``: the
+    credit settings were given (``--rule``, a credit key), even if as the run's own values;
+    ``on_call``: as :func:`derive_credits`.
+
+    Raises:
+        AuditQueryInvalid: as :func:`derive_credits`; credit settings given for a run without
+            extractor credit.
+    """
+    derived = derive_credits(inputs, settings, on_call)
     credited = any(isinstance(e, CreditAssigned) for e in (*inputs.recorded, *derived))
-    if not credited and settings.credit != base.credit:
+    if not credited and (asked or settings.credit != base.credit):
         raise AuditQueryInvalid(
             "this run has no extractor credit to re-derive (no entry an extractor wrote was "
             "shown in a training episode): --rule and --set batch/alpha/cooldown/reweight "
             "change nothing here; std_norm re-derives its advantages (and split and weighted, "
             "on a run with guided and free subgroups)"
         )
+    try:
+        return _compared(inputs, derived, credited, settings, base)
+    except OverflowError as exc:  # the sums of an entry's or a call's credits
+        raise _too_large(settings.credit.rule, exc) from None
+
+
+def _compared(
+    inputs: CreditInputs,
+    derived: list[Event],
+    credited: bool,
+    settings: AuditSettings,
+    base: AuditSettings,
+) -> CreditAudit:
     counterfactual = (settings.credit, settings.method_sets) != (base.credit, base.method_sets)
     groups = [(seq, g, derive_group(g, inputs, settings)) for seq, g in inputs.groups]
     adv = {ep: a for _, _, d in groups for ep, a in zip(d.episodes, d.advantages, strict=True)}
@@ -513,8 +561,9 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
         _of(derived, ExtractorGradientRequested),
     )
     seq_of = dict(zip(map(id, inputs.recorded), inputs.seqs, strict=True))
-    renamed = settings.credit.rule != base.credit.rule
-    labels = not renamed  # another rule's events carry its name
+    renamed = settings.credit.rule != base.credit.rule  # another rule's events carry its name
+    labels = not renamed
+    same_method = settings.method_sets == base.method_sets  # so do groups of other settings
     checks = (
         _check("credit_assigned", rec_c, der_c, [seq_of[id(c)] for c in rec_c], labels),
         _check(
@@ -525,14 +574,14 @@ def audit_credit(inputs: CreditInputs, settings: AuditSettings, base: AuditSetti
             [g for _, g, _ in groups],
             [d for _, _, d in groups],
             [s for s, _, _ in groups],
-            labels,
+            same_method,
         ),
         _check(
             "gradient_requested",
             [r for _, r, _ in grads],
             [d for _, _, d in grads],
             [s for s, _, _ in grads],
-            labels,
+            same_method,
         ),
     )
     trained = {ep for _, r, _ in grads for ep in r.episodes}  # warm-up groups train nothing
@@ -604,6 +653,7 @@ def _check(
         equal=equal,
         pending=max(len(derived) - len(recorded), 0),
         first_mismatch=mismatch,
+        names_compared=labels,
     )
 
 

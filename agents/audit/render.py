@@ -250,7 +250,7 @@ def _turn(t: Turn) -> list[str]:
 
 def render_credit(a: CreditAudit, top: int) -> list[str]:
     """The lines of a credit audit; ``top`` rows of the per-entry and per-call tables."""
-    adv = "as recorded" if a.std_norm is None else f"std_norm={a.std_norm}"
+    adv = "with the run's std_norm" if a.std_norm is None else f"std_norm={a.std_norm}"
     head = "counterfactual" if a.counterfactual else "re-derived with the run's settings"
     credit = (
         f"rule {a.rule}, batch {a.batch}, alpha {a.alpha:g}, cooldown {a.cooldown}"
@@ -261,7 +261,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     split = f", split={a.split}, weighted={a.weighted}" if subgroups else ""
     out = [f"credit {head}, from {a.events} events: {credit}; advantages {adv}{split}"]
     for c in a.checks:
-        same = "the same but for the rule's name" if a.renamed else "equal"
+        same = "equal" if c.names_compared else "the same but for the rule's name"
         line = (
             f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} {same}"
         )

@@ -15,8 +15,9 @@ import io
 import os
 import signal
 import sys
+import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -277,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
+    q.add_argument("--until", type=int, metavar="SEQ", help="the run as it stood after event SEQ")
     q = what.add_parser("whatif", parents=[common], help="replay an episode with one change")
     q.add_argument("id", help="the episode's id (e.g. ep000005)")
     q.add_argument("--without-tip", type=int, metavar="ID", help="the entry removed from it")
@@ -326,6 +328,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             fold, snap = replay_until(log, projections(), args.until)
     finally:
         log.close()
+    if args.until is not None and args.until > fold.last_seq:
+        print(
+            f"coevo: note: {_past_end('--until', args.until, fold.last_seq + 1)}", file=sys.stderr
+        )
     if args.json:
         sys.stdout.write(msgspec.json.encode(fold.states, order="deterministic").decode() + "\n")
         return 0
@@ -337,6 +343,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     kinds = fold.states["actor_stats"].kinds
     console.print("events by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())))
     return 0
+
+
+def _past_end(option: str, seq: int, end: int) -> str:
+    """The note for a seq past a log of ``end`` events."""
+    if not end:
+        return f"{option} {seq}: the log holds no event"
+    return f"{option} {seq} is past the log's end: its last event is seq {end - 1}"
 
 
 def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
@@ -633,6 +646,8 @@ def cmd_log(args: argparse.Namespace) -> int:
                 _check_actors(log, args.actor)
             if not shown and args.episode:
                 _check_episode(log, args.episode)
+            if not shown and args.start >= (end := log.next_seq):
+                print(f"coevo: note: {_past_end('--from', args.start, end)}", file=sys.stderr)
     finally:
         log.close()
     return 0
@@ -808,6 +823,8 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
 
     if args.top < 0:
         raise InputInvalid(f"--top must be >= 0, got {args.top}")
+    if args.until is not None and args.until < 0:
+        raise InputInvalid(f"--until must be >= 0, got {args.until}")
     scenario = stored_scenario(log.read_meta(), args.run)
     subgroups = [s for s in args.set if s.partition("=")[0] in ("split", "weighted")]
     method = scenario.run.method
@@ -828,7 +845,37 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
         lambda sets: _method_or_none(scenario, sets),
         lambda sets: advantages_changed(scenario, **sets),
     )
-    return audit_credit(gather(log), settings, base)
+    given = {s.partition("=")[0] for s in args.set}
+    asked = args.rule is not None or bool(given & {"batch", "alpha", "cooldown", "reweight"})
+    inputs = gather(log, args.until)
+    if args.until is not None and args.until >= inputs.end:
+        print(f"coevo: note: {_past_end('--until', args.until, inputs.end)}", file=sys.stderr)
+    audit = audit_credit(inputs, settings, base, asked=asked, on_call=_rule_progress(args.rule))
+    comp = scenario.complementary  # the subgroups the run's advantages had, unless --set
+    own = {"split": comp.subgroups, "weighted": comp.subgroup_weights}
+    return msgspec.structs.replace(audit, **{k: v for k, v in own.items() if k not in given})
+
+
+def _rule_progress(rule: str | None, every: float = 5.0) -> Callable[[int], None] | None:
+    """For a credit rule of the researcher's own (which may be slow): a line on stderr every
+    ``every`` seconds saying how many episodes it was called for so far."""
+    if rule is None or ":" not in rule:
+        return None
+    start = last = time.monotonic()
+
+    def called(n: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= every:
+            last = now
+            print(
+                f"coevo: credit rule {rule!r}: called for {n} episodes so far "
+                f"({now - start:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return called
 
 
 def _method_or_none(scenario: Any, sets: Mapping[str, bool]) -> Any:

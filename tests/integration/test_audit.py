@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from audit_golden import Stream, golden_stream, write_run
+from audit_golden import TOML, Stream, golden_stream, write_run
 
 from agents.audit.index import INDEX_DIR, index_ident
 from agents.events.extractor import CreditAssigned
@@ -245,10 +245,13 @@ def test_the_relative_rule_credits_against_the_free_half(
     code, out, _ = audit(capsys, str(run), "credit", "--rule", "score")
     # the rule's name differs in every one: not "identical in every field"
     assert code == 0 and "3 the same but for the rule's name" in out, out
-    # a counterfactual under the run's own rule compares every field: "equal", as it is
+    # a counterfactual under the run's own rule compares every field of the credits:
+    # "equal", as it is; its groups' rule has another name (std in place of mean)
     code, out, _ = audit(capsys, str(run), "credit", "--set", "std_norm=true")
-    assert code == 0 and "counterfactual" in out and " equal" in out, out
-    assert "but for the rule's name" not in out, out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:5]}
+    assert code == 0 and "counterfactual" in out, out
+    assert rows["credit_assigned"].endswith(" equal"), out
+    assert rows["advantages_computed"].endswith(" the same but for the rule's name"), out
 
 
 OWN_RULES = """
@@ -298,6 +301,16 @@ def huge(episode, group):
     return 1e308
 
 
+def decimal_half(episode, group):
+    from decimal import Decimal
+
+    return Decimal("0.5")
+
+
+def yes(episode, group):
+    return True
+
+
 def noisy(episode, group):
     print("RULE-NOISE", episode)
     return relative(episode, group)
@@ -334,9 +347,20 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
             "gave 1" + "0" * 58 + "... (401 characters) for episode ep",
         ),
         ("my_rules:huge", "credit rule 'my_rules:huge': its credits are too large to add up"),
+        ("my_rules:yes", "gave True for episode ep002: a bool, not a number"),
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
         assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
+    # summed per entry too, where no extractor update is formed (a batch never filled)
+    code, out, err = audit(
+        capsys, str(run), "credit", "--rule", "my_rules:huge", "--set", "batch=99"
+    )
+    assert code == 2 and out == "" and "its credits are too large to add up" in err, err
+    _, _, err = audit(capsys, str(run), "credit", "--rule", "no_such_rules:x")
+    assert "(is its directory on PYTHONPATH? the current directory is" in err, err
+    assert audit_json(capsys, str(run), "credit", "--rule", "my_rules:decimal_half")[
+        "counterfactual"
+    ]
     code, out, err = audit(capsys, str(run), "credit", "--rule", "my_rules:noisy", "--json")
     assert code == 0 and json.loads(out)["rule"] == "my_rules:noisy"  # its prints: stderr
     assert "RULE-NOISE" in err and "RULE-NOISE" not in out
@@ -373,9 +397,38 @@ def test_a_run_without_extractor_credit_says_so_and_refuses_credit_settings(
     run = write_run(tmp_path, s.envs)
     code, out, _ = audit(capsys, str(run), "credit")
     assert code == 0 and "no extractor credit in this run" in out and "rule " not in out
-    for args in (("--rule", "relative"), ("--set", "batch=3"), ("--set", "reweight=false")):
+    refused = [("--rule", "relative"), ("--set", "batch=3"), ("--set", "reweight=false")]
+    refused += [("--rule", "success"), ("--set", "batch=2")]  # the run's own: refused all the same
+    for args in refused:
         code, out, err = audit(capsys, str(run), "credit", *args)
         assert code == 2 and out == "" and "has no extractor credit to re-derive" in err, err
+
+
+def test_the_subgroups_shown_are_the_run_s_own_unless_set(
+    run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The header said ``split=True, weighted=True`` for a run whose scenario had neither
+    unless ``--set`` gave them; and ``weighted=false`` changing no advantage read as groups
+    none of which was equal (their rule's name differs)."""
+    import audit_golden  # pyright: ignore[reportMissingImports]
+
+    monkeypatch.setattr(
+        audit_golden, "TOML", TOML + "subgroups = false\nsubgroup_weights = false\n"
+    )
+    unsplit = write_run(tmp_path, STREAM.envs)
+    code, out, _ = audit(capsys, str(unsplit), "credit", "--json")  # not the recorded groups
+    a = json.loads(out)
+    assert code == 1 and not a["match"] and (a["split"], a["weighted"]) == (False, False)
+    b = audit_json(capsys, str(unsplit), "credit", "--set", "split=true")
+    assert (b["split"], b["weighted"]) == (True, False)
+    flat = audit_json(capsys, str(run), "credit", "--set", "weighted=false")
+    groups = next(c for c in flat["checks"] if c["kind"] == "advantages_computed")
+    assert flat["samples_changed"] == 0 and groups["equal"] == groups["recorded"] > 0, groups
+    _, out, _ = audit(capsys, str(run), "credit", "--set", "weighted=false")
+    assert "the same but for the rule's name" in out
 
 
 def test_a_live_run_indexes_only_its_new_tail(
@@ -671,3 +724,36 @@ def test_an_episode_without_an_advantage_says_why(
     assert code == 0 and "advantage: none (it aborted: an update trains on finished" in out, out
     code, out, _ = audit(capsys, str(run), "episode", "ep001")
     assert code == 0 and "advantage: none (not a trained episode, or its group" in out, out
+
+
+def test_a_rule_of_ones_own_says_how_far_it_got(capsys: pytest.CaptureFixture[str]) -> None:
+    """A slow rule ran for minutes without a word: a line every few seconds says how many
+    episodes it was called for (the built-in rules are quick and say nothing)."""
+    from scenarios.cli.commands import _rule_progress  # pyright: ignore[reportPrivateUsage]
+
+    assert _rule_progress(None) is None and _rule_progress("relative") is None
+    tick = _rule_progress("my_rules:slow", every=0.0)
+    assert tick is not None
+    tick(7)
+    err = capsys.readouterr().err
+    assert err.startswith("coevo: credit rule 'my_rules:slow': called for 7 episodes so far ("), err
+
+
+def test_credit_as_the_run_stood_after_a_seq(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--until SEQ``: the credits re-derived from the log up to that event, as a live run's
+    audit would have read them then (the credit actor's answers not yet written: pending)."""
+    credits = [e.seq for e in STREAM.envs if isinstance(e.event, CreditAssigned)]
+    before = credits[1] - 1  # the second credit's inputs are in; the credit is not
+    a = audit_json(capsys, str(run), "credit", "--until", str(before))
+    rows = {c["kind"]: c for c in a["checks"]}
+    assert a["events"] == before + 1 and a["match"]
+    assert (rows["credit_assigned"]["recorded"], rows["credit_assigned"]["equal"]) == (1, 1)
+    whole = audit_json(capsys, str(run), "credit")
+    past = audit(capsys, str(run), "credit", "--until", "99999", "--json")
+    assert past[0] == 0 and json.loads(past[1]) == whole
+    last = len(STREAM.envs) - 1
+    assert (
+        past[2]
+        == f"coevo: note: --until 99999 is past the log's end: its last event is seq {last}\n"
+    )
+    assert audit(capsys, str(run), "credit", "--until", "-1")[0] == 2

@@ -61,6 +61,24 @@ def test_replay_verify_and_until(small_run: Path) -> None:
     assert sum(r["emitted"] for r in early["actor_stats"]["actors"].values()) == 101
 
 
+def test_a_seq_past_the_log_s_end_is_said(small_run: Path) -> None:
+    """``replay --until`` and ``log --from`` past the end answered the end, or nothing, without
+    a word (and ``--json`` names no seq)."""
+    end = sum(1 for _ in coevo("log", str(small_run)).stdout.splitlines())
+    past = f"is past the log's end: its last event is seq {end - 1}"
+    proc = coevo("replay", str(small_run), "--until", "99999999", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout), proc.stderr
+    assert proc.stderr == f"coevo: note: --until 99999999 {past}\n"
+    proc = coevo("log", str(small_run), "--from", str(end))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0,
+        "",
+        f"coevo: note: --from {end} {past}\n",
+    )
+    proc = coevo("replay", str(small_run), "--until", str(end - 1))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
 def test_log_filters_and_json(small_run: Path) -> None:
     proc = coevo("log", str(small_run), "--kind", "episode_finished", "--json")
     rows = [json.loads(line) for line in proc.stdout.splitlines()]

@@ -272,7 +272,7 @@ def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
     capsys.readouterr()
     assert main(["audit", str(run_dir), "credit"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert "no extractor credit in this run; advantages as recorded" in first, first
+    assert "no extractor credit in this run; advantages with the run's std_norm" in first, first
     assert "split=" not in first and "weighted=" not in first, first
     for setting in ("split=false", "weighted=true"):  # accepted, and called a counterfactual
         assert main(["audit", str(run_dir), "credit", "--set", setting]) == 2
