@@ -217,14 +217,30 @@ def _origin(factory: Any) -> tuple[str, str]:
 
 def registered() -> Mapping[str, Registered]:
     """Every registered invariant by name, after importing the ``coevo.invariants`` entry points
-    (once; coevo's own domain invariants are one of them)."""
+    (once; coevo's own domain invariants are one of them). One that does not import is left
+    out, said by :func:`unloaded`."""
     global _loaded
     if not _loaded:
         load_event_modules()
+        _loaded = True  # once, even when one fails: its note is not repeated
         for ep in entry_points(group=_ENTRY_POINT_GROUP):
-            importlib.import_module(ep.value)
-        _loaded = True
+            try:
+                importlib.import_module(ep.value)
+            except (Exception, SystemExit) as exc:  # a broken plug-in must not stop every check
+                _UNLOADED.append(
+                    f"the {_ENTRY_POINT_GROUP} entry point {ep.name!r} ({ep.value}) could not "
+                    f"be imported ({type(exc).__name__}: {exc}): its invariants are not checked"
+                )
     return dict(_REGISTRY)
+
+
+_UNLOADED: list[str] = []
+
+
+def unloaded() -> list[str]:
+    """A line per ``coevo.invariants`` entry point that :func:`registered` could not import."""
+    registered()
+    return list(_UNLOADED)
 
 
 def select(ctx: CheckContext, names: Sequence[str] = ()) -> tuple[list[Registered], list[str]]:

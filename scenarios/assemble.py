@@ -414,7 +414,9 @@ def _placed_models(scenario: Scenario, specs: list[ActorSpec], source: str) -> l
 def _need_ray(source: str) -> None:
     if not ray_backend.available():
         raise ScenarioInvalid(
-            source, "$.runtime.backend: \"ray\" needs Ray installed: pip install -e '.[ray]'"
+            source,
+            "$.runtime.backend: \"ray\" needs Ray installed: pip install 'coevo[ray]' (in a "
+            "checkout: pip install -e '.[ray]')",
         )
 
 

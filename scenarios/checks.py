@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from agents.methods.registry import BUILTIN, method_class
 from engine.eventlog import RunMeta
-from engine.invariants import CheckContext, Invariant, Registered, select
+from engine.invariants import CheckContext, Invariant, Registered, select, unloaded
 from engine.world_registry import builtin_worlds
 from scenarios.loader import stored_scenario
 from scenarios.schema import Scenario
@@ -25,7 +25,7 @@ def context_of(scenario: Scenario, meta: RunMeta | None = None) -> tuple[CheckCo
         The context, and a note per plug-in module that could not be imported (its own
         invariants, if it registers any, are then not checked).
     """
-    notes: list[str] = []
+    notes = unloaded()  # coevo's own invariants are among the entry points: load them first
     method, world = scenario.run.method, scenario.world.name
     if method not in BUILTIN and method != "rollout":
         try:

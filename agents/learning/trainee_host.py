@@ -252,8 +252,8 @@ class TraineeProcess:
         paths = [str(_ROOT), *filter(None, [env.get("PYTHONPATH")])]
         env["PYTHONPATH"] = os.pathsep.join(paths)  # finds this module; then sys.path is sent
         try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(theirs.fileno())],
+            self._process = subprocess.Popen(  # -P: not the working directory's own packages
+                [sys.executable, "-P", "-m", __name__, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env=env,
                 stdin=subprocess.DEVNULL,

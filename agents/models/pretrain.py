@@ -11,6 +11,7 @@ shell: files, a lock, a temporary directory renamed into place).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -215,23 +216,28 @@ def _digests(path: Path) -> dict[str, str]:
 
 
 def _state(path: Path, required: Sequence[str]) -> str:
-    """ "intact", "missing" (not built, or a required file is gone), "damaged" (a file differs
-    from the manifest) or "unverified" (a build made before manifests existed)."""
+    """ "intact", "missing" (not built, or a required file is gone) or "damaged" (a file
+    differs from the manifest, or the manifest is gone: every build writes one, and a build
+    made before manifests has another key)."""
     if not all((path / name).is_file() for name in required):
         return "missing"
     try:
         noted = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        return "unverified"
     except (OSError, ValueError):
         return "damaged"
     return "intact" if noted == _digests(path) else "damaged"
 
 
 @contextmanager
-def _locked(path: Path) -> Generator[None]:
+def _locked(path: Path, key: str) -> Generator[None]:
+    """The build lock of ``key`` at ``path``, waited for (saying so) while another process
+    builds it."""
     with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log().info("pretrain.waiting", key=key, why="another process is building it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -258,19 +264,44 @@ def cached_build(
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     final = root / key
-    if _state(final, required) == "intact":
+    try:
+        str(root).encode("utf-8")
+    except UnicodeEncodeError:  # found only once the build was written, minutes later
+        raise ModelUnavailable(
+            f"the model cache {str(root)!r} cannot be used: its path holds bytes that are not "
+            "UTF-8 (COEVO_CACHE chooses another directory)"
+        ) from None
+    state = _state(final, required)
+    if state == "intact":
         return final
     with contextlib.ExitStack() as held:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            held.enter_context(_locked(root / f"{key}.lock"))
+            held.enter_context(_locked(root / f"{key}.lock", key))
         except OSError as exc:  # read-only, not a directory, gone: say it is the cache
-            raise ModelUnavailable(
-                f"the model cache {root} cannot be used: {exc.strerror or exc} (COEVO_CACHE "
-                "chooses another directory)"
-            ) from None
+            damaged = f" (its build {key} is damaged and must be built again)" * (
+                state == "damaged"
+            )
+            raise _cache_unusable(root, exc, damaged) from None
         held.enter_context(torch_threads(threads))
-        return _build_locked(root, key, required, build_into)
+        try:
+            return _build_locked(root, key, required, build_into)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise _cache_unusable(root, exc) from None
+            raise
+        except Exception as exc:  # safetensors' own error for a full disk
+            if "No space left on device" in str(exc):
+                full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                raise _cache_unusable(root, full) from None
+            raise
+
+
+def _cache_unusable(root: Path, exc: OSError, more: str = "") -> ModelUnavailable:
+    return ModelUnavailable(
+        f"the model cache {root} cannot be used: {exc.strerror or exc}{more} (COEVO_CACHE "
+        "chooses another directory)"
+    )
 
 
 def _build_locked(
@@ -283,9 +314,6 @@ def _build_locked(
     final = root / key
     state = _state(final, required)
     if state == "intact":
-        return final
-    if state == "unverified":  # built before manifests: trusted once, checked from now on
-        (final / MANIFEST).write_text(json.dumps(_digests(final), indent=1) + "\n")
         return final
     if state == "damaged":
         _log().warning("pretrain.damaged", key=key, path=str(final), action="built again")

@@ -105,5 +105,5 @@ def import_extra(module: str, extra: str) -> Any:
     except ImportError as exc:
         raise ExtraMissing(
             f"the {module!r} package is not installed ({exc}); install coevo with the extra: "
-            f"pip install -e '.[{extra}]'"
+            f"pip install 'coevo[{extra}]' (in a checkout: pip install -e '.[{extra}]')"
         ) from None

@@ -278,6 +278,34 @@ def test_a_broken_events_entry_point_is_a_warning_not_a_traceback_in_every_comma
         assert "Traceback" not in done.stderr
 
 
+def test_a_broken_invariants_entry_point_is_a_note_and_fails_only_strict(tmp_path: Path) -> None:
+    """An installed package whose ``coevo.invariants`` module fails to import made ``check`` and
+    ``replay --verify`` a traceback on every run."""
+    info = tmp_path / "broken_invariants-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-invariants\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[coevo.invariants]\nmine = no_such_checks_module\n")
+    run = tmp_path / "run"
+    explore = str(ROOT / "scenarios" / "explore.toml")
+    made = cli(
+        "run", explore, "--out", str(run), "--quiet", "--set", "run.episodes=4", path=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    note = (
+        "the coevo.invariants entry point 'mine' (no_such_checks_module) could not be imported "
+        "(ModuleNotFoundError: No module named 'no_such_checks_module'): its invariants are not "
+        "checked"
+    )
+    for args, code in (
+        (["check", str(run)], 0),
+        (["replay", str(run), "--verify"], 0),
+        (["check", str(run), "--strict"], 1),
+    ):
+        done = cli(*args, path=tmp_path)
+        assert done.returncode == code and note in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and done.stderr.count(note) == 1, done.stderr
+
+
 NOTING = """
 from agents.events.policy import AdvantagesComputed
 from agents.methods.builtin import Grpo

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from agents.models.pretrain import MANIFEST, cached_build, default_cache_root
 from engine.errors import ModelUnavailable
@@ -45,15 +46,63 @@ def test_a_damaged_build_is_built_again_not_used(tmp_path: Path) -> None:
     assert build.builds == 4
 
 
-def test_a_build_made_before_manifests_is_trusted_once_then_checked(tmp_path: Path) -> None:
+def test_a_build_whose_manifest_is_gone_is_built_again(tmp_path: Path) -> None:
+    """A build without its manifest was trusted and given a new one, over weights changed
+    meanwhile: every build writes one (builds from before manifests have another key)."""
     build = Builder()
     path = cached_build(tmp_path, "k", REQUIRED, build)
-    (path / MANIFEST).unlink()
-    assert cached_build(tmp_path, "k", REQUIRED, build) == path and build.builds == 1
-    assert (path / MANIFEST).is_file()
     (path / "weights.bin").write_bytes(b"x")
-    cached_build(tmp_path, "k", REQUIRED, build)
-    assert build.builds == 2
+    (path / MANIFEST).unlink()
+    assert cached_build(tmp_path, "k", REQUIRED, build) == path and build.builds == 2
+    assert (path / "weights.bin").read_bytes() == bytes(range(256)) * 64
+
+
+def test_a_second_process_waiting_for_a_build_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A process waiting on another's build of the same model printed nothing for minutes."""
+    import fcntl
+    import threading
+
+    from scenarios.cli.logsetup import configure_logging
+
+    configure_logging(Console(stderr=True), "info")
+    build = Builder()
+    tmp_path.mkdir(exist_ok=True)
+    with (tmp_path / "k.lock").open("a") as other:  # another process's build holds it
+        fcntl.flock(other, fcntl.LOCK_EX)
+        done = threading.Thread(target=cached_build, args=(tmp_path, "k", REQUIRED, build))
+        done.start()
+        done.join(0.5)
+        assert done.is_alive()
+        fcntl.flock(other, fcntl.LOCK_UN)
+    done.join(10)
+    assert build.builds == 1
+    assert "pretrain.waiting" in capsys.readouterr().err
+
+
+def test_a_full_cache_or_one_of_bytes_not_utf8_is_named(tmp_path: Path) -> None:
+    """A full disk under the cache read "could not be built for this world" (after a build of
+    minutes); a path that is not UTF-8 failed only once the build was written."""
+    import errno
+    import os
+
+    def full(into: Path) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(ModelUnavailable, match=r"the model cache .* cannot be used: No space left"):
+        cached_build(tmp_path, "k", REQUIRED, full)
+
+    def safetensors_full(into: Path) -> None:
+        raise Exception("I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(ModelUnavailable, match=r"the model cache .* cannot be used: No space left"):
+        cached_build(tmp_path, "k", REQUIRED, safetensors_full)
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/c\xff"))
+    build = Builder()
+    with pytest.raises(ModelUnavailable, match="its path holds bytes that are not UTF-8"):
+        cached_build(odd, "k", REQUIRED, build)
+    assert build.builds == 0
 
 
 def test_a_cache_that_cannot_be_used_is_named(

@@ -210,7 +210,21 @@ def test_a_ray_scenario_without_ray_installed_is_refused_in_one_line(
     with pytest.raises(ScenarioInvalid) as err:
         assemble(load_scenario(path), str(path))
     assert str(err.value) == (
-        f"{path}: $.runtime.backend: \"ray\" needs Ray installed: pip install -e '.[ray]'"
+        f"{path}: $.runtime.backend: \"ray\" needs Ray installed: pip install 'coevo[ray]' "
+        "(in a checkout: pip install -e '.[ray]')"
+    )
+
+
+def test_a_world_s_missing_extra_says_how_to_install_it_both_ways() -> None:
+    """The hint named only a checkout's editable install, which fails where coevo was
+    installed from a wheel."""
+    from scenarios.worlds.options import ExtraMissing, import_extra
+
+    with pytest.raises(ExtraMissing) as err:
+        import_extra("no_such_world_package", "scienceworld")
+    assert str(err.value).endswith(
+        "install coevo with the extra: pip install 'coevo[scienceworld]' (in a checkout: "
+        "pip install -e '.[scienceworld]')"
     )
 
 

@@ -109,6 +109,23 @@ def test_an_error_in_the_process_comes_back_with_its_type(tmp_path: Path) -> Non
     assert pid is not None and not alive(pid)
 
 
+def test_the_process_imports_coevo_not_the_working_directory_s_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with ``python -m`` from a project folder holding a package of its own named
+    ``agents`` (or ``engine``, ``stores``), the child imported that one and died at start."""
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "__init__.py").write_text("raise ImportError('the project own')\n")
+    monkeypatch.chdir(tmp_path)
+    host = TraineeProcess(threads=1)
+    host.start(load_tiny, DirCheckpoints(tmp_path / "checkpoints"))
+    try:
+        host.open()
+        assert host.digest()
+    finally:
+        host.close()
+
+
 class Odd(Exception):
     """An error that does not unpickle (its constructor takes two arguments)."""
 
