@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -252,8 +253,20 @@ class TraineeProcess:
         paths = [str(_ROOT), *filter(None, [env.get("PYTHONPATH")])]
         env["PYTHONPATH"] = os.pathsep.join(paths)  # finds this module; then sys.path is sent
         try:
-            self._process = subprocess.Popen(  # -P: not the working directory's own packages
-                [sys.executable, "-P", "-m", __name__, str(theirs.fileno())],
+            # -P: not the working directory's own packages; the launching thread is the
+            # "parent" whose end a Linux parent-death signal follows: only the main thread's
+            # lasts as long as the process
+            main = "main" if threading.current_thread() is threading.main_thread() else "thread"
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-P",
+                    "-m",
+                    __name__,
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    main,
+                ],
                 pass_fds=(theirs.fileno(),),
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -329,7 +342,7 @@ class TraineeProcess:
                 raise LearnerProcessLost(f"the learner's process is not running ({op})")
             try:
                 if op != "ready":
-                    self._conn.send((op, args))
+                    self._send(op, (op, args))
                 status, value = _BEAT, None
                 while status == _BEAT:  # beats until the answer
                     if not self._conn.poll(self.stall_timeout):
@@ -346,6 +359,37 @@ class TraineeProcess:
         if isinstance(value, BaseException):
             raise value
         raise LearnerProcessFailed(f"the learner's process failed ({op}): {value}")
+
+    def _send(self, op: str, message: Any) -> None:
+        """Send ``message``, waiting at most the stall timeout for the child to take it: an
+        update's samples fill the socket's buffer, and a child stopped between calls reads
+        nothing, so a plain send waited forever where the timeout never ran.
+
+        Raises:
+            LearnerProcessLost: the child took nothing for that long: it is killed.
+        """
+        assert self._conn is not None
+        conn = self._conn
+        failed: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                conn.send(message)
+            except BaseException as exc:  # raised on the caller's thread below
+                failed.append(exc)
+
+        sender = threading.Thread(target=send, name="coevo-learner-send", daemon=True)
+        sender.start()
+        sender.join(self.stall_timeout)
+        if sender.is_alive():
+            self._stop()  # the child killed, the blocked send fails and its thread ends
+            sender.join(5.0)
+            raise LearnerProcessLost(
+                f"the learner's process took nothing for {self.stall_timeout:g} s "
+                f"{_during(op)} (stopped, or hung): killed"
+            )
+        if failed:
+            raise failed[0]
 
     def _lost(self, op: str, exc: BaseException) -> str:
         code = None
@@ -381,9 +425,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     prepares, read ``sys.path`` and the payload from the socket whose fd is the one argument,
     load, answer ``ready``, serve calls until the socket closes, and exit at once (nothing is
     left to flush: every checkpoint was written before its reply)."""
-    fd = int((argv if argv is not None else sys.argv[1:])[0])
-    parent = os.getppid()  # the run that started this process
-    conn = _Beating(Connection(fd))  # busy: importing and loading come before "ready"
+    fd, pid, launcher = (argv if argv is not None else sys.argv[1:])[:3]
+    parent = int(pid)  # the run that started this process
+    if launcher == "main":
+        _die_with_parent()
+    if os.getppid() != parent:  # it went before this process could watch it
+        os._exit(70)
+    conn = _Beating(Connection(int(fd)))  # busy: importing and loading come before "ready"
     import transformers.modeling_utils  # noqa: F401  # the slow import, while the parent works
 
     try:
@@ -488,6 +536,23 @@ def _portable(exc: Exception) -> Exception | str:
         lines = traceback.format_exception(exc)
         return f"{type(exc).__name__}: {exc}\n{''.join(lines[-6:])}"
     return exc
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it ends (the run's main
+    thread: the run itself). The orphan watch below cannot run while this process is stopped
+    (SIGSTOP), and a stopped trainer outlived a killed run, in a session of its own that no
+    signal of the run's terminal reaches. Elsewhere: the watch alone."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+_PR_SET_PDEATHSIG = 1
+"""``prctl``'s option that sets the signal a process gets when its parent thread ends."""
 
 
 def _orphan_watch(parent: int) -> None:

@@ -7,6 +7,7 @@ parent."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import subprocess
@@ -195,6 +196,73 @@ def test_a_stopped_process_is_lost_after_the_stall_timeout_and_killed(tmp_path: 
         host.close()
     with pytest.raises(LearnerProcessLost, match="is not running"):
         host.digest()
+
+
+def test_a_process_stopped_between_calls_is_lost_when_an_update_cannot_reach_it(
+    tmp_path: Path,
+) -> None:
+    """An update's samples fill the socket's buffer: sent to a child stopped between calls,
+    the send waited forever and the stall timeout never ran (the run hung without a word)."""
+    turns = score_turns(tiny_model())
+    samples = [Sample(copy.deepcopy(t), 1.0) for _ in range(4096) for t in turns]  # ~3 MB
+    host = TraineeProcess(threads=1, stall_timeout=2.0)
+    host.start(load_tiny, DirCheckpoints(tmp_path))
+    host.open()
+    pid = host.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(
+            LearnerProcessLost,
+            match=r"^the learner's process took nothing for 2 s during 'update' \(stopped, or "
+            r"hung\): killed$",
+        ):
+            host.update(samples, request(update=0), seed=0, version=1, committed=0)
+        assert time.monotonic() - started < 30 and not alive(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        host.close()
+
+
+STOPPED_ORPHAN = """
+import sys
+sys.path[:0] = {path!r}
+from stores.checkpoints import DirCheckpoints
+from agents.learning.trainee_host import TraineeProcess
+from test_trainee_host import load_tiny
+host = TraineeProcess(threads=1)
+host.start(load_tiny, DirCheckpoints({root!r}))
+host.open()
+print(host.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_stopped_process_does_not_outlive_its_killed_parent(tmp_path: Path) -> None:
+    """The child's watch for its parent cannot run while it is stopped: SIGKILLed, the run
+    left a stopped trainer behind for good (reparented, holding its memory)."""
+    code = STOPPED_ORPHAN.format(path=sys.path, root=str(tmp_path))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        os.kill(child, signal.SIGSTOP)
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "a stopped learner's process outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        for pipe in (parent.stdin, parent.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 PARENT = """
