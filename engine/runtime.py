@@ -89,14 +89,15 @@ def _pass_on(signum: int, frame: Any, previous: dict[signal.Signals, Any]) -> No
     signal.raise_signal(signum)
 
 
-def _stop_where_it_is(signum: int, stopping: bool = False) -> None:
+def _stop_where_it_is(signum: int, stopping: bool = False, waiting_on: Sequence[str] = ()) -> None:
     """End the process now, as a SIGKILL would (every commit stays; nothing after it is
     written), with one line: the event loop is blocked, so nothing graceful can run, or
-    (``stopping``) the graceful stop the first signal began has not ended in a second."""
+    (``stopping``) the graceful stop the first signal began has not ended in a second (still
+    ``waiting_on`` those actors, when known)."""
     sig = signal.Signals(signum)
+    on = f"still waiting on {', '.join(waiting_on)}" if waiting_on else "a world call that hangs?"
     why = (
-        f" while the run stops ({_LOOP_BLOCKED:g} s or more since the first: a world call "
-        "that hangs?)"
+        f" while the run stops ({_LOOP_BLOCKED:g} s or more since the first: {on})"
         if stopping
         else f", and the event loop has not run since the first ({_LOOP_BLOCKED:g} s or more: "
         "a world stepped on the loop that hangs?)"
@@ -580,7 +581,7 @@ class Runtime:
             now = time.monotonic()
             if taken:  # a second signal: soon after the first, it goes where it went before
                 if now - taken[0] >= _LOOP_BLOCKED:  # (a double Ctrl-C); later, the stop is
-                    _stop_where_it_is(signum, stopping=True)  # slow: it ends here
+                    _stop_where_it_is(signum, True, sorted(self._running))  # slow: ends here
                 _pass_on(signum, frame, previous)
                 return
             if waiting and now - waiting[0] >= _LOOP_BLOCKED:

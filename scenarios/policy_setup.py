@@ -361,7 +361,8 @@ class _LearnerFactory:
     """Builds the learner (``threads``: ``[policy] learner_threads``, None: in this process;
     ``stall``: ``learner_stall_timeout``). Given the learner's process launched early
     (:func:`_early_learner`), it sends it what to load now, and the first learner built takes
-    it; a restarted learner starts its own."""
+    it; a restarted learner, or the first when that process died before it was sent what to
+    load, starts its own."""
 
     def __init__(
         self,
@@ -375,9 +376,13 @@ class _LearnerFactory:
         self.checkpoints = checkpoints
         self.threads = threads
         self.stall = stall
-        self._early = early
         if early is not None:
-            early.start(load, checkpoints)
+            try:
+                early.start(load, checkpoints)
+            except LearnerProcessLost:  # it died while it imported: the learner starts its own
+                early.close()
+                early = None
+        self._early = early
 
     def __call__(self) -> Actor:
         from agents.learning.learner import Learner

@@ -200,12 +200,20 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
 
     Raises:
         InputInvalid: it was given empty (``--out ""``: a script's unset variable, most
-            likely), which must not quietly mean the default.
+            likely), which must not quietly mean the default; or holding bytes that are not
+            UTF-8.
     """
     if value is None:
         return default()
     if not value.strip():
         raise InputInvalid(f"--out is empty ({value!r}); give a path, or leave --out out")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # refused before the run directory is made, not after
+        raise InputInvalid(
+            f"--out {value!r}: a path that holds bytes that are not UTF-8, which the event "
+            "log's library cannot open; rename it"
+        ) from None
     return outside_lmdb(Path(value), "--out")
 
 

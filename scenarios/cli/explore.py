@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -451,8 +452,8 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
         text = msgspec.json.encode(x).decode()
         return text if len(text) <= 60 else text[:59] + "…"
 
-    if isinstance(a, list) and isinstance(b, list):
-        xs, ys = cast("list[Any]", a), cast("list[Any]", b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):  # decoded events: tuples
+        xs, ys = list(cast("Sequence[Any]", a)), list(cast("Sequence[Any]", b))
         for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
             if x != y:
                 return _first_difference(x, y, f"{path}[{i}]")

@@ -108,6 +108,12 @@ def _ends_torn(path: Path) -> bool:
     return False
 
 
+def in_colour(console: Console) -> bool:
+    """Whether log lines are coloured: on a terminal that shows colour, unless ``NO_COLOR`` is
+    set (rich's tables already honour both; the log lines coloured on regardless)."""
+    return console.is_terminal and console.color_system is not None and not console.no_color
+
+
 def configure_logging(console: Console, level: str, jsonl: Path | None = None) -> None:
     """Route structlog and stdlib logging to ``console`` (at ``level``) and ``jsonl`` (all).
 
@@ -143,7 +149,7 @@ def configure_logging(console: Console, level: str, jsonl: Path | None = None) -
         structlog.stdlib.ProcessorFormatter(
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.dev.ConsoleRenderer(colors=console.is_terminal),
+                structlog.dev.ConsoleRenderer(colors=in_colour(console)),
             ],
             foreign_pre_chain=_SHARED,
         )

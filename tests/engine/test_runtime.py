@@ -803,3 +803,29 @@ def test_a_native_panic_in_an_actor_is_its_failure_and_the_run_records_its_end()
     assert "a native library panicked: The global thread pool" in failed[0].message
     assert outcome.reason == "failed"
     assert isinstance(list(log.read())[-1].event, RunFailed)
+
+
+def test_a_second_signal_into_a_slow_stop_names_what_it_waits_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The line guessed "a world call that hangs?" while the stop waited on the learner."""
+    import signal
+
+    from engine import runtime
+
+    written: list[bytes] = []
+    monkeypatch.setattr(runtime.os, "write", lambda fd, data: written.append(data))
+
+    def end(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(runtime.os, "_exit", end)
+    with pytest.raises(SystemExit, match="130"):
+        runtime._stop_where_it_is(signal.SIGINT, True, ["learner"])  # pyright: ignore[reportPrivateUsage]
+    assert (
+        b"while the run stops (1 s or more since the first: still waiting on learner)"
+        in (written[0])
+    )
+    with pytest.raises(SystemExit):
+        runtime._stop_where_it_is(signal.SIGINT, True)  # pyright: ignore[reportPrivateUsage]
+    assert b"a world call that hangs?" in written[1]

@@ -137,3 +137,5 @@ def test_a_long_field_s_difference_is_shown_where_it_is() -> None:
         'at .x[1], character 1: A "ac", B "ad"'
     )
     assert _first_difference([1], [1]) == ""
+    # decoded events hold tuples: the same place (it said "at the value: A [...], B [...]")
+    assert _first_difference(tuple(a), tuple(b)) == "at [23]: A -100.31357, B -100.31359"

@@ -70,7 +70,8 @@ def test_a_path_too_long_or_not_utf8_is_one_line(tmp_path: Path) -> None:
     odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xffname")
     proc = coevo("run", EXPLORE, "--out", odd, "--quiet", "--set", "run.episodes=2")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "bad\\udcffname/log': a path that holds bytes that are not UTF-8" in proc.stderr
+    assert "bad\\udcffname': a path that holds bytes that are not UTF-8" in proc.stderr
+    assert not os.path.lexists(odd)  # refused before the run directory was made
 
 
 def test_a_path_an_ascii_file_name_encoding_cannot_hold_is_one_line(tmp_path: Path) -> None:

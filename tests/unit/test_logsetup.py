@@ -132,3 +132,21 @@ def test_a_jsonl_file_that_cannot_be_opened_stops_with_one_warning(tmp_path) -> 
     said = console.export_text()
     assert said.count("cannot write") == 1 and "the structured log stops here" in said
     handler.close()
+
+
+def test_log_lines_are_plain_where_colour_is_not_wanted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NO_COLOR`` and ``TERM=dumb`` left the log lines coloured (rich's tables honoured them)."""
+    from rich.console import Console
+
+    from scenarios.cli.logsetup import in_colour
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert in_colour(Console(force_terminal=True))
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not in_colour(Console(force_terminal=True))
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert not in_colour(Console(force_terminal=True))
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert not in_colour(Console(force_terminal=False))

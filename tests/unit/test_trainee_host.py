@@ -330,3 +330,21 @@ def test_validating_launches_no_learner_process(
     assemble(scenario, source, prepare_model=False)  # what ``coevo validate`` does
     with pytest.raises(LearnerProcessFailed, match="was not given a trainee to load"):
         TraineeProcess(threads=1).open()
+
+
+def test_a_learner_process_killed_before_it_was_given_its_trainee_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """The process launched early (while the run is assembled) and killed before it was sent
+    what to load failed the run ("ended with exit code -9 during 'start'"): the learner starts
+    one of its own instead, as it does after any loss."""
+    from scenarios.policy_setup import _LearnerFactory  # pyright: ignore[reportPrivateUsage]
+
+    early = TraineeProcess(threads=1)
+    early.launch()
+    assert early.pid is not None
+    os.kill(early.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    factory = _LearnerFactory(load_tiny, DirCheckpoints(tmp_path), 1, early, 60.0)
+    learner = factory()
+    assert learner._host is None  # pyright: ignore[reportAttributeAccessIssue]
