@@ -254,15 +254,21 @@ def test_what_a_hook_returns_while_it_runs_fails_the_run_before_it_harms_the_mod
         assert all(bool(t.isfinite().all()) for t in weights.values())
 
 
+def broken_entry_point(where: Path, group: str, line: str) -> None:
+    """An installed distribution (its metadata in ``where``, a directory on the path) whose
+    entry point ``line`` of ``group`` names a module that does not exist."""
+    info = where / "broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{line}\n")
+
+
 def test_a_broken_events_entry_point_is_a_warning_not_a_traceback_in_every_command(
     tmp_path: Path,
 ) -> None:
     """An installed package whose ``coevo.events`` module fails to import made every command
     that reads a log (``log``, ``replay``, ``check``, ``run``) a traceback."""
-    info = tmp_path / "broken_events-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-events\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[coevo.events]\nbroken = no_such_events_module\n")
+    broken_entry_point(tmp_path, "coevo.events", "broken = no_such_events_module")
     run = tmp_path / "run"
     explore = str(ROOT / "scenarios" / "explore.toml")
     for args in (
@@ -281,10 +287,7 @@ def test_a_broken_events_entry_point_is_a_warning_not_a_traceback_in_every_comma
 def test_a_broken_invariants_entry_point_is_a_note_and_fails_only_strict(tmp_path: Path) -> None:
     """An installed package whose ``coevo.invariants`` module fails to import made ``check`` and
     ``replay --verify`` a traceback on every run."""
-    info = tmp_path / "broken_invariants-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-invariants\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[coevo.invariants]\nmine = no_such_checks_module\n")
+    broken_entry_point(tmp_path, "coevo.invariants", "mine = no_such_checks_module")
     run = tmp_path / "run"
     explore = str(ROOT / "scenarios" / "explore.toml")
     made = cli(

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -173,16 +174,28 @@ def load_slowly() -> Trainee:
     return load_tiny()
 
 
-def test_a_stopped_process_is_lost_after_the_stall_timeout_and_killed(tmp_path: Path) -> None:
-    """A call hears the child's beats while it works, however long (loading for 3 s with a
-    2 s timeout); a child that goes silent (SIGSTOP) is killed once the timeout passes."""
+@contextlib.contextmanager
+def stopped(tmp_path: Path, load: Callable[[], Trainee]) -> Iterator[tuple[TraineeProcess, int]]:
+    """A loaded learner's process with a stall timeout of 2 s, then stopped (SIGSTOP), and its
+    pid; killed and closed after."""
     host = TraineeProcess(threads=1, stall_timeout=2.0)
-    host.start(load_slowly, DirCheckpoints(tmp_path))
+    host.start(load, DirCheckpoints(tmp_path))
     host.open()
     pid = host.pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
+        yield host, pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        host.close()
+
+
+def test_a_stopped_process_is_lost_after_the_stall_timeout_and_killed(tmp_path: Path) -> None:
+    """A call hears the child's beats while it works, however long (loading for 3 s with a
+    2 s timeout); a child that goes silent (SIGSTOP) is killed once the timeout passes."""
+    with stopped(tmp_path, load_slowly) as (host, pid):
         with pytest.raises(
             LearnerProcessLost,
             match=r"^the learner's process sent nothing for 2 s during 'digest' \(stopped, or "
@@ -190,10 +203,6 @@ def test_a_stopped_process_is_lost_after_the_stall_timeout_and_killed(tmp_path: 
         ):
             host.digest()
         assert not alive(pid)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        host.close()
     with pytest.raises(LearnerProcessLost, match="is not running"):
         host.digest()
 
@@ -205,13 +214,7 @@ def test_a_process_stopped_between_calls_is_lost_when_an_update_cannot_reach_it(
     the send waited forever and the stall timeout never ran (the run hung without a word)."""
     turns = score_turns(tiny_model())
     samples = [Sample(copy.deepcopy(t), 1.0) for _ in range(4096) for t in turns]  # ~3 MB
-    host = TraineeProcess(threads=1, stall_timeout=2.0)
-    host.start(load_tiny, DirCheckpoints(tmp_path))
-    host.open()
-    pid = host.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with stopped(tmp_path, load_tiny) as (host, pid):
         started = time.monotonic()
         with pytest.raises(
             LearnerProcessLost,
@@ -220,10 +223,6 @@ def test_a_process_stopped_between_calls_is_lost_when_an_update_cannot_reach_it(
         ):
             host.update(samples, request(update=0), seed=0, version=1, committed=0)
         assert time.monotonic() - started < 30 and not alive(pid)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        host.close()
 
 
 STOPPED_ORPHAN = """
