@@ -225,45 +225,6 @@ def test_a_process_stopped_between_calls_is_lost_when_an_update_cannot_reach_it(
         assert time.monotonic() - started < 30 and not alive(pid)
 
 
-STOPPED_ORPHAN = """
-import sys
-sys.path[:0] = {path!r}
-from stores.checkpoints import DirCheckpoints
-from agents.learning.trainee_host import TraineeProcess
-from test_trainee_host import load_tiny
-host = TraineeProcess(threads=1)
-host.start(load_tiny, DirCheckpoints({root!r}))
-host.open()
-print(host.pid, flush=True)
-sys.stdin.read()
-"""
-
-
-def test_a_stopped_process_does_not_outlive_its_killed_parent(tmp_path: Path) -> None:
-    """The child's watch for its parent cannot run while it is stopped: SIGKILLed, the run
-    left a stopped trainer behind for good (reparented, holding its memory)."""
-    code = STOPPED_ORPHAN.format(path=sys.path, root=str(tmp_path))
-    parent = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
-        os.kill(child, signal.SIGSTOP)
-        parent.kill()
-        parent.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(child), "a stopped learner's process outlived its killed parent"
-    finally:
-        parent.kill()
-        parent.wait()
-        for pipe in (parent.stdin, parent.stdout):
-            if pipe is not None:
-                pipe.close()
-
-
 PARENT = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with it ignored
@@ -279,6 +240,33 @@ time.sleep(120)
 """
 
 
+def ends_soon(pid: int, within: float = 10.0) -> bool:
+    """Whether process ``pid`` ends within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def test_a_stopped_process_does_not_outlive_its_killed_parent(tmp_path: Path) -> None:
+    """The child's watch for its parent cannot run while it is stopped: SIGKILLed, the run
+    left a stopped trainer behind for good (reparented, holding its memory)."""
+    code = PARENT.format(path=sys.path, root=str(tmp_path))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        os.kill(child, signal.SIGSTOP)
+        parent.kill()
+        parent.wait(timeout=30)
+        assert ends_soon(child), "a stopped learner's process outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
 def test_a_ctrl_c_reaches_only_the_parent_and_the_process_ends_with_it(tmp_path: Path) -> None:
     code = PARENT.format(path=sys.path, root=str(tmp_path))
     parent = subprocess.Popen(
@@ -290,10 +278,7 @@ def test_a_ctrl_c_reaches_only_the_parent_and_the_process_ends_with_it(tmp_path:
         assert os.getpgid(child) != os.getpgid(parent.pid)  # a terminal signals one group
         os.killpg(parent.pid, signal.SIGINT)  # Ctrl-C in the parent's terminal
         assert parent.wait(timeout=30) != 0
-        deadline = time.monotonic() + 10
-        while alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(child), "the learner's process outlived its parent"
+        assert ends_soon(child), "the learner's process outlived its parent"
     finally:
         parent.kill()
         parent.wait()
