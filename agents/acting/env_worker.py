@@ -18,10 +18,12 @@ with :class:`EpisodeAborted`; the worker then builds a fresh world and takes the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 import trio
 
 from agents.acting.scripted import Agent
@@ -48,7 +50,7 @@ from agents.models.prompts import (
     to_pairs,
     turn_messages,
 )
-from engine.actor import Actor, Context
+from engine.actor import Actor, Context, task_nursery
 from engine.events import Envelope, Event
 from engine.seeds import derive_rng, derive_seed
 from engine.world import Observation, Task, TextWorld
@@ -57,6 +59,14 @@ PACE_TURNS = 16
 """How many turns that awaited nothing (a scripted agent in a world stepped on the event loop)
 an episode plays between two :meth:`engine.actor.Context.pace`: the writer commits and a stop
 signal is taken between them (every turn cost a third of the explore scenario's speed)."""
+
+SLOW_CALL_S = 30.0
+"""Seconds after which a blocking world call that has not returned is said (``world call
+slow``), and again every :data:`SLOW_CALL_EVERY_S`: with the default ``[world] step_timeout``
+(600 s) a world that hangs (a stopped JVM or game compiler) held its worker ten minutes
+without a word."""
+
+SLOW_CALL_EVERY_S = 60.0
 
 CLOSE_GRACE_S = 10.0
 """The most seconds a worker waits for its world's last ``close`` as the run ends or stops
@@ -125,8 +135,10 @@ class EnvWorker(Actor):
         self._make_agent = make_agent
         self._prompt = prompt or PromptSettings()
         self._timeout = step_timeout
+        self._log = structlog.get_logger("coevo")
 
     async def run(self, ctx: Context) -> None:
+        self._log = ctx.log
         world = await self._build()
         inbox = ctx.events()
         try:
@@ -176,17 +188,38 @@ class EnvWorker(Actor):
         """
         limiter = trio.CapacityLimiter(1)
         bounds = [t for t in (self._timeout, limit) if t is not None]
-        if not bounds:
-            return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
-        deadline = min(bounds)
-        with trio.move_on_after(deadline):
-            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
+        deadline = min(bounds, default=math.inf)
         name = what or f"world.{getattr(fn, '__name__', 'call')}"
+        async with task_nursery() as nursery:
+            nursery.start_soon(self._said_slow, name, deadline)
+            try:
+                with trio.move_on_after(deadline):
+                    return await trio.to_thread.run_sync(
+                        fn, *args, abandon_on_cancel=bool(bounds), limiter=limiter
+                    )
+            finally:
+                nursery.cancel_scope.cancel()
         why = "world.step_timeout" if deadline == self._timeout else "as the run ends"
         raise TimeoutError(
             f"{name} did not return within {deadline:g} s ({why}); "
             "its thread and world were abandoned"
         )
+
+    async def _said_slow(self, name: str, deadline: float) -> None:
+        """Say (warn) that the call ``name`` has not returned, after :data:`SLOW_CALL_S` and
+        every :data:`SLOW_CALL_EVERY_S` after that, until it returns or is abandoned."""
+        waited, wait = 0.0, SLOW_CALL_S
+        while waited + wait < deadline:
+            await trio.sleep(wait)
+            waited += wait
+            until = f"{deadline:g} s ([world] step_timeout)" if math.isfinite(deadline) else ""
+            self._log.warning(
+                "world call slow",
+                call=name,
+                waited_s=round(waited),
+                abandoned_after=until or "never (no step_timeout)",
+            )
+            wait = SLOW_CALL_EVERY_S
 
     async def _close(self, ctx: Context, world: TextWorld, limit: float | None = None) -> None:
         """Close a world (within ``limit`` seconds, if given, or ``step_timeout``); a hung one

@@ -371,3 +371,34 @@ def test_more_hung_world_calls_than_trios_thread_limit_do_not_stall_the_run() ->
     aborted = [e.event for e in log.read() if isinstance(e.event, EpisodeAborted)]
     assert len(aborted) == 60
     assert all("did not return within 0.02 s (world.step_timeout)" in a.reason for a in aborted)
+
+
+class Slow(MiniLab):
+    """MiniLab whose ``step`` takes 0.3 s (a blocking world)."""
+
+    blocking = True
+
+    def __init__(self) -> None:
+        super().__init__(families=("fetch",), train_variants=20)
+
+    def step(self, action: str) -> Observation:
+        threading.Event().wait(0.3)
+        return super().step(action)
+
+
+def test_a_slow_world_call_is_said_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A world call that hung held its worker for the whole ``step_timeout`` (600 s by
+    default) without a word (a stopped JVM or game compiler): it is said after a while, and
+    again, until it returns or is abandoned."""
+    from structlog.testing import capture_logs
+
+    from agents.acting import env_worker
+
+    monkeypatch.setattr(env_worker, "SLOW_CALL_S", 0.1)
+    monkeypatch.setattr(env_worker, "SLOW_CALL_EVERY_S", 0.1)
+    with capture_logs() as logs:
+        events, outcome = run_world(Slow, episodes=1, max_turns=2)
+    assert outcome.reason == "completed" and any(isinstance(e, EpisodeFinished) for e in events)
+    slow = [entry for entry in logs if entry["event"] == "world call slow"]
+    assert slow and slow[0]["call"] == "world.step" and slow[0]["waited_s"] == 0, slow
+    assert slow[0]["abandoned_after"] == "never (no step_timeout)"
