@@ -241,6 +241,17 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     return unread
 
 
+def _shipped(name: str) -> str:
+    """Where coevo's own scenario ``name`` (``quickstart``, ``empo2.toml``) lies, said for a
+    path that does not exist (an installed coevo keeps them beside this module); "" when
+    there is none of that name."""
+    base = Path(name).name
+    if Path(name).parent != Path(".") or not base:
+        return ""
+    shipped = Path(__file__).resolve().parent / (base if base.endswith(".toml") else base + ".toml")
+    return f" (coevo's own scenario of that name: {shipped})" if shipped.is_file() else ""
+
+
 def read_text(path: str | Path) -> str:
     """The file's text (a UTF-8 byte-order mark dropped). Raises :class:`ScenarioInvalid` if it
     cannot be read as UTF-8."""
@@ -249,6 +260,8 @@ def read_text(path: str | Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except IsADirectoryError:
         raise ScenarioInvalid(source, "is a directory, not a scenario file") from None
+    except FileNotFoundError as exc:
+        raise ScenarioInvalid(source, f"cannot read: {exc.strerror}{_shipped(source)}") from None
     except OSError as exc:
         raise ScenarioInvalid(source, f"cannot read: {exc.strerror or exc}") from None
     try:

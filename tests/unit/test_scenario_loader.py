@@ -303,3 +303,23 @@ def test_a_very_long_bad_value_is_cut_in_the_error() -> None:
         load_scenario(ROOT / "scenarios" / "quickstart.toml", [f'agent.kind="{long}"'])
     said = str(err.value)
     assert len(said) < 600 and "(20,000 characters)" in said and "`$.agent.kind`" in said, said
+
+
+def test_a_missing_file_named_as_a_shipped_scenario_says_where_that_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed coevo keeps its scenarios in site-packages: ``coevo run quickstart`` said
+    only "cannot read", and the scenarios' place was nowhere said."""
+    monkeypatch.chdir(tmp_path)
+    shipped = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml"
+    for name in ("quickstart", "quickstart.toml"):
+        with pytest.raises(ScenarioInvalid) as err:
+            load_scenario(name)
+        assert str(err.value) == (
+            f"{name}: cannot read: No such file or directory (coevo's own scenario of that "
+            f"name: {shipped})"
+        )
+    for name in ("no_such_scenario", "sub/quickstart"):
+        with pytest.raises(ScenarioInvalid) as err:
+            load_scenario(name)
+        assert str(err.value) == f"{name}: cannot read: No such file or directory"
