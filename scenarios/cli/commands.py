@@ -39,6 +39,7 @@ from scenarios.cli.common import (
     stdout_to_stderr,
     to_devnull,
     torn_copy_hint,
+    unopenable_path,
 )
 from scenarios.cli.entry import Terminated, exits_after, stopped
 from scenarios.cli.explore import add_commands
@@ -115,16 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UnicodeEncodeError as exc:
         if os.sep not in exc.object:
             raise
-        if "surrogates not allowed" in str(exc):
-            said = "a path that holds bytes that are not UTF-8, which the event log's library "
-            said += "cannot open; rename it"
-        else:  # LC_ALL=C with Python's UTF-8 modes off: the library encodes paths in ASCII
-            said = (
-                f"a path that the file-name encoding ({sys.getfilesystemencoding()}) cannot "
-                "hold, which the event log's library cannot open; use a UTF-8 locale "
-                "(LC_ALL=C.UTF-8) or rename it"
-            )
-        print(f"coevo: error: {exc.object!r}: {said}", file=sys.stderr)
+        print(f"coevo: error: {exc.object!r}: {unopenable_path(exc.object)}", file=sys.stderr)
         return 2
 
 

@@ -210,11 +210,28 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:  # refused before the run directory is made, not after
-        raise InputInvalid(
-            f"--out {value!r}: a path that holds bytes that are not UTF-8, which the event "
-            "log's library cannot open; rename it"
-        ) from None
+        raise InputInvalid(f"--out {value!r}: {unopenable_path(value)}") from None
     return outside_lmdb(Path(value), "--out")
+
+
+def unopenable_path(path: str) -> str:
+    """Why the event log's library cannot open ``path``, a path that does not encode as UTF-8:
+    it holds bytes that are not UTF-8, or (``LC_ALL=C`` with Python's UTF-8 modes off, where
+    file names are ASCII to Python) characters the file-name encoding cannot hold."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return (
+            "a path that holds bytes that are not UTF-8, which the event log's library cannot "
+            "open; rename it"
+        )
+    except UnicodeEncodeError:  # not a name of this file system's encoding at all
+        pass
+    return (
+        f"a path that the file-name encoding ({sys.getfilesystemencoding()}) cannot hold, "
+        "which the event log's library cannot open; use a UTF-8 locale (LC_ALL=C.UTF-8) or "
+        "rename it"
+    )
 
 
 def resolved_path(path: Path, what: str) -> Path:

@@ -115,5 +115,9 @@ def test_a_builtin_world_without_its_extra_names_the_extra(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, name, None)  # as if not installed
-    with pytest.raises(ValueError, match=rf"world '{name}' is not available: .*\[{name}\]'$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"world '{name}' is not available: .*'coevo\[{name}\]' "
+        rf"\(in a checkout: pip install -e '\.\[{name}\]'\)$",
+    ):
         load_world(name, {})
