@@ -105,7 +105,7 @@ def with_overrides(
             raise AuditQueryInvalid(
                 f"--set {item!r}: expected KEY=VALUE, KEY one of {', '.join(SETTABLE)}"
             )
-        value = _parse(key, raw)
+        value = parse_setting(key, raw)
         given[key] = item
         if "reweight" in given and ("alpha" in given or "cooldown" in given):
             other = given.get("alpha") or given["cooldown"]
@@ -128,7 +128,7 @@ def with_overrides(
     return out
 
 
-def _parse(key: str, raw: str) -> Any:
+def parse_setting(key: str, raw: str) -> Any:
     try:
         if key in ("batch", "cooldown"):
             if not re.fullmatch(r"[+-]?[0-9]+", raw.strip()):
@@ -302,7 +302,8 @@ def _own_rule(
                 value = float(got)
         if not math.isfinite(value):
             said = _short(got)
-            what = "a bool, not a number" if isinstance(got, bool) else "not a finite number"
+            boolean = isinstance(got, bool) or type(got).__name__ in ("bool", "bool_")  # NumPy's
+            what = "a bool, not a number" if boolean else "not a finite number"
             raise AuditQueryInvalid(
                 f"credit rule {path!r} gave {said} for episode {ev.episode}: {what}"
             )
@@ -488,8 +489,10 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     alpha: float
     cooldown: int
     std_norm: bool | None
-    split: bool
-    weighted: bool
+    split: bool | None
+    """Complementary RL's guided and free subgroups (``[complementary] subgroups``), the
+    run's own or as ``--set`` gave them; None for a method without them."""
+    weighted: bool | None
     match: bool
     checks: tuple[Check, ...]
     credits_changed: int
@@ -503,6 +506,9 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     free_advantage: tuple[float, float] | None
     entries: tuple[EntryChange, ...]
     calls: tuple[CallChange, ...]
+    partial: bool = False
+    """Re-derived from the log up to a seq before its end (``--until``): a credit may come
+    later."""
 
 
 def audit_credit(
@@ -511,11 +517,13 @@ def audit_credit(
     base: AuditSettings,
     *,
     asked: bool = False,
+    partial: bool = False,
     on_call: Callable[[int], None] | None = None,
 ) -> CreditAudit:
     """Re-derive ``inputs`` under ``settings`` and compare with what the log recorded
     (``base``: the run's own settings; anything else is a counterfactual). ``asked``: the
     credit settings were given (``--rule``, a credit key), even if as the run's own values;
+    ``partial``: ``inputs`` end before the log does (a credit may come later);
     ``on_call``: as :func:`derive_credits`.
 
     Raises:
@@ -524,7 +532,7 @@ def audit_credit(
     """
     derived = derive_credits(inputs, settings, on_call)
     credited = any(isinstance(e, CreditAssigned) for e in (*inputs.recorded, *derived))
-    if not credited and (asked or settings.credit != base.credit):
+    if not credited and not partial and (asked or settings.credit != base.credit):
         raise AuditQueryInvalid(
             "this run has no extractor credit to re-derive (no entry an extractor wrote was "
             "shown in a training episode): --rule and --set batch/alpha/cooldown/reweight "
@@ -532,7 +540,8 @@ def audit_credit(
             "on a run with guided and free subgroups)"
         )
     try:
-        return _compared(inputs, derived, credited, settings, base)
+        audit = _compared(inputs, derived, credited, settings, base)
+        return msgspec.structs.replace(audit, partial=partial)
     except OverflowError as exc:  # the sums of an entry's or a call's credits
         raise _too_large(settings.credit.rule, exc) from None
 

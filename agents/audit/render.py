@@ -27,10 +27,12 @@ def _q(text: str, width: int = 90) -> str:
 
 
 def _f(x: float | None, digits: int = 3, width: int = 0) -> str:
-    """``x`` signed to ``digits`` decimals ("-" for None); a value that rounds to zero is
-    "+0.000", never "-0.000"."""
+    """``x`` signed to ``digits`` decimals ("-" for None; from a million on, in scientific
+    notation); a value that rounds to zero is "+0.000", never "-0.000"."""
     if x is None:
         return "-".rjust(width)
+    if abs(x) >= 1e6:  # a rule's 1e300: its 300 digits are no row
+        return f"{x:+.{digits}e}".rjust(width)
     shown = f"{x:+.{digits}f}"
     if float(shown) == 0:
         shown = f"{0.0:+.{digits}f}"
@@ -252,16 +254,22 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     """The lines of a credit audit; ``top`` rows of the per-entry and per-call tables."""
     adv = "with the run's std_norm" if a.std_norm is None else f"std_norm={a.std_norm}"
     head = "counterfactual" if a.counterfactual else "re-derived with the run's settings"
+    nothing = (
+        f"no extractor credit up to seq {a.events - 1}"
+        if a.partial
+        else "no extractor credit in this run"
+    )
     credit = (
         f"rule {a.rule}, batch {a.batch}, alpha {a.alpha:g}, cooldown {a.cooldown}"
         if a.credited
-        else "no extractor credit in this run"
+        else nothing
     )
-    subgroups = a.credited or a.guided_advantage is not None  # guided and free episodes
+    subgroups = a.split is not None  # a method with guided and free episodes
     split = f", split={a.split}, weighted={a.weighted}" if subgroups else ""
     out = [f"credit {head}, from {a.events} events: {credit}; advantages {adv}{split}"]
     for c in a.checks:
-        same = "equal" if c.names_compared else "the same but for the rule's name"
+        formula = "formula" if c.kind in ("advantages_computed", "gradient_requested") else "rule"
+        same = "equal" if c.names_compared else f"the same but for the {formula}'s name"
         line = (
             f"  {c.kind:<30} {c.recorded:>6} recorded {c.derived:>6} re-derived {c.equal:>6} {same}"
         )

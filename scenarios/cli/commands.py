@@ -36,6 +36,7 @@ from scenarios.cli.common import (
     open_run,
     out_path,
     read_meta,
+    shown_path,
     stdout_to_stderr,
     to_devnull,
     torn_copy_hint,
@@ -116,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UnicodeEncodeError as exc:
         if os.sep not in exc.object:
             raise
-        print(f"coevo: error: {exc.object!r}: {unopenable_path(exc.object)}", file=sys.stderr)
+        said = unopenable_path(exc.object)
+        print(f"coevo: error: {shown_path(exc.object)}: {said}", file=sys.stderr)
         return 2
 
 
@@ -723,6 +725,8 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
         return 0
     if terminated:
         raise Terminated
+    if caught_up and args.start >= (end := log.next_seq):  # nothing was there to follow
+        print(f"coevo: note: {_past_end('--from', args.start, end)}", file=sys.stderr)
     last = last_envelope(log) if caught_up else None
     if caught_up and run_state(last.event if last else None, log.path) == "killed":
         print(
@@ -807,7 +811,7 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
 
 
 def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
-    from agents.audit.credit import audit_credit, gather, with_overrides
+    from agents.audit.credit import audit_credit, gather, parse_setting, with_overrides
     from agents.invariants.credit import run_settings
     from engine.errors import AuditQueryInvalid
     from scenarios.loader import stored_scenario
@@ -837,15 +841,21 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
         lambda sets: _method_or_none(scenario, sets),
         lambda sets: advantages_changed(scenario, **sets),
     )
-    given = {s.partition("=")[0] for s in args.set}
-    asked = args.rule is not None or bool(given & {"batch", "alpha", "cooldown", "reweight"})
+    given = dict(s.partition("=")[::2] for s in args.set)
+    asked = args.rule is not None or bool(given.keys() & {"batch", "alpha", "cooldown", "reweight"})
     inputs = gather(log, args.until)
     if args.until is not None and args.until >= inputs.end:
         print(f"coevo: note: {_past_end('--until', args.until, inputs.end)}", file=sys.stderr)
-    audit = audit_credit(inputs, settings, base, asked=asked, on_call=_rule_progress(args.rule))
-    comp = scenario.complementary  # the subgroups the run's advantages had, unless --set
-    own = {"split": comp.subgroups, "weighted": comp.subgroup_weights}
-    return msgspec.structs.replace(audit, **{k: v for k, v in own.items() if k not in given})
+    partial = args.until is not None and args.until + 1 < log.next_seq
+    audit = audit_credit(
+        inputs, settings, base, asked=asked, partial=partial, on_call=_rule_progress(args.rule)
+    )
+    shown: dict[str, bool | None] = {"split": None, "weighted": None}
+    if method == "complementary" or built_on_complementary(scenario):
+        comp = scenario.complementary  # the run's own subgroups, unless --set gave them
+        shown = {"split": comp.subgroups, "weighted": comp.subgroup_weights}
+        shown |= {k: parse_setting(k, v) for k, v in given.items() if k in shown}
+    return msgspec.structs.replace(audit, **shown)
 
 
 def _rule_progress(rule: str | None, every: float = 5.0) -> Callable[[int], None] | None:

@@ -210,8 +210,18 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:  # refused before the run directory is made, not after
-        raise InputInvalid(f"--out {value!r}: {unopenable_path(value)}") from None
+        raise InputInvalid(f"--out {shown_path(value)}: {unopenable_path(value)}") from None
     return outside_lmdb(Path(value), "--out")
+
+
+def shown_path(path: str) -> str:
+    """``path`` quoted as its bytes are, a byte that is not UTF-8 as ``\\xff`` (Python's
+    ``repr`` shows the ``\\udcff`` it stands for in the text)."""
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:
+        return repr(path)
+    return "'" + raw.decode("utf-8", "backslashreplace") + "'"
 
 
 def unopenable_path(path: str) -> str:

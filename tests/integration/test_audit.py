@@ -251,7 +251,7 @@ def test_the_relative_rule_credits_against_the_free_half(
     rows = {line.split()[0]: line for line in out.splitlines()[1:5]}
     assert code == 0 and "counterfactual" in out, out
     assert rows["credit_assigned"].endswith(" equal"), out
-    assert rows["advantages_computed"].endswith(" the same but for the rule's name"), out
+    assert rows["advantages_computed"].endswith(" the same but for the formula's name"), out
 
 
 OWN_RULES = """
@@ -311,6 +311,12 @@ def yes(episode, group):
     return True
 
 
+def numpy_yes(episode, group):
+    import numpy
+
+    return numpy.bool_(True)
+
+
 def noisy(episode, group):
     print("RULE-NOISE", episode)
     return relative(episode, group)
@@ -348,6 +354,7 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
         ),
         ("my_rules:huge", "credit rule 'my_rules:huge': its credits are too large to add up"),
         ("my_rules:yes", "gave True for episode ep002: a bool, not a number"),
+        ("my_rules:numpy_yes", "gave np.True_ for episode ep002: a bool, not a number"),
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
         assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
@@ -428,7 +435,10 @@ def test_the_subgroups_shown_are_the_run_s_own_unless_set(
     groups = next(c for c in flat["checks"] if c["kind"] == "advantages_computed")
     assert flat["samples_changed"] == 0 and groups["equal"] == groups["recorded"] > 0, groups
     _, out, _ = audit(capsys, str(run), "credit", "--set", "weighted=false")
-    assert "the same but for the rule's name" in out
+    assert "the same but for the formula's name" in out
+    # given as the run's own value (no counterfactual): shown as given, not as the default
+    own = json.loads(audit(capsys, str(unsplit), "credit", "--set", "split=false", "--json")[1])
+    assert not own["counterfactual"] and (own["split"], own["weighted"]) == (False, False)
 
 
 def test_a_live_run_indexes_only_its_new_tail(
@@ -757,3 +767,15 @@ def test_credit_as_the_run_stood_after_a_seq(run: Path, capsys: pytest.CaptureFi
         == f"coevo: note: --until 99999 is past the log's end: its last event is seq {last}\n"
     )
     assert audit(capsys, str(run), "credit", "--until", "-1")[0] == 2
+    # before the first credit: none yet, not "none in this run", and a rule is not refused
+    code, out, err = audit(capsys, str(run), "credit", "--until", "3")
+    assert code == 0 and "no extractor credit up to seq 3;" in out, err
+    early = audit_json(capsys, str(run), "credit", "--until", "3", "--rule", "score")
+    assert early["partial"] and not early["credited"]
+
+
+def test_huge_credits_are_shown_in_scientific_notation() -> None:
+    """A rule's 10**300 filled a row with 300 digits."""
+    from agents.audit.render import _f  # pyright: ignore[reportPrivateUsage]
+
+    assert _f(1e300) == "+1.000e+300" and _f(-2.5e6, 2) == "-2.50e+06" and _f(999.5) == "+999.500"

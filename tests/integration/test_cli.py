@@ -77,6 +77,12 @@ def test_a_seq_past_the_log_s_end_is_said(small_run: Path) -> None:
     )
     proc = coevo("replay", str(small_run), "--until", str(end - 1))
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    proc = coevo("log", str(small_run), "--from", str(end), "--follow", timeout=30)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0,
+        "",
+        f"coevo: note: --from {end} {past}\n",
+    )
 
 
 def test_log_filters_and_json(small_run: Path) -> None:

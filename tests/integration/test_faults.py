@@ -70,8 +70,16 @@ def test_a_path_too_long_or_not_utf8_is_one_line(tmp_path: Path) -> None:
     odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xffname")
     proc = coevo("run", EXPLORE, "--out", odd, "--quiet", "--set", "run.episodes=2")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "bad\\udcffname': a path that holds bytes that are not UTF-8" in proc.stderr
+    assert "bad\\xffname': a path that holds bytes that are not UTF-8" in proc.stderr
     assert not os.path.lexists(odd)  # refused before the run directory was made
+    proc = coevo(
+        "run", EXPLORE, "--out", str(tmp_path / "good"), "--quiet", "--set", "run.episodes=2"
+    )
+    assert proc.returncode == 0, proc.stderr
+    proc = coevo("copy", str(tmp_path / "good"), odd)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("coevo: error: DEST '") and "bad\\xffname': a path" in proc.stderr
+    assert not os.path.lexists(odd)
 
 
 def test_a_path_an_ascii_file_name_encoding_cannot_hold_is_one_line(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ than the bound."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -274,6 +275,9 @@ def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
     first = capsys.readouterr().out.splitlines()[0]
     assert "no extractor credit in this run; advantages with the run's std_norm" in first, first
     assert "split=" not in first and "weighted=" not in first, first
+    assert main(["audit", str(run_dir), "credit", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)  # not true: a script read subgroups there
+    assert (answer["split"], answer["weighted"]) == (None, None)
     for setting in ("split=false", "weighted=true"):  # accepted, and called a counterfactual
         assert main(["audit", str(run_dir), "credit", "--set", setting]) == 2
         err = capsys.readouterr().err
