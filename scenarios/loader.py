@@ -180,6 +180,9 @@ def warn_settings(
         instead = "".join(
             f"; {UNREAD_KEYS[t][1]} is read instead" for t in unread if t in UNREAD_KEYS
         )
+        plugin = scenario.run.method not in {"rollout", *BUILTIN}
+        if plugin and (built := [t for t in ("empo2", "complementary") if t in unread]):
+            instead += f"; a plug-in method built on [{built[0]}] reads its settings from [method]"
         if "runtime.ray" in unread:
             backend = scenario.runtime.backend
             instead += f'; runtime.backend = "ray" reads it (this run is {backend!r})'
@@ -225,6 +228,11 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
         readers = {"grpo": set(BUILTIN), "eval": set(BUILTIN)}
         readers |= {m: {m} for m in ("empo2", "complementary")}
         unread += [t for t, read_by in readers.items() if t in doc and method not in read_by]
+    else:  # a plug-in built on EMPO2 or Complementary RL reads that method's settings from
+        from scenarios.methods import built_on_complementary, built_on_empo2  # [method]
+
+        built = {"empo2": built_on_empo2, "complementary": built_on_complementary}
+        unread += [t for t, on in built.items() if t in doc and on(scenario)]
     if method == "rollout" and doc.get("method"):  # a plug-in's options (a built-in refuses)
         unread.append("method")
     policy = cast("dict[str, Any]", doc.get("policy") or {})

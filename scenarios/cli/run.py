@@ -401,8 +401,9 @@ def _policy_unchanged(updates: list[Any]) -> str:
         return ""
     return (
         f"coevo: warning: none of the run's {len(updates)} policy updates changed its weights "
-        "(every group's episodes scored alike, so every advantage was 0, or the learning rate "
-        "is too small to move a weight): the policy is the one it started from"
+        "(every group's episodes scored alike, so every advantage was 0; the learning rate "
+        "is too small to move a weight; or, with [empo2] low_prob_mask, low_prob_delta masked "
+        "every token): the policy is the one it started from"
     )
 
 

@@ -185,6 +185,11 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         ('[run]\nmethod = "complementary"\n[grpo]\nstd_norm = false\n', ["grpo.std_norm"]),
         ('[run]\nmethod = "empo2"\n[grpo]\nstd_norm = false\n', []),
         ('[run]\nmethod = "mine.methods:Mine"\n[empo2]\n[agent]\nkind = "policy"\n', []),
+        (
+            '[run]\nmethod = "agents.methods.builtin:Empo2"\n[empo2]\np = 1.0\n[agent]\n'
+            'kind = "policy"\n',
+            ["empo2"],  # EMPO2 named by its path is a plug-in: it reads [method]
+        ),
         ('[run]\nmethod = "rollout"\n[method]\nfoo = 1\n', ["method"]),
         ('[run]\nmethod = "rollout"\n[method]\n', []),
         (
@@ -204,6 +209,7 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         "complementary's std",
         "empo2 reads grpo's std",
         "plug-in method",
+        "a plug-in built on empo2",
         "a rollout's method options",
         "an empty method table",
         "embedded settings of a model directory",
