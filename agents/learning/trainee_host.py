@@ -423,8 +423,9 @@ def _stop_child(conn: Connection, process: subprocess.Popen[bytes]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """The child (:class:`TraineeProcess`): import transformers' model code while the parent
     prepares, read ``sys.path`` and the payload from the socket whose fd is the first argument
-    (then the run's pid, and "main" when the run's main thread started it), load, answer ``ready``, serve calls until the socket closes, and exit at once (nothing is
-    left to flush: every checkpoint was written before its reply)."""
+    (then the run's pid, and "main" when the run's main thread started it), load, answer
+    ``ready``, serve calls until the socket closes, and exit at once (nothing is left to
+    flush: every checkpoint was written before its reply)."""
     fd, pid, launcher = (argv if argv is not None else sys.argv[1:])[:3]
     parent = int(pid)  # the run that started this process
     if launcher == "main":
