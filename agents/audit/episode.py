@@ -71,6 +71,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     done: bool = False
     seq: int = -1
     answered: bool = True
+    prompt_cut: int = 0
+    """Tokens the prompt lost from its middle to fit the model (what it showed, the entries
+    retrieved included, may have lost text there); 0: none."""
 
 
 class Advantage(msgspec.Struct, frozen=True, kw_only=True):
@@ -225,6 +228,7 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
             done=step.done if step else False,
             seq=seq,
             answered=step is not None,
+            prompt_cut=smp.prompt_cut if smp else 0,
         )
 
     for env in envs:

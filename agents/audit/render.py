@@ -240,6 +240,11 @@ def _turn(t: Turn) -> list[str]:
         )
     if t.tips_shown and not t.retrieved:
         out.append(f"    {t.tips_shown} entries shown (retrieved at an earlier turn)")
+    if t.prompt_cut:
+        out.append(
+            f"    prompt cut: {t.prompt_cut} tokens from its middle to fit the model (what "
+            "stood there, entries shown included, was not seen)"
+        )
     valid = "" if t.valid else " (not admissible)"
     answer = (
         f"reward {t.reward:+g}, score {t.score:.3f}{', done' if t.done else ''}"

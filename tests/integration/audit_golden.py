@@ -96,6 +96,7 @@ class Stream:
         observation: str = "you see a can and a stove.",
         abandon: bool = False,
         abort: str = "",
+        prompt_cut: int = 0,
     ) -> None:
         """One episode of one turn; ``abandon``: an attempt lost after its first sample
         (:class:`EpisodeAbandoned`), to be run again; ``abort``: the world failed on its first
@@ -170,6 +171,7 @@ class Stream:
                 token_logps=(-0.5,),
                 logp=-0.5,
                 temperature=1.0,
+                prompt_cut=prompt_cut,
             )
         )
         if abandon:

@@ -779,3 +779,18 @@ def test_huge_credits_are_shown_in_scientific_notation() -> None:
     from agents.audit.render import _f  # pyright: ignore[reportPrivateUsage]
 
     assert _f(1e300) == "+1.000e+300" and _f(-2.5e6, 2) == "-2.50e+06" and _f(999.5) == "+999.500"
+
+
+def test_a_turn_whose_prompt_was_cut_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The episode audit listed the entries a turn retrieved as shown, though its prompt had
+    lost tokens from its middle to fit the model (tips among them): said only in the run's
+    ``coevo.jsonl``."""
+    s = Stream()
+    s.episode("ep000", 0, success=True, tip=3, call="", prompt_cut=40)
+    run = write_run(tmp_path, s.envs)
+    [t] = audit_json(capsys, str(run), "episode", "ep000")["turns"]
+    assert t["prompt_cut"] == 40
+    _, out, _ = audit(capsys, str(run), "episode", "ep000")
+    assert "prompt cut: 40 tokens from its middle to fit the model" in out, out
