@@ -117,9 +117,10 @@ def build_method(
         else:
             try:
                 settings = msgspec.convert(dict(options), struct)
-            except msgspec.ValidationError as exc:
+            except msgspec.ValidationError as exc:  # its path as the scenario file's
+                said = str(exc).replace("- at `$", "- at `$.method", 1)
                 raise MethodOptionsInvalid(
-                    f"bad options for method {name_or_path!r}: {exc}"
+                    f"bad options for method {name_or_path!r}: {said}"
                 ) from None
             except (Exception, SystemExit) as exc:  # Settings is not a Struct msgspec can fill
                 raise ValueError(

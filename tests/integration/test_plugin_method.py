@@ -119,6 +119,9 @@ def test_bad_method_options_are_one_line(plugin_dir: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("coevo: error: insights.toml: $.method: bad options")
     assert "\n" not in proc.stderr.strip()
+    proc = coevo(plugin_dir, "validate", "insights.toml", "--set", 'method.shown="x"')
+    assert proc.returncode == 2  # the option's path as the file's, not the Settings' own
+    assert proc.stderr.rstrip().endswith("- at `$.method.shown`"), proc.stderr
 
 
 def test_an_unknown_method_is_refused_by_name(plugin_dir: Path) -> None:
