@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import RunNotFound
+from engine.eventlog import EventLog, last_envelope
 from engine.lifecycle import RunFailed, RunStopped
 from stores.lmdb_env import DATA_FILE, LOG_FILES, is_blank, writer_alive
 
@@ -84,6 +85,13 @@ def run_state(last: object, log_dir: Path) -> str:
     if isinstance(last, RunFailed):
         return f"failed ({last.error_type})"
     return "live" if writer_alive(log_dir) else "killed"
+
+
+def log_state(log: EventLog, log_dir: Path) -> str:
+    """:func:`run_state` of the run whose open log (in ``log_dir``) is ``log``, from its last
+    committed event."""
+    last = last_envelope(log)
+    return run_state(last.event if last is not None else None, log_dir)
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -440,14 +440,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _state_of(path: str) -> str:
     """How the run at ``path`` stands (:func:`stores.rundir.run_state`)."""
-    from engine.eventlog import last_envelope
-    from stores.rundir import run_state
+    from stores.rundir import log_state
 
     log = open_run(path)
     try:
         with naming(log.path):
-            last = last_envelope(log)
-            return run_state(last.event if last is not None else None, log.path)
+            return log_state(log, log.path)
     finally:
         log.close()
 
@@ -679,10 +677,9 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
     gone and every event is shown (a run that ended or was killed: a killed one is said on
     stderr), or until a Ctrl-C (exit 0) or a SIGTERM (exit 143; taken inside trio, so it stops
     the tail where it waits)."""
-    from engine.eventlog import last_envelope
     from engine.replay import follow
     from stores.lmdb_env import writer_alive
-    from stores.rundir import run_state
+    from stores.rundir import log_state
 
     terminated = False
     caught_up = False  # the tail reached the end of a log no process writes
@@ -727,8 +724,7 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
         raise Terminated
     if caught_up and args.start >= (end := log.next_seq):  # nothing was there to follow
         print(f"coevo: note: {_past_end('--from', args.start, end)}", file=sys.stderr)
-    last = last_envelope(log) if caught_up else None
-    if caught_up and run_state(last.event if last else None, log.path) == "killed":
+    if caught_up and log_state(log, log.path) == "killed":
         print(
             f"coevo: {args.run}: no process writes this run any more and its log has no final "
             "event: it was killed (coevo resume continues it)",

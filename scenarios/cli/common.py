@@ -207,11 +207,22 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
         return default()
     if not value.strip():
         raise InputInvalid(f"--out is empty ({value!r}); give a path, or leave --out out")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # refused before the run directory is made, not after
-        raise InputInvalid(f"--out {shown_path(value)}: {unopenable_path(value)}") from None
+    openable(value, "--out")
     return outside_lmdb(Path(value), "--out")
+
+
+def openable(path: str, flag: str) -> None:
+    """Refuse ``path`` (given as ``flag``) before anything is made there when the event log's
+    library cannot open it (:func:`unopenable_path`): the refusal came once a run directory
+    or a copy's mark was made, which then read as no run at all.
+
+    Raises:
+        InputInvalid: it does not encode as UTF-8.
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputInvalid(f"{flag} {shown_path(path)}: {unopenable_path(path)}") from None
 
 
 def shown_path(path: str) -> str:

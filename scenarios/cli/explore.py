@@ -26,11 +26,10 @@ from scenarios.cli.common import (
     naming,
     newest_checkpoints,
     open_run,
+    openable,
     outside_lmdb,
     resolved_path,
-    shown_path,
     stdout_to_stderr,
-    unopenable_path,
     version,
 )
 from stores.rundir import RunDir, find_run
@@ -81,10 +80,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     taken while the run writes), then the run directory's other files; the log takes its
     name last (:data:`COPYING`)."""
     rd = find_run(args.run)
-    try:
-        args.dest.encode("utf-8")
-    except UnicodeEncodeError:  # refused before anything is made there
-        raise InputInvalid(f"DEST {shown_path(args.dest)}: {unopenable_path(args.dest)}") from None
+    openable(args.dest, "DEST")
     dest = Path(args.dest)
     src, there = rd.root.resolve(), resolved_path(outside_lmdb(dest, "DEST"), "DEST")
     if there == src or src in there.parents or there in src.parents:
