@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -248,42 +249,40 @@ def ends_soon(pid: int, within: float = 10.0) -> bool:
     return not alive(pid)
 
 
+@contextlib.contextmanager
+def parent_with_learner(tmp_path: Path, session: bool = False) -> Iterator[tuple[Any, int]]:
+    """A Python process (:data:`PARENT`; in a session of its own with ``session``) holding a
+    loaded learner's process, and that child's pid; the parent killed after."""
+    code = PARENT.format(path=sys.path, root=str(tmp_path))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=session
+    )
+    try:
+        assert parent.stdout is not None
+        yield parent, int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
 def test_a_stopped_process_does_not_outlive_its_killed_parent(tmp_path: Path) -> None:
     """The child's watch for its parent cannot run while it is stopped: SIGKILLed, the run
     left a stopped trainer behind for good (reparented, holding its memory)."""
-    code = PARENT.format(path=sys.path, root=str(tmp_path))
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
+    with parent_with_learner(tmp_path) as (parent, child):
         os.kill(child, signal.SIGSTOP)
         parent.kill()
         parent.wait(timeout=30)
         assert ends_soon(child), "a stopped learner's process outlived its killed parent"
-    finally:
-        parent.kill()
-        parent.wait()
-        if parent.stdout is not None:
-            parent.stdout.close()
 
 
 def test_a_ctrl_c_reaches_only_the_parent_and_the_process_ends_with_it(tmp_path: Path) -> None:
-    code = PARENT.format(path=sys.path, root=str(tmp_path))
-    parent = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
+    with parent_with_learner(tmp_path, session=True) as (parent, child):
         assert os.getpgid(child) != os.getpgid(parent.pid)  # a terminal signals one group
         os.killpg(parent.pid, signal.SIGINT)  # Ctrl-C in the parent's terminal
         assert parent.wait(timeout=30) != 0
         assert ends_soon(child), "the learner's process outlived its parent"
-    finally:
-        parent.kill()
-        parent.wait()
-        if parent.stdout is not None:
-            parent.stdout.close()
 
 
 def test_a_learner_process_needs_a_run_directory(
