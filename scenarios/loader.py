@@ -431,7 +431,7 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
     try:
         scenario = msgspec.convert(doc, Scenario)
     except msgspec.ValidationError as exc:
-        raise ScenarioInvalid(source, _shortened(str(exc))) from None
+        raise ScenarioInvalid(source, _shortened(_worded(str(exc), doc))) from None
     method = scenario.run.method
     installed = installed_methods()
     if method not in {"rollout", *BUILTIN, *installed} and ":" not in method:
@@ -444,6 +444,31 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
     if scenario.runtime.backend == "ray" and (why := bad_ray_address(scenario.runtime.ray.address)):
         raise ScenarioInvalid(source, f"$.runtime.ray.address: {why}")
     return scenario
+
+
+def _worded(message: str, doc: dict[str, Any]) -> str:
+    """msgspec's range message in plain words: a bound of ``-0.0`` reads 0, and a NaN that
+    failed a range says it is NaN (``Expected `float` > 0.0`` read as if nan were out of
+    range)."""
+    message = re.sub(r"(?<=[<>] )-0\.0\b|(?<=[<>]= )-0\.0\b", "0", message)
+    where = re.search(r" - at `(\$[^`]*)`$", message)
+    if where and message.startswith("Expected `float` ") and _is_nan(_value_at(doc, where[1])):
+        return f"{message[: where.start()]}, got nan (not a number){message[where.start() :]}"
+    return message
+
+
+def _value_at(doc: Any, path: str) -> Any:
+    """The value at msgspec's error path ``$.a.b[0].c`` in ``doc`` (None if it is not there)."""
+    for key, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path[1:]):
+        try:
+            doc = doc[key] if key else doc[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return doc
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and value != value
 
 
 def _shortened(message: str, most: int = 80) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -99,6 +100,10 @@ def test_log_filters_and_json(small_run: Path) -> None:
     assert kinds[-1] == "episode_finished" and set(kinds[2:-1]) == {"step_taken"}
     proc = coevo("log", str(small_run), "--from", "5", "--to", "8")
     assert [int(line.split()[0]) for line in proc.stdout.splitlines()] == [5, 6, 7]
+    # the time of day is UTC and says so (a reader in another zone took it for local time)
+    assert all(
+        re.fullmatch(r"\d\d:\d\d:\d\dZ", line.split()[1]) for line in proc.stdout.splitlines()
+    )
     proc = coevo("log", str(small_run), "--follow", "--limit", "3", timeout=30)
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 3
 

@@ -301,6 +301,22 @@ def test_an_invalid_value_names_only_the_override_that_gave_it() -> None:
     assert "given by --set seed=3" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("empo2.low_prob_delta=0", "Expected `float` < 0 - at `$.empo2.low_prob_delta`"),
+        ("grpo.lr=nan", "Expected `float` > 0.0, got nan (not a number) - at `$.grpo.lr`"),
+        ("grpo.lr=-1", "Expected `float` > 0.0 - at `$.grpo.lr`"),
+    ],
+)
+def test_a_range_error_reads_plainly(override: str, said: str) -> None:
+    """A bound of 0 read ``< -0.0``, and a NaN was refused as if it were a number out of
+    range."""
+    with pytest.raises(ScenarioInvalid) as err:
+        load_scenario(ROOT / "scenarios" / "empo2.toml", [override])
+    assert f"{said} (given by --set {override})" in str(err.value), err.value
+
+
 def test_a_very_long_bad_value_is_cut_in_the_error() -> None:
     """A 20,000-character bad enum value was echoed whole, twice (msgspec's message and the
     override): one 40 KB line."""
