@@ -93,7 +93,13 @@ def render_tip(a: TipAudit) -> list[str]:
         + (f"; {lost} of them in attempts later abandoned" if lost else "")
     )
     if a.uses:
-        out.append("    seq      episode    turn pos rank  similarity  score    outcome")
+        # a re-ranking score exists for the "diverse" rule only (EMPO2's shows none)
+        reranked = any(u.score is not None for u in a.uses)
+        out.append(
+            "    seq      episode    turn pos rank  similarity  "
+            + ("re-rank  " if reranked else "")
+            + "outcome"
+        )
         for u in a.uses[:MAX_ROWS]:
             end = (
                 "abandoned (the episode ran again)"
@@ -107,7 +113,9 @@ def render_tip(a: TipAudit) -> list[str]:
             flag = "" if u.alive else "  NOT IN THE BANK AT THAT SEQ"
             out.append(
                 f"    {u.seq:<8} {u.episode:<10} {u.turn:>4} {u.position:>3} {u.rank:>4}  "
-                f"{u.similarity:>10.3f}  {_f(u.score, 2):>6}   {end}{flag}"
+                f"{u.similarity:>10.3f}  "
+                + (f"{_f(u.score, 2):>7}  " if reranked else "")
+                + f"{end}{flag}"
             )
         out += _more(len(a.uses))
     out.append(f"  credits: {len(a.credits)}, sum {a.credit_sum:+g}")
@@ -236,7 +244,9 @@ def _turn(t: Turn) -> list[str]:
     for s in t.retrieved:
         out.append(
             f"    retrieved entry {s.tip} ({s.call or 'written by a reflection'}; rank {s.rank}, "
-            f"similarity {s.similarity:.3f}, score {_f(s.score, 2)}): {_q(s.text, 60)}"
+            f"similarity {s.similarity:.3f}"
+            + (f", re-ranking score {_f(s.score, 2)}" if s.score is not None else "")
+            + f"): {_q(s.text, 60)}"
         )
     if t.tips_shown and not t.retrieved:
         out.append(f"    {t.tips_shown} entries shown (retrieved at an earlier turn)")

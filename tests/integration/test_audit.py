@@ -671,6 +671,35 @@ def test_numbers_that_round_to_zero_are_unsigned_zeros_and_a_reflection_is_named
     assert "retrieved entry 5 (written by a reflection; rank 0" in "\n".join(_turn(turn))
 
 
+def test_a_re_ranking_score_is_shown_only_for_the_rule_that_has_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """EMPO2's threshold rule has no re-ranking score: every use of a tip read "score -" and
+    every retrieved entry "score -", as if a score were missing."""
+    from agents.audit.episode import Shown, Turn
+    from agents.audit.render import _turn  # pyright: ignore[reportPrivateUsage]
+
+    def turn(score: float | None) -> str:
+        seen = Shown(tip=5, call="", rank=0, similarity=0.9, score=score, text="t")
+        return _turn(Turn(turn=0, observation="o", admissible=("a",), retrieved=(seen,)))[3]
+
+    assert turn(None).endswith("rank 0, similarity 0.900): 't'"), turn(None)
+    assert turn(0.5).endswith("similarity 0.900, re-ranking score +0.50): 't'"), turn(0.5)
+    head = "seq      episode    turn pos rank  similarity  "
+    code, out, _ = audit(capsys, str(write_run(tmp_path / "a", STREAM.envs)), "tip", "4")
+    uses = out.split(head)[1].splitlines()
+    assert code == 0 and uses[0] == "re-rank  outcome" and "0.750    -0.25  success" in uses[1]
+    plain = [  # the same retrievals by the threshold rule
+        e.__replace__(event=e.event.__replace__(scores=()))
+        if isinstance(e.event, TipsRetrieved)
+        else e
+        for e in STREAM.envs
+    ]
+    code, out, _ = audit(capsys, str(write_run(tmp_path / "b", plain)), "tip", "4")
+    uses = out.split(head)[1].splitlines()
+    assert code == 0 and uses[0] == "outcome" and "0.750  success 1.00" in uses[1], out
+
+
 def test_a_group_no_update_trained_on_is_left_out_of_the_advantage_changes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
