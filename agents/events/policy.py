@@ -194,6 +194,9 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
         threads: the torch CPU threads the update ran with (its floating-point sums, and so
             its digest, depend on them; re-execution runs with as many). None in older logs:
             the scenario's ``[policy] threads``.
+        low_prob_masked: how many of the ``samples`` EMPO2's low-probability mask
+            (``[empo2] low_prob_mask``) dropped from the loss; None with the mask off and in
+            older logs.
     """
 
     policy_version: int
@@ -221,6 +224,7 @@ class PolicyUpdated(Event, tag="policy_updated", frozen=True, kw_only=True):
     optimizer_bytes: int | None = None
     peak_bytes: int | None = None
     threads: int | None = None
+    low_prob_masked: int | None = None
 
 
 @event

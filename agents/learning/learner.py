@@ -76,7 +76,8 @@ class StepStats:
     """Means over an update's minibatches, and the sampler's gap (see :func:`grpo_step`).
 
     ``gap`` is None when no token was compared; ``tis_clip_frac`` is None when the request has
-    no ``tis_cap``.
+    no ``tis_cap``; ``low_prob_masked`` (None when the request has no ``low_prob_delta``) is
+    how many of the samples EMPO2's low-probability mask dropped from the loss.
     """
 
     samples: int
@@ -88,6 +89,7 @@ class StepStats:
     ref_kl: float
     gap: SamplerGap | None = None
     tis_clip_frac: float | None = None
+    low_prob_masked: int | None = None
 
 
 class Trainee:
@@ -282,7 +284,23 @@ def _grpo_epochs(
     mean = {k: v / max(steps, 1) for k, v in totals.items()}
     tis_clip_frac = sum(tis_clipped) / len(tis_clipped) if tis_clipped else None
     gap = gap if gap is not None and gap.tokens else None
-    return StepStats(samples=len(samples), gap=gap, tis_clip_frac=tis_clip_frac, **mean)
+    masked = None if req.low_prob_delta is None else _low_prob_masked(samples, req.low_prob_delta)
+    return StepStats(
+        samples=len(samples),
+        gap=gap,
+        tis_clip_frac=tis_clip_frac,
+        low_prob_masked=masked,
+        **mean,
+    )
+
+
+def _low_prob_masked(samples: Sequence[Sample], delta: float) -> int:
+    """How many of ``samples`` the low-probability mask drops: :func:`low_prob_mask` on their
+    behaviour log-probs, as the loss reads them."""
+    if not samples:
+        return 0
+    old, mask = behaviour_logps(samples, torch.device("cpu"))
+    return int((low_prob_mask(old, mask, delta) == 0).sum())
 
 
 def learner_logps(
@@ -649,6 +667,7 @@ class Learner(Actor):
                 gap_abs_max=gap.abs_max if gap else None,
                 gap_kl=gap.kl if gap else None,
                 tis_clip_frac=stats.tis_clip_frac,
+                low_prob_masked=stats.low_prob_masked,
                 trainable_params=memory.trainable_params,
                 total_params=memory.total_params,
                 optimizer_bytes=memory.optimizer_bytes,

@@ -399,11 +399,24 @@ def _policy_unchanged(updates: list[Any]) -> str:
     changed = [u for u in updates if getattr(u, "digest", "") != getattr(u, "parent_digest", "")]
     if not updates or changed or not all(getattr(u, "parent_digest", "") for u in updates):
         return ""
+    head = f"coevo: warning: none of the run's {len(updates)} policy updates changed its weights"
+    tail = ": the policy is the one it started from"
+    masked = [getattr(u, "low_prob_masked", None) for u in updates]
+    if all(m is not None and m == u.samples for m, u in zip(masked, updates, strict=True)):
+        return (
+            f"{head} (EMPO2's low-probability mask dropped all "
+            f"{sum(u.samples for u in updates)} of their samples: each held a token whose "
+            f"log-prob was below [empo2] low_prob_delta){tail}"
+        )
     return (
-        f"coevo: warning: none of the run's {len(updates)} policy updates changed its weights "
-        "(every group's episodes scored alike, so every advantage was 0; the learning rate "
-        "is too small to move a weight; or, with [empo2] low_prob_mask, low_prob_delta masked "
-        "every token): the policy is the one it started from"
+        f"{head} (every group's episodes scored alike, so every advantage was 0; or the "
+        "learning rate is too small to move a weight"
+        + (
+            "; or [empo2] low_prob_mask dropped the samples that had a signal"
+            if any(m for m in masked)
+            else ""
+        )
+        + f"){tail}"
     )
 
 

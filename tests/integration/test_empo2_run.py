@@ -194,3 +194,23 @@ def test_the_first_rounds_gain_is_a_ratio_only_where_the_first_attempt_ever_succ
     (*_, row) = logs.modes_table({"empo2": [once, once]})
     gain = row.rsplit("|", 2)[1].strip()
     assert gain.startswith("2.0")  # attempt 2: 1.0, attempt 1: 0.5
+
+
+def test_updates_count_the_samples_the_low_probability_mask_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing said how many responses ``[empo2] low_prob_mask`` dropped: a threshold that
+    drops them all left every update unchanged, and the run blamed equal scores."""
+    text = EMPO2.replace("[policy]\n", '[policy]\nmode = "generate"\nmax_new_tokens = 4\n')
+    text = text.replace("episodes = 24", "episodes = 8").replace("every = 2", "every = 0")
+    text = text.replace("final_episodes = 9", "final_episodes = 0")
+    text = text.replace("adapt_attempts = 2\nadapt_tasks = 2\n", "")
+    text = text.replace("[empo2]\n", "[empo2]\nlow_prob_mask = true\nlow_prob_delta = -0.001\n")
+    run = run_scenario(tmp_path, text)
+    events = read_events(run)
+    updates = of(events, PolicyUpdated)
+    assert updates and all(u.low_prob_masked == u.samples for u in updates)
+    assert all(u.digest == u.parent_digest for u in updates)
+    err = capsys.readouterr().err
+    total = sum(u.samples for u in updates)
+    assert f"EMPO2's low-probability mask dropped all {total} of their samples" in err, err

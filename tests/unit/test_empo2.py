@@ -221,12 +221,18 @@ def test_low_prob_masking_drops_unlikely_responses_from_the_loss(model, tokenize
     # a threshold below every behaviour token log-prob keeps everything: a real step
     lowest = min(min(s.token_logps) for s in turns)
     kept = grpo_step(trainee, samples, _request(low_prob_delta=lowest - 1.0), seed=0)
-    assert kept.grad_norm > 0
+    assert kept.grad_norm > 0 and kept.low_prob_masked == 0
+    # between: the responses whose least likely token is below it, counted
+    middle = sorted(min(s.token_logps) for s in turns)[len(turns) // 2]
+    some = grpo_step(trainee, samples, _request(low_prob_delta=middle), seed=0)
+    assert some.low_prob_masked == sum(min(s.token_logps) < middle for s in turns) > 0
+    assert grpo_step(trainee, samples, _request(), seed=0).low_prob_masked is None  # mask off
     # a threshold above every response's least likely token: nothing is trained on
     highest = max(min(s.token_logps) for s in turns)
     assert highest < 0
     masked = grpo_step(trainee, samples, _request(low_prob_delta=highest / 2), seed=0)
     assert masked.grad_norm == 0.0 and masked.loss == 0.0
+    assert masked.low_prob_masked == len(samples)
     assert not math.isnan(masked.ratio_mean)
 
 
