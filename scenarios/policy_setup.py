@@ -177,6 +177,25 @@ def check_rooms(scenario: Scenario, source: str, method: Method | None, extracto
                 f"response may take at most half of them ({limit - limit // 2}) beside its "
                 "prompt",
             )
+    if isinstance(method, Empo2) and policy is not None:
+        _warn_tips_room(scenario, source, policy)
+
+
+def _warn_tips_room(scenario: Scenario, source: str, positions: int) -> None:
+    """A warning when EMPO2's tips alone may fill more than the half of the policy's
+    positions a prompt is sure of: a turn shown ``top_k`` tips of ``tip_tokens`` each has its
+    prompt cut in the middle, where tips (or the goal) are."""
+    import structlog
+
+    e, at = empo2_settings(scenario), section_path(scenario, "empo2").removeprefix("$.")
+    tips, room = e.top_k * e.tip_tokens, positions // 2
+    if tips > room:
+        structlog.get_logger("coevo").warning(
+            f"{source}: {at}.top_k * {at}.tip_tokens = {e.top_k} * {e.tip_tokens} = {tips} "
+            f"tokens of tips; the model is built for {positions} positions and a prompt is "
+            f"sure of half of them ({room}): a turn shown that many tips has its prompt cut in "
+            "the middle (`coevo audit RUN episode ID` says where: `prompt cut`)"
+        )
 
 
 def _positions(scenario: Scenario, source: str, model: str) -> int | None:

@@ -260,6 +260,24 @@ def test_training_on_the_variants_evaluation_holds_out_is_warned_about(
         assert (warned in err) == warns, (sets, err)
 
 
+def test_tips_that_may_not_fit_the_prompt_are_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``top_k`` tips of ``tip_tokens`` each beyond the half of the positions a prompt is sure
+    of were accepted without a word: every turn shown that many had its prompt cut."""
+    from scenarios.cli import main
+
+    empo2 = str(ROOT / "scenarios" / "empo2.toml")
+    warned = (
+        "empo2.top_k * empo2.tip_tokens = 10 * 100 = 1000 tokens of tips; the model is built "
+        "for 1024 positions and a prompt is sure of half of them (512)"
+    )
+    for sets, warns in ((["empo2.top_k=10", "empo2.tip_tokens=100"], True), ([], False)):
+        assert main(["validate", empo2, *(a for s in sets for a in ("--set", s))]) == 0
+        err = " ".join(capsys.readouterr().err.split())
+        assert (warned in err) == warns, (sets, err)
+
+
 def test_a_pool_larger_than_a_familys_variants_is_warned_about(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
