@@ -55,7 +55,7 @@ run: install
 # Hypothesis profiles (tests/conftest.py): "ci" derandomized with no deadline, so a run is
 # reproducible and does not depend on the machine's load; "faults" random with more examples
 test: install
-	HYPOTHESIS_PROFILE=ci $(BIN)/pytest $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest --durations=20 $(PYTEST_ARGS)
 
 test-slow: install
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -m slow $(PYTEST_ARGS)
