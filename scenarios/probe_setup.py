@@ -62,6 +62,7 @@ from stores.checkpoints import (
     load_weights,
     param_digest,
     resolve_device,
+    trained_state,
     weights_file,
 )
 from stores.rundir import find_run
@@ -303,7 +304,7 @@ def _versions(
     of = {u.extractor_version: u for u in run.updates}
     for v in (v for v in wanted if v > 0):
         upd = of[v]
-        path = run.root / upd.checkpoint / "model.safetensors"
+        path = weights_file(run.root / upd.checkpoint)  # a LoRA run's holds its adapters
         if path.is_file():
             state = load_file(str(path))
             states[v] = (state, f"checkpoint {upd.checkpoint}")
@@ -373,7 +374,8 @@ def _loader(ext: ExtractorModel, state: dict[str, torch.Tensor], version: int) -
 
 
 def _state(model: Any) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A copy of what a checkpoint of ``model`` holds (its adapters, for a LoRA extractor)."""
+    return {k: v.detach().clone() for k, v in trained_state(model).items()}
 
 
 def _check(ext: ExtractorModel, state: dict[str, torch.Tensor], digest: str, what: str) -> None:

@@ -145,6 +145,9 @@ def test_a_complementary_run_with_adapters_on_both_models_re_executes(
     assert main(["replay", str(run), "--reexecute-learner"]) == 0
     out = capsys.readouterr().out
     assert f"re-executed 3 policy and {len(extractor)} extractor updates" in out
+    # the probe loads the extractor's adapter checkpoints (it failed on every LoRA extractor)
+    probe = ["probe", str(run), "--episodes", "2", "--versions", "0,last"]
+    assert main([*probe, "--out", str(tmp_path / "probe")]) == 0
 
 
 def test_the_probe_plays_the_final_adapters_on_the_base_model(

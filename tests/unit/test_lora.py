@@ -169,6 +169,25 @@ def test_adapter_state_must_match_the_model_and_memory_checkpoints_keep_adapters
         load_weights(adapted(targets=["q_proj"]), store.load(name))
 
 
+def test_the_probes_copy_of_an_adapted_extractor_loads_back(tmp_path: Path) -> None:
+    """``coevo probe`` of a run whose extractor trains adapters copied the whole state dict,
+    which an adapted model refuses, and looked for ``model.safetensors`` where its checkpoints
+    hold ``adapter_model.safetensors``: every such probe failed."""
+    from scenarios.probe_setup import _state  # pyright: ignore[reportPrivateUsage]
+    from stores.checkpoints import load_weights, param_digest, weights_file
+
+    model = adapted()
+    before = param_digest(model)
+    state = _state(model)
+    with torch.no_grad():
+        for _, p in (kv for kv in model.named_parameters() if "lora_" in kv[0]):
+            p.add_(1.0)
+    load_weights(model, state)
+    assert param_digest(model) == before
+    name = DirCheckpoints(tmp_path / "ckpt", keep=2).save(1, model, _Tokenizer())
+    assert weights_file(tmp_path / name).name == ADAPTER_FILE
+
+
 def test_the_kl_reference_of_an_adapted_model_is_the_base_with_adapters_off() -> None:
     model = adapted()
     trainee = Trainee(model, TOKENIZER, CPU, reference=True)
