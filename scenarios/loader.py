@@ -183,6 +183,8 @@ def warn_settings(
         plugin = scenario.run.method not in {"rollout", *BUILTIN}
         if plugin and (built := [t for t in ("empo2", "complementary") if t in unread]):
             instead += f"; a plug-in method built on [{built[0]}] reads its settings from [method]"
+        if "complementary.ops" in unread:
+            instead += '; complementary.extractor = "embedded-ops" reads it'
         if "runtime.ray" in unread:
             backend = scenario.runtime.backend
             instead += f'; runtime.backend = "ray" reads it (this run is {backend!r})'
@@ -239,6 +241,16 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     embedded = bool(policy.get("embedded")) and "policy" not in unread
     if embedded and scenario.policy.model != "embedded":
         unread.append("policy.embedded")  # the built-in model's settings, for a model directory
+    comp = doc.get("complementary")
+    if method == "complementary" and isinstance(comp, dict) and cast("Any", comp).get("ops"):
+        from agents.methods.settings import ComplementaryConfig
+
+        try:
+            extractor = msgspec.convert(comp, ComplementaryConfig).extractor
+        except msgspec.ValidationError:  # refused where the method reads its settings
+            extractor = "embedded-ops"
+        if extractor != "embedded-ops":
+            unread.append("complementary.ops")  # the operation-format stage's settings
     runtime = cast("dict[str, Any]", doc.get("runtime") or {})  # validated: a table
     if runtime.get("ray") and scenario.runtime.backend != "ray":
         unread.append("runtime.ray")  # the placements of a local run: a GPU asked for, unused

@@ -545,6 +545,14 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
             f"operation format, but $.policy.model is {scenario.policy.model!r}",
         )
     fields: dict[str, Any] = {"max_ops": c.max_ops, "max_new_tokens": c.max_new_tokens}
+    for key, run_value in fields.items():  # the stage teaches what the run's prompts ask
+        if key in c.ops and c.ops[key] != run_value:
+            raise ScenarioInvalid(
+                source,
+                f"{at}.ops.{key} = {c.ops[key]!r}: the operation format is taught with "
+                f"{at}.{key} ({run_value!r}), what the run's extractor prompts ask; set that "
+                "instead",
+            )
     fields.update(_known_fields(c.ops, OpsSpec, f"{at}.ops", source))
     try:
         ops = msgspec.convert(fields, OpsSpec)

@@ -51,6 +51,11 @@ def test_bad_learning_settings_are_one_line_and_exit_2(
     [
         (["complementary.ops={stepz = 3}"], "$.complementary.ops: unknown field(s) ['stepz']"),
         (["complementary.ops={merge_chunk = 1}"], "$.complementary.ops: merge_chunk must be"),
+        (  # the stage taught another number of operations than the run's prompts asked for
+            ["complementary.ops={max_ops = 7}"],
+            "$.complementary.ops.max_ops = 7: the operation format is taught with "
+            "$.complementary.max_ops (3)",
+        ),
         (["policy.model=/no/such/model"], '"embedded-ops" teaches the embedded model'),
     ],
 )

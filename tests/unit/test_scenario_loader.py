@@ -199,6 +199,15 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         ('[agent]\nkind = "policy"\n[policy.embedded]\nlayers = 2\n', []),
         ("[runtime.ray.inference]\nnum_gpus = 1\n", ["runtime.ray"]),
         ('[runtime]\nbackend = "ray"\n[runtime.ray.inference]\nnum_gpus = 1\n', []),
+        (
+            '[run]\nmethod = "complementary"\n[complementary.ops]\nbogus = 1\n',
+            ["complementary.ops"],
+        ),
+        (
+            '[run]\nmethod = "complementary"\n[complementary]\nextractor = "embedded-ops"\n'
+            "[complementary.ops]\nlr = 0.1\n",
+            [],
+        ),
     ],
     ids=[
         "grpo reads its own",
@@ -216,6 +225,8 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
         "embedded settings of the embedded model",
         "ray placements of a local run",
         "ray placements of a ray run",
+        "operation-format settings of another extractor",
+        "operation-format settings of embedded-ops",
     ],
 )
 def test_tables_nothing_reads_are_named(text: str, unread: list[str]) -> None:
