@@ -8,10 +8,11 @@ gives observers every committed batch, the last one included, in seq order. The 
 nothing, so a run's log is the same with or without it. The fold runs on the event loop (a few
 dictionary look-ups per event); the writes, which block, run in the thread.
 
-A sink that fails to write (``OSError``: a full disk) is closed and dropped with a warning in
-the run's log file; the run and the other sinks go on (the log keeps every value:
-``coevo export`` writes them again). A resumed run's tracker folds the earlier sessions' events
-silently and writes only what follows.
+A sink that fails (a write or its close raises) is dropped with a warning in the run's log
+file; the run and the other sinks go on (the log keeps every value: ``coevo export`` writes
+them again). A failure other than ``OSError`` (a full or gone disk) is a fault of the sink's
+library or of coevo's, so it also ends the command with one line once the run is complete. A
+resumed run's tracker folds the earlier sessions' events silently and writes only what follows.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = ["Tracker", "TrackingFailed"]
 
 class TrackingFailed(CoevoError):
     """A sink raised something other than ``OSError`` while the run was tracked (exit 1); the
-    run itself is complete in its log."""
+    run itself is complete in its log, and the other sinks have every point."""
 
     exit_code = 1
 
@@ -61,6 +62,7 @@ class Tracker:
         self._sinks = list(sinks)
         self._queue: queue.SimpleQueue[list[Scalar] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
+        self._failed: tuple[str, Exception] | None = None  # the first sink that broke otherwise
         self._thread = threading.Thread(target=self._write, name="coevo-tracker", daemon=True)
         self._thread.start()
 
@@ -82,23 +84,34 @@ class Tracker:
         if self._error is not None:
             exc = self._error
             raise TrackingFailed(f"tracking failed: {type(exc).__name__}: {exc}") from exc
+        if self._failed is not None:
+            name, exc = self._failed
+            raise TrackingFailed(
+                f"tracking failed: sink {name!r} raised {type(exc).__name__}: {exc}; it was "
+                "dropped there, the other sinks have every point, and the run is complete in "
+                f"its log (`coevo export RUN --{name} DIR` writes the series again)"
+            ) from exc
 
     def _write(self) -> None:
-        log = structlog.get_logger("coevo").bind(actor="tracker")
         try:
             while (points := self._queue.get()) is not None:
                 for sink in list(self._sinks):
-                    try:
-                        sink.write(points)
-                    except OSError as exc:  # a full or gone disk: the log keeps the values
-                        log.warning(
-                            "tracking sink dropped", sink=type(sink).__name__, error=str(exc)
-                        )
-                        self._sinks.remove(sink)
-            for sink in self._sinks:
-                try:
-                    sink.close()
-                except OSError as exc:  # its last flush, on a full disk: as a write's
-                    log.warning("tracking sink dropped", sink=type(sink).__name__, error=str(exc))
+                    self._call(sink, "write", points)
+            for sink in list(self._sinks):
+                self._call(sink, "close")
         except BaseException as exc:  # handed to close(), which raises it on the caller's thread
             self._error = exc
+
+    def _call(self, sink: ScalarSink, method: str, *args: object) -> None:
+        """Call a sink's ``write`` or ``close``; one that raises is dropped alone (a full or gone
+        disk, a library's error), so the other sinks keep every point."""
+        try:
+            getattr(sink, method)(*args)
+        except Exception as exc:
+            name = getattr(sink, "name", type(sink).__name__)
+            structlog.get_logger("coevo").bind(actor="tracker").warning(
+                "tracking sink dropped", sink=name, error=f"{type(exc).__name__}: {exc}"
+            )
+            self._sinks.remove(sink)
+            if not isinstance(exc, OSError) and self._failed is None:
+                self._failed = (name, exc)

@@ -44,7 +44,8 @@ class SinkUnavailable(CoevoError):
 
 
 class ScalarSink(Protocol):
-    """A destination of scalar points."""
+    """A destination of scalar points (``name``: its ``[tracking] sinks`` name, if it has
+    one, for the messages that name a failed sink)."""
 
     def write(self, points: Sequence[Scalar]) -> None:
         """Write ``points`` (may block)."""
@@ -118,6 +119,8 @@ def written_before(name: str, where: Path, run: str) -> str:
 class TensorBoardSink:
     """TensorBoard event files in ``logdir`` (``simple_value`` scalars: float32)."""
 
+    name = "tensorboard"
+
     def __init__(self, logdir: Path) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -181,6 +184,8 @@ class WandbSink:
     Each series group (``train``, ``update``, ...) gets its own step metric (``train_step``,
     ...), since W&B's own step must only grow and the groups count different things.
     """
+
+    name = "wandb"
 
     def __init__(
         self, where: Path, run: str, config: Mapping[str, Any], *, continues: bool = False
@@ -249,6 +254,8 @@ class MlflowSink:
     ``MLFLOW_ALLOW_FILE_STORE`` is true: a file store is what a run directory can hold with no
     database, so the sink sets it (unless the user set it) before MLflow reads it.
     """
+
+    name = "mlflow"
 
     def __init__(
         self, where: Path, run: str, config: Mapping[str, Any], *, continues: bool = False

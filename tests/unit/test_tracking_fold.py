@@ -226,11 +226,22 @@ def test_a_sink_whose_last_flush_meets_a_full_disk_is_dropped_as_a_write_is() ->
     assert kept.closed and kept.points == full.points == tracker.written
 
 
-def test_a_sink_that_breaks_otherwise_fails_the_tracking_on_close() -> None:
-    tracker = Tracker([_Failing(ValueError("bad value"))], block=1)
-    tracker.observe([*_batch(0, 1), _stop(1)])
-    with pytest.raises(TrackingFailed, match="tracking failed: ValueError: bad value"):
+def test_a_sink_that_breaks_otherwise_fails_the_tracking_on_close_and_alone() -> None:
+    """MLflow's store deleted mid-run raised an ``Exception``: the writing thread ended for
+    every sink, and TensorBoard and W&B silently missed the rest of the run."""
+    broken, kept = _Failing(ValueError("bad value")), _Kept()
+    broken.name = "mlflow"  # pyright: ignore[reportAttributeAccessIssue]
+    tracker = Tracker([broken, kept], block=1)
+    tracker.observe(_batch(0, 2))
+    tracker.observe([*_batch(2, 2), _stop(4)])
+    with pytest.raises(TrackingFailed) as err:
         tracker.close()
+    assert str(err.value).startswith(
+        "tracking failed: sink 'mlflow' raised ValueError: bad value; it was dropped there, "
+        "the other sinks have every point"
+    )
+    assert "coevo export RUN --mlflow DIR" in str(err.value)
+    assert kept.closed and kept.points == tracker.written and len(kept.points) > 4
 
 
 def test_a_completed_run_s_tail_after_a_full_block_is_one_point_per_step() -> None:
