@@ -107,8 +107,9 @@ def written_before(name: str, where: Path, run: str) -> str:
     if name == "tensorboard":
         found = sorted(p.name for p in where.glob("events.out.tfevents.*"))
         return f"TensorBoard event files ({found[0]}, ...)" if found else ""
-    if name == "wandb":
-        found = sorted(p.name for p in (where / "wandb").glob(f"*-{wandb_id(run)}"))
+    if name == "wandb":  # offline-run-<time>-<id>; not W&B's own latest-run link
+        runs = (where / "wandb").glob(f"*-{wandb_id(run)}")
+        found = sorted(p.name for p in runs if p.name.startswith(("offline-run-", "run-")))
         return f"the W&B run {found[0]}" if found else ""
     for tag in where.glob("*/*/tags/mlflow.runName"):  # the file store's runs, by name
         if tag.read_text(errors="replace").strip() == run:

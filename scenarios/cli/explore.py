@@ -231,8 +231,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                 if held := written_before(sink_name, Path(where), name):
                     raise InputInvalid(
                         f"--{sink_name} {where}: already holds {held} (an earlier export of "
-                        "this run, or a run's own tracking); an export there again would show "
-                        "its points twice (choose another directory, or remove that first)"
+                        "this run or of another run whose directory has its name, or a run's "
+                        "own tracking); an export there again would show its points twice or "
+                        "mix two runs under one name (choose another directory, or remove that "
+                        "first)"
                     )
         except BaseException:
             for where in mine:  # a directory made for the claim, still empty

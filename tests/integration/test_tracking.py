@@ -231,6 +231,18 @@ def test_a_second_export_into_the_same_directory_is_refused(
         assert sorted(p.relative_to(where) for p in where.rglob("*")) == before
 
 
+def test_w_and_bs_latest_run_link_is_not_taken_for_a_run_named_run(tmp_path: Path) -> None:
+    """A run whose directory is named ``run`` could be exported into no W&B directory that
+    held any run: ``*-run`` matched W&B's own ``latest-run`` link."""
+    from agents.tracking.sinks import written_before
+
+    held = tmp_path / "wandb" / "offline-run-20261206_010203-other"
+    held.mkdir(parents=True)
+    (tmp_path / "wandb" / "latest-run").symlink_to(held)
+    assert written_before("wandb", tmp_path, "run") == ""
+    assert written_before("wandb", tmp_path, "other") == f"the W&B run {held.name}"
+
+
 def test_a_second_export_into_the_same_directory_at_once_is_refused(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
