@@ -209,6 +209,8 @@ def gather_chunks(chunks: Iterable[Sequence[Envelope[Event]]], end: int) -> Cred
                 elif isinstance(ev, EpisodeAbandoned):  # the attempt's retrievals no longer
                     out.similar.pop(ev.episode, None)  # count: the trainer forgets them
             elif kind is CreditAssigned or kind is ExtractorGradientRequested:
+                if isinstance(ev, ExtractorGradientRequested):
+                    _check_extractor_request(ev, env.seq)
                 out.recorded.append(ev)
                 out.seqs.append(env.seq)
             elif isinstance(ev, AdvantagesComputed):
@@ -355,6 +357,20 @@ def _check_recorded(g: AdvantagesComputed) -> None:
     if wrong:
         shown = ", ".join(f"{size} {name}" for name, size in wrong.items())
         raise AuditQueryInvalid(f"group {g.group}: recorded with {n} episodes and {shown}")
+
+
+def _check_extractor_request(r: ExtractorGradientRequested, seq: int) -> None:
+    """Raise AuditQueryInvalid unless extractor update request ``r`` (at ``seq``) was recorded
+    with one reward, advantage and weight per call (a hand-edited log or a plug-in's credit
+    actor could write fewer: the audit failed with a ``zip`` error)."""
+    n = len(r.calls)
+    sizes = {"rewards": len(r.rewards), "advantages": len(r.advantages), "weights": len(r.weights)}
+    wrong = {name: size for name, size in sizes.items() if size != n}
+    if wrong:
+        shown = ", ".join(f"{size} {name}" for name, size in wrong.items())
+        raise AuditQueryInvalid(
+            f"extractor update request {r.update} at seq {seq}: recorded with {n} calls and {shown}"
+        )
 
 
 def derive_group(

@@ -700,6 +700,37 @@ def test_a_re_ranking_score_is_shown_only_for_the_rule_that_has_one(
     assert code == 0 and uses[0] == "outcome" and "0.750  success 1.00" in uses[1], out
 
 
+@pytest.mark.parametrize("group", [False, True])
+def test_a_request_recorded_with_lists_of_other_lengths_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], group: bool
+) -> None:
+    """An extractor update request with one weight more than calls was a ``zip`` traceback
+    in the audit and "a bug in the invariant" in ``coevo check``."""
+    from agents.events.extractor import ExtractorGradientRequested
+    from agents.events.policy import AdvantagesComputed
+
+    kind = AdvantagesComputed if group else ExtractorGradientRequested
+    at = next(i for i, e in enumerate(STREAM.envs) if isinstance(e.event, kind))
+    ev = STREAM.envs[at].event
+    if isinstance(ev, AdvantagesComputed):
+        bad = ev.__replace__(rewards=ev.rewards[1:])
+        said = f"group {ev.group}: recorded with {len(ev.episodes)} episodes and "
+    else:
+        assert isinstance(ev, ExtractorGradientRequested)
+        bad = ev.__replace__(weights=(*ev.weights, 0.0))
+        said = f"extractor update request {ev.update} at seq {at}: recorded with "
+    envs = [*STREAM.envs]
+    envs[at] = envs[at].__replace__(event=bad)
+    run = write_run(tmp_path / "run", envs)
+    code, _, err = audit(capsys, str(run), "credit")
+    assert code == 2 and err.startswith("coevo: error: ") and said in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert main(["check", str(run), "--invariant", "credit"]) == 1
+    checked = capsys.readouterr()
+    assert f"cannot re-derive: {said}" in checked.out + checked.err
+    assert "a bug in the invariant" not in checked.out + checked.err
+
+
 def test_a_group_no_update_trained_on_is_left_out_of_the_advantage_changes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
