@@ -68,6 +68,13 @@ without a word."""
 
 SLOW_CALL_EVERY_S = 60.0
 
+SLOW_ANSWER_S = 60.0
+"""Seconds after which an episode's request that has no answer yet (an action, a retrieval) is
+said (``answer slow``), and again every :data:`SLOW_ANSWER_EVERY_S`: a plug-in memory that
+never answered a retrieval held its episode, and so the run, with no word at all."""
+
+SLOW_ANSWER_EVERY_S = 120.0
+
 CLOSE_GRACE_S = 10.0
 """The most seconds a worker waits for its world's last ``close`` as the run ends or stops
 (a JVM exits in a few): one that hangs is abandoned then rather than after ``[world]
@@ -458,8 +465,20 @@ class _PolicyAgent:
         """The next ``kind`` answer for this episode's ``turn``; late answers for an episode
         lost in a restart are skipped."""
         job = self._job
+        waited, wait = 0.0, SLOW_ANSWER_S
         while True:
-            env: Envelope[Event] = await self._inbox.__anext__()
+            with trio.move_on_after(wait) as waiting:  # a mailbox receive is cancel-safe
+                env: Envelope[Event] = await self._inbox.__anext__()
+            if waiting.cancelled_caught:
+                waited, wait = waited + wait, SLOW_ANSWER_EVERY_S
+                self._ctx.log.warning(
+                    "answer slow",
+                    waiting_for=kind.__struct_config__.tag,
+                    episode=job.episode,
+                    turn=turn,
+                    waited_s=round(waited),
+                )
+                continue
             ev = env.event
             # every kind waited for carries the episode and turn it answers
             if isinstance(ev, kind) and (ev.episode, ev.turn) == (job.episode, turn):  # pyright: ignore[reportAttributeAccessIssue]

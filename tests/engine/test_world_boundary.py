@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+import structlog
 import trio
 
 from agents.acting.env_worker import EnvWorker
@@ -402,3 +403,51 @@ def test_a_slow_world_call_is_said_while_it_runs(monkeypatch: pytest.MonkeyPatch
     slow = [entry for entry in logs if entry["event"] == "world call slow"]
     assert slow and slow[0]["call"] == "world.step" and slow[0]["waited_s"] == 0, slow
     assert slow[0]["abandoned_after"] == "never (no step_timeout)"
+
+
+def test_an_answer_that_does_not_come_is_said_while_the_episode_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plug-in memory that never answered a retrieval held its episode, and the run, with
+    no word at all: the wait is said after a while, and again, until the answer comes."""
+    from types import SimpleNamespace
+
+    from structlog.testing import capture_logs
+
+    from agents.acting import env_worker
+    from agents.events.episodes import EpisodeAssigned
+    from agents.events.memory import TipsRetrieved
+    from engine.world import Observation
+
+    monkeypatch.setattr(env_worker, "SLOW_ANSWER_S", 0.1)
+    monkeypatch.setattr(env_worker, "SLOW_ANSWER_EVERY_S", 0.1)
+    job = EpisodeAssigned(
+        episode="ep7", index=7, worker="w", family="f", variant=0, split="train", seed=1
+    )
+    answer = TipsRetrieved(
+        episode="ep7", worker="w", turn=2, slot="s", tip_ids=(), similarities=(), ranks=(),
+        tips=(), similar=0, slot_size=0,
+    )  # fmt: skip
+
+    class Late:  # the answer arrives 0.35 s after the first wait began
+        arrives: float | None = None
+
+        async def __anext__(self) -> SimpleNamespace:
+            if self.arrives is None:
+                self.arrives = trio.current_time() + 0.35
+            await trio.sleep_until(self.arrives)
+            return SimpleNamespace(event=answer)
+
+    ctx = SimpleNamespace(log=structlog.get_logger("coevo"))
+    first = Observation(text="o", admissible=("a",), goal="g")
+    agent = env_worker._PolicyAgent(ctx, job, Late(), env_worker.PromptSettings(), first)  # pyright: ignore[reportPrivateUsage, reportArgumentType]
+
+    async def wait() -> object:
+        return await agent._wait(TipsRetrieved, 2)  # pyright: ignore[reportPrivateUsage]
+
+    with capture_logs() as logs:
+        got = trio.run(wait)
+    assert got is answer
+    said = [e for e in logs if e["event"] == "answer slow"]
+    assert len(said) >= 2 and said[0]["waiting_for"] == "tips_retrieved", said
+    assert (said[0]["episode"], said[0]["turn"]) == ("ep7", 2)
