@@ -467,9 +467,10 @@ class _PolicyAgent:
         job = self._job
         waited, wait = 0.0, SLOW_ANSWER_S
         while True:
-            with trio.move_on_after(wait) as waiting:  # a mailbox receive is cancel-safe
-                env: Envelope[Event] = await self._inbox.__anext__()
-            if waiting.cancelled_caught:
+            env: Envelope[Event] | None = None
+            with trio.move_on_after(wait):  # a mailbox receive is cancel-safe
+                env = await self._inbox.__anext__()
+            if env is None:
                 waited, wait = waited + wait, SLOW_ANSWER_EVERY_S
                 self._ctx.log.warning(
                     "answer slow",
