@@ -18,7 +18,9 @@ with :class:`EpisodeAborted`; the worker then builds a fresh world and takes the
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +145,29 @@ class EnvWorker(Actor):
         self._prompt = prompt or PromptSettings()
         self._timeout = step_timeout
         self._log = structlog.get_logger("coevo")
+        self._cwd = os.getcwd()  # the run's: a world call that changes it is undone
+        self._cwd_said = False
+
+    def _keep_cwd(self, what: str) -> None:
+        """Put back the working directory that world call ``what`` changed (a plug-in's
+        ``os.chdir``: the run's relative paths, its checkpoints among them, then led
+        elsewhere, and the run's end took its directory for moved), saying so once."""
+        try:
+            now = os.getcwd()
+        except OSError:  # changed to a directory since deleted
+            now = ""
+        if now == self._cwd:
+            return
+        with contextlib.suppress(OSError):
+            os.chdir(self._cwd)
+        if not self._cwd_said:
+            self._cwd_said = True
+            self._log.warning(
+                "world changed the working directory; changed back",
+                call=what,
+                to=now or "(a deleted directory)",
+                back_to=self._cwd,
+            )
 
     async def run(self, ctx: Context) -> None:
         self._log = ctx.log
@@ -177,7 +202,10 @@ class EnvWorker(Actor):
         Raises:
             TimeoutError: the constructor did not return in time (the actor fails with it).
         """
-        return await self._blocking(self._make_world, what="the world's constructor")
+        try:
+            return await self._blocking(self._make_world, what="the world's constructor")
+        finally:
+            self._keep_cwd("the world's constructor")
 
     async def _blocking(
         self, fn: Callable[..., Any], *args: Any, what: str = "", limit: float | None = None
@@ -269,6 +297,8 @@ class EnvWorker(Actor):
                 raise RuntimeError(
                     f"world.{fn.__name__} raised {type(exc).__name__}: {exc}"
                 ) from None
+            finally:
+                self._keep_cwd(what)
             return checked_observation(out, what)
 
         task = Task(family=job.family, variant=job.variant, split=job.split)

@@ -4,8 +4,10 @@ converted, and no event that cannot be decoded is ever committed."""
 
 from __future__ import annotations
 
+import os
 import threading
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -451,3 +453,40 @@ def test_an_answer_that_does_not_come_is_said_while_the_episode_waits(
     said = [e for e in logs if e["event"] == "answer slow"]
     assert len(said) >= 2 and said[0]["waiting_for"] == "tips_retrieved", said
     assert (said[0]["episode"], said[0]["turn"]) == ("ep7", 2)
+
+
+class Wanders(MiniLab):
+    """MiniLab whose ``reset`` and ``step`` change the working directory (a simulator wrapper
+    that ``chdir``s into its data)."""
+
+    blocking = True
+    elsewhere = "/"
+
+    def __init__(self) -> None:
+        super().__init__(families=("fetch",), train_variants=20)
+
+    def reset(self, task: Any, seed: int) -> Observation:
+        os.chdir(self.elsewhere)
+        return super().reset(task, seed)
+
+    def step(self, action: str) -> Observation:
+        os.chdir(self.elsewhere)
+        return super().step(action)
+
+
+def test_a_world_that_changes_the_working_directory_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A world's ``os.chdir`` sent a run's checkpoints (a relative run directory) outside the
+    run, and its end called the directory moved: each call's change is undone, said once per
+    worker."""
+    from structlog.testing import capture_logs
+
+    monkeypatch.chdir(tmp_path)
+    with capture_logs() as logs:
+        events, outcome = run_world(Wanders, episodes=4, max_turns=3)
+    assert os.getcwd() == str(tmp_path)
+    assert outcome.reason == "completed"
+    assert sum(isinstance(e, EpisodeFinished) for e in events) == 4
+    said = [e for e in logs if e["event"] == "world changed the working directory; changed back"]
+    assert 1 <= len(said) <= 2 and said[0]["to"] == "/" and said[0]["back_to"] == str(tmp_path)
