@@ -72,6 +72,7 @@ from agents.methods.base import (
     ADV_EPS,
     ROLLOUTS,
     Method,
+    called,
     checked_job,
     checked_loss,
     checked_scored,
@@ -546,7 +547,8 @@ class GrpoTrainer(Replayed):
                     "re-derive it so; set records_rollouts = True"
                 )
             job = self._job(ctx, task, "train", rollout=rollout, scope="train")
-            job = checked_job(self._method.shape(job, task), job, self._method)
+            shaped = called(self._method, "shape()", self._method.shape, job, task)
+            job = checked_job(shaped, job, self._method)
             group.episodes.append(job.episode)
             group.rollouts.append(rollout)
             self._owner[job.episode] = gid
@@ -750,11 +752,7 @@ class GrpoTrainer(Replayed):
         similar = [self._similar.get(e, []) for e in episodes]
         for e in group.episodes:
             self._similar.pop(e, None)
-        try:
-            scored = self._method.score(outcomes, rollouts, similar)
-        except (Exception, SystemExit) as exc:  # a plug-in's bug, named (its traceback is logged)
-            said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            raise ValueError(f"{method_label(self._method)}: score raised {said}") from exc
+        scored = called(self._method, "score", self._method.score, outcomes, rollouts, similar)
         scored = checked_scored(scored, len(episodes), self._method)
         rewards, advantages = scored.rewards, scored.advantages
         mean, std = group_stats(rewards) if rewards else (0.0, 0.0)
@@ -802,7 +800,8 @@ class GrpoTrainer(Replayed):
             rollouts += groups[g].rollouts
         step = self._stepped
         self._stepped += 1
-        for ev in checked_step_events(self._method.step_events(step), self._method):
+        made = called(self._method, "step_events()", self._method.step_events, step)
+        for ev in checked_step_events(made, self._method):
             await ctx.emit(ev)
             if isinstance(ev, MergeDue) and not self._legacy_merges:
                 self._merging.add(ev.step)
@@ -819,7 +818,8 @@ class GrpoTrainer(Replayed):
             req = msgspec.structs.replace(req, skip_zero_advantage=False, scoring=None)
         elif req.scoring != self._scoring:
             req = msgspec.structs.replace(req, scoring=self._scoring)
-        await ctx.emit(checked_loss(self._method.loss(req), req, self._method))
+        given = called(self._method, "loss()", self._method.loss, req)
+        await ctx.emit(checked_loss(given, req, self._method))
 
 
 def _passes_unplanned(history: Sequence[Envelope[Event]]) -> bool:

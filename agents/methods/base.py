@@ -109,6 +109,24 @@ class Scored:
     intrinsic_coef: float = 0.0
 
 
+T = TypeVar("T")
+
+
+def called(method: object, hook: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, a method's hook named ``hook``; what it raises is named (its traceback
+    stays chained, and is logged): a raising ``shape``, ``loss`` or ``step_events`` read as
+    the trainer's own error, naming no method.
+
+    Raises:
+        ValueError: the hook raised, naming the method, the hook and the error.
+    """
+    try:
+        return fn(*args)
+    except (Exception, SystemExit) as exc:  # a plug-in's bug
+        said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ValueError(f"{method_label(method)}: {hook} raised {said}") from exc
+
+
 def checked_step_events(events: object, method: object) -> tuple[Event, ...]:
     """What a method's ``step_events`` returned, if it is events.
 
@@ -123,8 +141,6 @@ def checked_step_events(events: object, method: object) -> tuple[Event, ...]:
         raise ValueError(f"{where} returned {bad[0]!r}, not an event")
     return tuple(events)
 
-
-T = TypeVar("T")
 
 SHAPE_KEEPS = (
     "episode", "index", "worker", "family", "variant", "split", "seed", "purpose", "rollout",
@@ -222,6 +238,8 @@ def checked_scored(scored: object, episodes: int, method: object) -> Scored:
         values = getattr(scored, name)
         if name in ("outcomes", "intrinsic") and not values:
             continue
+        if not isinstance(values, Sequence) and not hasattr(values, "__len__"):  # None, a number
+            raise ValueError(f"{where} returned {name} {values!r}, not a sequence of numbers")
         if len(values) != episodes:
             raise ValueError(
                 f"{where} returned {len(values)} {name} for a group of {episodes} episodes"

@@ -124,6 +124,27 @@ class ShapeMovesFamily(Grpo):  # every episode aborted, the method named nowhere
         return job.__replace__(family="elsewhere")
 
 
+class NoneAdvantages(Grpo):  # a TypeError naming neither the method nor the hook
+    def score(self, outcomes, rollouts, similar):
+        s = super().score(outcomes, rollouts, similar)
+        return Scored(s.rewards, None, s.rule)
+
+
+class ShapeRaises(Grpo):  # these three read as the trainer's own errors
+    def shape(self, job, task):
+        raise RuntimeError("shape exploded")
+
+
+class LossRaises(Grpo):
+    def loss(self, req):
+        raise RuntimeError("loss exploded")
+
+
+class StepEventsRaises(Grpo):
+    def step_events(self, step):
+        raise RuntimeError("step_events exploded")
+
+
 class IntRule(Grpo):
     def score(self, rewards, *args, **kwargs):
         s = super().score(rewards, *args, **kwargs)
@@ -233,6 +254,20 @@ def test_a_module_that_exits_on_import_is_one_line(
         ("StepEventsDict", "step_events() returned {'step': 0}, not a sequence of events"),
         ("IntRule", f"{LABEL.format('IntRule')}: score returned the rule 7, not its name as text"),
         ("ShapeMovesFamily", "shape() changed the job's family: it adds requests only"),
+        (
+            "NoneAdvantages",
+            f"{LABEL.format('NoneAdvantages')}: score returned advantages None, not a sequence",
+        ),
+        (
+            "ShapeRaises",
+            f"{LABEL.format('ShapeRaises')}: shape() raised RuntimeError: shape exploded",
+        ),
+        ("LossRaises", f"{LABEL.format('LossRaises')}: loss() raised RuntimeError: loss exploded"),
+        (
+            "StepEventsRaises",
+            f"{LABEL.format('StepEventsRaises')}: step_events() raised RuntimeError: step_events "
+            "exploded",
+        ),
     ],
 )
 def test_what_a_hook_returns_while_it_runs_fails_the_run_before_it_harms_the_model(
