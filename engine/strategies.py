@@ -101,8 +101,9 @@ def strategy_for(t: mi.Type, where: str = "a field") -> st.SearchStrategy[Any]:
         return st.booleans()
     if isinstance(t, mi.NoneType):
         return st.none()
-    if isinstance(t, mi.BytesType):
-        return st.binary(max_size=MAX_TEXT)
+    if isinstance(t, mi.BytesType):  # within its length bounds, as text is
+        low = t.min_length or 0
+        return st.binary(min_size=low, max_size=max(low, t.max_length or MAX_TEXT))
     if isinstance(t, mi.LiteralType):
         return st.sampled_from(t.values)
     if isinstance(t, mi.UnionType):

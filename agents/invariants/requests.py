@@ -159,7 +159,10 @@ class Requests:
         if cause in self._answered:
             first = self._answered[cause]
             self._fail(
-                env.seq, f"the request at seq {cause} answered again (first at seq {first})", cause
+                env.seq,
+                f"the request at seq {cause} answered again (first at seq {first})",
+                cause,
+                first,
             )
         asked = self._open.get(cause)
         if asked is None:

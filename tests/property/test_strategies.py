@@ -80,6 +80,18 @@ class Stepped(Event, tag="test_stepped", frozen=True, kw_only=True):
     five: Annotated[int, msgspec.Meta(multiple_of=5, ge=-12, lt=40)]
 
 
+class Digested(Event, tag="test_digested", frozen=True, kw_only=True):
+    blob: Annotated[bytes, msgspec.Meta(min_length=4, max_length=6)]
+
+
+@settings(max_examples=40)
+@given(ev=event_strategy(Digested))
+def test_a_bytes_fields_length_bounds_are_kept(ev: Digested) -> None:
+    """``b''`` was drawn for a field of at least 4 bytes: an event ``emit`` refuses."""
+    assert msgspec.json.decode(msgspec.json.encode(ev), type=Digested) == ev
+    assert 4 <= len(ev.blob) <= 6
+
+
 class Halves(Event, tag="test_halves", frozen=True, kw_only=True):
     half: Annotated[float, msgspec.Meta(multiple_of=0.5)]
 

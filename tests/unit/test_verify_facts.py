@@ -143,6 +143,19 @@ def test_a_fact_recorded_twice_fails_verify_at_its_seq(
     assert result.error.startswith(f"event log inconsistent at seq {len(events) - 1}: ")
 
 
+def test_an_answer_given_twice_lists_both_answers() -> None:
+    """The violation named the first answer's seq but listed only the request and the second
+    answer among its events."""
+    from agents.invariants.requests import Requests
+    from engine.invariants import check_stream
+
+    log = log_of([START, *begun("ep000001"), requested(), (sampled(), 3), (sampled(), 3)])
+    report = check_stream([list(log.read())], [Requests()])
+    assert report.violation is not None
+    assert "answered again (first at seq 4)" in report.violation.message
+    assert set(report.violation.involved) >= {3, 4, 5}
+
+
 def test_the_engine_checks_its_sessions_without_domain_checks() -> None:
     result = verify_log(log_of([START, RunResumed(after=0), RunResumed(after=0)]), [ActorStats()])
     assert not result.ok and "a second run_resumed" in result.error
