@@ -315,6 +315,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:
                 hint = TORN_COPY_HINT if result.damaged else ""
+                if "unknown event kind" in result.error:  # the run's plug-in did not import?
+                    from agents.methods.registry import unimported_note
+
+                    hint += f"; {note}" if (note := unimported_note()) else ""
                 raise _VerifyFailed(f"{log.path}: {result.error}{hint}")
             print(f"verified {result.events} events, {result.checks} checksums: ok")
             return 0
