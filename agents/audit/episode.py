@@ -74,6 +74,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     prompt_cut: int = 0
     """Tokens the prompt lost from its middle to fit the model (what it showed, the entries
     retrieved included, may have lost text there); 0: none."""
+    searched: int = -1
+    """The entries the memory slot held when this turn's retrieval searched it (-1: no
+    retrieval at this turn): a retrieval that showed nothing says why."""
 
 
 class Advantage(msgspec.Struct, frozen=True, kw_only=True):
@@ -205,6 +208,7 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
     observation = started.observation if started else ""
     admissible = started.admissible if started else ()
     retrieved: dict[int, tuple[Shown, ...]] = {}
+    searched: dict[int, int] = {}  # turn -> the slot's size when its retrieval searched it
     asked: dict[int, ActionRequested] = {}
     sampled: dict[int, tuple[ActionSampled, int]] = {}  # turn -> the sample and its seq
     turns: list[Turn] = []
@@ -218,6 +222,7 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
             observation=observation,
             admissible=admissible,
             retrieved=retrieved.get(k, ()),
+            searched=searched.get(k, -1),
             tips_shown=len(req.tips) if req else 0,
             action=step.action if step else smp.action if smp else "",
             logp=smp.logp if smp else None,
@@ -234,6 +239,7 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
     for env in envs:
         ev = env.event
         if isinstance(ev, TipsRetrieved):
+            searched[ev.turn] = ev.slot_size
             retrieved[ev.turn] = tuple(
                 Shown(
                     tip=t,

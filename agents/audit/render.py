@@ -248,6 +248,13 @@ def _turn(t: Turn) -> list[str]:
             + (f", re-ranking score {_f(s.score, 2)}" if s.score is not None else "")
             + f"): {_q(s.text, 60)}"
         )
+    if t.searched >= 0 and not t.retrieved:
+        out.append(
+            "    retrieved nothing: the memory slot was empty"
+            if t.searched == 0
+            else f"    retrieved nothing: none of the slot's {t.searched} entries was similar "
+            "enough"
+        )
     if t.tips_shown and not t.retrieved:
         out.append(f"    {t.tips_shown} entries shown (retrieved at an earlier turn)")
     if t.prompt_cut:

@@ -731,6 +731,30 @@ def test_a_request_recorded_with_lists_of_other_lengths_is_one_line(
     assert "a bug in the invariant" not in checked.out + checked.err
 
 
+@pytest.mark.parametrize("held", [0, 3])
+def test_a_retrieval_that_showed_nothing_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], held: int
+) -> None:
+    """A guided episode whose family's partition was still empty showed no retrieval line at
+    all: it read as if it had never asked the bank."""
+    at = next(i for i, e in enumerate(STREAM.envs) if isinstance(e.event, TipsRetrieved))
+    ev = STREAM.envs[at].event
+    assert isinstance(ev, TipsRetrieved)
+    empty = ev.__replace__(
+        tip_ids=(), similarities=(), ranks=(), tips=(), similar=0, slot_size=held, scores=(),
+        calls=(),
+    )  # fmt: skip
+    envs = [*STREAM.envs]
+    envs[at] = envs[at].__replace__(event=empty)
+    code, out, err = audit(capsys, str(write_run(tmp_path / "run", envs)), "episode", ev.episode)
+    said = (
+        "retrieved nothing: the memory slot was empty"
+        if not held
+        else "retrieved nothing: none of the slot's 3 entries was similar enough"
+    )
+    assert code == 0 and said in out, out + err
+
+
 def test_a_group_no_update_trained_on_is_left_out_of_the_advantage_changes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
