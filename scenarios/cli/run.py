@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -361,9 +362,10 @@ def _finish(
     if moved and not curves:  # nothing was to be written there: the log is all
         print(f"coevo: note: {gone}; its log is complete where it went", file=sys.stderr)
     updates: list[Any] = []  # the policy's updates, seen as the report reads the log
+    counts: Counter[str] = Counter()  # and the memory's writes and reads
     if report is not None:
         try:
-            for line in _report(report, rd, updates):
+            for line in _report(report, rd, updates, counts):
                 console.print(line)
         except OSError as exc:  # a full disk: the log is complete, the plots can wait
             unwritten = (
@@ -388,7 +390,47 @@ def _finish(
         print(problem, file=sys.stderr)
     if outcome.reason == "completed" and not problem and (still := _policy_unchanged(updates)):
         print(still, file=sys.stderr)
+    if outcome.reason == "completed" and not problem and (empty := _memory_empty(counts)):
+        print(empty, file=sys.stderr)
+    if outcome.reason == "completed" and not problem and (cut := _all_cut(counts)):
+        print(cut, file=sys.stderr)
     return code
+
+
+def _all_cut(counts: Counter[str]) -> str:
+    """A warning when every finished episode was cut off at the turn limit, the world never
+    having ended one (a world whose ``done`` is never true): no success could be counted."""
+    n = counts["episode_finished"]
+    if not n or counts["truncated"] != n:
+        return ""
+    return (
+        f"coevo: warning: all {n} of the run's finished episodes were cut off at [world] "
+        "max_turns before the world ended one (does its step ever say done?): none could "
+        "succeed"
+    )
+
+
+def _memory_empty(counts: Counter[str]) -> str:
+    """A warning when a run's memory was asked to write (extractor calls, reflections) and
+    stored nothing all run: every retrieval showed nothing, and the run was GRPO under
+    another name (an extractor that never wrote an operation, with ``plain_add = false``)."""
+    writes = counts["extractor_called"] + counts["tip_proposed"]
+    if not writes or counts["tip_stored"]:
+        return ""
+    asked = " and ".join(
+        f"{n} {what}{'s' * (n != 1)}"
+        for n, what in (
+            (counts["extractor_called"], "extractor call"),
+            (counts["tip_proposed"], "reflection"),
+        )
+        if n
+    )
+    return (
+        f"coevo: warning: the memory stayed empty all run: its {asked} stored no entry, so "
+        f"its {counts['tips_retrieved']} retrievals showed nothing (`coevo log RUN --kind "
+        "tip_rejected` says why an entry was refused; an extractor whose answers hold no "
+        "operation writes none with [complementary] plain_add = false)"
+    )
 
 
 def _policy_unchanged(updates: list[Any]) -> str:
@@ -461,10 +503,12 @@ def _none_finished(rows: list[Any], what: str) -> tuple[int, str] | None:
     return None
 
 
-def _report(report: Any, rd: RunDir, updates: list[Any]) -> list[str]:
+def _report(
+    report: Any, rd: RunDir, updates: list[Any], counts: Counter[str] | None = None
+) -> list[str]:
     """A finished run's reports (learning curves), written into its directory from its log;
-    the policy's updates it reads are appended to ``updates`` (one pass over the log serves
-    both).
+    the policy's updates it reads are appended to ``updates``, and the memory's kinds of
+    :data:`MEMORY_KINDS` counted into ``counts`` (one pass over the log serves all).
 
     Raises:
         OSError: a file cannot be written.
@@ -475,6 +519,10 @@ def _report(report: Any, rd: RunDir, updates: list[Any]) -> list[str]:
         for env in reader.read(0, None):
             if isinstance(env.event, PolicyUpdated):
                 updates.append(env.event)
+            elif counts is not None and (tag := env.event.__struct_config__.tag) in MEMORY_KINDS:
+                counts[tag] += 1
+                if tag == "episode_finished" and getattr(env.event, "truncated", False):
+                    counts["truncated"] += 1
             yield env.event
 
     reader = open_run(str(rd.root))
@@ -482,6 +530,12 @@ def _report(report: Any, rd: RunDir, updates: list[Any]) -> list[str]:
         return report(rd.root, events())
     finally:
         reader.close()
+
+
+MEMORY_KINDS = frozenset(
+    {"extractor_called", "tip_proposed", "tip_stored", "tips_retrieved", "episode_finished"}
+)
+"""The events a finished run counts for :func:`_memory_empty` and :func:`_all_cut`."""
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

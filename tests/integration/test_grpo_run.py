@@ -228,6 +228,38 @@ def test_a_run_whose_updates_change_nothing_says_so(
     assert f"none of the run's {len(updates)} policy updates changed its weights" in err
 
 
+def test_a_memory_that_stayed_empty_all_run_is_said() -> None:
+    """An extractor that never wrote an operation (``plain_add = false``) left the bank empty
+    all run, every guided episode was shown nothing, and the run ended as if it were
+    Complementary RL."""
+    from collections import Counter
+
+    from scenarios.cli.run import _memory_empty  # pyright: ignore[reportPrivateUsage]
+
+    counts = Counter(extractor_called=48, tips_retrieved=16)
+    said = _memory_empty(counts)
+    assert said.startswith(
+        "coevo: warning: the memory stayed empty all run: its 48 extractor calls stored no "
+        "entry, so its 16 retrievals showed nothing"
+    ), said
+    assert "1 reflection stored" in _memory_empty(Counter(tip_proposed=1))
+    assert _memory_empty(counts + Counter(tip_stored=1)) == ""
+    assert _memory_empty(Counter(tips_retrieved=3)) == ""  # asked to write nothing: GRPO
+
+
+def test_a_run_whose_every_episode_was_cut_off_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A world that never says done: every episode was truncated at the turn limit, and the
+    run ended with "success 0.0%" and nothing more."""
+    cut = TINY.replace("pool = 2", "pool = 2\nmax_turns = 1")
+    run = run_scenario(tmp_path, cut)
+    err = capsys.readouterr().err.replace("\n", " ")
+    ended = of(read_events(run), EpisodeFinished)
+    said = f"all {len(ended)} of the run's finished episodes were cut off at [world] max_turns"
+    assert said in err, err
+
+
 TRAIN_FAILS = """
 from scenarios.worlds.minilab import MiniLab
 
