@@ -68,7 +68,38 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     if code in (129, 130, 143) and "ray" in sys.modules:
         _leave_now(code)
     _end_on_stop_signals(code)
+    if "ray" not in sys.modules:  # Ray tears its own threads down
+        _leave_leaked_threads(code)
     sys.exit(code)
+
+
+LEAKED_GRACE_S = 10.0
+"""Seconds the command waits, once done, for threads that are not daemons and that its code
+did not join (a plug-in world's ``threading.Thread``): the interpreter waits for them forever,
+and a run that had said "exit 0" hung after it."""
+
+
+def _leave_leaked_threads(code: int) -> None:
+    """Exit with ``code`` without the interpreter's wait if threads that are not daemons are
+    still running :data:`LEAKED_GRACE_S` after the command ended, naming them."""
+    import threading
+    import time
+
+    main = threading.main_thread()
+    alive = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    deadline = time.monotonic() + LEAKED_GRACE_S
+    for t in alive:
+        t.join(max(0.0, deadline - time.monotonic()))
+    alive = [t for t in alive if t.is_alive()]
+    if alive:
+        names = ", ".join(t.name for t in alive[:5]) + (", ..." if len(alive) > 5 else "")
+        print(
+            f"coevo: note: {len(alive)} thread{'s' * (len(alive) != 1)} that the run's code "
+            f"started (a plug-in's?) still running {LEAKED_GRACE_S:g} s after the command "
+            f"ended ({names}): not waiting for {'them' if len(alive) != 1 else 'it'}",
+            file=sys.stderr,
+        )
+        _leave_now(code)
 
 
 def _end_on_stop_signals(code: int) -> None:
