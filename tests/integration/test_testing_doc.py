@@ -50,6 +50,21 @@ def test_the_harness_fails_a_world_that_breaks_its_promise(tmp_path: Path) -> No
     assert "success=False, its last turn lit=True" in proc.stdout
 
 
+def test_an_invariant_registered_for_another_name_of_the_world_is_said(tmp_path: Path) -> None:
+    """Registered for ``lampbug.test_lamp:Lamp`` while the scenario says ``test_lamp:Lamp``:
+    the harness left the invariant out without a word, and a planted bug passed."""
+    block = doc_block(DOC, "# test_lamp.py")
+    scoped = block.replace('worlds=("test_lamp:Lamp",)', 'worlds=("lampbug.test_lamp:Lamp",)')
+    assert scoped != block
+    (tmp_path / "test_lamp.py").write_text(scoped)
+    proc = pytest_in(tmp_path)
+    said = " ".join(proc.stdout.split())
+    assert (
+        "invariant lamp-lit: for worlds lampbug.test_lamp:Lamp, not test_lamp:Lamp (so it is "
+        "not checked"
+    ) in said, proc.stdout[-3000:]
+
+
 def test_an_invariant_with_a_bug_is_named_as_one(tmp_path: Path) -> None:
     """A raw ``KeyError`` from the invariant's own line came out of the harness, where ``coevo
     check`` says it is a bug in the invariant, not a finding about the run."""
