@@ -28,7 +28,7 @@ import trio
 
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
-from engine.invariants import Invariant, InvariantBroken, InvariantViolated, check_all
+from engine.invariants import InvariantBroken, InvariantViolated, check_all
 from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
 from engine.runtime import Runtime
 from scenarios.assemble import assemble
