@@ -205,5 +205,19 @@ class RunMachine(RuleBasedStateMachine):
                 check_all(self._checks, None, True)
             except (InvariantViolated, InvariantBroken) as exc:
                 raise AssertionError(self._explain(exc)) from None
+            self._raise_if_all_aborted()
         finally:
             self._dir.cleanup()
+
+    def _raise_if_all_aborted(self) -> None:
+        """Fail as ``coevo run`` does (exit 1) when the run finished no episode: every one
+        was aborted (a world whose every observation is refused passed the harness)."""
+        from agents.events.episodes import EpisodeAborted, EpisodeFinished
+
+        events = [env.event for env in self.log.read()]
+        aborted = [e for e in events if isinstance(e, EpisodeAborted)]
+        if aborted and not any(isinstance(e, EpisodeFinished) for e in events):
+            raise AssertionError(
+                f"all {len(aborted)} episodes of the run were aborted (the first: "
+                f"{aborted[0].reason})"
+            )

@@ -65,6 +65,26 @@ def test_an_invariant_registered_for_another_name_of_the_world_is_said(tmp_path:
     ) in said, proc.stdout[-3000:]
 
 
+def test_a_world_whose_every_episode_aborts_fails_the_harness(tmp_path: Path) -> None:
+    """Every observation refused (its text a number): ``coevo run`` exits 1 saying every
+    episode aborted, and the harness passed the same world."""
+    block = doc_block(DOC, "# test_lamp.py")
+    broken = block.replace('return self._observe("the room is dark.", lit=False)', (
+        'return self._observe(7, lit=False)'
+    ))  # fmt: skip
+    broken = broken.replace(
+        "from hypothesis import settings", "from hypothesis import Phase, settings"
+    )
+    broken = broken.replace("deadline=None)", "deadline=None, phases=[Phase.generate])")
+    assert "self._observe(7" in broken and broken.count("Phase") == 2
+    (tmp_path / "test_lamp.py").write_text(broken)
+    proc = pytest_in(tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "all 16 episodes of the run were aborted (the first: ObservationInvalid" in (
+        " ".join(proc.stdout.split())
+    ), proc.stdout[-3000:]
+
+
 def test_an_invariant_with_a_bug_is_named_as_one(tmp_path: Path) -> None:
     """A raw ``KeyError`` from the invariant's own line came out of the harness, where ``coevo
     check`` says it is a bug in the invariant, not a finding about the run."""
