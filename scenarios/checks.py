@@ -51,6 +51,11 @@ def check_context(meta: RunMeta | None, source: str = "the run") -> tuple[CheckC
     """
     if meta is None:
         return CheckContext(), []
+    if not meta.scenario_toml.strip():  # a generated or hand-made log (new_run_meta's default)
+        return CheckContext(), [
+            f"{source}: the log records no scenario, so what needs the run's settings (its "
+            "method, world and credit rules) is not checked"
+        ]
     return context_of(stored_scenario(meta, source), meta)
 
 

@@ -118,6 +118,29 @@ def test_replay_verify_runs_the_invariants_too(
     assert f"event log inconsistent at seq {copy}: episodes: " in err
 
 
+def test_a_log_that_records_no_scenario_is_checked_without_it(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A generated stream written with ``new_run_meta``'s defaults: ``check`` and ``replay
+    --verify`` said "(its scenario): Object missing required field name" and checked nothing."""
+    import msgspec
+
+    source = LmdbEventLog.open(run / "log")
+    recorded = source.read_meta()
+    source.close()
+    assert recorded is not None
+    meta = msgspec.structs.replace(recorded, scenario_toml="")
+    log = LmdbEventLog.create(tmp_path / "bare" / "log", meta, durable=False)
+    log.append(read(run))
+    log.close()
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "bare")]) == 0
+    out = capsys.readouterr()
+    assert "the log records no scenario, so what needs the run's settings" in out.err
+    assert "not checked: credit: needs the run's scenario" in out.out
+    assert main(["replay", str(tmp_path / "bare"), "--verify"]) == 0
+
+
 def test_an_unknown_invariant_is_one_line_and_exit_2(
     run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
