@@ -362,7 +362,7 @@ def _finish(
     if moved and not curves:  # nothing was to be written there: the log is all
         print(f"coevo: note: {gone}; its log is complete where it went", file=sys.stderr)
     updates: list[Any] = []  # the policy's updates, seen as the report reads the log
-    counts: Counter[str] = Counter()  # and the memory's writes and reads
+    counts: Counter[str] = Counter()  # and the kinds the end-of-run warnings count
     if report is not None:
         try:
             for line in _report(report, rd, updates, counts):
@@ -507,8 +507,8 @@ def _report(
     report: Any, rd: RunDir, updates: list[Any], counts: Counter[str] | None = None
 ) -> list[str]:
     """A finished run's reports (learning curves), written into its directory from its log;
-    the policy's updates it reads are appended to ``updates``, and the memory's kinds of
-    :data:`MEMORY_KINDS` counted into ``counts`` (one pass over the log serves all).
+    the policy's updates it reads are appended to ``updates``, and the events of
+    :data:`COUNTED_KINDS` counted into ``counts`` (one pass over the log serves all).
 
     Raises:
         OSError: a file cannot be written.
@@ -519,7 +519,7 @@ def _report(
         for env in reader.read(0, None):
             if isinstance(env.event, PolicyUpdated):
                 updates.append(env.event)
-            elif counts is not None and (tag := env.event.__struct_config__.tag) in MEMORY_KINDS:
+            elif counts is not None and (tag := env.event.__struct_config__.tag) in COUNTED_KINDS:
                 counts[tag] += 1
                 if tag == "episode_finished" and getattr(env.event, "truncated", False):
                     counts["truncated"] += 1
@@ -532,7 +532,7 @@ def _report(
         reader.close()
 
 
-MEMORY_KINDS = frozenset(
+COUNTED_KINDS = frozenset(
     {"extractor_called", "tip_proposed", "tip_stored", "tips_retrieved", "episode_finished"}
 )
 """The events a finished run counts for :func:`_memory_empty` and :func:`_all_cut`."""
