@@ -387,6 +387,36 @@ def test_a_sink_that_cannot_start_leaves_no_run_and_a_resume_can_go_without_it(
     assert not [p for p in (out / "tracking").rglob("*") if p.is_file()]  # nothing tracked
 
 
+@needs["tensorboard"]
+@needs["mlflow"]
+def test_a_resume_refused_by_one_sink_takes_back_what_the_others_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MLflow could not start on a resume: it said "nothing was written", and TensorBoard's
+    new event file (and W&B's offline run, which `wandb sync` would upload) stayed."""
+    from agents.tracking import sinks
+
+    out = tmp_path / "run"
+    two = 'tracking.sinks=["tensorboard", "mlflow"]'
+    args = ["run", EXPLORE, "--out", str(out), "--quiet", "--set", "run.episodes=4"]
+    assert main([*args, "--set", two]) == 0
+    with LmdbEventLog.open(out / "log") as log:  # a session killed at its start, as above
+        meta = log.read_meta()
+    shutil.rmtree(out / "log")
+    with LmdbEventLog.create(out / "log", meta) as log:
+        pass
+    before = sorted((out / "tracking").rglob("*"))
+
+    def refuse(self: object, *args: object, **kw: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sinks.MlflowSink, "__init__", refuse)
+    capsys.readouterr()
+    assert main(["resume", str(out), "--quiet"]) == 2
+    assert "nothing was written" in capsys.readouterr().err
+    assert sorted((out / "tracking").rglob("*")) == before
+
+
 def test_the_wandb_run_a_session_continues_is_read_from_its_records_file(tmp_path: Path) -> None:
     """Two sessions of a short run began within one second (CI): W&B named the second's
     directory ``offline-run-<time>-run-1``, whose name read as the id ``run-1``, and the next
