@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import random
-import shutil
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from scenarios.methods import (
     section_path,
 )
 from scenarios.schema import RayPlacementConfig, Scenario
+from stores.rundir import paths_under, remove_new
 
 SCHEDULER = "scheduler"
 TRAINER = "trainer"
@@ -236,7 +236,7 @@ def tracker(
         # run's are empty): a session killed before its first event was committed left an
         # MLflow run and a W&B run all the same, and a resume with no history to fold opened
         # second ones beside them, the first "running" for good
-        made = _paths_under(root / "tracking")
+        made = paths_under(root / "tracking")
         sinks: list[Any] = []
         try:
             for name in names:
@@ -246,30 +246,11 @@ def tracker(
             for sink in sinks:  # that nothing was written is true (a stray W&B run synced)
                 with contextlib.suppress(Exception):
                     sink.close()
-            _remove_new(root / "tracking", made)
+            remove_new(root / "tracking", made)
             raise
         return Tracker(sinks, block, history)
 
     return start
-
-
-def _paths_under(where: Path) -> set[Path] | None:
-    """Every path under ``where`` (None: it does not exist)."""
-    return set(where.rglob("*")) if where.exists() else None
-
-
-def _remove_new(where: Path, before: set[Path] | None) -> None:
-    """Remove what appeared under ``where`` since :func:`_paths_under` gave ``before`` (all of
-    ``where`` if it did not exist then), deepest first; what cannot be removed stays."""
-    if before is None:
-        shutil.rmtree(where, ignore_errors=True)
-        return
-    for path in sorted(set(where.rglob("*")) - before, key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
 
 
 def _scheduler(tasks: tuple[Task, ...], episodes: int, workers: list[str]) -> ActorSpec:

@@ -6,8 +6,10 @@ structured log) and ``scenario.toml`` (the resolved scenario the run was started
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +112,30 @@ def replace_file(path: Path, data: bytes) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def paths_under(root: Path) -> set[Path] | None:
+    """Every path under ``root`` (None: ``root`` is not there), for :func:`remove_new`."""
+    return set(root.rglob("*")) if root.is_dir() else None
+
+
+def remove_new(root: Path, before: set[Path] | None) -> None:
+    """Remove what is under ``root`` that was not in ``before`` (``root`` itself when it was
+    not there): what a command stopped or refused part way wrote (an export, a copy, the
+    tracking sinks a refused resume began). What cannot be removed stays, so the error that
+    called for the clean-up is the one raised."""
+    if before is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    new = set(root.rglob("*")) - before
+    for path in sorted(new):
+        if path.parent in new:  # removed with its directory
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
 
 def torn_tail(path: Path) -> int | None:

@@ -32,7 +32,7 @@ from scenarios.cli.common import (
     stdout_to_stderr,
     version,
 )
-from stores.rundir import RunDir, find_run
+from stores.rundir import RunDir, find_run, paths_under, remove_new
 
 __all__ = ["add_commands"]
 
@@ -94,7 +94,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     try:
         live, copied, meta = _copy_run(rd, dest)
     except BaseException:  # a full disk, a Ctrl-C: what was copied would block a retry
-        _remove_new(dest, set() if existed else None)  # it was empty, or not there
+        remove_new(dest, set() if existed else None)  # it was empty, or not there
         raise
     run_id = meta.run_id if meta is not None else "?"
     print(f"copied run {run_id} to {dest}: {copied:,} events", file=sys.stderr)
@@ -217,7 +217,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     name = find_run(args.run).root.name
     for sink_name, where in targets:
         outside_lmdb(Path(where), f"--{sink_name}")
-    before = {where: _paths_under(Path(where)) for _, where in targets}
+    before = {where: paths_under(Path(where)) for _, where in targets}
     done: list[str] = []
     with contextlib.ExitStack() as claimed:
         mine: list[str] = []  # the directories this export holds
@@ -313,29 +313,8 @@ def _export(
             with contextlib.suppress(Exception):
                 sys.modules["wandb"].teardown()
         for where, paths in before.items():
-            _remove_new(Path(where), paths)
+            remove_new(Path(where), paths)
         raise
-
-
-def _paths_under(root: Path) -> set[Path] | None:
-    """Every path under ``root`` (None: ``root`` is not there)."""
-    return set(root.rglob("*")) if root.is_dir() else None
-
-
-def _remove_new(root: Path, before: set[Path] | None) -> None:
-    """Remove what is under ``root`` that was not in ``before`` (``root`` itself when it was not
-    there): what an export stopped part way wrote."""
-    if before is None:
-        shutil.rmtree(root, ignore_errors=True)
-        return
-    new = set(root.rglob("*")) - before
-    for path in sorted(new):
-        if path.parent in new:  # removed with its directory
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def _scenario_dict(text: str) -> dict[str, Any]:
