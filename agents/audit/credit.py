@@ -349,28 +349,30 @@ def _check_recorded(g: AdvantagesComputed) -> None:
     """Raise AuditQueryInvalid unless group ``g`` was recorded with one reward and one
     advantage (and one rollout mode, when recorded) per episode: a plug-in's ``score`` once
     returned fewer, which the trainer recorded before it checked them."""
-    n = len(g.episodes)
     sizes = {"rewards": len(g.rewards), "advantages": len(g.advantages)}
     if g.rollouts:
         sizes["rollouts"] = len(g.rollouts)
-    wrong = {name: size for name, size in sizes.items() if size != n}
-    if wrong:
-        shown = ", ".join(f"{size} {name}" for name, size in wrong.items())
-        raise AuditQueryInvalid(f"group {g.group}: recorded with {n} episodes and {shown}")
+    if shown := _unlike(len(g.episodes), sizes):
+        raise AuditQueryInvalid(
+            f"group {g.group}: recorded with {len(g.episodes)} episodes and {shown}"
+        )
 
 
 def _check_extractor_request(r: ExtractorGradientRequested, seq: int) -> None:
     """Raise AuditQueryInvalid unless extractor update request ``r`` (at ``seq``) was recorded
     with one reward, advantage and weight per call (a hand-edited log or a plug-in's credit
     actor could write fewer: the audit failed with a ``zip`` error)."""
-    n = len(r.calls)
     sizes = {"rewards": len(r.rewards), "advantages": len(r.advantages), "weights": len(r.weights)}
-    wrong = {name: size for name, size in sizes.items() if size != n}
-    if wrong:
-        shown = ", ".join(f"{size} {name}" for name, size in wrong.items())
+    if shown := _unlike(len(r.calls), sizes):
         raise AuditQueryInvalid(
-            f"extractor update request {r.update} at seq {seq}: recorded with {n} calls and {shown}"
+            f"extractor update request {r.update} at seq {seq}: recorded with {len(r.calls)} "
+            f"calls and {shown}"
         )
+
+
+def _unlike(n: int, sizes: dict[str, int]) -> str:
+    """The lists of ``sizes`` (name -> length) not ``n`` long, as "2 rewards, 3 weights"."""
+    return ", ".join(f"{size} {name}" for name, size in sizes.items() if size != n)
 
 
 def derive_group(
