@@ -238,7 +238,7 @@ def checked_scored(scored: object, episodes: int, method: object) -> Scored:
         values = getattr(scored, name)
         if name in ("outcomes", "intrinsic") and not values:
             continue
-        if not isinstance(values, Sequence) and not hasattr(values, "__len__"):  # None, a number
+        if not hasattr(values, "__len__"):  # None, a number
             raise ValueError(f"{where} returned {name} {values!r}, not a sequence of numbers")
         if len(values) != episodes:
             raise ValueError(
