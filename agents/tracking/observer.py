@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
@@ -96,17 +96,17 @@ class Tracker:
         try:
             while (points := self._queue.get()) is not None:
                 for sink in list(self._sinks):
-                    self._call(sink, "write", points)
+                    self._call(sink, sink.write, points)
             for sink in list(self._sinks):
-                self._call(sink, "close")
+                self._call(sink, sink.close)
         except BaseException as exc:  # handed to close(), which raises it on the caller's thread
             self._error = exc
 
-    def _call(self, sink: ScalarSink, method: str, *args: object) -> None:
-        """Call a sink's ``write`` or ``close``; one that raises is dropped alone (a full or gone
-        disk, a library's error), so the other sinks keep every point."""
+    def _call(self, sink: ScalarSink, fn: Callable[..., None], *args: object) -> None:
+        """Call ``fn``, the sink's ``write`` or ``close``; a sink that raises is dropped alone
+        (a full or gone disk, a library's error), so the other sinks keep every point."""
         try:
-            getattr(sink, method)(*args)
+            fn(*args)
         except Exception as exc:
             name = getattr(sink, "name", type(sink).__name__)
             structlog.get_logger("coevo").bind(actor="tracker").warning(
