@@ -388,12 +388,10 @@ def _finish(
         )
     elif problem:
         print(problem, file=sys.stderr)
-    if outcome.reason == "completed" and not problem and (still := _policy_unchanged(updates)):
-        print(still, file=sys.stderr)
-    if outcome.reason == "completed" and not problem and (empty := _memory_empty(counts)):
-        print(empty, file=sys.stderr)
-    if outcome.reason == "completed" and not problem and (cut := _all_cut(counts)):
-        print(cut, file=sys.stderr)
+    if outcome.reason == "completed" and not problem:
+        for warning in (_policy_unchanged(updates), _memory_empty(counts), _all_cut(counts)):
+            if warning:
+                print(warning, file=sys.stderr)
     return code
 
 
@@ -503,9 +501,7 @@ def _none_finished(rows: list[Any], what: str) -> tuple[int, str] | None:
     return None
 
 
-def _report(
-    report: Any, rd: RunDir, updates: list[Any], counts: Counter[str] | None = None
-) -> list[str]:
+def _report(report: Any, rd: RunDir, updates: list[Any], counts: Counter[str]) -> list[str]:
     """A finished run's reports (learning curves), written into its directory from its log;
     the policy's updates it reads are appended to ``updates``, and the events of
     :data:`COUNTED_KINDS` counted into ``counts`` (one pass over the log serves all).
@@ -519,7 +515,7 @@ def _report(
         for env in reader.read(0, None):
             if isinstance(env.event, PolicyUpdated):
                 updates.append(env.event)
-            elif counts is not None and (tag := env.event.__struct_config__.tag) in COUNTED_KINDS:
+            elif (tag := env.event.__struct_config__.tag) in COUNTED_KINDS:
                 counts[tag] += 1
                 if tag == "episode_finished" and getattr(env.event, "truncated", False):
                     counts["truncated"] += 1
