@@ -245,11 +245,7 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     if method == "complementary" and isinstance(comp, dict) and cast("Any", comp).get("ops"):
         from agents.methods.settings import ComplementaryConfig
 
-        try:
-            extractor = msgspec.convert(comp, ComplementaryConfig).extractor
-        except msgspec.ValidationError:  # refused where the method reads its settings
-            extractor = "embedded-ops"
-        if extractor != "embedded-ops":
+        if cast("Any", comp).get("extractor", ComplementaryConfig().extractor) != "embedded-ops":
             unread.append("complementary.ops")  # the operation-format stage's settings
     runtime = cast("dict[str, Any]", doc.get("runtime") or {})  # validated: a table
     if runtime.get("ray") and scenario.runtime.backend != "ray":
