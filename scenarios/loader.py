@@ -241,12 +241,9 @@ def unread_tables(doc: dict[str, Any], scenario: Scenario) -> list[str]:
     embedded = bool(policy.get("embedded")) and "policy" not in unread
     if embedded and scenario.policy.model != "embedded":
         unread.append("policy.embedded")  # the built-in model's settings, for a model directory
-    comp = doc.get("complementary")
-    if method == "complementary" and isinstance(comp, dict) and cast("Any", comp).get("ops"):
-        from agents.methods.settings import ComplementaryConfig
-
-        if cast("Any", comp).get("extractor", ComplementaryConfig().extractor) != "embedded-ops":
-            unread.append("complementary.ops")  # the operation-format stage's settings
+    comp = scenario.complementary
+    if method == "complementary" and comp.ops and comp.extractor != "embedded-ops":
+        unread.append("complementary.ops")  # the operation-format stage's settings
     runtime = cast("dict[str, Any]", doc.get("runtime") or {})  # validated: a table
     if runtime.get("ray") and scenario.runtime.backend != "ray":
         unread.append("runtime.ray")  # the placements of a local run: a GPU asked for, unused
