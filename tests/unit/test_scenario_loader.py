@@ -246,7 +246,8 @@ def test_a_file_setting_another_methods_table_is_warned_about_once_valid(
     path = write(tmp_path, b'name = "s"\n[agent]\nkind = "explorer"\n[policy]\nthreads = 1\n')
     assert main(["validate", str(path)]) == 0
     err = capsys.readouterr().err
-    assert f"{path}: nothing reads [policy] in this scenario" in err.replace("\n", "")
+    # the console wraps at its width, at a space or inside a long path: compare without either
+    assert f"{path}:nothingreads[policy]inthisscenario" in "".join(err.split())
     bad = ["validate", str(path), "--set", "run.method=grpo"]  # refused: only why
     assert main(bad) == 2
     err = capsys.readouterr().err
