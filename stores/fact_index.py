@@ -24,17 +24,25 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import lmdb
 
-from engine.errors import LogError
+from engine.errors import CoevoError, LogError
 from stores.lmdb_env import (
     DATA_FILE,
     ENV_LOCK_FILE,
+    LOCK_FILE,
     allocate_lock_file,
     check_file_size,
     check_metas,
     check_pages,
 )
 
-__all__ = ["FactIndex", "IndexDamaged", "IndexWriteFailed", "LmdbFactIndex", "MemoryFactIndex"]
+__all__ = [
+    "FactIndex",
+    "IndexDamaged",
+    "IndexWriteFailed",
+    "LmdbFactIndex",
+    "MemoryFactIndex",
+    "NotAnIndex",
+]
 
 Fact = tuple[bytes, bytes]
 
@@ -48,6 +56,57 @@ class IndexDamaged(LogError):
     """A fact index's file is damaged (truncated, pages LMDB would crash on, a fact whose
     checksum does not match): the index is a cache of the log, to be rebuilt from it
     (:meth:`LmdbFactIndex.wipe`)."""
+
+
+class NotAnIndex(CoevoError):
+    """A directory named for a fact index holds another LMDB file (an event log: ``--index
+    RUN/log``) or one this process has open: it is neither written nor removed as an index,
+    which would damage what it holds."""
+
+    exit_code = 2
+
+
+_INDEX_DBS = frozenset({b"facts", b"meta"})
+
+
+def refuse_other(root: Path) -> None:
+    """Refuse ``root`` as a fact index's directory when it is an event log's (its writer lock),
+    its LMDB file holds databases an index has not (an event log's ``events``) or this process
+    has it open (the run's own log). A file LMDB cannot read is left to the index's own checks
+    (a damaged index is rebuilt).
+
+    Raises:
+        NotAnIndex: it holds something else.
+    """
+    if (root / LOCK_FILE).exists():  # an event log's writer lock (its file may be damaged)
+        raise NotAnIndex(
+            f"{root}: the directory of an event log ({LOCK_FILE}), not an audit index; name "
+            "an empty directory or an index's"
+        )
+    if not (root / DATA_FILE).is_file():
+        return
+    try:
+        env = lmdb.open(str(root), readonly=True, lock=False, max_dbs=0)
+    except lmdb.Error as exc:
+        if "already open in this process" not in str(exc):
+            return
+        raise NotAnIndex(
+            f"{root}: an LMDB file this command has open (the run's event log), not an "
+            "audit index; name an empty directory or an index's"
+        ) from None
+    try:
+        with env.begin() as txn:
+            names = {bytes(key) for key, _ in txn.cursor()}
+    except lmdb.Error:
+        return
+    finally:
+        env.close()
+    if names - _INDEX_DBS:
+        held = "an event log" if b"events" in names else "another LMDB file"
+        raise NotAnIndex(
+            f"{root}: holds {held} ({DATA_FILE} with {', '.join(sorted(map(repr, names)))}), "
+            "not an audit index; name an empty directory or an index's"
+        )
 
 
 class IndexWriteFailed(LogError):
@@ -196,9 +255,11 @@ class LmdbFactIndex:
             OSError: the directory cannot be created or written.
             IndexWriteFailed: a write failed (a full disk).
             IndexDamaged: the file is damaged (:meth:`wipe` it and open again).
+            NotAnIndex: ``path`` holds something else (:func:`refuse_other`).
         """
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
+        refuse_other(root)
         if not os.access(root, os.W_OK):
             raise PermissionError(f"{root}: not writable")
         allocate_lock_file(root, "fact index")  # LogError: no room (SIGBUS without it)
@@ -230,7 +291,12 @@ class LmdbFactIndex:
     @staticmethod
     def wipe(path: str | os.PathLike[str]) -> None:
         """Remove the index files in ``path`` (a damaged index, to be rebuilt). They are
-        unlinked, not truncated: another process that has the file mapped keeps its pages."""
+        unlinked, not truncated: another process that has the file mapped keeps its pages.
+
+        Raises:
+            NotAnIndex: ``path`` holds something else (:func:`refuse_other`).
+        """
+        refuse_other(Path(path))
         for name in (DATA_FILE, ENV_LOCK_FILE):
             (Path(path) / name).unlink(missing_ok=True)
 

@@ -6,6 +6,7 @@ input as one-line errors."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from agents.events.memory import TipsRetrieved
 from engine.events import Envelope
 from scenarios.cli import main
 from stores.fact_index import LmdbFactIndex
+from stores.lmdb_env import DATA_FILE, LOCK_FILE
 from stores.lmdb_log import LmdbEventLog
 
 STREAM = golden_stream()
@@ -487,6 +489,33 @@ def test_an_unwritable_index_place_falls_back_to_memory(
     code, out, err = audit(capsys, str(run), "tip", "2", "--index", str(tmp_path / "file"))
     assert code == 0 and "written by extractor call" in out
     assert err.startswith("coevo: note: cannot keep the audit index")
+
+
+@pytest.mark.parametrize("writer_lock", [True, False])
+def test_an_index_named_in_an_event_log_s_directory_is_refused_and_the_log_kept(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], writer_lock: bool
+) -> None:
+    """``--index RUN/log`` took the run's own log (open in the process) for a damaged index
+    and removed it: every event lost, exit 0. ``--index OTHER/log`` wrote an index's databases
+    into another run's log. Both are refused, the logs left as they were, with or without the
+    writer's lock file in the log's directory (a copy may lack it)."""
+    own, other = tmp_path / "own", tmp_path / "other"
+    for place in (own, other):
+        shutil.copytree(run, place)
+        (place / "log" / LOCK_FILE).unlink(missing_ok=True)
+        if writer_lock:
+            (place / "log" / LOCK_FILE).write_bytes(b"")
+    before = {p: (p / "log" / DATA_FILE).read_bytes() for p in (own, other)}
+    for index in (own / "log", other / "log"):
+        code, out, err = audit(capsys, str(own), "tip", "2", "--index", str(index))
+        assert (code, out, err.count("\n")) == (2, "", 1), err
+        assert err.startswith(f"coevo: error: {index}: ") and "not an audit index" in err
+    for place, data in before.items():
+        assert (place / "log" / DATA_FILE).read_bytes() == data
+        assert sorted(p.name for p in (place / "log").iterdir() if p.suffix == ".mdb") == [
+            DATA_FILE,
+            "lock.mdb",
+        ]
 
 
 @pytest.mark.parametrize(
