@@ -25,6 +25,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 import lmdb
 
 from engine.errors import CoevoError, LogError
+from stores import lmdb_pages
 from stores.lmdb_env import (
     DATA_FILE,
     ENV_LOCK_FILE,
@@ -60,8 +61,8 @@ class IndexDamaged(LogError):
 
 class NotAnIndex(CoevoError):
     """A directory named for a fact index holds another LMDB file (an event log: ``--index
-    RUN/log``) or one this process has open: it is neither written nor removed as an index,
-    which would damage what it holds."""
+    RUN/log``): it is neither written nor removed as an index, which would destroy what it
+    holds."""
 
     exit_code = 2
 
@@ -70,10 +71,10 @@ _INDEX_DBS = frozenset({b"facts", b"meta"})
 
 
 def refuse_other(root: Path) -> None:
-    """Refuse ``root`` as a fact index's directory when it is an event log's (its writer lock),
-    its LMDB file holds databases an index has not (an event log's ``events``) or this process
-    has it open (the run's own log). A file LMDB cannot read is left to the index's own checks
-    (a damaged index is rebuilt).
+    """Refuse ``root`` as a fact index's directory when it is an event log's (its writer lock)
+    or its LMDB file holds databases an index has not (an event log's ``events``), read without
+    LMDB (``lmdb_pages.database_names``). A file that cannot tell is left to the index's own
+    checks (a damaged index is rebuilt).
 
     Raises:
         NotAnIndex: it holds something else.
@@ -83,24 +84,9 @@ def refuse_other(root: Path) -> None:
             f"{root}: the directory of an event log ({LOCK_FILE}), not an audit index; name "
             "an empty directory or an index's"
         )
-    if not (root / DATA_FILE).is_file():
+    names = lmdb_pages.database_names(root / DATA_FILE)
+    if names is None:  # no file, or one that cannot tell: a damaged index, rebuilt
         return
-    try:
-        env = lmdb.open(str(root), readonly=True, lock=False, max_dbs=0)
-    except lmdb.Error as exc:
-        if "already open in this process" not in str(exc):
-            return
-        raise NotAnIndex(
-            f"{root}: an LMDB file this command has open (the run's event log), not an "
-            "audit index; name an empty directory or an index's"
-        ) from None
-    try:
-        with env.begin() as txn:
-            names = {bytes(key) for key, _ in txn.cursor()}
-    except lmdb.Error:
-        return
-    finally:
-        env.close()
     if names - _INDEX_DBS:
         held = "an event log" if b"events" in names else "another LMDB file"
         raise NotAnIndex(

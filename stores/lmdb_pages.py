@@ -283,6 +283,24 @@ class _Walk:
         return []
 
 
+def database_names(path: Path) -> set[bytes] | None:
+    """The named databases of the data file ``path`` as of its newest commit, read without
+    LMDB (which a damaged or truncated file crashes), or None where the file cannot tell
+    (unreadable, no valid meta page, a damaged page on the way)."""
+    metas = [m for m in read_metas(path) if m is not None and m.valid]
+    if not metas:
+        return None
+    meta = max(metas, key=lambda m: m.txnid)
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            main = _SUBDB_ROOT.unpack_from(
+                data, meta.page * meta.psize + _HEADER.size + _META.size + _DB.size
+            )
+            return {name for name, _, _ in _Walk(data, meta).tree("main", main[7], main[2])}
+    except (OSError, ValueError, struct.error, PageDamaged):
+        return None
+
+
 def metas_disagree(metas: tuple[Meta | None, Meta | None]) -> str | None:
     """Why two readable meta pages cannot both be right, or None.
 
