@@ -20,7 +20,7 @@ import msgspec
 from engine.errors import CoevoError
 from engine.eventlog import last_envelope
 from engine.invariants import CheckReport, check_stream, completed
-from scenarios.cli.common import InputInvalid, naming, open_run, stdout_to_stderr
+from scenarios.cli.common import InputInvalid, answered, naming, open_run, stdout_to_stderr
 
 __all__ = ["add_parser", "cmd_check", "gc_paused"]
 
@@ -85,10 +85,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"coevo: note: {note}", file=sys.stderr)
     if args.json:
-        sys.stdout.write(msgspec.json.encode(_as_json(report, involved)).decode() + "\n")
+        text = msgspec.json.encode(_as_json(report, involved)).decode()
     else:
-        sys.stdout.write("\n".join(_lines(args.run, report, involved)) + "\n")
-    return 0 if report.ok else 1
+        text = "\n".join(_lines(args.run, report, involved))
+    return answered(0 if report.ok else 1, text + "\n")
 
 
 @contextmanager

@@ -30,6 +30,7 @@ from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import (
     TORN_COPY_HINT,
     InputInvalid,
+    answered,
     check_writable,
     keep_stderr_open,
     naming,
@@ -77,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         code = int(args.func(args))
-        sys.stdout.flush()  # here, where a full disk or a gone reader is one line, not at exit
+        try:  # here, where a full disk is one line, not at exit
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader went away: the command's answer stands (diff's 1)
+            to_devnull(sys.stdout)
         return code
     except CoevoError as exc:
         print(f"coevo: error: {exc}{torn_copy_hint(exc)}", file=sys.stderr)
@@ -781,11 +785,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         lines = lambda: (  # noqa: E731
             render.render_tip(answer) if args.what == "tip" else render.render_episode(answer)
         )
+    code = 0 if args.what != "credit" or answer.counterfactual or answer.match else 1
     if args.json:
-        sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
-    else:
-        sys.stdout.write("\n".join(render.safe_line(line) for line in lines()) + "\n")
-    return 0 if args.what != "credit" or answer.counterfactual or answer.match else 1
+        return answered(code, msgspec.json.encode(answer).decode() + "\n")
+    return answered(code, "\n".join(render.safe_line(line) for line in lines()) + "\n")
 
 
 def _audit_one(log: Any, args: argparse.Namespace) -> Any:

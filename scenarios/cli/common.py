@@ -119,6 +119,19 @@ def to_devnull(stream: Any) -> None:
         os.close(devnull)
 
 
+def answered(code: int, text: str) -> int:
+    """Write ``text`` (a command's output) and return ``code``, the command's answer (``diff``:
+    the logs diverge; ``check``: an invariant fails), also when the reader goes away mid-way
+    (``| head -1``): a broken pipe must not turn the answer into exit 0, which reads as "the
+    logs do not diverge" to a script with ``pipefail``."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        to_devnull(sys.stdout)
+    return code
+
+
 def keep_stderr_open() -> None:
     """Make ``sys.stderr`` survive its reader going away (:class:`_Stderr`)."""
     if not isinstance(sys.stderr, _Stderr):

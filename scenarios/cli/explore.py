@@ -22,6 +22,7 @@ from engine.errors import LogError
 from scenarios.cli.common import (
     InputInvalid,
     LogUnreadable,
+    answered,
     missing_checkpoints,
     naming,
     newest_checkpoints,
@@ -381,17 +382,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
             log_b.close()
     if args.json:
         out = {"scenario": changes, "events": counts, "divergence": divergence}
-        sys.stdout.write(msgspec.json.encode(out).decode() + "\n")
-        return 1 if divergence else 0
+        return answered(1 if divergence else 0, msgspec.json.encode(out).decode() + "\n")
     note = ""
     if any(c.default_a or c.default_b for c in changes) and versions - {version()}:
         note = (
             f"  (defaults are this coevo's, {version()}; a run made by coevo "
             f"{', '.join(sorted(versions - {version()}))} may have had others)"
         )
-    for line in _diff_lines(args.run_a, args.run_b, changes, counts, divergence, note):
-        print(line)
-    return 1 if divergence else 0
+    lines = _diff_lines(args.run_a, args.run_b, changes, counts, divergence, note)
+    return answered(1 if divergence else 0, "".join(f"{line}\n" for line in lines))
 
 
 def _diff_lines(
@@ -702,11 +701,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             print(f"coevo: note: {note}", file=sys.stderr)
     finally:
         log.close()
+    code = 0 if answer.reproduced else 1
     if args.json:
-        sys.stdout.write(msgspec.json.encode(answer).decode() + "\n")
-    else:
-        sys.stdout.write("\n".join(_whatif_lines(answer)) + "\n")
-    return 0 if answer.reproduced else 1
+        return answered(code, msgspec.json.encode(answer).decode() + "\n")
+    return answered(code, "\n".join(_whatif_lines(answer)) + "\n")
 
 
 def _stray_cause(w: Any) -> str:

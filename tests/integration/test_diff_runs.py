@@ -4,6 +4,9 @@ stream by stream (though their logs interleave differently); another seed diverg
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +64,31 @@ def test_another_seed_diverges_at_its_first_seeded_event(
     assert got["scenario"] == [{"key": "seed", "a": 0, "b": 1}]
     div = got["divergence"]
     assert div["differing"] == ["seed"] and div["a"]["event"]["kind"] == "run_started"
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_reader_gone_before_the_answer_is_read_keeps_the_answer(
+    runs: tuple[Path, Path, Path], json_out: bool
+) -> None:
+    """``coevo diff A B | head -1`` (or ``| true``) exited 0, the code for "the logs do not
+    diverge", when its reader went away: the answer is the exit code, read or not."""
+    a, b, c = runs
+    root = Path(__file__).resolve().parents[2]
+    for other, code in ((c, 1), (b, 0)):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before anything is written
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "scenarios.cli", "diff", str(a), str(other)]
+                + ["--json"] * json_out,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": str(root)},
+                timeout=120,
+            )
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (code, b"")
 
 
 def test_a_key_set_to_its_default_is_no_difference_and_a_default_used_is_named(
