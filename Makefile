@@ -53,9 +53,13 @@ run: install
 	$(BIN)/coevo run $(SCENARIO)
 
 # Hypothesis profiles (tests/conftest.py): "ci" derandomized with no deadline, so a run is
-# reproducible and does not depend on the machine's load; "faults" random with more examples
+# reproducible and does not depend on the machine's load; "faults" random with more examples.
+# The default suite runs in TEST_WORKERS processes (pytest-xdist), each test file in one of them
+# (its module fixtures built once); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: install
-	HYPOTHESIS_PROFILE=ci $(BIN)/pytest --durations=20 $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest --durations=20 -n $(TEST_WORKERS) --dist loadfile \
+		$(PYTEST_ARGS)
 
 test-slow: install
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -m slow $(PYTEST_ARGS)
