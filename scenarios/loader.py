@@ -209,6 +209,12 @@ def warn_settings(
             f'{source}: world.split = "heldout" trains on the variants that held-out '
             f'evaluation plays (eval.split = "heldout"): its success is not held out'
         )
+    if learns and evaluates and scenario.world.split == e.split == "train":
+        log.warning(
+            f'{source}: eval.split = "train" evaluates on the variants training plays '
+            f'(world.split = "train"): what the run calls held-out success (the progress '
+            "line, curve_heldout.csv, the report) is then success on trained variants"
+        )
 
 
 UNREAD_KEYS = {"grpo.std_norm": ("complementary", "complementary.subgroup_std")}
