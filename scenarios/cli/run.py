@@ -386,6 +386,13 @@ def _finish(
             f"{outcome.error}",
             file=sys.stderr,
         )
+    elif quiet and outcome.reason != "completed":  # stopped (a signal): how to go on
+        how = outcome.reason.removeprefix("signal:")
+        print(
+            f"coevo: run {run_id} stopped ({how}) after {outcome.events} events: coevo resume "
+            f"{rd.root} continues it",
+            file=sys.stderr,
+        )
     elif problem:
         print(problem, file=sys.stderr)
     if outcome.reason == "completed" and not problem:

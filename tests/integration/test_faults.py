@@ -8,6 +8,7 @@ import errno
 import itertools
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -765,6 +766,34 @@ def moved_mid_run(tmp_path: Path, args: Sequence[str], stop: bool) -> tuple[int,
     assert not run.exists()
     assert verified(moved) > 0
     return proc.returncode, err
+
+
+def test_a_quiet_run_stopped_by_a_signal_says_how_to_go_on_in_one_line(tmp_path: Path) -> None:
+    """``--quiet`` keeps the line that says how a run ended when it did not complete: a run
+    stopped by SIGTERM printed nothing at all (exit 143), a failed one its error."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        wait_for_writer(run, proc)
+        wait_for_a_commit(run, proc)
+        time.sleep(1)  # the actors run (before, a stop is "coevo: terminated")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err.count("\n")) == (143, "", 1), err
+    assert re.fullmatch(
+        rf"coevo: run \w+ stopped \(SIGTERM\) after (\d+) events: coevo resume "
+        rf"{re.escape(str(run))} continues it\n",
+        err,
+    ), err
+    assert verified(run) == int(err.split(" after ")[1].split()[0])
 
 
 def test_a_moved_run_that_draws_no_curves_completes_with_a_note(tmp_path: Path) -> None:
