@@ -55,7 +55,9 @@ class RunProgress:
             disable=not self._live,
         )
         self._version = 0
-        self._updates_t0: float | None = None
+        # this session's first update seen live and when: the rate counts this session's own
+        # (a resumed run's earlier updates took the earlier sessions' time)
+        self._first_update: tuple[int, float] | None = None
         self._eval = "-"
         self._task = self._progress.add_task(
             "episodes", total=total, rate="-", eps="-", learning=""
@@ -79,11 +81,16 @@ class RunProgress:
         self._fold(history)
         while self._total and self._next_line * self._total <= self._done:
             self._next_line += 0.1
+        self._render()  # not 0/N until this session's first commit
 
     def observe(self, batch: list[Envelope[Event]]) -> None:
         """Runtime observer: count ended episodes in a committed batch."""
         self._events += len(batch)
         self._fold(batch)
+        if self._first_update is None and any(
+            env.event.__struct_config__.tag == "policy_updated" for env in batch
+        ):
+            self._first_update = (self._version, time.monotonic())
         self._render()
 
     def _fold(self, batch: Iterable[Envelope[Event]]) -> None:
@@ -100,8 +107,6 @@ class RunProgress:
                 self._recent.append(False)
             elif tag == "policy_updated":
                 self._version = int(getattr(ev, "policy_version", 0))
-                if self._updates_t0 is None:
-                    self._updates_t0 = time.monotonic()
             elif tag == "eval_round_finished" and not getattr(ev, "memory", False):
                 self._eval = f"{getattr(ev, 'success', 0.0):.0%}"
 
@@ -117,8 +122,12 @@ class RunProgress:
     def _learning(self) -> str:
         if not self._version and self._eval == "-":
             return ""
-        elapsed = time.monotonic() - (self._updates_t0 or time.monotonic())
-        rate = f"{(self._version - 1) / elapsed:.2f}" if elapsed > 0 and self._version > 1 else "-"
+        rate = "-"
+        if self._first_update is not None:
+            first, t0 = self._first_update
+            elapsed = time.monotonic() - t0
+            if elapsed > 0 and self._version > first:
+                rate = f"{(self._version - first) / elapsed:.2f}"
         return f"v{self._version} ({rate} upd/s)  heldout {self._eval}"
 
     def _render(self) -> None:

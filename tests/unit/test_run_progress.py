@@ -37,6 +37,39 @@ def test_a_resumed_run_counts_on_from_the_episodes_its_log_holds() -> None:
     assert not any(line.startswith(("episodes 10/", "episodes 20/")) for line in shown)
 
 
+def updated(seq: int, version: int) -> Envelope[Event]:
+    from agents.events.policy import PolicyUpdated
+
+    ev = PolicyUpdated(
+        policy_version=version, update=version, samples=8, stale=0, loss=0.0, grad_norm=0.0,
+        clip_frac=0.0, kl=0.0, ratio_mean=1.0, ref_kl=0.0, digest="d", checkpoint="",
+        seconds=1.0,
+    )  # fmt: skip
+    return Envelope(seq=seq, run="r", t=0, actor="learner", event=ev)
+
+
+def test_a_resumed_run_s_update_rate_counts_this_session_s_updates_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a resume the bar divided every update since the run began by this session's
+    seconds (v30 at "11.71 upd/s" before its first update), and it showed 0 episodes until
+    the session's first commit."""
+    now = [1000.0]
+    monkeypatch.setattr(console_module.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    progress = RunProgress(Console(file=out, width=200, force_terminal=False), 100)
+    history = [finished(i) for i in range(40)] + [updated(40 + v, v) for v in range(1, 31)]
+    progress.resume(history)
+    assert progress._progress.tasks[0].completed == 40
+    now[0] += 3.0
+    progress.observe([finished(70)])
+    assert "v30 (- upd/s)" in progress._learning()
+    for v in (31, 32, 33):  # one update every 10 s
+        now[0] += 10.0
+        progress.observe([updated(70 + v, v)])
+    assert "v33 (0.10 upd/s)" in progress._learning()
+
+
 def test_events_per_second_is_the_rate_of_the_last_seconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
