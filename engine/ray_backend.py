@@ -253,6 +253,8 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
         options["num_cpus"] = num_cpus
     elif address != "auto":
         _check_answers(address)
+    elif (found := _auto_address()) is not None:
+        _check_answers(*found)
     with _own_signals():
         try:
             ray.init(address=address, **options)
@@ -273,22 +275,71 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
 
 
 CONNECT_TIMEOUT_S = 10.0
-"""Seconds to wait for a cluster's ``HOST:PORT`` to accept a connection before ``ray.init``
-(which, with nothing there, retried for minutes without an end in sight)."""
+"""Seconds to wait for a cluster's ``HOST:PORT`` to accept a connection and answer as a
+cluster before ``ray.init`` (which, with nothing there or something else there, retried for
+minutes without an end in sight)."""
+
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""HTTP/2's client preface and an empty SETTINGS frame: a Ray head's GCS is a gRPC server,
+which must answer with a SETTINGS frame of its own (frame type 4)."""
 
 
-def _check_answers(address: str) -> None:
-    """Raise :class:`ClusterUnavailable` unless something accepts a TCP connection at
-    ``address`` (``HOST:PORT``) within :data:`CONNECT_TIMEOUT_S`."""
+def _auto_address() -> tuple[str, str] | None:
+    """The cluster ``address = "auto"`` joins, as Ray finds it (``RAY_ADDRESS``, else the
+    latest ``ray start`` on this machine, which a head that died without ``ray stop`` leaves
+    behind: ``ray.init`` then waited for it without an end), and where it came from; None
+    where Ray finds none (``ray.init`` says so at once) or cannot say."""
+    try:
+        # Ray's own lookup, private: used as far as it goes
+        services: Any = importlib.import_module("ray._private.services")
+        found = services.get_ray_address_from_environment("auto", None)
+    except Exception:
+        return None
+    if not isinstance(found, str) or found.count(":") < 1 or found == "auto":
+        return None
+    source = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "the latest `ray start` here"
+    return found, f"'auto' found {found} ({source})"
+
+
+def _check_answers(address: str, named: str | None = None) -> None:
+    """Raise :class:`ClusterUnavailable` unless something at ``address`` (``HOST:PORT``)
+    accepts a TCP connection and answers as a Ray cluster's GCS (HTTP/2, :data:`_H2_HELLO`;
+    not checked with ``RAY_USE_TLS``), each within :data:`CONNECT_TIMEOUT_S`. ``named``: how
+    the user named the address (``auto``), for the message."""
+    shown = f"{address!r}" if named is None else f"{named}"
+    said = f"cannot join the Ray cluster at {shown} ([runtime.ray] address)"
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S)
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        stale = " (a head that ended without `ray stop`?)" if named else ""
         raise ClusterUnavailable(
-            f"cannot join the Ray cluster at {address!r} ([runtime.ray] address): nothing "
-            f"answers there ({why}); start the cluster (ray start --head) or fix the address"
+            f"{said}: nothing answers there ({why}){stale}; start the cluster (ray start "
+            "--head) or fix the address"
         ) from None
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true"):
+            return  # a TLS handshake comes first: the plain preface proves nothing
+        try:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.sendall(_H2_HELLO)
+            head = b""
+            while len(head) < 9 and (chunk := sock.recv(9 - len(head))):
+                head += chunk
+        except TimeoutError:
+            raise ClusterUnavailable(
+                f"{said}: something accepts connections there but does not answer as a Ray "
+                f"cluster within {CONNECT_TIMEOUT_S:g} s; fix the address"
+            ) from None
+        except OSError:
+            head = b""
+    if len(head) < 9 or head[3] != 4:
+        answer = f"it answered {head[:16]!r}" if head else "it closed the connection"
+        raise ClusterUnavailable(
+            f"{said}: something else listens there, not a Ray cluster (which speaks gRPC: "
+            f"{answer}); fix the address"
+        )
 
 
 _SIGNALS = tuple(

@@ -512,3 +512,45 @@ def test_a_cluster_address_where_nothing_answers_is_one_line_not_a_wait_without_
         pytest.fail("joined a cluster that is not there")
     assert str(err.value).startswith(f"cannot join the Ray cluster at '127.0.0.1:{port}'")
     assert "nothing answers there" in str(err.value) and err.value.exit_code == 2
+
+
+def test_an_address_where_something_else_listens_is_one_line_not_a_wait_without_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ray.init`` at a ``HOST:PORT`` where a web server (or anything not a Ray head)
+    listens, or something that accepts and never answers, waited for good with Ray's
+    warnings every 40 s; "auto" naming a head that ended without ``ray stop`` (its address
+    still in Ray's file, or ``RAY_ADDRESS``) did too. Each is one line now, exit 2."""
+    import http.server
+    import socket
+    import threading
+
+    pytest.importorskip("ray")
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()  # accepts (the kernel does), never answers
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        dead = free.getsockname()[1]
+    monkeypatch.setattr(ray_backend, "CONNECT_TIMEOUT_S", 1.0)
+    try:
+        cases = [
+            (f"127.0.0.1:{web.server_address[1]}", None, "something else listens there"),
+            (f"127.0.0.1:{silent.getsockname()[1]}", None, "does not answer as a Ray cluster"),
+            ("auto", f"127.0.0.1:{dead}", "nothing answers there"),
+        ]
+        for address, env, said in cases:
+            if env is not None:
+                monkeypatch.setenv("RAY_ADDRESS", env)
+            with pytest.raises(ClusterUnavailable) as err, ray_backend.connected(address):
+                pytest.fail(f"joined a cluster at {address}")
+            assert said in str(err.value) and err.value.exit_code == 2, str(err.value)
+            assert "\n" not in str(err.value)
+            named = f"'auto' found {env} (RAY_ADDRESS)" if env else repr(address)
+            assert str(err.value).startswith(f"cannot join the Ray cluster at {named}")
+    finally:
+        web.shutdown()
+        web.server_close()
+        silent.close()
