@@ -217,6 +217,14 @@ class RayPlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     per_process: Annotated[int, Meta(ge=1, le=1024)] = 1
     stall_timeout: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
 
+    def __post_init__(self) -> None:
+        # Ray's own resources have keywords of their own: in `resources` Ray refuses them
+        # as each actor starts (a run failed after its restarts), so they are refused here
+        own = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": None, "object_store_memory": None}
+        for name in sorted(set(self.resources) & set(own)):
+            instead = f"set {own[name]} instead" if own[name] else "Ray sets it itself"
+            raise ValueError(f"resources: {name!r} is one of Ray's own resources ({instead})")
+
 
 class RaySection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The Ray cluster a run with ``backend = "ray"`` places actors on (docs/DEPLOY.md).

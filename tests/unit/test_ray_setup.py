@@ -245,6 +245,10 @@ def test_a_world_s_missing_extra_says_how_to_install_it_both_ways() -> None:
         ('\n[runtime.ray]\naddress = "head"\n', "$.runtime.ray.address: 'head' is not local"),
         ('\n[runtime.ray]\naddress = "head:0"\n', "$.runtime.ray.address: 'head:0': the port"),
         ('\n[runtime.ray]\naddress = "head:x"\n', "$.runtime.ray.address: 'head:x': the port"),
+        # Ray's own resources in `resources`: refused by Ray as each actor started (exit 1)
+        ("\n[runtime.ray.env_workers]\nresources = {CPU = 1}\n", "'CPU' is one of Ray's own"),
+        ("\n[runtime.ray.learner]\nresources = {GPU = 1}\n", "'GPU' is one of Ray's own"),
+        ("\n[runtime.ray.memory]\nresources = {memory = 1e9}\n", "'memory' is one of Ray's"),
     ],
 )
 def test_placements_out_of_bounds_are_refused(tmp_path: Path, extra: str, fragment: str) -> None:
