@@ -32,6 +32,7 @@ from scenarios.cli.common import (
     InputInvalid,
     answered,
     check_writable,
+    home_expanded,
     keep_stderr_open,
     naming,
     open_run,
@@ -77,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(Console(stderr=True), "warning" if getattr(args, "quiet", False) else "info")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        home_expanded(args)
         code = int(args.func(args))
         try:  # here, where a full disk is one line, not at exit
             sys.stdout.flush()

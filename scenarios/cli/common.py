@@ -4,13 +4,14 @@ naming the log in a read error, and keeping a world's prints off a command's out
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.errors import (
     CoevoError,
@@ -117,6 +118,37 @@ def to_devnull(stream: Any) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())
         os.close(devnull)
+
+
+PATH_ARGUMENTS = (
+    *("run", "runs", "run_a", "run_b", "file", "dest", "out", "index", "control", "policy"),
+    *("tensorboard", "wandb", "mlflow"),
+)
+"""The ``coevo`` arguments that name files or directories (a run, a scenario, an output)."""
+
+
+def home_expanded(args: argparse.Namespace) -> None:
+    """Expand a leading ``~`` in the paths ``args`` holds (:data:`PATH_ARGUMENTS`), as
+    ``COEVO_CACHE`` is: the shell leaves it as it is in ``--out=~/x`` or quoted, and a
+    directory named ``~`` was made in the working directory (which ``rm -rf ~`` would take
+    for the home directory).
+
+    Raises:
+        InputInvalid: a ``~`` that cannot be expanded (no home directory, an unknown user).
+    """
+    for name in PATH_ARGUMENTS:
+        value: Any = getattr(args, name, None)
+        values: list[Any] = list(cast("list[Any]", value)) if isinstance(value, list) else [value]
+        if not any(isinstance(v, str) and v.startswith("~") for v in values):
+            continue
+        expanded = [os.path.expanduser(v) if isinstance(v, str) else v for v in values]
+        left = [v for v in expanded if isinstance(v, str) and v.startswith("~")]
+        if left:
+            raise InputInvalid(
+                f"{left[0]}: its ~ names no home directory here (HOME unset, or no such user); "
+                "write the path out"
+            )
+        setattr(args, name, expanded if isinstance(value, list) else expanded[0])
 
 
 def answered(code: int, text: str) -> int:

@@ -790,3 +790,32 @@ def test_a_thread_the_run_s_code_leaked_does_not_hold_the_exit() -> None:
         "coevo: note: 1 thread that the run's code started (a plug-in's?) still running 0.5 s "
         "after the command ended (leaked-by-world): not waiting for it"
     ) in proc.stderr
+
+
+def test_a_tilde_the_shell_left_unexpanded_is_the_home_directory(
+    small_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The shell leaves ``~`` as it is in ``--out=~/x`` or quoted: a directory named ``~``
+    was made in the working directory (``report: ~/r.html`` read as the home's); a ``~`` that
+    names no home is one line."""
+    from scenarios.cli import main
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    assert main(["report", str(small_run), "--out=~/r.html"]) == 0
+    assert main(["copy", str(small_run), "~/copied"]) == 0
+    assert main(["check", "~/copied"]) == 0
+    assert (home / "r.html").is_file() and (home / "copied" / "log").is_dir()
+    assert list(cwd.iterdir()) == []
+    capsys.readouterr()
+    assert main(["check", "~no_such_user_of_coevo/run"]) == 2
+    assert capsys.readouterr().err == (
+        "coevo: error: ~no_such_user_of_coevo/run: its ~ names no home directory here (HOME "
+        "unset, or no such user); write the path out\n"
+    )
