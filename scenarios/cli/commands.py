@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="one self-contained HTML page of plots about runs")
     p.add_argument("runs", nargs="+", metavar="RUN")
-    p.add_argument("--out", help="the HTML file (default: report.html in the first RUN)")
+    p.add_argument("--out", help="the HTML file (default: report.html in the first RUN; -: stdout)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("probe", help="did the extractor's RL make its bank better? (see docs)")
@@ -419,6 +419,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from agents.report.page import PAGE_HEAD, RunData, fold_run, render
 
     roots = [find_run(path).root for path in args.runs]
+    real = [r.resolve() for r in roots]
+    if twice := [str(r) for r in real if real.count(r) > 1]:  # as `serve` does
+        raise InputInvalid(f"{twice[0]}: given more than once")
     runs: list[RunData] = []
     for path, root in zip(args.runs, roots, strict=True):
         log = open_run(path)
@@ -431,6 +434,10 @@ def cmd_report(args: argparse.Namespace) -> int:
                 runs.append(fold_run(_label(root, roots), root, toml, log.read(0, None)))
         finally:
             log.close()
+    if args.out == "-":  # the page on stdout (a file named "-" was written)
+        for run in runs:
+            _draw_missing_curves(run)
+        return answered(0, render(runs))
     out = out_path(args.out, lambda: runs[0].path / "report.html")
     if out.is_dir():
         raise InputInvalid(f"{out}: a directory; --out takes the page's file (DIR/report.html)")

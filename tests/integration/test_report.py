@@ -134,6 +134,23 @@ def test_the_default_output_is_the_first_runs_report_html(
     assert capsys.readouterr().out.startswith(f"report: {runs[1] / 'report.html'} (")
 
 
+def test_out_dash_is_stdout_and_a_run_given_twice_is_refused(
+    tmp_path: Path,
+    runs: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--out -`` wrote a file named ``-`` in the working directory; ``report R R`` drew the
+    run twice as "2 runs" (``serve`` refuses it)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(runs[1]), "--out", "-"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("<!DOCTYPE html>") and out.rstrip().endswith("</html>")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["report", str(runs[1]), str(runs[1] / "log" / "..")]) == 2
+    assert capsys.readouterr().err == f"coevo: error: {runs[1]}: given more than once\n"
+
+
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path, runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
