@@ -71,7 +71,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if columns and not (columns.isdigit() and int(columns) >= MIN_COLUMNS):
         del os.environ["COLUMNS"]  # COLUMNS=0 printed every table as nothing
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), printed by argparse
+        code = exc.code if isinstance(exc.code, int) else 2
+        try:  # here, not in the process's last flush (exit 120 on `--help > /dev/full`)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            to_devnull(sys.stdout)
+        except OSError as err:
+            print(f"coevo: error: cannot write the output: {err.strerror or err}", file=sys.stderr)
+            to_devnull(sys.stdout)
+            return 1
+        return code
     # log lines (an embedded model being built, say) go to stderr, never into a command's
     # output (`--json` included); `run` and `resume` route them to their run directory too;
     # with --quiet only warnings and errors

@@ -86,7 +86,8 @@ class _Stderr:
     (``coevo run 2>&1 | head``), file descriptor 2 is pointed at ``/dev/null`` and what is
     written after is dropped. A run's progress bar and warnings go to stderr; rich ends the
     process on a broken pipe (``SystemExit(1)``), which stopped a run mid-episode with nothing
-    recorded."""
+    recorded. So for any other failed write (``2>/dev/full``): the process's last flush of
+    stderr failed, and Python ended it with exit 120 instead of the command's code."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -94,14 +95,14 @@ class _Stderr:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
+        except OSError:
             self._gone()
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
+        except OSError:
             self._gone()
 
     def _gone(self) -> None:

@@ -189,6 +189,28 @@ def test_output_onto_a_full_disk_is_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 1 and proc.stderr == said, (command, proc.stderr)
 
 
+def test_help_onto_a_full_disk_and_an_error_onto_a_full_stderr_keep_their_exit_codes() -> None:
+    """``coevo --help > /dev/full`` printed "Exception ignored in ..." and exited 120 (the
+    process's last flush failed), and so did bad input with ``2> /dev/full``, whose
+    documented exit code is 2."""
+    for command, into, code, said in (
+        (["--help"], "stdout", 1, "coevo: error: cannot write the output: No space left"),
+        (["log", "--help"], "stdout", 1, "coevo: error: cannot write the output: No space left"),
+        (["check", "/nonexistent"], "stderr", 2, ""),
+        (["log", "--no-such-option"], "stderr", 2, ""),
+    ):
+        for env in output_envs():
+            with open("/dev/full", "w") as full:
+                streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, into: full}
+                proc = subprocess.run(
+                    [COEVO, *command], **streams, text=True, cwd=ROOT, timeout=120,
+                    check=False, env=env,
+                )  # fmt: skip
+            err = proc.stderr or ""
+            assert (proc.returncode, "Traceback" in err) == (code, False), (command, err)
+            assert err.startswith(said) and err.count("\n") == bool(said), (command, err)
+
+
 def test_an_output_cut_short_by_a_full_disk_is_an_error_without_a_buffer(
     tmp_path: Path,
 ) -> None:
