@@ -28,7 +28,6 @@ from rich.console import Console
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import (
-    TORN_COPY_HINT,
     InputInvalid,
     answered,
     check_writable,
@@ -42,6 +41,7 @@ from scenarios.cli.common import (
     stdout_to_stderr,
     to_devnull,
     torn_copy_hint,
+    torn_hint,
     unopenable_path,
 )
 from scenarios.cli.entry import Terminated, exits_after, stopped
@@ -332,7 +332,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             for note in notes:
                 print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:
-                hint = TORN_COPY_HINT if result.damaged else ""
+                hint = torn_hint(result.first_bad_seq) if result.damaged else ""
                 if "unknown event kind" in result.error:  # the run's plug-in did not import?
                     from agents.methods.registry import unimported_note
 

@@ -26,7 +26,6 @@ from stores.lmdb_env import DATA_FILE
 from stores.rundir import find_run
 
 __all__ = [
-    "TORN_COPY_HINT",
     "InputInvalid",
     "LogUnreadable",
     "keep_stderr_open",
@@ -36,6 +35,7 @@ __all__ = [
     "stdout_to_stderr",
     "to_devnull",
     "torn_copy_hint",
+    "torn_hint",
     "version",
 ]
 
@@ -46,20 +46,25 @@ class InputInvalid(CoevoError):
     exit_code = 2
 
 
-TORN_COPY_HINT = (
-    " (a copy taken while its run wrote, by cp -r or rsync, can be torn like this: "
-    "copy a live run with `coevo copy RUN DEST`; the events before the damage still read: "
-    "coevo log RUN --to SEQ)"
-)
-"""Added to a message that says a log's file or records are damaged: a copy taken with
-``cp -r`` while its run wrote can be torn mid-commit and reads so."""
+def torn_hint(seq: int | None) -> str:
+    """Added to a message that says a log's file or records are damaged: a copy taken with
+    ``cp -r`` while its run wrote can be torn mid-commit and reads so. ``seq``: the first
+    damaged record's, before which the events still read (None: the file itself is damaged,
+    and nothing reads: ``log --to SEQ`` failed as every command did)."""
+    before = f"; the events before it still read: coevo log RUN --to {seq}" if seq else ""
+    return (
+        " (a copy taken while its run wrote, by cp -r or rsync, can be torn like this: copy a "
+        f"live run with `coevo copy RUN DEST`{before})"
+    )
 
 
 def torn_copy_hint(exc: BaseException) -> str:
-    """:data:`TORN_COPY_HINT` when ``exc`` says a log's file or records are damaged, else ""."""
+    """:func:`torn_hint` when ``exc`` says a log's file or records are damaged, else ""."""
     if isinstance(exc, EventSchemaChanged):  # the bytes are as written: no copy tore them
         return ""
-    return TORN_COPY_HINT if isinstance(exc, LogDamaged | LogCorrupted) else ""
+    if isinstance(exc, LogCorrupted):
+        return torn_hint(exc.seq)
+    return torn_hint(None) if isinstance(exc, LogDamaged) else ""
 
 
 @contextmanager

@@ -278,7 +278,7 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
     torn = [r for r in results if any(f in expect.get(r.name, "") for f in TORN_LIKE)]
     assert len(torn) >= 5 * len(COMMANDS)
     for result in torn:
-        assert "copy a live run with `coevo copy RUN DEST`;" in result.err, result
+        assert "copy a live run with `coevo copy RUN DEST`" in result.err, result
 
 
 def test_damaged_pages_under_a_branch_page_are_one_line_not_an_abort(
@@ -413,7 +413,30 @@ def test_an_audit_of_a_damaged_log_names_the_log(run_dir: Path, tmp_path: Path) 
     (result,) = run_cases([("audit", ["audit", str(path), "episode", "ep000001"])])
     assert result.code != 0
     assert_one_line(result, str(path / "log"), f"at seq {seq}: checksum")
-    assert "the events before the damage still read: coevo log RUN --to SEQ" in result.err
+    assert f"the events before it still read: coevo log RUN --to {seq})" in result.err
+
+
+def test_the_torn_copy_hint_promises_only_what_reads(run_dir: Path, tmp_path: Path) -> None:
+    """The hint said "the events before the damage still read: coevo log RUN --to SEQ" for a
+    truncated file too, where ``log --to`` fails as every command does: it names the seq only
+    for a damaged record, and ``log --to`` that seq reads."""
+    seq, offsets, length = events_in_file(run_dir)[3]
+    flipped = copy_with(
+        run_dir, tmp_path / "flipped", flip_bits([at + length // 2 for at in offsets])
+    )
+    size = (run_dir / "log" / "data.mdb").stat().st_size
+    cut = copy_with(run_dir, tmp_path / "cut", truncate_to(size // 2))
+    results = run_cases(
+        [
+            ("flipped", ["check", str(flipped)]),
+            ("flipped: before", ["log", str(flipped), "--to", str(seq), "--json"]),
+            ("cut", ["check", str(cut)]),
+        ]
+    )
+    assert f"coevo log RUN --to {seq})" in results[0].err
+    assert results[1].code == 0 and len(results[1].out.splitlines()) == seq, results[1].err
+    assert results[2].code != 0 and "torn like this" in results[2].err
+    assert "--to" not in results[2].err, results[2].err
 
 
 def test_a_copy_of_a_damaged_run_says_the_run_is_damaged(run_dir: Path, tmp_path: Path) -> None:
