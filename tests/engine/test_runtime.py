@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import pytest
@@ -829,3 +830,31 @@ def test_a_second_signal_into_a_slow_stop_names_what_it_waits_on(
     with pytest.raises(SystemExit):
         runtime._stop_where_it_is(signal.SIGINT, True)  # pyright: ignore[reportPrivateUsage]
     assert b"a world call that hangs?" in written[1]
+
+
+def test_a_live_tail_reads_a_long_backlog_a_chunk_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``coevo log --follow`` read every event from its start to the log's head in one list
+    before printing the first: 1.2 GB of memory on a 600k-event run. It reads a chunk at a
+    time and yields every event once, in order."""
+    from engine import replay
+
+    monkeypatch.setattr(replay, "FOLLOW_CHUNK", 7)
+    log = MemoryEventLog()
+    log.append([Envelope(seq=i, run="r", t=0, actor="a", event=Ping(n=i)) for i in range(50)])
+    spans: list[int] = []
+    read = log.read
+
+    def counted(start: int = 0, stop: int | None = None) -> Any:
+        spans.append((stop if stop is not None else log.next_seq) - start)
+        return read(start, stop)
+
+    monkeypatch.setattr(log, "read", counted)
+
+    async def tail() -> list[int]:
+        flt = replay.EventFilter()
+        return [e.seq async for e in replay.follow(log, flt, writing=lambda: False)]
+
+    assert trio.run(tail) == list(range(50))
+    assert max(spans) == 7
