@@ -70,9 +70,13 @@ def _naming_override(exc: ScenarioInvalid, overrides: Sequence[str]) -> Scenario
     """``exc``, saying which ``--set`` gave the value it is about (the file holds another):
     the last override whose key is the error's key path, or above or below it."""
     found = re.search(r"`(\$[^`]*)`", exc.detail) or re.match(r"(\$[^\s:]*)", exc.detail)
-    if found is None:
+    top = re.fullmatch(r"Object contains unknown field `([^`]*)`", exc.detail)  # no path
+    if found is not None:
+        at = found.group(1)
+    elif top is not None:
+        at = f"$.{top.group(1)}"
+    else:
         return exc
-    at = found.group(1)
     for item in reversed(overrides):
         key = "$." + ".".join(_split_override(item, exc.source)[0])
         if any(a == b or a.startswith(b + ".") for a, b in ((at, key), (key, at))):

@@ -322,6 +322,8 @@ def test_a_pool_larger_than_a_familys_variants_is_warned_about(
         (["grpo.dual_clip=0.5"], "grpo.dual_clip=0.5"),  # the error names its table
         (["grpo={clip_low = 2.0}"], "grpo={clip_low = 2.0}"),  # the override sets a table
         (["run.episodes=-1", "run.episodes=-2"], "run.episodes=-2"),  # the last one counts
+        (["run.episodess=3"], "run.episodess=3"),  # a key the table does not have
+        (["seeed=3"], "seeed=3"),  # one at the top: msgspec's error names no path
     ],
 )
 def test_an_invalid_value_from_the_command_line_names_its_override(
