@@ -175,7 +175,8 @@ class TextWorldGames:
 
     Args:
         families: challenges offered (default all three, in :data:`FAMILIES` order).
-        level: difficulty of coin collector (1-100) and treasure hunter (1-30) games.
+        level: difficulty of coin collector (1-150 and 201-233: at most 100 rooms) and
+            treasure hunter (1-30) games.
         cooking: cooking settings, TextWorld's ``tw-cooking`` flags: ``recipe`` (ingredients,
             1-5), ``take`` (ingredients to find, 0-recipe), ``go`` (rooms: 1, 6, 9 or 12),
             ``open``, ``cook``, ``cut``, ``drop`` (booleans).
@@ -217,6 +218,8 @@ class TextWorldGames:
         self.max_steps = check_int("max_steps", max_steps, 1, 100_000)
         if cache_dir is not None and not isinstance(cache_dir, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f"cache_dir must be a path, got {cache_dir!r}")
+        if cache_dir is not None and not cache_dir.strip():  # read as "not set", silently
+            raise ValueError(f"cache_dir is empty ({cache_dir!r}): leave it out for the default")
         version = str(self._tw.__version__)
         self.cache = Path(cache_dir) if cache_dir else cache_root() / "textworld" / version
         there = next((p for p in (self.cache, *self.cache.parents) if p.exists()), None)
@@ -502,13 +505,27 @@ def _check_level(level: object, families: Sequence[str]) -> int:
     value = check_int("level", level, 1, 300)
     if "treasure_hunter" in families and value > 30:
         raise ValueError(f"level must be between 1 and 30 for treasure_hunter, got {value}")
-    rooms = ((value - 1) // 100 + 1) * ((value - 1) % 100 + 1)
-    if "coin_collector" in families and rooms > MAX_ROOMS:
+    if "coin_collector" in families and (rooms := _coin_rooms(value)) > MAX_ROOMS:
+        allowed = [v for v in range(1, 301) if _coin_rooms(v) <= MAX_ROOMS]
+        spans = [  # the runs of consecutive allowed levels: 1-150, 201-233
+            f"{a}-{b}"
+            for a, b in zip(
+                [v for v in allowed if v - 1 not in allowed],
+                [v for v in allowed if v + 1 not in allowed],
+                strict=True,
+            )
+        ]
         raise ValueError(
             f"level {value} makes coin_collector games of {rooms} rooms; TextWorld allows "
-            f"{MAX_ROOMS} (levels 1-100 and 101-150)"
+            f"{MAX_ROOMS} (levels {', '.join(spans[:-1])} and {spans[-1]})"
         )
     return value
+
+
+def _coin_rooms(level: int) -> int:
+    """The rooms of a coin collector game of ``level``: a quest of ``(level - 1) % 100 + 1``
+    rooms, and every 100 levels as many distractor rooms again."""
+    return ((level - 1) // 100 + 1) * ((level - 1) % 100 + 1)
 
 
 def _cooking_settings(value: object) -> dict[str, int | bool]:

@@ -221,6 +221,13 @@ def test_the_interpreters_own_commands_are_refused(
 def test_options_are_checked_with_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="level must be between 1 and 30 for treasure_hunter"):
         load_world("textworld", {"level": 40})
+    # the allowed coin collector levels as they are (it said 1-100 and 101-150; 201-233 play too)
+    said = r"coin_collector games of 102 rooms; TextWorld allows 100 \(levels 1-150 and 201-233\)"
+    with pytest.raises(ValueError, match=said):
+        load_world("textworld", {"level": 151, "families": ["coin_collector"]})
+    assert load_world("textworld", {"level": 233, "families": ["coin_collector"]})
+    with pytest.raises(ValueError, match="cache_dir is empty"):  # read as the default
+        load_world("textworld", {"cache_dir": " "})
     (tmp_path / "file").write_text("x")  # every episode aborted "Not a directory"; valid
     for where in (tmp_path / "file", tmp_path / "file" / "games"):
         with pytest.raises(ValueError, match=f"'{tmp_path / 'file'}' is not a directory"):
