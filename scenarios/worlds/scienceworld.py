@@ -125,8 +125,7 @@ class ScienceWorld:
         self._variants = check_int("variants", variants, 0, 1_000_000)
         self._resolve = check_bool("resolve_ambiguity", resolve_ambiguity)
         self._normalise = check_bool("normalise", normalise)
-        if not re.fullmatch(r"[1-9][0-9]*[kmgKMG]?", str(jvm_memory)):
-            raise ValueError(f"jvm_memory must look like '512m' or '2g', got {jvm_memory!r}")
+        _check_heap(jvm_memory)
         stable = STABLE_HASH_FLAGS if check_bool("stable_hashes", stable_hashes) else ()
         self._jvm_options = (f"-Xmx{jvm_memory}", *stable, *check_jvm_options(jvm_options))
         self.step_timeout = check_float("step_timeout", step_timeout, 0.1, 86_400)
@@ -345,3 +344,29 @@ def _simplifications(value: object, tasks: Sequence[str]) -> str:
     if "noElectricalAction" in parts and electrical:
         raise ValueError(f"noElectricalAction removes the actions that {electrical} need")
     return ",".join(parts)
+
+
+MIN_HEAP_MB = 32
+"""The smallest ``jvm_memory`` taken: below it the JVM does not start ("Too small maximum
+heap") or runs out of memory loading ScienceWorld (16m did)."""
+
+
+def _check_heap(jvm_memory: object) -> None:
+    """Refuse a ``jvm_memory`` the JVM would refuse or could not run ScienceWorld in: its
+    form (a number and a unit, ``512m`` or ``2g``: a bare number is bytes to the JVM, and
+    ``512`` failed as the JVM started, naming no setting) and :data:`MIN_HEAP_MB`."""
+    found = (
+        re.fullmatch(r"([1-9][0-9]{0,9})([kmgKMG])", jvm_memory)
+        if isinstance(jvm_memory, str)
+        else None
+    )
+    if found is None:
+        raise ValueError(
+            f"jvm_memory must be a size with a unit, like '512m' or '2g', got {jvm_memory!r}"
+        )
+    scale = {"k": 1 / 1024, "m": 1, "g": 1024}[found.group(2).lower()]
+    if int(found.group(1)) * scale < MIN_HEAP_MB:
+        raise ValueError(
+            f"jvm_memory must be at least {MIN_HEAP_MB}m (the JVM cannot load ScienceWorld in "
+            f"less), got {jvm_memory!r}"
+        )

@@ -309,3 +309,14 @@ def test_a_jvm_that_exits_as_it_starts_is_reported_in_words(
         "scienceworld JVM exited as it started, before it named its port: "
         "Error occurred during initialization of VM"
     )
+
+
+@pytest.mark.parametrize("memory", [512, "512", "1k", "16m", "lots", "512mb", "0m"])
+def test_a_jvm_memory_the_jvm_refuses_or_cannot_run_in_is_refused_naming_it(
+    memory: object,
+) -> None:
+    """``jvm_memory = 512`` (bytes to the JVM), ``"512"`` and ``"1k"`` passed the option check
+    and failed as the JVM started, in words that named no setting."""
+    with pytest.raises(ValueError, match="jvm_memory must be ") as err:
+        load_world("scienceworld", {"jvm_memory": memory})
+    assert repr(memory) in str(err.value)
