@@ -461,12 +461,29 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
     return scenario
 
 
+def _choices_at(path: str) -> tuple[object, ...]:
+    """The values the schema allows at ``path`` (``$.world.split``) where it is a choice of
+    literals (msgspec's "Invalid enum value 'test'" named none of them), else ()."""
+    import msgspec.inspect as mi
+
+    info: Any = mi.type_info(Scenario)
+    for name in path.removeprefix("$.").split("."):
+        fields = {f.name: f for f in getattr(info, "fields", ())}
+        if name not in fields:
+            return ()
+        info = fields[name].type
+    return tuple(sorted(info.values, key=str)) if isinstance(info, mi.LiteralType) else ()
+
+
 def _worded(message: str, doc: dict[str, Any]) -> str:
     """msgspec's range message in plain words: a bound of ``-0.0`` reads 0, and a NaN that
     failed a range says it is NaN (``Expected `float` > 0.0`` read as if nan were out of
     range)."""
     message = re.sub(r"(?<=[<>] )-0\.0\b|(?<=[<>]= )-0\.0\b", "0", message)
     where = re.search(r" - at `(\$[^`]*)`$", message)
+    if where and message.startswith("Invalid enum value ") and (allowed := _choices_at(where[1])):
+        shown = ", ".join(repr(v) for v in allowed)
+        return f"{message[: where.start()]} (one of {shown}){message[where.start() :]}"
     if where and message.startswith("Expected `float` ") and _is_nan(_value_at(doc, where[1])):
         return f"{message[: where.start()]}, got nan (not a number){message[where.start() :]}"
     return message

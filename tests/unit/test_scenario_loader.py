@@ -357,6 +357,21 @@ def test_a_range_error_reads_plainly(override: str, said: str) -> None:
     assert f"{said} (given by --set {override})" in str(err.value), err.value
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ('world.split="test"', "Invalid enum value 'test' (one of 'heldout', 'train')"),
+        ('eval.split="dev"', "Invalid enum value 'dev' (one of 'heldout', 'train')"),
+        ('agent.kind="robot"', "(one of 'explorer', 'policy', 'random') - at `$.agent.kind`"),
+    ],
+)
+def test_a_choice_refused_names_the_choices(override: str, said: str) -> None:
+    """msgspec's "Invalid enum value 'test'" named none of the values allowed."""
+    with pytest.raises(ScenarioInvalid) as err:
+        load_scenario(ROOT / "scenarios" / "quickstart.toml", [override])
+    assert said in str(err.value), err.value
+
+
 def test_a_very_long_bad_value_is_cut_in_the_error() -> None:
     """A 20,000-character bad enum value was echoed whole, twice (msgspec's message and the
     override): one 40 KB line."""
