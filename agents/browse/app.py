@@ -164,6 +164,7 @@ def make_app(runs: Mapping[str, RunView], hosts: frozenset[str] | None = None) -
             a=audit,
             candidates=candidates,
             live=status == "live" and audit.ended == "running",
+            unfinished=status != "live" and audit.ended == "running",
         )
 
     async def entry(request: Request) -> Response:

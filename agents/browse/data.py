@@ -11,7 +11,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,9 @@ from stores.lmdb_pages import read_metas
 from stores.rundir import LOG_DIR, find_run, run_state
 
 __all__ = ["FILTERS", "Candidate", "EpisodeRow", "RunView"]
+
+UNFINISHED = "unfinished"
+"""The outcome of an episode a run stopped or killed before it ended (no process plays it)."""
 
 FILTERS = ("family", "split", "purpose", "outcome", "version", "rollout")
 """The episode list's filters (query parameters), each matched exactly."""
@@ -185,8 +188,12 @@ class RunView:
 
     def _all(self) -> list[EpisodeRow]:
         """Every episode's row, read from the index once per length of the indexed log (a
-        finished run's once; a live run's again after it grew)."""
-        return self._rebuilt_if_damaged(self._rows_now)
+        finished run's once; a live run's again after it grew). An episode without an end in
+        a run no longer written is "unfinished", not "running" (a run stopped or killed)."""
+        rows = self._rebuilt_if_damaged(self._rows_now)
+        if self.status() == "live":
+            return rows
+        return [replace(r, outcome=UNFINISHED) if r.outcome == "running" else r for r in rows]
 
     def _rows_now(self) -> list[EpisodeRow]:
         upto = self.index.upto

@@ -369,6 +369,44 @@ def test_a_run_whose_writer_is_gone_shows_as_killed_not_live(tmp_path: Path) -> 
         view.close()
 
 
+UNENDED = (
+    KILLED
+    + """
+from agents.events.episodes import EpisodeAssigned
+assigned = EpisodeAssigned(
+    episode="ep000000", index=0, worker="w", family="fetch", variant=1, split="train", seed=5
+)
+log.append([Envelope(seq=1, run="r-k", t=1, actor="a", event=assigned)])
+"""
+)
+
+
+def test_an_episode_a_killed_run_left_without_an_end_is_unfinished_not_running(
+    tmp_path: Path,
+) -> None:
+    """A stopped or killed run's episodes without an end were listed (and filtered) as
+    "running" and their pages said "ended: running": nothing plays them."""
+    from starlette.testclient import TestClient
+
+    from agents.browse.app import make_app
+
+    root = tmp_path / "killed"
+    subprocess.run([sys.executable, "-c", UNENDED, str(root / "log")], check=True)
+    views = open_views([str(root)])
+    try:
+        client = TestClient(make_app(views))
+        listed = client.get("/runs/killed").text
+        assert '<td class="unfinished">unfinished</td>' in listed and ">running<" not in listed
+        assert "ep000000" in client.get("/runs/killed?outcome=unfinished").text
+        assert "ep000000" not in client.get("/runs/killed?outcome=running").text
+        page = unescape(client.get("/runs/killed/episodes/ep000000").text)
+        said = "no: the run stopped before it did (coevo resume plays it again)"
+        assert f'ended: <span class="unfinished">{said}</span>' in page
+    finally:
+        for view in views.values():
+            view.close()
+
+
 def test_an_aborted_use_reads_aborted_on_the_entry_page(
     distill_root: Path, credited: CreditAssigned, capsys: pytest.CaptureFixture[str]
 ) -> None:
