@@ -71,12 +71,16 @@ def test_text_after_a_set_value_is_refused(
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ('prompt.memory="assistant"', "Invalid enum value 'assistant' - at `$.prompt.memory`"),
+        (
+            'prompt.memory="assistant"',
+            "Invalid enum value 'assistant' (one of 'system', 'user') - at `$.prompt.memory`",
+        ),
         ('prompt.system=""', "Expected `str` of length >= 1 - at `$.prompt.system`"),
         ("prompt.tips=1", "unknown field `tips` - at `$.prompt`"),
         (
             'empo2.embedder="minilm-int4"',
-            "Invalid enum value 'minilm-int4' - at `$.empo2.embedder`",
+            "Invalid enum value 'minilm-int4' (one of 'hashing', 'minilm', 'minilm-int8') - at "
+            "`$.empo2.embedder`",
         ),
         ("empo2.query_chars=-1", "Expected `int` >= 0 - at `$.empo2.query_chars`"),
     ],
