@@ -194,11 +194,38 @@ HERE_HELP = (
 )
 
 
+class _StoreOnce(argparse._StoreAction):  # pyright: ignore[reportPrivateUsage]
+    """argparse's ``store`` refusing an option given twice: the last one silently won
+    (``log --episode A --episode B`` showed B's events only, ``export --tensorboard A
+    --tensorboard B`` wrote B only)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: set[str] = namespace.__dict__.setdefault("_given_once", set())
+        if option_string is not None and self.dest in given:
+            parser.error(f"{option_string} given twice: give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _Parser(argparse.ArgumentParser):
+    """``coevo``'s parsers (the subcommands' too): an option that takes one value is given
+    once (:class:`_StoreOnce`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="coevo", description="Event-sourced engine for co-evolving LLM agents."
-    )
+    parser = _Parser(prog="coevo", description="Event-sourced engine for co-evolving LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a scenario file and print it resolved")
@@ -275,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("audit", help="explain an entry, an episode or the credit from the log")
     p.add_argument("run")
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print the answer as JSON")
     common.add_argument("--index", metavar="DIR", help="the audit index (default RUN/audit)")
     q = what.add_parser("tip", parents=[common], help="an entry's lineage, uses and credit")

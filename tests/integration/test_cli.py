@@ -819,3 +819,23 @@ def test_a_tilde_the_shell_left_unexpanded_is_the_home_directory(
         "coevo: error: ~no_such_user_of_coevo/run: its ~ names no home directory here (HOME "
         "unset, or no such user); write the path out\n"
     )
+
+
+def test_an_option_that_takes_one_value_given_twice_is_refused(
+    small_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last of two silently won: ``log --episode A --episode B`` showed B's events only,
+    ``export --tensorboard A --tensorboard B`` wrote B only, with exit 0."""
+    from scenarios.cli import main
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for argv, option in (
+        (["log", str(small_run), "--episode", "ep000001", "--episode", "ep000002"], "--episode"),
+        (["export", str(small_run), "--tensorboard", a, "--tensorboard", b], "--tensorboard"),
+        (["log", str(small_run), "--from", "1", "--from=2"], "--from"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1].endswith(f": error: {option} given twice: give it once")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert main(["log", str(small_run), "--kind", "run_started", "--kind", "run_stopped"]) == 0
