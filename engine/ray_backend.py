@@ -618,7 +618,8 @@ class RemoteActor(Actor):
             if report.state == "failed":
                 self._inflight.failed()
                 failed = RemoteActorRestartable if report.restart else RemoteActorFailed
-                raise failed(f"{ctx.name} raised remotely:\n{report.error}")
+                sep = "\n" if "\n" in report.error.strip() else " "  # a traceback, or one line
+                raise failed(f"{ctx.name} raised remotely:{sep}{report.error.strip()}")
 
 
 async def _settle(ref: Any, room: trio.Semaphore) -> None:

@@ -171,7 +171,8 @@ class Report(msgspec.Struct, frozen=True, array_like=True):
         events: what it emitted since the previous report: ``Codec.encode_batch`` of envelopes
             numbered 0, 1, .. (positions, not log seqs) with the actor's cause and corr.
         state: "running", "ended" (its ``run`` returned) or "failed" (it raised).
-        error: the error and traceback when failed.
+        error: the error when failed: its traceback too, unless coevo raised it on purpose
+            (a :class:`~engine.errors.CoevoError`, whose message is one line).
         restart: when failed, the error is one the actor's spec restarts for (the host's
             ``restart_for``).
     """
@@ -342,7 +343,11 @@ class RemoteHost:
                 self._state = "ended"
             except Exception as exc:  # reported to the proxy, which raises it in the driver
                 self._state = "failed"
-                self._error = "".join(traceback.format_exception(exc, limit=8))
+                self._error = (  # coevo's own errors are one line, as in the driver
+                    f"{type(exc).__name__}: {exc}"
+                    if isinstance(exc, CoevoError)
+                    else "".join(traceback.format_exception(exc, limit=8))
+                )
                 self._restart = isinstance(exc, self._restart_for)
             finally:
                 self._changed.unpark_all()

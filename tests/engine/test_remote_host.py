@@ -159,6 +159,28 @@ def test_a_failing_actor_is_reported_with_its_traceback(
     assert "KeyError: 'boom'" in rep.error and "Traceback" in rep.error
 
 
+def test_coevo_s_own_error_in_a_remote_actor_is_one_line_as_in_the_driver() -> None:
+    """A world that could not be imported on a Ray worker (``ScenarioInvalid``) ended the run
+    with a 20-line traceback of trio and outcome frames; in the driver it is one line."""
+    from engine.errors import ScenarioInvalid
+
+    class Failing(Actor):
+        subscribes = ()
+
+        async def run(self, ctx: Context) -> None:
+            raise ScenarioInvalid("s.toml", "cannot import world module 'lab': HOME not set")
+
+    host = RemoteHost("failing", Failing, 7, 0)
+    try:
+        rep, _ = report(host)
+        while rep.state == "running":
+            rep, _ = report(host)
+    finally:
+        host.stop()
+    assert rep.state == "failed"
+    assert rep.error == "ScenarioInvalid: s.toml: cannot import world module 'lab': HOME not set"
+
+
 def test_a_source_actor_waits_when_its_outbox_is_full() -> None:
     emitted: list[int] = []
 
