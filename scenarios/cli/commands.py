@@ -28,6 +28,7 @@ from rich.console import Console
 from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import (
+    ESCAPE_ERRORS,
     InputInvalid,
     answered,
     check_writable,
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         buffered(name)
         with contextlib.suppress(AttributeError, ValueError, OSError):  # an ASCII stream
             # (PYTHONIOENCODING=ascii) shows what it cannot encode escaped, never a traceback
-            getattr(sys, name).reconfigure(errors="backslashreplace")
+            getattr(sys, name).reconfigure(errors=ESCAPE_ERRORS)
     keep_stderr_open()
     # a run named in a script matplotlib's font lacks (CJK): boxes in the plot, not a warning
     warnings.filterwarnings(

@@ -5,6 +5,7 @@ naming the log in a read error, and keeping a world's prints off a command's out
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import os
 import sys
@@ -26,6 +27,7 @@ from stores.lmdb_env import DATA_FILE
 from stores.rundir import find_run
 
 __all__ = [
+    "ESCAPE_ERRORS",
     "InputInvalid",
     "LogUnreadable",
     "keep_stderr_open",
@@ -155,6 +157,29 @@ def home_expanded(args: argparse.Namespace) -> None:
                 "write the path out"
             )
         setattr(args, name, expanded if isinstance(value, list) else expanded[0])
+
+
+def _escaped(err: UnicodeError) -> tuple[str, int]:
+    """What an output stream that cannot encode a character (``PYTHONIOENCODING=ascii``, a C
+    locale without UTF-8 mode) writes instead: ``\\uXXXX``, which a JSON and a TOML string
+    read back as the character (Python's ``\\xfc`` made ``validate``'s TOML and ``--json``
+    output unreadable); beyond the BMP a pair of them, as JSON writes it (TOML refuses it)."""
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    out: list[str] = []
+    for ch in err.object[err.start : err.end]:
+        n = ord(ch)
+        if n > 0xFFFF:  # a surrogate pair, as JSON writes it
+            n -= 0x10000
+            out.append(f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{n:04x}")
+    return "".join(out), err.end
+
+
+ESCAPE_ERRORS = "coevo-escape"
+"""The error handler of coevo's output streams (:func:`_escaped`)."""
+codecs.register_error(ESCAPE_ERRORS, _escaped)
 
 
 def answered(code: int, text: str) -> int:

@@ -698,6 +698,37 @@ def test_an_ascii_stream_or_a_zero_width_is_no_traceback_and_no_silence(
     assert proc.returncode == 0 and "actors" in proc.stdout and "worker-0" in proc.stdout
 
 
+def test_an_ascii_stream_s_escapes_read_back_as_toml_and_json(
+    small_run: Path, tmp_path: Path
+) -> None:
+    """On an ASCII stdout ``validate`` printed ``description = "\\xfcn..."``, which TOML
+    refuses (so the output could not be validated again), and ``--json`` outputs JSON
+    refused too: the escapes are ``\\uXXXX`` now, which both read back."""
+    import json
+    import os
+    import tomllib
+
+    text = "Explorers \u2014 \u00fcn\u00efc\u00f6d\u00e9"
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'name = "x"\ndescription = "{text}"\n[agent]\nkind = "explorer"\n')
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(
+            [COEVO, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+            check=False,
+        )  # fmt: skip
+        assert proc.returncode in (0, 1) and proc.stdout.isascii(), proc.stderr
+        return proc.stdout
+
+    printed = run("validate", str(scenario))
+    assert tomllib.loads(printed)["description"] == text
+    described = tmp_path / "described"
+    run("run", str(scenario), "--out", str(described), "--quiet", "--set", "run.episodes=2")
+    changes = json.loads(run("diff", str(described), str(small_run), "--json"))["scenario"]
+    assert [c["a"] for c in changes if c["key"] == "description"] == [text], changes
+
+
 def test_copy_takes_a_whole_log_even_while_the_run_writes(tmp_path: Path) -> None:
     """A ``cp -r`` of a run being written can be torn mid-commit (3 of 52 in an outside
     tester's loop: the copy read as damaged). ``coevo copy`` takes the log in one read
