@@ -44,6 +44,7 @@ from scenarios.cli.common import (
     torn_copy_hint,
     torn_hint,
     unopenable_path,
+    version,
 )
 from scenarios.cli.entry import Terminated, exits_after, stopped
 from scenarios.cli.explore import add_commands
@@ -227,6 +228,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = _Parser(prog="coevo", description="Event-sourced engine for co-evolving LLM agents.")
+    parser.add_argument("--version", action="version", version=f"coevo {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a scenario file and print it resolved")

@@ -870,3 +870,13 @@ def test_an_option_that_takes_one_value_given_twice_is_refused(
         assert err.splitlines()[-1].endswith(f": error: {option} given twice: give it once")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert main(["log", str(small_run), "--kind", "run_started", "--kind", "run_stopped"]) == 0
+
+
+def test_version_says_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """``coevo --version`` said "the following arguments are required: COMMAND"."""
+    from importlib.metadata import version
+
+    from scenarios.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"coevo {version('coevo')}\n"
