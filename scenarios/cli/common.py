@@ -133,20 +133,27 @@ PATH_ARGUMENTS = (
     *("tensorboard", "wandb", "mlflow"),
 )
 """The ``coevo`` arguments that name files or directories (a run, a scenario, an output)."""
+POSITIONAL_PATHS = frozenset({"run", "runs", "run_a", "run_b", "file", "dest"})
+"""Those given without an option (``check ""`` named "." in its error); the options say
+themselves what an empty one means."""
 
 
 def home_expanded(args: argparse.Namespace) -> None:
-    """Expand a leading ``~`` in the paths ``args`` holds (:data:`PATH_ARGUMENTS`), as
+    """Refuse an empty path among those ``args`` holds (:data:`PATH_ARGUMENTS`), and expand
+    a leading ``~`` in them, as
     ``COEVO_CACHE`` is: the shell leaves it as it is in ``--out=~/x`` or quoted, and a
     directory named ``~`` was made in the working directory (which ``rm -rf ~`` would take
     for the home directory).
 
     Raises:
-        InputInvalid: a ``~`` that cannot be expanded (no home directory, an unknown user).
+        InputInvalid: an empty path, or a ``~`` that cannot be expanded (no home directory, an
+            unknown user).
     """
     for name in PATH_ARGUMENTS:
         value: Any = getattr(args, name, None)
         values: list[Any] = list(cast("list[Any]", value)) if isinstance(value, list) else [value]
+        if "" in values and name in POSITIONAL_PATHS:  # Path("") is the working directory:
+            raise InputInvalid(f"{name.upper()}: an empty path; name a file or directory")
         if not any(isinstance(v, str) and v.startswith("~") for v in values):
             continue
         expanded = [os.path.expanduser(v) if isinstance(v, str) else v for v in values]

@@ -845,6 +845,9 @@ def test_a_tilde_the_shell_left_unexpanded_is_the_home_directory(
     assert (home / "r.html").is_file() and (home / "copied" / "log").is_dir()
     assert list(cwd.iterdir()) == []
     capsys.readouterr()
+    for argv in (["check", ""], ["diff", str(small_run), ""], ["validate", ""]):
+        assert main(argv) == 2  # `check ""` named "." (the working directory)
+        assert capsys.readouterr().err.endswith(": an empty path; name a file or directory\n")
     assert main(["check", "~no_such_user_of_coevo/run"]) == 2
     assert capsys.readouterr().err == (
         "coevo: error: ~no_such_user_of_coevo/run: its ~ names no home directory here (HOME "
