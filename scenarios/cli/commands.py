@@ -223,9 +223,21 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an option a subcommand does not know is refused by that
+        subcommand's parser, with its usage (argparse printed the top-level one)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The argument parser with every subcommand."""
     parser = _Parser(prog="coevo", description="Event-sourced engine for co-evolving LLM agents.")
     parser.add_argument("--version", action="version", version=f"coevo {version()}")
@@ -331,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_check(sub)
     add_commands(sub)
+    parser.commands = dict(sub.choices)
     return parser
 
 

@@ -883,3 +883,16 @@ def test_version_says_the_installed_version(capsys: pytest.CaptureFixture[str]) 
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"coevo {version('coevo')}\n"
+
+
+def test_an_option_a_subcommand_does_not_know_is_refused_with_its_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """argparse refused ``coevo log RUN --bogus`` with the top-level usage (``coevo [-h]
+    COMMAND ...``), which does not show the options ``log`` takes."""
+    from scenarios.cli import main
+
+    assert main(["log", "somewhere", "--bogus"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("usage: coevo log ") and "--follow" in " ".join(err)
+    assert err[-1] == "coevo log: error: unrecognized arguments: --bogus"
