@@ -763,11 +763,9 @@ def test_a_run_whose_directory_is_moved_mid_run_says_so(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
-def moved_mid_run(tmp_path: Path, args: Sequence[str], stop: bool) -> tuple[int, str]:
-    """An explore run into ``tmp_path/run``, renamed to ``tmp_path/moved`` once it has
-    committed, then (``stop``) sent SIGTERM a second later: its exit code and stderr, once
-    nothing is left at the old path and the moved log verifies."""
-    run, moved = tmp_path / "run", tmp_path / "moved"
+def committed_explore(run: Path, *args: str) -> subprocess.Popen[str]:
+    """``coevo run`` of the explore scenario into ``run`` (``--quiet``), once its log has a
+    commit (killed if it never gets one)."""
     proc = subprocess.Popen(
         [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", *args],
         stdout=subprocess.PIPE,
@@ -777,7 +775,20 @@ def moved_mid_run(tmp_path: Path, args: Sequence[str], stop: bool) -> tuple[int,
     )
     try:
         wait_for_writer(run, proc)
-        wait_for_a_commit(run, proc)  # moved while its log was being created: another story
+        wait_for_a_commit(run, proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def moved_mid_run(tmp_path: Path, args: Sequence[str], stop: bool) -> tuple[int, str]:
+    """An explore run into ``tmp_path/run``, renamed to ``tmp_path/moved`` once it has
+    committed, then (``stop``) sent SIGTERM a second later: its exit code and stderr, once
+    nothing is left at the old path and the moved log verifies."""
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    proc = committed_explore(run, *args)  # moved while its log was created: another story
+    try:
         run.rename(moved)
         if stop:
             time.sleep(1)
@@ -794,16 +805,8 @@ def test_a_quiet_run_stopped_by_a_signal_says_how_to_go_on_in_one_line(tmp_path:
     """``--quiet`` keeps the line that says how a run ended when it did not complete: a run
     stopped by SIGTERM printed nothing at all (exit 143), a failed one its error."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [COEVO, "run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=100000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = committed_explore(run, "--set", "run.episodes=100000")
     try:
-        wait_for_writer(run, proc)
-        wait_for_a_commit(run, proc)
         time.sleep(1)  # the actors run (before, a stop is "coevo: terminated")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
