@@ -13,8 +13,9 @@ points it completes. Series and their steps (``x``):
   ``retrieval/shown`` (mean entries shown) of the retrievals of the block's training
   episodes (an attempt abandoned on a resume counts none); ``credit/mean`` and
   ``credit/count`` of the block's credits; ``throughput/episodes_per_s`` and
-  ``throughput/events_per_s`` over the block (from the envelopes' emission times). A mean
-  over nothing (``retrieval/shown``, ``credit/mean`` of a block without any) is not written;
+  ``throughput/events_per_s`` over the block (from the envelopes' emission times, less the
+  time between a session's last event and its resume). A mean over nothing
+  (``retrieval/shown``, ``credit/mean`` of a block without any) is not written;
 - per evaluation round (``x`` = training episodes at its end): ``heldout/success``,
   ``heldout/score`` (``heldout_bank/...`` for rounds played with the bank);
 - per adaptation round (``x`` = policy version): ``adapt/success_attempt_N``;
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -49,7 +50,7 @@ from agents.events.extractor import CreditAssigned, ExtractorGradientRequested, 
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
 from engine.events import Envelope, Event
-from engine.lifecycle import RunFailed, RunStopped
+from engine.lifecycle import RunFailed, RunResumed, RunStopped
 
 __all__ = ["KINDS", "READ", "Scalar", "ScalarFold", "fold_scalars"]
 
@@ -80,6 +81,7 @@ class _Block:
     retrievals: int = 0
     shown: int = 0
     credits: list[float] = field(default_factory=list[float])
+    paused: int = 0  # ns between a session's last event and the resume's (not run time)
 
 
 @dataclass
@@ -144,14 +146,26 @@ class ScalarFold:
             EpisodeAbandoned: self._abandoned,
             RunStopped: self._stopped,
             RunFailed: lambda ev, env: self._release(),  # the held block is final
+            RunResumed: self._resumed,
         }
+        self._last_t: int | None = None  # the time of the last envelope folded
 
     def evolve(self, env: Envelope[Event]) -> list[Scalar]:
         """Fold one envelope; returns the points it completes (most events: none)."""
         if self._mark is None:
             self._mark = (env.seq, env.t)
         handle = self._on.get(type(env.event))
-        return handle(env.event, env) if handle is not None else []
+        out = handle(env.event, env) if handle is not None else []
+        self._last_t = env.t
+        return out
+
+    def _resumed(self, ev: RunResumed, env: Envelope[Event]) -> list[Scalar]:
+        """The time from the last envelope folded (a killed session's last one of the kinds
+        read) to this resume is no time of the open block's: its throughput counted the time
+        the run was stopped (0.3 episodes/s for a block spanning a stop)."""
+        if self._last_t is not None:
+            self._open.paused += max(env.t - self._last_t, 0)
+        return []
 
     def _episode(self, ev: EpisodeFinished | EpisodeAborted, env: Envelope[Event]) -> list[Scalar]:
         if ev.purpose != "train":
@@ -199,7 +213,7 @@ class ScalarFold:
     def _block_points(self, held: _Held) -> list[Scalar]:
         b, n, x = held.block, held.block.episodes, held.x
         (seq0, t0), (seq1, t1) = held.start, held.end
-        seconds = (t1 - t0) / 1e9
+        seconds = (t1 - t0 - b.paused) / 1e9
         values: list[tuple[str, float]] = []
         if n:  # the run's last block may hold fewer than ``block`` episodes, or none
             values += [
@@ -227,7 +241,7 @@ class ScalarFold:
         return _points(values, x, held.end[1])
 
     def _stopped(self, ev: RunStopped, env: Envelope[Event]) -> list[Scalar]:
-        busy = self._open != _Block()  # anything happened since the last block closed
+        busy = replace(self._open, paused=0) != _Block()  # anything since the last block
         if ev.reason != "completed":  # the held block is final; the open one waits for resume
             return self._release()
         if self._held is not None:  # no training episode since it: the tail joins it, at its x
@@ -320,6 +334,7 @@ KINDS: tuple[type[Event], ...] = (
     EpisodeAbandoned,
     RunStopped,
     RunFailed,
+    RunResumed,
 )
 """The event types the fold reads (what the tracker folds of each batch)."""
 

@@ -15,7 +15,7 @@ from agents.testing.events import episode_finished, policy_updated
 from agents.tracking.observer import Tracker, TrackingFailed
 from agents.tracking.scalars import Scalar, ScalarFold, fold_scalars
 from engine.events import Envelope, Event
-from engine.lifecycle import RunStarted, RunStopped
+from engine.lifecycle import RunResumed, RunStarted, RunStopped
 
 
 def _env(seq: int, ev: Event, seconds: float) -> Envelope[Event]:
@@ -66,6 +66,22 @@ def test_blocks_bank_credit_and_throughput() -> None:
     assert points[("bank/size", 4)] == 0.0 and points[("bank/evicted", 4)] == 1.0
     assert points[("credit/count", 4)] == 0.0
     assert ("train/success", 6) not in points  # one episode of the third block: not written
+
+
+@pytest.mark.parametrize("stopped", [True, False])  # stopped with run_stopped, or killed
+def test_the_time_a_run_was_stopped_is_no_time_of_its_throughput(stopped: bool) -> None:
+    """A block spanning a stop counted the hours the run was stopped: 0.31 episodes/s where
+    the run played about 7."""
+    events: list[tuple[Event, float]] = [(_finished(0, True), 10.0), (_finished(1, True), 11.0)]
+    events += [(_finished(2, True), 12.0)]
+    if stopped:
+        events += [(RunStopped(reason="signal", signal="SIGINT", exit_code=130), 12.5)]
+    events += [(RunResumed(after=3), 3612.5), (_finished(3, True), 3613.0)]
+    envs = [_env(i, ev, t) for i, (ev, t) in enumerate(events)]
+    points = {(p.tag, p.step): p.value for p in fold_scalars(envs, block=2)}
+    assert points[("throughput/episodes_per_s", 2)] == pytest.approx(2 / 1)
+    # the second block: 11 s to 12.5 (or 12) s, then the resume to 3613 s: 2 (or 1.5) s
+    assert points[("throughput/episodes_per_s", 4)] == pytest.approx(2 / (2.0 if stopped else 1.5))
 
 
 def _retrieved(ep: int, shown: int, slot: str = "train/f") -> TipsRetrieved:
