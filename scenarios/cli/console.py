@@ -86,14 +86,12 @@ class RunProgress:
     def observe(self, batch: list[Envelope[Event]]) -> None:
         """Runtime observer: count ended episodes in a committed batch."""
         self._events += len(batch)
-        self._fold(batch)
-        if self._first_update is None and any(
-            env.event.__struct_config__.tag == "policy_updated" for env in batch
-        ):
-            self._first_update = (self._version, time.monotonic())
+        self._fold(batch, live=True)
         self._render()
 
-    def _fold(self, batch: Iterable[Envelope[Event]]) -> None:
+    def _fold(self, batch: Iterable[Envelope[Event]], live: bool = False) -> None:
+        """Count ``batch`` in; ``live``: committed in this session (not a resumed run's
+        history), whose first update starts the update rate's clock."""
         for env in batch:
             ev = env.event
             tag = ev.__struct_config__.tag
@@ -107,6 +105,8 @@ class RunProgress:
                 self._recent.append(False)
             elif tag == "policy_updated":
                 self._version = int(getattr(ev, "policy_version", 0))
+                if live and self._first_update is None:
+                    self._first_update = (self._version, time.monotonic())
             elif tag == "eval_round_finished" and not getattr(ev, "memory", False):
                 self._eval = f"{getattr(ev, 'success', 0.0):.0%}"
 
