@@ -73,32 +73,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if columns and not (columns.isdigit() and int(columns) >= MIN_COLUMNS):
         del os.environ["COLUMNS"]  # COLUMNS=0 printed every table as nothing
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2), printed by argparse
-        code = exc.code if isinstance(exc.code, int) else 2
-        try:  # here, not in the process's last flush (exit 120 on `--help > /dev/full`)
-            sys.stdout.flush()
-        except BrokenPipeError:
-            to_devnull(sys.stdout)
-        except OSError as err:
-            print(f"coevo: error: cannot write the output: {err.strerror or err}", file=sys.stderr)
-            to_devnull(sys.stdout)
-            return 1
-        return code
-    # log lines (an embedded model being built, say) go to stderr, never into a command's
-    # output (`--json` included); `run` and `resume` route them to their run directory too;
-    # with --quiet only warnings and errors
-    configure_logging(Console(stderr=True), "warning" if getattr(args, "quiet", False) else "info")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help (0) or a usage error (2), printed by argparse
+            return _flushed(exc.code if isinstance(exc.code, int) else 2)
+        # log lines (an embedded model being built, say) go to stderr, never into a command's
+        # output (`--json` included); `run` and `resume` route them to their run directory
+        # too; with --quiet only warnings and errors
+        quiet = getattr(args, "quiet", False)
+        configure_logging(Console(stderr=True), "warning" if quiet else "info")
         home_expanded(args)
-        code = int(args.func(args))
-        try:  # here, where a full disk is one line, not at exit
-            sys.stdout.flush()
-        except BrokenPipeError:  # the reader went away: the command's answer stands (diff's 1)
-            to_devnull(sys.stdout)
-        return code
+        return _flushed(int(args.func(args)))
     except CoevoError as exc:
         print(f"coevo: error: {exc}{torn_copy_hint(exc)}", file=sys.stderr)
         return exc.exit_code
@@ -140,6 +127,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         said = unopenable_path(exc.object)
         print(f"coevo: error: {shown_path(exc.object)}: {said}", file=sys.stderr)
         return 2
+
+
+def _flushed(code: int) -> int:
+    """``code``, once stdout is flushed: here, where a full disk is one line (:func:`main`'s
+    ``OSError``), not in the process's last flush (exit 120, ``--help > /dev/full``); a reader
+    gone away leaves the command's answer as it is (``diff``'s 1)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        to_devnull(sys.stdout)
+    return code
 
 
 def buffered(name: str) -> None:
