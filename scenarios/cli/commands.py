@@ -487,17 +487,17 @@ def cmd_report(args: argparse.Namespace) -> int:
                 runs.append(fold_run(_label(root, roots), root, toml, log.read(0, None)))
         finally:
             log.close()
-    if args.out == "-":  # the page on stdout (a file named "-" was written)
-        for run in runs:
-            _draw_missing_curves(run)
-        return answered(0, render(runs))
-    out = out_path(args.out, lambda: runs[0].path / "report.html")
-    if out.is_dir():
-        raise InputInvalid(f"{out}: a directory; --out takes the page's file (DIR/report.html)")
-    _refuse_overwrite(out, PAGE_HEAD.encode())
-    check_writable(out, "--out FILE")
+    out = None  # None: the page on stdout (`--out -`, which wrote a file named "-")
+    if args.out != "-":
+        out = out_path(args.out, lambda: runs[0].path / "report.html")
+        if out.is_dir():
+            raise InputInvalid(f"{out}: a directory; --out takes the page's file (DIR/report.html)")
+        _refuse_overwrite(out, PAGE_HEAD.encode())
+        check_writable(out, "--out FILE")
     for run in runs:
         _draw_missing_curves(run)
+    if out is None:
+        return answered(0, render(runs))
     page = render(runs).encode("utf-8")
     try:
         replace_file(out, page)
