@@ -295,7 +295,7 @@ def _auto_address() -> tuple[str, str] | None:
         found = services.get_ray_address_from_environment("auto", None)
     except Exception:
         return None
-    if not isinstance(found, str) or found.count(":") < 1 or found == "auto":
+    if not isinstance(found, str) or ":" not in found:  # "auto" itself: Ray found none
         return None
     source = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "the latest `ray start` here"
     return found, f"'auto' found {found} ({source})"
@@ -306,8 +306,7 @@ def _check_answers(address: str, named: str | None = None) -> None:
     accepts a TCP connection and answers as a Ray cluster's GCS (HTTP/2, :data:`_H2_HELLO`;
     not checked with ``RAY_USE_TLS``), each within :data:`CONNECT_TIMEOUT_S`. ``named``: how
     the user named the address (``auto``), for the message."""
-    shown = f"{address!r}" if named is None else f"{named}"
-    said = f"cannot join the Ray cluster at {shown} ([runtime.ray] address)"
+    said = f"cannot join the Ray cluster at {named or repr(address)} ([runtime.ray] address)"
     host, _, port = address.rpartition(":")
     try:
         sock = socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S)
