@@ -184,6 +184,40 @@ def _built(spec: ActorSpec) -> Actor:
     return actor
 
 
+class _RecoveryStopped(BaseException):
+    """Raised inside an actor's :meth:`Actor.recover` as it reads the history once a stop was
+    asked for (a signal): a long log's recovery is synchronous work that holds the event loop,
+    which would take the signal only after every actor had read the whole log. A
+    ``BaseException``, as a cancellation is: an actor's ``except Exception`` lets it through."""
+
+
+_RECOVERY_CHECK = 512
+"""Events of the history an actor reads between two looks at whether a stop was asked for."""
+
+
+class _StoppableHistory(Sequence[Envelope[Event]]):
+    """``history`` as an actor's recovery reads it, ending the reading
+    (:class:`_RecoveryStopped`) once ``stopping()`` says a stop was asked for."""
+
+    def __init__(self, history: Sequence[Envelope[Event]], stopping: Callable[[], bool]) -> None:
+        self._history = history
+        self._stopping = stopping
+
+    def __len__(self) -> int:
+        return len(self._history)
+
+    def __getitem__(self, at: Any) -> Any:
+        history: Any = self._history  # (an int gives an envelope, a slice a sequence of them)
+        return history[at]
+
+    def __iter__(self) -> Generator[Envelope[Event]]:
+        stopping = self._stopping
+        for n, env in enumerate(self._history):
+            if not n % _RECOVERY_CHECK and stopping():
+                raise _RecoveryStopped
+            yield env
+
+
 class NativePanic(Exception):
     """A library written in Rust panicked in the actor's code (pyo3's ``PanicException``,
     which derives from ``BaseException`` and so passed every ``except Exception``: the
@@ -645,14 +679,16 @@ class Runtime:
                     self._log_out.debug("actor started", started=spec.name, attempt=attempt)
                     self.push("runtime", self._started(spec, actor, attempt), None, "")
                     if self._resumed is not None and attempt == 0:
-                        await actor.recover(ctx, self._history)
+                        await actor.recover(ctx, self._stoppable(self._history))
                     elif attempt > 0 and spec.recover_on_restart:
                         # what the lost actor emitted is in the history it is rebuilt from
                         await self.wait_committed()
                         history = self._read_log()
                         mailbox.skip_through = history[-1].seq if history else -1
-                        await actor.recover(ctx, history)
+                        await actor.recover(ctx, self._stoppable(history))
                     await actor.run(ctx)
+                except _RecoveryStopped:  # (a remote actor's proxy reads it as it runs)
+                    return  # the stop is under way (the signal reaches the loop next)
                 except BaseException as caught:
                     if not _actor_error(caught):
                         raise
@@ -668,6 +704,10 @@ class Runtime:
                 if spec.driver:
                     self.request_stop("completed", 0)
                 return
+
+    def _stoppable(self, history: Sequence[Envelope[Event]]) -> Sequence[Envelope[Event]]:
+        """``history`` for an actor's recovery, which a stop signal ends at once."""
+        return _StoppableHistory(history, lambda: self._signalled or self._stop_reason is not None)
 
     def _read_log(self) -> Sequence[Envelope[Event]]:
         """Every event the log holds now, read on demand (:class:`LogHistory`: not held)."""

@@ -3,6 +3,7 @@ back-pressure. trio's MockClock with autojump: no real sleeps."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ import trio.testing
 
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import CoevoError, LogError
-from engine.eventlog import EncodedBatch, MemoryEventLog, Snapshot
+from engine.eventlog import EncodedBatch, LogHistory, MemoryEventLog, Snapshot
 from engine.events import Envelope, Event, event
 from engine.lifecycle import (
     ActorFailed,
@@ -23,6 +24,7 @@ from engine.lifecycle import (
     ActorStarted,
     ProjectionChecked,
     RunFailed,
+    RunResumed,
     RunStarted,
     RunStopped,
 )
@@ -858,3 +860,47 @@ def test_a_live_tail_reads_a_long_backlog_a_chunk_at_a_time(
 
     assert trio.run(tail) == list(range(50))
     assert max(spans) == 7
+
+
+class Rebuilding(Actor):
+    """An actor that rebuilds its state from a long history on resume, as a trainer does: a
+    synchronous pass that holds the event loop. It interrupts itself (the user's Ctrl-C)
+    as it reaches event ``ctrl_c_at``."""
+
+    def __init__(self, ctrl_c_at: int, read: list[int]) -> None:
+        self.ctrl_c_at = ctrl_c_at
+        self.read = read
+
+    async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
+        for env in history:
+            if env.seq == self.ctrl_c_at:
+                signal.raise_signal(signal.SIGINT)
+            self.read.append(env.seq)
+
+    async def run(self, ctx: Context) -> None:
+        await trio.sleep_forever()
+
+
+def test_a_ctrl_c_during_a_resumes_recovery_stops_it_without_reading_the_whole_log() -> None:
+    """A resume's recovery reads the history on the event loop, so a Ctrl-C was taken only
+    once every actor had read it all (11-32 s for a 137k-event log on a loaded machine)."""
+    log, _ = run_runtime([ActorSpec(name="src", factory=lambda: Source(5_000))])
+    end = log.next_seq
+    started = RunStarted(run_id="r1", scenario="t", scenario_hash="h", seed=3, coevo_version="0")
+    read: list[int] = []
+    spec = ActorSpec(name="rebuilt", factory=lambda: Rebuilding(100, read))
+    rt = Runtime(
+        log,
+        started,
+        [spec],
+        [ActorStats()],
+        seed=3,
+        config=RuntimeConfig(handle_signals=True),
+        resumed=RunResumed(after=end - 1, previous="run_stopped"),
+        history=LogHistory(log, end),
+    )
+    outcome = trio.run(rt.run)
+    assert (outcome.reason, outcome.exit_code) == ("signal:SIGINT", 130)
+    assert 100 < len(read) < 1_000  # stopped within a check's span of events, not at the end
+    last = list(log.read())[-1].event
+    assert isinstance(last, RunStopped) and last.signal == "SIGINT"
