@@ -10,11 +10,12 @@ import logging
 import math
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -511,13 +512,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         try:
-            server.run(sockets=[sock])
+            with _hang_up_gracefully(server):
+                server.run(sockets=[sock])
         finally:
             sock.close()
     finally:
         for view in views.values():
             view.close()
     return 0
+
+
+@contextlib.contextmanager
+def _hang_up_gracefully(server: Any) -> Generator[None]:
+    """A SIGHUP (the terminal closed) stops the server as uvicorn stops on a SIGINT or a
+    SIGTERM, then ends the command as a hang-up does (exit 129): raised inside the server's
+    event loop, it ended with two tracebacks. A SIGHUP that is ignored (``nohup``) stays so."""
+    from scenarios.cli.entry import HungUp
+
+    previous = signal.getsignal(signal.SIGHUP)
+    if previous is signal.SIG_IGN:
+        yield
+        return
+    hung_up: list[int] = []
+
+    def hang_up(signum: int, frame: Any) -> None:
+        hung_up.append(signum)
+        server.handle_exit(signum, frame)
+
+    signal.signal(signal.SIGHUP, hang_up)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    if hung_up:
+        raise HungUp
 
 
 def _connections_allowed() -> int:

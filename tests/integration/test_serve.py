@@ -681,3 +681,26 @@ def test_an_audit_index_cut_while_served_is_built_again(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.split("\n")[:3] == ["200", "200 True", "200"], done.stdout
+
+
+def test_serve_stopped_by_a_hang_up_says_one_line(live_run: Path) -> None:
+    """A SIGHUP (the terminal closed) was raised inside uvicorn's event loop: two tracebacks
+    before the line (uvicorn itself stops on SIGINT and SIGTERM only)."""
+    import signal
+
+    coevo = str(Path(sys.executable).parent / "coevo")
+    proc = subprocess.Popen(
+        [coevo, "serve", str(live_run), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as answer:
+            assert answer.status == 200  # the server's event loop runs
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err.strip()) == (129, "coevo: hung up (SIGHUP)")
