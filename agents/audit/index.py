@@ -538,7 +538,11 @@ INDEX_DIR = "audit"
 
 
 def open_index(
-    run_root: Path, log: EventLog, where: Path | None = None, progress: Progress | None = None
+    run_root: Path,
+    log: EventLog,
+    where: Path | None = None,
+    progress: Progress | None = None,
+    option: str = "--index DIR",
 ) -> tuple[FactIndex, str]:
     """The run's persisted index, brought up to the log's end.
 
@@ -547,6 +551,8 @@ def open_index(
         log: its event log, open for reading.
         where: the index directory (default ``run_root / "audit"``).
         progress: told how the indexing goes (a long log's first question indexes it whole).
+        option: the command's option that puts the index elsewhere, named in the note when
+            the directory cannot be written ("": the command has none, ``serve``).
 
     Returns:
         The index, and a note for the user ("" normally): where the directory cannot be
@@ -566,7 +572,7 @@ def open_index(
             note = _damaged(path, exc)
     except (OSError, LogError) as exc:
         index = MemoryFactIndex()
-        note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
+        note = _in_memory(path, exc, option)
     try:
         other = _from_this_log(log, index)
         said = f"was made from another copy of this run's log ({other}); rebuilt it from this log"
@@ -582,12 +588,17 @@ def open_index(
     except IndexWriteFailed as exc:  # a full disk: the index is a cache, the log is intact
         index.close()
         index = MemoryFactIndex()
-        note = f"cannot keep the audit index in {path} ({exc}); indexing in memory (--index DIR)"
+        note = _in_memory(path, exc, option)
         refresh(log, index, progress=progress)
     except BaseException:
         index.close()
         raise
     return index, note
+
+
+def _in_memory(path: Path, exc: Exception, option: str) -> str:
+    where = f" ({option})" if option else ""
+    return f"cannot keep the audit index in {path} ({exc}); indexing in memory{where}"
 
 
 MARK = b"\xffmark"

@@ -117,7 +117,7 @@ class RunView:
         log = LmdbEventLog.open(rd.log, writable=False)
         import_run_method(log)  # a plug-in method's own events decode
         try:
-            index, note = open_index(rd.root, log)
+            index, note = open_index(rd.root, log, option="")  # serve has no --index
         except BaseException:
             log.close()
             raise

@@ -704,3 +704,17 @@ def test_serve_stopped_by_a_hang_up_says_one_line(live_run: Path) -> None:
     finally:
         proc.kill()
     assert (proc.returncode, err.strip()) == (129, "coevo: hung up (SIGHUP)")
+
+
+def test_serve_s_note_on_an_index_it_cannot_keep_names_no_option_it_lacks(tmp_path: Path) -> None:
+    """The note said "indexing in memory (--index DIR)": an option of audit's, which serve
+    refuses."""
+    from agents.browse.data import RunView
+
+    _a_run(tmp_path / "run", "r-note", 2)
+    (tmp_path / "run" / "audit").write_text("a file where the index goes")
+    view = RunView.open("run", tmp_path / "run")
+    try:
+        assert view.note.endswith("indexing in memory")
+    finally:
+        view.close()
