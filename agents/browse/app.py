@@ -116,15 +116,15 @@ def make_app(runs: Mapping[str, RunView], hosts: frozenset[str] | None = None) -
             raise HTTPException(404, f"no run named {name!r} here (runs: {known})")
         view = runs[name]
         view.refresh()
-        if view.gone:
-            raise HTTPException(404, view.gone)
+        if view.gone:  # a log that cannot be read now is the server's trouble, not the URL's
+            raise HTTPException(500 if view.unreadable else 404, view.gone)
         return view
 
     async def index(request: Request) -> Response:
         rows = []
         for view in runs.values():
-            end = view.refresh()
-            rows.append((view, end if view.gone else view.log.next_seq, view.status()))
+            view.refresh()
+            rows.append((view, "?" if view.gone else view.log.next_seq, view.status()))
         return page("runs.html", rows=rows, live=any(s == "live" for _, _, s in rows))
 
     async def episodes(request: Request) -> Response:

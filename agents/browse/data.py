@@ -101,8 +101,11 @@ class RunView:
         self.gone = ""
         """Why the run cannot be shown now ("" while it can): its directory was deleted, or
         its log cannot be read (truncated, or being copied over)."""
+        self.unreadable = False
+        """Whether :attr:`gone` is a log that cannot be read now (its directory is there)."""
         self._file = _file_state(root / LOG_DIR / DATA_FILE)
         self._run = _run_id(log)
+        self._served = self._run  # the run serve started with (a copy over it is "replaced")
         self._rows: tuple[int, list[EpisodeRow]] = (-1, [])
 
     @classmethod
@@ -145,7 +148,7 @@ class RunView:
             self.close()  # before the file is read again: its map may reach past its end
         if now is None:  # its files are let go: a deleted run's disk space is freed
             self.gone = f"{self.root}: the run is gone (deleted or moved since serve started)"
-            self._file = None
+            self.unreadable, self._file = False, None
             return 0
         fresh: RunView | None = None
         why = f"{DATA_FILE} does not hold every page of its last commit (cut, or written over)"
@@ -156,23 +159,25 @@ class RunView:
                 why = str(exc)
         if fresh is None:
             self.gone = f"{self.root}: the run's log cannot be read now: {why}"
-            self._file = now
+            self.unreadable, self._file = True, now
             return 0
         self.note = (
             fresh.note
-            if fresh._run == self._run
+            if fresh._run == self._served
             else f"{self.root} was replaced since serve started; this is the run there now "
             f"({fresh._run or '?'})"
         )
         self.log, self.index, self._file, self.gone = fresh.log, fresh.index, fresh._file, ""
+        self.unreadable = False
         self._run = fresh._run
         self._rows = (-1, [])
         return refresh(self.log, self.index)
 
     def status(self) -> str:
-        """:func:`stores.rundir.run_state`, or "gone" (the run's directory went away)."""
+        """:func:`stores.rundir.run_state`, "unreadable" (its log cannot be read now) or
+        "gone" (the run's directory went away)."""
         if self.gone:
-            return "gone"
+            return "unreadable" if self.unreadable else "gone"
         end = self.log.next_seq
         return run_state(fetch(self.log, [end - 1])[end - 1].event if end else None, self.log.path)
 
@@ -280,6 +285,7 @@ class _FileState:
     size: int
     txnid: int  # the newest commit its meta pages record (-1: none readable)
     need: int  # the bytes that commit's pages take
+    written: int = 0  # its mtime in ns: another log of the same size and commit copied over
 
     @property
     def whole(self) -> bool:
@@ -297,9 +303,9 @@ def _file_state(path: Path) -> _FileState | None:
     metas = [m for m in read_metas(path) if m is not None and m.valid]
     newest = max(metas, key=lambda m: m.txnid, default=None)
     if newest is None:
-        return _FileState((st.st_dev, st.st_ino), st.st_size, -1, 0)
+        return _FileState((st.st_dev, st.st_ino), st.st_size, -1, 0, st.st_mtime_ns)
     need = (newest.last_pgno + 1) * newest.psize
-    return _FileState((st.st_dev, st.st_ino), st.st_size, newest.txnid, need)
+    return _FileState((st.st_dev, st.st_ino), st.st_size, newest.txnid, need, st.st_mtime_ns)
 
 
 def _continues(before: _FileState, now: _FileState) -> bool:

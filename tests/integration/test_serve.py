@@ -534,13 +534,18 @@ data = os.path.join(served, "log", "data.mdb")
 views = open_views([served])
 client = TestClient(make_app(views))
 print(client.get("/runs/served").status_code)
+shutil.copyfile(data, data + ".kept")
 os.truncate(data, 8192)  # its two meta pages: every other page it maps is gone
 page = client.get("/runs/served")
 print(page.status_code, unescape(page.text).count("cannot be read now"))
-print(client.get("/").status_code)
+runs = client.get("/")
+print(runs.status_code, '<td>?</td><td class="unreadable">unreadable</td>' in runs.text)
 shutil.copyfile(other, data)  # in place: the same inode, another run's log
 page = unescape(client.get("/runs/served").text)
 print("ep000002" in page, "(r-new)" in page, "was replaced since serve started" in page)
+shutil.copyfile(data + ".kept", data)  # the run serve started with, back
+page = unescape(client.get("/runs/served").text)
+print("ep000002" in page, "was replaced since serve started" in page)
 """
 
 
@@ -548,7 +553,9 @@ def test_a_log_truncated_or_copied_over_in_place_while_served(tmp_path: Path) ->
     """A log file truncated under serve killed it with SIGBUS (its pages are mapped), and one
     copied over in place (``cp`` keeps the inode) was served as the old run, mixed with the
     new one's events (a traceback page where they disagreed). Run in a child process: the
-    SIGBUS would end the test session."""
+    SIGBUS would end the test session. Then (an outside tester): the truncated run was
+    listed "gone" with 0 events, and the run serve started with, copied back, was called
+    "replaced"."""
     _a_run(tmp_path / "served", "r-old", 2)
     _a_run(tmp_path / "other", "r-new", 3)
     other = tmp_path / "other" / "log" / "data.mdb"
@@ -560,7 +567,13 @@ def test_a_log_truncated_or_copied_over_in_place_while_served(tmp_path: Path) ->
         cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[:4] == ["200", "404 1", "200", "True True True"]
+    assert done.stdout.split("\n")[:5] == [
+        "200",
+        "500 1",
+        "200 True",
+        "True True True",
+        "False False",
+    ]
 
 
 def test_a_control_character_in_a_world_s_text_is_shown_escaped() -> None:
