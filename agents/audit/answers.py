@@ -163,6 +163,7 @@ class TipAudit(msgspec.Struct, frozen=True, kw_only=True):
     lineage: Lineage
     children: tuple[int, ...]
     duplicates: tuple[str, ...]
+    duplicate_episodes: tuple[str, ...] = ()  # each duplicate's episode ("" for a merge's call)
     uses: tuple[Use, ...]
     credits: tuple[Credit, ...]
     updates: tuple[ExtractorStep, ...]
@@ -239,6 +240,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         lineage=_lineage(index, tip, frozenset(), rows),
         children=tuple(r.tip for _, r in rows if isinstance(r, Child)),
         duplicates=tuple(r.call or r.episode for _, r in rows if isinstance(r, Duplicated)),
+        duplicate_episodes=tuple(r.episode for _, r in rows if isinstance(r, Duplicated)),
         uses=uses,
         credits=credits,
         updates=updates,

@@ -136,6 +136,7 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
     ops: tuple[str, ...] = ()
     stored: tuple[int, ...] = ()
     refused: tuple[str, ...] = ()
+    duplicate_of: tuple[int, ...] = ()  # each refused write's entry (-1: not a duplicate)
 
 
 class EpisodeAudit(msgspec.Struct, frozen=True, kw_only=True):
@@ -370,13 +371,17 @@ class _Effects(TypedDict):
 
     stored: tuple[int, ...]
     refused: tuple[str, ...]
+    duplicate_of: tuple[int, ...]
 
 
 def _effects(envs: list[Envelope[Event]]) -> _Effects:
     stored = tuple(e.event.tip_id for e in envs if isinstance(e.event, TipStored))
+    rejected = [e.event for e in envs if isinstance(e.event, TipRejected)]
     refused = tuple(
-        e.event.reason + (f" of {e.event.duplicate_of}" if e.event.duplicate_of >= 0 else "")
-        for e in envs
-        if isinstance(e.event, TipRejected)
+        r.reason + (f" of {r.duplicate_of}" if r.duplicate_of >= 0 else "") for r in rejected
     )
-    return {"stored": stored, "refused": refused}
+    return {
+        "stored": stored,
+        "refused": refused,
+        "duplicate_of": tuple(r.duplicate_of for r in rejected),
+    }

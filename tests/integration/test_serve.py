@@ -731,3 +731,47 @@ def test_serve_s_note_on_an_index_it_cannot_keep_names_no_option_it_lacks(tmp_pa
         assert view.note.endswith("indexing in memory")
     finally:
         view.close()
+
+
+def test_every_entry_and_episode_a_refusal_names_is_a_link(
+    distill_root: Path, credited: CreditAssigned, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An entry page's "later proposals refused as its duplicates" and an episode page's
+    "refused: duplicate of 1" were plain text (an outside tester): every entry and episode
+    the browser names is a link."""
+    import msgspec
+
+    from agents.audit.answers import TipAudit
+    from agents.audit.episode import EpisodeAudit, Written
+    from agents.browse import app
+
+    run = distill_root / "run"
+    tip = msgspec.convert(_audit(run, "tip", str(credited.entry), capsys), TipAudit)
+    tip = msgspec.structs.replace(
+        tip, duplicates=("ep000004", "c7"), duplicate_episodes=("ep000004", "")
+    )
+    page = app._TEMPLATES.get_template("entry.html").render(  # pyright: ignore[reportPrivateUsage]
+        view=_Named("run"), a=tip, limit=10, live=False
+    )
+    said = re.search(r"<p>later proposals refused as its duplicates: (.*?)</p>", page)
+    assert said is not None
+    assert said.group(1) == '<a href="/runs/run/episodes/ep000004">ep000004</a>, c7'
+    episode = msgspec.convert(_audit(run, "episode", credited.episode, capsys), EpisodeAudit)
+    wrote = Written(
+        kind="reflection", seq=1, refused=("duplicate of 3", "full"), duplicate_of=(3, -1)
+    )
+    page = app._TEMPLATES.get_template("episode.html").render(  # pyright: ignore[reportPrivateUsage]
+        view=_Named("run"),
+        a=msgspec.structs.replace(episode, written=(wrote,)),
+        candidates={},
+        live=False,
+        unfinished=False,
+    )
+    assert ' refused: <a href="/runs/run/entries/3">duplicate of 3</a>, full</p>' in page
+
+
+class _Named:
+    """A run view as a page's template reads it: its name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
