@@ -17,6 +17,7 @@ decodes wherever the plug-in is installed.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -40,6 +41,14 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=Fals
     """Base of every event. Subclasses pass ``tag=...``, ``frozen=True``, ``kw_only=True``."""
 
     version: ClassVar[int] = 1
+
+    def unrecordable(self) -> str:
+        """What makes this event unfit for the log beyond its fields' types ("" when nothing):
+        a subclass whose fields must agree with one another (parallel tuples of one length)
+        says so here. ``Context.emit`` refuses an event that names something
+        (:meth:`Codec.check`), and an invariant may ask it of a log written before. Never
+        asked on decoding: a log that holds such an event stays readable."""
+        return ""
 
 
 E = TypeVar("E")
@@ -169,7 +178,7 @@ class Codec:
         self._decoder: msgspec.msgpack.Decoder[Envelope[Event]] | None = None
         self._batch_decoder: msgspec.msgpack.Decoder[list[Envelope[Event]]] | None = None
         self._known = 0
-        self._event_decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
+        self._event_decoders: dict[type[Event], tuple[msgspec.msgpack.Decoder[Any], bool]] = {}
 
     def check(self, ev: Event) -> int:
         """Raise unless ``ev`` encodes and decodes back as its own class (about a microsecond
@@ -179,12 +188,18 @@ class Codec:
             The size of ``ev`` encoded, in bytes (what the write buffer counts).
 
         Raises:
-            EventInvalid: a field's value is not of its declared type, naming the field.
+            EventInvalid: a field's value is not of its declared type, naming the field, or
+                the event says it is malformed (:meth:`Event.unrecordable`).
         """
         cls = type(ev)
-        decoder = self._event_decoders.get(cls)
-        if decoder is None:
-            decoder = self._event_decoders[cls] = msgspec.msgpack.Decoder(_recordable(cls))
+        known = self._event_decoders.get(cls)
+        if known is None:
+            asked = getattr(cls, "unrecordable", None)  # (a field of that name is no method)
+            own = asked is not Event.unrecordable and inspect.isfunction(asked)
+            known = self._event_decoders[cls] = (msgspec.msgpack.Decoder(_recordable(cls)), own)
+        decoder, asks = known
+        if asks and (why := ev.unrecordable()):
+            raise EventInvalid(f"{cls.__struct_config__.tag} cannot be recorded: {why}")
         try:
             encoded = self._encoder.encode(ev)
             decoder.decode(encoded)

@@ -10,11 +10,21 @@ its entry and the extractor update that consumed it, and the extractor call it f
 
 from __future__ import annotations
 
+import math
 from typing import TypedDict
 
 import msgspec
 
-from agents.audit.index import applied, consumer, fetch, last_attempt, refs, weighed
+from agents.audit.index import (
+    Stored,
+    applied,
+    consumer,
+    fetch,
+    last_attempt,
+    refs,
+    tip_rows,
+    weighed,
+)
 from agents.events.episodes import (
     EpisodeAborted,
     EpisodeAssigned,
@@ -49,6 +59,7 @@ class Shown(msgspec.Struct, frozen=True, kw_only=True):
     similarity: float
     score: float | None
     text: str
+    stored_by: str = ""  # the actor that stored it, when no extractor call or reflection did
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
@@ -180,7 +191,7 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
     assigned = events[assigns[-1]].event
     assert isinstance(assigned, EpisodeAssigned)
     started = next((e.event for e in envs if isinstance(e.event, EpisodeStarted)), None)
-    turns = _turns(envs, started)
+    turns = _stored_by(log, index, _turns(envs, started))
     ends = (e.event for e in envs if isinstance(e.event, EpisodeFinished | EpisodeAborted))
     fin = next(ends, None)
     return EpisodeAudit(
@@ -202,6 +213,29 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
         credit=_credit(log, index, envs, episode),
         written=_written(log, index, envs),
         abandoned=lost,
+    )
+
+
+def _stored_by(log: EventLog, index: FactIndex, turns: tuple[Turn, ...]) -> tuple[Turn, ...]:
+    """``turns`` with each retrieved entry that no extractor call wrote named by the actor
+    that stored it, unless a reflection wrote it (a method's own list: docs/METHODS.md)."""
+    actors: dict[int, str] = {}
+    for tip in {s.tip for t in turns for s in t.retrieved if not s.call}:
+        stored = next(((seq, r) for seq, r in tip_rows(index, tip) if isinstance(r, Stored)), None)
+        if stored is not None and not stored[1].call and not stored[1].episode:
+            env = fetch(log, [stored[0]]).get(stored[0])
+            actors[tip] = env.actor if env is not None else "?"
+    if not actors:
+        return turns
+    return tuple(
+        msgspec.structs.replace(
+            t,
+            retrieved=tuple(
+                msgspec.structs.replace(s, stored_by=actors[s.tip]) if s.tip in actors else s
+                for s in t.retrieved
+            ),
+        )
+        for t in turns
     )
 
 
@@ -241,14 +275,14 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
         ev = env.event
         if isinstance(ev, TipsRetrieved):
             searched[ev.turn] = ev.slot_size
-            retrieved[ev.turn] = tuple(
-                Shown(
+            retrieved[ev.turn] = tuple(  # (short tuples: a malformed answer logged before
+                Shown(  # emit refused one, which coevo check names)
                     tip=t,
                     call=ev.calls[i] if i < len(ev.calls) else "",
-                    rank=ev.ranks[i],
-                    similarity=ev.similarities[i],
+                    rank=ev.ranks[i] if i < len(ev.ranks) else -1,
+                    similarity=ev.similarities[i] if i < len(ev.similarities) else math.nan,
                     score=ev.scores[i] if i < len(ev.scores) else None,
-                    text=ev.tips[i],
+                    text=ev.tips[i] if i < len(ev.tips) else "",
                 )
                 for i, t in enumerate(ev.tip_ids)
             )

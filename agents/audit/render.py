@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from agents.audit.answers import Lineage, TipAudit, Use
 from agents.audit.credit import CreditAudit
-from agents.audit.episode import EpisodeAudit, Turn
+from agents.audit.episode import EpisodeAudit, Shown, Turn
 
 MAX_ROWS = 50
 """Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
@@ -234,6 +234,13 @@ def render_episode(a: EpisodeAudit) -> list[str]:
     return out
 
 
+def _writer(s: Shown) -> str:
+    """What wrote a retrieved entry, as :func:`render_tip` says it."""
+    if s.call:
+        return s.call
+    return f"stored by actor {s.stored_by!r}" if s.stored_by else "written by a reflection"
+
+
 def _turn(t: Turn) -> list[str]:
     out = [
         f"  turn {t.turn} (seq {t.seq}, "
@@ -243,7 +250,7 @@ def _turn(t: Turn) -> list[str]:
     out.append(f"    admissible: {' | '.join(t.admissible)}")
     for s in t.retrieved:
         out.append(
-            f"    retrieved entry {s.tip} ({s.call or 'written by a reflection'}; rank {s.rank}, "
+            f"    retrieved entry {s.tip} ({_writer(s)}; rank {s.rank}, "
             f"similarity {s.similarity:.3f}"
             + (f", re-ranking score {_f(s.score, 2)}" if s.score is not None else "")
             + f"): {_q(s.text, 60)}"

@@ -17,6 +17,8 @@ round wrote).
 
 from __future__ import annotations
 
+import math
+
 from engine.events import Event, event
 
 
@@ -80,6 +82,26 @@ class TipsRetrieved(Event, tag="tips_retrieved", frozen=True, kw_only=True):
     scores: tuple[float, ...] = ()
     calls: tuple[str, ...] = ()
     read_only: bool = False
+
+    def unrecordable(self) -> str:
+        """Whether its tuples describe the same tips, each similarity a number and the counts
+        not negative: the audit reads them side by side (a plug-in memory's answer with three
+        tips and one similarity passed every check and broke it)."""
+        n = len(self.tip_ids)
+        for name, items, may_be_empty in (
+            ("similarities", self.similarities, False),
+            ("ranks", self.ranks, False),
+            ("tips", self.tips, False),
+            ("scores", self.scores, True),
+            ("calls", self.calls, True),
+        ):
+            if len(items) != n and not (may_be_empty and not items):
+                return f"{n} tip_ids but {len(items)} {name}"
+        if not all(math.isfinite(x) for x in (*self.similarities, *self.scores)):
+            return "a similarity or score is not a finite number"
+        if self.similar < 0 or self.slot_size < 0:
+            return f"similar ({self.similar}) and slot_size ({self.slot_size}) must be >= 0"
+        return ""
 
 
 @event

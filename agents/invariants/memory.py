@@ -9,8 +9,9 @@ Complementary RL's memories work this way; a plug-in's memory may write entries 
 making, so ``lineage`` is registered for those two methods only (``coevo check --invariant
 lineage`` runs it on any run).
 
-A retrieval (``tips_retrieved``) shows entries held at that seq, with their stored texts and
-writer calls, and an eviction (``tip_evicted``) removes an entry held in its slot. (Which slot
+A retrieval (``tips_retrieved``) is well formed (one similarity, rank and text per entry:
+:meth:`TipsRetrieved.unrecordable`) and shows entries held at that seq, with their stored texts
+and writer calls, and an eviction (``tip_evicted``) removes an entry held in its slot. (Which slot
 a retrieval may read is the memory's business: a plug-in's may answer a variant's request
 from its family's list.)
 """
@@ -106,6 +107,8 @@ class Retrievals:
                 self._gone[ev.tip_id] = env.seq
 
     def _shown(self, seq: int, ev: TipsRetrieved) -> None:
+        if why := ev.unrecordable():  # a log written before emit refused it
+            self._fail(seq, f"tips_retrieved is malformed: {why}")
         for i, entry in enumerate(ev.tip_ids):
             text, call, stored = self._check_held(seq, entry, None, "shows")
             if i < len(ev.tips) and ev.tips[i] != text:

@@ -4,6 +4,7 @@ converted, and no event that cannot be decoded is ever committed."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from functools import partial
@@ -25,7 +26,7 @@ from agents.events.episodes import EpisodeAborted, EpisodeFinished, StepTaken
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import EventInvalid
 from engine.eventlog import MemoryEventLog
-from engine.events import Codec, Event
+from engine.events import Codec, Envelope, Event, event
 from engine.lifecycle import ActorFailed, RunFailed, RunStarted, RunStopped
 from engine.projection import ActorStats
 from engine.replay import verify_log
@@ -491,3 +492,37 @@ def test_a_world_that_changes_the_working_directory_is_put_back(
     assert sum(isinstance(e, EpisodeFinished) for e in events) == 4
     said = [e for e in logs if e["event"] == "world changed the working directory; changed back"]
     assert 1 <= len(said) <= 2 and said[0]["to"] == "/" and said[0]["back_to"] == str(tmp_path)
+
+
+def test_an_event_that_says_it_is_malformed_is_refused_at_emit() -> None:
+    """A plug-in memory answered three tips with one similarity: recorded, and the audit
+    of the run died reading it. An event whose fields must agree says so
+    (``Event.unrecordable``), and the codec's check refuses it; its log stays readable."""
+    from agents.events.memory import TipsRetrieved
+
+    good = TipsRetrieved(
+        episode="ep1", worker="w", turn=0, slot="s", tip_ids=(3, 4), similarities=(0.9, 0.8),
+        ranks=(0, 1), tips=("a", "b"), similar=2, slot_size=2,
+    )  # fmt: skip
+    codec = Codec()
+    assert codec.check(good) > 0
+    for change, said in (
+        ({"similarities": (0.9,)}, "2 tip_ids but 1 similarities"),
+        ({"calls": ("c1",)}, "2 tip_ids but 1 calls"),
+        ({"similarities": (0.9, math.nan)}, "not a finite number"),
+        ({"similar": -5}, "must be >= 0"),
+    ):
+        bad = msgspec.structs.replace(good, **change)
+        with pytest.raises(EventInvalid, match=f"tips_retrieved cannot be recorded: .*{said}"):
+            codec.check(bad)
+        env = Envelope(seq=0, run="r", t=0, actor="mymem", event=bad)
+        back = codec.decode(codec.encode(env), 0).event  # a log that holds one stays readable
+        assert isinstance(back, TipsRetrieved) and back.similar == bad.similar
+    assert codec.check(Named(unrecordable=True)) > 0  # a field of the method's name: no method
+
+
+@event
+class Named(Event, frozen=True, kw_only=True, tag="test_field_named_unrecordable"):
+    """A plug-in's event with a field named as :meth:`Event.unrecordable`."""
+
+    unrecordable: bool

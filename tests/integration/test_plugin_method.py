@@ -75,6 +75,11 @@ def test_the_documented_method_runs_by_import_path(plugin_dir: Path) -> None:
     text = coevo(plugin_dir, "audit", "run", "tip", str(first)).stdout
     assert f"stored by actor 'insights' at seq {origin['seq']}, handling seq " in text
     assert "reflection on" not in text
+    # and so does the episode that was shown it (it said "written by a reflection")
+    guided = next(a["episode"] for a in shown if stored[0]["text"] in a["tips"])
+    turns = coevo(plugin_dir, "audit", "run", "episode", guided).stdout
+    assert f"retrieved entry {first} (stored by actor 'insights'; rank " in turns, turns
+    assert "written by a reflection" not in turns
     recovers_its_lists(plugin_dir, stored)
     # without the plug-in on the path: one line naming its module, no traceback
     alone = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -4,6 +4,7 @@ stream, at the right seq (its negative control)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import msgspec
@@ -254,6 +255,25 @@ def test_retrievals_catches_an_entry_shown_after_its_eviction(
     )
     bad = insert(envs, at, TipEvicted(tip_id=ev.tip_ids[0], slot=slot, reason="discard"))
     assert caught(envs, "retrievals") is None and caught(bad, "retrievals") == at + 1
+
+
+@CONTROL
+@given(envs=runs(), data=st.data(), broken=st.sampled_from(["short", "nan", "negative"]))
+def test_retrievals_catches_a_malformed_answer(
+    envs: Stream, data: st.DataObject, broken: str
+) -> None:
+    """A plug-in memory's answer with three tips and one similarity (or a NaN one, or a
+    negative count) passed every check, and the audit of the run then died on it."""
+    at = pick(data, envs, lambda ev: isinstance(ev, TipsRetrieved) and bool(ev.tip_ids))
+    ev = envs[at].event
+    assert isinstance(ev, TipsRetrieved)
+    changed = {
+        "short": {"similarities": ev.similarities[:-1]},
+        "nan": {"similarities": (math.nan, *ev.similarities[1:])},
+        "negative": {"similar": -5},
+    }[broken]
+    bad = swap(envs, at, msgspec.structs.replace(ev, **changed))
+    assert caught(envs, "retrievals") is None and caught(bad, "retrievals") == at
 
 
 @CONTROL
