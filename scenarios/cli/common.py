@@ -395,15 +395,19 @@ def newest_checkpoints(events: Any) -> dict[str, str]:
 
 
 def missing_checkpoints(root: Path, named: dict[str, str]) -> list[str]:
-    """Of :func:`newest_checkpoints`, those whose weights are not on disk under ``root``, as
-    "the policy's checkpoints/v000002"."""
-    from stores.checkpoints import weights_file
+    """Of :func:`newest_checkpoints`, those not on disk under ``root`` as a resume loads them,
+    as "the policy's checkpoints/v000002": their weights, or their optimiser's state ("the
+    policy's checkpoints/v000002/optimizer.safetensors"; a resume without it failed after
+    it had played a session's episodes, the log growing on every try)."""
+    from stores.checkpoints import OPTIMIZER_FILE, weights_file
 
-    return [
-        f"the {role}'s {name}"
-        for role, name in named.items()
-        if not weights_file(root / name).is_file()
-    ]
+    gone: list[str] = []
+    for role, name in named.items():
+        if not weights_file(root / name).is_file():
+            gone.append(f"the {role}'s {name}")
+        elif not (root / name / OPTIMIZER_FILE).is_file():
+            gone.append(f"the {role}'s {name}/{OPTIMIZER_FILE}")
+    return gone
 
 
 def check_writable(path: Path, what: str) -> None:

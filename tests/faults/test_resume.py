@@ -139,7 +139,9 @@ def test_a_resume_checks_the_checkpoint_it_loads_against_the_log(
 ) -> None:
     """Flipped tensor bytes, an older version in the newer's place, or a deleted optimiser
     state: the resumed learner refuses the checkpoint, naming the file, and trains nothing (it
-    took the log's digest on trust and resumed each with exit 0)."""
+    took the log's digest on trust and resumed each with exit 0). A missing optimiser state
+    is now refused before the resume plays anything (an outside tester: the learner's refusal
+    came after a session's episodes, the log growing on every try)."""
     import agents.learning.learner
 
     real = agents.learning.learner.grpo_step
@@ -181,6 +183,11 @@ def test_a_resume_checks_the_checkpoint_it_loads_against_the_log(
         copy = root / f"checked-{name}"
         shutil.copytree(run, copy)
         damage(copy)
+        if name == "no optimiser":  # seen on disk: refused before anything plays (exit 2)
+            before = len(read_log(copy))
+            assert main(["resume", str(copy), "--quiet"]) == 2, name
+            assert len(read_log(copy)) == before, name
+            continue
         assert main(["resume", str(copy), "--quiet"]) == 1, name
         final = read_log(copy)
         failed = final[-1].event

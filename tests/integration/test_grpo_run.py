@@ -348,3 +348,10 @@ def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays
     err = capsys.readouterr().err
     assert f"coevo: error: the copy lacks the policy's {checkpoint}, the newest its log" in err
     assert main(["copy", str(run_dir), str(tmp_path / "whole")]) == 0  # it has them all
+    # the weights there, their optimiser's state not: refused as well (it played first)
+    shutil.copytree(run_dir / checkpoint, killed / checkpoint)
+    (killed / checkpoint / "optimizer.safetensors").unlink()
+    assert main(["resume", str(killed), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"resumed: the policy's {checkpoint}/optimizer.safetensors (the newest its" in err, err
+    assert len(read_events(killed)) == first + 1

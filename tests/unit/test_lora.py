@@ -40,6 +40,7 @@ from agents.models.tuning import (
 from engine.errors import ModelUnavailable
 from stores.checkpoints import (
     ADAPTER_FILE,
+    OPTIMIZER_FILE,
     WEIGHTS_FILE,
     DirCheckpoints,
     MemoryCheckpoints,
@@ -150,6 +151,10 @@ def test_an_adapter_checkpoint_loads_on_the_base_model_and_resumes_exactly(tmp_p
     grpo_step(again, samples, request(), seed=1)
     assert param_digest(again.model) == param_digest(model)
 
+    (saved / OPTIMIZER_FILE).unlink()  # the weights alone: fresh moments would train on
+    again = Trainee(adapted(), _Tokenizer(), CPU, reference=False)
+    with pytest.raises(ModelUnavailable, match=r"optimizer\.safetensors is missing"):
+        restore_checkpoint(store, name, again.model, again.optimiser(0.0), digest)
     other = adapted(seed=99)  # another version 0: the checkpoint loads, the digest tells
     with pytest.raises(ModelUnavailable, match="the weights have digest"):
         restore_checkpoint(
