@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headline_logs import Modes, modes_of, modes_table, ratio
 from method_results import fold, plot, read_run, run_all
 
-from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.policy import EvalRoundFinished
 from agents.report.intervals import (
     Groups,
@@ -74,7 +74,7 @@ def final_of(events: list[Event]) -> Final:
     plain = [a for a in assigned if not a[2]][-size.get(False, 0) or len(assigned) :]
     bank = [a for a in assigned if a[2] == "train"][-size.get(True, 0) or len(assigned) :]
     adapt = [a for a in assigned if a[2].startswith(f"adapt{last}-")]
-    success = {ev.episode: ev.success for ev in events if isinstance(ev, EpisodeFinished)}
+    success = episode_success(events)  # an aborted episode is a failure
     out = Final()
     out.plain = [(fam, success[ep]) for _, ep, _, fam in plain if ep in success and False in size]
     out.bank = [(fam, success[ep]) for _, ep, _, fam in bank if ep in success and True in size]

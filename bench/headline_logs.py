@@ -12,7 +12,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.policy import GradientRequested, PolicyUpdated
 from agents.methods.base import mode_of
 from agents.report.intervals import Groups, Interval, bootstrap_mean, bootstrap_ratio
@@ -39,16 +39,18 @@ def modes_of(events: list[Event]) -> Modes:
         min(guided, default=0) if any(mode_of(j.rollout).guided for j in assigned.values()) else 0
     )
     updates = {ev.update: ev for ev in events if isinstance(ev, PolicyUpdated)}
+    for episode, success in episode_success(events).items():  # an aborted one: a failure
+        job = assigned.get(episode)
+        if job is None:
+            continue
+        if job.purpose == "train":
+            warm = job.rollout == "plain" and job.index < first_guided  # Complementary RL
+            mode = "plain (warm-up)" if warm else job.rollout
+            out.success.setdefault(mode, []).append(float(success))
+        elif job.scope.startswith("adapt0-"):
+            out.first_adapt.setdefault(job.scope, []).append(success)
     for ev in events:
-        if isinstance(ev, EpisodeFinished) and ev.episode in assigned:
-            job = assigned[ev.episode]
-            if job.purpose == "train":
-                warm = job.rollout == "plain" and job.index < first_guided  # Complementary RL
-                mode = "plain (warm-up)" if warm else job.rollout
-                out.success.setdefault(mode, []).append(float(ev.success))
-            elif job.scope.startswith("adapt0-"):
-                out.first_adapt.setdefault(job.scope, []).append(ev.success)
-        elif isinstance(ev, GradientRequested) and ev.update in updates:
+        if isinstance(ev, GradientRequested) and ev.update in updates:
             mode = Counter(ev.rollouts or ("plain",)).most_common(1)[0][0]
             if ev.rollouts and len(set(ev.rollouts)) > 1:
                 mode = "mixed"  # Complementary RL: guided and free halves

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from extractor_report import Coevolution, coevolution_table, fold_coevolution, plot_coevolution
 
-from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.extractor import ExtractorCalled
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
@@ -71,17 +71,18 @@ def fold(name: str, seed: int, events: list[Event], wall: float) -> RunFacts:
         elif isinstance(ev, EpisodeAssigned) and ev.purpose == "eval" and not ev.scope:
             round_of[ev.episode] = current
             family_of[ev.episode] = ev.family
-        elif isinstance(ev, EpisodeFinished) and ev.episode in round_of:
-            fams = facts.by_family.setdefault(round_of[ev.episode], {})
-            row = fams.setdefault(family_of[ev.episode], [0, 0])
-            row[0] += int(ev.success)
-            row[1] += 1
         elif isinstance(ev, EvalRoundFinished) and ev.memory:
             facts.memory_rounds.append((ev.train_episodes, ev.policy_version, ev.success))
         elif isinstance(ev, EvalRoundFinished):
             facts.rounds.append((ev.train_episodes, ev.policy_version, ev.success))
         elif isinstance(ev, AdaptRoundFinished):
             facts.adapt.append(ev)
+    for episode, success in episode_success(events).items():  # an aborted one: a failure
+        if episode in round_of:
+            fams = facts.by_family.setdefault(round_of[episode], {})
+            row = fams.setdefault(family_of[episode], [0, 0])
+            row[0] += int(success)
+            row[1] += 1
     facts.rounds.sort(key=lambda row: row[1])  # rounds may end out of order
     facts.memory_rounds.sort(key=lambda row: row[1])
     return facts
@@ -166,8 +167,8 @@ def final_eval(run: Path, families: tuple[str, ...], episodes: int) -> tuple[int
         run_all([(scenario, out, 7)], 1)
     got = read_run(out)
     assert got is not None
-    done = [e for e in got[0] if isinstance(e, EpisodeFinished)]
-    return sum(e.success for e in done), len(done)
+    done = episode_success(got[0])  # an aborted episode is a failure
+    return sum(done.values()), len(done)
 
 
 def final_table(

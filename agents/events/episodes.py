@@ -115,6 +115,21 @@ class EpisodeAbandoned(Event, tag="episode_abandoned", frozen=True, kw_only=True
     reason: str = ""
 
 
+def episode_success(events: Iterable[Event]) -> dict[str, bool]:
+    """Whether each episode that ended succeeded: the success of its :class:`EpisodeFinished`,
+    and False for one that ended :class:`EpisodeAborted` (a failure, as the trainer and the
+    held-out rounds count it: a table of finished episodes alone reads too high where a
+    world fails). An episode ended twice (its attempt abandoned, then run again) keeps its
+    last end."""
+    out: dict[str, bool] = {}
+    for ev in events:
+        if isinstance(ev, EpisodeFinished):
+            out[ev.episode] = ev.success
+        elif isinstance(ev, EpisodeAborted):
+            out[ev.episode] = False
+    return out
+
+
 def finished_attempts(history: Iterable[Envelope[Event]]) -> Callable[[str, int], bool]:
     """For a resumed run: whether what an episode asked for at a seq (a reflection, an
     extraction, a tip) came from an attempt that finished, i.e. the episode finished and was
