@@ -273,6 +273,26 @@ def _jsonable(value: object) -> object:
     return value
 
 
+def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
+    """The settings (dotted keys) in which the finished run at ``out`` differs from
+    ``scenario`` with ``sets``, which the table would count it as: a run of another scenario
+    or other ``--set`` values was averaged in without a word. A key the run's own scenario
+    lacks (a setting added to coevo since) is no difference."""
+    from agents.analysis.diff import scenario_changes
+    from scenarios.loader import load_scenario, resolved_toml
+    from stores.lmdb_log import LmdbEventLog
+
+    log = LmdbEventLog.open(out / "log", writable=False)
+    try:
+        meta = log.read_meta()
+    finally:
+        log.close()
+    recorded = meta.scenario_toml if meta is not None else ""
+    wanted = resolved_toml(load_scenario(scenario, sets))
+    changes = scenario_changes(recorded, wanted)
+    return [c.key for c in changes if c.a is not None]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -290,6 +310,8 @@ def main() -> None:
         "against its frozen control (0: no probe)",
     )
     args = parser.parse_args()
+    if twice := sorted({s for s in args.seeds if args.seeds.count(s) > 1}):
+        raise SystemExit(f"--seeds: {twice} given more than once (one run per seed)")
     extra: dict[str, list[str]] = {}
     for item in args.set:
         name, _, assignment = item.partition(":")
@@ -298,10 +320,17 @@ def main() -> None:
     for seed in args.seeds:  # seed by seed: every method's first seeds finish first
         for name in args.methods:
             out = args.runs / f"{name}-seed{seed}"
+            sets = [f"seed={seed}", *extra.get(name, [])]
             if read_run(out) is None:
                 if out.exists():
                     raise SystemExit(f"{out} holds an unfinished run: resume or remove it")
                 jobs.append((ROOT / METHODS[name], out, seed, extra.get(name, [])))
+            elif differing := reused_differs(out, ROOT / METHODS[name], sets):
+                raise SystemExit(
+                    f"{out} holds a finished run of another scenario than {METHODS[name]} with "
+                    f"{' '.join(sets)} ({', '.join(differing[:4])} differ): remove it, or name "
+                    "another --runs"
+                )
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     finals: dict[str, list[Final]] = {}

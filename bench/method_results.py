@@ -32,6 +32,7 @@ from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.extractor import ExtractorCalled
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
+from engine.lifecycle import RunStopped
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +98,9 @@ def read_run(path: Path) -> tuple[list[Event], float] | None:
         envs = list(log.read(0, None))
     finally:
         log.close()
-    if not envs or envs[-1].event.__struct_config__.tag != "run_stopped":
-        return None
+    last = envs[-1].event if envs else None
+    if not isinstance(last, RunStopped) or last.reason != "completed":
+        return None  # (one stopped by a signal ends with run_stopped too: not finished)
     return [e.event for e in envs], (envs[-1].t - envs[0].t) / 1e9
 
 
@@ -262,14 +264,18 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
             axes[1].plot(
                 xs, [w / n if n else 0 for w, n in hard], color=color, alpha=0.35, marker="."
             )
-        xs = [r[0] for r in runs[0].rounds]
-        means = [statistics.mean(f.rounds[i][2] for f in runs) for i in range(len(xs))]
+        # the mean over seeds at the training episodes every seed evaluated at (seeds of
+        # other lengths or schedules: an index into the first seed's rounds ran past another's)
+        at = [{r[0]: i for i, r in enumerate(f.rounds)} for f in runs]
+        xs = sorted(set.intersection(*(set(a) for a in at)))
+        means = [
+            statistics.mean(f.rounds[a[x]][2] for f, a in zip(runs, at, strict=True)) for x in xs
+        ]
         axes[0].plot(xs, means, color=color, linewidth=2.5, label=f"{name} (mean of {len(runs)})")
         if all(f.memory_rounds for f in runs):
-            bank_xs = [r[0] for r in runs[0].memory_rounds]
-            bank = [
-                statistics.mean(f.memory_rounds[i][2] for f in runs) for i in range(len(bank_xs))
-            ]
+            bank_at = [{r[0]: r[2] for r in f.memory_rounds} for f in runs]
+            bank_xs = sorted(set.intersection(*(set(b) for b in bank_at)))
+            bank = [statistics.mean(b[x] for b in bank_at) for x in bank_xs]
             axes[0].plot(
                 bank_xs,
                 bank,
@@ -279,9 +285,9 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
                 label=f"{name}, with its bank",
             )
         pooled = []
-        for i in range(len(xs)):
-            w = sum(f.family_success(i, families)[0] for f in runs)
-            n = sum(f.family_success(i, families)[1] for f in runs)
+        for x in xs:
+            w = sum(f.family_success(a[x], families)[0] for f, a in zip(runs, at, strict=True))
+            n = sum(f.family_success(a[x], families)[1] for f, a in zip(runs, at, strict=True))
             pooled.append(w / n if n else 0)
         axes[1].plot(xs, pooled, color=color, linewidth=2.5, label=f"{name} (pooled)")
     axes[0].set_title("held-out success without memory (dashed: with the bank)")

@@ -4,6 +4,8 @@ aborted episode is a failure there as in the trainer and the held-out rounds."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
@@ -14,6 +16,8 @@ from agents.events.episodes import (
 from agents.events.policy import EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
 from tests.integration.bench_import import load_bench
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _assigned(i: int, purpose: str = "eval") -> EpisodeAssigned:
@@ -68,3 +72,32 @@ def test_the_results_scripts_count_aborted_held_out_episodes_as_failures() -> No
     facts = load_bench("method_results").fold("grpo", 0, events, 1.0)
     assert facts.family_success(0, ("heat",)) == (1, 4)
     assert facts.rounds == [(0, 0, 0.25)]  # what the round itself said
+
+
+def test_seeds_evaluated_on_other_schedules_are_averaged_where_all_evaluated(
+    tmp_path: Path,
+) -> None:
+    """The curves' mean indexed the first seed's rounds into every seed's: a seed with fewer
+    rounds was a traceback (and the table never written), one with more averaged by position."""
+    results = load_bench("method_results")
+    short = results.RunFacts("grpo", 0, rounds=[(0, 0, 0.1), (64, 2, 0.3)])
+    long = results.RunFacts("grpo", 1, rounds=[(0, 0, 0.2), (32, 1, 0.4), (64, 2, 0.5)])
+    for runs in ([short, long], [long, short]):
+        assert results.plot({"grpo": runs}, ("heat",), tmp_path / "c.png").is_file()
+
+
+def test_a_reused_run_of_other_settings_is_named_not_counted(tmp_path: Path) -> None:
+    """headline.py counted any finished run in METHOD-seedN: another scenario's, or one of
+    other --set values (the --set given was ignored for it)."""
+    from engine.eventlog import new_run_meta
+    from scenarios.loader import load_scenario, resolved_toml
+    from stores.lmdb_log import LmdbEventLog
+
+    grpo = ROOT / "scenarios" / "grpo.toml"
+    text = resolved_toml(load_scenario(grpo, ["seed=0", "run.episodes=64"]))
+    meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml=text)
+    LmdbEventLog.create(tmp_path / "log", meta, durable=False).close()
+    differs = load_bench("headline").reused_differs
+    assert differs(tmp_path, grpo, ["seed=0", "run.episodes=64"]) == []
+    assert differs(tmp_path, grpo, ["seed=0"]) == ["run.episodes"]
+    assert differs(tmp_path, grpo, ["seed=1", "run.episodes=64"]) == ["seed"]
