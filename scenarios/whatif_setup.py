@@ -98,7 +98,9 @@ def run_whatif(
         raise WorldFailed(f"replaying episode {episode}: {exc}") from None
     finally:
         world.close()
-    answer = msgspec.structs.replace(what_if(rec, control, changed, change), note=note)
+    answer = msgspec.structs.replace(
+        what_if(rec, control, changed, change), note=note, overrides=tuple(overrides)
+    )
     if answer.reproduced:
         return answer
     logged = meta.machine if meta else ""

@@ -148,6 +148,9 @@ class WhatIf(msgspec.Struct, frozen=True, kw_only=True):
     note: str = ""
     """What the change is not (an entry shown that the bank stored only after the episode
     ended: no retrieval could have shown it then); "" for none."""
+    overrides: tuple[str, ...] = ()
+    """The ``--set key.path=value`` the replay ran under (for what differs on this machine;
+    one that changes how the run acts makes the control stray)."""
 
 
 def recorded(episode: str, envs: Sequence[Envelope[Event]]) -> Recorded:

@@ -738,8 +738,15 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 def _stray_cause(w: Any) -> str:
     """What may make a control stray, most likely first: another machine kind (its kernels
     round a model's sums another way), a world with randomness of its own, or, on the machine
-    kind that wrote the log with a deterministic world, a defect of the replay."""
+    kind that wrote the log with a deterministic world, a defect of the replay; but first the
+    ``--set`` given, which may have changed a setting of the run's own."""
     kernels = "a model re-executes bit for bit only on the CPU kind that wrote it"
+    if w.overrides:  # asked first: it blamed the world or the replay for a --set's doing
+        return (
+            f"--set {' '.join(w.overrides)} may change how the run acts: --set is for what "
+            "differs on this machine (where its models lie, the device), and a setting of "
+            "the run's own given another value replays another run"
+        )
     if not w.logged_machine:
         return f"the log does not record the machine that wrote it (this is {w.machine}); {kernels}"
     if w.logged_machine != w.machine:

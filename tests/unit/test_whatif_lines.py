@@ -3,6 +3,8 @@ control gave it back; otherwise it is the control's replay and says so."""
 
 from __future__ import annotations
 
+import msgspec
+
 from agents.audit.whatif import Played, PlayedTurn, WhatIf
 from scenarios.cli.explore import _whatif_lines  # pyright: ignore[reportPrivateUsage]
 
@@ -42,3 +44,15 @@ def test_the_left_column_is_named_for_what_it_shows() -> None:
     assert "(logged: success, score 1.000, 2 steps; replayed: success, score 1.000, 1 steps)" in (
         "\n".join(strayed)
     )
+
+
+def test_a_control_that_strayed_under_a_set_names_the_set_first() -> None:
+    """``--set policy.temperature=0.5`` made the control stray, and the line blamed the
+    world's randomness or a defect of the replay ("please report it")."""
+    strayed = answer(played("push", "pull"), played("pull"), False)
+    plain = "\n".join(_whatif_lines(strayed))
+    assert "please report" in plain
+    under = msgspec.structs.replace(strayed, overrides=("policy.temperature=0.5",))
+    why = next(line for line in _whatif_lines(under) if line.startswith("  why: "))
+    assert why.startswith("  why: --set policy.temperature=0.5 may change how the run acts")
+    assert "please report" not in why
