@@ -168,6 +168,9 @@ class ProbeResult(msgspec.Struct, frozen=True, kw_only=True):
     comparisons: list[Comparison]
     shown: bool
     verdict: str
+    overrides: tuple[str, ...] = ()
+    """The ``--set key.path=value`` the run's scenario was read with (this machine's: where
+    its models lie, the device; a setting of the run's own changes the policy probed)."""
 
 
 @dataclass

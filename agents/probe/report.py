@@ -66,6 +66,11 @@ def markdown(result: ProbeResult) -> str:
         + ", ".join(f"{f} {n}" for f, n in sorted(result.tasks.items())),
         f"- banks rebuilt from the run's {result.extractions} logged extraction requests and "
         f"{result.merge_passes} merge passes, each answered by the bank's extractor",
+        *(
+            [f"- the run's scenario read with `--set {' '.join(result.overrides)}`"]
+            if result.overrides
+            else []
+        ),
         "",
         "## Success per bank (mean over episodes, 95% Wilson interval)",
         "",

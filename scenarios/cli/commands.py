@@ -612,6 +612,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
         with stdout_to_stderr():  # a world's prints: not before the --json answer
             result = probe_run(run, control, options, Progress(stages.stage, stages.advance, done))
+    result = msgspec.structs.replace(result, overrides=tuple(args.set))  # recorded with it
+    if args.set and not args.json:
+        print(f"coevo: note: probed under --set {' '.join(args.set)}", file=sys.stderr)
     try:
         paths = write_probe(result, out)
     except OSError as exc:

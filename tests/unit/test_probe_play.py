@@ -228,8 +228,13 @@ def test_a_bank_s_aborted_episodes_are_counted_and_reported_and_all_aborted_is_a
         merge_passes=0,
         banks=[result],
         comparisons=[],
+        overrides=(),
     )
     assert f"{result.aborted} of {len(TASKS)} episodes aborted" in markdown(report)  # type: ignore[arg-type]
+    assert "--set" not in markdown(report)  # type: ignore[arg-type]
+    report.overrides = ("policy.temperature=0.05",)  # recorded nowhere, and it moved the numbers
+    said = "- the run's scenario read with `--set policy.temperature=0.05`"
+    assert said in markdown(report)  # type: ignore[arg-type]
     setup.make_world = _AlwaysFailing
     with pytest.raises(WorldFailed, match="the world failed in every one of the 6 probe episodes"):
         played_bank(setup, None, None, TASKS, seeds, Progress())  # type: ignore[arg-type]
