@@ -311,12 +311,12 @@ def _bank(runs: list[RunData]) -> list[str]:
         "episodes: stored, evicted (by reason), rejected (by reason).",
     )
     for r in runs:
-        ops = r.coevolution.ops
-        if ops:
-            done = ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
+        ops, calls = r.coevolution.ops, r.coevolution.calls
+        if ops or calls:  # calls that wrote nothing usable are said too (every one malformed)
+            done = ", ".join(f"{op} {n}" for op, n in sorted(ops.items())) or "none"
             out.append(
                 _none(
-                    f"{r.label}: {r.coevolution.calls} extractor calls "
+                    f"{r.label}: {calls} extractor calls "
                     f"({r.coevolution.malformed} malformed, {r.coevolution.plain} read as "
                     f"one add); operations: {done}."
                 )
