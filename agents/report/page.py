@@ -4,8 +4,9 @@ Every number comes from the runs' logs, folded by :func:`agents.report.curves.fo
 :func:`agents.report.curves.fold_coevolution` and :func:`fold_entries` (the bank's entries with
 what the log says of each: the call that wrote it, its parents, its retrievals, its credits).
 The plots are inline SVG drawn by matplotlib, the page has no script and loads nothing, so it
-opens offline and can be mailed as one file. Several runs share every plot, one colour each. A
-section a run has no data for (a GRPO run has no bank) says so instead of drawing an empty plot.
+opens offline and can be mailed as one file. Several runs share every plot, one colour each
+(ten colours: past ten runs they repeat, and the page says so). A section a run has no data
+for (a GRPO run has no bank) says so instead of drawing an empty plot.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agents.report.curves import (
     train_ended,
 )
 from agents.report.plots import (
+    COLORS,
     bank_figures,
     credit_figure,
     retrieval_figure,
@@ -241,7 +243,16 @@ def _runs_table(runs: list[RunData]) -> str:
             f"<td>{len(r.curves.updates)}</td><td>{success}</td>"
             f"<td>{html.escape(r.status)}</td></tr>"
         )
-    return f"<table>{head}{''.join(rows)}</table>"
+    shared = (
+        _none(
+            f"{len(runs)} runs and {len(COLORS)} colours: runs {len(COLORS) + 1} on share the "
+            f"colours of the first {len(COLORS)} (a run's colour is its row's swatch); report "
+            f"at most {len(COLORS)} runs at once to tell every one apart in the plots."
+        )
+        if len(runs) > len(COLORS)
+        else ""
+    )
+    return f"<table>{head}{''.join(rows)}</table>{shared}"
 
 
 def _missing(runs: list[RunData], has: list[bool], what: str) -> list[str]:

@@ -20,3 +20,19 @@ def test_an_extractor_whose_every_call_was_malformed_is_said_so() -> None:
     assert "c3: 96 extractor calls (96 malformed, 0 read as one add); operations: none." in text
     no_extractor = SimpleNamespace(label="g", method="grpo", coevolution=Coevolution())
     assert "extractor calls" not in "\n".join(_bank([no_extractor]))  # type: ignore[list-item]
+
+
+def test_a_page_of_more_runs_than_colours_says_they_repeat() -> None:
+    """Twelve runs: runs 11 and 12 took the colours of runs 1 and 2, without a word."""
+    from agents.report.page import _runs_table  # pyright: ignore[reportPrivateUsage]
+
+    def run(i: int) -> SimpleNamespace:
+        curves = SimpleNamespace(heldout=[], train_aborted=0, updates=[])
+        return SimpleNamespace(
+            label=f"r{i}", path=f"runs/r{i}", scenario="grpo", method="grpo", seed=i,
+            events=10, train_episodes=4, curves=curves, status="completed",
+        )  # fmt: skip
+
+    assert "colours" not in _runs_table([run(i) for i in range(10)])  # type: ignore[misc]
+    said = html.unescape(_runs_table([run(i) for i in range(12)]))  # type: ignore[misc]
+    assert "12 runs and 10 colours: runs 11 on share the colours of the first 10" in said
