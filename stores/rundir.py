@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import RunNotFound
+from engine.errors import LogDamaged, RunNotFound
 from engine.eventlog import EventLog, last_envelope
 from engine.lifecycle import RunFailed, RunStopped
 from stores.lmdb_env import DATA_FILE, LOG_FILES, is_blank, writer_alive
@@ -180,7 +180,8 @@ def _refuse_blank(rd: RunDir) -> None:
     them after its log's first commit), a log damaged or replaced since.
 
     Raises:
-        RunNotFound: always.
+        LogDamaged: the run's other files are here (a damaged log: exit 1, as any).
+        RunNotFound: they are not (no run yet: bad input).
     """
     others = rd.foreign()
     if others:
@@ -188,7 +189,7 @@ def _refuse_blank(rd: RunDir) -> None:
             size = (rd.log / DATA_FILE).stat().st_size
         except OSError:  # removed meanwhile
             size = 0
-        raise RunNotFound(
+        raise LogDamaged(
             f"{rd.log}: event log is damaged: {DATA_FILE} holds no commit ({size} bytes), "
             f"though the run's other files are here ({', '.join(others[:3])})"
         )
@@ -203,6 +204,7 @@ def find_run(path: str | Path) -> RunDir:
 
     Raises:
         RunNotFound: no event log there.
+        LogDamaged: its log holds no commit though the run's other files are there.
     """
     p = Path(path)
     if not p.exists():

@@ -271,6 +271,8 @@ def test_truncated_overwritten_and_flipped_logs_are_one_line(run_dir: Path, tmp_
                 expect[cases[-1][0]] = fragment
     results = run_cases(cases)
     check_damaged(results, expect, run_dir)
+    emptied = [r.code for r in results if r.name.startswith("empty file")]
+    assert emptied == [1] * len(COMMANDS)  # damaged, as it says: exit 1 (it was 2, bad input)
     flipped = [r for r in results if r.name.startswith("record ")]
     assert flipped and all(r.code != 0 for r in flipped)
     # a torn `cp -r` of a live run reads as truncated or damaged: each such error says how to
