@@ -1,6 +1,7 @@
 """Edits of an event stream for negative controls: an event inserted, dropped or replaced, with
 the seqs after it renumbered and what points at a seq (an envelope's ``cause``, a resume's
-``after``) moved along, so that the edited stream breaks exactly what the edit breaks.
+``after``) moved along, every envelope's time kept, so that the edited stream breaks exactly
+what the edit breaks (a time set to the seq made an edited log's throughput 1e9 events/s).
 Pure; needs no Hypothesis."""
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ def _moved(env: Envelope[Event], seq: int, shift: Callable[[int], int | None]) -
     if isinstance(ev, RunResumed):
         after = shift(ev.after)
         ev = msgspec.structs.replace(ev, after=after if after is not None else ev.after - 1)
-    return msgspec.structs.replace(env, seq=seq, t=seq, cause=cause, event=ev)
+    return msgspec.structs.replace(env, seq=seq, cause=cause, event=ev)  # its time kept
 
 
 def insert(envs: Sequence[Envelope[Event]], at: int, ev: Event, cause: int | None = None) -> Stream:
-    """``envs`` with ``ev`` at seq ``at`` (caused by ``cause``); the later envelopes move up
-    one seq, and so do causes and resumes' ``after`` at or past ``at``."""
+    """``envs`` with ``ev`` at seq ``at`` (caused by ``cause``), at the time of the envelope
+    before it; the later envelopes move up one seq (their times kept), and so do causes and
+    resumes' ``after`` at or past ``at``."""
     run = envs[0].run if envs else "r"
-    new = Envelope(seq=at, run=run, t=at, actor="edit", event=ev, cause=cause, v=ev.version)
+    t = envs[at - 1].t if 0 < at <= len(envs) else envs[0].t if envs else 0
+    new = Envelope(seq=at, run=run, t=t, actor="edit", event=ev, cause=cause, v=ev.version)
     later = [_moved(env, env.seq + 1, lambda s: s + 1 if s >= at else s) for env in envs[at:]]
     return [*envs[:at], new, *later]
 
