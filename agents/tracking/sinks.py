@@ -329,11 +329,13 @@ def mend_torn_metrics(where: Path) -> int:
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """A nested mapping as ``a.b.c -> str(value)`` (MLflow's parameters are flat strings)."""
+    """A nested mapping as ``a.b.c -> str(value)`` (MLflow's parameters are flat strings),
+    a None left out as the run's resolved scenario leaves it out (TOML has none): the same
+    parameters live and from ``coevo export`` (live tracking logged ``'None'`` strings)."""
     out: dict[str, str] = {}
     for key, value in config.items():
         if isinstance(value, Mapping):
             out.update(_flat(value, f"{prefix}{key}."))
-        else:
+        elif value is not None:
             out[f"{prefix}{key}"] = str(value)
     return out

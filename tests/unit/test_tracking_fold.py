@@ -5,6 +5,7 @@ points to sinks, dropping one whose disk is full."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -303,3 +304,22 @@ def test_a_resume_writes_a_held_block_once() -> None:
     killed.observe(_batch(4, 1))
     killed.close()
     assert [p.step for p in killed.written if p.tag == "train/success"] == [4]
+
+
+def test_a_scenario_gives_the_same_parameters_live_and_exported() -> None:
+    """Live tracking flattened the scenario object (its unset ``runtime.ray.*`` logged as
+    'None' strings), ``coevo export`` the resolved TOML the log stores (no None): 139
+    parameters against 135."""
+    import tomllib
+
+    import msgspec
+
+    from agents.tracking.sinks import _flat  # pyright: ignore[reportPrivateUsage]
+    from scenarios.loader import load_scenario, resolved_toml
+
+    root = Path(__file__).resolve().parents[2]
+    for name in ("quickstart", "complementary", "empo2"):
+        scenario = load_scenario(root / "scenarios" / f"{name}.toml")
+        live = _flat(msgspec.to_builtins(scenario))
+        exported = _flat(tomllib.loads(resolved_toml(scenario)))
+        assert live == exported, set(live.items()) ^ set(exported.items())
