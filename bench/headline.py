@@ -234,7 +234,7 @@ def probe_summary(reports: list[dict]) -> tuple[list[str], dict]:
         by = {_role(b, report): b["outcomes"] for b in report["banks"]}
         diffs.append([a - b for a, b in zip(by["last"], by["v0"], strict=True)])
     cells = {role: bootstrap_mean(groups) for role, groups in labels.items()}
-    paired = bootstrap_mean(diffs)
+    paired = bootstrap_mean(diffs, successes=False)  # differences: all 0 is no proportion
     shown = cells["last"].above(cells["v0"]) and (
         "control" not in cells or cells["last"].above(cells["control"])
     )

@@ -112,9 +112,21 @@ def success_rate(outcomes: Sequence[int | bool]) -> Interval:
 
 
 def bootstrap_mean(
-    groups: Groups, *, rounds: int = ROUNDS, level: float = 0.95, seed: int = 0
+    groups: Groups,
+    *,
+    rounds: int = ROUNDS,
+    level: float = 0.95,
+    seed: int = 0,
+    successes: bool = True,
 ) -> Interval:
     """The mean of every value in ``groups`` and its hierarchical bootstrap interval.
+
+    Successes (0/1 values) that are all equal, every episode failed or every one succeeded,
+    take the Wilson interval of all of them pooled (:func:`proportion_interval`) instead: the
+    resamples of such data are all the same, and a percentile bootstrap of 0 of 20 is
+    [0, 0], an interval that would claim a difference from any other on no evidence.
+    ``successes=False``: values that are not successes (differences of pairs: all 0 is no
+    proportion), always the bootstrap.
 
     Raises:
         ValueError: no group, an empty group, a non-finite value, ``rounds < 1`` or ``level``
@@ -122,6 +134,15 @@ def bootstrap_mean(
     """
     arrays = _check(groups)
     _check_settings(rounds, level)
+    pooled = np.concatenate(arrays)
+    if successes and level == 0.95 and pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0):
+        low, high = proportion_interval(float(pooled[0]), pooled.size)
+        return Interval(float(pooled[0]), low, high, len(arrays), pooled.size)
+    return _bootstrap_mean(arrays, rounds, level, seed)
+
+
+def _bootstrap_mean(arrays: list[np.ndarray], rounds: int, level: float, seed: int) -> Interval:
+    """:func:`bootstrap_mean`'s percentile bootstrap, whatever the values."""
     rng = np.random.default_rng(seed)
     means = _resampled_means(arrays, rounds, rng)
     tail = (1 - level) / 2 * 100
@@ -180,4 +201,6 @@ def paired_difference(
     if len(a) != len(b):
         raise ValueError(f"paired values differ in length: {len(a)} and {len(b)}")
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    return bootstrap_mean([diff.tolist()], rounds=rounds, level=level, seed=seed)
+    return bootstrap_mean(
+        [diff.tolist()], rounds=rounds, level=level, seed=seed, successes=False
+    )  # differences, not successes

@@ -13,13 +13,26 @@ from agents.report.intervals import (
     bootstrap_mean,
     bootstrap_ratio,
     paired_difference,
+    proportion_interval,
     success_rate,
 )
 
 
 def test_constant_values_have_a_point_interval() -> None:
-    got = bootstrap_mean([[1.0] * 10, [1.0] * 5])
-    assert (got.value, got.low, got.high, got.seeds, got.episodes) == (1.0, 1.0, 1.0, 2, 15)
+    got = bootstrap_mean([[0.5] * 10, [0.5] * 5])
+    assert (got.value, got.low, got.high, got.seeds, got.episodes) == (0.5, 0.5, 0.5, 2, 15)
+    same = paired_difference([1.0] * 6, [1.0] * 6)  # differences, all 0: not a proportion
+    assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+def test_all_failures_or_all_successes_take_the_pooled_wilson_interval() -> None:
+    """An outside tester: a table's cell of 0 of 20 held-out episodes read 0.000 [0.000,
+    0.000], an interval that lies below any other on no evidence."""
+    for value in (0.0, 1.0):
+        got = bootstrap_mean([[value] * 10, [value] * 10])
+        assert (got.value, got.seeds, got.episodes) == (value, 2, 20)
+        assert (got.low, got.high) == pytest.approx(proportion_interval(value, 20))
+        assert got.high - got.low > 0.1
 
 
 def test_the_same_data_and_seed_give_the_same_interval() -> None:
@@ -113,7 +126,7 @@ def test_a_success_rate_at_zero_keeps_an_interval_that_weak_evidence_does_not_cl
     none, four = success_rate([0] * 40), success_rate([1] * 4 + [0] * 36)
     assert none.value == 0.0 and none.low == 0.0 and none.high > 0.08
     assert not four.above(none)
-    assert bootstrap_mean([[1] * 4 + [0] * 36]).above(bootstrap_mean([[0] * 40]))  # as it was
+    assert not bootstrap_mean([[1] * 4 + [0] * 36]).above(bootstrap_mean([[0] * 40]))  # nor now
     assert success_rate([1] * 40).above(none) and (four.seeds, four.episodes) == (1, 40)
     with pytest.raises(ValueError, match="at least one episode"):
         success_rate([])
