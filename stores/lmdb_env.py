@@ -68,6 +68,7 @@ def open_env(
     if create:
         with contextlib.suppress(OSError):  # LMDB says why it cannot
             path.mkdir(parents=True, exist_ok=True)
+    had_lock = (path / ENV_LOCK_FILE).exists()
     allocate_lock_file(path)
     try:
         try:
@@ -82,6 +83,9 @@ def open_env(
                 str(path), map_size=map_size, max_dbs=len(DB_NAMES), lock=False, **flags
             )
     except lmdb.Error as exc:
+        if not had_lock:  # refused: the directory is left as it was (a file not LMDB's)
+            with contextlib.suppress(OSError):
+                (path / ENV_LOCK_FILE).unlink()
         reason = str(exc).removeprefix(f"{path}: ")  # LMDB's messages start with the path
         raise LogError(f"cannot open event log at {path}: {reason}") from None
     try:

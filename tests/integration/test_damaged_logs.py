@@ -363,6 +363,7 @@ def test_directories_that_are_not_runs(run_dir: Path, tmp_path: Path) -> None:
         assert result.out == ""
         if result.name in ("missing", "empty", "a file", "another LMDB"):
             assert result.code == 2, result  # bad input, as a wrong path is
+    assert sorted(p.name for p in garbage.iterdir()) == ["data.mdb"]  # no lock.mdb left there
 
 
 @pytest.mark.faults
