@@ -586,8 +586,13 @@ def runs(
         completed: whether the stream ends with the run's completion.
 
     Raises:
-        ValueError: a memory or an operation there is not (a misspelt one was never drawn).
+        ValueError: a memory or an operation there is not (a misspelt one was never drawn),
+            ``max_ops`` not a non-negative integer, or ``completed`` not a bool or None.
     """
+    if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 0:
+        raise ValueError(f"runs(max_ops={max_ops!r}): the longest program, an integer >= 0")
+    if completed is not None and not isinstance(completed, bool):  # "yes" read as true
+        raise ValueError(f"runs(completed={completed!r}): True, False, or None (drawn)")
     if memory is not None and memory not in MEMORIES:
         raise ValueError(f"runs(memory={memory!r}): one of {', '.join(MEMORIES)}, or None")
     unknown = [] if isinstance(ops, str) else [op for op in ops if op not in OPS]

@@ -149,6 +149,10 @@ def test_the_users_testing_api_refuses_what_it_would_misread() -> None:
         runs(ops=("assign", "strat", "finsh"))
     with pytest.raises(ValueError, match=r"runs\(ops='assign'\): a sequence of operations"):
         runs(ops="assign")
+    with pytest.raises(ValueError, match=r"runs\(max_ops=-1\): the longest program"):
+        runs(max_ops=-1)  # (hypothesis said "Cannot have max_value=-1 < min_value=0")
+    with pytest.raises(ValueError, match=r"runs\(completed='yes'\): True, False, or None"):
+        runs(completed="yes")  # type: ignore[arg-type]  (it was drawn as true)
 
     class Letters(RunMachine):
         scenario = 'name = "x"\n[agent]\nkind = "random"\n'
