@@ -171,7 +171,7 @@ def event_strategy(cls: type[Event], **fields: st.SearchStrategy[Any]) -> st.Sea
             missing.append(str(exc))
     if missing:
         raise TypeError("; ".join(missing))
-    return st.fixed_dictionaries(drawn).map(lambda kw: cls(**kw))
+    return st.fixed_dictionaries(drawn).map(lambda kw: cls(**cls.made_recordable(kw)))
 
 
 def strategy_gaps(classes: Iterable[type[Event]] | None = None) -> dict[str, str]:

@@ -18,6 +18,7 @@ round wrote).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from engine.events import Event, event
 
@@ -102,6 +103,31 @@ class TipsRetrieved(Event, tag="tips_retrieved", frozen=True, kw_only=True):
         if self.similar < 0 or self.slot_size < 0:
             return f"similar ({self.similar}) and slot_size ({self.slot_size}) must be >= 0"
         return ""
+
+    @classmethod
+    def made_recordable(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        """Drawn fields cut or padded to one length, the length of ``tip_ids`` (``scores`` and
+        ``calls`` may stay empty), non-finite numbers made 0 and counts made >= 0."""
+        n = len(fields["tip_ids"])
+
+        def fit(items: tuple[Any, ...], pad: Any, optional: bool = False) -> tuple[Any, ...]:
+            if optional and not items:
+                return ()
+            return (*items[:n], *(pad,) * (n - len(items)))
+
+        def finite(xs: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(x if math.isfinite(x) else 0.0 for x in xs)
+
+        return {
+            **fields,
+            "similarities": finite(fit(fields["similarities"], 0.0)),
+            "ranks": fit(fields["ranks"], 0),
+            "tips": fit(fields["tips"], ""),
+            "scores": finite(fit(fields.get("scores", ()), 0.0, optional=True)),
+            "calls": fit(fields.get("calls", ()), "", optional=True),
+            "similar": max(fields["similar"], 0),
+            "slot_size": max(fields["slot_size"], 0),
+        }
 
 
 @event

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench_import import load_bench
+
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,
@@ -15,7 +17,6 @@ from agents.events.episodes import (
 )
 from agents.events.policy import EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
-from tests.integration.bench_import import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
