@@ -279,6 +279,7 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
     or other ``--set`` values was averaged in without a word. A key the run's own scenario
     lacks (a setting added to coevo since) is no difference."""
     from agents.analysis.diff import scenario_changes
+    from engine.errors import CoevoError
     from scenarios.loader import load_scenario, resolved_toml
     from stores.lmdb_log import LmdbEventLog
 
@@ -288,7 +289,10 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
     finally:
         log.close()
     recorded = meta.scenario_toml if meta is not None else ""
-    wanted = resolved_toml(load_scenario(scenario, sets))
+    try:
+        wanted = resolved_toml(load_scenario(scenario, sets))
+    except CoevoError as exc:  # a --set the scenario refuses: its line, as a new run's
+        raise SystemExit(f"coevo: error: {exc}") from None
     changes = scenario_changes(recorded, wanted)
     return [c.key for c in changes if c.a is not None]
 
@@ -315,6 +319,11 @@ def main() -> None:
     extra: dict[str, list[str]] = {}
     for item in args.set:
         name, _, assignment = item.partition(":")
+        if not assignment or name not in args.methods:  # it was dropped without a word
+            raise SystemExit(
+                f"--set {item}: METHOD:key.path=value, METHOD one of --methods "
+                f"({', '.join(args.methods)})"
+            )
         extra.setdefault(name, []).append(assignment)
     jobs = []
     for seed in args.seeds:  # seed by seed: every method's first seeds finish first
@@ -326,10 +335,11 @@ def main() -> None:
                     raise SystemExit(f"{out} holds an unfinished run: resume or remove it")
                 jobs.append((ROOT / METHODS[name], out, seed, extra.get(name, [])))
             elif differing := reused_differs(out, ROOT / METHODS[name], sets):
+                more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
                 raise SystemExit(
                     f"{out} holds a finished run of another scenario than {METHODS[name]} with "
-                    f"{' '.join(sets)} ({', '.join(differing[:4])} differ): remove it, or name "
-                    "another --runs"
+                    f"{' '.join(sets)} ({', '.join(differing[:4])}{more} differ): remove it, "
+                    "or name another --runs"
                 )
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)

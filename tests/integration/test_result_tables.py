@@ -102,3 +102,17 @@ def test_a_reused_run_of_other_settings_is_named_not_counted(tmp_path: Path) -> 
     assert differs(tmp_path, grpo, ["seed=0", "run.episodes=64"]) == []
     assert differs(tmp_path, grpo, ["seed=0"]) == ["run.episodes"]
     assert differs(tmp_path, grpo, ["seed=1", "run.episodes=64"]) == ["seed"]
+
+
+def test_a_set_the_scenario_refuses_is_one_line(tmp_path: Path) -> None:
+    """A reused run checked against ``--set grpo:grpo.nokey=1`` was a traceback."""
+    import pytest
+
+    from engine.eventlog import new_run_meta
+    from stores.lmdb_log import LmdbEventLog
+
+    meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml="")
+    LmdbEventLog.create(tmp_path / "log", meta, durable=False).close()
+    differs = load_bench("headline").reused_differs
+    with pytest.raises(SystemExit, match=r"coevo: error: .*unknown field `nokey`"):
+        differs(tmp_path, ROOT / "scenarios" / "grpo.toml", ["grpo.nokey=1"])
