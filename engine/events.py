@@ -17,11 +17,10 @@ decodes wherever the plug-in is installed.
 from __future__ import annotations
 
 import importlib
-import inspect
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, Generic, TypeVar, Union
+from typing import Any, ClassVar, Generic, TypeVar, Union, cast
 
 import msgspec
 
@@ -91,6 +90,23 @@ _ENTRY_POINT_GROUP = "coevo.events"
 _entry_points_loaded = False
 
 EventT = TypeVar("EventT", bound=type[Event])
+
+
+def _unrecordable(ev: Event) -> str:
+    """``ev.unrecordable()``, its own failure named as its (a plug-in's check that raised
+    read as the actor's own error; a non-str answer was taken for the reason).
+
+    Raises:
+        EventInvalid: the check raised or answered something other than a str.
+    """
+    tag = type(ev).__struct_config__.tag
+    try:
+        why = cast(object, ev.unrecordable())  # a plug-in's: any answer
+    except Exception as exc:
+        raise EventInvalid(f"{tag}: its unrecordable() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(why, str):
+        raise EventInvalid(f'{tag}: its unrecordable() returned {why!r}, not a str ("": none)')
+    return why
 
 
 def event(cls: EventT) -> EventT:
@@ -202,10 +218,10 @@ class Codec:
         known = self._event_decoders.get(cls)
         if known is None:
             asked = getattr(cls, "unrecordable", None)  # (a field of that name is no method)
-            own = asked is not Event.unrecordable and inspect.isfunction(asked)
+            own = asked is not Event.unrecordable and callable(asked)  # cached, a classmethod
             known = self._event_decoders[cls] = (msgspec.msgpack.Decoder(_recordable(cls)), own)
         decoder, asks = known
-        if asks and (why := ev.unrecordable()):
+        if asks and (why := _unrecordable(ev)):
             raise EventInvalid(f"{cls.__struct_config__.tag} cannot be recorded: {why}")
         try:
             encoded = self._encoder.encode(ev)

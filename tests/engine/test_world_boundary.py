@@ -4,6 +4,7 @@ converted, and no event that cannot be decoded is ever committed."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -526,3 +527,49 @@ class Named(Event, frozen=True, kw_only=True, tag="test_field_named_unrecordable
     """A plug-in's event with a field named as :meth:`Event.unrecordable`."""
 
     unrecordable: bool
+
+
+@event
+class Cached(Event, frozen=True, kw_only=True, tag="test_unrecordable_cached"):
+    """A plug-in's check wrapped in a cache (not a plain function: it was never asked)."""
+
+    size: int
+
+    @functools.cache  # noqa: B019 (a test's event, a user's habit)
+    def unrecordable(self) -> str:
+        return "too big" if self.size > 3 else ""
+
+    @classmethod
+    def made_recordable(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        return {**fields, "size": min(fields["size"], 3)}  # (other tests draw every event)
+
+
+@event
+class Buggy(Event, frozen=True, kw_only=True, tag="test_unrecordable_buggy"):
+    """A plug-in's check that raises, or answers with something other than a str."""
+
+    answer: int
+
+    def unrecordable(self) -> str:
+        if self.answer < 0:
+            raise ValueError("my check is buggy")
+        return True if self.answer else ""  # type: ignore[return-value]
+
+    @classmethod
+    def made_recordable(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        return {**fields, "answer": 0}
+
+
+def test_a_plug_in_s_check_is_asked_in_any_form_and_its_own_failure_named() -> None:
+    """An outside tester: a check under ``functools.lru_cache`` (or a classmethod) was never
+    asked, its event recorded; a check that raised read as the actor's own error, and one
+    that answered True was taken for the reason ("cannot be recorded: True")."""
+    codec = Codec()
+    assert codec.check(Cached(size=1)) > 0
+    with pytest.raises(EventInvalid, match="test_unrecordable_cached cannot be recorded: too big"):
+        codec.check(Cached(size=9))
+    with pytest.raises(EventInvalid, match=r"its unrecordable\(\) raised ValueError: my check"):
+        codec.check(Buggy(answer=-1))
+    with pytest.raises(EventInvalid, match=r"its unrecordable\(\) returned True, not a str"):
+        codec.check(Buggy(answer=1))
+    assert codec.check(Buggy(answer=0)) > 0
