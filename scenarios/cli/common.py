@@ -410,6 +410,29 @@ def missing_checkpoints(root: Path, named: dict[str, str]) -> list[str]:
     return gone
 
 
+def damaged_checkpoints(root: Path, named: dict[str, str]) -> list[str]:
+    """Of :func:`newest_checkpoints` on disk under ``root``, the files a resume loads whose
+    safetensors header does not read or whose tensors the file does not cover (cut short,
+    emptied), as "the policy's checkpoints/v000002/optimizer.safetensors (why)": a resume
+    found them after it had played a session's episodes, the log growing on each try. (The
+    weights' digest is checked as they load.)"""
+    from safetensors import safe_open
+
+    from stores.checkpoints import OPTIMIZER_FILE, weights_file
+
+    bad: list[str] = []
+    for role, name in named.items():
+        for file in (weights_file(root / name), root / name / OPTIMIZER_FILE):
+            try:
+                with safe_open(str(file), framework="numpy") as tensors:  # pyright: ignore[reportUnknownVariableType]
+                    tensors.keys()  # pyright: ignore[reportUnknownMemberType]
+            except FileNotFoundError:
+                continue  # missing_checkpoints says so
+            except Exception as exc:  # safetensors' own error: its header
+                bad.append(f"the {role}'s {name}/{file.name} ({exc})")
+    return bad
+
+
 def check_writable(path: Path, what: str) -> None:
     """Refuse, before any work, an output ``path`` (a file or a directory, there or not) whose
     nearest existing directory this process cannot write in: a read-only run directory made a

@@ -20,6 +20,7 @@ from rich.console import Console
 from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
 from scenarios.cli.common import (
     InputInvalid,
+    damaged_checkpoints,
     missing_checkpoints,
     naming,
     newest_checkpoints,
@@ -737,5 +738,11 @@ def _history(path: str, log: Any, curves: Path | None) -> Sequence[Any]:
             f"{path}: cannot be resumed: {' and '.join(gone)} (the newest its log names, "
             "which a resume continues from) is not on disk; restore it from a copy of the run. "
             "Reading the run needs none: replay, check, report and audit work as they are"
+        )
+    if bad := damaged_checkpoints(Path(log.path).parent, named):
+        raise InputInvalid(
+            f"{path}: cannot be resumed: {' and '.join(bad)} is damaged (the newest checkpoint "
+            "its log names, which a resume continues from); restore it from a copy of the "
+            "run. Reading the run needs none: replay, check, report and audit work as they are"
         )
     return history

@@ -5,6 +5,7 @@ than the bound."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -355,3 +356,11 @@ def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays
     err = capsys.readouterr().err
     assert f"resumed: the policy's {checkpoint}/optimizer.safetensors (the newest its" in err, err
     assert len(read_events(killed)) == first + 1
+    # there, but cut short or emptied: refused too (it played, then the learner refused it)
+    for file, size in (("optimizer.safetensors", 0), ("model.safetensors", 1000)):
+        shutil.copytree(run_dir / checkpoint, killed / checkpoint, dirs_exist_ok=True)
+        os.truncate(killed / checkpoint / file, size)
+        assert main(["resume", str(killed), "--quiet"]) == 2, file
+        err = capsys.readouterr().err
+        assert f"resumed: the policy's {checkpoint}/{file} (" in err and "is damaged" in err, err
+        assert len(read_events(killed)) == first + 1
