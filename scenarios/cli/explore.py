@@ -500,8 +500,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = _listen(args.host, args.port)
         port = sock.getsockname()[1]  # the port the system chose for --port 0
         hosts = None if args.public else LOOPBACK_NAMES | {host_name(args.host).lower()}
-        config = uvicorn.Config(
-            make_app(views, hosts), log_level="warning", limit_concurrency=_connections_allowed()
+        config = uvicorn.Config(  # no lifespan: the app has no start-up or shut-down work, and
+            make_app(views, hosts),  # a second Ctrl-C cancelled its task with a traceback
+            log_level="warning",
+            limit_concurrency=_connections_allowed(),
+            lifespan="off",
         )
         server = uvicorn.Server(config)
         _quiet_asyncio()

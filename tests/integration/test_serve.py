@@ -696,9 +696,21 @@ def test_an_audit_index_cut_while_served_is_built_again(tmp_path: Path) -> None:
     assert done.stdout.split("\n")[:3] == ["200", "200 True", "200"], done.stdout
 
 
-def test_serve_stopped_by_a_hang_up_says_one_line(live_run: Path) -> None:
+@pytest.mark.parametrize(
+    ("signals", "code", "said"),
+    [
+        (("SIGHUP",), 129, "coevo: hung up (SIGHUP)"),
+        (("SIGINT", "SIGINT"), 130, "coevo: interrupted"),
+        (("SIGTERM", "SIGINT"), 143, "coevo: terminated"),
+    ],
+)
+def test_serve_stopped_by_signals_says_one_line(
+    live_run: Path, signals: tuple[str, ...], code: int, said: str
+) -> None:
     """A SIGHUP (the terminal closed) was raised inside uvicorn's event loop: two tracebacks
-    before the line (uvicorn itself stops on SIGINT and SIGTERM only)."""
+    before the line (uvicorn itself stops on SIGINT and SIGTERM only). A second signal, a
+    Ctrl-C (pressed twice, or one that ``timeout`` passes to the process group too), cancelled
+    the app's lifespan task with two tracebacks."""
     import signal
 
     coevo = str(Path(sys.executable).parent / "coevo")
@@ -712,11 +724,13 @@ def test_serve_stopped_by_a_hang_up_says_one_line(live_run: Path) -> None:
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as answer:
             assert answer.status == 200  # the server's event loop runs
-        proc.send_signal(signal.SIGHUP)
+        for name in signals:
+            proc.send_signal(getattr(signal, name))
+            time.sleep(0.01)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert (proc.returncode, err.strip()) == (129, "coevo: hung up (SIGHUP)")
+    assert (proc.returncode, err.strip()) == (code, said)
 
 
 def test_serve_s_note_on_an_index_it_cannot_keep_names_no_option_it_lacks(tmp_path: Path) -> None:
