@@ -153,7 +153,10 @@ def stored_scenario(
     doc = parse_toml(meta.scenario_toml, source)
     for item in overrides:
         apply_override(doc, item, source)
-    return to_scenario(doc, source)
+    try:
+        return to_scenario(doc, source)
+    except ScenarioInvalid as exc:  # the log's scenario validated: the --set is at issue
+        raise _naming_override(exc, overrides) from None
 
 
 def warn_settings(

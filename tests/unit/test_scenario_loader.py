@@ -400,3 +400,16 @@ def test_a_missing_file_named_as_a_shipped_scenario_says_where_that_one_is(
         with pytest.raises(ScenarioInvalid) as err:
             load_scenario(name)
         assert str(err.value) == f"{name}: cannot read: No such file or directory"
+
+
+def test_a_set_over_a_run_s_stored_scenario_is_named_when_refused() -> None:
+    """``whatif``/``probe --set grpo.nokey=1`` said only "unknown field `nokey`" (``run`` and
+    ``validate`` name the --set that gave it)."""
+    from engine.eventlog import new_run_meta
+    from scenarios.loader import stored_scenario
+
+    text = resolved_toml(load_scenario(ROOT / "scenarios" / "grpo.toml"))
+    meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml=text)
+    assert stored_scenario(meta, "runs/r", ["policy.device=cpu"]).policy.device == "cpu"
+    with pytest.raises(ScenarioInvalid, match=r"`nokey`.*\(given by --set grpo\.nokey=1\)"):
+        stored_scenario(meta, "runs/r", ["grpo.nokey=1"])
