@@ -171,7 +171,33 @@ def event_strategy(cls: type[Event], **fields: st.SearchStrategy[Any]) -> st.Sea
             missing.append(str(exc))
     if missing:
         raise TypeError("; ".join(missing))
-    return st.fixed_dictionaries(drawn).map(lambda kw: cls(**cls.made_recordable(kw)))
+    made = st.fixed_dictionaries(drawn).map(lambda kw: cls(**cls.made_recordable(kw)))
+    given_by = {**{n: s for (c, n), s in _FIELDS.items() if c is cls}, **fields}
+    if not given_by:
+        return made  # derived from the schema: of its types
+    return made.map(lambda ev: _recordable_draw(ev, sorted(given_by)))
+
+
+def _recordable_draw(ev: Event, given: list[str]) -> Event:
+    """``ev`` if its fields decode as their types and bounds and it says nothing against
+    itself (:meth:`Event.unrecordable`); a strategy given for a field drew a value of another
+    type (``slot=st.just(3)`` for a str), or out of the field's bounds, without a word.
+
+    Raises:
+        ValueError: naming the fields whose strategies were given, and why.
+    """
+    cls = type(ev)
+    try:
+        msgspec.msgpack.decode(msgspec.msgpack.encode(ev), type=cls)
+        why = ev.unrecordable() if callable(getattr(cls, "unrecordable", None)) else ""
+    except (TypeError, OverflowError, msgspec.EncodeError, msgspec.ValidationError) as exc:
+        why = str(exc)
+    if why:
+        raise ValueError(
+            f"event_strategy({cls.__name__}, {', '.join(given)}=...) drew an event the log "
+            f"cannot record: {why}"
+        )
+    return ev
 
 
 def strategy_gaps(classes: Iterable[type[Event]] | None = None) -> dict[str, str]:

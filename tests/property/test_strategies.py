@@ -160,3 +160,17 @@ def test_the_users_testing_api_refuses_what_it_would_misread() -> None:
 
     with pytest.raises(TypeError, match=r"check_only = 'lamp-lit': a tuple of invariant names"):
         Letters()
+
+
+def test_a_field_strategy_of_the_wrong_type_is_named_when_it_draws() -> None:
+    """An outside tester: ``event_strategy(TipStored, slot=st.just(3))`` drew events whose
+    ``slot`` was an int (the schema says str) without a word; the log would refuse them."""
+    from hypothesis import find
+
+    from agents.events.memory import TipStored
+
+    wrong = event_strategy(TipStored, slot=st.just(3))
+    with pytest.raises(ValueError, match=r"event_strategy\(TipStored, slot=\.\.\.\) drew an event"):
+        find(wrong, lambda _: True)
+    right = find(event_strategy(TipStored, slot=st.just("train/heat/0")), lambda _: True)
+    assert right.slot == "train/heat/0"
