@@ -133,12 +133,15 @@ class CheckContext:
             there is none). Typed loosely: the engine does not know the schema.
         method: the scenario's ``run.method`` ("" when unknown).
         world: the scenario's ``world.name`` ("" when unknown).
+        built_on: the built-in method a plug-in ``method`` subclasses without replacing its
+            actors (its memory; "" for none): invariants for that method apply to it too.
     """
 
     meta: RunMeta | None = None
     scenario: Any = None
     method: str = ""
     world: str = ""
+    built_on: str = ""
 
 
 Factory = Callable[[CheckContext], Invariant]
@@ -160,7 +163,7 @@ class Registered:
         """Why it does not apply to ``ctx``'s run (one short phrase; empty when it does)."""
         if self.needs_scenario and ctx.scenario is None:
             return "needs the run's scenario (its settings)"
-        if self.methods and ctx.method not in self.methods:
+        if self.methods and ctx.method not in self.methods and ctx.built_on not in self.methods:
             return f"for methods {', '.join(sorted(self.methods))}, not {ctx.method or '?'}"
         if self.worlds and ctx.world not in self.worlds:
             return f"for worlds {', '.join(sorted(self.worlds))}, not {ctx.world or '?'}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from typing import Any
 
 from agents.methods.registry import BUILTIN, method_class
 from engine.eventlog import RunMeta
@@ -27,11 +28,14 @@ def context_of(scenario: Scenario, meta: RunMeta | None = None) -> tuple[CheckCo
     """
     notes = unloaded()  # coevo's own invariants are among the entry points: load them first
     method, world = scenario.run.method, scenario.world.name
+    built_on = ""
     if method not in BUILTIN and method != "rollout":
         try:
-            method_class(method)
+            cls = method_class(method)
         except ValueError as exc:
             notes.append(f"method {method!r} not loaded, its own invariants unknown: {exc}")
+        else:
+            built_on = _built_on(cls)
     path = builtin_worlds().get(world, world)
     module = path.partition(":")[0]
     if ":" in path:
@@ -39,7 +43,19 @@ def context_of(scenario: Scenario, meta: RunMeta | None = None) -> tuple[CheckCo
             importlib.import_module(module)
         except Exception as exc:  # a plug-in's own failure at import: a note, never a traceback
             notes.append(f"world module {module!r} not loaded, its own invariants unknown: {exc}")
-    return CheckContext(meta=meta, scenario=scenario, method=method, world=world), notes
+    context = CheckContext(
+        meta=meta, scenario=scenario, method=method, world=world, built_on=built_on
+    )
+    return context, notes
+
+
+def _built_on(cls: type[Any]) -> str:
+    """The built-in method ``cls`` subclasses and whose actors (its memory) it keeps: an
+    unchanged memory is checked as the built-in's is (``lineage``); "" for none."""
+    for name, builtin in BUILTIN.items():
+        if issubclass(cls, builtin) and cls.actors is builtin.actors:
+            return name
+    return ""
 
 
 def check_context(meta: RunMeta | None, source: str = "the run") -> tuple[CheckContext, list[str]]:

@@ -9,6 +9,7 @@ import pytest
 
 from agents.events.episodes import EpisodeAssigned
 from agents.events.policy import ActionRequested
+from agents.methods.builtin import Empo2
 from engine.eventlog import MemoryEventLog
 from engine.events import Envelope, Event
 from engine.invariants import (
@@ -114,3 +115,31 @@ def test_a_log_is_checked_in_one_call_against_named_invariants() -> None:
     assert report.violation is not None and report.violation.seq == 2
     assert report.violation.involved == (1, 2)
     assert check_log(log, names=["sessions"]).ok
+
+
+class _KeepsItsMemory(Empo2):
+    """A plug-in built on EMPO2 that changes its score only."""
+
+    def score(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        return super().score(*args, **kwargs)  # type: ignore[arg-type]
+
+
+class _OwnMemory(Empo2):
+    """A plug-in built on EMPO2 that brings actors of its own (a memory of its making)."""
+
+    def actors(self, run: object) -> tuple[()]:  # type: ignore[override]
+        return ()
+
+
+def test_a_subclass_that_keeps_its_built_in_s_memory_is_checked_as_the_built_in() -> None:
+    """An outside tester: a subclass of EMPO2 with the built-in memory unchanged was not
+    checked for ``lineage`` ("for methods complementary, empo2, not mymod:RandomScore")."""
+    from scenarios.checks import _built_on  # pyright: ignore[reportPrivateUsage]
+
+    assert (_built_on(_KeepsItsMemory), _built_on(_OwnMemory), _built_on(Empo2)) == (
+        "empo2", "", "empo2",
+    )  # fmt: skip
+    kept = CheckContext(method="mymod:Kept", built_on="empo2")
+    assert "lineage" in {r.name for r in select(kept)[0]}
+    own = CheckContext(method="mymod:Own")
+    assert "lineage: for methods complementary, empo2, not mymod:Own" in select(own)[1]
