@@ -6,8 +6,9 @@ stored before it, so the lineage is a DAG, and every path down it ends at what w
 entry: an extractor call (``call``, an ``extractor_called`` recorded before) or a policy's
 reflection on an episode (``episode``, its ``tip_proposed`` recorded before). EMPO2's and
 Complementary RL's memories work this way; a plug-in's memory may write entries of its own
-making, so ``lineage`` is registered for those two methods only (``coevo check --invariant
-lineage`` runs it on any run).
+making, so ``lineage`` is registered for those two methods only, and plug-ins that subclass
+one and keep its actors (``CheckContext.built_on``); ``coevo check --invariant lineage`` runs
+it on any run.
 
 A retrieval (``tips_retrieved``) is well formed (one similarity, rank and text per entry:
 :meth:`TipsRetrieved.unrecordable`) and shows entries held at that seq, with their stored texts
