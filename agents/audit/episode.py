@@ -10,7 +10,6 @@ its entry and the extractor update that consumed it, and the extractor call it f
 
 from __future__ import annotations
 
-import math
 from typing import TypedDict
 
 import msgspec
@@ -275,16 +274,9 @@ def _turns(envs: list[Envelope[Event]], started: EpisodeStarted | None) -> tuple
         ev = env.event
         if isinstance(ev, TipsRetrieved):
             searched[ev.turn] = ev.slot_size
-            retrieved[ev.turn] = tuple(  # (short tuples: a malformed answer logged before
-                Shown(  # emit refused one, which coevo check names)
-                    tip=t,
-                    call=ev.calls[i] if i < len(ev.calls) else "",
-                    rank=ev.ranks[i] if i < len(ev.ranks) else -1,
-                    similarity=ev.similarities[i] if i < len(ev.similarities) else math.nan,
-                    score=ev.scores[i] if i < len(ev.scores) else None,
-                    text=ev.tips[i] if i < len(ev.tips) else "",
-                )
-                for i, t in enumerate(ev.tip_ids)
+            retrieved[ev.turn] = tuple(
+                Shown(tip=t, call=call, rank=rank, similarity=sim, score=score, text=text)
+                for t, rank, sim, score, text, call in ev.entries()
             )
         elif isinstance(ev, ActionRequested):
             asked[ev.turn] = ev

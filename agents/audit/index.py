@@ -28,7 +28,6 @@ live run costs only its new tail.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Union
@@ -257,10 +256,7 @@ def _tip_rejected(ev: TipRejected, env: Envelope[Event]) -> list[Fact]:
 
 def _tips_retrieved(ev: TipsRetrieved, env: Envelope[Event]) -> list[Fact]:
     out = _refs("e", [ev.episode], env.seq, "tips_retrieved")
-    for i, tip in enumerate(ev.tip_ids):  # (short tuples: a malformed answer, logged before
-        score = ev.scores[i] if i < len(ev.scores) else None  # emit refused one: coevo check)
-        rank = ev.ranks[i] if i < len(ev.ranks) else -1
-        similarity = ev.similarities[i] if i < len(ev.similarities) else math.nan
+    for i, (tip, rank, similarity, score, _, _) in enumerate(ev.entries()):
         row = Retrieved(ev.episode, ev.turn, i, rank, similarity, score, ev.slot)
         out.append(_row(tip, env.seq, row))
     return out

@@ -84,6 +84,26 @@ class TipsRetrieved(Event, tag="tips_retrieved", frozen=True, kw_only=True):
     calls: tuple[str, ...] = ()
     read_only: bool = False
 
+    def entries(self) -> list[tuple[int, int, float, float | None, str, str]]:
+        """Each entry shown, as (tip id, rank, similarity, re-ranking score or None, text,
+        writer call): a malformed answer's missing values (in a log written before ``emit``
+        refused one: :meth:`unrecordable`) read -1, NaN, None, "" and ""."""
+
+        def at(items: tuple[Any, ...], i: int, missing: Any) -> Any:
+            return items[i] if i < len(items) else missing
+
+        return [
+            (
+                tip,
+                at(self.ranks, i, -1),
+                at(self.similarities, i, math.nan),
+                at(self.scores, i, None),
+                at(self.tips, i, ""),
+                at(self.calls, i, ""),
+            )
+            for i, tip in enumerate(self.tip_ids)
+        ]
+
     def unrecordable(self) -> str:
         """Whether its tuples describe the same tips, each similarity a number and the counts
         not negative: the audit reads them side by side (a plug-in memory's answer with three
