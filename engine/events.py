@@ -92,7 +92,15 @@ _entry_points_loaded = False
 EventT = TypeVar("EventT", bound=type[Event])
 
 
-def _unrecordable(ev: Event) -> str:
+def checks_itself(cls: type[Event]) -> bool:
+    """Whether events of ``cls`` say when they cannot be recorded (:meth:`Event.unrecordable`
+    overridden, in any callable form: a cached method, a classmethod; a field of that name is
+    no method)."""
+    asked = getattr(cls, "unrecordable", None)
+    return asked is not Event.unrecordable and callable(asked)
+
+
+def unrecordable_reason(ev: Event) -> str:
     """``ev.unrecordable()``, its own failure named as its (a plug-in's check that raised
     read as the actor's own error; a non-str answer was taken for the reason).
 
@@ -217,11 +225,10 @@ class Codec:
         cls = type(ev)
         known = self._event_decoders.get(cls)
         if known is None:
-            asked = getattr(cls, "unrecordable", None)  # (a field of that name is no method)
-            own = asked is not Event.unrecordable and callable(asked)  # cached, a classmethod
-            known = self._event_decoders[cls] = (msgspec.msgpack.Decoder(_recordable(cls)), own)
+            decoder = msgspec.msgpack.Decoder(_recordable(cls))
+            known = self._event_decoders[cls] = (decoder, checks_itself(cls))
         decoder, asks = known
-        if asks and (why := _unrecordable(ev)):
+        if asks and (why := unrecordable_reason(ev)):
             raise EventInvalid(f"{cls.__struct_config__.tag} cannot be recorded: {why}")
         try:
             encoded = self._encoder.encode(ev)

@@ -26,7 +26,8 @@ except ModuleNotFoundError:  # the optional extra: say how to get it, in one lin
         "coevo's strategies need Hypothesis: pip install 'coevo[testing]'"
     ) from None
 
-from engine.events import Envelope, Event, event_types
+from engine.errors import EventInvalid
+from engine.events import Envelope, Event, checks_itself, event_types, unrecordable_reason
 
 __all__ = [
     "envelopes_of",
@@ -189,8 +190,10 @@ def _recordable_draw(ev: Event, given: list[str]) -> Event:
     cls = type(ev)
     try:
         msgspec.msgpack.decode(msgspec.msgpack.encode(ev), type=cls)
-        why = ev.unrecordable() if callable(getattr(cls, "unrecordable", None)) else ""
-    except (TypeError, OverflowError, msgspec.EncodeError, msgspec.ValidationError) as exc:
+        why = unrecordable_reason(ev) if checks_itself(cls) else ""
+    except (
+        TypeError, OverflowError, msgspec.EncodeError, msgspec.ValidationError, EventInvalid
+    ) as exc:  # fmt: skip
         why = str(exc)
     if why:
         raise ValueError(
