@@ -286,8 +286,8 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
             )
         pooled = []
         for x in xs:
-            w = sum(f.family_success(a[x], families)[0] for f, a in zip(runs, at, strict=True))
-            n = sum(f.family_success(a[x], families)[1] for f, a in zip(runs, at, strict=True))
+            counts = [f.family_success(a[x], families) for f, a in zip(runs, at, strict=True)]
+            w, n = sum(c[0] for c in counts), sum(c[1] for c in counts)
             pooled.append(w / n if n else 0)
         axes[1].plot(xs, pooled, color=color, linewidth=2.5, label=f"{name} (pooled)")
     axes[0].set_title("held-out success without memory (dashed: with the bank)")

@@ -138,18 +138,11 @@ def bootstrap_mean(
     if successes and level == 0.95 and pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0):
         low, high = proportion_interval(float(pooled[0]), pooled.size)
         return Interval(float(pooled[0]), low, high, len(arrays), pooled.size)
-    return _bootstrap_mean(arrays, rounds, level, seed)
-
-
-def _bootstrap_mean(arrays: list[np.ndarray], rounds: int, level: float, seed: int) -> Interval:
-    """:func:`bootstrap_mean`'s percentile bootstrap, whatever the values."""
     rng = np.random.default_rng(seed)
     means = _resampled_means(arrays, rounds, rng)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
-    value = float(np.concatenate(arrays).mean())
-    size = sum(a.size for a in arrays)
-    return Interval(value, float(low), float(high), len(arrays), size)
+    return Interval(float(pooled.mean()), float(low), float(high), len(arrays), pooled.size)
 
 
 def bootstrap_ratio(
