@@ -339,6 +339,9 @@ class Runtime:
         resumed: for ``coevo resume``: the first event of the new session, written before any
             actor starts; each actor's :meth:`Actor.recover` is then given ``history``.
         history: the events of the earlier sessions, in seq order (with ``resumed``).
+        verdict: given the projections' states of a run that completed, the exit code it
+            ends with (0: as the runtime saw it; 1 when, say, no episode finished); recorded
+            in its ``run_stopped``.
     """
 
     def __init__(
@@ -354,6 +357,7 @@ class Runtime:
         observers: Sequence[Callable[[list[Envelope[Event]]], None]] = (),
         resumed: RunResumed | None = None,
         history: Sequence[Envelope[Event]] = (),
+        verdict: Callable[[dict[str, Any]], int] | None = None,
     ) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -369,6 +373,7 @@ class Runtime:
         self._observers = tuple(observers)
         self._resumed = resumed
         self._history = history
+        self._verdict = verdict
         self._pending: list[Pending] = []
         self._pending_bytes = 0
         self._buffer_events = self._cfg.write_buffer
@@ -507,6 +512,9 @@ class Runtime:
                     self.push("runtime", self._resumed, None, "")
                 outcome = await self._run_actors()
                 self._stop_notice.cancel()
+                if outcome.reason == "completed" and self._verdict is not None:
+                    await self.wait_committed()  # every event folded into the states
+                    outcome.exit_code = self._verdict(self.states) or outcome.exit_code
                 self.push("runtime", self._final_event(outcome), None, "")
                 self._closing = True
                 self._wake.unpark_all()

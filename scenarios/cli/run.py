@@ -202,6 +202,7 @@ def _drive(
         observers=[progress.observe, *([tracker.observe] if tracker is not None else [])],
         resumed=resumed,
         history=history,
+        verdict=_verdict,
     )
     run_id = started.run_id
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
@@ -468,16 +469,26 @@ def _policy_unchanged(updates: list[Any]) -> str:
     )
 
 
+def _verdict(states: dict[str, Any]) -> int:
+    """A completed run's exit code as its log records it: 1 when no episode, or no training
+    episode, finished (as :func:`_all_aborted` then says), 0 otherwise."""
+    return 1 if _aborted_all(states["episodes"]) else 0
+
+
+def _aborted_all(episodes: Any) -> tuple[int, str] | None:
+    rows = list(episodes.episodes.values())
+    return _none_finished(rows, "episodes") or _none_finished(
+        [r for r in rows if r.purpose == "train"], "training episodes"
+    )
+
+
 def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
     """The error line of a run that completed without finishing one episode, or one training
     episode: every one was aborted (a world that fails every episode, or every training one
     while evaluation's played on); "" otherwise."""
     from engine.replay import EventFilter, iter_events
 
-    rows = list(episodes.episodes.values())
-    found = _none_finished(rows, "episodes") or _none_finished(
-        [r for r in rows if r.purpose == "train"], "training episodes"
-    )
+    found = _aborted_all(episodes)
     if not found:
         return ""
     aborted, what = found

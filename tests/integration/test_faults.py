@@ -646,12 +646,16 @@ def test_a_run_whose_every_episode_aborted_says_so_and_its_log_reads(tmp_path: P
     assert "returned an observation whose text is None, not a string)" in proc.stderr
     log = coevo("log", str(run), "--json", env=env)
     assert log.returncode == 0, log.stderr
-    kinds = [json.loads(line)["event"]["kind"] for line in log.stdout.splitlines()]
+    events = [json.loads(line)["event"] for line in log.stdout.splitlines()]
+    kinds = [e["kind"] for e in events]
     assert kinds.count("episode_aborted") == 6 and "step_taken" not in kinds
+    stop = events[-1]  # the log records the exit code the process ended with, not 0
+    assert (stop["kind"], stop["reason"], stop["exit_code"]) == ("run_stopped", "completed", 1)
     verified(run)
     loud = coevo("run", str(scenario), "--out", str(tmp_path / "loud"), env=env)
     assert loud.returncode == 1 and "completed: " in loud.stderr
     assert "(exit 1)" in loud.stderr and "(exit 0)" not in loud.stderr  # said 0, exited 1
+    assert "exit_code=1" in loud.stderr and "exit_code=0" not in loud.stderr  # "run ended"
 
 
 def test_an_actor_that_keeps_failing_stops_the_run_with_its_error(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from agents.events.policy import (
     PolicyUpdated,
 )
 from engine.events import Event
+from engine.lifecycle import RunStopped
 from scenarios.cli import main
 from stores.lmdb_log import LmdbEventLog
 
@@ -295,7 +296,9 @@ def test_a_run_whose_every_training_episode_aborted_exits_1_saying_so(
     assert "completed, but all 24 of its training episodes were aborted (the first: " in err, err
     assert "RuntimeError: the training simulator is down" in err
     assert "none of the run's" not in err  # not the unchanged-policy warning: its cause is wrong
-    assert any(isinstance(e, EpisodeFinished) and e.purpose == "eval" for e in read_events(out))
+    events = list(read_events(out))
+    assert any(isinstance(e, EpisodeFinished) and e.purpose == "eval" for e in events)
+    assert isinstance(events[-1], RunStopped) and events[-1].exit_code == 1, events[-1]
 
 
 def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
