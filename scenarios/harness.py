@@ -178,7 +178,7 @@ class RunMachine(RuleBasedStateMachine):
 
         lines = [f"invariant {exc.invariant} violated at seq {exc.seq}: {exc.detail}"]
         for seq in exc.involved:
-            lines += [envelope_line(env) for env in self.log.read(seq, seq + 1)]
+            lines += [envelope_line(env, width=None) for env in self.log.read(seq, seq + 1)]
         return "\n".join(lines)
 
     @rule(events=st.integers(1, 400))

@@ -129,7 +129,7 @@ def _lines(run: str, report: CheckReport, involved: list[Any]) -> list[str]:
         lines += [f"  not checked: {s}" for s in report.skipped]
         return lines
     head = f"{run}: invariant {v.invariant} violated at seq {v.seq}: {v.message}"
-    return [head, *(envelope_line(env) for env in involved)]
+    return [head, *(envelope_line(env, width=None) for env in involved)]  # every field shown
 
 
 def _as_json(report: CheckReport, involved: list[Any]) -> dict[str, Any]:

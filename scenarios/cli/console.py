@@ -255,14 +255,15 @@ def envelope_dict(env: Envelope[Event]) -> dict[str, Any]:
     }
 
 
-def envelope_line(env: Envelope[Event], width: int = 160) -> str:
+def envelope_line(env: Envelope[Event], width: int | None = 160) -> str:
     """One readable line per envelope: seq, time of day (UTC, marked ``Z``), actor, kind,
-    correlation, fields."""
+    correlation, fields (each value cut at 60 characters); the line cut at ``width``
+    characters, or whole (every field named) when ``width`` is None."""
     fields: Mapping[str, Any] = msgspec.to_builtins(env.event)
     body = " ".join(f"{k}={_short(v)}" for k, v in fields.items() if k != "kind")
     stamp = time.strftime("%H:%M:%SZ", time.gmtime(env.t / 1e9))
     line = f"{env.seq:>8} {stamp} {env.actor:<12} {fields['kind']:<20} {env.corr:<10} {body}"
-    return safe_line(line if len(line) <= width else line[: width - 1] + "…")
+    return safe_line(line if width is None or len(line) <= width else line[: width - 1] + "…")
 
 
 def _short(value: Any) -> str:

@@ -80,6 +80,8 @@ def test_a_violation_is_its_seq_and_the_events_involved_one_line_each(
     seqs = [int(line.split()[0]) for line in lines[1:]]
     assert seqs == sorted(seqs) and original in seqs and seqs[-1] == copy
     assert all("episode_" in line or "step_taken" in line for line in lines[1:])
+    for env in read(path)[copy : copy + 1]:  # every field named: not cut at a line width
+        assert all(f" {name}=" in lines[-1] for name in env.event.__struct_fields__), lines[-1]
 
 
 def test_one_invariant_by_name_and_as_json(
