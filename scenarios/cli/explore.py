@@ -64,6 +64,13 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="allow a --host other than the loopback (the pages show everything in the runs)",
     )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection that has not sent a whole request head by then (default 10)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("copy", help="copy a run directory, consistently even while it is written")
@@ -488,6 +495,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_bind(args.host, args.public)
     if not 0 <= args.port <= 65535:
         raise InputInvalid(f"--port must be in 0..65535, got {args.port}")
+    if not 0 < args.header_timeout <= 3600:  # NaN fails both
+        raise InputInvalid(
+            f"--header-timeout must be in (0, 3600] seconds, got {args.header_timeout}"
+        )
     import uvicorn
 
     from agents.browse.app import LOOPBACK_NAMES, host_name, make_app
@@ -505,6 +516,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_level="warning",
             limit_concurrency=_connections_allowed(),
             lifespan="off",
+            http=_head_deadline(args.header_timeout),
         )
         server = uvicorn.Server(config)
         _quiet_asyncio()
@@ -549,6 +561,43 @@ def _hang_up_gracefully(server: Any) -> Generator[None]:
         signal.signal(signal.SIGHUP, previous)
     if hung_up:
         raise HungUp
+
+
+def _head_deadline(seconds: float) -> type[Any]:
+    """uvicorn's HTTP/1.1 protocol with a deadline on a new connection's first request head:
+    one that has not sent its request line and headers ``seconds`` after it opened is closed.
+    Without it, connections that never finished their headers were held for good, and enough
+    of them (the concurrency limit) kept every other client out with 503s. Idle connections
+    between requests are uvicorn's keep-alive timeout's."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadline(H11Protocol):
+        _deadline: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._deadline = self.loop.call_later(seconds, self._too_slow)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if getattr(self, "cycle", None) is not None:  # a whole request head was read
+                self._cancel_deadline()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_deadline()
+            super().connection_lost(exc)
+
+        def _cancel_deadline(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if getattr(self, "cycle", None) is None:  # (uvicorn types it never None)
+                self.transport.close()
+
+    return HeadDeadline
 
 
 def _connections_allowed() -> int:

@@ -623,6 +623,55 @@ def test_serve_out_of_file_descriptors_stays_up_and_stops_on_sigterm(live_run: P
     assert len(err) < 100_000 and "Logging error" not in err, err[-3000:]
 
 
+def test_serve_closes_connections_that_never_finish_their_request_head(live_run: Path) -> None:
+    """Connections that sent half a request head were held for good: as many as the
+    concurrency limit kept every other client out (503) for as long as they stayed open."""
+    import resource
+    import signal
+
+    def few_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    coevo = str(Path(sys.executable).parent / "coevo")
+    proc = subprocess.Popen(
+        [coevo, "serve", str(live_run), "--port", "0", "--header-timeout", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=few_files,
+    )  # fmt: skip
+    held: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
+        for _ in range(60):  # more than the limit leaves (64 files, less what serve holds)
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            held.append(s)
+        time.sleep(2.5)
+        closed = sum(s.recv(1024) == b"" for s in held)  # the server hung up on each
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as answer:
+            assert answer.status == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        for s in held:
+            s.close()
+        proc.kill()
+    assert closed == 60
+    assert proc.returncode == 143, err
+
+
+def test_serve_refuses_a_header_timeout_out_of_range(live_run: Path) -> None:
+    for bad in ("0", "-1", "nan", "1e9"):
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "coevo"), "serve", str(live_run),
+             "--header-timeout", bad],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert "--header-timeout must be in (0, 3600] seconds" in proc.stderr
+
+
 def test_serve_refuses_other_hosts_odd_ids_and_quotes_its_commands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
