@@ -219,7 +219,9 @@ def encode_items(
 
 def add_op_words(model: Any, tokenizer: Any) -> int:
     """Give each of :data:`OP_WORDS` that is not one token yet its own token, with a new
-    embedding row (the mean of the others); the number of tokens added."""
+    embedding row drawn from a normal distribution with the other rows' mean and covariance
+    (transformers' ``mean_resizing``, which says so in a warning); the number of tokens
+    added."""
     new = [w for w in OP_WORDS if len(tokenizer.encode(w, add_special_tokens=False)) > 1]
     added = tokenizer.add_tokens(new)
     if added:
