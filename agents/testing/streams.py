@@ -1,6 +1,7 @@
 """Hypothesis strategies for well-formed event streams: episodes that are assigned, start, take
-turns and end; requests with their answers; memory entries with lineage, retrievals and
-credits; policy and extractor updates with version chains; sessions stopped and resumed.
+turns and end; evaluation rounds of held-out episodes that hold the policy's updates; requests
+with their answers; memory entries with lineage, retrievals and credits; policy and extractor
+updates with version chains; sessions stopped (or failed) and resumed.
 
 A stream is drawn as a short program (a list of operations, each with a number that picks
 which episode or entry it acts on) and played by :class:`StreamBuilder`, which emits what the
@@ -51,6 +52,8 @@ from agents.events.policy import (
     ActionRequested,
     ActionSampled,
     AdvantagesComputed,
+    EvalRoundFinished,
+    EvalRoundStarted,
     GradientRequested,
 )
 from agents.learning.credit_actor import CreditBook, CreditSettings
@@ -60,7 +63,7 @@ from agents.methods.builtin import Grpo
 from agents.methods.settings import GrpoConfig
 from agents.testing.events import policy_updated
 from engine.events import Envelope, Event
-from engine.lifecycle import RunResumed, RunStarted, RunStopped
+from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
 
 try:
     from hypothesis import strategies as st
@@ -85,10 +88,19 @@ AUDIT = AuditSettings(CREDIT, Grpo(GRPO), GRPO.reward)
 GROUPS_PER_UPDATE = 2
 FAMILIES = ("heat", "unlock")
 
-OPS = ("assign", "start", "turn", "finish", "abort", "merge", "stop")
+OPS = ("assign", "start", "turn", "finish", "abort", "merge", "evaluate", "stop")
 """The operations of a stream's program."""
 
-_WEIGHTS = {"assign": 3, "start": 3, "turn": 6, "finish": 3, "abort": 1, "merge": 1, "stop": 1}
+_WEIGHTS = {
+    "assign": 3,
+    "start": 3,
+    "turn": 6,
+    "finish": 3,
+    "abort": 1,
+    "merge": 1,
+    "evaluate": 1,
+    "stop": 1,
+}
 """How often each operation is drawn (turns most: an episode takes several)."""
 
 
@@ -99,6 +111,15 @@ class _Episode:
     started: bool = False
     turns: int = 0
     entry: int = -1  # the entry a guided episode was shown at turn 0
+    round: int = -1  # the evaluation round it belongs to (-1: a training episode)
+
+
+@dataclass
+class _Round:
+    version: int
+    episodes: int
+    ended: int = 0
+    successes: int = 0
 
 
 @dataclass
@@ -132,6 +153,11 @@ class StreamBuilder:
     _merges: int = 0
     _credit: CreditBook = field(default_factory=CreditBook)
     _seq: int = 0
+    _rounds: dict[int, _Round] = field(default_factory=dict[int, _Round])
+    _round: int = 0
+    _held: list[list[AdvantagesComputed]] = field(
+        default_factory=list[list[AdvantagesComputed]]
+    )  # the groups of updates due while an evaluation round was open
 
     def take(self) -> list[Envelope[Event]]:
         """The envelopes added since the last call (a long stream, written out as it goes)."""
@@ -158,8 +184,11 @@ class StreamBuilder:
         if op == "merge":
             self.merge(pick)
             return
+        if op == "evaluate":
+            self.evaluate(pick)
+            return
         if op == "stop":
-            self.stop_and_resume()
+            self.stop_and_resume(failed=pick % 4 == 3)
             return
         candidates = [
             ep for ep, e in self._running.items() if (op == "start") != e.started or op == "abort"
@@ -174,10 +203,13 @@ class StreamBuilder:
             actor="runtime",
         )
 
-    def assign(self, index: int | None = None, episode: str = "") -> str:
+    def assign(self, index: int | None = None, episode: str = "", round: int = -1) -> str:
+        """Assign a training episode, or one of evaluation round ``round`` (held out, plain,
+        writing no memory)."""
         index = self._episodes if index is None else index
         episode = episode or f"ep{index:06d}"
         family = FAMILIES[index % len(FAMILIES)]
+        train = round < 0
         rollout = {"none": "plain", "tips": "tips", "extractor": "guided"}[self.memory]
         self._episodes = max(self._episodes, index + 1)
         self.add(
@@ -186,17 +218,56 @@ class StreamBuilder:
                 index=index,
                 worker=f"worker-{index % 2}",
                 family=family,
-                variant=0,
-                split="train",
+                variant=0 if train else 1,
+                split="train" if train else "heldout",
                 seed=index,
-                rollout=rollout,
-                reflect=self.memory == "tips",
-                extract=self.memory == "extractor",
+                purpose="train" if train else "eval",
+                rollout=rollout if train else "plain",
+                reflect=train and self.memory == "tips",
+                extract=train and self.memory == "extractor",
             ),
             corr=episode,
         )
-        self._running[episode] = _Episode(family, index)
+        self._running[episode] = _Episode(family, index, round=round)
         return episode
+
+    def evaluate(self, pick: int = 0) -> None:
+        """An evaluation round (the trainer's): one held-out episode (two when ``pick`` > 5) at the
+        policy's version, assigned now and played by the other operations; the policy's
+        updates wait until every open round has ended (``holds_updates``)."""
+        number, self._round = self._round, self._round + 1
+        r = self._rounds[number] = _Round(self._policy, 1 + (pick > 5))
+        self.add(
+            EvalRoundStarted(
+                round=number, policy_version=r.version, episodes=r.episodes, holds_updates=True
+            ),
+            actor="trainer",
+        )
+        for _ in range(r.episodes):
+            self.assign(round=number)
+
+    def _round_ended(self, e: _Episode, success: bool) -> None:
+        """An evaluation episode ended (an aborted one a failure); its round's end once it was
+        the last, and the updates held meanwhile once no round is open."""
+        r = self._rounds[e.round]
+        r.ended += 1
+        r.successes += success
+        if r.ended < r.episodes:
+            return
+        del self._rounds[e.round]
+        self.add(
+            EvalRoundFinished(
+                round=e.round,
+                policy_version=r.version,
+                episodes=r.episodes,
+                success=r.successes / r.episodes,
+                score=r.successes / r.episodes,
+                train_episodes=self._policy * GRPO.group_size * GROUPS_PER_UPDATE,
+            ),
+            actor="trainer",
+        )
+        while self._held and not self._rounds:
+            self._update(self._held.pop(0))
 
     def start(self, episode: str, pick: int = 0) -> None:
         e = self._running[episode]
@@ -210,7 +281,8 @@ class StreamBuilder:
     def turn(self, episode: str, pick: int = 0) -> None:
         e = self._running[episode]
         worker, slot = f"worker-{e.index % 2}", f"train/{e.family}"
-        if self.memory == "tips" or (self.memory == "extractor" and e.turns == 0):
+        shown = self.memory == "tips" or (self.memory == "extractor" and e.turns == 0)
+        if shown and e.round < 0:  # (evaluation episodes play without memory)
             self._retrieve(episode, e, slot, pick)
         asked = self.add(
             ActionRequested(
@@ -296,22 +368,26 @@ class StreamBuilder:
 
     def finish(self, episode: str, pick: int = 0) -> None:
         e = self._running.pop(episode)
-        worker, success = f"worker-{e.index % 2}", pick % 2 == 0
+        worker, success, train = f"worker-{e.index % 2}", pick % 2 == 0, e.round < 0
         self.add(
             EpisodeFinished(
                 episode=episode,
                 worker=worker,
                 family=e.family,
-                variant=0,
-                split="train",
+                variant=0 if train else 1,
+                split="train" if train else "heldout",
                 steps=e.turns,
                 score=1.0 if success else 0.0,
                 success=success,
                 total_reward=1.0 if success else 0.0,
+                purpose="train" if train else "eval",
             ),
             actor=worker,
             corr=episode,
         )
+        if not train:
+            self._round_ended(e, success)
+            return
         if self.memory == "tips":
             self._reflect(episode, e, worker, success, pick)
         elif self.memory == "extractor":
@@ -321,8 +397,13 @@ class StreamBuilder:
 
     def abort(self, episode: str, pick: int = 0) -> None:
         e = self._running.pop(episode)
-        worker = f"worker-{e.index % 2}"
-        self.add(EpisodeAborted(episode=episode, worker=worker, reason="boom"), corr=episode)
+        worker, purpose = f"worker-{e.index % 2}", "train" if e.round < 0 else "eval"
+        self.add(
+            EpisodeAborted(episode=episode, worker=worker, reason="boom", purpose=purpose),
+            corr=episode,
+        )
+        if e.round >= 0:
+            self._round_ended(e, False)
 
     def _reflect(self, episode: str, e: _Episode, worker: str, success: bool, pick: int) -> None:
         slot = f"train/{e.family}"
@@ -501,7 +582,7 @@ class StreamBuilder:
         mean, std = group_stats(scored.rewards)
         group = AdvantagesComputed(
             group=f"g{len(self._groups)}",
-            update=self._policy,
+            update=len(self._groups) // GROUPS_PER_UPDATE,  # (of the updates held too)
             family=members[0][1],
             variant=0,
             episodes=tuple(ep for ep, _, _ in members),
@@ -515,7 +596,11 @@ class StreamBuilder:
         self.add(group, actor="trainer")
         self._groups.append(group)
         if len(self._groups) % GROUPS_PER_UPDATE == 0:
-            self._update(self._groups[-GROUPS_PER_UPDATE:])
+            groups = self._groups[-GROUPS_PER_UPDATE:]
+            if self._rounds:  # an open evaluation round holds it
+                self._held.append(groups)
+            else:
+                self._update(groups)
 
     def _update(self, groups: Sequence[AdvantagesComputed]) -> None:
         update = self._policy
@@ -541,17 +626,26 @@ class StreamBuilder:
             actor="learner",
         )
 
-    def stop_and_resume(self) -> None:
-        """The session stops; the next resumes, abandons the attempts left running and
-        assigns them again (same ids and indexes)."""
-        stopped = self.add(RunStopped(reason="signal"), actor="runtime")
-        self.add(RunResumed(after=stopped, previous="run_stopped"), actor="runtime")
+    def stop_and_resume(self, failed: bool = False) -> None:
+        """The session stops (``failed``: fails, as an actor past its restarts ends it); the
+        next resumes, abandons the attempts left running and assigns them again (same ids,
+        indexes and rounds)."""
+        end = (
+            RunFailed(error_type="ActorCrashed", message="boom", actor="worker-0")
+            if failed
+            else RunStopped(reason="signal")
+        )
+        stopped = self.add(end, actor="runtime")
+        previous = "run_failed" if failed else "run_stopped"
+        self.add(RunResumed(after=stopped, previous=previous), actor="runtime")
         running, self._running = self._running, {}
         for episode, e in running.items():
-            worker = f"worker-{e.index % 2}"
-            self.add(EpisodeAbandoned(episode=episode, worker=worker), corr=episode)
+            worker, purpose = f"worker-{e.index % 2}", "train" if e.round < 0 else "eval"
+            self.add(
+                EpisodeAbandoned(episode=episode, worker=worker, purpose=purpose), corr=episode
+            )
         for episode, e in running.items():
-            self.assign(e.index, episode)
+            self.assign(e.index, episode, e.round)
 
     def complete(self) -> None:
         """End every episode still running (abort those not started) and the run; with the
@@ -582,7 +676,7 @@ def runs(
         memory: the stream's memory (drawn when None).
         max_ops: the longest program.
         ops: the operations to draw from (leave out "stop" for one session, "abort" for
-            episodes that all finish).
+            episodes that all finish, "evaluate" for training episodes only).
         completed: whether the stream ends with the run's completion.
 
     Raises:

@@ -20,6 +20,7 @@ from agents.events.policy import (
     AdvantagesComputed,
     EvalRoundFinished,
     EvalRoundStarted,
+    GradientRequested,
     PolicyUpdated,
 )
 from agents.invariants import Credit
@@ -32,7 +33,9 @@ from engine.invariants import CheckContext, Invariant, check_stream, registered
 from engine.lifecycle import RunResumed, RunStopped
 
 Stream = list[Envelope[Event]]
-CONTROL = settings(max_examples=40, suppress_health_check=[HealthCheck.filter_too_much])
+CONTROL = settings(  # rare events (updates) are filtered for: slow on a loaded machine, not wrong
+    max_examples=40, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow]
+)
 
 
 def fresh(name: str) -> Invariant:
@@ -214,6 +217,42 @@ def test_versions_catches_an_update_published_while_a_round_held_them(holds: boo
     after = [played[0], played[2], played[1]]  # the update once the round has ended
     envs = [Envelope(seq=i, run="r", t=0, actor="trainer", event=ev) for i, ev in enumerate(after)]
     assert caught(envs, "versions") is None
+
+
+def test_runs_draw_evaluation_rounds_that_hold_updates_and_failed_sessions() -> None:
+    """``runs()`` drew no evaluation round, held-out episode or failed session: a fold or
+    invariant that mishandled them passed every drawn stream. A drawn round's held-out
+    episodes interleave with training, an update due meanwhile waits for the round's end,
+    and a failed session is resumed as a stopped one is."""
+    from hypothesis import find
+
+    def held(envs: Stream) -> bool:  # an update requested after a round that held it
+        kinds = [type(e.event).__name__ for e in envs]
+        if "EvalRoundStarted" not in kinds or "PolicyUpdated" not in kinds:
+            return False
+        start, end = kinds.index("EvalRoundStarted"), kinds.index("EvalRoundFinished")
+        groups = [i for i, k in enumerate(kinds) if k == "AdvantagesComputed"]
+        return len(groups) >= 2 and start < groups[1] < end < kinds.index("PolicyUpdated")
+
+    ops = ("assign", "start", "turn", "finish", "evaluate")
+    envs = find(runs(memory="none", ops=ops, completed=True), held)
+    assert caught(envs, "versions") is None
+    evals = [e.event for e in envs if getattr(e.event, "purpose", "") == "eval"]
+    assert evals and all(getattr(ev, "split", "heldout") == "heldout" for ev in evals)
+    at = next(e.seq for e in envs if isinstance(e.event, EvalRoundFinished))
+    asked = next(e for e in envs if isinstance(e.event, GradientRequested))
+    update = next(e for e in envs if isinstance(e.event, PolicyUpdated))
+    assert at < asked.seq < update.seq  # requested once the round had ended
+    early = drop(drop(envs, update.seq), asked.seq)  # both published while the round held:
+    early = insert(insert(early, at, asked.event), at + 1, update.event, cause=at)
+    assert caught(early, "versions") == at + 2  # the round ends at another version
+
+    failed = find(
+        runs(ops=("assign", "start", "stop")),
+        lambda envs: any(isinstance(e.event, RunResumed) and e.event.previous == "run_failed"
+                         for e in envs),
+    )  # fmt: skip
+    assert caught(failed, "sessions") is None
 
 
 @CONTROL
