@@ -476,6 +476,19 @@ class EntryChange(msgspec.Struct, frozen=True, kw_only=True):
     derived: float
 
 
+class EpisodeCredit(msgspec.Struct, frozen=True, kw_only=True):
+    """One episode's credit to an entry (``--entry``): recorded and re-derived, None where
+    one side gives none (a counterfactual's batch may not reach it; a live run's credit actor
+    has not recorded it yet)."""
+
+    episode: str
+    success: bool
+    recorded: float | None
+    derived: float | None
+    recorded_step: int | None
+    derived_step: int | None
+
+
 class CallChange(msgspec.Struct, frozen=True, kw_only=True):
     """One extractor call: its final reward r(m), its push (the sum over the updates that
     trained on it of advantage x weight, what moves its log-probs) and its updates with a
@@ -527,6 +540,9 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     partial: bool = False
     """Re-derived from the log up to a seq before its end (``--until``): a credit may come
     later."""
+    entry: int | None = None
+    """The entry whose credits are broken down per episode (``--entry``), if asked."""
+    entry_credits: tuple[EpisodeCredit, ...] = ()
 
 
 def audit_credit(
@@ -537,16 +553,18 @@ def audit_credit(
     asked: bool = False,
     partial: bool = False,
     on_call: Callable[[int], None] | None = None,
+    entry: int | None = None,
 ) -> CreditAudit:
     """Re-derive ``inputs`` under ``settings`` and compare with what the log recorded
     (``base``: the run's own settings; anything else is a counterfactual). ``asked``: the
     credit settings were given (``--rule``, a credit key), even if as the run's own values;
     ``partial``: ``inputs`` end before the log does (a credit may come later);
-    ``on_call``: as :func:`derive_credits`.
+    ``on_call``: as :func:`derive_credits`; ``entry``: an entry whose credits to list per
+    episode, recorded and re-derived.
 
     Raises:
         AuditQueryInvalid: as :func:`derive_credits`; credit settings given for a run without
-            extractor credit.
+            extractor credit; an ``entry`` with no credit recorded or re-derived.
     """
     derived = derive_credits(inputs, settings, on_call)
     credited = any(isinstance(e, CreditAssigned) for e in (*inputs.recorded, *derived))
@@ -559,9 +577,21 @@ def audit_credit(
         )
     try:
         audit = _compared(inputs, derived, credited, settings, base)
-        return msgspec.structs.replace(audit, partial=partial)
     except OverflowError as exc:  # the sums of an entry's or a call's credits
         raise _too_large(settings.credit.rule, exc) from None
+    audit = msgspec.structs.replace(audit, partial=partial)
+    if entry is None:
+        return audit
+    rows = _episode_credits(
+        entry, _of(inputs.recorded, CreditAssigned), _of(derived, CreditAssigned)
+    )
+    if not rows:
+        until = f" up to seq {inputs.end - 1}" if partial else ""
+        raise AuditQueryInvalid(
+            f"--entry {entry}: no credit to it{until}, recorded or re-derived (credited entries: "
+            f"{len(audit.entries)}; coevo audit RUN tip {entry} shows its uses)"
+        )
+    return msgspec.structs.replace(audit, entry=entry, entry_credits=rows)
 
 
 def _compared(
@@ -718,6 +748,25 @@ def _entries(
         for tip in dict.fromkeys([*rec, *der])
     ]
     return tuple(sorted(out, key=lambda e: (-abs(e.derived - e.recorded), -e.credits, e.tip)))
+
+
+def _episode_credits(
+    entry: int, recorded: list[CreditAssigned], derived: list[CreditAssigned]
+) -> tuple[EpisodeCredit, ...]:
+    """``entry``'s credits by episode, in the order they were first given."""
+    rec = {c.episode: c for c in recorded if c.entry == entry}
+    der = {c.episode: c for c in derived if c.entry == entry}
+    return tuple(
+        EpisodeCredit(
+            episode=ep,
+            success=(rec.get(ep) or der[ep]).success,
+            recorded=rec[ep].credit if ep in rec else None,
+            derived=der[ep].credit if ep in der else None,
+            recorded_step=rec[ep].step if ep in rec else None,
+            derived_step=der[ep].step if ep in der else None,
+        )
+        for ep in dict.fromkeys([*rec, *der])
+    )
 
 
 def _calls(

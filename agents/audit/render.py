@@ -355,7 +355,23 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
             f"{x.recorded_updates} -> {x.derived_updates}"
             for x in a.calls[:top]
         ]
+    if a.entry is not None:
+        sums = next((e for e in a.entries if e.tip == a.entry), None)
+        out.append(
+            f"  entry {a.entry}: {len(a.entry_credits)} credited episodes, sum "
+            f"{_f(sums and sums.recorded, 3)} -> {_f(sums and sums.derived, 3)}; per episode: "
+            "episode, outcome, credit (extractor update) recorded -> re-derived"
+        )
+        out += [
+            f"    {c.episode:<12} {'success' if c.success else 'failure':<8} "
+            f"{_credit(c.recorded, c.recorded_step)} -> {_credit(c.derived, c.derived_step)}"
+            for c in a.entry_credits
+        ]
     return out
+
+
+def _credit(value: float | None, step: int | None) -> str:
+    return "none" if value is None else f"{_f(value, 3)} ({step})"
 
 
 def _by_purpose(uses: Sequence[Use]) -> str:

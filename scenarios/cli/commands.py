@@ -331,6 +331,11 @@ def build_parser() -> _Parser:
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     q.add_argument("--top", type=int, default=10, help="rows of the per-entry and per-call tables")
     q.add_argument("--until", type=int, metavar="SEQ", help="the run as it stood after event SEQ")
+    q.add_argument(
+        "--entry",
+        metavar="ID",
+        help="list one entry's credits per episode, recorded and re-derived",
+    )
     q = what.add_parser("whatif", parents=[common], help="replay an episode with one change")
     q.add_argument("id", help="the episode's id (e.g. ep000005)")
     q.add_argument("--without-tip", type=int, metavar="ID", help="the entry removed from it")
@@ -879,6 +884,7 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
 
 
 def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
+    from agents.audit.answers import entry_id
     from agents.audit.credit import audit_credit, gather, parse_setting, with_overrides
     from agents.invariants.credit import run_settings
     from engine.errors import AuditQueryInvalid
@@ -889,6 +895,7 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
         raise InputInvalid(f"--top must be >= 0, got {args.top}")
     if args.until is not None and args.until < 0:
         raise InputInvalid(f"--until must be >= 0, got {args.until}")
+    entry = None if args.entry is None else entry_id(args.entry)
     scenario = stored_scenario(log.read_meta(), args.run)
     subgroups = [s for s in args.set if s.partition("=")[0] in ("split", "weighted")]
     method = scenario.run.method
@@ -916,7 +923,13 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
         print(f"coevo: note: {_past_end('--until', args.until, inputs.end)}", file=sys.stderr)
     partial = args.until is not None and args.until + 1 < log.next_seq
     audit = audit_credit(
-        inputs, settings, base, asked=asked, partial=partial, on_call=_rule_progress(args.rule)
+        inputs,
+        settings,
+        base,
+        asked=asked,
+        partial=partial,
+        on_call=_rule_progress(args.rule),
+        entry=entry,
     )
     shown: dict[str, bool | None] = {"split": None, "weighted": None}
     if method == "complementary" or built_on_complementary(scenario):

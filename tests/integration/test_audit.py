@@ -256,6 +256,28 @@ def test_the_relative_rule_credits_against_the_free_half(
     assert rows["advantages_computed"].endswith(" the same but for the formula's name"), out
 
 
+def test_one_entry_s_credits_per_episode_recorded_and_counterfactual(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The per-entry table gave a sum only: which episodes moved an entry's credit under
+    another rule was not to be had from the audit."""
+    a = audit_json(capsys, str(run), "credit", "--rule", "relative", "--entry", "4")
+    rows = [(c["episode"], c["success"], c["recorded"], c["derived"]) for c in a["entry_credits"]]
+    assert a["entry"] == 4 and rows == [("ep006", True, 1.0, 0.0)]  # no group: 0
+    own = audit_json(capsys, str(run), "credit", "--entry", "2")
+    rows = [(c["episode"], c["success"], c["recorded"], c["derived"]) for c in own["entry_credits"]]
+    assert rows == [("ep002", True, 1.0, 1.0), ("ep003", False, -1.0, -1.0)]
+    code, out, _ = audit(capsys, str(run), "credit", "--entry", "2")
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  entry 2: "))
+    assert "2 credited episodes, sum +0.000 -> +0.000" in lines[at]
+    assert lines[at + 1].split() == ["ep002", "success", "+1.000", "(0)", "->", "+1.000", "(0)"]
+    assert lines[at + 2].split() == ["ep003", "failure", "-1.000", "(0)", "->", "-1.000", "(0)"]
+    assert code == 0 and len(lines) == at + 3
+    plain = audit_json(capsys, str(run), "credit")  # not asked: none listed
+    assert plain["entry"] is None and plain["entry_credits"] == []
+
+
 OWN_RULES = """
 from agents.methods.base import mode_of
 from agents.methods.credit import relative_credit
@@ -541,6 +563,9 @@ def test_an_index_named_in_an_event_log_s_directory_is_refused_and_the_log_kept(
         ),
         (("credit", "--set", "split=maybe"), "must be true or false"),
         (("credit", "--top", "-1"), "--top must be >= 0"),
+        (("credit", "--entry", "-3"), "entry id must be a non-negative integer"),
+        (("credit", "--entry", "7"), "--entry 7: no credit to it, recorded or re-derived"),
+        (("credit", "--entry", "4", "--until", "10"), "--entry 4: no credit to it up to seq 10"),
     ],
 )
 def test_bad_questions_are_one_line_errors(
