@@ -128,6 +128,13 @@ def refuse_futile(scenario: Scenario, source: str) -> None:
         )
 
 
+SINCE: dict[tuple[str, str], Any] = {("complementary", "reweight_counts"): "weighted"}
+"""Settings added after runs were recorded, by table and key, with the value that reproduces
+the runs recorded before them. A run's stored scenario is its resolved TOML (every key), so a
+key it lacks was not there yet: reading it as today's default would re-derive, resume or
+check that run under a rule it did not follow."""
+
+
 def stored_source(where: str) -> str:
     """How messages name the scenario :func:`stored_scenario` reads of the run at ``where``."""
     return f"{where} (its scenario)"
@@ -151,6 +158,10 @@ def stored_scenario(
     if meta is None:
         raise ScenarioInvalid(source, "the run's log holds no run metadata")
     doc = parse_toml(meta.scenario_toml, source)
+    for (table, key), value in SINCE.items():
+        section = doc.get(table)
+        if isinstance(section, dict) and key not in section:
+            section[key] = value
     for item in overrides:
         apply_override(doc, item, source)
     try:

@@ -62,8 +62,9 @@ class AuditSettings:
         return dict(self.method_sets).get(key, default)
 
 
-SETTABLE = ("batch", "alpha", "cooldown", "reweight", "std_norm", "split", "weighted")
-"""The keys ``--set`` accepts; ``reweight=false`` is ``alpha=0`` and ``cooldown=0``."""
+SETTABLE = ("batch", "alpha", "cooldown", "reweight", "counts", "std_norm", "split", "weighted")
+"""The keys ``--set`` accepts; ``reweight=false`` is ``alpha=0`` and ``cooldown=0``;
+``counts`` is ``[complementary] reweight_counts``."""
 
 METHOD_KEYS = ("std_norm", "split", "weighted")
 """The keys of ``SETTABLE`` that change the method (its scenario settings), not the credit."""
@@ -113,7 +114,7 @@ def with_overrides(
                 f"--set {given['reweight']} and --set {other}: reweight sets alpha and "
                 "cooldown (false: alpha=0, cooldown=0); set either reweight or those"
             )
-        if key in ("batch", "alpha", "cooldown"):
+        if key in ("batch", "alpha", "cooldown", "counts"):
             out = replace(out, credit=replace(out.credit, **{key: value}))
         elif key == "reweight":
             out = (
@@ -137,6 +138,10 @@ def parse_setting(key: str, raw: str) -> Any:
             low = 1 if key == "batch" else 0
             if value < low:
                 raise ValueError(f"must be >= {low}")
+        elif key == "counts":
+            if raw not in ("pushed", "weighted"):
+                raise ValueError("must be pushed or weighted")
+            value = raw
         elif key == "alpha":
             try:
                 value = float(raw)
@@ -571,7 +576,7 @@ def audit_credit(
     if not credited and not partial and (asked or settings.credit != base.credit):
         raise AuditQueryInvalid(
             "this run has no extractor credit to re-derive (no entry an extractor wrote was "
-            "shown in a training episode): --rule and --set batch/alpha/cooldown/reweight "
+            "shown in a training episode): --rule and --set batch/alpha/cooldown/reweight/counts "
             "change nothing here; std_norm re-derives its advantages (and split and weighted, "
             "on a run with guided and free subgroups)"
         )

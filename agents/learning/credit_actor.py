@@ -42,6 +42,11 @@ class CreditSettings:
         max_grad_norm: gradient clipping.
         alpha: the count exponent of the reweighting.
         cooldown: updates after training on a call during which its weight is 0.
+        counts: which updates count as training a call (its count and cooldown): "pushed",
+            one that gave it a weight and a non-zero advantage; "weighted", any that gave it
+            a weight (before 2026-12-06: a batch whose calls all had the same reward trained
+            nothing, yet put every call in cooldown, and the next batch, often the first with
+            any signal, weighed them 0).
         rule: "success" (+1 / -1, the paper's) or "score" (``2 * score - 1``: a world's partial
             score, in [-1, 1] when the score is in [0, 1]); "relative" (the episode's reward
             minus its group's free half's mean, :func:`agents.methods.credit.relative_credit`) only
@@ -57,6 +62,7 @@ class CreditSettings:
     alpha: float = 0.5
     cooldown: int = 1
     rule: str = "success"
+    counts: str = "pushed"
 
 
 @dataclass
@@ -149,8 +155,9 @@ class CreditBook:
             alpha=s.alpha,
             cooldown=s.cooldown,
         )
-        for call, w in zip(calls, weights, strict=True):
-            if w > 0:
+        pushed = s.counts != "weighted"
+        for call, w, a in zip(calls, weights, req.advantages, strict=True):
+            if w > 0 and (a != 0 or not pushed):
                 count, _ = self.trained.get(call, (0, None))
                 self.trained[call] = (count + 1, step)
         self.pending.clear()
@@ -174,6 +181,7 @@ def credit_settings(c: ComplementaryConfig) -> CreditSettings:
         alpha=c.alpha,
         cooldown=c.cooldown,
         rule=c.credit,
+        counts=c.reweight_counts,
     )
 
 

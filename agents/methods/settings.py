@@ -190,6 +190,10 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         batch: credited calls per extractor update.
         lr, clip_low, clip_high, max_grad_norm: the extractor's CISPO update.
         alpha, cooldown: the count-aware reweighting.
+        reweight_counts: which extractor updates count as training a call, for its
+            reweighting (the count and the cooldown): "pushed", one that gave it a weight and
+            a non-zero advantage (a push on its log-probs); "weighted", any that gave it a
+            weight, a zero advantage too (runs recorded before 2026-12-06, which read as it).
         credit: "success" (+1 / -1 per guided episode, the paper's) or "score"
             (``2 * score - 1``).
         merge_max: most merge chunks per partition per pass (the newest entries).
@@ -224,6 +228,7 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     max_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
     alpha: Annotated[float, Meta(ge=0, le=100)] = 0.5
     cooldown: Annotated[int, Meta(ge=0, le=1_000_000)] = 1
+    reweight_counts: Literal["pushed", "weighted"] = "pushed"
     credit: Literal["success", "score"] = "success"
     merge_max: Annotated[int, Meta(ge=1, le=1_000_000)] = 16
     lora: LoraSettings = msgspec.field(default_factory=LoraSettings)

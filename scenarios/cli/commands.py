@@ -917,7 +917,8 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
         lambda sets: advantages_changed(scenario, **sets),
     )
     given = dict(s.partition("=")[::2] for s in args.set)
-    asked = args.rule is not None or bool(given.keys() & {"batch", "alpha", "cooldown", "reweight"})
+    credit_keys = {"batch", "alpha", "cooldown", "reweight", "counts"}
+    asked = args.rule is not None or bool(given.keys() & credit_keys)
     inputs = gather(log, args.until)
     if args.until is not None and args.until >= inputs.end:
         print(f"coevo: note: {_past_end('--until', args.until, inputs.end)}", file=sys.stderr)

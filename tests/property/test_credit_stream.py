@@ -86,7 +86,9 @@ def oracle(stream: list[Event], s: CreditSettings) -> list[list[Event]]:
     once ``batch`` calls have new credit, one extractor request for them, in order of their
     first new credit, with r(m) the mean of all of a call's credits so far, A(m) = r(m) minus
     the batch's mean r (exactly 0 when every r is equal), and w(m) = 0 if the call was trained
-    on within the last ``cooldown`` updates, else ``(1 + times trained) ** -alpha``."""
+    on within the last ``cooldown`` updates, else ``(1 + times trained) ** -alpha``; an update
+    trains on a call it gives a weight and a non-zero advantage (``counts="pushed"``), or any
+    weight (``"weighted"``, as runs before 2026-12-06 counted)."""
     shown: dict[str, tuple[int, str]] = {}
     history: dict[str, list[float]] = {}  # call -> every credit so far
     new: dict[str, None] = {}  # calls with credit since the last request, in order
@@ -134,8 +136,8 @@ def oracle(stream: list[Event], s: CreditSettings) -> list[list[Event]]:
                 max_grad_norm=s.max_grad_norm, alpha=s.alpha, cooldown=s.cooldown,
             )
         )  # fmt: skip
-        for c, w in zip(calls, weights, strict=True):
-            if w > 0:
+        for c, w, a in zip(calls, weights, advantages, strict=True):
+            if w > 0 and (a != 0 or s.counts == "weighted"):
                 trained.setdefault(c, []).append(updates)
         new, since, updates = {}, [], updates + 1
     return out
@@ -147,11 +149,12 @@ def oracle(stream: list[Event], s: CreditSettings) -> list[list[Event]]:
     batch=st.integers(1, 4),
     cooldown=st.integers(0, 2),
     rule=st.sampled_from(["success", "score"]),
+    counts=st.sampled_from(["pushed", "weighted"]),
 )
 def test_the_credit_book_emits_what_the_oracle_says(
-    stream: list[Event], batch: int, cooldown: int, rule: str
+    stream: list[Event], batch: int, cooldown: int, rule: str, counts: str
 ) -> None:
-    s = CreditSettings(batch=batch, cooldown=cooldown, alpha=0.5, rule=rule)
+    s = CreditSettings(batch=batch, cooldown=cooldown, alpha=0.5, rule=rule, counts=counts)
     book = CreditBook()
     assert [book.decide(ev, s) for ev in stream] == oracle(stream, s)
 
@@ -202,10 +205,39 @@ def test_credits_and_requests_re_derive_from_the_stream(
                 assert weight == 0.0
             else:
                 assert weight == (1 + len(steps)) ** -0.5
-        for call, weight in zip(e.calls, e.weights, strict=True):
-            if weight > 0:
+        for call, weight, adv in zip(e.calls, e.weights, e.advantages, strict=True):
+            if weight > 0 and adv != 0:  # a push on its log-probs: trained on
                 trained.setdefault(call, []).append(e.update)
         since = []
     assert len(since) == len(credits) - sum(
         len(e.credits) for e in out if isinstance(e, ExtractorGradientRequested)
     )
+
+
+def _shown(ep: str, call: str) -> TipsRetrieved:
+    return TipsRetrieved(
+        episode=ep, worker="w", turn=0, slot="train/heat", tip_ids=(CALLS.index(call),),
+        similarities=(0.5,), ranks=(0,), tips=("t",), similar=1, slot_size=3, calls=(call,),
+    )  # fmt: skip
+
+
+def test_a_batch_that_taught_nothing_puts_no_call_in_cooldown() -> None:
+    """A first batch whose calls all failed has every advantage 0 and trains nothing; it put
+    both calls in cooldown all the same, so the next batch, the first with any signal,
+    weighed them 0 and taught nothing either."""
+    stream: list[Event] = []
+    first = [("e1", "x1", False), ("e2", "x2", False)]  # both fail: advantages 0, 0
+    second = [("e3", "x1", True), ("e4", "x2", False)]
+    for ep, call, success in first + second:
+        stream += [_shown(ep, call), _finished(ep, success, "train")]
+    for counts, weights in [("pushed", (1.0, 1.0)), ("weighted", (0.0, 0.0))]:
+        book = CreditBook()
+        s = CreditSettings(batch=2, cooldown=1, alpha=0.5, counts=counts)
+        requests = [
+            e
+            for ev in stream
+            for e in book.decide(ev, s)
+            if isinstance(e, ExtractorGradientRequested)
+        ]
+        assert [r.advantages for r in requests] == [(0.0, 0.0), (0.5, -0.5)]
+        assert requests[1].weights == weights, counts

@@ -413,3 +413,23 @@ def test_a_set_over_a_run_s_stored_scenario_is_named_when_refused() -> None:
     assert stored_scenario(meta, "runs/r", ["policy.device=cpu"]).policy.device == "cpu"
     with pytest.raises(ScenarioInvalid, match=r"`nokey`.*\(given by --set grpo\.nokey=1\)"):
         stored_scenario(meta, "runs/r", ["grpo.nokey=1"])
+
+
+def test_a_stored_scenario_without_a_later_setting_reads_as_the_run_was_made() -> None:
+    """``[complementary] reweight_counts`` came after runs were recorded: a stored scenario
+    without it is a run that counted every weighted call as trained, and re-deriving, checking
+    or resuming it under today's default re-derived credits it never gave."""
+    from engine.eventlog import new_run_meta
+    from scenarios.loader import stored_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "complementary.toml")
+    assert scenario.complementary.reweight_counts == "pushed"  # today's default
+
+    def stored(text: str) -> str:
+        meta = new_run_meta("r", scenario_name="c", seed=0, coevo_version="0", scenario_toml=text)
+        return stored_scenario(meta, "runs/r").complementary.reweight_counts
+
+    text = resolved_toml(scenario)
+    assert 'reweight_counts = "pushed"' in text and stored(text) == "pushed"
+    old = "\n".join(line for line in text.splitlines() if "reweight_counts" not in line)
+    assert stored(old) == "weighted"
