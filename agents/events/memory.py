@@ -56,12 +56,15 @@ class TipsRetrieved(Event, tag="tips_retrieved", frozen=True, kw_only=True):
     """The memory's answer to one :class:`RetrievalRequested`.
 
     Attributes:
-        tip_ids: the tips shown, in prompt order (by stored score, descending).
+        tip_ids: the tips shown, in prompt order: by stored score, descending (EMPO2's rule);
+            by re-ranking score, descending (the "diverse" rule, ``scores``).
         similarities: the cosine similarity of each tip's key to the query.
-        ranks: each tip's rank by similarity among the kept ones (0: most similar).
+        ranks: each tip's rank by similarity among the candidates (0: most similar).
         tips: the tips' texts.
-        similar: how many stored tips passed the similarity threshold (capped at ``top_k``):
-            the ``n`` of EMPO2's intrinsic reward ``1 / (n + 1)``.
+        similar: EMPO2's rule: how many stored tips passed the similarity threshold (capped
+            at ``top_k``), the ``n`` of its intrinsic reward ``1 / (n + 1)``; the "diverse"
+            rule: how many candidates the search returned (``pool * k`` at most, no
+            threshold).
         slot_size: tips in the slot when it was searched.
         scores: with the "diverse" rule, each tip's re-ranking score.
         calls: the extractor call that wrote each tip ("" for a reflection).

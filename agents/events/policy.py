@@ -89,6 +89,11 @@ class AdvantagesComputed(Event, tag="advantages_computed", frozen=True, kw_only=
     With EMPO2's novelty bonus, ``rewards[i] = outcomes[i] + intrinsic_coef * intrinsic[i]``:
     the outcome and the intrinsic reward are recorded apart (both empty without the bonus,
     when ``rewards`` are the outcomes). ``rollouts[i]`` is the episode's rollout mode.
+
+    ``mean`` and ``std`` are the whole group's rewards'
+    (``agents.methods.advantages.group_stats``); with guided and free subgroups
+    (Complementary RL) each subgroup's advantages are taken against its own mean, which
+    ``advantages`` reflect and these do not.
     """
 
     group: str

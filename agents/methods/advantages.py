@@ -73,8 +73,16 @@ def group_advantages(
     mean, std = group_stats(rewards)
     if max(rewards) == min(rewards):
         return [0.0] * len(rewards)
+    if std_norm and math.isinf(std):  # rewards near the float limit: normalised in their scale
+        top = max(abs(r) for r in rewards)
+        xs = [r / top for r in rewards]
+        mean_x, std_x = group_stats(xs)
+        return [(x - mean_x) / (std_x + eps / top) for x in xs]
     scale = std + eps if std_norm else 1.0
-    return [(r - mean) / scale for r in rewards]
+    out = [(r - mean) / scale for r in rewards]
+    if not all(map(math.isfinite, out)):
+        raise ValueError(f"rewards {list(rewards)} are too far apart: R - mean overflows a float")
+    return out
 
 
 def _check_guided(rewards: Sequence[float], guided: Sequence[bool]) -> None:

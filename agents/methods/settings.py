@@ -178,7 +178,9 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         subgroup_std: divide the subgroup advantages by their std (released code: mean-only).
         subgroups: advantages within the guided and the free subgroup apart (the method);
             False: one advantage over the whole group (an ablation).
-        subgroup_weights: weigh each subgroup half of its group (the method); False: every
+        subgroup_weights: weigh each subgroup half of its group by episodes (the method;
+            every turn of an episode carries its weight, so a subgroup of shorter episodes
+            weighs less than half of the samples); False: every
             sample weighs 1 (an ablation).
         embedder, query_chars, index: as in ``[empo2]``.
         capacity: entries per family partition (FIFO).

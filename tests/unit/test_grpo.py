@@ -425,3 +425,16 @@ def test_group_stats_of_rewards_too_large_to_square() -> None:
     assert mean == pytest.approx(0.25e300) and std == pytest.approx(0.5e300)
     assert group_stats([1.7e308, 1.7e308]) == (1.7e308, 0.0)
     assert group_stats([1.0, 0.0, 0.0, 0.0]) == (0.25, 0.5)
+
+
+def test_group_advantages_of_rewards_whose_spread_passes_the_float_limit() -> None:
+    """Rewards near 1.7e308 have a finite mean but an infinite std: one advantage was NaN
+    (-inf / inf) and two different rewards both got 0 (x / inf); the advantages are now the
+    same rewards normalised in their own scale, as (R - mean) / std would be."""
+    assert group_advantages([1.7e308, -1.7e308, 1.7e308]) == pytest.approx(
+        group_advantages([1.0, -1.0, 1.0])
+    )
+    assert group_advantages([1.7e308, -1.7e308]) == pytest.approx([2**-0.5, -(2**-0.5)])
+    assert group_advantages([1.7e308, -1.7e308], std_norm=False) == [1.7e308, -1.7e308]
+    with pytest.raises(ValueError, match="too far apart: R - mean overflows a float"):
+        group_advantages([1.7e308, -1.7e308, -1.7e308], std_norm=False)
