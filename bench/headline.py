@@ -277,10 +277,14 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
     """The settings (dotted keys) in which the finished run at ``out`` differs from
     ``scenario`` with ``sets``, which the table would count it as: a run of another scenario
     or other ``--set`` values was averaged in without a word. A key the run's own scenario
-    lacks (a setting added to coevo since) is no difference."""
+    lacks (a setting added to coevo since) is no difference, unless the run's method reads
+    it and it changed what runs do (``scenarios.loader.SINCE``: the run did as its value
+    there says)."""
+    import tomllib
+
     from agents.analysis.diff import scenario_changes
     from engine.errors import CoevoError
-    from scenarios.loader import load_scenario, resolved_toml
+    from scenarios.loader import SINCE, load_scenario, resolved_toml
     from stores.lmdb_log import LmdbEventLog
 
     log = LmdbEventLog.open(out / "log", writable=False)
@@ -294,7 +298,14 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
     except CoevoError as exc:  # a --set the scenario refuses: its line, as a new run's
         raise SystemExit(f"coevo: error: {exc}") from None
     changes = scenario_changes(recorded, wanted)
-    return [c.key for c in changes if c.a is not None]
+    differing = [c.key for c in changes if c.a is not None]
+    was, now = tomllib.loads(recorded or ""), tomllib.loads(wanted)
+    method = was.get("run", {}).get("method")
+    for (table, key), then in SINCE.items():  # keys of the method the run trained with
+        lacking = key not in was.get(table, {})
+        if table == method and lacking and now.get(table, {}).get(key) != then:
+            differing.append(f"{table}.{key}")
+    return differing
 
 
 def main() -> None:

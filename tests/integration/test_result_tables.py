@@ -104,6 +104,28 @@ def test_a_reused_run_of_other_settings_is_named_not_counted(tmp_path: Path) -> 
     assert differs(tmp_path, grpo, ["seed=1", "run.episodes=64"]) == ["seed"]
 
 
+def test_a_reused_run_made_before_a_setting_that_changed_its_method_is_named(
+    tmp_path: Path,
+) -> None:
+    """A Complementary RL run recorded before ``reweight_counts`` counted calls as the old
+    rule did: its scenario lacks the key, which read as "no difference", and it was counted
+    as a run of today's rule. A GRPO run lacking it is reused: its method never reads it."""
+    from engine.eventlog import new_run_meta
+    from scenarios.loader import load_scenario, resolved_toml
+    from stores.lmdb_log import LmdbEventLog
+
+    differs = load_bench("headline").reused_differs
+    for name, expected in [("complementary", ["complementary.reweight_counts"]), ("grpo", [])]:
+        toml = ROOT / "scenarios" / f"{name}.toml"
+        text = resolved_toml(load_scenario(toml, ["seed=0"]))
+        old = "\n".join(line for line in text.splitlines() if "reweight_counts" not in line)
+        where = tmp_path / name
+        meta = new_run_meta("r", scenario_name=name, seed=0, coevo_version="0", scenario_toml=old)
+        LmdbEventLog.create(where / "log", meta, durable=False).close()
+        assert differs(where, toml, ["seed=0"]) == expected, name
+        assert differs(where, toml, ["seed=0", "complementary.reweight_counts=weighted"]) == []
+
+
 def test_a_set_the_scenario_refuses_is_one_line(tmp_path: Path) -> None:
     """A reused run checked against ``--set grpo:grpo.nokey=1`` was a traceback."""
     import pytest
