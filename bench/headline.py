@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from headline_logs import Modes, modes_of, modes_table, ratio
-from method_results import fold, plot, read_run, run_all
+from method_results import fold, plot, read_run, reused_differs, run_all
 
 from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.policy import EvalRoundFinished
@@ -271,41 +271,6 @@ def _jsonable(value: object) -> object:
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
     return value
-
-
-def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
-    """The settings (dotted keys) in which the finished run at ``out`` differs from
-    ``scenario`` with ``sets``, which the table would count it as: a run of another scenario
-    or other ``--set`` values was averaged in without a word. A key the run's own scenario
-    lacks (a setting added to coevo since) is no difference, unless the run's method reads
-    it and it changed what runs do (``scenarios.loader.SINCE``: the run did as its value
-    there says)."""
-    import tomllib
-
-    from agents.analysis.diff import scenario_changes
-    from engine.errors import CoevoError
-    from scenarios.loader import SINCE, load_scenario, resolved_toml
-    from stores.lmdb_log import LmdbEventLog
-
-    log = LmdbEventLog.open(out / "log", writable=False)
-    try:
-        meta = log.read_meta()
-    finally:
-        log.close()
-    recorded = meta.scenario_toml if meta is not None else ""
-    try:
-        wanted = resolved_toml(load_scenario(scenario, sets))
-    except CoevoError as exc:  # a --set the scenario refuses: its line, as a new run's
-        raise SystemExit(f"coevo: error: {exc}") from None
-    changes = scenario_changes(recorded, wanted)
-    differing = [c.key for c in changes if c.a is not None]
-    was, now = tomllib.loads(recorded or ""), tomllib.loads(wanted)
-    method = was.get("run", {}).get("method")
-    for (table, key), then in SINCE.items():  # keys of the method the run trained with
-        lacking = key not in was.get(table, {})
-        if table == method and lacking and now.get(table, {}).get(key) != then:
-            differing.append(f"{table}.{key}")
-    return differing
 
 
 def main() -> None:

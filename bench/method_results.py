@@ -128,6 +128,41 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
                     raise SystemExit(f"{out} failed with exit {proc.returncode}")
 
 
+def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
+    """The settings (dotted keys) in which the finished run at ``out`` differs from
+    ``scenario`` with ``sets``, which the table would count it as: a run of another scenario
+    or other ``--set`` values was averaged in without a word. A key the run's own scenario
+    lacks (a setting added to coevo since) is no difference, unless the run's method reads
+    it and it changed what runs do (``scenarios.loader.SINCE``: the run did as its value
+    there says)."""
+    import tomllib
+
+    from agents.analysis.diff import scenario_changes
+    from engine.errors import CoevoError
+    from scenarios.loader import SINCE, load_scenario, resolved_toml
+    from stores.lmdb_log import LmdbEventLog
+
+    log = LmdbEventLog.open(out / "log", writable=False)
+    try:
+        meta = log.read_meta()
+    finally:
+        log.close()
+    recorded = meta.scenario_toml if meta is not None else ""
+    try:
+        wanted = resolved_toml(load_scenario(scenario, sets))
+    except CoevoError as exc:  # a --set the scenario refuses: its line, as a new run's
+        raise SystemExit(f"coevo: error: {exc}") from None
+    changes = scenario_changes(recorded, wanted)
+    differing = [c.key for c in changes if c.a is not None]
+    was, now = tomllib.loads(recorded or ""), tomllib.loads(wanted)
+    method = was.get("run", {}).get("method")
+    for (table, key), then in SINCE.items():  # keys of the method the run trained with
+        lacking = key not in was.get(table, {})
+        if table == method and lacking and now.get(table, {}).get(key) != then:
+            differing.append(f"{table}.{key}")
+    return differing
+
+
 FINAL_EVAL = """name = "final-eval"
 seed = {seed}
 description = "held-out evaluation of a finished run's last policy, without memory"
@@ -340,6 +375,13 @@ def main() -> None:
                 if out.exists():
                     raise SystemExit(f"{out} holds an unfinished run: remove it")
                 jobs.append((Path(scenario), out, seed))
+            elif differing := reused_differs(out, Path(scenario), [f"seed={seed}"]):
+                more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
+                raise SystemExit(
+                    f"{out} holds a finished run of another scenario than {scenario} with "
+                    f"seed={seed} ({', '.join(differing[:4])}{more} differ): remove it, or "
+                    "name another --runs"
+                )
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     facts: dict[str, list[RunFacts]] = {}

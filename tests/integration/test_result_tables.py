@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from bench_import import load_bench
 
 from agents.events.episodes import (
@@ -128,7 +129,6 @@ def test_a_reused_run_made_before_a_setting_that_changed_its_method_is_named(
 
 def test_a_set_the_scenario_refuses_is_one_line(tmp_path: Path) -> None:
     """A reused run checked against ``--set grpo:grpo.nokey=1`` was a traceback."""
-    import pytest
 
     from engine.eventlog import new_run_meta
     from stores.lmdb_log import LmdbEventLog
@@ -138,3 +138,34 @@ def test_a_set_the_scenario_refuses_is_one_line(tmp_path: Path) -> None:
     differs = load_bench("headline").reused_differs
     with pytest.raises(SystemExit, match=r"coevo: error: .*unknown field `nokey`"):
         differs(tmp_path, ROOT / "scenarios" / "grpo.toml", ["grpo.nokey=1"])
+
+
+def test_method_results_refuses_a_reused_run_of_other_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """method_results.py counted whatever finished run its directory held (headline.py
+    refused one of other settings; this script did not look)."""
+    from engine.eventlog import new_run_meta
+    from engine.events import Envelope
+    from engine.lifecycle import RunStarted, RunStopped
+    from scenarios.loader import load_scenario, resolved_toml
+    from stores.lmdb_log import LmdbEventLog
+
+    grpo = ROOT / "scenarios" / "grpo.toml"
+    text = resolved_toml(load_scenario(grpo, ["seed=0", "run.episodes=64"]))
+    meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml=text)
+    log = LmdbEventLog.create(tmp_path / "grpo-seed0" / "log", meta, durable=False)
+    started = RunStarted(run_id="r", scenario="grpo", scenario_hash="h", seed=0, coevo_version="0")
+    log.append(
+        [
+            Envelope(seq=i, run="r", t=i, actor="runtime", event=ev)
+            for i, ev in enumerate([started, RunStopped(reason="completed")])
+        ]
+    )
+    log.close()
+    main = load_bench("method_results").main
+    argv = ["method_results.py", "--runs", str(tmp_path), "--seeds", "0", "--out", str(tmp_path)]
+    monkeypatch.setattr("sys.argv", [*argv, "--baseline", f"grpo={grpo}"])
+    with pytest.raises(SystemExit, match=r"grpo-seed0 holds a finished run of another scenario "
+                       r"than .*grpo\.toml with seed=0 \(run\.episodes differ\)"):  # fmt: skip
+        main()
