@@ -524,6 +524,8 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     batch: int
     alpha: float
     cooldown: int
+    counts: str
+    """Which updates count as training a call (``[complementary] reweight_counts``)."""
     std_norm: bool | None
     split: bool | None
     """Complementary RL's guided and free subgroups (``[complementary] subgroups``), the
@@ -665,6 +667,7 @@ def _compared(
         batch=c.batch,
         alpha=c.alpha,
         cooldown=c.cooldown,
+        counts=c.counts,
         std_norm=settings.setting("std_norm", None),
         split=bool(settings.setting("split", True)),
         weighted=bool(settings.setting("weighted", True)),

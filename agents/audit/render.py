@@ -289,7 +289,8 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         else "no extractor credit in this run"
     )
     credit = (
-        f"rule {a.rule}, batch {a.batch}, alpha {a.alpha:g}, cooldown {a.cooldown}"
+        f"rule {a.rule}, batch {a.batch}, alpha {a.alpha:g}, cooldown {a.cooldown}, "
+        f"counts {a.counts}"
         if a.credited
         else nothing
     )

@@ -54,8 +54,8 @@ from stores.lmdb_log import LmdbEventLog
 
 TOML = (
     'name = "golden"\n[run]\nmethod = "complementary"\n[grpo]\nreward = "success"\n'
-    "[complementary]\nbatch = 2\n"
-)
+    '[complementary]\nbatch = 2\nreweight_counts = "pushed"\n'  # (a stored scenario lacking
+)  # it is a run recorded before it: scenarios.loader.SINCE)
 SETTINGS = credit_settings(to_scenario(parse_toml(TOML, "golden"), "golden").complementary)
 SLOT = "train/heat"
 TEXTS = {

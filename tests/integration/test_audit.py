@@ -222,6 +222,9 @@ def test_credit_and_advantages_re_derive_exactly(
     }
     code, out, _ = audit(capsys, str(run), "credit")
     assert code == 0 and "every credit and advantage matches the log" in out
+    assert "cooldown 1, counts pushed; advantages" in out.splitlines()[0]  # the run's rule
+    other = audit_json(capsys, str(run), "credit", "--set", "counts=weighted")
+    assert other["counterfactual"] and other["counts"] == "weighted"
 
 
 def test_the_relative_rule_credits_against_the_free_half(
@@ -563,6 +566,7 @@ def test_an_index_named_in_an_event_log_s_directory_is_refused_and_the_log_kept(
         ),
         (("credit", "--set", "split=maybe"), "must be true or false"),
         (("credit", "--top", "-1"), "--top must be >= 0"),
+        (("credit", "--set", "counts=all"), "--set counts=all: must be pushed or weighted"),
         (("credit", "--entry", "-3"), "entry id must be a non-negative integer"),
         (("credit", "--entry", "7"), "--entry 7: no credit to it, recorded or re-derived"),
         (("credit", "--entry", "4", "--until", "10"), "--entry 4: no credit to it up to seq 10"),
