@@ -644,6 +644,9 @@ def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
     if is_adapted(model):
         _load_adapters(model, state)
         return
+    own = model.state_dict()
+    if not set(state) <= set(own) and (names := _stored_names(model, own)) is not None:
+        state = {names.get(k, k): v for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ())
     if unexpected or any(key not in tied and "lm_head" not in key for key in missing):
@@ -652,6 +655,40 @@ def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
         )
     if missing and hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def _own_names(model: Any) -> dict[str, Any]:
+    """``save_pretrained``'s argument that stores a model's tensors under its own names: by
+    default transformers reverts its renames and fusions of an architecture (GPT-NeoX's
+    ``lm_head`` as ``embed_out``, Mixtral's fused experts one by one), and such a checkpoint
+    did not load back into the model by name (every GPT-NeoX run failed at its first weight
+    sync). ``from_pretrained`` reads both layouts; a LoRA model's saver (peft's) takes none."""
+    import inspect
+
+    takes = "save_original_format" in inspect.signature(model.save_pretrained).parameters
+    return {"save_original_format": False} if takes else {}
+
+
+def _stored_names(model: Any, own: dict[str, Any]) -> dict[str, str] | None:
+    """The model's parameter names by the names ``save_pretrained`` stores them under: it
+    reverts transformers' renames of an architecture (GPT-NeoX's ``lm_head`` is stored as
+    ``embed_out``, what its load renames), so a checkpoint of such a model did not load back
+    into it by name. None when the model has no renames, or converts more than names
+    (fused experts), which a name map cannot undo."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+
+    marks = {k: torch.empty(0) for k in own}  # one object per name: tied weights stay apart
+    try:
+        revert = cast("Callable[[Any, dict[str, Any]], dict[str, Any]]", revert_weight_conversion)
+        stored = revert(model, dict(marks))
+    except Exception:  # a converter that needs the tensors themselves
+        return None
+    by_id = {id(t): k for k, t in marks.items()}
+    names = {k: by_id.get(id(t)) for k, t in stored.items()}
+    if any(v is None for v in names.values()):
+        return None
+    return {k: v for k, v in names.items() if v is not None and k != v}
 
 
 def _load_adapters(model: Any, state: dict[str, torch.Tensor]) -> None:
@@ -843,7 +880,7 @@ class DirCheckpoints:
 
         shutil.rmtree(partial, ignore_errors=True)
         hf_logging.disable_progress_bar()
-        model.save_pretrained(partial, safe_serialization=True)
+        model.save_pretrained(partial, safe_serialization=True, **_own_names(model))
         tokenizer.save_pretrained(partial)
         if optimizer is not None:
             save_file(optimizer, str(partial / OPTIMIZER_FILE))

@@ -560,3 +560,43 @@ def test_checkpoints_whose_weights_transformers_renames_as_it_loads_are_checked_
     check_model_dir(tmp_path / "short")  # the names are the load's to check
     with pytest.raises(ModelUnavailable, match=r"1 tensors missing \(first 'gpt_neox.layers.0"):
         load_model_dir(tmp_path / "short", torch.device("cpu"))
+
+
+def test_a_checkpoint_of_a_renamed_architecture_loads_back_into_the_model(tmp_path: Path) -> None:
+    """A run's checkpoint (``DirCheckpoints.save``) of a GPT-NeoX or Mixtral policy did not load
+    back into the inference model (``load_weights``): transformers stored GPT-NeoX's
+    ``lm_head`` as ``embed_out`` and Mixtral's fused experts one by one, and every such run
+    failed at its first weight sync. Checkpoints keep the model's own names now, and a file in
+    transformers' stored layout (an older checkpoint) is read through its renames."""
+    from safetensors.torch import load_file
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    tokenizer = tiny_tokenizer(["look", "open", "door", "take", "key"])
+    sizes = {"vocab_size": len(tokenizer), "hidden_size": 32, "num_hidden_layers": 1}
+    sizes |= {"num_attention_heads": 2, "intermediate_size": 64}
+    built = {
+        "neox": lambda: GPTNeoXForCausalLM(GPTNeoXConfig(**sizes, tie_word_embeddings=False)),
+        "mixtral": lambda: MixtralForCausalLM(
+            MixtralConfig(**sizes, num_key_value_heads=1, num_local_experts=2)
+        ),
+    }
+    for name, build in built.items():
+        torch.manual_seed(0)
+        trained = build()
+        torch.manual_seed(1)
+        served = build()
+        store = DirCheckpoints(tmp_path / name)
+        ckpt.load_weights(served, store.load(store.save(1, trained, tokenizer)))
+        want, got = trained.state_dict(), served.state_dict()
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), name
+    torch.manual_seed(0)
+    trained = built["neox"]()
+    torch.manual_seed(1)
+    served = built["neox"]()
+    trained.save_pretrained(tmp_path / "original")  # transformers' stored names
+    stored = load_file(tmp_path / "original" / "model.safetensors")
+    assert "embed_out.weight" in stored
+    ckpt.load_weights(served, stored)
+    assert torch.equal(
+        served.get_output_embeddings().weight, trained.get_output_embeddings().weight
+    )
