@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from engine.errors import ModelUnavailable, RunDirectoryMoved
@@ -110,12 +111,12 @@ def _checked(path: Path, setting: str = "model") -> tuple[Path, Any]:
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ModelUnavailable(f"{where}: no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
     shards = _safetensors_files(path, where)
-    expected = _expected_shapes(config, where)
+    expected, unexplained = _expected_shapes(config, where)
     found: dict[str, tuple[int, ...]] = {}
     for shard in shards:
         found.update(_tensor_shapes(shard, where))
     if not renamed_on_load(config):  # else the load's own report is checked (load_model_dir)
-        _compare_shapes(expected, found, where, _tied(config))
+        _compare_shapes(expected, found, where, _tied(config), unexplained)
     return path, _check_tokenizer(path, config, where)
 
 
@@ -432,13 +433,28 @@ def _meta_model(config: Any) -> Any:
         return _auto(AutoModelForCausalLM).from_config(config, dtype=torch.float32)
 
 
-def _expected_shapes(config: Any, where: str) -> dict[str, tuple[int, ...]]:
-    """Parameter names and shapes of the model ``config`` builds, on the meta device."""
+def _expected_shapes(
+    config: Any, where: str
+) -> tuple[dict[str, tuple[int, ...]], Callable[[set[str]], set[str]]]:
+    """Parameter names and shapes of the model ``config`` builds, on the meta device, and
+    which of a file's tensors the model has no place for its load would not ignore: old
+    buffers it leaves unread (GPT-2's ``attn.bias`` masks, older Llama conversions'
+    ``rotary_emb.inv_freq``, the rules of the model's own ``_adjust_missing_and_unexpected_keys``).
+    """
     try:
         model = _meta_model(config)
     except Exception as exc:  # a config transformers accepts but cannot build
         raise ModelUnavailable(f"{where}: config.json does not build: {_one_line(exc)}") from None
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+    def unexplained(names: set[str]) -> set[str]:
+        info = SimpleNamespace(missing_keys=set[str](), unexpected_keys=set(names))
+        try:  # what from_pretrained asks of the model itself (a private method: where it is
+            model._adjust_missing_and_unexpected_keys(info)  # gone, nothing is ignored)
+        except Exception:
+            return set(names)
+        return set(cast("set[str]", info.unexpected_keys))
+
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}, unexplained
 
 
 def _smallest_qwen2() -> Any:
@@ -473,25 +489,33 @@ def _compare_shapes(
     found: dict[str, tuple[int, ...]],
     where: str,
     tied: bool,
+    unexplained: Callable[[set[str]], set[str]] = set,
 ) -> None:
     """Every stored tensor must be a parameter of the same shape; only tied output weights
     (``tied``) may be missing: an untied ``lm_head`` left out was drawn at random at every load,
-    so the sampler and the learner were different models. Names may carry a base-model prefix
-    that the causal LM does not."""
-    by_suffix = {k.split(".", 1)[-1]: v for k, v in expected.items()}
+    so the sampler and the learner were different models. A file's names may lack the
+    base-model prefix the causal LM's carry (``model.``, ``transformer.``: a base model's
+    checkpoint), or carry one they do not."""
+    by_suffix = {k.split(".", 1)[-1]: k for k in expected}
+    matched: set[str] = set()  # the expected names the file's tensors fill
+    unmatched: set[str] = set()
     for name, shape in sorted(found.items()):
-        want = expected.get(name, by_suffix.get(name))
-        if want is None:
-            raise ModelUnavailable(
-                f"{where}: weights do not fit config.json: unexpected tensor {name!r}"
-            )
-        if want != shape:
+        cut = name.split(".", 1)[-1]  # (a file whose names carry a prefix the model's do not)
+        key = next((k for k in (name, by_suffix.get(name), cut) if k in expected), None)
+        if key is None:
+            unmatched.add(name)
+            continue
+        if expected[key] != shape:
             raise ModelUnavailable(
                 f"{where}: weights do not fit config.json: {name} has shape {list(shape)}, "
-                f"the config builds {list(want)}"
+                f"the config builds {list(expected[key])}"
             )
-    stored = set(found) | {k.split(".", 1)[-1] for k in found}
-    missing = [k for k in expected if k not in stored and not (tied and "lm_head" in k)]
+        matched.add(key)
+    if unmatched and (left := sorted(unexplained(unmatched))):
+        raise ModelUnavailable(
+            f"{where}: weights do not fit config.json: unexpected tensor {left[0]!r}"
+        )
+    missing = [k for k in expected if k not in matched and not (tied and "lm_head" in k)]
     if missing and all("lm_head" in k for k in missing):
         raise ModelUnavailable(
             f"{where}: weights do not fit config.json: no {missing[0]!r}, and the config does "

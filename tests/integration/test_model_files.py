@@ -108,6 +108,8 @@ def mutate(case: str, path: Path, marker: Path) -> None:
             write_pickle_weights(path, marker)
     elif case == "garbage weights":
         weights.write_bytes(os.urandom(64))
+    elif case == "a tensor the model has no place for":
+        _edit_weights(path, lambda w: w | {"model.layers.0.extra.weight": torch.zeros(2)})
     elif case == "truncated weights":
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     elif case == "untied head missing":  # the weights store no lm_head: only a tied one may lack
@@ -155,6 +157,7 @@ CASES = {
     "no weights": "no weights",
     "garbage weights": "model.safetensors is not a valid safetensors file",
     "truncated weights": "model.safetensors is not a valid safetensors file",
+    "a tensor the model has no place for": "unexpected tensor 'model.layers.0.extra.weight'",
     "untied head missing": "no 'lm_head.weight', and the config does not tie it",
     "no chat template": "the tokenizer has no chat template",
     "template drops the system message": "the chat template leaves the system message out",
@@ -165,6 +168,35 @@ CASES = {
         "keeps 0 of 17 probe words where tokenizer.json keeps 8: transformers rebuilds a qwen2"
     ),
 }
+
+
+def _edit_weights(path: Path, edit: Any) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = edit(load_file(path / "model.safetensors"))
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_base_model_s_names_and_old_buffers_in_the_weights_are_accepted(
+    good: Path, tmp_path: Path
+) -> None:
+    """A checkpoint whose names lack the causal LM's ``model.`` prefix (a base model's save)
+    was refused as "26 tensors missing", though transformers loads it whole; one holding the
+    buffers older conversions stored (Llama's ``rotary_emb.inv_freq``, the hub's GPT-2
+    ``attn.bias``), which transformers' load ignores, as "unexpected tensor"."""
+    base = tmp_path / "base"
+    shutil.copytree(good, base)
+    _edit_weights(base, lambda w: {k.removeprefix("model."): v for k, v in w.items()})
+    buffers = tmp_path / "buffers"
+    shutil.copytree(good, buffers)
+    inv_freq = "model.layers.0.self_attn.rotary_emb.inv_freq"
+    _edit_weights(buffers, lambda w: w | {inv_freq: torch.ones(4)})
+    reference, _ = load_model_dir(good, torch.device("cpu"))
+    for path in (base, buffers):
+        check_model_dir(path)
+        model, _ = load_model_dir(path, torch.device("cpu"))
+        want, got = reference.state_dict(), model.state_dict()
+        assert all(torch.equal(want[k], got[k]) for k in want), path.name
 
 
 def _drop_template(path: Path) -> None:
