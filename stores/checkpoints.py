@@ -177,8 +177,9 @@ def _check_tokenizer(path: Path, config: Any, where: str) -> Any:
         raise ModelUnavailable(
             f"{where}: the tokenizer has {len(tokenizer)} tokens, the model's embedding "
             f"{vocab} (config.json vocab_size): ids past it cannot be read (from id {vocab}: "
-            f"{', '.join(map(repr, past))}{', ...' if len(tokenizer) > vocab + 3 else ''}: "
-            "tokens transformers may add for the tokenizer's class, as Qwen2's <|endoftext|>)"
+            f"{', '.join(map(repr, past))}{', ...' if len(tokenizer) > vocab + 3 else ''}: the "
+            "tokenizer's own, or tokens transformers adds for its class, as Qwen2's "
+            "<|endoftext|>)"
         )
     if not getattr(tokenizer, "chat_template", None):
         raise ModelUnavailable(
@@ -199,7 +200,42 @@ def _check_tokenizer(path: Path, config: Any, where: str) -> Any:
             "and tips go there)"
         )
     _same_reading(path, tokenizer, str(getattr(config, "model_type", "")), where)
+    if (turn_end := _turn_end(path, config, tokenizer)) is not None:
+        tokenizer.eos_token = turn_end
     return tokenizer
+
+
+def _turn_end(path: Path, config: Any, tokenizer: Any) -> str | None:
+    """The token an instruct model ends its turns with, when it is not the tokenizer's eos:
+    the token the chat template writes right after an assistant message, when the model's
+    generation config (or config.json) names it among its eos ids (Gemma-it's, Phi-3's and
+    Llama-3-Instruct's ``<|end|>``/``<|eot_id|>`` beside an ``<|endoftext|>`` eos). coevo ends
+    and cuts every response at the tokenizer's eos: with the other one, generation never
+    stopped at the turn's end and scored actions were trained to end as the model never
+    does. None: the tokenizer's eos is the turn's end, or the model names no other."""
+    ends: Any = None
+    generation = path / "generation_config.json"
+    if generation.is_file():
+        try:
+            ends = json.loads(generation.read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            ends = None
+    if ends is None:
+        ends = getattr(_text_config(config), "eos_token_id", None)
+    ids = {ends} if isinstance(ends, int) else {e for e in ends or () if isinstance(e, int)}
+    if not ids - {tokenizer.eos_token_id}:
+        return None
+    mark = "coevo-turn-probe"
+    turn = [{"role": "user", "content": "look"}, {"role": "assistant", "content": mark}]
+    try:
+        shown = str(tokenizer.apply_chat_template(turn, tokenize=False))
+    except Exception:  # a template that renders no assistant turn: keep the eos
+        return None
+    after = shown.split(mark, 1)[1] if mark in shown else ""
+    first = next(iter(tokenizer.encode(after.lstrip(" "), add_special_tokens=False)), None)
+    if first is None or first not in ids or first == tokenizer.eos_token_id:
+        return None
+    return str(tokenizer.convert_ids_to_tokens(first))
 
 
 def _same_reading(path: Path, tokenizer: Any, model_type: str, where: str) -> None:

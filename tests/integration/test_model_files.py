@@ -199,6 +199,36 @@ def test_a_base_model_s_names_and_old_buffers_in_the_weights_are_accepted(
         assert all(torch.equal(want[k], got[k]) for k in want), path.name
 
 
+def test_an_instruct_model_s_turn_end_is_where_responses_end(tmp_path: Path) -> None:
+    """A chat template that ends turns with ``<|end|>``, named an eos in
+    generation_config.json beside the tokenizer's ``<eos>`` (Gemma-it's, Phi-3's,
+    Llama-3-Instruct's layout): generation never stopped at ``<|end|>`` (every response ran to
+    max_new_tokens, every action invalid) and scored actions were trained to end with
+    ``<eos>``. The turn's end is the responses' end now; a model that names no other eos
+    keeps its tokenizer's."""
+    from agents.models.prompts import decode_response, encode_response
+
+    model, tokenizer = tiny_model()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+    )
+    model.resize_token_embeddings(len(tokenizer))
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    for name, ends in [("instruct", [end, tokenizer.eos_token_id]), ("plain", None)]:
+        path = tmp_path / name
+        model.generation_config.eos_token_id = ends or tokenizer.eos_token_id
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        _, loaded = load_model_dir(path, torch.device("cpu"))
+        want = "<|end|>" if ends else "<eos>"
+        assert loaded.eos_token == want, name
+        ids = encode_response(loaded, "look")
+        assert ids[-1] == loaded.convert_tokens_to_ids(want)
+        assert decode_response(loaded, [*ids, 7, 8]) == "look"
+
+
 def _drop_template(path: Path) -> None:
     (path / "chat_template.jinja").unlink(missing_ok=True)
     doc = json.loads((path / "tokenizer_config.json").read_text())
