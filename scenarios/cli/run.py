@@ -398,7 +398,8 @@ def _finish(
     elif problem:
         print(problem, file=sys.stderr)
     if outcome.reason == "completed" and not problem:
-        for warning in (_policy_unchanged(updates), _memory_empty(counts), _all_cut(counts)):
+        warnings = (_policy_unchanged(updates), _memory_empty(counts), _all_cut(counts))
+        for warning in (*warnings, _prompts_cut(counts, rd)):
             if warning:
                 print(warning, file=sys.stderr)
     return code
@@ -414,6 +415,22 @@ def _all_cut(counts: Counter[str]) -> str:
         f"coevo: warning: all {n} of the run's finished episodes were cut off at [world] "
         "max_turns before the world ended one (does its step ever say done?): none could "
         "succeed"
+    )
+
+
+def _prompts_cut(counts: Counter[str], rd: RunDir) -> str:
+    """A warning when actions were chosen from prompts cut in the middle to fit the model's
+    positions: the run's log said so once, at the first (in ``coevo.jsonl`` only, with
+    ``--quiet``), and a model too short for its prompts kept little of them, the goal
+    included."""
+    cut, n = counts["prompt_cut"], counts["action_sampled"]
+    if not cut:
+        return ""
+    return (
+        f"coevo: warning: {cut:,} of the run's {n:,} actions were chosen from prompts cut in "
+        "the middle to fit the model's positions (the first quarter and the end kept: a long "
+        f"goal may be lost); coevo log {rd.root} --kind action_sampled shows prompt_cut, coevo "
+        "audit RUN episode ID what an episode's turns kept"
     )
 
 
@@ -538,6 +555,8 @@ def _report(report: Any, rd: RunDir, updates: list[Any], counts: Counter[str]) -
                 counts[tag] += 1
                 if tag == "episode_finished" and getattr(env.event, "truncated", False):
                     counts["truncated"] += 1
+                elif tag == "action_sampled" and getattr(env.event, "prompt_cut", 0):
+                    counts["prompt_cut"] += 1
             yield env.event
 
     reader = open_run(str(rd.root))
@@ -548,9 +567,17 @@ def _report(report: Any, rd: RunDir, updates: list[Any], counts: Counter[str]) -
 
 
 COUNTED_KINDS = frozenset(
-    {"extractor_called", "tip_proposed", "tip_stored", "tips_retrieved", "episode_finished"}
+    {
+        "extractor_called",
+        "tip_proposed",
+        "tip_stored",
+        "tips_retrieved",
+        "episode_finished",
+        "action_sampled",
+    }
 )
-"""The events a finished run counts for :func:`_memory_empty` and :func:`_all_cut`."""
+"""The events a finished run counts for :func:`_memory_empty`, :func:`_all_cut` and
+:func:`_prompts_cut`."""
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

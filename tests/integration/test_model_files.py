@@ -367,6 +367,29 @@ def test_a_bad_extractor_directory_is_refused_by_validate(
 # --- the models a run started from ---------------------------------------------------------------
 
 
+def test_a_run_whose_prompts_were_cut_to_fit_the_model_says_so_at_its_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model built for few positions had every prompt cut, its goal among what was lost;
+    the run said so once in its structured log (nothing on the console with ``--quiet``)."""
+    from scenarios.loader import load_scenario
+    from scenarios.policy_setup import policy_model_dir
+
+    path = tmp_path / "model"
+    shutil.copytree(policy_model_dir(load_scenario(QUICKSTART, TINY), QUICKSTART), path)
+    edit_config(path, max_position_embeddings=96)
+    sets = [f"policy.model={path}", "run.episodes=16", "grpo.groups_per_update=2"]
+    sets += ["grpo.group_size=8", "eval.every=0"]
+    args = [a for s in sets for a in ("--set", s)]
+    run = tmp_path / "ran"
+    assert main(["run", QUICKSTART, "--out", str(run), "--quiet", *args]) == 0
+    err = capsys.readouterr().err
+    assert "coevo: warning: " in err and " actions were chosen from prompts cut in the middle " in (
+        err
+    )
+    assert f"coevo log {run} --kind action_sampled shows prompt_cut" in err
+
+
 def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
