@@ -128,7 +128,11 @@ def refuse_futile(scenario: Scenario, source: str) -> None:
         )
 
 
-SINCE: dict[tuple[str, str], Any] = {("complementary", "reweight_counts"): "weighted"}
+SINCE: dict[tuple[str, str], Any] = {
+    ("complementary", "reweight_counts"): "weighted",
+    ("empo2", "query_chars"): 0,  # (0: every character embedded, as before the setting)
+    ("complementary", "query_chars"): 0,
+}
 """Settings added after runs were recorded, by table and key, with the value that reproduces
 the runs recorded before them. A run's stored scenario is its resolved TOML (every key), so a
 key it lacks was not there yet: reading it as today's default would re-derive, resume or

@@ -433,3 +433,11 @@ def test_a_stored_scenario_without_a_later_setting_reads_as_the_run_was_made() -
     assert 'reweight_counts = "pushed"' in text and stored(text) == "pushed"
     old = "\n".join(line for line in text.splitlines() if "reweight_counts" not in line)
     assert stored(old) == "weighted"
+    # a run written before query_chars embedded its queries and keys whole (0): it resumed
+    # with today's default, 1,024, and embedded its longer keys again cut
+    meta = new_run_meta("r", scenario_name="c", seed=0, coevo_version="0", scenario_toml=text)
+    assert stored_scenario(meta, "runs/r").empo2.query_chars == 1024
+    before = "\n".join(line for line in text.splitlines() if "query_chars" not in line)
+    meta = new_run_meta("r", scenario_name="c", seed=0, coevo_version="0", scenario_toml=before)
+    old_run = stored_scenario(meta, "runs/r")
+    assert old_run.empo2.query_chars == 0 and old_run.complementary.query_chars == 0
