@@ -122,7 +122,8 @@ class BankResult(msgspec.Struct, frozen=True, kw_only=True):
     per family; ``shown`` the fraction of episodes shown an entry, ``distinct`` how many
     different entries were shown; ``outcomes`` each episode's success (1 / 0) in index order;
     ``aborted`` how many episodes' world failed (counted as failures), ``abort`` the first
-    one's reason.
+    one's reason; ``cut`` of ``turns`` turns had their prompt cut in the middle to fit the
+    policy's positions (its goal may be lost).
     """
 
     label: str
@@ -138,6 +139,8 @@ class BankResult(msgspec.Struct, frozen=True, kw_only=True):
     outcomes: list[int]
     aborted: int = 0
     abort: str = ""
+    cut: int = 0
+    turns: int = 0
 
 
 class Comparison(msgspec.Struct, frozen=True, kw_only=True):
@@ -296,6 +299,8 @@ def _result(
         outcomes=outcomes,
         aborted=sum(bool(e.aborted) for e in played),
         abort=next((e.aborted for e in played if e.aborted), ""),
+        cut=sum(e.cut for e in played),
+        turns=sum(e.steps for e in played),
     )
 
 

@@ -93,6 +93,8 @@ class Played(msgspec.Struct, frozen=True, kw_only=True):
     entry: int = -1
     call: str = ""
     aborted: str = ""
+    cut: int = 0
+    """Turns whose prompt was cut in the middle to fit the model's positions."""
 
 
 @dataclass
@@ -105,6 +107,7 @@ class _Live:
     entry: int
     call: str
     history: list[Step] = field(default_factory=list[Step])
+    cut: int = 0  # turns whose prompt lost its middle
 
 
 def episode_seeds(seed: int, n: int) -> list[int]:
@@ -218,6 +221,7 @@ def _loop(
                 aborted(ep.index, ep.world, exc, ep)
                 continue
             ep.history.append((answer.action, ep.obs.text))
+            ep.cut += answer.prompt_cut > 0
             if ep.obs.done or len(ep.history) >= cap:
                 done[ep.index] = _played(ep, tasks[ep.index], seeds[ep.index])
                 free.append(ep.world)
@@ -295,4 +299,5 @@ def _played(ep: _Live, task: Task, seed: int) -> Played:
         steps=len(ep.history),
         entry=ep.entry,
         call=ep.call,
+        cut=ep.cut,
     )

@@ -47,7 +47,15 @@ def line(r: BankResult) -> str:
         ops = ", ".join(f"{r.stats.ops.get(k, 0)} {k}" for k in OPS[:5])
         bank = f"bank {r.stats.size:4d} entries ({ops})"
     aborted = f"  ({r.aborted} aborted as failures: {safe_line(r.abort)})" if r.aborted else ""
-    return f"{r.label:<8} {bank}  success {_ci(r.success)}  {fams}{aborted}"
+    cut = f"  ({_cut(r)})" if r.cut else ""
+    return f"{r.label:<8} {bank}  success {_ci(r.success)}  {fams}{aborted}{cut}"
+
+
+def _cut(r: BankResult) -> str:
+    return (
+        f"{r.cut:,} of {r.turns:,} turns' prompts cut in the middle to fit the policy's "
+        "positions: a long goal may be lost"
+    )
 
 
 def markdown(result: ProbeResult) -> str:
@@ -88,6 +96,7 @@ def markdown(result: ProbeResult) -> str:
         for r in result.banks
         if r.aborted
     ]
+    lines += [f"\n{r.label}: {_cut(r)}" for r in result.banks if r.cut]
     if result.comparisons:
         lines += [
             "",

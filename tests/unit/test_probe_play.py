@@ -30,21 +30,24 @@ def embed(texts: Sequence[str]) -> list[np.ndarray]:
 
 
 class Answer:
-    def __init__(self, action: str) -> None:
+    def __init__(self, action: str, prompt_cut: int = 0) -> None:
         self.action = action
+        self.prompt_cut = prompt_cut
 
 
 class Scripted:
-    """Picks an admissible action from the request's own seed."""
+    """Picks an admissible action from the request's own seed (``cut``: every prompt was cut
+    by that many tokens to fit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cut: int = 0) -> None:
         self.requests: list[ActionRequested] = []
         self.batches: list[int] = []
+        self.cut = cut
 
     def answer(self, requests: Sequence[ActionRequested]) -> list[Answer]:
         self.requests += requests
         self.batches.append(len(requests))
-        return [Answer(random.Random(r.seed).choice(r.admissible)) for r in requests]
+        return [Answer(random.Random(r.seed).choice(r.admissible), self.cut) for r in requests]
 
 
 def bank_of(entries: dict[str, list[str]]) -> TipBank:
@@ -257,3 +260,29 @@ def test_an_aborted_episode_keeps_the_entry_it_was_shown() -> None:
     played = play(Scripted(), world, TASKS, seeds, settings, bank, embed)  # type: ignore[arg-type]
     lost = [p for p in played if p.aborted]
     assert lost and all(p.entry >= 0 and p.call.startswith("x-") for p in lost)
+
+
+def test_a_bank_s_turns_whose_prompts_were_cut_are_counted_and_said() -> None:
+    """``coevo probe --policy`` with a model too short for its prompts printed success figures
+    and a verdict without a word: a run says so, the probe did not."""
+    from types import SimpleNamespace
+
+    from agents.probe import coevolution
+    from agents.probe.coevolution import Progress
+    from agents.probe.report import line
+
+    seeds = episode_seeds(7, len(TASKS))
+    played_bank = coevolution._played_bank  # pyright: ignore[reportPrivateUsage]
+    for cut in (0, 12):
+        setup = SimpleNamespace(
+            runner=Scripted(cut),
+            make_world=lambda: load_world("minilab", {}),
+            play=PlaySettings(window=2, batch=3, width=4),
+            seed=0,
+            resamples=200,
+        )
+        result = played_bank(setup, None, None, TASKS, seeds, Progress())  # type: ignore[arg-type]
+        assert result.turns == len(setup.runner.requests) > 0
+        assert result.cut == (result.turns if cut else 0)
+        said = f"({result.turns:,} of {result.turns:,} turns' prompts cut in the middle"
+        assert (said in line(result)) == bool(cut)
