@@ -594,6 +594,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     joined = contextlib.ExitStack()
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
+        _models_in_place(args.run, meta.models, _embedded_roles(scenario))
         assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
         _same_models(args.run, meta.models, assembly.models, _embedded_roles(scenario))
         if args.no_tracking:
@@ -650,6 +651,26 @@ def _embedded_roles(scenario: Any) -> set[str]:
     if complementary_settings(scenario).extractor in ("embedded", "embedded-ops") and roles:
         roles.add("extractor")
     return roles
+
+
+def _models_in_place(run: str, then: dict[str, Any], built: frozenset[str] | set[str]) -> None:
+    """Refuse, naming the way on, to resume a run whose model directory is gone from where it
+    started (moved, renamed, deleted): the scenario's check said only "no such directory", and
+    ``resume`` takes no ``--set`` to point elsewhere. The ``built`` roles' models (the
+    embedded ones) are built again where missing.
+
+    Raises:
+        InputInvalid: a recorded model directory is not there.
+    """
+    for role, was in sorted(then.items()):
+        if role not in built and not Path(was.path).is_dir():
+            raise InputInvalid(
+                f"{run}: the {role} model directory the run started from, {was.path}, is gone "
+                "(moved, renamed or deleted); resume reads its models where the run started "
+                "and takes no --set: put the directory back there, or a link to where it is "
+                "now (its files are checked against the run's), then resume (nothing was "
+                "resumed)"
+            )
 
 
 def _same_models(

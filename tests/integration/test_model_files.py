@@ -435,6 +435,13 @@ def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
     with LmdbEventLog.open(run / "log") as log:
         assert log.next_seq == 0  # nothing was written
     (path / "tokenizer.json").write_bytes(tokenizer)
+    moved = tmp_path / "elsewhere"  # the directory moved: "no such directory", no way on
+    path.rename(moved)
+    assert main(["resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"coevo: error: {run}: the policy model directory the run started ")
+    assert f"from, {path.resolve()}, is gone" in err and "put the directory back there" in err
+    moved.rename(path)
     assert main(["resume", str(run), "--quiet"]) == 0
 
 
