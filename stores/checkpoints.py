@@ -239,32 +239,45 @@ def _turn_end(path: Path, config: Any, tokenizer: Any) -> str | None:
 
 
 def _same_reading(path: Path, tokenizer: Any, model_type: str, where: str) -> None:
-    """Refuse a tokenizer that loses words ``tokenizer.json`` itself keeps (:data:`PROBE_WORDS`
-    encoded and decoded back)."""
-    file = path / "tokenizer.json"
-    if not file.is_file():
-        return
-    from tokenizers import Tokenizer
+    """Refuse a tokenizer that loses words of :data:`PROBE_WORDS` (encoded and decoded back):
+    one that loses words ``tokenizer.json`` itself keeps (transformers rebuilt it), or one
+    whose own vocabulary has no tokens for them (a small word-level vocabulary: the world's
+    words reached the model as unknown tokens, and different actions as the same ids)."""
+    words = PROBE_WORDS.split()
 
-    try:
-        own = Tokenizer.from_file(str(file))
-    except Exception:  # transformers read it its own way: nothing to compare with
-        return
+    def kept(decoded: str) -> list[str]:
+        return [word for word in words if word in decoded.split()]
 
-    def kept(decoded: str) -> int:
-        return sum(1 for word in PROBE_WORDS.split() if word in decoded.split())
-
-    by_file = kept(own.decode(own.encode(PROBE_WORDS, add_special_tokens=False).ids))
     ids = tokenizer.encode(PROBE_WORDS, add_special_tokens=False)
     loaded = kept(tokenizer.decode(ids, skip_special_tokens=True))
-    if loaded < by_file:
+    if len(loaded) == len(words):
+        return
+    file = path / "tokenizer.json"
+    by_file: list[str] | None = None
+    if file.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            own = Tokenizer.from_file(str(file))
+            by_file = kept(own.decode(own.encode(PROBE_WORDS, add_special_tokens=False).ids))
+        except Exception:  # transformers read it its own way: nothing to compare with
+            by_file = None
+    if by_file is not None and len(loaded) < len(by_file):
         raise ModelUnavailable(
             f"{where}: the tokenizer transformers builds here ({type(tokenizer).__name__}) "
-            f"keeps {loaded} of {len(PROBE_WORDS.split())} probe words where tokenizer.json "
-            f"keeps {by_file}: transformers rebuilds a {model_type} checkpoint's tokenizer as "
-            "its own class from the file's vocabulary and merges, not as written (a tokenizer "
-            f"of the kind {model_type} uses, e.g. a byte-level BPE, reads back as it is)"
+            f"keeps {len(loaded)} of {len(words)} probe words where tokenizer.json "
+            f"keeps {len(by_file)}: transformers rebuilds a {model_type} checkpoint's tokenizer "
+            "as its own class from the file's vocabulary and merges, not as written (a "
+            f"tokenizer of the kind {model_type} uses, e.g. a byte-level BPE, reads back as it "
+            "is)"
         )
+    lost = [w for w in dict.fromkeys(words) if w not in loaded]
+    raise ModelUnavailable(
+        f"{where}: the tokenizer reads back {len(loaded)} of {len(words)} probe words of the "
+        f"kind coevo's prompts hold (lost: {', '.join(lost[:5])}"
+        f"{', ...' if len(lost) > 5 else ''}): its vocabulary has no tokens for them, so the "
+        "world's text would reach the model as unknown tokens"
+    )
 
 
 def positions_of(path: Path) -> int | None:

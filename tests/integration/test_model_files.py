@@ -445,6 +445,34 @@ def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
     assert main(["resume", str(run), "--quiet"]) == 0
 
 
+def test_a_tokenizer_without_tokens_for_the_prompts_words_is_refused(tmp_path: Path) -> None:
+    """A word-level vocabulary of a few words (read back as written, under a Llama config)
+    passed: the goal reached the model as ``<unk> the <unk> <unk>`` and different actions as
+    the same ids. The probe of prompt words is read back whole or the model is refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from agents.testing.models import CHAT_TEMPLATE
+
+    words = ["<pad>", "<eos>", "<unk>", "you", "are", "in", "the", "look", "open", "door"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    path = tmp_path / "llama"
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with pytest.raises(
+        ModelUnavailable, match=r"reads back 9 of 17 probe words .*\(lost: kitchen, around, "
+    ):
+        check_model_dir(path)
+
+
 def test_a_tokenizer_larger_than_the_models_embedding_is_refused(tmp_path: Path) -> None:
     """Ids past the embedding were an ``IndexError: index out of range in self`` in the run's
     inference actor, naming neither the vocabulary nor the tokenizer."""
