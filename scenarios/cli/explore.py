@@ -564,28 +564,39 @@ def _hang_up_gracefully(server: Any) -> Generator[None]:
 
 
 def _head_deadline(seconds: float) -> type[Any]:
-    """uvicorn's HTTP/1.1 protocol with a deadline on a new connection's first request head:
-    one that has not sent its request line and headers ``seconds`` after it opened is closed.
-    Without it, connections that never finished their headers were held for good, and enough
-    of them (the concurrency limit) kept every other client out with 503s. Idle connections
-    between requests are uvicorn's keep-alive timeout's."""
+    """uvicorn's HTTP/1.1 protocol with a deadline on every request head: a connection that
+    has not sent a whole request line and headers ``seconds`` after it opened, or after the
+    first bytes of its next request on a kept-alive connection, is closed. Without it,
+    connections that never finished their headers were held for good (on a kept-alive one,
+    the first bytes of a second request cancel uvicorn's own keep-alive timer), and enough of
+    them (the concurrency limit) kept every other client out with 503s. A request's body is
+    not timed."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class HeadDeadline(H11Protocol):
         _deadline: Any = None
+        _waiting: Any = None  # the cycle (request) there was when the deadline was set
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._deadline = self.loop.call_later(seconds, self._too_slow)
+            self._arm()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if getattr(self, "cycle", None) is not None:  # a whole request head was read
+            cycle = getattr(self, "cycle", None)
+            if cycle is not self._waiting:  # a whole request head was read: a new cycle
                 self._cancel_deadline()
+                self._waiting = cycle
+            if self._deadline is None and (cycle is None or cycle.response_complete):
+                self._arm()  # bytes of the next request's head, after the last response
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_deadline()
             super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._waiting = getattr(self, "cycle", None)
+            self._deadline = self.loop.call_later(seconds, self._too_slow)
 
         def _cancel_deadline(self) -> None:
             if self._deadline is not None:
@@ -594,7 +605,7 @@ def _head_deadline(seconds: float) -> type[Any]:
 
         def _too_slow(self) -> None:
             self._deadline = None
-            if getattr(self, "cycle", None) is None:  # (uvicorn types it never None)
+            if getattr(self, "cycle", None) is self._waiting:  # no head since it was set
                 self.transport.close()
 
     return HeadDeadline

@@ -660,6 +660,44 @@ def test_serve_closes_connections_that_never_finish_their_request_head(live_run:
     assert proc.returncode == 143, err
 
 
+def test_a_kept_alive_connection_s_next_request_head_has_the_deadline_too(
+    live_run: Path,
+) -> None:
+    """The deadline covered a connection's first request only: one answered request, then
+    half of a second head (which also cancels uvicorn's keep-alive timer), held the
+    connection for good, and enough of them kept every other client out again."""
+    import signal
+
+    coevo = str(Path(sys.executable).parent / "coevo")
+    proc = subprocess.Popen(
+        [coevo, "serve", str(live_run), "--port", "0", "--header-timeout", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    held: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /runs/nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = b""
+            while b"</html>" not in answer.lower():
+                answer += s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 404")
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # the next head, never finished
+            held.append(s)
+        time.sleep(3)
+        closed = sum(s.recv(1024) == b"" for s in held)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        for s in held:
+            s.close()
+        proc.kill()
+    assert closed == 5
+
+
 def test_serve_refuses_a_header_timeout_out_of_range(live_run: Path) -> None:
     for bad in ("0", "-1", "nan", "1e9"):
         proc = subprocess.run(
