@@ -257,18 +257,19 @@ def envelope_dict(env: Envelope[Event]) -> dict[str, Any]:
 
 def envelope_line(env: Envelope[Event], width: int | None = 160) -> str:
     """One readable line per envelope: seq, time of day (UTC, marked ``Z``), actor, kind,
-    correlation, fields (each value cut at 60 characters); the line cut at ``width``
-    characters, or whole (every field named) when ``width`` is None."""
+    correlation, fields; each value cut at 60 characters and the line at ``width``, or both
+    whole (every field named, every value as it is) when ``width`` is None."""
     fields: Mapping[str, Any] = msgspec.to_builtins(env.event)
-    body = " ".join(f"{k}={_short(v)}" for k, v in fields.items() if k != "kind")
+    most = 60 if width is not None else None
+    body = " ".join(f"{k}={_short(v, most)}" for k, v in fields.items() if k != "kind")
     stamp = time.strftime("%H:%M:%SZ", time.gmtime(env.t / 1e9))
     line = f"{env.seq:>8} {stamp} {env.actor:<12} {fields['kind']:<20} {env.corr:<10} {body}"
     return safe_line(line if width is None or len(line) <= width else line[: width - 1] + "…")
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, most: int | None = 60) -> str:
     text = msgspec.json.encode(value).decode()
-    return text if len(text) <= 60 else text[:59] + "…"
+    return text if most is None or len(text) <= most else text[: most - 1] + "…"
 
 
 def indexing_lines(least: int = 100_000) -> Callable[[int, int], None]:

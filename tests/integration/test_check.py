@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from agents.events.episodes import EpisodeFinished
@@ -80,8 +81,11 @@ def test_a_violation_is_its_seq_and_the_events_involved_one_line_each(
     seqs = [int(line.split()[0]) for line in lines[1:]]
     assert seqs == sorted(seqs) and original in seqs and seqs[-1] == copy
     assert all("episode_" in line or "step_taken" in line for line in lines[1:])
-    for env in read(path)[copy : copy + 1]:  # every field named: not cut at a line width
-        assert all(f" {name}=" in lines[-1] for name in env.event.__struct_fields__), lines[-1]
+    for env in read(path)[copy : copy + 1]:  # every field named and whole: nothing cut
+        fields = msgspec.to_builtins(env.event)
+        for name in env.event.__struct_fields__:
+            value = msgspec.json.encode(fields[name]).decode()
+            assert f" {name}={value}" in lines[-1], (name, lines[-1])
 
 
 def test_one_invariant_by_name_and_as_json(
