@@ -487,22 +487,28 @@ def _policy_unchanged(updates: list[Any]) -> str:
 
 
 def _verdict(states: dict[str, Any]) -> int:
-    """A completed run's exit code as its log records it: 1 when no episode, or no training
-    episode, finished (as :func:`_all_aborted` then says), 0 otherwise."""
+    """A completed run's exit code as its log records it: 1 when no episode, no training or
+    no evaluation episode finished (as :func:`_all_aborted` then says), 0 otherwise."""
     return 1 if _aborted_all(states["episodes"]) else 0
 
 
 def _aborted_all(episodes: Any) -> tuple[int, str] | None:
+    """How many of the run's episodes (or of its training or its evaluation episodes) aborted,
+    and which, when some did and none of them finished: a held-out figure of 0% made of
+    aborts measures nothing, as training on none does."""
     rows = list(episodes.episodes.values())
-    return _none_finished(rows, "episodes") or _none_finished(
-        [r for r in rows if r.purpose == "train"], "training episodes"
+    return (
+        _none_finished(rows, "episodes")
+        or _none_finished([r for r in rows if r.purpose == "train"], "training episodes")
+        or _none_finished([r for r in rows if r.purpose == "eval"], "evaluation episodes")
     )
 
 
 def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
-    """The error line of a run that completed without finishing one episode, or one training
-    episode: every one was aborted (a world that fails every episode, or every training one
-    while evaluation's played on); "" otherwise."""
+    """The error line of a run that completed without finishing one episode, one training
+    episode or one evaluation episode: every one was aborted (a world that fails every
+    episode, every training one while evaluation's played on, or every held-out one); ""
+    otherwise."""
     from engine.replay import EventFilter, iter_events
 
     found = _aborted_all(episodes)
@@ -516,7 +522,7 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
             (
                 e.event
                 for e in ends
-                if what == "episodes" or getattr(e.event, "purpose", "") == "train"
+                if what == "episodes" or getattr(e.event, "purpose", "") == PURPOSES[what]
             ),
             None,
         )
@@ -527,6 +533,9 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
         f"(the first: {getattr(first, 'reason', '?')}); coevo log {rd.root} --kind "
         "episode_aborted lists them"
     )
+
+
+PURPOSES = {"training episodes": "train", "evaluation episodes": "eval"}
 
 
 def _none_finished(rows: list[Any], what: str) -> tuple[int, str] | None:

@@ -301,6 +301,28 @@ def test_a_run_whose_every_training_episode_aborted_exits_1_saying_so(
     assert isinstance(events[-1], RunStopped) and events[-1].exit_code == 1, events[-1]
 
 
+def test_a_run_whose_every_evaluation_episode_aborted_exits_1_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Held-out worlds that fail every episode: the run printed held-out success 0.0% at
+    every round and exited 0, with nothing at all under --quiet; a figure made of aborts
+    measures nothing."""
+    held = TRAIN_FAILS.replace('self.split == "train"', 'self.split != "train"')
+    (tmp_path / "held_fails.py").write_text(held)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = TINY.replace("[world]\n", '[world]\nname = "held_fails:W"\n').replace(
+        "[policy.embedded]\n", '[policy.embedded]\nworld = "minilab"\n'
+    )
+    (tmp_path / "scenario.toml").write_text(text)
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    assert main(["run", str(tmp_path / "scenario.toml"), "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert " of its evaluation episodes were aborted (the first: " in err, err
+    events = list(read_events(out))
+    assert isinstance(events[-1], RunStopped) and events[-1].exit_code == 1, events[-1]
+
+
 def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
