@@ -232,7 +232,7 @@ def _turn_end(path: Path, config: Any, tokenizer: Any) -> str | None:
     except Exception:  # a template that renders no assistant turn: keep the eos
         return None
     after = shown.split(mark, 1)[1] if mark in shown else ""
-    first = next(iter(tokenizer.encode(after.lstrip(" "), add_special_tokens=False)), None)
+    first = next(iter(tokenizer.encode(after.lstrip(), add_special_tokens=False)), None)
     if first is None or first not in ids or first == tokenizer.eos_token_id:
         return None
     return str(tokenizer.convert_ids_to_tokens(first))

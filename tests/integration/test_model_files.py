@@ -211,7 +211,7 @@ def test_an_instruct_model_s_turn_end_is_where_responses_end(tmp_path: Path) -> 
     model, tokenizer = tiny_model()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
     tokenizer.chat_template = (
-        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}\n<|end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|> {% endif %}"
     )
     model.resize_token_embeddings(len(tokenizer))
