@@ -361,8 +361,14 @@ def main() -> None:
         "played by each run's last policy without memory (0: skip)",
     )
     args = parser.parse_args()
+    given = [("--baseline", args.baseline), *(("--method", m) for m in args.method)]
+    for flag, item in [*given, *(("--reuse", r) for r in args.reuse)]:
+        if "=" not in item:
+            what = "NAME=DIR" if flag == "--reuse" else "NAME=SCENARIO"
+            raise SystemExit(f"coevo: error: {flag} {item!r}: expected {what}")
     specs = dict(item.split("=", 1) for item in [args.baseline, *args.method])
-    where = {name: args.runs for name in specs} | dict(r.split("=", 1) for r in args.reuse)
+    reused = dict(r.split("=", 1) for r in args.reuse)
+    where = {name: args.runs for name in specs} | reused
     seeds = {name: list(args.seeds) for name in specs}
     for item in args.seeds_of:
         name, _, listed = item.partition("=")
@@ -380,7 +386,7 @@ def main() -> None:
                 raise SystemExit(
                     f"{out} holds a finished run of another scenario than {scenario} with "
                     f"seed={seed} ({', '.join(differing[:4])}{more} differ): remove it, or "
-                    "name another --runs"
+                    + ("name another --reuse" if name in reused else "name another --runs")
                 )
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)

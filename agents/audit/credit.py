@@ -139,9 +139,9 @@ def parse_setting(key: str, raw: str) -> Any:
             if value < low:
                 raise ValueError(f"must be >= {low}")
         elif key == "counts":
-            if raw not in ("pushed", "weighted"):
+            value = raw.strip().strip("'\"").lower()  # as a run's --set writes text, too
+            if value not in ("pushed", "weighted"):
                 raise ValueError("must be pushed or weighted")
-            value = raw
         elif key == "alpha":
             try:
                 value = float(raw)
@@ -592,6 +592,11 @@ def audit_credit(
     rows = _episode_credits(
         entry, _of(inputs.recorded, CreditAssigned), _of(derived, CreditAssigned)
     )
+    if not rows and not credited and not partial:
+        raise AuditQueryInvalid(
+            f"--entry {entry}: this run credits no entry (no entry an extractor wrote was "
+            "shown in a training episode)"
+        )
     if not rows:
         until = f" up to seq {inputs.end - 1}" if partial else ""
         raise AuditQueryInvalid(

@@ -359,7 +359,8 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
     if a.entry is not None:
         sums = next((e for e in a.entries if e.tip == a.entry), None)
         out.append(
-            f"  entry {a.entry}: {len(a.entry_credits)} credited episodes, sum "
+            f"  entry {a.entry}: {len(a.entry_credits)} credited "
+            f"episode{'s' * (len(a.entry_credits) != 1)}, sum "
             f"{_f(sums and sums.recorded, 3)} -> {_f(sums and sums.derived, 3)}; per episode: "
             "episode, outcome, credit (extractor update) recorded -> re-derived"
         )

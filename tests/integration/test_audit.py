@@ -274,9 +274,13 @@ def test_one_entry_s_credits_per_episode_recorded_and_counterfactual(
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("  entry 2: "))
     assert "2 credited episodes, sum +0.000 -> +0.000" in lines[at]
+    _, one, _ = audit(capsys, str(run), "credit", "--entry", "4")
+    assert "  entry 4: 1 credited episode, sum " in one
     assert lines[at + 1].split() == ["ep002", "success", "+1.000", "(0)", "->", "+1.000", "(0)"]
     assert lines[at + 2].split() == ["ep003", "failure", "-1.000", "(0)", "->", "-1.000", "(0)"]
     assert code == 0 and len(lines) == at + 3
+    quoted = audit_json(capsys, str(run), "credit", "--set", 'counts="Weighted"')
+    assert quoted["counts"] == "weighted"  # quoted as a run's --set writes text, any case
     plain = audit_json(capsys, str(run), "credit")  # not asked: none listed
     assert plain["entry"] is None and plain["entry_credits"] == []
 
@@ -567,6 +571,7 @@ def test_an_index_named_in_an_event_log_s_directory_is_refused_and_the_log_kept(
         (("credit", "--set", "split=maybe"), "must be true or false"),
         (("credit", "--top", "-1"), "--top must be >= 0"),
         (("credit", "--set", "counts=all"), "--set counts=all: must be pushed or weighted"),
+        (("credit", "--entry", "4", "--set", 'counts="Weighted"', "--set", "batch=0"), "batch=0"),
         (("credit", "--entry", "-3"), "entry id must be a non-negative integer"),
         (("credit", "--entry", "7"), "--entry 7: no credit to it, recorded or re-derived"),
         (("credit", "--entry", "4", "--until", "10"), "--entry 4: no credit to it up to seq 10"),

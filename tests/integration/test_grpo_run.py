@@ -341,6 +341,10 @@ def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
         err = capsys.readouterr().err
         assert f"--set {setting}: run.method = 'grpo' has no guided and free subgroups" in err
     assert main(["audit", str(run_dir), "credit", "--set", "std_norm=false"]) == 0
+    capsys.readouterr()
+    assert main(["audit", str(run_dir), "credit", "--entry", "0"]) == 2  # no "audit tip 0"
+    err = capsys.readouterr().err
+    assert "--entry 0: this run credits no entry (no entry an extractor wrote" in err, err
 
 
 def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays(

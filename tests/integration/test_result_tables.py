@@ -169,3 +169,12 @@ def test_method_results_refuses_a_reused_run_of_other_settings(
     with pytest.raises(SystemExit, match=r"grpo-seed0 holds a finished run of another scenario "
                        r"than .*grpo\.toml with seed=0 \(run\.episodes differ\)"):  # fmt: skip
         main()
+
+
+def test_method_results_names_a_malformed_method_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--method empo2`` (no ``=SCENARIO``) was a ValueError traceback."""
+    main = load_bench("method_results").main
+    for flag, value, what in [("--method", "empo2", "NAME=SCENARIO"), ("--reuse", "x", "NAME=DIR")]:
+        monkeypatch.setattr("sys.argv", ["method_results.py", flag, value])
+        with pytest.raises(SystemExit, match=rf"coevo: error: {flag} '{value}': expected {what}"):
+            main()
