@@ -278,20 +278,27 @@ class W(MiniLab):  # training variants fail at their first step; held-out ones p
 """
 
 
-def test_a_run_whose_every_training_episode_aborted_exits_1_saying_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Evaluation played on, so some episodes finished: the run trained on nothing all the
-    same, and it says that (not that every group's episodes scored alike) and exits 1."""
-    (tmp_path / "train_fails.py").write_text(TRAIN_FAILS)
+def failing_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, code: str) -> Path:
+    """The tiny scenario on the plug-in world ``module:W`` (``code``), run with --quiet to its
+    exit 1 (every episode of a kind aborted); its run directory."""
+    (tmp_path / f"{module}.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
-    text = TINY.replace("[world]\n", '[world]\nname = "train_fails:W"\n').replace(
+    text = TINY.replace("[world]\n", f'[world]\nname = "{module}:W"\n').replace(
         "[policy.embedded]\n", '[policy.embedded]\nworld = "minilab"\n'
     )
     (tmp_path / "scenario.toml").write_text(text)
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "run"
     assert main(["run", str(tmp_path / "scenario.toml"), "--out", str(out), "--quiet"]) == 1
+    return out
+
+
+def test_a_run_whose_every_training_episode_aborted_exits_1_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Evaluation played on, so some episodes finished: the run trained on nothing all the
+    same, and it says that (not that every group's episodes scored alike) and exits 1."""
+    out = failing_run(tmp_path, monkeypatch, "train_fails", TRAIN_FAILS)
     err = capsys.readouterr().err
     assert "completed, but all 24 of its training episodes were aborted (the first: " in err, err
     assert "RuntimeError: the training simulator is down" in err
@@ -308,15 +315,7 @@ def test_a_run_whose_every_evaluation_episode_aborted_exits_1_saying_so(
     every round and exited 0, with nothing at all under --quiet; a figure made of aborts
     measures nothing."""
     held = TRAIN_FAILS.replace('self.split == "train"', 'self.split != "train"')
-    (tmp_path / "held_fails.py").write_text(held)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    text = TINY.replace("[world]\n", '[world]\nname = "held_fails:W"\n').replace(
-        "[policy.embedded]\n", '[policy.embedded]\nworld = "minilab"\n'
-    )
-    (tmp_path / "scenario.toml").write_text(text)
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "run"
-    assert main(["run", str(tmp_path / "scenario.toml"), "--out", str(out), "--quiet"]) == 1
+    out = failing_run(tmp_path, monkeypatch, "held_fails", held)
     err = capsys.readouterr().err
     assert " of its evaluation episodes were aborted (the first: " in err, err
     events = list(read_events(out))

@@ -623,6 +623,18 @@ def test_serve_out_of_file_descriptors_stays_up_and_stops_on_sigterm(live_run: P
     assert len(err) < 100_000 and "Logging error" not in err, err[-3000:]
 
 
+def header_timeout_serve(run: Path, preexec_fn: Any = None) -> tuple[subprocess.Popen[str], int]:
+    """``coevo serve RUN --header-timeout 1`` on any free port: the process and the port."""
+    coevo = str(Path(sys.executable).parent / "coevo")
+    proc = subprocess.Popen(
+        [coevo, "serve", str(run), "--port", "0", "--header-timeout", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    return proc, int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
+
+
 def test_serve_closes_connections_that_never_finish_their_request_head(live_run: Path) -> None:
     """Connections that sent half a request head were held for good: as many as the
     concurrency limit kept every other client out (503) for as long as they stayed open."""
@@ -632,16 +644,9 @@ def test_serve_closes_connections_that_never_finish_their_request_head(live_run:
     def few_files() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 
-    coevo = str(Path(sys.executable).parent / "coevo")
-    proc = subprocess.Popen(
-        [coevo, "serve", str(live_run), "--port", "0", "--header-timeout", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=few_files,
-    )  # fmt: skip
+    proc, port = header_timeout_serve(live_run, few_files)
     held: list[socket.socket] = []
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
         for _ in range(60):  # more than the limit leaves (64 files, less what serve holds)
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
@@ -668,16 +673,9 @@ def test_a_kept_alive_connection_s_next_request_head_has_the_deadline_too(
     connection for good, and enough of them kept every other client out again."""
     import signal
 
-    coevo = str(Path(sys.executable).parent / "coevo")
-    proc = subprocess.Popen(
-        [coevo, "serve", str(live_run), "--port", "0", "--header-timeout", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc, port = header_timeout_serve(live_run)
     held: list[socket.socket] = []
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
         for _ in range(5):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             s.sendall(b"GET /runs/nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
