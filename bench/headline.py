@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from headline_logs import Modes, modes_of, modes_table, ratio
-from method_results import fold, plot, read_run, reused_differs, run_all
+from method_results import fold, plot, read_run, refuse_reused, run_all
 
 from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.policy import EvalRoundFinished
@@ -310,13 +310,8 @@ def main() -> None:
                 if out.exists():
                     raise SystemExit(f"{out} holds an unfinished run: resume or remove it")
                 jobs.append((ROOT / METHODS[name], out, seed, extra.get(name, [])))
-            elif differing := reused_differs(out, ROOT / METHODS[name], sets):
-                more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
-                raise SystemExit(
-                    f"{out} holds a finished run of another scenario than {METHODS[name]} with "
-                    f"{' '.join(sets)} ({', '.join(differing[:4])}{more} differ): remove it, "
-                    "or name another --runs"
-                )
+            else:
+                refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     finals: dict[str, list[Final]] = {}

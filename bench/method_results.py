@@ -139,7 +139,7 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
 
     from agents.analysis.diff import scenario_changes
     from engine.errors import CoevoError
-    from scenarios.loader import SINCE, load_scenario, resolved_toml
+    from scenarios.loader import load_scenario, resolved_toml, since_lacking
     from stores.lmdb_log import LmdbEventLog
 
     log = LmdbEventLog.open(out / "log", writable=False)
@@ -156,11 +156,23 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
     differing = [c.key for c in changes if c.a is not None]
     was, now = tomllib.loads(recorded or ""), tomllib.loads(wanted)
     method = was.get("run", {}).get("method")
-    for (table, key), then in SINCE.items():  # keys of the method the run trained with
-        lacking = key not in was.get(table, {})
-        if table == method and lacking and now.get(table, {}).get(key) != then:
+    for (table, key), then in since_lacking(was).items():  # of the method it trained with
+        if table == method and now.get(table, {}).get(key) != then:
             differing.append(f"{table}.{key}")
     return differing
+
+
+def refuse_reused(out: Path, scenario: Path, sets: list[str], label: str, flag: str) -> None:
+    """Stop (one line) when the finished run at ``out`` was made with other settings than
+    ``scenario`` (named ``label``) with ``sets`` (:func:`reused_differs`); ``flag`` names the
+    option that chose its directory."""
+    if differing := reused_differs(out, scenario, sets):
+        more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
+        raise SystemExit(
+            f"{out} holds a finished run of another scenario than {label} with "
+            f"{' '.join(sets)} ({', '.join(differing[:4])}{more} differ): remove it, or "
+            f"name another {flag}"
+        )
 
 
 FINAL_EVAL = """name = "final-eval"
@@ -381,13 +393,9 @@ def main() -> None:
                 if out.exists():
                     raise SystemExit(f"{out} holds an unfinished run: remove it")
                 jobs.append((Path(scenario), out, seed))
-            elif differing := reused_differs(out, Path(scenario), [f"seed={seed}"]):
-                more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
-                raise SystemExit(
-                    f"{out} holds a finished run of another scenario than {scenario} with "
-                    f"seed={seed} ({', '.join(differing[:4])}{more} differ): remove it, or "
-                    + ("name another --reuse" if name in reused else "name another --runs")
-                )
+            else:
+                flag = "--reuse" if name in reused else "--runs"
+                refuse_reused(out, Path(scenario), [f"seed={seed}"], scenario, flag)
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     facts: dict[str, list[RunFacts]] = {}

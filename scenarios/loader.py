@@ -139,6 +139,16 @@ key it lacks was not there yet: reading it as today's default would re-derive, r
 check that run under a rule it did not follow."""
 
 
+def since_lacking(doc: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    """The :data:`SINCE` settings a stored scenario ``doc`` (parsed TOML) lacks in a table it
+    has, with the values the run was made with."""
+    return {
+        (table, key): value
+        for (table, key), value in SINCE.items()
+        if isinstance(section := doc.get(table), dict) and key not in section
+    }
+
+
 def stored_source(where: str) -> str:
     """How messages name the scenario :func:`stored_scenario` reads of the run at ``where``."""
     return f"{where} (its scenario)"
@@ -162,10 +172,8 @@ def stored_scenario(
     if meta is None:
         raise ScenarioInvalid(source, "the run's log holds no run metadata")
     doc = parse_toml(meta.scenario_toml, source)
-    for (table, key), value in SINCE.items():
-        section = doc.get(table)
-        if isinstance(section, dict) and key not in section:
-            section[key] = value
+    for (table, key), value in since_lacking(doc).items():
+        doc[table][key] = value
     for item in overrides:
         apply_override(doc, item, source)
     try:

@@ -497,11 +497,10 @@ def _aborted_all(episodes: Any) -> tuple[int, str] | None:
     and which, when some did and none of them finished: a held-out figure of 0% made of
     aborts measures nothing, as training on none does."""
     rows = list(episodes.episodes.values())
-    return (
-        _none_finished(rows, "episodes")
-        or _none_finished([r for r in rows if r.purpose == "train"], "training episodes")
-        or _none_finished([r for r in rows if r.purpose == "eval"], "evaluation episodes")
-    )
+    found = _none_finished(rows, "episodes")
+    for what, purpose in PURPOSES.items():
+        found = found or _none_finished([r for r in rows if r.purpose == purpose], what)
+    return found
 
 
 def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
@@ -536,6 +535,7 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
 
 
 PURPOSES = {"training episodes": "train", "evaluation episodes": "eval"}
+"""The episodes of a purpose a run must finish some of, by what its error line calls them."""
 
 
 def _none_finished(rows: list[Any], what: str) -> tuple[int, str] | None:

@@ -99,7 +99,7 @@ def test_a_reused_run_of_other_settings_is_named_not_counted(tmp_path: Path) -> 
     text = resolved_toml(load_scenario(grpo, ["seed=0", "run.episodes=64"]))
     meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml=text)
     LmdbEventLog.create(tmp_path / "log", meta, durable=False).close()
-    differs = load_bench("headline").reused_differs
+    differs = load_bench("method_results").reused_differs
     assert differs(tmp_path, grpo, ["seed=0", "run.episodes=64"]) == []
     assert differs(tmp_path, grpo, ["seed=0"]) == ["run.episodes"]
     assert differs(tmp_path, grpo, ["seed=1", "run.episodes=64"]) == ["seed"]
@@ -115,7 +115,7 @@ def test_a_reused_run_made_before_a_setting_that_changed_its_method_is_named(
     from scenarios.loader import load_scenario, resolved_toml
     from stores.lmdb_log import LmdbEventLog
 
-    differs = load_bench("headline").reused_differs
+    differs = load_bench("method_results").reused_differs
     for name, expected in [("complementary", ["complementary.reweight_counts"]), ("grpo", [])]:
         toml = ROOT / "scenarios" / f"{name}.toml"
         text = resolved_toml(load_scenario(toml, ["seed=0"]))
@@ -135,7 +135,7 @@ def test_a_set_the_scenario_refuses_is_one_line(tmp_path: Path) -> None:
 
     meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml="")
     LmdbEventLog.create(tmp_path / "log", meta, durable=False).close()
-    differs = load_bench("headline").reused_differs
+    differs = load_bench("method_results").reused_differs
     with pytest.raises(SystemExit, match=r"coevo: error: .*unknown field `nokey`"):
         differs(tmp_path, ROOT / "scenarios" / "grpo.toml", ["grpo.nokey=1"])
 
