@@ -717,8 +717,7 @@ def load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
     if is_adapted(model):
         _load_adapters(model, state)
         return
-    own = model.state_dict()
-    if not set(state) <= set(own) and (names := _stored_names(model, own)) is not None:
+    if names := _stored_names(model):  # (an architecture transformers renames as it loads)
         state = {names.get(k, k): v for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ())
@@ -742,26 +741,34 @@ def _own_names(model: Any) -> dict[str, Any]:
     return {"save_original_format": False} if takes else {}
 
 
-def _stored_names(model: Any, own: dict[str, Any]) -> dict[str, str] | None:
-    """The model's parameter names by the names ``save_pretrained`` stores them under: it
-    reverts transformers' renames of an architecture (GPT-NeoX's ``lm_head`` is stored as
-    ``embed_out``, what its load renames), so a checkpoint of such a model did not load back
-    into it by name. None when the model has no renames, or converts more than names
-    (fused experts), which a name map cannot undo."""
+def _stored_names(model: Any) -> dict[str, str]:
+    """The model's parameter names by the names ``save_pretrained`` stores them under, where
+    they differ: it reverts transformers' renames of an architecture (GPT-NeoX's ``lm_head``
+    is stored as ``embed_out``, what its load renames), so a checkpoint of such a model did
+    not load back into it by name. Empty when the model has no renames, or converts more than
+    names (fused experts), which a name map cannot undo. Worked out once per model (kept on
+    it): every weight sync asks."""
+    known = getattr(model, _STORED_NAMES, None)
+    if known is not None:
+        return known
     import torch
     from transformers.core_model_loading import revert_weight_conversion
 
-    marks = {k: torch.empty(0) for k in own}  # one object per name: tied weights stay apart
+    marks = {k: torch.empty(0) for k in model.state_dict()}  # one object per name: tied
+    names: dict[str, str] = {}  # weights stay apart
     try:
         revert = cast("Callable[[Any, dict[str, Any]], dict[str, Any]]", revert_weight_conversion)
         stored = revert(model, dict(marks))
     except Exception:  # a converter that needs the tensors themselves
-        return None
+        stored = {}
     by_id = {id(t): k for k, t in marks.items()}
-    names = {k: by_id.get(id(t)) for k, t in stored.items()}
-    if any(v is None for v in names.values()):
-        return None
-    return {k: v for k, v in names.items() if v is not None and k != v}
+    if all(id(t) in by_id for t in stored.values()):
+        names = {k: by_id[id(t)] for k, t in stored.items() if by_id[id(t)] != k}
+    setattr(model, _STORED_NAMES, names)
+    return names
+
+
+_STORED_NAMES = "_coevo_stored_names"
 
 
 def _load_adapters(model: Any, state: dict[str, torch.Tensor]) -> None:
