@@ -109,6 +109,12 @@ def _audit(run: Path, what: str, ident: str, capsys: pytest.CaptureFixture[str])
     return json.loads(capsys.readouterr().out)
 
 
+def _as_shown(text: str) -> str:
+    """A text as a page shows it: each control character but tab, newline and carriage return
+    written as ``\\xNN`` (a tip the embedded extractor wrote may hold any byte)."""
+    return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def _texts(dom: str, pattern: str) -> list[str]:
     return [unescape(re.sub(r"<[^>]+>", "", m)).strip() for m in re.findall(pattern, dom, re.S)]
 
@@ -130,9 +136,10 @@ def test_an_episode_page_shows_what_the_audit_says(
     run = distill_root / "run"
     audit = _audit(run, "episode", credited.episode, capsys)
     dom = _dom(f"{server}/runs/run/episodes/{credited.episode}", tmp_path / "p")
-    assert _texts(dom, r'<b class="action">(.*?)</b>') == [t["action"] for t in audit["turns"]]
+    actions = [_as_shown(t["action"]) for t in audit["turns"]]
+    assert _texts(dom, r'<b class="action">(.*?)</b>') == actions
     observations = _texts(dom, r'<div class="turn" id="turn-\d+">.*?<pre>(.*?)</pre>')
-    assert observations == [t["observation"] for t in audit["turns"]]
+    assert observations == [_as_shown(t["observation"]).strip() for t in audit["turns"]]
     first = audit["turns"][0]["retrieved"][0]
     assert f'href="/runs/run/entries/{first["tip"]}"' in dom
     advantage = _texts(dom, r'<p id="advantage">(.*?)</p>')[0]
@@ -161,7 +168,7 @@ def test_an_entry_page_shows_what_the_audit_says_with_links(
     run = distill_root / "run"
     audit = _audit(run, "tip", str(credited.entry), capsys)
     dom = _dom(f"{server}/runs/run/entries/{credited.entry}", tmp_path / "p")
-    assert _texts(dom, r'<pre id="text">(.*?)</pre>') == [audit["text"]]
+    assert _texts(dom, r'<pre id="text">(.*?)</pre>') == [_as_shown(audit["text"]).strip()]
     summary = _texts(dom, r'<p id="summary">(.*?)</p>')[0]
     assert f"shown in {audit['guided']} episode" in summary
     assert f"total credit {audit['credit_sum']:+.3f}" in summary
