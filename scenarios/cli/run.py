@@ -127,6 +127,11 @@ def _create(scenario: Any, assembly: Any, rd: RunDir, run_id: str, *, quiet: boo
         rd.scenario.write_text(text, encoding="utf-8")
     except OSError as exc:
         log.close()
+        if home is None or path_identity(rd.root) != home:
+            raise InputInvalid(
+                f"{rd.root}: the run directory was moved or deleted as the run started: its log "
+                "was created, nothing ran (coevo resume on the directory where it went runs it)"
+            ) from None
         raise InputInvalid(f"{rd.scenario}: cannot write: {exc.strerror}") from None
     try:
         return _drive(scenario, assembly, log, rd, started, home, quiet=quiet)

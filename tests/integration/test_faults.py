@@ -793,6 +793,11 @@ def moved_mid_run(tmp_path: Path, args: Sequence[str], stop: bool) -> tuple[int,
     run, moved = tmp_path / "run", tmp_path / "moved"
     proc = committed_explore(run, *args)  # moved while its log was created: another story
     try:
+        for _ in range(600):  # and moved as it starts (before scenario.toml): the next test
+            if (run / "scenario.toml").is_file():
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
         run.rename(moved)
         if stop:
             time.sleep(1)
@@ -833,6 +838,37 @@ def test_a_moved_run_that_draws_no_curves_completes_with_a_note(tmp_path: Path) 
     assert code == 0, err
     assert "coevo: note: the run directory" in err and "its log is complete where it" in err
     assert "error" not in err
+
+
+def test_a_run_moved_as_it_starts_says_so_and_resumes_where_it_went(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory renamed right after the log was created, before the run wrote its
+    scenario there: "scenario.toml: cannot write: No such file or directory" (a CI run's
+    moved-run test saw the log it left, with no events). It says what happened, and the log
+    where the directory went runs to the end when resumed."""
+    import scenarios.cli.run
+    from scenarios.cli import main
+
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    identity = scenarios.cli.run.path_identity
+
+    def moved_first(path: Path) -> tuple[int, int] | None:
+        if path == run and run.exists():
+            run.rename(moved)
+        return identity(path)
+
+    monkeypatch.setattr(scenarios.cli.run, "path_identity", moved_first)
+    args = ["--quiet", "--set", "run.episodes=5"]
+    assert main(["run", EXPLORE, "--out", str(run), *args]) == 2
+    assert capsys.readouterr().err == (
+        f"coevo: error: {run}: the run directory was moved or deleted as the run started: its "
+        "log was created, nothing ran (coevo resume on the directory where it went runs it)\n"
+    )
+    assert not run.exists() and verified(moved) == 0
+    monkeypatch.setattr(scenarios.cli.run, "path_identity", identity)
+    assert main(["resume", str(moved), "--quiet"]) == 0
+    assert verified(moved) > 0
 
 
 def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path) -> None:
