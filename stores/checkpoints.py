@@ -30,6 +30,11 @@ _LOADING = threading.Lock()
 threads loading at once corrupt each other's models: loads take turns."""
 
 
+END_IDS = "coevo_end_ids"
+"""The attribute of a tokenizer loaded from a model directory that holds the other ids its
+model ends a response with (:func:`agents.models.prompts.end_ids`)."""
+
+
 def resolve_device(name: str) -> torch.device:
     """The torch device for a scenario's ``policy.device`` ("auto": cuda when available).
 
@@ -200,19 +205,17 @@ def _check_tokenizer(path: Path, config: Any, where: str) -> Any:
             "and tips go there)"
         )
     _same_reading(path, tokenizer, str(getattr(config, "model_type", "")), where)
-    if (turn_end := _turn_end(path, config, tokenizer)) is not None:
+    ends = _eos_ids(path, config)
+    if (turn_end := _turn_end(tokenizer, ends)) is not None:
         tokenizer.eos_token = turn_end
+    setattr(tokenizer, END_IDS, frozenset(i for i in ends if 0 <= i < len(tokenizer)))
     return tokenizer
 
 
-def _turn_end(path: Path, config: Any, tokenizer: Any) -> str | None:
-    """The token an instruct model ends its turns with, when it is not the tokenizer's eos:
-    the token the chat template writes right after an assistant message, when the model's
-    generation config (or config.json) names it among its eos ids (Gemma-it's, Phi-3's and
-    Llama-3-Instruct's ``<|end|>``/``<|eot_id|>`` beside an ``<|endoftext|>`` eos). coevo ends
-    and cuts every response at the tokenizer's eos: with the other one, generation never
-    stopped at the turn's end and scored actions were trained to end as the model never
-    does. None: the tokenizer's eos is the turn's end, or the model names no other."""
+def _eos_ids(path: Path, config: Any) -> set[int]:
+    """The eos ids the model's generation config (or config.json) names: transformers'
+    ``generate`` stops at each of them (Qwen2.5-Instruct's ``<|im_end|>`` and
+    ``<|endoftext|>``, Llama-3-Instruct's ``<|eot_id|>`` and ``<|end_of_text|>``)."""
     ends: Any = None
     generation = path / "generation_config.json"
     if generation.is_file():
@@ -222,7 +225,19 @@ def _turn_end(path: Path, config: Any, tokenizer: Any) -> str | None:
             ends = None
     if ends is None:
         ends = getattr(_text_config(config), "eos_token_id", None)
-    ids = {ends} if isinstance(ends, int) else {e for e in ends or () if isinstance(e, int)}
+    if isinstance(ends, int) and not isinstance(ends, bool):
+        return {ends}
+    listed = cast("list[object]", ends) if isinstance(ends, list | tuple) else []
+    return {e for e in listed if isinstance(e, int) and not isinstance(e, bool)}
+
+
+def _turn_end(tokenizer: Any, ids: set[int]) -> str | None:
+    """The token an instruct model ends its turns with, when it is not the tokenizer's eos:
+    the token the chat template writes right after an assistant message, when the model's
+    eos ``ids`` name it (Gemma-it's, Phi-3's and Llama-3-Instruct's ``<|end|>``/``<|eot_id|>``
+    beside an ``<|endoftext|>`` eos). coevo ends every response it scores with the tokenizer's
+    eos: with the other one, scored actions were trained to end as the model never does.
+    None: the tokenizer's eos is the turn's end, or the model names no other."""
     if not ids - {tokenizer.eos_token_id}:
         return None
     mark = "coevo-turn-probe"

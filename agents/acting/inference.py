@@ -39,6 +39,7 @@ from agents.models.prompts import (
     cut_gap,
     cut_middle,
     encode_response,
+    end_ids,
     from_pairs,
     position_limit,
     prompt_room,
@@ -124,7 +125,7 @@ def write_replies(
         [random.Random(req.seed) for req in requests],
         temperature=temperature,
         max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_token_id,
+        eos_ids=end_ids(tokenizer),
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
     )
     with lock:
@@ -179,6 +180,7 @@ class PolicyRunner:
         self.prompts_cut = 0  # prompts that lost their middle so far
         self.alike: tuple[str, str] | None = None  # two actions the tokenizer encodes alike
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._ends = end_ids(tokenizer)
         self._prompts = PromptEncoder(tokenizer, settings.memory)
         self._gap = cut_gap(tokenizer) if self.max_positions is not None else []
         self._responses: dict[str, list[int]] = {}  # action text -> ids (worlds repeat them)
@@ -336,7 +338,7 @@ class PolicyRunner:
             rngs,
             temperature=temp,
             max_new_tokens=self.settings.max_new_tokens,
-            eos_id=self.tokenizer.eos_token_id,
+            eos_ids=self._ends,
             pad_id=self._pad,
         )
         out = []

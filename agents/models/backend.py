@@ -63,10 +63,11 @@ class Backend(Protocol):
         *,
         temperature: float,
         max_new_tokens: int,
-        eos_id: int,
+        eos_ids: frozenset[int],
         pad_id: int,
     ) -> list[tuple[list[int], list[float]]]:
-        """Sample one response per prompt: its ids and each token's log-prob."""
+        """Sample one response per prompt: its ids (ending at the first of ``eos_ids``, or
+        cut at ``max_new_tokens``) and each token's log-prob."""
         ...
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
@@ -120,7 +121,7 @@ class HfBackend:
         *,
         temperature: float,
         max_new_tokens: int,
-        eos_id: int,
+        eos_ids: frozenset[int],
         pad_id: int,
     ) -> list[tuple[list[int], list[float]]]:
         from agents.models.policy import generate
@@ -131,7 +132,7 @@ class HfBackend:
             rngs,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
-            eos_id=eos_id,
+            eos_ids=eos_ids,
             pad_id=pad_id,
             device=self.device,
         )

@@ -28,6 +28,7 @@ from agents.models.prompts import (
     decode_response,
     encode_prompt,
     encode_response,
+    end_ids,
     fit_scoring,
     prompt_room,
     turn_messages,
@@ -136,7 +137,7 @@ def greedy_answer(model: Any, tokenizer: Any, prompt: Sequence[int], room: int) 
         [random.Random(0)],  # greedy draws nothing from it
         temperature=0.0,
         max_new_tokens=room,
-        eos_id=tokenizer.eos_token_id,
+        eos_ids=end_ids(tokenizer),
         pad_id=tokenizer.pad_token_id,
         device=torch.device("cpu"),
     )

@@ -489,7 +489,7 @@ def generate(
     *,
     temperature: float,
     max_new_tokens: int,
-    eos_id: int,
+    eos_ids: frozenset[int],
     pad_id: int,
     device: torch.device,
 ) -> list[tuple[list[int], list[float]]]:
@@ -499,7 +499,8 @@ def generate(
     row's own stream (greedy at temperature 0; its log-probs are then at temperature 1).
 
     Returns:
-        Per prompt: the response ids (ending with ``eos_id`` unless cut at ``max_new_tokens``)
+        Per prompt: the response ids (ending with the first of ``eos_ids`` it drew, unless cut
+        at ``max_new_tokens``)
         and each token's log-prob under the sampling distribution.
     """
     if max_new_tokens < 1:
@@ -528,7 +529,7 @@ def generate(
                 _draw(last[b], temperature, rngs[b], out[b]) if not done[b] else pad_id
                 for b in range(batch)
             ]
-            done = [d or n == eos_id for d, n in zip(done, nxt, strict=True)]
+            done = [d or n in eos_ids for d, n in zip(done, nxt, strict=True)]
             if all(done):
                 break
             attn = torch.cat([attn, torch.ones((batch, 1), dtype=torch.long)], dim=1)

@@ -27,6 +27,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, cast
 
+from stores.checkpoints import END_IDS
+
 T = TypeVar("T", bound=Sequence[int])
 
 TIP_OPEN, TIP_CLOSE = "<tip>", "</tip>"
@@ -237,13 +239,21 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
     return {t.content: int(i) for i, t in added.items() if getattr(t, "special", False)}
 
 
+def end_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids a generated response ends at: the tokenizer's eos (the end of a turn, which
+    :func:`encode_response` writes) and every other eos id the model's generation config
+    names, as transformers' ``generate`` stops at each (a model loaded from a directory:
+    :func:`stores.checkpoints.load_model_dir`)."""
+    return frozenset({tokenizer.eos_token_id, *getattr(tokenizer, END_IDS, ())})
+
+
 def decode_response(tokenizer: Any, ids: Sequence[int]) -> str:
-    """The text of a response: ``ids`` up to the first end-of-message, specials dropped. A
-    decoded hindsight note is the note itself, so :func:`agents.acting.scripted.parse_note` reads it
-    the same."""
+    """The text of a response: ``ids`` up to the first end-of-message (:func:`end_ids`),
+    specials dropped. A decoded hindsight note is the note itself, so
+    :func:`agents.acting.scripted.parse_note` reads it the same."""
+    ends = end_ids(tokenizer)
     ids = list(ids)
-    if tokenizer.eos_token_id in ids:
-        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    ids = ids[: next((i for i, t in enumerate(ids) if t in ends), len(ids))]
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 

@@ -205,8 +205,9 @@ def test_an_instruct_model_s_turn_end_is_where_responses_end(tmp_path: Path) -> 
     Llama-3-Instruct's layout): generation never stopped at ``<|end|>`` (every response ran to
     max_new_tokens, every action invalid) and scored actions were trained to end with
     ``<eos>``. The turn's end is the responses' end now; a model that names no other eos
-    keeps its tokenizer's."""
-    from agents.models.prompts import decode_response, encode_response
+    keeps its tokenizer's. A response also ends at every other eos the model names, as
+    transformers' ``generate`` stops at each (it ran on past ``<eos>`` to max_new_tokens)."""
+    from agents.models.prompts import decode_response, encode_response, end_ids
 
     model, tokenizer = tiny_model()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
@@ -227,6 +228,10 @@ def test_an_instruct_model_s_turn_end_is_where_responses_end(tmp_path: Path) -> 
         ids = encode_response(loaded, "look")
         assert ids[-1] == loaded.convert_tokens_to_ids(want)
         assert decode_response(loaded, [*ids, 7, 8]) == "look"
+        assert end_ids(loaded) == ({end, tokenizer.eos_token_id} if ends else {ids[-1]}), name
+        if ends:  # the model's other eos, drawn where the turn would end
+            other = tokenizer.eos_token_id
+            assert decode_response(loaded, [*ids[:-1], other, *ids[:-1]]) == "look"
 
 
 def _drop_template(path: Path) -> None:

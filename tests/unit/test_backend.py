@@ -76,7 +76,7 @@ class Recording:
         *,
         temperature: float,
         max_new_tokens: int,
-        eos_id: int,
+        eos_ids: frozenset[int],
         pad_id: int,
     ) -> list[tuple[list[int], list[float]]]:
         self.calls.append(f"generate {len(prompts)}")
@@ -85,7 +85,7 @@ class Recording:
             rngs,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
-            eos_id=eos_id,
+            eos_ids=eos_ids,
             pad_id=pad_id,
         )
 
@@ -157,7 +157,7 @@ def test_the_hf_backend_answers_what_the_model_core_does(tokenizer: Any) -> None
     want = score_and_choose(model, prompts, cands, rngs(), temperature=1.0, pad_id=0, device=CPU)
     assert got == want
     eos = tokenizer.eos_token_id
-    kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=5, eos_id=eos, pad_id=0)
+    kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=5, eos_ids=frozenset({eos}), pad_id=0)
     assert backend.generate(prompts, [random.Random(3), random.Random(4)], **kw) == generate(
         model, prompts, [random.Random(3), random.Random(4)], device=CPU, **kw
     )

@@ -359,7 +359,14 @@ def test_generation_and_its_learner_run_the_head_where_a_token_is_drawn_or_train
     )
     rngs = [random.Random(k) for k in range(3)]
     drawn = generate(
-        net, prompts, rngs, temperature=1.0, max_new_tokens=4, eos_id=1, pad_id=0, device=CPU
+        net,
+        prompts,
+        rngs,
+        temperature=1.0,
+        max_new_tokens=4,
+        eos_ids=frozenset({1}),
+        pad_id=0,
+        device=CPU,
     )
     assert heads[0][:2] == (3, 1)  # the prefill: each prompt's last place
     responses = [ids for ids, _ in drawn]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -68,7 +69,7 @@ def test_sampling_does_not_depend_on_batching(model: Qwen2ForCausalLM) -> None:
 
 
 def test_generation_does_not_depend_on_batching(model: Qwen2ForCausalLM) -> None:
-    kw = dict(temperature=1.0, max_new_tokens=6, eos_id=1, pad_id=0, device=CPU)
+    kw = dict(temperature=1.0, max_new_tokens=6, eos_ids=frozenset({1}), pad_id=0, device=CPU)
     batched = generate(model, PROMPTS, rngs(5, 6, 7), **kw)
     alone = [
         generate(model, [p], rngs(s), **kw)[0] for p, s in zip(PROMPTS, (5, 6, 7), strict=True)
@@ -99,7 +100,7 @@ def test_learner_logps_equal_the_sampler_logps(model: Qwen2ForCausalLM) -> None:
         rngs(1, 2, 3),
         temperature=1.0,
         max_new_tokens=5,
-        eos_id=1,
+        eos_ids=frozenset({1}),
         pad_id=0,
         device=CPU,
     )
@@ -109,6 +110,16 @@ def test_learner_logps_equal_the_sampler_logps(model: Qwen2ForCausalLM) -> None:
     for b, (ids, lps) in enumerate(drawn):
         assert mask[b].sum() == len(ids)
         assert logp[b, : len(ids)].tolist() == pytest.approx(lps, abs=1e-5)
+
+
+def test_generation_ends_at_the_first_of_several_eos_ids(model: Qwen2ForCausalLM) -> None:
+    """A response ends at any of the model's eos ids (an instruct model's turn end and its
+    ``<|endoftext|>``), as transformers' ``generate`` stops; the tokens before are the same."""
+    kw: dict[str, Any] = dict(temperature=1.0, max_new_tokens=12, pad_id=0, device=CPU)
+    (ids, logps), *_ = generate(model, PROMPTS[:1], rngs(9), eos_ids=frozenset({1}), **kw)
+    later = next(i for i, t in enumerate(ids) if i > 0 and t not in ids[:i])
+    ended = generate(model, PROMPTS[:1], rngs(9), eos_ids=frozenset({1, ids[later]}), **kw)
+    assert ended == [(ids[: later + 1], logps[: later + 1])]
 
 
 def test_candidate_logps_carry_gradient(model: Qwen2ForCausalLM) -> None:
