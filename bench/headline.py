@@ -8,9 +8,11 @@ its own, and the ratios the issue sets goals for.
     .venv/bin/python bench/headline.py --seeds 0 1 2 3 4 --parallel 2
 
 Runs go to ``--runs/<method>-seed<N>`` (a finished run there is read, not rerun), the table to
-``--out/headline.md`` with ``headline.json`` and ``headline.png``, and the learning curves to
-``headline_curves.png``. ``--methods`` picks some of them; ``--set NAME:key=value`` changes a
-method's scenario (as ``coevo run --set``).
+``--out/headline.md`` with ``headline.json`` (the figures, where they came from, and every
+seed's held-out outcomes, from which each interval can be computed again) and
+``headline.png``, and the learning curves to ``headline_curves.png``; ``--out`` is the
+``--runs`` directory unless named (``--out docs/results`` publishes). ``--methods`` picks
+some of them; ``--set NAME:key=value`` changes a method's scenario (as ``coevo run --set``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from headline_logs import Modes, modes_of, modes_table, ratio
-from method_results import fold, plot, read_run, refuse_reused, run_all
+from method_results import (
+    check_families,
+    fold,
+    once_each,
+    plot,
+    positive,
+    provenance,
+    provenance_line,
+    read_run,
+    refuse_reused,
+    run_all,
+)
 
 from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.policy import EvalRoundFinished
@@ -142,16 +155,23 @@ def table(summary: dict, hard: tuple[str, ...]) -> list[str]:
     hard_name = "+".join(hard)
     lines = [
         f"| method | seeds | held-out, no memory | {hard_name}, no memory | with its memory "
-        f"| vs GRPO, no memory | vs GRPO, {hard_name} | vs GRPO, with memory |",
-        "|---|---:|---|---|---|---|---|---|",
+        f"| {hard_name}, with its bank | vs GRPO, no memory | vs GRPO, {hard_name} "
+        "| vs GRPO, with memory |",
+        "|---|---:|---|---|---|---|---|---|---|",
     ]
     for name, row in summary.items():
         memory = row["bank"] or (row["attempts"][-1] if row["attempts"] else None)
         lines.append(
             f"| {name} | {row['seeds']} | {_fmt(row['plain'])} | {_fmt(row['hard'])} | "
-            f"{_fmt(memory)} | {_fmt(row.get('plain_vs_grpo'))} | {_fmt(row.get('hard_vs_grpo'))} "
-            f"| {_fmt(row.get('bank_vs_grpo'))} |"
+            f"{_fmt(memory)} | {_fmt(row['bank_hard'])} | {_fmt(row.get('plain_vs_grpo'))} | "
+            f"{_fmt(row.get('hard_vs_grpo'))} | {_fmt(row.get('bank_vs_grpo'))} |"
         )
+    if few := [name for name, row in summary.items() if row["seeds"] < 3]:
+        lines += [
+            "",
+            f"{', '.join(few)}: fewer than 3 seeds; the intervals resample their episodes, and "
+            "say little of how another seed would do.",
+        ]
     adapt = {n: r for n, r in summary.items() if r["attempts"]}
     if adapt:
         lines += [
@@ -274,13 +294,21 @@ def _jsonable(value: object) -> object:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--hard", nargs="+", default=["circuit"])
+    parser.add_argument("--parallel", type=positive, default=2, help="runs at once")
+    parser.add_argument("--hard", nargs="+", default=["circuit"], help="families called hard")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "headline")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the table, JSON and PNGs go (default: --runs; docs/results only when named)",
+    )
     parser.add_argument("--set", action="append", default=[], help="METHOD:key.path=value")
     parser.add_argument(
         "--probe",
@@ -290,8 +318,8 @@ def main() -> None:
         "against its frozen control (0: no probe)",
     )
     args = parser.parse_args()
-    if twice := sorted({s for s in args.seeds if args.seeds.count(s) > 1}):
-        raise SystemExit(f"--seeds: {twice} given more than once (one run per seed)")
+    seeds = once_each("--seeds", args.seeds)
+    out_dir = args.out if args.out is not None else args.runs
     extra: dict[str, list[str]] = {}
     for item in args.set:
         name, _, assignment = item.partition(":")
@@ -325,17 +353,27 @@ def main() -> None:
             modes.setdefault(name, []).append(modes_of(got[0]))
             facts.setdefault(name, []).append(fold(name, seed, *got))
     hard = tuple(args.hard)
+    check_families(hard, facts)
     summary = summarize(finals, hard)
-    lines = table(summary, hard)
-    png = bars(summary, args.out / "headline.png")
-    curves = plot(facts, hard, args.out / "headline_curves.png")
+    made = provenance({name: seeds for name in args.methods})
+    lines = [provenance_line(made), "", *table(summary, hard)]
+    png = bars(summary, out_dir / "headline.png")
+    curves = plot(facts, hard, out_dir / "headline_curves.png")
     lines += ["", f"![]({png.name})", "", f"![]({curves.name})", "", *modes_table(modes)]
     both = {"complementary", "complementary-frozen"} <= set(args.methods)
     if args.probe and both:
         probe_lines, summary["probe"] = probe_summary(probe_runs(args.runs, args.seeds, args.probe))
         lines += ["", *probe_lines]
-    (args.out / "headline.md").write_text("\n".join(lines) + "\n")
-    (args.out / "headline.json").write_text(json.dumps(_jsonable(summary), indent=1) + "\n")
+    outcomes = {
+        name: [
+            {"seed": seed, "plain": f.plain, "bank": f.bank, "adapt": f.adapt}
+            for seed, f in zip(seeds, runs, strict=True)
+        ]
+        for name, runs in finals.items()
+    }
+    doc = {"provenance": made, **_jsonable(summary), "outcomes": outcomes}
+    (out_dir / "headline.md").write_text("\n".join(lines) + "\n")
+    (out_dir / "headline.json").write_text(json.dumps(doc, indent=1) + "\n")
     print("\n".join(lines))
 
 

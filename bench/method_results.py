@@ -128,6 +128,78 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
                     raise SystemExit(f"{out} failed with exit {proc.returncode}")
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number >= 1 (``--parallel 0`` waited forever)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def once_each(flag: str, seeds: Sequence[int]) -> list[int]:
+    """``seeds`` when none is given twice; else stop (one line): a seed given twice was
+    counted twice, and two runs went into one directory."""
+    if twice := sorted({s for s in seeds if list(seeds).count(s) > 1}):
+        raise SystemExit(f"coevo: error: {flag}: {twice} given more than once (one run per seed)")
+    return list(seeds)
+
+
+def check_families(hard: Sequence[str], facts: dict[str, list[RunFacts]]) -> None:
+    """Stop (one line) when a ``--hard`` family is in no run's held-out rounds: a misspelt
+    family filled the table with "-" and drew a success of 0 for it."""
+    seen = {fam for runs in facts.values() for f in runs for r in f.by_family.values() for fam in r}
+    if missing := [fam for fam in hard if fam not in seen]:
+        raise SystemExit(
+            f"coevo: error: --hard {' '.join(missing)}: no held-out episode of the runs is of "
+            f"that family (they have: {', '.join(sorted(seen)) or 'none'})"
+        )
+
+
+def provenance(seeds: dict[str, list[int]]) -> dict[str, Any]:
+    """Where a table came from: the code's commit (and whether the work tree differed), the
+    time (UTC), the command, and each method's seeds."""
+    import datetime
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {
+        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "seeds": seeds,
+    }
+
+
+def provenance_line(facts: dict[str, Any]) -> str:
+    """:func:`provenance` as the first line of a table's markdown."""
+    seeds = "; ".join(f"{k} {v}" for k, v in facts["seeds"].items())
+    return (
+        f"Measured {facts['date']} on commit {facts['commit']}, seeds: {seeds}; "
+        f"`{facts['command']}`"
+    )
+
+
+def outcomes(f: RunFacts, round_: int, families: Sequence[str] | None = None) -> list[float]:
+    """One run's held-out episodes of a round (of ``families``; None: all) as 1.0 (success)
+    and 0.0, for :func:`agents.report.intervals.bootstrap_mean`."""
+    wins = n = 0
+    for fam, (w, k) in f.by_family.get(round_, {}).items():
+        if families is None or fam in families:
+            wins, n = wins + w, n + k
+    return [1.0] * wins + [0.0] * (n - wins)
+
+
 def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
     """The settings (dotted keys) in which the finished run at ``out`` differs from
     ``scenario`` with ``sets``, which the table would count it as: a run of another scenario
@@ -255,21 +327,40 @@ def table(facts: dict[str, list[RunFacts]], families: tuple[str, ...]) -> list[s
                 f"| {name} | {f.seed} | {first[2]:.3f} | {last[2]:.3f} (v{last[1]}) | "
                 f"{rate(*h0)} | {rate(*h1)} | {f.wall:.0f} s |"
             )
-        mean0 = statistics.mean(f.rounds[0][2] for f in runs)
-        mean1 = statistics.mean(f.rounds[-1][2] for f in runs)
+        first = _pooled([outcomes(f, 0) for f in runs])
+        last = _pooled([outcomes(f, len(f.rounds) - 1) for f in runs])
         lines.append(
-            f"| **{name}** | mean | {mean0:.3f} | {mean1:.3f} | {rate(pooled[0], pooled[1])} | "
+            f"| **{name}** | all seeds | {first} | {last} | {rate(pooled[0], pooled[1])} | "
             f"{rate(pooled[2], pooled[3])} | |"
         )
         if all(f.memory_rounds for f in runs):
             m0 = statistics.mean(f.memory_rounds[0][2] for f in runs)
             m1 = statistics.mean(f.memory_rounds[-1][2] for f in runs)
-            lines.append(f"| **{name}, with its bank** | mean | {m0:.3f} | {m1:.3f} | | | |")
+            lines.append(
+                f"| **{name}, with its bank** | mean of seeds | {m0:.3f} | {m1:.3f} | | | |"
+            )
+    lines += [
+        "",
+        "All seeds: the mean of every held-out episode of the round, its 95% bootstrap "
+        "interval (seeds, then episodes, resampled) and the episodes counted.",
+    ]
     return lines
 
 
+def _pooled(groups: list[list[float]]) -> str:
+    """Held-out episodes of several seeds as a table cell: mean [95% interval] (episodes)."""
+    from agents.report.intervals import bootstrap_mean
+
+    if not all(groups):
+        return "-"
+    return f"{bootstrap_mean(groups)} ({sum(map(len, groups))} ep.)"
+
+
 def adapt_table(facts: dict[str, list[RunFacts]]) -> list[str]:
-    """Success by attempt in each adaptation round, per run, and pooled."""
+    """Success by attempt in each adaptation round, per run, and pooled (none: no run had
+    an adaptation test)."""
+    if not any(f.adapt for runs in facts.values() for f in runs):
+        return []
     lines = ["| method | seed | version | tasks | success by attempt (1 = empty memory) |"]
     lines.append("|---|---:|---:|---:|---|")
     for name, runs in facts.items():
@@ -352,7 +443,10 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--method", action="append", default=[], help="NAME=SCENARIO")
     parser.add_argument("--baseline", default="grpo=scenarios/grpo.toml", help="NAME=SCENARIO")
     parser.add_argument("--reuse", action="append", default=[], help="NAME=DIR of NAME-seedN runs")
@@ -360,10 +454,15 @@ def main() -> None:
     parser.add_argument(
         "--seeds-of", action="append", default=[], help="NAME=0,1: other seeds for one method"
     )
-    parser.add_argument("--parallel", type=int, default=1)
-    parser.add_argument("--hard", nargs="+", default=["circuit"])
+    parser.add_argument("--parallel", type=positive, default=1, help="runs at once")
+    parser.add_argument("--hard", nargs="+", default=["circuit"], help="families called hard")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "methods")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the table and PNGs go (default: --runs; docs/results only when named)",
+    )
     parser.add_argument("--tag", default="methods", help="file names of the table and PNG")
     parser.add_argument(
         "--final-eval",
@@ -381,10 +480,21 @@ def main() -> None:
     specs = dict(item.split("=", 1) for item in [args.baseline, *args.method])
     reused = dict(r.split("=", 1) for r in args.reuse)
     where = {name: args.runs for name in specs} | reused
-    seeds = {name: list(args.seeds) for name in specs}
+    seeds = {name: once_each("--seeds", args.seeds) for name in specs}
     for item in args.seeds_of:
         name, _, listed = item.partition("=")
-        seeds[name] = [int(x) for x in listed.split(",")]
+        if name not in specs:
+            raise SystemExit(
+                f"coevo: error: --seeds-of {item!r}: {name!r} is no --method or --baseline "
+                f"({', '.join(specs)})"
+            )
+        try:
+            seeds[name] = once_each(f"--seeds-of {name}", [int(x) for x in listed.split(",")])
+        except ValueError:
+            raise SystemExit(
+                f"coevo: error: --seeds-of {item!r}: expected NAME=SEED,SEED,... (whole numbers)"
+            ) from None
+    out_dir = args.out if args.out is not None else args.runs
     jobs = []
     for name, scenario in specs.items():
         for seed in seeds[name]:
@@ -408,8 +518,11 @@ def main() -> None:
             if any(isinstance(ev, ExtractorCalled) for ev in got[0]):
                 coevolution.setdefault(name, []).append((seed, fold_coevolution(got[0])))
     hard = tuple(args.hard)
-    png = plot(facts, hard, args.out / f"{args.tag}.png")
-    lines = [*table(facts, hard), "", *adapt_table(facts), "", f"![]({png.name})"]
+    check_families(hard, facts)
+    png = plot(facts, hard, out_dir / f"{args.tag}.png")
+    adapt = adapt_table(facts)
+    lines = [provenance_line(provenance(seeds)), "", *table(facts, hard), ""]
+    lines += [*adapt, "", f"![]({png.name})"] if adapt else [f"![]({png.name})"]
     if args.final_eval:
         finals = {
             (name, seed): final_eval(
@@ -426,9 +539,9 @@ def main() -> None:
             *final_table(facts, finals),
         ]
     if coevolution:
-        extractor_png = plot_coevolution(coevolution, args.out / f"{args.tag}_extractor.png")
+        extractor_png = plot_coevolution(coevolution, out_dir / f"{args.tag}_extractor.png")
         lines += ["", *coevolution_table(coevolution), "", f"![]({extractor_png.name})"]
-    (args.out / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

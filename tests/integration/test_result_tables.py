@@ -178,3 +178,99 @@ def test_method_results_names_a_malformed_method_flag(monkeypatch: pytest.Monkey
         monkeypatch.setattr("sys.argv", ["method_results.py", flag, value])
         with pytest.raises(SystemExit, match=rf"coevo: error: {flag} '{value}': expected {what}"):
             main()
+
+
+@pytest.mark.parametrize("script", ["headline", "method_results"])
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--parallel", "0"], "--parallel: '0' is not a whole number >= 1"),
+        (["--parallel", "-1"], "--parallel: '-1' is not a whole number >= 1"),
+        (["--seeds", "0", "0"], "coevo: error: --seeds: [0] given more than once"),
+    ],
+)
+def test_the_results_scripts_refuse_bad_counts_in_one_line(
+    script: str,
+    argv: list[str],
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """``--parallel 0`` waited forever with no word, and method_results.py counted a seed
+    given twice twice (two runs queued into one directory)."""
+    main = load_bench(script).main
+    monkeypatch.setattr("sys.argv", [f"{script}.py", "--runs", str(tmp_path), *argv])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert said in f"{info.value.code}{capsys.readouterr().err}"
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [
+        ("typo=0", "coevo: error: --seeds-of 'typo=0': 'typo' is no --method or --baseline"),
+        ("grpo=", "coevo: error: --seeds-of 'grpo=': expected NAME=SEED,SEED,..."),
+        ("grpo=x", "coevo: error: --seeds-of 'grpo=x': expected NAME=SEED,SEED,..."),
+        ("grpo=1,1", "coevo: error: --seeds-of grpo: [1] given more than once"),
+    ],
+)
+def test_method_results_names_a_malformed_seeds_of(
+    item: str, said: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--seeds-of typo=0`` was dropped without a word; ``grpo=`` was a ValueError
+    traceback."""
+    main = load_bench("method_results").main
+    monkeypatch.setattr("sys.argv", ["m.py", "--runs", str(tmp_path), "--seeds-of", item])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert str(info.value.code).startswith(said), info.value.code
+
+
+def test_a_hard_family_no_run_played_is_refused() -> None:
+    """``--hard circuits`` (a typo) filled the table with "-" and drew 0% success for it."""
+    results = load_bench("method_results")
+    facts = {"grpo": [results.fold("grpo", 0, _round(), 1.0)]}
+    results.check_families(("heat",), facts)
+    with pytest.raises(SystemExit) as info:
+        results.check_families(("heat", "circuits"), facts)
+    assert info.value.code == (
+        "coevo: error: --hard circuits: no held-out episode of the runs is of that family "
+        "(they have: heat)"
+    )
+
+
+def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A one-seed try of headline.py wrote over docs/results/headline.* (its default --out)
+    with nothing but "seeds 1" to tell; its JSON held summaries only. The table goes beside
+    the runs unless --out is named, names its commit, time, command and seeds, warns of few
+    seeds, and the JSON holds every seed's held-out outcomes, which give the interval again."""
+    import json
+
+    from agents.report.intervals import bootstrap_mean
+
+    headline = load_bench("headline")
+    small = ["run.episodes=32", "eval.final_episodes=16", "eval.episodes=8", "world.pool=16"]
+    argv = ["headline.py", "--methods", "grpo", "--seeds", "3", "--probe", "0"]
+    argv += ["--runs", str(tmp_path), *(a for s in small for a in ("--set", f"grpo:{s}"))]
+    before = {p: p.stat().st_mtime_ns for p in (ROOT / "docs" / "results").iterdir()}
+    monkeypatch.setattr("sys.argv", argv)
+    headline.main()
+    assert {p: p.stat().st_mtime_ns for p in (ROOT / "docs" / "results").iterdir()} == before
+    md = (tmp_path / "headline.md").read_text().splitlines()
+    assert md[0].startswith("Measured ") and "seeds: grpo [3]; `headline.py --methods" in md[0]
+    assert "grpo: fewer than 3 seeds" in "\n".join(md)
+    doc = json.loads((tmp_path / "headline.json").read_text())
+    assert doc["provenance"]["seeds"] == {"grpo": [3]} and doc["provenance"]["commit"]
+    (run,) = doc["outcomes"]["grpo"]
+    assert run["seed"] == 3 and len(run["plain"]) == 16
+    again = bootstrap_mean([[float(ok) for _, ok in run["plain"]]])
+    assert (again.value, again.low, again.high) == tuple(
+        doc["grpo"]["plain"][k] for k in ("value", "low", "high")
+    )
+    monkeypatch.setattr("sys.argv", [*argv, "--hard", "circuits"])  # the run is reused
+    with pytest.raises(SystemExit, match="--hard circuits: no held-out episode"):
+        headline.main()
