@@ -122,9 +122,9 @@ results: install
 
 # the headline table of docs/RESULTS.md: GRPO, EMPO2, Complementary RL, its frozen control and
 # the combination, 5 seeds each, final figures with 95% bootstrap intervals (runs/headline; a
-# finished run is read, not rerun; hours on 2 cores)
+# finished run is read, not rerun; hours on 2 cores); it publishes to docs/results
 headline: install
-	$(BIN)/python bench/headline.py --seeds 0 1 2 3 4 --parallel 2
+	$(BIN)/python bench/headline.py --seeds 0 1 2 3 4 --parallel 2 --out docs/results
 
 # build (or find in the cache) the embedded default model and print its report
 model: install

@@ -10,7 +10,8 @@ its own, and the ratios the issue sets goals for.
 Runs go to ``--runs/<method>-seed<N>`` (a finished run there is read, not rerun), the table to
 ``--out/headline.md`` with ``headline.json`` (the figures, where they came from, and every
 seed's held-out outcomes, from which each interval can be computed again) and
-``headline.png``, and the learning curves to ``headline_curves.png``; ``--out`` is the
+``headline.png``, and the learning curves to ``headline_curves.png`` (``--tag`` names them
+otherwise); ``--out`` is the
 ``--runs`` directory unless named (``--out docs/results`` publishes). ``--methods`` picks
 some of them; ``--set NAME:key=value`` changes a method's scenario (as ``coevo run --set``).
 """
@@ -114,6 +115,20 @@ def attempt(finals: list[Final], k: int) -> Groups:
     return [[float(a[k]) for a in f.adapt.values() if len(a) > k] for f in finals if f.adapt]
 
 
+def paired(finals: list[Final]) -> Groups:
+    """Per seed, the bank round's success minus the round without memory, task by task: the
+    two rounds play the same tasks in the same order (the trainer's ``_start_round``); a
+    seed whose two rounds do not line up family by family is left out."""
+    out = []
+    for f in finals:
+        same = len(f.bank) == len(f.plain) and all(
+            a[0] == b[0] for a, b in zip(f.bank, f.plain, strict=False)
+        )
+        if f.bank and same:
+            out.append([float(b[1]) - float(a[1]) for a, b in zip(f.plain, f.bank, strict=True)])
+    return out
+
+
 def _cell(groups_: Groups) -> Interval | None:
     return bootstrap_mean(groups_) if groups_ else None
 
@@ -131,6 +146,8 @@ def summarize(finals: dict[str, list[Final]], hard: tuple[str, ...]) -> dict:
             "bank_hard": _cell(groups(runs, "bank", hard)),
             "attempts": [_cell(attempt(runs, k)) for k in range(_attempts(runs))],
         }
+        if diffs := paired(runs):  # differences: all 0 is no proportion
+            row["bank_minus_plain"] = bootstrap_mean(diffs, successes=False)
         if name != BASELINE and base:
             row["plain_vs_grpo"] = ratio(groups(runs, "plain"), groups(base, "plain"))
             row["hard_vs_grpo"] = ratio(groups(runs, "plain", hard), groups(base, "plain", hard))
@@ -166,6 +183,17 @@ def table(summary: dict, hard: tuple[str, ...]) -> list[str]:
             f"{_fmt(memory)} | {_fmt(row['bank_hard'])} | {_fmt(row.get('plain_vs_grpo'))} | "
             f"{_fmt(row.get('hard_vs_grpo'))} | {_fmt(row.get('bank_vs_grpo'))} |"
         )
+    if shown := {n: r["bank_minus_plain"] for n, r in summary.items() if "bank_minus_plain" in r}:
+        lines += [
+            "",
+            "With its bank minus without, paired over the same held-out tasks (seeds, then "
+            "tasks, resampled): "
+            + "; ".join(
+                f"{name} {cell.value:+.3f} [{cell.low:+.3f}, {cell.high:+.3f}]"
+                for name, cell in shown.items()
+            )
+            + ".",
+        ]
     if few := [name for name, row in summary.items() if row["seeds"] < 3]:
         lines += [
             "",
@@ -310,6 +338,7 @@ def main() -> None:
         help="where the table, JSON and PNGs go (default: --runs; docs/results only when named)",
     )
     parser.add_argument("--set", action="append", default=[], help="METHOD:key.path=value")
+    parser.add_argument("--tag", default="headline", help="the file names under --out")
     parser.add_argument(
         "--probe",
         type=int,
@@ -355,10 +384,11 @@ def main() -> None:
     hard = tuple(args.hard)
     check_families(hard, facts)
     summary = summarize(finals, hard)
-    made = provenance({name: seeds for name in args.methods})
+    read = [args.runs / f"{name}-seed{seed}" for name in args.methods for seed in seeds]
+    made = provenance({name: seeds for name in args.methods}, read)
     lines = [provenance_line(made), "", *table(summary, hard)]
-    png = bars(summary, out_dir / "headline.png")
-    curves = plot(facts, hard, out_dir / "headline_curves.png")
+    png = bars(summary, out_dir / f"{args.tag}.png")
+    curves = plot(facts, hard, out_dir / f"{args.tag}_curves.png")
     lines += ["", f"![]({png.name})", "", f"![]({curves.name})", "", *modes_table(modes)]
     both = {"complementary", "complementary-frozen"} <= set(args.methods)
     if args.probe and both:
@@ -372,8 +402,8 @@ def main() -> None:
         for name, runs in finals.items()
     }
     doc = {"provenance": made, **_jsonable(summary), "outcomes": outcomes}
-    (out_dir / "headline.md").write_text("\n".join(lines) + "\n")
-    (out_dir / "headline.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out_dir / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
     print("\n".join(lines))
 
 

@@ -160,10 +160,24 @@ def check_families(hard: Sequence[str], facts: dict[str, list[RunFacts]]) -> Non
         )
 
 
-def provenance(seeds: dict[str, list[int]]) -> dict[str, Any]:
+def provenance(seeds: dict[str, list[int]], runs: Sequence[Path]) -> dict[str, Any]:
     """Where a table came from: the code's commit (and whether the work tree differed), the
-    time (UTC), the command, and each method's seeds."""
+    time (UTC), the command, each method's seeds, and when the ``runs`` it read were created
+    (reused runs may be older than the code that reads them)."""
     import datetime
+
+    def utc(ns: float) -> str:
+        return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+
+    created = []
+    for run in runs:
+        log = LmdbEventLog.open(run / "log", writable=False)
+        try:
+            meta = log.read_meta()
+        finally:
+            log.close()
+        if meta is not None and meta.created_ns:
+            created.append(meta.created_ns)
 
     def git(*args: str) -> str:
         done = subprocess.run(
@@ -178,6 +192,7 @@ def provenance(seeds: dict[str, list[int]]) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "seeds": seeds,
+        "runs_created": f"{utc(min(created))} to {utc(max(created))} UTC" if created else "unknown",
     }
 
 
@@ -185,8 +200,8 @@ def provenance_line(facts: dict[str, Any]) -> str:
     """:func:`provenance` as the first line of a table's markdown."""
     seeds = "; ".join(f"{k} {v}" for k, v in facts["seeds"].items())
     return (
-        f"Measured {facts['date']} on commit {facts['commit']}, seeds: {seeds}; "
-        f"`{facts['command']}`"
+        f"Table made {facts['date']} by commit {facts['commit']} from runs created "
+        f"{facts['runs_created']}, seeds: {seeds}; `{facts['command']}`"
     )
 
 
@@ -521,7 +536,8 @@ def main() -> None:
     check_families(hard, facts)
     png = plot(facts, hard, out_dir / f"{args.tag}.png")
     adapt = adapt_table(facts)
-    lines = [provenance_line(provenance(seeds)), "", *table(facts, hard), ""]
+    read = [Path(where[name]) / f"{name}-seed{seed}" for name in specs for seed in seeds[name]]
+    lines = [provenance_line(provenance(seeds, read)), "", *table(facts, hard), ""]
     lines += [*adapt, "", f"![]({png.name})"] if adapt else [f"![]({png.name})"]
     if args.final_eval:
         finals = {

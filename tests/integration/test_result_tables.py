@@ -4,6 +4,7 @@ aborted episode is a failure there as in the trainer and the held-out rounds."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -261,7 +262,8 @@ def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(
     headline.main()
     assert {p: p.stat().st_mtime_ns for p in (ROOT / "docs" / "results").iterdir()} == before
     md = (tmp_path / "headline.md").read_text().splitlines()
-    assert md[0].startswith("Measured ") and "seeds: grpo [3]; `headline.py --methods" in md[0]
+    assert md[0].startswith("Table made ") and "seeds: grpo [3]; `headline.py --methods" in md[0]
+    assert re.search(r"from runs created (\S+ \S+) to \1 UTC", md[0]), md[0]
     assert "grpo: fewer than 3 seeds" in "\n".join(md)
     doc = json.loads((tmp_path / "headline.json").read_text())
     assert doc["provenance"]["seeds"] == {"grpo": [3]} and doc["provenance"]["commit"]
@@ -274,3 +276,17 @@ def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(
     monkeypatch.setattr("sys.argv", [*argv, "--hard", "circuits"])  # the run is reused
     with pytest.raises(SystemExit, match="--hard circuits: no held-out episode"):
         headline.main()
+
+
+def test_the_bank_round_is_paired_with_the_round_without_it_task_by_task() -> None:
+    """The bank round plays the round's tasks again, in order: its gain is a paired
+    difference (the docs compared two overlapping intervals); rounds that do not line up
+    family by family are not paired."""
+    headline = load_bench("headline")
+    final = headline.Final(
+        plain=[("heat", True), ("heat", False), ("circuit", False)],
+        bank=[("heat", True), ("heat", True), ("circuit", True)],
+    )
+    assert headline.paired([final]) == [[0.0, 1.0, 1.0]]
+    final.bank = final.bank[::-1]
+    assert headline.paired([final]) == []
