@@ -143,6 +143,9 @@ def plot(result: ProbeResult, path: Path) -> None:
     """Success per bank, overall and per family, with the 95% intervals (PNG)."""
     from matplotlib.figure import Figure
 
+    from agents.report.plots import legend_label, plain_text
+
+    plain_text()
     fig = Figure(figsize=(11, 4), layout="constrained")
     overall, per_family = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
     labels = [r.label for r in result.banks]
@@ -155,7 +158,9 @@ def plot(result: ProbeResult, path: Path) -> None:
         for x, f in enumerate(families):
             if f in r.by_family:
                 at = x + (k - len(labels) / 2 + 0.5) * width
-                _point(per_family, at, r.by_family[f], color, r.label if x == 0 else None)
+                _point(
+                    per_family, at, r.by_family[f], color, legend_label(r.label) if x == 0 else None
+                )
     overall.set_xticks(range(len(labels)), labels, rotation=30)
     overall.set_ylabel("held-out success")
     overall.set_title("all families")

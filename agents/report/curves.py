@@ -261,6 +261,9 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from agents.report.plots import plain_text
+
+    plain_text()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     if curves.train:
         xs, ys, _ = zip(*curves.train, strict=True)

@@ -33,9 +33,25 @@ COLORS = (
 OP_COLORS = {"stored": "#2ca02c", "evicted": "#d62728", "rejected": "#7f7f7f"}
 
 
+def plain_text() -> None:
+    """Draw every text as written: matplotlib reads a pair of ``$`` as math, so a run or a
+    family named ``m$\\frac{$x`` stopped ``coevo report`` and ``coevo probe`` with a
+    traceback, and ``p$x^2$q`` lost its dollars. (Texts take the setting when created.)"""
+    import matplotlib
+
+    matplotlib.rcParams["text.parse_math"] = False
+
+
+def legend_label(name: str) -> str:
+    """``name`` as a legend entry: matplotlib leaves out every label that starts with ``_``
+    (a run directory ``_under`` had no entry)."""
+    return f" {name}" if name.startswith("_") else name
+
+
 def _figure(rows: int, cols: int, height: float = 3.3) -> tuple[Any, list[Any]]:
     from matplotlib.figure import Figure
 
+    plain_text()
     fig = Figure(figsize=(11.5, height * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     return fig, [ax for row in axes for ax in row]
@@ -70,7 +86,7 @@ def _lines(
         if rows:
             xs, ys = zip(*rows, strict=True)
             alone = {"marker": "o"} if len(rows) == 1 and style.get("marker") is None else {}
-            ax.plot(xs, ys, color=COLORS[i % 10], label=r.label, **{**style, **alone})
+            ax.plot(xs, ys, color=COLORS[i % 10], label=legend_label(r.label), **{**style, **alone})
             drawn = True
     return drawn
 
@@ -95,7 +111,7 @@ def success_figure(runs: Sequence[RunData]) -> str:
                     xs, ys = zip(*rows, strict=True)
                     ax.plot(
                         xs, ys, color=COLORS[i % 10], ls="--", marker="s", markersize=3,
-                        label=f"{r.label}, with bank",
+                        label=legend_label(f"{r.label}, with bank"),
                     )  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel("training episodes")
@@ -179,7 +195,10 @@ def retrieval_figure(runs: Sequence[RunData]) -> str:
         color = COLORS[i % 10]
         every = range(r.train_episodes // block + 1)  # blocks without a retrieval count 0
         per_block.plot(
-            [k * block for k in every], [n[k] for k in every], color=color, label=r.label
+            [k * block for k in every],
+            [n[k] for k in every],
+            color=color,
+            label=legend_label(r.label),
         )
         shown.plot([k * block for k in keys], [tips[k] / n[k] for k in keys], color=color)
         counts = sorted((e.retrieved for e in r.entries.values()), reverse=True)
@@ -205,7 +224,13 @@ def credit_figure(runs: Sequence[RunData]) -> str:
         bins = [lo + (hi - lo) * k / 20 for k in range(21)] if hi > lo else 10
         for i, vs in totals.items():
             if vs:
-                hist.hist(vs, bins=bins, color=COLORS[i % 10], alpha=0.55, label=runs[i].label)
+                hist.hist(
+                    vs,
+                    bins=bins,
+                    color=COLORS[i % 10],
+                    alpha=0.55,
+                    label=legend_label(runs[i].label),
+                )
     hist.set_title("total credit per entry")
     hist.set_xlabel("sum of credits")
     hist.set_ylabel("entries")
@@ -214,7 +239,12 @@ def credit_figure(runs: Sequence[RunData]) -> str:
         color = COLORS[i % 10]
         if c.credits:
             xs = [x for x, _ in c.credits]
-            over.plot(xs, rolling_mean([v for _, v in c.credits], 64), color=color, label=r.label)
+            over.plot(
+                xs,
+                rolling_mean([v for _, v in c.credits], 64),
+                color=color,
+                label=legend_label(r.label),
+            )
         if c.extractor:
             xs = [row[0] for row in c.extractor]
             over.plot(xs, [row[1] for row in c.extractor], "o", color=color, markersize=4)

@@ -313,3 +313,18 @@ def test_run_labels_tell_runs_apart_however_deep_the_difference(tmp_path: Path) 
     assert [_label(r, same) for r in same] == ["a", "a"]
     mixed = [tmp_path / "a", tmp_path / "b" / "a", tmp_path / "c"]
     assert [_label(r, mixed) for r in mixed] == [f"{tmp_path.name}/a", "b/a", "c"]
+
+
+def test_names_matplotlib_reads_as_math_or_hides_are_drawn_as_written(
+    runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A run directory ``m$\\frac{$x`` stopped ``coevo report`` with a 45-line mathtext
+    traceback (matplotlib read the pair of ``$`` as math), and one named ``_under`` had no
+    legend entry (matplotlib leaves out labels starting with ``_``)."""
+    odd, hidden = tmp_path / "m$\\frac{$x", tmp_path / "_under"
+    for run in (odd, hidden):
+        assert main(["copy", str(runs[0]), str(run)]) == 0
+    out = tmp_path / "report.html"
+    assert main(["report", str(odd), str(hidden), "--out", str(out)]) == 0
+    drawn = {html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", out.read_text())}
+    assert {"m$\\frac{$x", " _under", " _under, with bank"} <= drawn, sorted(drawn)
