@@ -83,11 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # output (`--json` included); `run` and `resume` route them to their run directory
         # too; with --quiet only warnings and errors
         quiet = getattr(args, "quiet", False)
-        configure_logging(Console(stderr=True), "warning" if quiet else "info")
+        configure_logging(Console(stderr=True, markup=False), "warning" if quiet else "info")
         home_expanded(args)
         return _flushed(int(args.func(args)))
     except CoevoError as exc:
-        print(f"coevo: error: {exc}{torn_copy_hint(exc)}", file=sys.stderr)
+        from agents.audit.render import safe_line
+
+        print(safe_line(f"coevo: error: {exc}{torn_copy_hint(exc)}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # a Ctrl-C or a SIGTERM (entry.Terminated)
         code = stopped(exc)  # interrupts ignored while the process exits
@@ -170,6 +172,9 @@ on a full disk, say): one line, exit 1."""
 class _Stdout(Console):
     """A console on stdout whose reader went away (``| head -1``) ends the command as every
     other command does, with exit 0 (rich's own answer is exit 1)."""
+
+    def __init__(self) -> None:
+        super().__init__(markup=False)  # a world's "[bold]" is its text, not a style
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -428,7 +433,7 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
     total = kinds.get("policy_updated", 0) + kinds.get("extractor_updated", 0)
     if total == 0:
         raise InputInvalid(f"{path}: the log records no model update to re-execute")
-    console = Console(stderr=True)
+    console = Console(stderr=True, markup=False)  # names as written
     console.print(f"loading the base models of {path} ...")
     run = reexecution_for(find_run(path).root, log.read_meta(), first.event.seed, overrides)
     try:
@@ -606,7 +611,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         read_run(args.control, read_meta(args.control), read, args.set) if args.control else None
     )
     options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
-    console = Console(stderr=True)
+    console = Console(stderr=True, markup=False)  # names as written
     out = given if given is not None else run.root / "probe"
     check_writable(out, "--out DIR")  # not after every bank's episodes were played
     with _Stages(console) as stages:

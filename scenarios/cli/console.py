@@ -213,8 +213,8 @@ def families_table(episodes_state: Any) -> Table:
     for (family, purpose), (done, aborted, won, steps) in sorted(counts.items()):
         ended = done + aborted
         table.add_row(
-            family,
-            purpose,
+            safe_line(family),  # a world's name: a newline split the row, ESC acted
+            safe_line(purpose),
             str(done),
             str(aborted),
             f"{won / ended:.1%}" if ended else "-",

@@ -438,8 +438,10 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
     a long list or text differs past what an event's line shows."""
     import msgspec
 
-    def shown(x: Any) -> str:
-        text = msgspec.json.encode(x).decode()
+    from agents.audit.render import safe_line
+
+    def shown(x: Any) -> str:  # JSON escapes control characters, not format ones (U+200B)
+        text = safe_line(msgspec.json.encode(x).decode())
         return text if len(text) <= 60 else text[:59] + "…"
 
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):  # decoded events: tuples
@@ -829,6 +831,7 @@ def _num(x: float, sign: str = "") -> str:
 
 
 def _whatif_lines(w: Any) -> list[str]:
+    from agents.audit.render import safe_line
     from agents.audit.whatif import LOGP_TOLERANCE
 
     def outcome(p: Any) -> str:
@@ -838,7 +841,8 @@ def _whatif_lines(w: Any) -> list[str]:
         if k >= len(p.turns):
             return ""
         t = p.turns[k]
-        return f"{t.action} (p {math.exp(t.logp):.3f}, v{t.version}, {len(t.tips)} shown)"
+        shown = f"{t.action} (p {math.exp(t.logp):.3f}, v{t.version}, {len(t.tips)} shown)"
+        return safe_line(shown)  # a world's action: a CR or NUL acted on the terminal
 
     lines = [f"episode {w.episode}: replayed from its seeds, {w.change}"]
     if w.reproduced:

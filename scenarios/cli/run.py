@@ -183,7 +183,7 @@ def _drive(
     from scenarios.cli.console import RunProgress, actors_table, families_table
     from scenarios.cli.logsetup import close_logging, configure_logging
 
-    console = Console(stderr=True, quiet=quiet)
+    console = Console(stderr=True, quiet=quiet, markup=False)  # "[b]" in a path is text
     configure_logging(console, scenario.logging.level, rd.structlog)
     progress = RunProgress(console, assembly.episodes, enabled=scenario.logging.progress)
     progress.resume(history)
@@ -519,6 +519,8 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
     if not found:
         return ""
     aborted, what = found
+    from agents.audit.render import safe_line
+
     reader = open_run(str(rd.root))
     try:
         ends = iter_events(reader, EventFilter(kinds=frozenset({"episode_aborted"})))
@@ -534,7 +536,7 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
         reader.close()
     return (
         f"coevo: error: run {run_id} completed, but all {aborted} of its {what} were aborted "
-        f"(the first: {getattr(first, 'reason', '?')}); coevo log {rd.root} --kind "
+        f"(the first: {safe_line(str(getattr(first, 'reason', '?')))}); coevo log {rd.root} --kind "
         "episode_aborted lists them"
     )
 

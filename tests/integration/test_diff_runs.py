@@ -167,3 +167,7 @@ def test_a_long_field_s_difference_is_shown_where_it_is() -> None:
     assert _first_difference([1], [1]) == ""
     # decoded events hold tuples: the same place (it said "at the value: A [...], B [...]")
     assert _first_difference(tuple(a), tuple(b)) == "at [23]: A -100.31357, B -100.31359"
+    # a zero-width space (JSON leaves it as it is): the two sides read the same on a terminal
+    assert _first_difference("open door", "open door\u200b") == (
+        'at character 9: A "open door", B "open door\\u200b"'
+    )

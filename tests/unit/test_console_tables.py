@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import pytest
 from rich.console import Console
 
 from engine.projection import ActorRow, ActorStatsState
@@ -44,3 +48,43 @@ def test_an_envelope_line_for_check_shows_every_value_whole() -> None:
     env = Envelope(seq=3, run="r", t=0, actor="w", event=ev)
     assert f'observation="{text}"' in envelope_line(env, width=None)
     assert "(EDITED AT THE END)" not in envelope_line(env)  # a listing's line stays short
+
+
+def test_a_world_s_names_print_as_written_and_its_control_characters_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A family named ``[bold red]fam[/bold red]`` printed as a bold red "fam" in ``coevo
+    replay``'s table (rich read it as markup), ``a\\nb`` split its row, and ESC and a
+    right-to-left override reached the terminal raw; a path holding markup lost it in a run's
+    lines, and a path holding ESC and a newline did in an error."""
+    from agents.events.episodes import EpisodeAssigned, EpisodeFinished
+    from engine.eventlog import new_run_meta
+    from engine.events import Envelope
+    from engine.lifecycle import RunStarted, RunStopped
+    from scenarios.cli import main
+    from stores.lmdb_log import LmdbEventLog
+
+    run = tmp_path / "[b]run[/b]"
+    meta = new_run_meta("r", scenario_name="x", seed=0, coevo_version="0", scenario_toml="")
+    log = LmdbEventLog.create(run / "log", meta, durable=False)
+    events: list[Any] = [
+        RunStarted(run_id="r", scenario="x", scenario_hash="h", seed=0, coevo_version="0")
+    ]
+    for i, family in enumerate(["[bold red]fam[/bold red]", "a\nb", "q\x1b[2Jr\u202e"]):
+        at = dict(episode=f"ep{i}", worker="w", family=family, variant=i, split="train")
+        events.append(EpisodeAssigned(index=i, seed=i, purpose="train", **at))
+        events.append(EpisodeFinished(steps=3, score=1.0, success=True, total_reward=1.0, **at))
+    events.append(RunStopped(reason="completed"))
+    log.append([Envelope(seq=i, run="r", t=i, actor="w", event=e) for i, e in enumerate(events)])
+    log.close()
+    assert main(["replay", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "[bold red]fam[/bold" in out and "│ a\\nb " in out and "q\\x1b[2Jr\\u202e" in out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert main(["log", str(tmp_path / "no\x1b[2Jsuch\nrun")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "no\\x1b[2Jsuch\\nrun" in err, err
+    explore = Path(__file__).resolve().parents[2] / "scenarios" / "explore.toml"
+    marked = tmp_path / "[b]x[/b]"
+    assert main(["run", str(explore), "--out", str(marked), "--set", "run.episodes=4"]) == 0
+    assert f"{marked} (exit 0)" in capsys.readouterr().err  # (rich wraps at 80 columns)
