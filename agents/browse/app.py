@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from agents.audit.render import safe_line
 from agents.browse.data import FILTERS, RunView
 from engine.errors import AuditQueryInvalid, CoevoError
 
@@ -47,14 +48,13 @@ REFRESH = 5
 
 
 def _shown(value: object) -> object:
-    """What a page shows of a value: control characters a world's text may hold (NUL, escape
-    sequences) written as ``\\xNN``, which no HTML may hold raw."""
-    if isinstance(value, str) and _CONTROL.search(value):
-        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
-    return value
+    """What a page shows of a value: every character a reader could not see or no HTML may
+    hold raw (NUL, escape sequences, C1 controls, a right-to-left override, a zero-width
+    space) as its escape (``\\x1b``, ``\\u202e``; :func:`agents.audit.render.safe_line`), line
+    breaks and tabs kept (text blocks wrap as written). A one-line value (an action, a
+    goal, a family) goes through the ``line`` filter first, which escapes those too."""
+    return safe_line(value, "\n\t") if isinstance(value, str) else value
 
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("templates")),
@@ -63,7 +63,17 @@ _TEMPLATES = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_TEMPLATES.filters["shell"] = lambda value: shlex.quote(str(value))  # a command to paste
+_TEMPLATES.filters["line"] = safe_line  # a one-line text: "go\nnorth" is not "go north"
+
+
+def _shell(value: object) -> str:
+    """``value`` as one word of a command to paste: quoted, and a path starting with ``-``
+    (``-ins``) made ``./-ins``, which no option parser takes for an option."""
+    text = str(value)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
+
+
+_TEMPLATES.filters["shell"] = _shell
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -184,7 +184,7 @@ class RunView:
     def episodes(self, filters: Mapping[str, str]) -> list[EpisodeRow]:
         """The run's episodes in the order they were assigned, those matching ``filters``."""
         wanted = {k: v for k, v in filters.items() if k in FILTERS and v != ""}
-        return [r for r in self._all() if all(r.value(k) == v for k, v in wanted.items())]
+        return [r for r in self._all() if all(_named(r.value(k), v) for k, v in wanted.items())]
 
     def choices(self) -> dict[str, list[str]]:
         """Each filter's values in the run (for the filter menus)."""
@@ -358,3 +358,11 @@ def _softmax(scores: tuple[float, ...], temperature: float) -> list[float]:
 
 def _natural(text: str) -> tuple[int, str]:
     return (int(text), "") if re.fullmatch(r"-?[0-9]+", text) else (1 << 60, text)
+
+
+def _named(value: str, wanted: str) -> bool:
+    """Whether a filter's ``wanted`` names ``value``: as it is, or as a page shows it (the
+    list's choice of a family holding ESC or NUL sends its escaped form)."""
+    from agents.audit.render import safe_line
+
+    return value == wanted or safe_line(value) == wanted

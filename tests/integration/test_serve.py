@@ -109,10 +109,11 @@ def _audit(run: Path, what: str, ident: str, capsys: pytest.CaptureFixture[str])
     return json.loads(capsys.readouterr().out)
 
 
-def _as_shown(text: str) -> str:
-    """A text as a page shows it: each control character but tab, newline and carriage return
-    written as ``\\xNN`` (a tip the embedded extractor wrote may hold any byte)."""
-    return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", lambda m: f"\\x{ord(m[0]):02x}", text)
+def _as_shown(text: str, keep: str = "\n\t") -> str:
+    """A text as a page shows it: each character that is not printable (controls, format
+    characters, spaces but the space) but those in ``keep`` written as Python writes it in a
+    string (``\\x19``, ``\\u202e``): a tip the embedded extractor wrote may hold any byte."""
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
 def _texts(dom: str, pattern: str) -> list[str]:
@@ -136,7 +137,7 @@ def test_an_episode_page_shows_what_the_audit_says(
     run = distill_root / "run"
     audit = _audit(run, "episode", credited.episode, capsys)
     dom = _dom(f"{server}/runs/run/episodes/{credited.episode}", tmp_path / "p")
-    actions = [_as_shown(t["action"]) for t in audit["turns"]]
+    actions = [_as_shown(t["action"], keep="") for t in audit["turns"]]
     assert _texts(dom, r'<b class="action">(.*?)</b>') == actions
     observations = _texts(dom, r'<div class="turn" id="turn-\d+">.*?<pre>(.*?)</pre>')
     assert observations == [_as_shown(t["observation"]).strip() for t in audit["turns"]]
@@ -589,6 +590,29 @@ def test_a_control_character_in_a_world_s_text_is_shown_escaped() -> None:
 
     page = _TEMPLATES.from_string("<p>{{ text }}</p>").render(text="a\x00b\x1b[2Jc <d>")
     assert page == "<p>a\\x00b\\x1b[2Jc &lt;d&gt;</p>"
+
+
+def test_what_a_reader_could_not_see_is_shown_escaped_and_one_line_texts_stay_one_line() -> None:
+    """A C1 control (``\\x9b``), a right-to-left override (the goal ``\\u202edrow`` read
+    "word") and a zero-width space (``open door`` and ``open door\\u200b`` looked the same)
+    were written raw, though ``coevo audit`` escapes them; an action's tab, newline and
+    carriage return collapsed in the page (``wait\\r`` read "wait"). Text blocks keep their
+    line breaks; a family a page shows escaped is found by the name it shows; a command to
+    paste for a run directory ``-ins`` no longer reads as an option."""
+    from agents.browse.app import _TEMPLATES  # pyright: ignore[reportPrivateUsage]
+    from agents.browse.data import _named  # pyright: ignore[reportPrivateUsage]
+
+    def page(template: str, text: str) -> str:
+        return _TEMPLATES.from_string(template).render(text=text)
+
+    assert page("{{ text }}", "x\x9by\u202edrow\u200b\nline\tz") == (
+        "x\\x9by\\u202edrow\\u200b\nline\tz"
+    )
+    assert page("{{ text|line }}", "go\tnorth\nnow\r") == "go\\tnorth\\nnow\\r"
+    assert page("{{ text|shell }}", "-ins") == "./-ins"
+    assert page("{{ text|shell }}", "my run") == "&#39;my run&#39;"
+    assert _named("q\x1b[31mR", "q\\x1b[31mR") and _named("heat", "heat")
+    assert not _named("q\x1b[31mR", "qR")
 
 
 def test_serve_out_of_file_descriptors_stays_up_and_stops_on_sigterm(live_run: Path) -> None:
