@@ -100,6 +100,15 @@ class RunData:
     calls: dict[str, Call]
 
 
+def _h(text: str) -> str:
+    """``text`` (a world's, a run's name) for the page: HTML-escaped, with what a reader could
+    not see or no page may hold (ESC, NUL, a right-to-left override) escaped as ``coevo
+    serve`` shows it (:func:`agents.audit.render.safe_line`; line breaks and tabs kept)."""
+    from agents.audit.render import safe_line
+
+    return html.escape(safe_line(text, "\n\t"))
+
+
 def read_method(scenario_toml: str) -> str:
     """The ``run.method`` of a run's resolved scenario (its log's metadata stores it; "?" when
     it does not parse)."""
@@ -192,9 +201,9 @@ def render(runs: list[RunData]) -> str:
         _section("credit", "Credit and the extractor's reward", _credit(runs)),
         _section("entries", "Most-credited and most-harmful entries", _entries(runs)),
     ]
-    names = ", ".join(html.escape(r.label) for r in runs)
+    names = ", ".join(_h(r.label) for r in runs)
     toc = " · ".join(
-        f'<a href="#{key}">{html.escape(title)}</a>'
+        f'<a href="#{key}">{_h(title)}</a>'
         for key, title in (
             ("runs", "runs"),
             ("success", "success"),
@@ -212,15 +221,15 @@ def render(runs: list[RunData]) -> str:
 
 
 def _section(key: str, title: str, parts: list[str]) -> str:
-    return f'<section id="{key}"><h2>{html.escape(title)}</h2>{"".join(parts)}</section>'
+    return f'<section id="{key}"><h2>{_h(title)}</h2>{"".join(parts)}</section>'
 
 
 def _none(text: str) -> str:
-    return f'<p class="none">{html.escape(text)}</p>'
+    return f'<p class="none">{_h(text)}</p>'
 
 
 def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
+    return f"<figure>{svg}<figcaption>{_h(caption)}</figcaption></figure>"
 
 
 def _runs_table(runs: list[RunData]) -> str:
@@ -236,12 +245,12 @@ def _runs_table(runs: list[RunData]) -> str:
         lost = r.curves.train_aborted
         aborted = f"<br><small>{lost:,} aborted (failures)</small>" if lost else ""
         rows.append(
-            f'<tr><td><span class="swatch c{i % 10}"></span>{html.escape(r.label)}<br>'
-            f"<small>{html.escape(str(r.path))}</small></td><td>{html.escape(r.scenario)}</td>"
-            f"<td>{html.escape(r.method)}</td><td>{r.seed if r.seed is not None else '-'}</td>"
+            f'<tr><td><span class="swatch c{i % 10}"></span>{_h(r.label)}<br>'
+            f"<small>{_h(str(r.path))}</small></td><td>{_h(r.scenario)}</td>"
+            f"<td>{_h(r.method)}</td><td>{r.seed if r.seed is not None else '-'}</td>"
             f"<td>{r.events:,}</td><td>{r.train_episodes:,}{aborted}</td>"
             f"<td>{len(r.curves.updates)}</td><td>{success}</td>"
-            f"<td>{html.escape(r.status)}</td></tr>"
+            f"<td>{_h(r.status)}</td></tr>"
         )
     shared = (
         _none(
@@ -362,7 +371,7 @@ def _entries(runs: list[RunData]) -> list[str]:
     out = []
     for i, r in enumerate(runs):
         credited = [e for e in r.entries.values() if e.credits]
-        out.append(f'<h3><span class="swatch c{i % 10}"></span>{html.escape(r.label)}</h3>')
+        out.append(f'<h3><span class="swatch c{i % 10}"></span>{_h(r.label)}</h3>')
         if not credited:
             out.append(_none(f"No entry of {r.label} ({r.method}) earned credit."))
             continue
@@ -384,28 +393,28 @@ def _entry_card(r: RunData, i: int, e: Entry, shown: set[int]) -> str:
     call = r.calls.get(e.call)
     if call is not None:
         writer = (
-            f"extractor call {e.call} ({call.task} of {html.escape(call.source)}, extractor "
+            f"extractor call {e.call} ({call.task} of {_h(call.source)}, extractor "
             f"v{call.version}, seq {call.seq})"
         )
     else:
-        writer = f"reflection on {html.escape(e.episode)}" if not e.call else e.call
+        writer = f"reflection on {_h(e.episode)}" if not e.call else e.call
     parents = ", ".join(
         f'<a href="#r{i}-tip{p}">#{p}</a>' if p in shown else f"#{p}" for p in e.parents
     )
-    credits = ", ".join(f"{html.escape(ep)} {c:+.2f}" for ep, c in e.credits[:24])
+    credits = ", ".join(f"{_h(ep)} {c:+.2f}" for ep, c in e.credits[:24])
     more = f" … and {len(e.credits) - 24} more" if len(e.credits) > 24 else ""
     command = f"coevo audit {shlex.quote(str(r.path))} tip {e.tip_id}"  # to paste in a shell
     return (
         f'<div class="entry" id="{anchor}"><p><a href="#{anchor}">#{e.tip_id}</a> in '
-        f"{html.escape(e.slot)}: total credit <b>{e.total:+.2f}</b> from {len(e.credits)} "
+        f"{_h(e.slot)}: total credit <b>{e.total:+.2f}</b> from {len(e.credits)} "
         f"credited training episodes ({plus} positive, {minus} negative), shown {e.retrieved}× "
         "(every retrieval: evaluation and abandoned attempts too), "
-        f"{'evicted (' + html.escape(e.fate) + ')' if e.fate else 'still in the bank'}</p>"
-        f"<blockquote>{html.escape(e.text)}</blockquote><dl>"
+        f"{'evicted (' + _h(e.fate) + ')' if e.fate else 'still in the bank'}</p>"
+        f"<blockquote>{_h(e.text)}</blockquote><dl>"
         f"<dt>written by</dt><dd>{writer}, stored at seq {e.seq}</dd>"
         + (f"<dt>parents</dt><dd>{parents}</dd>" if e.parents else "")
         + f"<dt>credits</dt><dd>{credits}{more}</dd>"
-        f"<dt>lineage</dt><dd><code>{html.escape(command)}</code></dd></dl></div>"
+        f"<dt>lineage</dt><dd><code>{_h(command)}</code></dd></dl></div>"
     )
 
 

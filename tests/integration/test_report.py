@@ -328,3 +328,11 @@ def test_names_matplotlib_reads_as_math_or_hides_are_drawn_as_written(
     assert main(["report", str(odd), str(hidden), "--out", str(out)]) == 0
     drawn = {html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", out.read_text())}
     assert {"m$\\frac{$x", " _under", " _under, with bank"} <= drawn, sorted(drawn)
+
+
+def test_a_world_s_text_on_the_page_is_escaped_as_serve_shows_it() -> None:
+    """An entry's slot (its family) wrote a raw ESC and right-to-left override into the
+    report's HTML, which ``coevo serve`` escapes."""
+    from agents.report.page import _h  # pyright: ignore[reportPrivateUsage]
+
+    assert _h("q\x1b[2J<b>\u202edrow\nx") == "q\\x1b[2J&lt;b&gt;\\u202edrow\nx"
