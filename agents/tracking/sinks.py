@@ -169,10 +169,14 @@ _WANDB_ID_MAX = 200
 
 def wandb_id(run: str) -> str:
     """A W&B run id for the run named ``run`` (its directory's name): W&B refuses an id with
-    any of ``:;,#?/'`` (a directory named ``lr=1e-3,seed=7`` is common), so each becomes
+    any of ``:;,#?/'`` (a directory named ``lr=1e-3,seed=7`` is common), or one starting or
+    ending with whitespace (``runs/ws ``: the run refused to start), so each of those becomes
     ``-``; an id longer than 200 bytes keeps its first 191 characters and a digest of the
     whole name. The name W&B shows stays the directory's."""
     safe = re.sub(r"[:;,#?/']", "-", run)
+    inner = safe.strip()
+    lead = len(safe) - len(safe.lstrip())
+    safe = "-" * lead + inner + "-" * (len(safe) - lead - len(inner))
     if len(safe.encode()) <= _WANDB_ID_MAX:
         return safe
     head = safe.encode()[: _WANDB_ID_MAX - 9].decode(errors="ignore")

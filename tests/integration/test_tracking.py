@@ -440,6 +440,8 @@ def test_a_wandb_id_fits_the_directory_wandb_names_after_it() -> None:
     assert len(long) == 200 and long.startswith("r" * 191 + "-")
     assert long != wandb_id("r" * 241)
     assert len(wandb_id("é" * 150).encode()) <= 200
+    # W&B refuses an id that starts or ends with whitespace: a directory "runs/ws " did not run
+    assert [wandb_id(n) for n in ("ws ", "\tnl\n", "a b", "  ")] == ["ws-", "-nl-", "a b", "--"]
 
 
 @needs["mlflow"]
