@@ -25,7 +25,9 @@ def safe_line(line: str, keep: str = "") -> str:
 
 
 def _q(text: str, width: int = 90) -> str:
-    text = " ".join(text.split())
+    """``text`` quoted on one line, cut at ``width``: its line breaks, tabs and carriage
+    returns written as escapes, as ``--json`` holds them (they collapsed into spaces, so
+    ``wait\\r`` read ``'wait '`` and an extractor's two lines read as one)."""
     return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 

@@ -941,3 +941,16 @@ def test_a_turn_whose_prompt_was_cut_says_so(
     assert t["prompt_cut"] == 40
     _, out, _ = audit(capsys, str(run), "episode", "ep000")
     assert "prompt cut: 40 tokens from its middle to fit the model" in out, out
+
+
+def test_an_audit_s_text_keeps_its_line_breaks_and_carriage_returns_visible() -> None:
+    """Texts were collapsed to one line by whitespace: an entry "try 'wait\\r'" read
+    ``'wait '``, an observation lost its form feed and an extractor's response its line
+    break, while ``--json`` kept them."""
+    from agents.audit.episode import Shown, Turn
+    from agents.audit.render import _turn  # pyright: ignore[reportPrivateUsage]
+
+    seen = Shown(tip=5, call="", rank=0, similarity=0.9, score=None, text="try 'wait\r'\nnow")
+    lines = _turn(Turn(turn=0, observation="a\fb\tc", admissible=("a",), retrieved=(seen,)))
+    assert "obs: 'a\\x0cb\\tc'" in lines[1], lines
+    assert lines[3].endswith(": \"try 'wait\\r'\\nnow\""), lines
