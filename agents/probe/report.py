@@ -40,7 +40,7 @@ def to_json(result: ProbeResult) -> bytes:
 
 def line(r: BankResult) -> str:
     """One bank's console line: who wrote it, its size and the policy's success with it."""
-    fams = "  ".join(f"{f} {i.value:.3f}" for f, i in r.by_family.items())
+    fams = "  ".join(f"{safe_line(f)} {i.value:.3f}" for f, i in r.by_family.items())
     if r.stats is None:
         bank = "no entries shown"
     else:
@@ -49,6 +49,12 @@ def line(r: BankResult) -> str:
     aborted = f"  ({r.aborted} aborted as failures: {safe_line(r.abort)})" if r.aborted else ""
     cut = f"  ({_cut(r)})" if r.cut else ""
     return f"{r.label:<8} {bank}  success {_ci(r.success)}  {fams}{aborted}{cut}"
+
+
+def _md(text: str) -> str:
+    """A world's name in the report's Markdown: escaped as on a terminal, and its ``|`` kept
+    from splitting a table's cell (a family ``a|b`` shifted every column after it)."""
+    return safe_line(text).replace("|", "\\|")
 
 
 def _cut(r: BankResult) -> str:
@@ -71,7 +77,7 @@ def markdown(result: ProbeResult) -> str:
         f"- fixed policy: {result.policy}",
         f"- {result.episodes} held-out episodes per bank, the same tasks and seeds for every "
         f"bank (probe seed {result.seed}): "
-        + ", ".join(f"{f} {n}" for f, n in sorted(result.tasks.items())),
+        + ", ".join(f"{_md(f)} {n}" for f, n in sorted(result.tasks.items())),
         f"- banks rebuilt from the run's {result.extractions} logged extraction requests and "
         f"{result.merge_passes} merge passes, each answered by the bank's extractor",
         *(
@@ -85,7 +91,7 @@ def markdown(result: ProbeResult) -> str:
         "| bank | extractor | entries | "
         + " / ".join(OPS[:5])
         + " | malformed | shown / distinct | success | "
-        + " | ".join(families)
+        + " | ".join(map(_md, families))
         + " |",
         "|---|---|---:|---|---:|---|---|" + "---|" * len(families),
     ]

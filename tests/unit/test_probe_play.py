@@ -286,3 +286,11 @@ def test_a_bank_s_turns_whose_prompts_were_cut_are_counted_and_said() -> None:
         assert result.cut == (result.turns if cut else 0)
         said = f"({result.turns:,} of {result.turns:,} turns' prompts cut in the middle"
         assert (said in line(result)) == bool(cut)
+
+
+def test_a_family_name_in_the_probe_s_report_is_escaped_and_keeps_its_table_whole() -> None:
+    """``probe.md`` and the console lines wrote a family's ESC and right-to-left override raw,
+    and a family ``a|b`` split the table's cell, shifting every column after it."""
+    from agents.probe.report import _md  # pyright: ignore[reportPrivateUsage]
+
+    assert _md("a|b\x1b[2J\u202e") == "a\\|b\\x1b[2J\\u202e"
