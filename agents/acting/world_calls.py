@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+import unicodedata
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -128,14 +129,24 @@ def _actions(value: object) -> tuple[str, ...]:
         if not isinstance(action, str):
             raise ValueError(f"admissible[{i}] is {_short(action)}, not a string")
     first: dict[str, int] = {}  # each action's index, in order: the checked tuple
+    normal: dict[str, int] = {}  # the same, by the action's NFC form
     for i, action in enumerate(actions):
-        if not action.strip():  # scored by the end of its message alone: likelier than any
+        if not any(c.isprintable() and not c.isspace() for c in action):  # blank, or only
+            # zero-width and control characters: scored by the end of its message alone
             raise ValueError(f"admissible[{i}] is {action!r}, an empty action")
         if action in first:  # scored once per copy: its probability counted that many times
             raise ValueError(
                 f"admissible[{i}] {_short(action)} repeats admissible[{first[action]}]"
             )
+        key = unicodedata.normalize("NFC", action)
+        if key in normal:  # "café" twice, in two spellings: a tokenizer reads them alike
+            raise ValueError(
+                f"admissible[{i}] {ascii(action)[:60]} repeats admissible[{normal[key]}] "
+                f"{ascii(actions[normal[key]])[:60]} in another Unicode spelling (the same text "
+                "once NFC-normalized)"
+            )
         first[utf8_text(str(action), f"admissible[{i}]")] = i
+        normal[key] = i
     return tuple(first)
 
 

@@ -103,6 +103,12 @@ def run_world(
         ({"admissible": ("look", "")}, "whose admissible[1] is '', an empty action"),
         ({"admissible": ("look", " \t")}, "whose admissible[1] is ' \\t', an empty action"),
         ({"admissible": ("go", "look", "go")}, "whose admissible[2] 'go' repeats admissible[0]"),
+        ({"admissible": ("look", "\u200b")}, "whose admissible[1] is '\\u200b', an empty action"),
+        (
+            {"admissible": ("caf\xe9", "look", "cafe\u0301")},
+            "whose admissible[2] 'cafe\\u0301' repeats admissible[0] 'caf\\xe9' in another "
+            "Unicode spelling (the same text once NFC-normalized)",
+        ),
         (
             {"text": "a \ud800 b"},
             "text holds '\\ud800' at character 2, a lone surrogate that UTF-8 cannot encode",
@@ -127,6 +133,8 @@ def run_world(
         "empty action",
         "blank action",
         "repeated action",
+        "invisible action",
+        "action in two spellings",
         "surrogate text",
         "surrogate action",
     ],
