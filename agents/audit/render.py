@@ -12,18 +12,6 @@ MAX_ROWS = 50
 """Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
 
 
-def safe_line(line: str, keep: str = "") -> str:
-    """``line`` with every character a terminal would act on or a reader could not see
-    (escape sequences, bell, carriage return, a line break inside a world's goal or action,
-    C1 controls, right-to-left overrides, zero-width and other format characters, spaces
-    other than the space) written as its escape (``\\x1b``, ``\\u202e``): the texts come from a
-    world. ``keep``: characters left as they are (a page's text blocks keep line breaks and
-    tabs)."""
-    if line.isprintable():
-        return line
-    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in line)
-
-
 def _q(text: str, width: int = 90) -> str:
     """``text`` quoted on one line, cut at ``width``: its line breaks, tabs and carriage
     returns written as escapes, as ``--json`` holds them (they collapsed into spaces, so

@@ -17,7 +17,6 @@ reads of a few milliseconds), so the log and the index are never read from two t
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from agents.audit.render import safe_line
+from agents.audit.shown import pasteable, safe_line
 from agents.browse.data import FILTERS, RunView
 from engine.errors import AuditQueryInvalid, CoevoError
 
@@ -50,7 +49,7 @@ REFRESH = 5
 def _shown(value: object) -> object:
     """What a page shows of a value: every character a reader could not see or no HTML may
     hold raw (NUL, escape sequences, C1 controls, a right-to-left override, a zero-width
-    space) as its escape (``\\x1b``, ``\\u202e``; :func:`agents.audit.render.safe_line`), line
+    space) as its escape (``\\x1b``, ``\\u202e``; :func:`agents.audit.shown.safe_line`), line
     breaks and tabs kept (text blocks wrap as written). A one-line value (an action, a
     goal, a family) goes through the ``line`` filter first, which escapes those too."""
     return safe_line(value, "\n\t") if isinstance(value, str) else value
@@ -66,14 +65,7 @@ _TEMPLATES = Environment(
 _TEMPLATES.filters["line"] = safe_line  # a one-line text: "go\nnorth" is not "go north"
 
 
-def _shell(value: object) -> str:
-    """``value`` as one word of a command to paste: quoted, and a path starting with ``-``
-    (``-ins``) made ``./-ins``, which no option parser takes for an option."""
-    text = str(value)
-    return shlex.quote(f"./{text}" if text.startswith("-") else text)
-
-
-_TEMPLATES.filters["shell"] = _shell
+_TEMPLATES.filters["shell"] = pasteable  # a command to paste
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -363,6 +363,6 @@ def _natural(text: str) -> tuple[int, str]:
 def _named(value: str, wanted: str) -> bool:
     """Whether a filter's ``wanted`` names ``value``: as it is, or as a page shows it (the
     list's choice of a family holding ESC or NUL sends its escaped form)."""
-    from agents.audit.render import safe_line
+    from agents.audit.shown import safe_line
 
     return value == wanted or safe_line(value) == wanted

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from agents.audit.render import safe_line
+from agents.audit.shown import safe_line
 from agents.probe.coevolution import BankResult, ProbeResult
 from agents.report.intervals import Interval
 from stores.rundir import replace_file

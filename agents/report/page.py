@@ -103,8 +103,8 @@ class RunData:
 def _h(text: str) -> str:
     """``text`` (a world's, a run's name) for the page: HTML-escaped, with what a reader could
     not see or no page may hold (ESC, NUL, a right-to-left override) escaped as ``coevo
-    serve`` shows it (:func:`agents.audit.render.safe_line`; line breaks and tabs kept)."""
-    from agents.audit.render import safe_line
+    serve`` shows it (:func:`agents.audit.shown.safe_line`; line breaks and tabs kept)."""
+    from agents.audit.shown import safe_line
 
     return html.escape(safe_line(text, "\n\t"))
 

@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         home_expanded(args)
         return _flushed(int(args.func(args)))
     except CoevoError as exc:
-        from agents.audit.render import safe_line
+        from agents.audit.shown import safe_line
 
         print(safe_line(f"coevo: error: {exc}{torn_copy_hint(exc)}"), file=sys.stderr)
         return exc.exit_code
@@ -843,6 +843,7 @@ def _print_envelope(env: Any, as_json: bool) -> None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from agents.audit import render
+    from agents.audit.shown import safe_line
 
     if args.what == "whatif":
         from scenarios.cli.explore import cmd_whatif
@@ -863,7 +864,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     code = 0 if args.what != "credit" or answer.counterfactual or answer.match else 1
     if args.json:
         return answered(code, msgspec.json.encode(answer).decode() + "\n")
-    return answered(code, "\n".join(render.safe_line(line) for line in lines()) + "\n")
+    return answered(code, "\n".join(safe_line(line) for line in lines()) + "\n")
 
 
 def _audit_one(log: Any, args: argparse.Namespace) -> Any:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agents.audit.render import safe_line
+from agents.audit.shown import safe_line
 from engine.events import Envelope, Event
 
 

@@ -438,7 +438,7 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
     a long list or text differs past what an event's line shows."""
     import msgspec
 
-    from agents.audit.render import safe_line
+    from agents.audit.shown import safe_line
 
     def shown(x: Any) -> str:  # JSON escapes control characters, not format ones (U+200B)
         text = safe_line(msgspec.json.encode(x).decode())
@@ -480,7 +480,7 @@ def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
     text as the terminal shows it, its control characters escaped)."""
     import msgspec
 
-    from agents.audit.render import safe_line
+    from agents.audit.shown import safe_line
 
     event = dict(env["event"])
     kind = event.pop("kind")
@@ -831,7 +831,7 @@ def _num(x: float, sign: str = "") -> str:
 
 
 def _whatif_lines(w: Any) -> list[str]:
-    from agents.audit.render import safe_line
+    from agents.audit.shown import safe_line
     from agents.audit.whatif import LOGP_TOLERANCE
 
     def outcome(p: Any) -> str:

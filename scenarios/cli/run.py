@@ -17,6 +17,7 @@ from typing import Any
 import trio
 from rich.console import Console
 
+from agents.audit.shown import pasteable, safe_line
 from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
 from scenarios.cli.common import (
     InputInvalid,
@@ -257,7 +258,7 @@ def _run_loop(runtime: Any, rd: RunDir) -> Any:
     """
     import errno
 
-    again = f"the log keeps every commit: `coevo resume {rd.root}` continues the run"
+    again = f"the log keeps every commit: `coevo resume {pasteable(rd.root)}` continues the run"
     try:
         return _trio_run_stoppable(runtime.run)
     except OSError as exc:
@@ -338,9 +339,10 @@ def _how_it_ended(rd: RunDir, run_id: str, curves: bool) -> str:
     except (CoevoError, OSError) as exc:
         return f"coevo: run {run_id} in {rd.root}: its log cannot be read now ({exc})"
     if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
-        drawn = f"; its curves: coevo report {rd.root}" if curves else ""
+        drawn = f"; its curves: coevo report {pasteable(rd.root)}" if curves else ""
         return f"coevo: run {run_id} completed before the stop ({n} events in {rd.root}){drawn}"
-    return f"coevo: run {run_id} stopped after {n} events: coevo resume {rd.root} continues it"
+    again = f"coevo resume {pasteable(rd.root)} continues it"
+    return f"coevo: run {run_id} stopped after {n} events: {again}"
 
 
 def _finish(
@@ -377,7 +379,8 @@ def _finish(
         except OSError as exc:  # a full disk: the log is complete, the plots can wait
             unwritten = (
                 f"coevo: error: cannot write the run's curves in {rd.root}: "
-                f"{exc.strerror or exc} (the log is complete: coevo report {rd.root} draws them)"
+                f"{exc.strerror or exc} (the log is complete: coevo report "
+                f"{pasteable(rd.root)} draws them)"
             )
     problem = unwritten
     if outcome.reason == "completed":
@@ -397,7 +400,7 @@ def _finish(
         how = outcome.reason.removeprefix("signal:")
         print(
             f"coevo: run {run_id} stopped ({how}) after {outcome.events} events: coevo resume "
-            f"{rd.root} continues it",
+            f"{pasteable(rd.root)} continues it",
             file=sys.stderr,
         )
     elif problem:
@@ -434,8 +437,8 @@ def _prompts_cut(counts: Counter[str], rd: RunDir) -> str:
     return (
         f"coevo: warning: {cut:,} of the run's {n:,} actions were chosen from prompts cut in "
         "the middle to fit the model's positions (the first quarter and the end kept: a long "
-        f"goal may be lost); coevo log {rd.root} --kind action_sampled shows prompt_cut, coevo "
-        "audit RUN episode ID what an episode's turns kept"
+        f"goal may be lost); coevo log {pasteable(rd.root)} --kind action_sampled shows "
+        "prompt_cut, coevo audit RUN episode ID what an episode's turns kept"
     )
 
 
@@ -519,8 +522,6 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
     if not found:
         return ""
     aborted, what = found
-    from agents.audit.render import safe_line
-
     reader = open_run(str(rd.root))
     try:
         ends = iter_events(reader, EventFilter(kinds=frozenset({"episode_aborted"})))
@@ -536,8 +537,8 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
         reader.close()
     return (
         f"coevo: error: run {run_id} completed, but all {aborted} of its {what} were aborted "
-        f"(the first: {safe_line(str(getattr(first, 'reason', '?')))}); coevo log {rd.root} --kind "
-        "episode_aborted lists them"
+        f"(the first: {safe_line(str(getattr(first, 'reason', '?')))}); coevo log "
+        f"{pasteable(rd.root)} --kind episode_aborted lists them"
     )
 
 
@@ -641,7 +642,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             )  # fmt: skip
         except TrackerNotStarted as exc:
             raise InputInvalid(
-                f"{exc}; nothing was written: `coevo resume {args.run} --no-tracking` "
+                f"{exc}; nothing was written: `coevo resume {pasteable(args.run)} --no-tracking` "
                 "continues the run without live tracking (`coevo export` writes its scalars "
                 "afterwards)"
             ) from None
@@ -806,7 +807,11 @@ def _history(path: str, log: Any, curves: Path | None) -> Sequence[Any]:
         missing = curves is not None and not all((curves / n).exists() for n in CURVE_FILES)
         raise NothingToResume(
             f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
-            + (f"; its curves are missing: coevo report {path} draws them" if missing else "")
+            + (
+                f"; its curves are missing: coevo report {pasteable(path)} draws them"
+                if missing
+                else ""
+            )
         )
     if gone := missing_checkpoints(Path(log.path).parent, named):  # before any episode plays
         raise InputInvalid(

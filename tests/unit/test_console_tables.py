@@ -88,3 +88,16 @@ def test_a_world_s_names_print_as_written_and_its_control_characters_escaped(
     marked = tmp_path / "[b]x[/b]"
     assert main(["run", str(explore), "--out", str(marked), "--set", "run.episodes=4"]) == 0
     assert f"{marked} (exit 0)" in capsys.readouterr().err  # (rich wraps at 80 columns)
+
+
+def test_a_command_a_message_suggests_pastes_as_one_word() -> None:
+    """Messages suggested ``coevo log runs/my run --kind episode_aborted`` (two words to a
+    shell), and ``coevo audit -ins tip 1`` (an option to argparse)."""
+    from agents.audit.shown import pasteable
+
+    assert [pasteable(p) for p in ("runs/my run", "-ins", "runs/a", Path("x y"))] == [
+        "'runs/my run'",
+        "./-ins",
+        "runs/a",
+        "'x y'",
+    ]
