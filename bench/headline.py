@@ -40,6 +40,7 @@ from method_results import (
     read_run,
     refuse_reused,
     run_all,
+    tag,
 )
 
 from agents.events.episodes import EpisodeAssigned, episode_success
@@ -338,7 +339,7 @@ def main() -> None:
         help="where the table, JSON and PNGs go (default: --runs; docs/results only when named)",
     )
     parser.add_argument("--set", action="append", default=[], help="METHOD:key.path=value")
-    parser.add_argument("--tag", default="headline", help="the file names under --out")
+    parser.add_argument("--tag", type=tag, default="headline", help="the file names under --out")
     parser.add_argument(
         "--probe",
         type=int,

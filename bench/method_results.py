@@ -14,6 +14,8 @@ time as separate ``coevo run`` processes. The markdown table and the PNG go to `
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -110,22 +112,33 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
     coevo = str(Path(sys.executable).with_name("coevo"))
     pending = list(jobs)
     running: list[tuple[subprocess.Popen[bytes], Path]] = []
-    while pending or running:
-        while pending and len(running) < parallel:
-            scenario, out, seed, *more = pending.pop(0)
-            print(f"start {out.name}", flush=True)
-            sets = [f"seed={seed}", *(more[0] if more else [])]
-            cmd = [coevo, "run", str(scenario), "--out", str(out), "--quiet"]
-            cmd += [arg for s in sets for arg in ("--set", s)]
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-            running.append((proc, out))
-        time.sleep(2)
-        for proc, out in list(running):
-            if proc.poll() is not None:
-                running.remove((proc, out))
-                print(f"done {out.name}: exit {proc.returncode}", flush=True)
-                if proc.returncode != 0:
-                    raise SystemExit(f"{out} failed with exit {proc.returncode}")
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                scenario, out, seed, *more = pending.pop(0)
+                print(f"start {out.name}", flush=True)
+                sets = [f"seed={seed}", *(more[0] if more else [])]
+                cmd = [coevo, "run", str(scenario), "--out", str(out), "--quiet"]
+                cmd += [arg for s in sets for arg in ("--set", s)]
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+                running.append((proc, out))
+            time.sleep(2)
+            for proc, out in list(running):
+                if proc.poll() is not None:
+                    running.remove((proc, out))
+                    print(f"done {out.name}: exit {proc.returncode}", flush=True)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"{out} failed with exit {proc.returncode}")
+    finally:  # a failed job, a Ctrl-C: the other runs stop too (each resumable), none orphaned
+        for proc, _ in running:
+            proc.terminate()
+        for proc, out in running:
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            print(f"stopped {out.name} (coevo resume {out} continues it)", flush=True)
 
 
 def positive(text: str) -> int:
@@ -139,6 +152,18 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return value
+
+
+def tag(text: str) -> str:
+    """An argparse type: the name of a table's files, letters, digits, ``.``, ``_`` and ``-``
+    (``--tag 'my tag'`` wrote ``![](my tag.png)``, no Markdown image)."""
+    import argparse
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", text) or text.startswith("."):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: letters, digits, '.', '_' and '-' only (it names files and images)"
+        )
+    return text
 
 
 def once_each(flag: str, seeds: Sequence[int]) -> list[int]:
@@ -190,7 +215,7 @@ def provenance(seeds: dict[str, list[int]], runs: Sequence[Path]) -> dict[str, A
     return {
         "commit": commit + (" (with uncommitted changes)" if dirty else ""),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),  # pastes as given
         "seeds": seeds,
         "runs_created": f"{utc(min(created))} to {utc(max(created))} UTC" if created else "unknown",
     }
@@ -199,9 +224,10 @@ def provenance(seeds: dict[str, list[int]], runs: Sequence[Path]) -> dict[str, A
 def provenance_line(facts: dict[str, Any]) -> str:
     """:func:`provenance` as the first line of a table's markdown."""
     seeds = "; ".join(f"{k} {v}" for k, v in facts["seeds"].items())
+    fence = "``" if "`" in facts["command"] else "`"  # a backtick in it ends a one-tick span
     return (
         f"Table made {facts['date']} by commit {facts['commit']} from runs created "
-        f"{facts['runs_created']}, seeds: {seeds}; `{facts['command']}`"
+        f"{facts['runs_created']}, seeds: {seeds}; {fence} {facts['command']} {fence}"
     )
 
 
@@ -478,7 +504,9 @@ def main() -> None:
         default=None,
         help="where the table and PNGs go (default: --runs; docs/results only when named)",
     )
-    parser.add_argument("--tag", default="methods", help="file names of the table and PNG")
+    parser.add_argument(
+        "--tag", type=tag, default="methods", help="file names of the table and PNG"
+    )
     parser.add_argument(
         "--final-eval",
         type=int,
@@ -503,12 +531,11 @@ def main() -> None:
                 f"coevo: error: --seeds-of {item!r}: {name!r} is no --method or --baseline "
                 f"({', '.join(specs)})"
             )
-        try:
-            seeds[name] = once_each(f"--seeds-of {name}", [int(x) for x in listed.split(",")])
-        except ValueError:
+        if not re.fullmatch(r"[0-9]+(,[0-9]+)*", listed):  # int() read "٣" as 3, "1_0" as 10
             raise SystemExit(
                 f"coevo: error: --seeds-of {item!r}: expected NAME=SEED,SEED,... (whole numbers)"
-            ) from None
+            )
+        seeds[name] = once_each(f"--seeds-of {name}", [int(x) for x in listed.split(",")])
     out_dir = args.out if args.out is not None else args.runs
     jobs = []
     for name, scenario in specs.items():

@@ -203,8 +203,10 @@ def test_the_headline_reads_the_last_round_with_and_without_the_bank(root: Path)
     assert got is not None
     final = headline.final_of(got[0])
     assert len(final.plain) == len(final.bank) == 9 and not final.adapt
-    table = "\n".join(headline.table(headline.summarize({"c": [final]}, ("fetch",)), ("fetch",)))
-    assert table.count("\n") == 2 and "| c | 1 |" in table
+    lines = headline.table(headline.summarize({"c": [final]}, ("fetch",)), ("fetch",))
+    assert lines[2].startswith("| c | 1 |") and lines[3] == ""
+    assert lines[4].startswith("With its bank minus without, paired over the same held-out tasks")
+    assert "c: fewer than 3 seeds" in lines[-1]
 
 
 def test_the_headline_counts_training_episodes_by_mode(root: Path, events: list[Event]) -> None:

@@ -21,6 +21,11 @@ from agents.events.policy import EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY_MODEL = (
+    "steps=20", "warmup=2", "episodes_per_family=6", "hidden_size=32", "layers=1", "heads=2",
+    "kv_heads=1", "intermediate_size=64", "eval_variants=1", "eval_notes=1",
+    "note_episodes_per_family=8", "probe_variants=2", "probe_seeds=1",
+)  # fmt: skip
 
 
 def _assigned(i: int, purpose: str = "eval") -> EpisodeAssigned:
@@ -188,6 +193,7 @@ def test_method_results_names_a_malformed_method_flag(monkeypatch: pytest.Monkey
         (["--parallel", "0"], "--parallel: '0' is not a whole number >= 1"),
         (["--parallel", "-1"], "--parallel: '-1' is not a whole number >= 1"),
         (["--seeds", "0", "0"], "coevo: error: --seeds: [0] given more than once"),
+        (["--tag", "my tag"], "--tag: 'my tag': letters, digits, '.', '_' and '-' only"),
     ],
 )
 def test_the_results_scripts_refuse_bad_counts_in_one_line(
@@ -215,6 +221,8 @@ def test_the_results_scripts_refuse_bad_counts_in_one_line(
         ("grpo=", "coevo: error: --seeds-of 'grpo=': expected NAME=SEED,SEED,..."),
         ("grpo=x", "coevo: error: --seeds-of 'grpo=x': expected NAME=SEED,SEED,..."),
         ("grpo=1,1", "coevo: error: --seeds-of grpo: [1] given more than once"),
+        ("grpo=\u0663", "coevo: error: --seeds-of 'grpo=\u0663': expected NAME=SEED,SEED,..."),
+        ("grpo=1_0", "coevo: error: --seeds-of 'grpo=1_0': expected NAME=SEED,SEED,..."),
     ],
 )
 def test_method_results_names_a_malformed_seeds_of(
@@ -255,6 +263,7 @@ def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(
 
     headline = load_bench("headline")
     small = ["run.episodes=32", "eval.final_episodes=16", "eval.episodes=8", "world.pool=16"]
+    small += [f"policy.embedded.{k}" for k in TINY_MODEL]  # built in seconds, not minutes
     argv = ["headline.py", "--methods", "grpo", "--seeds", "3", "--probe", "0"]
     argv += ["--runs", str(tmp_path), *(a for s in small for a in ("--set", f"grpo:{s}"))]
     before = {p: p.stat().st_mtime_ns for p in (ROOT / "docs" / "results").iterdir()}
@@ -262,7 +271,7 @@ def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(
     headline.main()
     assert {p: p.stat().st_mtime_ns for p in (ROOT / "docs" / "results").iterdir()} == before
     md = (tmp_path / "headline.md").read_text().splitlines()
-    assert md[0].startswith("Table made ") and "seeds: grpo [3]; `headline.py --methods" in md[0]
+    assert md[0].startswith("Table made ") and "seeds: grpo [3]; ` headline.py --methods" in md[0]
     assert re.search(r"from runs created (\S+ \S+) to \1 UTC", md[0]), md[0]
     assert "grpo: fewer than 3 seeds" in "\n".join(md)
     doc = json.loads((tmp_path / "headline.json").read_text())
@@ -290,3 +299,27 @@ def test_the_bank_round_is_paired_with_the_round_without_it_task_by_task() -> No
     assert headline.paired([final]) == [[0.0, 1.0, 1.0]]
     final.bank = final.bank[::-1]
     assert headline.paired([final]) == []
+
+
+def test_a_failed_job_stops_the_runs_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One job of ``--parallel 2`` failed: the script exited and left the other ``coevo run``
+    going as an orphan, which a retry then met writing into its directory."""
+    import subprocess
+
+    results = load_bench("method_results")
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def kept(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        proc = popen(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", kept)
+    long = (ROOT / "scenarios" / "explore.toml", tmp_path / "long", 0, ["run.episodes=10000000"])
+    bad = (tmp_path / "no-such.toml", tmp_path / "bad", 0)
+    with pytest.raises(SystemExit, match="bad failed with exit 2"):
+        results.run_all([long, bad], 2)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)
