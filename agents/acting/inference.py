@@ -38,6 +38,7 @@ from agents.models.prompts import (
     PromptEncoder,
     cut_gap,
     cut_middle,
+    decode_response,
     encode_response,
     end_ids,
     from_pairs,
@@ -130,7 +131,7 @@ def write_replies(
     )
     with lock:
         return [
-            Reply(prompt, ids, logps, tokenizer.decode(ids, skip_special_tokens=True).strip(), cut)
+            Reply(prompt, ids, logps, decode_response(tokenizer, ids).strip(), cut)
             for prompt, (ids, logps), cut in zip(prompts, drawn, cuts, strict=True)
         ]
 
@@ -344,7 +345,7 @@ class PolicyRunner:
         out = []
         for req, prompt, (ids, logps) in zip(requests, prompts, drawn, strict=True):
             with self._tokenizing:
-                text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+                text = decode_response(self.tokenizer, ids).strip()
             out.append(
                 _sampled(
                     req,

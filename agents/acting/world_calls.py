@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from agents.audit.shown import hidden
 from engine.errors import CoevoError
 from engine.world import Observation, Task, TextWorld
 
@@ -131,8 +132,8 @@ def _actions(value: object) -> tuple[str, ...]:
     first: dict[str, int] = {}  # each action's index, in order: the checked tuple
     normal: dict[str, int] = {}  # the same, by the action's NFC form
     for i, action in enumerate(actions):
-        if not any(c.isprintable() and not c.isspace() for c in action):  # blank, or only
-            # zero-width and control characters: scored by the end of its message alone
+        if all(hidden(c) or c.isspace() for c in action):  # blank, or only zero-width and
+            # control characters: scored by the end of its message alone
             raise ValueError(f"admissible[{i}] is {action!r}, an empty action")
         if action in first:  # scored once per copy: its probability counted that many times
             raise ValueError(
@@ -140,14 +141,27 @@ def _actions(value: object) -> tuple[str, ...]:
             )
         key = unicodedata.normalize("NFC", action)
         if key in normal:  # "café" twice, in two spellings: a tokenizer reads them alike
+            a, b = _apart(action, actions[normal[key]])
             raise ValueError(
-                f"admissible[{i}] {ascii(action)[:60]} repeats admissible[{normal[key]}] "
-                f"{ascii(actions[normal[key]])[:60]} in another Unicode spelling (the same text "
-                "once NFC-normalized)"
+                f"admissible[{i}] {a} repeats admissible[{normal[key]}] {b} in another Unicode "
+                "spelling (the same text once NFC-normalized)"
             )
         first[utf8_text(str(action), f"admissible[{i}]")] = i
         normal[key] = i
     return tuple(first)
+
+
+def _apart(a: str, b: str, around: int = 24) -> tuple[str, str]:
+    """Two texts that read alike, each as ``ascii()`` writes it, cut to the part around where
+    they first differ (``...`` where cut), so that the difference shows."""
+    at = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), 0)
+    lo = max(at - around, 0)
+
+    def part(text: str) -> str:
+        cut = text[lo : at + around]
+        return ("..." if lo else "") + ascii(cut) + ("..." if at + around < len(text) else "")
+
+    return part(a), part(b)
 
 
 def _number(value: object, field: str) -> float:

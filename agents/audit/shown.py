@@ -3,24 +3,52 @@ word of a command to paste. Light to import: every command's messages use it."""
 
 from __future__ import annotations
 
+import unicodedata
+
+HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp", "Zs"})
+"""The Unicode categories a reader cannot see, or a terminal acts on: controls, format
+characters (a right-to-left override, a zero-width space), surrogates, and separators (every
+space but the space itself is shown escaped). Characters this Python's Unicode data does not
+know (an emoji newer than it, "Cn") and private-use ones ("Co") are shown as they are."""
+
+
+def hidden(c: str) -> bool:
+    """Whether the character ``c`` is one :data:`HIDDEN` covers (the space is not)."""
+    return c != " " and unicodedata.category(c) in HIDDEN
+
 
 def safe_line(line: str, keep: str = "") -> str:
     """``line`` with every character a terminal would act on or a reader could not see
-    (escape sequences, bell, carriage return, a line break inside a world's goal or action,
-    C1 controls, right-to-left overrides, zero-width and other format characters, spaces
-    other than the space) written as its escape (``\\x1b``, ``\\u202e``): the texts come from a
-    world. ``keep``: characters left as they are (a page's text blocks keep line breaks and
-    tabs)."""
+    (:func:`hidden`: escape sequences, bell, carriage return, a line break inside a world's
+    goal or action, C1 controls, right-to-left overrides, zero-width and other format
+    characters, spaces other than the space) written as its escape (``\\x1b``, ``\\u202e``):
+    the texts come from a world. ``keep``: characters left as they are (a page's text blocks
+    keep line breaks and tabs)."""
     if line.isprintable():
         return line
-    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in line)
+    return "".join(repr(c)[1:-1] if hidden(c) and c not in keep else c for c in line)
 
 
 def pasteable(path: object) -> str:
     """``path`` as one word of a command to paste into a shell: quoted when it needs it
-    (``runs/my run``), and ``./-ins`` for ``-ins``, which no option parser takes for an
-    option."""
+    (``runs/my run``), ``./-ins`` for ``-ins`` (no option parser takes it for an option), and
+    in bash's ``$'...'`` form when it holds a character :func:`safe_line` escapes (an ESC),
+    so that the escaped word still names the path."""
     import shlex
 
     text = str(path)
-    return shlex.quote(f"./{text}" if text.startswith("-") else text)
+    text = f"./{text}" if text.startswith("-") else text
+    if not any(hidden(c) for c in text if c != " "):
+        return shlex.quote(text)
+    out = []
+    for c in text:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif hidden(c) and c != " ":
+            n = ord(c)
+            out.append(
+                f"\\x{n:02x}" if n < 0x80 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+            )
+        else:
+            out.append(c)
+    return "$'" + "".join(out) + "'"

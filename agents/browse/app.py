@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -30,7 +30,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from agents.audit.shown import pasteable, safe_line
-from agents.browse.data import FILTERS, RunView
+from agents.browse.data import FILTERS, RunView, filter_key
 from engine.errors import AuditQueryInvalid, CoevoError
 
 __all__ = ["PAGE", "REFRESH", "ROWS", "make_app"]
@@ -52,6 +52,8 @@ def _shown(value: object) -> object:
     space) as its escape (``\\x1b``, ``\\u202e``; :func:`agents.audit.shown.safe_line`), line
     breaks and tabs kept (text blocks wrap as written). A one-line value (an action, a
     goal, a family) goes through the ``line`` filter first, which escapes those too."""
+    if isinstance(value, PurePath):  # a run's directory, as its name
+        value = str(value)
     return safe_line(value, "\n\t") if isinstance(value, str) else value
 
 
@@ -63,6 +65,7 @@ _TEMPLATES = Environment(
     lstrip_blocks=True,
 )
 _TEMPLATES.filters["line"] = safe_line  # a one-line text: "go\nnorth" is not "go north"
+_TEMPLATES.filters["key"] = filter_key  # a filter's value that names one family, not two
 
 
 _TEMPLATES.filters["shell"] = pasteable  # a command to paste

@@ -360,9 +360,16 @@ def _natural(text: str) -> tuple[int, str]:
     return (int(text), "") if re.fullmatch(r"-?[0-9]+", text) else (1 << 60, text)
 
 
-def _named(value: str, wanted: str) -> bool:
-    """Whether a filter's ``wanted`` names ``value``: as it is, or as a page shows it (the
-    list's choice of a family holding ESC or NUL sends its escaped form)."""
+def filter_key(value: str) -> str:
+    """What a filter's list sends for ``value``: the value itself, or, for one a page shows
+    escaped (a family holding ESC or NUL), Python's ``ascii()`` of it, quotes and all, which
+    no other value shares (``esc\\x1b`` written with a backslash is another family)."""
     from agents.audit.shown import safe_line
 
-    return value == wanted or safe_line(value) == wanted
+    return value if safe_line(value) == value else ascii(value)
+
+
+def _named(value: str, wanted: str) -> bool:
+    """Whether a filter's ``wanted`` names ``value``: as it is, or as its list sends it
+    (:func:`filter_key`)."""
+    return value == wanted or filter_key(value) == wanted

@@ -167,16 +167,18 @@ def plot(result: ProbeResult, path: Path) -> None:
                 _point(
                     per_family, at, r.by_family[f], color, legend_label(r.label) if x == 0 else None
                 )
-    overall.set_xticks(range(len(labels)), labels, rotation=30)
+    overall.set_xticks(range(len(labels)), [safe_line(x) for x in labels], rotation=30)
     overall.set_ylabel("held-out success")
     overall.set_title("all families")
-    per_family.set_xticks(range(len(families)), families)
+    per_family.set_xticks(range(len(families)), [safe_line(f) for f in families])
     per_family.set_title("per family")
     per_family.legend(fontsize=8)
     for ax in (overall, per_family):
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    fig.suptitle(f"probe of {Path(result.run).name}: {result.episodes} episodes per bank")
+    fig.suptitle(
+        safe_line(f"probe of {Path(result.run).name}: {result.episodes} episodes per bank")
+    )
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     replace_file(path, png.getvalue())

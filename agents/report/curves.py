@@ -284,7 +284,9 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
         ax2.set_xlabel("policy version")
         ax2.grid(alpha=0.3)
         ax2.legend()
-    fig.suptitle(title)
+    from agents.audit.shown import safe_line
+
+    fig.suptitle(safe_line(title))
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=100)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import html
 import io
-import shlex
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agents.audit.shown import pasteable, safe_line
 from agents.events.extractor import CreditAssigned, ExtractorCalled
 from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
 from agents.report.curves import (
@@ -104,8 +104,6 @@ def _h(text: str) -> str:
     """``text`` (a world's, a run's name) for the page: HTML-escaped, with what a reader could
     not see or no page may hold (ESC, NUL, a right-to-left override) escaped as ``coevo
     serve`` shows it (:func:`agents.audit.shown.safe_line`; line breaks and tabs kept)."""
-    from agents.audit.shown import safe_line
-
     return html.escape(safe_line(text, "\n\t"))
 
 
@@ -403,7 +401,7 @@ def _entry_card(r: RunData, i: int, e: Entry, shown: set[int]) -> str:
     )
     credits = ", ".join(f"{_h(ep)} {c:+.2f}" for ep, c in e.credits[:24])
     more = f" … and {len(e.credits) - 24} more" if len(e.credits) > 24 else ""
-    command = f"coevo audit {shlex.quote(str(r.path))} tip {e.tip_id}"  # to paste in a shell
+    command = f"coevo audit {pasteable(r.path)} tip {e.tip_id}"  # to paste in a shell
     return (
         f'<div class="entry" id="{anchor}"><p><a href="#{anchor}">#{e.tip_id}</a> in '
         f"{_h(e.slot)}: total credit <b>{e.total:+.2f}</b> from {len(e.credits)} "

@@ -43,8 +43,12 @@ def plain_text() -> None:
 
 
 def legend_label(name: str) -> str:
-    """``name`` as a legend entry: matplotlib leaves out every label that starts with ``_``
-    (a run directory ``_under`` had no entry)."""
+    """``name`` as a legend entry: what a reader could not see escaped as on the page
+    (:func:`agents.audit.shown.safe_line`: an ESC reached the SVG raw), and a leading space
+    for one that starts with ``_``, which matplotlib leaves out of a legend."""
+    from agents.audit.shown import safe_line
+
+    name = safe_line(name)
     return f" {name}" if name.startswith("_") else name
 
 
@@ -174,7 +178,9 @@ def _ops_panel(ax: Any, r: RunData, color: str) -> None:
             label=kind,
         )
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    ax.set_title(f"{r.label}: operations per {block} episodes", color=color, fontsize=10)
+    ax.set_title(
+        f"{legend_label(r.label)}: operations per {block} episodes", color=color, fontsize=10
+    )
     ax.set_xlabel("training episodes")
 
 

@@ -212,7 +212,7 @@ def _drive(
     )
     run_id = started.run_id
     verb = f"resumed after seq {resumed.after}" if resumed is not None else scenario.name
-    console.print(f"run {run_id}: {verb} -> {rd.root}")
+    console.print(safe_line(f"run {run_id}: {verb} -> {rd.root}"))
     try:
         try:
             with progress:
@@ -387,13 +387,17 @@ def _finish(
         problem = _all_aborted(episodes, run_id, rd) or problem
     code = (outcome.exit_code or 1) if problem else outcome.exit_code
     console.print(  # the exit code the process ends with, not only the runtime's
-        f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
-        f"(exit {code})" + (f": {outcome.error}" if outcome.error else "")
+        safe_line(
+            f"run {run_id} {outcome.reason}: {outcome.events} events in {rd.root} "
+            f"(exit {code})" + (f": {outcome.error}" if outcome.error else "")
+        )
     )
     if quiet and outcome.reason == "failed":  # the one line --quiet keeps
         print(
-            f"coevo: error: run {run_id} failed: {outcome.events} events in {rd.root}: "
-            f"{outcome.error}",
+            safe_line(
+                f"coevo: error: run {run_id} failed: {outcome.events} events in {rd.root}: "
+                f"{outcome.error}"
+            ),
             file=sys.stderr,
         )
     elif quiet and outcome.reason != "completed":  # stopped (a signal): how to go on
@@ -404,7 +408,7 @@ def _finish(
             file=sys.stderr,
         )
     elif problem:
-        print(problem, file=sys.stderr)
+        print(safe_line(problem), file=sys.stderr)
     if outcome.reason == "completed" and not problem:
         warnings = (_policy_unchanged(updates), _memory_empty(counts), _all_cut(counts))
         for warning in (*warnings, _prompts_cut(counts, rd)):

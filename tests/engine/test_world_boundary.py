@@ -581,3 +581,21 @@ def test_a_plug_in_s_check_is_asked_in_any_form_and_its_own_failure_named() -> N
     with pytest.raises(EventInvalid, match=r"its unrecordable\(\) returned True, not a str"):
         codec.check(Buggy(answer=1))
     assert codec.check(Buggy(answer=0)) > 0
+
+
+def test_actions_this_python_does_not_know_are_actions_and_a_spelling_shows_where_it_differs() -> (
+    None
+):
+    """An emoji newer than this Python's Unicode data (U+1FA77) and a private-use character
+    were refused as "an empty action" (not printable to Python); two long actions in two
+    spellings were named by their first 60 characters, which read the same."""
+    from agents.acting.world_calls import _actions  # pyright: ignore[reportPrivateUsage]
+
+    assert _actions(["\U0001fa77", "\ue000", "x"]) == ("\U0001fa77", "\ue000", "x")
+    with pytest.raises(ValueError) as info:
+        _actions(["a" * 50 + "caf\xe9 now", "b", "a" * 50 + "cafe\u0301 now"])
+    assert str(info.value) == (
+        "admissible[2] ...'aaaaaaaaaaaaaaaaaaaaacafe\\u0301 now' repeats admissible[0] "
+        "...'aaaaaaaaaaaaaaaaaaaaacaf\\xe9 now' in another Unicode spelling (the same text once "
+        "NFC-normalized)"
+    )

@@ -725,3 +725,25 @@ def test_a_checkpoint_of_a_renamed_architecture_loads_back_into_the_model(tmp_pa
     assert torch.equal(
         served.get_output_embeddings().weight, trained.get_output_embeddings().weight
     )
+
+
+def test_a_reply_is_read_up_to_an_end_id_that_is_an_ordinary_token() -> None:
+    """A generation config may name an ordinary token an eos: generation stopped at it, but
+    the reply's text (a generated action, a tip) was decoded with it (``take door`` for the
+    response ``take`` + that eos), where the response ends before it."""
+    from types import SimpleNamespace
+
+    from agents.acting.inference import write_replies
+    from stores.checkpoints import END_IDS
+
+    _, tokenizer = tiny_model()
+    ids = tokenizer.encode("take door", add_special_tokens=False)
+    setattr(tokenizer, END_IDS, frozenset({ids[-1]}))
+
+    class Drawn:
+        def generate(self, prompts: Any, rngs: Any, **_: Any) -> Any:
+            return [(ids, [0.0] * len(ids)) for _ in prompts]
+
+    ask = SimpleNamespace(messages=(("system", "s"), ("user", "look")), seed=1)
+    (reply,) = write_replies(Drawn(), tokenizer, [ask], temperature=1.0, max_new_tokens=4)  # type: ignore[arg-type]
+    assert reply.ids == ids and reply.text == "take"

@@ -325,14 +325,15 @@ def test_names_matplotlib_reads_as_math_or_hides_are_drawn_as_written(
 ) -> None:
     """A run directory ``m$\\frac{$x`` stopped ``coevo report`` with a 45-line mathtext
     traceback (matplotlib read the pair of ``$`` as math), and one named ``_under`` had no
-    legend entry (matplotlib leaves out labels starting with ``_``)."""
-    odd, hidden = tmp_path / "m$\\frac{$x", tmp_path / "_under"
+    legend entry (matplotlib leaves out labels starting with ``_``); an ESC in a name reached
+    the SVG raw."""
+    odd, hidden = tmp_path / "m$\\frac{$x\x1b", tmp_path / "_under"
     for run in (odd, hidden):
         assert main(["copy", str(runs[0]), str(run)]) == 0
     out = tmp_path / "report.html"
     assert main(["report", str(odd), str(hidden), "--out", str(out)]) == 0
     drawn = {html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", out.read_text())}
-    assert {"m$\\frac{$x", " _under", " _under, with bank"} <= drawn, sorted(drawn)
+    assert {"m$\\frac{$x\\x1b", " _under", " _under, with bank"} <= drawn, sorted(drawn)
 
 
 def test_a_world_s_text_on_the_page_is_escaped_as_serve_shows_it() -> None:

@@ -611,8 +611,12 @@ def test_what_a_reader_could_not_see_is_shown_escaped_and_one_line_texts_stay_on
     assert page("{{ text|line }}", "go\tnorth\nnow\r") == "go\\tnorth\\nnow\\r"
     assert page("{{ text|shell }}", "-ins") == "./-ins"
     assert page("{{ text|shell }}", "my run") == "&#39;my run&#39;"
-    assert _named("q\x1b[31mR", "q\\x1b[31mR") and _named("heat", "heat")
-    assert not _named("q\x1b[31mR", "qR")
+    assert _named("q\x1b[31mR", "'q\\x1b[31mR'") and _named("heat", "heat")
+    assert not _named("q\x1b[31mR", "qR") and not _named("q\\x1b[31mR", "'q\\x1b[31mR'")
+    assert not _named("q\x1b[31mR", "q\\x1b[31mR")  # the name of another family
+    assert page("{{ text|key }}", "q\x1b") == "&#39;q\\x1b&#39;"
+    root = _TEMPLATES.from_string("{{ p }}").render(p=Path("/r/e\x1b\u202e"))
+    assert root == "/r/e\\x1b\\u202e"  # a run's directory
 
 
 def test_serve_out_of_file_descriptors_stays_up_and_stops_on_sigterm(live_run: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +102,12 @@ def test_a_command_a_message_suggests_pastes_as_one_word() -> None:
         "runs/a",
         "'x y'",
     ]
+    # a path a message shows escaped: bash's $'...' names it, escaped as it is
+    assert pasteable("r/e\x1b[7m it's\u202e") == "$'r/e\\x1b[7m it\\'s\\u202e'"
+    word = subprocess.run(
+        ["bash", "-c", f"printf %s {pasteable('a b/e' + chr(27) + chr(0x202E))}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert word.stdout == "a b/e\x1b\u202e"
