@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headline_logs import Modes, modes_of, modes_table, ratio
 from method_results import (
     check_families,
+    check_families_first,
     fold,
     once_each,
     plot,
@@ -359,6 +360,7 @@ def main() -> None:
                 f"({', '.join(args.methods)})"
             )
         extra.setdefault(name, []).append(assignment)
+    check_families_first(args.hard, [(ROOT / METHODS[n], extra.get(n, [])) for n in args.methods])
     jobs = []
     for seed in args.seeds:  # seed by seed: every method's first seeds finish first
         for name in args.methods:

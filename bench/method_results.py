@@ -185,6 +185,30 @@ def check_families(hard: Sequence[str], facts: dict[str, list[RunFacts]]) -> Non
         )
 
 
+def check_families_first(hard: Sequence[str], scenarios: Sequence[tuple[Path, list[str]]]) -> None:
+    """Stop (one line) before anything runs when every scenario (with its ``--set`` values)
+    lists its world's families and a ``--hard`` family is in none of them (a typo was refused
+    only once every run had trained); a scenario that takes all its world offers is checked
+    after the runs (:func:`check_families`)."""
+    from engine.errors import CoevoError
+    from scenarios.loader import load_scenario
+
+    listed: set[str] = set()
+    for scenario, sets in scenarios:
+        try:
+            families = load_scenario(scenario, sets).world.families
+        except CoevoError as exc:  # a --set the scenario refuses: its line, as a run's
+            raise SystemExit(f"coevo: error: {exc}") from None
+        if not families:
+            return
+        listed.update(families)
+    if missing := [fam for fam in hard if fam not in listed]:
+        raise SystemExit(
+            f"coevo: error: --hard {' '.join(missing)}: no scenario plays that family (they "
+            f"list: {', '.join(sorted(listed))})"
+        )
+
+
 def provenance(seeds: dict[str, list[int]], runs: Sequence[Path]) -> dict[str, Any]:
     """Where a table came from: the code's commit (and whether the work tree differed), the
     time (UTC), the command, each method's seeds, and when the ``runs`` it read were created
@@ -537,6 +561,7 @@ def main() -> None:
             )
         seeds[name] = once_each(f"--seeds-of {name}", [int(x) for x in listed.split(",")])
     out_dir = args.out if args.out is not None else args.runs
+    check_families_first(args.hard, [(Path(scenario), []) for scenario in specs.values()])
     jobs = []
     for name, scenario in specs.items():
         for seed in seeds[name]:

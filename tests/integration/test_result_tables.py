@@ -323,3 +323,19 @@ def test_a_failed_job_stops_the_runs_beside_it(
     with pytest.raises(SystemExit, match="bad failed with exit 2"):
         results.run_all([long, bad], 2)
     assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+@pytest.mark.parametrize("script", ["headline", "method_results"])
+def test_a_hard_family_no_scenario_lists_is_refused_before_anything_runs(
+    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``--hard`` typo was refused only once every run had trained (hours)."""
+    main = load_bench(script).main
+    argv = [f"{script}.py", "--runs", str(tmp_path / "r"), "--hard", "circuits"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert str(info.value.code).startswith(
+        "coevo: error: --hard circuits: no scenario plays that family (they list: "
+    )
+    assert not (tmp_path / "r").exists()
