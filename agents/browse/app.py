@@ -66,8 +66,6 @@ _TEMPLATES = Environment(
 )
 _TEMPLATES.filters["line"] = safe_line  # a one-line text: "go\nnorth" is not "go north"
 _TEMPLATES.filters["key"] = filter_key  # a filter's value that names one family, not two
-
-
 _TEMPLATES.filters["shell"] = pasteable  # a command to paste
 
 
