@@ -255,13 +255,14 @@ def bars(summary: dict, path: Path) -> Path:
 
 def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
     """``coevo probe`` of every seed's Complementary RL run against its frozen control's
-    (``probe.json`` under ``<run>/probe``; reused when there)."""
+    (``probe.json`` under ``<run>/probe-<episodes>``; reused when there: a probe of another
+    number of episodes was reused as this one's)."""
     coevo = str(Path(sys.executable).with_name("coevo"))
     out = []
     for seed in seeds:
         run = runs / f"complementary-seed{seed}"
         control = runs / f"complementary-frozen-seed{seed}"
-        report = run / "probe" / "probe.json"
+        report = run / f"probe-{episodes}" / "probe.json"
         if not report.exists():
             print(f"probe {run.name}", flush=True)
             cmd = [coevo, "probe", str(run), "--control", str(control), "--json"]

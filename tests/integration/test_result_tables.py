@@ -339,3 +339,31 @@ def test_a_hard_family_no_scenario_lists_is_refused_before_anything_runs(
         "coevo: error: --hard circuits: no scenario plays that family (they list: "
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_a_probe_of_another_size_is_not_reused_as_this_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """headline.py reused whatever ``probe.json`` a run held: ``--probe 300`` after a
+    ``--probe 100`` reported the 100-episode probe as the 300-episode one."""
+    import json
+    import subprocess
+
+    headline = load_bench("headline")
+    run = tmp_path / "complementary-seed0"
+    (run / "probe-100").mkdir(parents=True)
+    (run / "probe-100" / "probe.json").write_text(json.dumps({"episodes": 100}))
+    asked: list[list[str]] = []
+
+    def probe(cmd: list[str], **_: object) -> None:
+        asked.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "probe.json").write_text(
+            json.dumps({"episodes": int(cmd[cmd.index("--episodes") + 1])})
+        )
+
+    monkeypatch.setattr(subprocess, "run", probe)
+    assert headline.probe_runs(tmp_path, [0], 300) == [{"episodes": 300}]
+    assert headline.probe_runs(tmp_path, [0], 100) == [{"episodes": 100}]
+    assert len(asked) == 1
