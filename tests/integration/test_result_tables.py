@@ -282,8 +282,8 @@ def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(
     assert (again.value, again.low, again.high) == tuple(
         doc["grpo"]["plain"][k] for k in ("value", "low", "high")
     )
-    monkeypatch.setattr("sys.argv", [*argv, "--hard", "circuits"])  # the run is reused
-    with pytest.raises(SystemExit, match="--hard circuits: no held-out episode"):
+    monkeypatch.setattr("sys.argv", [*argv, "--hard", "circuits"])  # refused before its reuse
+    with pytest.raises(SystemExit, match="--hard circuits: no scenario plays that family"):
         headline.main()
 
 
