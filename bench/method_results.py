@@ -54,10 +54,13 @@ class RunFacts:
     adapt: list[AdaptRoundFinished] = field(default_factory=list)
     wall: float = 0.0
 
-    def family_success(self, round_: int, families: tuple[str, ...]) -> tuple[int, int]:
+    def family_success(
+        self, round_: int, families: tuple[str, ...] | None = None
+    ) -> tuple[int, int]:
+        """Successes and episodes of a held-out round, of ``families`` (None: every one)."""
         wins = n = 0
         for fam, (w, k) in self.by_family.get(round_, {}).items():
-            if fam in families:
+            if families is None or fam in families:
                 wins, n = wins + w, n + k
         return wins, n
 
@@ -255,13 +258,10 @@ def provenance_line(facts: dict[str, Any]) -> str:
     )
 
 
-def outcomes(f: RunFacts, round_: int, families: Sequence[str] | None = None) -> list[float]:
-    """One run's held-out episodes of a round (of ``families``; None: all) as 1.0 (success)
-    and 0.0, for :func:`agents.report.intervals.bootstrap_mean`."""
-    wins = n = 0
-    for fam, (w, k) in f.by_family.get(round_, {}).items():
-        if families is None or fam in families:
-            wins, n = wins + w, n + k
+def outcomes(f: RunFacts, round_: int) -> list[float]:
+    """One run's held-out episodes of a round as 1.0 (success) and 0.0, for
+    :func:`agents.report.intervals.bootstrap_mean`."""
+    wins, n = f.family_success(round_)
     return [1.0] * wins + [0.0] * (n - wins)
 
 

@@ -38,13 +38,13 @@ def pasteable(path: object) -> str:
 
     text = str(path)
     text = f"./{text}" if text.startswith("-") else text
-    if not any(hidden(c) for c in text if c != " "):
+    if not any(map(hidden, text)):
         return shlex.quote(text)
     out = []
     for c in text:
         if c in "\\'":
             out.append("\\" + c)
-        elif hidden(c) and c != " ":
+        elif hidden(c):
             n = ord(c)
             out.append(
                 f"\\x{n:02x}" if n < 0x80 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"

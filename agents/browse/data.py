@@ -30,6 +30,7 @@ from agents.audit.index import (
     refs,
     versions,
 )
+from agents.audit.shown import safe_line
 from agents.events.policy import ActionRequested, ActionSampled
 from agents.methods.registry import import_run_method
 from engine.errors import CoevoError
@@ -364,8 +365,6 @@ def filter_key(value: str) -> str:
     """What a filter's list sends for ``value``: the value itself, or, for one a page shows
     escaped (a family holding ESC or NUL), Python's ``ascii()`` of it, quotes and all, which
     no other value shares (``esc\\x1b`` written with a backslash is another family)."""
-    from agents.audit.shown import safe_line
-
     return value if safe_line(value) == value else ascii(value)
 
 

@@ -261,6 +261,7 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from agents.audit.shown import safe_line
     from agents.report.plots import plain_text
 
     plain_text()
@@ -284,8 +285,6 @@ def plot_curves(path: Path, curves: Curves, title: str = "") -> Path:
         ax2.set_xlabel("policy version")
         ax2.grid(alpha=0.3)
         ax2.legend()
-    from agents.audit.shown import safe_line
-
     fig.suptitle(safe_line(title))
     fig.tight_layout()
     png = io.BytesIO()

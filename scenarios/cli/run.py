@@ -541,7 +541,7 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
         reader.close()
     return (
         f"coevo: error: run {run_id} completed, but all {aborted} of its {what} were aborted "
-        f"(the first: {safe_line(str(getattr(first, 'reason', '?')))}); coevo log "
+        f"(the first: {getattr(first, 'reason', '?')}); coevo log "
         f"{pasteable(rd.root)} --kind episode_aborted lists them"
     )
 
