@@ -18,6 +18,7 @@ one :class:`TipProposed` each: the tip is written by the same policy that acts.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from collections.abc import Callable, Sequence
@@ -48,6 +49,7 @@ from agents.models.prompts import (
     strip_tips,
 )
 from engine.actor import Actor, Context, task_nursery
+from engine.errors import CoevoError
 from engine.events import Envelope, Event
 from stores.checkpoints import Checkpoints
 
@@ -134,6 +136,27 @@ def write_replies(
             Reply(prompt, ids, logps, decode_response(tokenizer, ids).strip(), cut)
             for prompt, (ids, logps), cut in zip(prompts, drawn, cuts, strict=True)
         ]
+
+
+class PolicyNotFinite(CoevoError):
+    """The policy's forward pass gave a log-probability that is not a number (NaN) or not
+    finite: nothing is recorded from it and the run fails (exit 1), rather than acting on
+    NaN scores (the last action always chosen) for a whole run."""
+
+    exit_code = 1
+
+
+def refuse_non_finite(logps: Sequence[float], what: str, version: int) -> None:
+    """Raise :class:`PolicyNotFinite` unless every value of ``logps`` (an answer's log-probs,
+    for ``what``) is finite."""
+    bad = next((x for x in logps if not math.isfinite(x)), None)
+    if bad is None:
+        return
+    raise PolicyNotFinite(
+        f"the policy (version {version}) gave a log-probability of {bad} for {what}: its "
+        "weights hold NaN or inf (a damaged model directory or checkpoint) or its logits "
+        "overflow float32; nothing was recorded from it"
+    )
 
 
 class PolicyRunner:
@@ -232,7 +255,14 @@ class PolicyRunner:
                 out[i] = msgspec.structs.replace(answer, prompt_cut=cuts[i]) if cuts[i] else answer
         with self._tokenizing:  # batches in flight answer in several threads
             self.prompts_cut += sum(1 for c in cuts if c)
-        return self._with_bare_prompts(requests, [a for a in out if a is not None], rooms)
+        answers = [a for a in out if a is not None]
+        for a in answers:
+            refuse_non_finite(
+                (a.logp, *a.token_logps, *(a.candidate_scores or ())),
+                f"episode {a.episode}'s turn {a.turn}",
+                self.version,
+            )
+        return self._with_bare_prompts(requests, answers, rooms)
 
     def _room(self, cands: list[list[int]]) -> int | None:
         """The most prompt tokens a request may take, given its candidates ("score" mode; cut
@@ -283,6 +313,8 @@ class PolicyRunner:
         )
         with self._tokenizing:
             self.prompts_cut += sum(1 for reply in replies if reply.cut)
+        for req, reply in zip(requests, replies, strict=True):
+            refuse_non_finite(reply.logps, f"episode {req.episode}'s tip", self.version)
         return [
             TipProposed(
                 episode=req.episode,

@@ -164,17 +164,30 @@ def _apart(a: str, b: str, around: int = 24) -> tuple[str, str]:
     return part(a), part(b)
 
 
+SCORE_LIMIT = 1e100
+"""The largest reward or score (in magnitude) a world may give. Past it what coevo derives
+from scores stops being a number: a round's mean of 1e308 and 1e308 is inf, so is a credit
+rule's ``2 * score - 1``, and squares for a spread overflow. Up to it every sum, mean, spread
+and difference over any number of episodes a run can hold stays finite."""
+
+
 def _number(value: object, field: str) -> float:
     if isinstance(value, bool | np.bool_) or not isinstance(
         value, int | float | np.integer | np.floating
     ):
-        raise ValueError(f"{field} is {_short(value)}, not a number")
+        kind = type(value).__name__
+        raise ValueError(f"{field} is {_short(value)} (a {kind}), not a float or an int")
     try:
         number = float(value)
     except OverflowError:  # an int past float's range (10**400)
         raise ValueError(f"{field} is {_short(value)}, too large for a float") from None
     if not math.isfinite(number):
         raise ValueError(f"{field} is {number}, not a finite number")
+    if abs(number) > SCORE_LIMIT:
+        raise ValueError(
+            f"{field} is {number:g}, past +/-{SCORE_LIMIT:g} (what coevo derives from scores, "
+            "a mean or a credit, would overflow a float): give the world's scores a smaller scale"
+        )
     return number
 
 

@@ -428,7 +428,7 @@ def _one_step(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(trainable(trainee.model), req.max_grad_norm)
-        refuse_non_finite("policy", req.update, loss, norm)
+        refuse_non_finite("policy", req.update, loss, norm, logp.detach()[mask != 0])
         opt.step()
         grad_norm = float(norm)
     stats = dict(
@@ -450,9 +450,17 @@ class UpdateNotFinite(CoevoError):
     exit_code = 1
 
 
-def refuse_non_finite(model: str, update: int, loss: torch.Tensor, norm: torch.Tensor) -> None:
+def refuse_non_finite(
+    model: str,
+    update: int,
+    loss: torch.Tensor,
+    norm: torch.Tensor,
+    logp: torch.Tensor | None = None,
+) -> None:
     """Raise :class:`UpdateNotFinite` before an optimiser step whose loss or gradient norm
     is not finite (advantages of 1e300 overflow float32; a NaN spreads to every weight).
+    ``logp``: the model's own log-probs of the batch, when at hand: non-finite ones mean
+    the weights are at fault, not the advantages.
 
     Raises:
         UpdateNotFinite: so.
@@ -460,10 +468,16 @@ def refuse_non_finite(model: str, update: int, loss: torch.Tensor, norm: torch.T
     values = (float(loss.detach()), float(norm))
     if all(math.isfinite(v) for v in values):
         return
+    if logp is not None and not bool(torch.isfinite(logp.detach()).all()):
+        why = (
+            "the model's own log-probs of the batch are not finite: its weights hold NaN or "
+            "inf (a damaged model directory or checkpoint)"
+        )
+    else:
+        why = "are the advantages finite and of a sane size? a method's score gives them"
     raise UpdateNotFinite(
         f"{model} update {update}: loss {values[0]:g}, gradient norm {values[1]:g}: not finite, "
-        "so not applied (are the advantages finite and of a sane size? a method's score "
-        "gives them)"
+        f"so not applied ({why})"
     )
 
 

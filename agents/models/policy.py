@@ -135,6 +135,31 @@ model's of 4,096 positions, say) is not probed, and a prompt longer than that wi
 score wrong unseen."""
 
 
+def output_fault(model: Any, device: torch.device) -> str | None:
+    """What is wrong with ``model``'s outputs, or None: a forward pass over a short prompt
+    of random tokens must give finite logits. Weights holding NaN or inf (a damaged model
+    directory or checkpoint) give NaN scores that would choose actions without a sign."""
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    if vocab < 8:
+        return None
+    draw = random.Random(0)
+    ids = torch.tensor([[draw.randrange(3, vocab) for _ in range(16)]], device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float()
+    finally:
+        model.train(was_training)
+    if bool(torch.isfinite(logits).all()):
+        return None
+    bad = logits[~torch.isfinite(logits)][0].item()
+    return (
+        f"its forward pass gives a logit of {bad} on a 16-token prompt: its weights hold NaN "
+        "or inf (a damaged model directory or checkpoint), or its outputs overflow float32"
+    )
+
+
 def packed_scoring_fault(model: Any, device: torch.device, pad_id: int) -> str | None:
     """What is wrong with scoring ``model``'s candidates packed (:func:`candidate_scores`), or
     None: packing replaces the model's own attention mask with a block mask, which is right
@@ -174,19 +199,23 @@ def packed_scoring_fault(model: Any, device: torch.device, pad_id: int) -> str |
             except Exception as exc:  # an architecture that cannot take the block mask
                 said = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
                 return f"scoring candidates packed fails on this architecture ({said})"
-            alone = []
+            alone, top = [], 0.0
             for p, cs in zip(prompts, candidates, strict=True):
                 for c in cs:
                     ids = torch.tensor([[*p, *c]], device=device)
                     # the logits of the candidate's places only (a large vocabulary's over
                     # thousands of places would take gigabytes)
                     out = model(input_ids=ids, logits_to_keep=len(c) + 1)
-                    logp = out.logits[0, -len(c) - 1 : -1].float().log_softmax(-1)
+                    logits = out.logits[0, -len(c) - 1 : -1].float()
+                    top = max(top, float(logits.abs().max()))
+                    logp = logits.log_softmax(-1)
                     alone.append(sum(float(logp[t, tok]) for t, tok in enumerate(c)))
     finally:
         model.train(was_training)
     worst = max(abs(float(a) - b) for a, b in zip(packed.tolist(), alone, strict=True))
-    if worst > 1e-4:  # float32 rounding: under 1e-6 here, at 48 to 2,048 places
+    # float32 rounding: under 1e-6 here, at 48 to 2,048 places, for logits of ordinary size;
+    # it grows with their size (logits in the tens of thousands round to 1e-3). NaN differs.
+    if not worst <= 1e-4 + 1e-6 * top:
         return (
             f"scoring candidates packed differs from the model's own forward pass by up to "
             f"{worst:.3g} nats (a {length}-token prompt; its attention is not full causal "

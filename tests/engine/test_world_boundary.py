@@ -8,6 +8,7 @@ import functools
 import math
 import os
 import threading
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,12 @@ def run_world(
     return [env.event for env in log.read()], outcome
 
 
+PAST = (
+    "(what coevo derives from scores, a mean or a credit, would overflow a float): give the "
+    "world's scores a smaller scale"
+)
+
+
 @pytest.mark.parametrize(
     ("odd", "says"),
     [
@@ -94,7 +101,10 @@ def run_world(
         ({"goal": 7}, "returned an observation whose goal is 7, not a string"),
         ({"admissible": ("look", 3)}, "whose admissible[1] is 3, not a string"),
         ({"admissible": "look"}, "whose admissible is 'look', not a tuple of strings"),
-        ({"reward": "1"}, "whose reward is '1', not a number"),
+        ({"reward": "1"}, "whose reward is '1' (a str), not a float or an int"),
+        ({"reward": Decimal("0.5")}, "reward is Decimal('0.5') (a Decimal), not a float or an int"),
+        ({"score": 1e308}, f"whose score is 1e+308, past +/-1e+100 {PAST}"),
+        ({"reward": -(10**101)}, f"whose reward is -1e+101, past +/-1e+100 {PAST}"),
         ({"score": float("nan")}, "whose score is nan, not a finite number"),
         ({"reward": 10**400}, f"whose reward is {'1' + '0' * 56}..., too large for a float"),
         ({"score": 10**5000}, "whose score is an int of 16610 bits, too large for a float"),
@@ -125,6 +135,9 @@ def run_world(
         "int action",
         "str actions",
         "str reward",
+        "decimal reward",
+        "score past the limit",
+        "int reward past the limit",
         "nan",
         "int past float",
         "int past repr",

@@ -207,3 +207,29 @@ def test_actions_the_tokenizer_encodes_alike_are_found(tokenizer: Any) -> None:
     lossy._responses["open bin"] = list(ids)  # what a tokenizer that loses "x"/"n" gives
     lossy.answer(requests())
     assert lossy.alike == ("open box", "open bin")
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_a_policy_whose_weights_turned_nan_stops_instead_of_acting_on_nan(
+    tokenizer: Any, mode: str
+) -> None:
+    """A NaN in the weights (a damaged checkpoint loaded mid-run) gave NaN scores that chose
+    the last action, and NaN token log-probs, for a whole run that exited 0; now the answer
+    and the reflection that read them fail naming the version. The load-time check refuses
+    such a model before the run acts."""
+    from agents.acting.inference import PolicyNotFinite
+    from agents.models.policy import output_fault
+
+    model = tiny(tokenizer)
+    settings = ActSettings(mode=mode, temperature=1.0, max_new_tokens=6, tip_tokens=5)
+    runner = PolicyRunner(model, tokenizer, settings)
+    assert output_fault(model, CPU) is None
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    norm = next(k for k in state if k.endswith("norm.weight"))
+    state[norm][0] = float("nan")
+    runner.load(state, 3)
+    with pytest.raises(PolicyNotFinite, match=r"the policy \(version 3\) gave a log-probability"):
+        runner.answer(requests())
+    with pytest.raises(PolicyNotFinite, match="episode ep0's tip"):
+        runner.reflect([reflection(1)])
+    assert "gives a logit of nan on a 16-token prompt" in (output_fault(model, CPU) or "")

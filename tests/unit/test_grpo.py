@@ -418,7 +418,8 @@ def test_low_prob_mask_errors() -> None:
 
 
 def test_group_stats_of_rewards_too_large_to_square() -> None:
-    """A world's score of 1e300 is finite, as the world protocol allows: its square is not
+    """A reward of 1e300 is finite (a world's past ``SCORE_LIMIT`` is refused at the boundary,
+    not a caller's of this function): its square is not
     (OverflowError), so the statistics are computed scaled down; ordinary rewards give the
     same bits as before."""
     mean, std = group_stats([1e300, 0.0, 0.0, 0.0])
@@ -438,3 +439,18 @@ def test_group_advantages_of_rewards_whose_spread_passes_the_float_limit() -> No
     assert group_advantages([1.7e308, -1.7e308], std_norm=False) == [1.7e308, -1.7e308]
     with pytest.raises(ValueError, match="too far apart: R - mean overflows a float"):
         group_advantages([1.7e308, -1.7e308, -1.7e308], std_norm=False)
+
+
+def test_a_non_finite_update_names_the_weights_when_the_model_s_log_probs_are_nan() -> None:
+    """A model whose weights hold NaN made an update fail with "are the advantages finite?"
+    while the advantages were: the message now says which of the two is at fault."""
+    from agents.learning.learner import UpdateNotFinite, refuse_non_finite
+
+    nan, one = torch.tensor(float("nan")), torch.tensor(1.0)
+    refuse_non_finite("policy", 0, one, one, torch.tensor([float("nan")]))  # finite: applied
+    with pytest.raises(UpdateNotFinite, match=r"its weights hold NaN or inf \(a damaged"):
+        refuse_non_finite("policy", 2, nan, nan, torch.tensor([-1.0, float("nan")]))
+    with pytest.raises(UpdateNotFinite, match="are the advantages finite and of a sane size"):
+        refuse_non_finite("policy", 2, nan, nan, torch.tensor([-1.0, -2.0]))
+    with pytest.raises(UpdateNotFinite, match="are the advantages finite"):
+        refuse_non_finite("extractor", 2, one, nan)

@@ -225,6 +225,15 @@ def test_a_model_whose_attention_packing_cannot_stand_in_for_is_found() -> None:
     torch.manual_seed(0)
     assert packed_scoring_fault(tiny_qwen2(100, hidden=32), CPU, 0) is None
     assert packed_scoring_fault(mistral(None), CPU, 0) is None
+    # logits in the thousands round to more than 1e-4 nats in float32: full causal attention
+    # still (a fixed 1e-4 refused it as a sliding window); a window still shows at that scale
+    for scale in (1e4, 1e5):
+        loud, slid_loud = tiny_qwen2(100, hidden=32).eval(), mistral(16)
+        with torch.no_grad():
+            loud.model.norm.weight.mul_(scale)
+            slid_loud.model.norm.weight.mul_(scale)
+        assert packed_scoring_fault(loud, CPU, 0) is None, scale
+        assert "differs" in (packed_scoring_fault(slid_loud, CPU, 0) or ""), scale
     # a prompt twice the window: one only 16 places past a window of 100 changed some random
     # models' scores by less than the tolerance
     for window, length in ((16, 48), (100, 216)):
