@@ -265,8 +265,11 @@ class UpdateDiverged(CoevoError):
     differs (every earlier one matched bit for bit).
     """
 
-    def __init__(self, model: str, update: int, seq: int, reason: str) -> None:
+    def __init__(self, model: str, update: int, seq: int, reason: str, start: bool = False) -> None:
         self.model = model
         self.update = update
         self.seq = seq
+        self.start = start
+        """The weights it started from are not the run's (another base model), not an
+        update's arithmetic."""
         super().__init__(f"{model} update {update} (seq {seq}) diverged: {reason}")

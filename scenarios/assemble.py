@@ -11,7 +11,7 @@ import dataclasses
 import importlib.util
 import random
 from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -129,6 +129,7 @@ def assemble(
     handle_signals: bool = False,
     run_dir: Path | None = None,
     prepare_model: bool = True,
+    recorded: Mapping[str, Path] | None = None,
 ) -> Assembly:
     """Build the run described by ``scenario``.
 
@@ -140,6 +141,8 @@ def assemble(
             checkpoints in memory.
         prepare_model: build (or find in the cache) the embedded model now; False only checks
             the settings (``coevo validate``).
+        recorded: a resumed run's embedded models where they still are
+            (``scenarios.policy_setup.recorded_models``): loaded, not built again.
 
     Raises:
         ScenarioInvalid: the world cannot be built, a family does not exist, or the settings
@@ -180,7 +183,7 @@ def assemble(
     tracking = tracker(scenario, source, run_dir)
     if prepare_model and scenario.runtime.backend != "local":  # names need no model
         _check_placed(scenario, policy_actors(scenario, source, method, None, False)[0], source)
-    actors, models = policy_actors(scenario, source, method, run_dir, prepare_model)
+    actors, models = policy_actors(scenario, source, method, run_dir, prepare_model, recorded)
     model = models.get("policy")
     specs += _placed_models(scenario, actors, source)
     names = [spec.name for spec in specs]

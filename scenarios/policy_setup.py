@@ -8,7 +8,7 @@ starts them, so checking a scenario (``coevo validate``) imports neither.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from agents.audit.reexecute import Reexecution
     from agents.learning.learner import Trainee
     from agents.memory.extractor import ExtractorModel
-    from engine.eventlog import RunMeta
+    from engine.eventlog import ModelFiles, RunMeta
 
 INFERENCE = "inference"
 LEARNER = "learner"
@@ -60,6 +60,7 @@ def policy_actors(
     method: Method | None,
     run_dir: Path | None,
     prepare_model: bool,
+    recorded: Mapping[str, Path] | None = None,
 ) -> tuple[list[ActorSpec], dict[str, Path]]:
     """The inference actor, and for a learning method its own actors and the learner; the
     model directories by role (``policy``, and the method's base models: ``extractor``).
@@ -72,6 +73,8 @@ def policy_actors(
         prepare_model: build (or find in the cache) the embedded model and the method's base
             models, and set torch's threads; False only checks the settings and model
             directories (``coevo validate``) and returns no model directory.
+        recorded: an existing run's embedded models, where they still are
+            (:func:`recorded_models`): loaded instead of built.
 
     Raises:
         ScenarioInvalid: ``policy.embedded`` or the method's base-model settings are invalid.
@@ -92,11 +95,11 @@ def policy_actors(
     bases = {role: base_model_dir(scenario, source, role, None) for role in roles}
     check_rooms(scenario, source, method, "extractor" in roles)
     check_lora_targets(scenario, source, "extractor" in roles)
-    model = policy_model_dir(scenario, source) if prepare_model else None
+    model = policy_model_dir(scenario, source, recorded) if prepare_model else None
     if not prepare_model:
         check_policy_model(scenario, source)
     elif model is not None:
-        bases = {role: base_model_dir(scenario, source, role, model) for role in roles}
+        bases = {role: base_model_dir(scenario, source, role, model, recorded) for role in roles}
     run = RunResources(
         device=scenario.policy.device,
         batch_max=scenario.policy.batch_max,
@@ -410,23 +413,63 @@ class _LearnerFactory:
         return Learner(self.load, self.checkpoints, self.threads, host, self.stall)
 
 
-def base_model_dir(scenario: Scenario, source: str, role: str, model: Path | None) -> Path | None:
+def base_model_dir(
+    scenario: Scenario,
+    source: str,
+    role: str,
+    model: Path | None,
+    recorded: Mapping[str, Path] | None = None,
+) -> Path | None:
     """A method's base model by role (one of :data:`agents.methods.base.BASE_MODEL_ROLES`).
 
     Args:
         model: the policy's model directory, or None before it is prepared (then only the
             settings are checked, see :func:`extractor_model_dir`).
+        recorded: see :func:`policy_model_dir`.
 
     Raises:
         ScenarioInvalid, ModelUnavailable: see :func:`extractor_model_dir`.
     """
     assert role == "extractor", f"base_models() admits only known roles, not {role!r}"
-    return extractor_model_dir(scenario, source, model)
+    return extractor_model_dir(scenario, source, model, recorded)
 
 
-def policy_model_dir(scenario: Scenario, source: str) -> Path:
+def recorded_models(scenario: Scenario, models: Mapping[str, ModelFiles]) -> dict[str, Path]:
+    """The embedded models an existing run started from (its metadata's ``models``) that are
+    still where they were built, with the files the run recorded, by role: what every
+    command that goes on with the run or re-runs part of it (``resume``, ``replay
+    --reexecute-learner``, ``audit whatif``, ``probe``) loads, instead of building the
+    embedded model by this coevo's recipe, which may differ from the one that built the
+    run's (a newer recipe, or settings added since, build another model under another cache
+    key, that the run's checkpoints and digests do not fit). A model directory named by a
+    path is the scenario's own and is not looked up here."""
+    from scenarios.methods import complementary_settings
+    from stores.checkpoints import files_changed, model_files
+
+    roles = {"policy"} if scenario.policy.model == "embedded" else set[str]()
+    if roles and complementary_settings(scenario).extractor == "embedded-ops":
+        roles.add("extractor")
+    found: dict[str, Path] = {}
+    for role in sorted(roles & models.keys()):
+        path = Path(models[role].path)
+        try:
+            same = path.is_dir() and not files_changed(models[role].files, model_files(path))
+        except OSError:  # unreadable now: built again, and the digests say whether it fits
+            same = False
+        if same:
+            found[role] = path
+    return found
+
+
+def policy_model_dir(
+    scenario: Scenario, source: str, recorded: Mapping[str, Path] | None = None
+) -> Path:
     """The policy's model directory: a local path, or the embedded model (built on first use,
     then taken from the cache).
+
+    Args:
+        recorded: an existing run's embedded models (:func:`recorded_models`): its
+            ``"policy"`` is the embedded model, not the one this coevo's recipe builds.
 
     Raises:
         ScenarioInvalid: ``policy.embedded`` names an unknown or invalid field.
@@ -438,6 +481,8 @@ def policy_model_dir(scenario: Scenario, source: str) -> Path:
     if p.model != "embedded":
         return check_model_dir(Path(p.model), f"{source}: $.policy.model")
     spec = embedded_spec(scenario, source)
+    if recorded and "policy" in recorded:
+        return recorded["policy"]
     _check_model_world(scenario, spec, source)
     with _building(source, "$.policy.model", "the embedded model"):
         return ensure_embedded(
@@ -517,7 +562,12 @@ def embedded_spec(scenario: Scenario, source: str) -> EmbeddedSpec:
         raise ScenarioInvalid(source, f"$.policy.embedded: {exc}") from None
 
 
-def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> Path | None:
+def extractor_model_dir(
+    scenario: Scenario,
+    source: str,
+    model: Path | None,
+    recorded: Mapping[str, Path] | None = None,
+) -> Path | None:
     """The extractor's starting weights: the policy's model directory (``"embedded"``), the
     embedded model taught the operation format (``"embedded-ops"``, built on first use, see
     :mod:`agents.models.extractor_base`), or a local path.
@@ -526,6 +576,8 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
         model: the policy's model directory, or None before it is prepared: then only the
             settings are checked and None is returned, except for a local path, which is
             checked and returned (it needs nothing built).
+        recorded: an existing run's embedded models (:func:`recorded_models`): its
+            ``"extractor"`` is the ``"embedded-ops"`` model, not the one built now.
 
     Raises:
         ScenarioInvalid: ``"embedded-ops"`` without the embedded policy model, or
@@ -561,6 +613,8 @@ def extractor_model_dir(scenario: Scenario, source: str, model: Path | None) -> 
     base = embedded_spec(scenario, source)
     if model is None:
         return None
+    if recorded and "extractor" in recorded:
+        return recorded["extractor"]
     from agents.models.extractor_base import ensure_extractor_base
 
     with _building(source, f"{at}.extractor", "the extractor's base"):
@@ -607,9 +661,12 @@ def load_runner_for(scenario: Scenario, model: Path | None) -> PolicyRunner:
     p = scenario.policy
     device = resolve_device(p.device)
     net, tokenizer = load_model_dir(model, device)
-    if p.mode == "score":  # before the dtype and adapters: float32, to its rounding
-        from agents.models.policy import packed_scoring_fault
+    from agents.models.policy import output_fault, packed_scoring_fault
 
+    fault = output_fault(net, device)
+    if fault is not None:
+        raise ModelUnavailable(f"{model}: {fault}")
+    if p.mode == "score":  # before the dtype and adapters: float32, to its rounding
         fault = packed_scoring_fault(net, device, tokenizer.pad_token_id or 0)
         if fault is not None:
             raise ModelUnavailable(
@@ -679,11 +736,14 @@ def reexecution_for(
         raise ScenarioInvalid(source, f"run.method = {scenario.run.method!r} trains no model")
     if scenario.policy.threads:
         torch.set_num_threads(scenario.policy.threads)
-    model = policy_model_dir(scenario, source)
+    recorded = recorded_models(scenario, meta.models) if meta is not None else {}
+    model = policy_model_dir(scenario, source, recorded)
     trainee = load_trainee_for(scenario, model)
     extractor = None
     if "extractor" in _roles(checked_method(scenario, source), source):
-        extractor = load_extractor_for(scenario, extractor_model_dir(scenario, source, model))
+        extractor = load_extractor_for(
+            scenario, extractor_model_dir(scenario, source, model, recorded)
+        )
     return Reexecution(run_dir, run_seed, trainee, extractor)
 
 

@@ -53,6 +53,7 @@ from scenarios.policy_setup import (
     extractor_model_dir,
     load_extractor_for,
     policy_model_dir,
+    recorded_models,
     runner_for,
 )
 from scenarios.schema import Scenario
@@ -109,6 +110,8 @@ class RunLog:
     envelopes: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
     updates: list[ExtractorUpdated] = field(default_factory=list[ExtractorUpdated])
     policy: list[PolicyUpdated] = field(default_factory=list[PolicyUpdated])
+    recorded: dict[str, Path] = field(default_factory=dict[str, Path])
+    """Its embedded models where they still are (``policy_setup.recorded_models``)."""
 
 
 def _complementary(scenario: Scenario) -> bool:
@@ -148,7 +151,8 @@ def read_run(
             f"{path}: run.method = {scenario.run.method!r}: not a Complementary RL run "
             "(the probe rebuilds an extractor's bank)"
         )
-    run = RunLog(root, scenario, source, scenario.seed)
+    recorded = recorded_models(scenario, meta.models) if meta is not None else {}
+    run = RunLog(root, scenario, source, scenario.seed, recorded=recorded)
     for env in read(path):
         ev = env.event
         if not isinstance(ev, KEPT):
@@ -194,7 +198,7 @@ def probe_run(
     heldout = heldout_tasks(s, run.source)
     if s.policy.threads:
         torch.set_num_threads(s.policy.threads)
-    model = policy_model_dir(s, run.source)
+    model = policy_model_dir(s, run.source, run.recorded)
     ext = _extractor(run, model, options.greedy)
     writers = _versions(run, model, ext, wanted, progress or Progress())
     if control is not None:
@@ -281,7 +285,9 @@ def _last(run: RunLog) -> int:
 
 def _extractor(run: RunLog, model: Path, greedy: bool) -> ExtractorModel:
     """The run's extractor at its base, checked against the digest its first update names."""
-    ext = load_extractor_for(run.scenario, extractor_model_dir(run.scenario, run.source, model))
+    ext = load_extractor_for(
+        run.scenario, extractor_model_dir(run.scenario, run.source, model, run.recorded)
+    )
     if greedy:
         ext.settings = dataclasses.replace(ext.settings, temperature=0.0)
     ext.digest = param_digest(ext.model)
@@ -326,7 +332,9 @@ def _reexecuted(
     run: RunLog, model: Path, versions: Sequence[int], progress: Progress
 ) -> dict[int, tuple[dict[str, torch.Tensor], str]]:
     """The extractor at ``versions``, by re-executing its logged updates from the base."""
-    ext = load_extractor_for(run.scenario, extractor_model_dir(run.scenario, run.source, model))
+    ext = load_extractor_for(
+        run.scenario, extractor_model_dir(run.scenario, run.source, model, run.recorded)
+    )
     progress.stage("re-executing extractor updates", max(versions))
     again = Reexecution(run.root, run.seed, None, ext)
     out: dict[int, tuple[dict[str, torch.Tensor], str]] = {}
@@ -347,7 +355,7 @@ def _reexecuted(
 def _control(control: RunLog, ext: ExtractorModel, greedy: bool, has_v0: bool) -> Writer:
     """The frozen control's extractor: its base (sharing version 0's bank when its weights
     and settings are version 0's)."""
-    model = policy_model_dir(control.scenario, control.source)
+    model = policy_model_dir(control.scenario, control.source, control.recorded)
     c = _extractor(control, model, greedy)
     same = has_v0 and c.digest == ext.digest and c.settings == ext.settings
     origin = f"the control's base ({control.scenario.name})"

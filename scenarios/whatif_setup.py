@@ -6,6 +6,8 @@ version's checkpoint must still be on disk)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from agents.audit.index import fetch, refs, tip_rows
 from agents.audit.whatif import Change, Prompting, WhatIf, check, recorded, replay, what_if
 from agents.events.policy import PolicyUpdated
 from engine.errors import AuditQueryInvalid, ScenarioInvalid
-from engine.eventlog import machine_description
+from engine.eventlog import ModelFiles, machine_description
 from scenarios.assemble import world_factory
 from scenarios.loader import stored_scenario, stored_source
 from scenarios.schema import Scenario
@@ -70,7 +72,7 @@ def run_whatif(
         if instead is not None and stored > ended
         else ""
     )
-    runners = _Runners(root, log, index, scenario, source)
+    runners = _Runners(root, log, index, scenario, source, meta.models if meta else {})
     prompting = Prompting(
         window=scenario.policy.window,
         list_actions=scenario.policy.list_actions or scenario.policy.mode == "generate",
@@ -122,8 +124,17 @@ class CheckpointGone(AuditQueryInvalid):
 class _Runners:
     """The policy at each version, loaded on first use."""
 
-    def __init__(self, root: Path, log: Any, index: FactIndex, s: Scenario, source: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        log: Any,
+        index: FactIndex,
+        s: Scenario,
+        source: str,
+        models: Mapping[str, ModelFiles],
+    ) -> None:
         self._root, self._log, self._index, self._s, self._source = root, log, index, s, source
+        self._models = models  # the run's recorded model directories
         self._cache: dict[int, PolicyRunner] = {}
 
     def get(self, version: int) -> PolicyRunner:
@@ -158,10 +169,16 @@ class _Runners:
         except ValueError as exc:  # a backend this build lacks
             raise ScenarioInvalid(self._source, f"$.policy.backend: {exc}") from None
 
+    @functools.cached_property
+    def _recorded(self) -> dict[str, Path]:
+        from scenarios.policy_setup import recorded_models
+
+        return recorded_models(self._s, self._models)
+
     def _base(self) -> Path:
         from scenarios.policy_setup import policy_model_dir
 
-        return policy_model_dir(self._s, self._source)
+        return policy_model_dir(self._s, self._source, self._recorded)
 
     def _version_zero(self, base: Path) -> tuple[Any, Any]:
         """The base model as the run's actors loaded it: in its dtype and, in a LoRA run, with

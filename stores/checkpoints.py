@@ -804,6 +804,28 @@ ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 
 
+def checkpoint_misfit(model_dir: Path, checkpoint: Path) -> str | None:
+    """The first tensor a checkpoint and a model directory both hold in different shapes
+    (read from their safetensors headers, no data), as ``name: (a, b) in the checkpoint,
+    (c, d) in the model``; None when every tensor both hold agrees, or the checkpoint's
+    weights are not on disk (a LoRA checkpoint's adapters share no name with the model).
+
+    Raises:
+        ModelUnavailable: a weights file is not valid safetensors.
+    """
+    file = weights_file(checkpoint)
+    if not file.is_file():
+        return None
+    theirs = _tensor_shapes(file, str(checkpoint))
+    ours: dict[str, tuple[int, ...]] = {}
+    for shard in _safetensors_files(model_dir, str(model_dir)):
+        ours.update(_tensor_shapes(shard, str(model_dir)))
+    for name, shape in theirs.items():
+        if name in ours and ours[name] != shape:
+            return f"{name}: {shape} in the checkpoint, {ours[name]} in the model"
+    return None
+
+
 def weights_file(directory: Path) -> Path:
     """The weights of a checkpoint directory: its adapters (``adapter_model.safetensors``, a
     LoRA run's) if there, else ``model.safetensors``."""

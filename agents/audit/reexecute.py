@@ -170,6 +170,7 @@ class _Model:
                 env.seq,
                 f"the starting weights have digest {self.digest}, the run started from "
                 f"{parent} (another base model or cache?)",
+                start=True,
             )
 
     def check(self, env: Envelope[Event], update: int, recorded: str) -> None:

@@ -442,8 +442,8 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
                 log.read(0, None),
                 lambda c: progress.advance(f"{c.model} v{c.version} {c.digest[:12]} ok"),
             )
-    except UpdateDiverged:
-        note = _machine_note(log.read_meta())
+    except UpdateDiverged as exc:
+        note = _base_note(log.read_meta()) if exc.start else _machine_note(log.read_meta())
         if note:
             print(f"coevo: note: {note}", file=sys.stderr)
         raise
@@ -454,6 +454,25 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
         f"compared){extra}"
     )
     return 0
+
+
+def _base_note(meta: Any) -> str:
+    """Why a re-execution's starting weights may not be the run's: the embedded model this
+    coevo builds is not the one an older coevo built (its recipe, or a setting added since),
+    and a run that does not record its model directories cannot be given its own."""
+    if meta is not None and meta.models:
+        return (
+            "the model directory the run started from is gone or changed (its embedded model, "
+            "built again, differs when built by another coevo or on another CPU kind); "
+            "--set policy.model=DIR names a directory that holds it"
+        )
+    return (
+        "the run does not record the model directories it started from (made before "
+        "2026-12-03); an embedded model built by this coevo differs from one an older coevo "
+        "built (its recipe changed): --set policy.model=DIR names the one the run started "
+        "from (a directory under the cache's embedded/, and complementary.extractor=DIR the "
+        "extractor's under extractor/)"
+    )
 
 
 def _machine_note(meta: Any) -> str:

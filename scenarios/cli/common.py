@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
@@ -267,15 +269,52 @@ def read_meta(path: str) -> Any:
         log.close()
 
 
+@functools.cache
 def version() -> str:
-    """This coevo's version (as installed)."""
+    """This coevo's version as installed, and, when it runs from a git checkout (an editable
+    install, a clone on ``PYTHONPATH``), the commit checked out as a local label
+    (``0.1.0+g1a2b3c4d5e6f``; changes not committed are not told): every session of a run
+    records it (``run_started``, ``run_resumed``), so a run resumed after an upgrade says
+    which code wrote which part of it."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
 
     try:
-        return installed("coevo")
+        base = installed("coevo")
     except PackageNotFoundError:
-        return "0+unknown"
+        base = "0+unknown"
+    commit = source_commit(Path(__file__).resolve().parents[2])
+    return f"{base}+g{commit[:12]}" if commit else base
+
+
+def source_commit(root: Path) -> str:
+    """The commit checked out in the git repository at ``root`` (read from its files, no
+    ``git`` run), or "" when ``root`` is not a coevo checkout or the commit cannot be read."""
+    try:
+        if not (root / "pyproject.toml").is_file():
+            return ""
+        git = root / ".git"
+        if git.is_file():  # a worktree or a submodule: "gitdir: <path>"
+            git = (root / git.read_text().removeprefix("gitdir:").strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head if re.fullmatch(r"[0-9a-f]{40,64}", head) else ""
+        ref = head.removeprefix("ref:").strip()
+        common = git
+        if (git / "commondir").is_file():  # a worktree's branches live in the main .git
+            common = (git / (git / "commondir").read_text().strip()).resolve()
+        for where in (git, common):
+            if (where / ref).is_file():
+                return (where / ref).read_text().strip()
+        packed = common / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                sha, _, name = line.partition(" ")
+                if name == ref:
+                    return sha
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return ""
 
 
 def out_path(value: str | None, default: Callable[[], Path]) -> Path:

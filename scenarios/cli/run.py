@@ -10,7 +10,7 @@ import functools
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -410,7 +410,12 @@ def _finish(
     elif problem:
         print(safe_line(problem), file=sys.stderr)
     if outcome.reason == "completed" and not problem:
-        warnings = (_policy_unchanged(updates), _memory_empty(counts), _all_cut(counts))
+        warnings = (
+            _some_aborted(episodes, rd),
+            _policy_unchanged(updates),
+            _memory_empty(counts),
+            _all_cut(counts),
+        )
         for warning in (*warnings, _prompts_cut(counts, rd)):
             if warning:
                 print(warning, file=sys.stderr)
@@ -546,6 +551,29 @@ def _all_aborted(episodes: Any, run_id: str, rd: RunDir) -> str:
     )
 
 
+def _some_aborted(episodes: Any, rd: RunDir) -> str:
+    """A warning when some of a run's episodes were aborted (and some of each purpose
+    finished: else :func:`_all_aborted`): a world that fails on some episodes, say on the
+    step that wins, lowers the success rates without a sign, since an aborted evaluation
+    episode counts as a failure and an aborted training episode drops out of its group."""
+    rows = list(episodes.episodes.values())
+    parts: list[str] = []
+    for what, purpose in PURPOSES.items():
+        mine = [r for r in rows if r.purpose == purpose]
+        aborted = sum(r.status == "aborted" for r in mine)
+        if aborted:
+            ended = sum(r.status in ("finished", "aborted") for r in mine)
+            parts.append(f"{aborted} of its {ended} {what}")
+    if not parts:
+        return ""
+    return (
+        f"coevo: warning: {' and '.join(parts)} were aborted (the world failed, hung or gave "
+        "what the worker refuses; evaluation counts an aborted episode as a failure, training "
+        f"leaves it out of its group): coevo log {pasteable(rd.root)} --kind episode_aborted "
+        "says why"
+    )
+
+
 PURPOSES = {"training episodes": "train", "evaluation episodes": "eval"}
 """The episodes of a purpose a run must finish some of, by what its error line calls them."""
 
@@ -616,8 +644,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     try:  # the history is read under the writer lock: no other session writes after it
         history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
         _models_in_place(args.run, meta.models, _embedded_roles(scenario))
-        assembly = assemble(scenario, source, handle_signals=True, run_dir=rd.root)
+        from scenarios.policy_setup import recorded_models
+
+        recorded = recorded_models(scenario, meta.models)
+        assembly = assemble(
+            scenario, source, handle_signals=True, run_dir=rd.root, recorded=recorded
+        )
         _same_models(args.run, meta.models, assembly.models, _embedded_roles(scenario))
+        _checkpoints_fit(args.run, rd.root, history, assembly.models, bool(meta.models))
         if args.no_tracking:
             assembly = dataclasses.replace(assembly, tracking=None)
         _keep_scenario(rd, meta.scenario_toml)
@@ -727,8 +761,10 @@ def _same_models(
         if changed:
             moved = f" (it was {was.path})" if was.path != got.path else ""
             remedy = (
-                "the embedded model is built on each machine, and one built on another CPU "
-                "kind differs: resume where the run started"
+                "the embedded model is built on each machine by its coevo's recipe, and the "
+                "run's own is gone from where it was built or changed: one built on another "
+                "CPU kind or by another coevo differs; resume where and with the coevo the run "
+                "started with"
                 if role in built
                 else "resume with that model"
             )
@@ -736,6 +772,47 @@ def _same_models(
                 f"{run}: the {role} model {got.path}{moved} is not the one the run started "
                 f"from: {', '.join(changed)}; {remedy} (nothing was resumed)"
             )
+
+
+def _checkpoints_fit(
+    run: str, root: Path, history: Iterable[Any], models: dict[str, Path], recorded: bool
+) -> None:
+    """Refuse, before anything is written, to resume a run whose newest checkpoint of a
+    model does not fit the model prepared now: a run that does not record the model
+    directories it started from (made before 2026-12-03) got an embedded model built by
+    this coevo's recipe, whose vocabulary may differ, and failed after writing its first
+    events with torch's "size mismatch" (the log stayed sound).
+
+    Raises:
+        InputInvalid: a checkpoint's tensor has another shape than the model's.
+    """
+    from agents.events.extractor import ExtractorUpdated
+    from agents.events.policy import PolicyUpdated
+    from stores.checkpoints import checkpoint_misfit
+
+    newest: dict[str, tuple[int, str]] = {}
+    for env in history:
+        ev = env.event
+        if isinstance(ev, PolicyUpdated) and ev.checkpoint:
+            newest["policy"] = (ev.policy_version, ev.checkpoint)
+        elif isinstance(ev, ExtractorUpdated) and ev.checkpoint:
+            newest["extractor"] = (ev.extractor_version, ev.checkpoint)
+    for role, (number, name) in sorted(newest.items()):
+        model = models.get(role)
+        misfit = checkpoint_misfit(model, root / name) if model is not None else None
+        if misfit is None:
+            continue
+        why = (
+            "its model directory is not the one the run started from"
+            if recorded
+            else "the run does not record the model directories it started from (made before "
+            "2026-12-03), and this coevo builds the embedded model by another recipe than "
+            "the coevo that made it: resume it with that coevo"
+        )
+        raise InputInvalid(
+            f"{run}: the {role}'s checkpoint of version {number} ({name}) does not fit the "
+            f"{role} model prepared now, {model} ({misfit}): {why} (nothing was resumed)"
+        )
 
 
 def _keep_scenario(rd: RunDir, text: str) -> None:

@@ -876,13 +876,56 @@ def test_an_option_that_takes_one_value_given_twice_is_refused(
 
 
 def test_version_says_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
-    """``coevo --version`` said "the following arguments are required: COMMAND"."""
+    """``coevo --version`` said "the following arguments are required: COMMAND"; and every
+    commit said 0.1.0, so a run resumed after an upgrade did not say which code wrote which
+    session: from a git checkout it names the commit."""
+    import subprocess
     from importlib.metadata import version
 
     from scenarios.cli import main
 
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    label = f"+g{head.stdout.strip()[:12]}" if head.returncode == 0 else ""
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out == f"coevo {version('coevo')}\n"
+    assert capsys.readouterr().out == f"coevo {version('coevo')}{label}\n"
+
+
+def test_the_commit_is_read_from_any_kind_of_checkout(tmp_path: Path) -> None:
+    """A branch, packed refs, a detached head, a worktree; nothing outside a checkout."""
+    import subprocess
+
+    from scenarios.cli.common import source_commit
+
+    def git(*args: str, at: Path = tmp_path / "repo") -> str:
+        done = subprocess.run(["git", "-C", str(at), *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text("[project]\nname = 'coevo'\n")
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "a")
+    (repo / "x").write_text("x")
+    head = git("rev-parse", "HEAD")
+    assert source_commit(repo) == head
+    branch = repo / ".git" / git("symbolic-ref", "HEAD")
+    assert branch.is_file()
+    git("pack-refs", "--all")
+    assert not branch.exists()
+    assert source_commit(repo) == head
+    git("checkout", "-q", "--detach")
+    assert source_commit(repo) == head
+    git("checkout", "-q", "-")
+    git("worktree", "add", "-q", "--detach", str(tmp_path / "tree"))
+    (tmp_path / "tree" / "pyproject.toml").write_text("")
+    assert source_commit(tmp_path / "tree") == head
+    assert source_commit(tmp_path) == ""  # no checkout there
+    (tmp_path / "pyproject.toml").write_text("")
+    assert source_commit(tmp_path) == ""
 
 
 def test_an_option_a_subcommand_does_not_know_is_refused_with_its_usage(

@@ -991,3 +991,39 @@ def test_a_report_under_an_unusable_home_prints_no_matplotlib_notes(tmp_path: Pa
     proc = coevo("report", str(run), "--out", str(tmp_path / "r.md"), env=env)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "(" in proc.stdout and (tmp_path / "r.md").stat().st_size > 0
+
+
+ODD_TEXT = """
+from scenarios.worlds.minilab import MiniLab
+
+
+class FailsOdd(MiniLab):
+    \"\"\"A plug-in world that fails the episodes of odd seeds as they start.\"\"\"
+
+    def reset(self, task, seed):
+        if seed % 2:
+            raise RuntimeError("odd seed")
+        return super().reset(task, seed)
+"""
+
+
+def test_a_run_some_of_whose_episodes_aborted_warns_even_with_quiet(tmp_path: Path) -> None:
+    """A world that fails some episodes (say on the step that wins) lowered the success
+    rates without a sign: with ``--quiet`` nothing was printed and the run exited 0."""
+    scenario, env = world_scenario(
+        tmp_path, "failsodd", ODD_TEXT,
+        'name = "failsodd"\n[world]\nname = "failsodd:FailsOdd"\nfamilies = ["fetch"]\n'
+        '[agent]\nkind = "explorer"\n[run]\nepisodes = 12\nworkers = 2\n',
+    )  # fmt: skip
+    run = tmp_path / "run"
+    proc = coevo("run", str(scenario), "--out", str(run), "--quiet", env=env)
+    assert proc.returncode == 0, proc.stderr
+    log = coevo("log", str(run), "--kind", "episode_aborted", "--json", env=env)
+    aborted = len(log.stdout.splitlines())
+    assert 0 < aborted < 12, log.stdout
+    assert proc.stderr == (
+        f"coevo: warning: {aborted} of its 12 training episodes were aborted (the world "
+        "failed, hung or gave what the worker refuses; evaluation counts an aborted episode "
+        "as a failure, training leaves it out of its group): coevo log "
+        f"{run} --kind episode_aborted says why\n"
+    )

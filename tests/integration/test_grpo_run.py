@@ -392,3 +392,89 @@ def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays
         err = capsys.readouterr().err
         assert f"resumed: the policy's {checkpoint}/{file} (" in err and "is damaged" in err, err
         assert len(read_events(killed)) == first + 1
+
+
+def _killed_after_first_update(run_dir: Path, killed: Path, models: bool = True) -> int:
+    """A copy of ``run_dir`` as if killed after its first policy update (its checkpoint kept),
+    its metadata without the model directories it started from unless ``models``; returns
+    the number of events kept."""
+    import shutil
+
+    import msgspec
+
+    source = LmdbEventLog.open(run_dir / "log", writable=False)
+    try:
+        envs = list(source.read(0, None))
+        meta = source.read_meta()
+    finally:
+        source.close()
+    assert meta is not None and meta.models
+    meta = meta if models else msgspec.structs.replace(meta, models={})
+    first = next(i for i, e in enumerate(envs) if isinstance(e.event, PolicyUpdated))
+    log = LmdbEventLog.create(killed / "log", meta, durable=False)
+    try:
+        log.append(envs[: first + 1])
+    finally:
+        log.close()
+    shutil.copy(run_dir / "scenario.toml", killed / "scenario.toml")
+    checkpoint = envs[first].event.checkpoint
+    shutil.copytree(run_dir / checkpoint, killed / checkpoint)
+    return first + 1
+
+
+def test_commands_that_go_on_with_a_run_load_its_own_embedded_model(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run made before the embedded model's recipe changed (a new coevo) could not be
+    resumed, re-executed, replayed in a what-if or probed on the machine that made it: each
+    built the embedded model by today's recipe, under another cache key, which the run's
+    checkpoints and digests did not fit, while the run's own model was still in the cache
+    with the files the run recorded. Now they load that one, and build nothing."""
+    import agents.models.embedded
+
+    def built(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the embedded model was built again")
+
+    killed = tmp_path / "killed"
+    _killed_after_first_update(run_dir, killed)
+    monkeypatch.setattr(agents.models.embedded, "ensure_embedded", built)
+    monkeypatch.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
+    assert main(["replay", str(run_dir), "--reexecute-learner"]) == 0
+    episode = next(
+        e.episode
+        for e in read_events(run_dir)
+        if isinstance(e, ActionSampled) and e.policy_version == 1
+    )
+    assert main(["audit", str(run_dir), "whatif", episode, "--version", "0"]) == 0
+    assert main(["resume", str(killed), "--quiet"]) == 0
+    assert isinstance(read_events(killed)[-1], RunStopped)
+
+
+def test_a_run_whose_checkpoint_does_not_fit_today_s_model_is_refused_before_it_plays(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that does not record the model it started from (made before 2026-12-03), its
+    embedded model built again by a newer recipe with a vocabulary of another size, failed
+    its resume with torch's "size mismatch" after writing its first events."""
+    from safetensors.torch import load_file, save_file
+
+    killed = tmp_path / "killed"
+    kept = _killed_after_first_update(run_dir, killed, models=False)
+    checkpoint = next(e for e in read_events(killed) if isinstance(e, PolicyUpdated)).checkpoint
+    weights = killed / checkpoint / "model.safetensors"
+    state = load_file(weights)
+    rows = state["model.embed_tokens.weight"].shape[0]
+    grown = state["model.embed_tokens.weight"].repeat(2, 1)
+    state["model.embed_tokens.weight"] = grown
+    save_file(state, weights)
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
+    try:
+        assert main(["resume", str(killed), "--quiet"]) == 2
+    finally:
+        monkey.undo()
+    err = capsys.readouterr().err
+    assert f"the policy's checkpoint of version 1 ({checkpoint}) does not fit the policy" in err
+    assert f"(model.embed_tokens.weight: ({2 * rows}, 32) in the checkpoint, ({rows}, 32)" in err
+    assert "the run does not record the model directories it started from" in err, err
+    assert len(read_events(killed)) == kept  # nothing written
