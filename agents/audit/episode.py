@@ -44,8 +44,9 @@ from agents.events.policy import (
     PolicyUpdated,
 )
 from engine.errors import AuditQueryInvalid
-from engine.eventlog import EventLog
+from engine.eventlog import EventLog, last_envelope
 from engine.events import Envelope, Event
+from engine.lifecycle import RunFailed, RunStopped
 from stores.fact_index import FactIndex
 
 
@@ -172,6 +173,9 @@ class EpisodeAudit(msgspec.Struct, frozen=True, kw_only=True):
     abandoned: int = 0
     """Earlier attempts of the episode that were lost and run again (a resumed run, a restarted
     worker): the turns and outcome are its last attempt's alone."""
+    run_end: str = ""
+    """How the run's last session ended: "completed", "failed" or "stopped" ("": it is
+    running, or was killed): an update not applied by then was never applied."""
 
 
 def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit:
@@ -212,7 +216,20 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
         credit=_credit(log, index, envs, episode),
         written=_written(log, index, envs),
         abandoned=lost,
+        run_end=run_end(log),
     )
+
+
+def run_end(log: EventLog) -> str:
+    """How the log's run ended, by its last event: "completed", "failed", "stopped" (a
+    signal), or "" (it is being written, or its process was killed)."""
+    last = last_envelope(log)
+    ev = last.event if last is not None else None
+    if isinstance(ev, RunFailed):
+        return "failed"
+    if isinstance(ev, RunStopped):
+        return "completed" if ev.reason == "completed" else "stopped"
+    return ""
 
 
 def _stored_by(log: EventLog, index: FactIndex, turns: tuple[Turn, ...]) -> tuple[Turn, ...]:

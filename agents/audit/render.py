@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from agents.audit.answers import Lineage, TipAudit, Use
 from agents.audit.credit import CreditAudit
 from agents.audit.episode import EpisodeAudit, Shown, Turn
+from agents.audit.shown import score_text
 
 MAX_ROWS = 50
 """Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
@@ -19,16 +20,17 @@ def _q(text: str, width: int = 90) -> str:
     return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
-def _f(x: float | None, digits: int = 3, width: int = 0) -> str:
+def _f(x: float | None, digits: int = 3, width: int = 0, sign: str = "+") -> str:
     """``x`` signed to ``digits`` decimals ("-" for None; from a million on, in scientific
-    notation); a value that rounds to zero is "+0.000", never "-0.000"."""
+    notation); a value that rounds to zero is "+0.000", never "-0.000". ``sign=""``: a
+    negative value's sign only."""
     if x is None:
         return "-".rjust(width)
     if abs(x) >= 1e6:  # a rule's 1e300: its 300 digits are no row
-        return f"{x:+.{digits}e}".rjust(width)
-    shown = f"{x:+.{digits}f}"
+        return f"{x:{sign}.{digits}e}".rjust(width)
+    shown = f"{x:{sign}.{digits}f}"
     if float(shown) == 0:
-        shown = f"{0.0:+.{digits}f}"
+        shown = f"{0.0:{sign}.{digits}f}"
     return shown.rjust(width)
 
 
@@ -51,7 +53,8 @@ def render_tip(a: TipAudit) -> list[str]:
     if o.kind == "extractor":
         src = f"{o.task} of {', '.join(o.episodes)}" if o.episodes else o.task or "?"
         if o.episodes and o.episode_success is not None:
-            src += f" ({'success' if o.episode_success else 'failure'}, score {o.episode_score:.2f}"
+            won = "success" if o.episode_success else "failure"
+            src += f" ({won}, score {score_text(o.episode_score)}"
             src += f"; it used entry {o.entry_used})" if o.entry_used >= 0 else "; free)"
         if o.merge_step >= 0:
             src += f" step {o.merge_step} of entries {list(o.entries)}"
@@ -101,7 +104,8 @@ def render_tip(a: TipAudit) -> list[str]:
                 if not u.ended
                 else f"aborted: {u.aborted}"
                 if u.aborted
-                else f"{'success' if u.success else 'failure'} {u.outcome_score:.2f} ({u.purpose})"
+                else f"{'success' if u.success else 'failure'} {score_text(u.outcome_score)} "
+                f"({u.purpose})"
             )
             flag = "" if u.alive else "  NOT IN THE BANK AT THAT SEQ"
             out.append(
@@ -132,7 +136,7 @@ def render_tip(a: TipAudit) -> list[str]:
         )
         out.append(
             f"  extractor update {s.update} (request seq {s.request_seq}, {s.batch} calls): call "
-            f"{s.call} reward {s.reward:+.3f}, advantage {s.advantage:+.3f}, weight "
+            f"{s.call} reward {_f(s.reward)}, advantage {s.advantage:+.3f}, weight "
             f"{s.weight:.3f} {done}"
         )
     return out
@@ -169,8 +173,8 @@ def render_episode(a: EpisodeAudit) -> list[str]:
         out += _turn(t)
     if a.ended == "finished":
         out.append(
-            f"  ended: {'success' if a.success else 'failure'}, score {a.score:.3f}, "
-            f"{a.steps} steps, total reward {a.total_reward:+.3f}"
+            f"  ended: {'success' if a.success else 'failure'}, score {_f(a.score, sign='')}, "
+            f"{a.steps} steps, total reward {_f(a.total_reward)}"
         )
     elif a.ended == "running":
         out.append("  ended: not yet in the log (running, or the run stopped before it ended)")
@@ -179,8 +183,8 @@ def render_episode(a: EpisodeAudit) -> list[str]:
     if a.advantage is not None:
         v = a.advantage
         out.append(
-            f"  reward: outcome {v.outcome:.4f} + {v.intrinsic_coef:g} x intrinsic "
-            f"{v.intrinsic:.4f} = {v.reward:.4f} (group {v.group}: "
+            f"  reward: outcome {_f(v.outcome, 4, sign='')} + {v.intrinsic_coef:g} x intrinsic "
+            f"{_f(v.intrinsic, 4, sign='')} = {_f(v.reward, 4, sign='')} (group {v.group}: "
             f"{[round(r, 4) for r in v.group_rewards]})"
         )
         out.append(
@@ -201,6 +205,8 @@ def render_episode(a: EpisodeAudit) -> list[str]:
             f"-> policy v{u.version} ({u.samples} samples, {u.stale} stale, loss {u.loss:+.4f}, "
             f"kl {u.kl:.4f}, digest {u.digest[:12]})"
             if u.version >= 0
+            else f"(not applied: the run {a.run_end} before it)"
+            if a.run_end
             else "(not applied yet)"
         )
         out.append(
@@ -264,7 +270,7 @@ def _turn(t: Turn) -> list[str]:
         )
     valid = "" if t.valid else " (not admissible)"
     answer = (
-        f"reward {t.reward:+g}, score {t.score:.3f}{', done' if t.done else ''}"
+        f"reward {t.reward:+g}, score {_f(t.score, sign='')}{', done' if t.done else ''}"
         if t.answered
         else "no step recorded (the run stopped, or the world failed, before it)"
     )

@@ -52,3 +52,15 @@ def pasteable(path: object) -> str:
         else:
             out.append(c)
     return "$'" + "".join(out) + "'"
+
+
+def score_text(x: float | None) -> str:
+    """A world's score or reward as a reader sees it: two decimals at ordinary sizes, three
+    significant digits past them (1e+100, not 101 digits; 5e-324, not 0.00); "-" for none."""
+    if x is None:
+        return "-"
+    if x == 0:  # -0.0 too
+        return "0.00"
+    if 0.01 <= abs(x) < 1e6:
+        return f"{x:.2f}"
+    return f"{x:.3g}"

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from agents.audit.shown import pasteable, safe_line
+from agents.audit.shown import pasteable, safe_line, score_text
 from agents.browse.data import FILTERS, RunView, filter_key
 from engine.errors import AuditQueryInvalid, CoevoError
 
@@ -67,6 +67,7 @@ _TEMPLATES = Environment(
 _TEMPLATES.filters["line"] = safe_line  # a one-line text: "go\nnorth" is not "go north"
 _TEMPLATES.filters["key"] = filter_key  # a filter's value that names one family, not two
 _TEMPLATES.filters["shell"] = pasteable  # a command to paste
+_TEMPLATES.filters["score"] = score_text  # 1e+100, not 101 digits
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -80,3 +80,30 @@ def test_an_aborted_episode_shows_the_action_its_world_failed_on(
     out = capsys.readouterr().out
     said = "no step recorded (the run stopped, or the world failed, before it)"
     assert f"action: take can  logp -0.5000  -> {said}" in out, out
+
+
+def test_an_update_a_run_ended_before_is_not_said_to_be_coming(run: Path) -> None:
+    """``audit episode`` said "(not applied yet)" of the update of a run that had ended
+    (failed, its update refused): it will never be applied by that run as it is."""
+    import msgspec
+
+    from agents.audit.episode import Update, run_end
+    from agents.audit.render import render_episode
+
+    log = LmdbEventLog.open(run / "log")
+    index, _ = open_index(run, log)
+    try:
+        a = audit_episode(log, index, "ep008")
+        end = run_end(log)
+    finally:
+        index.close()
+        log.close()
+    assert a.run_end == end
+    pending = Update(seq=40, update=0, advantage=0.5, rollout="plain")
+    for ended, says in (
+        ("", "(not applied yet)"),
+        ("failed", "(not applied: the run failed before it)"),
+        ("completed", "(not applied: the run completed before it)"),
+    ):
+        lines = render_episode(msgspec.structs.replace(a, update=pending, run_end=ended))
+        assert any(line.endswith(says) for line in lines), lines

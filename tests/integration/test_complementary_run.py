@@ -381,7 +381,7 @@ def test_validate_counts_the_episodes_a_run_plays_and_warns_when_rounded(
     path.write_text(text.replace(episodes, f"episodes = {asked}"))
     capsys.readouterr()
     assert main(["validate", str(path)]) == 0
-    err = capsys.readouterr().err.replace("\n", "")
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps lines at a space
     assert f", {played} episodes, " in err
     warned = f"run.episodes = {asked} is not a whole number of steps of 8 episodes"
     assert (warned in err) == (asked != played)

@@ -88,7 +88,8 @@ def test_a_world_s_names_print_as_written_and_its_control_characters_escaped(
     explore = Path(__file__).resolve().parents[2] / "scenarios" / "explore.toml"
     marked = tmp_path / "[b]x[/b]"
     assert main(["run", str(explore), "--out", str(marked), "--set", "run.episodes=4"]) == 0
-    assert f"{marked} (exit 0)" in capsys.readouterr().err.replace("\n", "")  # rich wraps
+    squeezed = "".join(capsys.readouterr().err.split())  # rich wraps, at a space or not
+    assert f"{marked}(exit0)" in squeezed, squeezed
 
 
 def test_a_command_a_message_suggests_pastes_as_one_word() -> None:
@@ -111,3 +112,23 @@ def test_a_command_a_message_suggests_pastes_as_one_word() -> None:
         check=True,
     )
     assert word.stdout == "a b/e\x1b\u202e"
+
+
+def test_a_world_s_score_is_shown_short_at_any_size() -> None:
+    """``serve`` and ``audit`` printed a score of 1e308 as 309 digits and 5e-324 as 0.00
+    (a world's scores are at most 1e100 now, still 101 digits)."""
+    from agents.audit.shown import score_text
+
+    assert [score_text(x) for x in (0.0, -0.0, 0.5, -3.25, 12345.678)] == [
+        "0.00",
+        "0.00",
+        "0.50",
+        "-3.25",
+        "12345.68",
+    ]
+    assert [score_text(x) for x in (1e100, -2.5e6, 5e-324, 0.001234)] == [
+        "1e+100",
+        "-2.5e+06",
+        "4.94e-324",
+        "0.00123",
+    ]
