@@ -5,12 +5,14 @@ Nothing here decides anything; it renders events and projection states.
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from rich.console import Console
@@ -269,7 +271,20 @@ def envelope_line(env: Envelope[Event], width: int | None = 160) -> str:
 
 def _short(value: Any, most: int | None = 60) -> str:
     text = msgspec.json.encode(value).decode()
+    if "null" in text and _non_finite(value):  # JSON writes inf and NaN as null: "no value"
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # Infinity, NaN
     return text if most is None or len(text) <= most else text[: most - 1] + "…"
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether ``value`` (builtins) holds a float that is inf or NaN."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return any(_non_finite(v) for v in cast("Sequence[Any]", value))
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in cast("dict[str, Any]", value).values())
+    return False
 
 
 def indexing_lines(least: int = 100_000) -> Callable[[int, int], None]:

@@ -51,6 +51,27 @@ def test_an_envelope_line_for_check_shows_every_value_whole() -> None:
     assert "(EDITED AT THE END)" not in envelope_line(env)  # a listing's line stays short
 
 
+def test_an_envelope_line_tells_inf_and_nan_from_no_value() -> None:
+    """``coevo log`` printed inf, -inf and NaN as ``null`` (JSON has no other), as if the
+    field held no value (an older log's round mean of 1e308 and -1e308)."""
+    from agents.events.episodes import StepTaken
+    from agents.events.policy import EvalRoundFinished
+    from engine.events import Envelope
+    from scenarios.cli.console import envelope_line
+
+    for value, shown in ((float("inf"), "Infinity"), (-float("inf"), "-Infinity")):
+        ev = EvalRoundFinished(
+            round=0, policy_version=0, episodes=4, success=0.5, score=value, train_episodes=0
+        )
+        line = envelope_line(Envelope(seq=3, run="r", t=0, actor="trainer", event=ev))
+        assert f" score={shown} " in line, line
+    step = StepTaken(
+        episode="ep1", turn=0, action="look", observation="x", admissible=("look",),
+        reward=float("nan"), done=False, score=0.0,
+    )  # fmt: skip
+    assert "reward=NaN" in envelope_line(Envelope(seq=4, run="r", t=0, actor="w", event=step))
+
+
 def test_a_world_s_names_print_as_written_and_its_control_characters_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
