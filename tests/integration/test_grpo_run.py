@@ -346,58 +346,12 @@ def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
     assert "--entry 0: this run credits no entry (no entry an extractor wrote" in err, err
 
 
-def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays(
-    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A killed run whose newest checkpoint was gone played a session's episodes before its
-    learner failed (ResumeDiverged, exit 1), growing the log on every try; a copy taken while
-    the run pruned that checkpoint said it was complete."""
-    import shutil
-
-    source = LmdbEventLog.open(run_dir / "log", writable=False)
-    try:
-        envs = list(source.read(0, None))
-        meta = source.read_meta()
-    finally:
-        source.close()
-    first = next(i for i, e in enumerate(envs) if isinstance(e.event, PolicyUpdated))
-    killed = tmp_path / "killed"  # the run as killed after its first update, checkpoints lost
-    log = LmdbEventLog.create(killed / "log", meta, durable=False)
-    try:
-        log.append(envs[: first + 1])
-    finally:
-        log.close()
-    shutil.copy(run_dir / "scenario.toml", killed / "scenario.toml")
-    checkpoint = envs[first].event.checkpoint
-    assert main(["resume", str(killed), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert f"cannot be resumed: the policy's {checkpoint} (the newest its log names" in err, err
-    assert len(read_events(killed)) == first + 1  # nothing played, nothing written
-    assert main(["copy", str(killed), str(tmp_path / "copy")]) == 1
-    err = capsys.readouterr().err
-    assert f"coevo: error: the copy lacks the policy's {checkpoint}, the newest its log" in err
-    assert main(["copy", str(run_dir), str(tmp_path / "whole")]) == 0  # it has them all
-    # the weights there, their optimiser's state not: refused as well (it played first)
-    shutil.copytree(run_dir / checkpoint, killed / checkpoint)
-    (killed / checkpoint / "optimizer.safetensors").unlink()
-    assert main(["resume", str(killed), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert f"resumed: the policy's {checkpoint}/optimizer.safetensors (the newest its" in err, err
-    assert len(read_events(killed)) == first + 1
-    # there, but cut short or emptied: refused too (it played, then the learner refused it)
-    for file, size in (("optimizer.safetensors", 0), ("model.safetensors", 1000)):
-        shutil.copytree(run_dir / checkpoint, killed / checkpoint, dirs_exist_ok=True)
-        os.truncate(killed / checkpoint / file, size)
-        assert main(["resume", str(killed), "--quiet"]) == 2, file
-        err = capsys.readouterr().err
-        assert f"resumed: the policy's {checkpoint}/{file} (" in err and "is damaged" in err, err
-        assert len(read_events(killed)) == first + 1
-
-
-def _killed_after_first_update(run_dir: Path, killed: Path, models: bool = True) -> int:
-    """A copy of ``run_dir`` as if killed after its first policy update (its checkpoint kept),
-    its metadata without the model directories it started from unless ``models``; returns
-    the number of events kept."""
+def _killed_after_first_update(
+    run_dir: Path, killed: Path, models: bool = True, checkpoint: bool = True
+) -> tuple[int, str]:
+    """A copy of ``run_dir`` as if killed after its first policy update: its checkpoint kept
+    unless not ``checkpoint``, its metadata without the model directories it started from
+    unless ``models``. Returns the number of events kept and the checkpoint's name."""
     import shutil
 
     import msgspec
@@ -417,9 +371,45 @@ def _killed_after_first_update(run_dir: Path, killed: Path, models: bool = True)
     finally:
         log.close()
     shutil.copy(run_dir / "scenario.toml", killed / "scenario.toml")
-    checkpoint = envs[first].event.checkpoint
+    name = envs[first].event.checkpoint
+    if checkpoint:
+        shutil.copytree(run_dir / name, killed / name)
+    return first + 1, name
+
+
+def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A killed run whose newest checkpoint was gone played a session's episodes before its
+    learner failed (ResumeDiverged, exit 1), growing the log on every try; a copy taken while
+    the run pruned that checkpoint said it was complete."""
+    import shutil
+
+    killed = tmp_path / "killed"  # the run as killed after its first update, checkpoints lost
+    kept, checkpoint = _killed_after_first_update(run_dir, killed, checkpoint=False)
+    assert main(["resume", str(killed), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot be resumed: the policy's {checkpoint} (the newest its log names" in err, err
+    assert len(read_events(killed)) == kept  # nothing played, nothing written
+    assert main(["copy", str(killed), str(tmp_path / "copy")]) == 1
+    err = capsys.readouterr().err
+    assert f"coevo: error: the copy lacks the policy's {checkpoint}, the newest its log" in err
+    assert main(["copy", str(run_dir), str(tmp_path / "whole")]) == 0  # it has them all
+    # the weights there, their optimiser's state not: refused as well (it played first)
     shutil.copytree(run_dir / checkpoint, killed / checkpoint)
-    return first + 1
+    (killed / checkpoint / "optimizer.safetensors").unlink()
+    assert main(["resume", str(killed), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"resumed: the policy's {checkpoint}/optimizer.safetensors (the newest its" in err, err
+    assert len(read_events(killed)) == kept
+    # there, but cut short or emptied: refused too (it played, then the learner refused it)
+    for file, size in (("optimizer.safetensors", 0), ("model.safetensors", 1000)):
+        shutil.copytree(run_dir / checkpoint, killed / checkpoint, dirs_exist_ok=True)
+        os.truncate(killed / checkpoint / file, size)
+        assert main(["resume", str(killed), "--quiet"]) == 2, file
+        err = capsys.readouterr().err
+        assert f"resumed: the policy's {checkpoint}/{file} (" in err and "is damaged" in err, err
+        assert len(read_events(killed)) == kept
 
 
 def test_commands_that_go_on_with_a_run_load_its_own_embedded_model(
@@ -459,8 +449,7 @@ def test_a_run_whose_checkpoint_does_not_fit_today_s_model_is_refused_before_it_
     from safetensors.torch import load_file, save_file
 
     killed = tmp_path / "killed"
-    kept = _killed_after_first_update(run_dir, killed, models=False)
-    checkpoint = next(e for e in read_events(killed) if isinstance(e, PolicyUpdated)).checkpoint
+    kept, checkpoint = _killed_after_first_update(run_dir, killed, models=False)
     weights = killed / checkpoint / "model.safetensors"
     state = load_file(weights)
     rows = state["model.embed_tokens.weight"].shape[0]
