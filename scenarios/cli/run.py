@@ -651,7 +651,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
             scenario, source, handle_signals=True, run_dir=rd.root, recorded=recorded
         )
         _same_models(args.run, meta.models, assembly.models, _embedded_roles(scenario))
-        _checkpoints_fit(args.run, rd.root, history, assembly.models, bool(meta.models))
+        _checkpoints_fit(
+            args.run, rd.root, history, assembly.models, _embedded_roles(scenario), meta.models
+        )
         if args.no_tracking:
             assembly = dataclasses.replace(assembly, tracking=None)
         _keep_scenario(rd, meta.scenario_toml)
@@ -775,7 +777,12 @@ def _same_models(
 
 
 def _checkpoints_fit(
-    run: str, root: Path, history: Iterable[Any], models: dict[str, Path], recorded: bool
+    run: str,
+    root: Path,
+    history: Iterable[Any],
+    models: dict[str, Path],
+    built: set[str],
+    recorded: dict[str, Any],
 ) -> None:
     """Refuse, before anything is written, to resume a run whose newest checkpoint of a
     model does not fit the model prepared now: a run that does not record the model
@@ -803,11 +810,11 @@ def _checkpoints_fit(
         if misfit is None:
             continue
         why = (
-            "its model directory is not the one the run started from"
-            if recorded
-            else "the run does not record the model directories it started from (made before "
+            "the run does not record the model directories it started from (made before "
             "2026-12-03), and this coevo builds the embedded model by another recipe than "
             "the coevo that made it: resume it with that coevo"
+            if role in built and not recorded
+            else "the model directory is not the one the run started from"
         )
         raise InputInvalid(
             f"{run}: the {role}'s checkpoint of version {number} ({name}) does not fit the "
