@@ -91,6 +91,7 @@ def policy_actors(
         torch.set_num_threads(scenario.policy.threads)  # process-wide: inference and learner
     roles = _roles(method, source) if method else ()
     check_training(scenario, source, roles)
+    _check_temperatures(scenario, source, method, roles)
     # the base models' settings (and local paths) are checked before anything is built
     bases = {role: base_model_dir(scenario, source, role, None) for role in roles}
     check_rooms(scenario, source, method, "extractor" in roles)
@@ -242,6 +243,39 @@ def load_base_for(scenario: Scenario, model: Path | None, role: str) -> LoadedMo
     net = _prepared(scenario, net, lora, role)
     backend = backend_named(scenario.policy.backend)(net, device)
     return LoadedModel(net=net, tokenizer=tokenizer, device=device, backend=backend)
+
+
+MIN_TEMPERATURE = 1e-3
+"""The smallest sampling temperature but 0 (greedy). Logits divided by less lose their
+log-probs' precision, and far less (1e-300) overflow float32: every log-prob NaN."""
+
+
+def _check_temperatures(
+    scenario: Scenario, source: str, method: Method | None, roles: tuple[str, ...]
+) -> None:
+    """Refuse a sampling temperature between 0 and :data:`MIN_TEMPERATURE` (a new run and a
+    resume; a run's log is read whatever it holds).
+
+    Raises:
+        ScenarioInvalid: naming the setting.
+    """
+    temps = [("$.policy.temperature", scenario.policy.temperature)]
+    from agents.methods.builtin import Empo2
+
+    if isinstance(method, Empo2):
+        at = section_path(scenario, "empo2")
+        temps.append((f"{at}.tip_temperature", empo2_settings(scenario).tip_temperature))
+    if "extractor" in roles:
+        at = section_path(scenario, "complementary")
+        temps.append((f"{at}.temperature", complementary_settings(scenario).temperature))
+    for where, t in temps:
+        if 0 < t < MIN_TEMPERATURE:
+            raise ScenarioInvalid(
+                source,
+                f"{where} = {t:g}: a temperature between 0 and {MIN_TEMPERATURE:g} loses the "
+                "log-probs' precision, and far below overflows float32 (NaN log-probs); 0 "
+                "acts greedily",
+            )
 
 
 def check_training(scenario: Scenario, source: str, roles: tuple[str, ...]) -> None:

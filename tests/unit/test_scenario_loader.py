@@ -298,6 +298,27 @@ def test_tips_that_may_not_fit_the_prompt_are_warned_about(
         assert (warned in err) == warns, (sets, err)
 
 
+def test_a_temperature_too_small_to_divide_by_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A temperature of 1e-300 (valid: >= 0) overflowed float32 in generation: every
+    log-prob NaN (the run then stopped, blaming the model's weights)."""
+    from scenarios.cli import main
+
+    root = Path(__file__).resolve().parents[2] / "scenarios"
+    for scenario, key, at in (
+        ("quickstart.toml", "policy.temperature", "$.policy.temperature"),
+        ("empo2.toml", "empo2.tip_temperature", "$.empo2.tip_temperature"),
+        ("complementary.toml", "complementary.temperature", "$.complementary.temperature"),
+    ):
+        assert main(["validate", str(root / scenario), "--set", f"{key}=1e-300"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{at} = 1e-300: a temperature between 0 and 0.001 loses" in err, err
+        for fine in ("0", "0.001"):
+            assert main(["validate", str(root / scenario), "--set", f"{key}={fine}"]) == 0
+            capsys.readouterr()
+
+
 def test_a_pool_larger_than_a_familys_variants_is_warned_about(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
