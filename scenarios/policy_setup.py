@@ -239,6 +239,11 @@ def load_base_for(scenario: Scenario, model: Path | None, role: str) -> LoadedMo
     assert model is not None, "the base models are prepared before the run starts"
     device = resolve_device(scenario.policy.device)
     net, tokenizer = load_model_dir(model, device)
+    from agents.models.policy import output_fault
+
+    fault = output_fault(net, device)
+    if fault is not None:
+        raise ModelUnavailable(f"{model}: the {role}'s model: {fault}")
     lora = complementary_settings(scenario).lora if role == "extractor" else scenario.policy.lora
     net = _prepared(scenario, net, lora, role)
     backend = backend_named(scenario.policy.backend)(net, device)

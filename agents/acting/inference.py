@@ -139,21 +139,23 @@ def write_replies(
 
 
 class PolicyNotFinite(CoevoError):
-    """The policy's forward pass gave a log-probability that is not a number (NaN) or not
-    finite: nothing is recorded from it and the run fails (exit 1), rather than acting on
-    NaN scores (the last action always chosen) for a whole run."""
+    """The policy's (or the extractor's) forward pass gave a log-probability that is not a
+    number (NaN) or not finite: nothing is recorded from it and the run fails (exit 1),
+    rather than acting on NaN scores (the last action always chosen) for a whole run."""
 
     exit_code = 1
 
 
-def refuse_non_finite(logps: Sequence[float], what: str, version: int) -> None:
+def refuse_non_finite_logps(
+    logps: Sequence[float], what: str, version: int, model: str = "policy"
+) -> None:
     """Raise :class:`PolicyNotFinite` unless every value of ``logps`` (an answer's log-probs,
-    for ``what``) is finite."""
+    for ``what``, by ``model``: the policy or the extractor) is finite."""
     bad = next((x for x in logps if not math.isfinite(x)), None)
     if bad is None:
         return
     raise PolicyNotFinite(
-        f"the policy (version {version}) gave a log-probability of {bad} for {what}: its "
+        f"the {model} (version {version}) gave a log-probability of {bad} for {what}: its "
         "weights hold NaN or inf (a damaged model directory or checkpoint) or its logits "
         "overflow float32; nothing was recorded from it"
     )
@@ -257,7 +259,7 @@ class PolicyRunner:
             self.prompts_cut += sum(1 for c in cuts if c)
         answers = [a for a in out if a is not None]
         for a in answers:
-            refuse_non_finite(
+            refuse_non_finite_logps(
                 (a.logp, *a.token_logps, *(a.candidate_scores or ())),
                 f"episode {a.episode}'s turn {a.turn}",
                 self.version,
@@ -314,7 +316,7 @@ class PolicyRunner:
         with self._tokenizing:
             self.prompts_cut += sum(1 for reply in replies if reply.cut)
         for req, reply in zip(requests, replies, strict=True):
-            refuse_non_finite(reply.logps, f"episode {req.episode}'s tip", self.version)
+            refuse_non_finite_logps(reply.logps, f"episode {req.episode}'s tip", self.version)
         return [
             TipProposed(
                 episode=req.episode,

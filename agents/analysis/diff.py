@@ -66,7 +66,12 @@ DERIVED = frozenset({"projection_checked", "snapshot_taken"})
 
 SESSION = frozenset({"run_resumed", "actor_started"})
 """Kinds not compared: what a session of the run records (a resumed run has one more
-``run_resumed`` and its actors start again), not what the run did."""
+``run_resumed`` and its actors start again), not what the run did. So is how a session that
+was resumed ended (its ``run_stopped`` by a signal, its ``run_failed``): only the log's last
+end, the run's own, is compared."""
+
+ENDS = frozenset({"run_stopped", "run_failed"})
+"""How a session ends: compared only when no session follows it."""
 
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
 
@@ -262,9 +267,13 @@ def _streams(envs: Iterable[Envelope[Event]], names: Names) -> dict[str, array[i
     from its assignment, as in a run that was never stopped). ``names`` is filled as the log
     is read."""
     out: dict[str, array[int]] = {}
+    ended: tuple[str, int] | None = None  # the last session end: its stream and place
     for env in envs:
         kind = env.event.__struct_config__.tag
         names.read(env.event)
+        if kind == "run_resumed" and ended is not None:  # that end was a session's, not the run's
+            del out[ended[0]][ended[1] : ended[1] + 2]
+            ended = None
         if kind in DERIVED or kind in SESSION:
             continue
         if kind == "episode_abandoned":
@@ -273,7 +282,10 @@ def _streams(envs: Iterable[Envelope[Event]], names: Names) -> dict[str, array[i
                 del out[name]
             continue
         digest = blake2b(_ENCODER.encode(_comparable(env, names)), digest_size=8).digest()
-        out.setdefault(stream_of(env, names), array("Q")).extend((env.seq, int.from_bytes(digest)))
+        stream = out.setdefault(stream_of(env, names), array("Q"))
+        if kind in ENDS:
+            ended = (stream_of(env, names), len(stream))
+        stream.extend((env.seq, int.from_bytes(digest)))
     return out
 
 

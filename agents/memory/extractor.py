@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agents.acting.inference import write_replies
+from agents.acting.inference import refuse_non_finite_logps, write_replies
 from agents.events.episodes import finished_attempts, live_attempts
 from agents.events.extractor import (
     ExtractionRequested,
@@ -150,6 +150,7 @@ class ExtractorModel:
         )
         out = []
         for req, call, reply in zip(requests, calls, replies, strict=True):
+            refuse_non_finite_logps(reply.logps, f"call {call}", self.version, "extractor")
             text = reply.text
             if isinstance(req, ExtractionRequested):
                 ids = [req.entry] if req.entry >= 0 else []

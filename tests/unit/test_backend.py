@@ -233,3 +233,25 @@ def test_a_policy_whose_weights_turned_nan_stops_instead_of_acting_on_nan(
     with pytest.raises(PolicyNotFinite, match="episode ep0's tip"):
         runner.reflect([reflection(1)])
     assert "gives a logit of nan on a 16-token prompt" in (output_fault(model, CPU) or "")
+
+
+def test_an_extractor_whose_weights_turned_nan_stops_instead_of_writing_entries(
+    tokenizer: Any,
+) -> None:
+    """An extractor with a NaN weight wrote "entryentry..." entries from NaN log-probs for a
+    whole run that exited 0 (the check covered the policy only)."""
+    from agents.acting.inference import PolicyNotFinite
+    from agents.events.extractor import ExtractionRequested
+
+    model = tiny(tokenizer)
+    ext = ExtractorModel(model, tokenizer, ExtractorSettings(max_new_tokens=5))
+    messages = turn_messages("find the apple.", [], "you see a box.")
+    req = ExtractionRequested(
+        episode="ep0", worker="w", slot="train/fetch/0", entry=-1, success=True, score=1.0,
+        seed=3, messages=tuple((m["role"], m["content"]) for m in messages),
+    )  # fmt: skip
+    assert len(ext.answer([req], ["x1"])) == 1
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if n.endswith("norm.weight"))[0] = float("nan")
+    with pytest.raises(PolicyNotFinite, match=r"the extractor \(version 0\) gave a log-prob"):
+        ext.answer([req], ["x2"])

@@ -13,7 +13,7 @@ from agents.events.extractor import MergeDue
 from agents.events.policy import PolicyUpdated
 from agents.testing.events import policy_updated
 from engine.events import Envelope, Event
-from engine.lifecycle import ActorStarted, RunResumed
+from engine.lifecycle import ActorStarted, RunFailed, RunResumed, RunStopped
 
 
 def _step(episode: str, turn: int, reward: float = 0.0) -> StepTaken:
@@ -134,6 +134,36 @@ def test_an_abandoned_attempt_and_a_resume_are_left_out() -> None:
     other = Envelope(seq=5, run="r", t=5, actor="worker-1", corr="ep0", event=_step("ep0", 5))
     changed = [*resumed[:-1], other]  # the re-run's second turn differs
     assert diverging_seqs(alone, changed)[:3] == ("worker/ep0", 1, 5)
+
+
+def test_how_a_resumed_session_ended_is_left_out_and_the_run_s_end_compared() -> None:
+    """A run stopped by SIGTERM (or failed) and resumed was called diverged from the run
+    left alone at the stopped session's ``run_stopped``, which also hid a real divergence
+    later on (the stopped session's end came first by seq)."""
+    done = RunStopped(reason="completed")
+    alone = _log(
+        ("w0", "ep0", _step("ep0", 0)), ("w0", "ep0", _step("ep0", 1)), ("runtime", "", done)
+    )
+    for end in (
+        RunStopped(reason="signal", signal="SIGTERM", exit_code=143),
+        RunFailed(error_type="ActorCrashed", message="boom", actor="learner"),
+    ):
+
+        def resumed(reward: float, end: Event = end) -> list[Envelope[Event]]:
+            return _log(
+                ("w0", "ep0", _step("ep0", 0)),
+                ("runtime", "", end),
+                ("runtime", "", RunResumed(after=1)),
+                ("w0", "ep0", _step("ep0", 1, reward)),
+                ("runtime", "", done),
+            )
+
+        assert diverging_seqs(alone, resumed(0.0)) is None
+        assert diverging_seqs(resumed(0.0), alone) is None
+        found = diverging_seqs(resumed(1.0), alone)  # the real divergence, not the stop
+        assert found is not None and found[:3] == ("w0/ep0", 3, 1), found
+    stopped = _log(("w0", "ep0", _step("ep0", 0)), ("runtime", "", RunStopped(reason="signal")))
+    assert diverging_seqs(alone, stopped) is not None  # no session follows: the run's end
 
 
 def test_scenario_changes_are_dotted_keys() -> None:
