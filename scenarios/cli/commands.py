@@ -314,6 +314,11 @@ def build_parser() -> _Parser:
     p.add_argument("--to", dest="stop", type=int, default=None, metavar="SEQ", help="exclusive")
     p.add_argument("--limit", type=int, default=None, help="at most this many events")
     p.add_argument("--json", action="store_true", help="JSON lines")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="every value whole on each line (a line is cut at 160 characters otherwise)",
+    )
     p.add_argument("--follow", action="store_true", help="keep printing new events (live run)")
     p.set_defaults(func=cmd_log)
 
@@ -734,7 +739,7 @@ def cmd_log(args: argparse.Namespace) -> int:
             for env in iter_events(log, flt):
                 if args.limit is not None and shown >= args.limit:
                     break
-                _print_envelope(env, args.json)
+                _print_envelope(env, args.json, args.full)
                 shown += 1
             if not shown and args.actor:
                 _check_actors(log, args.actor)
@@ -802,7 +807,7 @@ def _follow(log: Any, flt: Any, args: argparse.Namespace) -> int:
                     if args.limit is not None and count >= args.limit:
                         break
                     try:
-                        _print_envelope(env, args.json)
+                        _print_envelope(env, args.json, args.full)
                         sys.stdout.flush()
                     except BrokenPipeError:  # `| head`: the reader has what it wanted
                         to_devnull(sys.stdout)
@@ -848,13 +853,13 @@ def _interrupt(exc: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
-def _print_envelope(env: Any, as_json: bool) -> None:
+def _print_envelope(env: Any, as_json: bool, full: bool = False) -> None:
     from scenarios.cli.console import envelope_dict, envelope_line
 
     if as_json:
         sys.stdout.write(msgspec.json.encode(envelope_dict(env)).decode() + "\n")
     else:
-        sys.stdout.write(envelope_line(env) + "\n")
+        sys.stdout.write(envelope_line(env, width=None if full else 160) + "\n")
 
 
 # --- audit --------------------------------------------------------------------------------------

@@ -939,3 +939,20 @@ def test_an_option_a_subcommand_does_not_know_is_refused_with_its_usage(
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("usage: coevo log ") and "--follow" in " ".join(err)
     assert err[-1] == "coevo log: error: unrecognized arguments: --bogus"
+
+
+def test_log_full_shows_every_value_whole(
+    small_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A line of ``coevo log`` is cut at 160 characters, whatever the terminal's width: a
+    policy update's digest (its last fields) could be read only with ``--json``."""
+    from scenarios.cli import main
+
+    args = ["log", str(small_run), "--kind", "step_taken", "--limit", "5"]
+    assert main(args) == 0
+    cut = capsys.readouterr().out.splitlines()
+    assert main([*args, "--full"]) == 0
+    whole = capsys.readouterr().out.splitlines()
+    assert len(cut) == len(whole) == 5 and max(map(len, cut)) <= 160
+    assert max(map(len, whole)) > 160 and all("…" not in line for line in whole)
+    assert all(w.startswith(c.removesuffix("…")) for c, w in zip(cut, whole, strict=True))
