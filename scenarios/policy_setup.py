@@ -8,7 +8,7 @@ starts them, so checking a scenario (``coevo validate``) imports neither.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -473,7 +473,9 @@ def base_model_dir(
     return extractor_model_dir(scenario, source, model, recorded)
 
 
-def recorded_models(scenario: Scenario, models: Mapping[str, ModelFiles]) -> dict[str, Path]:
+def recorded_models(
+    scenario: Scenario, models: Mapping[str, ModelFiles], overrides: Sequence[str] = ()
+) -> dict[str, Path]:
     """The embedded models an existing run started from (its metadata's ``models``) that are
     still where they were built, with the files the run recorded, by role: what every
     command that goes on with the run or re-runs part of it (``resume``, ``replay
@@ -481,12 +483,17 @@ def recorded_models(scenario: Scenario, models: Mapping[str, ModelFiles]) -> dic
     embedded model by this coevo's recipe, which may differ from the one that built the
     run's (a newer recipe, or settings added since, build another model under another cache
     key, that the run's checkpoints and digests do not fit). A model directory named by a
-    path is the scenario's own and is not looked up here."""
+    path is the scenario's own and is not looked up here, nor is an embedded model whose
+    recipe ``overrides`` change (``policy.embedded.*``, ``complementary.ops.*``: built as
+    they say)."""
     from scenarios.methods import complementary_settings
     from stores.checkpoints import files_changed, model_files
 
-    roles = {"policy"} if scenario.policy.model == "embedded" else set[str]()
-    if roles and complementary_settings(scenario).extractor == "embedded-ops":
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    embedded = any(k.startswith("policy.embedded") for k in keys)
+    ops = embedded or any(k.startswith("complementary.ops") for k in keys)
+    roles = {"policy"} if scenario.policy.model == "embedded" and not embedded else set[str]()
+    if complementary_settings(scenario).extractor == "embedded-ops" and not ops:
         roles.add("extractor")
     found: dict[str, Path] = {}
     for role in sorted(roles & models.keys()):
@@ -775,7 +782,7 @@ def reexecution_for(
         raise ScenarioInvalid(source, f"run.method = {scenario.run.method!r} trains no model")
     if scenario.policy.threads:
         torch.set_num_threads(scenario.policy.threads)
-    recorded = recorded_models(scenario, meta.models) if meta is not None else {}
+    recorded = recorded_models(scenario, meta.models, overrides) if meta is not None else {}
     model = policy_model_dir(scenario, source, recorded)
     trainee = load_trainee_for(scenario, model)
     extractor = None

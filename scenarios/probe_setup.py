@@ -151,7 +151,7 @@ def read_run(
             f"{path}: run.method = {scenario.run.method!r}: not a Complementary RL run "
             "(the probe rebuilds an extractor's bank)"
         )
-    recorded = recorded_models(scenario, meta.models) if meta is not None else {}
+    recorded = recorded_models(scenario, meta.models, overrides) if meta is not None else {}
     run = RunLog(root, scenario, source, scenario.seed, recorded=recorded)
     for env in read(path):
         ev = env.event

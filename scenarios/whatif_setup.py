@@ -7,7 +7,7 @@ version's checkpoint must still be on disk)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ def run_whatif(
         if instead is not None and stored > ended
         else ""
     )
-    runners = _Runners(root, log, index, scenario, source, meta.models if meta else {})
+    runners = _Runners(root, log, index, scenario, source, meta.models if meta else {}, overrides)
     prompting = Prompting(
         window=scenario.policy.window,
         list_actions=scenario.policy.list_actions or scenario.policy.mode == "generate",
@@ -132,9 +132,11 @@ class _Runners:
         s: Scenario,
         source: str,
         models: Mapping[str, ModelFiles],
+        overrides: Sequence[str] = (),
     ) -> None:
         self._root, self._log, self._index, self._s, self._source = root, log, index, s, source
         self._models = models  # the run's recorded model directories
+        self._overrides = overrides
         self._cache: dict[int, PolicyRunner] = {}
 
     def get(self, version: int) -> PolicyRunner:
@@ -173,7 +175,7 @@ class _Runners:
     def _recorded(self) -> dict[str, Path]:
         from scenarios.policy_setup import recorded_models
 
-        return recorded_models(self._s, self._models)
+        return recorded_models(self._s, self._models, self._overrides)
 
     def _base(self) -> Path:
         from scenarios.policy_setup import policy_model_dir

@@ -164,11 +164,13 @@ def _apart(a: str, b: str, around: int = 24) -> tuple[str, str]:
     return part(a), part(b)
 
 
-SCORE_LIMIT = 1e100
-"""The largest reward or score (in magnitude) a world may give. Past it what coevo derives
-from scores stops being a number: a round's mean of 1e308 and 1e308 is inf, so is a credit
-rule's ``2 * score - 1``, and squares for a spread overflow. Up to it every sum, mean, spread
-and difference over any number of episodes a run can hold stays finite."""
+SCORE_LIMIT = 1e15
+"""The largest reward or score (in magnitude) a world may give. The learner trains in
+float32 (largest 3.4e38): an advantage that is a score (Complementary RL's subgroup
+advantages, GRPO's without ``std_norm``) of 1e30 overflowed its gradient's norm, and one of
+1e100 its loss; past 1e154 a spread's square overflows even float64, and at 1e308 a round's
+mean or a credit rule's ``2 * score - 1`` is inf. Up to 1e15 every sum, mean, spread,
+credit and gradient a run computes stays finite, with room to spare."""
 
 
 def _number(value: object, field: str) -> float:
@@ -185,8 +187,9 @@ def _number(value: object, field: str) -> float:
         raise ValueError(f"{field} is {number}, not a finite number")
     if abs(number) > SCORE_LIMIT:
         raise ValueError(
-            f"{field} is {number:g}, past +/-{SCORE_LIMIT:g} (what coevo derives from scores, "
-            "a mean or a credit, would overflow a float): give the world's scores a smaller scale"
+            f"{field} is {_short(value)}, past +/-{SCORE_LIMIT:g} (an advantage or a gradient "
+            "the learner computes from it in float32, or a mean or a credit, would overflow): "
+            "give the world's scores a smaller scale"
         )
     return number
 

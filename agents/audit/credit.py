@@ -14,7 +14,6 @@ One pass over the log (no index): the fold needs every episode end in order.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import re
@@ -303,14 +302,26 @@ def _own_rule(
         calls += 1
         if on_call is not None:
             on_call(calls)
-        value = math.nan
+        value, past = math.nan, False
         if isinstance(got, numbers.Real | Decimal) and not isinstance(got, bool):
-            with contextlib.suppress(OverflowError, ValueError):  # 10**400, Decimal("sNaN")
+            try:
                 value = float(got)
+            except OverflowError:  # 10**400, Fraction(10**400, 3)
+                past = True
+            except ValueError:  # Decimal("sNaN")
+                pass
+            if isinstance(got, Decimal) and got.is_finite() and math.isinf(value):
+                past = True  # Decimal("1e400") converts to inf
         if not math.isfinite(value):
             said = _short(got)
             boolean = isinstance(got, bool) or type(got).__name__ in ("bool", "bool_")  # NumPy's
-            what = "a bool, not a number" if boolean else "not a finite number"
+            what = (
+                "a bool, not a number"
+                if boolean
+                else "too large for a float"
+                if past
+                else "not a finite number"
+            )
             raise AuditQueryInvalid(
                 f"credit rule {path!r} gave {said} for episode {ev.episode}: {what}"
             )

@@ -125,7 +125,7 @@ def render_tip(a: TipAudit) -> list[str]:
             upd = str(c.update) if c.update >= 0 else "none" if a.completed else "pending"
             out.append(
                 f"    {c.seq:<8} {c.episode:<10} {c.call:<10} {res:<16} {c.rule:<14} "
-                f"{c.credit:+6.3f}  {upd}"
+                f"{_f(c.credit, 3, 6)}  {upd}"
             )
         out += _more(len(a.credits))
     for s in a.updates:
@@ -215,7 +215,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
         )
     if a.credit is not None:
         c = a.credit
-        line = f"  credit: entry {c.entry} (call {c.call}) {c.credit:+.3f} ({c.rule}, seq {c.seq})"
+        line = f"  credit: entry {c.entry} (call {c.call}) {_f(c.credit)} ({c.rule}, seq {c.seq})"
         if c.update >= 0:
             line += (
                 f" -> extractor update {c.update}: reward {_f(c.reward)}, advantage "

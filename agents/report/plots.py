@@ -227,7 +227,10 @@ def credit_figure(runs: Sequence[RunData]) -> str:
     values = [v for vs in totals.values() for v in vs]
     if values:
         lo, hi = min(values), max(values)
-        bins = [lo + (hi - lo) * k / 20 for k in range(21)] if hi > lo else 10
+        if hi - lo <= abs(lo) * 1e-12:  # one value (or all within rounding): numpy's 10 bins
+            pad = max(0.5, abs(lo) * 1e-6)  # over lo +/- 0.5 do not exist past ~5e14
+            lo, hi = lo - pad, hi + pad
+        bins = [lo + (hi - lo) * k / 20 for k in range(21)]
         for i, vs in totals.items():
             if vs:
                 hist.hist(

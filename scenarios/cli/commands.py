@@ -448,7 +448,8 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
                 lambda c: progress.advance(f"{c.model} v{c.version} {c.digest[:12]} ok"),
             )
     except UpdateDiverged as exc:
-        note = _base_note(log.read_meta()) if exc.start else _machine_note(log.read_meta())
+        meta = log.read_meta()
+        note = _base_note(meta, overrides) if exc.start else _machine_note(meta)
         if note:
             print(f"coevo: note: {note}", file=sys.stderr)
         raise
@@ -461,15 +462,23 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
     return 0
 
 
-def _base_note(meta: Any) -> str:
-    """Why a re-execution's starting weights may not be the run's: the embedded model this
-    coevo builds is not the one an older coevo built (its recipe, or a setting added since),
-    and a run that does not record its model directories cannot be given its own."""
+def _base_note(meta: Any, overrides: Sequence[str] = ()) -> str:
+    """Why a re-execution's starting weights may not be the run's: a model named by ``--set``,
+    the run's own directory gone or changed, or (a run that does not record its model
+    directories) the embedded model this coevo builds is not the one an older coevo built."""
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    named = [
+        o
+        for o, k in zip(overrides, keys, strict=True)
+        if k in MODEL_KEYS or k.startswith(("policy.embedded.", "complementary.ops."))
+    ]
+    if named:
+        return f"--set {named[0]} gives another model than the one the run started from"
     if meta is not None and meta.models:
         return (
-            "the model directory the run started from is gone or changed (its embedded model, "
-            "built again, differs when built by another coevo or on another CPU kind); "
-            "--set policy.model=DIR names a directory that holds it"
+            "the model directory the run started from is gone or changed (an embedded model "
+            "built again differs when built by another coevo or on another CPU kind); --set "
+            "policy.model=DIR names a directory that holds the run's"
         )
     return (
         "the run does not record the model directories it started from (made before "
@@ -478,6 +487,10 @@ def _base_note(meta: Any) -> str:
         "from (a directory under the cache's embedded/, and complementary.extractor=DIR the "
         "extractor's under extractor/)"
     )
+
+
+MODEL_KEYS = frozenset({"policy.model", "complementary.extractor"})
+"""The settings that name a base model directory."""
 
 
 def _machine_note(meta: Any) -> str:

@@ -809,13 +809,19 @@ def _checkpoints_fit(
         misfit = checkpoint_misfit(model, root / name) if model is not None else None
         if misfit is None:
             continue
-        why = (
-            "the run does not record the model directories it started from (made before "
-            "2026-12-03), and this coevo builds the embedded model by another recipe than "
-            "the coevo that made it: resume it with that coevo"
-            if role in built and not recorded
-            else "the model directory is not the one the run started from"
-        )
+        if role in recorded:  # the directory is as the run recorded it (_same_models)
+            why = (
+                "the model directory is the one the run started from, so the checkpoint is not "
+                "the one the run wrote (replaced or damaged): put that one back"
+            )
+        elif role in built:
+            why = (
+                "the run does not record the model directories it started from (made before "
+                "2026-12-03), and this coevo builds the embedded model by another recipe than "
+                "the coevo that made it: resume it with that coevo"
+            )
+        else:
+            why = "the model directory is not the one the run started from"
         raise InputInvalid(
             f"{run}: the {role}'s checkpoint of version {number} ({name}) does not fit the "
             f"{role} model prepared now, {model} ({misfit}): {why} (nothing was resumed)"

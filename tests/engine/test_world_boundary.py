@@ -89,8 +89,8 @@ def run_world(
 
 
 PAST = (
-    "(what coevo derives from scores, a mean or a credit, would overflow a float): give the "
-    "world's scores a smaller scale"
+    "(an advantage or a gradient the learner computes from it in float32, or a mean or a "
+    "credit, would overflow): give the world's scores a smaller scale"
 )
 
 
@@ -103,8 +103,9 @@ PAST = (
         ({"admissible": "look"}, "whose admissible is 'look', not a tuple of strings"),
         ({"reward": "1"}, "whose reward is '1' (a str), not a float or an int"),
         ({"reward": Decimal("0.5")}, "reward is Decimal('0.5') (a Decimal), not a float or an int"),
-        ({"score": 1e308}, f"whose score is 1e+308, past +/-1e+100 {PAST}"),
-        ({"reward": -(10**101)}, f"whose reward is -1e+101, past +/-1e+100 {PAST}"),
+        ({"score": 1e308}, f"whose score is 1e+308, past +/-1e+15 {PAST}"),
+        ({"reward": -(10**15 + 1)}, f"whose reward is -1000000000000001, past +/-1e+15 {PAST}"),
+        ({"score": 1.0000000000000002e15}, f"score is 1000000000000000.2, past +/-1e+15 {PAST}"),
         ({"score": float("nan")}, "whose score is nan, not a finite number"),
         ({"reward": 10**400}, f"whose reward is {'1' + '0' * 56}..., too large for a float"),
         ({"score": 10**5000}, "whose score is an int of 16610 bits, too large for a float"),
@@ -138,6 +139,7 @@ PAST = (
         "decimal reward",
         "score past the limit",
         "int reward past the limit",
+        "a float just past the limit",
         "nan",
         "int past float",
         "int past repr",

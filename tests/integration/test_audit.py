@@ -332,6 +332,12 @@ def huge(episode, group):
     return 1e308
 
 
+def decimal_past(episode, group):
+    from decimal import Decimal
+
+    return Decimal("1e400")
+
+
 def decimal_half(episode, group):
     from decimal import Decimal
 
@@ -381,8 +387,9 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
         ("my rules:x", "bad credit rule import path"),
         (
             "my_rules:past_floats",
-            "gave 1" + "0" * 58 + "... (401 characters) for episode ep",
+            "gave 1" + "0" * 58 + "... (401 characters) for episode ep002: too large for a float",
         ),
+        ("my_rules:decimal_past", "gave Decimal('1E+400') for episode ep002: too large for a"),
         ("my_rules:huge", "credit rule 'my_rules:huge': its credits are too large to add up"),
         ("my_rules:yes", "gave True for episode ep002: a bool, not a number"),
         ("my_rules:numpy_yes", "gave np.True_ for episode ep002: a bool, not a number"),

@@ -413,7 +413,10 @@ def test_a_run_without_the_checkpoint_it_resumes_from_is_refused_before_it_plays
 
 
 def test_commands_that_go_on_with_a_run_load_its_own_embedded_model(
-    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A run made before the embedded model's recipe changed (a new coevo) could not be
     resumed, re-executed, replayed in a what-if or probed on the machine that made it: each
@@ -430,6 +433,13 @@ def test_commands_that_go_on_with_a_run_load_its_own_embedded_model(
     monkeypatch.setattr(agents.models.embedded, "ensure_embedded", built)
     monkeypatch.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
     assert main(["replay", str(run_dir), "--reexecute-learner"]) == 0
+    monkeypatch.undo()  # a --set of the embedded recipe builds that model (it was ignored)
+    monkeypatch.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
+    other = ["--set", "policy.embedded.hidden_size=48"]
+    assert main(["replay", str(run_dir), "--reexecute-learner", *other]) == 1
+    err = capsys.readouterr().err
+    assert "--set policy.embedded.hidden_size=48 gives another model than the one the run" in err
+    monkeypatch.setattr(agents.models.embedded, "ensure_embedded", built)
     episode = next(
         e.episode
         for e in read_events(run_dir)
@@ -467,3 +477,15 @@ def test_a_run_whose_checkpoint_does_not_fit_today_s_model_is_refused_before_it_
     assert f"(model.embed_tokens.weight: ({2 * rows}, 32) in the checkpoint, ({rows}, 32)" in err
     assert "the run does not record the model directories it started from" in err, err
     assert len(read_events(killed)) == kept  # nothing written
+    # a run that records its model: the directory is as recorded, so the checkpoint is at fault
+    recorded = tmp_path / "recorded"
+    kept, _ = _killed_after_first_update(run_dir, recorded)
+    save_file(state, recorded / checkpoint / "model.safetensors")
+    monkey.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
+    try:
+        assert main(["resume", str(recorded), "--quiet"]) == 2
+    finally:
+        monkey.undo()
+    err = capsys.readouterr().err
+    assert "so the checkpoint is not the one the run wrote (replaced or damaged)" in err, err
+    assert len(read_events(recorded)) == kept

@@ -36,3 +36,20 @@ def test_a_page_of_more_runs_than_colours_says_they_repeat() -> None:
     assert "colours" not in _runs_table([run(i) for i in range(10)])  # type: ignore[misc]
     said = html.unescape(_runs_table([run(i) for i in range(12)]))  # type: ignore[misc]
     assert "12 runs and 10 colours: runs 11 on share the colours of the first 10" in said
+
+
+def test_the_credit_histogram_of_equal_large_totals_is_drawn() -> None:
+    """Every entry's total credit -2e16 (a world scoring 1e16, inside the score limit):
+    numpy's ten bins over the value +/- 0.5 do not exist at that size, and ``coevo report``
+    stopped with a traceback."""
+    from agents.report.page import Entry
+    from agents.report.plots import credit_figure
+
+    for total in (-2e16, 0.0, 3.0, 1e100):
+        entries = {
+            i: Entry(tip_id=i, slot="s", text="t", call="x1", episode="e", parents=(), seq=i,
+                     credits=[("ep1", total)])
+            for i in range(3)
+        }  # fmt: skip
+        run = SimpleNamespace(label="c", entries=entries, coevolution=Coevolution())
+        assert "<svg" in credit_figure([run])  # type: ignore[list-item]
