@@ -67,11 +67,12 @@ DERIVED = frozenset({"projection_checked", "snapshot_taken"})
 SESSION = frozenset({"run_resumed", "actor_started"})
 """Kinds not compared: what a session of the run records (a resumed run has one more
 ``run_resumed`` and its actors start again), not what the run did. So is how a session that
-was resumed ended (its ``run_stopped`` by a signal, its ``run_failed``): only the log's last
-end, the run's own, is compared."""
+was resumed ended (its ``run_stopped`` by a signal, its ``run_failed`` and the
+``actor_failed`` that stopped it): only the log's last end, the run's own, is compared."""
 
 ENDS = frozenset({"run_stopped", "run_failed"})
-"""How a session ends: compared only when no session follows it."""
+"""How a session ends (with an ``actor_failed`` whose action is "stop"): compared only when
+no session follows it."""
 
 _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
 
@@ -267,13 +268,15 @@ def _streams(envs: Iterable[Envelope[Event]], names: Names) -> dict[str, array[i
     from its assignment, as in a run that was never stopped). ``names`` is filled as the log
     is read."""
     out: dict[str, array[int]] = {}
-    ended: tuple[str, int] | None = None  # the last session end: its stream and place
+    ending: list[tuple[str, int]] = []  # the session's end so far: streams and places
     for env in envs:
         kind = env.event.__struct_config__.tag
         names.read(env.event)
-        if kind == "run_resumed" and ended is not None:  # that end was a session's, not the run's
-            del out[ended[0]][ended[1] : ended[1] + 2]
-            ended = None
+        if kind == "run_resumed":  # the end before was a session's, not the run's
+            for name, at in reversed(ending):
+                if name in out:
+                    del out[name][at : at + 2]
+            ending = []
         if kind in DERIVED or kind in SESSION:
             continue
         if kind == "episode_abandoned":
@@ -282,9 +285,10 @@ def _streams(envs: Iterable[Envelope[Event]], names: Names) -> dict[str, array[i
                 del out[name]
             continue
         digest = blake2b(_ENCODER.encode(_comparable(env, names)), digest_size=8).digest()
-        stream = out.setdefault(stream_of(env, names), array("Q"))
-        if kind in ENDS:
-            ended = (stream_of(env, names), len(stream))
+        name = stream_of(env, names)
+        stream = out.setdefault(name, array("Q"))
+        if kind in ENDS or (kind == "actor_failed" and getattr(env.event, "action", "") == "stop"):
+            ending.append((name, len(stream)))
         stream.extend((env.seq, int.from_bytes(digest)))
     return out
 

@@ -13,7 +13,7 @@ from agents.events.extractor import MergeDue
 from agents.events.policy import PolicyUpdated
 from agents.testing.events import policy_updated
 from engine.events import Envelope, Event
-from engine.lifecycle import ActorStarted, RunFailed, RunResumed, RunStopped
+from engine.lifecycle import ActorFailed, ActorStarted, RunFailed, RunResumed, RunStopped
 
 
 def _step(episode: str, turn: int, reward: float = 0.0) -> StepTaken:
@@ -138,8 +138,8 @@ def test_an_abandoned_attempt_and_a_resume_are_left_out() -> None:
 
 def test_how_a_resumed_session_ended_is_left_out_and_the_run_s_end_compared() -> None:
     """A run stopped by SIGTERM (or failed) and resumed was called diverged from the run
-    left alone at the stopped session's ``run_stopped``, which also hid a real divergence
-    later on (the stopped session's end came first by seq)."""
+    left alone at the stopped session's ``run_stopped`` (a failed one's ``actor_failed``),
+    which also hid a real divergence later on (the stopped session's end came first)."""
     done = RunStopped(reason="completed")
     alone = _log(
         ("w0", "ep0", _step("ep0", 0)), ("w0", "ep0", _step("ep0", 1)), ("runtime", "", done)
@@ -150,8 +150,13 @@ def test_how_a_resumed_session_ended_is_left_out_and_the_run_s_end_compared() ->
     ):
 
         def resumed(reward: float, end: Event = end) -> list[Envelope[Event]]:
+            failed = ActorFailed(
+                actor="learner", attempt=0, error_type="E", message="m", traceback="", action="stop"
+            )
+            stopped = [("runtime", "", failed)] if isinstance(end, RunFailed) else []
             return _log(
                 ("w0", "ep0", _step("ep0", 0)),
+                *stopped,
                 ("runtime", "", end),
                 ("runtime", "", RunResumed(after=1)),
                 ("w0", "ep0", _step("ep0", 1, reward)),
@@ -161,7 +166,8 @@ def test_how_a_resumed_session_ended_is_left_out_and_the_run_s_end_compared() ->
         assert diverging_seqs(alone, resumed(0.0)) is None
         assert diverging_seqs(resumed(0.0), alone) is None
         found = diverging_seqs(resumed(1.0), alone)  # the real divergence, not the stop
-        assert found is not None and found[:3] == ("w0/ep0", 3, 1), found
+        at = 4 if isinstance(end, RunFailed) else 3
+        assert found is not None and found[:3] == ("w0/ep0", at, 1), found
     stopped = _log(("w0", "ep0", _step("ep0", 0)), ("runtime", "", RunStopped(reason="signal")))
     assert diverging_seqs(alone, stopped) is not None  # no session follows: the run's end
 
