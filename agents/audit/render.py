@@ -130,13 +130,13 @@ def render_tip(a: TipAudit) -> list[str]:
         out += _more(len(a.credits))
     for s in a.updates:
         done = (
-            f"-> extractor v{s.version}, {s.samples} samples, loss {s.loss:.4f}"
+            f"-> extractor v{s.version}, {s.samples} samples, loss {_f(s.loss, 4, sign='')}"
             if s.version >= 0
             else "(not applied yet)"
         )
         out.append(
             f"  extractor update {s.update} (request seq {s.request_seq}, {s.batch} calls): call "
-            f"{s.call} reward {_f(s.reward)}, advantage {s.advantage:+.3f}, weight "
+            f"{s.call} reward {_f(s.reward)}, advantage {_f(s.advantage)}, weight "
             f"{s.weight:.3f} {done}"
         )
     return out
@@ -188,7 +188,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
             f"{[round(r, 4) for r in v.group_rewards]})"
         )
         out.append(
-            f"  advantage: {v.advantage:+.6f} for each of its {len(a.turns)} samples (rule "
+            f"  advantage: {_f(v.advantage, 6)} for each of its {len(a.turns)} samples (rule "
             f"{v.rule}, rollout {v.rollout}, seq {v.seq})"
         )
     elif a.purpose != "train":
@@ -202,7 +202,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
     if a.update is not None:
         u = a.update
         done = (
-            f"-> policy v{u.version} ({u.samples} samples, {u.stale} stale, loss {u.loss:+.4f}, "
+            f"-> policy v{u.version} ({u.samples} samples, {u.stale} stale, loss {_f(u.loss, 4)}, "
             f"kl {u.kl:.4f}, digest {u.digest[:12]})"
             if u.version >= 0
             else f"(not applied: the run {a.run_end} before it)"
@@ -210,7 +210,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
             else "(not applied yet)"
         )
         out.append(
-            f"  update {u.update} (gradient request seq {u.seq}, advantage {u.advantage:+.6f}) "
+            f"  update {u.update} (gradient request seq {u.seq}, advantage {_f(u.advantage, 6)}) "
             + done
         )
     if a.credit is not None:
