@@ -486,7 +486,6 @@ def recorded_models(
     path is the scenario's own and is not looked up here, nor is an embedded model whose
     recipe ``overrides`` change (``policy.embedded.*``, ``complementary.ops.*``: built as
     they say)."""
-    from scenarios.methods import complementary_settings
     from stores.checkpoints import files_changed, model_files
 
     keys = [o.split("=", 1)[0].strip() for o in overrides]
