@@ -451,7 +451,10 @@ def test_commands_that_go_on_with_a_run_load_its_own_embedded_model(
 
 
 def test_a_run_whose_checkpoint_does_not_fit_today_s_model_is_refused_before_it_plays(
-    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    run_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A run that does not record the model it started from (made before 2026-12-03), its
     embedded model built again by a newer recipe with a vocabulary of another size, failed
@@ -466,12 +469,8 @@ def test_a_run_whose_checkpoint_does_not_fit_today_s_model_is_refused_before_it_
     grown = state["model.embed_tokens.weight"].repeat(2, 1)
     state["model.embed_tokens.weight"] = grown
     save_file(state, weights)
-    monkey = pytest.MonkeyPatch()
-    monkey.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
-    try:
-        assert main(["resume", str(killed), "--quiet"]) == 2
-    finally:
-        monkey.undo()
+    monkeypatch.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
+    assert main(["resume", str(killed), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"the policy's checkpoint of version 1 ({checkpoint}) does not fit the policy" in err
     assert f"(model.embed_tokens.weight: ({2 * rows}, 32) in the checkpoint, ({rows}, 32)" in err
@@ -481,11 +480,7 @@ def test_a_run_whose_checkpoint_does_not_fit_today_s_model_is_refused_before_it_
     recorded = tmp_path / "recorded"
     kept, _ = _killed_after_first_update(run_dir, recorded)
     save_file(state, recorded / checkpoint / "model.safetensors")
-    monkey.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
-    try:
-        assert main(["resume", str(recorded), "--quiet"]) == 2
-    finally:
-        monkey.undo()
+    assert main(["resume", str(recorded), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "so the checkpoint is not the one the run wrote (replaced or damaged)" in err, err
     assert len(read_events(recorded)) == kept
