@@ -420,17 +420,23 @@ def newest_checkpoints(events: Any) -> dict[str, str]:
     """The checkpoint a resume loads for each trained model, from a run's ``events`` in log
     order (envelopes): ``{"policy": "checkpoints/v000002", "extractor": ...}`` (a model the
     run never updated is absent)."""
+    return {role: name for role, (_, name) in newest_updates(events).items()}
+
+
+def newest_updates(events: Any) -> dict[str, tuple[int, str]]:
+    """:func:`newest_checkpoints` with the version each checkpoint holds:
+    ``{"policy": (2, "checkpoints/v000002"), ...}``."""
     from agents.events.extractor import ExtractorUpdated
     from agents.events.policy import PolicyUpdated
 
-    named: dict[str, str] = {}
+    newest: dict[str, tuple[int, str]] = {}
     for env in events:
         ev = env.event
         if isinstance(ev, PolicyUpdated) and ev.checkpoint:
-            named["policy"] = ev.checkpoint
+            newest["policy"] = (ev.policy_version, ev.checkpoint)
         elif isinstance(ev, ExtractorUpdated) and ev.checkpoint:
-            named["extractor"] = ev.checkpoint
-    return named
+            newest["extractor"] = (ev.extractor_version, ev.checkpoint)
+    return newest
 
 
 def missing_checkpoints(root: Path, named: dict[str, str]) -> list[str]:

@@ -10,7 +10,7 @@ import functools
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from scenarios.cli.common import (
     damaged_checkpoints,
     missing_checkpoints,
     naming,
-    newest_checkpoints,
+    newest_updates,
     open_run,
     out_path,
     read_meta,
@@ -642,7 +642,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     home = path_identity(rd.root)
     joined = contextlib.ExitStack()
     try:  # the history is read under the writer lock: no other session writes after it
-        history = _history(args.run, log, rd.root if scenario.run.method != ROLLOUT else None)
+        history, newest = _history(
+            args.run, log, rd.root if scenario.run.method != ROLLOUT else None
+        )
         _models_in_place(args.run, meta.models, _embedded_roles(scenario))
         from scenarios.policy_setup import recorded_models
 
@@ -652,7 +654,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         )
         _same_models(args.run, meta.models, assembly.models, _embedded_roles(scenario))
         _checkpoints_fit(
-            args.run, rd.root, history, assembly.models, _embedded_roles(scenario), meta.models
+            args.run, rd.root, newest, assembly.models, _embedded_roles(scenario), meta.models
         )
         if args.no_tracking:
             assembly = dataclasses.replace(assembly, tracking=None)
@@ -779,7 +781,7 @@ def _same_models(
 def _checkpoints_fit(
     run: str,
     root: Path,
-    history: Iterable[Any],
+    newest: dict[str, tuple[int, str]],
     models: dict[str, Path],
     built: set[str],
     recorded: dict[str, Any],
@@ -793,17 +795,8 @@ def _checkpoints_fit(
     Raises:
         InputInvalid: a checkpoint's tensor has another shape than the model's.
     """
-    from agents.events.extractor import ExtractorUpdated
-    from agents.events.policy import PolicyUpdated
     from stores.checkpoints import checkpoint_misfit
 
-    newest: dict[str, tuple[int, str]] = {}
-    for env in history:
-        ev = env.event
-        if isinstance(ev, PolicyUpdated) and ev.checkpoint:
-            newest["policy"] = (ev.policy_version, ev.checkpoint)
-        elif isinstance(ev, ExtractorUpdated) and ev.checkpoint:
-            newest["extractor"] = (ev.extractor_version, ev.checkpoint)
     for role, (number, name) in sorted(newest.items()):
         model = models.get(role)
         misfit = checkpoint_misfit(model, root / name) if model is not None else None
@@ -875,11 +868,15 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
         ) from None
 
 
-def _history(path: str, log: Any, curves: Path | None) -> Sequence[Any]:
+def _history(
+    path: str, log: Any, curves: Path | None
+) -> tuple[Sequence[Any], dict[str, tuple[int, str]]]:
     """Every event of the run, read by its writer (none: the run was stopped as it was
     created, before its first event), as a :class:`~engine.eventlog.LogHistory` (read again
     on each pass, not held); read through once here, so that a damaged record is met now and
-    named; ``curves``: where the run draws its learning curves (None: it draws none).
+    named, and the newest checkpoint of each model found (:func:`newest_updates`, returned
+    beside the history); ``curves``: where the run draws its learning curves (None: it draws
+    none).
 
     Raises:
         NothingToResume: the run completed (saying how to draw its curves if they are
@@ -891,11 +888,12 @@ def _history(path: str, log: Any, curves: Path | None) -> Sequence[Any]:
     from engine.lifecycle import RunStopped
 
     end, last = log.next_seq, None
-    named: dict[str, str] = {}
+    newest: dict[str, tuple[int, str]] = {}
     with naming(log.path):
         for chunk in log.read_chunks(0, end):
             last = chunk[-1]
-            named.update(newest_checkpoints(chunk))
+            newest.update(newest_updates(chunk))
+    named = {role: name for role, (_, name) in newest.items()}
     history = LogHistory(log, end)
     if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
         missing = curves is not None and not all((curves / n).exists() for n in CURVE_FILES)
@@ -919,4 +917,4 @@ def _history(path: str, log: Any, curves: Path | None) -> Sequence[Any]:
             "its log names, which a resume continues from); restore it from a copy of the "
             "run. Reading the run needs none: replay, check, report and audit work as they are"
         )
-    return history
+    return history, newest
