@@ -428,7 +428,7 @@ def _one_step(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(trainable(trainee.model), req.max_grad_norm)
-        refuse_non_finite("policy", req.update, loss, norm, logp.detach()[mask != 0])
+        refuse_non_finite("policy", req.update, loss, norm, logp, mask)
         opt.step()
         grad_norm = float(norm)
     stats = dict(
@@ -456,11 +456,13 @@ def refuse_non_finite(
     loss: torch.Tensor,
     norm: torch.Tensor,
     logp: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> None:
     """Raise :class:`UpdateNotFinite` before an optimiser step whose loss or gradient norm
     is not finite (advantages of 1e300 overflow float32; a NaN spreads to every weight).
-    ``logp``: the model's own log-probs of the batch, when at hand: non-finite ones mean
-    the weights are at fault, not the advantages.
+    ``logp``: the model's own log-probs of the batch, when at hand (at the places ``mask``
+    marks, when given; read only when the step is refused): non-finite ones mean the weights
+    are at fault, not the advantages.
 
     Raises:
         UpdateNotFinite: so.
@@ -468,7 +470,8 @@ def refuse_non_finite(
     values = (float(loss.detach()), float(norm))
     if all(math.isfinite(v) for v in values):
         return
-    if logp is not None and not bool(torch.isfinite(logp.detach()).all()):
+    own = None if logp is None else logp.detach() if mask is None else logp.detach()[mask != 0]
+    if own is not None and not bool(torch.isfinite(own).all()):
         why = (
             "the model's own log-probs of the batch are not finite: its weights hold NaN or "
             "inf (a damaged model directory or checkpoint)"

@@ -27,7 +27,8 @@ import functools
 import inspect
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +136,19 @@ model's of 4,096 positions, say) is not probed, and a prompt longer than that wi
 score wrong unseen."""
 
 
+@contextmanager
+def _evaluating(model: Any) -> Generator[None]:
+    """``model`` in eval mode without gradients for a check's forward passes, then back in
+    the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
 def output_fault(model: Any, device: torch.device) -> str | None:
     """What is wrong with ``model``'s outputs, or None: a forward pass over a short prompt
     of random tokens must give finite logits. Weights holding NaN or inf (a damaged model
@@ -144,13 +158,8 @@ def output_fault(model: Any, device: torch.device) -> str | None:
         return None
     draw = random.Random(0)
     ids = torch.tensor([[draw.randrange(3, vocab) for _ in range(16)]], device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits.float()
-    finally:
-        model.train(was_training)
+    with _evaluating(model):
+        logits = model(input_ids=ids).logits.float()
     if bool(torch.isfinite(logits).all()):
         return None
     bad = logits[~torch.isfinite(logits)][0].item()
@@ -190,28 +199,23 @@ def packed_scoring_fault(model: Any, device: torch.device, pad_id: int) -> str |
     other = prompt[: length // 2] + [draw.randrange(3, vocab) for _ in range(length // 3)]
     cands = [[draw.randrange(3, vocab) for _ in range(n)] for n in (1, 3)]
     prompts, candidates = [prompt, other], [cands, cands]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            try:
-                packed, _ = candidate_scores(model, pack(prompts, candidates, pad_id), device)
-            except Exception as exc:  # an architecture that cannot take the block mask
-                said = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-                return f"scoring candidates packed fails on this architecture ({said})"
-            alone, top = [], 0.0
-            for p, cs in zip(prompts, candidates, strict=True):
-                for c in cs:
-                    ids = torch.tensor([[*p, *c]], device=device)
-                    # the logits of the candidate's places only (a large vocabulary's over
-                    # thousands of places would take gigabytes)
-                    out = model(input_ids=ids, logits_to_keep=len(c) + 1)
-                    logits = out.logits[0, -len(c) - 1 : -1].float()
-                    top = max(top, float(logits.abs().max()))
-                    logp = logits.log_softmax(-1)
-                    alone.append(sum(float(logp[t, tok]) for t, tok in enumerate(c)))
-    finally:
-        model.train(was_training)
+    with _evaluating(model):
+        try:
+            packed, _ = candidate_scores(model, pack(prompts, candidates, pad_id), device)
+        except Exception as exc:  # an architecture that cannot take the block mask
+            said = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            return f"scoring candidates packed fails on this architecture ({said})"
+        alone, top = [], 0.0
+        for p, cs in zip(prompts, candidates, strict=True):
+            for c in cs:
+                ids = torch.tensor([[*p, *c]], device=device)
+                # the logits of the candidate's places only (a large vocabulary's over
+                # thousands of places would take gigabytes)
+                out = model(input_ids=ids, logits_to_keep=len(c) + 1)
+                logits = out.logits[0, -len(c) - 1 : -1].float()
+                top = max(top, float(logits.abs().max()))
+                logp = logits.log_softmax(-1)
+                alone.append(sum(float(logp[t, tok]) for t, tok in enumerate(c)))
     worst = max(abs(float(a) - b) for a, b in zip(packed.tolist(), alone, strict=True))
     # float32 rounding: under 1e-6 here, at 48 to 2,048 places, for logits of ordinary size;
     # it grows with their size (logits in the tens of thousands round to 1e-3). NaN differs.
