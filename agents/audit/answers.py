@@ -18,6 +18,7 @@ import re
 
 import msgspec
 
+from agents.audit.episode import run_end
 from agents.audit.index import (
     Child,
     Credited,
@@ -43,9 +44,8 @@ from agents.events.extractor import (
 )
 from agents.events.memory import ReflectionRequested, TipProposed, TipRejected
 from engine.errors import AuditQueryInvalid
-from engine.eventlog import EventLog, last_envelope
+from engine.eventlog import EventLog
 from engine.events import Envelope, Event
-from engine.lifecycle import RunStopped
 from stores.fact_index import FactIndex
 
 # --- answers -----------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         guided=len(episodes),
         guided_success=sum(1 for u in episodes.values() if u.ended and u.success),
         credit_sum=math.fsum(c.credit for c in credits),
-        completed=_completed(log),
+        completed=run_end(log) == "completed",
         evicted_by=evicted_by,
         evicted_into=evicted_into,
     )
@@ -276,13 +276,6 @@ def _eviction(log: EventLog, seq: int) -> tuple[str, tuple[int, ...]]:
 
 _ANSWER_EVENTS = 256
 """The most events after an eviction read for the rest of its call's answer."""
-
-
-def _completed(log: EventLog) -> bool:
-    """Whether the log's last event records its run's completion."""
-    last = last_envelope(log)
-    ev = last.event if last is not None else None
-    return isinstance(ev, RunStopped) and ev.reason == "completed"
 
 
 def _use(
