@@ -132,6 +132,7 @@ SINCE: dict[tuple[str, str], Any] = {
     ("complementary", "reweight_counts"): "weighted",
     ("empo2", "query_chars"): 0,  # (0: every character embedded, as before the setting)
     ("complementary", "query_chars"): 0,
+    ("eval", "own_seeds"): False,
 }
 """Settings added after runs were recorded, by table and key, with the value that reproduces
 the runs recorded before them. A run's stored scenario is its resolved TOML (every key), so a

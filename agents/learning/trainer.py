@@ -306,7 +306,8 @@ class GrpoTrainer(Replayed):
         self._pending: dict[int, dict[int, _Batch]] = {}
         self._rounds: dict[str, _Round] = {}  # episode -> its eval round
         self._adapts: dict[str, _Adapt] = {}  # episode -> its adaptation round
-        self._index = 0
+        self._index = 0  # every episode assigned: its id
+        self._counted = {"train": 0, "eval": 0}  # per purpose (eval.own_seeds): its seed
         self._planned = 0
         self._stepped = 0  # steps requested: all their groups ended, in order (warm-up included)
         self._version = 0
@@ -537,7 +538,7 @@ class GrpoTrainer(Replayed):
         group = _Group(index=g, task=task, episodes=[], rollouts=[])
         for k in range(self._grpo.group_size):
             step = g // self._grpo.groups_per_update
-            rollout = self._method.rollout(ctx.run_seed, step, self._index, k)
+            rollout = self._method.rollout(ctx.run_seed, step, self._ordinal("train"), k)
             _check_mode(self._method, "rollout() returned", rollout, self._memory)
             if rollout != "plain" and not self._method.records_rollouts:
                 raise ValueError(
@@ -569,7 +570,10 @@ class GrpoTrainer(Replayed):
         reflect: bool = False,
     ) -> EpisodeAssigned:
         index = self._index
+        ordinal = self._ordinal(purpose)
         self._index += 1
+        self._counted[purpose] += 1
+        stream = "eval-episode" if purpose == "eval" and self._eval.own_seeds else "episode"
         return EpisodeAssigned(
             episode=episode_id(index),
             index=index,
@@ -577,12 +581,19 @@ class GrpoTrainer(Replayed):
             family=task.family,
             variant=task.variant,
             split=task.split,
-            seed=derive_seed(ctx.run_seed, "episode", index),
+            seed=derive_seed(ctx.run_seed, stream, ordinal),
             purpose=purpose,
             rollout=rollout,
             scope=scope,
             reflect=reflect,
         )
+
+    def _ordinal(self, purpose: str) -> int:
+        """The number that seeds the next episode of ``purpose``: how many of that purpose
+        were assigned before it (``eval.own_seeds``), or of every purpose (a run recorded
+        before the setting), so that a training episode's seed and rollout mode never depend
+        on the evaluation settings."""
+        return self._counted[purpose] if self._eval.own_seeds else self._index
 
     async def _start_round(self, ctx: Context) -> None:
         number = self._round

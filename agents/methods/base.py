@@ -327,8 +327,9 @@ class Method(Protocol):
     records_rollouts: bool
 
     def rollout(self, run_seed: int, step: int, index: int, member: int) -> str:
-        """The rollout mode of the training episode number ``index`` of the run, member
-        ``member`` of its group, planned for step ``step``."""
+        """The rollout mode of the training episode number ``index`` of the run (counting
+        training episodes only; every episode assigned before it in a run recorded without
+        ``eval.own_seeds``), member ``member`` of its group, planned for step ``step``."""
         ...
 
     def shape(self, job: EpisodeAssigned, task: Task) -> EpisodeAssigned:

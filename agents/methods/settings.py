@@ -96,6 +96,12 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         final_episodes: episodes of the last round (after the last update), and of its round
             with the bank (0: ``episodes``): the final figures, which need more episodes than
             the rounds that draw the curve.
+        own_seeds: evaluation episodes (rounds and adaptation) draw their seeds from a
+            sequence of their own, and training episodes theirs (and their rollout modes) from
+            the count of training episodes alone, so that no ``[eval]`` setting changes what
+            training plays. False: one sequence for both, as every run recorded before the
+            setting (2026-12-06): a change of ``every`` or ``episodes`` then moves the training
+            episodes' seeds and sampled actions.
     """
 
     every: NonNegInt = 5
@@ -105,6 +111,7 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     greedy: bool = False
     adapt_attempts: Annotated[int, Meta(ge=0, le=100)] = 0
     adapt_tasks: Annotated[int, Meta(ge=1, le=1_000_000)] = 32
+    own_seeds: bool = True
 
 
 class Empo2Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

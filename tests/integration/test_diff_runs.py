@@ -152,6 +152,46 @@ def test_two_runs_of_a_deterministic_learning_scenario_are_the_same(
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0, capsys.readouterr().out
 
 
+def test_the_evaluation_settings_leave_the_training_episodes_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outside tester ran the same deterministic scenario with ``eval.episodes`` 3 and 6
+    and got other policies: evaluation episodes were counted into the training episodes'
+    seeds. With ``eval.own_seeds`` (the default) the training episodes and every update are
+    the same; ``own_seeds = false`` is the rule of the runs recorded before it."""
+    from test_grpo_run import TINY, read_events
+
+    from agents.events.episodes import EpisodeAssigned
+    from agents.events.policy import PolicyUpdated
+
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    text = TINY.replace("max_staleness = 1", "max_staleness = 0").replace(
+        "[policy]\n", "[policy]\nbatch_max = 1\n"
+    )
+    (tmp_path / "tiny.toml").write_text(text)
+
+    def played(name: str, *sets: str) -> tuple[list[tuple[int, str, int]], list[str]]:
+        out = str(tmp_path / name)
+        args = ["run", str(tmp_path / "tiny.toml"), "--out", out, "--quiet"]
+        assert main([*args, *(a for s in sets for a in ("--set", s))]) == 0
+        events = read_events(tmp_path / name)
+        train = [
+            (ev.seed, ev.variant, ev.index)
+            for ev in events
+            if isinstance(ev, EpisodeAssigned) and ev.purpose == "train"
+        ]
+        return train, [ev.digest for ev in events if isinstance(ev, PolicyUpdated)]
+
+    six, six_updates = played("six")
+    three, three_updates = played("three", "eval.episodes=3", "eval.final_episodes=4")
+    assert [t[:2] for t in six] == [t[:2] for t in three]  # seeds and tasks
+    assert [t[2] for t in six] != [t[2] for t in three]  # the ids still count every episode
+    assert six_updates == three_updates and len(six_updates) == 3
+    shared, _ = played("shared", "eval.episodes=3", "eval.own_seeds=false")
+    assert [t[1] for t in shared] == [t[1] for t in six]  # the same tasks, other seeds
+    assert [t[0] for t in shared] != [t[0] for t in six]
+
+
 def test_a_long_field_s_difference_is_shown_where_it_is() -> None:
     """Two runs' ``candidate_scores`` differed at item 23 of 24 (float noise of batching);
     the event lines, cut at 80 characters, showed the same prefix on both sides."""

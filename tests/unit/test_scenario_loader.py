@@ -462,3 +462,10 @@ def test_a_stored_scenario_without_a_later_setting_reads_as_the_run_was_made() -
     meta = new_run_meta("r", scenario_name="c", seed=0, coevo_version="0", scenario_toml=before)
     old_run = stored_scenario(meta, "runs/r")
     assert old_run.empo2.query_chars == 0 and old_run.complementary.query_chars == 0
+    # a run written before eval.own_seeds counted evaluation episodes into the training
+    # episodes' seeds: resumed with today's default, its later episodes would play others
+    assert "own_seeds = true" in text
+    assert stored_scenario(meta, "runs/r").eval.own_seeds is True  # (meta: before, with it)
+    before = "\n".join(line for line in text.splitlines() if "own_seeds" not in line)
+    meta = new_run_meta("r", scenario_name="c", seed=0, coevo_version="0", scenario_toml=before)
+    assert stored_scenario(meta, "runs/r").eval.own_seeds is False
