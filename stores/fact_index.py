@@ -84,6 +84,15 @@ def refuse_other(root: Path) -> None:
             f"{root}: the directory of an event log ({LOCK_FILE}), not an audit index; name "
             "an empty directory or an index's"
         )
+    try:
+        others = sorted(n for n in os.listdir(root) if n not in (DATA_FILE, ENV_LOCK_FILE))
+    except OSError:  # not a directory that can be listed: the index's own opening says why
+        others = []
+    if others:  # a directory of the user's: an index would write its files among them
+        raise NotAnIndex(
+            f"{root}: holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}, "
+            "not an audit index; name an empty directory or an index's"
+        )
     names = lmdb_pages.database_names(root / DATA_FILE)
     if names is None:  # no file, or one that cannot tell: a damaged index, rebuilt
         return

@@ -170,7 +170,10 @@ class TipAudit(msgspec.Struct, frozen=True, kw_only=True):
     guided: int
     guided_success: int
     credit_sum: float
-    completed: bool = False  # the run has completed: a credit no update used never will
+    run_end: str = ""
+    """How the run's last session ended (:func:`~agents.audit.episode.run_end`): once it has,
+    a credit no update used, and an extractor update not applied, wait for a resume; once it
+    completed, never."""
     evicted_by: str = ""
     """The extractor call whose update or merge took the entry out of the bank ("" for a
     FIFO eviction or none)."""
@@ -247,7 +250,7 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
         guided=len(episodes),
         guided_success=sum(1 for u in episodes.values() if u.ended and u.success),
         credit_sum=math.fsum(c.credit for c in credits),
-        completed=run_end(log) == "completed",
+        run_end=run_end(log),
         evicted_by=evicted_by,
         evicted_into=evicted_into,
     )

@@ -102,9 +102,8 @@ def with_overrides(
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or key not in SETTABLE:
-            raise AuditQueryInvalid(
-                f"--set {item!r}: expected KEY=VALUE, KEY one of {', '.join(SETTABLE)}"
-            )
+            said = f"no setting {key!r}" if sep else "expected KEY=VALUE"
+            raise AuditQueryInvalid(f"--set {item!r}: {said}, KEY one of {', '.join(SETTABLE)}")
         value = parse_setting(key, raw)
         given[key] = item
         if "reweight" in given and ("alpha" in given or "cooldown" in given):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from agents.audit.answers import Lineage, TipAudit, Use
 from agents.audit.credit import CreditAudit
 from agents.audit.episode import EpisodeAudit, Shown, Turn
+from agents.audit.shown import number_text as _f  # (short: most rows show several)
 from agents.audit.shown import score_text
 
 MAX_ROWS = 50
@@ -20,18 +21,9 @@ def _q(text: str, width: int = 90) -> str:
     return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
-def _f(x: float | None, digits: int = 3, width: int = 0, sign: str = "+") -> str:
-    """``x`` signed to ``digits`` decimals ("-" for None; from a million on, in scientific
-    notation); a value that rounds to zero is "+0.000", never "-0.000". ``sign=""``: a
-    negative value's sign only."""
-    if x is None:
-        return "-".rjust(width)
-    if abs(x) >= 1e6:  # a rule's 1e300: its 300 digits are no row
-        return f"{x:{sign}.{digits}e}".rjust(width)
-    shown = f"{x:{sign}.{digits}f}"
-    if float(shown) == 0:
-        shown = f"{0.0:{sign}.{digits}f}"
-    return shown.rjust(width)
+def _unused(end: str) -> str:
+    """A credit no update has used, in a run that ended ``end`` (:attr:`TipAudit.run_end`)."""
+    return "none" if end == "completed" else f"none ({end})" if end else "pending"
 
 
 def render_tip(a: TipAudit) -> list[str]:
@@ -122,7 +114,7 @@ def render_tip(a: TipAudit) -> list[str]:
         )
         for c in a.credits[:MAX_ROWS]:
             res = f"{'success' if c.success else 'failure'} {_f(c.episode_score, 2)}"
-            upd = str(c.update) if c.update >= 0 else "none" if a.completed else "pending"
+            upd = str(c.update) if c.update >= 0 else _unused(a.run_end)
             out.append(
                 f"    {c.seq:<8} {c.episode:<10} {c.call:<10} {res:<16} {c.rule:<14} "
                 f"{_f(c.credit, 3, 6)}  {upd}"
@@ -132,6 +124,10 @@ def render_tip(a: TipAudit) -> list[str]:
         done = (
             f"-> extractor v{s.version}, {s.samples} samples, loss {_f(s.loss, 4, sign='')}"
             if s.version >= 0
+            else f"(not applied: the run {a.run_end} before it)"
+            if a.run_end
+            else f"(not applied: the run {a.run_end} before it)"
+            if a.run_end
             else "(not applied yet)"
         )
         out.append(

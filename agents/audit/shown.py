@@ -54,6 +54,20 @@ def pasteable(path: object) -> str:
     return "$'" + "".join(out) + "'"
 
 
+def number_text(x: float | None, digits: int = 3, width: int = 0, sign: str = "+") -> str:
+    """``x`` signed to ``digits`` decimals ("-" for None; from a million on, in scientific
+    notation); a value that rounds to zero is "+0.000", never "-0.000". ``sign=""``: a
+    negative value's sign only."""
+    if x is None:
+        return "-".rjust(width)
+    if abs(x) >= 1e6:  # a rule's 1e300: its 300 digits are no row
+        return f"{x:{sign}.{digits}e}".rjust(width)
+    shown = f"{x:{sign}.{digits}f}"
+    if float(shown) == 0:
+        shown = f"{0.0:{sign}.{digits}f}"
+    return shown.rjust(width)
+
+
 def score_text(x: float | None) -> str:
     """A world's score or reward as a reader sees it: two decimals at ordinary sizes, three
     significant digits past them (1e+100, not 101 digits; 5e-324, not 0.00); "-" for none."""

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from agents.audit.shown import pasteable, safe_line, score_text
+from agents.audit.shown import number_text, pasteable, safe_line, score_text
 from agents.browse.data import FILTERS, RunView, filter_key
 from engine.errors import AuditQueryInvalid, CoevoError
 
@@ -68,6 +68,7 @@ _TEMPLATES.filters["line"] = safe_line  # a one-line text: "go\nnorth" is not "g
 _TEMPLATES.filters["key"] = filter_key  # a filter's value that names one family, not two
 _TEMPLATES.filters["shell"] = pasteable  # a command to paste
 _TEMPLATES.filters["score"] = score_text  # 1e+100, not 101 digits
+_TEMPLATES.filters["num"] = number_text  # a credit of 1e15 signed in 10 characters, not 22
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -518,6 +518,27 @@ def test_a_live_run_indexes_only_its_new_tail(
         assert index.upto == len(STREAM.envs) + 1
 
 
+def test_an_index_place_that_is_empty_or_holds_other_files_is_refused(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--index ""`` meant the run's own index, and ``--index DIR`` of a directory holding
+    the user's files wrote the index's ``data.mdb`` and ``lock.mdb`` among them."""
+    code, out, err = audit(capsys, str(run), "tip", "2", "--index", "")
+    assert (code, out) == (2, "") and err == (
+        "coevo: error: --index is empty (''); give a path, or leave --index out\n"
+    )
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    code, out, err = audit(capsys, str(run), "tip", "2", "--index", str(mine))
+    assert (code, out, err.count("\n")) == (2, "", 1), err
+    assert "holds notes.txt, not an audit index; name an empty directory" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    code, out, err = audit(capsys, str(run), "tip", "2", "--index", str(tmp_path / "new"))
+    assert code == 0 and "written by extractor call" in out  # a new one, and again
+    assert audit(capsys, str(run), "tip", "2", "--index", str(tmp_path / "new"))[:2] == (0, out)
+
+
 def test_an_unwritable_index_place_falls_back_to_memory(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -563,7 +584,8 @@ def test_an_index_named_in_an_event_log_s_directory_is_refused_and_the_log_kept(
         (("tip", str(1 << 64)), f"no entry {1 << 64} in this run"),
         (("episode", "ep999"), "no episode 'ep999'"),
         (("credit", "--rule", "luck"), "unknown credit rule 'luck'"),
-        (("credit", "--set", "beta=1"), "--set 'beta=1': expected KEY=VALUE"),
+        (("credit", "--set", "beta=1"), "--set 'beta=1': no setting 'beta', KEY one of"),
+        (("credit", "--set", "alpha"), "--set 'alpha': expected KEY=VALUE, KEY one of"),
         (("credit", "--set", "batch=0"), "--set batch=0: must be >= 1"),
         (("credit", "--set", "cooldown=1.5"), "--set cooldown=1.5: must be a whole number"),
         (("credit", "--set", "alpha=x"), "--set alpha=x: must be a number"),
@@ -691,10 +713,15 @@ def test_a_credit_no_update_used_reads_pending_until_the_run_completed(
     a = msgspec.convert(audit_json(capsys, str(run), "tip", "2"), TipAudit)
     unused = msgspec.structs.replace(a.credits[0], update=-1)
     a = msgspec.structs.replace(a, credits=(unused,))
-    for completed, word in ((False, "pending"), (True, "none")):
-        rows = render_tip(msgspec.structs.replace(a, completed=completed))
+    # a failed or stopped run's credit waits for a resume, and says why it has none yet
+    for end, word in (("", "pending"), ("completed", "none"), ("failed", "(failed)")):
+        rows = render_tip(msgspec.structs.replace(a, run_end=end))
         [row] = [r for r in rows if r.strip().startswith(str(unused.seq))]
         assert row.split()[-1] == word, row
+    step = msgspec.structs.replace(a.updates[0], version=-1)
+    for end, said in (("", "(not applied yet)"), ("stopped", "the run stopped before it")):
+        rows = render_tip(msgspec.structs.replace(a, updates=(step,), run_end=end))
+        assert any(r.startswith("  extractor update") and said in r for r in rows), rows
 
 
 def test_an_index_made_from_another_copy_of_the_log_is_rebuilt(
@@ -730,7 +757,8 @@ def test_numbers_that_round_to_zero_are_unsigned_zeros_and_a_reflection_is_named
     """A mean advantage of -1e-17 read "-0.0000"; an entry a reflection wrote was retrieved
     "(no extractor call; ...)"."""
     from agents.audit.episode import Shown, Turn
-    from agents.audit.render import _f, _turn  # pyright: ignore[reportPrivateUsage]
+    from agents.audit.render import _turn  # pyright: ignore[reportPrivateUsage]
+    from agents.audit.shown import number_text as _f
 
     assert [_f(-1e-17, 4), _f(-0.0), _f(-0.0004, 3, 9), _f(None, 3, 3)] == [
         "+0.0000", "+0.000", "   +0.000", "  -",
@@ -930,7 +958,7 @@ def test_credit_as_the_run_stood_after_a_seq(run: Path, capsys: pytest.CaptureFi
 
 def test_huge_credits_are_shown_in_scientific_notation() -> None:
     """A rule's 10**300 filled a row with 300 digits."""
-    from agents.audit.render import _f  # pyright: ignore[reportPrivateUsage]
+    from agents.audit.shown import number_text as _f
 
     assert _f(1e300) == "+1.000e+300" and _f(-2.5e6, 2) == "-2.50e+06" and _f(999.5) == "+999.500"
 

@@ -437,15 +437,24 @@ def test_an_aborted_use_reads_aborted_on_the_entry_page(
     assert '<td class="aborted">aborted</td>' in uses.group(1), uses.group(1)
 
 
-@pytest.mark.parametrize("completed", [True, False])
+@pytest.mark.parametrize(
+    ("end", "said"),
+    [
+        ("completed", "none (the run completed first)"),
+        ("failed", "none (the run failed first)"),
+        ("", "not yet"),
+    ],
+)
 def test_a_credit_no_update_took_reads_none_once_the_run_completed(
     distill_root: Path,
     credited: CreditAssigned,
     capsys: pytest.CaptureFixture[str],
-    completed: bool,
+    end: str,
+    said: str,
 ) -> None:
     """A completed run's credits still waiting for a batch will never be used: the page said
-    "not yet" (the terminal's audit said "none")."""
+    "not yet" (the terminal's audit said "none"); a failed run's wait for a resume. A credit
+    of 1e15 showed all its digits ("+1000000000000000.000")."""
     import msgspec
 
     from agents.audit.answers import TipAudit
@@ -454,18 +463,17 @@ def test_a_credit_no_update_took_reads_none_once_the_run_completed(
     audit = msgspec.convert(
         _audit(distill_root / "run", "tip", str(credited.entry), capsys), TipAudit
     )
-    credit = msgspec.structs.replace(audit.credits[0], update=-1)
+    credit = msgspec.structs.replace(audit.credits[0], update=-1, credit=1e15)
     page = app._TEMPLATES.get_template("entry.html").render(  # pyright: ignore[reportPrivateUsage]
         refresh=5,
         view=None,
-        a=msgspec.structs.replace(audit, credits=(credit,), completed=completed),
+        a=msgspec.structs.replace(audit, credits=(credit,), run_end=end),
         limit=10,
         live=False,
     )
     credits = re.search(r'<table id="credits">(.*?)</table>', page, re.S)
     assert credits is not None
-    said = "none (the run completed first)" if completed else "not yet"
-    assert f"<td>{said}</td></tr>" in credits.group(1), credits.group(1)
+    assert f"<td>+1.000e+15</td><td>{said}</td></tr>" in credits.group(1), credits.group(1)
 
 
 def test_a_run_deleted_or_replaced_while_served_is_said_to_be(tmp_path: Path) -> None:
