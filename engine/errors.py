@@ -151,6 +151,19 @@ def _hint(reason: str) -> str:
     return "disk full, or a file-size limit?"
 
 
+class CheckpointNotWritten(CoevoError):
+    """A model version's checkpoint could not be written (a full disk, a file-size limit):
+    its update is not recorded, the log keeps every event before it, and a resume continues
+    the run once the cause is gone (the half-written ``.partial`` is removed by the next
+    save)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"cannot write the checkpoint {path}: {reason} ({_hint(reason)}); its update is "
+            "not recorded, and coevo resume continues the run"
+        )
+
+
 class RunDirectoryMoved(CoevoError):
     """The run's directory was moved, replaced or deleted while the run wrote into it: what
     the run writes by path (checkpoints, curves) would go to a new directory at the old path,

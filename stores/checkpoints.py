@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from engine.errors import ModelUnavailable, RunDirectoryMoved
+from engine.errors import CheckpointNotWritten, ModelUnavailable, RunDirectoryMoved
 from stores.rundir import path_identity
 
 if TYPE_CHECKING:  # torch, safetensors and transformers are imported where they are used:
@@ -165,7 +165,7 @@ def _check_tokenizer(path: Path, config: Any, where: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        with _LOADING, _quiet_transformers():
+        with _LOADING, quiet_transformers():
             tokenizer = _auto(AutoTokenizer).from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers' and tokenizers' errors share no base
         files = ", ".join(
@@ -429,7 +429,7 @@ def _read_config(path: Path, where: str) -> Any:
             "that transformers knows"
         )
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return _auto(AutoConfig).from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers' own validation errors have no common base
         raise ModelUnavailable(f"{where}: config.json is invalid: {_one_line(exc)}") from None
@@ -493,7 +493,7 @@ def _meta_model(config: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    with _quiet_transformers(), torch.device("meta"):
+    with quiet_transformers(), torch.device("meta"):
         return _auto(AutoModelForCausalLM).from_config(config, dtype=torch.float32)
 
 
@@ -600,7 +600,7 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 @contextmanager
-def _quiet_transformers() -> Generator[None]:
+def quiet_transformers() -> Generator[None]:
     """transformers' warnings and load reports (printed to stderr) off while checking."""
     from transformers.utils import logging as hf_logging
 
@@ -629,7 +629,7 @@ def load_model_dir(path: str | Path, device: torch.device) -> tuple[Any, Any]:
     hf_logging.disable_progress_bar()  # a run has its own progress display
     where, tokenizer = _checked(Path(path))
     try:
-        with _LOADING, _quiet_transformers():  # its load report: the line below says it
+        with _LOADING, quiet_transformers():  # its load report: the line below says it
             model, info = _auto(AutoModelForCausalLM).from_pretrained(
                 where,
                 local_files_only=True,
@@ -997,12 +997,15 @@ class DirCheckpoints:
 
         shutil.rmtree(partial, ignore_errors=True)
         hf_logging.disable_progress_bar()
-        model.save_pretrained(partial, safe_serialization=True, **_own_names(model))
-        tokenizer.save_pretrained(partial)
-        if optimizer is not None:
-            save_file(optimizer, str(partial / OPTIMIZER_FILE))
-        share_as_umask(partial)
-        _fsync_tree(partial)
+        try:
+            model.save_pretrained(partial, safe_serialization=True, **_own_names(model))
+            tokenizer.save_pretrained(partial)
+            if optimizer is not None:
+                save_file(optimizer, str(partial / OPTIMIZER_FILE))
+            share_as_umask(partial)
+            _fsync_tree(partial)
+        except Exception as exc:  # OSError, or safetensors' words for one ("File too large")
+            raise CheckpointNotWritten(str(partial), _one_line(exc)) from None
         if final.exists():  # written before a crash, never referenced: set aside, then replace
             stale = self.root / f".{name}.stale"
             shutil.rmtree(stale, ignore_errors=True)

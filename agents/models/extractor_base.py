@@ -73,7 +73,7 @@ from agents.models.pretrain_play import Episode, play_families
 from agents.models.prompts import PromptEncoder, encode_response
 from agents.models.specs import OpsSpec
 from engine.world_registry import load_world
-from stores.checkpoints import load_model_dir
+from stores.checkpoints import load_model_dir, quiet_transformers
 
 __all__ = [
     "OpsSpec",
@@ -220,12 +220,13 @@ def encode_items(
 def add_op_words(model: Any, tokenizer: Any) -> int:
     """Give each of :data:`OP_WORDS` that is not one token yet its own token, with a new
     embedding row drawn from a normal distribution with the other rows' mean and covariance
-    (transformers' ``mean_resizing``, which says so in a warning); the number of tokens
-    added."""
+    (transformers' ``mean_resizing``, whose warning saying so was printed under ``--quiet``);
+    the number of tokens added."""
     new = [w for w in OP_WORDS if len(tokenizer.encode(w, add_special_tokens=False)) > 1]
     added = tokenizer.add_tokens(new)
     if added:
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        with quiet_transformers():
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
     return added
 
 

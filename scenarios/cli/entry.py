@@ -43,11 +43,22 @@ def exits_after() -> bool:
     return _exiting
 
 
+def _unraisable(unraisable: object) -> None:
+    """A second stop signal that lands in a finaliser (a trio nursery's ``__del__``, an import
+    lock's callback) while the first one's stop runs cannot be raised there: Python printed it
+    as "Exception ignored in ..." with a traceback, and the command then stopped as the first
+    signal asked. It is dropped; anything else is printed as Python does."""
+    if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(unraisable)  # pyright: ignore[reportArgumentType]
+
+
 def run(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the command line (:func:`scenarios.cli.commands.main`) and exit with its code."""
     global _exiting
     _exiting = True
     code = 130
+    sys.unraisablehook = _unraisable
     try:
         signal.signal(signal.SIGTERM, _terminate)
         if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: it stays ignored

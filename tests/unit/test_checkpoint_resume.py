@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from stores.checkpoints import DirCheckpoints, optimizer_tensors, restore_optimizer
@@ -60,6 +61,32 @@ def test_optimizer_state_round_trips_and_training_continues_identically(tmp_path
         model.state_dict().items(), again.state_dict().items(), strict=True
     ):
         assert n1 == n2 and torch.equal(p1, p2), n1
+
+
+def test_a_checkpoint_the_disk_refuses_is_named_with_the_likely_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``ulimit -f`` a run failed with safetensors' "SafetensorError: Error while
+    serializing: I/O error: File too large (os error 27)", naming neither the checkpoint nor
+    the limit."""
+    import safetensors.torch
+
+    from engine.errors import CheckpointNotWritten
+
+    def too_large(*args: object, **kwargs: object) -> None:
+        raise OSError(27, "Error while serializing: I/O error: File too large (os error 27)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", too_large)
+    model = _Model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    _steps(model, opt, 1)
+    store = DirCheckpoints(tmp_path / "checkpoints", keep=1)
+    with pytest.raises(CheckpointNotWritten) as err:
+        store.save(1, model, _Tokenizer(), optimizer_tensors(model, opt))
+    said = str(err.value)
+    assert said.startswith(f"cannot write the checkpoint {tmp_path}/checkpoints/.v000001.partial")
+    assert "(a file-size limit: ulimit -f?)" in said and "coevo resume continues" in said
+    assert not (tmp_path / "checkpoints" / "v000001").exists()
 
 
 def test_pruning_keeps_every_version_from_protect_from(tmp_path: Path) -> None:

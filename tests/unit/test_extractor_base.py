@@ -105,3 +105,44 @@ def test_the_key_changes_with_the_base_and_the_spec() -> None:
 def test_bad_specs_are_refused(fields, message) -> None:
     with pytest.raises(ValueError, match=message):
         OpsSpec(**fields)
+
+
+def test_the_op_words_tokens_are_added_without_transformers_warning() -> None:
+    """The first build of the ``"embedded-ops"`` extractor printed transformers' "The new
+    embeddings will be initialized from a multivariate normal distribution ..." under
+    ``--quiet``."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from agents.models.extractor_base import OP_WORDS, add_op_words
+
+    said: list[str] = []
+
+    class Model:
+        def resize_token_embeddings(self, size: int, mean_resizing: bool) -> None:
+            hf_logging.get_logger("transformers.modeling_utils").warning("new embeddings ...")
+
+    class Tokenizer:
+        def encode(self, word: str, add_special_tokens: bool) -> list[int]:
+            return [1, 2]  # not one token yet
+
+        def add_tokens(self, words: list[str]) -> int:
+            return len(words)
+
+        def __len__(self) -> int:
+            return 100
+
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    root = hf_logging.get_logger()
+    root.addHandler(handler)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # as a run has it (other tests may have set it higher)
+    try:
+        assert add_op_words(Model(), Tokenizer()) == len(OP_WORDS)
+        hf_logging.get_logger("transformers.modeling_utils").warning("after it")
+    finally:
+        root.removeHandler(handler)
+        hf_logging.set_verbosity(level)
+    assert said == ["after it"]  # transformers' warnings are on again after it

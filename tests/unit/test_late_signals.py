@@ -59,3 +59,39 @@ def test_a_run_that_ends_untouched_returns_its_result_and_a_ctrl_c_stays_one() -
     with pytest.raises(KeyboardInterrupt) as info:
         _trio_run_stoppable(interrupted)
     assert not isinstance(info.value, Terminated)
+
+
+def test_a_second_stop_signal_in_a_finaliser_prints_no_traceback() -> None:
+    """A second Ctrl-C 0.15-0.4 s after the first landed in a trio nursery's ``__del__`` and
+    Python printed "Exception ignored in ... KeyboardInterrupt" with a traceback (a double
+    SIGTERM during a resume, in an import lock's callback). Any other exception a finaliser
+    raises is still printed."""
+    import subprocess
+    import sys
+
+    code = """
+import scenarios.cli.commands as commands
+from scenarios.cli import entry
+
+class Finalised:
+    def __init__(self, exc):
+        self.exc = exc
+    def __del__(self):
+        raise self.exc
+
+def main(argv):
+    Finalised(entry.Terminated())  # collected at once: raised in its __del__
+    Finalised(KeyboardInterrupt())
+    Finalised(ValueError("a plug-in's own defect"))
+    return 0
+
+commands.main = main
+entry.run([])
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Terminated" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
+    assert proc.stderr.count("Exception ignored in") == 1, proc.stderr
+    assert "ValueError: a plug-in's own defect" in proc.stderr
