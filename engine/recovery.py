@@ -67,7 +67,10 @@ class ReplayContext:
             at = next((i for i, (a, b) in pairs if a != b), len(head))
             raise ResumeDiverged(
                 f"the {self.name}'s replay emits {head[at] if at < len(head) else 'nothing'!r} "
-                f"where the log has {logged[at]!r} (its event {at})"
+                f"where the log has {logged[at]!r} (its event {at}): the code resuming the run "
+                "decides otherwise than the code that wrote it (coevo or a plug-in changed "
+                "since, or edited in place: run_started and run_resumed record each session's "
+                "coevo_version, and a checkout's commit but not its uncommitted changes)"
             )
         tail = self.emitted[len(logged) :]
         del self.emitted[len(logged) :]

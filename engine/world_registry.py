@@ -128,8 +128,13 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
             f"world module {module_name!r} failed to import: {type(exc).__name__}: {_one_line(exc)}"
         ) from exc
     cls = getattr(module, cls_name, None)
-    if not isinstance(cls, type):
+    if cls is None:
         raise ValueError(f"world module {module_name!r} has no class {cls_name!r}")
+    if not isinstance(cls, type):
+        raise ValueError(
+            f"{path_of(module_name, cls_name)} is a {type(cls).__name__}, not a class (a world "
+            "is named by its class)"
+        )
     missing = [m for m in _WORLD_METHODS if not callable(getattr(cls, m, None))]
     if missing:
         raise ValueError(f"{path_of(module_name, cls_name)} is not a TextWorld (lacks {missing})")
@@ -146,6 +151,10 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
     except ExtraMissing as exc:
         raise ValueError(f"world {name_or_path!r} is not available: {_one_line(exc)}") from exc
     except ValueError as exc:  # the contract: a constructor refuses an option value so
+        if not options:  # none given: its own failure, not a refusal of one
+            raise ValueError(
+                f"world {name_or_path!r} failed to start: ValueError: {_one_line(exc)}"
+            ) from exc
         raise WorldOptionsInvalid(
             f"bad options for world {name_or_path!r}: {_one_line(exc)}"
         ) from exc

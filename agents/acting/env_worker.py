@@ -147,6 +147,21 @@ class EnvWorker(Actor):
         self._log = structlog.get_logger("coevo")
         self._cwd = os.getcwd()  # the run's: a world call that changes it is undone
         self._cwd_said = False
+        self._many_said = False
+
+    def _many_actions(self, count: int, where: str) -> None:
+        """Say once, on the first turn that offers more than :data:`MANY_ACTIONS`, that the
+        policy's every turn and update grow with the list: a world offering 10,000 ran for
+        minutes with no word, which read as a hang."""
+        if count > MANY_ACTIONS and not self._many_said:
+            self._many_said = True
+            self._log.warning(
+                "many admissible actions: the policy scores every one each turn, in acting "
+                "and in each update (or lists them in its prompt, policy.mode = 'generate'), "
+                "so turns and updates slow down in proportion",
+                actions=count,
+                at=where,
+            )
 
     def _keep_cwd(self, what: str) -> None:
         """Put back the working directory that world call ``what`` changed (a plug-in's
@@ -324,6 +339,7 @@ class EnvWorker(Actor):
         idle = not blocking and not isinstance(agent, _PolicyAgent)
         while not obs.done and not (self._max_turns and turn >= self._max_turns):
             if isinstance(agent, _PolicyAgent):
+                self._many_actions(len(obs.admissible), reset if turn == 0 else f"turn {turn}")
                 action = await agent.act(obs, turn)
             else:
                 action = agent.act(obs)
@@ -365,6 +381,10 @@ class EnvWorker(Actor):
                 truncated=not obs.done,
             )
         )
+
+
+MANY_ACTIONS = 1000
+"""More admissible actions than this on a policy's turn are warned of, once per worker."""
 
 
 class _PolicyAgent:

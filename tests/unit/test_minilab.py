@@ -320,6 +320,13 @@ def test_installed_worlds_are_read_once_and_again_for_a_name_not_yet_known(
     assert len(reads) == 3
 
 
+class BrokenWorld(MiniLab):
+    """A world whose constructor fails of itself (a plug-in's defect)."""
+
+    def __init__(self) -> None:
+        raise ValueError("its own defect")
+
+
 @pytest.mark.parametrize(
     ("name", "options", "message"),
     [
@@ -333,7 +340,17 @@ def test_installed_worlds_are_read_once_and_again_for_a_name_not_yet_known(
         ("scenarios.worlds.minilab:Nope", {}, "has no class 'Nope'"),
         ("minilab", {"colour": 1}, "bad options for world 'minilab': "),
         ("minilab", {"max_steps": 0}, "bad options for world 'minilab': max_steps must be"),
-        ("engine.world:SPLITS", {}, "has no class 'SPLITS'"),
+        (  # it has one: not a class
+            "engine.world:SPLITS",
+            {},
+            "engine.world:SPLITS is a tuple, not a class (a world is named by its class)",
+        ),
+        ("engine.seeds:derive_seed", {}, "engine.seeds:derive_seed is a function, not a class"),
+        (  # a constructor's own ValueError, no option given: not "bad options"
+            "test_minilab:BrokenWorld",
+            {},
+            "world 'test_minilab:BrokenWorld' failed to start: ValueError: its own defect",
+        ),
     ],
 )
 def test_load_world_turns_every_failure_into_one_line(

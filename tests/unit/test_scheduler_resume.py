@@ -158,5 +158,8 @@ def test_a_log_the_replay_does_not_reproduce_is_refused() -> None:
             }
         ),
     )
-    with pytest.raises(ResumeDiverged, match="scheduler's replay emits"):
+    with pytest.raises(ResumeDiverged, match="scheduler's replay emits") as err:
         resumed([wrong, *history[1:]], 5)
+    # an outside tester's resume diverged after the code was edited in place, with no word of
+    # where to look
+    assert "decides otherwise than the code that wrote it (coevo or a plug-in" in str(err.value)
