@@ -79,7 +79,7 @@ def _naming_override(exc: ScenarioInvalid, overrides: Sequence[str]) -> Scenario
         return exc
     for item in reversed(overrides):
         key = "$." + ".".join(_split_override(item, exc.source)[0])
-        if any(a == b or a.startswith(b + ".") for a, b in ((at, key), (key, at))):
+        if any(a == b or a.startswith((b + ".", b + "[")) for a, b in ((at, key), (key, at))):
             said = item if len(item) <= 120 else f"{item[:120]}... ({len(item):,} characters)"
             return ScenarioInvalid(exc.source, f"{exc.detail} (given by --set {said})")
     return exc
@@ -489,12 +489,16 @@ def to_scenario(doc: dict[str, Any], source: str) -> Scenario:
 
 
 def _choices_at(path: str) -> tuple[object, ...]:
-    """The values the schema allows at ``path`` (``$.world.split``) where it is a choice of
-    literals (msgspec's "Invalid enum value 'test'" named none of them), else ()."""
+    """The values the schema allows at ``path`` (``$.world.split``, ``$.tracking.sinks[0]``)
+    where it is a choice of literals (msgspec's "Invalid enum value 'test'" named none of
+    them), else ()."""
     import msgspec.inspect as mi
 
     info: Any = mi.type_info(Scenario)
-    for name in path.removeprefix("$.").split("."):
+    for name, _ in re.findall(r"\.([^.\[]+)|(\[\d+\])", path.removeprefix("$")):
+        if not name:  # an item of a list
+            info = getattr(info, "item_type", None)
+            continue
         fields = {f.name: f for f in getattr(info, "fields", ())}
         if name not in fields:
             return ()
@@ -513,7 +517,22 @@ def _worded(message: str, doc: dict[str, Any]) -> str:
         return f"{message[: where.start()]} (one of {shown}){message[where.start() :]}"
     if where and message.startswith("Expected `float` ") and _is_nan(_value_at(doc, where[1])):
         return f"{message[: where.start()]}, got nan (not a number){message[where.start() :]}"
+    if where and re.match(r"Expected `(float|int)`, got `str`", message):
+        value = _value_at(doc, where[1])
+        if isinstance(value, str) and _number_text(value):  # `.001`, `1.`: text to TOML
+            hint = f"{value!r} is text to TOML, which writes a number as 0.001, 1.0 or 1e-3"
+            return f"{message[: where.start()]} ({hint}){message[where.start() :]}"
     return message
+
+
+def _number_text(value: str) -> bool:
+    """Whether ``value``, which TOML read as text, is a number to Python (a --set's
+    ``.001``)."""
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _value_at(doc: Any, path: str) -> Any:

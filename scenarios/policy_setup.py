@@ -8,6 +8,7 @@ starts them, so checking a scenario (``coevo validate``) imports neither.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -473,6 +474,21 @@ def base_model_dir(
     return extractor_model_dir(scenario, source, model, recorded)
 
 
+MODEL_KEYS = frozenset({"policy.model", "complementary.extractor"})
+"""The settings that name a base model directory."""
+
+
+def model_overrides(overrides: Sequence[str]) -> list[str]:
+    """The ``--set key=value`` items of ``overrides`` that give another base model than a
+    run's: one that names a model directory, or changes the recipe of an embedded model."""
+    return [
+        o
+        for o in overrides
+        if (k := o.split("=", 1)[0].strip()) in MODEL_KEYS
+        or k.startswith(("policy.embedded.", "complementary.ops."))
+    ]
+
+
 def recorded_models(
     scenario: Scenario, models: Mapping[str, ModelFiles], overrides: Sequence[str] = ()
 ) -> dict[str, Path]:
@@ -680,6 +696,13 @@ def _building(source: str, where: str, what: str) -> Generator[None]:
     try:
         yield
     except (ModelUnavailable, ScenarioInvalid):
+        raise
+    except KeyboardInterrupt:  # a stop during a build of minutes: said what is lost, then stop
+        print(
+            f"coevo: note: stopped while {what} was being built: nothing of the build is "
+            "kept, and the next run that needs it builds it again",
+            file=sys.stderr,
+        )
         raise
     except Exception as exc:
         detail = str(exc) if isinstance(exc, CoevoError) else f"{type(exc).__name__}: {exc}"

@@ -162,9 +162,13 @@ class _Runners:
             path, digest = self._root / update.checkpoint, update.digest
             net, tokenizer = self._checkpoint(path, version, update.checkpoint, device)
         if digest and param_digest(net) != digest:
+            from scenarios.policy_setup import model_overrides
+
+            named = model_overrides(self._overrides)
             raise AuditQueryInvalid(
                 f"{path}: has digest {param_digest(net)}; the log records {digest} for policy "
                 f"version {version}"
+                + (f" (--set {named[0]} gives another model than the run's)" if named else "")
             )
         try:
             return runner_for(s, net, tokenizer, device, version)

@@ -32,6 +32,7 @@ from scenarios.cli.common import (
     InputInvalid,
     answered,
     check_writable,
+    given_path,
     home_expanded,
     keep_stderr_open,
     naming,
@@ -459,20 +460,41 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
         f"every parameter digest matches the log ({summary.checkpoints} checkpoints on disk "
         f"compared){extra}"
     )
+    if unread := [o for o in overrides if not o.split("=", 1)[0].strip().startswith(LOADING)]:
+        print(
+            f"coevo: note: --set {' '.join(unread)} was not read: each update re-runs as its "
+            "request in the log says (learning rate, clipping, loss, samples); --set gives "
+            "only how the base models load (where they lie, the device, threads, dtype, "
+            "LoRA, the embedded recipe)",
+            file=sys.stderr,
+        )
     return 0
+
+
+LOADING = (
+    "policy.model",
+    "policy.device",
+    "policy.threads",
+    "policy.dtype",
+    "policy.gradient_checkpointing",
+    "policy.lora",
+    "policy.embedded",
+    "grpo.kl_coef",
+    "complementary.extractor",
+    "complementary.ops",
+    "complementary.lora",
+)
+"""The settings (key paths and their prefixes) a re-execution reads of a ``--set``: how the
+base models load. The rest of an update is what its request in the log records."""
 
 
 def _base_note(meta: Any, overrides: Sequence[str] = ()) -> str:
     """Why a re-execution's starting weights may not be the run's: a model named by ``--set``,
     the run's own directory gone or changed, or (a run that does not record its model
     directories) the embedded model this coevo builds is not the one an older coevo built."""
-    keys = [o.split("=", 1)[0].strip() for o in overrides]
-    named = [
-        o
-        for o, k in zip(overrides, keys, strict=True)
-        if k in MODEL_KEYS or k.startswith(("policy.embedded.", "complementary.ops."))
-    ]
-    if named:
+    from scenarios.policy_setup import model_overrides
+
+    if named := model_overrides(overrides):
         return f"--set {named[0]} gives another model than the one the run started from"
     if meta is not None and meta.models:
         return (
@@ -487,10 +509,6 @@ def _base_note(meta: Any, overrides: Sequence[str] = ()) -> str:
         "from (a directory under the cache's embedded/, and complementary.extractor=DIR the "
         "extractor's under extractor/)"
     )
-
-
-MODEL_KEYS = frozenset({"policy.model", "complementary.extractor"})
-"""The settings that name a base model directory."""
 
 
 def _machine_note(meta: Any) -> str:
@@ -540,7 +558,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if out.is_dir():
             raise InputInvalid(f"{out}: a directory; --out takes the page's file (DIR/report.html)")
         _refuse_overwrite(out, PAGE_HEAD.encode())
-        check_writable(out, "--out FILE")
+        check_writable(out, "" if args.out else "--out FILE")
     for run in runs:
         _draw_missing_curves(run)
     if out is None:
@@ -626,6 +644,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from agents.probe.report import line, to_json, write_probe
     from scenarios.probe_setup import ProbeOptions, probe_run, read_run
 
+    if not args.policy.strip():  # a script's unset variable: read as the directory "."
+        raise InputInvalid(f"--policy is empty ({args.policy!r}); give final, base or a PATH")
+
     def read(path: str) -> Iterator[Any]:
         log = open_run(path)
         try:
@@ -650,7 +671,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     options = ProbeOptions(args.episodes, args.versions, args.policy, args.greedy, args.seed)
     console = Console(stderr=True, markup=False)  # names as written
     out = given if given is not None else run.root / "probe"
-    check_writable(out, "--out DIR")  # not after every bank's episodes were played
+    check_writable(out, "" if given else "--out DIR")  # not after every bank's episodes
     with _Stages(console) as stages:
 
         def done(r: BankResult) -> None:
@@ -916,7 +937,7 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
             return audit_tip(log, index, tip)
         return audit_episode(log, index, args.id)
 
-    where = Path(args.index) if args.index else None
+    where = None if args.index is None else given_path(args.index, "--index")
     from scenarios.cli.console import indexing_lines
 
     root = find_run(args.run).root

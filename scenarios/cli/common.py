@@ -252,6 +252,8 @@ def open_run(path: str) -> Any:
         log = LmdbEventLog.open(rd.log, writable=False)
     except CoevoError:
         raise
+    except UnicodeEncodeError:  # a run directory moved to a path that is not UTF-8
+        raise RunNotFound(f"{shown_path(path)}: {unopenable_path(path)}") from None
     except Exception as exc:  # lmdb's own errors: the directory is there but not readable
         raise RunNotFound(f"{path}: cannot open event log ({type(exc).__name__}: {exc})") from None
     import_run_method(log)  # a plug-in method's own events decode
@@ -325,12 +327,20 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
             likely), which must not quietly mean the default; or holding bytes that are not
             UTF-8.
     """
-    if value is None:
-        return default()
+    return default() if value is None else outside_lmdb(given_path(value, "--out"), "--out")
+
+
+def given_path(value: str, flag: str) -> Path:
+    """The path an option ``flag`` gave for something to be written there (``--out``,
+    ``--index``).
+
+    Raises:
+        InputInvalid: it is empty or holds bytes that are not UTF-8.
+    """
     if not value.strip():
-        raise InputInvalid(f"--out is empty ({value!r}); give a path, or leave --out out")
-    openable(value, "--out")
-    return outside_lmdb(Path(value), "--out")
+        raise InputInvalid(f"{flag} is empty ({value!r}); give a path, or leave {flag} out")
+    openable(value, flag)
+    return Path(value)
 
 
 def openable(path: str, flag: str) -> None:
@@ -484,16 +494,18 @@ def check_writable(path: Path, what: str) -> None:
     probe play all its episodes before it failed to write its report.
 
     Raises:
-        InputInvalid: it cannot be written; ``what`` names the option that moves it.
+        InputInvalid: it cannot be written; ``what`` names the option that moves it ("": the
+            user gave that option already, and is told no more than why).
     """
     there = path if path.is_dir() else path.parent
     while not there.exists() and there != there.parent:
         there = there.parent
+    elsewhere = f"; {what} writes it elsewhere" if what else ""
     if not there.is_dir():  # a path under a file: "no permission" said root could not
-        raise InputInvalid(f"{path}: {there} is a file, not a directory; {what} writes elsewhere")
+        raise InputInvalid(f"{path}: {there} is a file, not a directory{elsewhere}")
     if not os.access(there, os.W_OK | os.X_OK):
         why = "a read-only file system" if _read_only(there) else "no permission"
-        raise InputInvalid(f"{path}: cannot write in {there} ({why}); {what} writes it elsewhere")
+        raise InputInvalid(f"{path}: cannot write in {there} ({why}){elsewhere}")
 
 
 def _read_only(path: Path) -> bool:

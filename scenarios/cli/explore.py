@@ -24,6 +24,7 @@ from scenarios.cli.common import (
     InputInvalid,
     LogUnreadable,
     answered,
+    given_path,
     missing_checkpoints,
     naming,
     newest_checkpoints,
@@ -270,6 +271,8 @@ def _claim_export(where: Path, flag: str) -> int | None:
     """
     from stores.lmdb_env import lock_directory
 
+    if where.exists() and not where.is_dir():  # mkdir said only "File exists"
+        raise InputInvalid(f"{flag} {where}: a file, not a directory for the export")
     try:
         where.mkdir(parents=True, exist_ok=True)
         return lock_directory(where)
@@ -788,7 +791,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                     args.set,
                 )
 
-        where = Path(args.index) if args.index else None
+        where = None if args.index is None else given_path(args.index, "--index")
         answer, note = answer_from_index(root, log, where, ask, indexing_lines())
         if note:
             print(f"coevo: note: {note}", file=sys.stderr)

@@ -18,7 +18,9 @@ import trio
 from rich.console import Console
 
 from agents.audit.shown import pasteable, safe_line
-from engine.errors import CoevoError, LogError, LogLocked, RunNotFound
+from engine.errors import CoevoError, LogError, LogLocked, NothingToResume, RunNotFound
+from engine.eventlog import last_envelope
+from engine.invariants import completed
 from scenarios.cli.common import (
     InputInvalid,
     damaged_checkpoints,
@@ -866,6 +868,21 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
             f"{rd.root}: another process is writing this run ({exc.holder}); "
             "wait for it to end or stop it first"
         ) from None
+    except LogError:  # a read-only disk: a run that completed says so, as on a writable one
+        reader = open_run(str(rd.root))
+        try:
+            last = last_envelope(reader)
+        finally:
+            reader.close()
+        if completed(last):
+            raise NothingToResume(_completed_run(str(rd.root), last)) from None
+        raise
+
+
+def _completed_run(path: str, last: Any) -> str:
+    """Why the run at ``path``, whose last event ``last`` records its completion, is not
+    resumed."""
+    return f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
 
 
 def _history(
@@ -883,9 +900,7 @@ def _history(
             missing: it was stopped between its end and its curves).
     """
     from agents.report.curves import CURVE_FILES
-    from engine.errors import NothingToResume
     from engine.eventlog import LogHistory
-    from engine.lifecycle import RunStopped
 
     end, last = log.next_seq, None
     newest: dict[str, tuple[int, str]] = {}
@@ -895,10 +910,10 @@ def _history(
             newest.update(newest_updates(chunk))
     named = {role: name for role, (_, name) in newest.items()}
     history = LogHistory(log, end)
-    if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
+    if completed(last):
         missing = curves is not None and not all((curves / n).exists() for n in CURVE_FILES)
         raise NothingToResume(
-            f"{path}: the run completed (run_stopped at seq {last.seq}); nothing to resume"
+            _completed_run(path, last)
             + (
                 f"; its curves are missing: coevo report {pasteable(path)} draws them"
                 if missing

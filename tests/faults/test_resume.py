@@ -101,6 +101,40 @@ def test_resume_of_a_completed_run_or_of_no_run_is_one_line_and_exit_2(
     assert err.count("\n") == 1 and "not a coevo run directory" in err
 
 
+def test_a_completed_run_on_a_read_only_disk_is_nothing_to_resume(
+    root: Path,
+    reference: list[Envelope[Event]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a read-only file system a completed run's resume failed to open the log for
+    writing (exit 1, "Read-only file system"), where a writable one says there is nothing to
+    resume (exit 2); a run that did not complete still says why it cannot be written."""
+    from engine.errors import LogError
+    from stores.lmdb_log import LmdbEventLog
+
+    ref = LmdbEventLog.open(root / "ref" / "log", writable=False)
+    meta, envs = ref.read_meta(), list(ref.read(0, None))[:-1]  # as if stopped before its end
+    ref.close()
+    cut = LmdbEventLog.create(tmp_path / "cut" / "log", meta, durable=False)
+    cut.append(envs)
+    cut.close()
+    opened = LmdbEventLog.open.__func__  # type: ignore[attr-defined]
+
+    def read_only(cls: type, path: object, *, writable: bool = False, **kw: object) -> object:
+        if writable:
+            raise LogError(f"cannot open the event log at {path} for writing: Read-only")
+        return opened(cls, path, writable=writable, **kw)
+
+    monkeypatch.setattr(LmdbEventLog, "open", classmethod(read_only))
+    assert main(["resume", str(root / "ref")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the run completed" in err and "nothing to resume" in err
+    assert main(["resume", str(tmp_path / "cut")]) == 1
+    assert "for writing: Read-only" in capsys.readouterr().err
+
+
 def test_a_failed_run_resumes_and_ends_as_if_it_had_not_failed(
     root: Path, reference: list[Envelope[Event]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

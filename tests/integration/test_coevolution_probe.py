@@ -283,6 +283,7 @@ def run_copy(root: Path, name: str, old: str, new: str) -> Path:
         ("version", "--versions: '99' is not an extractor version of the run"),
         ("control", "its extractor was updated"),
         ("policy", "/nonexistent/policy"),
+        ("policy-empty", "--policy is empty (''); give final, base or a PATH"),  # read as "."
         ("episodes", "--episodes must be between 1 and 1,000,000, got 0"),
         ("huge", "--episodes must be between 1 and 1,000,000, got 99999999999999999999"),
         ("out-file", "a file, not a directory for the probe's report"),
@@ -308,6 +309,7 @@ def test_bad_input_is_one_line_and_exit_2(
         "version": [run, "--versions", "0,99"],
         "control": [run, "--control", run],
         "policy": [run, "--policy", "/nonexistent/policy"],
+        "policy-empty": [run, "--policy", ""],
         "episodes": [run, "--episodes", "0"],
         "huge": [run, "--episodes", "99999999999999999999"],  # took memory until killed
         "out-file": [run],  # failed only after playing every episode
@@ -344,9 +346,13 @@ def test_an_output_it_cannot_write_is_refused_before_any_episode(
     monkeypatch.setattr(probe_setup, "probe_run", played)
     assert main(["probe", str(root / "run"), "--out", str(shut / "probe")]) == 2
     err = capsys.readouterr().err
-    assert f"{shut / 'probe'}: cannot write in {shut} (no permission); --out DIR writes" in err
+    assert err == f"coevo: error: {shut / 'probe'}: cannot write in {shut} (no permission)\n"
     assert main(["report", str(root / "run"), "--out", str(shut / "r.html")]) == 2
-    assert "cannot write in" in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith(f"cannot write in {shut} (no permission)\n")
+    # the place it writes by default: named with the option that moves it
+    monkeypatch.setattr(common.os, "access", lambda p, mode: Path(p) != root / "run")
+    assert main(["report", str(root / "run")]) == 2  # (--out given: "--out FILE writes it
+    assert capsys.readouterr().err.endswith("; --out FILE writes it elsewhere\n")  # elsewhere")
 
 
 def test_the_headline_pools_the_probes_of_several_seeds(result: dict[str, Any]) -> None:

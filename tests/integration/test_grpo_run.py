@@ -433,6 +433,9 @@ def test_commands_that_go_on_with_a_run_load_its_own_embedded_model(
     monkeypatch.setattr(agents.models.embedded, "ensure_embedded", built)
     monkeypatch.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
     assert main(["replay", str(run_dir), "--reexecute-learner"]) == 0
+    # a --set of an update's own settings changed nothing and said nothing of it
+    assert main(["replay", str(run_dir), "--reexecute-learner", "--set", "grpo.lr=0.5"]) == 0
+    assert "coevo: note: --set grpo.lr=0.5 was not read: each update" in capsys.readouterr().err
     monkeypatch.undo()  # a --set of the embedded recipe builds that model (it was ignored)
     monkeypatch.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
     other = ["--set", "policy.embedded.hidden_size=48"]
@@ -446,6 +449,13 @@ def test_commands_that_go_on_with_a_run_load_its_own_embedded_model(
         if isinstance(e, ActionSampled) and e.policy_version == 1
     )
     assert main(["audit", str(run_dir), "whatif", episode, "--version", "0"]) == 0
+    monkeypatch.undo()  # a what-if's base built by another recipe names the --set that did it
+    monkeypatch.setenv("COEVO_CACHE", str(run_dir.parent / "cache"))
+    capsys.readouterr()
+    assert main(["audit", str(run_dir), "whatif", episode, "--version", "0", *other]) == 2
+    err = capsys.readouterr().err
+    assert "(--set policy.embedded.hidden_size=48 gives another model than the run's)" in err
+    monkeypatch.setattr(agents.models.embedded, "ensure_embedded", built)
     assert main(["resume", str(killed), "--quiet"]) == 0
     assert isinstance(read_events(killed)[-1], RunStopped)
 
@@ -484,3 +494,23 @@ def test_a_run_whose_checkpoint_does_not_fit_today_s_model_is_refused_before_it_
     err = capsys.readouterr().err
     assert "so the checkpoint is not the one the run wrote (replaced or damaged)" in err, err
     assert len(read_events(recorded)) == kept
+
+
+def test_a_world_that_offers_many_actions_is_said_to_slow_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A world offering 10,000 admissible actions ran for minutes (every one scored each
+    turn and in each update) with no word, which read as a hang: the first such turn of each
+    worker is warned of (here above 5, minilab's lists being short)."""
+    import json
+
+    from agents.acting import env_worker
+
+    monkeypatch.setattr(env_worker, "MANY_ACTIONS", 5)
+    text = TINY.replace("episodes = 24", "episodes = 8").replace("every = 2", "every = 0")
+    text = text.replace("final_episodes = 9", "final_episodes = 0")
+    run = run_scenario(tmp_path, text)
+    logged = [json.loads(line) for line in (run / "coevo.jsonl").read_text().splitlines()]
+    said = [e for e in logged if e["event"].startswith("many admissible actions")]
+    assert 1 <= len(said) <= 3 and all(e["actions"] > 5 for e in said), said  # once a worker
+    assert said[0]["level"] == "warning" and said[0]["at"].startswith("world.reset(")

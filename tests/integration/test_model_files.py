@@ -747,3 +747,25 @@ def test_a_reply_is_read_up_to_an_end_id_that_is_an_ordinary_token() -> None:
     ask = SimpleNamespace(messages=(("system", "s"), ("user", "look")), seed=1)
     (reply,) = write_replies(Drawn(), tokenizer, [ask], temperature=1.0, max_new_tokens=4)  # type: ignore[arg-type]
     assert reply.ids == ids and reply.text == "take"
+
+
+def test_a_stop_while_the_embedded_model_is_built_says_what_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped during a build of minutes (a cold cache), a run said only "coevo: terminated"
+    and left no run directory: what was stopped, and that the build is done again, is said."""
+    import agents.models.embedded
+    from scenarios.cli.entry import Terminated
+    from scenarios.loader import load_scenario
+    from scenarios.policy_setup import policy_model_dir
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise Terminated
+
+    monkeypatch.setattr(agents.models.embedded, "ensure_embedded", stopped)
+    with pytest.raises(Terminated):
+        policy_model_dir(load_scenario(QUICKSTART, TINY), QUICKSTART)
+    assert capsys.readouterr().err == (
+        "coevo: note: stopped while the embedded model was being built: nothing of the build "
+        "is kept, and the next run that needs it builds it again\n"
+    )

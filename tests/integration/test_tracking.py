@@ -331,6 +331,13 @@ def test_export_needs_a_target_and_a_run(
     assert main(["export", str(tmp_path), "--tensorboard", str(tmp_path / "tb")]) == 2
     err = capsys.readouterr().err
     assert err == f"coevo: error: {tmp_path}: not a coevo run directory (no log/data.mdb inside)\n"
+    (tmp_path / "notes.toml").write_text("x")  # said only "cannot write: File exists"
+    assert main(["export", str(run), "--tensorboard", str(tmp_path / "notes.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"coevo: error: --tensorboard {tmp_path / 'notes.toml'}: a file, not a directory for "
+        "the export\n"
+    )
 
 
 EXPLORE = str(Path(__file__).resolve().parents[2] / "scenarios" / "explore.toml")

@@ -384,6 +384,16 @@ def test_a_range_error_reads_plainly(override: str, said: str) -> None:
         ('world.split="test"', "Invalid enum value 'test' (one of 'heldout', 'train')"),
         ('eval.split="dev"', "Invalid enum value 'dev' (one of 'heldout', 'train')"),
         ('agent.kind="robot"', "(one of 'explorer', 'policy', 'random') - at `$.agent.kind`"),
+        (  # TOML reads `.001` as text: "got `str`" of a value that looks like a number
+            "grpo.lr=.001",
+            "Expected `float`, got `str` ('.001' is text to TOML, which writes a number as "
+            "0.001, 1.0 or 1e-3) - at `$.grpo.lr`",
+        ),
+        (  # an item of a list of choices: neither the choices nor the --set were named
+            'tracking.sinks=["tb"]',
+            "'tb' (one of 'mlflow', 'tensorboard', 'wandb') - at `$.tracking.sinks[0]` "
+            '(given by --set tracking.sinks=["tb"])',
+        ),
     ],
 )
 def test_a_choice_refused_names_the_choices(override: str, said: str) -> None:
