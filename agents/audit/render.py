@@ -26,6 +26,12 @@ def _unused(end: str) -> str:
     return "none" if end == "completed" else f"none ({end})" if end else "pending"
 
 
+def _not_applied(end: str) -> str:
+    """An update not applied, in a run whose last session ended ``end`` ("": it is running,
+    or was killed)."""
+    return f"(not applied: the run {end} before it)" if end else "(not applied yet)"
+
+
 def render_tip(a: TipAudit) -> list[str]:
     """The lines of a tip audit."""
     o = a.origin
@@ -124,11 +130,7 @@ def render_tip(a: TipAudit) -> list[str]:
         done = (
             f"-> extractor v{s.version}, {s.samples} samples, loss {_f(s.loss, 4, sign='')}"
             if s.version >= 0
-            else f"(not applied: the run {a.run_end} before it)"
-            if a.run_end
-            else f"(not applied: the run {a.run_end} before it)"
-            if a.run_end
-            else "(not applied yet)"
+            else _not_applied(a.run_end)
         )
         out.append(
             f"  extractor update {s.update} (request seq {s.request_seq}, {s.batch} calls): call "
@@ -201,9 +203,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
             f"-> policy v{u.version} ({u.samples} samples, {u.stale} stale, loss {_f(u.loss, 4)}, "
             f"kl {u.kl:.4f}, digest {u.digest[:12]})"
             if u.version >= 0
-            else f"(not applied: the run {a.run_end} before it)"
-            if a.run_end
-            else "(not applied yet)"
+            else _not_applied(a.run_end)
         )
         out.append(
             f"  update {u.update} (gradient request seq {u.seq}, advantage {_f(u.advantage, 6)}) "
