@@ -992,6 +992,7 @@ class DirCheckpoints:
         name = f"v{version:06d}"
         final = self.root / name
         partial = self.root / f".{name}.partial"
+        from safetensors import SafetensorError
         from safetensors.torch import save_file  # pyright: ignore[reportUnknownVariableType]
         from transformers.utils import logging as hf_logging
 
@@ -1004,7 +1005,7 @@ class DirCheckpoints:
                 save_file(optimizer, str(partial / OPTIMIZER_FILE))
             share_as_umask(partial)
             _fsync_tree(partial)
-        except Exception as exc:  # OSError, or safetensors' words for one ("File too large")
+        except (OSError, SafetensorError) as exc:  # its words for an OSError: "File too large"
             raise CheckpointNotWritten(str(partial), _one_line(exc)) from None
         if final.exists():  # written before a crash, never referenced: set aside, then replace
             stale = self.root / f".{name}.stale"

@@ -69,12 +69,15 @@ def test_a_checkpoint_the_disk_refuses_is_named_with_the_likely_cause(
     """Under ``ulimit -f`` a run failed with safetensors' "SafetensorError: Error while
     serializing: I/O error: File too large (os error 27)", naming neither the checkpoint nor
     the limit."""
+    import safetensors
     import safetensors.torch
 
     from engine.errors import CheckpointNotWritten
 
     def too_large(*args: object, **kwargs: object) -> None:
-        raise OSError(27, "Error while serializing: I/O error: File too large (os error 27)")
+        raise safetensors.SafetensorError(
+            "Error while serializing: I/O error: File too large (os error 27)"
+        )
 
     monkeypatch.setattr(safetensors.torch, "save_file", too_large)
     model = _Model()
