@@ -79,13 +79,17 @@ _ENCODER = msgspec.msgpack.Encoder(order="deterministic")
 
 class Change(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One scenario key whose value differs (``None``: the key is missing on that side;
-    ``default_a``/``default_b``: that side's value is the table's default, not written)."""
+    ``default_a``/``default_b``: that side's value is the table's default, not written;
+    ``before_a``/``before_b``: that side's run was recorded before the setting existed, and
+    ran as this value says)."""
 
     key: str
     a: Any
     b: Any
     default_a: bool = False
     default_b: bool = False
+    before_a: bool = False
+    before_b: bool = False
 
 
 class Divergence(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,7 +105,10 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def scenario_changes(
-    a_toml: str, b_toml: str, defaults: Mapping[str, Mapping[str, Any]] | None = None
+    a_toml: str,
+    b_toml: str,
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
+    before: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {}),
 ) -> list[Change]:
     """The keys (dotted paths) whose values differ between two resolved scenarios, sorted.
 
@@ -109,6 +116,9 @@ def scenario_changes(
         defaults: tables a scenario fills only with what it changes (dotted table -> key ->
             default, ``scenarios.schema.table_defaults``): a key missing there on one side
             is compared as its default, so a key written at its default is no difference.
+        before: per side, the settings its run lacks because it was recorded before they
+            existed (dotted key -> the value it ran as, ``scenarios.loader.SINCE``): compared
+            as that value.
 
     Raises:
         ValueError: a text is not TOML.
@@ -118,6 +128,9 @@ def scenario_changes(
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"a scenario is not TOML: {exc}") from None
     filled = _flat(defaults or {})
+    a_before = {k: v for k, v in before[0].items() if k not in a}
+    b_before = {k: v for k, v in before[1].items() if k not in b}
+    a, b = {**a_before, **a}, {**b_before, **b}
     a_default = {k: v for k, v in filled.items() if k not in a}
     b_default = {k: v for k, v in filled.items() if k not in b}
     a, b = {**a_default, **a}, {**b_default, **b}
@@ -128,6 +141,8 @@ def scenario_changes(
             b=b.get(key),
             default_a=key in a_default,
             default_b=key in b_default,
+            before_a=key in a_before,
+            before_b=key in b_before,
         )
         for key in sorted(a.keys() | b.keys())
         if a.get(key) != b.get(key)

@@ -597,7 +597,11 @@ def open_index(
 
 def _in_memory(path: Path, exc: Exception, option: str) -> str:
     where = f" ({option})" if option else ""
-    return f"cannot keep the audit index in {path} ({exc}); indexing in memory{where}"
+    if path.exists() and not path.is_dir():  # mkdir's "[Errno 17] File exists: ..."
+        why = "a file, not a directory"
+    else:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"cannot keep the audit index in {path} ({why}); indexing in memory{where}"
 
 
 MARK = b"\xffmark"

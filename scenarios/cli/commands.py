@@ -462,7 +462,8 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
     )
     if unread := [o for o in overrides if not o.split("=", 1)[0].strip().startswith(LOADING)]:
         print(
-            f"coevo: note: --set {' '.join(unread)} was not read: each update re-runs as its "
+            f"coevo: note: {' '.join(f'--set {o}' for o in unread)} "
+            f"{'was' if len(unread) == 1 else 'were'} not read: each update re-runs as its "
             "request in the log says (learning rate, clipping, loss, samples); --set gives "
             "only how the base models load (where they lie, the device, threads, dtype, "
             "LoRA, the embedded recipe)",
@@ -937,7 +938,7 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
             return audit_tip(log, index, tip)
         return audit_episode(log, index, args.id)
 
-    where = None if args.index is None else given_path(args.index, "--index")
+    where = None if args.index is None else given_path(args.index, "--index", lmdb=True)
     from scenarios.cli.console import indexing_lines
 
     root = find_run(args.run).root

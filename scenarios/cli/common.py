@@ -319,7 +319,7 @@ def source_commit(root: Path) -> str:
     return ""
 
 
-def out_path(value: str | None, default: Callable[[], Path]) -> Path:
+def out_path(value: str | None, default: Callable[[], Path], *, lmdb: bool = False) -> Path:
     """Where ``--out`` says, or ``default()`` when it is not given.
 
     Raises:
@@ -327,19 +327,22 @@ def out_path(value: str | None, default: Callable[[], Path]) -> Path:
             likely), which must not quietly mean the default; or holding bytes that are not
             UTF-8.
     """
-    return default() if value is None else outside_lmdb(given_path(value, "--out"), "--out")
+    if value is None:
+        return default()
+    return outside_lmdb(given_path(value, "--out", lmdb=lmdb), "--out")
 
 
-def given_path(value: str, flag: str) -> Path:
+def given_path(value: str, flag: str, *, lmdb: bool = False) -> Path:
     """The path an option ``flag`` gave for something to be written there (``--out``,
-    ``--index``).
+    ``--index``); ``lmdb``: an event log or index, which the log's library must open.
 
     Raises:
-        InputInvalid: it is empty or holds bytes that are not UTF-8.
+        InputInvalid: it is empty, or (``lmdb``) holds bytes that are not UTF-8.
     """
     if not value.strip():
         raise InputInvalid(f"{flag} is empty ({value!r}); give a path, or leave {flag} out")
-    openable(value, flag)
+    if lmdb:
+        openable(value, flag)
     return Path(value)
 
 

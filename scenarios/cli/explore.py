@@ -32,6 +32,7 @@ from scenarios.cli.common import (
     openable,
     outside_lmdb,
     resolved_path,
+    shown_path,
     stdout_to_stderr,
     version,
 )
@@ -227,6 +228,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     name = find_run(args.run).root.name
     for sink_name, where in targets:
         outside_lmdb(Path(where), f"--{sink_name}")
+        if sink_name != "mlflow" and not _utf8(where):  # their writers encode the path
+            raise InputInvalid(
+                f"--{sink_name} {shown_path(where)}: a path that holds bytes that are not "
+                f"UTF-8, which the {sink_name} writer cannot open; name another"
+            )
     before = {where: paths_under(Path(where)) for _, where in targets}
     done: list[str] = []
     with contextlib.ExitStack() as claimed:
@@ -255,6 +261,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         _export(args, targets, name, before, done)
     print("\n".join(done))
     return 0
+
+
+def _utf8(path: str) -> bool:
+    """Whether ``path``'s bytes are UTF-8 (a name with a stray byte is not)."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except (UnicodeDecodeError, UnicodeEncodeError):
+        return False
+    return True
 
 
 def _claim_export(where: Path, flag: str) -> int | None:
@@ -376,7 +391,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
             meta_b = log_b.read_meta()
         toml_a = meta_a.scenario_toml if meta_a else ""
         toml_b = meta_b.scenario_toml if meta_b else ""
-        changes = scenario_changes(toml_a, toml_b, table_defaults(*_common(toml_a, toml_b)))
+        changes = scenario_changes(
+            toml_a,
+            toml_b,
+            table_defaults(*_common(toml_a, toml_b)),
+            (_before(toml_a), _before(toml_b)),
+        )
         versions = {m.coevo_version for m in (meta_a, meta_b) if m is not None}
         counts = (log_a.next_seq, log_b.next_seq)
         with naming(log_a.path), naming(log_b.path):
@@ -411,7 +431,9 @@ def _diff_lines(
     if changes:
         lines.append(f"scenario: {len(changes)} difference{'s' * (len(changes) > 1)}")
         lines += [
-            f"  {c.key}: {_value(c.a, c.default_a)} -> {_value(c.b, c.default_b)}" for c in changes
+            f"  {c.key}: {_value(c.a, c.default_a, c.before_a)} -> "
+            f"{_value(c.b, c.default_b, c.before_b)}"
+            for c in changes
         ]
         lines += [note] if note else []
     else:
@@ -472,10 +494,25 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
     return ""
 
 
-def _value(value: Any, default: bool = False) -> str:
+def _value(value: Any, default: bool = False, before: bool = False) -> str:
     if value is None:
         return "(missing)"
+    if before:
+        return f"{value!r} (recorded before the setting)"
     return f"{value!r} (default)" if default else repr(value)
+
+
+def _before(toml: str) -> dict[str, Any]:
+    """The settings a run's stored scenario lacks because it was recorded before they
+    existed, by dotted key, with the values it ran as (``scenarios.loader.SINCE``)."""
+    from engine.errors import ScenarioInvalid
+    from scenarios.loader import parse_toml, since_lacking
+
+    try:
+        doc = parse_toml(toml, "scenario")
+    except ScenarioInvalid:  # not TOML: scenario_changes says so
+        return {}
+    return {f"{table}.{key}": value for (table, key), value in since_lacking(doc).items()}
 
 
 def _event_line(env: dict[str, Any], differing: tuple[str, ...]) -> str:
@@ -791,7 +828,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                     args.set,
                 )
 
-        where = None if args.index is None else given_path(args.index, "--index")
+        where = None if args.index is None else given_path(args.index, "--index", lmdb=True)
         answer, note = answer_from_index(root, log, where, ask, indexing_lines())
         if note:
             print(f"coevo: note: {note}", file=sys.stderr)

@@ -61,7 +61,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     scenario, unread = read_scenario(args.file, args.set)
     run_id = new_run_id()
-    out = out_path(args.out, lambda: default_run_dir(Path("runs"), scenario.name, run_id))
+    out = out_path(
+        args.out, lambda: default_run_dir(Path("runs"), scenario.name, run_id), lmdb=True
+    )
     rd = RunDir(out)
     foreign = rd.foreign()  # before exists(): a run writes its other files after its log's
     if rd.exists():  # first commit, so whatever foreign() saw of a run, exists() sees it

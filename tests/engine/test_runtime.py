@@ -554,6 +554,20 @@ def test_the_write_buffer_is_bounded_in_bytes_too() -> None:
     assert [b.data[0] for b in blobs] == [str(i % 10) for i in range(200)]
 
 
+class StallsAfterPing(GatedLog):
+    """A disk that stalls (its gate closes) right after the commit that holds the Ping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = False
+
+    def append_encoded(self, batch: EncodedBatch, *, snapshots: Sequence[Snapshot] = ()) -> None:
+        super().append_encoded(batch, snapshots=snapshots)
+        if not self.stalled and any(isinstance(e.event, Ping) for e in self.read()):
+            self.stalled = True
+            self.gate.clear()
+
+
 class PacedBlobs(Actor):
     """Reacts to one Ping with many large events, pacing itself as an env worker does."""
 
@@ -570,7 +584,7 @@ class PacedBlobs(Actor):
 def test_a_reacting_actor_that_paces_waits_on_the_bytes_bound() -> None:
     """An env worker whose scripted agent awaits nothing paces itself: with a slow disk it
     waits for room in bytes too (real clock: the gate opens after 0.5 s, within PACE_WAIT_S)."""
-    log = GatedLog()
+    log = StallsAfterPing()
     started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
     bound = 2**20
     cfg = RuntimeConfig(write_buffer_bytes=bound)
@@ -584,16 +598,17 @@ def test_a_reacting_actor_that_paces_waits_on_the_bytes_bound() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rt.run)
-            log.gate.set()  # the Ping reaches the actor
-            while not rt.statistics()["pending_bytes"]:
-                await trio.sleep(0.001)
-            log.gate.clear()  # then the disk stalls
+            log.gate.set()  # the Ping reaches the actor, then the disk stalls
+            with trio.fail_after(30):  # (it waited for pending bytes, which a loaded machine
+                while not log.stalled:  # could commit whole before it looked: for ever)
+                    await trio.sleep(0.001)
             for _ in range(50):
                 await trio.sleep(0.01)
                 high_water.append(rt.statistics()["pending_bytes"])
             log.gate.set()
 
     trio.run(main)
+    assert max(high_water) > 0  # the blobs waited for the disk
     assert max(high_water) <= bound + 100_100
     assert sum(isinstance(e.event, Blob) for e in log.read()) == 40
 

@@ -192,6 +192,26 @@ def test_the_evaluation_settings_leave_the_training_episodes_as_they_were(
     assert [t[0] for t in shared] != [t[0] for t in six]
 
 
+def test_a_setting_a_run_predates_reads_as_the_value_it_ran_as() -> None:
+    """A run recorded before ``eval.own_seeds`` ran as ``false`` (and resumes so), but diff
+    showed it as "(missing) -> True", which read as if it had run with the default."""
+    from agents.analysis.diff import scenario_changes
+    from scenarios.cli.explore import _before, _diff_lines  # pyright: ignore[reportPrivateUsage]
+    from scenarios.loader import load_scenario, resolved_toml
+
+    new = resolved_toml(load_scenario(str(Path(__file__).parents[2] / "scenarios/grpo.toml")))
+    old = "\n".join(line for line in new.splitlines() if "own_seeds" not in line)
+    [change] = scenario_changes(old, new, None, (_before(old), _before(new)))
+    assert (change.key, change.a, change.b, change.before_a) == (
+        "eval.own_seeds",
+        False,
+        True,
+        True,
+    )
+    lines = _diff_lines("old", "new", [change], (1, 1), None)
+    assert "  eval.own_seeds: False (recorded before the setting) -> True" in lines
+
+
 def test_a_long_field_s_difference_is_shown_where_it_is() -> None:
     """Two runs' ``candidate_scores`` differed at item 23 of 24 (float noise of batching);
     the event lines, cut at 80 characters, showed the same prefix on both sides."""

@@ -81,6 +81,9 @@ def test_a_path_too_long_or_not_utf8_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("coevo: error: DEST '") and "bad\\xffname': a path" in proc.stderr
     assert not os.path.lexists(odd)
+    page = os.fsdecode(os.fsencode(str(tmp_path)) + b"/r\xff.html")  # no event log: written
+    proc = coevo("report", str(tmp_path / "good"), "--out", page)
+    assert proc.returncode == 0 and os.path.isfile(page), proc.stderr
     os.rename(tmp_path / "good", odd)  # a run moved there: read by every command, as named
     for args in (("replay", odd, "--verify"), ("log", odd), ("resume", odd)):
         proc = coevo(*args)

@@ -145,6 +145,8 @@ def test_an_episode_page_shows_what_the_audit_says(
     assert f'href="/runs/run/entries/{first["tip"]}"' in dom
     advantage = _texts(dom, r'<p id="advantage">(.*?)</p>')[0]
     assert f"advantage {audit['advantage']['advantage']:+.4f}" in advantage
+    rewards = ", ".join(f"{r:.4f}" for r in audit["advantage"]["group_rewards"])  # 1e14: short
+    assert f"the group's rewards [{rewards}]" in advantage
     update = _texts(dom, r'<p id="update">(.*?)</p>')[0]
     assert f"policy v{audit['update']['version']}: {audit['update']['samples']} samples" in update
     credit = _texts(dom, r'<p id="credit">(.*?)</p>')[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import signal
 import struct
@@ -338,6 +339,11 @@ def test_export_needs_a_target_and_a_run(
         f"coevo: error: --tensorboard {tmp_path / 'notes.toml'}: a file, not a directory for "
         "the export\n"
     )
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/tb\xffx")  # its writer: a traceback's
+    assert main(["export", str(run), "--tensorboard", odd]) == 2  # UnicodeEncodeError line
+    err = capsys.readouterr().err
+    assert "tb\\xffx': a path that holds bytes that are not UTF-8, which the tensorboard" in err
+    assert not os.path.lexists(odd)
 
 
 EXPLORE = str(Path(__file__).resolve().parents[2] / "scenarios" / "explore.toml")
