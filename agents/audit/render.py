@@ -183,11 +183,12 @@ def render_episode(a: EpisodeAudit) -> list[str]:
         out.append(
             f"  reward: outcome {_f(v.outcome, 4, sign='')} + {v.intrinsic_coef:g} x intrinsic "
             f"{_f(v.intrinsic, 4, sign='')} = {_f(v.reward, 4, sign='')} (group {v.group}: "
-            f"{[round(r, 4) for r in v.group_rewards]})"
+            f"[{', '.join(_f(r, 4, sign='') for r in v.group_rewards)}])"
         )
+        warmup = ", a warm-up step: not trained" if v.update < 0 else ""
         out.append(
             f"  advantage: {_f(v.advantage, 6)} for each of its {len(a.turns)} samples (rule "
-            f"{v.rule}, rollout {v.rollout}, seq {v.seq})"
+            f"{v.rule}, rollout {v.rollout}, seq {v.seq}{warmup})"
         )
     elif a.purpose != "train":
         out.append("  advantage: none (an evaluation episode: updates train on training ones)")
@@ -201,7 +202,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
         u = a.update
         done = (
             f"-> policy v{u.version} ({u.samples} samples, {u.stale} stale, loss {_f(u.loss, 4)}, "
-            f"kl {u.kl:.4f}, digest {u.digest[:12]})"
+            f"kl {_f(u.kl, 4, sign='')}, digest {u.digest[:12]})"
             if u.version >= 0
             else _not_applied(a.run_end)
         )

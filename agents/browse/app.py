@@ -22,6 +22,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -52,6 +53,8 @@ def _shown(value: object) -> object:
     space) as its escape (``\\x1b``, ``\\u202e``; :func:`agents.audit.shown.safe_line`), line
     breaks and tabs kept (text blocks wrap as written). A one-line value (an action, a
     goal, a family) goes through the ``line`` filter first, which escapes those too."""
+    if isinstance(value, Markup):  # a macro's output (an entry's lineage): its values were
+        return value  # shown as they went in; made text again, its HTML was shown escaped
     if isinstance(value, PurePath):  # a run's directory, as its name
         value = str(value)
     return safe_line(value, "\n\t") if isinstance(value, str) else value

@@ -107,3 +107,33 @@ def test_an_update_a_run_ended_before_is_not_said_to_be_coming(run: Path) -> Non
     ):
         lines = render_episode(msgspec.structs.replace(a, update=pending, run_end=ended))
         assert any(line.endswith(says) for line in lines), lines
+
+
+def test_a_warm_up_group_a_tiny_negative_kl_and_large_rewards_read_as_they_are(
+    run: Path,
+) -> None:
+    """A warm-up group's advantage (``update`` -1) read as any other's, serve's page said
+    "update -1"; a KL of -1.5e-8 printed "kl -0.0000"; a group's rewards of 1e14 in full."""
+    import msgspec
+
+    from agents.audit.episode import Advantage, Update
+    from agents.audit.render import render_episode
+
+    log = LmdbEventLog.open(run / "log")
+    index, _ = open_index(run, log)
+    try:
+        a = audit_episode(log, index, "ep008")
+    finally:
+        index.close()
+        log.close()
+    warm = Advantage(
+        seq=30, group="g00000", update=-1, rule="grpo", rollout="plain", outcome=1e14,
+        intrinsic=0.0, intrinsic_coef=0.0, reward=1e14, advantage=0.5,
+        group_rewards=(1e14, -3e13),
+    )  # fmt: skip
+    applied = Update(seq=40, update=0, advantage=0.5, rollout="plain", version=1, kl=-1.49e-8)
+    lines = render_episode(msgspec.structs.replace(a, advantage=warm, update=applied))
+    text = "\n".join(lines)
+    assert "(group g00000: [1.0000e+14, -3.0000e+13])" in text
+    assert "seq 30, a warm-up step: not trained)" in text
+    assert "kl 0.0000, digest" in text and "-0.0000" not in text

@@ -187,7 +187,60 @@ def test_an_entry_page_shows_what_the_audit_says_with_links(
     assert origin.startswith(f"extractor call {audit['origin']['call']} ")
     lineage = re.search(r'<ul id="lineage">(.*?)</ul>\s*$', dom.split("<h2>Uses</h2>")[0], re.S)
     assert lineage is not None
-    assert f'href="/runs/run/entries/{credited.entry}"' in lineage.group(1)
+    assert f'<a href="/runs/run/entries/{credited.entry}">' in lineage.group(1)
+    assert "&lt;" not in lineage.group(1)  # the list's HTML was shown as text
+
+
+def test_a_warm_up_group_is_said_to_be_one_not_update_minus_one(
+    distill_root: Path, credited: CreditAssigned, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A warm-up group's advantage read "(update -1, rule ...)" on the episode page."""
+    from types import SimpleNamespace
+
+    import msgspec
+
+    from agents.audit.episode import EpisodeAudit
+    from agents.browse import app
+
+    audit = msgspec.convert(
+        _audit(distill_root / "run", "episode", credited.episode, capsys), EpisodeAudit
+    )
+    assert audit.advantage is not None
+    warm = msgspec.structs.replace(audit.advantage, update=-1)
+    page = app._TEMPLATES.get_template("episode.html").render(  # pyright: ignore[reportPrivateUsage]
+        refresh=5,
+        view=SimpleNamespace(name="run"),
+        a=msgspec.structs.replace(audit, advantage=warm),
+        candidates={},
+        live=False,
+        unfinished=False,
+    )
+    assert f"group {warm.group} (a warm-up step, not trained, rule {warm.rule})" in page
+    assert "update -1" not in page
+
+
+def test_an_entry_s_lineage_is_a_list_of_links_not_its_html_as_text(
+    distill_root: Path, credited: CreditAssigned, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page's finalizer made the lineage macro's HTML plain text again, and the page
+    showed "<li><a href=...>entry 2</a> ..." as text, its links dead."""
+    from types import SimpleNamespace
+
+    import msgspec
+
+    from agents.audit.answers import TipAudit
+    from agents.browse import app
+
+    audit = msgspec.convert(
+        _audit(distill_root / "run", "tip", str(credited.entry), capsys), TipAudit
+    )
+    page = app._TEMPLATES.get_template("entry.html").render(  # pyright: ignore[reportPrivateUsage]
+        refresh=5, view=SimpleNamespace(name="run"), a=audit, limit=10, live=False
+    )
+    lineage = re.search(r'<ul id="lineage">(.*?)</ul>\n', page, re.S)
+    assert lineage is not None, page
+    assert lineage.group(1).startswith(f'<li><a href="/runs/run/entries/{credited.entry}">')
+    assert "&lt;" not in lineage.group(1)
 
 
 @needs_chromium
