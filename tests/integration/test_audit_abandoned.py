@@ -10,7 +10,7 @@ import pytest
 from audit_golden import golden_stream, write_run
 
 from agents.audit.answers import audit_tip
-from agents.audit.episode import audit_episode
+from agents.audit.episode import EpisodeAudit, audit_episode
 from agents.audit.index import fetch, open_index, refs
 from agents.audit.whatif import recorded
 from scenarios.cli import main
@@ -62,18 +62,23 @@ def test_every_view_of_an_episode_run_twice_is_its_last_attempt(
     assert "abandoned (the episode ran again)" in out and "1 of them in attempts later" in out
 
 
+def _audited(run: Path, episode: str) -> EpisodeAudit:
+    """``audit_episode`` of ``episode`` in ``run``, its log and index closed after."""
+    log = LmdbEventLog.open(run / "log")
+    index, _ = open_index(run, log)
+    try:
+        return audit_episode(log, index, episode)
+    finally:
+        index.close()
+        log.close()
+
+
 def test_an_aborted_episode_shows_the_action_its_world_failed_on(
     run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The world failed on the episode's first action: the audit shows that action (what a
     researcher debugging the world needs), marked unanswered, and counts no step for it."""
-    log = LmdbEventLog.open(run / "log")
-    index, _ = open_index(run, log)
-    try:
-        a = audit_episode(log, index, "ep009")
-    finally:
-        index.close()
-        log.close()
+    a = _audited(run, "ep009")
     assert a.ended == "RuntimeError: the simulator lost its state" and a.steps == 0
     assert [(t.turn, t.action, t.answered) for t in a.turns] == [(0, "take can", False)]
     assert main(["audit", str(run), "episode", "ep009"]) == 0
@@ -90,13 +95,11 @@ def test_an_update_a_run_ended_before_is_not_said_to_be_coming(run: Path) -> Non
     from agents.audit.episode import Update, run_end
     from agents.audit.render import render_episode
 
+    a = _audited(run, "ep008")
     log = LmdbEventLog.open(run / "log")
-    index, _ = open_index(run, log)
     try:
-        a = audit_episode(log, index, "ep008")
         end = run_end(log)
     finally:
-        index.close()
         log.close()
     assert a.run_end == end
     pending = Update(seq=40, update=0, advantage=0.5, rollout="plain")
@@ -119,13 +122,7 @@ def test_a_warm_up_group_a_tiny_negative_kl_and_large_rewards_read_as_they_are(
     from agents.audit.episode import Advantage, Update
     from agents.audit.render import render_episode
 
-    log = LmdbEventLog.open(run / "log")
-    index, _ = open_index(run, log)
-    try:
-        a = audit_episode(log, index, "ep008")
-    finally:
-        index.close()
-        log.close()
+    a = _audited(run, "ep008")
     warm = Advantage(
         seq=30, group="g00000", update=-1, rule="grpo", rollout="plain", outcome=1e14,
         intrinsic=0.0, intrinsic_coef=0.0, reward=1e14, advantage=0.5,
