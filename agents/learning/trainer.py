@@ -306,8 +306,7 @@ class GrpoTrainer(Replayed):
         self._pending: dict[int, dict[int, _Batch]] = {}
         self._rounds: dict[str, _Round] = {}  # episode -> its eval round
         self._adapts: dict[str, _Adapt] = {}  # episode -> its adaptation round
-        self._index = 0  # every episode assigned: its id
-        self._counted = {"train": 0, "eval": 0}  # per purpose (eval.own_seeds): its seed
+        self._counted = {"train": 0, "eval": 0}  # episodes assigned, per purpose
         self._planned = 0
         self._stepped = 0  # steps requested: all their groups ended, in order (warm-up included)
         self._version = 0
@@ -569,9 +568,8 @@ class GrpoTrainer(Replayed):
         scope: str = "",
         reflect: bool = False,
     ) -> EpisodeAssigned:
-        index = self._index
+        index = self._assigned()
         ordinal = self._ordinal(purpose)
-        self._index += 1
         self._counted[purpose] += 1
         stream = "eval-episode" if purpose == "eval" and self._eval.own_seeds else "episode"
         return EpisodeAssigned(
@@ -593,7 +591,11 @@ class GrpoTrainer(Replayed):
         were assigned before it (``eval.own_seeds``), or of every purpose (a run recorded
         before the setting), so that a training episode's seed and rollout mode never depend
         on the evaluation settings."""
-        return self._counted[purpose] if self._eval.own_seeds else self._index
+        return self._counted[purpose] if self._eval.own_seeds else self._assigned()
+
+    def _assigned(self) -> int:
+        """Episodes assigned so far, every purpose: the next one's index (its id)."""
+        return sum(self._counted.values())
 
     async def _start_round(self, ctx: Context) -> None:
         number = self._round
