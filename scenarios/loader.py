@@ -394,6 +394,12 @@ def apply_override(doc: dict[str, Any], item: str, source: str) -> None:
     _check_depth({parts[-1]: value}, source, "$." + ".".join(parts[:-1]) if parts[:-1] else "$")
 
 
+def override_key(item: str) -> str:
+    """The dotted key path of a ``--set key.path=value`` already applied (a quoted part as
+    TOML reads it)."""
+    return ".".join(_split_override(item, "--set")[0])
+
+
 def _split_override(item: str, source: str) -> tuple[list[str], str]:
     """The key's parts and the raw value of ``key.path=value``: the key read as a TOML dotted
     key when it quotes a part (a quoted part may hold ``.`` or ``=``), else split at each

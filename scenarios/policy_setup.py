@@ -24,7 +24,7 @@ from agents.models.specs import EmbeddedSpec, OpsSpec
 from agents.models.tuning import LoraSettings, check_train_dtype, lora_seed, prepare
 from engine.actor import Actor, ActorSpec
 from engine.errors import CoevoError, ModelUnavailable, ScenarioInvalid
-from scenarios.loader import stored_scenario, stored_source
+from scenarios.loader import override_key, stored_scenario, stored_source
 from scenarios.methods import (
     checked_method,
     complementary_settings,
@@ -484,7 +484,7 @@ def model_overrides(overrides: Sequence[str]) -> list[str]:
     return [
         o
         for o in overrides
-        if (k := o.split("=", 1)[0].strip()) in MODEL_KEYS
+        if (k := override_key(o)) in MODEL_KEYS
         or k.startswith(("policy.embedded.", "complementary.ops."))
     ]
 
@@ -504,7 +504,7 @@ def recorded_models(
     they say)."""
     from stores.checkpoints import files_changed, model_files
 
-    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    keys = [override_key(o) for o in overrides]
     embedded = any(k.startswith("policy.embedded") for k in keys)
     ops = embedded or any(k.startswith("complementary.ops") for k in keys)
     roles = {"policy"} if scenario.policy.model == "embedded" and not embedded else set[str]()

@@ -460,7 +460,9 @@ def _reexecute(path: str, log: Any, overrides: list[str]) -> int:
         f"every parameter digest matches the log ({summary.checkpoints} checkpoints on disk "
         f"compared){extra}"
     )
-    if unread := [o for o in overrides if not o.split("=", 1)[0].strip().startswith(LOADING)]:
+    from scenarios.loader import override_key
+
+    if unread := [o for o in overrides if not override_key(o).startswith(LOADING)]:
         print(
             f"coevo: note: {' '.join(f'--set {o}' for o in unread)} "
             f"{'was' if len(unread) == 1 else 'were'} not read: each update re-runs as its "
