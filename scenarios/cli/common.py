@@ -346,10 +346,11 @@ def given_path(value: str, flag: str, *, lmdb: bool = False) -> Path:
     return Path(value)
 
 
-def openable(path: str, flag: str) -> None:
-    """Refuse ``path`` (given as ``flag``) before anything is made there when the event log's
-    library cannot open it (:func:`unopenable_path`): the refusal came once a run directory
-    or a copy's mark was made, which then read as no run at all.
+def openable(path: str, flag: str, reader: str = "the event log's library") -> None:
+    """Refuse ``path`` (given as ``flag``) before anything is made there when ``reader`` (a
+    library that encodes its paths as UTF-8) cannot open it (:func:`unopenable_path`): the
+    refusal came once a run directory or a copy's mark was made, which then read as no run
+    at all.
 
     Raises:
         InputInvalid: it does not encode as UTF-8.
@@ -357,7 +358,8 @@ def openable(path: str, flag: str) -> None:
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
-        raise InputInvalid(f"{flag} {shown_path(path)}: {unopenable_path(path)}") from None
+        said = unopenable_path(path, reader)
+        raise InputInvalid(f"{flag} {shown_path(path)}: {said}") from None
 
 
 def shown_path(path: str) -> str:
@@ -370,23 +372,19 @@ def shown_path(path: str) -> str:
     return "'" + raw.decode("utf-8", "backslashreplace") + "'"
 
 
-def unopenable_path(path: str) -> str:
-    """Why the event log's library cannot open ``path``, a path that does not encode as UTF-8:
-    it holds bytes that are not UTF-8, or (``LC_ALL=C`` with Python's UTF-8 modes off, where
-    file names are ASCII to Python) characters the file-name encoding cannot hold."""
+def unopenable_path(path: str, reader: str = "the event log's library") -> str:
+    """Why ``reader`` cannot open ``path``, a path that does not encode as UTF-8: it holds
+    bytes that are not UTF-8, or (``LC_ALL=C`` with Python's UTF-8 modes off, where file names
+    are ASCII to Python) characters the file-name encoding cannot hold."""
     try:
         os.fsencode(path).decode("utf-8")
     except UnicodeDecodeError:
-        return (
-            "a path that holds bytes that are not UTF-8, which the event log's library cannot "
-            "open; rename it"
-        )
+        return f"a path that holds bytes that are not UTF-8, which {reader} cannot open; rename it"
     except UnicodeEncodeError:  # not a name of this file system's encoding at all
         pass
     return (
         f"a path that the file-name encoding ({sys.getfilesystemencoding()}) cannot hold, "
-        "which the event log's library cannot open; use a UTF-8 locale (LC_ALL=C.UTF-8) or "
-        "rename it"
+        f"which {reader} cannot open; use a UTF-8 locale (LC_ALL=C.UTF-8) or rename it"
     )
 
 

@@ -32,7 +32,6 @@ from scenarios.cli.common import (
     openable,
     outside_lmdb,
     resolved_path,
-    shown_path,
     stdout_to_stderr,
     version,
 )
@@ -228,11 +227,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     name = find_run(args.run).root.name
     for sink_name, where in targets:
         outside_lmdb(Path(where), f"--{sink_name}")
-        if sink_name != "mlflow" and not _utf8(where):  # their writers encode the path
-            raise InputInvalid(
-                f"--{sink_name} {shown_path(where)}: a path that holds bytes that are not "
-                f"UTF-8, which the {sink_name} writer cannot open; name another"
-            )
+        if sink_name != "mlflow":  # TensorBoard's and W&B's writers encode the path
+            openable(where, f"--{sink_name}", f"the {sink_name} writer")
     before = {where: paths_under(Path(where)) for _, where in targets}
     done: list[str] = []
     with contextlib.ExitStack() as claimed:
@@ -261,15 +257,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         _export(args, targets, name, before, done)
     print("\n".join(done))
     return 0
-
-
-def _utf8(path: str) -> bool:
-    """Whether ``path``'s bytes are UTF-8 (a name with a stray byte is not)."""
-    try:
-        os.fsencode(path).decode("utf-8")
-    except (UnicodeDecodeError, UnicodeEncodeError):
-        return False
-    return True
 
 
 def _claim_export(where: Path, flag: str) -> int | None:
