@@ -199,6 +199,20 @@ def entry_id(text: str) -> int:
     return int(text)
 
 
+def _stored_count(index: FactIndex) -> int:
+    """How many entries the run has stored: the bank numbers them 0, 1, 2, ... as it stores
+    them, and every stored id has rows (a binary search over ids, for a query's error)."""
+    if not tip_rows(index, 0):
+        return 0
+    held, missing = 0, 1
+    while tip_rows(index, missing):
+        held, missing = missing, 2 * missing
+    while missing - held > 1:
+        mid = (held + missing) // 2
+        held, missing = (mid, missing) if tip_rows(index, mid) else (held, mid)
+    return held + 1
+
+
 def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     """The lineage, uses, credits and extractor updates of entry ``tip``.
 
@@ -208,7 +222,9 @@ def audit_tip(log: EventLog, index: FactIndex, tip: int) -> TipAudit:
     rows = tip_rows(index, tip)
     stored = [(seq, r) for seq, r in rows if isinstance(r, Stored)]
     if not stored:
-        raise AuditQueryInvalid(f"no entry {tip} in this run (ids are TipStored.tip_id)")
+        count = _stored_count(index)
+        held = f"its entries are 0-{count - 1}" if count else "it has stored no entry"
+        raise AuditQueryInvalid(f"no entry {tip} in this run: {held} (ids are TipStored.tip_id)")
     stored_seq, st = stored[0]
     evicted = [(seq, r.reason) for seq, r in rows if isinstance(r, Evicted)]
     evicted_seq, reason = evicted[0] if evicted else (None, "")

@@ -8,7 +8,7 @@ from agents.audit.answers import Lineage, TipAudit, Use
 from agents.audit.credit import CreditAudit
 from agents.audit.episode import EpisodeAudit, Shown, Turn
 from agents.audit.shown import number_text as _f  # (short: most rows show several)
-from agents.audit.shown import score_text
+from agents.audit.shown import score_text, unused_text
 
 MAX_ROWS = 50
 """Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
@@ -19,11 +19,6 @@ def _q(text: str, width: int = 90) -> str:
     returns written as escapes, as ``--json`` holds them (they collapsed into spaces, so
     ``wait\\r`` read ``'wait '`` and an extractor's two lines read as one)."""
     return repr(text if len(text) <= width else text[: width - 3] + "...")
-
-
-def _unused(end: str) -> str:
-    """A credit no update has used, in a run that ended ``end`` (:attr:`TipAudit.run_end`)."""
-    return "none" if end == "completed" else f"none ({end})" if end else "pending"
 
 
 def _not_applied(end: str) -> str:
@@ -120,7 +115,7 @@ def render_tip(a: TipAudit) -> list[str]:
         )
         for c in a.credits[:MAX_ROWS]:
             res = f"{'success' if c.success else 'failure'} {_f(c.episode_score, 2)}"
-            upd = str(c.update) if c.update >= 0 else _unused(a.run_end)
+            upd = str(c.update) if c.update >= 0 else unused_text(a.run_end)
             out.append(
                 f"    {c.seq:<8} {c.episode:<10} {c.call:<10} {res:<16} {c.rule:<14} "
                 f"{_f(c.credit, 3, 6)}  {upd}"

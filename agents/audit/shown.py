@@ -54,6 +54,14 @@ def pasteable(path: object) -> str:
     return "$'" + "".join(out) + "'"
 
 
+def unused_text(end: str) -> str:
+    """What a credit no update used (or an update not applied) shows, in a run whose last
+    session ended ``end`` (:attr:`~agents.audit.answers.TipAudit.run_end`; "": it is running,
+    or was killed, so one may still come): the terminal's audit and the browser's page say
+    the same."""
+    return f"none (the run {end} first)" if end else "not yet"
+
+
 def number_text(x: float | None, digits: int = 3, width: int = 0, sign: str = "+") -> str:
     """``x`` signed to ``digits`` decimals ("-" for None; from a million on, in scientific
     notation); a value that rounds to zero is "+0.000", never "-0.000". ``sign=""``: a

@@ -18,7 +18,7 @@ from audit_golden import TOML, Stream, golden_stream, write_run
 
 from agents.audit.index import INDEX_DIR, index_ident
 from agents.events.extractor import CreditAssigned
-from agents.events.memory import TipsRetrieved
+from agents.events.memory import TipsRetrieved, TipStored
 from engine.events import Envelope
 from scenarios.cli import main
 from stores.fact_index import LmdbFactIndex
@@ -578,6 +578,19 @@ def test_an_index_named_in_an_event_log_s_directory_is_refused_and_the_log_kept(
         ]
 
 
+def test_an_entry_the_run_never_stored_is_told_with_the_ids_it_did(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "no entry 99 in this run" left a reader to guess which ids exist (the bank numbers
+    them 0, 1, 2, ... as it stores them)."""
+    stored = [e.event for e in STREAM.envs if isinstance(e.event, TipStored)]
+    assert [t.tip_id for t in stored] == list(range(len(stored))) and len(stored) > 2
+    for asked in (len(stored), 99, 1 << 40):
+        code, out, err = audit(capsys, str(run), "tip", str(asked))
+        assert (code, out) == (2, ""), err
+        assert f"no entry {asked} in this run: its entries are 0-{len(stored) - 1}" in err, err
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -705,11 +718,12 @@ def test_the_browser_rebuilds_a_damaged_index_it_holds_open(
         view.close()
 
 
-def test_a_credit_no_update_used_reads_pending_until_the_run_completed(
+def test_a_credit_no_update_used_reads_not_yet_until_the_run_ended(
     run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A completed run's credit that no update trained on was shown "pending", as if an
-    update were still to come."""
+    update were still to come; then "none" where the browser's page said "none (the run
+    completed first)" of the same credit (one wording now, ``unused_text``)."""
     from agents.audit.answers import TipAudit
     from agents.audit.render import render_tip
 
@@ -717,10 +731,14 @@ def test_a_credit_no_update_used_reads_pending_until_the_run_completed(
     unused = msgspec.structs.replace(a.credits[0], update=-1)
     a = msgspec.structs.replace(a, credits=(unused,))
     # a failed or stopped run's credit waits for a resume, and says why it has none yet
-    for end, word in (("", "pending"), ("completed", "none"), ("failed", "(failed)")):
+    for end, said in (
+        ("", "not yet"),
+        ("completed", "none (the run completed first)"),
+        ("failed", "none (the run failed first)"),
+    ):
         rows = render_tip(msgspec.structs.replace(a, run_end=end))
         [row] = [r for r in rows if r.strip().startswith(str(unused.seq))]
-        assert row.split()[-1] == word, row
+        assert row.endswith(said), row
     step = msgspec.structs.replace(a.updates[0], version=-1)
     for end, said in (("", "(not applied yet)"), ("stopped", "the run stopped before it")):
         rows = render_tip(msgspec.structs.replace(a, updates=(step,), run_end=end))

@@ -344,6 +344,9 @@ def test_the_credit_audit_of_a_grpo_run_names_no_subgroup_settings(
     assert main(["audit", str(run_dir), "credit", "--entry", "0"]) == 2  # no "audit tip 0"
     err = capsys.readouterr().err
     assert "--entry 0: this run credits no entry (no entry an extractor wrote" in err, err
+    assert main(["audit", str(run_dir), "tip", "0"]) == 2  # it said only "no entry 0"
+    err = capsys.readouterr().err
+    assert "no entry 0 in this run: it has stored no entry" in err, err
 
 
 def _killed_after_first_update(
