@@ -176,6 +176,8 @@ class EpisodeAudit(msgspec.Struct, frozen=True, kw_only=True):
     run_end: str = ""
     """How the run's last session ended: "completed", "failed" or "stopped" ("": it is
     running, or was killed): an update not applied by then was never applied."""
+    scope: str = ""
+    """The memory the episode read and wrote (:class:`EpisodeAssigned`'s ``scope``)."""
 
 
 def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit:
@@ -202,6 +204,7 @@ def audit_episode(log: EventLog, index: FactIndex, episode: str) -> EpisodeAudit
         family=assigned.family,
         variant=assigned.variant,
         purpose=assigned.purpose,
+        scope=assigned.scope,
         rollout=assigned.rollout,
         worker=assigned.worker,
         goal=started.goal if started is not None else "",

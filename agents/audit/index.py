@@ -79,7 +79,7 @@ from stores.fact_index import (
 
 T = TypeVar("T")
 
-INDEX_FORMAT = 5
+INDEX_FORMAT = 6
 """Bumped when the facts change; an index of another format is rebuilt."""
 
 REFRESH_CHUNK = 20_000
@@ -171,6 +171,9 @@ class Assigned(msgspec.Struct, frozen=True, array_like=True, tag="assigned"):
     split: str
     purpose: str
     rollout: str
+    scope: str = ""
+    """The memory the episode read and wrote: an adaptation test's episodes have their own
+    (``adapt<round>-t<task>``)."""
 
 
 class Weighed(msgspec.Struct, frozen=True, array_like=True, tag="weighed"):
@@ -310,7 +313,9 @@ def _outcome(ev: EpisodeFinished | EpisodeAborted, env: Envelope[Event]) -> list
 
 
 def _assigned(ev: EpisodeAssigned, env: Envelope[Event]) -> list[Fact]:
-    row = Assigned(env.seq, ev.index, ev.family, ev.variant, ev.split, ev.purpose, ev.rollout)
+    row = Assigned(
+        env.seq, ev.index, ev.family, ev.variant, ev.split, ev.purpose, ev.rollout, ev.scope
+    )
     return [(b"a" + ev.episode.encode(), _ENCODER.encode(row)), *_episode_ref(ev, env)]
 
 

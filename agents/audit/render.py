@@ -8,7 +8,7 @@ from agents.audit.answers import Lineage, TipAudit, Use
 from agents.audit.credit import CreditAudit
 from agents.audit.episode import EpisodeAudit, Shown, Turn
 from agents.audit.shown import number_text as _f  # (short: most rows show several)
-from agents.audit.shown import score_text, unused_text
+from agents.audit.shown import purpose_text, score_text, unused_text
 
 MAX_ROWS = 50
 """Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
@@ -152,7 +152,8 @@ def _more(n: int) -> list[str]:
 def render_episode(a: EpisodeAudit) -> list[str]:
     """The lines of an episode audit."""
     out = [
-        f"episode {a.episode}: {a.family} variant {a.variant}, {a.purpose}, rollout {a.rollout}, "
+        f"episode {a.episode}: {a.family} variant {a.variant}, {purpose_text(a.purpose, a.scope)}, "
+        f"rollout {a.rollout}, "
         f"{a.worker}",
         f"  goal: {a.goal}",
     ]

@@ -54,6 +54,13 @@ def pasteable(path: object) -> str:
     return "$'" + "".join(out) + "'"
 
 
+def purpose_text(purpose: str, scope: str) -> str:
+    """An episode's purpose as a reader needs it: an adaptation test's episodes are evaluation
+    episodes too, told apart from an evaluation round's by their memory's scope
+    (``eval (adapt2-t5)``: the test after update 2, its sixth task)."""
+    return f"{purpose} ({scope})" if scope.startswith("adapt") else purpose
+
+
 def unused_text(end: str) -> str:
     """What a credit no update used (or an update not applied) shows, in a run whose last
     session ended ``end`` (:attr:`~agents.audit.answers.TipAudit.run_end`; "": it is running,

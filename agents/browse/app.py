@@ -30,7 +30,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from agents.audit.shown import number_text, pasteable, safe_line, score_text, unused_text
+from agents.audit.shown import (
+    number_text,
+    pasteable,
+    purpose_text,
+    safe_line,
+    score_text,
+    unused_text,
+)
 from agents.browse.data import FILTERS, RunView, filter_key
 from engine.errors import AuditQueryInvalid, CoevoError
 
@@ -73,6 +80,7 @@ _TEMPLATES.filters["shell"] = pasteable  # a command to paste
 _TEMPLATES.filters["score"] = score_text  # 1e+100, not 101 digits
 _TEMPLATES.filters["num"] = number_text  # a credit of 1e15 signed in 10 characters, not 22
 _TEMPLATES.filters["unused"] = unused_text  # "not yet", or why none will come
+_TEMPLATES.filters["purpose"] = purpose_text  # an adaptation test's episodes told apart
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -64,6 +64,8 @@ class EpisodeRow:
     outcome: str
     score: float | None
     steps: int | None
+    scope: str = ""
+    """The memory the episode read and wrote (an adaptation test's own: ``adapt2-t5``)."""
 
     def value(self, name: str) -> str:
         """The row's value of filter ``name``, as text."""
@@ -345,6 +347,7 @@ def _row(ep: str, a: Assigned, end: Outcome | None, version: int | None) -> Epis
         outcome=outcome,
         score=score,
         steps=steps,
+        scope=a.scope,
     )
 
 

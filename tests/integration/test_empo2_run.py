@@ -160,6 +160,38 @@ def test_the_adaptation_rounds_play_attempts_in_a_row(events: list[Event]) -> No
         assert settled[first.episode] < position[id(second)]
 
 
+def test_an_adaptation_episode_is_told_apart_from_an_evaluation_rounds(
+    root: Path, events: list[Event], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The audit and the browser called both kinds of episode "eval": an adaptation test's
+    episodes (tips carried from attempt to attempt) read as an evaluation round's."""
+    from html import unescape
+
+    from starlette.testclient import TestClient
+
+    from agents.browse.app import make_app
+    from scenarios.cli.explore import open_views
+
+    assigned = of(events, EpisodeAssigned)
+    adapt = next(e for e in assigned if e.scope.startswith("adapt"))
+    plain = next(e for e in assigned if e.purpose == "eval" and not e.scope.startswith("adapt"))
+    for ep, said in ((adapt.episode, f"eval ({adapt.scope})"), (plain.episode, "eval")):
+        capsys.readouterr()
+        assert main(["audit", str(root / "run"), "episode", ep]) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        assert f", {said}, rollout " in first, first
+    views = open_views([str(root / "run")])
+    try:
+        client = TestClient(make_app(views))
+        listed = unescape(client.get("/runs/run?purpose=eval").text)
+        assert f"<td>eval ({adapt.scope})</td>" in listed and "<td>eval</td>" in listed
+        page = unescape(client.get(f"/runs/run/episodes/{adapt.episode}").text)
+        assert f"· eval ({adapt.scope}) ·" in page
+    finally:
+        for view in views.values():
+            view.close()
+
+
 def test_the_log_verifies(root: Path) -> None:
     assert main(["replay", str(root / "run"), "--verify"]) == 0
 
