@@ -70,7 +70,7 @@ class ReplayContext:
                 f"where the log has {logged[at]!r} (its event {at}): the code resuming the run "
                 "decides otherwise than the code that wrote it (coevo or a plug-in changed "
                 "since, or edited in place: run_started and run_resumed record each session's "
-                "coevo_version, and a checkout's commit but not its uncommitted changes)"
+                "coevo_version: a checkout's commit, '.dirty' when it had uncommitted changes)"
             )
         tail = self.emitted[len(logged) :]
         del self.emitted[len(logged) :]

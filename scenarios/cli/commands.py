@@ -241,10 +241,19 @@ class _Parser(argparse.ArgumentParser):
         return parsed
 
 
+class _Version(argparse.Action):
+    """``--version``: the version is read when asked for (it asks git whether the checkout
+    has changes, which no other command needs to wait for)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        sys.stdout.write(f"coevo {version()}\n")  # stdout, as argparse's own action
+        parser.exit()
+
+
 def build_parser() -> _Parser:
     """The argument parser with every subcommand."""
     parser = _Parser(prog="coevo", description="Event-sourced engine for co-evolving LLM agents.")
-    parser.add_argument("--version", action="version", version=f"coevo {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a scenario file and print it resolved")

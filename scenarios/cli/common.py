@@ -275,9 +275,10 @@ def read_meta(path: str) -> Any:
 def version() -> str:
     """This coevo's version as installed, and, when it runs from a git checkout (an editable
     install, a clone on ``PYTHONPATH``), the commit checked out as a local label
-    (``0.1.0+g1a2b3c4d5e6f``; changes not committed are not told): every session of a run
-    records it (``run_started``, ``run_resumed``), so a run resumed after an upgrade says
-    which code wrote which part of it."""
+    (``0.1.0+g1a2b3c4d5e6f``), marked ``.dirty`` when tracked files differ from it
+    (:func:`uncommitted`): every session of a run records it (``run_started``,
+    ``run_resumed``), so a run resumed after an upgrade says which code wrote which part of
+    it, and a run made by edited code does not pass for the commit's."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
 
@@ -285,8 +286,30 @@ def version() -> str:
         base = installed("coevo")
     except PackageNotFoundError:
         base = "0+unknown"
-    commit = source_commit(Path(__file__).resolve().parents[2])
-    return f"{base}+g{commit[:12]}" if commit else base
+    root = Path(__file__).resolve().parents[2]
+    commit = source_commit(root)
+    if not commit:
+        return base
+    return f"{base}+g{commit[:12]}" + (".dirty" if uncommitted(root) else "")
+
+
+def uncommitted(root: Path) -> bool:
+    """Whether the tracked files of the git checkout at ``root`` differ from its commit
+    (``git status``; files git does not track, runs and caches among them, do not count).
+    False when it cannot be told: no ``git`` installed, a repository git refuses to read (owned
+    by another user), or git slower than two seconds."""
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if git is None:
+        return False
+    argv = [git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=2, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
 
 
 def source_commit(root: Path) -> str:

@@ -889,6 +889,12 @@ def test_version_says_the_installed_version(capsys: pytest.CaptureFixture[str]) 
         ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
     )
     label = f"+g{head.stdout.strip()[:12]}" if head.returncode == 0 else ""
+    changed = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    )
+    label += ".dirty" if label and changed.stdout.strip() else ""
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"coevo {version('coevo')}{label}\n"
 
@@ -926,6 +932,29 @@ def test_the_commit_is_read_from_any_kind_of_checkout(tmp_path: Path) -> None:
     assert source_commit(tmp_path) == ""  # no checkout there
     (tmp_path / "pyproject.toml").write_text("")
     assert source_commit(tmp_path) == ""
+
+
+def test_a_checkout_with_uncommitted_changes_is_told(tmp_path: Path) -> None:
+    """A run made by edited code recorded the commit's version as if it were that code."""
+    import subprocess
+
+    from scenarios.cli.common import uncommitted
+
+    def git(*args: str) -> None:
+        done = subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True)
+        assert done.returncode == 0, done.stderr
+
+    (tmp_path / "engine.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "engine.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+    assert not uncommitted(tmp_path)
+    (tmp_path / "runs").mkdir()  # files git does not track: a run, a cache
+    (tmp_path / "runs" / "log").write_text("")
+    assert not uncommitted(tmp_path)
+    (tmp_path / "engine.py").write_text("x = 2\n")
+    assert uncommitted(tmp_path)
+    assert not uncommitted(tmp_path / "runs" / "nowhere")  # git refuses: not told
 
 
 def test_an_option_a_subcommand_does_not_know_is_refused_with_its_usage(
