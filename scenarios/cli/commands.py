@@ -80,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help (0) or a usage error (2), printed by argparse
             return _flushed(exc.code if isinstance(exc.code, int) else 2)
+        if (unreadable := _no_working_directory()) is not None:
+            print(f"coevo: error: {unreadable}", file=sys.stderr)
+            return 2
         # log lines (an embedded model being built, say) go to stderr, never into a command's
         # output (`--json` included); `run` and `resume` route them to their run directory
         # too; with --quiet only warnings and errors
@@ -130,6 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         said = unopenable_path(exc.object)
         print(f"coevo: error: {shown_path(exc.object)}: {said}", file=sys.stderr)
         return 2
+
+
+def _no_working_directory() -> str | None:
+    """Why this process has no working directory (None: it has one). A directory deleted
+    while a shell was in it: a run with an absolute ``--out`` was made, then failed in its
+    workers with a ``FileNotFoundError`` naming no file; every command is refused instead,
+    before anything is written (a relative path could not be resolved either)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return "the working directory no longer exists (deleted): cd to one that does"
+    except OSError as exc:
+        return f"the working directory cannot be read ({exc.strerror or exc}): cd to another"
+    return None
 
 
 def _flushed(code: int) -> int:

@@ -985,3 +985,30 @@ def test_log_full_shows_every_value_whole(
     assert len(cut) == len(whole) == 5 and max(map(len, cut)) <= 160
     assert max(map(len, whole)) > 160 and all("…" not in line for line in whole)
     assert all(w.startswith(c.removesuffix("…")) for c, w in zip(cut, whole, strict=True))
+
+
+def test_a_deleted_working_directory_is_one_line_before_anything_is_made(tmp_path: Path) -> None:
+    """A shell left in a directory someone deleted: `run` with an absolute --out made the run,
+    then failed in its workers with a FileNotFoundError naming no file."""
+    gone, out = tmp_path / "gone", tmp_path / "out"
+    code = (
+        "import os, sys\n"
+        f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})\n"
+        "from scenarios.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    scenario = str(ROOT / "scenarios" / "explore.toml")
+    for argv in (["run", scenario, "--out", str(out)], ["validate", scenario]):
+        gone.mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr == (
+            "coevo: error: the working directory no longer exists (deleted): cd to one that does\n"
+        )
+    assert not out.exists()
