@@ -156,15 +156,19 @@ class Jvm:
 
     def close(self) -> None:
         """End the JVM (closing its stdin ends it; killed if it lingers) and reap it; py4j's
-        own thread closes its output pipes. Safe to call twice."""
-        self.gateway.close()
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
+        own thread closes its output pipes. Safe to call twice. The JVM is reaped whatever the
+        gateway's close raises (a JVM already ended by the same Ctrl-C): a process left
+        unreaped outlives this one as a zombie where the container's init does not reap."""
         try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.gateway.close()
+        finally:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def close_dropped_sockets(exc: BaseException) -> None:

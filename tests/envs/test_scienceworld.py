@@ -320,3 +320,21 @@ def test_a_jvm_memory_the_jvm_refuses_or_cannot_run_in_is_refused_naming_it(
     with pytest.raises(ValueError, match="jvm_memory must be ") as err:
         load_world("scienceworld", {"jvm_memory": memory})
     assert repr(memory) in str(err.value)
+
+
+def test_a_jvm_whose_gateway_fails_to_close_is_still_reaped() -> None:
+    """``Jvm.close`` reaped the process only after the gateway closed cleanly: a gateway that
+    raised (a JVM already ended by the same Ctrl-C) left the process to outlive the run as a
+    zombie where the container's init does not reap."""
+    from scenarios.worlds.scienceworld_jvm import Jvm
+
+    class Refuses:
+        def close(self) -> None:
+            raise OSError("the JVM already ended")
+
+    jvm = object.__new__(Jvm)  # a process that exits when its stdin closes, as the JVM does
+    jvm.gateway = Refuses()
+    jvm.proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    with pytest.raises(OSError, match="already ended"):
+        jvm.close()
+    assert jvm.proc.returncode == 0  # reaped
