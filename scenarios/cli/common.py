@@ -304,7 +304,8 @@ def uncommitted(root: Path) -> bool:
     git = shutil.which("git")
     if git is None:
         return False
-    argv = [git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"]
+    # no optional locks: never the index's lock a user's own git command would then meet
+    argv = [git, "--no-optional-locks", "-C", str(root), "status", "--porcelain", "-uno"]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=2, check=False)
     except (OSError, subprocess.SubprocessError):
