@@ -57,7 +57,8 @@ def pasteable(path: object) -> str:
 def purpose_text(purpose: str, scope: str) -> str:
     """An episode's purpose as a reader needs it: an adaptation test's episodes are evaluation
     episodes too, told apart from an evaluation round's by their memory's scope
-    (``eval (adapt2-t5)``: the test after update 2, its sixth task)."""
+    (``eval (adapt2-t5)``: the test of evaluation round 2, its sixth task; the round's
+    ``adapt_round_finished`` names the policy version it tested)."""
     return f"{purpose} ({scope})" if scope.startswith("adapt") else purpose
 
 
