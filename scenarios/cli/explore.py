@@ -386,8 +386,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
         )
         versions = {m.coevo_version for m in (meta_a, meta_b) if m is not None}
         counts = (log_a.next_seq, log_b.next_seq)
+        code: tuple[list[str], list[str]] = ([], [])
         with naming(log_a.path), naming(log_b.path):
-            found = diverging_seqs(log_a.read(0, counts[0]), log_b.read(0, counts[1]))
+            found = diverging_seqs(
+                _sessions(log_a.read(0, counts[0]), code[0]),
+                _sessions(log_b.read(0, counts[1]), code[1]),
+            )
             divergence = None
             if found is not None:
                 stream, seq_a, seq_b, names_a, names_b = found
@@ -399,7 +403,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if log_b is not None:
             log_b.close()
     if args.json:
-        out = {"scenario": changes, "events": counts, "divergence": divergence}
+        out = {
+            "scenario": changes,
+            "code": {"a": code[0], "b": code[1]},
+            "events": counts,
+            "divergence": divergence,
+        }
         return answered(1 if divergence else 0, msgspec.json.encode(out).decode() + "\n")
     note = ""
     if any(c.default_a or c.default_b for c in changes) and versions - {version()}:
@@ -408,7 +417,29 @@ def cmd_diff(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(versions - {version()}))} may have had others)"
         )
     lines = _diff_lines(args.run_a, args.run_b, changes, counts, divergence, note)
+    if len({*code[0], *code[1]}) > 1:  # after the scenario's lines: what else made them
+        at = next(i for i, line in enumerate(lines) if line.startswith("events:"))
+        lines.insert(at, f"code: A {_versions_text(code[0])}; B {_versions_text(code[1])}")
     return answered(1 if divergence else 0, "".join(f"{line}\n" for line in lines))
+
+
+def _sessions(envs: Any, versions: list[str]) -> Any:
+    """``envs`` as they are, the coevo version of each session (``run_started``, then each
+    ``run_resumed``) appended to ``versions`` as they pass: two runs made, or resumed, by
+    other code can differ for that reason alone, which the events' comparison leaves out."""
+    from engine.lifecycle import RunResumed, RunStarted
+
+    for env in envs:
+        if isinstance(env.event, RunStarted | RunResumed):
+            versions.append(env.event.coevo_version)
+        yield env
+
+
+def _versions_text(versions: list[str]) -> str:
+    """A run's sessions' versions, each once in the order they ran (``0.1.0+g1a2b, then
+    0.1.0+g3c4d.dirty``); one recorded before versions were is "(not recorded)"."""
+    shown = [v or "(not recorded)" for v in dict.fromkeys(versions)]
+    return ", then ".join(shown) if shown else "(no session)"
 
 
 def _diff_lines(

@@ -231,3 +231,36 @@ def test_a_long_field_s_difference_is_shown_where_it_is() -> None:
     assert _first_difference("open door", "open door\u200b") == (
         'at character 9: A "open door", B "open door\\u200b"'
     )
+
+
+def test_runs_made_by_other_code_say_so(
+    runs: tuple[Path, Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The events' comparison leaves out the version each session recorded: two runs made by
+    other code (or one made by edited code) read "the same" with no word of it."""
+    import scenarios.cli.run as run_command
+    from scenarios.cli.common import version
+
+    a = runs[0]
+    monkeypatch.setattr(run_command, "version", lambda: "0.1.0+gfeedfacecafe.dirty")
+    other = _run(tmp_path, "a", 0)
+    capsys.readouterr()
+    assert main(["diff", str(a), str(other)]) == 0  # the same events
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:] == [
+        "scenario: the same",
+        f"code: A {version()}; B 0.1.0+gfeedfacecafe.dirty",
+        "events: the same, stream by stream (leaving out wall-clock fields)",
+    ]
+    assert main(["diff", str(a), str(other), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["code"]
+    assert got == {"a": [version()], "b": ["0.1.0+gfeedfacecafe.dirty"]}
+    assert main(["diff", str(a), str(runs[1])]) == 0  # one version: no line
+    assert not any(line.startswith("code:") for line in capsys.readouterr().out.splitlines())
+    from scenarios.cli.explore import _versions_text  # pyright: ignore[reportPrivateUsage]
+
+    assert _versions_text(["0.1.0+ga", "0.1.0+ga", "0.1.0+gb"]) == "0.1.0+ga, then 0.1.0+gb"
+    assert _versions_text(["", "0.1.0+gb"]) == "(not recorded), then 0.1.0+gb"
