@@ -367,3 +367,40 @@ def test_a_probe_of_another_size_is_not_reused_as_this_one(
     assert headline.probe_runs(tmp_path, [0], 300) == [{"episodes": 300}]
     assert headline.probe_runs(tmp_path, [0], 100) == [{"episodes": 100}]
     assert len(asked) == 1
+
+
+def _outcomes_file(path: Path, method: str, seeds: dict[str, list[tuple[str, bool]]]) -> Path:
+    import json
+
+    runs = [
+        {"seed": s, "plain": [list(x) for x in o], "bank": [], "adapt": {}}
+        for s, o in seeds.items()
+    ]
+    path.write_text(json.dumps({"outcomes": {method: runs}}))
+    return path
+
+
+def test_two_settings_are_paired_task_by_task_and_other_tasks_are_refused(tmp_path: Path) -> None:
+    """`bench/paired_runs.py`, which RESULTS.md's novelty comparison quotes: per seed the
+    difference of the same tasks' outcomes, seeds matched by name across files."""
+    paired = load_bench("paired_runs")
+    tasks = [("heat", False), ("heat", True), ("unlock", False), ("unlock", False)]
+    better = [("heat", True), ("heat", True), ("unlock", True), ("unlock", False)]
+    a = paired.outcomes_of(
+        [_outcomes_file(tmp_path / "a0.json", "m", {"0": tasks}),
+         _outcomes_file(tmp_path / "a1.json", "m", {"1": tasks})], "m",
+    )  # fmt: skip
+    b = paired.outcomes_of(
+        [_outcomes_file(tmp_path / "b.json", "m", {"1": better, "0": tasks})], "m"
+    )
+    rows, gap = paired.table(a, b, ("x", "y"))
+    assert rows[2:4] == ["| 0 | 0.250 | 0.250 | +0.000 |", "| 1 | 0.250 | 0.750 | +0.500 |"]
+    assert gap.value == pytest.approx(0.25) and gap.seeds == 2 and gap.episodes == 8
+    swapped = [("unlock", False), *tasks[1:]]
+    c = paired.outcomes_of([_outcomes_file(tmp_path / "c.json", "m", {"0": swapped})], "m")
+    with pytest.raises(SystemExit, match="seed 0: the two sides played other tasks"):
+        paired.table(a, c, ("x", "y"))
+    with pytest.raises(SystemExit, match="no seed in common"):
+        paired.paired({"7": tasks}, b)
+    with pytest.raises(SystemExit, match="no outcomes of method 'n'"):
+        paired.outcomes_of([tmp_path / "b.json"], "n")
