@@ -12,7 +12,8 @@ then the pairs within each seed, resampled: :func:`agents.report.intervals.boots
 
 Each side may name several files (other seeds of the same setting); a seed both sides hold is
 paired, and one whose tasks differ between the sides (another world, split or episode count)
-is refused. The table goes to stdout (and ``--out``, markdown).
+is refused; the files hold each task's family, not its variant, so a change that keeps the
+families in order is not seen. The table goes to stdout (and ``--out``, markdown).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ def outcomes_of(paths: list[Path], method: str) -> Outcomes:
     """
     found: Outcomes = {}
     for path in paths:
-        runs = json.loads(path.read_text()).get("outcomes", {}).get(method)
+        try:
+            runs = json.loads(path.read_text()).get("outcomes", {}).get(method)
+        except (OSError, ValueError, AttributeError) as exc:
+            raise SystemExit(f"{path}: not a headline JSON file ({exc})") from None
         if not runs:
             raise SystemExit(f"{path}: no outcomes of method {method!r}")
         for run in runs:
