@@ -153,8 +153,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
     """The lines of an episode audit."""
     out = [
         f"episode {a.episode}: {a.family} variant {a.variant}, {purpose_text(a.purpose, a.scope)}, "
-        f"rollout {a.rollout}, "
-        f"{a.worker}",
+        f"rollout {a.rollout}, {a.worker}",
         f"  goal: {a.goal}",
     ]
     if a.abandoned:

@@ -15,9 +15,9 @@ import socket
 import sys
 import time
 import tomllib
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.errors import LogError
 from scenarios.cli.common import (
@@ -36,6 +36,9 @@ from scenarios.cli.common import (
     version,
 )
 from stores.rundir import RunDir, find_run, paths_under, remove_new
+
+if TYPE_CHECKING:
+    from engine.events import Envelope, Event
 
 __all__ = ["add_commands"]
 
@@ -416,14 +419,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
             f"  (defaults are this coevo's, {version()}; a run made by coevo "
             f"{', '.join(sorted(versions - {version()}))} may have had others)"
         )
-    lines = _diff_lines(args.run_a, args.run_b, changes, counts, divergence, note)
-    if len({*code[0], *code[1]}) > 1:  # after the scenario's lines: what else made them
-        at = next(i for i, line in enumerate(lines) if line.startswith("events:"))
-        lines.insert(at, f"code: A {_versions_text(code[0])}; B {_versions_text(code[1])}")
+    made = ""  # what else made them, when the code differs
+    if len({*code[0], *code[1]}) > 1:
+        made = f"code: A {_versions_text(code[0])}; B {_versions_text(code[1])}"
+    lines = _diff_lines(args.run_a, args.run_b, changes, counts, divergence, note, made)
     return answered(1 if divergence else 0, "".join(f"{line}\n" for line in lines))
 
 
-def _sessions(envs: Any, versions: list[str]) -> Any:
+def _sessions(envs: Iterable[Envelope[Event]], versions: list[str]) -> Iterator[Envelope[Event]]:
     """``envs`` as they are, the coevo version of each session (``run_started``, then each
     ``run_resumed``) appended to ``versions`` as they pass: two runs made, or resumed, by
     other code can differ for that reason alone, which the events' comparison leaves out."""
@@ -443,7 +446,13 @@ def _versions_text(versions: list[str]) -> str:
 
 
 def _diff_lines(
-    a: str, b: str, changes: Any, counts: tuple[int, int], div: Any, note: str = ""
+    a: str,
+    b: str,
+    changes: Any,
+    counts: tuple[int, int],
+    div: Any,
+    note: str = "",
+    made: str = "",
 ) -> list[str]:
     lines = [f"A: {a} ({counts[0]} events)", f"B: {b} ({counts[1]} events)"]
     if changes:
@@ -456,6 +465,7 @@ def _diff_lines(
         lines += [note] if note else []
     else:
         lines.append("scenario: the same")
+    lines += [made] if made else []
     if div is None:
         lines.append("events: the same, stream by stream (leaving out wall-clock fields)")
         return lines
