@@ -8,7 +8,7 @@ from agents.audit.answers import Lineage, TipAudit, Use
 from agents.audit.credit import CreditAudit
 from agents.audit.episode import EpisodeAudit, Shown, Turn
 from agents.audit.shown import number_text as _f  # (short: most rows show several)
-from agents.audit.shown import purpose_text, score_text, unused_text
+from agents.audit.shown import purpose_text, score_text, unused_text, update_text
 
 MAX_ROWS = 50
 """Most rows of a table in text (retrievals, credits); ``--json`` has them all."""
@@ -180,7 +180,7 @@ def render_episode(a: EpisodeAudit) -> list[str]:
             f"{_f(v.intrinsic, 4, sign='')} = {_f(v.reward, 4, sign='')} (group {v.group}: "
             f"[{', '.join(_f(r, 4, sign='') for r in v.group_rewards)}])"
         )
-        warmup = ", a warm-up step: not trained" if v.update < 0 else ""
+        warmup = f", {update_text(v.update)}" if v.update < 0 else ""
         out.append(
             f"  advantage: {_f(v.advantage, 6)} for each of its {len(a.turns)} samples (rule "
             f"{v.rule}, rollout {v.rollout}, seq {v.seq}{warmup})"

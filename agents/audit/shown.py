@@ -70,6 +70,13 @@ def unused_text(end: str) -> str:
     return f"none (the run {end} first)" if end else "not yet"
 
 
+def update_text(update: int) -> str:
+    """Which update trained an episode's group: "update N", or, for a warm-up step's group
+    (``update`` < 0), that none did; the terminal's audit and the browser's page say the
+    same."""
+    return f"update {update}" if update >= 0 else "a warm-up step, not trained"
+
+
 def number_text(x: float | None, digits: int = 3, width: int = 0, sign: str = "+") -> str:
     """``x`` signed to ``digits`` decimals ("-" for None; from a million on, in scientific
     notation); a value that rounds to zero is "+0.000", never "-0.000". ``sign=""``: a

@@ -37,6 +37,7 @@ from agents.audit.shown import (
     safe_line,
     score_text,
     unused_text,
+    update_text,
 )
 from agents.browse.data import FILTERS, RunView, filter_key
 from engine.errors import AuditQueryInvalid, CoevoError
@@ -80,6 +81,7 @@ _TEMPLATES.filters["shell"] = pasteable  # a command to paste
 _TEMPLATES.filters["score"] = score_text  # 1e+100, not 101 digits
 _TEMPLATES.filters["num"] = number_text  # a credit of 1e15 signed in 10 characters, not 22
 _TEMPLATES.filters["unused"] = unused_text  # "not yet", or why none will come
+_TEMPLATES.filters["update"] = update_text  # or that a warm-up step trained nothing
 _TEMPLATES.filters["purpose"] = purpose_text  # an adaptation test's episodes told apart
 
 

@@ -132,5 +132,5 @@ def test_a_warm_up_group_a_tiny_negative_kl_and_large_rewards_read_as_they_are(
     lines = render_episode(msgspec.structs.replace(a, advantage=warm, update=applied))
     text = "\n".join(lines)
     assert "(group g00000: [1.0000e+14, -3.0000e+13])" in text
-    assert "seq 30, a warm-up step: not trained)" in text
+    assert "seq 30, a warm-up step, not trained)" in text
     assert "kl 0.0000, digest" in text and "-0.0000" not in text
