@@ -66,6 +66,11 @@ def clash_message(kind: str, name: str, registrations: list[str]) -> str:
     )
 
 
+COEVO_PACKAGES = frozenset({"agents", "engine", "scenarios", "stores"})
+"""coevo's own top-level packages: a researcher's module of one of these names is not the one
+imported (``scenarios.cli.entry`` refuses a command whose imports it would break)."""
+
+
 def import_named(path: str, kind: str, what: str = "class") -> object:
     """The object ``package.module:Name`` names (a plug-in's method class, a credit rule).
 
@@ -86,7 +91,9 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # a plug-in's failure at import: one line
         hint = ""
-        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.partition(".")[0]:
+        if isinstance(exc, ModuleNotFoundError) and module_name.endswith(".py"):
+            hint = f" (a module's name, not its file: '{module_name[:-3]}:{name}')"
+        elif isinstance(exc, ModuleNotFoundError) and exc.name == module_name.partition(".")[0]:
             hint = (  # the coevo script, unlike python -m, does not search where it runs
                 f" (is its directory on PYTHONPATH? {_cwd_note()})"
             )
@@ -95,8 +102,21 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
         ) from exc
     found = getattr(module, name, None)
     if found is None:
-        raise ValueError(f"{kind} module {module_name!r} has no {what} {name!r}")
+        top = module_name.partition(".")[0]
+        own = (  # the researcher's engine.py, behind coevo's engine package
+            f" ({top!r} is coevo's own package, at {_package_dir(module)}: a module of yours "
+            "by that name is never the one imported; rename it)"
+            if top in COEVO_PACKAGES
+            else ""
+        )
+        raise ValueError(f"{kind} module {module_name!r} has no {what} {name!r}{own}")
     return found
+
+
+def _package_dir(module: object) -> str:
+    """The directory of coevo's top-level package that ``module`` is in (or is)."""
+    top = sys.modules[getattr(module, "__name__", "").partition(".")[0]]
+    return str(next(iter(getattr(top, "__path__", ())), "?"))
 
 
 def _cwd_note() -> str:

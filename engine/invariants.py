@@ -63,27 +63,49 @@ class InvariantBroken(CoevoError):
         )
 
 
+class InvariantUncheckable(InvariantBroken):
+    """An invariant found, as it checked, that it cannot judge this run: code the run's events
+    are re-derived with fails on them now (a plug-in method's ``score`` that raises or answers
+    NaN). Not a finding about the log: ``coevo check`` and ``replay --verify`` leave the
+    invariant out with why (:func:`check_all`'s ``uncheckable``); elsewhere it stops the check
+    as its parent does."""
+
+    def __init__(self, invariant: str, why: str) -> None:
+        self.invariant = invariant
+        self.why = why
+        CoevoError.__init__(self, f"invariant {invariant}: not checked: {why}")
+
+
 def check_all(
-    invariants: Iterable[Any], chunk: Sequence[Envelope[Event]] | None, done: bool
+    invariants: Iterable[Any],
+    chunk: Sequence[Envelope[Event]] | None,
+    done: bool,
+    uncheckable: list[str] | None = None,
 ) -> None:
     """``check_many(chunk)`` of each of ``invariants`` (None: ``finish(done)``). A violation
     (or another inconsistency of the log) goes on as it is; anything else an invariant raises
-    is :class:`InvariantBroken` naming it (a ``try`` costs nothing until it catches).
+    is :class:`InvariantBroken` naming it (a ``try`` costs nothing until it catches). With
+    ``uncheckable``, an invariant that finds it cannot judge the run
+    (:class:`InvariantUncheckable`) is noted there ("NAME: not checked: why") and the others
+    go on; it is left to stay quiet on later calls.
 
     Raises:
-        InvariantBroken: so.
+        InvariantBroken: so (or :class:`InvariantUncheckable`, without ``uncheckable``).
     """
-    inv: Any = None
-    try:
-        for inv in invariants:
+    for inv in invariants:
+        try:
             if chunk is None:
                 inv.finish(done)
             else:
                 inv.check_many(chunk)
-    except LogInconsistent:
-        raise
-    except (Exception, SystemExit) as exc:
-        raise InvariantBroken(str(getattr(inv, "name", type(inv).__name__)), exc) from exc
+        except LogInconsistent:
+            raise
+        except InvariantUncheckable as exc:
+            if uncheckable is None:
+                raise
+            uncheckable.append(f"{exc.invariant}: not checked: {exc.why}")
+        except (Exception, SystemExit) as exc:
+            raise InvariantBroken(str(getattr(inv, "name", type(inv).__name__)), exc) from exc
 
 
 class InvariantViolated(LogInconsistent):
@@ -320,6 +342,7 @@ def check_stream(
     """
     names = tuple(i.name for i in invariants)
     count, last, first = 0, None, 0
+    late: list[str] = []  # invariants that found they cannot judge the run
     try:
         for chunk in joined_chunks(chunks):
             if not chunk:
@@ -332,16 +355,17 @@ def check_stream(
             last = chunk[-1]
         done = completed(last)
         if ended:
-            check_all(invariants, None, done)
+            check_all(invariants, None, done, late)
     except InvariantViolated as exc:
         violation = Violation(
             invariant=exc.invariant, seq=exc.seq, message=exc.detail, involved=exc.involved
         )
         read = max(count, exc.seq + 1 - first)  # up to the violation (or the stream's end)
         return CheckReport(
-            events=read, invariants=names, skipped=tuple(skipped), violation=violation
+            events=read, invariants=names, skipped=(*skipped, *late), violation=violation
         )
-    return CheckReport(events=count, invariants=names, skipped=tuple(skipped), completed=done)
+    checked = tuple(n for n in names if not any(s.startswith(f"{n}: ") for s in late))
+    return CheckReport(events=count, invariants=checked, skipped=(*skipped, *late), completed=done)
 
 
 def _check_numbering(chunk: Sequence[Envelope[Event]], expected: int) -> None:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from engine.entrypoints import COEVO_PACKAGES
 from engine.eventlog import MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.invariants import InvariantBroken, InvariantViolated, check_all, registered
@@ -46,12 +47,6 @@ except ModuleNotFoundError:  # the optional extra: say how to get it, in one lin
 __all__ = ["RunMachine"]
 
 SOURCE = "RunMachine.scenario"
-
-
-COEVO_PACKAGES = frozenset({"agents", "engine", "scenarios", "stores"})
-"""coevo's own top-level packages: an invariant registered from one of them and left out of a
-run it does not apply to is not worth a word (``lineage`` of a GRPO run); a plug-in's left
-out is, since it was meant to be checked."""
 
 
 class RunMachine(RuleBasedStateMachine):
@@ -105,6 +100,8 @@ class RunMachine(RuleBasedStateMachine):
         for why in left_out:  # coevo check names these; a test run said nothing of them
             own = known.get(why.split(":", 1)[0])
             module = getattr(own.factory, "__module__", "") if own else ""
+            # coevo's own left out of a run it does not apply to is not worth a word
+            # (``lineage`` of a GRPO run); a plug-in's is, since it was meant to be checked
             if module.split(".")[0] not in COEVO_PACKAGES:
                 warnings.warn(
                     f"{type(self).__name__}: invariant {why} (so it is not checked: a world or "

@@ -294,23 +294,28 @@ def _own_rule(
         nonlocal calls
         try:
             got = fn(ev, group_of.get(ev.episode))
-        except (Exception, SystemExit) as exc:  # the rule's bug: one line, not a traceback
+        except KeyboardInterrupt:  # the user's Ctrl-C: coevo's own "interrupted"
+            raise
+        except BaseException as exc:  # the rule's bug, whatever it raises: one line
             raise AuditQueryInvalid(
                 f"credit rule {path!r} raised {type(exc).__name__} on episode {ev.episode}: {exc}"
             ) from None
         calls += 1
         if on_call is not None:
             on_call(calls)
-        value, past = math.nan, False
+        value, past, real = math.nan, False, False
         if isinstance(got, numbers.Real | Decimal) and not isinstance(got, bool):
             try:
                 value = float(got)
+                real = True
             except OverflowError:  # 10**400, Fraction(10**400, 3)
-                past = True
+                past = real = True
             except ValueError:  # Decimal("sNaN")
+                real = True
+            except TypeError:  # a class registered as a Real that float() refuses
                 pass
-            if isinstance(got, Decimal) and got.is_finite() and math.isinf(value):
-                past = True  # Decimal("1e400") converts to inf
+            if math.isinf(value) and _finite(got):
+                past = True  # Decimal("1e400"), a NumPy longdouble of 1e400: inf as a float
         if not math.isfinite(value):
             said = _short(got)
             boolean = isinstance(got, bool) or type(got).__name__ in ("bool", "bool_")  # NumPy's
@@ -320,6 +325,8 @@ def _own_rule(
                 else "too large for a float"
                 if past
                 else "not a finite number"
+                if real
+                else f"not a real number (a {type(got).__name__}: give a float)"
             )
             raise AuditQueryInvalid(
                 f"credit rule {path!r} gave {said} for episode {ev.episode}: {what}"
@@ -327,6 +334,15 @@ def _own_rule(
         return value
 
     return credit
+
+
+def _finite(value: object) -> bool:
+    """Whether a real number whose float is infinite is itself finite (it compares unequal to
+    an infinity: a ``Decimal``, a NumPy ``longdouble``); False when it cannot say."""
+    try:
+        return bool(value != math.inf and value != -math.inf)
+    except Exception:  # a plug-in's number whose comparison raises
+        return False
 
 
 def _short(value: object, most: int = 80) -> str:
@@ -390,6 +406,20 @@ def _unlike(n: int, sizes: dict[str, int]) -> str:
     return ", ".join(f"{size} {name}" for name, size in sizes.items() if size != n)
 
 
+class GroupNotDerived(AuditQueryInvalid):
+    """A recorded group cannot be re-derived; ``seq`` is its ``advantages_computed``."""
+
+    def __init__(self, message: str, seq: int = -1) -> None:
+        super().__init__(message)
+        self.seq = seq
+
+
+class ScoreFailed(GroupNotDerived):
+    """The method's ``score`` fails on a recorded group now (raises, or answers what is not
+    a group's score: NaN, the wrong length or type): the code re-deriving it, not the log, is
+    at fault (a plug-in edited since the run)."""
+
+
 def derive_group(
     g: AdvantagesComputed, inputs: CreditInputs, settings: AuditSettings
 ) -> AdvantagesComputed:
@@ -399,7 +429,9 @@ def derive_group(
 
     Raises:
         AuditQueryInvalid: a run without a method, an unknown rollout mode, an episode without
-            an end, or a method whose ``score`` refuses the group.
+            an end, or a method whose ``score`` refuses the group (a ``ValueError``).
+        ScoreFailed: a plug-in method's ``score`` raises anything else, or answers what is
+            not a score (coevo's own methods': AuditQueryInvalid).
     """
     method = settings.method
     if method is None:
@@ -411,19 +443,22 @@ def derive_group(
         raise AuditQueryInvalid(f"group {g.group}: no EpisodeFinished for {missing}")
     ends = [inputs.finished[ep] for ep in g.episodes]
     outcomes = [outcome(e.score, e.success, settings.reward) for e in ends]
+    # a plug-in's code may have changed since the run; coevo's own failing is the log's doing
+    builtin = type(method).__module__ == "agents.methods.builtin"
+    failed = AuditQueryInvalid if builtin else ScoreFailed
     similar = [inputs.similar.get(ep, []) for ep in g.episodes]
     try:
         scored = method.score(outcomes, [m.name for m in modes], similar)
     except ValueError as exc:
         raise AuditQueryInvalid(f"group {g.group}: {method_label(method)}: score: {exc}") from None
     except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, not a traceback
-        raise AuditQueryInvalid(
+        raise failed(
             f"group {g.group}: {method_label(method)}: score raised {type(exc).__name__}: {exc}"
         ) from None
     try:
         scored = checked_scored(scored, len(g.episodes), method)
     except ValueError as exc:
-        raise AuditQueryInvalid(f"group {g.group}: {exc}") from None
+        raise failed(f"group {g.group}: {exc}") from None
     mean, std = group_stats(scored.rewards) if scored.rewards else (0.0, 0.0)
     return msgspec.structs.replace(
         g,
@@ -502,6 +537,11 @@ class EpisodeCredit(msgspec.Struct, frozen=True, kw_only=True):
     derived: float | None
     recorded_step: int | None
     derived_step: int | None
+    recorded_made: bool = True
+    """Whether the extractor update ``recorded_step`` was requested (False: the run ended,
+    or has not yet come, before that update)."""
+    derived_made: bool = True
+    """The same of ``derived_step`` among the re-derived requests."""
 
 
 class CallChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -600,7 +640,11 @@ def audit_credit(
     if entry is None:
         return audit
     rows = _episode_credits(
-        entry, _of(inputs.recorded, CreditAssigned), _of(derived, CreditAssigned)
+        entry,
+        _of(inputs.recorded, CreditAssigned),
+        _of(derived, CreditAssigned),
+        {r.update for r in _of(inputs.recorded, ExtractorGradientRequested)},
+        {r.update for r in _of(derived, ExtractorGradientRequested)},
     )
     if not rows and not credited and not partial:
         raise AuditQueryInvalid(
@@ -624,7 +668,7 @@ def _compared(
     base: AuditSettings,
 ) -> CreditAudit:
     counterfactual = (settings.credit, settings.method_sets) != (base.credit, base.method_sets)
-    groups = [(seq, g, derive_group(g, inputs, settings)) for seq, g in inputs.groups]
+    groups = [(seq, g, _derived_at(seq, g, inputs, settings)) for seq, g in inputs.groups]
     adv = {ep: a for _, _, d in groups for ep, a in zip(d.episodes, d.advantages, strict=True)}
     grads = [
         (
@@ -704,6 +748,23 @@ def _compared(
     )
 
 
+def _derived_at(
+    seq: int, g: AdvantagesComputed, inputs: CreditInputs, settings: AuditSettings
+) -> AdvantagesComputed:
+    """:func:`derive_group` of ``g``, recorded at ``seq``.
+
+    Raises:
+        GroupNotDerived: naming ``seq`` (a :class:`ScoreFailed` as such).
+    """
+    try:
+        return derive_group(g, inputs, settings)
+    except ScoreFailed as exc:
+        exc.seq = seq
+        raise
+    except AuditQueryInvalid as exc:
+        raise GroupNotDerived(str(exc), seq) from None
+
+
 def _of(events: Sequence[Event], kind: type[Any]) -> list[Any]:
     return [e for e in events if isinstance(e, kind)]
 
@@ -774,9 +835,15 @@ def _entries(
 
 
 def _episode_credits(
-    entry: int, recorded: list[CreditAssigned], derived: list[CreditAssigned]
+    entry: int,
+    recorded: list[CreditAssigned],
+    derived: list[CreditAssigned],
+    recorded_updates: set[int],
+    derived_updates: set[int],
 ) -> tuple[EpisodeCredit, ...]:
-    """``entry``'s credits by episode, in the order they were first given."""
+    """``entry``'s credits by episode, in the order they were first given; ``*_updates``:
+    the extractor updates requested, recorded and re-derived (a credit's step names the
+    update it waits for, which a run that ended first never made)."""
     rec = {c.episode: c for c in recorded if c.entry == entry}
     der = {c.episode: c for c in derived if c.entry == entry}
     return tuple(
@@ -787,6 +854,8 @@ def _episode_credits(
             derived=der[ep].credit if ep in der else None,
             recorded_step=rec[ep].step if ep in rec else None,
             derived_step=der[ep].step if ep in der else None,
+            recorded_made=ep not in rec or rec[ep].step in recorded_updates,
+            derived_made=ep not in der or der[ep].step in derived_updates,
         )
         for ep in dict.fromkeys([*rec, *der])
     )

@@ -353,18 +353,22 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
             f"  entry {a.entry}: {len(a.entry_credits)} credited "
             f"episode{'s' * (len(a.entry_credits) != 1)}, sum "
             f"{_f(sums and sums.recorded, 3)} -> {_f(sums and sums.derived, 3)}; per episode: "
-            "episode, outcome, credit (extractor update) recorded -> re-derived"
+            "episode, outcome, credit (the extractor update it goes to; 'not made': the run "
+            "ended, or has not yet come, before it) recorded -> re-derived"
         )
         out += [
             f"    {c.episode:<12} {'success' if c.success else 'failure':<8} "
-            f"{_credit(c.recorded, c.recorded_step)} -> {_credit(c.derived, c.derived_step)}"
+            f"{_credit(c.recorded, c.recorded_step, c.recorded_made)} -> "
+            f"{_credit(c.derived, c.derived_step, c.derived_made)}"
             for c in a.entry_credits
         ]
     return out
 
 
-def _credit(value: float | None, step: int | None) -> str:
-    return "none" if value is None else f"{_f(value, 3)} ({step})"
+def _credit(value: float | None, step: int | None, made: bool) -> str:
+    if value is None:
+        return "none"
+    return f"{_f(value, 3)} ({step}{'' if made else ', not made'})"
 
 
 def _by_purpose(uses: Sequence[Use]) -> str:

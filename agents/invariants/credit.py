@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agents.audit.credit import AuditSettings, audit_credit, gather_chunks
+from agents.audit.credit import (
+    AuditSettings,
+    GroupNotDerived,
+    ScoreFailed,
+    audit_credit,
+    gather_chunks,
+)
 from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
 from agents.events.memory import TipsRetrieved
@@ -22,7 +28,7 @@ from agents.methods.registry import method_settings, scenario_method
 from agents.methods.settings import ComplementaryConfig
 from engine.errors import AuditQueryInvalid
 from engine.events import Envelope, Event
-from engine.invariants import CheckContext, InvariantViolated, invariant
+from engine.invariants import CheckContext, InvariantUncheckable, InvariantViolated, invariant
 
 _READ = frozenset(
     {
@@ -89,7 +95,15 @@ class Credit:
         try:
             inputs = gather_chunks([self._kept], self._end)
             audit = audit_credit(inputs, self._settings, self._settings)
-        except AuditQueryInvalid as exc:  # a group the audit cannot re-derive: say which
+        except ScoreFailed as exc:  # the method's code fails now: no finding about the log
+            raise InvariantUncheckable(
+                self.name,
+                f"the run's method fails on its group at seq {exc.seq}, so no credit or "
+                f"advantage is re-derived ({exc})",
+            ) from None
+        except GroupNotDerived as exc:  # the log's group contradicts itself: at its seq
+            raise InvariantViolated(self.name, exc.seq, f"cannot re-derive: {exc}") from None
+        except AuditQueryInvalid as exc:  # something else the audit cannot re-derive
             seq = self._kept[-1].seq if self._kept else 0
             raise InvariantViolated(self.name, seq, f"cannot re-derive: {exc}") from None
         bad = [c for c in audit.checks if c.first_mismatch is not None]

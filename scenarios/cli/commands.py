@@ -15,9 +15,10 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -412,7 +413,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             with naming(log.path):
                 ctx, notes = check_context(log.read_meta(), args.run)
                 result = verify_log(log, projections(), fact_checks(ctx, notes))
-            for note in notes:
+            for note in (*notes, *result.uncheckable):
                 print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:
                 hint = torn_hint(result.first_bad_seq) if result.damaged else ""
@@ -1016,15 +1017,10 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     if args.until is not None and args.until >= inputs.end:
         print(f"coevo: note: {_past_end('--until', args.until, inputs.end)}", file=sys.stderr)
     partial = args.until is not None and args.until + 1 < log.next_seq
-    audit = audit_credit(
-        inputs,
-        settings,
-        base,
-        asked=asked,
-        partial=partial,
-        on_call=_rule_progress(args.rule),
-        entry=entry,
-    )
+    with _rule_progress(args.rule) as on_call:
+        audit = audit_credit(
+            inputs, settings, base, asked=asked, partial=partial, on_call=on_call, entry=entry
+        )
     shown: dict[str, bool | None] = {"split": None, "weighted": None}
     if method == "complementary" or built_on_complementary(scenario):
         comp = scenario.complementary  # the run's own subgroups, unless --set gave them
@@ -1033,26 +1029,34 @@ def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     return msgspec.structs.replace(audit, **shown)
 
 
-def _rule_progress(rule: str | None, every: float = 5.0) -> Callable[[int], None] | None:
-    """For a credit rule of the researcher's own (which may be slow): a line on stderr every
-    ``every`` seconds saying how many episodes it was called for so far."""
+@contextlib.contextmanager
+def _rule_progress(rule: str | None, every: float = 5.0) -> Generator[Callable[[int], None] | None]:
+    """For a credit rule of the researcher's own (which may be slow, or hang in its first
+    call): a line on stderr every ``every`` seconds while the audit runs, saying how many
+    episodes the rule has answered so far (from a thread of its own: a line printed as a call
+    returned said nothing of a call that never did). Yields what the audit tells each answer
+    (None: no rule of the researcher's)."""
     if rule is None or ":" not in rule:
-        return None
-    start = last = time.monotonic()
+        yield None
+        return
+    start, answered, done = time.monotonic(), [0], threading.Event()
 
-    def called(n: int) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last >= every:
-            last = now
+    def tell() -> None:
+        while not done.wait(every):
             print(
-                f"coevo: credit rule {rule!r}: called for {n} episodes so far "
-                f"({now - start:.0f} s)",
+                f"coevo: credit rule {rule!r}: called for {answered[0]} episodes so far "
+                f"({time.monotonic() - start:.0f} s)",
                 file=sys.stderr,
                 flush=True,
             )
 
-    return called
+    watch = threading.Thread(target=tell, name="coevo-rule-progress", daemon=True)
+    watch.start()
+    try:
+        yield lambda n: answered.__setitem__(0, n)
+    finally:
+        done.set()
+        watch.join()
 
 
 def _method_or_none(scenario: Any, sets: Mapping[str, bool]) -> Any:

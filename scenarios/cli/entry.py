@@ -63,6 +63,9 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
         signal.signal(signal.SIGTERM, _terminate)
         if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: it stays ignored
             signal.signal(signal.SIGHUP, _terminate)
+        if hidden := _hidden_package():
+            print(f"coevo: error: {hidden}", file=sys.stderr)
+            sys.exit(2)
         from scenarios.cli.commands import main
 
         code = main(argv)
@@ -82,6 +85,48 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     if "ray" not in sys.modules:  # Ray tears its own threads down
         _leave_leaked_threads(code)
     sys.exit(code)
+
+
+OWN_PACKAGES = {"engine": "errors", "agents": "audit", "stores": "rundir"}
+"""coevo's top-level packages besides ``scenarios`` (this one: were it hidden, this code would
+not run), each with a module of its own that shows which package an import reaches."""
+
+
+def _hidden_package() -> str:
+    """Why one of :data:`OWN_PACKAGES` would not import as coevo's own: a module or a package
+    of that name found first (a researcher's ``engine.py`` beside their rules, on
+    ``PYTHONPATH``), whose import of coevo's modules then failed with a traceback. Empty when
+    each imports from the directory beside ``scenarios`` (a directory without
+    ``__init__.py`` of that name hides nothing: Python looks further for a package)."""
+    import importlib
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    home = Path(__file__).resolve().parents[2]
+    for name, own in OWN_PACKAGES.items():
+        try:
+            spec = find_spec(name)
+        except (ImportError, ValueError):  # a broken finder: let the import itself say
+            continue
+        if spec is None or spec.origin is None:  # not found (the import says), or a namespace
+            continue
+        places = list(spec.submodule_search_locations or ())
+        if places and Path(places[0]).resolve() == home / name:
+            continue
+        if places:  # a package elsewhere: an installed finder may still reach coevo's modules
+            try:
+                module = importlib.import_module(f"{name}.{own}")
+                if Path(str(module.__file__)).resolve().is_relative_to(home / name):
+                    continue
+            except (Exception, SystemExit):  # their package's own failure: it hides ours
+                pass
+        return (
+            f"{name!r} here is {places[0] if places else spec.origin}, not coevo's {name} "
+            f"package ({home / name}): a module or package of yours by that name (on "
+            f"PYTHONPATH, or in the current directory) hides it; rename yours (coevo's "
+            f"top-level names are scenarios, {', '.join(OWN_PACKAGES)})"
+        )
+    return ""
 
 
 LEAKED_GRACE_S = 10.0

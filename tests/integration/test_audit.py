@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,15 @@ def test_one_entry_s_credits_per_episode_recorded_and_counterfactual(
     assert lines[at + 1].split() == ["ep002", "success", "+1.000", "(0)", "->", "+1.000", "(0)"]
     assert lines[at + 2].split() == ["ep003", "failure", "-1.000", "(0)", "->", "-1.000", "(0)"]
     assert code == 0 and len(lines) == at + 3
+    # a credit's update that never came (a batch of 3 never fills) is not shown as if made
+    code, out, _ = audit(capsys, str(run), "credit", "--entry", "2", "--set", "batch=3")
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("ep002"))
+    assert row.split()[2:] == ["+1.000", "(0)", "->", "+1.000", "(0,", "not", "made)"], out
+    made = audit_json(capsys, str(run), "credit", "--entry", "2", "--set", "batch=3")
+    assert [(c["recorded_made"], c["derived_made"]) for c in made["entry_credits"]] == [
+        (True, False),
+        (True, False),
+    ]
     quoted = audit_json(capsys, str(run), "credit", "--set", 'counts="Weighted"')
     assert quoted["counts"] == "weighted"  # quoted as a run's --set writes text, any case
     plain = audit_json(capsys, str(run), "credit")  # not asked: none listed
@@ -354,6 +364,42 @@ def numpy_yes(episode, group):
     return numpy.bool_(True)
 
 
+class Stop(BaseException):
+    pass
+
+
+def base_exc(episode, group):
+    raise Stop("not an Exception")
+
+
+def unfloatable(episode, group):
+    import numbers
+
+    class Odd:
+        def __float__(self):
+            raise TypeError("no float of me")
+
+        def __repr__(self):
+            return "Odd()"
+
+    numbers.Real.register(Odd)  # a Real by registration, which float() refuses
+    return Odd()
+
+
+def longdouble_past(episode, group):
+    import numpy
+
+    return numpy.longdouble("1e400")
+
+
+def tensor(episode, group):
+    class Tensor:
+        def __repr__(self):
+            return "tensor(0.5)"
+
+    return Tensor()
+
+
 def noisy(episode, group):
     print("RULE-NOISE", episode)
     return relative(episode, group)
@@ -393,6 +439,12 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
         ("my_rules:huge", "credit rule 'my_rules:huge': its credits are too large to add up"),
         ("my_rules:yes", "gave True for episode ep002: a bool, not a number"),
         ("my_rules:numpy_yes", "gave np.True_ for episode ep002: a bool, not a number"),
+        ("my_rules:base_exc", "credit rule 'my_rules:base_exc' raised Stop on episode ep"),
+        ("my_rules:unfloatable", "gave Odd() for episode ep002: not a real number (a Odd"),
+        ("my_rules:longdouble_past", "for episode ep002: too large for a float"),
+        ("my_rules:tensor", "gave tensor(0.5) for episode ep002: not a real number (a Tensor"),
+        ("my_rules.py:half", "(a module's name, not its file: 'my_rules:half')"),
+        ("engine:half", "('engine' is coevo's own package, at "),
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
         assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
@@ -848,6 +900,8 @@ def test_a_request_recorded_with_lists_of_other_lengths_is_one_line(
     checked = capsys.readouterr()
     assert f"cannot re-derive: {said}" in checked.out + checked.err
     assert "a bug in the invariant" not in checked.out + checked.err
+    if group:  # at the group's own event (it was the last one the check kept)
+        assert f"invariant credit violated at seq {at}: " in checked.out, checked.out
 
 
 @pytest.mark.parametrize("held", [0, 3])
@@ -944,12 +998,22 @@ def test_a_rule_of_ones_own_says_how_far_it_got(capsys: pytest.CaptureFixture[st
     episodes it was called for (the built-in rules are quick and say nothing)."""
     from scenarios.cli.commands import _rule_progress  # pyright: ignore[reportPrivateUsage]
 
-    assert _rule_progress(None) is None and _rule_progress("relative") is None
-    tick = _rule_progress("my_rules:slow", every=0.0)
-    assert tick is not None
-    tick(7)
+    for quick in (None, "relative"):
+        with _rule_progress(quick) as tick:
+            assert tick is None
+    with _rule_progress("my_rules:slow", every=0.05) as tick:
+        assert tick is not None
+        tick(7)
+        time.sleep(0.3)
     err = capsys.readouterr().err
     assert err.startswith("coevo: credit rule 'my_rules:slow': called for 7 episodes so far ("), err
+    # a rule stuck in its first call: the lines come all the same (they came as calls returned)
+    with _rule_progress("my_rules:stuck", every=0.05):
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert "'my_rules:stuck': called for 0 episodes so far (" in err, err
+    time.sleep(0.2)
+    assert capsys.readouterr().err == ""  # and stop with the audit
 
 
 def test_credit_as_the_run_stood_after_a_seq(run: Path, capsys: pytest.CaptureFixture[str]) -> None:

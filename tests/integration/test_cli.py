@@ -1012,3 +1012,28 @@ def test_a_deleted_working_directory_is_one_line_before_anything_is_made(tmp_pat
             "coevo: error: the working directory no longer exists (deleted): cd to one that does\n"
         )
     assert not out.exists()
+
+
+@pytest.mark.parametrize("mine", ["engine.py", "agents.py", "stores.py"])
+def test_a_module_of_ones_own_named_like_coevo_s_packages_is_named(
+    tmp_path: Path, mine: str
+) -> None:
+    """A researcher's ``engine.py`` beside their credit rules, on PYTHONPATH (as the audit's
+    docs tell them to put it), made every command a traceback: coevo's imports reached it."""
+    (tmp_path / mine).write_text("def half(episode, group):\n    return 0.5\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "scenarios.cli", "--version"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    name = mine.removesuffix(".py")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"coevo: error: {name!r} here is {tmp_path / mine}, ")
+    assert done.stderr.count("\n") == 1 and f"not coevo's {name} package" in done.stderr
+    (tmp_path / mine).unlink()
+    (tmp_path / name).mkdir()  # a folder of the name without __init__.py hides nothing
+    done = subprocess.run(
+        [sys.executable, "-m", "scenarios.cli", "--version"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("coevo "), done.stderr

@@ -16,7 +16,7 @@ import pytest
 from doc_blocks import doc_block
 from safetensors.torch import load_file
 
-from agents.events.policy import PolicyUpdated
+from agents.events.policy import AdvantagesComputed, PolicyUpdated
 from engine.lifecycle import RunFailed
 from scenarios.cli import main
 from stores.lmdb_log import LmdbEventLog
@@ -437,6 +437,33 @@ def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins
         done.stderr
     )
     assert done.stdout.startswith("verified ")
+
+
+def test_a_plugin_score_that_fails_now_leaves_the_credit_check_out(plugins: Path) -> None:
+    """A plug-in method's ``score`` edited since its run to raise (or answer NaN) made
+    ``check`` and ``replay --verify`` call a sound log inconsistent, at its last
+    ``episode_finished``: the method's code fails, not the log; the group's seq is named."""
+    module = plugins / "boundary_later.py"
+    module.write_text("from agents.methods.builtin import Grpo\n\nclass Later(Grpo):\n    pass\n")
+    out = plugins / "later"
+    args = ["run", str(plugins / "base.toml"), "--out", str(out), "--quiet"]
+    assert main([*args, "--set", 'run.method="boundary_later:Later"']) == 0
+    with LmdbEventLog.open(out / "log") as log:
+        first = next(
+            e.seq for e in log.read(0, log.next_seq) if isinstance(e.event, AdvantagesComputed)
+        )
+    for body in ("raise RuntimeError('edited since')", "return float('nan')"):
+        module.write_text(
+            "from agents.methods.builtin import Grpo\n\nclass Later(Grpo):\n"
+            f"    def score(self, outcomes, modes, similar):\n        {body}\n"
+        )
+        said = f"credit: not checked: the run's method fails on its group at seq {first}"
+        verified = cli("replay", str(out), "--verify", path=plugins)
+        assert verified.returncode == 0 and verified.stdout.startswith("verified "), verified
+        assert f"coevo: note: {said}" in verified.stderr and "Traceback" not in verified.stderr
+        checked = cli("check", str(out), path=plugins)
+        assert checked.returncode == 0 and f"  not checked: {said}" in checked.stdout, checked
+        assert " credit," not in checked.stdout.splitlines()[0]  # not among those that held
 
 
 def test_quiet_is_quiet_while_the_model_is_built(plugins: Path, tmp_path: Path) -> None:
