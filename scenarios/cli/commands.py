@@ -38,6 +38,7 @@ from scenarios.cli.common import (
     keep_stderr_open,
     naming,
     open_run,
+    out_of_resources,
     out_path,
     read_meta,
     shown_path,
@@ -134,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         said = unopenable_path(exc.object)
         print(f"coevo: error: {shown_path(exc.object)}: {said}", file=sys.stderr)
         return 2
+    except (ImportError, MemoryError) as exc:
+        said = out_of_resources(exc)
+        if not said:
+            raise
+        print(f"coevo: error: {said}", file=sys.stderr)
+        return 1
 
 
 def _no_working_directory() -> str | None:

@@ -191,6 +191,30 @@ ESCAPE_ERRORS = "coevo-escape"
 codecs.register_error(ESCAPE_ERRORS, _escaped)
 
 
+_LIMITED = {
+    "failed to map segment": "out of memory for the process (a limit: ulimit -v)",
+    "cannot allocate memory": "out of memory for the process (a limit: ulimit -v)",
+    "too many open files": "too many open files (raise the limit: ulimit -n)",
+}
+"""What the loader's message of a native library that could not be loaded says of the limit
+the process ran into."""
+
+
+def out_of_resources(exc: BaseException) -> str:
+    """A one-line error for ``exc`` when it comes from the process running out of memory or
+    file descriptors (a native library torch, tokenizers or matplotlib load that cannot be
+    mapped, a ``MemoryError``); empty for any other error (raised as it is)."""
+    if isinstance(exc, MemoryError):
+        return "out of memory (a MemoryError: a limit such as ulimit -v, or the machine's)"
+    text = str(exc)
+    for mark, said in _LIMITED.items():
+        if mark in text.lower():
+            name = getattr(exc, "name", None) or "a library"
+            first = text.splitlines()[0] if text else type(exc).__name__
+            return f"cannot load {name}: {said}: {first}"
+    return ""
+
+
 def answered(code: int, text: str) -> int:
     """Write ``text`` (a command's output) and return ``code``, the command's answer (``diff``:
     the logs diverge; ``check``: an invariant fails), also when the reader goes away mid-way

@@ -28,6 +28,7 @@ from scenarios.cli.common import (
     naming,
     newest_updates,
     open_run,
+    out_of_resources,
     out_path,
     read_meta,
     stdout_to_stderr,
@@ -385,6 +386,13 @@ def _finish(
                 f"coevo: error: cannot write the run's curves in {rd.root}: "
                 f"{exc.strerror or exc} (the log is complete: coevo report "
                 f"{pasteable(rd.root)} draws them)"
+            )
+        except (ImportError, MemoryError) as exc:  # the plotting library, past a memory limit
+            if not (said := out_of_resources(exc)):
+                raise
+            unwritten = (
+                f"coevo: error: cannot draw the run's curves: {said} (the log is complete: "
+                f"coevo report {pasteable(rd.root)} draws them)"
             )
     problem = unwritten
     if outcome.reason == "completed":

@@ -1037,3 +1037,43 @@ def test_a_module_of_ones_own_named_like_coevo_s_packages_is_named(
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout.startswith("coevo "), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (
+            ImportError(
+                "/v/libtorch_cpu.so: failed to map segment from shared object", name="torch"
+            ),
+            "cannot load torch: out of memory for the process (a limit: ulimit -v): /v/libtorch",
+        ),
+        (
+            ImportError("resource.so: cannot open shared object file: Too many open files"),
+            "cannot load a library: too many open files (raise the limit: ulimit -n): resource.so",
+        ),
+        (MemoryError(), "out of memory (a MemoryError: a limit such as ulimit -v"),
+    ],
+)
+def test_a_process_out_of_memory_or_files_while_loading_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: BaseException,
+    said: str,
+) -> None:
+    """Under ``ulimit -v`` torch, safetensors or tokenizers could not be mapped, and under
+    ``ulimit -n`` a lazily imported module could not be opened: a traceback of 26-53 lines."""
+    import scenarios.cli.commands as commands
+
+    def fail(args: object) -> None:
+        raise error
+
+    monkeypatch.setattr(commands, "home_expanded", fail)
+    assert commands.main(["log", "nowhere"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"coevo: error: {said}") and err.count("\n") == 1, err
+    monkeypatch.setattr(commands, "home_expanded", lambda args: (_ for _ in ()).throw(
+        ImportError("No module named 'nothing_like_it'")
+    ))  # fmt: skip
+    with pytest.raises(ImportError):  # an import that fails otherwise is not explained away
+        commands.main(["log", "nowhere"])

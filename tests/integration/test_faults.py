@@ -364,17 +364,24 @@ def test_resume_in_a_read_only_directory_is_one_line(
     assert err.endswith("); nothing to resume\n")  # (one that did not: test_resume.py)
 
 
+@pytest.mark.parametrize("limit", ["disk", "memory"])
 def test_curves_that_cannot_be_written_are_one_line_and_the_log_is_complete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], limit: str
 ) -> None:
     """The disk fills up after the log's last commit: the curves cannot be written. One line
-    and exit 1 (the run itself completed), not a traceback."""
+    and exit 1 (the run itself completed), not a traceback. So too when the plotting library
+    cannot be loaded under a memory limit (ulimit -v): a traceback, and a failed run's own
+    line never came."""
     import dataclasses
 
     import scenarios.assemble
     from scenarios.cli import main
 
     def full_disk(root: Path, events: object) -> list[str]:
+        if limit == "memory":
+            raise ImportError(
+                "/x/_backend_agg.so: failed to map segment from shared object", name="_backend_agg"
+            )
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root / "curves.png"))
 
     assemble = scenarios.assemble.assemble
@@ -385,9 +392,15 @@ def test_curves_that_cannot_be_written_are_one_line_and_the_log_is_complete(
     )
     run = tmp_path / "run"
     assert main(["run", EXPLORE, "--out", str(run), "--quiet", "--set", "run.episodes=5"]) == 1
+    said = (
+        f"cannot write the run's curves in {run}: No space left on device"
+        if limit == "disk"
+        else "cannot draw the run's curves: cannot load _backend_agg: out of memory for the "
+        "process (a limit: ulimit -v): /x/_backend_agg.so: failed to map segment from shared "
+        "object"
+    )
     assert capsys.readouterr().err == (
-        f"coevo: error: cannot write the run's curves in {run}: No space left on device (the "
-        f"log is complete: coevo report {run} draws them)\n"
+        f"coevo: error: {said} (the log is complete: coevo report {run} draws them)\n"
     )
     assert verified(run) > 0
 
