@@ -705,7 +705,9 @@ def _connections_allowed() -> int:
     allowed = (soft - used - 16) // 2  # each connection may open a file while it is served
     if allowed < 2:
         raise InputInvalid(
-            f"too few open files allowed to serve (ulimit -n is {soft}, {used} in use): raise it"
+            f"too few open files allowed to serve: ulimit -n is {soft}, and {used} files are "
+            f"open already (the runs' logs and indexes); serving needs {used + 20} or more "
+            f"(ulimit -n {max(used + 20, 256)})"
         )
     return min(allowed, 1000)
 
