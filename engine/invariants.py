@@ -77,21 +77,25 @@ class InvariantUncheckable(InvariantBroken):
 
 
 def check_all(
-    invariants: Iterable[Any],
+    invariants: Sequence[Any],
     chunk: Sequence[Envelope[Event]] | None,
     done: bool,
     uncheckable: list[str] | None = None,
-) -> None:
+) -> Sequence[Any]:
     """``check_many(chunk)`` of each of ``invariants`` (None: ``finish(done)``). A violation
     (or another inconsistency of the log) goes on as it is; anything else an invariant raises
     is :class:`InvariantBroken` naming it (a ``try`` costs nothing until it catches). With
     ``uncheckable``, an invariant that finds it cannot judge the run
     (:class:`InvariantUncheckable`) is noted there ("NAME: not checked: why") and the others
-    go on; it is left to stay quiet on later calls.
+    go on.
+
+    Returns:
+        The invariants to go on with: ``invariants`` less those noted in ``uncheckable``.
 
     Raises:
         InvariantBroken: so (or :class:`InvariantUncheckable`, without ``uncheckable``).
     """
+    dropped: list[Any] = []
     for inv in invariants:
         try:
             if chunk is None:
@@ -104,8 +108,10 @@ def check_all(
             if uncheckable is None:
                 raise
             uncheckable.append(f"{exc.invariant}: not checked: {exc.why}")
+            dropped.append(inv)
         except (Exception, SystemExit) as exc:
             raise InvariantBroken(str(getattr(inv, "name", type(inv).__name__)), exc) from exc
+    return [i for i in invariants if all(i is not d for d in dropped)] if dropped else invariants
 
 
 class InvariantViolated(LogInconsistent):
@@ -343,6 +349,7 @@ def check_stream(
     names = tuple(i.name for i in invariants)
     count, last, first = 0, None, 0
     late: list[str] = []  # invariants that found they cannot judge the run
+    active = invariants
     try:
         for chunk in joined_chunks(chunks):
             if not chunk:
@@ -350,12 +357,12 @@ def check_stream(
             if last is None:
                 first = chunk[0].seq
             _check_numbering(chunk, first if last is None else last.seq + 1)
-            check_all(invariants, chunk, False)
+            active = check_all(active, chunk, False, late)
             count += len(chunk)
             last = chunk[-1]
         done = completed(last)
         if ended:
-            check_all(invariants, None, done, late)
+            check_all(active, None, done, late)
     except InvariantViolated as exc:
         violation = Violation(
             invariant=exc.invariant, seq=exc.seq, message=exc.detail, involved=exc.involved

@@ -82,7 +82,7 @@ def verify_log(
     started.
     """
     fold = Fold(projections)
-    facts = (Sessions(), *facts)
+    active: Sequence[FactCheck] = (Sessions(), *facts)
     checks = 0
     last: Envelope[Event] | None = None
     uncheckable: list[str] = []
@@ -92,7 +92,7 @@ def verify_log(
         end = exc.seq + 1
     try:
         for chunk in joined_chunks(log.read_chunks(0, end)):
-            check_all(facts, chunk, False)
+            active = check_all(active, chunk, False, uncheckable)
             folded = 0  # chunk[:folded] is folded
             for i in [i for i, env in enumerate(chunk) if type(env.event) in _RECORDED]:
                 fold.apply_all(chunk[folded:i])
@@ -104,7 +104,7 @@ def verify_log(
             fold.apply_all(chunk[folded:])
             last = chunk[-1] if chunk else last
         if fold.last_seq + 1 == end:
-            check_all(facts, None, completed(last), uncheckable)
+            check_all(active, None, completed(last), uncheckable)
     except (LogCorrupted, SchemaTooNew) as exc:
         bad = exc.seq if isinstance(exc, LogCorrupted) else fold.last_seq + 1
         damaged = isinstance(exc, LogCorrupted)

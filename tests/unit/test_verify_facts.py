@@ -188,3 +188,57 @@ def test_an_invariant_with_a_bug_is_one_error_naming_it_not_a_traceback(at_finis
         verify_log(log, projections(), (Broken(at_finish),))
     with pytest.raises(InvariantBroken, match="a bug in the invariant, not a finding"):
         check_stream([list(log.read())], [Broken(at_finish)])  # type: ignore[list-item]
+
+
+class CannotJudge:
+    """Finds that it cannot judge the stream at its ``at``-th ``check_many`` (None: at its
+    ``finish``); counts its calls."""
+
+    name = "judge"
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+        self.chunks = 0
+        self.calls = 0
+
+    def check_many(self, envs: Sequence[Envelope[Event]]) -> None:
+        self.calls += 1
+        self.chunks += 1
+        if self.chunks - 1 == self.at:
+            self._cannot()
+
+    def finish(self, completed: bool) -> None:
+        self.calls += 1
+        if self.at is None:
+            self._cannot()
+
+    def _cannot(self) -> None:
+        from engine.invariants import InvariantUncheckable
+
+        raise InvariantUncheckable(self.name, "its code fails on these events now")
+
+
+@pytest.mark.parametrize("at", [0, None])
+def test_an_invariant_that_cannot_judge_is_left_out_and_the_others_go_on(at: int | None) -> None:
+    """A plug-in method's ``score`` that fails now made ``check`` and ``verify`` call a sound
+    log inconsistent (at its last kept event): an invariant that cannot judge the stream is
+    listed as not checked, asked nothing more, and the others still check (a fact twice after
+    it is still found)."""
+    from engine.invariants import check_stream, registered
+
+    events = [START, *begun("ep0"), finished("ep0"), RunStopped(reason="completed")]
+    log = log_of(events)
+    envs = list(log.read())
+    said = "judge: not checked: its code fails on these events now"
+    judge = CannotJudge(at)
+    report = check_stream([envs], [judge])  # type: ignore[list-item]
+    assert report.ok and report.skipped == (said,) and report.invariants == ()
+    assert judge.calls == (2 if at is None else 1)  # asked nothing after it said so
+    judge = CannotJudge(at)
+    result = verify_log(log, projections(), (judge,))
+    assert result.ok and result.uncheckable == (said,), result
+    assert judge.calls == (2 if at is None else 1)
+    twice = [*envs[:4], envs[3].__replace__(seq=4), envs[4].__replace__(seq=5)]
+    once = registered()["recorded-once"].factory(None)  # type: ignore[arg-type]
+    report = check_stream([twice[:2], twice[2:]], [CannotJudge(at), once])  # type: ignore[list-item]
+    assert report.violation is not None and report.violation.invariant == "recorded-once"
