@@ -80,14 +80,13 @@ def check_all(
     invariants: Sequence[Any],
     chunk: Sequence[Envelope[Event]] | None,
     done: bool,
-    uncheckable: list[str] | None = None,
+    uncheckable: list[tuple[str, str]] | None = None,
 ) -> Sequence[Any]:
     """``check_many(chunk)`` of each of ``invariants`` (None: ``finish(done)``). A violation
     (or another inconsistency of the log) goes on as it is; anything else an invariant raises
     is :class:`InvariantBroken` naming it (a ``try`` costs nothing until it catches). With
     ``uncheckable``, an invariant that finds it cannot judge the run
-    (:class:`InvariantUncheckable`) is noted there ("NAME: not checked: why") and the others
-    go on.
+    (:class:`InvariantUncheckable`) is noted there (its name, and why) and the others go on.
 
     Returns:
         The invariants to go on with: ``invariants`` less those noted in ``uncheckable``.
@@ -107,7 +106,7 @@ def check_all(
         except InvariantUncheckable as exc:
             if uncheckable is None:
                 raise
-            uncheckable.append(f"{exc.invariant}: not checked: {exc.why}")
+            uncheckable.append((exc.invariant, exc.why))
             dropped.append(inv)
         except (Exception, SystemExit) as exc:
             raise InvariantBroken(str(getattr(inv, "name", type(inv).__name__)), exc) from exc
@@ -317,6 +316,9 @@ class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
     skipped: tuple[str, ...] = ()
     completed: bool = False
     violation: Violation | None = None
+    uncheckable: tuple[str, ...] = ()
+    """Invariants that found, as they checked, that they cannot judge this stream ("NAME:
+    why", :class:`InvariantUncheckable`); not among :attr:`invariants`."""
 
     @property
     def ok(self) -> bool:
@@ -348,7 +350,7 @@ def check_stream(
     """
     names = tuple(i.name for i in invariants)
     count, last, first = 0, None, 0
-    late: list[str] = []  # invariants that found they cannot judge the run
+    late: list[tuple[str, str]] = []  # invariants that found they cannot judge the run
     active = invariants
     try:
         for chunk in joined_chunks(chunks):
@@ -369,10 +371,20 @@ def check_stream(
         )
         read = max(count, exc.seq + 1 - first)  # up to the violation (or the stream's end)
         return CheckReport(
-            events=read, invariants=names, skipped=(*skipped, *late), violation=violation
+            events=read,
+            invariants=names,
+            skipped=tuple(skipped),
+            violation=violation,
+            uncheckable=tuple(f"{n}: {why}" for n, why in late),
         )
-    checked = tuple(n for n in names if not any(s.startswith(f"{n}: ") for s in late))
-    return CheckReport(events=count, invariants=checked, skipped=(*skipped, *late), completed=done)
+    left = {n for n, _ in late}
+    return CheckReport(
+        events=count,
+        invariants=tuple(n for n in names if n not in left),
+        skipped=tuple(skipped),
+        completed=done,
+        uncheckable=tuple(f"{n}: {why}" for n, why in late),
+    )
 
 
 def _check_numbering(chunk: Sequence[Envelope[Event]], expected: int) -> None:

@@ -85,7 +85,7 @@ def verify_log(
     active: Sequence[FactCheck] = (Sessions(), *facts)
     checks = 0
     last: Envelope[Event] | None = None
-    uncheckable: list[str] = []
+    uncheckable: list[tuple[str, str]] = []
     try:
         end = log.next_seq  # a live run keeps writing: verify what was there when we started
     except LogCorrupted as exc:  # the last record is damaged: reached, and reported, in order
@@ -114,7 +114,8 @@ def verify_log(
     if fold.last_seq + 1 != end:
         msg = f"log has {end} events but only {fold.last_seq + 1} were read"
         return VerifyResult(fold.last_seq + 1, checks, False, msg, fold.last_seq + 1)
-    return VerifyResult(fold.last_seq + 1, checks, True, uncheckable=tuple(uncheckable))
+    left = tuple(f"{name}: not checked: {why}" for name, why in uncheckable)
+    return VerifyResult(fold.last_seq + 1, checks, True, uncheckable=left)
 
 
 _RECORDED = frozenset({ProjectionChecked, SnapshotTaken})

@@ -314,6 +314,11 @@ def _own_rule(
                 real = True
             except TypeError:  # a class registered as a Real that float() refuses
                 pass
+            except Exception as exc:  # its __float__ raised: the rule's answer's own bug
+                raise AuditQueryInvalid(
+                    f"credit rule {path!r} gave {_short(got)} for episode {ev.episode}, whose "
+                    f"float() raised {type(exc).__name__}: {exc}"
+                ) from None
             if math.isinf(value) and _finite(got):
                 past = True  # Decimal("1e400"), a NumPy longdouble of 1e400: inf as a float
         if not math.isfinite(value):
@@ -429,9 +434,9 @@ def derive_group(
 
     Raises:
         AuditQueryInvalid: a run without a method, an unknown rollout mode, an episode without
-            an end, or a method whose ``score`` refuses the group (a ``ValueError``).
-        ScoreFailed: a plug-in method's ``score`` raises anything else, or answers what is
-            not a score (coevo's own methods': AuditQueryInvalid).
+            an end, or one of coevo's own methods whose ``score`` refuses the group.
+        ScoreFailed: a plug-in method's ``score`` raises (whatever it raises), or answers
+            what is not a score.
     """
     method = settings.method
     if method is None:
@@ -449,8 +454,8 @@ def derive_group(
     similar = [inputs.similar.get(ep, []) for ep in g.episodes]
     try:
         scored = method.score(outcomes, [m.name for m in modes], similar)
-    except ValueError as exc:
-        raise AuditQueryInvalid(f"group {g.group}: {method_label(method)}: score: {exc}") from None
+    except ValueError as exc:  # coevo's own refusing a recorded group: the log's doing
+        raise failed(f"group {g.group}: {method_label(method)}: score: {exc}") from None
     except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, not a traceback
         raise failed(
             f"group {g.group}: {method_label(method)}: score raised {type(exc).__name__}: {exc}"
@@ -600,6 +605,10 @@ class CreditAudit(msgspec.Struct, frozen=True, kw_only=True):
     entry: int | None = None
     """The entry whose credits are broken down per episode (``--entry``), if asked."""
     entry_credits: tuple[EpisodeCredit, ...] = ()
+    unscored: tuple[tuple[int, str], ...] = ()
+    """With ``audit_credit(..., unscored=True)``: the groups a plug-in's ``score`` fails on
+    now (the seq of each one's ``advantages_computed``, and why), compared as recorded (not
+    re-derived); the others are re-derived."""
 
 
 def audit_credit(
@@ -611,13 +620,16 @@ def audit_credit(
     partial: bool = False,
     on_call: Callable[[int], None] | None = None,
     entry: int | None = None,
+    unscored: bool = False,
 ) -> CreditAudit:
     """Re-derive ``inputs`` under ``settings`` and compare with what the log recorded
     (``base``: the run's own settings; anything else is a counterfactual). ``asked``: the
     credit settings were given (``--rule``, a credit key), even if as the run's own values;
     ``partial``: ``inputs`` end before the log does (a credit may come later);
     ``on_call``: as :func:`derive_credits`; ``entry``: an entry whose credits to list per
-    episode, recorded and re-derived.
+    episode, recorded and re-derived; ``unscored``: a group a plug-in's ``score`` fails on
+    is taken as recorded and listed in :attr:`CreditAudit.unscored` (the credit invariant's
+    way: the other groups are still checked), not raised.
 
     Raises:
         AuditQueryInvalid: as :func:`derive_credits`; credit settings given for a run without
@@ -633,7 +645,7 @@ def audit_credit(
             "on a run with guided and free subgroups)"
         )
     try:
-        audit = _compared(inputs, derived, credited, settings, base)
+        audit = _compared(inputs, derived, credited, settings, base, unscored)
     except OverflowError as exc:  # the sums of an entry's or a call's credits
         raise _too_large(settings.credit.rule, exc) from None
     audit = msgspec.structs.replace(audit, partial=partial)
@@ -666,9 +678,14 @@ def _compared(
     credited: bool,
     settings: AuditSettings,
     base: AuditSettings,
+    unscored: bool = False,
 ) -> CreditAudit:
     counterfactual = (settings.credit, settings.method_sets) != (base.credit, base.method_sets)
-    groups = [(seq, g, _derived_at(seq, g, inputs, settings)) for seq, g in inputs.groups]
+    failures: list[ScoreFailed] = []
+    groups = [
+        (seq, g, _derived_at(seq, g, inputs, settings, failures if unscored else None))
+        for seq, g in inputs.groups
+    ]
     adv = {ep: a for _, _, d in groups for ep, a in zip(d.episodes, d.advantages, strict=True)}
     grads = [
         (
@@ -745,22 +762,32 @@ def _compared(
         else None,
         entries=_entries(rec_c, der_c),
         calls=tuple(calls),
+        unscored=tuple((f.seq, str(f)) for f in failures),
     )
 
 
 def _derived_at(
-    seq: int, g: AdvantagesComputed, inputs: CreditInputs, settings: AuditSettings
+    seq: int,
+    g: AdvantagesComputed,
+    inputs: CreditInputs,
+    settings: AuditSettings,
+    failures: list[ScoreFailed] | None = None,
 ) -> AdvantagesComputed:
-    """:func:`derive_group` of ``g``, recorded at ``seq``.
+    """:func:`derive_group` of ``g``, recorded at ``seq``; with ``failures``, a group a
+    plug-in's ``score`` fails on is noted there and taken as recorded.
 
     Raises:
-        GroupNotDerived: naming ``seq`` (a :class:`ScoreFailed` as such).
+        GroupNotDerived: naming ``seq`` (a :class:`ScoreFailed` as such, without
+            ``failures``).
     """
     try:
         return derive_group(g, inputs, settings)
     except ScoreFailed as exc:
         exc.seq = seq
-        raise
+        if failures is None:
+            raise
+        failures.append(exc)
+        return g
     except AuditQueryInvalid as exc:
         raise GroupNotDerived(str(exc), seq) from None
 

@@ -15,7 +15,6 @@ from typing import Any
 from agents.audit.credit import (
     AuditSettings,
     GroupNotDerived,
-    ScoreFailed,
     audit_credit,
     gather_chunks,
 )
@@ -94,19 +93,22 @@ class Credit:
             )
         try:
             inputs = gather_chunks([self._kept], self._end)
-            audit = audit_credit(inputs, self._settings, self._settings)
-        except ScoreFailed as exc:  # the method's code fails now: no finding about the log
-            raise InvariantUncheckable(
-                self.name,
-                f"the run's method fails on its group at seq {exc.seq}, so no credit or "
-                f"advantage is re-derived ({exc})",
-            ) from None
+            audit = audit_credit(inputs, self._settings, self._settings, unscored=True)
         except GroupNotDerived as exc:  # the log's group contradicts itself: at its seq
             raise InvariantViolated(self.name, exc.seq, f"cannot re-derive: {exc}") from None
         except AuditQueryInvalid as exc:  # something else the audit cannot re-derive
             seq = self._kept[-1].seq if self._kept else 0
             raise InvariantViolated(self.name, seq, f"cannot re-derive: {exc}") from None
         bad = [c for c in audit.checks if c.first_mismatch is not None]
+        if not bad and audit.unscored:  # the method's code fails now: no finding about the log
+            seq, why = audit.unscored[0]
+            more = len(audit.unscored) - 1
+            others = f" and {more} more group{'s' * (more != 1)}" if more else ""
+            raise InvariantUncheckable(
+                self.name,
+                f"the run's method fails on its group at seq {seq}{others}, which are not "
+                f"re-derived (the others match: {why})",
+            )
         if not bad:
             return
         check = min(bad, key=lambda c: c.first_mismatch.seq if c.first_mismatch else 0)

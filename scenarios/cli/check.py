@@ -40,15 +40,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--strict",
         action="store_true",
-        help="fail (exit 1) when a plug-in module of the run cannot be imported here: its own "
-        "invariants would go unchecked (for CI)",
+        help="fail (exit 1) when a plug-in module of the run cannot be imported here, or its "
+        "code fails on the run's events now: its invariants (or credit) would go unchecked "
+        "(for CI)",
     )
     p.set_defaults(func=cmd_check)
 
 
 class PluginMissing(CoevoError):
-    """``check --strict``: a plug-in module of the run does not import, so its invariants
-    cannot be checked (exit 1)."""
+    """``check --strict``: a plug-in module of the run does not import, or fails on the run's
+    events now, so invariants go unchecked (exit 1)."""
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -84,6 +85,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         log.close()
     for note in notes:
         print(f"coevo: note: {note}", file=sys.stderr)
+    if args.strict and report.ok and report.uncheckable:  # the run's plug-in fails here now
+        raise PluginMissing(f"{args.run}: --strict: {report.uncheckable[0]}")
     if args.json:
         text = msgspec.json.encode(_as_json(report, involved)).decode()
     else:
@@ -121,12 +124,14 @@ def _lines(run: str, report: CheckReport, involved: list[Any]) -> list[str]:
     v = report.violation
     if v is None:
         end = "completed" if report.completed else "not completed"
+        held = len(report.invariants)
         lines = [
-            f"{run}: {report.events} events ({end}) hold "
-            f"{len(report.invariants)} invariant{'s' * (len(report.invariants) != 1)}: "
+            f"{run}: {report.events} events ({end}) hold {held} invariant{'s' * (held != 1)}: "
             + ", ".join(report.invariants)
+            if held
+            else f"{run}: {report.events} events ({end}): no invariant was checked"
         ]
-        lines += [f"  not checked: {s}" for s in report.skipped]
+        lines += [f"  not checked: {s}" for s in (*report.uncheckable, *report.skipped)]
         return lines
     head = f"{run}: invariant {v.invariant} violated at seq {v.seq}: {v.message}"
     return [head, *(envelope_line(env, width=None) for env in involved)]  # every field shown

@@ -386,6 +386,20 @@ def unfloatable(episode, group):
     return Odd()
 
 
+def raising_float(episode, group):
+    import numbers
+
+    class Boom:
+        def __float__(self):
+            raise RuntimeError("float boom")
+
+        def __repr__(self):
+            return "Boom()"
+
+    numbers.Real.register(Boom)
+    return Boom()
+
+
 def longdouble_past(episode, group):
     import numpy
 
@@ -441,6 +455,7 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
         ("my_rules:numpy_yes", "gave np.True_ for episode ep002: a bool, not a number"),
         ("my_rules:base_exc", "credit rule 'my_rules:base_exc' raised Stop on episode ep"),
         ("my_rules:unfloatable", "gave Odd() for episode ep002: not a real number (a Odd"),
+        ("my_rules:raising_float", "gave Boom() for episode ep002, whose float() raised Runtim"),
         ("my_rules:longdouble_past", "for episode ep002: too large for a float"),
         ("my_rules:tensor", "gave tensor(0.5) for episode ep002: not a real number (a Tensor"),
         ("my_rules.py:half", "(a module's name, not its file: 'my_rules:half')"),

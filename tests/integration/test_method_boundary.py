@@ -6,6 +6,7 @@ that asks a memory nobody keeps), and never as NaN weights a completed run would
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -440,30 +441,57 @@ def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins
 
 
 def test_a_plugin_score_that_fails_now_leaves_the_credit_check_out(plugins: Path) -> None:
-    """A plug-in method's ``score`` edited since its run to raise (or answer NaN) made
-    ``check`` and ``replay --verify`` call a sound log inconsistent, at its last
-    ``episode_finished``: the method's code fails, not the log; the group's seq is named."""
+    """A plug-in method's ``score`` edited since its run to raise (or answer NaN, or the
+    wrong length) made ``check`` and ``replay --verify`` call a sound log inconsistent, at
+    its last ``episode_finished``: the method's code fails, not the log; the group's seq is
+    named, ``--strict`` fails, and the groups it does not fail on are still checked (a
+    tampered one is found)."""
     module = plugins / "boundary_later.py"
     module.write_text("from agents.methods.builtin import Grpo\n\nclass Later(Grpo):\n    pass\n")
     out = plugins / "later"
     args = ["run", str(plugins / "base.toml"), "--out", str(out), "--quiet"]
     assert main([*args, "--set", 'run.method="boundary_later:Later"']) == 0
     with LmdbEventLog.open(out / "log") as log:
-        first = next(
-            e.seq for e in log.read(0, log.next_seq) if isinstance(e.event, AdvantagesComputed)
-        )
-    for body in ("raise RuntimeError('edited since')", "return float('nan')"):
+        meta, envs = log.read_meta(), list(log.read(0, log.next_seq))
+    groups = [e.seq for e in envs if isinstance(e.event, AdvantagesComputed)]
+    assert meta is not None and len(groups) >= 2
+    tampered = plugins / "tampered"  # the second group's first advantage edited
+    shutil.copytree(out, tampered, ignore=shutil.ignore_patterns("log"))
+    edited = [
+        e.__replace__(event=e.event.__replace__(advantages=(9.0, *e.event.advantages[1:])))
+        if e.seq == groups[1] and isinstance(e.event, AdvantagesComputed)
+        else e
+        for e in envs
+    ]
+    with LmdbEventLog.create(tampered / "log", meta, durable=False) as writer:
+        writer.append(edited)
+    scored = "    def score(self, outcomes, modes, similar):\n        {}\n"
+    fails_first = "if not getattr(self, 'seen', 0):\n            self.seen = 1\n            {}\n"
+    fails_first += "        return super().score(outcomes, modes, similar)"
+    for body in (
+        "raise RuntimeError('edited since')",
+        "raise ValueError('edited since')",
+        "return float('nan')",
+        fails_first.format("raise RuntimeError('first only')"),
+    ):
         module.write_text(
-            "from agents.methods.builtin import Grpo\n\nclass Later(Grpo):\n"
-            f"    def score(self, outcomes, modes, similar):\n        {body}\n"
+            "from agents.methods.builtin import Grpo\n\nclass Later(Grpo):\n" + scored.format(body)
         )
-        said = f"credit: not checked: the run's method fails on its group at seq {first}"
+        said = f"credit: the run's method fails on its group at seq {groups[0]}"
         verified = cli("replay", str(out), "--verify", path=plugins)
         assert verified.returncode == 0 and verified.stdout.startswith("verified "), verified
-        assert f"coevo: note: {said}" in verified.stderr and "Traceback" not in verified.stderr
+        assert f"coevo: note: credit: not checked: {said[8:]}" in verified.stderr, verified
+        assert "Traceback" not in verified.stderr
         checked = cli("check", str(out), path=plugins)
         assert checked.returncode == 0 and f"  not checked: {said}" in checked.stdout, checked
         assert " credit," not in checked.stdout.splitlines()[0]  # not among those that held
+        strict = cli("check", str(out), "--strict", path=plugins)
+        assert strict.returncode == 1 and f"--strict: {said}" in strict.stderr, strict
+        found = cli("check", str(tampered), "--invariant", "credit", path=plugins)
+        assert found.returncode == 1 and "invariant credit violated at seq " in found.stdout
+        if "first only" in body:  # the tampered group is scored, so found there
+            assert f"invariant credit violated at seq {groups[1]}: " in found.stdout, found
+        # else its advantages, taken as recorded, disagree with its update's request
 
 
 def test_quiet_is_quiet_while_the_model_is_built(plugins: Path, tmp_path: Path) -> None:

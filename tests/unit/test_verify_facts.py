@@ -232,7 +232,8 @@ def test_an_invariant_that_cannot_judge_is_left_out_and_the_others_go_on(at: int
     said = "judge: not checked: its code fails on these events now"
     judge = CannotJudge(at)
     report = check_stream([envs], [judge])  # type: ignore[list-item]
-    assert report.ok and report.skipped == (said,) and report.invariants == ()
+    assert report.ok and report.invariants == () and report.skipped == ()
+    assert report.uncheckable == ("judge: its code fails on these events now",)
     assert judge.calls == (2 if at is None else 1)  # asked nothing after it said so
     judge = CannotJudge(at)
     result = verify_log(log, projections(), (judge,))
@@ -242,3 +243,16 @@ def test_an_invariant_that_cannot_judge_is_left_out_and_the_others_go_on(at: int
     once = registered()["recorded-once"].factory(None)  # type: ignore[arg-type]
     report = check_stream([twice[:2], twice[2:]], [CannotJudge(at), once])  # type: ignore[list-item]
     assert report.violation is not None and report.violation.invariant == "recorded-once"
+
+
+def test_a_check_that_checked_nothing_says_so() -> None:
+    """``check --invariant credit`` whose credit could not judge the run printed "hold 0
+    invariants: " (an empty list), and its note "not checked: credit: not checked: ..."."""
+    from engine.invariants import CheckReport
+    from scenarios.cli.check import _lines  # pyright: ignore[reportPrivateUsage]
+
+    report = CheckReport(events=9, invariants=(), completed=True, uncheckable=("credit: why",))
+    assert _lines("R", report, []) == [
+        "R: 9 events (completed): no invariant was checked",
+        "  not checked: credit: why",
+    ]
