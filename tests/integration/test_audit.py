@@ -372,32 +372,23 @@ def base_exc(episode, group):
     raise Stop("not an Exception")
 
 
-def unfloatable(episode, group):
+def _real(error, name):  # a number registered as a Real whose float() raises error
     import numbers
 
-    class Odd:
-        def __float__(self):
-            raise TypeError("no float of me")
+    def no_float(self):
+        raise error
 
-        def __repr__(self):
-            return "Odd()"
+    real = type(name, (), {"__float__": no_float, "__repr__": lambda self: f"{name}()"})
+    numbers.Real.register(real)
+    return real()
 
-    numbers.Real.register(Odd)  # a Real by registration, which float() refuses
-    return Odd()
+
+def unfloatable(episode, group):
+    return _real(TypeError("no float of me"), "Odd")
 
 
 def raising_float(episode, group):
-    import numbers
-
-    class Boom:
-        def __float__(self):
-            raise RuntimeError("float boom")
-
-        def __repr__(self):
-            return "Boom()"
-
-    numbers.Real.register(Boom)
-    return Boom()
+    return _real(RuntimeError("float boom"), "Boom")
 
 
 def longdouble_past(episode, group):
