@@ -68,7 +68,8 @@ def clash_message(kind: str, name: str, registrations: list[str]) -> str:
 
 COEVO_PACKAGES = frozenset({"agents", "engine", "scenarios", "stores"})
 """coevo's own top-level packages: a researcher's module of one of these names is not the one
-imported (``scenarios.cli.entry`` refuses a command whose imports it would break)."""
+imported (``scenarios.cli.entry.OWN_PACKAGES``, which must not import this module, refuses a
+command whose imports it would break)."""
 
 
 def import_named(path: str, kind: str, what: str = "class") -> object:
@@ -102,21 +103,15 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
         ) from exc
     found = getattr(module, name, None)
     if found is None:
-        top = module_name.partition(".")[0]
         own = (  # the researcher's engine.py, behind coevo's engine package
-            f" ({top!r} is coevo's own package, at {_package_dir(module)}: a module of yours "
-            "by that name is never the one imported; rename it)"
-            if top in COEVO_PACKAGES
+            f" ({module_name!r} is coevo's own package, at "
+            f"{next(iter(getattr(module, '__path__', ())), '?')}: a module of yours by that "
+            "name is never the one imported; rename it)"
+            if module_name in COEVO_PACKAGES
             else ""
         )
         raise ValueError(f"{kind} module {module_name!r} has no {what} {name!r}{own}")
     return found
-
-
-def _package_dir(module: object) -> str:
-    """The directory of coevo's top-level package that ``module`` is in (or is)."""
-    top = sys.modules[getattr(module, "__name__", "").partition(".")[0]]
-    return str(next(iter(getattr(top, "__path__", ())), "?"))
 
 
 def _cwd_note() -> str:

@@ -35,6 +35,8 @@ __all__ = [
     "CheckContext",
     "CheckReport",
     "Invariant",
+    "InvariantBroken",
+    "InvariantUncheckable",
     "InvariantViolated",
     "Registered",
     "Sessions",
@@ -66,9 +68,10 @@ class InvariantBroken(CoevoError):
 class InvariantUncheckable(InvariantBroken):
     """An invariant found, as it checked, that it cannot judge this run: code the run's events
     are re-derived with fails on them now (a plug-in method's ``score`` that raises or answers
-    NaN). Not a finding about the log: ``coevo check`` and ``replay --verify`` leave the
-    invariant out with why (:func:`check_all`'s ``uncheckable``); elsewhere it stops the check
-    as its parent does."""
+    NaN). Not a finding about the log, nor a bug in the invariant (its message is its own,
+    not its parent's): ``coevo check`` and ``replay --verify`` leave the invariant out with
+    why (:func:`check_all`'s ``uncheckable``); where nothing can be left out (the stateful
+    harness), it stops the check as its parent does."""
 
     def __init__(self, invariant: str, why: str) -> None:
         self.invariant = invariant
@@ -372,15 +375,14 @@ def check_stream(
         read = max(count, exc.seq + 1 - first)  # up to the violation (or the stream's end)
         return CheckReport(
             events=read,
-            invariants=names,
+            invariants=tuple(n for n in names if n not in dict(late)),
             skipped=tuple(skipped),
             violation=violation,
             uncheckable=tuple(f"{n}: {why}" for n, why in late),
         )
-    left = {n for n, _ in late}
     return CheckReport(
         events=count,
-        invariants=tuple(n for n in names if n not in left),
+        invariants=tuple(n for n in names if n not in dict(late)),
         skipped=tuple(skipped),
         completed=done,
         uncheckable=tuple(f"{n}: {why}" for n, why in late),

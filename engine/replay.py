@@ -64,8 +64,8 @@ class VerifyResult:
     damaged: bool = False
     """The failure is a record that fails its checksum or cannot be read (not a divergence)."""
     uncheckable: tuple[str, ...] = ()
-    """Fact checks that found they cannot judge this log ("NAME: not checked: why"; a plug-in
-    method's ``score`` that fails on its events now): left out, not failures."""
+    """Fact checks that found they cannot judge this log ("NAME: why"; a plug-in method's
+    ``score`` that fails on its events now): left out, not failures."""
 
 
 def verify_log(
@@ -108,14 +108,23 @@ def verify_log(
     except (LogCorrupted, SchemaTooNew) as exc:
         bad = exc.seq if isinstance(exc, LogCorrupted) else fold.last_seq + 1
         damaged = isinstance(exc, LogCorrupted)
-        return VerifyResult(fold.last_seq + 1, checks, False, str(exc), bad, damaged)
+        return VerifyResult(
+            fold.last_seq + 1, checks, False, str(exc), bad, damaged, _noted(uncheckable)
+        )
     except (ReplayDiverged, LogInconsistent) as exc:
-        return VerifyResult(fold.last_seq + 1, checks, False, str(exc), exc.seq)
+        return VerifyResult(
+            fold.last_seq + 1, checks, False, str(exc), exc.seq, False, _noted(uncheckable)
+        )
     if fold.last_seq + 1 != end:
         msg = f"log has {end} events but only {fold.last_seq + 1} were read"
-        return VerifyResult(fold.last_seq + 1, checks, False, msg, fold.last_seq + 1)
-    left = tuple(f"{name}: not checked: {why}" for name, why in uncheckable)
-    return VerifyResult(fold.last_seq + 1, checks, True, uncheckable=left)
+        bad = fold.last_seq + 1
+        return VerifyResult(bad, checks, False, msg, bad, False, _noted(uncheckable))
+    return VerifyResult(fold.last_seq + 1, checks, True, uncheckable=_noted(uncheckable))
+
+
+def _noted(uncheckable: list[tuple[str, str]]) -> tuple[str, ...]:
+    """The invariants that found they cannot judge the log, as "NAME: why"."""
+    return tuple(f"{name}: {why}" for name, why in uncheckable)
 
 
 _RECORDED = frozenset({ProjectionChecked, SnapshotTaken})

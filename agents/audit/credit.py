@@ -252,7 +252,8 @@ def derive_credits(
 ) -> list[Event]:
     """The credit actor's output re-folded from the log's retrievals and episode ends;
     ``on_call`` is told how many times a rule of the researcher's own has been called, after
-    each call (a slow rule's progress).
+    each call (a slow rule's progress), and :data:`RULE_DONE` once it has been called for
+    every episode.
 
     Raises:
         AuditQueryInvalid: a rule of the researcher's own that raises or gives no finite
@@ -272,7 +273,14 @@ def derive_credits(
             out += book.decide(ev, settings.credit, given)
         except OverflowError as exc:
             raise _too_large(rule, exc) from None
+    if on_call is not None and rule != "relative" and rule not in RULES:
+        on_call(RULE_DONE)
     return out
+
+
+RULE_DONE = -1
+"""What ``derive_credits`` tells its ``on_call`` once a rule of the researcher's own has been
+called for every episode (the audit goes on without it)."""
 
 
 def _too_large(rule: str, exc: OverflowError) -> AuditQueryInvalid:
@@ -411,6 +419,15 @@ def _unlike(n: int, sizes: dict[str, int]) -> str:
     return ", ".join(f"{size} {name}" for name, size in sizes.items() if size != n)
 
 
+def _coevo_score(method: object) -> bool:
+    """Whether ``method`` scores with the ``score`` of one of coevo's own methods (itself, or
+    a plug-in subclass that does not override it)."""
+    from agents.methods.registry import BUILTIN
+
+    own = getattr(type(method), "score", None)
+    return any(own is getattr(cls, "score", None) for cls in BUILTIN.values())
+
+
 class GroupNotDerived(AuditQueryInvalid):
     """A recorded group cannot be re-derived; ``seq`` is its ``advantages_computed``."""
 
@@ -435,8 +452,9 @@ def derive_group(
     Raises:
         AuditQueryInvalid: a run without a method, an unknown rollout mode, an episode without
             an end, or one of coevo's own methods whose ``score`` refuses the group.
-        ScoreFailed: a plug-in method's ``score`` raises (whatever it raises), or answers
-            what is not a score.
+        ScoreFailed: a plug-in method's own ``score`` (not one it inherits from coevo's
+            methods) raises an ``Exception`` or ``SystemExit``, or answers what is not a
+            score.
     """
     method = settings.method
     if method is None:
@@ -448,13 +466,13 @@ def derive_group(
         raise AuditQueryInvalid(f"group {g.group}: no EpisodeFinished for {missing}")
     ends = [inputs.finished[ep] for ep in g.episodes]
     outcomes = [outcome(e.score, e.success, settings.reward) for e in ends]
-    # a plug-in's code may have changed since the run; coevo's own failing is the log's doing
-    builtin = type(method).__module__ == "agents.methods.builtin"
-    failed = AuditQueryInvalid if builtin else ScoreFailed
+    # a plug-in's own score may have changed since the run; coevo's failing (a plug-in's that
+    # inherits it too) is the log's doing
+    failed = AuditQueryInvalid if _coevo_score(method) else ScoreFailed
     similar = [inputs.similar.get(ep, []) for ep in g.episodes]
     try:
         scored = method.score(outcomes, [m.name for m in modes], similar)
-    except ValueError as exc:  # coevo's own refusing a recorded group: the log's doing
+    except ValueError as exc:  # a refusal of the recorded group
         raise failed(f"group {g.group}: {method_label(method)}: score: {exc}") from None
     except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, not a traceback
         raise failed(

@@ -104,10 +104,12 @@ class Credit:
             seq, why = audit.unscored[0]
             more = len(audit.unscored) - 1
             others = f" and {more} more group{'s' * (more != 1)}" if more else ""
+            many = len(inputs.groups) > len(audit.unscored)
+            rest = "; every other group re-derives as recorded" if many else ""
             raise InvariantUncheckable(
                 self.name,
-                f"the run's method fails on its group at seq {seq}{others}, which are not "
-                f"re-derived (the others match: {why})",
+                f"the run's method fails on its group at seq {seq}{others} ({why}); "
+                f"{'those are' if more else 'it is'} taken as recorded{rest}",
             )
         if not bad:
             return

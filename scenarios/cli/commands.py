@@ -420,7 +420,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             with naming(log.path):
                 ctx, notes = check_context(log.read_meta(), args.run)
                 result = verify_log(log, projections(), fact_checks(ctx, notes))
-            for note in (*notes, *result.uncheckable):
+            left = [u.replace(": ", ": not checked: ", 1) for u in result.uncheckable]
+            for note in (*notes, *left):
                 print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:
                 hint = torn_hint(result.first_bad_seq) if result.damaged else ""
@@ -1043,6 +1044,8 @@ def _rule_progress(rule: str | None, every: float = 5.0) -> Generator[Callable[[
     episodes the rule has answered so far (from a thread of its own: a line printed as a call
     returned said nothing of a call that never did). Yields what the audit tells each answer
     (None: no rule of the researcher's)."""
+    from agents.audit.credit import RULE_DONE
+
     if rule is None or ":" not in rule:
         yield None
         return
@@ -1050,17 +1053,23 @@ def _rule_progress(rule: str | None, every: float = 5.0) -> Generator[Callable[[
 
     def tell() -> None:
         while not done.wait(every):
-            print(
+            line = (
                 f"coevo: credit rule {rule!r}: called for {answered[0]} episodes so far "
-                f"({time.monotonic() - start:.0f} s)",
-                file=sys.stderr,
-                flush=True,
+                f"({time.monotonic() - start:.0f} s)\n"
             )
+            sys.stderr.write(line)  # one write: a line the rule prints cannot split it
+            sys.stderr.flush()
+
+    def called(n: int) -> None:
+        if n == RULE_DONE:  # the rest of the audit is not the rule's
+            done.set()
+        else:
+            answered[0] = n
 
     watch = threading.Thread(target=tell, name="coevo-rule-progress", daemon=True)
     watch.start()
     try:
-        yield lambda n: answered.__setitem__(0, n)
+        yield called
     finally:
         done.set()
         watch.join()

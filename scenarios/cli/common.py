@@ -191,13 +191,20 @@ ESCAPE_ERRORS = "coevo-escape"
 codecs.register_error(ESCAPE_ERRORS, _escaped)
 
 
-_LIMITED = {
-    "failed to map segment": "out of memory for the process (a limit: ulimit -v)",
-    "cannot allocate memory": "out of memory for the process (a limit: ulimit -v)",
-    "too many open files": "too many open files (raise the limit: ulimit -n)",
+_LIMITED = (
+    (re.compile(r"failed to map segment from shared object(: cannot allocate memory)?$"), "m"),
+    (re.compile(r"cannot allocate memory"), "m"),
+    (re.compile(r"too many open files"), "f"),
+)
+"""What the loader says of a native library it could not load for want of memory (under
+``ulimit -v`` glibc's "failed to map segment" comes with no reason, or this one; with
+another, such as a ``noexec`` mount's "Operation not permitted", it is not memory) or of
+file descriptors."""
+
+_SAID = {
+    "m": "out of memory for the process (a limit: ulimit -v)",
+    "f": "too many open files (raise the limit: ulimit -n)",
 }
-"""What the loader's message of a native library that could not be loaded says of the limit
-the process ran into."""
 
 
 def out_of_resources(exc: BaseException) -> str:
@@ -205,13 +212,15 @@ def out_of_resources(exc: BaseException) -> str:
     file descriptors (a native library torch, tokenizers or matplotlib load that cannot be
     mapped, a ``MemoryError``); empty for any other error (raised as it is)."""
     if isinstance(exc, MemoryError):
-        return "out of memory (a MemoryError: a limit such as ulimit -v, or the machine's)"
-    text = str(exc)
-    for mark, said in _LIMITED.items():
-        if mark in text.lower():
+        return (
+            "out of memory (a MemoryError: the process asked for more than it may have; a "
+            "limit such as ulimit -v, the machine's memory, or a size gone wrong)"
+        )
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    for pattern, kind in _LIMITED:
+        if pattern.search(first.lower()):
             name = getattr(exc, "name", None) or "a library"
-            first = text.splitlines()[0] if text else type(exc).__name__
-            return f"cannot load {name}: {said}: {first}"
+            return f"cannot load {name}: {_SAID[kind]}: {first}"
     return ""
 
 

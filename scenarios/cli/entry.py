@@ -89,15 +89,18 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
 
 OWN_PACKAGES = {"engine": "errors", "agents": "audit", "stores": "rundir"}
 """coevo's top-level packages besides ``scenarios`` (this one: were it hidden, this code would
-not run), each with a module of its own that shows which package an import reaches."""
+not run), each with a module of its own that shows which package an import reaches (the
+names of ``engine.entrypoints.COEVO_PACKAGES``, written again: this module imports nothing
+of coevo's before it has checked them)."""
 
 
 def _hidden_package() -> str:
     """Why one of :data:`OWN_PACKAGES` would not import as coevo's own: a module or a package
     of that name found first (a researcher's ``engine.py`` beside their rules, on
     ``PYTHONPATH``), whose import of coevo's modules then failed with a traceback. Empty when
-    each imports from the directory beside ``scenarios`` (a directory without
-    ``__init__.py`` of that name hides nothing: Python looks further for a package)."""
+    each imports from the directory beside ``scenarios``, or when coevo's modules are still
+    reached through it (a directory without ``__init__.py`` of that name is a namespace
+    Python looks past, and an editable install's import hook maps coevo's submodules)."""
     import importlib
     from importlib.util import find_spec
     from pathlib import Path
@@ -111,20 +114,21 @@ def _hidden_package() -> str:
         if spec is None or spec.origin is None:  # not found (the import says), or a namespace
             continue
         places = list(spec.submodule_search_locations or ())
-        if places and Path(places[0]).resolve() == home / name:
+        if places and Path(places[0]).resolve() == (home / name).resolve():
             continue
         if places:  # a package elsewhere: an installed finder may still reach coevo's modules
             try:
                 module = importlib.import_module(f"{name}.{own}")
-                if Path(str(module.__file__)).resolve().is_relative_to(home / name):
+                if Path(str(module.__file__)).resolve().is_relative_to((home / name).resolve()):
                     continue
             except (Exception, SystemExit):  # their package's own failure: it hides ours
                 pass
         return (
             f"{name!r} here is {places[0] if places else spec.origin}, not coevo's {name} "
-            f"package ({home / name}): a module or package of yours by that name (on "
-            f"PYTHONPATH, or in the current directory) hides it; rename yours (coevo's "
-            f"top-level names are scenarios, {', '.join(OWN_PACKAGES)})"
+            f"package ({home / name}): a module or package by that name found first (one of "
+            f"yours on PYTHONPATH or in the current directory, or another installed "
+            f"distribution's) hides it; rename yours (coevo's top-level names are scenarios, "
+            f"{', '.join(OWN_PACKAGES)})"
         )
     return ""
 

@@ -1002,7 +1002,15 @@ def test_an_episode_without_an_advantage_says_why(
 def test_a_rule_of_ones_own_says_how_far_it_got(capsys: pytest.CaptureFixture[str]) -> None:
     """A slow rule ran for minutes without a word: a line every few seconds says how many
     episodes it was called for (the built-in rules are quick and say nothing)."""
+    from agents.audit.credit import RULE_DONE
     from scenarios.cli.commands import _rule_progress  # pyright: ignore[reportPrivateUsage]
+
+    def until(said: str) -> str:  # the lines that came, once one says ``said`` (or 10 s)
+        seen, deadline = "", time.monotonic() + 10
+        while said not in seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+            seen += capsys.readouterr().err
+        return seen
 
     for quick in (None, "relative"):
         with _rule_progress(quick) as tick:
@@ -1010,14 +1018,19 @@ def test_a_rule_of_ones_own_says_how_far_it_got(capsys: pytest.CaptureFixture[st
     with _rule_progress("my_rules:slow", every=0.05) as tick:
         assert tick is not None
         tick(7)
-        time.sleep(0.3)
-    err = capsys.readouterr().err
-    assert err.startswith("coevo: credit rule 'my_rules:slow': called for 7 episodes so far ("), err
+        err = until("called for 7 episodes so far (")
+        assert "coevo: credit rule 'my_rules:slow': called for 7 episodes so far (" in err, err
+        tick(RULE_DONE)  # the rule has answered every episode: the rest is the audit's
+        time.sleep(0.2)
+        capsys.readouterr()
+        time.sleep(0.2)
+        assert capsys.readouterr().err == ""
     # a rule stuck in its first call: the lines come all the same (they came as calls returned)
     with _rule_progress("my_rules:stuck", every=0.05):
-        time.sleep(0.3)
-    err = capsys.readouterr().err
-    assert "'my_rules:stuck': called for 0 episodes so far (" in err, err
+        err = until("called for 0 episodes so far (")
+        assert "'my_rules:stuck': called for 0 episodes so far (" in err, err
+    time.sleep(0.2)
+    capsys.readouterr()
     time.sleep(0.2)
     assert capsys.readouterr().err == ""  # and stop with the audit
 

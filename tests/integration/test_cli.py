@@ -1052,7 +1052,7 @@ def test_a_module_of_ones_own_named_like_coevo_s_packages_is_named(
             ImportError("resource.so: cannot open shared object file: Too many open files"),
             "cannot load a library: too many open files (raise the limit: ulimit -n): resource.so",
         ),
-        (MemoryError(), "out of memory (a MemoryError: a limit such as ulimit -v"),
+        (MemoryError(), "out of memory (a MemoryError: the process asked for more than it"),
     ],
 )
 def test_a_process_out_of_memory_or_files_while_loading_is_one_line(
@@ -1076,4 +1076,10 @@ def test_a_process_out_of_memory_or_files_while_loading_is_one_line(
         ImportError("No module named 'nothing_like_it'")
     ))  # fmt: skip
     with pytest.raises(ImportError):  # an import that fails otherwise is not explained away
+        commands.main(["log", "nowhere"])
+    noexec = ImportError(
+        "/v/a.so: failed to map segment from shared object: Operation not permitted"
+    )
+    monkeypatch.setattr(commands, "home_expanded", lambda args: (_ for _ in ()).throw(noexec))
+    with pytest.raises(ImportError):  # a noexec mount's refusal is not memory
         commands.main(["log", "nowhere"])

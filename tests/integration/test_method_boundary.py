@@ -440,6 +440,23 @@ def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins
     assert done.stdout.startswith("verified ")
 
 
+def test_a_plugin_that_inherits_coevo_s_score_is_judged_as_coevo_s() -> None:
+    """A group coevo's own ``score`` refuses is the log's doing, also in the run of a plug-in
+    that inherits it (it was "not checked" there, hiding a damaged log)."""
+    from agents.audit.credit import _coevo_score  # pyright: ignore[reportPrivateUsage]
+    from agents.methods.builtin import Complementary, Grpo
+
+    class Inherits(Grpo):
+        pass
+
+    class Own(Complementary):
+        def score(self, *args: object) -> None:
+            raise RuntimeError
+
+    assert _coevo_score(object.__new__(Grpo)) and _coevo_score(object.__new__(Inherits))
+    assert not _coevo_score(object.__new__(Own))
+
+
 def test_a_plugin_score_that_fails_now_leaves_the_credit_check_out(plugins: Path) -> None:
     """A plug-in method's ``score`` edited since its run to raise (or answer NaN, or the
     wrong length) made ``check`` and ``replay --verify`` call a sound log inconsistent, at
