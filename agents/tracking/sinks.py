@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import re
+import resource  # at import: out of descriptors, a late import of it fails too
 import threading
 from collections.abc import Mapping, Sequence
 from itertools import groupby
@@ -97,7 +98,25 @@ def open_sink(
             what = exc.strerror + (f" ({exc.filename})" if exc.filename else "")
         raise SinkUnavailable(
             f"tracking sink {name!r} cannot start in {where}: {type(exc).__name__}: {what}"
+            + (_descriptors_spent() if isinstance(exc, ImportError) else "")
         ) from exc
+
+
+def _descriptors_spent() -> str:
+    """A note for an import that failed where the process has (almost) no file descriptor
+    left: a library's own module then fails to load in its own words (MLflow's "cannot
+    import name 'MlflowClient'"), which read as a broken install. Empty otherwise."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc: nothing to say
+        return ""
+    if soft == resource.RLIM_INFINITY or used < soft - 8:
+        return ""
+    return (
+        f" (the process has {used} files open of the {soft} ulimit -n allows: too many open "
+        "files is the likelier cause; raise the limit)"
+    )
 
 
 def written_before(name: str, where: Path, run: str) -> str:

@@ -321,6 +321,35 @@ def test_an_mlflow_store_mlflow_cannot_read_is_one_line(
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("spent", [False, True])
+def test_a_sink_whose_library_fails_to_import_out_of_descriptors_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spent: bool
+) -> None:
+    """Out of file descriptors, MLflow's own import failed in its words ("cannot import name
+    'MlflowClient'"), which read as a broken install: the likelier cause is named when the
+    process has (almost) no descriptor left, and only then."""
+    import resource
+
+    from agents.tracking import sinks
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ImportError("cannot import name 'MlflowClient' from 'mlflow.tracking'")
+
+    listdir = os.listdir
+    used = 30 if spent else 3
+    monkeypatch.setattr(sinks, "TensorBoardSink", broken)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (32, 32))
+    monkeypatch.setattr(
+        os, "listdir", lambda p: ["x"] * used if p == "/proc/self/fd" else listdir(p)
+    )
+    with pytest.raises(sinks.SinkUnavailable) as refused:
+        sinks.open_sink("tensorboard", tmp_path / "tb", "r", {})
+    said = str(refused.value)
+    assert "cannot import name 'MlflowClient'" in said
+    hint = "(the process has 30 files open of the 32 ulimit -n allows: too many open files"
+    assert (hint in said) == spent, said
+
+
 def test_export_needs_a_target_and_a_run(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
