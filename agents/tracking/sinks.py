@@ -108,7 +108,7 @@ def _descriptors_spent() -> str:
     import name 'MlflowClient'"), which read as a broken install. Empty otherwise."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
-        used = len(os.listdir("/proc/self/fd"))
+        used = len(os.listdir("/proc/self/fd")) - 1  # less the one listing them
     except OSError:  # no /proc: nothing to say
         return ""
     if soft == resource.RLIM_INFINITY or used < soft - 8:

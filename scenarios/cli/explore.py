@@ -699,7 +699,7 @@ def _connections_allowed() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, raised), hard))
             soft = max(soft, raised)
     try:
-        used = len(os.listdir("/proc/self/fd"))
+        used = len(os.listdir("/proc/self/fd")) - 1  # less the one listing them
     except OSError:
         used = 64
     allowed = (soft - used - 16) // 2  # each connection may open a file while it is served
