@@ -10,7 +10,9 @@ then the pairs within each seed, resampled: :func:`agents.report.intervals.boots
     .venv/bin/python bench/paired_runs.py --method empo2 \\
         --a docs/results/headline_a0a91ec.json --b docs/results/empo2_novelty1_a0a91ec.json
 
-Each side may name several files (other seeds of the same setting); a seed both sides hold is
+The two sides may be two methods (``--method-b``) whose runs play the same held-out tasks (one
+world, split and evaluation settings: a variant shipped as a scenario of its own). Each side
+may name several files (other seeds of the same setting); a seed both sides hold is
 paired, and one whose tasks differ between the sides (another world, split or episode count)
 is refused; the files hold each task's family, not its variant, so a change that keeps the
 families in order is not seen. The table goes to stdout (and ``--out``, markdown).
@@ -99,12 +101,17 @@ def _signed(x: Interval) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", required=True)
+    parser.add_argument(
+        "--method-b",
+        help="the method of the --b files, when it is another (a variant shipped as its own "
+        "scenario, as complementary-distill is of complementary); default: --method",
+    )
     parser.add_argument("--a", type=Path, nargs="+", required=True, help="the first setting")
     parser.add_argument("--b", type=Path, nargs="+", required=True, help="the second setting")
     parser.add_argument("--labels", nargs=2, default=["a", "b"], metavar=("A", "B"))
     parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = parser.parse_args()
-    a, b = outcomes_of(args.a, args.method), outcomes_of(args.b, args.method)
+    a, b = outcomes_of(args.a, args.method), outcomes_of(args.b, args.method_b or args.method)
     rows, _ = table(a, b, tuple(args.labels))
     text = "\n".join(rows) + "\n"
     sys.stdout.write(text)

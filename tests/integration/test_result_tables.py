@@ -5,6 +5,7 @@ aborted episode is a failure there as in the trainer and the held-out rounds."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -404,3 +405,10 @@ def test_two_settings_are_paired_task_by_task_and_other_tasks_are_refused(tmp_pa
         paired.paired({"7": tasks}, b)
     with pytest.raises(SystemExit, match="no outcomes of method 'n'"):
         paired.outcomes_of([tmp_path / "b.json"], "n")
+    # a variant shipped as a method of its own: --method-b names the second side's
+    other = _outcomes_file(tmp_path / "n.json", "n", {"0": better})
+    argv = ["paired_runs", "--method", "m", "--method-b", "n", "--a", str(tmp_path / "a0.json")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", [*argv, "--b", str(other), "--out", str(tmp_path / "t.md")])
+        paired.main()
+    assert "| 0 | 0.250 | 0.750 | +0.500 |" in (tmp_path / "t.md").read_text()
