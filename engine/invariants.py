@@ -373,19 +373,25 @@ def check_stream(
             invariant=exc.invariant, seq=exc.seq, message=exc.detail, involved=exc.involved
         )
         read = max(count, exc.seq + 1 - first)  # up to the violation (or the stream's end)
-        return CheckReport(
-            events=read,
-            invariants=tuple(n for n in names if n not in dict(late)),
-            skipped=tuple(skipped),
-            violation=violation,
-            uncheckable=tuple(f"{n}: {why}" for n, why in late),
-        )
+        return _report(read, names, skipped, late, violation=violation)
+    return _report(count, names, skipped, late, completed=done)
+
+
+def _report(
+    events: int,
+    names: Sequence[str],
+    skipped: Sequence[str],
+    late: list[tuple[str, str]],
+    **outcome: Any,
+) -> CheckReport:
+    """A pass's report: the invariants that found they cannot judge the stream (``late``)
+    are listed apart from those checked."""
     return CheckReport(
-        events=count,
+        events=events,
         invariants=tuple(n for n in names if n not in dict(late)),
         skipped=tuple(skipped),
-        completed=done,
         uncheckable=tuple(f"{n}: {why}" for n, why in late),
+        **outcome,
     )
 
 
