@@ -454,6 +454,9 @@ def test_a_credit_rule_of_ones_own_is_named_by_its_import_path(
     ):
         code, out, err = audit(capsys, str(run), "credit", "--rule", rule)
         assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
+    # a typo in a module of coevo's own is a typo, not a module of the user's to rename
+    code, _, err = audit(capsys, str(run), "credit", "--rule", "agents.audit.credit:nothing")
+    assert code == 2 and "has no function 'nothing'" in err and "rename it" not in err, err
     # summed per entry too, where no extractor update is formed (a batch never filled)
     code, out, err = audit(
         capsys, str(run), "credit", "--rule", "my_rules:huge", "--set", "batch=99"
