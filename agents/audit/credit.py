@@ -262,10 +262,11 @@ def derive_credits(
     book = CreditBook()
     rule = settings.credit.rule
     given: Callable[[EpisodeFinished], float] | None = None
+    own = rule != "relative" and rule not in RULES  # the researcher's, by its import path
     if rule == "relative":
         baseline = _relative_credits(inputs)
         given = lambda ev: baseline.get(ev.episode, 0.0)  # noqa: E731 - 0.0: no group (yet)
-    elif rule not in RULES:
+    elif own:
         given = _own_rule(rule, inputs, on_call)
     out: list[Event] = []
     for ev in inputs.stream:
@@ -273,7 +274,7 @@ def derive_credits(
             out += book.decide(ev, settings.credit, given)
         except OverflowError as exc:
             raise _too_large(rule, exc) from None
-    if on_call is not None and rule != "relative" and rule not in RULES:
+    if own and on_call is not None:
         on_call(RULE_DONE)
     return out
 
