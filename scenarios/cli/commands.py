@@ -30,6 +30,7 @@ from engine.errors import CoevoError, UpdateDiverged
 from scenarios.cli.check import add_parser as add_check
 from scenarios.cli.common import (
     ESCAPE_ERRORS,
+    TOO_MANY_FILES,
     InputInvalid,
     answered,
     check_writable,
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
-            said = f"too many open files (raise the limit: ulimit -n): {exc}"
+            said = f"{TOO_MANY_FILES}: {exc}"
         elif exc.errno == errno.ENAMETOOLONG:  # bad input, as a path that is not UTF-8
             said = f"a path is too long for this file system: {exc.filename!r}"
         elif exc.errno in _WRITE_ERRNOS:  # `> /dev/full`, a full disk under the output

@@ -201,10 +201,10 @@ _LIMITED = (
 another, such as a ``noexec`` mount's "Operation not permitted", it is not memory) or of
 file descriptors."""
 
-_SAID = {
-    "m": "out of memory for the process (a limit: ulimit -v)",
-    "f": "too many open files (raise the limit: ulimit -n)",
-}
+TOO_MANY_FILES = "too many open files (raise the limit: ulimit -n)"
+"""How the command line names a process out of file descriptors, whichever error said so."""
+
+_SAID = {"m": "out of memory for the process (a limit: ulimit -v)", "f": TOO_MANY_FILES}
 
 
 def out_of_resources(exc: BaseException) -> str:

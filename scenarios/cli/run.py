@@ -22,6 +22,7 @@ from engine.errors import CoevoError, LogError, LogLocked, NothingToResume, RunN
 from engine.eventlog import last_envelope
 from engine.invariants import completed
 from scenarios.cli.common import (
+    TOO_MANY_FILES,
     InputInvalid,
     damaged_checkpoints,
     missing_checkpoints,
@@ -268,7 +269,7 @@ def _run_loop(runtime: Any, rd: RunDir) -> Any:
         return _trio_run_stoppable(runtime.run)
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
-            why = "too many open files (raise the limit: ulimit -n)"
+            why = TOO_MANY_FILES
         elif exc.errno == errno.ENOMEM:
             why = "out of memory"
         else:
