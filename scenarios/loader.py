@@ -111,12 +111,14 @@ def refuse_futile(scenario: Scenario, source: str) -> None:
         return
     c, size = complementary_settings(scenario), scenario.grpo.group_size
     at = section_path(scenario, "complementary")
-    if c.subgroups and min(size // 2, size - size // 2) < 2:
+    guided = c.guided_count(size)
+    if c.subgroups and 1 in (guided, size - guided):
         raise ScenarioInvalid(
             source,
-            f"$.grpo.group_size = {size}: Complementary RL splits a group into a guided and a "
-            f"free subgroup ({size // 2} and {size - size // 2} episodes), and an episode alone "
-            f"in its subgroup always has advantage 0 (it never trains); use at least 4, or "
+            f"$.grpo.group_size = {size} with {at[2:]}.guided_fraction = {c.guided_fraction}: "
+            f"Complementary RL splits a group into a guided and a free subgroup ({guided} and "
+            f"{size - guided} episodes), and an episode alone in its subgroup always has "
+            f"advantage 0 (it never trains); make each subgroup at least 2 (or empty), or set "
             f"{at[2:]}.subgroups = false",
         )
     if c.batch == 1:

@@ -134,10 +134,10 @@ class Empo2(Grpo):
 
 
 class Complementary(Grpo):
-    """Complementary RL: each group split into a guided half (one bank entry) and a free half,
-    weighted subgroup advantages, every training episode sent to the extractor, warm-up steps
-    that train nothing, a merge every ``merge_every`` steps, and an evaluation round with the
-    bank."""
+    """Complementary RL: each group split into a guided subgroup (one bank entry each; half
+    the group by default, ``guided_fraction``) and a free one, weighted subgroup advantages,
+    every training episode sent to the extractor, warm-up steps that train nothing, a merge
+    every ``merge_every`` steps, and an evaluation round with the bank."""
 
     Settings = ComplementaryConfig
     name = "complementary"
@@ -149,9 +149,10 @@ class Complementary(Grpo):
         self._c = settings
         self.warmup = settings.warmup
         self.memory_eval: str | None = settings.guided_rollout
+        self._guided = settings.guided_count(grpo.group_size)
 
     def rollout(self, run_seed: int, step: int, index: int, member: int) -> str:
-        guided = step >= self.warmup and member < self._grpo.group_size // 2
+        guided = step >= self.warmup and member < self._guided
         return self._c.guided_rollout if guided else "plain"
 
     def shape(self, job: EpisodeAssigned, task: Task) -> EpisodeAssigned:

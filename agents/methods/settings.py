@@ -178,6 +178,9 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         ops: fields of ``agents.models.extractor_base.OpsSpec`` to change ("embedded-ops" only).
         guided_rollout: "guided" (the entry stays in the prompt the actor is trained on) or
             "guided-distill" (combined with EMPO2's off-policy distillation: trained without).
+        guided_fraction: the share of each group played with a bank entry (the guided
+            subgroup: the first ``guided_count(group_size, guided_fraction)`` members; the
+            paper's K/2 at 0.5); 0 plays every episode free, 1 every one guided.
         warmup: steps (an update's worth of groups each) with no retrieval and no actor update
             while the bank fills.
         merge_every: steps between merge passes over the bank.
@@ -213,6 +216,7 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     extractor: Annotated[str, Meta(min_length=1, max_length=4096)] = "embedded"
     ops: dict[str, Any] = msgspec.field(default_factory=dict[str, Any])
     guided_rollout: Literal["guided", "guided-distill"] = "guided"
+    guided_fraction: Annotated[float, Meta(ge=0, le=1)] = 0.5
     warmup: Annotated[int, Meta(ge=0, le=10_000)] = 5
     merge_every: Annotated[int, Meta(ge=1, le=10_000)] = 5
     merge_chunk: Annotated[int, Meta(ge=2, le=100)] = 5
@@ -241,3 +245,9 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     credit: Literal["success", "score"] = "success"
     merge_max: Annotated[int, Meta(ge=1, le=1_000_000)] = 16
     lora: LoraSettings = msgspec.field(default_factory=LoraSettings)
+
+    def guided_count(self, group_size: int) -> int:
+        """How many members of a group of ``group_size`` play guided: ``guided_fraction`` of
+        it, rounded down (0.5 of 7 is 3; a product a hair under a whole number, as 0.29 *
+        100 is in floating point, counts as that number)."""
+        return min(group_size, int(group_size * self.guided_fraction + 1e-9))

@@ -363,8 +363,16 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
         # adaptation test without evaluation rounds was not played
         (
             ["run.method=complementary", "complementary.embedder=hashing", "grpo.group_size=3"],
-            "$.grpo.group_size = 3: Complementary RL splits a group into a guided and a free "
-            "subgroup (1 and 2 episodes)",
+            "$.grpo.group_size = 3 with complementary.guided_fraction = 0.5: Complementary RL "
+            "splits a group into a guided and a free subgroup (1 and 2 episodes)",
+        ),
+        (
+            [
+                *("run.method=complementary", "complementary.embedder=hashing"),
+                "complementary.guided_fraction=0.125",
+            ],
+            "$.grpo.group_size = 8 with complementary.guided_fraction = 0.125: Complementary RL "
+            "splits a group into a guided and a free subgroup (1 and 7 episodes)",
         ),
         (
             ["run.method=complementary", "complementary.embedder=hashing", "complementary.batch=1"],

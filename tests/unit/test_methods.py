@@ -155,6 +155,22 @@ def test_complementary_ablations_score_and_name_their_rule(
     assert scored.advantages == pytest.approx(advantages)
 
 
+@pytest.mark.parametrize(
+    ("size", "fraction", "guided"),
+    [(8, 0.5, 4), (7, 0.5, 3), (8, 0.25, 2), (100, 0.29, 29), (8, 0.0, 0), (8, 1.0, 8)],
+)
+def test_the_guided_subgroup_is_its_fraction_of_the_group_rounded_down(
+    size: int, fraction: float, guided: int
+) -> None:
+    c = ComplementaryConfig(guided_fraction=fraction)
+    assert c.guided_count(size) == guided
+    method = Complementary(GrpoConfig(group_size=size), c)
+    assert [method.rollout(0, c.warmup, 0, m) for m in range(size)] == (
+        ["guided"] * guided + ["plain"] * (size - guided)
+    )
+    assert {method.rollout(0, c.warmup - 1, 0, m) for m in range(size)} == {"plain"}
+
+
 def test_the_extraction_prompt_says_the_scenarios_operation_count() -> None:
     messages = extract_messages(
         "g", "start", [], success=True, entry=None, max_ops=5, system="{note} at most {max_ops}"
