@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from agents.audit.answers import audit_tip
-from agents.audit.credit import AuditSettings, audit_credit, gather
+from agents.audit.credit import audit_credit
 from agents.audit.episode import audit_episode
 from agents.audit.index import INDEX_DIR, index_ident, refresh
+from agents.audit.inputs import AuditSettings, gather
 from agents.events.episodes import EpisodeAssigned, EpisodeFinished, EpisodeStarted, StepTaken
 from agents.events.extractor import (
     ExtractionRequested,

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agents.audit.credit import AuditSettings
+from agents.audit.inputs import AuditSettings
 from agents.invariants import Credit
 from agents.learning.credit_actor import CreditSettings
 from agents.methods.builtin import Grpo

@@ -12,12 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agents.audit.credit import (
-    AuditSettings,
-    GroupNotDerived,
-    audit_credit,
-    gather_chunks,
-)
+from agents.audit.credit import audit_credit
+from agents.audit.derive import GroupNotDerived
+from agents.audit.inputs import AuditSettings, gather_chunks
 from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
 from agents.events.memory import TipsRetrieved
@@ -40,7 +37,7 @@ _READ = frozenset(
         GradientRequested,
     }
 )
-"""What :func:`agents.audit.credit.gather` reads of a log."""
+"""What :func:`agents.audit.inputs.gather` reads of a log."""
 
 
 def run_settings(scenario: Any) -> AuditSettings:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from agents.audit.credit import AuditSettings
+from agents.audit.inputs import AuditSettings
 from agents.events.episodes import (
     EpisodeAbandoned,
     EpisodeAborted,

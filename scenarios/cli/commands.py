@@ -988,7 +988,8 @@ def _audit_one(log: Any, args: argparse.Namespace) -> Any:
 
 def _audit_credit(log: Any, args: argparse.Namespace) -> Any:
     from agents.audit.answers import entry_id
-    from agents.audit.credit import audit_credit, gather, parse_setting, with_overrides
+    from agents.audit.credit import audit_credit
+    from agents.audit.inputs import gather, parse_setting, with_overrides
     from agents.invariants.credit import run_settings
     from engine.errors import AuditQueryInvalid
     from scenarios.loader import stored_scenario
@@ -1045,7 +1046,7 @@ def _rule_progress(rule: str | None, every: float = 5.0) -> Generator[Callable[[
     episodes the rule has answered so far (from a thread of its own: a line printed as a call
     returned said nothing of a call that never did). Yields what the audit tells each answer
     (None: no rule of the researcher's)."""
-    from agents.audit.credit import RULE_DONE
+    from agents.audit.derive import RULE_DONE
 
     if rule is None or ":" not in rule:
         yield None

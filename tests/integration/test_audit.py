@@ -1005,7 +1005,7 @@ def test_an_episode_without_an_advantage_says_why(
 def test_a_rule_of_ones_own_says_how_far_it_got(capsys: pytest.CaptureFixture[str]) -> None:
     """A slow rule ran for minutes without a word: a line every few seconds says how many
     episodes it was called for (the built-in rules are quick and say nothing)."""
-    from agents.audit.credit import RULE_DONE
+    from agents.audit.derive import RULE_DONE
     from scenarios.cli.commands import _rule_progress  # pyright: ignore[reportPrivateUsage]
 
     def until(said: str) -> str:  # the lines that came, once one says ``said`` (or 10 s)

@@ -443,7 +443,7 @@ def test_verify_without_the_runs_plugin_leaves_its_check_out_with_a_note(plugins
 def test_a_plugin_that_inherits_coevo_s_score_is_judged_as_coevo_s() -> None:
     """A group coevo's own ``score`` refuses is the log's doing, also in the run of a plug-in
     that inherits it (it was "not checked" there, hiding a damaged log)."""
-    from agents.audit.credit import _coevo_score  # pyright: ignore[reportPrivateUsage]
+    from agents.audit.derive import _coevo_score  # pyright: ignore[reportPrivateUsage]
     from agents.methods.builtin import Complementary, Grpo
 
     class Inherits(Grpo):

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from test_credit_stream import oracle, streams
 
 from agents.audit.answers import audit_tip, lineage
-from agents.audit.credit import AuditSettings, audit_credit, derive_credits, gather, with_overrides
+from agents.audit.credit import audit_credit
+from agents.audit.derive import derive_credits
 from agents.audit.index import refresh
+from agents.audit.inputs import AuditSettings, gather, with_overrides
 from agents.events.episodes import EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorCalled, ExtractorGradientRequested
 from agents.events.memory import (
