@@ -1006,7 +1006,7 @@ def test_a_rule_of_ones_own_says_how_far_it_got(capsys: pytest.CaptureFixture[st
     """A slow rule ran for minutes without a word: a line every few seconds says how many
     episodes it was called for (the built-in rules are quick and say nothing)."""
     from agents.audit.derive import RULE_DONE
-    from scenarios.cli.commands import _rule_progress  # pyright: ignore[reportPrivateUsage]
+    from scenarios.cli.audit import _rule_progress  # pyright: ignore[reportPrivateUsage]
 
     def until(said: str) -> str:  # the lines that came, once one says ``said`` (or 10 s)
         seen, deadline = "", time.monotonic() + 10

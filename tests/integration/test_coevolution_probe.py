@@ -374,7 +374,7 @@ def test_the_headline_pools_the_probes_of_several_seeds(result: dict[str, Any]) 
 def test_a_probe_of_a_run_that_has_not_completed_says_so(root: Path, tmp_path: Path) -> None:
     """``coevo probe`` of a stopped or killed run played its banks without saying that the
     run had not finished (the probe is for a finished run's extractor versions)."""
-    from scenarios.cli.commands import _state_of  # pyright: ignore[reportPrivateUsage]
+    from scenarios.cli.report import _state_of  # pyright: ignore[reportPrivateUsage]
 
     assert _state_of(str(root / "run")) == "completed"
     cut = tmp_path / "cut"

@@ -310,7 +310,7 @@ def test_headless_chromium_renders_the_headings_and_the_plots(page: Path, tmp_pa
 def test_run_labels_tell_runs_apart_however_deep_the_difference(tmp_path: Path) -> None:
     """Two runs ``x1/s/r`` and ``x2/s/r`` were both labelled ``s/r`` in the table and every
     legend, and ``report a a`` titled itself ``/a, /a``."""
-    from scenarios.cli.commands import _label
+    from scenarios.cli.report import _label
 
     deep = [tmp_path / "x1" / "s" / "r", tmp_path / "x2" / "s" / "r"]
     assert [_label(r, deep) for r in deep] == ["x1/s/r", "x2/s/r"]
