@@ -29,7 +29,8 @@ from engine.seeds import derive_rng, derive_seed
 from engine.world import Observation, Task, TextWorld
 from engine.world_registry import load_world
 from scenarios.schema import Scenario
-from stores.checkpoints import load_model_dir, load_weights
+from stores.checkpoints import load_weights
+from stores.model_dirs import load_model_dir
 
 
 @dataclass

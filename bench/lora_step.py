@@ -28,7 +28,7 @@ from agents.events.policy import ActionSampled, GradientRequested  # noqa: E402
 from agents.learning.learner import Sample, Trainee, grpo_step  # noqa: E402
 from agents.models.embedded import EmbeddedSpec, ensure_embedded  # noqa: E402
 from agents.models.tuning import LoraSettings, prepare  # noqa: E402
-from stores.checkpoints import load_model_dir  # noqa: E402
+from stores.model_dirs import load_model_dir  # noqa: E402
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LORA = LoraSettings(r=8, alpha=16, targets=ALL)

@@ -37,11 +37,9 @@ from stores.checkpoints import (
     DirCheckpoints,
     MemoryCheckpoints,
     check_device,
-    check_model_dir,
-    load_model_dir,
-    module_names,
     resolve_device,
 )
+from stores.model_dirs import check_model_dir, load_model_dir, module_names
 
 if TYPE_CHECKING:
     from agents.acting.inference import PolicyRunner
@@ -206,7 +204,7 @@ def _warn_tips_room(scenario: Scenario, source: str, positions: int) -> None:
 def _positions(scenario: Scenario, source: str, model: str) -> int | None:
     """The positions of the model a setting names: the embedded model's (the extractor's
     ``embedded-ops`` base is built from it), a local directory's config, None unknown."""
-    from stores.checkpoints import positions_of
+    from stores.model_dirs import positions_of
 
     if model in _EMBEDDED:
         return embedded_spec(scenario, source).max_positions
@@ -502,7 +500,7 @@ def recorded_models(
     path is the scenario's own and is not looked up here, nor is an embedded model whose
     recipe ``overrides`` change (``policy.embedded.*``, ``complementary.ops.*``: built as
     they say)."""
-    from stores.checkpoints import files_changed, model_files
+    from stores.model_dirs import files_changed, model_files
 
     keys = [override_key(o) for o in overrides]
     embedded = any(k.startswith("policy.embedded") for k in keys)

@@ -58,14 +58,13 @@ from scenarios.policy_setup import (
 )
 from scenarios.schema import Scenario
 from stores.checkpoints import (
-    check_model_dir,
-    load_model_dir,
     load_weights,
     param_digest,
     resolve_device,
     trained_state,
     weights_file,
 )
+from stores.model_dirs import check_model_dir, load_model_dir
 from stores.rundir import find_run
 
 KEPT = (

@@ -183,7 +183,7 @@ def _max_positions(where: Path) -> int:
     Raises:
         ModelUnavailable: no readable config.json.
     """
-    from stores.checkpoints import positions_of
+    from stores.model_dirs import positions_of
 
     limit = positions_of(where)
     if limit is None:
@@ -226,7 +226,7 @@ def _load_minilm(where: Path, device: str) -> tuple[Any, Any, Any]:
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from stores.checkpoints import _LOADING
+    from stores.model_dirs import _LOADING
 
     try:
         torch_device = torch.device(device)
@@ -234,7 +234,7 @@ def _load_minilm(where: Path, device: str) -> tuple[Any, Any, Any]:
         raise ModelUnavailable(f"embedder device {device!r}: {exc}") from None
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ModelUnavailable(f"embedder device {device!r} but torch sees no CUDA device")
-    hf_logging.disable_progress_bar()  # as stores.checkpoints: no "Loading weights" bar
+    hf_logging.disable_progress_bar()  # as stores.model_dirs: no "Loading weights" bar
     try:
         with _LOADING:  # from_pretrained patches torch globally: loads take turns
             tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)

@@ -73,7 +73,7 @@ from agents.models.pretrain_play import Episode, play_families
 from agents.models.prompts import PromptEncoder, encode_response
 from agents.models.specs import OpsSpec
 from engine.world_registry import load_world
-from stores.checkpoints import load_model_dir, quiet_transformers
+from stores.model_dirs import load_model_dir, quiet_transformers
 
 __all__ = [
     "OpsSpec",

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, cast
 
-from stores.checkpoints import END_IDS
+from stores.model_dirs import END_IDS
 
 T = TypeVar("T", bound=Sequence[int])
 
@@ -243,7 +243,7 @@ def end_ids(tokenizer: Any) -> frozenset[int]:
     """The ids a generated response ends at: the tokenizer's eos (the end of a turn, which
     :func:`encode_response` writes) and every other eos id the model's generation config
     names, as transformers' ``generate`` stops at each (a model loaded from a directory:
-    :func:`stores.checkpoints.load_model_dir`)."""
+    :func:`stores.model_dirs.load_model_dir`)."""
     return frozenset({tokenizer.eos_token_id, *getattr(tokenizer, END_IDS, ())})
 
 

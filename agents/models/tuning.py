@@ -147,7 +147,8 @@ def load_version(
     Raises:
         ModelUnavailable: a directory does not hold a loadable model.
     """
-    from stores.checkpoints import ADAPTER_FILE, load_model_dir
+    from stores.checkpoints import ADAPTER_FILE
+    from stores.model_dirs import load_model_dir
 
     if not (path / ADAPTER_FILE).is_file():
         return load_model_dir(path, device)

@@ -706,7 +706,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _model_files(models: dict[str, Path]) -> dict[str, Any]:
     """The :class:`~engine.eventlog.ModelFiles` of each model directory of a run, by role."""
     from engine.eventlog import ModelFiles
-    from stores.checkpoints import model_files
+    from stores.model_dirs import model_files
 
     digest = functools.cache(model_files)  # an extractor on the policy's weights: read once
     return {
@@ -762,7 +762,7 @@ def _same_models(
     Raises:
         InputInvalid: a model's files differ, or the run's model roles do.
     """
-    from stores.checkpoints import files_changed
+    from stores.model_dirs import files_changed
 
     if not then:
         return

@@ -34,7 +34,8 @@ from agents.learning.credit_actor import CreditBook, CreditSettings
 from agents.methods.advantages import subgroup_advantages, subgroup_weights
 from engine.events import Event
 from scenarios.cli import main
-from stores.checkpoints import load_model_dir, param_digest
+from stores.checkpoints import param_digest
+from stores.model_dirs import load_model_dir
 
 COMPLEMENTARY = (
     TINY.replace('name = "tiny-grpo"', 'name = "tiny-complementary"')

@@ -34,7 +34,8 @@ from agents.methods.empo2 import intrinsic_reward
 from agents.models.prompts import encode_prompt, strip_tips
 from engine.events import Event
 from scenarios.cli import main
-from stores.checkpoints import DirCheckpoints, load_model_dir, load_weights
+from stores.checkpoints import DirCheckpoints, load_weights
+from stores.model_dirs import load_model_dir
 
 EMPO2 = (
     TINY.replace('name = "tiny-grpo"', 'name = "tiny-empo2"')

@@ -18,7 +18,7 @@ from agents.models.extractor_base import (
     ensure_extractor_base,
     ops_key,
 )
-from stores.checkpoints import load_model_dir
+from stores.model_dirs import load_model_dir
 
 OPS = OpsSpec(episodes_per_family=4, steps=12, warmup=1, batch_size=4, checks=1, max_new_tokens=8)
 

@@ -31,7 +31,8 @@ from scenarios.cli import main
 from scenarios.loader import load_scenario
 from scenarios.probe_setup import RunLog
 from scenarios.probe_setup import _policy as probe_policy  # pyright: ignore[reportPrivateUsage]
-from stores.checkpoints import ADAPTER_FILE, WEIGHTS_FILE, load_model_dir, param_digest
+from stores.checkpoints import ADAPTER_FILE, WEIGHTS_FILE, param_digest
+from stores.model_dirs import load_model_dir
 
 LORA = (
     GRPO.replace('name = "resume-grpo"', 'name = "lora-grpo"')

@@ -18,7 +18,8 @@ from agents.testing.models import tiny_qwen2, tiny_tokenizer
 from engine.errors import ModelUnavailable
 from scenarios.cli import main
 from stores import checkpoints as ckpt
-from stores.checkpoints import DirCheckpoints, check_model_dir, load_model_dir
+from stores.checkpoints import DirCheckpoints
+from stores.model_dirs import check_model_dir, load_model_dir, positions_of
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
@@ -404,8 +405,8 @@ def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
     from engine.eventlog import ModelFiles, new_run_meta
     from scenarios.loader import load_scenario, resolved_toml, scenario_hash
     from scenarios.policy_setup import policy_model_dir
-    from stores.checkpoints import model_files
     from stores.lmdb_log import LmdbEventLog
+    from stores.model_dirs import model_files
 
     path = tmp_path / "model"  # a copy of the embedded model, as a researcher's own directory
     shutil.copytree(policy_model_dir(load_scenario(QUICKSTART, TINY), QUICKSTART), path)
@@ -536,8 +537,8 @@ def test_a_resume_on_another_build_of_the_embedded_model_says_where_to_resume(
     from engine.eventlog import ModelFiles, new_run_meta
     from scenarios.loader import load_scenario, resolved_toml, scenario_hash
     from scenarios.policy_setup import policy_model_dir
-    from stores.checkpoints import model_files
     from stores.lmdb_log import LmdbEventLog
+    from stores.model_dirs import model_files
 
     sets = ['run.method="rollout"', "run.episodes=2", "run.workers=1", *TINY]
     scenario = load_scenario(QUICKSTART, sets)
@@ -589,7 +590,7 @@ def test_no_file_descriptor_left_is_not_called_a_damaged_model(
     import safetensors
 
     from engine.errors import ModelUnavailable
-    from stores import checkpoints
+    from stores import model_dirs
 
     def no_fd(path: str, framework: str) -> None:
         raise OSError(f"unable to open file {path}: Too many open files (os error 24)")
@@ -598,7 +599,7 @@ def test_no_file_descriptor_left_is_not_called_a_damaged_model(
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"")
     with pytest.raises(ModelUnavailable, match="too many open files in this process") as err:
-        checkpoints._tensor_shapes(weights, "model")  # pyright: ignore[reportPrivateUsage]
+        model_dirs.tensor_shapes(weights, "model")
     assert "not a valid safetensors file" not in str(err.value)
 
 
@@ -645,7 +646,7 @@ def test_a_model_that_names_its_positions_otherwise_is_checked_against_them(
     GPT2LMHeadModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     assert "max_position_embeddings" not in json.loads((path / "config.json").read_text())
-    assert ckpt.positions_of(path) == 128
+    assert positions_of(path) == 128
     base = ["--set", f"policy.model={path}", "--set", 'policy.mode="generate"']
     assert main(["validate", QUICKSTART, *base, "--set", "policy.max_new_tokens=65"]) == 2
     assert "built for 128 positions" in capsys.readouterr().err
@@ -734,7 +735,7 @@ def test_a_reply_is_read_up_to_an_end_id_that_is_an_ordinary_token() -> None:
     from types import SimpleNamespace
 
     from agents.acting.inference import write_replies
-    from stores.checkpoints import END_IDS
+    from stores.model_dirs import END_IDS
 
     _, tokenizer = tiny_model()
     ids = tokenizer.encode("take door", add_special_tokens=False)

@@ -18,7 +18,7 @@ from agents.events.policy import ActionRequested, ActionSampled
 from agents.memory.extraction import EXTRACT_SYSTEM, MERGE_SYSTEM
 from agents.models.prompts import encode_prompt, from_pairs, strip_tips
 from engine.events import Event
-from stores.checkpoints import load_model_dir
+from stores.model_dirs import load_model_dir
 
 SYSTEM = "you act in a text lab. answer with one action."
 REFLECT = "note one thing for the next try."

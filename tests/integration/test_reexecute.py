@@ -22,8 +22,9 @@ from agents.learning.learner import update_seed
 from engine.events import Event
 from engine.lifecycle import RunStarted
 from scenarios.cli import main
-from stores.checkpoints import load_model_dir, param_digest
+from stores.checkpoints import param_digest
 from stores.lmdb_log import LmdbEventLog
+from stores.model_dirs import load_model_dir
 
 
 @pytest.fixture(scope="module")

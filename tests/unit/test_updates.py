@@ -35,7 +35,7 @@ RESPONSES = [[20, 21, 1], [22, 1], [23, 24, 25, 1]]
 
 
 def tiny_model(dropout: float = 0.0) -> Qwen2ForCausalLM:
-    """A tiny Qwen2, in eval mode as a loaded model is (``stores.checkpoints.load_model_dir``)."""
+    """A tiny Qwen2, in eval mode as a loaded model is (``stores.model_dirs.load_model_dir``)."""
     return tiny_qwen2(layers=2, heads=4, kv_heads=2, attention_dropout=dropout)
 
 
