@@ -209,6 +209,11 @@ class _Process:
         """Process ``generation`` runs as ``pid`` on Ray node ``node``."""
         self._where[generation] = (pid, node)
 
+    def reached(self, generation: int) -> bool:
+        """Whether process ``generation`` was placed and answered a member (one Ray never
+        placed answers nothing, a stop neither)."""
+        return generation in self._where
+
     def lost(self, generation: int, stalled: bool = False) -> None:
         """A member found process ``generation`` gone (or never started), or ``stalled``: alive
         and answering nothing."""
@@ -263,9 +268,12 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
                 ray.shutdown()  # at exit)
             if isinstance(exc, Exception) and address != "local":
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                # a head that answered and still refused: Ray's own line (a "crashed" instance)
+                # says nothing of the likeliest cause
+                token = _AUTH_HINT if isinstance(exc, ConnectionError) else ""
                 raise ClusterUnavailable(
                     f"cannot join the Ray cluster at {address!r} ([runtime.ray] address): "
-                    f"{type(exc).__name__}: {first}"
+                    f"{type(exc).__name__}: {first}{token}"
                 ) from None
             raise
     try:
@@ -273,6 +281,11 @@ def connected(address: str, num_cpus: int | None = None) -> Generator[None]:
     finally:
         ray.shutdown()
 
+
+_AUTH_HINT = (
+    "; a cluster started with token authentication refuses a wrong or missing token so: "
+    "RAY_AUTH_MODE and RAY_AUTH_TOKEN here must be the cluster's (docs/DEPLOY.md, section 2)"
+)
 
 CONNECT_TIMEOUT_S = 10.0
 """Seconds to wait for a cluster's ``HOST:PORT`` to accept a connection and answer as a
@@ -536,7 +549,8 @@ class RemoteActor(Actor):
             raise self._translated(ctx.name, exc, generation) from None
         finally:
             with trio.CancelScope(shield=True):
-                await _stop(host)
+                if self._process.reached(generation):  # else a stop waited 15 s for nothing
+                    await _stop(host)
                 self._process.release(process, generation)
 
     def _translated(self, name: str, exc: Exception, generation: int) -> Exception:
