@@ -113,14 +113,20 @@ def refuse_futile(scenario: Scenario, source: str) -> None:
     at = section_path(scenario, "complementary")
     guided = c.guided_count(size)
     if c.subgroups and 1 in (guided, size - guided):
-        raise ScenarioInvalid(
-            source,
-            f"$.grpo.group_size = {size} with {at[2:]}.guided_fraction = {c.guided_fraction}: "
+        split = (
             f"Complementary RL splits a group into a guided and a free subgroup ({guided} and "
             f"{size - guided} episodes), and an episode alone in its subgroup always has "
-            f"advantage 0 (it never trains); make each subgroup at least 2 (or empty), or set "
-            f"{at[2:]}.subgroups = false",
+            "advantage 0 (it never trains)"
         )
+        ablation = f"{at[2:]}.subgroups = false"
+        if c.guided_fraction == 0.5:  # the method's split: the group is too small
+            detail = f"$.grpo.group_size = {size}: {split}; use at least 4, or {ablation}"
+        else:
+            detail = (
+                f"{at}.guided_fraction = {c.guided_fraction} of grpo.group_size = {size}: "
+                f"{split}; give each subgroup 2 episodes or more (or none), or set {ablation}"
+            )
+        raise ScenarioInvalid(source, detail)
     if c.batch == 1:
         raise ScenarioInvalid(
             source,
@@ -234,6 +240,7 @@ def warn_settings(
             f"{g.group_size * g.groups_per_update} episodes (grpo.group_size * "
             f"grpo.groups_per_update): the run plays {played}"
         )
+    _warn_unguided(source, scenario, log)
     e = scenario.eval
     evaluates = e.every > 0  # the final round and the adaptation test are played in rounds
     learns = scenario.run.method != "rollout"
@@ -247,6 +254,24 @@ def warn_settings(
             f'{source}: eval.split = "train" evaluates on the variants training plays '
             f'(world.split = "train"): what the run calls held-out success (the progress '
             "line, curve_heldout.csv, the report) is then success on trained variants"
+        )
+
+
+def _warn_unguided(source: str, scenario: Scenario, log: Any) -> None:
+    """Warn of a Complementary RL run whose groups have no guided episode: the extractor is
+    credited only for those, so it never trains (the bank is still filled and evaluated)."""
+    from scenarios.methods import built_on_complementary, complementary_settings, section_path
+
+    if scenario.run.method != "complementary" and not built_on_complementary(scenario):
+        return
+    c = complementary_settings(scenario)
+    if c.guided_count(scenario.grpo.group_size) == 0:
+        at = section_path(scenario, "complementary")[2:]
+        log.warning(
+            f"{source}: {at}.guided_fraction = {c.guided_fraction} of grpo.group_size = "
+            f"{scenario.grpo.group_size} guides no episode: the extractor is credited for "
+            "guided episodes only, so it never trains (the bank is still written and used "
+            "in evaluation)"
         )
 
 

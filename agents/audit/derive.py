@@ -151,7 +151,7 @@ def _short(value: object, most: int = 80) -> str:
 
 
 def _relative_credits(inputs: CreditInputs) -> dict[str, float]:
-    """Each grouped episode's reward minus its group's free half's mean reward."""
+    """Each grouped episode's reward minus its group's free subgroup's mean reward."""
     out: dict[str, float] = {}
     for _, g in inputs.groups:
         free = [r for r, mode in zip(g.rewards, recorded_modes(g), strict=True) if not mode.guided]

@@ -49,9 +49,10 @@ class CreditSettings:
             any signal, weighed them 0).
         rule: "success" (+1 / -1, the paper's) or "score" (``2 * score - 1``: a world's partial
             score, in [-1, 1] when the score is in [0, 1]); "relative" (the episode's reward
-            minus its group's free half's mean, :func:`agents.methods.credit.relative_credit`) only
-            in ``coevo audit``, which passes each credit to :meth:`CreditBook.decide`; so is a
-            researcher's own rule, ``package.module:function`` (recorded under that name).
+            minus its group's free subgroup's mean,
+            :func:`agents.methods.credit.relative_credit`) only in ``coevo audit``, which
+            passes each credit to :meth:`CreditBook.decide`; so is a researcher's own rule,
+            ``package.module:function`` (recorded under that name).
     """
 
     batch: int = 64

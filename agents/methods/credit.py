@@ -19,7 +19,7 @@ def episode_credit(success: bool) -> float:
 
 
 def relative_credit(reward: float, free_rewards: Sequence[float]) -> float:
-    """A guided episode's credit relative to the experience-free half of its group: its reward
+    """A guided episode's credit relative to its group's experience-free subgroup: its reward
     minus the free episodes' mean reward (0.0 mean when the group has no free episode).
 
     Credits an entry only for what it added over playing the same task without one; the

@@ -179,8 +179,8 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         guided_rollout: "guided" (the entry stays in the prompt the actor is trained on) or
             "guided-distill" (combined with EMPO2's off-policy distillation: trained without).
         guided_fraction: the share of each group played with a bank entry (the guided
-            subgroup: the first ``guided_count(group_size, guided_fraction)`` members; the
-            paper's K/2 at 0.5); 0 plays every episode free, 1 every one guided.
+            subgroup: its first :meth:`guided_count` members; the paper's K/2 at 0.5); 0
+            plays every episode free (the extractor then never trains), 1 every one guided.
         warmup: steps (an update's worth of groups each) with no retrieval and no actor update
             while the bank fills.
         merge_every: steps between merge passes over the bank.
@@ -190,8 +190,9 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
             False: one advantage over the whole group (an ablation).
         subgroup_weights: weigh each subgroup half of its group by episodes (the method;
             every turn of an episode carries its weight, so a subgroup of shorter episodes
-            weighs less than half of the samples); False: every
-            sample weighs 1 (an ablation).
+            weighs less than half of the samples; with a ``guided_fraction`` other than 0.5 an
+            episode's weight is not 1: 2 guided of 8 weigh 2 each, the 6 free 0.67); False:
+            every sample weighs 1 (an ablation).
         embedder, query_chars, index: as in ``[empo2]``.
         capacity: entries per family partition (FIFO).
         lam: weight of the retrieval-count penalty in the re-ranking.

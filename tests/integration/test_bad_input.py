@@ -363,16 +363,19 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
         # adaptation test without evaluation rounds was not played
         (
             ["run.method=complementary", "complementary.embedder=hashing", "grpo.group_size=3"],
-            "$.grpo.group_size = 3 with complementary.guided_fraction = 0.5: Complementary RL "
-            "splits a group into a guided and a free subgroup (1 and 2 episodes)",
+            "$.grpo.group_size = 3: Complementary RL splits a group into a guided and a free "
+            "subgroup (1 and 2 episodes)",
         ),
         (
             [
                 *("run.method=complementary", "complementary.embedder=hashing"),
                 "complementary.guided_fraction=0.125",
             ],
-            "$.grpo.group_size = 8 with complementary.guided_fraction = 0.125: Complementary RL "
-            "splits a group into a guided and a free subgroup (1 and 7 episodes)",
+            "$.complementary.guided_fraction = 0.125 of grpo.group_size = 8: Complementary RL "
+            "splits a group into a guided and a free subgroup (1 and 7 episodes), and an "
+            "episode alone in its subgroup always has advantage 0 (it never trains); give each "
+            "subgroup 2 episodes or more (or none), or set complementary.subgroups = false "
+            "(given by --set complementary.guided_fraction=0.125)",
         ),
         (
             ["run.method=complementary", "complementary.embedder=hashing", "complementary.batch=1"],

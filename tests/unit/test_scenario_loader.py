@@ -280,6 +280,28 @@ def test_training_on_the_variants_evaluation_holds_out_is_warned_about(
         assert said == ([warned] if warned else []), (sets, err)
 
 
+def test_a_complementary_run_that_guides_no_episode_is_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Its extractor is credited for guided episodes only: it never trains."""
+    from scenarios.cli import main
+
+    quickstart = str(Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml")
+    warned = (
+        "complementary.guided_fraction = 0.1 of grpo.group_size = 8 guides no episode: the "
+        "extractor is credited for guided episodes only, so it never trains"
+    )
+    method = ["run.method=complementary", "complementary.embedder=hashing"]
+    for sets, warns in (
+        ([*method, "complementary.guided_fraction=0.1"], True),
+        ([*method, "complementary.guided_fraction=0.25"], False),
+        (["complementary.guided_fraction=0.1"], False),  # a GRPO run reads no such table
+    ):
+        assert main(["validate", quickstart, *(a for s in sets for a in ("--set", s))]) == 0
+        err = " ".join(capsys.readouterr().err.split())
+        assert (warned in err) is warns, (sets, err)
+
+
 def test_tips_that_may_not_fit_the_prompt_are_warned_about(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
