@@ -20,14 +20,12 @@ from scenarios.cli.common import (
     given_path,
     naming,
     open_run,
+    past_end,
     stdout_to_stderr,
 )
 from stores.rundir import find_run
 
 __all__ = ["cmd_audit"]
-
-
-from scenarios.cli.common import past_end
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

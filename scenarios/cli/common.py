@@ -16,8 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-from rich.console import Console
-
 from engine.errors import (
     CoevoError,
     EventSchemaChanged,
@@ -573,19 +571,6 @@ def _read_only(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
-
-
-class StdoutConsole(Console):
-    """A console on stdout whose reader went away (``| head -1``) ends the command as every
-    other command does, with exit 0 (rich's own answer is exit 1)."""
-
-    def __init__(self) -> None:
-        super().__init__(markup=False)  # a world's "[bold]" is its text, not a style
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        to_devnull(sys.stdout)  # nothing more reaches the closed pipe
-        raise BrokenPipeError
 
 
 def past_end(option: str, seq: int, end: int) -> str:

@@ -15,14 +15,12 @@ from scenarios.cli.common import (
     InputInvalid,
     naming,
     open_run,
+    past_end,
     to_devnull,
 )
 from scenarios.cli.entry import Terminated
 
 __all__ = ["cmd_log"]
-
-
-from scenarios.cli.common import past_end
 
 
 def cmd_log(args: argparse.Namespace) -> int:

@@ -17,14 +17,13 @@ from scenarios.cli.common import (
     InputInvalid,
     naming,
     open_run,
+    past_end,
+    to_devnull,
     torn_hint,
 )
 from stores.rundir import find_run
 
 __all__ = ["cmd_replay"]
-
-
-from scenarios.cli.common import StdoutConsole, past_end
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -70,7 +69,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(msgspec.json.encode(fold.states, order="deterministic").decode() + "\n")
         return 0
-    console = StdoutConsole()
+    console = _Stdout()
     start = f"snapshot after seq {snap}" if snap is not None else "the beginning"
     console.print(f"state after seq {fold.last_seq} (folded from {start})")
     console.print(actors_table(fold.states["actor_stats"]))
@@ -189,3 +188,16 @@ class _VerifyFailed(CoevoError):
     """``replay --verify`` found a corrupted record or a divergent checksum."""
 
     exit_code = 1
+
+
+class _Stdout(Console):
+    """A console on stdout whose reader went away (``| head -1``) ends the command as every
+    other command does, with exit 0 (rich's own answer is exit 1)."""
+
+    def __init__(self) -> None:
+        super().__init__(markup=False)  # a world's "[bold]" is its text, not a style
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        to_devnull(sys.stdout)  # nothing more reaches the closed pipe
+        raise BrokenPipeError
