@@ -141,6 +141,7 @@ SINCE: dict[tuple[str, str], Any] = {
     ("empo2", "query_chars"): 0,  # (0: every character embedded, as before the setting)
     ("complementary", "query_chars"): 0,
     ("eval", "own_seeds"): False,
+    ("complementary", "guided_fraction"): 0.5,  # half of each group, as since the start
 }
 """Settings added after runs were recorded, by table and key, with the value that reproduces
 the runs recorded before them. A run's stored scenario is its resolved TOML (every key), so a

@@ -123,15 +123,25 @@ def test_a_reused_run_made_before_a_setting_that_changed_its_method_is_named(
     from stores.lmdb_log import LmdbEventLog
 
     differs = load_bench("method_results").reused_differs
-    for name, expected in [("complementary", ["complementary.reweight_counts"]), ("grpo", [])]:
-        toml = ROOT / "scenarios" / f"{name}.toml"
-        text = resolved_toml(load_scenario(toml, ["seed=0"]))
-        old = "\n".join(line for line in text.splitlines() if "reweight_counts" not in line)
-        where = tmp_path / name
-        meta = new_run_meta("r", scenario_name=name, seed=0, coevo_version="0", scenario_toml=old)
-        LmdbEventLog.create(where / "log", meta, durable=False).close()
-        assert differs(where, toml, ["seed=0"]) == expected, name
-        assert differs(where, toml, ["seed=0", "complementary.reweight_counts=weighted"]) == []
+    cases = [  # the key, the value every run made before it had, one a new run may ask for
+        ("reweight_counts", "weighted", "pushed"),
+        # one made before guided_fraction played half of each group guided: it was counted
+        # as a run of any fraction (an outside tester's)
+        ("guided_fraction", 0.5, 0.25),
+    ]
+    for key, then, now in cases:
+        for name in ("complementary", "grpo"):
+            toml = ROOT / "scenarios" / f"{name}.toml"
+            text = resolved_toml(load_scenario(toml, ["seed=0"]))
+            old = "\n".join(line for line in text.splitlines() if key not in line)
+            where = tmp_path / key / name
+            meta = new_run_meta(
+                "r", scenario_name=name, seed=0, coevo_version="0", scenario_toml=old
+            )
+            LmdbEventLog.create(where / "log", meta, durable=False).close()
+            for value, other in ((then, False), (now, name == "complementary")):
+                got = differs(where, toml, ["seed=0", f"complementary.{key}={value}"])
+                assert got == ([f"complementary.{key}"] if other else []), (key, name, value)
 
 
 def test_a_set_the_scenario_refuses_is_one_line(tmp_path: Path) -> None:
