@@ -75,14 +75,25 @@ def plot_coevolution(runs: dict[str, list[tuple[int, Coevolution]]], path: Path)
 
 
 def main() -> None:
+    import argparse
+
     from method_results import read_run
 
+    from agents.events.extractor import ExtractorCalled
+    from engine.lifecycle import RunStarted
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="finished Complementary RL runs")
     runs: dict[str, list[tuple[int, Coevolution]]] = {}
-    for arg in sys.argv[1:]:
-        got = read_run(Path(arg))
+    for path in parser.parse_args().runs:
+        got = read_run(path)
         if got is None:
-            raise SystemExit(f"{arg}: no finished run")
-        runs.setdefault(Path(arg).name, []).append((0, fold_coevolution(got[0])))
+            raise SystemExit(f"{path}: no finished run")
+        events = got[0]
+        if not any(isinstance(e, ExtractorCalled) for e in events):
+            raise SystemExit(f"{path}: no extractor call in this run (Complementary RL's has)")
+        seed = next((e.seed for e in events if isinstance(e, RunStarted)), 0)
+        runs.setdefault(path.name, []).append((seed, fold_coevolution(events)))
     print("\n".join(coevolution_table(runs)))
 
 

@@ -42,6 +42,7 @@ from method_results import (
     refuse_reused,
     run_all,
     tag,
+    unfinished,
 )
 
 from agents.events.episodes import EpisodeAssigned, episode_success
@@ -369,7 +370,7 @@ def main() -> None:
             sets = [f"seed={seed}", *extra.get(name, [])]
             if read_run(out) is None:
                 if out.exists():
-                    raise SystemExit(f"{out} holds an unfinished run: resume or remove it")
+                    raise SystemExit(unfinished(out))
                 jobs.append((ROOT / METHODS[name], out, seed, extra.get(name, [])))
             else:
                 refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")

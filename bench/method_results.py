@@ -299,6 +299,14 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
     return differing
 
 
+def unfinished(out: Path, resume: bool = True) -> str:
+    """The refusal of the directory ``out`` of a run :func:`read_run` finds unfinished: a run
+    to resume (``resume``) or remove, or a directory that holds no run's log."""
+    if not (out / "log").exists():
+        return f"{out} holds no run (no log): remove it"
+    return f"{out} holds an unfinished run: {'resume or ' if resume else ''}remove it"
+
+
 def refuse_reused(out: Path, scenario: Path, sets: list[str], label: str, flag: str) -> None:
     """Stop (one line) when the finished run at ``out`` was made with other settings than
     ``scenario`` (named ``label``) with ``sets`` (:func:`reused_differs`); ``flag`` names the
@@ -546,6 +554,11 @@ def main() -> None:
             raise SystemExit(f"coevo: error: {flag} {item!r}: expected {what}")
     specs = dict(item.split("=", 1) for item in [args.baseline, *args.method])
     reused = dict(r.split("=", 1) for r in args.reuse)
+    for name in reused.keys() - specs.keys():  # its runs were never read: every seed trained
+        raise SystemExit(
+            f"coevo: error: --reuse {name}={reused[name]}: {name!r} is no --method or "
+            f"--baseline ({', '.join(specs)})"
+        )
     where = {name: args.runs for name in specs} | reused
     seeds = {name: once_each("--seeds", args.seeds) for name in specs}
     for item in args.seeds_of:
@@ -568,7 +581,7 @@ def main() -> None:
             out = Path(where[name]) / f"{name}-seed{seed}"
             if read_run(out) is None:
                 if out.exists():
-                    raise SystemExit(f"{out} holds an unfinished run: remove it")
+                    raise SystemExit(unfinished(out, resume=False))
                 jobs.append((Path(scenario), out, seed))
             else:
                 flag = "--reuse" if name in reused else "--runs"

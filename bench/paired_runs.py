@@ -32,6 +32,10 @@ from agents.report.intervals import Interval, bootstrap_mean
 Outcomes = dict[str, list[tuple[str, bool]]]
 """Per seed, the last round's ``(family, success)`` of each held-out episode, in order."""
 
+OWN_SEEDS = "2026-12-06 18:55"
+"""When evaluation began to draw seeds of its own (``eval.own_seeds``, commit 4339f1a): runs
+made before may have played other held-out tasks under two settings of one scenario."""
+
 
 def outcomes_of(paths: list[Path], method: str) -> Outcomes:
     """Every seed's held-out outcomes of ``method`` in the files ``paths``.
@@ -47,12 +51,38 @@ def outcomes_of(paths: list[Path], method: str) -> Outcomes:
             raise SystemExit(f"{path}: not a headline JSON file ({exc})") from None
         if not runs:
             raise SystemExit(f"{path}: no outcomes of method {method!r}")
+        _note_before_own_seeds(path)
         for run in runs:
-            seed = str(run["seed"])
+            try:
+                seed = str(run["seed"])
+                plain = [(str(family), bool(success)) for family, success in run["plain"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise SystemExit(
+                    f"{path}: not a headline JSON file (a run of {method} without a seed and "
+                    f"its held-out outcomes: {type(exc).__name__}: {exc})"
+                ) from None
+            if not plain:
+                raise SystemExit(f"{path}: seed {seed} of {method} has no held-out episode")
             if seed in found:
                 raise SystemExit(f"{path}: seed {seed} of {method} is in another file too")
-            found[seed] = [(str(family), bool(success)) for family, success in run["plain"]]
+            found[seed] = plain
     return found
+
+
+def _note_before_own_seeds(path: Path) -> None:
+    """Say on stderr when the file's runs were made before :data:`OWN_SEEDS` (its provenance's
+    ``runs_created``): their pairs may not be the same tasks."""
+    try:
+        created = str(json.loads(path.read_text())["provenance"]["runs_created"])
+    except (KeyError, TypeError, ValueError):
+        return
+    if created[: len(OWN_SEEDS)] < OWN_SEEDS:
+        print(
+            f"paired_runs: note: {path}: its runs were made from {created[: len(OWN_SEEDS)]}, "
+            f"before evaluation drew seeds of its own ({OWN_SEEDS}, eval.own_seeds): runs of "
+            "two settings may have played other tasks of the same families",
+            file=sys.stderr,
+        )
 
 
 def paired(a: Outcomes, b: Outcomes) -> dict[str, list[float]]:
@@ -64,6 +94,9 @@ def paired(a: Outcomes, b: Outcomes) -> dict[str, list[float]]:
     seeds = sorted(a.keys() & b.keys(), key=lambda s: (len(s), s))
     if not seeds:
         raise SystemExit(f"no seed in common (a: {sorted(a)}, b: {sorted(b)})")
+    for side, x in (("a", a), ("b", b)):
+        if alone := sorted(x.keys() - set(seeds), key=lambda s: (len(s), s)):
+            print(f"paired_runs: note: seeds only {side} holds, left out: {alone}", file=sys.stderr)
     out = {}
     for seed in seeds:
         if [f for f, _ in a[seed]] != [f for f, _ in b[seed]]:
@@ -111,12 +144,20 @@ def main() -> None:
     parser.add_argument("--labels", nargs=2, default=["a", "b"], metavar=("A", "B"))
     parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = parser.parse_args()
+    labels = tuple(label.strip().replace("|", "\\|") for label in args.labels)
+    if not all(labels) or labels[0] == labels[1]:
+        raise SystemExit(f"--labels {args.labels}: two labels, not empty, and not the same")
+    if args.out is not None and not args.out.parent.is_dir():
+        raise SystemExit(f"--out {args.out}: no directory {args.out.parent}")
     a, b = outcomes_of(args.a, args.method), outcomes_of(args.b, args.method_b or args.method)
-    rows, _ = table(a, b, tuple(args.labels))
+    rows, _ = table(a, b, (labels[0], labels[1]))
     text = "\n".join(rows) + "\n"
     sys.stdout.write(text)
     if args.out is not None:
-        args.out.write_text(text)
+        try:
+            args.out.write_text(text)
+        except OSError as exc:
+            raise SystemExit(f"--out {args.out}: cannot write: {exc.strerror or exc}") from None
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # doc_bl
 from doc_blocks import doc_block
 from headline import BASELINE, Final, final_of, summarize, table
 from headline_logs import Modes, modes_of, modes_table
-from method_results import read_run, run_all
+from method_results import read_run, run_all, unfinished
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "METHODS.md"
@@ -54,7 +54,7 @@ def main() -> None:
         out = args.runs / f"{NAME}-seed{seed}"
         if read_run(out) is None:
             if out.exists():
-                raise SystemExit(f"{out} holds an unfinished run: resume or remove it")
+                raise SystemExit(unfinished(out))
             jobs.append((ROOT / "scenarios" / "grpo.toml", out, seed, sets))
     run_all(jobs, args.parallel)
     finals: dict[str, list[Final]] = {}

@@ -187,7 +187,9 @@ class ComplementaryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         merge_chunk: entries per merge request.
         subgroup_std: divide the subgroup advantages by their std (released code: mean-only).
         subgroups: advantages within the guided and the free subgroup apart (the method);
-            False: one advantage over the whole group (an ablation).
+            False: one advantage over the whole group (an ablation; the subgroup weights
+            still apply unless ``subgroup_weights`` is False too, which matters only with a
+            ``guided_fraction`` other than 0.5).
         subgroup_weights: weigh each subgroup half of its group by episodes (the method;
             every turn of an episode carries its weight, so a subgroup of shorter episodes
             weighs less than half of the samples; with a ``guided_fraction`` other than 0.5 an

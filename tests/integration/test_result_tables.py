@@ -4,6 +4,7 @@ aborted episode is a failure there as in the trainer and the held-out rounds."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -422,3 +423,93 @@ def test_two_settings_are_paired_task_by_task_and_other_tasks_are_refused(tmp_pa
         mp.setattr(sys, "argv", [*argv, "--b", str(other), "--out", str(tmp_path / "t.md")])
         paired.main()
     assert "| 0 | 0.250 | 0.750 | +0.500 |" in (tmp_path / "t.md").read_text()
+
+
+def test_a_reuse_of_no_method_is_refused_not_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outside tester's ``--reuse c52=DIR`` beside ``--baseline c25=...`` was dropped
+    without a word: with RESULTS.md's ``--reuse grpo=...`` a typo trains every seed again."""
+    main = load_bench("method_results").main
+    grpo = ROOT / "scenarios" / "grpo.toml"
+    argv = ["method_results.py", "--runs", str(tmp_path), "--seeds", "0", "--hard", "heat"]
+    monkeypatch.setattr("sys.argv", [*argv, "--baseline", f"grpo={grpo}", "--reuse", "gpro=x"])
+    with pytest.raises(
+        SystemExit, match=r"coevo: error: --reuse gpro=x: 'gpro' is no --method or --baseline"
+    ):
+        main()
+
+
+def test_a_run_directory_with_no_log_is_not_called_an_unfinished_run(tmp_path: Path) -> None:
+    unfinished = load_bench("method_results").unfinished
+    assert unfinished(tmp_path) == f"{tmp_path} holds no run (no log): remove it"
+    (tmp_path / "log").mkdir()
+    assert unfinished(tmp_path) == f"{tmp_path} holds an unfinished run: resume or remove it"
+    assert unfinished(tmp_path, resume=False) == f"{tmp_path} holds an unfinished run: remove it"
+
+
+def test_paired_runs_refuses_what_it_cannot_pair_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An outside tester's: a run without outcomes (KeyError) or with none (ZeroDivisionError)
+    and ``--out`` into a missing directory were tracebacks; labels with a ``|`` broke the
+    table; runs made before evaluation drew its own seeds, and seeds one side lacks, were
+    paired or left out without a word."""
+    paired = load_bench("paired_runs")
+    tasks = [("heat", False), ("heat", True)]
+    for name, runs, said in [
+        ("noplain", [{"seed": 0}], "not a headline JSON file (a run of m without a seed"),
+        ("empty", [{"seed": 0, "plain": []}], "seed 0 of m has no held-out episode"),
+    ]:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"outcomes": {"m": runs}}))
+        with pytest.raises(SystemExit, match=re.escape(f"{path}: {said}")):
+            paired.outcomes_of([path], "m")
+    a = _outcomes_file(tmp_path / "a.json", "m", {"0": tasks, "1": tasks})
+    b = _outcomes_file(tmp_path / "b.json", "m", {"0": tasks})
+    doc = json.loads(b.read_text())
+    doc["provenance"] = {"runs_created": "2026-12-06 09:49 to 2026-12-06 10:40 UTC"}
+    b.write_text(json.dumps(doc))
+    base = ["paired_runs", "--method", "m", "--a", str(a), "--b", str(b)]
+    for extra, said in [
+        (["--out", str(tmp_path / "no" / "t.md")], f"--out {tmp_path / 'no' / 't.md'}: no dir"),
+        (["--labels", "x", "x"], "--labels ['x', 'x']: two labels, not empty, and not the same"),
+    ]:
+        monkeypatch.setattr(sys, "argv", [*base, *extra])
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            paired.main()
+    monkeypatch.setattr(sys, "argv", [*base, "--labels", "a|b", "c"])
+    paired.main()
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "| seed | a\\|b | c | c - a\\|b |"
+    assert "seeds only a holds, left out: ['1']" in err
+    assert f"{b}: its runs were made from 2026-12-06 09:49, before evaluation drew" in err
+    assert str(a) not in err
+
+
+def test_extractor_report_alone_refuses_a_run_without_an_extractor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run alone, it printed a row of zeros for a GRPO run, every seed as 0, and answered
+    ``--help`` with "no finished run"."""
+    from engine.eventlog import new_run_meta
+    from engine.events import Envelope
+    from engine.lifecycle import RunStarted, RunStopped
+    from stores.lmdb_log import LmdbEventLog
+
+    meta = new_run_meta("r", scenario_name="grpo", seed=3, coevo_version="0")
+    log = LmdbEventLog.create(tmp_path / "run" / "log", meta, durable=False)
+    started = RunStarted(run_id="r", scenario="grpo", scenario_hash="h", seed=3, coevo_version="0")
+    events = [started, RunStopped(reason="completed")]
+    log.append(
+        [Envelope(seq=i, run="r", t=i, actor="runtime", event=e) for i, e in enumerate(events)]
+    )
+    log.close()
+    main = load_bench("extractor_report").main
+    monkeypatch.setattr(sys, "argv", ["extractor_report.py", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="run: no extractor call in this run"):
+        main()
+    monkeypatch.setattr(sys, "argv", ["extractor_report.py", "--help"])
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == 0
