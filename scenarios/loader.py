@@ -68,7 +68,8 @@ def read_scenario(
 
 def _naming_override(exc: ScenarioInvalid, overrides: Sequence[str]) -> ScenarioInvalid:
     """``exc``, saying which ``--set`` gave the value it is about (the file holds another):
-    the last override whose key is the error's key path, or above or below it."""
+    the last override whose key is the error's key path, or above or below it; else one of
+    another setting the message names as part of the cause (``of $.grpo.group_size = 5``)."""
     found = re.search(r"`(\$[^`]*)`", exc.detail) or re.match(r"(\$[^\s:]*)", exc.detail)
     top = re.fullmatch(r"Object contains unknown field `([^`]*)`", exc.detail)  # no path
     if found is not None:
@@ -77,11 +78,14 @@ def _naming_override(exc: ScenarioInvalid, overrides: Sequence[str]) -> Scenario
         at = f"$.{top.group(1)}"
     else:
         return exc
-    for item in reversed(overrides):
-        key = "$." + ".".join(_split_override(item, exc.source)[0])
-        if any(a == b or a.startswith((b + ".", b + "[")) for a, b in ((at, key), (key, at))):
-            said = item if len(item) <= 120 else f"{item[:120]}... ({len(item):,} characters)"
-            return ScenarioInvalid(exc.source, f"{exc.detail} (given by --set {said})")
+    named = [p.rstrip(".") for p in re.findall(r"\$\.[\w.\[\]]+", exc.detail)]
+    for path in dict.fromkeys([at, *named]):
+        for item in reversed(overrides):
+            key = "$." + ".".join(_split_override(item, exc.source)[0])
+            pairs = ((path, key), (key, path))
+            if any(a == b or a.startswith((b + ".", b + "[")) for a, b in pairs):
+                said = item if len(item) <= 120 else f"{item[:120]}... ({len(item):,} characters)"
+                return ScenarioInvalid(exc.source, f"{exc.detail} (given by --set {said})")
     return exc
 
 
@@ -123,7 +127,7 @@ def refuse_futile(scenario: Scenario, source: str) -> None:
             detail = f"$.grpo.group_size = {size}: {split}; use at least 4, or {ablation}"
         else:
             detail = (
-                f"{at}.guided_fraction = {c.guided_fraction} of grpo.group_size = {size}: "
+                f"{at}.guided_fraction = {c.guided_fraction} of $.grpo.group_size = {size}: "
                 f"{split}; give each subgroup 2 episodes or more (or none), or set {ablation}"
             )
         raise ScenarioInvalid(source, detail)

@@ -371,7 +371,7 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
                 *("run.method=complementary", "complementary.embedder=hashing"),
                 "complementary.guided_fraction=0.125",
             ],
-            "$.complementary.guided_fraction = 0.125 of grpo.group_size = 8: Complementary RL "
+            "$.complementary.guided_fraction = 0.125 of $.grpo.group_size = 8: Complementary RL "
             "splits a group into a guided and a free subgroup (1 and 7 episodes), and an "
             "episode alone in its subgroup always has advantage 0 (it never trains); give each "
             "subgroup 2 episodes or more (or none), or set complementary.subgroups = false "

@@ -280,6 +280,25 @@ def test_training_on_the_variants_evaluation_holds_out_is_warned_about(
         assert said == ([warned] if warned else []), (sets, err)
 
 
+def test_a_subgroup_of_one_names_the_set_of_either_setting_that_made_it(tmp_path: Path) -> None:
+    """The refusal names the fraction first; a ``--set grpo.group_size`` that made a subgroup
+    of one under the file's fraction was not named (an outside tester's)."""
+    from scenarios.loader import load_scenario
+
+    shipped = Path(__file__).resolve().parents[2] / "scenarios" / "complementary.toml"
+    path = tmp_path / "c25.toml"
+    path.write_text(
+        shipped.read_text().replace(
+            "[complementary]\n", "[complementary]\nguided_fraction = 0.25\n"
+        )
+    )
+    with pytest.raises(ScenarioInvalid) as caught:
+        load_scenario(path, ["grpo.group_size=5"])
+    said = str(caught.value)
+    assert "$.complementary.guided_fraction = 0.25 of $.grpo.group_size = 5: " in said
+    assert said.endswith("(given by --set grpo.group_size=5)"), said
+
+
 def test_a_complementary_run_that_guides_no_episode_is_warned_about(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
