@@ -1,5 +1,6 @@
 """One method under two settings, paired task by task, from the JSON files `bench/headline.py`
-writes (every seed's held-out outcomes of the last round, without memory).
+writes (every seed's held-out outcomes of the last round, without memory; with ``--bank``,
+Complementary RL's same round played again with its bank).
 
 Runs of one scenario and seed play the same held-out tasks in their last round whatever a
 method setting (evaluation draws its seeds from a sequence of its own, ``eval.own_seeds``), so
@@ -37,8 +38,9 @@ OWN_SEEDS = "2026-12-06 18:55"
 made before may have played other held-out tasks under two settings of one scenario."""
 
 
-def outcomes_of(paths: list[Path], method: str) -> Outcomes:
-    """Every seed's held-out outcomes of ``method`` in the files ``paths``.
+def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcomes:
+    """Every seed's held-out outcomes of ``method`` in the files ``paths``: ``played`` "plain"
+    (without memory) or "bank" (with its bank).
 
     Raises:
         SystemExit: a file without the method, or two files with one seed.
@@ -55,14 +57,15 @@ def outcomes_of(paths: list[Path], method: str) -> Outcomes:
         for run in runs:
             try:
                 seed = str(run["seed"])
-                plain = [(str(family), bool(success)) for family, success in run["plain"]]
+                plain = [(str(family), bool(success)) for family, success in run[played]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise SystemExit(
                     f"{path}: not a headline JSON file (a run of {method} without a seed and "
                     f"its held-out outcomes: {type(exc).__name__}: {exc})"
                 ) from None
             if not plain:
-                raise SystemExit(f"{path}: seed {seed} of {method} has no held-out episode")
+                said = "held-out episode" if played == "plain" else "round with its bank"
+                raise SystemExit(f"{path}: seed {seed} of {method} has no {said}")
             if seed in found:
                 raise SystemExit(f"{path}: seed {seed} of {method} is in another file too")
             found[seed] = plain
@@ -142,6 +145,11 @@ def main() -> None:
     parser.add_argument("--a", type=Path, nargs="+", required=True, help="the first setting")
     parser.add_argument("--b", type=Path, nargs="+", required=True, help="the second setting")
     parser.add_argument("--labels", nargs=2, default=["a", "b"], metavar=("A", "B"))
+    parser.add_argument(
+        "--bank",
+        action="store_true",
+        help="pair the last round played with the method's bank (Complementary RL's)",
+    )
     parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = parser.parse_args()
     labels = tuple(label.strip().replace("|", "\\|") for label in args.labels)
@@ -149,7 +157,9 @@ def main() -> None:
         raise SystemExit(f"--labels {args.labels}: two labels, not empty, and not the same")
     if args.out is not None and not args.out.parent.is_dir():
         raise SystemExit(f"--out {args.out}: no directory {args.out.parent}")
-    a, b = outcomes_of(args.a, args.method), outcomes_of(args.b, args.method_b or args.method)
+    played = "bank" if args.bank else "plain"
+    a = outcomes_of(args.a, args.method, played)
+    b = outcomes_of(args.b, args.method_b or args.method, played)
     rows, _ = table(a, b, (labels[0], labels[1]))
     text = "\n".join(rows) + "\n"
     sys.stdout.write(text)

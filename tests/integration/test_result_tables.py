@@ -513,3 +513,24 @@ def test_extractor_report_alone_refuses_a_run_without_an_extractor(
     with pytest.raises(SystemExit) as caught:
         main()
     assert caught.value.code == 0
+
+
+def test_paired_runs_pairs_the_rounds_with_the_bank_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paired = load_bench("paired_runs")
+    plain = [("heat", False), ("heat", False)]
+    for name, bank in (("a", [("heat", False), ("heat", True)]), ("b", [("heat", True)] * 2)):
+        doc = {"outcomes": {"m": [{"seed": 0, "plain": plain, "bank": bank}]}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    argv = ["paired_runs", "--method", "m", "--a", str(tmp_path / "a.json")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--b", str(tmp_path / "b.json"), "--bank"])
+    paired.main()
+    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 0.500 | 1.000 | +0.500 |"
+    monkeypatch.setattr(sys, "argv", [*argv, "--b", str(tmp_path / "b.json")])
+    paired.main()
+    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 0.000 | 0.000 | +0.000 |"
+    empty = tmp_path / "e.json"
+    empty.write_text(json.dumps({"outcomes": {"m": [{"seed": 0, "plain": plain, "bank": []}]}}))
+    with pytest.raises(SystemExit, match="seed 0 of m has no round with its bank"):
+        paired.outcomes_of([empty], "m", "bank")
