@@ -29,7 +29,7 @@ from bench_audit import on_synthetic_log
 
 from agents.audit.index import INDEX_DIR
 from agents.browse.app import make_app
-from scenarios.cli.explore import open_views
+from scenarios.cli.serve import open_views
 
 
 def _stats(name: str, seconds: list[float]) -> str:

@@ -33,7 +33,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from agents.audit.shown import safe_line
 
     if args.what == "whatif":
-        from scenarios.cli.explore import cmd_whatif
+        from scenarios.cli.whatif import cmd_whatif
 
         return cmd_whatif(args)
     log = open_run(args.run)

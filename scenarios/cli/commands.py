@@ -1,6 +1,7 @@
 """The ``coevo`` command line: its parser and :func:`main`, which runs one command (validate,
 run, resume, replay and re-execute updates, report, probe, audit, log, check, and the readers
-of :mod:`scenarios.cli.explore`), each in its own module of this package.
+export, diff, serve and copy, whose parsers :mod:`scenarios.cli.explore` adds), each in its own
+module of this package.
 
 Every error a user can cause ends as one line ``coevo: error: ...`` on stderr and a non-zero
 exit code (2 for bad input); never a traceback.

@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +37,7 @@ __all__ = [
     "naming",
     "open_run",
     "read_meta",
+    "scenario_dict",
     "stdout_to_stderr",
     "to_devnull",
     "torn_copy_hint",
@@ -302,6 +304,15 @@ def read_meta(path: str) -> Any:
             return log.read_meta()
     finally:
         log.close()
+
+
+def scenario_dict(text: str) -> dict[str, Any]:
+    """A run's stored scenario (its metadata's ``scenario_toml``) as a table, empty where it
+    is not TOML: read by ``coevo export`` and ``coevo diff``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return {}
 
 
 @functools.cache

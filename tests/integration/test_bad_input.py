@@ -335,7 +335,7 @@ def test_a_worlds_control_characters_reach_no_terminal_through_audit(
     assert main(["log", str(run), "--kind", "episode_started", "--limit", "3"]) == 0
     out = capsys.readouterr().out
     assert "\u202e" not in out and "\\u202egnp" in out  # (the line may be cut after it)
-    from scenarios.cli.explore import _event_line  # a divergence, as ``coevo diff`` shows it
+    from scenarios.cli.diff import _event_line  # a divergence, as ``coevo diff`` shows it
 
     step = {"kind": "step_taken", "observation": "ok\u202egnp.exe"}
     env = {"seq": 9, "actor": "worker-0", "corr": "ep1", "cause": 8, "event": step}

@@ -196,7 +196,7 @@ def test_a_setting_a_run_predates_reads_as_the_value_it_ran_as() -> None:
     """A run recorded before ``eval.own_seeds`` ran as ``false`` (and resumes so), but diff
     showed it as "(missing) -> True", which read as if it had run with the default."""
     from agents.analysis.diff import scenario_changes
-    from scenarios.cli.explore import _before, _diff_lines  # pyright: ignore[reportPrivateUsage]
+    from scenarios.cli.diff import _before, _diff_lines  # pyright: ignore[reportPrivateUsage]
     from scenarios.loader import load_scenario, resolved_toml
 
     new = resolved_toml(load_scenario(str(Path(__file__).parents[2] / "scenarios/grpo.toml")))
@@ -215,7 +215,7 @@ def test_a_setting_a_run_predates_reads_as_the_value_it_ran_as() -> None:
 def test_a_long_field_s_difference_is_shown_where_it_is() -> None:
     """Two runs' ``candidate_scores`` differed at item 23 of 24 (float noise of batching);
     the event lines, cut at 80 characters, showed the same prefix on both sides."""
-    from scenarios.cli.explore import _first_difference
+    from scenarios.cli.diff import _first_difference
 
     a = [-60.55, -4.05, *[-1.0] * 21, -100.31357]
     b = [*a[:23], -100.31359]
@@ -260,7 +260,7 @@ def test_runs_made_by_other_code_say_so(
     assert got == {"a": [version()], "b": ["0.1.0+gfeedfacecafe.dirty"]}
     assert main(["diff", str(a), str(runs[1])]) == 0  # one version: no line
     assert not any(line.startswith("code:") for line in capsys.readouterr().out.splitlines())
-    from scenarios.cli.explore import _versions_text  # pyright: ignore[reportPrivateUsage]
+    from scenarios.cli.diff import _versions_text  # pyright: ignore[reportPrivateUsage]
 
     assert _versions_text(["0.1.0+ga", "0.1.0+ga", "0.1.0+gb"]) == "0.1.0+ga, then 0.1.0+gb"
     assert _versions_text(["", "0.1.0+gb"]) == "(not recorded), then 0.1.0+gb"

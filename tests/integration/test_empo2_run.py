@@ -171,7 +171,7 @@ def test_an_adaptation_episode_is_told_apart_from_an_evaluation_rounds(
     from starlette.testclient import TestClient
 
     from agents.browse.app import make_app
-    from scenarios.cli.explore import open_views
+    from scenarios.cli.serve import open_views
 
     assigned = of(events, EpisodeAssigned)
     adapt = next(e for e in assigned if e.scope.startswith("adapt"))

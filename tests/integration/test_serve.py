@@ -29,7 +29,7 @@ from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted, RunStopped
 from scenarios.cli import main
-from scenarios.cli.explore import open_views
+from scenarios.cli.serve import open_views
 from stores.lmdb_log import LmdbEventLog
 
 CHROMIUM = shutil.which("chromium")
@@ -598,7 +598,7 @@ import os, shutil, sys
 from html import unescape
 from starlette.testclient import TestClient
 from agents.browse.app import make_app
-from scenarios.cli.explore import open_views
+from scenarios.cli.serve import open_views
 
 served, other = sys.argv[1], sys.argv[2]
 data = os.path.join(served, "log", "data.mdb")
@@ -850,7 +850,7 @@ INDEX_CUT = """
 import os, sys
 from starlette.testclient import TestClient
 from agents.browse.app import make_app
-from scenarios.cli.explore import open_views
+from scenarios.cli.serve import open_views
 
 served = sys.argv[1]
 views = open_views([served])
@@ -983,7 +983,7 @@ def test_too_few_open_files_to_serve_says_how_many_would_do(
     import resource
 
     from scenarios.cli.common import InputInvalid
-    from scenarios.cli.explore import _connections_allowed  # pyright: ignore[reportPrivateUsage]
+    from scenarios.cli.serve import _connections_allowed  # pyright: ignore[reportPrivateUsage]
 
     listdir = os.listdir
     monkeypatch.setattr(resource, "getrlimit", lambda which: (10, 10))

@@ -318,7 +318,7 @@ def test_a_control_that_strays_from_the_log_is_reported() -> None:
     assert short.strayed == "the replay played 1 turns, the log 2"
     assert same.strayed == ""
     # why it strayed: another machine kind first; on the same kind, the world or a defect
-    from scenarios.cli.explore import _whatif_lines  # pyright: ignore[reportPrivateUsage]
+    from scenarios.cli.whatif import _whatif_lines  # pyright: ignore[reportPrivateUsage]
 
     def why(logged: str, here: str) -> str:
         w = msgspec.structs.replace(strays, logged_machine=logged, machine=here)

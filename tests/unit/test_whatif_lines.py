@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from agents.audit.whatif import Played, PlayedTurn, WhatIf
-from scenarios.cli.explore import _whatif_lines  # pyright: ignore[reportPrivateUsage]
+from scenarios.cli.whatif import _whatif_lines  # pyright: ignore[reportPrivateUsage]
 
 
 def played(*actions: str) -> Played:
