@@ -209,11 +209,6 @@ class _Process:
         """Process ``generation`` runs as ``pid`` on Ray node ``node``."""
         self._where[generation] = (pid, node)
 
-    def reached(self, generation: int) -> bool:
-        """Whether process ``generation`` was placed and answered a member (one Ray never
-        placed answers nothing, a stop neither)."""
-        return generation in self._where
-
     def lost(self, generation: int, stalled: bool = False) -> None:
         """A member found process ``generation`` gone (or never started), or ``stalled``: alive
         and answering nothing."""
@@ -549,8 +544,7 @@ class RemoteActor(Actor):
             raise self._translated(ctx.name, exc, generation) from None
         finally:
             with trio.CancelScope(shield=True):
-                if self._process.reached(generation):  # else a stop waited 15 s for nothing
-                    await _stop(host)
+                await _stop(host)
                 self._process.release(process, generation)
 
     def _translated(self, name: str, exc: Exception, generation: int) -> Exception:
