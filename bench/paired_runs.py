@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -48,12 +49,13 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
     found: Outcomes = {}
     for path in paths:
         try:
-            runs = json.loads(path.read_text()).get("outcomes", {}).get(method)
+            doc = json.loads(path.read_text())
+            runs = doc.get("outcomes", {}).get(method)
         except (OSError, ValueError, AttributeError) as exc:
             raise SystemExit(f"{path}: not a headline JSON file ({exc})") from None
         if not runs:
             raise SystemExit(f"{path}: no outcomes of method {method!r}")
-        _note_before_own_seeds(path)
+        _note_before_own_seeds(path, doc)
         for run in runs:
             try:
                 seed = str(run["seed"])
@@ -72,12 +74,13 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
     return found
 
 
-def _note_before_own_seeds(path: Path) -> None:
-    """Say on stderr when the file's runs were made before :data:`OWN_SEEDS` (its provenance's
-    ``runs_created``): their pairs may not be the same tasks."""
+def _note_before_own_seeds(path: Path, doc: dict[str, Any]) -> None:
+    """Say on stderr when the runs of the file ``path`` (read: ``doc``) were made before
+    :data:`OWN_SEEDS` (its provenance's ``runs_created``): their pairs may not be the same
+    tasks."""
     try:
-        created = str(json.loads(path.read_text())["provenance"]["runs_created"])
-    except (KeyError, TypeError, ValueError):
+        created = str(doc["provenance"]["runs_created"])
+    except (KeyError, TypeError):
         return
     if created[: len(OWN_SEEDS)] < OWN_SEEDS:
         print(

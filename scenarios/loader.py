@@ -26,6 +26,7 @@ from engine.errors import ScenarioInvalid
 from scenarios.schema import Scenario
 
 if TYPE_CHECKING:
+    from agents.methods.settings import ComplementaryConfig
     from engine.eventlog import RunMeta
     from engine.world import Task
 
@@ -79,9 +80,9 @@ def _naming_override(exc: ScenarioInvalid, overrides: Sequence[str]) -> Scenario
     else:
         return exc
     named = [p.rstrip(".") for p in re.findall(r"\$\.[\w.\[\]]+", exc.detail)]
+    keyed = [(item, "$." + ".".join(_split_override(item, exc.source)[0])) for item in overrides]
     for path in dict.fromkeys([at, *named]):
-        for item in reversed(overrides):
-            key = "$." + ".".join(_split_override(item, exc.source)[0])
+        for item, key in reversed(keyed):
             pairs = ((path, key), (key, path))
             if any(a == b or a.startswith((b + ".", b + "[")) for a, b in pairs):
                 said = item if len(item) <= 120 else f"{item[:120]}... ({len(item):,} characters)"
@@ -109,12 +110,9 @@ def refuse_futile(scenario: Scenario, source: str) -> None:
                 "eval.every = 0 plays none; set eval.every (e.g. to the run's number of "
                 "updates for a first and a last round only)",
             )
-    from scenarios.methods import built_on_complementary, complementary_settings, section_path
-
-    if scenario.run.method != "complementary" and not built_on_complementary(scenario):
+    if (found := _complementary(scenario)) is None:
         return
-    c, size = complementary_settings(scenario), scenario.grpo.group_size
-    at = section_path(scenario, "complementary")
+    (c, at), size = found, scenario.grpo.group_size
     guided = c.guided_count(size)
     if c.subgroups and 1 in (guided, size - guided):
         split = (
@@ -262,18 +260,25 @@ def warn_settings(
         )
 
 
-def _warn_unguided(source: str, scenario: Scenario, log: Any) -> None:
-    """Warn of a Complementary RL run whose groups have no guided episode: the extractor is
-    credited only for those, so it never trains (the bank is still filled and evaluated)."""
+def _complementary(scenario: Scenario) -> tuple[ComplementaryConfig, str] | None:
+    """A Complementary RL run's settings (its own or a plug-in's built on it) and the key path
+    of their table (``$.complementary`` or ``$.method``); None for another method."""
     from scenarios.methods import built_on_complementary, complementary_settings, section_path
 
     if scenario.run.method != "complementary" and not built_on_complementary(scenario):
+        return None
+    return complementary_settings(scenario), section_path(scenario, "complementary")
+
+
+def _warn_unguided(source: str, scenario: Scenario, log: Any) -> None:
+    """Warn of a Complementary RL run whose groups have no guided episode: the extractor is
+    credited only for those, so it never trains (the bank is still filled and evaluated)."""
+    if (found := _complementary(scenario)) is None:
         return
-    c = complementary_settings(scenario)
+    c, at = found
     if c.guided_count(scenario.grpo.group_size) == 0:
-        at = section_path(scenario, "complementary")[2:]
         log.warning(
-            f"{source}: {at}.guided_fraction = {c.guided_fraction} of grpo.group_size = "
+            f"{source}: {at[2:]}.guided_fraction = {c.guided_fraction} of grpo.group_size = "
             f"{scenario.grpo.group_size} guides no episode: the extractor is credited for "
             "guided episodes only, so it never trains (the bank is still written and used "
             "in evaluation)"
