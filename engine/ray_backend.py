@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import msgspec
 import trio
 
-from engine.actor import Actor, ActorSpec, Context
+from engine.actor import Actor, ActorSpec, Context, error_leaves
 from engine.errors import ClusterUnavailable
 from engine.events import Codec, Envelope, Event
 from engine.remote import (
@@ -208,6 +208,11 @@ class _Process:
     def placed(self, generation: int, pid: int, node: str) -> None:
         """Process ``generation`` runs as ``pid`` on Ray node ``node``."""
         self._where[generation] = (pid, node)
+
+    def reached(self, generation: int) -> bool:
+        """Whether process ``generation`` was placed and answered a member (one Ray never
+        placed answers nothing, a stop neither)."""
+        return generation in self._where
 
     def lost(self, generation: int, stalled: bool = False) -> None:
         """A member found process ``generation`` gone (or never started), or ``stalled``: alive
@@ -478,14 +483,6 @@ def _end_stalled(pid: int, node: str, here: str) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _first_leaf(group: BaseExceptionGroup[Exception]) -> Exception:
-    first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, Exception)
-    return first
-
-
 class RemoteActor(Actor):
     """The driver's proxy of an actor running on Ray (built by :func:`remote_spec`, which gives
     each remote kind a subclass with its subscriptions).
@@ -536,15 +533,18 @@ class RemoteActor(Actor):
         try:
             await self._attend(ctx, host, again, generation)
         except BaseExceptionGroup as group:
-            errors, rest = group.split(Exception)
-            if rest is not None or errors is None:
+            # its own error first, also when the run's stop cancelled the rest (the group
+            # then holds a Cancelled too: the cluster lost while another actor failed)
+            errors = [e for e in error_leaves(group) if not isinstance(e, trio.Cancelled)]
+            if not errors or not isinstance(errors[0], Exception):
                 raise
-            raise self._translated(ctx.name, _first_leaf(errors), generation) from None
+            raise self._translated(ctx.name, errors[0], generation) from None
         except Exception as exc:
             raise self._translated(ctx.name, exc, generation) from None
         finally:
             with trio.CancelScope(shield=True):
-                await _stop(host)
+                if self._process.reached(generation):  # else a stop waited 15 s for nothing
+                    await _stop(host)
                 self._process.release(process, generation)
 
     def _translated(self, name: str, exc: Exception, generation: int) -> Exception:

@@ -33,7 +33,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import structlog
@@ -228,6 +228,20 @@ def _actor_error(exc: BaseException) -> bool:
     """Whether ``exc``, raised by an actor's code, is that actor's failure (supervised and
     recorded) rather than the run's own end (a cancellation, a Ctrl-C)."""
     return isinstance(exc, Exception | SystemExit) or type(exc).__name__ == "PanicException"
+
+
+def _beneath_cancel(exc: BaseException) -> BaseException:
+    """The error of an actor's nursery that failed while the run was stopping: a group of
+    its own error and the stop's ``Cancelled`` is not an ``Exception``, and passed
+    supervision as the run's own end, escaping :meth:`Runtime.run` as a traceback (a Ray
+    proxy whose cluster went away while another actor's failure stopped the run). Its first
+    leaf that is not a cancellation, as :func:`~engine.actor.task_nursery` raises; ``exc``
+    itself otherwise (a plain exception, an ``ExceptionGroup``, a group of cancellations)."""
+    if not isinstance(exc, BaseExceptionGroup) or isinstance(exc, Exception):
+        return exc
+    group = cast("BaseExceptionGroup[BaseException]", exc)
+    errors = [e for e in error_leaves(group) if not isinstance(e, trio.Cancelled)]
+    return errors[0] if errors else group
 
 
 def _failure(exc: BaseException) -> Exception:
@@ -697,7 +711,8 @@ class Runtime:
                     await actor.run(ctx)
                 except _RecoveryStopped:  # (a remote actor's proxy reads it as it runs)
                     return  # the stop is under way (the signal reaches the loop next)
-                except BaseException as caught:
+                except BaseException as raised:
+                    caught = _beneath_cancel(raised)
                     if not _actor_error(caught):
                         raise
                     exc = _failure(caught)

@@ -823,6 +823,39 @@ def test_a_native_panic_in_an_actor_is_its_failure_and_the_run_records_its_end()
     assert isinstance(list(log.read())[-1].event, RunFailed)
 
 
+class FailsWhileStopped(Actor):
+    """Waits in a nursery of its own whose task fails once the run stops it: the nursery
+    raises a group of that error and the stop's ``Cancelled``."""
+
+    async def run(self, ctx: Context) -> None:
+        async def watch() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise LookupError("the cluster went away")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await trio.sleep_forever()
+
+
+def test_an_error_mixed_with_the_stops_cancellation_is_the_actors_failure() -> None:
+    """A Ray proxy whose cluster went away while another actor's failure stopped the run
+    raised a group of its error and ``Cancelled``: not an ``Exception``, so supervision let
+    it through and it escaped ``Runtime.run`` as a traceback, the log without its end."""
+    specs = [
+        ActorSpec(name="waits", factory=FailsWhileStopped),
+        ActorSpec(name="echo", factory=lambda: Echo(10, fail_at=3), driver=True),
+    ]
+    log, outcome = run_runtime([*specs, ActorSpec(name="src", factory=lambda: Source(10))])
+    failed = [
+        (e.event.actor, e.event.error_type) for e in log.read() if isinstance(e.event, ActorFailed)
+    ]
+    assert failed == [("echo", "RuntimeError"), ("waits", "LookupError")]
+    assert outcome.reason == "failed" and "boom" in outcome.error
+    assert isinstance(list(log.read())[-1].event, RunFailed)
+
+
 def test_a_second_signal_into_a_slow_stop_names_what_it_waits_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

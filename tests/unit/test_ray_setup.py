@@ -3,12 +3,15 @@ what ``backend = "ray"`` assembles, what it refuses, and the placement's bounds.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
 import structlog.testing
+import trio
 
 from agents.learning.trainee_host import LearnerProcessLost
 from engine import ray_backend
@@ -16,7 +19,7 @@ from engine.actor import Actor, ActorSpec, Context
 from engine.errors import ClusterUnavailable, ScenarioInvalid
 from engine.events import Event
 from engine.recovery import Replayed
-from engine.remote import RemoteActorLost, RemoteActorRestartable
+from engine.remote import Inflight, RemoteActorLost, RemoteActorRestartable, RemoteClusterLost
 from scenarios.assemble import assemble, cluster
 from scenarios.cli import main
 from scenarios.loader import load_scenario
@@ -586,3 +589,110 @@ def test_an_address_where_something_else_listens_is_one_line_not_a_wait_without_
         web.shutdown()
         web.server_close()
         silent.close()
+
+
+class _Unresolved:
+    """A Ray object ref that never resolves: a call on an actor no node has placed."""
+
+    def future(self) -> concurrent.futures.Future[object]:
+        return concurrent.futures.Future()
+
+
+class _UnplacedRay:
+    """Ray with one actor process it never places: every call on it waits; what was called and
+    what was killed is kept."""
+
+    class exceptions:
+        RayError = type("RayError", (Exception,), {})
+        RayTaskError = type("RayTaskError", (RayError,), {})
+
+    def __init__(self) -> None:
+        self.called: list[str] = []
+        self.killed = 0
+        handle = SimpleNamespace(**{
+            method: SimpleNamespace(remote=lambda *_, m=method: self._call(m))
+            for method in ("add", "deliver", "poll", "stop")
+        })  # fmt: skip
+        self._class = SimpleNamespace(options=lambda **_: SimpleNamespace(remote=lambda: handle))
+
+    def _call(self, method: str) -> _Unresolved:
+        self.called.append(method)
+        return _Unresolved()
+
+    def remote(self, cls: type) -> SimpleNamespace:
+        return self._class
+
+    def kill(self, handle: object, no_restart: bool) -> None:
+        self.killed += 1
+
+    def nodes(self) -> list[dict[str, object]]:
+        return [{"Alive": True, "Resources": {"CPU": 2.0}}]
+
+
+def test_an_actor_ray_never_places_fails_at_its_start_timeout_without_a_stop_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An outside tester's run: "not started within 5 s" came 20 s after the start, the driver
+    waiting 15 s more for a stop call to a process Ray had never placed (each of the
+    ``max_restarts`` waits 15 s longer than ``start_timeout`` says)."""
+    fake = _UnplacedRay()
+    monkeypatch.setattr(ray_backend, "_ray", lambda: fake)
+    monkeypatch.setattr(ray_backend, "_host_class", lambda: fake.remote(object))
+    placement = ray_backend.Placement(num_cpus=64, start_timeout=0.05)
+    proxy = ray_backend.RemoteActor(
+        Actor,
+        placement,
+        Inflight(),
+        8,
+        ray_backend._Process(placement, 1),  # pyright: ignore[reportPrivateUsage]
+    )
+    ctx = SimpleNamespace(name="worker-0", run_seed=0, attempt=0)
+
+    async def main() -> None:
+        with pytest.raises(RemoteActorLost, match=r"worker-0: not started within 0\.05 s"):
+            await proxy.run(ctx)  # pyright: ignore[reportArgumentType]
+
+    trio.run(main)
+    assert (fake.called, fake.killed) == (["add"], 1)
+
+
+def _unplaced_proxy(monkeypatch: pytest.MonkeyPatch) -> ray_backend.RemoteActor:
+    fake = _UnplacedRay()
+    monkeypatch.setattr(ray_backend, "_ray", lambda: fake)
+    monkeypatch.setattr(ray_backend, "_host_class", lambda: fake.remote(object))
+    placement = ray_backend.Placement(num_cpus=64, start_timeout=60)
+    process = ray_backend._Process(placement, 1)  # pyright: ignore[reportPrivateUsage]
+    return ray_backend.RemoteActor(Actor, placement, Inflight(), 8, process)
+
+
+def test_a_cluster_lost_while_the_run_stops_is_the_proxys_error_not_a_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The raylet killed under a run: one worker's proxy found no live node and the run began
+    to stop; the other's found the same as the stop reached it, and raised a group of its
+    ``RemoteClusterLost`` and the stop's ``Cancelled``, which escaped the run as a traceback
+    (``tests/integration/test_ray_raylet_lost.py``, one run in two after the Ray cases)."""
+    proxy = _unplaced_proxy(monkeypatch)
+    stopping = trio.CancelScope()
+
+    async def no_node_left(name: str) -> None:
+        await trio.sleep(0.01)
+        stopping.cancel()  # the run's stop, as the proxy finds the cluster gone
+        raise RemoteClusterLost(f"{name}: the Ray cluster has no live node left")
+
+    monkeypatch.setattr(ray_backend, "_watch_nodes", no_node_left)
+    ctx = SimpleNamespace(name="worker-1", run_seed=0, attempt=0)
+    raised: list[BaseException] = []
+
+    async def main() -> None:
+        with stopping:
+            try:
+                await proxy.run(ctx)  # pyright: ignore[reportArgumentType]
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+    with contextlib.suppress(RemoteClusterLost):
+        trio.run(main)
+    assert [type(e) for e in raised] == [RemoteClusterLost]
+    assert "worker-1: the Ray cluster has no live node left" in str(raised[0])
