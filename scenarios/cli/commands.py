@@ -43,7 +43,8 @@ from scenarios.cli.log import cmd_log
 from scenarios.cli.logsetup import configure_logging
 from scenarios.cli.replay import cmd_replay
 from scenarios.cli.report import cmd_probe, cmd_report
-from scenarios.cli.run import cmd_resume, cmd_run, cmd_validate
+from scenarios.cli.resume import cmd_resume
+from scenarios.cli.run import cmd_run, cmd_validate
 
 __all__ = ["main"]
 
@@ -110,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"coevo: error: {said}", file=sys.stderr)
         return 2 if exc.errno == errno.ENAMETOOLONG else 1
-    except RuntimeError as exc:  # a run's own loop says more (scenarios.cli.run._run_loop)
+    except RuntimeError as exc:  # a run's own loop says more (scenarios.cli.drive._run_loop)
         if "can't start new thread" not in str(exc):
             raise
         print(

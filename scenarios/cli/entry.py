@@ -8,7 +8,7 @@ KeyboardInterrupt, so that every path that stops gracefully on a Ctrl-C (closing
 the run's closing report) does on a SIGTERM too; while a run's actors run, the runtime turns
 both into a graceful stop itself (``engine.runtime``), and while its event loop runs before
 or after them, a SIGTERM goes through trio's Ctrl-C handler, which keeps it out of trio's own
-code (``scenarios.cli.run``).
+code (``scenarios.cli.drive``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from engine.eventlog import LogHistory, MemoryEventLog, new_run_meta
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
-from scenarios.cli.run import _history
+from scenarios.cli.resume import read_history
 from stores.lmdb_log import LmdbEventLog
 
 
@@ -45,7 +45,7 @@ def test_resume_reads_the_log_through_and_hands_it_on_unheld(tmp_path: Path) -> 
     log = LmdbEventLog.create(tmp_path / "log", meta, durable=False)
     try:
         log.append(envelopes(500))
-        history, newest = _history(str(tmp_path), log, None)
+        history, newest = read_history(str(tmp_path), log, None)
         assert newest == {}  # no model update in these events
         assert isinstance(history, LogHistory) and len(history) == 500
         assert history[-1].seq == 499 and [e.seq for e in history] == list(range(500))

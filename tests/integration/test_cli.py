@@ -418,7 +418,7 @@ def test_sigterm_outside_a_runs_actors_ends_with_one_line_and_143(tmp_path: Path
     assert (early.returncode, early.stderr) == (143, "coevo: terminated\n")
     out = tmp_path / "done"
     late = stop_at(
-        "scenarios.cli.run", "_finish", "SIGTERM", "run", EXPLORE, "--out", str(out),
+        "scenarios.cli.drive", "finish", "SIGTERM", "run", EXPLORE, "--out", str(out),
         "--set", "run.episodes=20", "--quiet",
     )  # fmt: skip
     assert late.returncode == 143, late.stderr
@@ -428,7 +428,7 @@ def test_sigterm_outside_a_runs_actors_ends_with_one_line_and_143(tmp_path: Path
         f" completed before the stop ({len(list_events(out))} events in {out})"
     )
     interrupted = stop_at(
-        "scenarios.cli.run", "_finish", "SIGINT", "run", EXPLORE, "--out", str(tmp_path / "i"),
+        "scenarios.cli.drive", "finish", "SIGINT", "run", EXPLORE, "--out", str(tmp_path / "i"),
         "--set", "run.episodes=20", "--quiet",
     )  # fmt: skip
     assert interrupted.returncode == 130

@@ -236,7 +236,7 @@ def test_a_memory_that_stayed_empty_all_run_is_said() -> None:
     Complementary RL."""
     from collections import Counter
 
-    from scenarios.cli.run import _memory_empty  # pyright: ignore[reportPrivateUsage]
+    from scenarios.cli.finish import _memory_empty  # pyright: ignore[reportPrivateUsage]
 
     counts = Counter(extractor_called=48, tips_retrieved=16)
     said = _memory_empty(counts)

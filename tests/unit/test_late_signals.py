@@ -8,8 +8,8 @@ import signal
 import pytest
 import trio
 
+from scenarios.cli.drive import _trio_run_stoppable
 from scenarios.cli.entry import Terminated, _terminate
-from scenarios.cli.run import _trio_run_stoppable
 
 
 @pytest.fixture
