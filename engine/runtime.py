@@ -11,7 +11,7 @@ events the writer inserts a :class:`ProjectionChecked` right after the event it 
 the batch that records the :class:`SnapshotTaken`.
 
 Supervision: an actor that raises produces :class:`ActorFailed`; its spec restarts it (up to a
-limit) or stops the run. SIGINT/SIGTERM cancel the actors, the writer flushes what was emitted,
+limit) or stops the run (what counts as its failure: :mod:`engine.supervision`). SIGINT/SIGTERM cancel the actors, the writer flushes what was emitted,
 and the run ends with :class:`RunStopped`.
 """
 
@@ -33,7 +33,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import structlog
@@ -57,6 +57,14 @@ from engine.numbering import Numbering, Pending
 from engine.projection import Projection
 from engine.replay import replay_until
 from engine.seeds import derive_seed
+from engine.supervision import (
+    RecoveryStopped,
+    StoppableHistory,
+    actor_error,
+    beneath_cancel,
+    built,
+    failure,
+)
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -165,93 +173,6 @@ class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
     handle_signals: bool = False
     switch_interval: float = 0.001
     stall_warning: float = 10.0
-
-
-class ExitCalled(Exception):
-    """An actor's code (a plug-in's hook, say) called ``sys.exit``: a failure of that actor,
-    recorded and supervised as any other, not the end of the process without a word."""
-
-
-def _built(spec: ActorSpec) -> Actor:
-    """``spec.factory()``, checked to be an actor.
-
-    Raises:
-        TypeError: it is not (a plug-in's factory returning something else).
-    """
-    actor = spec.factory()
-    if not isinstance(actor, Actor):  # pyright: ignore[reportUnnecessaryIsInstance] (plug-ins)
-        raise TypeError(f"the factory of actor {spec.name!r} returned {actor!r}, not an Actor")
-    return actor
-
-
-class _RecoveryStopped(BaseException):
-    """Raised inside an actor's :meth:`Actor.recover` as it reads the history once a stop was
-    asked for (a signal): a long log's recovery is synchronous work that holds the event loop,
-    which would take the signal only after every actor had read the whole log. A
-    ``BaseException``, as a cancellation is: an actor's ``except Exception`` lets it through."""
-
-
-_RECOVERY_CHECK = 512
-"""Events of the history an actor reads between two looks at whether a stop was asked for."""
-
-
-class _StoppableHistory(Sequence[Envelope[Event]]):
-    """``history`` as an actor's recovery reads it, ending the reading
-    (:class:`_RecoveryStopped`) once ``stopping()`` says a stop was asked for."""
-
-    def __init__(self, history: Sequence[Envelope[Event]], stopping: Callable[[], bool]) -> None:
-        self._history = history
-        self._stopping = stopping
-
-    def __len__(self) -> int:
-        return len(self._history)
-
-    def __getitem__(self, at: Any) -> Any:
-        history: Any = self._history  # (an int gives an envelope, a slice a sequence of them)
-        return history[at]
-
-    def __iter__(self) -> Generator[Envelope[Event]]:
-        stopping = self._stopping
-        for n, env in enumerate(self._history):
-            if not n % _RECOVERY_CHECK and stopping():
-                raise _RecoveryStopped
-            yield env
-
-
-class NativePanic(Exception):
-    """A library written in Rust panicked in the actor's code (pyo3's ``PanicException``,
-    which derives from ``BaseException`` and so passed every ``except Exception``: the
-    tokenizer's thread pool, under a process limit, escaped the run with no final event)."""
-
-
-def _actor_error(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by an actor's code, is that actor's failure (supervised and
-    recorded) rather than the run's own end (a cancellation, a Ctrl-C)."""
-    return isinstance(exc, Exception | SystemExit) or type(exc).__name__ == "PanicException"
-
-
-def _beneath_cancel(exc: BaseException) -> BaseException:
-    """The error of an actor's nursery that failed while the run was stopping: a group of
-    its own error and the stop's ``Cancelled`` is not an ``Exception``, and passed
-    supervision as the run's own end, escaping :meth:`Runtime.run` as a traceback (a Ray
-    proxy whose cluster went away while another actor's failure stopped the run). Its first
-    leaf that is not a cancellation, as :func:`~engine.actor.task_nursery` raises; ``exc``
-    itself otherwise (a plain exception, an ``ExceptionGroup``, a group of cancellations)."""
-    if not isinstance(exc, BaseExceptionGroup) or isinstance(exc, Exception):
-        return exc
-    group = cast("BaseExceptionGroup[BaseException]", exc)
-    errors = [e for e in error_leaves(group) if not isinstance(e, trio.Cancelled)]
-    return errors[0] if errors else group
-
-
-def _failure(exc: BaseException) -> Exception:
-    if isinstance(exc, SystemExit):
-        return ExitCalled(f"sys.exit({exc.code!r}) was called in the actor's code")
-    if not isinstance(exc, Exception):
-        failure = NativePanic(f"a native library panicked: {exc}")
-        failure.__cause__ = exc
-        return failure
-    return exc
 
 
 @dataclass
@@ -677,9 +598,9 @@ class Runtime:
 
     def _subscribe(self, spec: ActorSpec) -> None:
         try:
-            actor = _built(spec)
+            actor = built(spec)
         except (Exception, SystemExit) as caught:
-            exc = _failure(caught)
+            exc = failure(caught)
             self._on_failure(dataclasses.replace(spec, on_failure="stop"), 0, exc)
             raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
         send, recv = trio.open_memory_channel[list[Envelope[Event]]](self._cfg.mailbox)
@@ -696,7 +617,7 @@ class Runtime:
             while True:
                 try:
                     if actor is None:
-                        actor = _built(spec)
+                        actor = built(spec)
                     ctx = Context(self, spec.name, mailbox, source=not sub.types, attempt=attempt)
                     self._log_out.debug("actor started", started=spec.name, attempt=attempt)
                     self.push("runtime", self._started(spec, actor, attempt), None, "")
@@ -709,13 +630,13 @@ class Runtime:
                         mailbox.skip_through = history[-1].seq if history else -1
                         await actor.recover(ctx, self._stoppable(history))
                     await actor.run(ctx)
-                except _RecoveryStopped:  # (a remote actor's proxy reads it as it runs)
+                except RecoveryStopped:  # (a remote actor's proxy reads it as it runs)
                     return  # the stop is under way (the signal reaches the loop next)
                 except BaseException as raised:
-                    caught = _beneath_cancel(raised)
-                    if not _actor_error(caught):
+                    caught = beneath_cancel(raised)
+                    if not actor_error(caught):
                         raise
-                    exc = _failure(caught)
+                    exc = failure(caught)
                     if not self._on_failure(spec, attempt, exc):
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
                     attempt += 1
@@ -730,7 +651,7 @@ class Runtime:
 
     def _stoppable(self, history: Sequence[Envelope[Event]]) -> Sequence[Envelope[Event]]:
         """``history`` for an actor's recovery, which a stop signal ends at once."""
-        return _StoppableHistory(history, lambda: self._signalled or self._stop_reason is not None)
+        return StoppableHistory(history, lambda: self._signalled or self._stop_reason is not None)
 
     def _read_log(self) -> Sequence[Envelope[Event]]:
         """Every event the log holds now, read on demand (:class:`LogHistory`: not held)."""

@@ -1,0 +1,112 @@
+"""Supervision's reading of what an actor raised: which errors are the actor's failure (and
+how each is recorded) rather than the run's own end, the checked factory, and the history an
+actor's recovery reads, which a stop ends. :class:`~engine.runtime.Runtime` supervises with
+them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, cast
+
+import trio
+
+from engine.actor import Actor, ActorSpec, error_leaves
+from engine.events import Envelope, Event
+
+__all__ = [
+    "ExitCalled",
+    "NativePanic",
+    "RecoveryStopped",
+    "StoppableHistory",
+    "actor_error",
+    "beneath_cancel",
+    "built",
+    "failure",
+]
+
+
+class ExitCalled(Exception):
+    """An actor's code (a plug-in's hook, say) called ``sys.exit``: a failure of that actor,
+    recorded and supervised as any other, not the end of the process without a word."""
+
+
+def built(spec: ActorSpec) -> Actor:
+    """``spec.factory()``, checked to be an actor.
+
+    Raises:
+        TypeError: it is not (a plug-in's factory returning something else).
+    """
+    actor = spec.factory()
+    if not isinstance(actor, Actor):  # pyright: ignore[reportUnnecessaryIsInstance] (plug-ins)
+        raise TypeError(f"the factory of actor {spec.name!r} returned {actor!r}, not an Actor")
+    return actor
+
+
+class RecoveryStopped(BaseException):
+    """Raised inside an actor's :meth:`Actor.recover` as it reads the history once a stop was
+    asked for (a signal): a long log's recovery is synchronous work that holds the event loop,
+    which would take the signal only after every actor had read the whole log. A
+    ``BaseException``, as a cancellation is: an actor's ``except Exception`` lets it through."""
+
+
+RECOVERY_CHECK = 512
+"""Events of the history an actor reads between two looks at whether a stop was asked for."""
+
+
+class StoppableHistory(Sequence[Envelope[Event]]):
+    """``history`` as an actor's recovery reads it, ending the reading
+    (:class:`RecoveryStopped`) once ``stopping()`` says a stop was asked for."""
+
+    def __init__(self, history: Sequence[Envelope[Event]], stopping: Callable[[], bool]) -> None:
+        self._history = history
+        self._stopping = stopping
+
+    def __len__(self) -> int:
+        return len(self._history)
+
+    def __getitem__(self, at: Any) -> Any:
+        history: Any = self._history  # (an int gives an envelope, a slice a sequence of them)
+        return history[at]
+
+    def __iter__(self) -> Generator[Envelope[Event]]:
+        stopping = self._stopping
+        for n, env in enumerate(self._history):
+            if not n % RECOVERY_CHECK and stopping():
+                raise RecoveryStopped
+            yield env
+
+
+class NativePanic(Exception):
+    """A library written in Rust panicked in the actor's code (pyo3's ``PanicException``,
+    which derives from ``BaseException`` and so passed every ``except Exception``: the
+    tokenizer's thread pool, under a process limit, escaped the run with no final event)."""
+
+
+def actor_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by an actor's code, is that actor's failure (supervised and
+    recorded) rather than the run's own end (a cancellation, a Ctrl-C)."""
+    return isinstance(exc, Exception | SystemExit) or type(exc).__name__ == "PanicException"
+
+
+def beneath_cancel(exc: BaseException) -> BaseException:
+    """The error of an actor's nursery that failed while the run was stopping: a group of
+    its own error and the stop's ``Cancelled`` is not an ``Exception``, and passed
+    supervision as the run's own end, escaping :meth:`Runtime.run` as a traceback (a Ray
+    proxy whose cluster went away while another actor's failure stopped the run). Its first
+    leaf that is not a cancellation, as :func:`~engine.actor.task_nursery` raises; ``exc``
+    itself otherwise (a plain exception, an ``ExceptionGroup``, a group of cancellations)."""
+    if not isinstance(exc, BaseExceptionGroup) or isinstance(exc, Exception):
+        return exc
+    group = cast("BaseExceptionGroup[BaseException]", exc)
+    errors = [e for e in error_leaves(group) if not isinstance(e, trio.Cancelled)]
+    return errors[0] if errors else group
+
+
+def failure(exc: BaseException) -> Exception:
+    if isinstance(exc, SystemExit):
+        return ExitCalled(f"sys.exit({exc.code!r}) was called in the actor's code")
+    if not isinstance(exc, Exception):
+        failure = NativePanic(f"a native library panicked: {exc}")
+        failure.__cause__ = exc
+        return failure
+    return exc
