@@ -1,18 +1,19 @@
 """Where the ``coevo`` process starts: the console script and ``python -m scenarios.cli``.
 
-It imports nothing but ``sys`` and ``signal`` before it guards against a Ctrl-C and a SIGTERM:
-the command line's modules take a few hundred milliseconds to import, and a stop then ends
-with one line and exit 130 (143 for SIGTERM) like a stop later on, not with a traceback or a
-silent death. A SIGTERM is raised where the process is as :class:`Terminated`, a kind of
-KeyboardInterrupt, so that every path that stops gracefully on a Ctrl-C (closing the log,
-the run's closing report) does on a SIGTERM too; while a run's actors run, the runtime turns
-both into a graceful stop itself (``engine.runtime``), and while its event loop runs before
-or after them, a SIGTERM goes through trio's Ctrl-C handler, which keeps it out of trio's own
-code (``scenarios.cli.drive``).
+It imports nothing but ``sys``, ``signal`` and ``atexit`` (built in) before it guards against
+a Ctrl-C and a SIGTERM: the command line's modules take a few hundred milliseconds to import,
+and a stop then ends with one line and exit 130 (143 for SIGTERM) like a stop later on, not
+with a traceback or a silent death. A SIGTERM is raised where the process is as
+:class:`Terminated`, a kind of KeyboardInterrupt, so that every path that stops gracefully on
+a Ctrl-C (closing the log, the run's closing report) does on a SIGTERM too; while a run's
+actors run, the runtime turns both into a graceful stop itself (``engine.runtime``), and while
+its event loop runs before or after them, a SIGTERM goes through trio's Ctrl-C handler, which
+keeps it out of trio's own code (``scenarios.cli.drive``).
 """
 
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 from collections.abc import Sequence
@@ -57,6 +58,7 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the command line (:func:`scenarios.cli.commands.main`) and exit with its code."""
     global _exiting
     _exiting = True
+    atexit.register(_ignore_stop_signals)  # first registered: the last to run
     code = 130
     sys.unraisablehook = _unraisable
     try:
@@ -176,6 +178,17 @@ def _end_on_stop_signals(code: int) -> None:
         signal.signal(signal.SIGHUP, leave)
 
 
+def _ignore_stop_signals() -> None:
+    """The last exit function (:func:`run` registers it before anything else can): past the
+    exit functions the interpreter resets a Python signal handler to the default action (one
+    that ignores it stays) and then clears its modules, the long part with torch loaded, so a
+    SIGTERM there still ended a finished command by the signal (exit -15). Ignored from here,
+    the process ends with the command's code; during the exit functions before this one (a
+    learner's process joined) :func:`_end_on_stop_signals`'s handler still ends it at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def _leave_now(code: int) -> NoReturn:
     """Exit a command stopped by a signal without the interpreter's teardown, once the log
     lines and the output are flushed: a Ctrl-C that lands while Ray starts leaves its core
@@ -185,12 +198,12 @@ def _leave_now(code: int) -> NoReturn:
     import logging
     import os
 
-    try:  # noqa: SIM105 - this module imports only sys and signal
+    try:  # noqa: SIM105 - this module imports only sys, signal, atexit
         logging.shutdown()
     except Exception:  # in a signal handler that interrupted a log line being written
         pass
     for stream in (sys.stdout, sys.stderr):
-        try:  # noqa: SIM105 - this module imports only sys and signal
+        try:  # noqa: SIM105 - this module imports only sys, signal, atexit
             stream.flush()
         except (OSError, ValueError, RuntimeError):  # closed, its reader gone, or reentrant
             pass
@@ -209,7 +222,7 @@ def stopped(exc: KeyboardInterrupt) -> int:
     said = "interrupted"
     if isinstance(exc, Terminated):
         said = "hung up (SIGHUP)" if isinstance(exc, HungUp) else "terminated"
-    try:  # noqa: SIM105 - this module imports only sys and signal
+    try:  # noqa: SIM105 - this module imports only sys, signal, atexit
         print(f"coevo: {said}", file=sys.stderr)
     except OSError:  # the terminal that hung up is gone
         pass

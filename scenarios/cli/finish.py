@@ -22,9 +22,11 @@ __all__ = ["finish", "how_it_ended", "verdict"]
 
 def how_it_ended(rd: RunDir, run_id: str, curves: bool) -> str:
     """What a run's log says after a stop that the runtime did not handle (one at its very
-    start or after its end): completed (its curves may be missing), or resumable."""
+    start or after its end): completed (its curves may be missing), failed (its error: the
+    stop did not end it, and a resume meets the same error unless it was mended), or
+    resumable."""
     from engine.eventlog import last_envelope
-    from engine.lifecycle import RunStopped
+    from engine.lifecycle import RunFailed, RunStopped
 
     try:
         reader = open_run(str(rd.root))
@@ -38,6 +40,11 @@ def how_it_ended(rd: RunDir, run_id: str, curves: bool) -> str:
     if last is not None and isinstance(last.event, RunStopped) and last.event.reason == "completed":
         drawn = f"; its curves: coevo report {pasteable(rd.root)}" if curves else ""
         return f"coevo: run {run_id} completed before the stop ({n} events in {rd.root}){drawn}"
+    if last is not None and isinstance(last.event, RunFailed):
+        return safe_line(
+            f"coevo: error: run {run_id} failed before the stop: {n} events in {rd.root} "
+            f"(exit {last.event.exit_code}): {last.event.message}"
+        )
     again = f"coevo resume {pasteable(rd.root)} continues it"
     return f"coevo: run {run_id} stopped after {n} events: {again}"
 

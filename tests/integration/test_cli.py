@@ -777,23 +777,52 @@ def test_an_existing_out_directory_that_cannot_be_written_is_said_so(
 
 SLOW_EXIT = """
 import atexit, time
-atexit.register(time.sleep, 30)  # a teardown that takes a while (a learner's process joined)
+import scenarios.cli.commands as commands
+
+def main(argv):  # a teardown that takes a while, set up by the command (a learner's process)
+    atexit.register(time.sleep, 30)
+    return command(argv)
+
+command, commands.main = commands.main, main
+from scenarios.cli.entry import run
+run(["validate", "scenarios/explore.toml"])
+"""
+
+SLOW_FINAL = """
+import os, time
+
+class Slow:  # cleared with the modules, after the exit functions (torch's own objects)
+    def __del__(self, write=os.write, sleep=time.sleep):
+        write(1, b"clearing the modules\\n")
+        sleep(5)
+
+slow = Slow()
 from scenarios.cli.entry import run
 run(["validate", "scenarios/explore.toml"])
 """
 
 
-def test_a_sigterm_after_the_command_is_done_ends_it_with_its_own_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "waits_for"),
+    [(SLOW_EXIT, "# valid:"), (SLOW_FINAL, "clearing the modules")],
+    ids=["exit-functions", "modules-cleared"],
+)
+def test_a_sigterm_after_the_command_is_done_ends_it_with_its_own_code(
+    tmp_path: Path, script: str, waits_for: str
+) -> None:
     """A SIGTERM a second after a run completed (during the interpreter's teardown) ended the
-    process by the signal, silently (exit -15), its log and curves complete."""
+    process by the signal, silently (exit -15), its log and curves complete: in the exit
+    functions (a learner's process joined) it ends the process at once with the command's
+    code; later, as the interpreter clears its modules (where it had set the handler back to
+    the default), it is ignored and the process ends with the command's code."""
     out = tmp_path / "out"
     with out.open("w") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-c", SLOW_EXIT], stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT
+            [sys.executable, "-c", script], stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT
         )
         try:
             deadline = time.monotonic() + 120
-            while "# valid:" not in out.read_text() and time.monotonic() < deadline:
+            while waits_for not in out.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(1)  # in the teardown's sleep now
             proc.send_signal(signal.SIGTERM)

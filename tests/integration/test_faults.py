@@ -632,6 +632,25 @@ def test_a_failed_run_or_resume_says_so_in_one_line_even_with_quiet(tmp_path: Pa
         assert proc.stderr.endswith("RuntimeError: the world cannot be rebuilt\n")
 
 
+def test_a_stop_just_after_a_run_failed_says_it_failed_not_that_it_stopped(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C or SIGTERM landing after the runtime ended a failed run (its closing report)
+    read the log and said "stopped after N events: coevo resume continues it", as if the stop
+    had ended a healthy run: the failure, which a resume meets again, went unsaid."""
+    from scenarios.cli.finish import how_it_ended
+    from stores.rundir import RunDir
+
+    scenario, env = plugin_scenario(tmp_path, on_failure="stop", max_restarts=0)
+    run = tmp_path / "run"
+    proc = coevo("run", str(scenario), "--out", str(run), "--quiet", env=env)
+    assert proc.returncode == 1, proc.stderr
+    said = how_it_ended(RunDir(run), "r1", curves=False)
+    assert said.startswith(f"coevo: error: run r1 failed before the stop: {verified(run)} ")
+    assert f" events in {run} (exit 1): actor 'worker-" in said, said
+    assert said.endswith("RuntimeError: the world cannot be rebuilt") and "resume" not in said
+
+
 NONE_TEXT = """
 import msgspec
 from scenarios.worlds.minilab import MiniLab
