@@ -11,8 +11,9 @@ events the writer inserts a :class:`ProjectionChecked` right after the event it 
 the batch that records the :class:`SnapshotTaken`.
 
 Supervision: an actor that raises produces :class:`ActorFailed`; its spec restarts it (up to a
-limit) or stops the run (what counts as its failure: :mod:`engine.supervision`). SIGINT/SIGTERM cancel the actors, the writer flushes what was emitted,
-and the run ends with :class:`RunStopped`.
+limit) or stops the run (what counts as its failure: :mod:`engine.supervision`). SIGINT/SIGTERM
+cancel the actors, the writer flushes what was emitted, and the run ends with
+:class:`RunStopped`.
 """
 
 from __future__ import annotations
@@ -342,6 +343,8 @@ class Runtime:
         self._running: set[str] = set()  # the actors whose task has not returned
         self._root: trio.Nursery | None = None
         self._stop_notice = trio.CancelScope()  # ends with the actors (_notice_stop)
+        self._noticing = False  # _notice_stop started (once: by a stop asked for, or a crash)
+        self._failing = False  # an actor's failure stops the run
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
         self.check_event = Codec().check
         """Raise ``EventInvalid`` unless an event would decode from the log (``Context.emit``
@@ -498,24 +501,30 @@ class Runtime:
         """Cancel the actors; the run ends with :class:`RunStopped` (``reason``)."""
         if self._stop_reason is None:
             self._stop_reason = (reason, exit_code)
-            if self._root is not None:
-                self._root.start_soon(self._notice_stop, reason)
+            self._begin_notice(reason)
         if self._actor_scope is not None:
             self._actor_scope.cancel()
 
+    def _begin_notice(self, reason: str) -> None:
+        """Start :meth:`_notice_stop` for the stop under way, unless one runs already."""
+        if not self._noticing and self._root is not None:
+            self._noticing = True
+            self._root.start_soon(self._notice_stop, reason)
+
     async def _notice_stop(self, reason: str) -> None:
         """Say which actors a stop still waits on, once it has waited :data:`STOP_NOTICE_S`
-        (an update in a thread cannot be cancelled: a stop waited minutes without a word)."""
+        (an update in a thread cannot be cancelled: a stop waited minutes without a word);
+        once a signal has come, that a second one ends the process."""
         with self._stop_notice:
             waited = STOP_NOTICE_S
             await trio.sleep(waited)
-            hint = {}
-            if reason.startswith("signal:"):
-                hint["now"] = (
-                    "a second Ctrl-C or SIGTERM ends the process (the log keeps every commit, "
-                    "and coevo resume continues the run)"
-                )
             while self._running:
+                hint = {}
+                if self._signalled or reason.startswith("signal:"):
+                    hint["now"] = (
+                        "a second Ctrl-C or SIGTERM ends the process (the log keeps every "
+                        "commit, and coevo resume continues the run)"
+                    )
                 self._log_out.warning(
                     "stopping: still waiting for actors to finish what they are doing",
                     actors=sorted(self._running),
@@ -551,7 +560,10 @@ class Runtime:
         def take(signum: int) -> None:  # on the loop: the stop begins
             waiting.clear()
             taken.append(time.monotonic())
-            send.send_nowait(signum)
+            if self._failing:  # _watch_signals was cancelled with the actors
+                self._take_signal(signum)
+            else:
+                send.send_nowait(signum)
 
         def handler(signum: int, frame: Any) -> None:
             self._signalled = True
@@ -578,7 +590,10 @@ class Runtime:
 
     async def _watch_signals(self, signals: trio.MemoryReceiveChannel[int]) -> None:
         """Stop gracefully at the first SIGINT, SIGTERM or SIGHUP."""
-        sig = signal.Signals(await signals.receive())
+        self._take_signal(await signals.receive())
+
+    def _take_signal(self, signum: int) -> None:
+        sig = signal.Signals(signum)
         self._log_out.warning("signal received, stopping", signal=sig.name)
         self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))
 
@@ -638,6 +653,8 @@ class Runtime:
                         raise
                     exc = failure(caught)
                     if not self._on_failure(spec, attempt, exc):
+                        self._failing = True  # the others are cancelled, _watch_signals too
+                        self._begin_notice(f"{spec.name} failed")
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
                     attempt += 1
                     reason = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0]}"

@@ -3,6 +3,7 @@ back-pressure. trio's MockClock with autojump: no real sleeps."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -440,6 +441,56 @@ def test_a_stop_that_waits_on_an_actor_says_which(reason: str) -> None:
     assert [e["waited_s"] for e in said] == [5, 35, 65, 95]  # then it finished, at 100 s
     assert all(e["actors"] == ["slow"] and e["log_level"] == "warning" for e in said)
     assert ("now" in said[0]) is reason.startswith("signal:")  # only a signal's second ends it
+
+
+class FailsSoon(Actor):
+    async def run(self, ctx: Context) -> None:
+        await trio.sleep(1)
+        raise RuntimeError("boom")
+
+
+def test_a_stop_for_a_failure_that_waits_on_an_actor_says_which_and_hears_a_signal() -> None:
+    """An actor's failure stopped the run while another's work could not be cancelled: the
+    stop waited without a word (a signal's stop names what it waits on), and a Ctrl-C or
+    SIGTERM during it was not even acknowledged (the task that takes signals had been
+    cancelled with the actors)."""
+    import structlog
+
+    log = MemoryEventLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+
+    async def main() -> RunOutcome:
+        done = trio.Event()
+        specs = [
+            ActorSpec(name="slow", factory=lambda: Stubborn(done)),
+            ActorSpec(name="boom", factory=FailsSoon),
+        ]
+        rt = Runtime(log, started, specs, [], seed=0, config=RuntimeConfig(handle_signals=True))
+        result: list[RunOutcome] = []
+        async with trio.open_nursery() as nursery:
+
+            async def go() -> None:
+                result.append(await rt.run())
+
+            nursery.start_soon(go)
+            while not any(isinstance(e.event, ActorFailed) for e in log.read()):
+                await trio.sleep(0.01)  # (the run starts once a thread has read the log)
+            await trio.sleep(19)  # boom failed; the stop waits on slow
+            assert rt._running == {"slow"}  # pyright: ignore[reportPrivateUsage]
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep(80)
+            done.set()
+        return result[0]
+
+    with structlog.testing.capture_logs() as logs:
+        outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert outcome.reason == "failed" and "boom" in outcome.error
+    said = [e for e in logs if e["event"].startswith("stopping: still waiting")]
+    assert [e["waited_s"] for e in said] == [5, 35, 65, 95]
+    assert all(e["actors"] == ["slow"] and e["stop"] == "boom failed" for e in said)
+    assert ["now" in e for e in said] == [False, True, True, True]  # after the signal
+    assert [e["signal"] for e in logs if e["event"] == "signal received, stopping"] == ["SIGTERM"]
+    assert isinstance(list(log.read())[-1].event, RunFailed)
 
 
 def test_stop_requested_before_actors_start_still_ends_the_run() -> None:
