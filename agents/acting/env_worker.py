@@ -186,13 +186,14 @@ class EnvWorker(Actor):
 
     async def run(self, ctx: Context) -> None:
         self._log = ctx.log
-        world = await self._build()
+        world: TextWorld | None = await self._build()
         inbox = ctx.events()
         try:
             async for env in inbox:
                 if isinstance(env.event, ActionSampled | TipsRetrieved):
                     continue  # an answer for an episode lost in a restart
                 assert isinstance(env.event, EpisodeAssigned)
+                assert world is not None  # (a failed rebuild ended the loop)
                 try:
                     await self._episode(ctx, world, env.event, inbox)
                 except Exception as exc:  # the world failed: record, rebuild, go on
@@ -205,11 +206,13 @@ class EnvWorker(Actor):
                         )
                     )
                     ctx.log.warning("episode aborted", episode=env.event.episode, error=str(exc))
-                    await self._close(ctx, world)
+                    closed, world = world, None  # not closed again if the rebuild fails
+                    await self._close(ctx, closed)
                     world = await self._build()
         finally:
-            with trio.CancelScope(shield=True):  # a JVM may take seconds to exit
-                await self._close(ctx, world, CLOSE_GRACE_S)
+            if world is not None:
+                with trio.CancelScope(shield=True):  # a JVM may take seconds to exit
+                    await self._close(ctx, world, CLOSE_GRACE_S)
 
     async def _build(self) -> TextWorld:
         """A new world, built in a thread under ``step_timeout``.

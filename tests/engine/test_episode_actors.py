@@ -268,3 +268,36 @@ def test_a_world_that_calls_sys_exit_or_cannot_close_ends_its_episode_not_the_ru
     assert len(aborted) + len(finished) == 9
     assert not any(isinstance(e.event, ActorRestarted) for e in envs)
     assert isinstance(envs[-1].event, RunStopped) and envs[-1].event.reason == "completed"
+
+
+class FailsThenCannotRebuild:
+    """Builds a world whose first step raises, then fails to build another; counts each
+    world's ``close`` calls."""
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.closes: list[int] = []
+
+    def __call__(self) -> TextWorld:
+        self.built += 1
+        if self.built > 1:
+            raise RuntimeError("world failed to start")
+        counts, n = self.closes, len(self.closes)
+        counts.append(0)
+
+        class Failing(MiniLab):
+            def step(self, action: str) -> Observation:
+                raise RuntimeError("world step failed")
+
+            def close(self) -> None:
+                counts[n] += 1
+
+        return Failing(families=("fetch",), train_variants=20)
+
+
+def test_a_world_whose_rebuild_fails_is_closed_once() -> None:
+    """A worker closed its failed world, its rebuild raised, and its ``finally`` closed the
+    same world again (an abandoned one: waited on a second time, ``step_timeout`` more)."""
+    factory = FailsThenCannotRebuild()
+    run_episodes(2, 1, factory)  # type: ignore[arg-type]
+    assert factory.closes[0] == 1, factory.closes
