@@ -109,7 +109,7 @@ def _stop_where_it_is(signum: int, stopping: bool = False, waiting_on: Sequence[
         f" while the run stops ({_LOOP_BLOCKED:g} s or more since the first: {on})"
         if stopping
         else f", and the event loop has not run since the first ({_LOOP_BLOCKED:g} s or more: "
-        "a world stepped on the loop that hangs?)"
+        "an actor's code holds it, a world stepped on the loop that hangs or a plug-in's own?)"
     )
     os.write(
         2,
@@ -614,7 +614,9 @@ class Runtime:
     def _subscribe(self, spec: ActorSpec) -> None:
         try:
             actor = built(spec)
-        except (Exception, SystemExit) as caught:
+        except BaseException as caught:
+            if not actor_error(caught, self.ctrl_c_possible()):
+                raise
             exc = failure(caught)
             self._on_failure(dataclasses.replace(spec, on_failure="stop"), 0, exc)
             raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
@@ -649,7 +651,7 @@ class Runtime:
                     return  # the stop is under way (the signal reaches the loop next)
                 except BaseException as raised:
                     caught = beneath_cancel(raised)
-                    if not actor_error(caught):
+                    if not actor_error(caught, self.ctrl_c_possible()):
                         raise
                     exc = failure(caught)
                     if not self._on_failure(spec, attempt, exc):

@@ -14,6 +14,7 @@ from engine.actor import Actor, ActorSpec, error_leaves
 from engine.events import Envelope, Event
 
 __all__ = [
+    "BaseExceptionRaised",
     "ExitCalled",
     "NativePanic",
     "RecoveryStopped",
@@ -82,10 +83,25 @@ class NativePanic(Exception):
     tokenizer's thread pool, under a process limit, escaped the run with no final event)."""
 
 
-def actor_error(exc: BaseException) -> bool:
+class BaseExceptionRaised(Exception):
+    """An actor's code raised a ``BaseException`` that is neither an ``Exception`` nor the
+    run's own end: a plug-in's class derived from ``BaseException``, or a
+    ``KeyboardInterrupt`` with no signal received. It escaped the run as a traceback with no
+    final event in the log, and a ``KeyboardInterrupt`` read as the user's Ctrl-C ("stopped:
+    coevo resume continues it"), the failure unsaid."""
+
+
+def actor_error(exc: BaseException, ctrl_c_possible: bool) -> bool:
     """Whether ``exc``, raised by an actor's code, is that actor's failure (supervised and
-    recorded) rather than the run's own end (a cancellation, a Ctrl-C)."""
-    return isinstance(exc, Exception | SystemExit) or type(exc).__name__ == "PanicException"
+    recorded) rather than the run's own end: a cancellation, or a ``KeyboardInterrupt`` that
+    may be the user's Ctrl-C (``ctrl_c_possible``: the run does not handle signals, or one
+    has arrived; :meth:`~engine.runtime.Runtime.ctrl_c_possible`)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return not ctrl_c_possible
+    if isinstance(exc, Exception):
+        return True
+    # a group left by beneath_cancel holds cancellations only
+    return not isinstance(exc, trio.Cancelled | RecoveryStopped | BaseExceptionGroup)
 
 
 def beneath_cancel(exc: BaseException) -> BaseException:
@@ -103,10 +119,22 @@ def beneath_cancel(exc: BaseException) -> BaseException:
 
 
 def failure(exc: BaseException) -> Exception:
+    """The actor's failure that ``exc`` is (:func:`actor_error`), as an ``Exception``."""
+    if isinstance(exc, Exception):
+        return exc
     if isinstance(exc, SystemExit):
         return ExitCalled(f"sys.exit({exc.code!r}) was called in the actor's code")
-    if not isinstance(exc, Exception):
-        failure = NativePanic(f"a native library panicked: {exc}")
-        failure.__cause__ = exc
-        return failure
-    return exc
+    if type(exc).__name__ == "PanicException":
+        converted: Exception = NativePanic(f"a native library panicked: {exc}")
+    elif isinstance(exc, KeyboardInterrupt):
+        converted = BaseExceptionRaised(
+            f"the actor's code raised {type(exc).__name__} with no signal received"
+            + (f": {exc}" if str(exc) else "")
+        )
+    else:
+        converted = BaseExceptionRaised(
+            f"the actor's code raised {type(exc).__name__}, a BaseException that is not an "
+            "Exception" + (f": {exc}" if str(exc) else "")
+        )
+    converted.__cause__ = exc
+    return converted

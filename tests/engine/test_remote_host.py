@@ -181,6 +181,37 @@ def test_coevo_s_own_error_in_a_remote_actor_is_one_line_as_in_the_driver() -> N
     assert rep.error == "ScenarioInvalid: s.toml: cannot import world module 'lab': HOME not set"
 
 
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (SystemExit(3), "sys.exit(3) was called"),
+        (KeyboardInterrupt(), "raised KeyboardInterrupt with no signal received"),
+        (GeneratorExit(), "raised GeneratorExit, a BaseException"),
+    ],
+)
+def test_a_base_exception_in_a_remote_actor_is_its_failure(error: BaseException, says: str) -> None:
+    """A remote actor raising ``sys.exit`` or another ``BaseException`` ended its host's loop
+    without a report: the proxy saw a running actor that answered nothing until its
+    ``stall_timeout`` (5 minutes)."""
+
+    class Failing(Actor):
+        subscribes = ()
+
+        async def run(self, ctx: Context) -> None:
+            raise error
+
+    host = RemoteHost("failing", Failing, 7, 0)
+    try:
+        rep, _ = report(host)
+        deadline = time.monotonic() + 10
+        while rep.state == "running" and time.monotonic() < deadline:
+            rep, _ = report(host)
+    finally:
+        host.stop()
+    assert rep.state == "failed", rep
+    assert says in rep.error
+
+
 def test_a_source_actor_waits_when_its_outbox_is_full() -> None:
     emitted: list[int] = []
 

@@ -907,6 +907,59 @@ def test_an_error_mixed_with_the_stops_cancellation_is_the_actors_failure() -> N
     assert isinstance(list(log.read())[-1].event, RunFailed)
 
 
+class PluginBase(BaseException):
+    """A plug-in's error class derived from ``BaseException`` by mistake."""
+
+
+class RaisesBase(Actor):
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def run(self, ctx: Context) -> None:
+        await ctx.emit(Ping(n=0))
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (PluginBase("bad"), "raised PluginBase, a BaseException that is not an Exception: bad"),
+        (KeyboardInterrupt(), "raised KeyboardInterrupt with no signal received"),
+        (GeneratorExit(), "raised GeneratorExit, a BaseException that is not an Exception"),
+    ],
+    ids=["own-class", "keyboard-interrupt", "generator-exit"],
+)
+def test_a_base_exception_an_actor_raises_is_its_failure(error: BaseException, says: str) -> None:
+    """A plug-in method's actor raising a ``BaseException`` of its own escaped the run as a
+    traceback, the log with no final event; one raising ``KeyboardInterrupt`` with no signal
+    received read as the user's Ctrl-C ("stopped: coevo resume continues it")."""
+    log, outcome = run_runtime(
+        [ActorSpec(name="m", factory=lambda: RaisesBase(error), driver=True)],
+        RuntimeConfig(handle_signals=True),
+    )
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [(f.error_type, f.action) for f in failed] == [("BaseExceptionRaised", "stop")]
+    assert says in failed[0].message
+    assert outcome.reason == "failed" and isinstance(list(log.read())[-1].event, RunFailed)
+
+
+def test_a_factory_raising_a_base_exception_fails_the_run_cleanly() -> None:
+    def factory() -> Actor:
+        raise PluginBase("cannot build")
+
+    log, outcome = run_runtime([ActorSpec(name="m", factory=factory, driver=True)])
+    failed = [e.event for e in log.read() if isinstance(e.event, ActorFailed)]
+    assert [f.error_type for f in failed] == ["BaseExceptionRaised"]
+    assert outcome.reason == "failed" and isinstance(list(log.read())[-1].event, RunFailed)
+
+
+def test_a_keyboard_interrupt_where_signals_are_not_handled_stays_a_ctrl_c() -> None:
+    """Without the runtime's own signal handling (a test, a notebook) a Ctrl-C arrives as
+    ``KeyboardInterrupt`` wherever the loop is: it ends the run as before, not as a failure."""
+    with pytest.raises(KeyboardInterrupt):
+        run_runtime([ActorSpec(name="m", factory=lambda: RaisesBase(KeyboardInterrupt()))])
+
+
 def test_a_second_signal_into_a_slow_stop_names_what_it_waits_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
