@@ -32,7 +32,8 @@ import torch
 torch.set_num_threads(1)
 from agents.events.policy import ActionRequested
 from scenarios.loader import load_scenario
-from scenarios.policy_setup import load_runner_for, policy_model_dir
+from scenarios.policy_models import policy_model_dir
+from scenarios.policy_setup import load_runner_for
 from stores.lmdb_log import LmdbEventLog
 run, batch, out, source = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 scenario = load_scenario(source, [])

@@ -167,7 +167,7 @@ def part_sync(args: argparse.Namespace) -> list[str]:
     from grpo_sync import run_sync
 
     from scenarios.assemble import assemble
-    from scenarios.policy_setup import policy_model_dir
+    from scenarios.policy_models import policy_model_dir
 
     overrides = ["eval.every=0", *args.set]
     scenario = load_scenario(args.quickstart, overrides)

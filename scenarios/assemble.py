@@ -142,7 +142,7 @@ def assemble(
         prepare_model: build (or find in the cache) the embedded model now; False only checks
             the settings (``coevo validate``).
         recorded: a resumed run's embedded models where they still are
-            (``scenarios.policy_setup.recorded_models``): loaded, not built again.
+            (``scenarios.policy_models.recorded_models``): loaded, not built again.
 
     Raises:
         ScenarioInvalid: the world cannot be built, a family does not exist, or the settings

@@ -49,13 +49,8 @@ from engine.world import Task
 from scenarios.assemble import world_factory, world_tasks
 from scenarios.loader import stored_scenario, stored_source
 from scenarios.methods import complementary_settings, method_of
-from scenarios.policy_setup import (
-    extractor_model_dir,
-    load_extractor_for,
-    policy_model_dir,
-    recorded_models,
-    runner_for,
-)
+from scenarios.policy_models import extractor_model_dir, policy_model_dir, recorded_models
+from scenarios.policy_setup import load_extractor_for, runner_for
 from scenarios.schema import Scenario
 from stores.checkpoints import (
     load_weights,
@@ -110,7 +105,7 @@ class RunLog:
     updates: list[ExtractorUpdated] = field(default_factory=list[ExtractorUpdated])
     policy: list[PolicyUpdated] = field(default_factory=list[PolicyUpdated])
     recorded: dict[str, Path] = field(default_factory=dict[str, Path])
-    """Its embedded models where they still are (``policy_setup.recorded_models``)."""
+    """Its embedded models where they still are (``policy_models.recorded_models``)."""
 
 
 def _complementary(scenario: Scenario) -> bool:

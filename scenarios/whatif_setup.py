@@ -162,7 +162,7 @@ class _Runners:
             path, digest = self._root / update.checkpoint, update.digest
             net, tokenizer = self._checkpoint(path, version, update.checkpoint, device)
         if digest and param_digest(net) != digest:
-            from scenarios.policy_setup import model_overrides
+            from scenarios.policy_models import model_overrides
 
             named = model_overrides(self._overrides)
             raise AuditQueryInvalid(
@@ -177,12 +177,12 @@ class _Runners:
 
     @functools.cached_property
     def _recorded(self) -> dict[str, Path]:
-        from scenarios.policy_setup import recorded_models
+        from scenarios.policy_models import recorded_models
 
         return recorded_models(self._s, self._models, self._overrides)
 
     def _base(self) -> Path:
-        from scenarios.policy_setup import policy_model_dir
+        from scenarios.policy_models import policy_model_dir
 
         return policy_model_dir(self._s, self._source, self._recorded)
 

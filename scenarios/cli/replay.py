@@ -149,7 +149,7 @@ def _base_note(meta: Any, overrides: Sequence[str] = ()) -> str:
     """Why a re-execution's starting weights may not be the run's: a model named by ``--set``,
     the run's own directory gone or changed, or (a run that does not record its model
     directories) the embedded model this coevo builds is not the one an older coevo built."""
-    from scenarios.policy_setup import model_overrides
+    from scenarios.policy_models import model_overrides
 
     if named := model_overrides(overrides):
         return f"--set {named[0]} gives another model than the one the run started from"

@@ -51,7 +51,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             args.run, log, rd.root if scenario.run.method != ROLLOUT else None
         )
         _models_in_place(args.run, meta.models, _embedded_roles(scenario))
-        from scenarios.policy_setup import recorded_models
+        from scenarios.policy_models import recorded_models
 
         recorded = recorded_models(scenario, meta.models)
         assembly = assemble(

@@ -26,7 +26,8 @@ from engine.eventlog import RunMeta
 from engine.events import Envelope, Event
 from scenarios.cli import main
 from scenarios.loader import scenario_hash
-from scenarios.policy_setup import extractor_model_dir, load_extractor_for, policy_model_dir
+from scenarios.policy_models import extractor_model_dir, policy_model_dir
+from scenarios.policy_setup import load_extractor_for
 from scenarios.probe_setup import read_run
 from stores.lmdb_log import LmdbEventLog
 

@@ -379,7 +379,7 @@ def test_a_run_whose_prompts_were_cut_to_fit_the_model_says_so_at_its_end(
     """A model built for few positions had every prompt cut, its goal among what was lost;
     the run said so once in its structured log (nothing on the console with ``--quiet``)."""
     from scenarios.loader import load_scenario
-    from scenarios.policy_setup import policy_model_dir
+    from scenarios.policy_models import policy_model_dir
 
     path = tmp_path / "model"
     shutil.copytree(policy_model_dir(load_scenario(QUICKSTART, TINY), QUICKSTART), path)
@@ -404,7 +404,7 @@ def test_a_run_records_its_models_and_a_resume_on_other_files_is_refused(
     prompts in another tokenizer."""
     from engine.eventlog import ModelFiles, new_run_meta
     from scenarios.loader import load_scenario, resolved_toml, scenario_hash
-    from scenarios.policy_setup import policy_model_dir
+    from scenarios.policy_models import policy_model_dir
     from stores.lmdb_log import LmdbEventLog
     from stores.model_dirs import model_files
 
@@ -536,7 +536,7 @@ def test_a_resume_on_another_build_of_the_embedded_model_says_where_to_resume(
     followed when this machine's build differs from the one the run started from."""
     from engine.eventlog import ModelFiles, new_run_meta
     from scenarios.loader import load_scenario, resolved_toml, scenario_hash
-    from scenarios.policy_setup import policy_model_dir
+    from scenarios.policy_models import policy_model_dir
     from stores.lmdb_log import LmdbEventLog
     from stores.model_dirs import model_files
 
@@ -758,7 +758,7 @@ def test_a_stop_while_the_embedded_model_is_built_says_what_is_lost(
     import agents.models.embedded
     from scenarios.cli.entry import Terminated
     from scenarios.loader import load_scenario
-    from scenarios.policy_setup import policy_model_dir
+    from scenarios.policy_models import policy_model_dir
 
     def stopped(*args: object, **kwargs: object) -> None:
         raise Terminated

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from agents.models.specs import EmbeddedSpec
 from scenarios.loader import parse_toml, to_scenario
-from scenarios.policy_setup import embedded_spec
+from scenarios.policy_models import embedded_spec
 
 BASE = """name = "s"
 [world]

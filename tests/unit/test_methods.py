@@ -211,7 +211,7 @@ def test_a_plug_in_built_on_a_method_is_prepared_and_audited_under_its_own_setti
     from agents.methods.registry import method_settings
     from engine.errors import ModelUnavailable
     from scenarios.methods import empo2_settings, method_with
-    from scenarios.policy_setup import extractor_model_dir
+    from scenarios.policy_models import extractor_model_dir
 
     (tmp_path / "built_on.py").write_text(
         "from agents.methods.builtin import Complementary, Empo2\n\n"
