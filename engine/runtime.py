@@ -184,6 +184,7 @@ class RunOutcome:
     exit_code: int
     events: int
     error: str = ""
+    actor: str = ""  # the actor whose failure ended it (reason "failed")
 
 
 @dataclass(eq=False)
@@ -469,7 +470,10 @@ class Runtime:
     def _final_event(self, outcome: RunOutcome) -> Event:
         if outcome.reason == "failed":
             return RunFailed(
-                error_type="ActorCrashed", message=outcome.error, exit_code=outcome.exit_code
+                error_type="ActorCrashed",
+                message=outcome.error,
+                actor=outcome.actor,
+                exit_code=outcome.exit_code,
             )
         sig = outcome.reason.removeprefix("signal:") if outcome.reason.startswith("signal:") else ""
         reason = "signal" if sig else outcome.reason
@@ -493,7 +497,7 @@ class Runtime:
         except* ActorCrashed as group:
             crashes.extend(e for e in group.exceptions if isinstance(e, ActorCrashed))
         if crashes:
-            return RunOutcome("failed", 1, 0, error=str(crashes[0]))
+            return RunOutcome("failed", 1, 0, error=str(crashes[0]), actor=crashes[0].actor)
         reason, code = self._stop_reason or ("completed", 0)
         return RunOutcome(reason, code, 0)
 

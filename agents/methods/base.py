@@ -122,7 +122,9 @@ def called(method: object, hook: str, fn: Callable[..., T], *args: Any) -> T:
     """
     try:
         return fn(*args)
-    except (Exception, SystemExit) as exc:  # a plug-in's bug
+    except KeyboardInterrupt:  # maybe the user's: supervision decides
+        raise
+    except BaseException as exc:  # a plug-in's bug (sys.exit, a BaseException of its own)
         said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise ValueError(f"{method_label(method)}: {hook} raised {said}") from exc
 
@@ -391,7 +393,9 @@ def method_actors(method: Method, run: RunResources) -> tuple[ActorSpec, ...]:
         takes_run = True
     try:
         specs = tuple(actors(run) if takes_run else actors())  # pyright: ignore[reportCallIssue]
-    except (Exception, SystemExit) as exc:  # a plug-in's bug: one line, before any run
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a plug-in's bug: one line, before any run
         raise ValueError(
             f"{method_label(method)}: actors() raised {type(exc).__name__}: {exc}"
         ) from None

@@ -87,7 +87,9 @@ def option_defaults(name_or_path: str) -> dict[str, Any]:
         if struct is None:
             return {}
         found = msgspec.to_builtins(msgspec.convert({}, struct))
-    except (Exception, SystemExit):  # a plug-in's failure: no defaults known
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # a plug-in's failure: no defaults known
         return {}
     return found if isinstance(found, dict) else {}
 
@@ -122,14 +124,18 @@ def build_method(
                 raise MethodOptionsInvalid(
                     f"bad options for method {name_or_path!r}: {said}"
                 ) from None
-            except (Exception, SystemExit) as exc:  # Settings is not a Struct msgspec can fill
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # Settings is not a Struct msgspec can fill
                 raise ValueError(
                     f"method {name_or_path!r}: its Settings ({struct!r}) cannot take the options: "
                     f"{type(exc).__name__}: {exc}"
                 ) from None
     try:
         method = cls(grpo, settings)
-    except (Exception, SystemExit) as exc:  # a plug-in's constructor: one line, not a traceback
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a plug-in's constructor: one line, not a traceback
         raise ValueError(
             f"method {name_or_path!r} could not be built: {cls.__qualname__}(grpo, settings) "
             f"raised {type(exc).__name__}: {exc}"

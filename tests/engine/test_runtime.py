@@ -353,7 +353,7 @@ def test_stop_policy_fails_the_run_and_keeps_what_was_committed() -> None:
     assert outcome.reason == "failed" and outcome.exit_code == 1
     assert "echo" in outcome.error and "boom" in outcome.error
     final = envs[-1].event
-    assert isinstance(final, RunFailed) and "boom" in final.message
+    assert isinstance(final, RunFailed) and "boom" in final.message and final.actor == "echo"
     assert [e.event.action for e in envs if isinstance(e.event, ActorFailed)] == ["stop"]
     assert sorted(e.event.n for e in envs if isinstance(e.event, Pong)) == [0, 1, 2]
     assert verify_log(log, [ActorStats()]).ok

@@ -94,6 +94,20 @@ class RaisingScore(Grpo):
         raise ValueError("my score exploded")
 
 
+class PluginError(BaseException):  # derived from BaseException by mistake
+    pass
+
+
+class BaseScore(Grpo):
+    def score(self, outcomes, rollouts, similar):
+        raise PluginError("my score exploded")
+
+
+class BaseRaises(Grpo):
+    def __init__(self, grpo, settings):
+        raise PluginError("no such")
+
+
 class HugeScore(Grpo):
     def score(self, outcomes, rollouts, similar):
         s = super().score(outcomes, rollouts, similar)
@@ -209,6 +223,7 @@ def cli(*args: str, path: Path = ROOT, **env: str) -> subprocess.CompletedProces
     [
         ("Raises", "could not be built: Raises(grpo, settings) raised RuntimeError: no such"),
         ("Exits", "raised SystemExit: 4"),
+        ("BaseRaises", "could not be built: BaseRaises(grpo, settings) raised PluginError: no"),
         ("NoArgs", "raised TypeError: "),
         ("FiveSettings", "its Settings (5) cannot take the options"),
         ("NegativeWarmup", f"{LABEL.format('NegativeWarmup')}: warmup must be an int >= 0, got -5"),
@@ -247,6 +262,7 @@ def test_a_module_that_exits_on_import_is_one_line(
             "RaisingScore",
             f"{LABEL.format('RaisingScore')}: score raised ValueError: my score exploded",
         ),
+        ("BaseScore", f"{LABEL.format('BaseScore')}: score raised PluginError: my score exploded"),
         ("TipsWithoutMemory", "rollout() returned 'tips', which asks the memory, but no actor"),
         ("MemoryEvalWithoutMemory", "memory_eval is 'tips', which asks the memory, but no actor"),
         ("UnrecordedDistill", "rollout() returned 'distill' and records_rollouts is false"),
