@@ -345,7 +345,6 @@ class Runtime:
         self._root: trio.Nursery | None = None
         self._stop_notice = trio.CancelScope()  # ends with the actors (_notice_stop)
         self._noticing = False  # _notice_stop started (once: by a stop asked for, or a crash)
-        self._failing = False  # an actor's failure stops the run
         self._log_out = structlog.get_logger("coevo").bind(actor="runtime")
         self.check_event = Codec().check
         """Raise ``EventInvalid`` unless an event would decode from the log (``Context.emit``
@@ -564,10 +563,8 @@ class Runtime:
         def take(signum: int) -> None:  # on the loop: the stop begins
             waiting.clear()
             taken.append(time.monotonic())
-            if self._failing:  # _watch_signals was cancelled with the actors
-                self._take_signal(signum)
-            else:
-                send.send_nowait(signum)
+            self._take_signal(signum)  # here: a stop under way cancelled _watch_signals
+            send.send_nowait(signum)
 
         def handler(signum: int, frame: Any) -> None:
             self._signalled = True
@@ -593,10 +590,14 @@ class Runtime:
             _restore(previous)
 
     async def _watch_signals(self, signals: trio.MemoryReceiveChannel[int]) -> None:
-        """Stop gracefully at the first SIGINT, SIGTERM or SIGHUP."""
-        self._take_signal(await signals.receive())
+        """Hold the actors' nursery open until the first SIGINT, SIGTERM or SIGHUP was taken
+        (:meth:`_take_signal`): a resume's recovery that a signal ends returns before the
+        signal reaches the loop, and the run would end as completed."""
+        await signals.receive()
 
     def _take_signal(self, signum: int) -> None:
+        """Stop gracefully at a SIGINT, SIGTERM or SIGHUP, also while a stop that began
+        otherwise (a failure, the driver's end, a request) waits on actors."""
         sig = signal.Signals(signum)
         self._log_out.warning("signal received, stopping", signal=sig.name)
         self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))
@@ -659,8 +660,7 @@ class Runtime:
                         raise
                     exc = failure(caught)
                     if not self._on_failure(spec, attempt, exc):
-                        self._failing = True  # the others are cancelled, _watch_signals too
-                        self._begin_notice(f"{spec.name} failed")
+                        self._begin_notice(f"{spec.name} failed")  # the others are cancelled
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
                     attempt += 1
                     reason = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0]}"

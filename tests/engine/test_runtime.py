@@ -493,6 +493,44 @@ def test_a_stop_for_a_failure_that_waits_on_an_actor_says_which_and_hears_a_sign
     assert isinstance(list(log.read())[-1].event, RunFailed)
 
 
+def test_a_signal_during_a_requested_stop_that_waits_is_taken() -> None:
+    """A stop asked for without a signal (the driver's end, ``request_stop``) cancels the
+    task that takes signals with the actors, as a failure's stop did: a Ctrl-C or SIGTERM while
+    it waited on an update in a thread was not acknowledged, nor said to end it if repeated."""
+    import structlog
+
+    log = MemoryEventLog()
+    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+
+    async def main() -> RunOutcome:
+        done = trio.Event()
+        spec = ActorSpec(name="slow", factory=lambda: Stubborn(done))
+        rt = Runtime(log, started, [spec], [], seed=0, config=RuntimeConfig(handle_signals=True))
+        result: list[RunOutcome] = []
+        async with trio.open_nursery() as nursery:
+
+            async def go() -> None:
+                result.append(await rt.run())
+
+            nursery.start_soon(go)
+            while log.next_seq < 2:  # the run started, and its actor
+                await trio.sleep(0.01)
+            rt.request_stop("requested", 0)
+            await trio.sleep(20)
+            assert rt._running == {"slow"}  # pyright: ignore[reportPrivateUsage]
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep(80)
+            done.set()
+        return result[0]
+
+    with structlog.testing.capture_logs() as logs:
+        outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert outcome.reason == "requested"
+    assert [e["signal"] for e in logs if e["event"] == "signal received, stopping"] == ["SIGTERM"]
+    said = [e for e in logs if e["event"].startswith("stopping: still waiting")]
+    assert ["now" in e for e in said] == [False, True, True, True]  # after the signal
+
+
 def test_stop_requested_before_actors_start_still_ends_the_run() -> None:
     log = MemoryEventLog()
     started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
