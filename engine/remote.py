@@ -43,7 +43,7 @@ from engine.errors import CoevoError
 from engine.events import Codec, Envelope, Event
 from engine.runtime import WRITE_BUFFER_BYTES
 from engine.seeds import derive_seed
-from engine.supervision import actor_error, beneath_cancel, failure
+from engine.supervision import actor_failure
 
 State = Literal["running", "ended", "failed"]
 
@@ -343,10 +343,9 @@ class RemoteHost:
                 await actor.run(ctx)
                 self._state = "ended"
             except BaseException as raised:  # reported to the proxy, raised in the driver
-                caught = beneath_cancel(raised)
-                if not actor_error(caught, ctrl_c_possible=False):  # no Ctrl-C reaches it
-                    raise  # (stop()'s cancellation)
-                exc = failure(caught)
+                # no Ctrl-C reaches this thread; None: stop()'s cancellation
+                if (exc := actor_failure(raised, ctrl_c_possible=False)) is None:
+                    raise
                 self._state = "failed"
                 self._error = (  # coevo's own errors are one line, as in the driver
                     f"{type(exc).__name__}: {exc}"

@@ -61,10 +61,8 @@ from engine.seeds import derive_seed
 from engine.supervision import (
     RecoveryStopped,
     StoppableHistory,
-    actor_error,
-    beneath_cancel,
+    actor_failure,
     built,
-    failure,
 )
 
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
@@ -619,10 +617,9 @@ class Runtime:
     def _subscribe(self, spec: ActorSpec) -> None:
         try:
             actor = built(spec)
-        except BaseException as caught:
-            if not actor_error(caught, self.ctrl_c_possible()):
+        except BaseException as raised:
+            if (exc := actor_failure(raised, self.ctrl_c_possible())) is None:
                 raise
-            exc = failure(caught)
             self._on_failure(dataclasses.replace(spec, on_failure="stop"), 0, exc)
             raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc
         send, recv = trio.open_memory_channel[list[Envelope[Event]]](self._cfg.mailbox)
@@ -655,10 +652,8 @@ class Runtime:
                 except RecoveryStopped:  # (a remote actor's proxy reads it as it runs)
                     return  # the stop is under way (the signal reaches the loop next)
                 except BaseException as raised:
-                    caught = beneath_cancel(raised)
-                    if not actor_error(caught, self.ctrl_c_possible()):
+                    if (exc := actor_failure(raised, self.ctrl_c_possible())) is None:
                         raise
-                    exc = failure(caught)
                     if not self._on_failure(spec, attempt, exc):
                         self._begin_notice(f"{spec.name} failed")  # the others are cancelled
                         raise ActorCrashed(spec.name, f"{type(exc).__name__}: {exc}") from exc

@@ -19,10 +19,8 @@ __all__ = [
     "NativePanic",
     "RecoveryStopped",
     "StoppableHistory",
-    "actor_error",
-    "beneath_cancel",
+    "actor_failure",
     "built",
-    "failure",
 ]
 
 
@@ -91,7 +89,14 @@ class BaseExceptionRaised(Exception):
     coevo resume continues it"), the failure unsaid."""
 
 
-def actor_error(exc: BaseException, ctrl_c_possible: bool) -> bool:
+def actor_failure(raised: BaseException, ctrl_c_possible: bool) -> Exception | None:
+    """The actor's failure that ``raised`` (what its code raised) is, as an ``Exception`` to
+    record and supervise; None when it is the run's own end (:func:`_actor_error`)."""
+    caught = _beneath_cancel(raised)
+    return _failure(caught) if _actor_error(caught, ctrl_c_possible) else None
+
+
+def _actor_error(exc: BaseException, ctrl_c_possible: bool) -> bool:
     """Whether ``exc``, raised by an actor's code, is that actor's failure (supervised and
     recorded) rather than the run's own end: a cancellation, or a ``KeyboardInterrupt`` that
     may be the user's Ctrl-C (``ctrl_c_possible``: the run does not handle signals, or one
@@ -100,11 +105,11 @@ def actor_error(exc: BaseException, ctrl_c_possible: bool) -> bool:
         return not ctrl_c_possible
     if isinstance(exc, Exception):
         return True
-    # a group left by beneath_cancel holds cancellations only
+    # a group left by _beneath_cancel holds cancellations only
     return not isinstance(exc, trio.Cancelled | RecoveryStopped | BaseExceptionGroup)
 
 
-def beneath_cancel(exc: BaseException) -> BaseException:
+def _beneath_cancel(exc: BaseException) -> BaseException:
     """The error of an actor's nursery that failed while the run was stopping: a group of
     its own error and the stop's ``Cancelled`` is not an ``Exception``, and passed
     supervision as the run's own end, escaping :meth:`Runtime.run` as a traceback (a Ray
@@ -118,8 +123,8 @@ def beneath_cancel(exc: BaseException) -> BaseException:
     return errors[0] if errors else group
 
 
-def failure(exc: BaseException) -> Exception:
-    """The actor's failure that ``exc`` is (:func:`actor_error`), as an ``Exception``."""
+def _failure(exc: BaseException) -> Exception:
+    """The actor's failure that ``exc`` is (:func:`_actor_error`), as an ``Exception``."""
     if isinstance(exc, Exception):
         return exc
     if isinstance(exc, SystemExit):
