@@ -240,9 +240,13 @@ async def task_nursery() -> AsyncGenerator[trio.Nursery]:
         async with trio.open_nursery() as nursery:
             yield nursery
     except BaseExceptionGroup as group:
-        leaves = list(error_leaves(group))
-        errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
-        raise (errors or leaves)[0] from None
+        raise (first_error(group) or next(error_leaves(group))) from None
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The first error of ``group`` (nested groups included) that is not a cancellation;
+    None if it holds cancellations only."""
+    return next((e for e in error_leaves(group) if not isinstance(e, trio.Cancelled)), None)
 
 
 def error_leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:

@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import msgspec
 import trio
 
-from engine.actor import Actor, ActorSpec, Context, error_leaves
+from engine.actor import Actor, ActorSpec, Context, first_error
 from engine.errors import ClusterUnavailable
 from engine.events import Codec, Envelope, Event
 from engine.remote import (
@@ -535,10 +535,10 @@ class RemoteActor(Actor):
         except BaseExceptionGroup as group:
             # its own error first, also when the run's stop cancelled the rest (the group
             # then holds a Cancelled too: the cluster lost while another actor failed)
-            errors = [e for e in error_leaves(group) if not isinstance(e, trio.Cancelled)]
-            if not errors or not isinstance(errors[0], Exception):
+            first = first_error(group)
+            if not isinstance(first, Exception):
                 raise
-            raise self._translated(ctx.name, errors[0], generation) from None
+            raise self._translated(ctx.name, first, generation) from None
         except Exception as exc:
             raise self._translated(ctx.name, exc, generation) from None
         finally:

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import trio
 
-from engine.actor import Actor, ActorSpec, error_leaves
+from engine.actor import Actor, ActorSpec, first_error
 from engine.events import Envelope, Event
 
 __all__ = [
@@ -119,8 +119,7 @@ def _beneath_cancel(exc: BaseException) -> BaseException:
     if not isinstance(exc, BaseExceptionGroup) or isinstance(exc, Exception):
         return exc
     group = cast("BaseExceptionGroup[BaseException]", exc)
-    errors = [e for e in error_leaves(group) if not isinstance(e, trio.Cancelled)]
-    return errors[0] if errors else group
+    return first_error(group) or group
 
 
 def _failure(exc: BaseException) -> Exception:
