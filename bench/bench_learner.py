@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 
 from agents.audit.reexecute import RequestedUpdate, requested_updates  # noqa: E402
-from agents.learning.learner import Trainee, grpo_step  # noqa: E402
+from agents.learning.update import Trainee, grpo_step  # noqa: E402
 from scenarios.cli.common import find_run, open_run  # noqa: E402
 from scenarios.policy_setup import reexecution_for  # noqa: E402
 

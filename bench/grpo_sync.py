@@ -21,8 +21,8 @@ import torch
 from agents.acting.inference import ActSettings, PolicyRunner
 from agents.acting.scheduler import plan_episode
 from agents.events.policy import ActionRequested, ActionSampled
-from agents.learning.learner import Sample, Trainee, grpo_step
 from agents.learning.trainer import ADV_EPS, gradient_request
+from agents.learning.update import Sample, Trainee, grpo_step
 from agents.methods.advantages import group_advantages
 from agents.models.prompts import Step, turn_messages
 from engine.seeds import derive_rng, derive_seed

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.events.policy import ActionSampled, GradientRequested  # noqa: E402
-from agents.learning.learner import Sample, Trainee, grpo_step  # noqa: E402
+from agents.learning.update import Sample, Trainee, grpo_step  # noqa: E402
 from agents.models.embedded import EmbeddedSpec, ensure_embedded  # noqa: E402
 from agents.models.tuning import LoraSettings, prepare  # noqa: E402
 from stores.model_dirs import load_model_dir  # noqa: E402

@@ -23,13 +23,9 @@ import collections
 import contextlib
 import dataclasses
 import itertools
-import math
 import operator
-import os
-import queue
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Generator, Sequence
@@ -41,8 +37,9 @@ import structlog
 import trio
 
 from engine.actor import Actor, ActorSpec, Context, Mailbox, error_leaves
+from engine.committer import IN_FLIGHT, Committer, Prepared
 from engine.errors import ActorCrashed
-from engine.eventlog import EncodedBatch, EventLog, LogHistory, Snapshot
+from engine.eventlog import EventLog, LogHistory
 from engine.events import Codec, Envelope, Event
 from engine.lifecycle import (
     ActorFailed,
@@ -58,63 +55,13 @@ from engine.numbering import Numbering, Pending
 from engine.projection import Projection
 from engine.replay import replay_until
 from engine.seeds import derive_seed
+from engine.stopping import SIGNAL_EXIT, STOP_NOTICE_EVERY_S, STOP_NOTICE_S, stop_signals
 from engine.supervision import (
     RecoveryStopped,
     StoppableHistory,
     actor_failure,
     built,
 )
-
-_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
-_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""The signals that stop a run gracefully: a Ctrl-C, a kill, a terminal or SSH session that
-closes (SIGHUP, unless the process ignores it: ``nohup``)."""
-STOP_NOTICE_S = 5.0
-"""Seconds a stop may wait on actors still running (an update in a thread, a world's close)
-before the runtime says which, and again every :data:`STOP_NOTICE_EVERY_S`."""
-STOP_NOTICE_EVERY_S = 30.0
-
-_LOOP_BLOCKED = 1.0
-"""Seconds a stop signal may wait for the event loop before another one counts it blocked."""
-
-
-def _restore(previous: dict[signal.Signals, Any]) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
-
-
-def _pass_on(signum: int, frame: Any, previous: dict[signal.Signals, Any]) -> None:
-    """Handle ``signum`` as the handler before the run's would have: call it, or (the
-    default action) restore it and raise the signal again."""
-    before = previous.get(signal.Signals(signum), signal.SIG_DFL)
-    if callable(before):
-        before(signum, frame)
-        return
-    if before is signal.SIG_IGN:
-        return
-    signal.signal(signum, signal.SIG_DFL)
-    signal.raise_signal(signum)
-
-
-def _stop_where_it_is(signum: int, stopping: bool = False, waiting_on: Sequence[str] = ()) -> None:
-    """End the process now, as a SIGKILL would (every commit stays; nothing after it is
-    written), with one line: the event loop is blocked, so nothing graceful can run, or
-    (``stopping``) the graceful stop the first signal began has not ended in a second (still
-    ``waiting_on`` those actors, when known)."""
-    sig = signal.Signals(signum)
-    on = f"still waiting on {', '.join(waiting_on)}" if waiting_on else "a world call that hangs?"
-    why = (
-        f" while the run stops ({_LOOP_BLOCKED:g} s or more since the first: {on})"
-        if stopping
-        else f", and the event loop has not run since the first ({_LOOP_BLOCKED:g} s or more: "
-        "an actor's code holds it, a world stepped on the loop that hangs or a plug-in's own?)"
-    )
-    os.write(
-        2,
-        f"coevo: {sig.name} again{why}: stopped where it was; the log keeps every commit "
-        "(coevo resume continues the run)\n".encode(),
-    )
-    os._exit(_SIGNAL_EXIT.get(sig, 1))
 
 
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -195,68 +142,6 @@ class _Subscriber:
     closed: bool = False
 
 
-@dataclass
-class _Prepared:
-    """A numbered, folded and encoded batch on its way to the log, with the snapshots taken
-    in it."""
-
-    envelopes: list[Envelope[Event]]
-    snapshots: list[Snapshot]
-    encoded: EncodedBatch
-    pushed: int = 0  # events pushed before the last one in the batch, that one included
-
-
-_IN_FLIGHT = 2
-"""Batches between numbering and delivery: one being committed, the next one waiting for it."""
-
-
-class _Committer:
-    """The log's writing thread: appends numbered batches in order, one transaction each (with
-    the snapshots taken in the batch), and reports each one to the event loop.
-
-    A plain thread with a queue rather than a trio worker-thread hop per batch: while it waits
-    for the fsync of batch k (without the GIL), the event loop numbers, folds and encodes batch
-    k+1. It does little that needs the GIL, since every time it lets go of it (each LMDB call)
-    it may wait to get it back. After an error it commits nothing more.
-
-    Args:
-        log: the run's event log.
-        report: called on the event loop with each batch and None, or the error that stopped
-            the thread.
-    """
-
-    def __init__(
-        self, log: EventLog, report: Callable[[_Prepared, BaseException | None], None]
-    ) -> None:
-        self._log = log
-        self._report = report
-        self._token = trio.lowlevel.current_trio_token()
-        self._jobs: queue.SimpleQueue[_Prepared | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="coevo-writer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, prepared: _Prepared) -> None:
-        """Queue a batch for commit (never waits)."""
-        self._jobs.put(prepared)
-
-    def stop(self) -> None:
-        """Let the thread finish what it was given and wait for it (blocking)."""
-        self._jobs.put(None)
-        self._thread.join()
-
-    def _loop(self) -> None:
-        log, jobs, report = self._log, self._jobs, self._report
-        while (prepared := jobs.get()) is not None:
-            try:
-                log.append_encoded(prepared.encoded, snapshots=prepared.snapshots)
-            except BaseException as exc:
-                self._token.run_sync_soon(report, prepared, exc)
-                return
-            self._token.run_sync_soon(report, prepared, None)
-
-
 class Runtime:
     """Runs actors over one event log. Use once: ``outcome = await runtime.run()``.
 
@@ -328,7 +213,7 @@ class Runtime:
         )
         self._next = 0  # seq of the next event to commit (= events committed)
         self._in_flight = 0  # batches numbered and not yet delivered
-        self._committed: collections.deque[tuple[_Prepared, BaseException | None]] = (
+        self._committed: collections.deque[tuple[Prepared, BaseException | None]] = (
             collections.deque()
         )
         self._delivered = trio.lowlevel.ParkingLot()
@@ -538,54 +423,19 @@ class Runtime:
 
     @contextlib.contextmanager
     def _signal_handler(self) -> Generator[trio.MemoryReceiveChannel[int] | None]:
-        """SIGINT, SIGTERM and SIGHUP handed to the event loop while the actors run (None: the
-        run does not handle signals).
-
-        Installed before any actor runs (a world stepped on the loop may block it before a
-        watching task is first scheduled). A signal that arrives while an earlier one has waited
-        :data:`_LOOP_BLOCKED` seconds for the loop (blocked: such a world that hangs, on every
-        worker in turn) ends the process where it is, as a SIGKILL would, with one line and
-        exit 130 or 143: what was committed stays, and ``coevo resume`` continues the run. So
-        does a signal that arrives that long after the loop took the first (the stop waits on
-        something: a world's ``close``); one sooner (a double Ctrl-C) goes where it went
-        before the run.
-        """
+        """The stop signals handed to the event loop while the actors run
+        (:func:`engine.stopping.stop_signals`); None: the run does not handle signals."""
         if not self._cfg.handle_signals:
             yield None
             return
-        token = trio.lowlevel.current_trio_token()
-        send, signals = trio.open_memory_channel[int](math.inf)
-        waiting: list[float] = []  # when each signal the loop has not taken yet arrived
-        taken: list[float] = []  # when the loop took the first: the stop began
-
-        def take(signum: int) -> None:  # on the loop: the stop begins
-            waiting.clear()
-            taken.append(time.monotonic())
-            self._take_signal(signum)  # here: a stop under way cancelled _watch_signals
-            send.send_nowait(signum)
-
-        def handler(signum: int, frame: Any) -> None:
-            self._signalled = True
-            now = time.monotonic()
-            if taken:  # a second signal: soon after the first, it goes where it went before
-                if now - taken[0] >= _LOOP_BLOCKED:  # (a double Ctrl-C); later, the stop is
-                    _stop_where_it_is(signum, True, sorted(self._running))  # slow: ends here
-                _pass_on(signum, frame, previous)
-                return
-            if waiting and now - waiting[0] >= _LOOP_BLOCKED:
-                _stop_where_it_is(signum)
-            waiting.append(now)
-            token.run_sync_soon(take, signum)
-
-        previous = {
-            sig: signal.signal(sig, handler)
-            for sig in _STOPPING
-            if signal.getsignal(sig) is not signal.SIG_IGN
-        }
-        try:
+        with stop_signals(self._arrived, self._take_signal, self._waiting_on) as signals:
             yield signals
-        finally:
-            _restore(previous)
+
+    def _arrived(self) -> None:  # in the signal handler
+        self._signalled = True
+
+    def _waiting_on(self) -> list[str]:
+        return sorted(self._running)
 
     async def _watch_signals(self, signals: trio.MemoryReceiveChannel[int]) -> None:
         """Hold the actors' nursery open until the first SIGINT, SIGTERM or SIGHUP was taken
@@ -598,7 +448,7 @@ class Runtime:
         otherwise (a failure, the driver's end, a request) waits on actors."""
         sig = signal.Signals(signum)
         self._log_out.warning("signal received, stopping", signal=sig.name)
-        self.request_stop(f"signal:{sig.name}", _SIGNAL_EXIT.get(sig, 1))
+        self.request_stop(f"signal:{sig.name}", SIGNAL_EXIT.get(sig, 1))
 
     # --- supervision ------------------------------------------------------------------------
 
@@ -714,7 +564,7 @@ class Runtime:
 
     async def _writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Feed numbered batches to the log's writing thread and deliver what it committed."""
-        committer = _Committer(self._log, self._on_committed)
+        committer = Committer(self._log, self._on_committed)
         interval = sys.getswitchinterval()
         if self._cfg.switch_interval > 0:
             sys.setswitchinterval(self._cfg.switch_interval)
@@ -730,12 +580,12 @@ class Runtime:
                 await trio.to_thread.run_sync(committer.stop, limiter=trio.CapacityLimiter(1))
             sys.setswitchinterval(interval)
 
-    async def _feed(self, committer: _Committer) -> None:
+    async def _feed(self, committer: Committer) -> None:
         """Take batches off the write buffer, number, fold and encode them, and queue them for
-        the committer; at most ``_IN_FLIGHT`` batches are between here and their delivery."""
+        the committer; at most ``IN_FLIGHT`` batches are between here and their delivery."""
         cfg = self._cfg
         while True:
-            while not self._pending or self._in_flight >= _IN_FLIGHT:
+            while not self._pending or self._in_flight >= IN_FLIGHT:
                 if self._closing and not self._pending:
                     self._fed_all = True
                     self._delivered.unpark_all()
@@ -754,7 +604,7 @@ class Runtime:
             envelopes, snapshots = self._numbering.prepare(batch)
             pushed = self._pushed - len(self._pending)
             encoded = self._log.encode(envelopes)
-            committer.submit(_Prepared(envelopes, snapshots, encoded, pushed))
+            committer.submit(Prepared(envelopes, snapshots, encoded, pushed))
 
     def _batch_size(self) -> int:
         """How many pending events the next batch takes: up to ``batch_max``, and up to
@@ -766,7 +616,7 @@ class Runtime:
         ends = list(itertools.accumulate(map(_SIZE, self._pending[:n])))
         return max(1, bisect.bisect_right(ends, most))
 
-    def _on_committed(self, prepared: _Prepared, error: BaseException | None) -> None:
+    def _on_committed(self, prepared: Prepared, error: BaseException | None) -> None:
         """The committer's report of one batch (run on the event loop, in commit order)."""
         self._committed.append((prepared, error))
         self._delivered.unpark_all()

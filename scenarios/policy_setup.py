@@ -51,7 +51,7 @@ from stores.model_dirs import load_model_dir
 if TYPE_CHECKING:
     from agents.acting.inference import PolicyRunner
     from agents.audit.reexecute import Reexecution
-    from agents.learning.learner import Trainee
+    from agents.learning.update import Trainee
     from agents.memory.extractor import ExtractorModel
     from engine.eventlog import RunMeta
 
@@ -340,7 +340,7 @@ def runner_for(
 
 def load_trainee_for(scenario: Scenario, model: Path | None) -> Trainee:
     """The learner's model, tokenizer and optional reference (blocking)."""
-    from agents.learning.learner import Trainee
+    from agents.learning.update import Trainee
 
     assert model is not None, "the model directory is prepared before the run starts"
     device = resolve_device(scenario.policy.device)

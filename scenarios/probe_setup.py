@@ -46,12 +46,12 @@ from engine.eventlog import RunMeta
 from engine.events import Envelope, Event
 from engine.lifecycle import RunStarted
 from engine.world import Task
-from scenarios.assemble import world_factory, world_tasks
 from scenarios.loader import stored_scenario, stored_source
 from scenarios.methods import complementary_settings, method_of
 from scenarios.policy_models import extractor_model_dir, policy_model_dir, recorded_models
 from scenarios.policy_setup import load_extractor_for, runner_for
 from scenarios.schema import Scenario
+from scenarios.world_tasks import world_factory, world_tasks
 from stores.checkpoints import (
     load_weights,
     param_digest,

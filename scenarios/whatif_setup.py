@@ -21,9 +21,9 @@ from agents.audit.whatif import Change, Prompting, WhatIf, check, recorded, repl
 from agents.events.policy import PolicyUpdated
 from engine.errors import AuditQueryInvalid, ScenarioInvalid
 from engine.eventlog import ModelFiles, machine_description
-from scenarios.assemble import world_factory
 from scenarios.loader import stored_scenario, stored_source
 from scenarios.schema import Scenario
+from scenarios.world_tasks import world_factory
 from stores.fact_index import FactIndex
 
 __all__ = ["run_whatif"]

@@ -26,14 +26,8 @@ from safetensors.torch import load_file
 
 from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested, ExtractorUpdated
 from agents.events.policy import LAYOUTS, UNRECORDED_LAYOUTS, GradientRequested, PolicyUpdated
-from agents.learning.learner import (
-    Sample,
-    SampleBuffer,
-    StepStats,
-    Trainee,
-    grpo_step,
-    update_seed,
-)
+from agents.learning.learner import SampleBuffer, update_seed
+from agents.learning.update import Sample, StepStats, Trainee, grpo_step
 from agents.memory.extractor import ExtractorModel, extractor_step
 from agents.models.tuning import torch_threads, trainable
 from engine.errors import UpdateDiverged

@@ -42,7 +42,7 @@ from stores.checkpoints import Checkpoints, optimizer_tensors, param_digest, res
 
 if TYPE_CHECKING:
     from agents.events.policy import GradientRequested
-    from agents.learning.learner import Sample, StepStats, Trainee
+    from agents.learning.update import Sample, StepStats, Trainee
 
 _ROOT = Path(__file__).resolve().parents[2]  # the directory holding the agents package
 
@@ -97,7 +97,7 @@ def train_update(
     (blocking)."""
     import torch
 
-    from agents.learning.learner import grpo_step
+    from agents.learning.update import grpo_step
 
     reset_peak(trainee.device)
     stats = grpo_step(trainee, samples, req, seed, version - 1)

@@ -18,9 +18,8 @@ depends on which worker ran it or when.
 What differs between methods is asked of the run's :class:`agents.methods.base.Method`: each
 training episode's rollout mode and job, a group's rewards and advantages, events due at a step's
 end, the update's loss flags, warm-up steps and a memory evaluation round. The trainer never asks
-which method runs. With a memory (``method.adapts``), the first and last evaluation rounds also run
-the adaptation test (:class:`_Adapt`): held-out tasks played several times in a row with a memory
-of their own and no weight update.
+which method runs. The evaluation rounds (with a memory, the adaptation test too) are
+:class:`agents.learning.rounds.EvalRounds`.
 """
 
 from __future__ import annotations
@@ -60,19 +59,19 @@ from agents.events.memory import (
 )
 from agents.events.policy import (
     SCORING,
-    AdaptRoundFinished,
     AdvantagesComputed,
-    EvalRoundFinished,
     EvalRoundStarted,
     GradientRequested,
     PolicyUpdated,
 )
+from agents.learning.rounds import EvalRounds
 from agents.methods.advantages import group_stats, outcome
 from agents.methods.base import (
     ADV_EPS,
-    ROLLOUTS,
     Method,
     called,
+    check_mode,
+    checked_attributes,
     checked_job,
     checked_loss,
     checked_scored,
@@ -80,8 +79,8 @@ from agents.methods.base import (
     method_label,
     mode_of,
 )
-from agents.methods.builtin import Grpo, complementary_rule, grpo_rule
-from agents.methods.settings import ComplementaryConfig, Empo2Config, EvalConfig, GrpoConfig
+from agents.methods.builtin import Grpo
+from agents.methods.settings import Empo2Config, EvalConfig, GrpoConfig
 from engine.actor import Context
 from engine.events import Envelope, Event
 from engine.lifecycle import ActorRestarted
@@ -89,7 +88,7 @@ from engine.recovery import Emitted, Replayed
 from engine.seeds import derive_seed
 from engine.world import Task
 
-__all__ = ["ADV_EPS", "GrpoTrainer", "eval_tasks", "gradient_request", "rule_name"]
+__all__ = ["ADV_EPS", "GrpoTrainer", "gradient_request"]
 
 
 @dataclass
@@ -109,24 +108,6 @@ class _Batch:
     episodes: tuple[str, ...]
     advantages: tuple[float, ...]
     rollouts: tuple[str, ...]
-
-
-@dataclass
-class _Round:
-    number: int
-    version: int
-    episodes: set[str]
-    memory: bool = False
-    successes: int = 0
-    score: float = 0.0
-    ended: int = 0
-
-
-def eval_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
-    """The ``n`` tasks of every evaluation round: spread evenly over ``tasks``, cycling."""
-    if not tasks:
-        raise ValueError("no evaluation tasks")
-    return [tasks[i * len(tasks) // n] for i in range(n)]
 
 
 def gradient_request(
@@ -160,29 +141,6 @@ def gradient_request(
     )
 
 
-def rule_name(grpo: GrpoConfig, comp: ComplementaryConfig | None = None) -> str:
-    """The advantage formula's name, as recorded in :class:`AdvantagesComputed`."""
-    return complementary_rule(grpo, comp) if comp is not None else grpo_rule(grpo)
-
-
-@dataclass
-class _Adapt:
-    """An adaptation round in progress: attempt ``a`` of task ``i`` starts once attempt
-    ``a - 1`` has ended and the memory has stored (or refused) its tip."""
-
-    number: int
-    version: int
-    tasks: list[Task]
-    attempts: int
-    successes: list[int]
-    scores: list[float]
-    attempt_of: dict[str, tuple[int, int]] = field(default_factory=dict[str, tuple[int, int]])
-    ended: set[str] = field(default_factory=set[str])
-    tip_done: set[str] = field(default_factory=set[str])
-    last_ended: int = 0
-    aborted: int = 0
-
-
 _EXTRACTOR_EVENTS = (
     ExtractionRequested,
     MergeRequested,
@@ -197,40 +155,6 @@ actor's settlement: the trainer only counts them."""
 
 _MEMORY_ANSWERS = (TipStored, TipRejected, TipsRetrieved, TipEvicted, MergeRequested, MergePlanned)
 """What a memory actor emits, each caused by the message it answers."""
-
-
-def _check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
-    """Raise ValueError unless ``mode`` is a rollout mode this run can play: known, and one
-    that asks the memory only where ``memory`` (an actor answers retrievals; else an episode
-    would wait for an answer that never comes)."""
-    where = f"{method_label(method)}: {what} {mode!r}"
-    if not isinstance(mode, str) or mode not in ROLLOUTS:
-        raise ValueError(f"{where}, not a rollout mode ({', '.join(ROLLOUTS)})")
-    if ROLLOUTS[mode].memory != "none" and not memory:
-        raise ValueError(f"{where}, which asks the memory, but no actor of the run answers it")
-
-
-def _checked_attributes(method: Method) -> int:
-    """The method's warm-up steps, once its attributes are what the trainer needs.
-
-    Raises:
-        ValueError: a plug-in's ``warmup``, ``memory_eval``, ``adapts`` or ``records_rollouts``
-            of the wrong type or value (a negative warm-up waited forever; an unknown
-            ``memory_eval`` aborted every episode of the round with memory, as a 0% round).
-    """
-    warmup = getattr(method, "warmup", None)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"{method_label(method)}: warmup must be an int >= 0, got {warmup!r}")
-    shown = getattr(method, "memory_eval", None)
-    if shown is not None:
-        _check_mode(method, "memory_eval is", shown, True)
-    for flag in ("adapts", "records_rollouts"):
-        if not isinstance(getattr(method, flag, None), bool):
-            raise ValueError(
-                f"{method_label(method)}: {flag} must be true or false, "
-                f"got {getattr(method, flag, None)!r}"
-            )
-    return warmup
 
 
 class GrpoTrainer(Replayed):
@@ -270,7 +194,7 @@ class GrpoTrainer(Replayed):
     ) -> None:
         method = method or Grpo(grpo)
         per_update = grpo.group_size * grpo.groups_per_update
-        warmup = _checked_attributes(method)
+        warmup = checked_attributes(method)
         if episodes < per_update * (warmup + 1):
             steps = f"{warmup} warm-up steps and one update" if warmup else "one update"
             raise ValueError(
@@ -282,12 +206,6 @@ class GrpoTrainer(Replayed):
         if evaluation.adapt_attempts and not method.adapts:
             raise ValueError("eval.adapt_attempts needs a memory: run.method = 'empo2'")
         self._tasks = tuple(tasks)
-        self._eval_tasks = eval_tasks(heldout, evaluation.episodes) if evaluation.every else []
-        final = evaluation.final_episodes
-        self._final_tasks = eval_tasks(heldout, final) if evaluation.every and final else []
-        self._adapt_tasks = (
-            eval_tasks(heldout, evaluation.adapt_tasks) if evaluation.adapt_attempts else []
-        )
         self._steps = episodes // per_update
         self._warmup = warmup
         self._memory = True  # until run() knows whether an actor answers retrievals
@@ -296,6 +214,7 @@ class GrpoTrainer(Replayed):
         self._workers = tuple(workers)
         self._grpo = grpo
         self._eval = evaluation
+        self._rounds = EvalRounds(heldout, evaluation, method, self._updates, self._job)
         # run state (set up in run)
         self._queue: deque[EpisodeAssigned] = deque()
         self._free: list[str] = []
@@ -304,19 +223,10 @@ class GrpoTrainer(Replayed):
         self._similar: dict[str, list[int]] = {}  # train episode -> per-turn similar tips
         # step -> its groups that ended (by group index), until the step is requested
         self._pending: dict[int, dict[int, _Batch]] = {}
-        self._rounds: dict[str, _Round] = {}  # episode -> its eval round
-        self._adapts: dict[str, _Adapt] = {}  # episode -> its adaptation round
         self._counted = {"train": 0, "eval": 0}  # episodes assigned, per purpose
         self._planned = 0
         self._stepped = 0  # steps requested: all their groups ended, in order (warm-up included)
         self._version = 0
-        self._round = 0
-        # versions whose rounds (evaluation, with memory, adaptation) have all ended; until
-        # then no update that would replace that version is requested (a log written before
-        # this hold goes on without it: EvalRoundStarted.holds_updates)
-        self._hold = True
-        self._open: dict[int, int] = {}  # version -> its rounds still playing
-        self._evaluated: set[int] = set()
         self._running: dict[str, EpisodeAssigned] = {}  # episode -> its assignment
         self._started: set[str] = set()  # running episodes whose worker has begun them
         self._legacy_requests = False  # resumed from requests that predate their two fields
@@ -350,7 +260,7 @@ class GrpoTrainer(Replayed):
 
     async def begin(self, ctx: Context) -> None:
         self._free = list(self._workers)
-        if self._eval_tasks:
+        if self._rounds.due(0):
             await self._start_round(ctx)
         await self._fill(ctx)
 
@@ -361,14 +271,13 @@ class GrpoTrainer(Replayed):
             return await self._settle(ctx)
         if isinstance(ev, PolicyUpdated):
             self._version = ev.policy_version
-            if self._round_due(ev.policy_version):
+            if self._rounds.due(ev.policy_version):
                 await self._start_round(ctx)
         elif isinstance(ev, TipsRetrieved):
             if ev.episode in self._similar:
                 self._similar[ev.episode].append(ev.similar)
         elif isinstance(ev, TipStored | TipRejected):
-            if ev.episode in self._adapts:
-                await self._adapt_tip(ctx, ev.episode)
+            await self._front(ctx, *await self._rounds.tip_done(ctx, ev.episode))
         elif isinstance(ev, EpisodeStarted):
             self._started.add(ev.episode)
             return False
@@ -413,8 +322,7 @@ class GrpoTrainer(Replayed):
             del self._extracting[seq]
         if episode in self._similar:
             self._similar[episode] = []
-        if episode in self._adapts:  # the re-run's own tip is awaited
-            self._adapts[episode].tip_done.discard(episode)
+        self._rounds.forget(episode)
 
     async def run(self, ctx: Context) -> None:
         """:meth:`Replayed.run`, once the method's memory modes have an actor that answers
@@ -428,7 +336,7 @@ class GrpoTrainer(Replayed):
         self._planner = ctx.answered(MergeDue)
         self._credits = ctx.answered(CreditsDue)
         if (shown := self._method.memory_eval) is not None:
-            _check_mode(self._method, "memory_eval is", shown, self._memory)
+            check_mode(self._method, "memory_eval is", shown, self._memory)
         await super().run(ctx)
 
     async def recover(self, ctx: Context, history: Sequence[Envelope[Event]]) -> None:
@@ -449,7 +357,7 @@ class GrpoTrainer(Replayed):
         self._credits = any(
             env.actor == ctx.name and isinstance(env.event, CreditsDue) for env in history
         )
-        self._hold = not any(
+        self._rounds.hold = not any(
             env.actor == ctx.name
             and isinstance(env.event, EvalRoundStarted)
             and not env.event.holds_updates
@@ -491,8 +399,7 @@ class GrpoTrainer(Replayed):
         """:meth:`finished` but the credit actor's settlement."""
         return (
             self._version == self._updates
-            and not self._rounds
-            and not self._adapts
+            and not self._rounds.playing
             and not self._queue
             and not (self._extractor and (self._extracting or self._extractor_owed))
             and not (self._planner and self._merging)
@@ -538,7 +445,7 @@ class GrpoTrainer(Replayed):
         for k in range(self._grpo.group_size):
             step = g // self._grpo.groups_per_update
             rollout = self._method.rollout(ctx.run_seed, step, self._ordinal("train"), k)
-            _check_mode(self._method, "rollout() returned", rollout, self._memory)
+            check_mode(self._method, "rollout() returned", rollout, self._memory)
             if rollout != "plain" and not self._method.records_rollouts:
                 raise ValueError(
                     f"{method_label(self._method)}: rollout() returned {rollout!r} and "
@@ -598,132 +505,25 @@ class GrpoTrainer(Replayed):
         return sum(self._counted.values())
 
     async def _start_round(self, ctx: Context) -> None:
-        number = self._round
-        self._round += 1
-        last = self._version == self._updates and self._final_tasks
-        tasks = self._final_tasks if last else self._eval_tasks
-        await self._round_of(ctx, number, [self._job(ctx, t, "eval") for t in tasks])
-        if (shown := self._method.memory_eval) is not None:  # the same tasks, with the memory
-            jobs = [self._job(ctx, t, "eval", rollout=shown, scope="train") for t in tasks]
-            await self._round_of(ctx, number, jobs, memory=True)
-        if self._adapt_tasks and self._version in (0, self._updates):
-            self._start_adapt(ctx, number)
+        await self._front(ctx, await self._rounds.start(ctx, self._version), False)
 
-    def _round_due(self, version: int) -> bool:
-        """Whether evaluation rounds are played at ``version`` (0, every ``eval.every``-th,
-        and the last)."""
-        return bool(self._eval_tasks) and (
-            version % self._eval.every == 0 or version == self._updates
-        )
+    async def _front(self, ctx: Context, jobs: list[EpisodeAssigned], closed: bool) -> None:
+        """Queue the rounds' ``jobs`` first, in order; once a version's rounds have all
+        ``closed``, the updates they held go on."""
+        self._queue.extendleft(reversed(jobs))
+        if closed:
+            await self._request_ready(ctx)
 
     def _held(self) -> bool:
         """Whether the next step's update waits: it would replace a version whose rounds
         have not all ended (a warm-up step replaces nothing)."""
         step = self._stepped
-        if not self._hold or step < self._warmup:
-            return False
-        replaced = step - self._warmup  # the version the update starts from
-        return self._round_due(replaced) and replaced not in self._evaluated
-
-    def _opened(self, version: int) -> None:
-        self._open[version] = self._open.get(version, 0) + 1
-
-    async def _closed(self, ctx: Context, version: int) -> None:
-        """One round at ``version`` ended; once all have, the updates they held go on."""
-        self._open[version] -= 1
-        if self._open[version] == 0:
-            del self._open[version]
-            self._evaluated.add(version)
-            await self._request_ready(ctx)
-
-    async def _round_of(
-        self, ctx: Context, number: int, jobs: list[EpisodeAssigned], memory: bool = False
-    ) -> None:
-        r = _Round(number, self._version, {j.episode for j in jobs}, memory)
-        for job in jobs:
-            self._rounds[job.episode] = r
-        self._queue.extendleft(reversed(jobs))  # evaluation goes first
-        self._opened(r.version)
-        await ctx.emit(
-            EvalRoundStarted(
-                round=r.number,
-                policy_version=r.version,
-                episodes=len(jobs),
-                memory=memory,
-                holds_updates=self._hold,
-            )
-        )
-
-    def _start_adapt(self, ctx: Context, number: int) -> None:
-        n = self._eval.adapt_attempts
-        a = _Adapt(number, self._version, list(self._adapt_tasks), n, [0] * n, [0.0] * n)
-        self._opened(a.version)
-        jobs = [self._adapt_job(ctx, a, i, 0) for i in range(len(a.tasks))]
-        self._queue.extendleft(reversed(jobs))
-
-    def _adapt_job(self, ctx: Context, a: _Adapt, task: int, attempt: int) -> EpisodeAssigned:
-        job = self._job(
-            ctx,
-            a.tasks[task],
-            "eval",
-            rollout="tips",
-            scope=f"adapt{a.number}-t{task}",
-            reflect=attempt + 1 < a.attempts,
-        )
-        self._adapts[job.episode] = a
-        a.attempt_of[job.episode] = (task, attempt)
-        return job
-
-    async def _adapt_ended(self, ctx: Context, ev: EpisodeFinished | EpisodeAborted) -> None:
-        a = self._adapts[ev.episode]
-        _, attempt = a.attempt_of[ev.episode]
-        if isinstance(ev, EpisodeFinished):
-            a.successes[attempt] += int(ev.success)
-            a.scores[attempt] += ev.score
-        else:
-            a.aborted += 1
-            a.tip_done.add(ev.episode)  # no reflection comes for an aborted episode
-        a.ended.add(ev.episode)
-        await self._adapt_next(ctx, ev.episode)
-
-    async def _adapt_tip(self, ctx: Context, episode: str) -> None:
-        self._adapts[episode].tip_done.add(episode)
-        await self._adapt_next(ctx, episode)
-
-    async def _adapt_next(self, ctx: Context, episode: str) -> None:
-        """Start the next attempt once ``episode`` has ended and its tip is stored (the tip may
-        be recorded before or after the episode's end); finish the round after the last."""
-        a = self._adapts[episode]
-        task, attempt = a.attempt_of[episode]
-        last = attempt + 1 == a.attempts
-        if episode not in a.ended or (not last and episode not in a.tip_done):
-            return
-        del self._adapts[episode]
-        if not last:
-            self._queue.appendleft(self._adapt_job(ctx, a, task, attempt + 1))
-            return
-        a.last_ended += 1
-        if a.last_ended == len(a.tasks):
-            n = len(a.tasks)
-            await ctx.emit(
-                AdaptRoundFinished(
-                    round=a.number,
-                    policy_version=a.version,
-                    tasks=n,
-                    attempts=a.attempts,
-                    success=tuple(k / n for k in a.successes),
-                    score=tuple(x / n for x in a.scores),
-                    aborted=a.aborted,
-                )
-            )
-            await self._closed(ctx, a.version)
+        return step >= self._warmup and self._rounds.holds(step - self._warmup)
 
     async def _ended(self, ctx: Context, ev: EpisodeFinished | EpisodeAborted) -> None:
-        if ev.episode in self._rounds:
-            await self._round_ended(ctx, ev)
-            return
-        if ev.episode in self._adapts:
-            await self._adapt_ended(ctx, ev)
+        if self._rounds.owns(ev.episode):
+            played = self._stepped * self._per_update()
+            await self._front(ctx, *await self._rounds.ended(ctx, ev, played))
             return
         gid = self._owner.pop(ev.episode)
         group = self._groups[gid]
@@ -732,27 +532,6 @@ class GrpoTrainer(Replayed):
             group.outcomes[ev.episode] = outcome(ev.score, ev.success, self._grpo.reward)
         if group.ended == len(group.episodes):
             await self._group_done(ctx, gid, group)
-
-    async def _round_ended(self, ctx: Context, ev: EpisodeFinished | EpisodeAborted) -> None:
-        r = self._rounds.pop(ev.episode)
-        r.ended += 1
-        if isinstance(ev, EpisodeFinished):
-            r.successes += int(ev.success)
-            r.score += ev.score
-        if r.ended == len(r.episodes):
-            n = len(r.episodes)
-            await ctx.emit(
-                EvalRoundFinished(
-                    round=r.number,
-                    policy_version=r.version,
-                    episodes=n,
-                    success=r.successes / n,
-                    score=r.score / n,
-                    train_episodes=self._stepped * self._per_update(),
-                    memory=r.memory,
-                )
-            )
-            await self._closed(ctx, r.version)
 
     def _per_update(self) -> int:
         return self._grpo.group_size * self._grpo.groups_per_update

@@ -30,7 +30,7 @@ from agents.events.extractor import (
     Op,
 )
 from agents.events.policy import SCORING
-from agents.learning.learner import adamw, refuse_non_finite
+from agents.learning.update import adamw, refuse_non_finite
 from agents.memory.extraction import (
     MAX_CONTENT_CHARS,
     Add,

@@ -258,6 +258,40 @@ def checked_scored(scored: object, episodes: int, method: object) -> Scored:
     return dataclasses.replace(scored, intrinsic_coef=float(coef), **floats)
 
 
+def check_mode(method: Method, what: str, mode: object, memory: bool) -> None:
+    """Raise ValueError unless ``mode`` is a rollout mode this run can play: known, and one
+    that asks the memory only where ``memory`` (an actor answers retrievals; else an episode
+    would wait for an answer that never comes)."""
+    where = f"{method_label(method)}: {what} {mode!r}"
+    if not isinstance(mode, str) or mode not in ROLLOUTS:
+        raise ValueError(f"{where}, not a rollout mode ({', '.join(ROLLOUTS)})")
+    if ROLLOUTS[mode].memory != "none" and not memory:
+        raise ValueError(f"{where}, which asks the memory, but no actor of the run answers it")
+
+
+def checked_attributes(method: Method) -> int:
+    """The method's warm-up steps, once its attributes are what the trainer needs.
+
+    Raises:
+        ValueError: a plug-in's ``warmup``, ``memory_eval``, ``adapts`` or ``records_rollouts``
+            of the wrong type or value (a negative warm-up waited forever; an unknown
+            ``memory_eval`` aborted every episode of the round with memory, as a 0% round).
+    """
+    warmup = getattr(method, "warmup", None)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"{method_label(method)}: warmup must be an int >= 0, got {warmup!r}")
+    shown = getattr(method, "memory_eval", None)
+    if shown is not None:
+        check_mode(method, "memory_eval is", shown, True)
+    for flag in ("adapts", "records_rollouts"):
+        if not isinstance(getattr(method, flag, None), bool):
+            raise ValueError(
+                f"{method_label(method)}: {flag} must be true or false, "
+                f"got {getattr(method, flag, None)!r}"
+            )
+    return warmup
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A base model loaded as the scenario asks: on its device, with its dtype, activation

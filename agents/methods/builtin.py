@@ -38,6 +38,11 @@ def complementary_rule(grpo: GrpoConfig, c: ComplementaryConfig) -> str:
     return f"{split}-{'std' if c.subgroup_std else 'mean'}-{weights}-{grpo.reward}"
 
 
+def rule_name(grpo: GrpoConfig, comp: ComplementaryConfig | None = None) -> str:
+    """The advantage formula's name, as recorded in :class:`AdvantagesComputed`."""
+    return complementary_rule(grpo, comp) if comp is not None else grpo_rule(grpo)
+
+
 class Grpo:
     """Outcome-only GRPO: every episode plain, group advantages, no memory."""
 

@@ -27,7 +27,7 @@ import msgspec
 
 from agents.acting.inference import PolicyRunner
 from agents.acting.world_calls import WorldFailed
-from agents.learning.trainer import eval_tasks
+from agents.learning.rounds import eval_tasks
 from agents.memory.bank import MemorySettings
 from agents.memory.bank_rebuild import (
     Answer,

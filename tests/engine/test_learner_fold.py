@@ -12,8 +12,9 @@ import trio
 import trio.testing
 
 from agents.events.policy import GradientRequested, PolicyUpdated
-from agents.learning.learner import Learner, Sample, StepStats, Trainee
+from agents.learning.learner import Learner
 from agents.learning.trainee_host import Trained
+from agents.learning.update import Sample, StepStats, Trainee
 from agents.models.tuning import MemoryUse
 from agents.testing.events import action_sampled, episode_finished
 from engine.actor import Actor, ActorSpec, Context

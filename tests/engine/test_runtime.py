@@ -1004,23 +1004,23 @@ def test_a_second_signal_into_a_slow_stop_names_what_it_waits_on(
     """The line guessed "a world call that hangs?" while the stop waited on the learner."""
     import signal
 
-    from engine import runtime
+    from engine import stopping
 
     written: list[bytes] = []
-    monkeypatch.setattr(runtime.os, "write", lambda fd, data: written.append(data))
+    monkeypatch.setattr(stopping.os, "write", lambda fd, data: written.append(data))
 
     def end(code: int) -> None:
         raise SystemExit(code)
 
-    monkeypatch.setattr(runtime.os, "_exit", end)
+    monkeypatch.setattr(stopping.os, "_exit", end)
     with pytest.raises(SystemExit, match="130"):
-        runtime._stop_where_it_is(signal.SIGINT, True, ["learner"])  # pyright: ignore[reportPrivateUsage]
+        stopping.stop_where_it_is(signal.SIGINT, True, ["learner"])
     assert (
         b"while the run stops (1 s or more since the first: still waiting on learner)"
         in (written[0])
     )
     with pytest.raises(SystemExit):
-        runtime._stop_where_it_is(signal.SIGINT, True)  # pyright: ignore[reportPrivateUsage]
+        stopping.stop_where_it_is(signal.SIGINT, True)
     assert b"a world call that hangs?" in written[1]
 
 

@@ -140,9 +140,9 @@ def test_a_failed_run_resumes_and_ends_as_if_it_had_not_failed(
 ) -> None:
     """The learner raises in its second update: the run fails (``run_failed``, exit 1). The
     resume owes that update and ends with the uninterrupted run's digest and events."""
-    import agents.learning.learner
+    import agents.learning.update
 
-    real = agents.learning.learner.grpo_step
+    real = agents.learning.update.grpo_step
     calls = []
 
     def failing(*args: object) -> object:
@@ -152,14 +152,14 @@ def test_a_failed_run_resumes_and_ends_as_if_it_had_not_failed(
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setenv("COEVO_CACHE", str(root))
-    monkeypatch.setattr(agents.learning.learner, "grpo_step", failing)
+    monkeypatch.setattr(agents.learning.update, "grpo_step", failing)
     run = root / "failed"
     args = ["run", str(root / "scenario.toml"), "--out", str(run), "--quiet"]
     assert main(args) == 1
     before = read_log(run)
     failed = before[-1].event
     assert isinstance(failed, RunFailed) and "injected learner failure" in failed.message
-    monkeypatch.setattr(agents.learning.learner, "grpo_step", real)
+    monkeypatch.setattr(agents.learning.update, "grpo_step", real)
     assert main(["resume", str(run), "--quiet"]) == 0
     final = read_log(run)
     fault_counts.record(**Chain(run, final, [before]).counts())  # the failure as its stop
@@ -176,9 +176,9 @@ def test_a_resume_checks_the_checkpoint_it_loads_against_the_log(
     took the log's digest on trust and resumed each with exit 0). A missing optimiser state
     is now refused before the resume plays anything (an outside tester: the learner's refusal
     came after a session's episodes, the log growing on every try)."""
-    import agents.learning.learner
+    import agents.learning.update
 
-    real = agents.learning.learner.grpo_step
+    real = agents.learning.update.grpo_step
     calls = []
 
     def failing(*args: object) -> object:
@@ -188,11 +188,11 @@ def test_a_resume_checks_the_checkpoint_it_loads_against_the_log(
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setenv("COEVO_CACHE", str(root))
-    monkeypatch.setattr(agents.learning.learner, "grpo_step", failing)
+    monkeypatch.setattr(agents.learning.update, "grpo_step", failing)
     run = root / "checked"
     args = ["run", str(root / "scenario.toml"), "--out", str(run), "--quiet"]
     assert main([*args, "--set", "grpo.keep_checkpoints=2"]) == 1
-    monkeypatch.setattr(agents.learning.learner, "grpo_step", real)
+    monkeypatch.setattr(agents.learning.update, "grpo_step", real)
     newest = Path("checkpoints") / "v000002"
 
     def flip(copy: Path) -> None:

@@ -29,7 +29,7 @@ from agents.events.policy import (
     GradientRequested,
     PolicyUpdated,
 )
-from agents.learning.learner import Sample, sample_logps
+from agents.learning.update import Sample, sample_logps
 from agents.methods.empo2 import intrinsic_reward
 from agents.models.prompts import encode_prompt, strip_tips
 from engine.events import Event

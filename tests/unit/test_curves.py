@@ -8,7 +8,8 @@ import pytest
 
 from agents.events.episodes import EpisodeAborted, EpisodeFinished
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, PolicyUpdated
-from agents.learning.trainer import eval_tasks, rule_name
+from agents.learning.rounds import eval_tasks
+from agents.methods.builtin import rule_name
 from agents.methods.settings import GrpoConfig
 from agents.report.curves import fold_curves, report, summary_lines
 from agents.testing.events import episode_finished, policy_updated

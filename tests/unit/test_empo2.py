@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from agents.acting.inference import ActSettings, PolicyRunner
 from agents.events.policy import ActionRequested, GradientRequested
-from agents.learning.learner import Sample, Trainee, grpo_step, sample_logps
 from agents.learning.trainer import GrpoTrainer
+from agents.learning.update import Sample, Trainee, grpo_step, sample_logps
 from agents.methods.builtin import Empo2
 from agents.methods.empo2 import draw_rollout, intrinsic_reward, rollout_of
 from agents.methods.settings import Empo2Config, EvalConfig, GrpoConfig

@@ -444,7 +444,7 @@ def test_group_advantages_of_rewards_whose_spread_passes_the_float_limit() -> No
 def test_a_non_finite_update_names_the_weights_when_the_model_s_log_probs_are_nan() -> None:
     """A model whose weights hold NaN made an update fail with "are the advantages finite?"
     while the advantages were: the message now says which of the two is at fault."""
-    from agents.learning.learner import UpdateNotFinite, refuse_non_finite
+    from agents.learning.update import UpdateNotFinite, refuse_non_finite
 
     nan, one = torch.tensor(float("nan")), torch.tensor(1.0)
     refuse_non_finite("policy", 0, one, one, torch.tensor([float("nan")]))  # finite: applied

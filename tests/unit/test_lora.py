@@ -25,7 +25,7 @@ from test_updates import (
 )
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from agents.learning.learner import Sample, Trainee, grpo_step
+from agents.learning.update import Sample, Trainee, grpo_step
 from agents.memory.extractor import ExtractorModel, ExtractorSettings, extractor_step
 from agents.models.tuning import (
     LoraSettings,

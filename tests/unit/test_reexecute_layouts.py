@@ -17,7 +17,8 @@ from test_updates import TOKENIZER, request, score_turns, tiny_model
 import agents.audit.reexecute as reexecute_module
 from agents.audit.reexecute import Reexecution, UpdateInputs, requested_updates
 from agents.events.policy import GradientRequested, PolicyUpdated
-from agents.learning.learner import Sample, Trainee, grpo_step, update_seed
+from agents.learning.learner import update_seed
+from agents.learning.update import Sample, Trainee, grpo_step
 from agents.models.policy import chosen_action_logps
 from agents.models.tuning import torch_threads
 from agents.testing.events import episode_finished, policy_updated

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_updates import CPU, TOKENIZER, generate_turns, request, score_turns, tiny_model
 
-from agents.learning.learner import Sample, Trainee, grpo_step
+from agents.learning.update import Sample, Trainee, grpo_step
 from agents.methods.grpo import clipped_policy_loss
 from agents.methods.tis import sampler_gap, tis_weights
 

@@ -21,13 +21,13 @@ import pytest
 import torch
 from test_updates import request, score_turns, tiny_model
 
-from agents.learning.learner import Sample, Trainee
 from agents.learning.trainee_host import (
     LearnerProcessFailed,
     LearnerProcessLost,
     LocalTrainee,
     TraineeProcess,
 )
+from agents.learning.update import Sample, Trainee
 from agents.testing.processes import alive
 from engine.errors import ModelUnavailable, ScenarioInvalid
 from scenarios.assemble import assemble

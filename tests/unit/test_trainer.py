@@ -384,7 +384,7 @@ def test_a_log_whose_rounds_did_not_hold_updates_resumes_without_the_hold() -> N
         return "update" if "update" in options else options[-1]
 
     old = trainer_of(grpo, 16, 2, evaluation=evaluation)
-    old._hold = False  # pyright: ignore[reportPrivateUsage] (the code before the hold)
+    old._rounds.hold = False  # pyright: ignore[reportPrivateUsage] (the code before the hold)
     drive = Drive(old, first)
     log = drive.run()
     assert any(v != now for v, now in drive.round_ends)  # an update landed mid-round
@@ -394,7 +394,7 @@ def test_a_log_whose_rounds_did_not_hold_updates_resumes_without_the_hold() -> N
     for cut in (len(envs) // 2, len(envs)):
         again = trainer_of(grpo, 16, 2, evaluation=evaluation)
         trio.run(again.recover, cast(Context, ReplayContext("trainer", SEED)), envs[:cut])
-        assert not again._hold  # pyright: ignore[reportPrivateUsage]
+        assert not again._rounds.hold  # pyright: ignore[reportPrivateUsage]
     held = Drive(trainer_of(grpo, 16, 2, evaluation=evaluation), first)
     held.run()
     assert all(v == now for v, now in held.round_ends)

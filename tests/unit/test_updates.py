@@ -17,7 +17,8 @@ from transformers import Qwen2ForCausalLM
 from agents.events.episodes import EpisodeAbandoned
 from agents.events.extractor import ExtractorCalled, ExtractorGradientRequested
 from agents.events.policy import ActionSampled, GradientRequested
-from agents.learning.learner import Sample, SampleBuffer, Trainee, grpo_step
+from agents.learning.learner import SampleBuffer
+from agents.learning.update import Sample, Trainee, grpo_step
 from agents.memory.extractor import ExtractorModel, ExtractorSettings, extractor_step
 from agents.models.policy import chosen_action_logps, response_logps
 from agents.models.tuning import deterministic_algorithms
@@ -193,7 +194,7 @@ def test_turns_with_advantage_zero_skip_the_passes_and_the_gradient_stays(
     minibatch (its normaliser still counts the others, low-probability masking included). Two
     epochs over one minibatch: the first (which measures the sampler's gap) runs every turn,
     the second only the signal."""
-    import agents.learning.learner as learner
+    import agents.learning.update as update
 
     turns = TURNS[mode](tiny_model())
     samples = [Sample(t, 1.0 - 0.5 * t.turn) for t in turns]  # 1.0, 0.5, 0.0
@@ -203,13 +204,13 @@ def test_turns_with_advantage_zero_skip_the_passes_and_the_gradient_stays(
         delta = sorted(min(t.token_logps) for t in turns)[1]
     rows: list[int] = []
     for name in ("chosen_action_logps", "response_logps"):
-        real = getattr(learner, name)
+        real = getattr(update, name)
 
         def counted(model: object, prompts: list, *a: object, _real=real, **kw: object) -> object:
             rows.append(len(prompts))
             return _real(model, prompts, *a, **kw)
 
-        monkeypatch.setattr(learner, name, counted)
+        monkeypatch.setattr(update, name, counted)
     results = {}
     for skip in (False, True):
         rows.clear()
@@ -397,16 +398,16 @@ def test_an_update_runs_with_deterministic_algorithms_and_restores_the_setting(
     """With several torch threads, the backward pass of packed scoring's gather (repeated
     places) adds with atomic adds in parallel unless torch's deterministic algorithms are on:
     its last bits then changed from run to run on a busy machine (seen with 2 threads)."""
-    import agents.learning.learner as learner_module
+    import agents.learning.update as update_module
 
     seen: list[bool] = []
-    one_step = learner_module._one_step  # the spy wraps the private step
+    one_step = update_module._one_step  # the spy wraps the private step
 
     def spying(*args: object, **kwargs: object) -> object:
         seen.append(torch.are_deterministic_algorithms_enabled())
         return one_step(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(learner_module, "_one_step", spying)
+    monkeypatch.setattr(update_module, "_one_step", spying)
     model = tiny_model()
     samples = [Sample(t, 1.0) for t in score_turns(model)]
     assert not torch.are_deterministic_algorithms_enabled()
