@@ -67,12 +67,14 @@ class LogCorrupted(LogError):
 
     ``seq`` is the sequence number of the first bad record. Never raised for a record that merely
     belongs to an older schema version (those are upcast), only for bytes that are not what was
-    written.
+    written. ``before``: the events before this seq still read (a reader decodes a record's
+    part whole, so a bad envelope inside one hides the part's earlier envelopes too).
     """
 
     def __init__(self, seq: int, reason: str) -> None:
         self.seq = seq
         self.reason = reason
+        self.before = seq
         super().__init__(f"event log corrupted at seq {seq}: {reason}")
 
 

@@ -158,6 +158,13 @@ class EventLog(Protocol):
         """Sequence number the next appended event must carry (= number of events)."""
         ...
 
+    @property
+    def log_id(self) -> str:
+        """An id made when the log was created: a log written anew (even with another log's
+        events and metadata) has its own, a copy of a log the same; "" for a log created
+        before logs had one (2026-12-07). Caches of what a log holds are keyed by it."""
+        ...
+
     def append(
         self, envelopes: Sequence[Envelope[Event]], *, snapshots: Sequence[Snapshot] = ()
     ) -> None:
@@ -337,10 +344,15 @@ class MemoryEventLog:
         self._meta: RunMeta | None = None
         self._snapshots: dict[str, dict[int, bytes]] = {}
         self._closed = False
+        self._log_id = os.urandom(16).hex()
 
     @property
     def next_seq(self) -> int:
         return len(self._records)
+
+    @property
+    def log_id(self) -> str:
+        return self._log_id
 
     def append(
         self, envelopes: Sequence[Envelope[Event]], *, snapshots: Sequence[Snapshot] = ()

@@ -397,7 +397,8 @@ def _report(
 
 def _check_numbering(chunk: Sequence[Envelope[Event]], expected: int) -> None:
     """The stream's own order, whatever the invariants: consecutive seqs, and each cause an
-    earlier event (a log's reader refuses any other; a stream built in memory may hold it).
+    earlier event (a log's reader refuses seqs out of order; a stream built in memory may hold
+    them, and an envelope written through the API any cause).
 
     Raises:
         InvariantViolated: as ``numbering``, at the first envelope out of order.
@@ -409,10 +410,25 @@ def _check_numbering(chunk: Sequence[Envelope[Event]], expected: int) -> None:
                 "one another in a stream)", (env.seq,),
             )  # fmt: skip
         if env.cause is not None and not 0 <= env.cause < seq:
-            raise InvariantViolated(
-                "numbering", seq, f"its cause is seq {env.cause}, not an earlier event",
-                (seq, env.cause),
-            )  # fmt: skip
+            raise _not_earlier(seq, env.cause)
+
+
+def check_causes(chunk: Sequence[Envelope[Event]]) -> None:
+    """Each envelope's cause an earlier event: what ``numbering`` checks beyond the seqs a
+    log's reader already holds in order (``replay --verify``).
+
+    Raises:
+        InvariantViolated: as ``numbering``, at the first envelope whose cause is not.
+    """
+    for env in chunk:
+        if (cause := env.cause) is not None and not 0 <= cause < env.seq:
+            raise _not_earlier(env.seq, cause)
+
+
+def _not_earlier(seq: int, cause: int) -> InvariantViolated:
+    return InvariantViolated(
+        "numbering", seq, f"its cause is seq {cause}, not an earlier event", (seq, cause)
+    )
 
 
 def check_log(

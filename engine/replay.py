@@ -14,7 +14,7 @@ import trio
 from engine.errors import LogCorrupted, LogInconsistent, ReplayDiverged, SchemaTooNew
 from engine.eventlog import EventLog, joined_chunks
 from engine.events import Envelope, Event
-from engine.invariants import Invariant, Sessions, check_all, completed
+from engine.invariants import Invariant, Sessions, check_all, check_causes, completed
 from engine.lifecycle import ProjectionChecked, SnapshotTaken
 from engine.projection import Fold, Projection, decode_state
 
@@ -66,6 +66,9 @@ class VerifyResult:
     uncheckable: tuple[str, ...] = ()
     """Fact checks that found they cannot judge this log ("NAME: why"; a plug-in method's
     ``score`` that fails on its events now): left out, not failures."""
+    readable: int | None = None
+    """Of a damaged log: the events before this seq still read (a bad envelope inside a
+    record's part hides the part's earlier envelopes too)."""
 
 
 def verify_log(
@@ -73,7 +76,8 @@ def verify_log(
 ) -> VerifyResult:
     """Re-fold the whole log and compare with every recorded :class:`ProjectionChecked` and
     :class:`SnapshotTaken` (both carry the digests of every projection after ``upto``), and
-    check the invariants ``facts`` (and :class:`~engine.invariants.Sessions`), each finished at
+    check each cause is an earlier event (``numbering``'s part the reader does not hold) and
+    the invariants ``facts`` (and :class:`~engine.invariants.Sessions`), each finished at
     the log's end (one that finds it cannot judge the log is left out, said in
     :attr:`VerifyResult.uncheckable`).
 
@@ -92,6 +96,7 @@ def verify_log(
         end = exc.seq + 1
     try:
         for chunk in joined_chunks(log.read_chunks(0, end)):
+            check_causes(chunk)  # the reader holds the seqs in order; the causes, not
             active = check_all(active, chunk, False, uncheckable)
             folded = 0  # chunk[:folded] is folded
             for i in [i for i, env in enumerate(chunk) if type(env.event) in _RECORDED]:
@@ -108,8 +113,9 @@ def verify_log(
     except (LogCorrupted, SchemaTooNew) as exc:
         bad = exc.seq if isinstance(exc, LogCorrupted) else fold.last_seq + 1
         damaged = isinstance(exc, LogCorrupted)
+        before = exc.before if isinstance(exc, LogCorrupted) else None
         return VerifyResult(
-            fold.last_seq + 1, checks, False, str(exc), bad, damaged, _noted(uncheckable)
+            fold.last_seq + 1, checks, False, str(exc), bad, damaged, _noted(uncheckable), before
         )
     except (ReplayDiverged, LogInconsistent) as exc:
         return VerifyResult(

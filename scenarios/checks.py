@@ -60,18 +60,16 @@ def _built_on(cls: type[Any]) -> str:
 
 def check_context(meta: RunMeta | None, source: str = "the run") -> tuple[CheckContext, list[str]]:
     """The check context of the run whose metadata is ``meta`` (None: a bare context, as for
-    a generated stream).
+    a generated stream), and notes on what cannot be checked without the run's settings.
 
     Raises:
         ScenarioInvalid: the scenario stored in the log does not validate.
     """
-    if meta is None:
-        return CheckContext(), []
+    unset = "so what needs the run's settings (its method, world and credit rules) is not checked"
+    if meta is None:  # its metadata lost (a log's meta removed), or a stream never a log
+        return CheckContext(), [f"{source}: the log records no run metadata, {unset}"]
     if not meta.scenario_toml.strip():  # a generated or hand-made log (new_run_meta's default)
-        return CheckContext(), [
-            f"{source}: the log records no scenario, so what needs the run's settings (its "
-            "method, world and credit rules) is not checked"
-        ]
+        return CheckContext(), [f"{source}: the log records no scenario, {unset}"]
     return context_of(stored_scenario(meta, source), meta)
 
 

@@ -82,6 +82,7 @@ READ_CHUNK = 256
 _PAGE = 4096
 _META_RUN = b"run"
 _META_FORMAT = b"log_format"
+_META_LOG_ID = b"log_id"
 _META_DECODER = msgspec.msgpack.Decoder(RunMeta)
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -110,6 +111,7 @@ class LmdbEventLog:
         self._closed = False
         self._appended = 0  # a writer's next seq: it alone appends, under the writer lock
         self._format = LOG_FORMAT  # of the log's records (an older log keeps its own)
+        self._log_id: str | None = None  # read once: made at creation, never changed
 
     @classmethod
     def create(
@@ -331,10 +333,33 @@ class LmdbEventLog:
             if not parts:
                 return
             for first, data in parts:
-                chunk = self._codec.decode_batch(data, first)[max(seq - first, 0) : end - first]
+                try:
+                    decoded = self._codec.decode_batch(data, first)
+                except LogCorrupted as exc:  # the part's envelopes are decoded together
+                    exc.before = min(exc.before, first)
+                    raise
+                chunk = decoded[max(seq - first, 0) : end - first]
                 if chunk:
                     yield chunk
                     seq = chunk[-1].seq + 1
+
+    @property
+    def log_id(self) -> str:
+        """The id :meth:`create` made for this log ("" for a log created before logs had one).
+
+        Raises:
+            LogError: the stored id fails its checksum or does not decode.
+            LogClosed: the handle is closed.
+        """
+        if self._log_id is None:
+            self._check_open()
+            payload = self._read_txn(partial(self._get_meta, key=_META_LOG_ID))
+            try:
+                made = "" if payload is None else msgspec.msgpack.decode(payload, type=str)
+            except msgspec.MsgspecError as exc:
+                raise LogError(f"the log id of {self._path} does not decode: {exc}") from None
+            self._log_id = made
+        return self._log_id
 
     def read_meta(self) -> RunMeta | None:
         """The run metadata, or None if none was written.
@@ -632,7 +657,9 @@ class LmdbEventLog:
 
 
 def _init_meta(txn: lmdb.Transaction, dbs: list[_Db], meta: RunMeta) -> None:
-    """Store a new log's format and run metadata (in the transaction creating its databases)."""
+    """Store a new log's format, its own id and the run metadata (in the transaction creating
+    its databases)."""
     _, meta_db, _ = dbs
-    for key, value in ((_META_FORMAT, LOG_FORMAT), (_META_RUN, meta)):
+    made = ((_META_FORMAT, LOG_FORMAT), (_META_LOG_ID, os.urandom(16).hex()), (_META_RUN, meta))
+    for key, value in made:
         txn.put(key, seal(key, _ENCODER.encode(value)), db=meta_db)

@@ -72,12 +72,15 @@ class Check(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EntryChange(msgspec.Struct, frozen=True, kw_only=True):
-    """One entry's credits: how many, and their sum recorded and re-derived."""
+    """One entry's credits: how many, and their sum recorded and re-derived; ``pending``:
+    re-derived credits past the last one the log records for it (a live run's credit actor
+    has not recorded them, or a counterfactual gives more), which the recorded sum lacks."""
 
     tip: int
     credits: int
     recorded: float
     derived: float
+    pending: int = 0
 
 
 class EpisodeCredit(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,8 +103,9 @@ class EpisodeCredit(msgspec.Struct, frozen=True, kw_only=True):
 
 class CallChange(msgspec.Struct, frozen=True, kw_only=True):
     """One extractor call: its final reward r(m), its push (the sum over the updates that
-    trained on it of advantage x weight, what moves its log-probs) and its updates with a
-    non-zero weight, recorded and re-derived."""
+    trained on it of advantage x weight, what moves its log-probs) and the updates that
+    trained on it (a non-zero advantage x weight: a weight of 0, as a cooldown gives, or an
+    advantage of 0 leaves its log-probs where they were), recorded and re-derived."""
 
     call: str
     credits: int
@@ -212,8 +216,11 @@ def audit_credit(
             f"--entry {entry}: this run credits no entry (no entry an extractor wrote was "
             "shown in a training episode)"
         )
+    until = f" up to seq {inputs.end - 1}" if partial else ""
+    if not rows and entry not in inputs.stored:
+        held = f"its entries are 0-{max(inputs.stored)}" if inputs.stored else "it stored none"
+        raise AuditQueryInvalid(f"--entry {entry}: no entry {entry} in this run{until}: {held}")
     if not rows:
-        until = f" up to seq {inputs.end - 1}" if partial else ""
         raise AuditQueryInvalid(
             f"--entry {entry}: no credit to it{until}, recorded or re-derived (credited entries: "
             f"{len(audit.entries)}; coevo audit RUN tip {entry} shows its uses)"
@@ -380,10 +387,13 @@ def _entries(
             credits=max(len(rec[tip]), len(der[tip])),
             recorded=math.fsum(rec[tip]),
             derived=math.fsum(der[tip]),
+            pending=max(len(der[tip]) - len(rec[tip]), 0),
         )
         for tip in dict.fromkeys([*rec, *der])
     ]
-    return tuple(sorted(out, key=lambda e: (-abs(e.derived - e.recorded), -e.credits, e.tip)))
+    # a credit not recorded yet is no change: ranked by what both sides hold
+    held = {t: math.fsum(der[t][: len(rec[t])]) - math.fsum(rec[t]) for t in dict.fromkeys(rec)}
+    return tuple(sorted(out, key=lambda e: (-abs(held.get(e.tip, 0.0)), -e.credits, e.tip)))
 
 
 def _episode_credits(
@@ -440,7 +450,8 @@ def _calls(
 
 
 def _pushes(requests: list[ExtractorGradientRequested]) -> dict[str, tuple[float, float, int]]:
-    """Per call: its latest reward, its summed advantage x weight, its updates with weight."""
+    """Per call: its latest reward, its summed advantage x weight, and the updates that
+    trained on it (a non-zero advantage x weight)."""
     reward: dict[str, float] = {}
     push: dict[str, list[float]] = defaultdict(list)
     trained: dict[str, int] = defaultdict(int)
@@ -448,5 +459,5 @@ def _pushes(requests: list[ExtractorGradientRequested]) -> dict[str, tuple[float
         for call, rw, a, w in zip(r.calls, r.rewards, r.advantages, r.weights, strict=True):
             reward[call] = rw
             push[call].append(a * w)
-            trained[call] += w > 0
+            trained[call] += a * w != 0
     return {call: (reward[call], math.fsum(push[call]), trained[call]) for call in reward}

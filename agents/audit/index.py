@@ -412,7 +412,7 @@ def refresh(
                 facts += facts_of(env)
             last = part[-1] if part else last
         if last is not None:  # which log it read, with the range (see _from_this_log)
-            facts.append((MARK, _mark(last.seq, last.t)))
+            facts.append((MARK, _mark(last.seq, last.t, log.log_id)))
         index.extend(start, stop, facts)  # False: another process indexed it; go on from there
         if progress is not None:
             progress(index.upto - first, end - first)
@@ -610,13 +610,14 @@ def _in_memory(path: Path, exc: Exception, option: str) -> str:
 
 
 MARK = b"\xffmark"
-"""The key of the index's last indexed event (seq, commit time): a log copied and resumed
-apart keeps its run id but not its later events, and an index read further than the log
-(or from the other copy) would answer from events this log does not hold."""
+"""The key of the index's last indexed event (seq, commit time) and the log's id: a log
+copied and resumed apart keeps its run id but not its later events, and an index read further
+than the log (or from the other copy) would answer from events this log does not hold; a log
+written anew (an edited copy of the run's events, its metadata copied too) has another id."""
 
 
-def _mark(seq: int, t: int) -> bytes:
-    return seq.to_bytes(8, "big") + t.to_bytes(8, "big", signed=True)
+def _mark(seq: int, t: int, log_id: str) -> bytes:
+    return seq.to_bytes(8, "big") + t.to_bytes(8, "big", signed=True) + log_id.encode()
 
 
 def _from_this_log(log: EventLog, index: FactIndex) -> str:
@@ -627,8 +628,11 @@ def _from_this_log(log: EventLog, index: FactIndex) -> str:
     if upto > log.next_seq:
         return f"it reaches seq {upto - 1}, the log ends at seq {log.next_seq - 1}"
     env = next(iter(log.read(upto - 1, upto)), None)
-    if env is None or index.get(MARK) != _mark(env.seq, env.t):
+    mark = index.get(MARK)
+    if env is None or mark is None or mark[:16] != _mark(env.seq, env.t, ""):
         return f"its event {upto - 1} is not the log's"
+    if mark[16:] != log.log_id.encode():
+        return "this log was written anew after it: an edited or rebuilt copy has its own id"
     return ""
 
 

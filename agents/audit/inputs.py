@@ -13,7 +13,7 @@ from typing import Any, Literal, cast
 
 from agents.events.episodes import EpisodeAbandoned, EpisodeFinished
 from agents.events.extractor import CreditAssigned, ExtractorGradientRequested
-from agents.events.memory import TipsRetrieved
+from agents.events.memory import TipsRetrieved, TipStored
 from agents.events.policy import AdvantagesComputed, GradientRequested
 from agents.learning.credit_actor import RULES, CreditSettings
 from agents.methods.base import Method, RolloutMode, mode_of
@@ -155,6 +155,7 @@ class CreditInputs:
         requests: every :class:`GradientRequested`, with its seq.
         seqs: the seq of every recorded credit and extractor request, in order.
         similar: per episode, the similar-tip count of each of its retrievals.
+        stored: the id of every entry stored (:class:`TipStored`).
         end: the log's end when the pass started (a live run goes on after it).
     """
 
@@ -169,6 +170,7 @@ class CreditInputs:
     )
     finished: dict[str, EpisodeFinished] = field(default_factory=dict[str, EpisodeFinished])
     similar: dict[str, list[int]] = field(default_factory=dict[str, list[int]])
+    stored: set[int] = field(default_factory=set[int])
     end: int = 0
 
 
@@ -204,6 +206,8 @@ def gather_chunks(chunks: Iterable[Sequence[Envelope[Event]]], end: int) -> Cred
                 out.groups.append((env.seq, ev))
             elif isinstance(ev, GradientRequested):
                 out.requests.append((env.seq, ev))
+            elif isinstance(ev, TipStored):
+                out.stored.add(ev.tip_id)
     return out
 
 

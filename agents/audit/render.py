@@ -21,6 +21,12 @@ def _q(text: str, width: int = 90) -> str:
     return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
+def _entry_pending(n: int, counterfactual: bool) -> str:
+    """What an entry's re-derived credits past its recorded ones are, as the checks say it."""
+    more = f"{n} more than the log holds" if counterfactual else f"{n} not recorded yet"
+    return f"  ({more}: not in the recorded sum)"
+
+
 def _not_applied(end: str) -> str:
     """An update not applied, in a run whose last session ended ``end`` ("": it is running,
     or was killed)."""
@@ -333,6 +339,7 @@ def render_credit(a: CreditAudit, top: int) -> list[str]:
         )
         out += [
             f"    {e.tip:>6} {e.credits:>5} {_f(e.recorded, 3, 9)} -> {_f(e.derived, 3, 9)}"
+            + (_entry_pending(e.pending, a.counterfactual) if e.pending else "")
             for e in a.entries[:top]
         ]
     if a.calls and top:

@@ -62,7 +62,9 @@ class Lineage:
                 self._fail(seq, f"entry {ev.tip_id} replaces entry {parent}, never stored before")
         if ev.call:
             if ev.call not in self._calls:
-                self._fail(seq, f"entry {ev.tip_id} written by call {ev.call!r}, never recorded")
+                self._fail(
+                    seq, f"entry {ev.tip_id} written by call {ev.call!r}, not recorded before it"
+                )
         elif not ev.parents and (not ev.episode or ev.episode not in self._reflections):
             self._fail(
                 seq,

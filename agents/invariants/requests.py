@@ -116,6 +116,8 @@ class Requests:
             k: [] for k in _UPDATES
         }  # kind -> (update, seq) not yet made
         self._made: dict[type[Event], int] = {k: 0 for k in _UPDATES.values()}
+        # per answer kind, the seq of each update's answer
+        self._updated: dict[type[Event], dict[int, int]] = {k: {} for k in _UPDATES.values()}
         self._finished: set[str] = set()
         self._abandoned: dict[str, int] = {}
         self._chunks: Counter[int] = Counter()  # merge_due seq -> merge chunks it caused
@@ -204,6 +206,10 @@ class Requests:
         request = next(k for k, v in _UPDATES.items() if v is kind)
         asked = self._asked_updates[request]
         update: int = getattr(env.event, "update")  # noqa: B009
+        if (first := self._updated[kind].get(update)) is not None:
+            self._fail(
+                env.seq, f"{_tag(env.event)} of update {update} again (first at seq {first})", first
+            )
         if not asked:
             self._fail(env.seq, f"{_tag(env.event)} of update {update}, which was not requested")
         expected, seq = asked[0]
@@ -216,6 +222,7 @@ class Requests:
             )
         asked.pop(0)
         self._made[kind] += 1
+        self._updated[kind][update] = env.seq
 
     def finish(self, completed: bool) -> None:
         """A completed run answered every request of an attempt that finished, every merge

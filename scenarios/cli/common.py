@@ -69,7 +69,7 @@ def torn_copy_hint(exc: BaseException) -> str:
     if isinstance(exc, EventSchemaChanged):  # the bytes are as written: no copy tore them
         return ""
     if isinstance(exc, LogCorrupted):
-        return torn_hint(exc.seq)
+        return torn_hint(exc.before)
     return torn_hint(None) if isinstance(exc, LogDamaged) else ""
 
 

@@ -52,7 +52,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             for note in (*notes, *left):
                 print(f"coevo: note: {note}", file=sys.stderr)
             if not result.ok:
-                hint = torn_hint(result.first_bad_seq) if result.damaged else ""
+                hint = torn_hint(result.readable) if result.damaged else ""
                 if "unknown event kind" in result.error:  # the run's plug-in did not import?
                     from agents.methods.registry import unimported_note
 

@@ -155,6 +155,23 @@ class EventLogContract:
         with pytest.raises(SequenceConflict):
             log.encode(envelopes(2, 1) + envelopes(4, 1))
 
+    def test_a_log_has_an_id_of_its_own_that_new_metadata_keeps(
+        self, log: EventLog, tmp_path: Path
+    ) -> None:
+        """Caches of what a log holds (the audit index) tell a log written anew with the same
+        events and metadata from the one they were made from by it."""
+        made = log.log_id
+        assert len(made) == 32 and made == log.log_id
+        log.write_meta(RunMeta(**{**_fields(META), "seed": 3}))
+        log.append(envelopes(0, 2))
+        assert log.log_id == made
+        other = self.make(tmp_path / "other")
+        try:
+            other.append(envelopes(0, 2))
+            assert other.log_id != made
+        finally:
+            other.close()
+
     def test_meta_round_trips_and_is_replaced(self, log: EventLog) -> None:
         assert log.read_meta() == META
         newer = RunMeta(**{**_fields(META), "scenario_name": "ünïcode ✓", "seed": 2**63})
@@ -264,16 +281,28 @@ class TestLmdbEventLog(EventLogContract):
     def make(self, tmp_path: Path) -> EventLog:
         return LmdbEventLog.create(tmp_path / "log", META, durable=False)
 
+    def test_a_copy_keeps_the_logs_id(self, tmp_path: Path) -> None:
+        """``coevo copy`` copies the log: the same events, the same log, the audit index of
+        the one is the other's."""
+        with LmdbEventLog.create(tmp_path / "log", META, durable=False) as log:
+            log.append(envelopes(0, 3))
+            log.copy_to(tmp_path / "copy")
+            made = log.log_id
+        with LmdbEventLog.open(tmp_path / "copy") as copy:
+            assert copy.log_id == made and list(copy.read()) == envelopes(0, 3)
+
     def test_reopened_log_holds_everything(self, tmp_path: Path) -> None:
         log = LmdbEventLog.create(tmp_path / "log", META)
         log.append(envelopes(0, 4))
         log.append(envelopes(4, 4))
         log.append(envelopes(8, 3))
         log.put_snapshot("p", 7, b"seven")
+        made = log.log_id
         log.close()
         with LmdbEventLog.open(tmp_path / "log") as again:
             assert again.next_seq == 11
             assert list(again.read()) == envelopes(0, 11)
             assert again.read_meta() == META
+            assert again.log_id == made
             assert again.get_snapshot("p", 10) == (7, b"seven")
             assert again.verify().ok

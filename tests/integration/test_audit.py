@@ -679,8 +679,13 @@ def test_an_entry_the_run_never_stored_is_told_with_the_ids_it_did(
         (("credit", "--set", "counts=all"), "--set counts=all: must be pushed or weighted"),
         (("credit", "--entry", "4", "--set", 'counts="Weighted"', "--set", "batch=0"), "batch=0"),
         (("credit", "--entry", "-3"), "entry id must be a non-negative integer"),
-        (("credit", "--entry", "7"), "--entry 7: no credit to it, recorded or re-derived"),
-        (("credit", "--entry", "4", "--until", "10"), "--entry 4: no credit to it up to seq 10"),
+        (("credit", "--entry", "3"), "--entry 3: no credit to it, recorded or re-derived"),
+        (("credit", "--entry", "7"), "--entry 7: no entry 7 in this run: its entries are 0-4"),
+        (("credit", "--entry", "0", "--until", "10"), "--entry 0: no credit to it up to seq 10"),
+        (
+            ("credit", "--entry", "4", "--until", "10"),
+            "--entry 4: no entry 4 in this run up to seq 10: its entries are 0-0",
+        ),
     ],
 )
 def test_bad_questions_are_one_line_errors(
@@ -806,6 +811,45 @@ def test_a_credit_no_update_used_reads_not_yet_until_the_run_ended(
         assert any(r.startswith("  extractor update") and said in r for r in rows), rows
 
 
+def test_a_credit_not_recorded_yet_is_no_change_of_its_entry_s_sum(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--until`` just before a credit was recorded listed the entry as "+0.000 -> -1.000",
+    a change, beside "credits changed: 0" (the recorded sum lacks the credit not yet written)."""
+    first = next(e for e in STREAM.envs if isinstance(e.event, CreditAssigned))
+    assert isinstance(first.event, CreditAssigned)
+    code, out, err = audit(capsys, str(run), "credit", "--until", str(first.seq - 1))
+    assert code == 0, err
+    assert "credits changed: 0" in out
+    [row] = [r for r in out.splitlines() if r.split()[:1] == [str(first.event.entry)]]
+    assert row.endswith("(1 not recorded yet: not in the recorded sum)"), row
+    data = audit_json(capsys, str(run), "credit", "--until", str(first.seq - 1))
+    [entry] = [e for e in data["entries"] if e["tip"] == first.event.entry]
+    assert entry["pending"] == 1
+
+
+def test_an_update_that_gave_a_call_no_push_did_not_train_on_it() -> None:
+    """A call an update weighed 0 (a cooldown) or gave advantage 0 (calls of one reward) was
+    counted among "the updates that trained on it", which left its log-probs where they were."""
+    from agents.audit.credit import _pushes  # pyright: ignore[reportPrivateUsage]
+    from agents.events.extractor import ExtractorGradientRequested
+
+    def request(update: int, adv: tuple[float, ...], w: tuple[float, ...]) -> Any:
+        return ExtractorGradientRequested(
+            update=update,
+            step=update,
+            calls=("x1", "x2"),
+            rewards=(1.0, -1.0),
+            advantages=adv,
+            weights=w,
+            credits=(),
+            lr=1e-4,
+        )
+
+    pushes = _pushes([request(0, (0.0, 0.0), (1.0, 1.0)), request(1, (1.0, -1.0), (0.0, 0.5))])
+    assert pushes == {"x1": (1.0, 0.0, 0), "x2": (-1.0, -0.5, 1)}
+
+
 def test_an_index_made_from_another_copy_of_the_log_is_rebuilt(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -833,6 +877,37 @@ def test_an_index_made_from_another_copy_of_the_log_is_rebuilt(
     assert code == 0 and out == want
     assert f"(its event {len(STREAM.envs) - 1} is not the log's); rebuilt it from this log" in err
     assert audit(capsys, str(apart), "tip", "4") == (0, want, "")
+
+
+def test_an_index_of_a_log_written_anew_with_edited_events_is_rebuilt(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log written anew from the run's events with one changed in the middle (its
+    metadata copied, so the run id and the last event the same) was answered from the index
+    of the old one: stale outcomes, or an assertion's traceback."""
+    import shutil
+
+    from agents.events.episodes import EpisodeFinished
+
+    full = _copy_with_index(run, tmp_path / "full", capsys)
+    edited = [
+        msgspec.structs.replace(e, event=msgspec.structs.replace(e.event, success=True, score=1.0))
+        if isinstance(e.event, EpisodeFinished) and not e.event.success
+        else e
+        for e in STREAM.envs
+    ]
+    fresh = write_run(tmp_path / "fresh", edited)
+    want = {tip: audit(capsys, str(fresh), "tip", str(tip)) for tip in range(5)}
+    before = {tip: audit(capsys, str(full), "tip", str(tip))[1] for tip in range(5)}
+    assert any(want[tip][1] != before[tip] for tip in want)  # the edit shows in some answer
+    apart = write_run(tmp_path / "apart", edited)
+    shutil.copytree(full / INDEX_DIR, apart / INDEX_DIR)
+    code, out, err = audit(capsys, str(apart), "tip", "0")
+    assert (code, out) == want[0][:2]
+    assert "this log was written anew after it: an edited or rebuilt copy has its own id" in err
+    assert err.endswith("rebuilt it from this log\n"), err
+    for tip in range(5):
+        assert audit(capsys, str(apart), "tip", str(tip)) == (0, want[tip][1], "")
 
 
 def test_numbers_that_round_to_zero_are_unsigned_zeros_and_a_reflection_is_named() -> None:

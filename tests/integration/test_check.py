@@ -147,6 +147,24 @@ def test_a_log_that_records_no_scenario_is_checked_without_it(
     assert main(["replay", str(tmp_path / "bare"), "--verify"]) == 0
 
 
+def test_a_log_whose_metadata_is_gone_says_what_it_cannot_check(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the run's metadata record removed, ``replay --verify`` said "ok" without a word
+    of the checks it left out (``check`` listed them)."""
+    import lmdb
+
+    shutil.copytree(run, tmp_path / "bare")
+    env = lmdb.open(str(tmp_path / "bare" / "log"), max_dbs=3, create=False)
+    with env, env.begin(write=True, db=env.open_db(b"meta", create=False)) as txn:
+        assert txn.delete(b"run")
+    capsys.readouterr()
+    for command in (["check"], ["replay", "--verify"]):
+        assert main([command[0], str(tmp_path / "bare"), *command[1:]]) == 0
+        err = capsys.readouterr().err
+        assert "the log records no run metadata, so what needs the run's settings" in err, err
+
+
 def test_an_unknown_invariant_is_one_line_and_exit_2(
     run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

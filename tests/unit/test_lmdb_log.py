@@ -879,3 +879,32 @@ def test_a_run_whose_lock_mdb_this_user_cannot_write_is_read_once_nobody_writes_
     monkeypatch.setattr(lmdb_env, "writer_alive", lambda _path: True)
     with pytest.raises(LogError, match=r"needs write access to .*lock\.mdb"):
         LmdbEventLog.open(tmp_path / "log")
+
+
+def test_a_bad_envelope_inside_a_record_says_where_the_events_still_read(path: Path) -> None:
+    """A record whose second envelope claims another seq hid the first one too (a part is
+    decoded whole): the hint "the events before it still read: --to SEQ" named the bad
+    envelope's seq, and that command failed the same way."""
+    from engine.eventlog import EncodedBatch
+    from engine.events import Codec
+    from engine.replay import verify_log
+    from scenarios.cli.common import torn_copy_hint
+
+    with LmdbEventLog.create(path, META, durable=False) as log:
+        log.append(envelopes(0, 3))
+        good = envelopes(3, 2)
+        bad = [good[0], msgspec.structs.replace(good[1], seq=5)]
+        log.append_encoded(EncodedBatch(3, 2, lmdb_records.encode_parts(Codec(), bad, LOG_FORMAT)))
+        with pytest.raises(LogCorrupted) as info:
+            list(log.read())
+        assert (info.value.seq, info.value.before) == (4, 3)
+        assert "record claims seq 5" in str(info.value)
+        assert "coevo log RUN --to 3)" in torn_copy_hint(info.value)
+        assert list(log.read(0, 3)) == envelopes(0, 3)
+        result = verify_log(log, [])
+        assert (result.ok, result.damaged, result.first_bad_seq, result.readable) == (
+            False,
+            True,
+            4,
+            3,
+        )

@@ -258,3 +258,56 @@ def test_a_check_that_checked_nothing_says_so() -> None:
         "R: 9 events (completed): no invariant was checked",
         "  not checked: credit: why",
     ]
+
+
+def test_an_update_answered_twice_is_said_to_be_answered_again() -> None:
+    """A second ``policy_updated`` of update 0 read "which was not requested": it was, and
+    answered before."""
+    from agents.invariants.requests import Requests
+    from agents.learning.trainer import gradient_request
+    from agents.methods.settings import GrpoConfig
+    from agents.testing.events import policy_updated
+    from engine.invariants import check_stream
+
+    asked = gradient_request(GrpoConfig(), 0, (), ())
+    log = log_of([START, asked, (policy_updated(1), 1), (policy_updated(1), 1)])
+    report = check_stream([list(log.read())], [Requests()])
+    assert report.violation is not None
+    assert report.violation.seq == 3
+    assert "policy_updated of update 0 again (first at seq 2)" in report.violation.message
+    assert 2 in report.violation.involved
+
+
+def test_an_entry_whose_call_is_recorded_after_it_is_not_said_never_recorded() -> None:
+    """The call an entry names, recorded only after the entry, read "never recorded"."""
+    from agents.events.extractor import ExtractorCalled
+    from agents.events.memory import TipStored
+    from agents.invariants.memory import Lineage
+    from engine.invariants import check_stream
+
+    stored = TipStored(tip_id=0, slot="s", episode="", text="t", score=0.0, key="k", call="x9")
+    called = ExtractorCalled(
+        call="x9",
+        task="add",
+        source="ep000001",
+        slot="s",
+        prompt_ids=(1,),
+        response_ids=(2,),
+        token_logps=(-0.1,),
+        text="t",
+        temperature=1.0,
+        extractor_version=0,
+    )
+    report = check_stream([list(log_of([START, stored, called]).read())], [Lineage()])
+    assert report.violation is not None
+    assert "entry 0 written by call 'x9', not recorded before it" in report.violation.message
+
+
+@pytest.mark.parametrize("cause", [5, 3, -3])
+def test_verify_refuses_a_cause_that_is_not_an_earlier_event(cause: int) -> None:
+    """An envelope appended through the API whose cause was a later event, itself or negative
+    verified "ok" (``coevo check`` found it as ``numbering``)."""
+    events: list[Event | tuple[Event, int]] = [START, *begun("ep000001"), (requested(), cause)]
+    result = verify_log(log_of([*events, RunStopped(reason="stopped")]), projections())
+    assert not result.ok and result.first_bad_seq == 3
+    assert f"numbering: its cause is seq {cause}, not an earlier event" in result.error
