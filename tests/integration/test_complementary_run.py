@@ -292,17 +292,27 @@ def test_an_extractor_update_asked_for_late_is_waited_for(
 
     from agents.events.extractor import CreditsDue, CreditsSettled
     from agents.learning.credit_actor import CreditActor
+    from engine.actor import Context
 
-    handle = CreditActor.handle
+    handle, emit = CreditActor.handle, Context.emit
     slept: list[str] = []
+    due: list[CreditsDue] = []
+
+    async def seen(self: Context, ev: Event, *args: object, **kwargs: object) -> None:
+        await emit(self, ev, *args, **kwargs)  # type: ignore[arg-type]
+        if isinstance(ev, CreditsDue):
+            due.append(ev)
 
     async def late(self: CreditActor, ctx: object, ev: Event) -> bool:
         last_step = isinstance(ev, EpisodeFinished) and int(ev.episode[2:]) >= 24
         if last_step and not slept:  # the step's other ends wait behind it in the mailbox
             slept.append(ev.episode)
-            await trio.sleep(3.0)
+            with trio.fail_after(300):  # until the last update landed and settling was asked
+                while not due:  # (a fixed sleep lost the race on a loaded machine)
+                    await trio.sleep(0.05)
         return await handle(self, ctx, ev)  # type: ignore[arg-type]
 
+    monkeypatch.setattr(Context, "emit", seen)
     monkeypatch.setattr(CreditActor, "handle", late)
     scenario = NO_EVAL.replace(
         "batch = 3",
