@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from agents.events.episodes import EpisodeFinished
+from agents.events.extractor import ExtractorCalled
 from agents.events.policy import ActionSampled, PolicyUpdated
 
-__all__ = ["action_sampled", "episode_finished", "policy_updated"]
+__all__ = ["action_sampled", "episode_finished", "extractor_called", "policy_updated"]
 
 
 def action_sampled(episode: str, turn: int, **fields: Any) -> ActionSampled:
@@ -45,6 +46,25 @@ def episode_finished(episode: str, **fields: Any) -> EpisodeFinished:
         total_reward=0.0,
     )
     return EpisodeFinished(**{**base, **fields})
+
+
+def extractor_called(call: str, **fields: Any) -> ExtractorCalled:
+    """Extractor call ``call`` by extractor version 0 that read episode ``"ep000001"`` for
+    slot ``"s"``: prompt ``(1,)``, response ``(2,)`` with log-prob -0.1, text ``"t"``, no
+    operations; ``fields`` override any of these or set the optional ones."""
+    base: dict[str, Any] = dict(
+        call=call,
+        task="extract",
+        source="ep000001",
+        slot="s",
+        prompt_ids=(1,),
+        response_ids=(2,),
+        token_logps=(-0.1,),
+        text="t",
+        temperature=1.0,
+        extractor_version=0,
+    )
+    return ExtractorCalled(**{**base, **fields})
 
 
 def policy_updated(version: int, **fields: Any) -> PolicyUpdated:

@@ -280,24 +280,13 @@ def test_an_update_answered_twice_is_said_to_be_answered_again() -> None:
 
 def test_an_entry_whose_call_is_recorded_after_it_is_not_said_never_recorded() -> None:
     """The call an entry names, recorded only after the entry, read "never recorded"."""
-    from agents.events.extractor import ExtractorCalled
     from agents.events.memory import TipStored
     from agents.invariants.memory import Lineage
+    from agents.testing.events import extractor_called
     from engine.invariants import check_stream
 
     stored = TipStored(tip_id=0, slot="s", episode="", text="t", score=0.0, key="k", call="x9")
-    called = ExtractorCalled(
-        call="x9",
-        task="add",
-        source="ep000001",
-        slot="s",
-        prompt_ids=(1,),
-        response_ids=(2,),
-        token_logps=(-0.1,),
-        text="t",
-        temperature=1.0,
-        extractor_version=0,
-    )
+    called = extractor_called("x9")
     report = check_stream([list(log_of([START, stored, called]).read())], [Lineage()])
     assert report.violation is not None
     assert "entry 0 written by call 'x9', not recorded before it" in report.violation.message
