@@ -578,11 +578,10 @@ def open_index(
         index = MemoryFactIndex()
         note = _in_memory(path, exc, option)
     try:
-        other = _from_this_log(log, index)
-        said = f"was made from another copy of this run's log ({other}); rebuilt it from this log"
+        said = _from_this_log(log, index)
     except IndexDamaged as exc:  # its mark fails its checksum
-        other, said = str(exc), f"was damaged ({exc}); rebuilt it from the log"
-    if other and isinstance(index, LmdbFactIndex):  # a cache: built again from this log
+        said = f"was damaged ({exc}); rebuilt it from the log"
+    if said and isinstance(index, LmdbFactIndex):  # a cache: built again from this log
         index.close()
         LmdbFactIndex.wipe(path)
         index = LmdbFactIndex.open(path, ident)
@@ -621,19 +620,26 @@ def _mark(seq: int, t: int, log_id: str) -> bytes:
 
 
 def _from_this_log(log: EventLog, index: FactIndex) -> str:
-    """Why ``index`` was not made from ``log`` ("" when it was, or is empty)."""
+    """Why ``index`` is not taken as made from ``log``, as the note says it ("" when it is,
+    or is empty)."""
     upto = index.upto
     if upto == 0:
         return ""
+    rebuilt = "rebuilt it from this log"
     if upto > log.next_seq:
-        return f"it reaches seq {upto - 1}, the log ends at seq {log.next_seq - 1}"
+        why = f"it reaches seq {upto - 1}, the log ends at seq {log.next_seq - 1}"
+        return f"was made from another copy of this run's log ({why}); {rebuilt}"
     env = next(iter(log.read(upto - 1, upto)), None)
     mark = index.get(MARK)
     if env is None or mark is None or mark[:16] != _mark(env.seq, env.t, ""):
-        return f"its event {upto - 1} is not the log's"
-    if mark[16:] != log.log_id.encode():
-        return "this log was written anew after it: an edited or rebuilt copy has its own id"
-    return ""
+        why = f"its event {upto - 1} is not the log's"
+        return f"was made from another copy of this run's log ({why}); {rebuilt}"
+    if mark[16:] == log.log_id.encode():
+        return ""
+    if len(mark) == 16:  # the index holds no id: made by a coevo before 2026-12-07
+        return f"was made by an older coevo, which did not record which log it read; {rebuilt}"
+    why = "this log was written anew after it: an edited or rebuilt copy has its own id"
+    return f"was made from another copy of this run's log ({why}); {rebuilt}"
 
 
 def _damaged(path: Path, exc: Exception) -> str:

@@ -910,6 +910,29 @@ def test_an_index_of_a_log_written_anew_with_edited_events_is_rebuilt(
         assert audit(capsys, str(apart), "tip", str(tip)) == (0, want[tip][1], "")
 
 
+def test_an_index_made_before_logs_had_ids_is_rebuilt_and_said_to_be_older(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index an older coevo made of this very log was said to come from "another copy of
+    this run's log ... written anew"."""
+    import shutil
+
+    from agents.audit import index
+
+    shutil.copytree(run / "log", tmp_path / "older" / "log")
+    made = index._mark  # pyright: ignore[reportPrivateUsage]
+    with monkeypatch.context() as m:  # the mark as a coevo before 2026-12-07 wrote it
+        m.setattr(index, "_mark", lambda seq, t, log_id: made(seq, t, ""))
+        want = audit(capsys, str(tmp_path / "older"), "tip", "4")
+    code, out, err = audit(capsys, str(tmp_path / "older"), "tip", "4")
+    assert (code, out) == want[:2]
+    assert err == (
+        f"coevo: note: the audit index in {tmp_path / 'older' / INDEX_DIR} was made by an older "
+        "coevo, which did not record which log it read; rebuilt it from this log\n"
+    )
+    assert audit(capsys, str(tmp_path / "older"), "tip", "4") == (0, want[1], "")
+
+
 def test_numbers_that_round_to_zero_are_unsigned_zeros_and_a_reflection_is_named() -> None:
     """A mean advantage of -1e-17 read "-0.0000"; an entry a reflection wrote was retrieved
     "(no extractor call; ...)"."""
