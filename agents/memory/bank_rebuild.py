@@ -13,10 +13,10 @@ log order, and its operations applied to a fresh :class:`TipBank`:
   rebuilt bank's entry with the same text in the same partition, and is refused as "gone"
   when the rebuilt bank has none (as the run's bank refuses an update of an evicted entry);
 - a merge pass forms its chunks from the rebuilt bank at the :class:`MergeDue`, as the memory
-  actor does (:func:`agents.memory.bank.merge_requests`: same chunks rule, same seeds), asks the
-  extractor, and applies each chunk's answer where the run applied the chunk with the same
-  seed (the same step, partition and offset); chunks the run did not have are applied after
-  the pass's last logged chunk, or at once when the run's pass had none.
+  actor does (:func:`agents.memory.memory_actor.merge_requests`: same chunks rule, same
+  seeds), asks the extractor, and applies each chunk's answer where the run applied the chunk
+  with the same seed (the same step, partition and offset); chunks the run did not have are
+  applied after the pass's last logged chunk, or at once when the run's pass had none.
 
 :func:`bank_script` reads the log into the ordered actions (pure); :func:`rebuild_bank` plays
 them with an ``answer`` and an ``embed`` function (the extractor's model and the run's
@@ -40,9 +40,10 @@ from agents.events.extractor import (
     MergeRequested,
 )
 from agents.events.memory import TipEvicted, TipRejected, TipStored
-from agents.memory.bank import MemorySettings, TipBank, merge_requests
+from agents.memory.bank import MemorySettings, TipBank
 from agents.memory.extraction import MERGE_SYSTEM
 from agents.memory.extractor import call_id
+from agents.memory.memory_actor import merge_requests
 from engine.events import Envelope, Event
 
 Request = ExtractionRequested | MergeRequested

@@ -14,8 +14,9 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from agents.learning.credit_actor import CreditActor, credit_settings
-from agents.memory.bank import MemoryActor, MemorySettings
+from agents.memory.bank import MemorySettings
 from agents.memory.extraction import MERGE_SYSTEM
+from agents.memory.memory_actor import MemoryActor
 from agents.methods.base import LoadedModel, RunResources
 from agents.methods.settings import ComplementaryConfig, Empo2Config
 from agents.models.embedder import (

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from agents.events.extractor import ExtractorCalled, MergeDue, MergePlanned, MergeRequested
 from agents.events.memory import RetrievalRequested, TipEvicted, TipProposed, TipsRetrieved
-from agents.memory.bank import MemoryActor, MemorySettings, TipBank, merge_requests
+from agents.memory.bank import MemorySettings, TipBank
+from agents.memory.memory_actor import MemoryActor, merge_requests
 from agents.models.embedder import HashingEmbedder
 from engine.actor import Actor, ActorSpec, Context
 from engine.eventlog import MemoryEventLog

@@ -256,7 +256,7 @@ def test_a_merge_pass_planned_late_is_waited_for(
     import trio
 
     from agents.events.extractor import MergePlanned
-    from agents.memory.bank import MemoryActor
+    from agents.memory.memory_actor import MemoryActor
 
     apply = MemoryActor._apply_vectors
 

@@ -95,7 +95,7 @@ def test_the_memory_and_assembly_load_no_usearch_until_an_index_is_made() -> Non
     # usearch's native library, loaded before ray.init joins a cluster, aborts Ray's GCS client
     # (std::regex_error): a driver imports the bank and assembly first, and makes its index later
     probe = (
-        "import sys, numpy as np, agents.memory.bank, scenarios.assemble\n"
+        "import sys, numpy as np, agents.memory.memory_actor, scenarios.assemble\n"
         "from stores.tip_index import UsearchIndex\n"
         "before = 'usearch' in sys.modules\n"
         "index = UsearchIndex(4, exact_below=1)\n"

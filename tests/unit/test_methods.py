@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from agents.acting.env_worker import EnvWorker, PromptSettings
-from agents.memory.bank import MemoryActor
 from agents.memory.extraction import extract_messages
+from agents.memory.memory_actor import MemoryActor
 from agents.methods.base import LoadedModel, RunResources, base_models, method_actors
 from agents.methods.builtin import Complementary, Empo2, Grpo
 from agents.methods.settings import (
