@@ -83,11 +83,14 @@ def final_of(events: list[Event]) -> Final:
     rounds = [ev for ev in events if isinstance(ev, EvalRoundFinished)]
     last = max((r.round for r in rounds), default=-1)
     size = {r.memory: r.episodes for r in rounds if r.round == last}
-    assigned = sorted(
-        (ev.index, ev.episode, ev.scope, ev.family)
+    # an episode assigned again (its attempt abandoned by a stop or a worker lost) is one
+    # episode, its last ending its outcome: counted once, or the round's first ones fall out
+    once = {
+        ev.episode: (ev.index, ev.episode, ev.scope, ev.family)
         for ev in events
         if isinstance(ev, EpisodeAssigned) and ev.purpose == "eval"
-    )
+    }
+    assigned = sorted(once.values())
     plain = [a for a in assigned if not a[2]][-size.get(False, 0) or len(assigned) :]
     bank = [a for a in assigned if a[2] == "train"][-size.get(True, 0) or len(assigned) :]
     adapt = [a for a in assigned if a[2].startswith(f"adapt{last}-")]
@@ -151,6 +154,7 @@ def summarize(finals: dict[str, list[Final]], hard: tuple[str, ...]) -> dict:
         }
         if diffs := paired(runs):  # differences: all 0 is no proportion
             row["bank_minus_plain"] = bootstrap_mean(diffs, successes=False)
+            row["paired_seeds"] = len(diffs)  # a seed whose rounds do not line up is left out
         if name != BASELINE and base:
             row["plain_vs_grpo"] = ratio(groups(runs, "plain"), groups(base, "plain"))
             row["hard_vs_grpo"] = ratio(groups(runs, "plain", hard), groups(base, "plain", hard))
@@ -161,6 +165,13 @@ def summarize(finals: dict[str, list[Final]], hard: tuple[str, ...]) -> dict:
             )
         out[name] = row
     return out
+
+
+def _paired_of(row: dict) -> str:
+    """Where the pairing left seeds out (their two rounds did not play the same tasks in
+    order), how many it used."""
+    used, seeds = row.get("paired_seeds", row["seeds"]), row["seeds"]
+    return "" if used == seeds else f" ({used} of the {seeds} seeds: the others' rounds differ)"
 
 
 def _attempts(runs: list[Final]) -> int:
@@ -193,6 +204,7 @@ def table(summary: dict, hard: tuple[str, ...]) -> list[str]:
             "tasks, resampled): "
             + "; ".join(
                 f"{name} {cell.value:+.3f} [{cell.low:+.3f}, {cell.high:+.3f}]"
+                + _paired_of(summary[name])
                 for name, cell in shown.items()
             )
             + ".",

@@ -35,6 +35,7 @@ from agents.events.extractor import ExtractorCalled
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
 from engine.events import Event
 from engine.lifecycle import RunStopped
+from stores.lmdb_env import writer_alive
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,9 +302,12 @@ def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
 
 def unfinished(out: Path, resume: bool = True) -> str:
     """The refusal of the directory ``out`` of a run :func:`read_run` finds unfinished: a run
-    to resume (``resume``) or remove, or a directory that holds no run's log."""
+    still being written (wait for it), one to resume (``resume``) or remove, or a directory
+    that holds no run's log."""
     if not (out / "log").exists():
         return f"{out} holds no run (no log): remove it"
+    if writer_alive(out / "log"):  # another process trains it now: removing it loses it
+        return f"{out} holds a run still being written (a process writes its log): wait for it"
     return f"{out} holds an unfinished run: {'resume or ' if resume else ''}remove it"
 
 

@@ -47,6 +47,7 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
         SystemExit: a file without the method, or two files with one seed.
     """
     found: Outcomes = {}
+    source: dict[str, Path] = {}  # seed -> the file it was found in
     for path in paths:
         try:
             doc = json.loads(path.read_text())
@@ -69,8 +70,10 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
                 said = "held-out episode" if played == "plain" else "round with its bank"
                 raise SystemExit(f"{path}: seed {seed} of {method} has no {said}")
             if seed in found:
-                raise SystemExit(f"{path}: seed {seed} of {method} is in another file too")
+                where = "twice in it" if source[seed] == path else f"in {source[seed]} too"
+                raise SystemExit(f"{path}: seed {seed} of {method} is {where}")
             found[seed] = plain
+            source[seed] = path
     return found
 
 

@@ -84,6 +84,38 @@ def test_the_results_scripts_count_aborted_held_out_episodes_as_failures() -> No
     assert facts.rounds == [(0, 0, 0.25)]  # what the round itself said
 
 
+def test_a_held_out_episode_assigned_again_after_a_stop_is_counted_once() -> None:
+    """A resumed run's re-run evaluation episode (assigned again with its id and index) was
+    counted twice in the last round, and the round's first episode fell out of it."""
+    events: list[Event] = [
+        EvalRoundStarted(round=0, policy_version=0, episodes=4),
+        *(_assigned(i) for i in range(4)),
+        _finished(0, True),
+        _finished(1, False),
+        EpisodeAbandoned(episode="ep000002", worker="w", purpose="eval"),
+        _assigned(2),  # the resume plays it again
+        _finished(2, False),
+        _finished(3, False),
+        EvalRoundFinished(
+            round=0, policy_version=0, episodes=4, success=0.25, score=0.25, train_episodes=0
+        ),
+    ]
+    final = load_bench("headline").final_of(events)
+    assert [ok for _, ok in final.plain] == [True, False, False, False]  # ep000000 to 3
+
+
+def test_the_bank_pairing_says_how_many_seeds_it_used() -> None:
+    """A seed whose two rounds do not line up family by family was left out of "bank minus
+    without" while the table said every seed."""
+    headline = load_bench("headline")
+    lined_up = headline.Final(plain=[("heat", False)] * 2, bank=[("heat", True)] * 2)
+    apart = headline.Final(plain=[("heat", False), ("cool", False)], bank=[("cool", True)] * 2)
+    for runs, said in (([lined_up, lined_up], ""), ([lined_up, apart], " (1 of the 2 seeds")):
+        summary = headline.summarize({"complementary": runs}, ())
+        [line] = [x for x in headline.table(summary, ()) if x.startswith("With its bank")]
+        assert ("complementary +1.000 [+1.000, +1.000]" + said) in line, line
+
+
 def test_seeds_evaluated_on_other_schedules_are_averaged_where_all_evaluated(
     tmp_path: Path,
 ) -> None:
@@ -392,6 +424,22 @@ def _outcomes_file(path: Path, method: str, seeds: dict[str, list[tuple[str, boo
     return path
 
 
+def test_a_seed_found_twice_names_where(tmp_path: Path) -> None:
+    """A seed listed twice in one file was refused as "in another file too"."""
+    paired = load_bench("paired_runs")
+    tasks = [("heat", True)]
+    one = _outcomes_file(tmp_path / "one.json", "m", {"0": tasks, "1": tasks})
+    doc = json.loads(one.read_text())
+    doc["outcomes"]["m"].append(doc["outcomes"]["m"][0])  # seed 0 again
+    one.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit, match=re.escape(f"{one}: seed 0 of m is twice in it")):
+        paired.outcomes_of([one], "m")
+    other = _outcomes_file(tmp_path / "other.json", "m", {"1": tasks})
+    two = _outcomes_file(tmp_path / "two.json", "m", {"0": tasks, "1": tasks})
+    with pytest.raises(SystemExit, match=re.escape(f"{other}: seed 1 of m is in {two} too")):
+        paired.outcomes_of([two, other], "m")
+
+
 def test_two_settings_are_paired_task_by_task_and_other_tasks_are_refused(tmp_path: Path) -> None:
     """`bench/paired_runs.py`, which RESULTS.md's novelty comparison quotes: per seed the
     difference of the same tasks' outcomes, seeds matched by name across files."""
@@ -446,6 +494,23 @@ def test_a_run_directory_with_no_log_is_not_called_an_unfinished_run(tmp_path: P
     (tmp_path / "log").mkdir()
     assert unfinished(tmp_path) == f"{tmp_path} holds an unfinished run: resume or remove it"
     assert unfinished(tmp_path, resume=False) == f"{tmp_path} holds an unfinished run: remove it"
+
+
+def test_a_run_still_being_written_is_not_to_be_removed(tmp_path: Path) -> None:
+    """headline.py and method_results.py told a user to remove a run another process was
+    still training ("holds an unfinished run: resume or remove it")."""
+    from engine.eventlog import new_run_meta
+    from stores.lmdb_log import LmdbEventLog
+
+    unfinished = load_bench("method_results").unfinished
+    meta = new_run_meta("live", scenario_name="live", seed=0, coevo_version="test")
+    with LmdbEventLog.create(tmp_path / "log", meta, durable=False):  # the writer holds its lock
+        said = unfinished(tmp_path)
+    assert (
+        said
+        == f"{tmp_path} holds a run still being written (a process writes its log): wait for it"
+    )
+    assert unfinished(tmp_path) == f"{tmp_path} holds an unfinished run: resume or remove it"
 
 
 def test_paired_runs_refuses_what_it_cannot_pair_in_one_line(
