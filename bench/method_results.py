@@ -33,8 +33,8 @@ from extractor_report import Coevolution, coevolution_table, fold_coevolution, p
 from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.extractor import ExtractorCalled
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
-from engine.events import Event
-from engine.lifecycle import RunStopped
+from engine.events import Envelope, Event
+from engine.lifecycle import RunResumed, RunStopped
 from stores.lmdb_env import writer_alive
 from stores.lmdb_log import LmdbEventLog
 
@@ -96,7 +96,8 @@ def fold(name: str, seed: int, events: list[Event], wall: float) -> RunFacts:
 
 
 def read_run(path: Path) -> tuple[list[Event], float] | None:
-    """A finished run's events and wall seconds, or None when there is no finished run."""
+    """A finished run's events and the wall seconds its sessions ran (:func:`running_seconds`),
+    or None when there is no finished run."""
     if not (path / "log").exists():
         return None
     log = LmdbEventLog.open(path / "log", writable=False)
@@ -107,7 +108,21 @@ def read_run(path: Path) -> tuple[list[Event], float] | None:
     last = envs[-1].event if envs else None
     if not isinstance(last, RunStopped) or last.reason != "completed":
         return None  # (one stopped by a signal ends with run_stopped too: not finished)
-    return [e.event for e in envs], (envs[-1].t - envs[0].t) / 1e9
+    return [e.event for e in envs], running_seconds(envs)
+
+
+def running_seconds(envs: Sequence[Envelope[Event]]) -> float:
+    """Wall seconds from each session's first event to its last, summed: a resumed run's time
+    stopped between its sessions is not time it ran."""
+    if not envs:
+        return 0.0
+    total, start, last = 0, envs[0].t, envs[0].t
+    for env in envs[1:]:
+        if isinstance(env.event, RunResumed):
+            total += last - start
+            start = env.t
+        last = env.t
+    return (total + last - start) / 1e9
 
 
 def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:

@@ -116,6 +116,26 @@ def test_the_bank_pairing_says_how_many_seeds_it_used() -> None:
         assert ("complementary +1.000 [+1.000, +1.000]" + said) in line, line
 
 
+def test_a_resumed_runs_wall_time_leaves_out_the_time_it_was_stopped() -> None:
+    """method_results.py's "wall" column read from the first event to the last: a run stopped
+    for an hour and resumed counted the hour."""
+    from engine.events import Envelope
+    from engine.lifecycle import RunResumed, RunStarted, RunStopped
+
+    start = RunStarted(run_id="r", scenario="s", scenario_hash="h", seed=0, coevo_version="0")
+    events: list[tuple[Event, float]] = [
+        (start, 0.0),
+        (RunStopped(reason="signal", signal="SIGINT", exit_code=130), 10.0),
+        (RunResumed(after=1, previous="run_stopped"), 3610.0),  # an hour later
+        (RunStopped(reason="completed"), 3615.5),
+    ]
+    envs = [
+        Envelope(seq=i, run="r", t=int(at * 1e9), actor="runtime", event=ev)
+        for i, (ev, at) in enumerate(events)
+    ]
+    assert load_bench("method_results").running_seconds(envs) == pytest.approx(15.5)
+
+
 def test_seeds_evaluated_on_other_schedules_are_averaged_where_all_evaluated(
     tmp_path: Path,
 ) -> None:
