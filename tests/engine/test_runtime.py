@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -407,19 +407,25 @@ class Stubborn(Actor):
             await self.done.wait()
 
 
-@pytest.mark.parametrize("reason", ["signal:SIGTERM", "requested"])
-def test_a_stop_that_waits_on_an_actor_says_which(reason: str) -> None:
-    """A SIGTERM during a four-minute update waited for it without a word (a second signal
-    would have ended the process, but nothing said so)."""
+Drive = Callable[[Runtime, MemoryEventLog], Awaitable[None]]
+
+
+def run_beside_a_stubborn_actor(
+    drive: Drive, extra: Sequence[ActorSpec] = (), handle_signals: bool = False
+) -> tuple[RunOutcome, MemoryEventLog, list[dict[str, Any]]]:
+    """A run of actor ``slow`` (:class:`Stubborn`) and ``extra`` on a mock clock: ``drive``
+    acts on it (stops it, signals it), then slow's work ends. Returns the outcome, the log
+    and the runtime's log lines (captured as it is made: it binds its logger then)."""
     import structlog
 
     log = MemoryEventLog()
     started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
 
     async def main() -> RunOutcome:
-        done = trio.Event()  # set 100 s after the stop: when the actor started does not count
-        spec = ActorSpec(name="slow", factory=lambda: Stubborn(done))
-        rt = Runtime(log, started, [spec], [], seed=0)
+        done = trio.Event()
+        specs = [ActorSpec(name="slow", factory=lambda: Stubborn(done)), *extra]
+        config = RuntimeConfig(handle_signals=handle_signals)
+        rt = Runtime(log, started, specs, [], seed=0, config=config)
         result: list[RunOutcome] = []
         async with trio.open_nursery() as nursery:
 
@@ -427,17 +433,37 @@ def test_a_stop_that_waits_on_an_actor_says_which(reason: str) -> None:
                 result.append(await rt.run())
 
             nursery.start_soon(go)
-            while log.next_seq < 2:  # the run started, and its actor
-                await trio.sleep(0.01)
-            rt.request_stop(reason, 143)
-            await trio.sleep(100)
+            await drive(rt, log)
             done.set()
         return result[0]
 
-    with structlog.testing.capture_logs() as logs:  # the runtime binds its logger as it is made
+    with structlog.testing.capture_logs() as logs:
         outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return outcome, log, logs
+
+
+async def _started(log: MemoryEventLog) -> None:
+    while log.next_seq < 2:  # the run started, and its actor
+        await trio.sleep(0.01)
+
+
+def _waiting(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"].startswith("stopping: still waiting")]
+
+
+@pytest.mark.parametrize("reason", ["signal:SIGTERM", "requested"])
+def test_a_stop_that_waits_on_an_actor_says_which(reason: str) -> None:
+    """A SIGTERM during a four-minute update waited for it without a word (a second signal
+    would have ended the process, but nothing said so)."""
+
+    async def drive(rt: Runtime, log: MemoryEventLog) -> None:
+        await _started(log)
+        rt.request_stop(reason, 143)
+        await trio.sleep(100)  # slow's work ends 100 s after the stop
+
+    outcome, _, logs = run_beside_a_stubborn_actor(drive)
     assert outcome.reason == reason
-    said = [e for e in logs if e["event"].startswith("stopping: still waiting")]
+    said = _waiting(logs)
     assert [e["waited_s"] for e in said] == [5, 35, 65, 95]  # then it finished, at 100 s
     assert all(e["actors"] == ["slow"] and e["log_level"] == "warning" for e in said)
     assert ("now" in said[0]) is reason.startswith("signal:")  # only a signal's second ends it
@@ -454,38 +480,19 @@ def test_a_stop_for_a_failure_that_waits_on_an_actor_says_which_and_hears_a_sign
     stop waited without a word (a signal's stop names what it waits on), and a Ctrl-C or
     SIGTERM during it was not even acknowledged (the task that takes signals had been
     cancelled with the actors)."""
-    import structlog
 
-    log = MemoryEventLog()
-    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    async def drive(rt: Runtime, log: MemoryEventLog) -> None:
+        while not any(isinstance(e.event, ActorFailed) for e in log.read()):
+            await trio.sleep(0.01)  # (the run starts once a thread has read the log)
+        await trio.sleep(19)  # boom failed; the stop waits on slow
+        assert rt._running == {"slow"}  # pyright: ignore[reportPrivateUsage]
+        os.kill(os.getpid(), signal.SIGTERM)
+        await trio.sleep(80)
 
-    async def main() -> RunOutcome:
-        done = trio.Event()
-        specs = [
-            ActorSpec(name="slow", factory=lambda: Stubborn(done)),
-            ActorSpec(name="boom", factory=FailsSoon),
-        ]
-        rt = Runtime(log, started, specs, [], seed=0, config=RuntimeConfig(handle_signals=True))
-        result: list[RunOutcome] = []
-        async with trio.open_nursery() as nursery:
-
-            async def go() -> None:
-                result.append(await rt.run())
-
-            nursery.start_soon(go)
-            while not any(isinstance(e.event, ActorFailed) for e in log.read()):
-                await trio.sleep(0.01)  # (the run starts once a thread has read the log)
-            await trio.sleep(19)  # boom failed; the stop waits on slow
-            assert rt._running == {"slow"}  # pyright: ignore[reportPrivateUsage]
-            os.kill(os.getpid(), signal.SIGTERM)
-            await trio.sleep(80)
-            done.set()
-        return result[0]
-
-    with structlog.testing.capture_logs() as logs:
-        outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    boom = ActorSpec(name="boom", factory=FailsSoon)
+    outcome, log, logs = run_beside_a_stubborn_actor(drive, [boom], handle_signals=True)
     assert outcome.reason == "failed" and "boom" in outcome.error
-    said = [e for e in logs if e["event"].startswith("stopping: still waiting")]
+    said = _waiting(logs)
     assert [e["waited_s"] for e in said] == [5, 35, 65, 95]
     assert all(e["actors"] == ["slow"] and e["stop"] == "boom failed" for e in said)
     assert ["now" in e for e in said] == [False, True, True, True]  # after the signal
@@ -497,38 +504,19 @@ def test_a_signal_during_a_requested_stop_that_waits_is_taken() -> None:
     """A stop asked for without a signal (the driver's end, ``request_stop``) cancels the
     task that takes signals with the actors, as a failure's stop did: a Ctrl-C or SIGTERM while
     it waited on an update in a thread was not acknowledged, nor said to end it if repeated."""
-    import structlog
 
-    log = MemoryEventLog()
-    started = RunStarted(run_id="r", scenario="t", scenario_hash="h", seed=0, coevo_version="0")
+    async def drive(rt: Runtime, log: MemoryEventLog) -> None:
+        await _started(log)
+        rt.request_stop("requested", 0)
+        await trio.sleep(20)
+        assert rt._running == {"slow"}  # pyright: ignore[reportPrivateUsage]
+        os.kill(os.getpid(), signal.SIGTERM)
+        await trio.sleep(80)
 
-    async def main() -> RunOutcome:
-        done = trio.Event()
-        spec = ActorSpec(name="slow", factory=lambda: Stubborn(done))
-        rt = Runtime(log, started, [spec], [], seed=0, config=RuntimeConfig(handle_signals=True))
-        result: list[RunOutcome] = []
-        async with trio.open_nursery() as nursery:
-
-            async def go() -> None:
-                result.append(await rt.run())
-
-            nursery.start_soon(go)
-            while log.next_seq < 2:  # the run started, and its actor
-                await trio.sleep(0.01)
-            rt.request_stop("requested", 0)
-            await trio.sleep(20)
-            assert rt._running == {"slow"}  # pyright: ignore[reportPrivateUsage]
-            os.kill(os.getpid(), signal.SIGTERM)
-            await trio.sleep(80)
-            done.set()
-        return result[0]
-
-    with structlog.testing.capture_logs() as logs:
-        outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    outcome, _, logs = run_beside_a_stubborn_actor(drive, handle_signals=True)
     assert outcome.reason == "requested"
     assert [e["signal"] for e in logs if e["event"] == "signal received, stopping"] == ["SIGTERM"]
-    said = [e for e in logs if e["event"].startswith("stopping: still waiting")]
-    assert ["now" in e for e in said] == [False, True, True, True]  # after the signal
+    assert ["now" in e for e in _waiting(logs)] == [False, True, True, True]  # after the signal
 
 
 def test_stop_requested_before_actors_start_still_ends_the_run() -> None:
