@@ -18,6 +18,7 @@ from agents.events.extractor import (
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.report.curves import block_size, fold_coevolution, rolling_mean
 from agents.report.page import fold_entries, fold_run, render
+from agents.testing.events import extractor_called
 from engine.events import Envelope, Event
 
 
@@ -56,19 +57,7 @@ def credit(entry: int, value: float, episode: str) -> CreditAssigned:
 
 
 def called(call: str) -> ExtractorCalled:
-    return ExtractorCalled(
-        call=call,
-        task="extract",
-        source="ep000001",
-        slot="train/heat",
-        prompt_ids=(1,),
-        response_ids=(2,),
-        token_logps=(-0.1,),
-        text="t",
-        temperature=1.0,
-        extractor_version=0,
-        ops=(("add", (), "t"),),
-    )
+    return extractor_called(call, slot="train/heat", ops=(("add", (), "t"),))
 
 
 STREAM: list[Event] = [
