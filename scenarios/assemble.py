@@ -30,7 +30,7 @@ from agents.methods.base import Method
 from agents.report.curves import report as curves_report
 from agents.tracking.observer import Tracker
 from agents.tracking.sinks import SINKS, open_sink
-from engine import ray_backend
+from engine import ray_backend, ray_cluster
 from engine.actor import ActorSpec
 from engine.errors import ScenarioInvalid
 from engine.events import Envelope, Event
@@ -461,13 +461,13 @@ def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
     if rt.backend == "local":
         yield
         return
-    with ray_backend.connected(rt.ray.address, rt.ray.num_cpus or None):
+    with ray_cluster.connected(rt.ray.address, rt.ray.num_cpus or None):
         placements = _placements(scenario)
         lacks = [
             (
                 f"$.runtime.ray.{key}",
                 "no node of the cluster can host a placement yet",
-                ray_backend.unplaceable(placement, size),
+                ray_cluster.unplaceable(placement, size),
             )
             for key, placement, size, _ in placements
         ]
@@ -476,7 +476,7 @@ def cluster(scenario: Scenario, source: str = "scenario") -> Generator[None]:
             (
                 "$.runtime.ray",
                 "the cluster cannot host all of the run's placements at once yet",
-                ray_backend.short_together(together),
+                ray_cluster.short_together(together),
             )
         )
         for where, warning, lacking in lacks:

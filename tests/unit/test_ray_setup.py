@@ -14,7 +14,7 @@ import structlog.testing
 import trio
 
 from agents.learning.trainee_host import LearnerProcessLost
-from engine import ray_backend
+from engine import ray_backend, ray_cluster
 from engine.actor import Actor, ActorSpec, Context
 from engine.errors import ClusterUnavailable, ScenarioInvalid
 from engine.events import Event
@@ -327,8 +327,8 @@ def test_a_placement_no_live_node_can_hold_is_named_with_what_it_lacks(
     lacking: str,
 ) -> None:
     fake = FakeRay(*nodes, dead={"CPU": 64.0, "GPU": 8.0, "env": 8.0})  # a dead node counts not
-    monkeypatch.setattr(ray_backend, "_ray", lambda: fake)
-    assert ray_backend.unplaceable(placement, size) == lacking
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: fake)
+    assert ray_cluster.unplaceable(placement, size) == lacking
 
 
 @pytest.mark.parametrize("address", ["local", "auto"])
@@ -340,8 +340,8 @@ def test_a_run_whose_placement_no_node_can_hold_is_refused_on_its_own_ray_instan
     """At once, before any actor waits ``start_timeout`` for a node (a joined cluster, which
     an autoscaler may grow, only warns), naming the placement: the workers' largest process
     hosts ``min(per_process, workers)`` of them."""
-    monkeypatch.setattr(ray_backend, "_ray", lambda: FakeRay({"CPU": 2.0}))
-    monkeypatch.setattr(ray_backend, "connected", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: FakeRay({"CPU": 2.0}))
+    monkeypatch.setattr(ray_cluster, "connected", lambda *_: contextlib.nullcontext())
     extra = (
         f'\n[runtime.ray]\naddress = "{address}"\n'
         "[runtime.ray.env_workers]\nnum_cpus = 1.5\nper_process = 8\n"
@@ -381,15 +381,15 @@ def test_placements_that_fit_a_node_each_but_not_all_together_are_refused_on_its
 ) -> None:
     """Eight env workers of one CPU on a 2-CPU instance: each fits, so the run started, and six
     of them waited ``start_timeout``, restarted, and failed the run after ``max_restarts``."""
-    monkeypatch.setattr(ray_backend, "_ray", lambda: FakeRay({"CPU": 2.0}))
-    monkeypatch.setattr(ray_backend, "connected", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: FakeRay({"CPU": 2.0}))
+    monkeypatch.setattr(ray_cluster, "connected", lambda *_: contextlib.nullcontext())
     extra = f"\n[runtime.ray.env_workers]\nnum_cpus = {cpus}\n"
     path = scenario_path(tmp_path, extra)
     scenario = load_scenario(path)
     scenario = msgspec.structs.replace(
         scenario, run=msgspec.structs.replace(scenario.run, workers=workers)
     )
-    assert ray_backend.short_together([(ray_backend.Placement(num_cpus=cpus), workers)]) == short
+    assert ray_cluster.short_together([(ray_backend.Placement(num_cpus=cpus), workers)]) == short
     if not short:
         with cluster(scenario, str(path)):
             pass
@@ -405,8 +405,8 @@ def test_coevo_run_refuses_such_a_placement_before_it_makes_the_run_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(ray_backend, "available", lambda: True)
-    monkeypatch.setattr(ray_backend, "_ray", lambda: FakeRay({"CPU": 2.0}))
-    monkeypatch.setattr(ray_backend, "connected", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: FakeRay({"CPU": 2.0}))
+    monkeypatch.setattr(ray_cluster, "connected", lambda *_: contextlib.nullcontext())
     path = scenario_path(tmp_path, "\n[runtime.ray.env_workers]\nnum_gpus = 1\n")
     out = tmp_path / "run"
     assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
@@ -454,9 +454,9 @@ def test_a_head_that_answers_and_refuses_to_connect_names_the_token(
         def init(self, **options: object) -> None:
             raise error
 
-    monkeypatch.setattr(ray_backend, "_ray", lambda: Refusing(False))
-    monkeypatch.setattr(ray_backend, "_check_answers", lambda *_: None)  # it answered
-    with pytest.raises(ClusterUnavailable) as caught, ray_backend.connected("192.0.2.2:6380"):
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: Refusing(False))
+    monkeypatch.setattr(ray_cluster, "_check_answers", lambda *_: None)  # it answered
+    with pytest.raises(ClusterUnavailable) as caught, ray_cluster.connected("192.0.2.2:6380"):
         pytest.fail("connected")
     said = str(caught.value)
     assert said.startswith(
@@ -483,17 +483,17 @@ def test_rays_start_keeps_the_processs_signal_handlers(
         raise _Ours
 
     fake = _FakeRay(term)
-    monkeypatch.setattr(ray_backend, "_ray", lambda: fake)
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: fake)
     before = {signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
     before[signal.SIGINT] = signal.getsignal(signal.SIGINT)
     try:
         signal.signal(signal.SIGTERM, ours)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if term:
-            with pytest.raises(_Ours), ray_backend.connected("local"):
+            with pytest.raises(_Ours), ray_cluster.connected("local"):
                 pytest.fail("Ray did not start")
         else:
-            with ray_backend.connected("local"):
+            with ray_cluster.connected("local"):
                 assert signal.getsignal(signal.SIGTERM) is ours
                 assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         assert fake.shut == 1  # what Ray started is shut down either way
@@ -543,7 +543,7 @@ def test_a_cluster_address_where_nothing_answers_is_one_line_not_a_wait_without_
     with socket.socket() as free:  # a port nothing listens on once it is closed
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    with pytest.raises(ClusterUnavailable) as err, ray_backend.connected(f"127.0.0.1:{port}"):
+    with pytest.raises(ClusterUnavailable) as err, ray_cluster.connected(f"127.0.0.1:{port}"):
         pytest.fail("joined a cluster that is not there")
     assert str(err.value).startswith(f"cannot join the Ray cluster at '127.0.0.1:{port}'")
     assert "nothing answers there" in str(err.value) and err.value.exit_code == 2
@@ -569,7 +569,7 @@ def test_an_address_where_something_else_listens_is_one_line_not_a_wait_without_
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         dead = free.getsockname()[1]
-    monkeypatch.setattr(ray_backend, "CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(ray_cluster, "CONNECT_TIMEOUT_S", 1.0)
     try:
         cases = [
             (f"127.0.0.1:{web.server_address[1]}", None, "something else listens there"),
@@ -579,7 +579,7 @@ def test_an_address_where_something_else_listens_is_one_line_not_a_wait_without_
         for address, env, said in cases:
             if env is not None:
                 monkeypatch.setenv("RAY_ADDRESS", env)
-            with pytest.raises(ClusterUnavailable) as err, ray_backend.connected(address):
+            with pytest.raises(ClusterUnavailable) as err, ray_cluster.connected(address):
                 pytest.fail(f"joined a cluster at {address}")
             assert said in str(err.value) and err.value.exit_code == 2, str(err.value)
             assert "\n" not in str(err.value)
@@ -636,7 +636,7 @@ def test_an_actor_ray_never_places_fails_at_its_start_timeout_without_a_stop_cal
     waiting 15 s more for a stop call to a process Ray had never placed (each of the
     ``max_restarts`` waits 15 s longer than ``start_timeout`` says)."""
     fake = _UnplacedRay()
-    monkeypatch.setattr(ray_backend, "_ray", lambda: fake)
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: fake)
     monkeypatch.setattr(ray_backend, "_host_class", lambda: fake.remote(object))
     placement = ray_backend.Placement(num_cpus=64, start_timeout=0.05)
     proxy = ray_backend.RemoteActor(
@@ -658,7 +658,7 @@ def test_an_actor_ray_never_places_fails_at_its_start_timeout_without_a_stop_cal
 
 def _unplaced_proxy(monkeypatch: pytest.MonkeyPatch) -> ray_backend.RemoteActor:
     fake = _UnplacedRay()
-    monkeypatch.setattr(ray_backend, "_ray", lambda: fake)
+    monkeypatch.setattr(ray_cluster, "ray_api", lambda: fake)
     monkeypatch.setattr(ray_backend, "_host_class", lambda: fake.remote(object))
     placement = ray_backend.Placement(num_cpus=64, start_timeout=60)
     process = ray_backend._Process(placement, 1)  # pyright: ignore[reportPrivateUsage]
