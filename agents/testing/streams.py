@@ -108,10 +108,14 @@ _WEIGHTS = {
 class _Episode:
     family: str
     index: int
+    assigned: int  # the seq of its assignment
     started: bool = False
-    turns: int = 0
+    turns: int = 0  # steps taken
     entry: int = -1  # the entry a guided episode was shown at turn 0
     round: int = -1  # the evaluation round it belongs to (-1: a training episode)
+    waiting: Literal["", "tips", "action"] = ""  # what its open request asks for
+    asked: int = -1  # the seq of its open request
+    last: int = -1  # the seq its worker last handled (its last action, else its assignment)
 
 
 @dataclass
@@ -158,6 +162,7 @@ class StreamBuilder:
     _held: list[list[AdvantagesComputed]] = field(
         default_factory=list[list[AdvantagesComputed]]
     )  # the groups of updates due while an evaluation round was open
+    _handled: int | None = None  # the seq the trainer last handled (the cause of what it emits)
 
     def take(self) -> list[Envelope[Event]]:
         """The envelopes added since the last call (a long stream, written out as it goes)."""
@@ -212,7 +217,7 @@ class StreamBuilder:
         train = round < 0
         rollout = {"none": "plain", "tips": "tips", "extractor": "guided"}[self.memory]
         self._episodes = max(self._episodes, index + 1)
-        self.add(
+        seq = self.add(
             EpisodeAssigned(
                 episode=episode,
                 index=index,
@@ -226,9 +231,11 @@ class StreamBuilder:
                 reflect=train and self.memory == "tips",
                 extract=train and self.memory == "extractor",
             ),
+            cause=self._handled,
+            actor="trainer",
             corr=episode,
         )
-        self._running[episode] = _Episode(family, index, round=round)
+        self._running[episode] = _Episode(family, index, seq, round=round, last=seq)
         return episode
 
     def evaluate(self, pick: int = 0) -> None:
@@ -241,6 +248,7 @@ class StreamBuilder:
             EvalRoundStarted(
                 round=number, policy_version=r.version, episodes=r.episodes, holds_updates=True
             ),
+            cause=self._handled,
             actor="trainer",
         )
         for _ in range(r.episodes):
@@ -264,40 +272,70 @@ class StreamBuilder:
                 score=r.successes / r.episodes,
                 train_episodes=self._policy * GRPO.group_size * GROUPS_PER_UPDATE,
             ),
+            cause=self._handled,
             actor="trainer",
         )
         while self._held and not self._rounds:
             self._update(self._held.pop(0))
 
     def start(self, episode: str, pick: int = 0) -> None:
+        """The worker starts the episode and asks for its first action (its memory first, when
+        the episode is shown some)."""
         e = self._running[episode]
         worker = f"worker-{e.index % 2}"
         ev = EpisodeStarted(
             episode=episode, worker=worker, goal="g", observation="o", admissible=("a", "b")
         )
-        self.add(ev, actor=worker, corr=episode)
+        self.add(ev, cause=e.assigned, actor=worker, corr=episode)
         e.started = True
+        self._ask(episode, e, e.assigned)
 
     def turn(self, episode: str, pick: int = 0) -> None:
+        """The answer to the episode's open request: its memory's tips (then its action is
+        asked for), or its action, whose step it takes and asks for the next. Other episodes'
+        events come between a request and its answer, as the inference actor batches them."""
         e = self._running[episode]
+        if e.waiting == "tips":
+            self._tips(episode, e, pick)
+            return
+        sampled = self._act(episode, e, pick, done=False, success=False)
+        self._ask(episode, e, sampled)
+
+    def _ask(self, episode: str, e: _Episode, cause: int) -> None:
+        """The worker, handling ``cause``, asks for the next turn's tips (a training episode
+        with memory: every turn with tips, the first turn with an extractor's bank) or its
+        action."""
         worker, slot = f"worker-{e.index % 2}", f"train/{e.family}"
         shown = self.memory == "tips" or (self.memory == "extractor" and e.turns == 0)
         if shown and e.round < 0:  # (evaluation episodes play without memory)
-            self._retrieve(episode, e, slot, pick)
-        asked = self.add(
-            ActionRequested(
-                episode=episode,
-                worker=worker,
-                turn=e.turns,
-                messages=(("user", "o"),),
-                admissible=("a", "b"),
-                seed=e.turns,
-            ),
-            actor=worker,
-            corr=episode,
-        )
+            diverse = self.memory == "extractor"
+            e.waiting, e.asked = (
+                "tips",
+                self.add(
+                    RetrievalRequested(
+                        episode=episode,
+                        worker=worker,
+                        turn=e.turns,
+                        slot=slot,
+                        query="o",
+                        rule="diverse" if diverse else "threshold",
+                        k=1 if diverse else 0,
+                    ),
+                    cause=cause,
+                    actor=worker,
+                    corr=episode,
+                ),
+            )
+            return
+        self._ask_action(episode, e, cause)
+
+    def _act(self, episode: str, e: _Episode, pick: int, done: bool, success: bool) -> int:
+        """The inference actor's answer to the open action request, and the step the worker
+        takes with it (the last, when ``done``: its reward and score the episode's outcome);
+        returns the answer's seq."""
+        worker = f"worker-{e.index % 2}"
         action = ("a", "b")[pick % 2]
-        self.add(
+        sampled = self.add(
             ActionSampled(
                 episode=episode,
                 worker=worker,
@@ -310,44 +348,36 @@ class StreamBuilder:
                 logp=-0.5,
                 temperature=1.0,
             ),
-            cause=asked,
+            cause=e.asked,
             actor="inference",
             corr=episode,
         )
+        outcome = 1.0 if success else 0.0
         step = StepTaken(
             episode=episode,
             turn=e.turns,
             action=action,
             observation="o",
             admissible=("a", "b"),
-            reward=0.0,
-            done=False,
-            score=0.0,
+            reward=outcome if done else 0.0,
+            done=done,
+            score=outcome if done else 0.0,
         )
-        self.add(step, actor=worker, corr=episode)
+        self.add(step, cause=sampled, actor=worker, corr=episode)
         e.turns += 1
+        e.waiting, e.asked, e.last = "", -1, sampled
+        return sampled
 
-    def _retrieve(self, episode: str, e: _Episode, slot: str, pick: int) -> None:
-        worker = f"worker-{e.index % 2}"
+    def _tips(self, episode: str, e: _Episode, pick: int) -> None:
+        """The memory's answer to the open retrieval (an entry of the slot ``pick`` chooses,
+        or none), and the action request the worker makes with it."""
+        worker, slot = f"worker-{e.index % 2}", f"train/{e.family}"
         diverse = self.memory == "extractor"
-        asked = self.add(
-            RetrievalRequested(
-                episode=episode,
-                worker=worker,
-                turn=e.turns,
-                slot=slot,
-                query="o",
-                rule="diverse" if diverse else "threshold",
-                k=1 if diverse else 0,
-            ),
-            actor=worker,
-            corr=episode,
-        )
         held = sorted(i for i, x in self._bank.items() if x.slot == slot)
         shown = held[pick % len(held) :][:1] if held and (pick % 3 or diverse) else []
         if diverse and shown:
             e.entry = shown[0]
-        self.add(
+        retrieved = self.add(
             TipsRetrieved(
                 episode=episode,
                 worker=worker,
@@ -361,15 +391,43 @@ class StreamBuilder:
                 slot_size=len(held),
                 calls=tuple(self._bank[i].call for i in shown),
             ),
-            cause=asked,
+            cause=e.asked,
             actor="memory",
             corr=episode,
         )
+        e.waiting = ""
+        self._ask_action(episode, e, retrieved)
+
+    def _ask_action(self, episode: str, e: _Episode, cause: int) -> None:
+        worker = f"worker-{e.index % 2}"
+        e.waiting, e.asked = (
+            "action",
+            self.add(
+                ActionRequested(
+                    episode=episode,
+                    worker=worker,
+                    turn=e.turns,
+                    messages=(("user", "o"),),
+                    admissible=("a", "b"),
+                    seed=e.turns,
+                ),
+                cause=cause,
+                actor=worker,
+                corr=episode,
+            ),
+        )
 
     def finish(self, episode: str, pick: int = 0) -> None:
-        e = self._running.pop(episode)
+        """The episode's last turn (its tips first, when it waits on them) and its end,
+        succeeded or failed as ``pick`` says; then what the trainer does with it."""
+        e = self._running[episode]
         worker, success, train = f"worker-{e.index % 2}", pick % 2 == 0, e.round < 0
-        self.add(
+        if e.waiting == "tips":
+            self._tips(episode, e, pick)
+        sampled = self._act(episode, e, pick, done=True, success=success)
+        del self._running[episode]
+        outcome = 1.0 if success else 0.0
+        self._handled = self.add(
             EpisodeFinished(
                 episode=episode,
                 worker=worker,
@@ -377,11 +435,12 @@ class StreamBuilder:
                 variant=0 if train else 1,
                 split="train" if train else "heldout",
                 steps=e.turns,
-                score=1.0 if success else 0.0,
+                score=outcome,
                 success=success,
-                total_reward=1.0 if success else 0.0,
+                total_reward=outcome,
                 purpose="train" if train else "eval",
             ),
+            cause=sampled,
             actor=worker,
             corr=episode,
         )
@@ -389,23 +448,27 @@ class StreamBuilder:
             self._round_ended(e, success)
             return
         if self.memory == "tips":
-            self._reflect(episode, e, worker, success, pick)
+            self._reflect(episode, e, worker, success, pick, sampled)
         elif self.memory == "extractor":
-            self._extract(episode, e, worker, success, pick)
+            self._extract(episode, e, worker, success, pick, sampled)
         self._finished.append((episode, e.family, success))
         self._group()
 
     def abort(self, episode: str, pick: int = 0) -> None:
         e = self._running.pop(episode)
         worker, purpose = f"worker-{e.index % 2}", "train" if e.round < 0 else "eval"
-        self.add(
+        self._handled = self.add(  # (an open request of its stays unanswered, as in a run)
             EpisodeAborted(episode=episode, worker=worker, reason="boom", purpose=purpose),
+            cause=e.last,
+            actor=worker,
             corr=episode,
         )
         if e.round >= 0:
             self._round_ended(e, False)
 
-    def _reflect(self, episode: str, e: _Episode, worker: str, success: bool, pick: int) -> None:
+    def _reflect(
+        self, episode: str, e: _Episode, worker: str, success: bool, pick: int, cause: int
+    ) -> None:
         slot = f"train/{e.family}"
         asked = self.add(
             ReflectionRequested(
@@ -418,6 +481,7 @@ class StreamBuilder:
                 success=success,
                 seed=e.index,
             ),
+            cause=cause,
             actor=worker,
             corr=episode,
         )
@@ -444,7 +508,9 @@ class StreamBuilder:
         else:
             self._store(slot, text, "", episode, (), proposed)
 
-    def _extract(self, episode: str, e: _Episode, worker: str, success: bool, pick: int) -> None:
+    def _extract(
+        self, episode: str, e: _Episode, worker: str, success: bool, pick: int, cause: int
+    ) -> None:
         slot = f"train/{e.family}"
         asked = self.add(
             ExtractionRequested(
@@ -457,6 +523,7 @@ class StreamBuilder:
                 score=1.0 if success else 0.0,
                 seed=e.index,
             ),
+            cause=cause,
             actor=worker,
             corr=episode,
         )
@@ -474,7 +541,7 @@ class StreamBuilder:
         slots = sorted({x.slot for x in self._bank.values()})
         chunks = [s for s in slots if sum(x.slot == s for x in self._bank.values()) >= 2]
         step, self._merges = self._merges, self._merges + 1
-        due = self.add(MergeDue(step=step), actor="trainer")
+        due = self.add(MergeDue(step=step), cause=self._handled, actor="trainer")
         if not chunks:
             self.add(MergePlanned(step=step, requests=0), cause=due, actor="memory")
             return
@@ -523,7 +590,11 @@ class StreamBuilder:
             for parent in parents:
                 del self._bank[parent]
                 reason = "merge" if task == "merge" else "update"
-                self.add(TipEvicted(tip_id=parent, slot=slot, reason=reason), cause=called)
+                self.add(
+                    TipEvicted(tip_id=parent, slot=slot, reason=reason),
+                    cause=called,
+                    actor="memory",
+                )
 
     def _store(
         self, slot: str, text: str, call: str, episode: str, parents: tuple[int, ...], cause: int
@@ -593,7 +664,7 @@ class StreamBuilder:
             mean=mean,
             std=std,
         )
-        self.add(group, actor="trainer")
+        self.add(group, cause=self._handled, actor="trainer")
         self._groups.append(group)
         if len(self._groups) % GROUPS_PER_UPDATE == 0:
             groups = self._groups[-GROUPS_PER_UPDATE:]
@@ -610,6 +681,7 @@ class StreamBuilder:
                 episodes=tuple(ep for g in groups for ep in g.episodes),
                 advantages=tuple(a for g in groups for a in g.advantages),
             ),
+            cause=self._handled,
             actor="trainer",
         )
         self._policy += 1
@@ -642,8 +714,11 @@ class StreamBuilder:
         for episode, e in running.items():
             worker, purpose = f"worker-{e.index % 2}", "train" if e.round < 0 else "eval"
             self.add(
-                EpisodeAbandoned(episode=episode, worker=worker, purpose=purpose), corr=episode
+                EpisodeAbandoned(episode=episode, worker=worker, purpose=purpose),
+                actor="trainer",
+                corr=episode,
             )
+        self._handled = None
         for episode, e in running.items():
             self.assign(e.index, episode, e.round)
 
@@ -656,7 +731,9 @@ class StreamBuilder:
             else:
                 self.abort(episode)
         if self.memory == "extractor":
-            due = self.add(CreditsDue(policy_version=self._policy), actor="trainer")
+            due = self.add(
+                CreditsDue(policy_version=self._policy), cause=self._handled, actor="trainer"
+            )
             self.add(CreditsSettled(updates=self._credit.updates), cause=due, actor="credit")
         self.add(RunStopped(reason="completed"), actor="runtime")
 

@@ -12,10 +12,28 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agents.events.episodes import EpisodeAborted, EpisodeFinished
-from agents.events.extractor import CreditAssigned, CreditsSettled, MergePlanned
-from agents.events.memory import TipEvicted, TipsRetrieved, TipStored
+from agents.events.episodes import (
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+    EpisodeStarted,
+    StepTaken,
+)
+from agents.events.extractor import (
+    CreditAssigned,
+    CreditsSettled,
+    ExtractionRequested,
+    MergePlanned,
+)
+from agents.events.memory import (
+    ReflectionRequested,
+    RetrievalRequested,
+    TipEvicted,
+    TipsRetrieved,
+    TipStored,
+)
 from agents.events.policy import (
+    ActionRequested,
     ActionSampled,
     AdvantagesComputed,
     EvalRoundFinished,
@@ -365,7 +383,87 @@ def test_a_stream_shrinks_to_a_small_one() -> None:
         lambda envs: any(isinstance(e.event, EpisodeFinished) for e in envs),
     )
     kinds = [type(e.event).__name__ for e in smallest]
-    assert kinds == ["RunStarted", "EpisodeAssigned", "EpisodeStarted", "EpisodeFinished"]
+    assert kinds == [
+        "RunStarted",
+        "EpisodeAssigned",
+        "EpisodeStarted",
+        "ActionRequested",  # its one turn: asked for, answered, taken, the episode's end
+        "ActionSampled",
+        "StepTaken",
+        "EpisodeFinished",
+    ]
+
+
+@settings(max_examples=150)
+@given(envs=runs())
+def test_drawn_episodes_are_what_a_world_would_report(envs: Stream) -> None:
+    """A finished attempt took at least one step, only its last done, and ended with that
+    step's score and the sum of its rewards (an abandoned attempt's steps start over)."""
+    steps: dict[str, list[StepTaken]] = {}
+    for env in envs:
+        ev = env.event
+        if isinstance(ev, EpisodeAssigned):
+            steps[ev.episode] = []
+        elif isinstance(ev, StepTaken):
+            assert not any(s.done for s in steps[ev.episode]), env
+            steps[ev.episode].append(ev)
+        elif isinstance(ev, EpisodeFinished):
+            taken = steps[ev.episode]
+            assert taken and taken[-1].done and ev.steps == len(taken), (env, taken)
+            assert ev.score == taken[-1].score, env
+            assert ev.total_reward == sum(s.reward for s in taken), env
+
+
+# what real runs' actors cause each kind with (the event the emitting actor was handling)
+REAL_CAUSES: dict[type[Event], tuple[type[Event], ...]] = {
+    EpisodeStarted: (EpisodeAssigned,),
+    RetrievalRequested: (EpisodeAssigned, ActionSampled),
+    ActionRequested: (EpisodeAssigned, ActionSampled, TipsRetrieved),
+    StepTaken: (ActionSampled,),
+    EpisodeFinished: (ActionSampled,),
+    ReflectionRequested: (ActionSampled,),
+    ExtractionRequested: (ActionSampled,),
+    AdvantagesComputed: (EpisodeFinished,),
+}
+
+
+@settings(max_examples=150)
+@given(envs=runs())
+def test_drawn_events_have_the_causes_real_runs_give_them(envs: Stream) -> None:
+    """Each kind a worker or the trainer emits names as its cause what it was handling, of
+    the same episode where it has one, as a run's actors do (a fold that follows causes
+    works on drawn streams as on real logs)."""
+    by_seq = {env.seq: env for env in envs}
+    for env in envs:
+        kinds = REAL_CAUSES.get(type(env.event))
+        if kinds is None:
+            continue
+        assert env.cause is not None, env
+        cause = by_seq[env.cause]
+        assert isinstance(cause.event, kinds), (env, cause)
+        mine, theirs = getattr(env.event, "episode", None), getattr(cause.event, "episode", None)
+        assert mine is None or theirs is None or mine == theirs, (env, cause)
+
+
+def test_drawn_episodes_interleave_between_a_request_and_its_answer() -> None:
+    """Other episodes' events come between an action's request and its sample, as the
+    inference actor batches requests in a run (a fold assuming "the answer is next" fails)."""
+    from hypothesis import find
+
+    def interleaved(envs: Stream) -> bool:
+        asked = {env.seq: env for env in envs if isinstance(env.event, ActionRequested)}
+        return any(
+            isinstance(env.event, ActionSampled)
+            and env.cause in asked
+            and any(
+                getattr(between.event, "episode", "") not in ("", env.event.episode)
+                for between in envs[env.cause + 1 : env.seq]
+            )
+            for env in envs
+        )
+
+    found = find(runs(memory="none", ops=("assign", "start", "turn", "finish")), interleaved)
+    assert interleaved(found)
 
 
 @CONTROL
