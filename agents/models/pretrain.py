@@ -271,7 +271,10 @@ def cached_build(
             f"the model cache {str(root)!r} cannot be used: its path holds bytes that are not "
             "UTF-8 (COEVO_CACHE chooses another directory)"
         ) from None
-    state = _state(final, required)
+    try:
+        state = _state(final, required)
+    except OSError as exc:  # a cache this user may not enter: say it is the cache
+        raise _cache_unusable(root, exc) from None
     if state == "intact":
         return final
     with contextlib.ExitStack() as held:

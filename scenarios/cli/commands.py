@@ -103,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             said = f"{TOO_MANY_FILES}: {exc}"
         elif exc.errno == errno.ENAMETOOLONG:  # bad input, as a path that is not UTF-8
             said = f"a path is too long for this file system: {exc.filename!r}"
+        elif isinstance(exc, PermissionError):  # a path this user may not read, enter or write
+            where = f"{exc.filename}: " if exc.filename else ""
+            said = (
+                f"{where}{exc.strerror or exc}: this user may not read, enter or write it "
+                "(or a directory above it)"
+            )
         elif exc.errno in _WRITE_ERRNOS:  # `> /dev/full`, a full disk under the output
             what = str(exc.filename) if exc.filename else "the output"
             said = f"cannot write {what}: {exc.strerror or exc}"
@@ -110,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             raise
         print(f"coevo: error: {said}", file=sys.stderr)
-        return 2 if exc.errno == errno.ENAMETOOLONG else 1
+        return 2 if exc.errno == errno.ENAMETOOLONG or isinstance(exc, PermissionError) else 1
     except RuntimeError as exc:  # a run's own loop says more (scenarios.cli.drive._run_loop)
         if "can't start new thread" not in str(exc):
             raise

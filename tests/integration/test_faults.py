@@ -364,6 +364,52 @@ def test_resume_in_a_read_only_directory_is_one_line(
     assert err.endswith("); nothing to resume\n")  # (one that did not: test_resume.py)
 
 
+def another_user() -> list[str]:
+    """The prefix that runs a command as a user the test's chmod stops: none for a user that
+    is not root; as root (whom chmod stops not), ``setpriv`` to nobody (skipped without it,
+    or where nobody cannot run this Python)."""
+    if os.geteuid() != 0:
+        return []
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: chmod stops no one")
+    if subprocess.run([*nobody, sys.executable, "-c", ""], check=False).returncode != 0:
+        pytest.skip("nobody cannot run this Python")
+    return nobody
+
+
+def test_a_path_this_user_may_not_enter_is_one_line(tmp_path: Path) -> None:
+    """A run directory, or the parent of an output, this user may not enter: every command
+    that opened a run (Python's ``is_file`` raises on EACCES) or checked its output path
+    showed the PermissionError's traceback. One line naming the path, exit 2."""
+    from engine.eventlog import new_run_meta
+    from stores.lmdb_log import LmdbEventLog
+
+    run, locked = tmp_path / "run", tmp_path / "locked"
+    meta = new_run_meta("r", scenario_name="s", seed=0, coevo_version="test")
+    LmdbEventLog.create(run / "log", meta).close()
+    (locked / "sub").mkdir(parents=True)
+    prefix = another_user()
+    tmp_path.chmod(0o755)  # (nobody must reach what is not locked)
+    run.chmod(0o000)
+    locked.chmod(0o000)
+    try:
+        for args in (
+            ["log", str(run)],
+            ["check", str(run)],
+            ["run", EXPLORE, "--out", str(locked / "sub" / "new")],
+        ):
+            proc = subprocess.run(
+                [*prefix, COEVO, *args], capture_output=True, text=True, timeout=300, check=False
+            )
+            assert proc.returncode == 2, (args, proc.stderr)
+            assert proc.stderr.startswith("coevo: error: "), (args, proc.stderr)
+            assert "Permission denied" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    finally:
+        run.chmod(0o755)
+        locked.chmod(0o755)
+
+
 @pytest.mark.parametrize("limit", ["disk", "memory"])
 def test_curves_that_cannot_be_written_are_one_line_and_the_log_is_complete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], limit: str

@@ -3,6 +3,8 @@ files are the ones it wrote, and a cache that cannot be used says so, naming it.
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,23 @@ def test_a_full_cache_or_one_of_bytes_not_utf8_is_named(tmp_path: Path) -> None:
     build = Builder()
     with pytest.raises(ModelUnavailable, match="its path holds bytes that are not UTF-8"):
         cached_build(odd, "k", REQUIRED, build)
+    assert build.builds == 0
+
+
+def test_a_cache_this_user_may_not_enter_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looking into a cache directory this user may not enter (Python's ``is_file`` raises
+    on EACCES) read "the embedded model could not be built for this world: PermissionError"."""
+    from agents.models import pretrain
+
+    def refused(path: Path, required: object) -> str:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(pretrain, "_state", refused)
+    build = Builder()
+    with pytest.raises(ModelUnavailable, match=r"cannot be used: Permission denied \(COEVO_CACHE"):
+        cached_build(tmp_path / "c", "k", REQUIRED, build)
     assert build.builds == 0
 
 
