@@ -174,6 +174,11 @@ def train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         curves[kind].append(response_loss.item())
+        if not math.isfinite(curves[kind][-1]):  # it stays so: a model of NaN, cached
+            raise ModelUnavailable(
+                f"pre-training diverged: its loss is {curves[kind][-1]} at step {step + 1} of "
+                f"{spec.steps} (lr {spec.lr:g}: a smaller lr trains); nothing was cached"
+            )
         tokens += int(attention.sum())
         if progress is not None:
             progress(step + 1, spec.steps, curves[kind][-1])

@@ -56,10 +56,10 @@ def check_schedule(spec: TrainSpec) -> None:
     :class:`agents.models.extractor_base.OpsSpec` share (their ranges of counts are checked apart).
 
     Raises:
-        ValueError: a bad ``lr`` or ``prompt_loss_weight``, or ``warmup > steps``.
+        ValueError: a bad ``lr`` (0 < lr <= 1) or ``prompt_loss_weight``, or ``warmup > steps``.
     """
-    if not (math.isfinite(spec.lr) and spec.lr > 0):
-        raise ValueError(f"lr must be a positive number, got {spec.lr}")
+    if not (math.isfinite(spec.lr) and 0 < spec.lr <= 1):  # (as the methods' lr)
+        raise ValueError(f"lr must be > 0 and <= 1, got {spec.lr}")
     if spec.warmup > spec.steps:
         raise ValueError(f"warmup must be <= steps, got {spec.warmup} > {spec.steps}")
     if not (math.isfinite(spec.prompt_loss_weight) and spec.prompt_loss_weight >= 0):

@@ -3,9 +3,11 @@ tokenizer (coverage, exact round trips, the chat template), samples and batches.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections import Counter
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -28,11 +30,13 @@ from agents.models.embedded import (
 )
 from agents.models.pretrain import (
     BUCKET,
+    Sample,
     batch_plan,
     collate,
     lr_at,
     pretrain_loss,
     reflection_steps,
+    train,
 )
 from agents.models.pretrain_play import (
     Episode,
@@ -52,6 +56,7 @@ from agents.models.prompts import (
     reflection_messages,
     turn_messages,
 )
+from engine.errors import ModelUnavailable
 from engine.world import Observation, Task
 from scenarios.worlds.minilab import MiniLab
 
@@ -118,8 +123,9 @@ def heldout_play(world: MiniLab) -> list[Episode]:
             "got 36 and 4",
         ),
         ({"heads": 4, "kv_heads": 3}, "heads must be a multiple of kv_heads, got 4 and 3"),
-        ({"lr": 0.0}, "lr must be a positive number, got 0.0"),
-        ({"lr": float("nan")}, "lr must be a positive number, got nan"),
+        ({"lr": 0.0}, "lr must be > 0 and <= 1, got 0.0"),
+        ({"lr": float("nan")}, "lr must be > 0 and <= 1, got nan"),
+        ({"lr": 1e9}, "lr must be > 0 and <= 1, got 1000000000.0"),  # built a model of NaN
         ({"steps": 10, "warmup": 11}, "warmup must be <= steps, got 11 > 10"),
         ({"prompt_loss_weight": -1.0}, "prompt_loss_weight must be >= 0, got -1.0"),
         (
@@ -450,3 +456,23 @@ def test_probe_lines_print_intervals_where_the_build_recorded_them() -> None:
     assert line == (
         "  helpful / none 4.0 [2.7, 6.6] (goal >= 2), wrong / none 1.0 [0.5, 1.6] (goal >= 0.9)"
     )
+
+
+def test_pretraining_whose_loss_is_not_a_number_stops_and_says_so() -> None:
+    """A build whose loss turned NaN (an outside tester's ``lr = 1e9``) trained on to its end
+    and cached a model of NaN weights, which the run then refused as a damaged model."""
+
+    class Diverged(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> object:
+            return SimpleNamespace(logits=self.w * torch.full((*input_ids.shape, 8), math.nan))
+
+    pools = {"turn": [Sample("turn", (1, 2), (3, 4))] * 4}
+    spec = EmbeddedSpec(steps=3, warmup=0, batch_size=2)
+    with pytest.raises(
+        ModelUnavailable, match=r"^pre-training diverged: its loss is nan at step 1"
+    ):
+        train(Diverged(), pools, spec, ["turn"] * 3, pad_id=0, progress=None)

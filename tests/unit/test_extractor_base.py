@@ -98,7 +98,8 @@ def test_the_key_changes_with_the_base_and_the_spec() -> None:
         ({"steps": 0}, "steps must be between 1 and 10000000"),
         ({"merge_share": 1.5}, "merge_share must be between 0 and 1"),
         ({"merge_chunk": 1}, "merge_chunk must be between 2 and 100"),
-        ({"lr": float("nan")}, "lr must be a positive number"),
+        ({"lr": float("nan")}, "lr must be > 0 and <= 1"),
+        ({"lr": 2.0}, "lr must be > 0 and <= 1"),  # built an extractor of NaN
         ({"warmup": 50, "steps": 10}, "warmup must be <= steps"),
     ],
 )
