@@ -387,13 +387,48 @@ _FOREIGN_BOMS = (  # UTF-32 first: its little-endian mark starts like UTF-16's
 )
 
 
+class _Underflow(ValueError):
+    """A float written as non-zero that reads as 0.0 (``1e-400``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def said(self) -> str:
+        return (
+            f"{self.text} is too small for a float: it would read as 0, which means something "
+            "else in many settings (no limit, greedy); write 0 for zero, or a larger number"
+        )
+
+
+def _float(text: str) -> float:
+    """A TOML float (tomllib's ``parse_float``), refusing one that underflows to 0.0: it would
+    take 0's meaning unnoticed (``step_timeout = 1e-400``: no limit).
+
+    Raises:
+        _Underflow: as above.
+    """
+    value = float(text)
+    if value == 0.0 and any(c in "123456789" for c in text.lower().partition("e")[0]):
+        raise _Underflow(text)
+    return value
+
+
+def _loads(text: str) -> dict[str, Any]:
+    return tomllib.loads(text, parse_float=_float)
+
+
 def parse_toml(text: str, source: str) -> dict[str, Any]:
     """Parse TOML text. Raises :class:`ScenarioInvalid` with TOML's line/column message, or
-    when it nests deeper than :data:`MAX_DEPTH`."""
+    when it nests deeper than :data:`MAX_DEPTH`, or holds a float too small to tell from 0."""
     try:
-        doc = tomllib.loads(text)
+        doc = _loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioInvalid(source, f"not valid TOML: {exc}") from None
+    except _Underflow as exc:
+        at = text.find(exc.text)
+        line = f" (line {text.count(chr(10), 0, at) + 1})" if at >= 0 else ""
+        raise ScenarioInvalid(source, f"{exc.said()}{line}") from None
     except RecursionError:  # tomllib recurses once per level of nesting
         raise ScenarioInvalid(source, f"nested too deeply (at most {MAX_DEPTH} levels)") from None
     _check_depth(doc, source)
@@ -489,7 +524,9 @@ def _parse_value(raw: str, where: str, source: str) -> Any:
     if "\n" in raw or "\r" in raw:
         raise ScenarioInvalid(source, f"{where}: a value is one line")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        value = _loads(f"v = {raw}")["v"]
+    except _Underflow as exc:
+        raise ScenarioInvalid(source, f"{where}: {exc.said()}") from None
     except tomllib.TOMLDecodeError as exc:
         if str(exc).startswith("Expected newline or end of document after a statement"):
             raise ScenarioInvalid(
@@ -505,8 +542,8 @@ def _parse_value(raw: str, where: str, source: str) -> Any:
 
 def _parses(text: str) -> bool:
     try:
-        tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, RecursionError):
+        _loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError, _Underflow):
         return False
     return True
 

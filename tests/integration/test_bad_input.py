@@ -68,6 +68,24 @@ def test_text_after_a_set_value_is_refused(
     refused(capsys, ["validate", EXPLORE, "--set", f"{key}={value}"], f"$.{key}: {says}")
 
 
+@pytest.mark.parametrize("value", ["1e-400", "-2.5e-999", "0.000_1e-330"])
+def test_a_float_too_small_to_tell_from_0_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """A positive float that reads as 0.0 took 0's meaning unnoticed (``step_timeout``: no
+    limit; ``temperature``: greedy), in a file and by ``--set``; a zero written so stays 0."""
+    refused(
+        capsys,
+        ["validate", EXPLORE, "--set", f"world.step_timeout={value}"],
+        f"$.world.step_timeout: {value} is too small for a float: it would read as 0",
+    )
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(Path(EXPLORE).read_text() + f"\n[eval]\nzzz = {value}\n")
+    refused(capsys, ["validate", str(scenario)], "too small for a float", "(line ")
+    assert main(["validate", EXPLORE, "--set", "policy.temperature=0.0e5"]) == 0
+    assert "temperature = 0.0" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
