@@ -343,14 +343,15 @@ def build_parser() -> _Parser:
     p = sub.add_parser("audit", help="explain an entry, an episode or the credit from the log")
     p.add_argument("run")
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
-    common = _Parser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print the answer as JSON")
+    json_only = _Parser(add_help=False)
+    json_only.add_argument("--json", action="store_true", help="print the answer as JSON")
+    common = _Parser(add_help=False, parents=[json_only])  # (credit reads no index)
     common.add_argument("--index", metavar="DIR", help="the audit index (default RUN/audit)")
     q = what.add_parser("tip", parents=[common], help="an entry's lineage, uses and credit")
     q.add_argument("id", help="the entry's id (TipStored.tip_id)")
     q = what.add_parser("episode", parents=[common], help="an episode turn by turn")
     q.add_argument("id", help="the episode's id (e.g. ep000005)")
-    q = what.add_parser("credit", parents=[common], help="re-derive every credit and advantage")
+    q = what.add_parser("credit", parents=[json_only], help="re-derive every credit and advantage")
     q.add_argument(
         "--rule",
         help="credit rule: success, score, relative, or your own as package.module:function "

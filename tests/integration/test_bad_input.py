@@ -68,6 +68,14 @@ def test_text_after_a_set_value_is_refused(
     refused(capsys, ["validate", EXPLORE, "--set", f"{key}={value}"], f"$.{key}: {says}")
 
 
+def test_audit_credit_refuses_an_index_it_would_not_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``audit credit --index DIR`` was taken and ignored (the credit pass reads the log)."""
+    assert main(["audit", "RUN", "credit", "--index", "DIR"]) == 2
+    assert "unrecognized arguments: --index DIR" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["1e-400", "-2.5e-999", "0.000_1e-330"])
 def test_a_float_too_small_to_tell_from_0_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
