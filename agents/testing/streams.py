@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from agents.acting.scheduler import RESUMED
 from agents.audit.inputs import AuditSettings
 from agents.events.episodes import (
     EpisodeAbandoned,
@@ -108,6 +109,7 @@ _WEIGHTS = {
 class _Episode:
     family: str
     index: int
+    worker: str  # the worker playing it (one episode at a time, as the scheduler keeps it)
     assigned: int  # the seq of its assignment
     started: bool = False
     turns: int = 0  # steps taken
@@ -217,11 +219,13 @@ class StreamBuilder:
         train = round < 0
         rollout = {"none": "plain", "tips": "tips", "extractor": "guided"}[self.memory]
         self._episodes = max(self._episodes, index + 1)
+        busy = {e.worker for e in self._running.values()}
+        worker = next(w for k in range(len(busy) + 1) if (w := f"worker-{k}") not in busy)
         seq = self.add(
             EpisodeAssigned(
                 episode=episode,
                 index=index,
-                worker=f"worker-{index % 2}",
+                worker=worker,
                 family=family,
                 variant=0 if train else 1,
                 split="train" if train else "heldout",
@@ -235,7 +239,7 @@ class StreamBuilder:
             actor="trainer",
             corr=episode,
         )
-        self._running[episode] = _Episode(family, index, seq, round=round, last=seq)
+        self._running[episode] = _Episode(family, index, worker, seq, round=round, last=seq)
         return episode
 
     def evaluate(self, pick: int = 0) -> None:
@@ -282,7 +286,7 @@ class StreamBuilder:
         """The worker starts the episode and asks for its first action (its memory first, when
         the episode is shown some)."""
         e = self._running[episode]
-        worker = f"worker-{e.index % 2}"
+        worker = e.worker
         ev = EpisodeStarted(
             episode=episode, worker=worker, goal="g", observation="o", admissible=("a", "b")
         )
@@ -295,6 +299,8 @@ class StreamBuilder:
         asked for), or its action, whose step it takes and asks for the next. Other episodes'
         events come between a request and its answer, as the inference actor batches them."""
         e = self._running[episode]
+        if not e.started:  # (called directly: ``play`` turns started episodes only)
+            self.start(episode)
         if e.waiting == "tips":
             self._tips(episode, e, pick)
             return
@@ -305,7 +311,7 @@ class StreamBuilder:
         """The worker, handling ``cause``, asks for the next turn's tips (a training episode
         with memory: every turn with tips, the first turn with an extractor's bank) or its
         action."""
-        worker, slot = f"worker-{e.index % 2}", f"train/{e.family}"
+        worker, slot = e.worker, f"train/{e.family}"
         shown = self.memory == "tips" or (self.memory == "extractor" and e.turns == 0)
         if shown and e.round < 0:  # (evaluation episodes play without memory)
             diverse = self.memory == "extractor"
@@ -333,7 +339,7 @@ class StreamBuilder:
         """The inference actor's answer to the open action request, and the step the worker
         takes with it (the last, when ``done``: its reward and score the episode's outcome);
         returns the answer's seq."""
-        worker = f"worker-{e.index % 2}"
+        worker = e.worker
         action = ("a", "b")[pick % 2]
         sampled = self.add(
             ActionSampled(
@@ -371,7 +377,7 @@ class StreamBuilder:
     def _tips(self, episode: str, e: _Episode, pick: int) -> None:
         """The memory's answer to the open retrieval (an entry of the slot ``pick`` chooses,
         or none), and the action request the worker makes with it."""
-        worker, slot = f"worker-{e.index % 2}", f"train/{e.family}"
+        worker, slot = e.worker, f"train/{e.family}"
         diverse = self.memory == "extractor"
         held = sorted(i for i, x in self._bank.items() if x.slot == slot)
         shown = held[pick % len(held) :][:1] if held and (pick % 3 or diverse) else []
@@ -399,7 +405,7 @@ class StreamBuilder:
         self._ask_action(episode, e, retrieved)
 
     def _ask_action(self, episode: str, e: _Episode, cause: int) -> None:
-        worker = f"worker-{e.index % 2}"
+        worker = e.worker
         e.waiting, e.asked = (
             "action",
             self.add(
@@ -421,7 +427,9 @@ class StreamBuilder:
         """The episode's last turn (its tips first, when it waits on them) and its end,
         succeeded or failed as ``pick`` says; then what the trainer does with it."""
         e = self._running[episode]
-        worker, success, train = f"worker-{e.index % 2}", pick % 2 == 0, e.round < 0
+        worker, success, train = e.worker, pick % 2 == 0, e.round < 0
+        if not e.started:  # (called directly: ``play`` finishes started episodes only)
+            self.start(episode)
         if e.waiting == "tips":
             self._tips(episode, e, pick)
         sampled = self._act(episode, e, pick, done=True, success=success)
@@ -456,7 +464,7 @@ class StreamBuilder:
 
     def abort(self, episode: str, pick: int = 0) -> None:
         e = self._running.pop(episode)
-        worker, purpose = f"worker-{e.index % 2}", "train" if e.round < 0 else "eval"
+        worker, purpose = e.worker, "train" if e.round < 0 else "eval"
         self._handled = self.add(  # (an open request of its stays unanswered, as in a run)
             EpisodeAborted(episode=episode, worker=worker, reason="boom", purpose=purpose),
             cause=e.last,
@@ -685,7 +693,7 @@ class StreamBuilder:
             actor="trainer",
         )
         self._policy += 1
-        self.add(
+        self._handled = self.add(  # (the trainer's next assignments follow the update)
             policy_updated(
                 self._policy,
                 update=update,
@@ -712,9 +720,9 @@ class StreamBuilder:
         self.add(RunResumed(after=stopped, previous=previous), actor="runtime")
         running, self._running = self._running, {}
         for episode, e in running.items():
-            worker, purpose = f"worker-{e.index % 2}", "train" if e.round < 0 else "eval"
+            worker, purpose = e.worker, "train" if e.round < 0 else "eval"
             self.add(
-                EpisodeAbandoned(episode=episode, worker=worker, purpose=purpose),
+                EpisodeAbandoned(episode=episode, worker=worker, purpose=purpose, reason=RESUMED),
                 actor="trainer",
                 corr=episode,
             )

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agents.events.episodes import (
+    EpisodeAbandoned,
     EpisodeAborted,
     EpisodeAssigned,
     EpisodeFinished,
@@ -44,7 +45,7 @@ from agents.events.policy import (
 from agents.invariants import Credit
 from agents.testing.edits import drop, insert, swap
 from agents.testing.events import policy_updated
-from agents.testing.streams import AUDIT, runs
+from agents.testing.streams import AUDIT, Memory, StreamBuilder, runs
 from engine.eventlog import new_run_meta
 from engine.events import Envelope, Event
 from engine.invariants import CheckContext, Invariant, check_stream, registered
@@ -443,6 +444,38 @@ def test_drawn_events_have_the_causes_real_runs_give_them(envs: Stream) -> None:
         assert isinstance(cause.event, kinds), (env, cause)
         mine, theirs = getattr(env.event, "episode", None), getattr(cause.event, "episode", None)
         assert mine is None or theirs is None or mine == theirs, (env, cause)
+
+
+@settings(max_examples=150)
+@given(envs=runs())
+def test_a_drawn_worker_plays_one_episode_at_a_time(envs: Stream) -> None:
+    """A worker is assigned an episode only once its last one ended (finished, aborted, or
+    abandoned by a resume, which says so), as the scheduler keeps it."""
+    playing: dict[str, str] = {}
+    for env in envs:
+        ev = env.event
+        if isinstance(ev, EpisodeAssigned):
+            assert ev.worker not in playing, (env, playing[ev.worker])
+            playing[ev.worker] = ev.episode
+        elif isinstance(ev, EpisodeFinished | EpisodeAborted | EpisodeAbandoned):
+            assert playing.pop(ev.worker) == ev.episode, env
+            assert not isinstance(ev, EpisodeAbandoned) or ev.reason, env
+
+
+@pytest.mark.parametrize("memory", ["none", "tips", "extractor"])
+def test_a_builder_called_directly_on_an_unstarted_episode_starts_it(memory: Memory) -> None:
+    """``turn`` or ``finish`` called on an episode not yet started (``play`` never does) gave
+    an action a cause of -1 and no ``episode_started``: it starts the episode first."""
+    builder = StreamBuilder(memory=memory)
+    builder.begin()
+    builder.turn(builder.assign())
+    builder.finish(builder.assign())
+    builder.complete()
+    envs = builder.envs
+    assert all(env.cause is None or 0 <= env.cause < env.seq for env in envs)
+    assert sum(isinstance(env.event, EpisodeStarted) for env in envs) == 2
+    report = check_stream([envs], [fresh(n) for n in coevos()])
+    assert report.violation is None, report.violation
 
 
 def test_drawn_episodes_interleave_between_a_request_and_its_answer() -> None:
