@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import structlog
 import torch
@@ -171,21 +171,29 @@ def train(
         loss, response_loss = pretrain_loss(losses, response, prompt, spec.prompt_loss_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         curves[kind].append(response_loss.item())
-        if not math.isfinite(curves[kind][-1]):  # it stays so: a model of NaN, cached
-            raise ModelUnavailable(
-                f"pre-training diverged: its loss is {curves[kind][-1]} at step {step + 1} of "
-                f"{spec.steps} (lr {spec.lr:g}: a smaller lr trains); nothing was cached"
-            )
+        if not all(map(math.isfinite, (loss.item(), curves[kind][-1], norm))):
+            _diverged(spec, step, f"loss {loss.item()}, gradient norm {norm}")  # before the step
+        opt.step()
         tokens += int(attention.sum())
         if progress is not None:
             progress(step + 1, spec.steps, curves[kind][-1])
         if (step + 1) % max(1, spec.steps // 10) == 0:
             _log().info("pretrain.step", step=step + 1, steps=spec.steps, loss=curves[kind][-1])
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):  # (not seen yet)
+        _diverged(spec, spec.steps - 1, "weights not finite after it")
     model.eval()
     return {"tokens": tokens, "loss": {kind: _curve(values) for kind, values in curves.items()}}
+
+
+def _diverged(spec: TrainSpec, step: int, what: str) -> NoReturn:
+    """Stop a pre-training that has diverged: its model would be NaN, cached, and refused by
+    every run as a damaged one."""
+    raise ModelUnavailable(
+        f"pre-training diverged at step {step + 1} of {spec.steps} ({what}; lr {spec.lr:g}, "
+        f"prompt_loss_weight {spec.prompt_loss_weight:g}: smaller ones train); nothing was cached"
+    )
 
 
 def default_cache_root() -> Path:

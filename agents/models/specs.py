@@ -62,8 +62,10 @@ def check_schedule(spec: TrainSpec) -> None:
         raise ValueError(f"lr must be > 0 and <= 1, got {spec.lr}")
     if spec.warmup > spec.steps:
         raise ValueError(f"warmup must be <= steps, got {spec.warmup} > {spec.steps}")
-    if not (math.isfinite(spec.prompt_loss_weight) and spec.prompt_loss_weight >= 0):
-        raise ValueError(f"prompt_loss_weight must be >= 0, got {spec.prompt_loss_weight}")
+    if not (math.isfinite(spec.prompt_loss_weight) and 0 <= spec.prompt_loss_weight <= 100):
+        raise ValueError(
+            f"prompt_loss_weight must be >= 0 and <= 100, got {spec.prompt_loss_weight}"
+        )
 
 
 class EmbeddedSpec(msgspec.Struct, frozen=True, kw_only=True):

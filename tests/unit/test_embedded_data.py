@@ -127,7 +127,11 @@ def heldout_play(world: MiniLab) -> list[Episode]:
         ({"lr": float("nan")}, "lr must be > 0 and <= 1, got nan"),
         ({"lr": 1e9}, "lr must be > 0 and <= 1, got 1000000000.0"),  # built a model of NaN
         ({"steps": 10, "warmup": 11}, "warmup must be <= steps, got 11 > 10"),
-        ({"prompt_loss_weight": -1.0}, "prompt_loss_weight must be >= 0, got -1.0"),
+        ({"prompt_loss_weight": -1.0}, "prompt_loss_weight must be >= 0 and <= 100, got -1.0"),
+        (
+            {"prompt_loss_weight": 1e308},  # its loss overflowed, its last step's weights NaN
+            "prompt_loss_weight must be >= 0 and <= 100, got 1e+308",
+        ),
         (
             {"note_episodes_per_family": -1},
             "note_episodes_per_family must be between 0 and 1000000, got -1",
@@ -472,7 +476,27 @@ def test_pretraining_whose_loss_is_not_a_number_stops_and_says_so() -> None:
 
     pools = {"turn": [Sample("turn", (1, 2), (3, 4))] * 4}
     spec = EmbeddedSpec(steps=3, warmup=0, batch_size=2)
-    with pytest.raises(
-        ModelUnavailable, match=r"^pre-training diverged: its loss is nan at step 1"
-    ):
+    with pytest.raises(ModelUnavailable, match=r"^pre-training diverged at step 1 of 3 \(loss nan"):
         train(Diverged(), pools, spec, ["turn"] * 3, pad_id=0, progress=None)
+
+
+def test_a_pretraining_step_whose_gradient_is_not_a_number_stops_before_it_updates() -> None:
+    """The loss is finite and the step's update makes the weights NaN: on the last step that
+    went unseen (a re-attack: ``prompt_loss_weight = 1e308``, one step), and the NaN model was
+    cached."""
+
+    class Finite(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.w.register_hook(lambda grad: grad * math.nan)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> object:
+            return SimpleNamespace(logits=self.w * torch.ones((*input_ids.shape, 8)))
+
+    model = Finite()
+    pools = {"turn": [Sample("turn", (1, 2), (3, 4))] * 4}
+    spec = EmbeddedSpec(steps=1, warmup=0, batch_size=2)
+    with pytest.raises(ModelUnavailable, match=r"^pre-training diverged at step 1 of 1 .*nan"):
+        train(model, pools, spec, ["turn"], pad_id=0, progress=None)
+    assert bool(torch.isfinite(model.w).all())  # not updated
