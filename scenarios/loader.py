@@ -387,11 +387,13 @@ _FOREIGN_BOMS = (  # UTF-32 first: its little-endian mark starts like UTF-16's
 )
 
 
-class _Underflow(ValueError):
-    """A float written as non-zero that reads as 0.0 (``1e-400``)."""
+class _Tiny:
+    """A float written as non-zero that reads as 0.0 (``1e-400``), as the parse leaves it for
+    :func:`_tiny_at` to find (and name its key)."""
+
+    __slots__ = ("text",)
 
     def __init__(self, text: str) -> None:
-        super().__init__(text)
         self.text = text
 
     def said(self) -> str:
@@ -401,21 +403,33 @@ class _Underflow(ValueError):
         )
 
 
-def _float(text: str) -> float:
-    """A TOML float (tomllib's ``parse_float``), refusing one that underflows to 0.0: it would
-    take 0's meaning unnoticed (``step_timeout = 1e-400``: no limit).
-
-    Raises:
-        _Underflow: as above.
-    """
+def _float(text: str) -> float | _Tiny:
+    """A TOML float (tomllib's ``parse_float``); one that underflows to 0.0 is kept as
+    :class:`_Tiny`, to be refused: it would take 0's meaning unnoticed (``step_timeout =
+    1e-400``: no limit)."""
     value = float(text)
     if value == 0.0 and any(c in "123456789" for c in text.lower().partition("e")[0]):
-        raise _Underflow(text)
+        return _Tiny(text)
     return value
 
 
 def _loads(text: str) -> dict[str, Any]:
     return tomllib.loads(text, parse_float=_float)
+
+
+def _tiny_at(node: object, where: str) -> tuple[str, _Tiny] | None:
+    """The key path (under ``where``) and value of the first :class:`_Tiny` in ``node``."""
+    if isinstance(node, _Tiny):
+        return where, node
+    items: list[tuple[str, object]] = []
+    if isinstance(node, dict):
+        items = [(f"{where}.{k}", v) for k, v in cast("dict[str, object]", node).items()]
+    elif isinstance(node, list):
+        items = [(f"{where}[{i}]", v) for i, v in enumerate(cast("list[object]", node))]
+    for at, value in items:
+        if (found := _tiny_at(value, at)) is not None:
+            return found
+    return None
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:
@@ -425,13 +439,11 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
         doc = _loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioInvalid(source, f"not valid TOML: {exc}") from None
-    except _Underflow as exc:
-        at = text.find(exc.text)
-        line = f" (line {text.count(chr(10), 0, at) + 1})" if at >= 0 else ""
-        raise ScenarioInvalid(source, f"{exc.said()}{line}") from None
     except RecursionError:  # tomllib recurses once per level of nesting
         raise ScenarioInvalid(source, f"nested too deeply (at most {MAX_DEPTH} levels)") from None
     _check_depth(doc, source)
+    if (tiny := _tiny_at(doc, "$")) is not None:
+        raise ScenarioInvalid(source, f"{tiny[0]}: {tiny[1].said()}")
     return doc
 
 
@@ -525,8 +537,6 @@ def _parse_value(raw: str, where: str, source: str) -> Any:
         raise ScenarioInvalid(source, f"{where}: a value is one line")
     try:
         value = _loads(f"v = {raw}")["v"]
-    except _Underflow as exc:
-        raise ScenarioInvalid(source, f"{where}: {exc.said()}") from None
     except tomllib.TOMLDecodeError as exc:
         if str(exc).startswith("Expected newline or end of document after a statement"):
             raise ScenarioInvalid(
@@ -537,13 +547,15 @@ def _parse_value(raw: str, where: str, source: str) -> Any:
         raise ScenarioInvalid(source, f"{where}: nested too deeply") from None
     if _parses(f"v = {raw} x"):  # what follows the value is a comment
         raise ScenarioInvalid(source, f"{where}: a comment after the value")
+    if (tiny := _tiny_at(value, "")) is not None:
+        raise ScenarioInvalid(source, f"{where}{tiny[0]}: {tiny[1].said()}")
     return value
 
 
 def _parses(text: str) -> bool:
     try:
         _loads(text)
-    except (tomllib.TOMLDecodeError, RecursionError, _Underflow):
+    except (tomllib.TOMLDecodeError, RecursionError):
         return False
     return True
 

@@ -88,8 +88,9 @@ def test_a_float_too_small_to_tell_from_0_is_refused(
         f"$.world.step_timeout: {value} is too small for a float: it would read as 0",
     )
     scenario = tmp_path / "s.toml"
-    scenario.write_text(Path(EXPLORE).read_text() + f"\n[eval]\nzzz = {value}\n")
-    refused(capsys, ["validate", str(scenario)], "too small for a float", "(line ")
+    text = f"# {value} in a comment\n{Path(EXPLORE).read_text()}\n[eval]\nzzz = [{value}]\n"
+    scenario.write_text(text)  # (named by its key: the comment holds the same text first)
+    refused(capsys, ["validate", str(scenario)], f"$.eval.zzz[0]: {value} is too small for a")
     assert main(["validate", EXPLORE, "--set", "policy.temperature=0.0e5"]) == 0
     assert "temperature = 0.0" in capsys.readouterr().out
 
