@@ -10,6 +10,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scenarios.cli.common import (
     InputInvalid,
@@ -20,6 +21,9 @@ from scenarios.cli.common import (
     scenario_dict,
 )
 from stores.rundir import find_run, paths_under, remove_new
+
+if TYPE_CHECKING:
+    from agents.tracking.sinks import ScalarSink
 
 __all__ = ["cmd_export"]
 
@@ -120,12 +124,14 @@ def _export(
     finally:
         log.close()
     config = scenario_dict(meta.scenario_toml if meta else "")
+    sink: ScalarSink | None = None
     try:
         for sink_name, where in targets:
             try:
                 sink = open_sink(sink_name, Path(where), name, config)
                 sink.write(points)
                 sink.close()
+                sink = None
             except OSError as exc:
                 raise InputInvalid(f"{where}: cannot write: {exc.strerror or exc}") from None
             series = len({p.tag for p in points})
@@ -133,6 +139,9 @@ def _export(
                 f"{sink_name}: {len(points)} points of {series} series -> {where} (block {block})"
             )
     except BaseException:  # stopped or failed part way: none of it stays (a re-run is refused)
+        if sink is not None:  # its writer first: TensorBoard's thread made a removed file again
+            with contextlib.suppress(Exception):
+                sink.close()
         if "wandb" in sys.modules:  # its service process would write on into what goes
             with contextlib.suppress(Exception):
                 sys.modules["wandb"].teardown()

@@ -11,6 +11,7 @@ import shutil
 import signal
 import struct
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -307,6 +308,47 @@ def test_an_export_stopped_part_way_leaves_nothing_and_runs_again(
     monkeypatch.undo()
     assert all(sinks.written_before(s, where[s], run.name) == "" for s in sinks_now)
     assert main(["export", str(run), "--tensorboard", str(where["tensorboard"])]) == 0
+
+
+def test_a_stopped_exports_writer_thread_is_closed_before_its_files_go(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoard's writer appends from a thread of its own, reopening its file by path: a
+    Ctrl-C during an export removed the file with that thread still running, which made it
+    again (536 bytes of a 9.8 MB export on a 2M-event run), and the re-run was refused. The
+    sink is closed before what it wrote is removed."""
+    import threading
+
+    from agents.tracking import sinks
+
+    target = tmp_path / "tb"
+
+    class Threaded:
+        """Writes its file late from a thread, as TensorBoard's writer does, unless closed."""
+
+        def __init__(self, where: Path) -> None:
+            where.mkdir(parents=True, exist_ok=True)
+            self.file, self.stop = where / "events.out.tfevents.1", threading.Event()
+            self.thread = threading.Thread(target=self._later)
+
+        def _later(self) -> None:
+            if not self.stop.wait(0.5):  # (its directory made again, as TensorBoard's is)
+                self.file.parent.mkdir(parents=True, exist_ok=True)
+                self.file.write_bytes(b"late")
+
+        def write(self, points: object) -> None:
+            self.file.write_bytes(b"part")
+            self.thread.start()
+            raise KeyboardInterrupt
+
+        def close(self) -> None:
+            self.stop.set()
+            self.thread.join()
+
+    monkeypatch.setattr(sinks, "open_sink", lambda name, where, *_: Threaded(where))
+    assert main(["export", str(run), "--tensorboard", str(target)]) == 130
+    time.sleep(1.0)  # the thread's own write, had it been left running
+    assert not target.exists() or not any(target.iterdir())
 
 
 @needs["mlflow"]
