@@ -77,7 +77,10 @@ def cmd_check(args: argparse.Namespace) -> int:
                 if (why := r.why_not(ctx))
             ]
             with gc_paused():
-                report = check_stream(log.read_chunks(0, log.next_seq), invariants, skipped=skipped)
+                from scenarios.cli.console import reporting
+
+                read = reporting(log, f"checking {args.run}").read_chunks(0, log.next_seq)
+                report = check_stream(read, invariants, skipped=skipped)
             if report.violation is not None:  # the pass stopped there: the log's end says
                 report = msgspec.structs.replace(report, completed=completed(last_envelope(log)))
             involved = _involved(log, report)

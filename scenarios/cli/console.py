@@ -10,9 +10,9 @@ import math
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 from rich.console import Console
@@ -290,6 +290,12 @@ def _non_finite(value: Any) -> bool:
 def indexing_lines(least: int = 100_000) -> Callable[[int, int], None]:
     """A progress report for indexing a log for the audit: a line on stderr at every tenth,
     for a log of at least ``least`` events to index (a shorter one takes a second or two)."""
+    return tenths_lines("indexing the log for the audit (once)", least)
+
+
+def tenths_lines(doing: str, least: int) -> Callable[[int, int], None]:
+    """A progress report: ``coevo: DOING: N of TOTAL events`` on stderr at every tenth of
+    ``total``, when ``total`` is at least ``least`` (a shorter pass takes a second or two)."""
     shown = [0]
 
     def report(done: int, total: int) -> None:
@@ -298,10 +304,67 @@ def indexing_lines(least: int = 100_000) -> Callable[[int, int], None]:
         tenth = done * 10 // total
         if tenth > shown[0] or done == total:
             shown[0] = tenth
-            print(
-                f"coevo: indexing the log for the audit (once): {done:,} of {total:,} events",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"coevo: {doing}: {done:,} of {total:,} events", file=sys.stderr, flush=True)
 
     return report
+
+
+L = TypeVar("L")
+
+READ_LINES_LEAST = 500_000
+"""The shortest read of a log a command reports its progress on (about 5 s of checking)."""
+
+
+def reporting(log: L, doing: str) -> L:
+    """``log``, its reads of at least :data:`READ_LINES_LEAST` events saying how far they have
+    come (:class:`_ReadProgress`)."""
+    return cast("L", _ReadProgress(log, doing))
+
+
+class _ReadProgress:
+    """A run's log whose reads of at least :data:`READ_LINES_LEAST` events say how far they
+    have come (:func:`tenths_lines`); everything else is the log's own. For the commands that
+    read a whole log before they answer (check, replay, report, export, diff), which were
+    silent for up to minutes on a log of millions of events.
+
+    Args:
+        log: the log (an :class:`engine.eventlog.EventLog`).
+        doing: what the command does, for the lines ("checking RUN").
+    """
+
+    def __init__(self, log: Any, doing: str) -> None:
+        self._log, self._doing = log, doing
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+    def _total(self, start: int, stop: int | None) -> int:
+        return (self._log.next_seq if stop is None else stop) - start
+
+    def read(self, start: int = 0, stop: int | None = None) -> Iterator[Envelope[Event]]:
+        total = self._total(start, stop)
+        if total < READ_LINES_LEAST:
+            return self._log.read(start, stop)
+        return self._counted(self._log.read(start, stop), total)
+
+    def _counted(self, envs: Iterator[Envelope[Event]], total: int) -> Iterator[Envelope[Event]]:
+        report, step, done = tenths_lines(self._doing, READ_LINES_LEAST), max(1, total // 10), 0
+        for done, env in enumerate(envs, 1):
+            yield env
+            if done % step == 0:
+                report(done, total)
+        if done % step:
+            report(done, total)
+
+    def read_chunks(
+        self, start: int = 0, stop: int | None = None
+    ) -> Iterator[list[Envelope[Event]]]:
+        total = self._total(start, stop)
+        if total < READ_LINES_LEAST:
+            yield from self._log.read_chunks(start, stop)
+            return
+        report, done = tenths_lines(self._doing, READ_LINES_LEAST), 0
+        for chunk in self._log.read_chunks(start, stop):
+            yield chunk
+            done += len(chunk)
+            report(done, total)

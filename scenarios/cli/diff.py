@@ -61,9 +61,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         counts = (log_a.next_seq, log_b.next_seq)
         code: tuple[list[str], list[str]] = ([], [])
         with naming(log_a.path), naming(log_b.path):
+            from scenarios.cli.console import reporting
+
             found = diverging_seqs(
-                _sessions(log_a.read(0, counts[0]), code[0]),
-                _sessions(log_b.read(0, counts[1]), code[1]),
+                _sessions(reporting(log_a, f"comparing {args.run_a}").read(0, counts[0]), code[0]),
+                _sessions(reporting(log_b, f"comparing {args.run_b}").read(0, counts[1]), code[1]),
             )
             divergence = None
             if found is not None:

@@ -120,7 +120,10 @@ def _export(
             meta = log.read_meta()
             block = args.block or _tracking_block(meta.scenario_toml if meta else "")
             kinds = frozenset(str(k.__struct_config__.tag) for k in KINDS)
-            points = fold_scalars(iter_events(log, EventFilter(kinds=kinds)), block)
+            from scenarios.cli.console import reporting
+
+            read = iter_events(reporting(log, f"reading {args.run}"), EventFilter(kinds=kinds))
+            points = fold_scalars(read, block)
     finally:
         log.close()
     config = scenario_dict(meta.scenario_toml if meta else "")

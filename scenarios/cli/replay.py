@@ -40,6 +40,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise InputInvalid("--reexecute-learner takes no --until, --json or --verify")
     if args.set and not args.reexecute_learner:
         raise InputInvalid("--set applies to --reexecute-learner (which loads the run's models)")
+    from scenarios.cli.console import reporting
+
     log = open_run(args.run)
     try:
         if args.reexecute_learner:
@@ -47,7 +49,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.verify:
             with naming(log.path):
                 ctx, notes = check_context(log.read_meta(), args.run)
-                result = verify_log(log, projections(), fact_checks(ctx, notes))
+                watched = reporting(log, f"verifying {args.run}")
+                result = verify_log(watched, projections(), fact_checks(ctx, notes))
             left = [u.replace(": ", ": not checked: ", 1) for u in result.uncheckable]
             for note in (*notes, *left):
                 print(f"coevo: note: {note}", file=sys.stderr)
@@ -61,7 +64,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"verified {result.events} events, {result.checks} checksums: ok")
             return 0
         with naming(log.path):
-            fold, snap = replay_until(log, projections(), args.until)
+            watched = reporting(log, f"replaying {args.run}")
+            fold, snap = replay_until(watched, projections(), args.until)
     finally:
         log.close()
     if args.until is not None and args.until > fold.last_seq:

@@ -44,7 +44,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             with naming(log.path):  # which log, and a plug-in method that did not import
                 meta = log.read_meta()
                 toml = meta.scenario_toml if meta else ""
-                runs.append(fold_run(_label(root, roots), root, toml, log.read(0, None)))
+                from scenarios.cli.console import reporting
+
+                read = reporting(log, f"reading {path}").read(0, None)
+                runs.append(fold_run(_label(root, roots), root, toml, read))
         finally:
             log.close()
     out = None  # None: the page on stdout (`--out -`, which wrote a file named "-")

@@ -1112,3 +1112,32 @@ def test_a_process_out_of_memory_or_files_while_loading_is_one_line(
     monkeypatch.setattr(commands, "home_expanded", lambda args: (_ for _ in ()).throw(noexec))
     with pytest.raises(ImportError):  # a noexec mount's refusal is not memory
         commands.main(["log", "nowhere"])
+
+
+@pytest.mark.parametrize("command", ["check", "verify", "replay", "report"])
+def test_a_long_read_of_a_log_says_how_far_it_has_come(
+    small_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """On a log of two million events `check`, `replay`, `report`, `export` and `diff` were
+    silent for 11 to 133 s (an outside tester): a read of at least READ_LINES_LEAST events
+    says how far it has come, every tenth, to its last event (the least made small here)."""
+    from scenarios.cli import console, main
+
+    monkeypatch.setattr(console, "READ_LINES_LEAST", 10)
+    run = str(small_run)
+    argv = {
+        "check": ["check", run],
+        "verify": ["replay", run, "--verify"],
+        "replay": ["replay", run],
+        "report": ["report", run, "--out", str(tmp_path / "r.html")],
+    }[command]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.endswith(" events")]
+    assert len(said) >= 3 and all(line.startswith("coevo: ") and run in line for line in said)
+    done, of = said[-1].rsplit(": ", 1)[1].removesuffix(" events").split(" of ")
+    assert done == of, said[-1]  # to its last event
