@@ -193,10 +193,11 @@ class Registered:
         """Why it does not apply to ``ctx``'s run (one short phrase; empty when it does)."""
         if self.needs_scenario and ctx.scenario is None:
             return "needs the run's scenario (its settings)"
+        unknown = "a run whose log records no scenario"  # (a log written through the API)
         if self.methods and ctx.method not in self.methods and ctx.built_on not in self.methods:
-            return f"for methods {', '.join(sorted(self.methods))}, not {ctx.method or '?'}"
+            return f"for methods {', '.join(sorted(self.methods))}, not {ctx.method or unknown}"
         if self.worlds and ctx.world not in self.worlds:
-            return f"for worlds {', '.join(sorted(self.worlds))}, not {ctx.world or '?'}"
+            return f"for worlds {', '.join(sorted(self.worlds))}, not {ctx.world or unknown}"
         return ""
 
 
