@@ -446,9 +446,12 @@ def _lock_file(path: Path) -> int:
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:  # a read-only directory or file system, a full disk
-        raise LogError(
+        refused = LogError(
             f"cannot open the event log at {path} for writing: {exc.strerror or exc}"
-        ) from None
+        )
+        if isinstance(exc, PermissionError):  # this user's: bad input, as every such path
+            refused.exit_code = 2
+        raise refused from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -3,6 +3,7 @@ format checks, durability modes and corruption reports."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -908,3 +909,22 @@ def test_a_bad_envelope_inside_a_record_says_where_the_events_still_read(path: P
             4,
             3,
         )
+
+
+@pytest.mark.parametrize(("errno_", "code"), [(errno.EACCES, 2), (errno.EROFS, 1)])
+def test_a_log_this_user_may_not_write_is_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_: int, code: int
+) -> None:
+    """``coevo resume`` of a run this user may not write exited 1, as for a failed write,
+    where every other path this user may not use exits 2; a read-only file system stays 1."""
+    from stores import lmdb_env
+
+    def refused(*args: object, **kwargs: object) -> int:
+        raise (PermissionError if errno_ == errno.EACCES else OSError)(
+            errno_, os.strerror(errno_), str(tmp_path)
+        )
+
+    monkeypatch.setattr(lmdb_env.os, "open", refused)
+    with pytest.raises(LogError, match=r"cannot open the event log at .* for writing") as caught:
+        lmdb_env._lock_file(tmp_path)  # pyright: ignore[reportPrivateUsage]
+    assert caught.value.exit_code == code
