@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,7 +55,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{out}: not empty and not a run (it holds {', '.join(foreign[:3])}"
             f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory for --out"
         )
+    _writable(out)
     return _execute(scenario, args.file, rd, run_id, quiet=args.quiet, unread=unread)
+
+
+def _writable(out: Path) -> None:
+    """Refuse ``out`` when this user may not create it or write in it (its nearest existing
+    directory not writable): found only once the run's model was built, minutes in with a
+    real model."""
+    there = out
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if there.is_dir() and not os.access(there, os.W_OK | os.X_OK):
+        what = "write in it: it is" if there == out else f"create it: {there} is"
+        raise InputInvalid(f"{out}: cannot {what} not writable by this user; choose another --out")
 
 
 def _execute(

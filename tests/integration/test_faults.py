@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -386,14 +387,33 @@ def test_a_path_this_user_may_not_enter_is_one_line(tmp_path: Path) -> None:
     from stores.lmdb_log import LmdbEventLog
 
     run, locked = tmp_path / "run", tmp_path / "locked"
+    # (nobody cannot pass pytest's own temporary directory, 0700: this one it can)
+    reachable = Path(tempfile.mkdtemp(prefix="coevo-test-"))
+    reachable.chmod(0o755)
+    unwritable = reachable / "unwritable"
     meta = new_run_meta("r", scenario_name="s", seed=0, coevo_version="test")
     LmdbEventLog.create(run / "log", meta).close()
     (locked / "sub").mkdir(parents=True)
+    unwritable.mkdir()
     prefix = another_user()
     tmp_path.chmod(0o755)  # (nobody must reach what is not locked)
     run.chmod(0o000)
     locked.chmod(0o000)
+    unwritable.chmod(0o555)
     try:
+        # refused before the run's model is built (minutes, with a real one), not after
+        proc = subprocess.run(
+            [*prefix, COEVO, "run", EXPLORE, "--out", str(unwritable / "sub" / "new")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"coevo: error: {unwritable}/sub/new: cannot create it: {unwritable} is not "
+            "writable by this user; choose another --out\n"
+        )
         for args in (
             ["log", str(run)],
             ["check", str(run)],
@@ -408,6 +428,8 @@ def test_a_path_this_user_may_not_enter_is_one_line(tmp_path: Path) -> None:
     finally:
         run.chmod(0o755)
         locked.chmod(0o755)
+        unwritable.chmod(0o755)
+        shutil.rmtree(reachable)
 
 
 @pytest.mark.parametrize("limit", ["disk", "memory"])
