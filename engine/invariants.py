@@ -193,11 +193,13 @@ class Registered:
         """Why it does not apply to ``ctx``'s run (one short phrase; empty when it does)."""
         if self.needs_scenario and ctx.scenario is None:
             return "needs the run's scenario (its settings)"
-        unknown = "a run whose log records no scenario"  # (a log written through the API)
+        unknown = "unknown: its log records no scenario"  # (a log written through the API)
         if self.methods and ctx.method not in self.methods and ctx.built_on not in self.methods:
-            return f"for methods {', '.join(sorted(self.methods))}, not {ctx.method or unknown}"
+            method = f", not {ctx.method}" if ctx.method else f"; the run's method is {unknown}"
+            return f"for methods {', '.join(sorted(self.methods))}{method}"
         if self.worlds and ctx.world not in self.worlds:
-            return f"for worlds {', '.join(sorted(self.worlds))}, not {ctx.world or unknown}"
+            world = f", not {ctx.world}" if ctx.world else f"; the run's world is {unknown}"
+            return f"for worlds {', '.join(sorted(self.worlds))}{world}"
         return ""
 
 

@@ -11,6 +11,7 @@ process is open.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -87,7 +88,10 @@ def open_env(
             with contextlib.suppress(OSError):
                 (path / ENV_LOCK_FILE).unlink()
         reason = str(exc).removeprefix(f"{path}: ")  # LMDB's messages start with the path
-        raise LogError(f"cannot open event log at {path}: {reason}") from None
+        refused = LogError(f"cannot open event log at {path}: {reason}")
+        if reason == os.strerror(errno.EACCES):  # this user's (a file of the log, or lock.mdb)
+            refused.exit_code = 2
+        raise refused from None
     try:
         check_file_size(path, env)
         check_pages(path, env, writable)

@@ -348,13 +348,14 @@ class _ReadProgress:
         return self._counted(self._log.read(start, stop), total)
 
     def _counted(self, envs: Iterator[Envelope[Event]], total: int) -> Iterator[Envelope[Event]]:
-        report, step, done = tenths_lines(self._doing, READ_LINES_LEAST), max(1, total // 10), 0
+        report, tenth = tenths_lines(self._doing, READ_LINES_LEAST), 1
+        at = -(-total // 10)  # the first event of each tenth, rounded up as the lines round
         for done, env in enumerate(envs, 1):
             yield env
-            if done % step == 0:
+            if done >= at:
                 report(done, total)
-        if done % step:
-            report(done, total)
+                tenth += 1
+                at = -(-total * tenth // 10)
 
     def read_chunks(
         self, start: int = 0, stop: int | None = None

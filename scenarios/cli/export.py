@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scenarios.cli.common import (
     InputInvalid,
@@ -23,6 +23,7 @@ from scenarios.cli.common import (
 from stores.rundir import find_run, paths_under, remove_new
 
 if TYPE_CHECKING:
+    from agents.tracking.scalars import Scalar
     from agents.tracking.sinks import ScalarSink
 
 __all__ = ["cmd_export"]
@@ -110,25 +111,11 @@ def _export(
 ) -> None:
     """:func:`cmd_export`'s work once its directories are claimed: fold the run's scalars and
     write them to every sink; a failure part way removes what it wrote."""
-    from agents.tracking.scalars import KINDS, fold_scalars
     from agents.tracking.sinks import open_sink
-    from engine.replay import EventFilter, iter_events
 
-    log = open_run(args.run)
-    try:
-        with naming(log.path):
-            meta = log.read_meta()
-            block = args.block or _tracking_block(meta.scenario_toml if meta else "")
-            kinds = frozenset(str(k.__struct_config__.tag) for k in KINDS)
-            from scenarios.cli.console import reporting
-
-            read = iter_events(reporting(log, f"reading {args.run}"), EventFilter(kinds=kinds))
-            points = fold_scalars(read, block)
-    finally:
-        log.close()
-    config = scenario_dict(meta.scenario_toml if meta else "")
     sink: ScalarSink | None = None
-    try:
+    try:  # (stopped while it reads, the directories it claimed go too)
+        points, block, config = _points(args)
         for sink_name, where in targets:
             try:
                 sink = open_sink(sink_name, Path(where), name, config)
@@ -151,6 +138,25 @@ def _export(
         for where, paths in before.items():
             remove_new(Path(where), paths)
         raise
+
+
+def _points(args: argparse.Namespace) -> tuple[list[Scalar], int, dict[str, Any]]:
+    """The run's scalars folded in blocks, the block, and its scenario as a table."""
+    from agents.tracking.scalars import KINDS, fold_scalars
+    from engine.replay import EventFilter, iter_events
+    from scenarios.cli.console import reporting
+
+    log = open_run(args.run)
+    try:
+        with naming(log.path):
+            meta = log.read_meta()
+            block = args.block or _tracking_block(meta.scenario_toml if meta else "")
+            kinds = frozenset(str(k.__struct_config__.tag) for k in KINDS)
+            read = iter_events(reporting(log, f"reading {args.run}"), EventFilter(kinds=kinds))
+            points = fold_scalars(read, block)
+    finally:
+        log.close()
+    return points, block, scenario_dict(meta.scenario_toml if meta else "")
 
 
 def _tracking_block(text: str) -> int:

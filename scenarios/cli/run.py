@@ -66,7 +66,9 @@ def _writable(out: Path) -> None:
     there = out
     while not there.exists() and there != there.parent:
         there = there.parent
-    if there.is_dir() and not os.access(there, os.W_OK | os.X_OK):
+    if not there.is_dir():  # (a file: no directory can be made under it)
+        raise InputInvalid(f"{out}: cannot create it: {there} is not a directory")
+    if not os.access(there, os.W_OK | os.X_OK):
         what = "write in it: it is" if there == out else f"create it: {there} is"
         raise InputInvalid(f"{out}: cannot {what} not writable by this user; choose another --out")
 

@@ -68,6 +68,16 @@ def test_text_after_a_set_value_is_refused(
     refused(capsys, ["validate", EXPLORE, "--set", f"{key}={value}"], f"$.{key}: {says}")
 
 
+def test_an_out_under_a_file_is_refused_before_the_run_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out FILE/x`` was refused only when the run directory was made, after the run's
+    model had been built (28 s of pre-training with a fresh cache)."""
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "f" / "x"
+    refused(capsys, ["run", EXPLORE, "--out", str(out)], f"{out}: cannot create it: ")
+
+
 def test_audit_credit_refuses_an_index_it_would_not_read(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -145,7 +145,7 @@ def test_a_log_that_records_no_scenario_is_checked_without_it(
     assert "the log records no scenario, so what needs the run's settings" in out.err
     assert "not checked: credit: needs the run's scenario" in out.out
     # an invariant of some methods said "not ?" of a run whose method it cannot know
-    assert "lineage: for methods complementary, empo2, not a run whose log records no" in out.out
+    assert "lineage: for methods complementary, empo2; the run's method is unknown: its" in out.out
     assert main(["replay", str(tmp_path / "bare"), "--verify"]) == 0
 
 

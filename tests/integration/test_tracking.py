@@ -310,6 +310,21 @@ def test_an_export_stopped_part_way_leaves_nothing_and_runs_again(
     assert main(["export", str(run), "--tensorboard", str(where["tensorboard"])]) == 0
 
 
+def test_an_export_stopped_while_it_reads_leaves_no_directory(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while the log was read (seconds on a long run) left the directories the
+    export had claimed, empty."""
+    from agents.tracking import scalars
+
+    def stopped(*args: object, **kwargs: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scalars, "fold_scalars", stopped)
+    assert main(["export", str(run), "--tensorboard", str(tmp_path / "tb")]) == 130
+    assert not (tmp_path / "tb").exists()
+
+
 def test_a_stopped_exports_writer_thread_is_closed_before_its_files_go(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

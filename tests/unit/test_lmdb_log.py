@@ -928,3 +928,22 @@ def test_a_log_this_user_may_not_write_is_bad_input(
     with pytest.raises(LogError, match=r"cannot open the event log at .* for writing") as caught:
         lmdb_env._lock_file(tmp_path)  # pyright: ignore[reportPrivateUsage]
     assert caught.value.exit_code == code
+
+
+def test_a_log_file_this_user_may_not_write_is_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LMDB's own open refused (``data.mdb`` or ``lock.mdb`` not writable by this user, the
+    directory and ``writer.lock`` writable): exit 1, where every path this user may not use
+    exits 2."""
+    from stores import lmdb_env
+
+    def refused(path: str, **kwargs: object) -> object:
+        raise lmdb.Error(f"{path}: {os.strerror(errno.EACCES)}")
+
+    meta = new_run_meta("r", scenario_name="s", seed=0, coevo_version="test")
+    LmdbEventLog.create(tmp_path / "log", meta, durable=False).close()
+    monkeypatch.setattr(lmdb_env.lmdb, "open", refused)
+    with pytest.raises(LogError, match="Permission denied") as caught:
+        LmdbEventLog.open(tmp_path / "log")
+    assert caught.value.exit_code == 2
