@@ -339,7 +339,8 @@ class _ReadProgress:
         return getattr(self._log, name)
 
     def _total(self, start: int, stop: int | None) -> int:
-        return (self._log.next_seq if stop is None else stop) - start
+        end = self._log.next_seq  # (a stop past the end reads to it: ``replay --until``)
+        return (end if stop is None else min(stop, end)) - start
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Envelope[Event]]:
         total = self._total(start, stop)
