@@ -60,6 +60,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         LogUnreadable: a damaged log (exit 1, one line naming the seq).
     """
     from scenarios.checks import check_context, invariants_for
+    from scenarios.cli.console import reporting
 
     log = open_run(args.run)
     try:
@@ -77,8 +78,6 @@ def cmd_check(args: argparse.Namespace) -> int:
                 if (why := r.why_not(ctx))
             ]
             with gc_paused():
-                from scenarios.cli.console import reporting
-
                 read = reporting(log, f"checking {args.run}").read_chunks(0, log.next_seq)
                 report = check_stream(read, invariants, skipped=skipped)
             if report.violation is not None:  # the pass stopped there: the log's end says

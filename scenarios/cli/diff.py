@@ -40,6 +40,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     from agents.analysis.diff import describe, diverging_seqs, scenario_changes
     from agents.audit.index import fetch
+    from scenarios.cli.console import reporting
     from scenarios.schema import table_defaults
 
     log_a, log_b = open_run(args.run_a), None
@@ -61,8 +62,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
         counts = (log_a.next_seq, log_b.next_seq)
         code: tuple[list[str], list[str]] = ([], [])
         with naming(log_a.path), naming(log_b.path):
-            from scenarios.cli.console import reporting
-
             found = diverging_seqs(
                 _sessions(reporting(log_a, f"comparing {args.run_a}").read(0, counts[0]), code[0]),
                 _sessions(reporting(log_b, f"comparing {args.run_b}").read(0, counts[1]), code[1]),

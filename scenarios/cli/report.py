@@ -30,6 +30,7 @@ __all__ = ["cmd_probe", "cmd_report"]
 
 def cmd_report(args: argparse.Namespace) -> int:
     from agents.report.page import PAGE_HEAD, RunData, fold_run, render
+    from scenarios.cli.console import reporting
 
     roots = [find_run(path).root for path in args.runs]
     real = [r.resolve() for r in roots]
@@ -44,8 +45,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             with naming(log.path):  # which log, and a plug-in method that did not import
                 meta = log.read_meta()
                 toml = meta.scenario_toml if meta else ""
-                from scenarios.cli.console import reporting
-
                 read = reporting(log, f"reading {path}").read(0, None)
                 runs.append(fold_run(_label(root, roots), root, toml, read))
         finally:
