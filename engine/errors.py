@@ -185,6 +185,13 @@ class LogLocked(LogError):
         super().__init__(message)
 
 
+class LogDenied(LogError):
+    """This user may not open the log as asked (a file of it, or its directory, not readable
+    or writable): bad input, as every path this user may not use, not a failed write."""
+
+    exit_code = 2
+
+
 class LogClosed(LogError):
     """The log was used after ``close()``."""
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from engine.errors import LogDamaged, LogError, LogLocked, LogWriteFailed, NotALog
+from engine.errors import LogDamaged, LogDenied, LogError, LogLocked, LogWriteFailed, NotALog
 from stores import lmdb_pages
 
 if TYPE_CHECKING:
@@ -88,10 +88,10 @@ def open_env(
             with contextlib.suppress(OSError):
                 (path / ENV_LOCK_FILE).unlink()
         reason = str(exc).removeprefix(f"{path}: ")  # LMDB's messages start with the path
-        refused = LogError(f"cannot open event log at {path}: {reason}")
-        if reason == os.strerror(errno.EACCES):  # this user's (a file of the log, or lock.mdb)
-            refused.exit_code = 2
-        raise refused from None
+        denied = reason == os.strerror(errno.EACCES)  # a file of the log, or lock.mdb
+        raise (LogDenied if denied else LogError)(
+            f"cannot open event log at {path}: {reason}"
+        ) from None
     try:
         check_file_size(path, env)
         check_pages(path, env, writable)
@@ -450,12 +450,9 @@ def _lock_file(path: Path) -> int:
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:  # a read-only directory or file system, a full disk
-        refused = LogError(
+        raise (LogDenied if isinstance(exc, PermissionError) else LogError)(
             f"cannot open the event log at {path} for writing: {exc.strerror or exc}"
-        )
-        if isinstance(exc, PermissionError):  # this user's: bad input, as every such path
-            refused.exit_code = 2
-        raise refused from None
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
