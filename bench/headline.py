@@ -14,12 +14,21 @@ seed's held-out outcomes, from which each interval can be computed again) and
 otherwise); ``--out`` is the
 ``--runs`` directory unless named (``--out docs/results`` publishes). ``--methods`` picks
 some of them; ``--set NAME:key=value`` changes a method's scenario (as ``coevo run --set``).
+
+``--records DIR`` keeps what the table needs of every finished run it reads, one small JSON
+file per run (``DIR/<method>-seed<N>.json``: the run's metadata and resolved scenario, its
+last evaluation's outcomes, its curves and modes), and reads a run from there when its
+directory under ``--runs`` is gone: a test whose runs take several machines' sessions keeps
+them in the repository, not the runs. ``--keep-only`` writes the records of the runs finished
+so far and stops, starting no run and making no table (a test set down before its runs is
+not looked at until all have finished).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -28,8 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import msgspec
 from headline_logs import Modes, modes_of, modes_table, ratio
 from method_results import (
+    RunFacts,
     check_families,
     check_families_first,
     fold,
@@ -52,7 +63,9 @@ from agents.report.intervals import (
     Interval,
     bootstrap_mean,
 )
+from engine.eventlog import RunMeta
 from engine.events import Event
+from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {
@@ -102,6 +115,52 @@ def final_of(events: list[Event]) -> Final:
         if ep in success:
             out.adapt.setdefault(scope, []).append(success[ep])
     return out
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """What the table needs of one finished run (``--records``): read from its log once, or
+    from the record when the run is no longer on this machine."""
+
+    name: str
+    seed: int
+    meta: RunMeta | None
+    final: Final
+    modes: Modes
+    facts: RunFacts
+
+
+def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record | None:
+    """The record of the finished run ``run`` (written under ``records`` when given); read
+    from ``records`` when ``run`` holds no finished run; None when neither has it."""
+    kept = None if records is None else records / f"{name}-seed{seed}.json"
+    got = read_run(run)
+    if got is None:
+        if kept is None or not kept.exists() or run.exists():  # an unfinished run is no record
+            return None
+        try:
+            return msgspec.json.decode(kept.read_bytes(), type=Record)
+        except msgspec.MsgspecError as exc:
+            raise SystemExit(f"{kept}: not a record of a run ({exc})") from None
+    log = LmdbEventLog.open(run / "log", writable=False)
+    try:
+        meta = log.read_meta()
+    finally:
+        log.close()
+    events, wall = got
+    record = Record(
+        name=name,
+        seed=seed,
+        meta=meta,
+        final=final_of(events),
+        modes=modes_of(events),
+        facts=fold(name, seed, events, wall),
+    )
+    if kept is not None:  # whole or not at all: a stop mid-write leaves the old one
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        part = kept.with_name(f".{kept.name}.part")
+        part.write_bytes(msgspec.json.encode(record) + b"\n")
+        os.replace(part, kept)
+    return record
 
 
 def groups(finals: list[Final], what: str, families: tuple[str, ...] = ()) -> Groups:
@@ -337,6 +396,27 @@ def _jsonable(value: object) -> object:
     return value
 
 
+def keep_only(
+    runs: Path, records: Path, methods: list[str], seeds: list[int], extra: dict[str, list[str]]
+) -> str:
+    """``--keep-only``: write the records of the runs under ``runs`` finished so far (each
+    checked to be of its method's scenario with ``extra``), and say how many are kept,
+    without a word of their outcomes."""
+    kept = waiting = 0
+    for seed in seeds:
+        for name in methods:
+            out = runs / f"{name}-seed{seed}"
+            if read_run(out) is None:
+                waiting += not (records / f"{name}-seed{seed}.json").exists() or out.exists()
+                continue
+            sets = [f"seed={seed}", *extra.get(name, [])]
+            refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
+            record_of(name, seed, out, records)
+            kept += 1
+    total = len(seeds) * len(methods)
+    return f"kept {kept} records under {records}; {total - waiting} of {total} runs finished"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
@@ -356,6 +436,19 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="METHOD:key.path=value")
     parser.add_argument("--tag", type=tag, default="headline", help="the file names under --out")
     parser.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        help="keep a record of every finished run read here, and read a run from its record "
+        "when its directory under --runs is gone",
+    )
+    parser.add_argument(
+        "--keep-only",
+        action="store_true",
+        help="write the records of the runs finished so far and stop: start no run, make no "
+        "table (needs --records)",
+    )
+    parser.add_argument(
         "--probe",
         type=int,
         default=300,
@@ -374,35 +467,51 @@ def main() -> None:
                 f"({', '.join(args.methods)})"
             )
         extra.setdefault(name, []).append(assignment)
+    if args.keep_only and args.records is None:
+        raise SystemExit("--keep-only writes records: name --records DIR")
     check_families_first(args.hard, [(ROOT / METHODS[n], extra.get(n, [])) for n in args.methods])
-    jobs = []
+    if args.keep_only:
+        raise SystemExit(keep_only(args.runs, args.records, args.methods, seeds, extra))
+    jobs, reused = [], {}
     for seed in args.seeds:  # seed by seed: every method's first seeds finish first
         for name in args.methods:
             out = args.runs / f"{name}-seed{seed}"
             sets = [f"seed={seed}", *extra.get(name, [])]
-            if read_run(out) is None:
+            if read_run(out) is not None:
+                refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
+            elif (kept := record_of(name, seed, out, args.records)) is not None:
+                recorded = kept.meta.scenario_toml if kept.meta is not None else ""
+                where = args.records / f"{name}-seed{seed}.json"
+                refuse_reused(
+                    where, ROOT / METHODS[name], sets, METHODS[name], "--records", recorded
+                )
+                reused[name, seed] = kept
+            else:
                 if out.exists():
                     raise SystemExit(unfinished(out))
                 jobs.append((ROOT / METHODS[name], out, seed, extra.get(name, [])))
-            else:
-                refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     finals: dict[str, list[Final]] = {}
     modes: dict[str, list[Modes]] = {}
     facts = {}
+    read, created = [], []
     for name in args.methods:
         for seed in args.seeds:
-            got = read_run(args.runs / f"{name}-seed{seed}")
+            run = args.runs / f"{name}-seed{seed}"
+            got = reused.get((name, seed)) or record_of(name, seed, run, args.records)
             assert got is not None
-            finals.setdefault(name, []).append(final_of(got[0]))
-            modes.setdefault(name, []).append(modes_of(got[0]))
-            facts.setdefault(name, []).append(fold(name, seed, *got))
+            finals.setdefault(name, []).append(got.final)
+            modes.setdefault(name, []).append(got.modes)
+            facts.setdefault(name, []).append(got.facts)
+            if (name, seed) in reused:
+                created.append(got.meta.created_ns if got.meta is not None else 0)
+            elif seed in seeds:
+                read.append(run)
     hard = tuple(args.hard)
     check_families(hard, facts)
     summary = summarize(finals, hard)
-    read = [args.runs / f"{name}-seed{seed}" for name in args.methods for seed in seeds]
-    made = provenance({name: seeds for name in args.methods}, read)
+    made = provenance({name: seeds for name in args.methods}, read, created)
     lines = [provenance_line(made), "", *table(summary, hard)]
     png = bars(summary, out_dir / f"{args.tag}.png")
     curves = plot(facts, hard, out_dir / f"{args.tag}_curves.png")

@@ -228,16 +228,19 @@ def check_families_first(hard: Sequence[str], scenarios: Sequence[tuple[Path, li
         )
 
 
-def provenance(seeds: dict[str, list[int]], runs: Sequence[Path]) -> dict[str, Any]:
+def provenance(
+    seeds: dict[str, list[int]], runs: Sequence[Path], created_ns: Sequence[int] = ()
+) -> dict[str, Any]:
     """Where a table came from: the code's commit (and whether the work tree differed), the
     time (UTC), the command, each method's seeds, and when the ``runs`` it read were created
-    (reused runs may be older than the code that reads them)."""
+    (reused runs may be older than the code that reads them), with ``created_ns``, the
+    creation times of runs read from their records rather than their logs."""
     import datetime
 
     def utc(ns: float) -> str:
         return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
-    created = []
+    created = [ns for ns in created_ns if ns]
     for run in runs:
         log = LmdbEventLog.open(run / "log", writable=False)
         try:
@@ -281,26 +284,29 @@ def outcomes(f: RunFacts, round_: int) -> list[float]:
     return [1.0] * wins + [0.0] * (n - wins)
 
 
-def reused_differs(out: Path, scenario: Path, sets: list[str]) -> list[str]:
+def reused_differs(
+    out: Path, scenario: Path, sets: list[str], recorded: str | None = None
+) -> list[str]:
     """The settings (dotted keys) in which the finished run at ``out`` differs from
     ``scenario`` with ``sets``, which the table would count it as: a run of another scenario
     or other ``--set`` values was averaged in without a word. A key the run's own scenario
     lacks (a setting added to coevo since) is no difference, unless the run's method reads
     it and it changed what runs do (``scenarios.loader.SINCE``: the run did as its value
-    there says)."""
+    there says). ``recorded``: the run's resolved scenario when it is read from a record
+    (its log is not here); by default the one its log stores."""
     import tomllib
 
     from agents.analysis.diff import scenario_changes
     from engine.errors import CoevoError
     from scenarios.loader import load_scenario, resolved_toml, since_lacking
-    from stores.lmdb_log import LmdbEventLog
 
-    log = LmdbEventLog.open(out / "log", writable=False)
-    try:
-        meta = log.read_meta()
-    finally:
-        log.close()
-    recorded = meta.scenario_toml if meta is not None else ""
+    if recorded is None:
+        log = LmdbEventLog.open(out / "log", writable=False)
+        try:
+            meta = log.read_meta()
+        finally:
+            log.close()
+        recorded = meta.scenario_toml if meta is not None else ""
     try:
         wanted = resolved_toml(load_scenario(scenario, sets))
     except CoevoError as exc:  # a --set the scenario refuses: its line, as a new run's
@@ -326,11 +332,13 @@ def unfinished(out: Path, resume: bool = True) -> str:
     return f"{out} holds an unfinished run: {'resume or ' if resume else ''}remove it"
 
 
-def refuse_reused(out: Path, scenario: Path, sets: list[str], label: str, flag: str) -> None:
+def refuse_reused(
+    out: Path, scenario: Path, sets: list[str], label: str, flag: str, recorded: str | None = None
+) -> None:
     """Stop (one line) when the finished run at ``out`` was made with other settings than
-    ``scenario`` (named ``label``) with ``sets`` (:func:`reused_differs`); ``flag`` names the
-    option that chose its directory."""
-    if differing := reused_differs(out, scenario, sets):
+    ``scenario`` (named ``label``) with ``sets`` (:func:`reused_differs`, ``recorded`` as
+    there); ``flag`` names the option that chose its directory."""
+    if differing := reused_differs(out, scenario, sets, recorded):
         more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
         raise SystemExit(
             f"{out} holds a finished run of another scenario than {label} with "

@@ -619,3 +619,50 @@ def test_paired_runs_pairs_the_rounds_with_the_bank_when_asked(
     empty.write_text(json.dumps({"outcomes": {"m": [{"seed": 0, "plain": plain, "bank": []}]}}))
     with pytest.raises(SystemExit, match="seed 0 of m has no round with its bank"):
         paired.outcomes_of([empty], "m", "bank")
+
+
+def test_a_headline_made_again_from_its_records_when_its_runs_are_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pre-registered test's runs take several sessions, and a session's machine (with the
+    runs under /tmp) was lost between them: 41 finished runs went with it. ``--records`` keeps
+    what the table needs of each finished run, the table made from the records alone is the
+    table made from the runs, and ``--keep-only`` keeps records without making a table."""
+    import shutil
+
+    headline = load_bench("headline")
+    runs, records, out = tmp_path / "runs", tmp_path / "records", tmp_path / "out"
+    small = ["run.episodes=32", "eval.final_episodes=16", "eval.episodes=8", "world.pool=16"]
+    small += [f"policy.embedded.{k}" for k in TINY_MODEL]
+    sets = [a for s in small for a in ("--set", f"grpo:{s}")]
+    argv = ["headline.py", "--methods", "grpo", "--seeds", "3", "--probe", "0", *sets]
+    argv += ["--runs", str(runs), "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    headline.main()  # trains the run; no record asked for
+    assert not records.exists()
+    monkeypatch.setattr("sys.argv", [*argv, "--records", str(records), "--keep-only"])
+    with pytest.raises(SystemExit) as info:
+        headline.main()
+    assert info.value.code == f"kept 1 records under {records}; 1 of 1 runs finished"
+    assert [p.name for p in records.iterdir()] == ["grpo-seed3.json"]
+    assert (out / "headline.md").read_text().startswith("Table made ")
+    first = json.loads((out / "headline.json").read_text())
+    shutil.rmtree(runs)  # the machine is gone
+    monkeypatch.setattr("sys.argv", [*argv, "--records", str(records)])
+    headline.main()  # nothing trains: the record stands for the run
+    assert not runs.exists() or not any(runs.iterdir())
+    again = json.loads((out / "headline.json").read_text())
+    assert again["outcomes"] == first["outcomes"] and again["grpo"] == first["grpo"]
+    assert again["provenance"]["runs_created"] == first["provenance"]["runs_created"]
+    other = [*argv[:-4], "--set", "grpo:run.episodes=40", *argv[-4:]]  # not what was run
+    monkeypatch.setattr("sys.argv", [*other, "--records", str(records)])
+    said = r"grpo-seed3\.json holds a finished run of another scenario than scenarios/grpo\.toml "
+    with pytest.raises(SystemExit, match=said + r".*\(run\.episodes differ\)"):
+        headline.main()
+    monkeypatch.setattr("sys.argv", [*argv, "--keep-only"])
+    with pytest.raises(SystemExit, match="--keep-only writes records: name --records DIR"):
+        headline.main()
+    (records / "grpo-seed3.json").write_text('{"name": "grpo"')  # cut short
+    monkeypatch.setattr("sys.argv", [*argv, "--records", str(records)])
+    with pytest.raises(SystemExit, match=r"grpo-seed3\.json: not a record of a run \("):
+        headline.main()
