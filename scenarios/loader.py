@@ -189,9 +189,35 @@ def stored_scenario(
     for item in overrides:
         apply_override(doc, item, source)
     try:
-        return to_scenario(doc, source)
+        scenario = to_scenario(doc, source)
     except ScenarioInvalid as exc:  # the log's scenario validated: the --set is at issue
         raise _naming_override(exc, overrides) from None
+    _warn_unread_overrides(overrides, scenario, source)
+    return scenario
+
+
+def _warn_unread_overrides(overrides: Sequence[str], scenario: Scenario, source: str) -> None:
+    """A warning naming each ``--set`` given for a stored run that sets what its method and
+    agent never read (:func:`unread_tables`): accepted without a word, it read as a change
+    the replay or probe had made."""
+    doc: dict[str, Any] = {}
+    for item in overrides:
+        apply_override(doc, item, source)
+    keys = [(item, override_key(item)) for item in overrides]
+
+    def under(key: str, table: str) -> bool:
+        return key == table or key.startswith(table + ".")
+
+    # (a table the scenario leaves unread is named only where a --set is in it)
+    unread = [t for t in unread_tables(doc, scenario) if any(under(k, t) for _, k in keys)]
+    if not unread:
+        return
+    given = [i for i, k in keys if any(under(k, t) for t in unread)]
+    named = ", ".join(t if t in UNREAD_KEYS else f"[{t}]" for t in unread)
+    structlog.get_logger("coevo").warning(
+        f"{source}: --set {' '.join(given)}: nothing reads {named} in this run (method "
+        f"{scenario.run.method!r}, agent {scenario.agent.kind!r}): it changes nothing"
+    )
 
 
 def warn_settings(

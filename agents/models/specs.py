@@ -132,7 +132,7 @@ _EMBEDDED_RANGES = {
     "heads": (1, 256),
     "kv_heads": (1, 256),
     "intermediate_size": (1, 65_536),
-    "max_positions": (1, 131_072),
+    "max_positions": (16, 131_072),  # half of them hold a cut prompt: head, "...", end
     "episodes_per_family": (1, 1_000_000),
     "steps": (1, 10_000_000),
     "batch_size": (1, 65_536),

@@ -520,3 +520,35 @@ def test_a_stored_scenario_without_a_later_setting_reads_as_the_run_was_made() -
     before = "\n".join(line for line in text.splitlines() if "own_seeds" not in line)
     meta = new_run_meta("r", scenario_name="c", seed=0, coevo_version="0", scenario_toml=before)
     assert stored_scenario(meta, "runs/r").eval.own_seeds is False
+
+
+def test_a_set_over_a_stored_scenario_that_nothing_reads_is_said() -> None:
+    """``whatif --set complementary.guided_fraction=0.25`` on a GRPO run replayed the run
+    unchanged without a word, as if the setting had been tried (``run`` and ``validate`` warn
+    of a table nothing reads)."""
+    from structlog.testing import capture_logs
+
+    from engine.eventlog import new_run_meta
+    from scenarios.loader import stored_scenario
+
+    text = resolved_toml(load_scenario(ROOT / "scenarios" / "grpo.toml"))
+    meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml=text)
+    sets = ["policy.device=cpu", "complementary.guided_fraction=0.25", "empo2.top_k=3"]
+    with capture_logs() as logs:
+        stored_scenario(meta, "runs/r", sets)
+        stored_scenario(meta, "runs/r", sets[:1])  # read: no word
+    assert [e["event"] for e in logs] == [
+        "runs/r (its scenario): --set complementary.guided_fraction=0.25 empo2.top_k=3: nothing "
+        "reads [empo2], [complementary] in this run (method 'grpo', agent 'policy'): it "
+        "changes nothing"
+    ]
+
+
+def test_the_built_in_model_is_refused_too_few_positions_for_a_cut_prompt() -> None:
+    """``policy.embedded.max_positions = 8`` was valid, and the run failed building its model
+    ("room for 5 prompt tokens cannot hold a cut prompt"): minutes in with a real world."""
+    from agents.models.specs import EmbeddedSpec
+
+    with pytest.raises(ValueError, match="max_positions must be between 16 and 131072, got 8"):
+        EmbeddedSpec(max_positions=8)
+    assert EmbeddedSpec(max_positions=16).max_positions == 16
