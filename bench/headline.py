@@ -411,10 +411,28 @@ def keep_only(
                 continue
             sets = [f"seed={seed}", *extra.get(name, [])]
             refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
-            record_of(name, seed, out, records)
+            if not _recorded(out, records / f"{name}-seed{seed}.json"):
+                record_of(name, seed, out, records)
             kept += 1
     total = len(seeds) * len(methods)
     return f"kept {kept} records under {records}; {total - waiting} of {total} runs finished"
+
+
+def _recorded(run: Path, kept: Path) -> bool:
+    """Whether ``kept`` is already the record of the finished run ``run`` (the same run id):
+    a run read again each time ``--keep-only`` is called took minutes at 120 runs."""
+    if not kept.exists():
+        return False
+    log = LmdbEventLog.open(run / "log", writable=False)
+    try:
+        meta = log.read_meta()
+    finally:
+        log.close()
+    try:
+        record = msgspec.json.decode(kept.read_bytes(), type=Record)
+    except msgspec.MsgspecError:
+        return False  # written again
+    return meta is not None and record.meta is not None and record.meta.run_id == meta.run_id
 
 
 def main() -> None:

@@ -645,6 +645,10 @@ def test_a_headline_made_again_from_its_records_when_its_runs_are_gone(
         headline.main()
     assert info.value.code == f"kept 1 records under {records}; 1 of 1 runs finished"
     assert [p.name for p in records.iterdir()] == ["grpo-seed3.json"]
+    written = (records / "grpo-seed3.json").stat().st_mtime_ns
+    with pytest.raises(SystemExit, match="kept 1 records"):
+        headline.main()  # the same run: its record is not written again
+    assert (records / "grpo-seed3.json").stat().st_mtime_ns == written
     assert (out / "headline.md").read_text().startswith("Table made ")
     first = json.loads((out / "headline.json").read_text())
     shutil.rmtree(runs)  # the machine is gone
