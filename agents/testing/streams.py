@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
 
 from agents.acting.scheduler import RESUMED
 from agents.audit.inputs import AuditSettings
@@ -29,26 +28,8 @@ from agents.events.episodes import (
     EpisodeStarted,
     StepTaken,
 )
-from agents.events.extractor import (
-    CreditsDue,
-    CreditsSettled,
-    ExtractionRequested,
-    ExtractorCalled,
-    ExtractorGradientRequested,
-    ExtractorUpdated,
-    MergeDue,
-    MergePlanned,
-    MergeRequested,
-)
-from agents.events.memory import (
-    ReflectionRequested,
-    RetrievalRequested,
-    TipEvicted,
-    TipProposed,
-    TipRejected,
-    TipsRetrieved,
-    TipStored,
-)
+from agents.events.extractor import CreditsDue, CreditsSettled
+from agents.events.memory import RetrievalRequested
 from agents.events.policy import (
     ActionRequested,
     ActionSampled,
@@ -57,12 +38,12 @@ from agents.events.policy import (
     EvalRoundStarted,
     GradientRequested,
 )
-from agents.learning.credit_actor import CreditBook, CreditSettings
 from agents.methods.advantages import group_stats
 from agents.methods.base import ADV_EPS
 from agents.methods.builtin import Grpo
 from agents.methods.settings import GrpoConfig
 from agents.testing.events import policy_updated
+from agents.testing.stream_memory import CREDIT, MEMORIES, Episode, Memory, StreamMemory
 from engine.events import Envelope, Event
 from engine.lifecycle import RunFailed, RunResumed, RunStarted, RunStopped
 
@@ -74,13 +55,6 @@ except ModuleNotFoundError:  # the optional extra: say how to get it, in one lin
     ) from None
 
 __all__ = ["AUDIT", "CREDIT", "OPS", "Memory", "StreamBuilder", "runs"]
-
-Memory = Literal["none", "tips", "extractor"]
-"""What the stream's memory is: none, EMPO2-like reflections, or a Complementary RL extractor."""
-MEMORIES: tuple[Memory, ...] = get_args(Memory)
-
-CREDIT = CreditSettings(batch=1)
-"""The credit actor's settings streams are made with (an extractor request per credit)."""
 
 GRPO = GrpoConfig(reward="success", group_size=2)
 
@@ -106,21 +80,6 @@ _WEIGHTS = {
 
 
 @dataclass
-class _Episode:
-    family: str
-    index: int
-    worker: str  # the worker playing it (one episode at a time, as the scheduler keeps it)
-    assigned: int  # the seq of its assignment
-    started: bool = False
-    turns: int = 0  # steps taken
-    entry: int = -1  # the entry a guided episode was shown at turn 0
-    round: int = -1  # the evaluation round it belongs to (-1: a training episode)
-    waiting: Literal["", "tips", "action"] = ""  # what its open request asks for
-    asked: int = -1  # the seq of its open request
-    last: int = -1  # the seq its worker last handled (its last action, else its assignment)
-
-
-@dataclass
 class _Round:
     version: int
     episodes: int
@@ -129,15 +88,10 @@ class _Round:
 
 
 @dataclass
-class _Entry:
-    slot: str
-    text: str
-    call: str
-
-
-@dataclass
-class StreamBuilder:
-    """Plays operations into a well-formed stream (pure: no clock, no randomness of its own).
+class StreamBuilder(StreamMemory):
+    """Plays operations into a well-formed stream (pure: no clock, no randomness of its own):
+    the episodes, evaluation rounds, groups, updates and sessions here, what the memory and the
+    extractor answer in :class:`~agents.testing.stream_memory.StreamMemory`.
 
     Attributes:
         memory: the stream's memory.
@@ -145,42 +99,15 @@ class StreamBuilder:
         envs: the stream so far (since the last :meth:`take`).
     """
 
-    memory: Memory = "none"
-    credit: CreditSettings = CREDIT
-    envs: list[Envelope[Event]] = field(default_factory=list[Envelope[Event]])
-    _running: dict[str, _Episode] = field(default_factory=dict[str, _Episode])
+    _running: dict[str, Episode] = field(default_factory=dict[str, Episode])
     _episodes: int = 0
     _finished: list[tuple[str, str, bool]] = field(default_factory=list[tuple[str, str, bool]])
     _groups: list[AdvantagesComputed] = field(default_factory=list[AdvantagesComputed])
-    _bank: dict[int, _Entry] = field(default_factory=dict[int, _Entry])
-    _next_entry: int = 0
-    _policy: int = 0
-    _extractor: int = 0
-    _merges: int = 0
-    _credit: CreditBook = field(default_factory=CreditBook)
-    _seq: int = 0
     _rounds: dict[int, _Round] = field(default_factory=dict[int, _Round])
     _round: int = 0
     _held: list[list[AdvantagesComputed]] = field(
         default_factory=list[list[AdvantagesComputed]]
     )  # the groups of updates due while an evaluation round was open
-    _handled: int | None = None  # the seq the trainer last handled (the cause of what it emits)
-
-    def take(self) -> list[Envelope[Event]]:
-        """The envelopes added since the last call (a long stream, written out as it goes)."""
-        out, self.envs = self.envs, []
-        return out
-
-    def add(self, ev: Event, cause: int | None = None, actor: str = "a", corr: str = "") -> int:
-        """Append ``ev``; returns its seq."""
-        seq, self._seq = self._seq, self._seq + 1
-        self.envs.append(
-            Envelope(seq=seq, run="r", t=seq, actor=actor, event=ev, cause=cause, corr=corr)
-        )
-        if isinstance(ev, TipsRetrieved | EpisodeFinished | EpisodeAbandoned):
-            for out in self._credit.decide(ev, self.credit):
-                self._credited(out, seq)
-        return seq
 
     def play(self, op: str, pick: int) -> None:
         """One operation; ``pick`` chooses among the episodes or entries it can act on (an
@@ -239,7 +166,7 @@ class StreamBuilder:
             actor="trainer",
             corr=episode,
         )
-        self._running[episode] = _Episode(family, index, worker, seq, round=round, last=seq)
+        self._running[episode] = Episode(family, index, worker, seq, round=round, last=seq)
         return episode
 
     def evaluate(self, pick: int = 0) -> None:
@@ -258,7 +185,7 @@ class StreamBuilder:
         for _ in range(r.episodes):
             self.assign(round=number)
 
-    def _round_ended(self, e: _Episode, success: bool) -> None:
+    def _round_ended(self, e: Episode, success: bool) -> None:
         """An evaluation episode ended (an aborted one a failure); its round's end once it was
         the last, and the updates held meanwhile once no round is open."""
         r = self._rounds[e.round]
@@ -302,12 +229,12 @@ class StreamBuilder:
         if not e.started:  # (called directly: ``play`` turns started episodes only)
             self.start(episode)
         if e.waiting == "tips":
-            self._tips(episode, e, pick)
+            self._ask_action(episode, e, self._tips(episode, e, pick))
             return
         sampled = self._act(episode, e, pick, done=False, success=False)
         self._ask(episode, e, sampled)
 
-    def _ask(self, episode: str, e: _Episode, cause: int) -> None:
+    def _ask(self, episode: str, e: Episode, cause: int) -> None:
         """The worker, handling ``cause``, asks for the next turn's tips (a training episode
         with memory: every turn with tips, the first turn with an extractor's bank) or its
         action."""
@@ -335,7 +262,7 @@ class StreamBuilder:
             return
         self._ask_action(episode, e, cause)
 
-    def _act(self, episode: str, e: _Episode, pick: int, done: bool, success: bool) -> int:
+    def _act(self, episode: str, e: Episode, pick: int, done: bool, success: bool) -> int:
         """The inference actor's answer to the open action request, and the step the worker
         takes with it (the last, when ``done``: its reward and score the episode's outcome);
         returns the answer's seq."""
@@ -374,37 +301,7 @@ class StreamBuilder:
         e.waiting, e.asked, e.last = "", -1, sampled
         return sampled
 
-    def _tips(self, episode: str, e: _Episode, pick: int) -> None:
-        """The memory's answer to the open retrieval (an entry of the slot ``pick`` chooses,
-        or none), and the action request the worker makes with it."""
-        worker, slot = e.worker, f"train/{e.family}"
-        diverse = self.memory == "extractor"
-        held = sorted(i for i, x in self._bank.items() if x.slot == slot)
-        shown = held[pick % len(held) :][:1] if held and (pick % 3 or diverse) else []
-        if diverse and shown:
-            e.entry = shown[0]
-        retrieved = self.add(
-            TipsRetrieved(
-                episode=episode,
-                worker=worker,
-                turn=e.turns,
-                slot=slot,
-                tip_ids=tuple(shown),
-                similarities=tuple(0.5 for _ in shown),
-                ranks=tuple(range(len(shown))),
-                tips=tuple(self._bank[i].text for i in shown),
-                similar=len(shown),
-                slot_size=len(held),
-                calls=tuple(self._bank[i].call for i in shown),
-            ),
-            cause=e.asked,
-            actor="memory",
-            corr=episode,
-        )
-        e.waiting = ""
-        self._ask_action(episode, e, retrieved)
-
-    def _ask_action(self, episode: str, e: _Episode, cause: int) -> None:
+    def _ask_action(self, episode: str, e: Episode, cause: int) -> None:
         worker = e.worker
         e.waiting, e.asked = (
             "action",
@@ -431,7 +328,7 @@ class StreamBuilder:
         if not e.started:  # (called directly: ``play`` finishes started episodes only)
             self.start(episode)
         if e.waiting == "tips":
-            self._tips(episode, e, pick)
+            self._ask_action(episode, e, self._tips(episode, e, pick))
         sampled = self._act(episode, e, pick, done=True, success=success)
         del self._running[episode]
         outcome = 1.0 if success else 0.0
@@ -473,179 +370,6 @@ class StreamBuilder:
         )
         if e.round >= 0:
             self._round_ended(e, False)
-
-    def _reflect(
-        self, episode: str, e: _Episode, worker: str, success: bool, pick: int, cause: int
-    ) -> None:
-        slot = f"train/{e.family}"
-        asked = self.add(
-            ReflectionRequested(
-                episode=episode,
-                worker=worker,
-                slot=slot,
-                messages=(("user", "reflect"),),
-                key="k",
-                score=1.0 if success else 0.0,
-                success=success,
-                seed=e.index,
-            ),
-            cause=cause,
-            actor=worker,
-            corr=episode,
-        )
-        text = f"tip {pick % 4}"
-        tip = TipProposed(
-            episode=episode,
-            slot=slot,
-            key="k",
-            score=1.0,
-            text=text,
-            prompt_ids=(1,),
-            response_ids=(2,),
-            token_logps=(-0.1,),
-            temperature=1.0,
-            policy_version=self._policy,
-        )
-        proposed = self.add(tip, cause=asked, actor="inference", corr=episode)
-        same = [i for i, x in self._bank.items() if x.slot == slot and x.text == text]
-        if same:
-            rejected = TipRejected(
-                episode=episode, slot=slot, reason="duplicate", duplicate_of=same[0]
-            )
-            self.add(rejected, cause=proposed, actor="memory", corr=episode)
-        else:
-            self._store(slot, text, "", episode, (), proposed)
-
-    def _extract(
-        self, episode: str, e: _Episode, worker: str, success: bool, pick: int, cause: int
-    ) -> None:
-        slot = f"train/{e.family}"
-        asked = self.add(
-            ExtractionRequested(
-                episode=episode,
-                worker=worker,
-                slot=slot,
-                entry=e.entry,
-                messages=(("user", "extract"),),
-                success=success,
-                score=1.0 if success else 0.0,
-                seed=e.index,
-            ),
-            cause=cause,
-            actor=worker,
-            corr=episode,
-        )
-        update = e.entry in self._bank and pick % 2 == 1
-        parents = (e.entry,) if update else ()
-        text = f"entry from {episode}"
-        op = ("update", parents, text) if update else ("add", (), text)
-        self._call("extract", episode, slot, asked, (op,), episode)
-
-    def merge(self, pick: int) -> None:
-        """A merge pass (the trainer's ``merge_due``, the memory's ``merge_planned``) of at most
-        one chunk: two entries of one slot, answered by one merged entry."""
-        if self.memory != "extractor":
-            return
-        slots = sorted({x.slot for x in self._bank.values()})
-        chunks = [s for s in slots if sum(x.slot == s for x in self._bank.values()) >= 2]
-        step, self._merges = self._merges, self._merges + 1
-        due = self.add(MergeDue(step=step), cause=self._handled, actor="trainer")
-        if not chunks:
-            self.add(MergePlanned(step=step, requests=0), cause=due, actor="memory")
-            return
-        slot = chunks[pick % len(chunks)]
-        entries = tuple(sorted(i for i, x in self._bank.items() if x.slot == slot)[:2])
-        asked = self.add(
-            MergeRequested(
-                step=step, slot=slot, entries=entries, messages=(("user", "merge"),), seed=step
-            ),
-            cause=due,
-            actor="memory",
-        )
-        self.add(MergePlanned(step=step, requests=1), cause=due, actor="memory")
-        op = ("merge", entries, f"merged {entries}")
-        self._call("merge", f"merge{step}", slot, asked, (op,), "")
-
-    def _call(
-        self,
-        task: str,
-        source: str,
-        slot: str,
-        asked: int,
-        ops: tuple[tuple[str, tuple[int, ...], str], ...],
-        episode: str,
-    ) -> None:
-        call = f"x{asked}"
-        called = self.add(
-            ExtractorCalled(
-                call=call,
-                task=task,
-                source=source,
-                slot=slot,
-                prompt_ids=(1,),
-                response_ids=(2,),
-                token_logps=(-0.2,),
-                text="ops",
-                temperature=1.0,
-                extractor_version=self._extractor,
-                ops=ops,
-            ),
-            cause=asked,
-            actor="extractor",
-        )
-        for _, parents, text in ops:
-            self._store(slot, text, call, episode, parents, called)
-            for parent in parents:
-                del self._bank[parent]
-                reason = "merge" if task == "merge" else "update"
-                self.add(
-                    TipEvicted(tip_id=parent, slot=slot, reason=reason),
-                    cause=called,
-                    actor="memory",
-                )
-
-    def _store(
-        self, slot: str, text: str, call: str, episode: str, parents: tuple[int, ...], cause: int
-    ) -> None:
-        tip_id, self._next_entry = self._next_entry, self._next_entry + 1
-        self._bank[tip_id] = _Entry(slot, text, call)
-        self.add(
-            TipStored(
-                tip_id=tip_id,
-                slot=slot,
-                episode=episode,
-                text=text,
-                score=1.0,
-                key="k",
-                call=call,
-                parents=parents,
-            ),
-            cause=cause,
-            actor="memory",
-        )
-
-    def _credited(self, ev: Event, cause: int) -> None:
-        """What the credit actor emitted after ``cause`` (a credit, an extractor request),
-        with the extractor's update answering each request."""
-        seq = self.add(ev, cause=cause, actor="credit")
-        if isinstance(ev, ExtractorGradientRequested):
-            self._extractor += 1
-            self.add(
-                ExtractorUpdated(
-                    extractor_version=self._extractor,
-                    update=ev.update,
-                    samples=len(ev.calls),
-                    loss=0.0,
-                    grad_norm=0.0,
-                    clip_frac=0.0,
-                    digest=f"x{self._extractor}",
-                    checkpoint="",
-                    seconds=0.0,
-                    parent_digest=f"x{self._extractor - 1}",
-                ),
-                cause=seq,
-                actor="extractor",
-            )
 
     def _group(self) -> None:
         """A group of the method's size finished: its advantages (GRPO's own ``score``), and
