@@ -98,10 +98,16 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
             hint = (  # the coevo script, unlike python -m, does not search where it runs
                 f" (is its directory on PYTHONPATH? {_cwd_note()})"
             )
+        if isinstance(exc, ModuleNotFoundError) and (shut := _unreadable(module_name)):
+            hint = f" ({shut} may not be read by this user)"
         raise ValueError(
             f"cannot import {kind} module {module_name!r}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
     found = getattr(module, name, None)
+    if found is None and (shut := _unreadable(module_name)):  # imported as an empty namespace
+        raise ValueError(
+            f"cannot import {kind} module {module_name!r}: {shut} may not be read by this user"
+        )
     if found is None:
         own = (  # the researcher's engine.py, behind coevo's engine package
             f" ({module_name!r} is coevo's own package, at "
@@ -112,6 +118,22 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
         )
         raise ValueError(f"{kind} module {module_name!r} has no {what} {name!r}{own}")
     return found
+
+
+def _unreadable(module_name: str) -> str:
+    """The first directory of ``module_name``'s packages on the search path that this user may
+    not list or enter, "" when none: Python reads such a package as missing, or as an empty
+    namespace package (its module then "has no class")."""
+    parts = module_name.split(".")
+    for entry in sys.path:
+        base = entry or os.curdir
+        for depth in range(1, len(parts) + 1):
+            there = os.path.join(base, *parts[:depth])
+            if not os.path.isdir(there):
+                break
+            if not os.access(there, os.R_OK | os.X_OK):
+                return there
+    return ""
 
 
 def _cwd_note() -> str:

@@ -4,6 +4,7 @@ refused, never resolved to one of them in silence (worlds and methods alike)."""
 from __future__ import annotations
 
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,30 @@ def test_installed_methods_are_read_once_and_again_for_a_name_not_yet_known(
     assert len(reads) == 3
     method_class(GRPO)  # an import path needs no read
     assert len(reads) == 3
+
+
+def test_a_plug_in_package_this_user_may_not_read_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plug-in package whose directory this user may not enter imported as an empty
+    namespace package, and the method was refused as "has no class 'MyMethod'": the class is
+    there, the directory is not readable."""
+    import os
+    import sys
+
+    root = tmp_path
+    (root / "shutpkg").mkdir()  # (no __init__.py: a namespace package, as one unreadable is)
+    (root / "shutpkg" / "meth.py").write_text("class MyMethod: ...\n")
+    monkeypatch.syspath_prepend(str(root))
+    shut = str(root / "shutpkg")
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: str(p) != shut and access(p, mode))
+    monkeypatch.delitem(sys.modules, "shutpkg", raising=False)
+    with pytest.raises(ValueError) as info:
+        method_class("shutpkg:MyMethod")
+    assert str(info.value) == (
+        f"cannot import method module 'shutpkg': {shut} may not be read by this user"
+    )
+    monkeypatch.setitem(sys.modules, "shutpkg.gone", None)  # as Python finds no module there
+    with pytest.raises(ValueError, match=rf"\({shut} may not be read by this user\)$"):
+        method_class("shutpkg.gone:MyMethod")
