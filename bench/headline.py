@@ -43,6 +43,7 @@ from method_results import (
     RunFacts,
     check_families,
     check_families_first,
+    check_seeds_first,
     fold,
     once_each,
     plot,
@@ -51,6 +52,7 @@ from method_results import (
     provenance_line,
     read_run,
     refuse_reused,
+    refuse_run_own,
     run_all,
     tag,
     unfinished,
@@ -137,15 +139,20 @@ def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record |
     if got is None:
         if kept is None or not kept.exists() or run.exists():  # an unfinished run is no record
             return None
-        try:
-            return msgspec.json.decode(kept.read_bytes(), type=Record)
-        except msgspec.MsgspecError as exc:
-            raise SystemExit(f"{kept}: not a record of a run ({exc})") from None
+        return read_record(kept)
     log = LmdbEventLog.open(run / "log", writable=False)
     try:
         meta = log.read_meta()
     finally:
         log.close()
+    if kept is not None and kept.exists():  # another test's run's, in a shared directory
+        there = read_record(kept).meta
+        if meta is None or there is None or there.run_id != meta.run_id:
+            raise SystemExit(
+                f"{kept} holds the record of another run than {run}'s (run id "
+                f"{there.run_id if there else '?'}, not {meta.run_id if meta else '?'}): "
+                "name another --records (one per test), or remove it if that run is not wanted"
+            )
     events, wall = got
     record = Record(
         name=name,
@@ -160,6 +167,30 @@ def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record |
         part = kept.with_name(f".{kept.name}.part")
         part.write_bytes(msgspec.json.encode(record) + b"\n")
         os.replace(part, kept)
+    return record
+
+
+def read_record(kept: Path) -> Record:
+    """The record ``kept`` (``--records``), whose scenario is the one its hash was made of:
+    a record without it, or edited, was counted as a run of any settings asked.
+
+    Raises:
+        SystemExit: one line, naming the file.
+    """
+    from scenarios.loader import scenario_hash
+
+    try:
+        record = msgspec.json.decode(kept.read_bytes(), type=Record)
+    except (msgspec.MsgspecError, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else exc
+        raise SystemExit(f"{kept}: not a record of a run ({why})") from None
+    meta = record.meta
+    if meta is None or not meta.scenario_toml:
+        raise SystemExit(f"{kept}: not a record of a run (it holds no run metadata or scenario)")
+    if scenario_hash(meta.scenario_toml) != meta.scenario_hash:
+        raise SystemExit(
+            f"{kept}: its scenario is not the one its run recorded (the hash differs: edited?)"
+        )
     return record
 
 
@@ -428,11 +459,8 @@ def _recorded(run: Path, kept: Path) -> bool:
         meta = log.read_meta()
     finally:
         log.close()
-    try:
-        record = msgspec.json.decode(kept.read_bytes(), type=Record)
-    except msgspec.MsgspecError:
-        return False  # written again
-    return meta is not None and record.meta is not None and record.meta.run_id == meta.run_id
+    there = read_record(kept).meta
+    return meta is not None and there is not None and there.run_id == meta.run_id
 
 
 def main() -> None:
@@ -475,6 +503,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     seeds = once_each("--seeds", args.seeds)
+    args.methods = once_each("--methods", args.methods, "one row per method")
     out_dir = args.out if args.out is not None else args.runs
     extra: dict[str, list[str]] = {}
     for item in args.set:
@@ -484,10 +513,16 @@ def main() -> None:
                 f"--set {item}: METHOD:key.path=value, METHOD one of --methods "
                 f"({', '.join(args.methods)})"
             )
+        refuse_run_own(item, assignment)
         extra.setdefault(name, []).append(assignment)
     if args.keep_only and args.records is None:
         raise SystemExit("--keep-only writes records: name --records DIR")
-    check_families_first(args.hard, [(ROOT / METHODS[n], extra.get(n, [])) for n in args.methods])
+    for flag, where in (("--runs", args.runs), ("--out", out_dir), ("--records", args.records)):
+        if where is not None and where.exists() and not where.is_dir():  # found after the runs
+            raise SystemExit(f"coevo: error: {flag} {where}: not a directory")
+    scenarios = [(ROOT / METHODS[n], extra.get(n, [])) for n in args.methods]
+    check_families_first(args.hard, scenarios)
+    check_seeds_first(scenarios, seeds)
     if args.keep_only:
         raise SystemExit(keep_only(args.runs, args.records, args.methods, seeds, extra))
     jobs, reused = [], {}
@@ -513,7 +548,7 @@ def main() -> None:
     finals: dict[str, list[Final]] = {}
     modes: dict[str, list[Modes]] = {}
     facts = {}
-    read, created = [], []
+    read, recorded = [], []
     for name in args.methods:
         for seed in args.seeds:
             run = args.runs / f"{name}-seed{seed}"
@@ -523,13 +558,13 @@ def main() -> None:
             modes.setdefault(name, []).append(got.modes)
             facts.setdefault(name, []).append(got.facts)
             if (name, seed) in reused:
-                created.append(got.meta.created_ns if got.meta is not None else 0)
+                recorded.append(got.meta)
             elif seed in seeds:
                 read.append(run)
     hard = tuple(args.hard)
     check_families(hard, facts)
     summary = summarize(finals, hard)
-    made = provenance({name: seeds for name in args.methods}, read, created)
+    made = provenance({name: seeds for name in args.methods}, read, recorded)
     lines = [provenance_line(made), "", *table(summary, hard)]
     png = bars(summary, out_dir / f"{args.tag}.png")
     curves = plot(facts, hard, out_dir / f"{args.tag}_curves.png")

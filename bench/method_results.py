@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,12 +33,14 @@ from extractor_report import Coevolution, coevolution_table, fold_coevolution, p
 from agents.events.episodes import EpisodeAssigned, episode_success
 from agents.events.extractor import ExtractorCalled
 from agents.events.policy import AdaptRoundFinished, EvalRoundFinished, EvalRoundStarted
+from engine.eventlog import RunMeta
 from engine.events import Envelope, Event
 from engine.lifecycle import RunResumed, RunStopped
 from stores.lmdb_env import writer_alive
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
+_T = TypeVar("_T", int, str)
 HARD = ("circuit", "paint")
 
 
@@ -128,9 +130,16 @@ def running_seconds(envs: Sequence[Envelope[Event]]) -> float:
 def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
     """Run ``(scenario, out, seed[, sets])`` jobs, ``parallel`` at a time, each a ``coevo run``
     (``sets``: ``key.path=value`` overrides)."""
+    import signal
+
+    def terminated(signum: int, frame: object) -> None:  # as Ctrl-C: a scheduler's, kill's
+        raise KeyboardInterrupt
+
     coevo = str(Path(sys.executable).with_name("coevo"))
     pending = list(jobs)
     running: list[tuple[subprocess.Popen[bytes], Path]] = []
+    stopped = False
+    before = signal.signal(signal.SIGTERM, terminated)
     try:
         while pending or running:
             while pending and len(running) < parallel:
@@ -148,7 +157,10 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
                     print(f"done {out.name}: exit {proc.returncode}", flush=True)
                     if proc.returncode != 0:
                         raise SystemExit(f"{out} failed with exit {proc.returncode}")
-    finally:  # a failed job, a Ctrl-C: the other runs stop too (each resumable), none orphaned
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: said in one line below, no traceback
+        stopped = True
+    finally:  # a failed job, a stop: the other runs stop too (each resumable), none orphaned
+        signal.signal(signal.SIGTERM, before)
         for proc, _ in running:
             proc.terminate()
         for proc, out in running:
@@ -158,6 +170,11 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
                 proc.kill()
                 proc.wait()
             print(f"stopped {out.name} (coevo resume {out} continues it)", flush=True)
+    if stopped:
+        raise SystemExit(
+            "coevo: stopped: the runs it had started were stopped (resume each, or remove it to "
+            "start it again); the same command then goes on with the rest"
+        )
 
 
 def positive(text: str) -> int:
@@ -185,12 +202,48 @@ def tag(text: str) -> str:
     return text
 
 
-def once_each(flag: str, seeds: Sequence[int]) -> list[int]:
-    """``seeds`` when none is given twice; else stop (one line): a seed given twice was
-    counted twice, and two runs went into one directory."""
+def once_each(flag: str, seeds: Sequence[_T], each: str = "one run per seed") -> list[_T]:
+    """``seeds`` (or methods) when none is given twice; else stop (one line): a seed given
+    twice was counted twice, and two runs went into one directory."""
     if twice := sorted({s for s in seeds if list(seeds).count(s) > 1}):
-        raise SystemExit(f"coevo: error: {flag}: {twice} given more than once (one run per seed)")
+        raise SystemExit(f"coevo: error: {flag}: {twice} given more than once ({each})")
     return list(seeds)
+
+
+def check_seeds_first(scenarios: Sequence[tuple[Path, list[str]]], seeds: Sequence[int]) -> None:
+    """Stop (one line) before anything runs when a seed is one no run takes (a seed of -1
+    was refused when its turn came, after the seeds before it had trained)."""
+    from engine.errors import CoevoError
+    from scenarios.loader import load_scenario
+
+    for scenario, sets in scenarios:
+        for seed in sorted({min(seeds), max(seeds)}) if seeds else ():
+            try:
+                load_scenario(scenario, [*sets, f"seed={seed}"])
+            except CoevoError as exc:
+                raise SystemExit(f"coevo: error: --seeds {seed}: {exc}") from None
+
+
+RUN_OWN = ("seed", "run.method")
+"""Settings a ``--set`` of these scripts may not give: each run's seed is ``--seeds``' and its
+method the row's (``--set grpo:seed=5`` made every seed the same run, counted as several)."""
+
+
+def refuse_run_own(item: str, assignment: str) -> None:
+    """Stop (one line) when ``assignment`` (``key.path=value``, from the ``--set`` ``item``)
+    sets one of :data:`RUN_OWN`."""
+    from engine.errors import CoevoError
+    from scenarios.loader import override_key
+
+    try:
+        key = override_key(assignment)
+    except CoevoError:  # malformed: the scenario's load names it
+        return
+    if key in RUN_OWN:
+        raise SystemExit(
+            f"coevo: error: --set {item}: {key} is each run's own (the seed is --seeds', the "
+            "method the scenario's the row names): a --set of it made every seed one run"
+        )
 
 
 def check_families(hard: Sequence[str], facts: dict[str, list[RunFacts]]) -> None:
@@ -229,26 +282,27 @@ def check_families_first(hard: Sequence[str], scenarios: Sequence[tuple[Path, li
 
 
 def provenance(
-    seeds: dict[str, list[int]], runs: Sequence[Path], created_ns: Sequence[int] = ()
+    seeds: dict[str, list[int]], runs: Sequence[Path], recorded: Sequence[RunMeta | None] = ()
 ) -> dict[str, Any]:
     """Where a table came from: the code's commit (and whether the work tree differed), the
-    time (UTC), the command, each method's seeds, and when the ``runs`` it read were created
-    (reused runs may be older than the code that reads them), with ``created_ns``, the
-    creation times of runs read from their records rather than their logs."""
+    time (UTC), the command, each method's seeds, when the ``runs`` it read were created
+    (reused runs may be older than the code that reads them) and the coevo versions that made
+    them ("+g<commit>", ".dirty" for a work tree with changes), with ``recorded``, the
+    metadata of the runs read from their records rather than their logs."""
     import datetime
 
     def utc(ns: float) -> str:
         return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
-    created = [ns for ns in created_ns if ns]
+    metas = list(recorded)
     for run in runs:
         log = LmdbEventLog.open(run / "log", writable=False)
         try:
-            meta = log.read_meta()
+            metas.append(log.read_meta())
         finally:
             log.close()
-        if meta is not None and meta.created_ns:
-            created.append(meta.created_ns)
+    created = [m.created_ns for m in metas if m is not None and m.created_ns]
+    versions = sorted({m.coevo_version if m is not None else "unknown" for m in metas})
 
     def git(*args: str) -> str:
         done = subprocess.run(
@@ -264,6 +318,7 @@ def provenance(
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),  # pastes as given
         "seeds": seeds,
         "runs_created": f"{utc(min(created))} to {utc(max(created))} UTC" if created else "unknown",
+        "runs_made_by": versions,
     }
 
 
@@ -271,9 +326,11 @@ def provenance_line(facts: dict[str, Any]) -> str:
     """:func:`provenance` as the first line of a table's markdown."""
     seeds = "; ".join(f"{k} {v}" for k, v in facts["seeds"].items())
     fence = "``" if "`" in facts["command"] else "`"  # a backtick in it ends a one-tick span
+    made_by = facts.get("runs_made_by") or ["unknown"]
     return (
         f"Table made {facts['date']} by commit {facts['commit']} from runs created "
-        f"{facts['runs_created']}, seeds: {seeds}; {fence} {facts['command']} {fence}"
+        f"{facts['runs_created']} by coevo {', '.join(made_by)}, seeds: {seeds}; {fence} "
+        f"{facts['command']} {fence}"
     )
 
 

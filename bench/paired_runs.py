@@ -52,7 +52,9 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
         try:
             doc = json.loads(path.read_text())
             runs = doc.get("outcomes", {}).get(method)
-        except (OSError, ValueError, AttributeError) as exc:
+        except OSError as exc:  # a missing file is not "not a headline JSON file"
+            raise SystemExit(f"{path}: cannot read it ({exc.strerror})") from None
+        except (ValueError, AttributeError) as exc:
             raise SystemExit(f"{path}: not a headline JSON file ({exc})") from None
         if not runs:
             raise SystemExit(f"{path}: no outcomes of method {method!r}")
@@ -60,11 +62,11 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
         for run in runs:
             try:
                 seed = str(run["seed"])
-                plain = [(str(family), bool(success)) for family, success in run[played]]
+                plain = [(str(family), _outcome(success)) for family, success in run[played]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise SystemExit(
-                    f"{path}: not a headline JSON file (a run of {method} without a seed and "
-                    f"its held-out outcomes: {type(exc).__name__}: {exc})"
+                    f"{path}: not a headline JSON file (a run of {method} whose seed or held-out "
+                    f"outcomes are not as headline.py writes them: {type(exc).__name__}: {exc})"
                 ) from None
             if not plain:
                 said = "held-out episode" if played == "plain" else "round with its bank"
@@ -75,6 +77,18 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
             found[seed] = plain
             source[seed] = path
     return found
+
+
+def _outcome(success: object) -> bool:
+    """An episode's outcome as headline.py writes it, true or false ("false", a string, read
+    as a success).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if not isinstance(success, bool):
+        raise TypeError(f"outcome {success!r} is not true or false")
+    return success
 
 
 def _note_before_own_seeds(path: Path, doc: dict[str, Any]) -> None:

@@ -337,6 +337,7 @@ def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(
     md = (tmp_path / "headline.md").read_text().splitlines()
     assert md[0].startswith("Table made ") and "seeds: grpo [3]; ` headline.py --methods" in md[0]
     assert re.search(r"from runs created (\S+ \S+) to \1 UTC", md[0]), md[0]
+    assert re.search(r" UTC by coevo \d\S*, seeds: ", md[0]), md[0]  # which code made them
     assert "grpo: fewer than 3 seeds" in "\n".join(md)
     doc = json.loads((tmp_path / "headline.json").read_text())
     assert doc["provenance"]["seeds"] == {"grpo": [3]} and doc["provenance"]["commit"]
@@ -543,13 +544,27 @@ def test_paired_runs_refuses_what_it_cannot_pair_in_one_line(
     paired = load_bench("paired_runs")
     tasks = [("heat", False), ("heat", True)]
     for name, runs, said in [
-        ("noplain", [{"seed": 0}], "not a headline JSON file (a run of m without a seed"),
+        (
+            "noplain",
+            [{"seed": 0}],
+            "not a headline JSON file (a run of m whose seed or held-out outcomes",
+        ),
         ("empty", [{"seed": 0, "plain": []}], "seed 0 of m has no held-out episode"),
+        # a string "false" was scored a success (an outside tester's)
+        (
+            "string",
+            [{"seed": 0, "plain": [["heat", "false"]]}],
+            "not a headline JSON file (a run of m whose seed or held-out outcomes are not as "
+            "headline.py writes them: TypeError: outcome 'false' is not true or false)",
+        ),
     ]:
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"outcomes": {"m": runs}}))
         with pytest.raises(SystemExit, match=re.escape(f"{path}: {said}")):
             paired.outcomes_of([path], "m")
+    gone = tmp_path / "gone.json"  # it said "not a headline JSON file ([Errno 2] ...)"
+    with pytest.raises(SystemExit, match=re.escape(f"{gone}: cannot read it (No such file")):
+        paired.outcomes_of([gone], "m")
     a = _outcomes_file(tmp_path / "a.json", "m", {"0": tasks, "1": tasks})
     b = _outcomes_file(tmp_path / "b.json", "m", {"0": tasks})
     doc = json.loads(b.read_text())
@@ -649,6 +664,15 @@ def test_a_headline_made_again_from_its_records_when_its_runs_are_gone(
     with pytest.raises(SystemExit, match="kept 1 records"):
         headline.main()  # the same run: its record is not written again
     assert (records / "grpo-seed3.json").stat().st_mtime_ns == written
+    # another test's run's record in the same directory was written over without a word
+    mine = (records / "grpo-seed3.json").read_text()
+    other = json.loads(mine)
+    (records / "grpo-seed3.json").write_text(
+        json.dumps({**other, "meta": {**other["meta"], "run_id": "another"}})
+    )
+    with pytest.raises(SystemExit, match=r"grpo-seed3\.json holds the record of another run "):
+        headline.main()
+    (records / "grpo-seed3.json").write_text(mine)
     assert (out / "headline.md").read_text().startswith("Table made ")
     first = json.loads((out / "headline.json").read_text())
     shutil.rmtree(runs)  # the machine is gone
@@ -666,7 +690,85 @@ def test_a_headline_made_again_from_its_records_when_its_runs_are_gone(
     monkeypatch.setattr("sys.argv", [*argv, "--keep-only"])
     with pytest.raises(SystemExit, match="--keep-only writes records: name --records DIR"):
         headline.main()
+    kept = json.loads((records / "grpo-seed3.json").read_text())
+    for edit, said in [
+        ({"meta": None}, "it holds no run metadata or scenario"),  # it passed any settings
+        (
+            {"meta": {**kept["meta"], "scenario_toml": kept["meta"]["scenario_toml"] + "#\n"}},
+            "its scenario is not the one its run recorded (the hash differs: edited?)",
+        ),
+    ]:
+        (records / "grpo-seed3.json").write_text(json.dumps({**kept, **edit}))
+        monkeypatch.setattr("sys.argv", [*argv, "--records", str(records)])
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            headline.main()
     (records / "grpo-seed3.json").write_text('{"name": "grpo"')  # cut short
     monkeypatch.setattr("sys.argv", [*argv, "--records", str(records)])
     with pytest.raises(SystemExit, match=r"grpo-seed3\.json: not a record of a run \("):
         headline.main()
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        # every "seed" was one run, counted as several (an outside tester's)
+        (["--set", "grpo:seed=5"], "--set grpo:seed=5: seed is each run's own"),
+        (["--set", "grpo:run.method=empo2"], "--set grpo:run.method=empo2: run.method is each"),
+        (["--methods", "grpo", "grpo"], "--methods: ['grpo'] given more than once"),
+        # refused when its turn came, after the seeds before it had trained
+        (["--seeds", "7", "-1"], "coevo: error: --seeds -1: "),
+        (["--records", "FILE"], "coevo: error: --records FILE: not a directory"),
+        (["--out", "FILE"], "coevo: error: --out FILE: not a directory"),
+    ],
+)
+def test_headline_refuses_what_would_mislead_before_any_run(
+    extra: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each was accepted: a table of one run counted as several seeds, a row of another
+    method, a run counted twice, or a failure once runs had trained (a traceback for a file
+    where a directory goes)."""
+    (tmp_path / "FILE").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    argv = ["headline.py", "--methods", "grpo", "--seeds", "7", "--probe", "0"]
+    monkeypatch.setattr("sys.argv", [*argv, "--runs", str(tmp_path / "runs"), *extra])
+    with pytest.raises(SystemExit) as info:
+        load_bench("headline").main()
+    assert (
+        str(info.value.code).startswith(said)
+        or f"coevo: error: {said}" == str(info.value.code)[: len(said) + 14]
+    ), info.value.code
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_stopped_results_script_stops_its_runs_and_says_so(tmp_path: Path) -> None:
+    """SIGTERM (kill, a scheduler) ended the script at once and left its ``coevo run``
+    training as an orphan, which a quick rerun met in its directory; Ctrl-C ended in a
+    KeyboardInterrupt traceback."""
+    import signal
+    import subprocess
+    import time
+
+    from stores.lmdb_env import writer_alive
+
+    out = tmp_path / "long"
+    script = (
+        "import sys; from pathlib import Path; sys.path.insert(0, 'bench'); "
+        "from method_results import run_all; "
+        f"run_all([(Path('scenarios/explore.toml'), Path({str(out)!r}), 0, "
+        "['run.episodes=10000000'])], 1)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 240
+    while not writer_alive(out / "log") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert writer_alive(out / "log"), "the run never started"
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 1
+    assert f"stopped long (coevo resume {out} continues it)" in stdout.decode()
+    last = stderr.decode().strip().splitlines()[-1]  # (after the run's own stop line)
+    assert last.startswith("coevo: stopped: the runs it had started"), stderr
+    assert "Traceback" not in stderr.decode()
+    assert not writer_alive(out / "log")  # no orphan writes it
