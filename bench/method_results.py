@@ -139,6 +139,7 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
     pending = list(jobs)
     running: list[tuple[subprocess.Popen[bytes], Path]] = []
     stopped = False
+    held = [_hold(parent) for parent in sorted({Path(job[1]).parent for job in jobs})]
     before = signal.signal(signal.SIGTERM, terminated)
     try:
         while pending or running:
@@ -161,6 +162,8 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
         stopped = True
     finally:  # a failed job, a stop: the other runs stop too (each resumable), none orphaned
         signal.signal(signal.SIGTERM, before)
+        for lock in held:
+            lock.close()
         for proc, _ in running:
             proc.terminate()
         for proc, out in running:
@@ -175,6 +178,25 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
             "coevo: stopped: the runs it had started were stopped (resume each, or remove it to "
             "start it again); the same command then goes on with the rest"
         )
+
+
+def _hold(runs: Path) -> Any:
+    """The lock of the directory ``runs`` for this script's runs in it (``.running.lock``,
+    held until its file is closed); stop (one line) when another process holds it: two
+    scripts started the same run in the ~20 s before its log exists, and one failed late."""
+    import fcntl
+
+    runs.mkdir(parents=True, exist_ok=True)
+    lock = (runs / ".running.lock").open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise SystemExit(
+            f"coevo: error: another process runs runs in {runs} (it holds {runs}/.running.lock): "
+            "wait for it, or name another directory"
+        ) from None
+    return lock
 
 
 def positive(text: str) -> int:

@@ -772,3 +772,18 @@ def test_a_stopped_results_script_stops_its_runs_and_says_so(tmp_path: Path) -> 
     assert last.startswith("coevo: stopped: the runs it had started"), stderr
     assert "Traceback" not in stderr.decode()
     assert not writer_alive(out / "log")  # no orphan writes it
+
+
+def test_two_results_scripts_do_not_start_runs_in_one_directory(tmp_path: Path) -> None:
+    """A second script on the same --runs started the same run in the ~20 s before the first
+    one's log existed; that run failed once it had started ("already holds a run")."""
+    results = load_bench("method_results")
+    first = results._hold(tmp_path)  # as the first script holds it while its runs go
+    job = (tmp_path / "no-such.toml", tmp_path / "grpo-seed0", 0)
+    with pytest.raises(SystemExit) as info:
+        results.run_all([job], 1)
+    assert str(info.value.code).startswith(f"coevo: error: another process runs runs in {tmp_path}")
+    assert not (tmp_path / "grpo-seed0").exists()
+    first.close()
+    with pytest.raises(SystemExit, match="grpo-seed0 failed with exit 2"):  # its turn now
+        results.run_all([job], 1)
