@@ -69,6 +69,8 @@ def _tasks(
     try:
         tasks = _list_tasks(world, scenario, split, source, pool)
         _check_templates(world, scenario, source)
+        if split == scenario.world.split:  # (once: the world is the same for each split)
+            _check_embedded_variants(world, scenario, source)
     except BaseException as exc:
         close_world(world)  # the listing's failure is the one to report
         if isinstance(exc, SystemExit):  # a plug-in's sys.exit() must not end coevo
@@ -83,6 +85,31 @@ def _tasks(
     if problem := close_world(world):
         raise ScenarioInvalid(source, f"$.world: {name}: {problem}")
     return tasks
+
+
+def _check_embedded_variants(world: TextWorld, scenario: Scenario, source: str) -> None:
+    """Refuse a run's world whose families leave the built-in model no train variant to
+    pre-train on: it keeps the last ``policy.embedded.eval_variants`` of every family's
+    train variants back (every family of the world, not only the run's), and the run failed
+    once its model was being built."""
+    from scenarios.policy_models import embedded_spec
+
+    p = scenario.policy
+    if scenario.agent.kind != "policy" or p.model != "embedded":
+        return
+    spec = embedded_spec(scenario, source)
+    if spec.world != scenario.world.name:  # built on another world: its own check
+        return
+    for family in world.families():
+        count = len(list(world.tasks(family, "train")))
+        if count <= spec.eval_variants:
+            raise ScenarioInvalid(
+                source,
+                f"$.policy.embedded.eval_variants = {spec.eval_variants}: the built-in model "
+                f"pre-trains on every family of {scenario.world.name} and keeps that many of "
+                f"each one's train variants back, and family {family!r} has {count} (the "
+                "world's options): it needs fewer held back, or more train variants",
+            )
 
 
 def _check_templates(world: TextWorld, scenario: Scenario, source: str) -> None:

@@ -217,6 +217,24 @@ def encode_items(
     return pools, dropped
 
 
+def _check_pools(
+    pools: dict[str, list[Sample]], kinds: Sequence[str], positions: int, items: int
+) -> None:
+    """Refuse a stage with no samples of a kind its steps train on: every such teaching item
+    was longer than the base model's positions, and training waited forever for one.
+
+    Raises:
+        ValueError: naming the setting that gives the positions.
+    """
+    if empty := sorted({kind for kind in kinds if not pools.get(kind)}):
+        kept = sum(len(p) for p in pools.values())
+        raise ValueError(
+            f"every {' and '.join(empty)} teaching item of the operation stage is longer than "
+            f"the base model's {positions} positions ({kept} of {items} items fit): it needs "
+            "a larger policy.embedded.max_positions"
+        )
+
+
 def add_op_words(model: Any, tokenizer: Any) -> int:
     """Give each of :data:`OP_WORDS` that is not one token yet its own token, with a new
     embedding row drawn from a normal distribution with the other rows' mean and covariance
@@ -296,12 +314,13 @@ def build_ops(
             taught = play_families(world, base, spec.episodes_per_family, False, f"ops/{spec.seed}")
             items = teaching_items(taught, spec, rng)
             pools, dropped = encode_items(tokenizer, items, limit)
-            held = play_families(world, base, spec.checks, True, f"ops-check/{spec.seed}")
-            checks = teaching_items(held, spec, rng)
-            before = answer_check(model, tokenizer, checks, spec, limit)
             kinds = [
                 "merge" if m else "extract" for m in reflection_steps(spec.steps, spec.merge_share)
             ]
+            _check_pools(pools, kinds, limit, len(items))
+            held = play_families(world, base, spec.checks, True, f"ops-check/{spec.seed}")
+            checks = teaching_items(held, spec, rng)
+            before = answer_check(model, tokenizer, checks, spec, limit)
             training = train(model, pools, spec, kinds, tokenizer.pad_token_id, progress)
             after = answer_check(model, tokenizer, checks, spec, limit)
     finally:

@@ -74,7 +74,14 @@ def batch_plan(
 ) -> list[tuple[str, list[int]]]:
     """Per step, its kind (``kinds[step]``) and ``batch_size`` indices into that kind's samples,
     whose token counts are ``lengths[kind]``: each kind cycled in a fresh shuffled order per
-    pass, :data:`BUCKET` batches at a time grouped by length."""
+    pass, :data:`BUCKET` batches at a time grouped by length.
+
+    Raises:
+        ValueError: a kind some step trains on has no samples (its cycle never yielded: the
+            build hung).
+    """
+    if empty := sorted({kind for kind in kinds if not lengths.get(kind)}):
+        raise ValueError(f"no {' or '.join(empty)} samples to train on")
     rng = random.Random(f"coevo.embedded/batches/{spec.seed}")
     orders = {kind: _cycle(len(lengths[kind]), rng) for kind in lengths}
     queued: dict[str, list[list[int]]] = {kind: [] for kind in lengths}

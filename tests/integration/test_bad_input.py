@@ -512,3 +512,20 @@ def test_a_world_that_hangs_while_the_embedded_model_is_built_is_one_line(
     assert "$.policy.model: the embedded model could not be built for this world: " in err, err
     assert "on turn 0 did not return within 0.5 s (world.step_timeout)" in err, err
     assert time.monotonic() - start < 60
+
+
+def test_a_world_too_small_for_the_built_in_model_is_refused_by_validate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``world.options.train_variants = 1`` validated, and the run failed building its model
+    ("family 'fetch' has 1 train variants", blamed on ``$.policy.model``): the model
+    pre-trains on every family and keeps ``eval_variants`` of each back."""
+    small = ["--set", "policy.embedded.eval_variants=1", "--set", "run.episodes=32"]
+    refused(
+        capsys,
+        ["validate", QUICKSTART, *small, "--set", "world.options.train_variants=1"],
+        "$.policy.embedded.eval_variants = 1: the built-in model pre-trains on every family of "
+        "minilab and keeps that many of each one's train variants back, and family",
+        "has 1 (the world's options)",
+    )
+    assert main(["validate", QUICKSTART, *small, "--set", "world.options.train_variants=2"]) == 0

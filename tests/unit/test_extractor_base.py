@@ -147,3 +147,22 @@ def test_the_op_words_tokens_are_added_without_transformers_warning() -> None:
         root.removeHandler(handler)
         hf_logging.set_verbosity(level)
     assert said == ["after it"]  # transformers' warnings are on again after it
+
+
+def test_a_stage_whose_teaching_items_all_exceed_the_positions_is_refused_not_hung() -> None:
+    """``policy.embedded.max_positions = 16`` (up to 256 with the tiny base model) left the
+    operation stage no extraction sample: the batch plan waited forever for one, with no
+    output (an outside tester's run killed after 10 minutes)."""
+    from agents.models.extractor_base import OpsSpec, _check_pools
+    from agents.models.pretrain import Sample, batch_plan
+
+    with pytest.raises(ValueError, match="no extract samples to train on"):
+        batch_plan({"extract": [], "merge": [5, 6]}, OpsSpec(steps=10, warmup=2), ["extract"] * 3)
+    merge = [Sample("merge", (1, 2), (3,))]
+    with pytest.raises(ValueError) as info:
+        _check_pools({"extract": [], "merge": merge}, ["extract", "merge"], 64, 40)
+    assert str(info.value) == (
+        "every extract teaching item of the operation stage is longer than the base model's 64 "
+        "positions (1 of 40 items fit): it needs a larger policy.embedded.max_positions"
+    )
+    _check_pools({"extract": [], "merge": merge}, ["merge"], 64, 40)  # no step trains on it
