@@ -270,6 +270,16 @@ def warn_settings(
             f"grpo.groups_per_update): the run plays {played}"
         )
     _warn_unguided(source, scenario, log)
+    if (
+        scenario.run.method == "grpo"
+        and scenario.agent.kind == "policy"
+        and not (scenario.policy.temperature)
+    ):
+        log.warning(
+            f"{source}: policy.temperature = 0 acts greedily: a group's episodes play one task "
+            "alike unless the world has randomness of its own (minilab has none), and then "
+            "every advantage is 0 and no update changes the policy"
+        )
     e = scenario.eval
     evaluates = e.every > 0  # the final round and the adaptation test are played in rounds
     learns = scenario.run.method != "rollout"

@@ -345,7 +345,12 @@ def summary_lines(curves: Curves) -> list[str]:
         )
         lines.append(
             f"held-out success with the bank: {said}"
-            + (" (the round before any training episode ended read an empty bank)" if empty else "")
+            + (
+                " (not counted: the earlier round, played before any training episode ended, "
+                "with an empty bank)"
+                if empty
+                else ""
+            )
         )
     versions = sorted({row[0] for row in curves.adapt})
     for v in versions:

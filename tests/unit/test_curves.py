@@ -124,17 +124,18 @@ def test_the_bank_round_before_any_training_read_an_empty_bank_and_is_said_so() 
     ]
     lines = summary_lines(fold_curves([*rounds, updated(1)]))
     assert lines[-1] == (
-        "held-out success with the bank: 25.0% at version 2 -> 50.0% at version 4 (the round "
-        "before any training episode ended read an empty bank)"
+        "held-out success with the bank: 25.0% at version 2 -> 50.0% at version 4 (not "
+        "counted: the earlier round, played before any training episode ended, with an empty "
+        "bank)"
     )
     lines = summary_lines(fold_curves([*rounds[1:], updated(1)]))
     assert lines[-1] == "held-out success with the bank: 25.0% at version 2 -> 50.0% at version 4"
     # one round with a filled bank: it was compared with itself ("50.0% at version 1 -> 50.0%
-    # at version 1")
+    # at version 1"); the note read as if that round's bank were empty (an outside tester's)
     lines = summary_lines(fold_curves([*rounds[:2], updated(1)]))
     assert lines[-1] == (
-        "held-out success with the bank: 25.0% at version 2 (the round before any training "
-        "episode ended read an empty bank)"
+        "held-out success with the bank: 25.0% at version 2 (not counted: the earlier round, "
+        "played before any training episode ended, with an empty bank)"
     )
 
 

@@ -552,3 +552,19 @@ def test_the_built_in_model_is_refused_too_few_positions_for_a_cut_prompt() -> N
     with pytest.raises(ValueError, match="max_positions must be between 16 and 131072, got 8"):
         EmbeddedSpec(max_positions=8)
     assert EmbeddedSpec(max_positions=16).max_positions == 16
+
+
+def test_greedy_grpo_is_warned_that_its_groups_play_alike() -> None:
+    """``policy.temperature = 0`` validated in silence; a GRPO run in minilab then played
+    every group's episodes alike, and no update changed the policy."""
+    from structlog.testing import capture_logs
+
+    from scenarios.loader import warn_settings
+
+    grpo = ROOT / "scenarios" / "grpo.toml"
+    for temperature, warned in ((0.0, True), (0.7, False)):
+        scenario = load_scenario(grpo, [f"policy.temperature={temperature}"])
+        with capture_logs() as logs:
+            warn_settings(str(grpo), scenario, [], scenario.run.episodes)
+        said = [e["event"] for e in logs if "acts greedily" in e["event"]]
+        assert bool(said) == warned, logs
