@@ -44,6 +44,7 @@ from method_results import (
     check_families,
     check_families_first,
     check_seeds_first,
+    directories_first,
     fold,
     once_each,
     plot,
@@ -67,6 +68,7 @@ from agents.report.intervals import (
 )
 from engine.eventlog import RunMeta
 from engine.events import Event
+from engine.lifecycle import RunResumed
 from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,9 +128,11 @@ class Record(msgspec.Struct, kw_only=True):
     name: str
     seed: int
     meta: RunMeta | None
+    versions: list[str] = msgspec.field(default_factory=list[str])  # that wrote it, resumes too
     final: Final
     modes: Modes
     facts: RunFacts
+    digest: str = ""  # sha256 of the record without it: an edit of its outcomes is seen
 
 
 def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record | None:
@@ -140,34 +144,58 @@ def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record |
         if kept is None or not kept.exists() or run.exists():  # an unfinished run is no record
             return None
         return read_record(kept)
-    log = LmdbEventLog.open(run / "log", writable=False)
-    try:
-        meta = log.read_meta()
-    finally:
-        log.close()
-    if kept is not None and kept.exists():  # another test's run's, in a shared directory
-        there = read_record(kept).meta
-        if meta is None or there is None or there.run_id != meta.run_id:
-            raise SystemExit(
-                f"{kept} holds the record of another run than {run}'s (run id "
-                f"{there.run_id if there else '?'}, not {meta.run_id if meta else '?'}): "
-                "name another --records (one per test), or remove it if that run is not wanted"
-            )
+    meta = _meta(run)
+    if kept is not None:
+        _same_run(run, meta, kept)
     events, wall = got
+    resumed = [ev.coevo_version for ev in events if isinstance(ev, RunResumed)]
     record = Record(
         name=name,
         seed=seed,
         meta=meta,
+        versions=sorted({meta.coevo_version if meta else "unknown", *filter(None, resumed)}),
         final=final_of(events),
         modes=modes_of(events),
         facts=fold(name, seed, events, wall),
     )
+    record.digest = _digest(record)
     if kept is not None:  # whole or not at all: a stop mid-write leaves the old one
         kept.parent.mkdir(parents=True, exist_ok=True)
         part = kept.with_name(f".{kept.name}.part")
         part.write_bytes(msgspec.json.encode(record) + b"\n")
         os.replace(part, kept)
     return record
+
+
+def _meta(run: Path) -> RunMeta | None:
+    log = LmdbEventLog.open(run / "log", writable=False)
+    try:
+        return log.read_meta()
+    finally:
+        log.close()
+
+
+def _same_run(run: Path, meta: RunMeta | None, kept: Path) -> bool:
+    """Whether ``kept`` is the record of the finished run ``run`` (False: there is none yet);
+    stop (one line) when it is another run's (another test's, in a shared directory), or no
+    record at all."""
+    if not kept.exists() and not kept.is_symlink():
+        return False
+    there = read_record(kept).meta
+    if meta is None or there is None or there.run_id != meta.run_id:
+        raise SystemExit(
+            f"{kept} holds the record of another run than {run}'s (run id "
+            f"{there.run_id if there else '?'}, not {meta.run_id if meta else '?'}): name "
+            "another --records (one per test), or remove it if that run is not wanted"
+        )
+    return True
+
+
+def _digest(record: Record) -> str:
+    import hashlib
+
+    unsigned = msgspec.structs.replace(record, digest="")
+    return hashlib.sha256(msgspec.json.encode(unsigned)).hexdigest()
 
 
 def read_record(kept: Path) -> Record:
@@ -190,6 +218,12 @@ def read_record(kept: Path) -> Record:
     if scenario_hash(meta.scenario_toml) != meta.scenario_hash:
         raise SystemExit(
             f"{kept}: its scenario is not the one its run recorded (the hash differs: edited?)"
+        )
+    if record.digest != _digest(record):
+        raise SystemExit(f"{kept}: it is not as it was written (its digest differs: edited?)")
+    if kept.name != f"{record.name}-seed{record.seed}.json":
+        raise SystemExit(
+            f"{kept}: it is the record of {record.name}-seed{record.seed} (renamed or copied?)"
         )
     return record
 
@@ -360,8 +394,23 @@ def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
     """``coevo probe`` of every seed's Complementary RL run against its frozen control's
     (``probe.json`` under ``<run>/probe-<episodes>``; reused when there: a probe of another
     number of episodes was reused as this one's)."""
+    import signal
+
+    def terminated(signum: int, frame: object) -> None:  # as Ctrl-C: the probe is killed
+        raise KeyboardInterrupt
+
     coevo = str(Path(sys.executable).with_name("coevo"))
     out = []
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return _probes(coevo, runs, seeds, episodes, out)
+    except KeyboardInterrupt:  # subprocess.run killed its probe: no orphan, no traceback
+        raise SystemExit("coevo: stopped while probing: its probe was stopped") from None
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _probes(coevo: str, runs: Path, seeds: list[int], episodes: int, out: list[dict]) -> list[dict]:
     for seed in seeds:
         run = runs / f"complementary-seed{seed}"
         control = runs / f"complementary-frozen-seed{seed}"
@@ -370,7 +419,9 @@ def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
             print(f"probe {run.name}", flush=True)
             cmd = [coevo, "probe", str(run), "--control", str(control), "--json"]
             cmd += ["--episodes", str(episodes), "--out", str(report.parent)]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            done = subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL)
+            if done.returncode != 0:  # (its own line said why, on stderr)
+                raise SystemExit(f"coevo probe of {run} failed with exit {done.returncode}")
         out.append(json.loads(report.read_text()))
     return out
 
@@ -386,8 +437,15 @@ def probe_summary(reports: list[dict]) -> tuple[list[str], dict]:
     diffs = []  # per seed, the pairs' differences
     for report in reports:
         by = {_role(b, report): b["outcomes"] for b in report["banks"]}
-        diffs.append([a - b for a, b in zip(by["last"], by["v0"], strict=True)])
+        if "last" in by and "v0" in by:  # (a run whose extractor never updated has no last)
+            diffs.append([a - b for a, b in zip(by["last"], by["v0"], strict=True)])
     cells = {role: bootstrap_mean(groups) for role, groups in labels.items()}
+    if not diffs:
+        lines = [
+            f"coevo probe of {len(reports)} seeds: no run's extractor was updated (every bank "
+            "is version 0's): co-evolution not measured"
+        ]
+        return lines, {"cells": cells, "last_minus_v0": None, "shown": False}
     paired = bootstrap_mean(diffs, successes=False)  # differences: all 0 is no proportion
     shown = cells["last"].above(cells["v0"]) and (
         "control" not in cells or cells["last"].above(cells["control"])
@@ -438,29 +496,23 @@ def keep_only(
         for name in methods:
             out = runs / f"{name}-seed{seed}"
             if read_run(out) is None:
-                waiting += not (records / f"{name}-seed{seed}.json").exists() or out.exists()
+                if out.exists() or (record := record_of(name, seed, out, records)) is None:
+                    waiting += 1
+                else:  # only its record is here: read and checked, not merely found
+                    sets = [f"seed={seed}", *extra.get(name, [])]
+                    where = records / f"{name}-seed{seed}.json"
+                    recorded = record.meta.scenario_toml if record.meta else ""
+                    refuse_reused(
+                        where, ROOT / METHODS[name], sets, METHODS[name], "--records", recorded
+                    )
                 continue
             sets = [f"seed={seed}", *extra.get(name, [])]
             refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
-            if not _recorded(out, records / f"{name}-seed{seed}.json"):
-                record_of(name, seed, out, records)
+            if not _same_run(out, _meta(out), records / f"{name}-seed{seed}.json"):
+                record_of(name, seed, out, records)  # (not read again each time: minutes)
             kept += 1
     total = len(seeds) * len(methods)
     return f"kept {kept} records under {records}; {total - waiting} of {total} runs finished"
-
-
-def _recorded(run: Path, kept: Path) -> bool:
-    """Whether ``kept`` is already the record of the finished run ``run`` (the same run id):
-    a run read again each time ``--keep-only`` is called took minutes at 120 runs."""
-    if not kept.exists():
-        return False
-    log = LmdbEventLog.open(run / "log", writable=False)
-    try:
-        meta = log.read_meta()
-    finally:
-        log.close()
-    there = read_record(kept).meta
-    return meta is not None and there is not None and there.run_id == meta.run_id
 
 
 def main() -> None:
@@ -468,8 +520,8 @@ def main() -> None:
         description=__doc__.split("\n\n")[0].replace("\n", " "),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--methods", nargs="+", action="extend", choices=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", action="extend")
     parser.add_argument("--parallel", type=positive, default=2, help="runs at once")
     parser.add_argument("--hard", nargs="+", default=["circuit"], help="families called hard")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "headline")
@@ -502,6 +554,8 @@ def main() -> None:
         "against its frozen control (0: no probe)",
     )
     args = parser.parse_args()
+    args.seeds = [0, 1, 2, 3, 4] if args.seeds is None else args.seeds  # (a second flag adds)
+    args.methods = list(METHODS) if args.methods is None else args.methods
     seeds = once_each("--seeds", args.seeds)
     args.methods = once_each("--methods", args.methods, "one row per method")
     out_dir = args.out if args.out is not None else args.runs
@@ -517,9 +571,7 @@ def main() -> None:
         extra.setdefault(name, []).append(assignment)
     if args.keep_only and args.records is None:
         raise SystemExit("--keep-only writes records: name --records DIR")
-    for flag, where in (("--runs", args.runs), ("--out", out_dir), ("--records", args.records)):
-        if where is not None and where.exists() and not where.is_dir():  # found after the runs
-            raise SystemExit(f"coevo: error: {flag} {where}: not a directory")
+    directories_first(("--runs", args.runs), ("--out", out_dir), ("--records", args.records))
     scenarios = [(ROOT / METHODS[n], extra.get(n, [])) for n in args.methods]
     check_families_first(args.hard, scenarios)
     check_seeds_first(scenarios, seeds)
@@ -532,6 +584,8 @@ def main() -> None:
             sets = [f"seed={seed}", *extra.get(name, [])]
             if read_run(out) is not None:
                 refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
+                if args.records is not None:  # another run's record: said now, not after runs
+                    _same_run(out, _meta(out), args.records / f"{name}-seed{seed}.json")
             elif (kept := record_of(name, seed, out, args.records)) is not None:
                 recorded = kept.meta.scenario_toml if kept.meta is not None else ""
                 where = args.records / f"{name}-seed{seed}.json"
@@ -543,12 +597,22 @@ def main() -> None:
                 if out.exists():
                     raise SystemExit(unfinished(out))
                 jobs.append((ROOT / METHODS[name], out, seed, extra.get(name, [])))
+    both = {"complementary", "complementary-frozen"} <= set(args.methods)
+    probed = (
+        {n for n, _ in reused if n.startswith("complementary")} if args.probe and both else set()
+    )
+    if probed:  # its runs are gone: probed after every run had trained, a traceback
+        raise SystemExit(
+            "coevo: error: --probe plays each Complementary RL seed's run against its frozen "
+            f"control, and {' and '.join(sorted(probed))} seeds are records here, their runs "
+            "gone: --probe 0"
+        )
     args.runs.mkdir(parents=True, exist_ok=True)
     run_all(jobs, args.parallel)
     finals: dict[str, list[Final]] = {}
     modes: dict[str, list[Modes]] = {}
     facts = {}
-    read, recorded = [], []
+    read, recorded, versions = [], [], set()
     for name in args.methods:
         for seed in args.seeds:
             run = args.runs / f"{name}-seed{seed}"
@@ -557,6 +621,7 @@ def main() -> None:
             finals.setdefault(name, []).append(got.final)
             modes.setdefault(name, []).append(got.modes)
             facts.setdefault(name, []).append(got.facts)
+            versions.update(got.versions)  # (the code of a resume too)
             if (name, seed) in reused:
                 recorded.append(got.meta)
             elif seed in seeds:
@@ -564,12 +629,11 @@ def main() -> None:
     hard = tuple(args.hard)
     check_families(hard, facts)
     summary = summarize(finals, hard)
-    made = provenance({name: seeds for name in args.methods}, read, recorded)
+    made = provenance({name: seeds for name in args.methods}, read, recorded, sorted(versions))
     lines = [provenance_line(made), "", *table(summary, hard)]
     png = bars(summary, out_dir / f"{args.tag}.png")
     curves = plot(facts, hard, out_dir / f"{args.tag}_curves.png")
     lines += ["", f"![]({png.name})", "", f"![]({curves.name})", "", *modes_table(modes)]
-    both = {"complementary", "complementary-frozen"} <= set(args.methods)
     if args.probe and both:
         probe_lines, summary["probe"] = probe_summary(probe_runs(args.runs, args.seeds, args.probe))
         lines += ["", *probe_lines]

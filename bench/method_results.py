@@ -232,6 +232,23 @@ def once_each(flag: str, seeds: Sequence[_T], each: str = "one run per seed") ->
     return list(seeds)
 
 
+def directories_first(*given: tuple[str, Path | None]) -> None:
+    """Stop (one line) before anything runs when a ``(flag, path)`` given names no directory
+    this script could make or write in: a file, a path under a file, a dangling symbolic link
+    (each a traceback, some after every run had trained)."""
+    for flag, where in given:
+        if where is None:
+            continue
+        if where.is_symlink() and not where.exists():
+            raise SystemExit(f"coevo: error: {flag} {where}: a symbolic link to nothing")
+        there = where
+        while not there.exists() and there != there.parent:
+            there = there.parent
+        if not there.is_dir():
+            what = "not a directory" if there == where else f"under {there}, not a directory"
+            raise SystemExit(f"coevo: error: {flag} {where}: {what}")
+
+
 def check_seeds_first(scenarios: Sequence[tuple[Path, list[str]]], seeds: Sequence[int]) -> None:
     """Stop (one line) before anything runs when a seed is one no run takes (a seed of -1
     was refused when its turn came, after the seeds before it had trained)."""
@@ -261,6 +278,11 @@ def refuse_run_own(item: str, assignment: str) -> None:
         key = override_key(assignment)
     except CoevoError:  # malformed: the scenario's load names it
         return
+    if inside := [own for own in RUN_OWN if own.startswith(key + ".")]:  # run={...}
+        raise SystemExit(
+            f"coevo: error: --set {item}: a --set of the whole [{key}] table may set "
+            f"{inside[0]}, each run's own: set its other keys one by one"
+        )
     if key in RUN_OWN:
         raise SystemExit(
             f"coevo: error: --set {item}: {key} is each run's own (the seed is --seeds', the "
@@ -304,13 +326,17 @@ def check_families_first(hard: Sequence[str], scenarios: Sequence[tuple[Path, li
 
 
 def provenance(
-    seeds: dict[str, list[int]], runs: Sequence[Path], recorded: Sequence[RunMeta | None] = ()
+    seeds: dict[str, list[int]],
+    runs: Sequence[Path],
+    recorded: Sequence[RunMeta | None] = (),
+    versions: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Where a table came from: the code's commit (and whether the work tree differed), the
     time (UTC), the command, each method's seeds, when the ``runs`` it read were created
     (reused runs may be older than the code that reads them) and the coevo versions that made
     them ("+g<commit>", ".dirty" for a work tree with changes), with ``recorded``, the
-    metadata of the runs read from their records rather than their logs."""
+    metadata of the runs read from their records rather than their logs, and ``versions``,
+    others that wrote them (a resume's)."""
     import datetime
 
     def utc(ns: float) -> str:
@@ -324,7 +350,8 @@ def provenance(
         finally:
             log.close()
     created = [m.created_ns for m in metas if m is not None and m.created_ns]
-    versions = sorted({m.coevo_version if m is not None else "unknown" for m in metas})
+    made_by = {m.coevo_version if m is not None else "unknown" for m in metas}
+    made_by.update(versions)  # the resumes' (a run resumed by other code than made it)
 
     def git(*args: str) -> str:
         done = subprocess.run(
@@ -340,7 +367,7 @@ def provenance(
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),  # pastes as given
         "seeds": seeds,
         "runs_created": f"{utc(min(created))} to {utc(max(created))} UTC" if created else "unknown",
-        "runs_made_by": versions,
+        "runs_made_by": sorted(made_by),
     }
 
 
@@ -629,7 +656,7 @@ def main() -> None:
     parser.add_argument("--method", action="append", default=[], help="NAME=SCENARIO")
     parser.add_argument("--baseline", default="grpo=scenarios/grpo.toml", help="NAME=SCENARIO")
     parser.add_argument("--reuse", action="append", default=[], help="NAME=DIR of NAME-seedN runs")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", action="extend", default=None)
     parser.add_argument(
         "--seeds-of", action="append", default=[], help="NAME=0,1: other seeds for one method"
     )
@@ -653,11 +680,14 @@ def main() -> None:
         "played by each run's last policy without memory (0: skip)",
     )
     args = parser.parse_args()
+    args.seeds = [0, 1, 2] if args.seeds is None else args.seeds  # (a second --seeds adds)
     given = [("--baseline", args.baseline), *(("--method", m) for m in args.method)]
     for flag, item in [*given, *(("--reuse", r) for r in args.reuse)]:
         if "=" not in item:
             what = "NAME=DIR" if flag == "--reuse" else "NAME=SCENARIO"
             raise SystemExit(f"coevo: error: {flag} {item!r}: expected {what}")
+    names = [item.split("=", 1)[0] for item in [args.baseline, *args.method]]
+    once_each("--baseline and --method", names, "one scenario per name")  # the last one won
     specs = dict(item.split("=", 1) for item in [args.baseline, *args.method])
     reused = dict(r.split("=", 1) for r in args.reuse)
     for name in reused.keys() - specs.keys():  # its runs were never read: every seed trained
@@ -680,7 +710,10 @@ def main() -> None:
             )
         seeds[name] = once_each(f"--seeds-of {name}", [int(x) for x in listed.split(",")])
     out_dir = args.out if args.out is not None else args.runs
+    directories_first(("--runs", args.runs), ("--out", out_dir))
     check_families_first(args.hard, [(Path(scenario), []) for scenario in specs.values()])
+    for name, scenario in specs.items():
+        check_seeds_first([(Path(scenario), [])], seeds[name])
     jobs = []
     for name, scenario in specs.items():
         for seed in seeds[name]:

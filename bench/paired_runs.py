@@ -48,6 +48,8 @@ def outcomes_of(paths: list[Path], method: str, played: str = "plain") -> Outcom
     """
     found: Outcomes = {}
     source: dict[str, Path] = {}  # seed -> the file it was found in
+    if twice := sorted({str(p) for p in paths if list(paths).count(p) > 1}):
+        raise SystemExit(f"{twice[0]}: given more than once (each file once)")
     for path in paths:
         try:
             doc = json.loads(path.read_text())

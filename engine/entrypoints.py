@@ -98,13 +98,13 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
             hint = (  # the coevo script, unlike python -m, does not search where it runs
                 f" (is its directory on PYTHONPATH? {_cwd_note()})"
             )
-        if isinstance(exc, ModuleNotFoundError) and (shut := _unreadable(module_name)):
+        if isinstance(exc, ModuleNotFoundError) and (shut := unreadable(module_name)):
             hint = f" ({shut} may not be read by this user)"
         raise ValueError(
             f"cannot import {kind} module {module_name!r}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
     found = getattr(module, name, None)
-    if found is None and (shut := _unreadable(module_name)):  # imported as an empty namespace
+    if found is None and (shut := unreadable(module_name)):  # imported as an empty namespace
         raise ValueError(
             f"cannot import {kind} module {module_name!r}: {shut} may not be read by this user"
         )
@@ -120,13 +120,15 @@ def import_named(path: str, kind: str, what: str = "class") -> object:
     return found
 
 
-def _unreadable(module_name: str) -> str:
+def unreadable(module_name: str) -> str:
     """The first directory of ``module_name``'s packages on the search path that this user may
     not list or enter, "" when none: Python reads such a package as missing, or as an empty
     namespace package (its module then "has no class")."""
     parts = module_name.split(".")
     for entry in sys.path:
         base = entry or os.curdir
+        if entry and os.path.exists(entry) and not os.access(entry, os.R_OK | os.X_OK):
+            return entry  # a search-path directory itself (its packages cannot be seen)
         for depth in range(1, len(parts) + 1):
             there = os.path.join(base, *parts[:depth])
             if not os.path.isdir(there):

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import cast
 
-from engine.entrypoints import clash_message, named
+from engine.entrypoints import clash_message, named, unreadable
 from engine.world import ExtraMissing, TextWorld
 
 WORLDS_GROUP = "coevo.worlds"
@@ -118,7 +118,11 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import world module {module_name!r}: {_one_line(exc)}") from exc
+        shut = unreadable(module_name) if isinstance(exc, ModuleNotFoundError) else ""
+        hint = f" ({shut} may not be read by this user)" if shut else ""
+        raise ValueError(
+            f"cannot import world module {module_name!r}: {_one_line(exc)}{hint}"
+        ) from exc
     except SystemExit as exc:  # a plug-in's sys.exit() must not end coevo
         raise ValueError(
             f"world module {module_name!r} called sys.exit({exc.code!r}) while importing"
@@ -128,6 +132,10 @@ def load_world(name_or_path: str, options: Mapping[str, object]) -> TextWorld:
             f"world module {module_name!r} failed to import: {type(exc).__name__}: {_one_line(exc)}"
         ) from exc
     cls = getattr(module, cls_name, None)
+    if cls is None and (shut := unreadable(module_name)):  # imported as an empty namespace
+        raise ValueError(
+            f"cannot import world module {module_name!r}: {shut} may not be read by this user"
+        )
     if cls is None:
         raise ValueError(f"world module {module_name!r} has no class {cls_name!r}")
     if not isinstance(cls, type):

@@ -126,3 +126,27 @@ def test_a_plug_in_package_this_user_may_not_read_is_named(
     monkeypatch.setitem(sys.modules, "shutpkg.gone", None)  # as Python finds no module there
     with pytest.raises(ValueError, match=rf"\({shut} may not be read by this user\)$"):
         method_class("shutpkg.gone:MyMethod")
+
+
+def test_a_world_package_or_search_path_this_user_may_not_read_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mend for methods left worlds reading "has no class 'W'", and a PYTHONPATH entry
+    that may not be read was "is its directory on PYTHONPATH?" (it is)."""
+    import os
+    import sys
+
+    (tmp_path / "shutworld").mkdir()  # (a namespace package, as one unreadable is)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shut = str(tmp_path / "shutworld")
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: str(p) != shut and access(p, mode))
+    monkeypatch.delitem(sys.modules, "shutworld", raising=False)
+    with pytest.raises(ValueError, match=rf"^cannot import world module 'shutworld': {shut} may"):
+        load_world("shutworld:W", {})
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    monkeypatch.syspath_prepend(str(entry))
+    monkeypatch.setattr(os, "access", lambda p, mode: str(p) != str(entry) and access(p, mode))
+    with pytest.raises(ValueError, match=rf"\({entry} may not be read by this user\)$"):
+        method_class("nowhere_pkg_x.meth:M")
