@@ -56,6 +56,7 @@ from method_results import (
     refuse_run_own,
     run_all,
     tag,
+    terminated,
     unfinished,
 )
 
@@ -395,9 +396,6 @@ def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
     (``probe.json`` under ``<run>/probe-<episodes>``; reused when there: a probe of another
     number of episodes was reused as this one's)."""
     import signal
-
-    def terminated(signum: int, frame: object) -> None:  # as Ctrl-C: the probe is killed
-        raise KeyboardInterrupt
 
     coevo = str(Path(sys.executable).with_name("coevo"))
     out = []

@@ -127,13 +127,16 @@ def running_seconds(envs: Sequence[Envelope[Event]]) -> float:
     return (total + last - start) / 1e9
 
 
+def terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler that stops as Ctrl-C does (a scheduler's stop, kill's): the script's
+    children are stopped, not left running as orphans."""
+    raise KeyboardInterrupt
+
+
 def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
     """Run ``(scenario, out, seed[, sets])`` jobs, ``parallel`` at a time, each a ``coevo run``
     (``sets``: ``key.path=value`` overrides)."""
     import signal
-
-    def terminated(signum: int, frame: object) -> None:  # as Ctrl-C: a scheduler's, kill's
-        raise KeyboardInterrupt
 
     coevo = str(Path(sys.executable).with_name("coevo"))
     pending = list(jobs)
