@@ -55,6 +55,7 @@ from method_results import (
     refuse_reused,
     refuse_run_own,
     run_all,
+    run_meta,
     tag,
     terminated,
     unfinished,
@@ -70,7 +71,6 @@ from agents.report.intervals import (
 from engine.eventlog import RunMeta
 from engine.events import Event
 from engine.lifecycle import RunResumed
-from stores.lmdb_log import LmdbEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {
@@ -145,7 +145,7 @@ def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record |
         if kept is None or not kept.exists() or run.exists():  # an unfinished run is no record
             return None
         return read_record(kept)
-    meta = _meta(run)
+    meta = run_meta(run)
     if kept is not None:
         _same_run(run, meta, kept)
     events, wall = got
@@ -168,12 +168,18 @@ def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record |
     return record
 
 
-def _meta(run: Path) -> RunMeta | None:
-    log = LmdbEventLog.open(run / "log", writable=False)
-    try:
-        return log.read_meta()
-    finally:
-        log.close()
+def _recorded_as_asked(
+    name: str, seed: int, run: Path, records: Path, sets: list[str]
+) -> Record | None:
+    """The record of ``name``'s seed ``seed`` when its run under ``run`` is gone (None when
+    there is none, or the run is there), checked to be of the method's scenario with ``sets``
+    (:func:`refuse_reused` on the scenario it records)."""
+    record = record_of(name, seed, run, records)
+    if record is not None:
+        where = records / f"{name}-seed{seed}.json"
+        recorded = record.meta.scenario_toml if record.meta is not None else ""
+        refuse_reused(where, ROOT / METHODS[name], sets, METHODS[name], "--records", recorded)
+    return record
 
 
 def _same_run(run: Path, meta: RunMeta | None, kept: Path) -> bool:
@@ -397,18 +403,18 @@ def probe_runs(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
     number of episodes was reused as this one's)."""
     import signal
 
-    coevo = str(Path(sys.executable).with_name("coevo"))
-    out = []
     before = signal.signal(signal.SIGTERM, terminated)
     try:
-        return _probes(coevo, runs, seeds, episodes, out)
+        return _probes(runs, seeds, episodes)
     except KeyboardInterrupt:  # subprocess.run killed its probe: no orphan, no traceback
         raise SystemExit("coevo: stopped while probing: its probe was stopped") from None
     finally:
         signal.signal(signal.SIGTERM, before)
 
 
-def _probes(coevo: str, runs: Path, seeds: list[int], episodes: int, out: list[dict]) -> list[dict]:
+def _probes(runs: Path, seeds: list[int], episodes: int) -> list[dict]:
+    coevo = str(Path(sys.executable).with_name("coevo"))
+    out = []
     for seed in seeds:
         run = runs / f"complementary-seed{seed}"
         control = runs / f"complementary-frozen-seed{seed}"
@@ -493,24 +499,37 @@ def keep_only(
     for seed in seeds:
         for name in methods:
             out = runs / f"{name}-seed{seed}"
-            if read_run(out) is None:
-                if out.exists() or (record := record_of(name, seed, out, records)) is None:
-                    waiting += 1
-                else:  # only its record is here: read and checked, not merely found
-                    sets = [f"seed={seed}", *extra.get(name, [])]
-                    where = records / f"{name}-seed{seed}.json"
-                    recorded = record.meta.scenario_toml if record.meta else ""
-                    refuse_reused(
-                        where, ROOT / METHODS[name], sets, METHODS[name], "--records", recorded
-                    )
-                continue
             sets = [f"seed={seed}", *extra.get(name, [])]
+            if (done := _kept_before(out, records / f"{name}-seed{seed}.json")) is not None:
+                recorded = done.meta.scenario_toml if done.meta is not None else ""
+                refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs", recorded)
+                kept += 1  # (its log not read again at each call: minutes at 120 runs)
+                continue
+            if read_run(out) is None:
+                if out.exists() or _recorded_as_asked(name, seed, out, records, sets) is None:
+                    waiting += 1  # (only its record here: read and checked, not merely found)
+                continue
             refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
-            if not _same_run(out, _meta(out), records / f"{name}-seed{seed}.json"):
-                record_of(name, seed, out, records)  # (not read again each time: minutes)
+            if not _same_run(out, run_meta(out), records / f"{name}-seed{seed}.json"):
+                record_of(name, seed, out, records)
             kept += 1
     total = len(seeds) * len(methods)
     return f"kept {kept} records under {records}; {total - waiting} of {total} runs finished"
+
+
+def _kept_before(run: Path, kept: Path) -> Record | None:
+    """The record ``kept`` when it is the record of the run in ``run`` (the same run id: a
+    record is written of a finished run only), found without reading the run's events; None
+    otherwise, left to the checks that read them."""
+    if not (run / "log").exists() or not kept.exists():
+        return None
+    try:
+        record = read_record(kept)
+    except SystemExit:  # what is wrong with it is said where the run is read
+        return None
+    meta = run_meta(run)
+    same = meta is not None and record.meta is not None and record.meta.run_id == meta.run_id
+    return record if same else None
 
 
 def main() -> None:
@@ -583,13 +602,11 @@ def main() -> None:
             if read_run(out) is not None:
                 refuse_reused(out, ROOT / METHODS[name], sets, METHODS[name], "--runs")
                 if args.records is not None:  # another run's record: said now, not after runs
-                    _same_run(out, _meta(out), args.records / f"{name}-seed{seed}.json")
-            elif (kept := record_of(name, seed, out, args.records)) is not None:
-                recorded = kept.meta.scenario_toml if kept.meta is not None else ""
-                where = args.records / f"{name}-seed{seed}.json"
-                refuse_reused(
-                    where, ROOT / METHODS[name], sets, METHODS[name], "--records", recorded
-                )
+                    _same_run(out, run_meta(out), args.records / f"{name}-seed{seed}.json")
+            elif (
+                args.records is not None
+                and (kept := _recorded_as_asked(name, seed, out, args.records, sets)) is not None
+            ):
                 reused[name, seed] = kept
             else:
                 if out.exists():
@@ -622,7 +639,7 @@ def main() -> None:
             versions.update(got.versions)  # (the code of a resume too)
             if (name, seed) in reused:
                 recorded.append(got.meta)
-            elif seed in seeds:
+            else:
                 read.append(run)
     hard = tuple(args.hard)
     check_families(hard, facts)

@@ -113,6 +113,16 @@ def read_run(path: Path) -> tuple[list[Event], float] | None:
     return [e.event for e in envs], running_seconds(envs)
 
 
+def run_meta(run: Path) -> RunMeta | None:
+    """The metadata of the run whose directory is ``run`` (its log's; None when it has
+    none), without reading its events."""
+    log = LmdbEventLog.open(run / "log", writable=False)
+    try:
+        return log.read_meta()
+    finally:
+        log.close()
+
+
 def running_seconds(envs: Sequence[Envelope[Event]]) -> float:
     """Wall seconds from each session's first event to its last, summed: a resumed run's time
     stopped between its sessions is not time it ran."""
@@ -165,8 +175,6 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
         stopped = True
     finally:  # a failed job, a stop: the other runs stop too (each resumable), none orphaned
         signal.signal(signal.SIGTERM, before)
-        for lock in held:
-            lock.close()
         for proc, _ in running:
             proc.terminate()
         for proc, out in running:
@@ -176,6 +184,8 @@ def run_all(jobs: Sequence[tuple[Any, ...]], parallel: int) -> None:
                 proc.kill()
                 proc.wait()
             print(f"stopped {out.name} (coevo resume {out} continues it)", flush=True)
+        for lock in held:  # once no run of this script writes there
+            lock.close()
     if stopped:
         raise SystemExit(
             "coevo: stopped: the runs it had started were stopped (resume each, or remove it to "
@@ -345,13 +355,7 @@ def provenance(
     def utc(ns: float) -> str:
         return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
-    metas = list(recorded)
-    for run in runs:
-        log = LmdbEventLog.open(run / "log", writable=False)
-        try:
-            metas.append(log.read_meta())
-        finally:
-            log.close()
+    metas = [*recorded, *(run_meta(run) for run in runs)]
     created = [m.created_ns for m in metas if m is not None and m.created_ns]
     made_by = {m.coevo_version if m is not None else "unknown" for m in metas}
     made_by.update(versions)  # the resumes' (a run resumed by other code than made it)
@@ -410,11 +414,7 @@ def reused_differs(
     from scenarios.loader import load_scenario, resolved_toml, since_lacking
 
     if recorded is None:
-        log = LmdbEventLog.open(out / "log", writable=False)
-        try:
-            meta = log.read_meta()
-        finally:
-            log.close()
+        meta = run_meta(out)
         recorded = meta.scenario_toml if meta is not None else ""
     try:
         wanted = resolved_toml(load_scenario(scenario, sets))
