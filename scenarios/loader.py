@@ -270,11 +270,8 @@ def warn_settings(
             f"grpo.groups_per_update): the run plays {played}"
         )
     _warn_unguided(source, scenario, log)
-    if (
-        scenario.run.method == "grpo"
-        and scenario.agent.kind == "policy"
-        and not (scenario.policy.temperature)
-    ):
+    greedy = scenario.policy.temperature == 0
+    if scenario.run.method == "grpo" and scenario.agent.kind == "policy" and greedy:
         log.warning(
             f"{source}: policy.temperature = 0 acts greedily: a group's episodes play one task "
             "alike unless the world has randomness of its own (minilab has none), and then "

@@ -92,6 +92,7 @@ def _check_embedded_variants(world: TextWorld, scenario: Scenario, source: str) 
     pre-train on: it keeps the last ``policy.embedded.eval_variants`` of every family's
     train variants back (every family of the world, not only the run's), and the run failed
     once its model was being built."""
+    from agents.models.pretrain_play import split_train
     from scenarios.policy_models import embedded_spec
 
     p = scenario.policy
@@ -101,15 +102,17 @@ def _check_embedded_variants(world: TextWorld, scenario: Scenario, source: str) 
     if spec.world != scenario.world.name:  # built on another world: its own check
         return
     for family in world.families():
-        count = len(list(world.tasks(family, "train")))
-        if count <= spec.eval_variants:
+        try:
+            split_train(world, family, spec.eval_variants)  # the build's own rule
+        except ValueError:
+            count = len(list(world.tasks(family, "train")))
             raise ScenarioInvalid(
                 source,
                 f"$.policy.embedded.eval_variants = {spec.eval_variants}: the built-in model "
                 f"pre-trains on every family of {scenario.world.name} and keeps that many of "
                 f"each one's train variants back, and family {family!r} has {count} (the "
                 "world's options): it needs fewer held back, or more train variants",
-            )
+            ) from None
 
 
 def _check_templates(world: TextWorld, scenario: Scenario, source: str) -> None:
