@@ -59,6 +59,7 @@ from method_results import (
     tag,
     terminated,
     unfinished,
+    written_by,
 )
 
 from agents.events.episodes import EpisodeAssigned, episode_success
@@ -70,7 +71,6 @@ from agents.report.intervals import (
 )
 from engine.eventlog import RunMeta
 from engine.events import Event
-from engine.lifecycle import RunResumed
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {
@@ -149,12 +149,11 @@ def record_of(name: str, seed: int, run: Path, records: Path | None) -> Record |
     if kept is not None:
         _same_run(run, meta, kept)
     events, wall = got
-    resumed = [ev.coevo_version for ev in events if isinstance(ev, RunResumed)]
     record = Record(
         name=name,
         seed=seed,
         meta=meta,
-        versions=sorted({meta.coevo_version if meta else "unknown", *filter(None, resumed)}),
+        versions=written_by(meta, events),
         final=final_of(events),
         modes=modes_of(events),
         facts=fold(name, seed, events, wall),

@@ -123,6 +123,13 @@ def run_meta(run: Path) -> RunMeta | None:
         log.close()
 
 
+def written_by(meta: RunMeta | None, events: Sequence[Event]) -> list[str]:
+    """The coevo versions that wrote a run: the one that made it (``meta``'s; "unknown" for a
+    log without metadata) and each that resumed it (its :class:`RunResumed` events)."""
+    made = meta.coevo_version if meta is not None else "unknown"
+    return sorted({made, *(e.coevo_version for e in events if isinstance(e, RunResumed))} - {""})
+
+
 def running_seconds(envs: Sequence[Envelope[Event]]) -> float:
     """Wall seconds from each session's first event to its last, summed: a resumed run's time
     stopped between its sessions is not time it ran."""
@@ -732,10 +739,14 @@ def main() -> None:
     run_all(jobs, args.parallel)
     facts: dict[str, list[RunFacts]] = {}
     coevolution: dict[str, list[tuple[int, Coevolution]]] = {}
+    versions: set[str] = set()  # that wrote the runs, resumes too (provenance's line)
+    read = [Path(where[name]) / f"{name}-seed{seed}" for name in specs for seed in seeds[name]]
     for name in specs:
         for seed in seeds[name]:
-            got = read_run(Path(where[name]) / f"{name}-seed{seed}")
+            run = Path(where[name]) / f"{name}-seed{seed}"
+            got = read_run(run)
             assert got is not None
+            versions.update(written_by(run_meta(run), got[0]))
             facts.setdefault(name, []).append(fold(name, seed, *got))
             if any(isinstance(ev, ExtractorCalled) for ev in got[0]):
                 coevolution.setdefault(name, []).append((seed, fold_coevolution(got[0])))
@@ -743,8 +754,8 @@ def main() -> None:
     check_families(hard, facts)
     png = plot(facts, hard, out_dir / f"{args.tag}.png")
     adapt = adapt_table(facts)
-    read = [Path(where[name]) / f"{name}-seed{seed}" for name in specs for seed in seeds[name]]
-    lines = [provenance_line(provenance(seeds, read)), "", *table(facts, hard), ""]
+    made = provenance(seeds, read, versions=sorted(versions))
+    lines = [provenance_line(made), "", *table(facts, hard), ""]
     lines += [*adapt, "", f"![]({png.name})"] if adapt else [f"![]({png.name})"]
     if args.final_eval:
         finals = {

@@ -136,6 +136,29 @@ def test_a_resumed_runs_wall_time_leaves_out_the_time_it_was_stopped() -> None:
     assert load_bench("method_results").running_seconds(envs) == pytest.approx(15.5)
 
 
+def test_the_versions_that_resumed_a_run_are_named_by_both_results_scripts() -> None:
+    """method_results.py's table named only the coevo version that created each run: a run
+    resumed by other code (the half of it trained by that code) went unsaid."""
+    from engine.eventlog import RunMeta
+    from engine.lifecycle import RunResumed, RunStopped
+
+    results = load_bench("method_results")
+    meta = RunMeta(
+        run_id="r", created_ns=1, coevo_version="0.1+gaaa", log_format=1, scenario_name="s",
+        scenario_toml="", scenario_hash="", seed=0, event_versions={},
+    )  # fmt: skip
+    events: list[Event] = [
+        RunStopped(reason="signal", signal="SIGINT", exit_code=130),
+        RunResumed(after=1, previous="run_stopped", coevo_version="0.1+gbbb"),
+        RunResumed(after=2, previous=""),  # an older resume, which recorded no version
+        RunStopped(reason="completed"),
+    ]
+    assert results.written_by(meta, events) == ["0.1+gaaa", "0.1+gbbb"]
+    assert results.written_by(None, events[:1]) == ["unknown"]
+    made = results.provenance({"grpo": [0]}, [], versions=results.written_by(meta, events))
+    assert "by coevo 0.1+gaaa, 0.1+gbbb," in results.provenance_line(made)
+
+
 def test_seeds_evaluated_on_other_schedules_are_averaged_where_all_evaluated(
     tmp_path: Path,
 ) -> None:
