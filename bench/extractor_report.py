@@ -30,15 +30,15 @@ def quarters(credits: list[tuple[int, float]]) -> list[float]:
 
 def coevolution_table(runs: dict[str, list[tuple[int, Coevolution]]]) -> list[str]:
     lines = [
-        "| method | seed | credits | mean credit by quarter of training | bank at end | "
-        "calls | read as plain add | malformed | ops (add/update/merge/rewrite/discard) | "
+        "| method | seed | credits | mean credit by quarter of the credits | bank at end | "
+        "calls | read as plain add | malformed | ops (add/update/merge/rewrite/discard/return) | "
         "extractor updates (with gradient) |",
         "|---|---:|---:|---|---:|---:|---:|---:|---|---:|",
     ]
     for name, items in runs.items():
         for seed, c in items:
             q = " -> ".join(f"{x:+.2f}" for x in quarters(c.credits)) or "-"
-            ops = "/".join(str(c.ops[o]) for o in OPS[:5])
+            ops = "/".join(str(c.ops[o]) for o in OPS)
             bank = c.bank[-1][1] if c.bank else 0
             lines.append(
                 f"| {name} | {seed} | {len(c.credits)} | {q} | {bank} | {c.calls} | {c.plain} | "

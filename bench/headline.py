@@ -9,7 +9,8 @@ its own, and the ratios the issue sets goals for.
 
 Runs go to ``--runs/<method>-seed<N>`` (a finished run there is read, not rerun), the table to
 ``--out/headline.md`` with ``headline.json`` (the figures, where they came from, and every
-seed's held-out outcomes, from which each interval can be computed again) and
+seed's held-out outcomes, from which each interval can be computed again; a ratio's bound
+that is unbounded, "inf" in the table, is null there) and
 ``headline.png``, and the learning curves to ``headline_curves.png`` (``--tag`` names them
 otherwise); ``--out`` is the
 ``--runs`` directory unless named (``--out docs/results`` publishes). ``--methods`` picks
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -68,6 +70,7 @@ from agents.report.intervals import (
     Groups,
     Interval,
     bootstrap_mean,
+    paired_mean,
 )
 from engine.eventlog import RunMeta
 from engine.events import Event
@@ -282,8 +285,8 @@ def summarize(finals: dict[str, list[Final]], hard: tuple[str, ...]) -> dict:
             "bank_hard": _cell(groups(runs, "bank", hard)),
             "attempts": [_cell(attempt(runs, k)) for k in range(_attempts(runs))],
         }
-        if diffs := paired(runs):  # differences: all 0 is no proportion
-            row["bank_minus_plain"] = bootstrap_mean(diffs, successes=False)
+        if diffs := paired(runs):
+            row["bank_minus_plain"] = paired_mean(diffs)
             row["paired_seeds"] = len(diffs)  # a seed whose rounds do not line up is left out
         if name != BASELINE and base:
             row["plain_vs_grpo"] = ratio(groups(runs, "plain"), groups(base, "plain"))
@@ -385,7 +388,7 @@ def bars(summary: dict, path: Path) -> Path:
             errs[1].append(cell.high - cell.value)
         ax.bar(xs, ys, width=0.36, yerr=errs, capsize=3, label=label)
     ax.set_xticks(range(len(names)), names, rotation=15)
-    ax.set_ylabel("held-out success (95% bootstrap interval)")
+    ax.set_ylabel("held-out success (95% interval)")
     ax.set_ylim(0, 1)
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
@@ -449,7 +452,7 @@ def probe_summary(reports: list[dict]) -> tuple[list[str], dict]:
             "is version 0's): co-evolution not measured"
         ]
         return lines, {"cells": cells, "last_minus_v0": None, "shown": False}
-    paired = bootstrap_mean(diffs, successes=False)  # differences: all 0 is no proportion
+    paired = paired_mean(diffs)
     shown = cells["last"].above(cells["v0"]) and (
         "control" not in cells or cells["last"].above(cells["control"])
     )
@@ -479,12 +482,17 @@ def _role(bank: dict, report: dict) -> str:
 
 
 def _jsonable(value: object) -> object:
+    """``value`` as JSON holds it: an interval as its figures, and a number JSON cannot write
+    as null (a ratio's bound is infinite where a resample of its bottom side had no success;
+    ``json`` wrote ``Infinity``, which strict readers refuse and others read as a number)."""
     if isinstance(value, Interval):
-        return {"value": value.value, "low": value.low, "high": value.high, "n": value.episodes}
+        value = {"value": value.value, "low": value.low, "high": value.high, "n": value.episodes}
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 
@@ -658,7 +666,7 @@ def main() -> None:
         ]
         for name, runs in finals.items()
     }
-    doc = json.dumps({"provenance": made, **_jsonable(summary)}, indent=1)
+    doc = json.dumps({"provenance": made, **_jsonable(summary)}, indent=1, allow_nan=False)
     every = json.dumps(outcomes, separators=(",", ":"))  # one line: thousands of pairs
     (out_dir / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     (out_dir / f"{args.tag}.json").write_text(f'{doc[:-2]},\n "outcomes": {every}\n}}\n')

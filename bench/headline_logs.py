@@ -79,7 +79,7 @@ def modes_table(runs: dict[str, list[Modes]]) -> list[str]:
             groups = [it.success[mode] for it in items if it.success.get(mode)]
             kls = [k for it in items for k in it.kl.get(mode, [])]
             cell = str(bootstrap_mean(groups)) if groups else "-"
-            kl = f"{statistics.mean(kls):.4f}" if kls else "-"
+            kl = f"{statistics.mean(kls):.2g}" if kls else "-"  # GRPO's 1.5e-5 read 0.0000
             lines.append(
                 f"| {name} | {mode} | {sum(map(len, groups))} | {cell} | {len(kls)} | {kl} |"
             )

@@ -14,6 +14,7 @@ time as separate ``coevo run`` processes. The markdown table and the PNG go to `
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import statistics
@@ -550,15 +551,20 @@ def table(facts: dict[str, list[RunFacts]], families: tuple[str, ...]) -> list[s
             f"{rate(pooled[2], pooled[3])} | |"
         )
         if all(f.memory_rounds for f in runs):
-            m0 = statistics.mean(f.memory_rounds[0][2] for f in runs)
-            m1 = statistics.mean(f.memory_rounds[-1][2] for f in runs)
-            lines.append(
-                f"| **{name}, with its bank** | mean of seeds | {m0:.3f} | {m1:.3f} | | | |"
+            # a round before any training episode ended read an empty bank: no bank measured
+            empty = any(f.memory_rounds[0][0] == 0 for f in runs)
+            m0 = (
+                "- (empty bank)"
+                if empty
+                else f"{statistics.mean(f.memory_rounds[0][2] for f in runs):.3f}"
             )
+            m1 = statistics.mean(f.memory_rounds[-1][2] for f in runs)
+            lines.append(f"| **{name}, with its bank** | mean of seeds | {m0} | {m1:.3f} | | | |")
     lines += [
         "",
         "All seeds: the mean of every held-out episode of the round, its 95% bootstrap "
-        "interval (seeds, then episodes, resampled) and the episodes counted.",
+        "interval (seeds, then episodes, resampled; where every episode failed, or every one "
+        "succeeded, the Wilson interval of them pooled) and the episodes counted.",
     ]
     return lines
 
@@ -616,7 +622,7 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
             axes[0].plot(xs, [r[2] for r in f.rounds], color=color, alpha=0.35, marker=".")
             hard = [f.family_success(i, families) for i in range(len(f.rounds))]
             axes[1].plot(
-                xs, [w / n if n else 0 for w, n in hard], color=color, alpha=0.35, marker="."
+                xs, [w / n if n else math.nan for w, n in hard], color=color, alpha=0.35, marker="."
             )
         # the mean over seeds at the training episodes every seed evaluated at (seeds of
         # other lengths or schedules: an index into the first seed's rounds ran past another's)
@@ -642,7 +648,7 @@ def plot(facts: dict[str, list[RunFacts]], families: tuple[str, ...], path: Path
         for x in xs:
             counts = [f.family_success(a[x], families) for f, a in zip(runs, at, strict=True)]
             w, n = sum(c[0] for c in counts), sum(c[1] for c in counts)
-            pooled.append(w / n if n else 0)
+            pooled.append(w / n if n else math.nan)  # no point where no such episode was played
         axes[1].plot(xs, pooled, color=color, linewidth=2.5, label=f"{name} (pooled)")
     axes[0].set_title("held-out success without memory (dashed: with the bank)")
     axes[1].set_title(f"held-out success, {'+'.join(families)}")

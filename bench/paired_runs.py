@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.report.intervals import Interval, bootstrap_mean
+from agents.report.intervals import Interval, bootstrap_mean, paired_mean
 
 Outcomes = dict[str, list[tuple[str, bool]]]
 """Per seed, the last round's ``(family, success)`` of each held-out episode, in order."""
@@ -147,7 +147,7 @@ def table(a: Outcomes, b: Outcomes, labels: tuple[str, str]) -> tuple[list[str],
         )
     seeds = list(diffs)
     side = [bootstrap_mean([[float(s) for _, s in x[seed]] for seed in seeds]) for x in (a, b)]
-    gap = bootstrap_mean(list(diffs.values()), successes=False)
+    gap = paired_mean(list(diffs.values()))
     rows.append(f"| all ({len(seeds)} seeds) | {side[0]} | {side[1]} | {_signed(gap)} |")
     return rows, gap
 

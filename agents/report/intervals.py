@@ -5,14 +5,16 @@ vary, so the interval resamples both (a hierarchical bootstrap): draw the seeds 
 replacement, then each drawn seed's episodes with replacement, and take the mean of all drawn
 episodes. With one seed it is the plain percentile bootstrap over episodes. Ratios of two
 methods' means (``EMPO2 / GRPO``) resample each side independently;
-:func:`paired_difference` resamples pairs, for two measurements of the same episodes (the same
-tasks and seeds played with two banks), which is tighter than comparing two intervals.
+:func:`paired_mean` (and :func:`paired_difference`, of one seed) resamples pairs, for two
+measurements of the same episodes (the same tasks and seeds played with two banks), which is
+tighter than comparing two intervals.
 
 Pure: the resampling is seeded, so the same numbers give the same interval.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,6 +91,12 @@ def _resampled_means(arrays: list[np.ndarray], rounds: int, rng: np.random.Gener
     return totals / counts
 
 
+def _all_equal_successes(arrays: list[np.ndarray]) -> bool:
+    """Whether ``arrays`` (a side's groups) hold successes all equal: all 0 or all 1."""
+    pooled = np.concatenate(arrays)
+    return bool(pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0))
+
+
 def _check_settings(rounds: int, level: float) -> None:
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -150,9 +158,16 @@ def bootstrap_ratio(
 ) -> Interval:
     """``mean(top) / mean(bottom)`` and its bootstrap interval (each side resampled on its
     own); ``episodes`` counts both sides. A bootstrap round whose bottom mean is 0 gives an
-    infinite ratio, which the percentiles keep. For measures that are never negative (success
-    rates, counts): a bottom mean that crosses 0 makes the ratio's percentiles meaningless
-    (a negative bottom gave the interval [inf, inf] around -1).
+    infinite ratio, which the percentiles keep (an unbounded interval), unless its top mean
+    is 0 too: 0/0 says nothing of the ratio, and such a round is left out (it was counted
+    infinite, an upper bound of "inf" from rounds with no success on either side).
+    Successes on a side that are all equal (every episode failed, or every one succeeded)
+    have resamples that are all the same: the ratio then takes the quotients of the two
+    sides' own intervals (:func:`bootstrap_mean`, Wilson's for such a side), ``[low(top) /
+    high(bottom), high(top) / low(bottom)]``, wider than a 95% interval rather than the
+    [0, 0] a top of no success gave. For measures that are never negative (success rates,
+    counts): a bottom mean that crosses 0 makes the ratio's percentiles meaningless (a
+    negative bottom gave the interval [inf, inf] around -1).
 
     Raises:
         ValueError: as :func:`bootstrap_mean`, a negative value, or ``bottom``'s mean is 0.
@@ -164,17 +179,24 @@ def bootstrap_ratio(
     base = float(np.concatenate(b).mean())
     if base == 0:
         raise ValueError("the bottom mean is 0: the ratio is undefined")
+    value = float(np.concatenate(a).mean()) / base
+    size = sum(x.size for x in a) + sum(x.size for x in b)
+    if level == 0.95 and any(_all_equal_successes(x) for x in (a, b)):
+        t = bootstrap_mean(top, rounds=rounds, seed=seed)
+        d = bootstrap_mean(bottom, rounds=rounds, seed=seed + 1)
+        high = t.high / d.low if d.low > 0 else math.inf
+        return Interval(value, t.low / d.high, high, len(a), size)
     rng = np.random.default_rng(seed)
     num = _resampled_means(a, rounds, rng)
     den = _resampled_means(b, rounds, rng)
+    defined = (den > 0) | (num > 0)  # (rounds,) not 0/0
+    num, den = num[defined], den[defined]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.where(den > 0, num / np.where(den > 0, den, 1), np.inf)
     tail = (1 - level) / 2 * 100
     with np.errstate(invalid="ignore"):  # between two infinite ratios: inf - inf
         bounds = np.percentile(ratios, [tail, 100 - tail])
     low, high = np.where(np.isnan(bounds), np.inf, bounds)
-    value = float(np.concatenate(a).mean()) / base
-    size = sum(x.size for x in a) + sum(x.size for x in b)
     return Interval(value, float(low), float(high), len(a), size)
 
 
@@ -186,14 +208,52 @@ def paired_difference(
     level: float = 0.95,
     seed: int = 0,
 ) -> Interval:
-    """The mean of ``a[i] - b[i]`` and its bootstrap interval (the pairs resampled).
+    """The mean of ``a[i] - b[i]`` and its bootstrap interval (the pairs resampled), by
+    :func:`paired_mean` (as differences of successes when every value is 0 or 1).
 
     Raises:
         ValueError: ``a`` and ``b`` differ in length, or as :func:`bootstrap_mean`.
     """
     if len(a) != len(b):
         raise ValueError(f"paired values differ in length: {len(a)} and {len(b)}")
-    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    return bootstrap_mean(
-        [diff.tolist()], rounds=rounds, level=level, seed=seed, successes=False
-    )  # differences, not successes
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    successes = all(np.isin(v, (0.0, 1.0)).all() for v in (x, y))
+    return paired_mean(
+        [(x - y).tolist()], successes=successes, rounds=rounds, level=level, seed=seed
+    )
+
+
+def paired_mean(
+    diffs: Groups,
+    *,
+    successes: bool = True,
+    rounds: int = ROUNDS,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """The mean of paired differences (``a - b`` of one episode measured two ways; one list
+    per seed) and its hierarchical bootstrap interval (seeds, then pairs, resampled).
+
+    ``successes``: differences of successes, each -1, 0 or +1. When they are all the same
+    (every pair agrees, or every one goes the same way) the resamples are all the same, and
+    the percentile bootstrap of twelve agreeing pairs was [+0.000, +0.000], a certainty of no
+    difference on no evidence: such pairs take the difference of the Wilson intervals
+    (:func:`proportion_interval`) of the two kinds of disagreeing pairs' shares, pooled.
+    ``successes=False``: differences of scores, always the bootstrap.
+
+    Raises:
+        ValueError: as :func:`bootstrap_mean`, or (``successes``) a value not -1, 0 or +1.
+    """
+    arrays = _check(diffs)
+    _check_settings(rounds, level)
+    pooled = np.concatenate(arrays)
+    if successes and not np.isin(pooled, (-1.0, 0.0, 1.0)).all():
+        raise ValueError("differences of successes are -1, 0 or +1")
+    if successes and level == 0.95 and pooled.min() == pooled.max():
+        (won_low, won_high), (lost_low, lost_high) = (
+            proportion_interval(float(share), pooled.size)
+            for share in ((pooled > 0).mean(), (pooled < 0).mean())
+        )
+        low, high = won_low - lost_high, won_high - lost_low
+        return Interval(float(pooled.mean()), low, high, len(arrays), pooled.size)
+    return bootstrap_mean(diffs, rounds=rounds, level=level, seed=seed, successes=False)

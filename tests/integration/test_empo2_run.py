@@ -229,6 +229,14 @@ def test_the_first_rounds_gain_is_a_ratio_only_where_the_first_attempt_ever_succ
     assert gain.startswith("2.0")  # attempt 2: 1.0, attempt 1: 0.5
 
 
+def test_a_small_mean_kl_keeps_its_digits() -> None:
+    """GRPO's mean KL of an update (1.5e-5 and 4.9e-5) read 0.0000 beside another method's
+    0.0001: the rounding hid it."""
+    logs = load_bench("headline_logs")
+    (*_, row) = logs.modes_table({"grpo": [logs.Modes(kl={"free": [1.5e-5, 4.9e-5]})]})
+    assert row.endswith("| 2 | 3.2e-05 |"), row
+
+
 def test_updates_count_the_samples_the_low_probability_mask_dropped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,6 +5,7 @@ aborted episode is a failure there as in the trainer and the held-out rounds."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -113,7 +114,7 @@ def test_the_bank_pairing_says_how_many_seeds_it_used() -> None:
     for runs, said in (([lined_up, lined_up], ""), ([lined_up, apart], " (1 of the 2 seeds")):
         summary = headline.summarize({"complementary": runs}, ())
         [line] = [x for x in headline.table(summary, ()) if x.startswith("With its bank")]
-        assert ("complementary +1.000 [+1.000, +1.000]" + said) in line, line
+        assert re.search(r"complementary \+1\.000 \[[+-]0\.\d+, \+1\.000\]" + re.escape(said), line)
 
 
 def test_a_resumed_runs_wall_time_leaves_out_the_time_it_was_stopped() -> None:
@@ -157,6 +158,48 @@ def test_the_versions_that_resumed_a_run_are_named_by_both_results_scripts() -> 
     assert results.written_by(None, events[:1]) == ["unknown"]
     made = results.provenance({"grpo": [0]}, [], versions=results.written_by(meta, events))
     assert "by coevo 0.1+gaaa, 0.1+gbbb," in results.provenance_line(made)
+
+
+def test_a_headlines_json_writes_an_unbounded_ratio_as_null() -> None:
+    """headline.json held ``"high": Infinity`` (a ratio whose GRPO side resampled to no
+    success): not JSON, refused by strict readers and read as a number by others."""
+    from agents.report.intervals import Interval
+
+    headline = load_bench("headline")
+    summary = {"complementary": {"bank_vs_grpo": Interval(2.0, 0.5, math.inf, 3, 60)}}
+    doc = json.loads(json.dumps(headline._jsonable(summary), allow_nan=False))
+    assert doc == {
+        "complementary": {"bank_vs_grpo": {"value": 2.0, "low": 0.5, "high": None, "n": 60}}
+    }
+
+
+def test_the_extractor_table_counts_every_operation_and_says_what_its_quarters_are() -> None:
+    """The ops column left out ``return`` (160 + 91 of 252 calls' operations accounted for),
+    and "quarter of training" was a quarter of the credits."""
+    from collections import Counter
+
+    from agents.report.curves import Coevolution
+
+    report = load_bench("extractor_report")
+    c = Coevolution(ops=Counter({"add": 3, "merge": 1, "return": 2}))
+    header, _, row = report.coevolution_table({"complementary": [(0, c)]})
+    assert "quarter of the credits" in header and "/discard/return)" in header
+    assert "| 3/0/1/0/0/2 |" in row, row
+
+
+def test_a_round_with_an_empty_bank_is_not_a_with_its_bank_figure() -> None:
+    """method_results.py's "with its bank" row gave version 0's cell from the round played
+    before any training episode ended, with an empty bank (the run's summary leaves it out)."""
+    results = load_bench("method_results")
+    f = results.RunFacts(
+        "complementary", 0, rounds=[(0, 0, 0.1), (64, 2, 0.3)],
+        memory_rounds=[(0, 0, 0.125), (64, 2, 0.5)],
+    )  # fmt: skip
+    row = next(x for x in results.table({"complementary": [f]}, ()) if "with its bank" in x)
+    assert "| - (empty bank) | 0.500 |" in row, row
+    f.memory_rounds[0] = (16, 1, 0.25)  # a first round after training began: a bank's figure
+    row = next(x for x in results.table({"complementary": [f]}, ()) if "with its bank" in x)
+    assert "| 0.250 | 0.500 |" in row, row
 
 
 def test_seeds_evaluated_on_other_schedules_are_averaged_where_all_evaluated(
@@ -335,6 +378,27 @@ def test_a_hard_family_no_run_played_is_refused() -> None:
         "coevo: error: --hard circuits: no held-out episode of the runs is of that family "
         "(they have: heat)"
     )
+
+
+def test_a_round_with_no_episode_of_the_hard_family_is_no_point_on_its_curve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The curves' hard-family panel drew 0% success at a round that played no episode of the
+    family (the table showed "-" for it)."""
+    import matplotlib.figure
+
+    results = load_bench("method_results")
+    figures: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig)
+    )
+    facts = {"grpo": [results.fold("grpo", 0, _round(), 1.0)]}  # one round, of heat alone
+    results.plot(facts, ("unlock",), tmp_path / "curves.png")
+    (fig,) = figures
+    hard = [line.get_ydata() for line in fig.axes[1].get_lines()]
+    assert hard and all(math.isnan(y) for ys in hard for y in ys)
+    results.plot(facts, ("heat",), tmp_path / "curves.png")  # a quarter of heat succeeded
+    assert all(list(line.get_ydata()) == [0.25] for line in figures[1].axes[1].get_lines())
 
 
 def test_a_headline_stays_with_its_runs_and_says_where_it_came_from(

@@ -13,6 +13,7 @@ from agents.report.intervals import (
     bootstrap_mean,
     bootstrap_ratio,
     paired_difference,
+    paired_mean,
     proportion_interval,
     success_rate,
 )
@@ -21,8 +22,26 @@ from agents.report.intervals import (
 def test_constant_values_have_a_point_interval() -> None:
     got = bootstrap_mean([[0.5] * 10, [0.5] * 5])
     assert (got.value, got.low, got.high, got.seeds, got.episodes) == (0.5, 0.5, 0.5, 2, 15)
-    same = paired_difference([1.0] * 6, [1.0] * 6)  # differences, all 0: not a proportion
+    same = paired_difference([0.5] * 6, [0.5] * 6)  # scores' differences, all 0: no proportion
     assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+def test_paired_successes_that_all_agree_keep_an_interval_of_their_disagreements() -> None:
+    """An outside tester: a probe's twelve pairs of episodes, each the same with either bank,
+    read "paired difference +0.000 [+0.000, +0.000]", a certainty of no difference."""
+    same = paired_difference([1.0, 0.0] * 6, [1.0, 0.0] * 6)
+    high = proportion_interval(0.0, 12)[1]  # the share of pairs either side won: 0 of 12
+    assert (same.value, same.low, same.high) == pytest.approx((0.0, -high, high))
+    won = paired_difference([1.0] * 12, [0.0] * 12)  # every pair won by a
+    assert won.value == 1.0 and won.high == 1.0
+    assert won.low == pytest.approx(proportion_interval(1.0, 12)[0] - high) and won.low < 0.8
+    mixed = paired_difference([1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 1.0])  # not all the same
+    assert mixed == bootstrap_mean([[1.0, 0.0, 0.0, -1.0]], successes=False)
+    seeds = paired_mean([[0.0] * 10, [0.0] * 14])  # the results scripts': pairs of 2 seeds
+    assert (seeds.value, seeds.seeds, seeds.episodes) == (0.0, 2, 24)
+    assert seeds.high == pytest.approx(proportion_interval(0.0, 24)[1]) == -seeds.low
+    with pytest.raises(ValueError, match="-1, 0 or"):
+        paired_mean([[0.5, 0.5]])  # scores' differences: successes=False
 
 
 def test_all_failures_or_all_successes_take_the_pooled_wilson_interval() -> None:
@@ -85,8 +104,21 @@ def test_a_ratio_over_zero_is_refused() -> None:
 
 
 def test_a_bottom_that_often_resamples_to_zero_gives_an_infinite_upper_bound() -> None:
-    got = bootstrap_ratio([[1.0, 1.0], [1.0, 1.0]], [[1.0, 0.0], [1.0, 0.0]])  # no warning
-    assert got.value == 2.0 and got.low == 1.0 and got.high == math.inf
+    got = bootstrap_ratio([[1.0, 1.0], [1.0, 0.0]], [[1.0, 0.0], [1.0, 0.0]])  # no warning
+    assert got.value == 1.5 and 0 < got.low < 1.5 and got.high == math.inf
+
+
+def test_a_ratio_with_a_side_of_equal_successes_takes_the_sides_own_intervals() -> None:
+    """An outside tester: a top of no success in 10 had the ratio 0.000 [0.000, 0.000] (every
+    resample 0), and a top of all successes a lower bound no resample could go below."""
+    none = bootstrap_ratio([[0.0] * 10], [[1.0, 0.0] * 5])
+    bottom = bootstrap_mean([[1.0, 0.0] * 5], seed=1)
+    assert none.value == 0.0 and none.low == 0.0
+    assert none.high == pytest.approx(proportion_interval(0.0, 10)[1] / bottom.low)
+    every = bootstrap_ratio([[1.0] * 10], [[1.0, 0.0] * 5])
+    assert every.value == 2.0 and every.high == pytest.approx(1.0 / bottom.low)
+    assert every.low == pytest.approx(proportion_interval(1.0, 10)[0] / bottom.high)
+    assert every.low < 1.0  # a top of 10 of 10 may be below a bottom of 5 of 10 by chance
 
 
 def test_one_group_is_close_to_the_normal_interval_of_a_success_rate() -> None:
