@@ -19,7 +19,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents.events.episodes import EpisodeAborted, EpisodeAssigned, EpisodeFinished
+from agents.events.episodes import (
+    EpisodeAbandoned,
+    EpisodeAborted,
+    EpisodeAssigned,
+    EpisodeFinished,
+)
 from agents.events.extractor import (
     CreditAssigned,
     ExtractorCalled,
@@ -143,8 +148,10 @@ class Coevolution:
         bank_ops: ``(x, what)`` per change or refusal in the training bank: "stored",
             "evicted:<reason>", "rejected:<reason>".
         retrievals: ``(x, entries shown, entries in the slot)`` per retrieval of a training
-            episode (an evaluation round played with the bank reads the training slots too,
-            and is left out).
+            episode, ``x`` the training episodes ended once its episode ended (the episode's
+            place in the train curve's blocks, as ``coevo export``'s ``retrieval/count``); an
+            abandoned attempt's and an episode's that never ended are left out, and so is an
+            evaluation round played with the bank (it reads the training slots too).
         extractor: ``(x, mean reward of the batch, loss, samples)`` per extractor update.
         ops: operation counts of all extractor calls.
         calls: extraction and merge calls; ``malformed`` of them had no usable operation,
@@ -175,11 +182,15 @@ def fold_coevolution(events: Iterable[Event]) -> Coevolution:
     train_slots: set[str] = set()
     rewards: dict[int, float] = {}
     evaluated: set[str] = set()  # episodes not of training: their retrievals are left out
+    running: dict[str, list[tuple[int, int]]] = {}  # a running episode's retrievals
     for ev in events:
         if isinstance(ev, EpisodeAssigned) and ev.purpose != "train":
             evaluated.add(ev.episode)
-        elif train_ended(ev):
+        elif isinstance(ev, EpisodeFinished | EpisodeAborted) and train_ended(ev):
             ended += 1
+            c.retrievals += [(ended, *r) for r in running.pop(ev.episode, ())]
+        elif isinstance(ev, EpisodeAbandoned):
+            running.pop(ev.episode, None)  # the attempt's retrievals are not the episode's
         elif isinstance(ev, CreditAssigned):
             c.credits.append((ended, ev.credit))
         elif isinstance(ev, TipStored | TipEvicted | TipRejected) and _in_training(ev.slot):
@@ -197,7 +208,7 @@ def fold_coevolution(events: Iterable[Event]) -> Coevolution:
         elif (
             isinstance(ev, TipsRetrieved) and _in_training(ev.slot) and ev.episode not in evaluated
         ):
-            c.retrievals.append((ended, len(ev.tip_ids), ev.slot_size))
+            running.setdefault(ev.episode, []).append((len(ev.tip_ids), ev.slot_size))
         elif isinstance(ev, ExtractorCalled):
             c.calls += 1
             c.malformed += int(ev.malformed)

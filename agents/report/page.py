@@ -346,7 +346,7 @@ def _retrieval(runs: list[RunData]) -> list[str]:
     return _plotted(
         runs,
         [bool(r.coevolution.retrievals) for r in runs],
-        "No retrieval in",
+        "No retrieval by a training episode (evaluation and adaptation rounds are left out) in",
         retrieval_figure,
         "Training retrievals per block of training episodes, entries shown per "
         "retrieval, and how often each entry was shown.",

@@ -189,24 +189,27 @@ def retrieval_figure(runs: Sequence[RunData]) -> str:
     fig, axes = _figure(1, 3, height=3.4)
     per_block, shown, dist = axes
     for i, r in enumerate(runs):
+        # each retrieval in the block of its episode's end, drawn at the block's end as the
+        # train curve's blocks are; the last block, not yet whole, left out as there
         block = max(r.curves.block, 1)
+        whole = r.train_episodes // block
         n: Counter[int] = Counter()
         tips: Counter[int] = Counter()
         for x, k, _ in r.coevolution.retrievals:
-            n[x // block] += 1
-            tips[x // block] += k
-        if not n:
+            n[(x - 1) // block] += 1
+            tips[(x - 1) // block] += k
+        keys = [k for k in sorted(n) if k < whole]
+        if not keys:
             continue
-        keys = sorted(n)
         color = COLORS[i % 10]
-        every = range(r.train_episodes // block + 1)  # blocks without a retrieval count 0
+        every = range(whole)  # blocks without a retrieval count 0
         per_block.plot(
-            [k * block for k in every],
+            [(k + 1) * block for k in every],
             [n[k] for k in every],
             color=color,
             label=legend_label(r.label),
         )
-        shown.plot([k * block for k in keys], [tips[k] / n[k] for k in keys], color=color)
+        shown.plot([(k + 1) * block for k in keys], [tips[k] / n[k] for k in keys], color=color)
         counts = sorted((e.retrieved for e in r.entries.values()), reverse=True)
         if counts:
             dist.plot(range(1, len(counts) + 1), counts, color=color, drawstyle="steps-post")

@@ -82,7 +82,10 @@ def test_sections_without_data_say_so(page: Path, runs: tuple[Path, Path]) -> No
     name = f"{runs[1].parent.name}/run (rollout (explorer agent))"
     assert f"No policy update in: {name}." in text
     assert f"No bank or memory (nothing stored) in: {name}." in text
-    assert f"No retrieval in: {name}." in text
+    assert (
+        "No retrieval by a training episode (evaluation and adaptation rounds are left out) "
+        f"in: {name}." in text
+    )
     assert f"No credit (no extractor-written entry guided an episode) in: {name}." in text
     assert (
         f"No entry of {runs[1].parent.name}/run (rollout (explorer agent)) earned credit." in text

@@ -17,7 +17,7 @@ from agents.events.extractor import (
 )
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
 from agents.report.curves import block_size, fold_coevolution, rolling_mean
-from agents.report.page import fold_entries, fold_run, render
+from agents.report.page import RunData, fold_entries, fold_run, render
 from agents.testing.events import extractor_called
 from engine.events import Envelope, Event
 
@@ -35,9 +35,11 @@ def stored(tip: int, call: str = "x1", slot: str = "train/heat", parents=()) -> 
     )
 
 
-def retrieved(tips: tuple[int, ...], slot: str = "train/heat") -> TipsRetrieved:
+def retrieved(
+    tips: tuple[int, ...], slot: str = "train/heat", episode: str = "ep000001"
+) -> TipsRetrieved:
     return TipsRetrieved(
-        episode="ep",
+        episode=episode,
         worker="w",
         turn=0,
         slot=slot,
@@ -110,7 +112,7 @@ def test_the_fold_follows_the_training_bank_only() -> None:
         (2, "evicted:merge"),
         (2, "stored"),
     ]
-    assert c.retrievals == [(1, 1, 3), (1, 2, 3)]
+    assert c.retrievals == [(2, 1, 3), (2, 2, 3)]  # in the block where ep000001 ended
     assert c.credits == [(2, 1.0), (2, -1.0), (2, -1.0)]
     assert c.extractor == [(2, 0.0, 0.25, 1)]
     assert (c.calls, c.updates, c.trained, c.ops["add"]) == (1, 1, 1, 1)
@@ -130,6 +132,46 @@ def test_an_evaluation_round_s_retrievals_are_not_training_retrievals() -> None:
     held = msgspec.structs.replace(retrieved((1,)), episode="ev1", read_only=True)
     stream = [assigned("ev1", "eval"), assigned("ep", "train"), held, *STREAM]
     assert fold_coevolution(stream).retrievals == fold_coevolution(STREAM).retrievals
+
+
+def test_a_retrieval_counts_where_its_episode_ended_as_the_train_curve_and_export_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The report's retrieval panels put a retrieval in the block of the episodes ended when
+    it was made, drawn at the block's start, while the train curve and ``coevo export`` put an
+    episode in the block where it ended, drawn at the block's end: one x, other episodes."""
+    from agents.events.episodes import EpisodeAbandoned
+    from agents.report import plots
+    from agents.report.curves import fold_curves
+
+    stream: list[Event] = [
+        retrieved((0,), episode="ep000003"),  # ep3 runs long: it ends fourth
+        retrieved((0,), episode="ep000001"),
+        retrieved((0, 1, 2), episode="ep000002"),  # a try abandoned: not the episode's
+        EpisodeAbandoned(episode="ep000002", worker="w", purpose="train"),
+        finished(1, True),
+        retrieved((0, 1), episode="ep000002"),  # ep2 played again after its abandoned try
+        finished(2, False),
+        finished(0, False),
+        finished(3, True),
+        retrieved((1,), episode="ep000004"),  # ep4 ends in the last block, not yet whole
+        finished(4, True),
+    ]
+    c = fold_coevolution(stream)
+    assert c.retrievals == [(1, 1, 3), (2, 2, 3), (4, 1, 3), (5, 1, 3)]
+    figures: list = []
+    monkeypatch.setattr(plots, "_finish", lambda fig, axes, name: figures.append(fig) or "")
+    curves = fold_curves(stream, block=2)
+    run = RunData(
+        label="r", path=Path("r"), method="empo2", seed=None, scenario="", events=1, status="",
+        train_episodes=5, curves=curves, coevolution=c, entries={}, calls={},
+    )  # fmt: skip
+    plots.retrieval_figure([run])
+    per_block, shown = figures[0].axes[:2]
+    assert [list(line.get_xdata()) for line in per_block.get_lines()] == [[2, 4]]
+    assert [list(line.get_ydata()) for line in per_block.get_lines()] == [[2, 1]]
+    assert [list(line.get_ydata()) for line in shown.get_lines()] == [[1.5, 1.0]]
+    assert [x for x, *_ in curves.train] == [2, 4]  # the train curve's blocks: the same x
 
 
 def test_entries_gather_what_the_log_says_of_each() -> None:
