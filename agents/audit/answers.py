@@ -168,7 +168,10 @@ class TipAudit(msgspec.Struct, frozen=True, kw_only=True):
     credits: tuple[Credit, ...]
     updates: tuple[ExtractorStep, ...]
     guided: int
+    """Episodes the entry was shown in, of every purpose (training, evaluation rounds with the
+    bank, adaptation attempts; each use's ``purpose`` says which), an abandoned try left out."""
     guided_success: int
+    """Of :attr:`guided`, those that succeeded (every purpose, as :attr:`guided`)."""
     credit_sum: float
     run_end: str = ""
     """How the run's last session ended (:func:`~agents.audit.episode.run_end`): once it has,

@@ -212,6 +212,11 @@ def families_table(episodes_state: Any) -> Table:
             c[1] += 1
         else:
             c[0], c[2], c[3] = c[0] + 1, c[2] + int(row.success), c[3] + row.steps
+    if any(purpose == "eval" for _, purpose in counts):  # a row that read as a round's figure
+        table.caption = (
+            "eval: every evaluation episode together (held-out rounds with and without the "
+            "bank, adaptation attempts), not one round's figure (`coevo report` has each)"
+        )
     for (family, purpose), (done, aborted, won, steps) in sorted(counts.items()):
         ended = done + aborted
         table.add_row(
