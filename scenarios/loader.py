@@ -167,11 +167,16 @@ def stored_source(where: str) -> str:
 
 
 def stored_scenario(
-    meta: RunMeta | None, where: str, overrides: list[str] | tuple[str, ...] = ()
+    meta: RunMeta | None,
+    where: str,
+    overrides: list[str] | tuple[str, ...] = (),
+    ignored: Sequence[str] = (),
 ) -> Scenario:
     """The scenario a run was started with, as its log's metadata stores it, with
     ``overrides`` (``key.path=value``: what differs on this machine, such as where a base model
-    lies or the device).
+    lies or the device). An override that nothing in the run reads, or that is under one of
+    ``ignored`` (the tables or keys the command asking never reads, as ``grpo`` or
+    ``eval.every``: a replay of episodes trains nothing), is warned of.
 
     The run directory's ``scenario.toml`` is a copy for people to read: edited, deleted or
     replaced by another run's, it changes nothing any command reads of the run.
@@ -192,14 +197,16 @@ def stored_scenario(
         scenario = to_scenario(doc, source)
     except ScenarioInvalid as exc:  # the log's scenario validated: the --set is at issue
         raise _naming_override(exc, overrides) from None
-    _warn_unread_overrides(overrides, scenario, source)
+    _warn_unread_overrides(overrides, scenario, source, ignored)
     return scenario
 
 
-def _warn_unread_overrides(overrides: Sequence[str], scenario: Scenario, source: str) -> None:
+def _warn_unread_overrides(
+    overrides: Sequence[str], scenario: Scenario, source: str, ignored: Sequence[str] = ()
+) -> None:
     """A warning naming each ``--set`` given for a stored run that sets what its method and
-    agent never read (:func:`unread_tables`): accepted without a word, it read as a change
-    the replay or probe had made."""
+    agent never read (:func:`unread_tables`), or what the command never reads (``ignored``):
+    accepted without a word, it read as a change the replay or probe had made."""
     doc: dict[str, Any] = {}
     for item in overrides:
         apply_override(doc, item, source)
@@ -210,6 +217,14 @@ def _warn_unread_overrides(overrides: Sequence[str], scenario: Scenario, source:
 
     # (a table the scenario leaves unread is named only where a --set is in it)
     unread = [t for t in unread_tables(doc, scenario) if any(under(k, t) for _, k in keys)]
+    unasked = [t for t in ignored if t not in unread and any(under(k, t) for _, k in keys)]
+    if unasked:
+        given = [i for i, k in keys if any(under(k, t) for t in unasked)]
+        structlog.get_logger("coevo").warning(
+            f"{source}: --set {' '.join(given)}: this command reads nothing of "
+            f"{', '.join(f'[{t}]' if '.' not in t else t for t in unasked)} (it plays "
+            "episodes and trains nothing): it changes nothing"
+        )
     if not unread:
         return
     given = [i for i, k in keys if any(under(k, t) for t in unread)]

@@ -139,7 +139,7 @@ def read_run(
     """
     root = find_run(path).root
     source = stored_source(str(root))
-    scenario = stored_scenario(meta, str(root), overrides)
+    scenario = stored_scenario(meta, str(root), overrides, ignored=("grpo", "tracking"))
     if not _complementary(scenario):
         raise ProbeInvalid(
             f"{path}: run.method = {scenario.run.method!r}: not a Complementary RL run "

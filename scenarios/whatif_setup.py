@@ -49,7 +49,7 @@ def run_whatif(
         WorldFailed: the world could not be built, or raised, hung or answered wrongly.
     """
     meta = log.read_meta()
-    scenario = stored_scenario(meta, str(root), overrides)
+    scenario = stored_scenario(meta, str(root), overrides, ignored=("grpo", "eval", "tracking"))
     source = stored_source(str(root))
     if scenario.agent.kind != "policy":
         raise AuditQueryInvalid(

@@ -544,6 +544,28 @@ def test_a_set_over_a_stored_scenario_that_nothing_reads_is_said() -> None:
     ]
 
 
+def test_a_set_the_asking_command_never_reads_is_said() -> None:
+    """``audit RUN whatif --set grpo.lr=0.5`` (a setting of the run's own method) replayed the
+    episode without a word: a replay of episodes trains nothing (``whatif`` and ``probe``
+    name what they never read)."""
+    from structlog.testing import capture_logs
+
+    from engine.eventlog import new_run_meta
+    from scenarios.loader import stored_scenario
+
+    text = resolved_toml(load_scenario(ROOT / "scenarios" / "grpo.toml"))
+    meta = new_run_meta("r", scenario_name="grpo", seed=0, coevo_version="0", scenario_toml=text)
+    sets = ["policy.device=cpu", "grpo.lr=0.5", "eval.every=2"]
+    with capture_logs() as logs:
+        stored_scenario(meta, "runs/r", sets, ignored=("grpo", "eval"))
+        stored_scenario(meta, "runs/r", sets[:1], ignored=("grpo", "eval"))  # read: no word
+        stored_scenario(meta, "runs/r", sets)  # a command that reads them all (resume)
+    assert [e["event"] for e in logs] == [
+        "runs/r (its scenario): --set grpo.lr=0.5 eval.every=2: this command reads nothing of "
+        "[grpo], [eval] (it plays episodes and trains nothing): it changes nothing"
+    ]
+
+
 def test_the_built_in_model_is_refused_too_few_positions_for_a_cut_prompt() -> None:
     """``policy.embedded.max_positions = 8`` was valid, and the run failed building its model
     ("room for 5 prompt tokens cannot hold a cut prompt"): minutes in with a real world."""
