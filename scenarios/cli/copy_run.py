@@ -2,7 +2,8 @@
 writes: the log as of one commit (never torn, unlike a ``cp -r``) under a temporary name,
 then the other files, then the log's own name, so that a copy stopped part way is no run
 directory; two copies into one DEST at once are refused, and a copy that lacks the
-checkpoints its log names (pruned meanwhile) says that it cannot be resumed."""
+checkpoints its log names (pruned meanwhile) says that it cannot be resumed. A symbolic link
+in the run directory is copied as what it names: the copy shares no file with the run."""
 
 from __future__ import annotations
 
@@ -126,6 +127,38 @@ def _unresumable(dest: Path) -> list[str]:
     return missing_checkpoints(dest, named)
 
 
+def _run_files(root: Path, skip: set[str]) -> list[tuple[Path, Path]]:
+    """The run directory's files and directories below ``root`` (each with its path relative
+    to ``root``), in order, less the top-level names ``skip`` and any hidden name (a
+    checkpoint still being written, ``.vNNNNNN.partial``, is not one yet). A symbolic link is
+    followed to what it names (a ``checkpoints`` linked to a bigger disk: copied as a link,
+    the copy's resume pruned the run's own checkpoints); a link to a directory above it is
+    not entered again (no loop), and a dangling link is left out."""
+    found: list[tuple[Path, Path]] = []
+
+    def walk(path: Path, rel: Path, above: frozenset[tuple[int, int]]) -> None:
+        try:
+            stat = path.stat()
+        except OSError:  # dangling, or removed meanwhile
+            return
+        if rel.parts:
+            found.append((path, rel))
+        here = (stat.st_dev, stat.st_ino)
+        if not path.is_dir() or here in above:
+            return
+        try:
+            names = sorted(p.name for p in path.iterdir())
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith(".") or (not rel.parts and name in skip):
+                continue
+            walk(path / name, rel / name, above | {here})
+
+    walk(root, Path(), frozenset())
+    return found
+
+
 def _copy_run(rd: RunDir, dest: Path) -> tuple[bool, int, Any]:
     """:func:`cmd_copy`'s work: whether the run was live, the events copied, its metadata.
 
@@ -144,17 +177,14 @@ def _copy_run(rd: RunDir, dest: Path) -> tuple[bool, int, Any]:
     finally:
         log.close()
     skip = {"log", INDEX_DIR}  # the log copied above; the index is a cache of it
-    for item in sorted(rd.root.rglob("*")):
-        rel = item.relative_to(rd.root)
-        if rel.parts[0] in skip or any(part.startswith(".") for part in rel.parts):
-            continue  # a checkpoint still being written (.vNNNNNN.partial) is not one yet
+    for item, rel in _run_files(rd.root, skip):
         target = dest / rel
         try:
-            if item.is_dir() and not item.is_symlink():
+            if item.is_dir():
                 target.mkdir(parents=True, exist_ok=True)
-            else:
+            else:  # a link's file copied, not the link: the copy shares nothing with the run
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(item, target, follow_symlinks=False)
+                shutil.copy2(item, target)
         except FileNotFoundError:  # the run removed it meanwhile (a pruned checkpoint)
             continue
         except OSError as exc:

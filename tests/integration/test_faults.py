@@ -1001,6 +1001,27 @@ def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path
         assert verified(target) == verified(run)
 
 
+def test_a_copy_holds_what_the_runs_links_name_not_the_links(tmp_path: Path) -> None:
+    """A run's ``checkpoints`` linked to a bigger disk was copied as the link: the copy's
+    resume pruned the run's own checkpoints, and the run could no longer be resumed."""
+    run, dest, disk = tmp_path / "run", tmp_path / "copy", tmp_path / "disk"
+    assert coevo("run", EXPLORE, "--out", str(run), "--quiet").returncode == 0
+    (disk / "v000004").mkdir(parents=True)
+    (disk / "v000004" / "model.safetensors").write_bytes(b"weights")
+    (run / "checkpoints").symlink_to(disk)
+    (run / "notes").mkdir()
+    (run / "notes" / "up").symlink_to(run)  # a link back up: no loop
+    (run / "notes" / "gone").symlink_to(tmp_path / "nowhere")  # dangling: left out
+    proc = coevo("copy", str(run), str(dest))
+    assert proc.returncode == 0, proc.stderr
+    kept = dest / "checkpoints" / "v000004" / "model.safetensors"
+    assert not (dest / "checkpoints").is_symlink() and kept.read_bytes() == b"weights"
+    kept.unlink()  # the copy's own: the run's stays
+    assert (disk / "v000004" / "model.safetensors").exists()
+    assert (dest / "notes" / "up").is_dir() and not (dest / "notes" / "up" / "notes").exists()
+    assert not (dest / "notes" / "gone").exists() and verified(dest) == verified(run)
+
+
 KILLED_COPY = """
 import os, shutil, signal, sys
 from scenarios.cli import main
