@@ -147,6 +147,7 @@ def _hint(reason: str) -> str:
         ("Read-only file system", "a read-only file system"),
         ("Operation not permitted", "a file made immutable or append-only: lsattr?"),
         ("Permission denied", "the files' permissions"),
+        ("File name too long", "a path longer than the file system holds: a shorter run path"),
     ):
         if words.lower() in reason.lower():
             return hint

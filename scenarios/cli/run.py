@@ -71,6 +71,19 @@ def _writable(out: Path) -> None:
     if not os.access(there, os.W_OK | os.X_OK):
         what = "write in it: it is" if there == out else f"create it: {there} is"
         raise InputInvalid(f"{out}: cannot {what} not writable by this user; choose another --out")
+    longest = os.pathconf(there, "PC_PATH_MAX") - 1  # bytes, less the terminating NUL
+    if len(os.fsencode(out.absolute())) + RUN_PATHS > longest:
+        raise InputInvalid(
+            f"{out}: too long a path for the run's files below it (this file system's paths "
+            f"hold {longest} bytes, and the run writes up to {RUN_PATHS} more: "
+            "checkpoints/.v000001.partial/generation_config.json ...); choose a shorter --out"
+        )
+
+
+RUN_PATHS = 96
+"""Bytes a run's own paths may add below its directory (the longest, a checkpoint's file
+while it is written, takes 51), with room for a plug-in's: a run whose path left less failed
+at its first checkpoint ("File name too long"), once its episodes were played."""
 
 
 def _execute(

@@ -140,6 +140,10 @@ def test_a_refused_write_names_its_likely_cause() -> None:
     assert "(out of memory?)" in said["mdb_put: Cannot allocate memory"]
     assert "(disk full, or a file-size limit?)" in said["mdb_txn_commit: Input/output error"]
     assert "(a file-size limit: ulimit -f?)" in said["mdb_txn_commit: File too large"]
+    from engine.errors import CheckpointNotWritten  # a too-long path was told "disk full"
+
+    long = str(CheckpointNotWritten("c/.v1.partial", "[Errno 36] File name too long: 'c'"))
+    assert "(a path longer than the file system holds: a shorter run path)" in long
 
 
 def output_envs() -> list[dict[str, str]]:
@@ -999,6 +1003,24 @@ def test_a_copy_that_fails_leaves_nothing_in_the_way_of_its_retry(tmp_path: Path
         again = coevo("copy", str(run), str(target))
         assert again.returncode == 0, again.stderr
         assert verified(target) == verified(run)
+
+
+def test_a_run_path_that_leaves_no_room_for_its_files_is_refused_at_once(tmp_path: Path) -> None:
+    """A ``--out`` of 4,070 bytes was made and its episodes played; its first checkpoint then
+    failed ("File name too long", said as a full disk), and so did every resume."""
+    longest = os.pathconf(tmp_path, "PC_PATH_MAX") - 1
+    deep, size = tmp_path, longest - 59  # --out's bytes: room for 59 below it
+    while size - len(os.fsencode(deep)) > 250:
+        deep = deep / ("d" * 200)
+    deep.mkdir(parents=True)
+    out = deep / ("r" * (size - len(os.fsencode(deep)) - 1))
+    assert len(os.fsencode(out)) == size
+    proc = coevo("run", EXPLORE, "--out", str(out))
+    assert proc.returncode == 2 and not out.exists(), proc.stderr
+    assert proc.stderr.startswith(f"coevo: error: {out}: too long a path for the run's files")
+    assert proc.stderr.endswith("; choose a shorter --out\n")
+    short = deep / "r"  # (the explore world writes no checkpoint: it runs, and ends)
+    assert coevo("run", EXPLORE, "--out", str(short), "--quiet").returncode == 0
 
 
 def test_a_copy_holds_what_the_runs_links_name_not_the_links(tmp_path: Path) -> None:
