@@ -291,6 +291,10 @@ def cached_build(
             f"the model cache {str(root)!r} cannot be used: its path holds bytes that are not "
             "UTF-8 (COEVO_CACHE chooses another directory)"
         ) from None
+    longest = os.pathconf("/", "PC_PATH_MAX") - 1  # bytes, less the terminating NUL
+    if len(os.fsencode(final.absolute())) + BUILD_PATHS > longest:  # found once built
+        too_long = OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+        raise _cache_unusable(root, too_long, f" (a build writes up to {BUILD_PATHS} bytes more)")
     try:
         state = _state(final, required)
     except OSError as exc:  # a cache this user may not enter: say it is the cache
@@ -310,7 +314,7 @@ def cached_build(
         try:
             return _build_locked(root, key, required, build_into)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG):
                 raise _cache_unusable(root, exc) from None
             raise
         except Exception as exc:  # safetensors' own error for a full disk
@@ -318,6 +322,12 @@ def cached_build(
                 full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 raise _cache_unusable(root, full) from None
             raise
+
+
+BUILD_PATHS = 64
+"""Bytes a build adds below its key's path: its temporary directory's suffix and its longest
+file name (``.<key>.s7n3zjtx/generation_config.json``), with room to spare. A cache whose
+path left less built the whole model, then failed writing it, blamed on the scenario."""
 
 
 def _cache_unusable(root: Path, exc: OSError, more: str = "") -> ModelUnavailable:

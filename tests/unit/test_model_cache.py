@@ -139,3 +139,23 @@ def test_a_cache_that_cannot_be_used_is_named(
     monkeypatch.setenv("HOME", "")
     with pytest.raises(ModelUnavailable, match="HOME is empty and COEVO_CACHE is not set"):
         default_cache_root()
+
+
+def test_a_cache_whose_path_leaves_no_room_for_a_build_is_refused_before_it(
+    tmp_path: Path,
+) -> None:
+    """A ``COEVO_CACHE`` of about 4,080 bytes built the whole model (minutes, with the default
+    one), then failed writing it, blamed on ``$.policy.model`` ("File name too long")."""
+    from agents.models.pretrain import BUILD_PATHS
+
+    longest = os.pathconf("/", "PC_PATH_MAX") - 1
+    root, gap = tmp_path, longest - BUILD_PATHS - len(os.fsencode(tmp_path))
+    while gap > 60:  # (each name at most 200 bytes: a file system's names hold 255)
+        root = root / ("c" * min(200, gap - 50))
+        gap = longest - BUILD_PATHS - len(os.fsencode(root))
+    root.mkdir(parents=True)  # room for a key of 10 to 60 bytes below it
+    build = Builder()
+    with pytest.raises(ModelUnavailable, match=r"cannot be used: File name too long \(a build"):
+        cached_build(root, "k" * 70, REQUIRED, build)
+    assert build.builds == 0
+    assert cached_build(root, "k", REQUIRED, build).is_dir() and build.builds == 1
