@@ -260,10 +260,19 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
     """The run's log opened as its one writer, before anything of it is read for a resume.
 
     Raises:
-        InputInvalid: another process writes the run (a run or a resume still going).
+        InputInvalid: another process writes the run (a run or a resume still going), or its
+            log's file is shared with another directory (a hard-linked copy, which a resume
+            changed in silence: it read as completed, with no checkpoint of its own).
     """
     from stores.lmdb_log import LmdbEventLog
 
+    with contextlib.suppress(OSError):  # (no file: the log's open says what is wrong)
+        if (links := (rd.log / "data.mdb").stat().st_nlink) > 1:
+            raise InputInvalid(
+                f"{rd.root}: its log's data.mdb has {links} hard links (a copy made with "
+                "cp -al or cp -l shares the file): a resume would write into that copy too; "
+                "resume an independent copy (coevo copy RUN DEST) or remove the other links"
+            )
     try:
         return LmdbEventLog.open(rd.log, writable=True, durable=durable)
     except LogLocked as exc:

@@ -1023,6 +1023,26 @@ def test_a_run_path_that_leaves_no_room_for_its_files_is_refused_at_once(tmp_pat
     assert coevo("run", EXPLORE, "--out", str(short), "--quiet").returncode == 0
 
 
+def test_a_run_whose_log_is_hard_linked_elsewhere_is_not_resumed(tmp_path: Path) -> None:
+    """A copy made with ``cp -al`` shares the log's file: resuming one twin changed the
+    other in silence (it read as completed, without a checkpoint of its own)."""
+    run, twin = tmp_path / "run", tmp_path / "twin"
+    assert coevo("run", EXPLORE, "--out", str(run), "--quiet").returncode == 0
+    subprocess.run(["cp", "-al", str(run), str(twin)], check=True)
+    before = (twin / "log" / "data.mdb").read_bytes()
+    for where in (run, twin):
+        proc = coevo("resume", str(where))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"coevo: error: {where}: its log's data.mdb has 2 hard links (a copy made with cp "
+            "-al or cp -l shares the file): a resume would write into that copy too; resume an "
+            "independent copy (coevo copy RUN DEST) or remove the other links\n"
+        )
+    assert (twin / "log" / "data.mdb").read_bytes() == before
+    shutil.rmtree(twin)  # one link left: the run is its own
+    assert "nothing to resume" in coevo("resume", str(run)).stderr
+
+
 def test_a_copy_holds_what_the_runs_links_name_not_the_links(tmp_path: Path) -> None:
     """A run's ``checkpoints`` linked to a bigger disk was copied as the link: the copy's
     resume pruned the run's own checkpoints, and the run could no longer be resumed."""
