@@ -43,13 +43,23 @@ def plain_text() -> None:
 
 
 def legend_label(name: str) -> str:
-    """``name`` as a legend entry: what a reader could not see escaped as on the page
-    (:func:`agents.audit.shown.safe_line`: an ESC reached the SVG raw), and a leading space
-    for one that starts with ``_``, which matplotlib leaves out of a legend."""
+    """``name`` as a legend entry or a panel's title: what a reader could not see escaped as
+    on the page (:func:`agents.audit.shown.safe_line`: an ESC reached the SVG raw), a leading
+    space for one that starts with ``_``, which matplotlib leaves out of a legend, and a name
+    longer than :data:`LABEL_CHARS` cut in its middle (its start and its end, the seed, kept):
+    a run directory of 150 characters squeezed the panels to nothing (matplotlib warned that
+    its layout could not be applied). The page's table gives each run's whole name."""
     from agents.audit.shown import safe_line
 
     name = safe_line(name)
+    if len(name) > LABEL_CHARS:
+        half = (LABEL_CHARS - 1) // 2
+        name = f"{name[:half]}…{name[-half:]}"
     return f" {name}" if name.startswith("_") else name
+
+
+LABEL_CHARS = 49
+"""The longest run name a figure shows whole (:func:`legend_label`)."""
 
 
 def _figure(rows: int, cols: int, height: float = 3.3) -> tuple[Any, list[Any]]:

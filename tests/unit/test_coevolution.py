@@ -174,6 +174,25 @@ def test_a_retrieval_counts_where_its_episode_ended_as_the_train_curve_and_expor
     assert [x for x, *_ in curves.train] == [2, 4]  # the train curve's blocks: the same x
 
 
+def test_a_long_run_name_is_cut_in_the_figures_not_their_panels() -> None:
+    """A run directory of 150 characters or more made ``coevo report`` squeeze its panels to
+    nothing, with matplotlib's warning on stderr (the run's name in a legend and a title)."""
+    from agents.report import plots
+    from agents.report.curves import fold_curves
+
+    name = "n" * 150 + "/run-seed7"
+    curves = fold_curves(STREAM, block=1)
+    run = RunData(
+        label=name, path=Path(name), method="complementary", seed=7, scenario="", events=1,
+        status="", train_episodes=2, curves=curves, coevolution=fold_coevolution(STREAM),
+        entries={}, calls={},
+    )  # fmt: skip
+    svg = plots.bank_figures([run])  # (a warning is an error in the tests)
+    assert svg.startswith("<svg") and plots.retrieval_figure([run]).startswith("<svg")
+    shown = plots.legend_label(name)
+    assert len(shown) == plots.LABEL_CHARS and shown.endswith("n/run-seed7")
+
+
 def test_entries_gather_what_the_log_says_of_each() -> None:
     envs = [Envelope(seq=i, run="r", t=0, actor="a", event=ev) for i, ev in enumerate(STREAM)]
     entries, calls = fold_entries(envs)
