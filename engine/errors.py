@@ -161,9 +161,14 @@ class CheckpointNotWritten(CoevoError):
     save)."""
 
     def __init__(self, path: str, reason: str) -> None:
+        then = (
+            "coevo copy RUN DEST to a shorter path, and coevo resume DEST, continue the run"
+            if "File name too long" in reason  # a resume in place fails the same way
+            else "coevo resume continues the run"
+        )
         super().__init__(
             f"cannot write the checkpoint {path}: {reason} ({_hint(reason)}); its update is "
-            "not recorded, and coevo resume continues the run"
+            f"not recorded, and {then}"
         )
 
 

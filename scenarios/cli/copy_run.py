@@ -11,6 +11,7 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from stat import S_ISDIR, S_ISREG
 from typing import Any
 
 from engine.errors import LogError
@@ -49,6 +50,10 @@ def cmd_copy(args: argparse.Namespace) -> int:
         raise InputInvalid(_COPY_UNDER_WAY.format(dest=dest))
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputInvalid(f"{dest}: not a new or empty directory for the copy")
+    from scenarios.cli.run import too_long
+
+    if said := too_long(dest):  # the copy's resume could write no checkpoint there
+        raise InputInvalid(f"{dest}: {said}; choose a shorter DEST")
     existed = dest.exists()
     _claim_copy(dest)
     try:
@@ -141,10 +146,15 @@ def _run_files(root: Path, skip: set[str]) -> list[tuple[Path, Path]]:
             stat = path.stat()
         except OSError:  # dangling, or removed meanwhile
             return
+        if not (S_ISDIR(stat.st_mode) or S_ISREG(stat.st_mode)):  # /dev/zero read forever
+            raise InputInvalid(
+                f"cannot copy {path}: not a file or a directory (a device, a pipe or a "
+                "socket); remove it from the run directory, or the link to it"
+            )
         if rel.parts:
             found.append((path, rel))
         here = (stat.st_dev, stat.st_ino)
-        if not path.is_dir() or here in above:
+        if not S_ISDIR(stat.st_mode) or here in above:
             return
         try:
             names = sorted(p.name for p in path.iterdir())

@@ -266,13 +266,13 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
     """
     from stores.lmdb_log import LmdbEventLog
 
-    with contextlib.suppress(OSError):  # (no file: the log's open says what is wrong)
-        if (links := (rd.log / "data.mdb").stat().st_nlink) > 1:
-            raise InputInvalid(
-                f"{rd.root}: its log's data.mdb has {links} hard links (a copy made with "
-                "cp -al or cp -l shares the file): a resume would write into that copy too; "
-                "resume an independent copy (coevo copy RUN DEST) or remove the other links"
-            )
+    if shared := _shared_files(rd):
+        raise InputInvalid(
+            f"{rd.root}: {shared} (a copy made with cp -al, cp -as or rsync --link-dest "
+            "shares it): a resume would write into the other run too; resume an independent "
+            "copy (coevo copy RUN DEST) or remove the other links"
+        )
+    _room_for_files(rd.root)
     try:
         return LmdbEventLog.open(rd.log, writable=True, durable=durable)
     except LogLocked as exc:
@@ -289,6 +289,32 @@ def _open_writer(rd: RunDir, durable: bool) -> Any:
         if completed(last):
             raise NothingToResume(_completed_run(str(rd.root), last)) from None
         raise
+
+
+def _shared_files(rd: RunDir) -> str:
+    """How a file a resume writes in place (the log's two, the run's own log of lines) is
+    shared with another directory: a symbolic link, or more than one hard link ("" when none
+    is). A resume through a twin made of links changed the other run in silence (it read as
+    completed, its checkpoints in the twin)."""
+    for path in (rd.log / "data.mdb", rd.log / "lock.mdb", rd.root / "coevo.jsonl"):
+        try:
+            if path.is_symlink():
+                return f"{path.relative_to(rd.root)} is a symbolic link to {path.resolve()}"
+            if (links := path.stat().st_nlink) > 1:
+                return f"{path.relative_to(rd.root)} has {links} hard links"
+        except OSError:  # (no such file: the log's open says what is wrong)
+            continue
+    return ""
+
+
+def _room_for_files(root: Path) -> None:
+    """Refuse a run directory whose path leaves no room for the run's files below it (as
+    ``run --out`` does): a resume played its episodes, then failed at its first checkpoint
+    ("File name too long")."""
+    from scenarios.cli.run import too_long
+
+    if said := too_long(root):
+        raise InputInvalid(f"{root}: {said}; move it to a shorter path (coevo copy RUN DEST)")
 
 
 def _completed_run(path: str, last: Any) -> str:

@@ -71,13 +71,24 @@ def _writable(out: Path) -> None:
     if not os.access(there, os.W_OK | os.X_OK):
         what = "write in it: it is" if there == out else f"create it: {there} is"
         raise InputInvalid(f"{out}: cannot {what} not writable by this user; choose another --out")
+    if said := too_long(out):
+        raise InputInvalid(f"{out}: {said}; choose a shorter --out")
+
+
+def too_long(out: Path) -> str:
+    """Why ``out`` is too long a path for a run directory (its path and the run's own files
+    below it, :data:`RUN_PATHS`, beyond what the file system's paths hold), or ""."""
+    there = out.absolute()
+    while not there.exists() and there != there.parent:
+        there = there.parent
     longest = os.pathconf(there, "PC_PATH_MAX") - 1  # bytes, less the terminating NUL
-    if len(os.fsencode(out.absolute())) + RUN_PATHS > longest:
-        raise InputInvalid(
-            f"{out}: too long a path for the run's files below it (this file system's paths "
-            f"hold {longest} bytes, and the run writes up to {RUN_PATHS} more: "
-            "checkpoints/.v000001.partial/generation_config.json ...); choose a shorter --out"
-        )
+    if len(os.fsencode(out.absolute())) + RUN_PATHS <= longest:
+        return ""
+    return (
+        f"too long a path for the run's files below it (this file system's paths hold "
+        f"{longest} bytes, and the run writes up to {RUN_PATHS} more: "
+        "checkpoints/.v000001.partial/generation_config.json ...)"
+    )
 
 
 RUN_PATHS = 96

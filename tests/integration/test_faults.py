@@ -144,6 +144,9 @@ def test_a_refused_write_names_its_likely_cause() -> None:
 
     long = str(CheckpointNotWritten("c/.v1.partial", "[Errno 36] File name too long: 'c'"))
     assert "(a path longer than the file system holds: a shorter run path)" in long
+    assert long.endswith(
+        "coevo copy RUN DEST to a shorter path, and coevo resume DEST, continue the run"
+    )
 
 
 def output_envs() -> list[dict[str, str]]:
@@ -1021,6 +1024,14 @@ def test_a_run_path_that_leaves_no_room_for_its_files_is_refused_at_once(tmp_pat
     assert proc.stderr.endswith("; choose a shorter --out\n")
     short = deep / "r"  # (the explore world writes no checkpoint: it runs, and ends)
     assert coevo("run", EXPLORE, "--out", str(short), "--quiet").returncode == 0
+    # (an outside tester) a copy there, and a resume of a run moved there, played on first
+    copied = coevo("copy", str(short), str(out))
+    assert copied.returncode == 2 and not out.exists(), copied.stderr
+    assert copied.stderr.endswith("; choose a shorter DEST\n"), copied.stderr
+    short.rename(out)
+    resumed = coevo("resume", str(out))
+    assert resumed.returncode == 2, resumed.stderr
+    assert resumed.stderr.endswith("; move it to a shorter path (coevo copy RUN DEST)\n")
 
 
 def test_a_run_whose_log_is_hard_linked_elsewhere_is_not_resumed(tmp_path: Path) -> None:
@@ -1034,13 +1045,22 @@ def test_a_run_whose_log_is_hard_linked_elsewhere_is_not_resumed(tmp_path: Path)
         proc = coevo("resume", str(where))
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr == (
-            f"coevo: error: {where}: its log's data.mdb has 2 hard links (a copy made with cp "
-            "-al or cp -l shares the file): a resume would write into that copy too; resume an "
-            "independent copy (coevo copy RUN DEST) or remove the other links\n"
+            f"coevo: error: {where}: log/data.mdb has 2 hard links (a copy made with cp -al, "
+            "cp -as or rsync --link-dest shares it): a resume would write into the other run "
+            "too; resume an independent copy (coevo copy RUN DEST) or remove the other links\n"
         )
     assert (twin / "log" / "data.mdb").read_bytes() == before
     shutil.rmtree(twin)  # one link left: the run is its own
     assert "nothing to resume" in coevo("resume", str(run)).stderr
+    # (an outside tester) a twin of symbolic links, and one sharing the run's own log of lines
+    subprocess.run(["cp", "-as", str(run), str(twin)], check=True)
+    said = coevo("resume", str(twin)).stderr
+    assert f"{twin}: log/data.mdb is a symbolic link to {run}/log/data.mdb" in said, said
+    shutil.rmtree(twin)
+    subprocess.run(["cp", "-al", str(run), str(twin)], check=True)
+    shutil.rmtree(twin / "log")
+    shutil.copytree(run / "log", twin / "log")
+    assert f"{twin}: coevo.jsonl has 2 hard links" in coevo("resume", str(twin)).stderr
 
 
 def test_a_copy_holds_what_the_runs_links_name_not_the_links(tmp_path: Path) -> None:
@@ -1062,6 +1082,13 @@ def test_a_copy_holds_what_the_runs_links_name_not_the_links(tmp_path: Path) -> 
     assert (disk / "v000004" / "model.safetensors").exists()
     assert (dest / "notes" / "up").is_dir() and not (dest / "notes" / "up" / "notes").exists()
     assert not (dest / "notes" / "gone").exists() and verified(dest) == verified(run)
+    (run / "notes" / "zero").symlink_to("/dev/zero")  # read forever: refused, nothing left
+    proc = coevo("copy", str(run), str(tmp_path / "again"))
+    assert proc.returncode == 2 and not (tmp_path / "again").exists(), proc.stderr
+    assert proc.stderr == (
+        f"coevo: error: cannot copy {run}/notes/zero: not a file or a directory (a device, a "
+        "pipe or a socket); remove it from the run directory, or the link to it\n"
+    )
 
 
 KILLED_COPY = """
