@@ -14,6 +14,7 @@ Episodes are played in lockstep, one batched forward pass per turn for every liv
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -167,12 +168,13 @@ def _ratio(rate: float | None, base: float | None) -> float | None:
     return round(rate / base, 3) if rate is not None and base else None
 
 
-def _ratio_interval(top: Sequence[bool], bottom: Sequence[bool]) -> list[float] | None:
-    """The 95% bootstrap interval of ``mean(top) / mean(bottom)`` over episodes."""
+def _ratio_interval(top: Sequence[bool], bottom: Sequence[bool]) -> list[float | None] | None:
+    """The 95% bootstrap interval of ``mean(top) / mean(bottom)`` over episodes; an upper bound
+    of None where the interval is unbounded (``pretrain.json`` held ``Infinity``, not JSON)."""
     if not top or not any(bottom):
         return None
     got = bootstrap_ratio([[float(x) for x in top]], [[float(x) for x in bottom]])
-    return [round(got.low, 3), round(got.high, 3)]
+    return [round(got.low, 3), round(got.high, 3) if math.isfinite(got.high) else None]
 
 
 def note_probe(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -64,7 +65,8 @@ def proportion_interval(rate: float, n: int, z: float = 1.959964) -> tuple[float
     denom = 1 + z * z / n
     centre = (rate + z * z / (2 * n)) / denom
     half = z * np.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+    low = 0.0 if rate == 0 else max(0.0, float(centre - half))  # (rounding: 3e-17 for 0)
+    return low, 1.0 if rate == 1 else min(1.0, float(centre + half))
 
 
 def _check(groups: Groups) -> list[np.ndarray]:
@@ -143,8 +145,9 @@ def bootstrap_mean(
     arrays = _check(groups)
     _check_settings(rounds, level)
     pooled = np.concatenate(arrays)
-    if successes and level == 0.95 and pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0):
-        low, high = proportion_interval(float(pooled[0]), pooled.size)
+    if successes and pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0):
+        z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+        low, high = proportion_interval(float(pooled[0]), pooled.size, z)
         return Interval(float(pooled[0]), low, high, len(arrays), pooled.size)
     rng = np.random.default_rng(seed)
     means = _resampled_means(arrays, rounds, rng)
@@ -181,9 +184,9 @@ def bootstrap_ratio(
         raise ValueError("the bottom mean is 0: the ratio is undefined")
     value = float(np.concatenate(a).mean()) / base
     size = sum(x.size for x in a) + sum(x.size for x in b)
-    if level == 0.95 and any(_all_equal_successes(x) for x in (a, b)):
-        t = bootstrap_mean(top, rounds=rounds, seed=seed)
-        d = bootstrap_mean(bottom, rounds=rounds, seed=seed + 1)
+    if any(_all_equal_successes(x) for x in (a, b)):
+        t = bootstrap_mean(top, rounds=rounds, level=level, seed=seed)
+        d = bootstrap_mean(bottom, rounds=rounds, level=level, seed=seed + 1)
         high = t.high / d.low if d.low > 0 else math.inf
         return Interval(value, t.low / d.high, high, len(a), size)
     rng = np.random.default_rng(seed)
@@ -234,11 +237,12 @@ def paired_mean(
     """The mean of paired differences (``a - b`` of one episode measured two ways; one list
     per seed) and its hierarchical bootstrap interval (seeds, then pairs, resampled).
 
-    ``successes``: differences of successes, each -1, 0 or +1. When they are all the same
-    (every pair agrees, or every one goes the same way) the resamples are all the same, and
-    the percentile bootstrap of twelve agreeing pairs was [+0.000, +0.000], a certainty of no
-    difference on no evidence: such pairs take the difference of the Wilson intervals
-    (:func:`proportion_interval`) of the two kinds of disagreeing pairs' shares, pooled.
+    ``successes``: differences of successes, each -1, 0 or +1. Where no pair went one of the
+    two ways (no win for ``a``, or none for ``b``), the resamples never see that way, and the
+    percentile bootstrap put a bound at exactly 0 (twelve agreeing pairs: [+0.000, +0.000], a
+    certainty on no evidence; eleven and one win: [0.000, 0.250], "never worse"). Such pairs
+    take the widest of the bootstrap interval and the difference of the two kinds of
+    disagreeing pairs' Wilson intervals (:func:`proportion_interval`), pooled.
     ``successes=False``: differences of scores, always the bootstrap.
 
     Raises:
@@ -249,11 +253,13 @@ def paired_mean(
     pooled = np.concatenate(arrays)
     if successes and not np.isin(pooled, (-1.0, 0.0, 1.0)).all():
         raise ValueError("differences of successes are -1, 0 or +1")
-    if successes and level == 0.95 and pooled.min() == pooled.max():
-        (won_low, won_high), (lost_low, lost_high) = (
-            proportion_interval(float(share), pooled.size)
-            for share in ((pooled > 0).mean(), (pooled < 0).mean())
-        )
-        low, high = won_low - lost_high, won_high - lost_low
-        return Interval(float(pooled.mean()), low, high, len(arrays), pooled.size)
-    return bootstrap_mean(diffs, rounds=rounds, level=level, seed=seed, successes=False)
+    boot = bootstrap_mean(diffs, rounds=rounds, level=level, seed=seed, successes=False)
+    won, lost = int((pooled > 0).sum()), int((pooled < 0).sum())
+    if not successes or (won and lost):
+        return boot
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    (won_low, won_high), (lost_low, lost_high) = (
+        proportion_interval(k / pooled.size, pooled.size, z) for k in (won, lost)
+    )
+    low, high = min(boot.low, won_low - lost_high), max(boot.high, won_high - lost_low)
+    return Interval(boot.value, low, high, len(arrays), pooled.size)

@@ -98,6 +98,8 @@ class RunData:
     coevolution: Coevolution
     entries: dict[int, Entry]
     calls: dict[str, Call]
+    shown: str = ""
+    """Its name in the figures, kept apart from the other runs' (set by :func:`render`)."""
 
 
 def _h(text: str) -> str:
@@ -190,6 +192,10 @@ file)."""
 
 def render(runs: list[RunData]) -> str:
     """The whole page."""
+    from agents.report.plots import figure_names
+
+    for run, shown in zip(runs, figure_names([r.label for r in runs]), strict=True):
+        run.shown = shown
     sections = [
         _section("runs", "Runs", [_runs_table(runs)]),
         _section("success", "Success and return vs training episodes", _success(runs)),

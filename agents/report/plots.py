@@ -62,6 +62,42 @@ LABEL_CHARS = 49
 """The longest run name a figure shows whole (:func:`legend_label`)."""
 
 
+def _alike(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` begin with alike."""
+    return next(
+        (k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def shown_name(run: RunData) -> str:
+    """``run``'s name in the figures: the page's (:func:`figure_names`), else its own cut."""
+    return run.shown or legend_label(run.label)
+
+
+def figure_names(names: Sequence[str]) -> list[str]:
+    """Each of ``names`` as the figures show it (:func:`legend_label`), kept apart: where
+    cutting made two names one (``...-lr0.001-...-seed3`` and ``...-lr0.003-...-seed3``
+    both read ``grpo-minilab-embedded-ti…up8-unlock-circuit-seed3``), such a name shows its
+    start, the part where it first differs from the others, and its end; any still alike
+    are numbered as the page's table lists them."""
+    from agents.audit.shown import safe_line
+
+    cut = [legend_label(n) for n in names]
+    whole = [safe_line(n) for n in names]
+    shown = list(cut)
+    for i, name in enumerate(whole):
+        twins = [w for j, w in enumerate(whole) if cut[j] == cut[i] and w != name]
+        if not twins:
+            continue
+        d = max(_alike(name, t) for t in twins)  # where it first differs from one of them
+        if d + 12 >= len(name) - 12:  # near its end: the start, then the rest from there
+            shown[i] = f"{name[:10]}…{name[max(10, d - 8) :]}"
+        else:
+            start = name[: d + 12] if d + 12 <= 30 else f"{name[:10]}…{name[d - 8 : d + 12]}"
+            shown[i] = f"{start}…{name[-12:]}"
+    return [f"{i + 1}. {s}" if shown.count(s) > 1 else s for i, s in enumerate(shown)]
+
+
 def _figure(rows: int, cols: int, height: float = 3.3) -> tuple[Any, list[Any]]:
     from matplotlib.figure import Figure
 
@@ -100,7 +136,7 @@ def _lines(
         if rows:
             xs, ys = zip(*rows, strict=True)
             alone = {"marker": "o"} if len(rows) == 1 and style.get("marker") is None else {}
-            ax.plot(xs, ys, color=COLORS[i % 10], label=legend_label(r.label), **{**style, **alone})
+            ax.plot(xs, ys, color=COLORS[i % 10], label=shown_name(r), **{**style, **alone})
             drawn = True
     return drawn
 
@@ -125,7 +161,7 @@ def success_figure(runs: Sequence[RunData]) -> str:
                     xs, ys = zip(*rows, strict=True)
                     ax.plot(
                         xs, ys, color=COLORS[i % 10], ls="--", marker="s", markersize=3,
-                        label=legend_label(f"{r.label}, with bank"),
+                        label=f"{shown_name(r)}, with bank",
                     )  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel("training episodes")
@@ -188,9 +224,7 @@ def _ops_panel(ax: Any, r: RunData, color: str) -> None:
             label=kind,
         )
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    ax.set_title(
-        f"{legend_label(r.label)}: operations per {block} episodes", color=color, fontsize=10
-    )
+    ax.set_title(f"{shown_name(r)}: operations per {block} episodes", color=color, fontsize=10)
     ax.set_xlabel("training episodes")
 
 
@@ -217,7 +251,7 @@ def retrieval_figure(runs: Sequence[RunData]) -> str:
             [(k + 1) * block for k in every],
             [n[k] for k in every],
             color=color,
-            label=legend_label(r.label),
+            label=shown_name(r),
         )
         shown.plot([(k + 1) * block for k in keys], [tips[k] / n[k] for k in keys], color=color)
         counts = sorted((e.retrieved for e in r.entries.values()), reverse=True)
@@ -251,7 +285,7 @@ def credit_figure(runs: Sequence[RunData]) -> str:
                     bins=bins,
                     color=COLORS[i % 10],
                     alpha=0.55,
-                    label=legend_label(runs[i].label),
+                    label=shown_name(runs[i]),
                 )
     hist.set_title("total credit per entry")
     hist.set_xlabel("sum of credits")
@@ -265,7 +299,7 @@ def credit_figure(runs: Sequence[RunData]) -> str:
                 xs,
                 rolling_mean([v for _, v in c.credits], 64),
                 color=color,
-                label=legend_label(r.label),
+                label=shown_name(r),
             )
         if c.extractor:
             xs = [row[0] for row in c.extractor]

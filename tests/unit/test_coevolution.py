@@ -16,7 +16,7 @@ from agents.events.extractor import (
     ExtractorUpdated,
 )
 from agents.events.memory import TipEvicted, TipRejected, TipsRetrieved, TipStored
-from agents.report.curves import block_size, fold_coevolution, rolling_mean
+from agents.report.curves import block_size, fold_coevolution, fold_curves, rolling_mean
 from agents.report.page import RunData, fold_entries, fold_run, render
 from agents.testing.events import extractor_called
 from engine.events import Envelope, Event
@@ -191,6 +191,26 @@ def test_a_long_run_name_is_cut_in_the_figures_not_their_panels() -> None:
     assert svg.startswith("<svg") and plots.retrieval_figure([run]).startswith("<svg")
     shown = plots.legend_label(name)
     assert len(shown) == plots.LABEL_CHARS and shown.endswith("n/run-seed7")
+
+
+def test_two_long_run_names_cut_alike_are_kept_apart_in_the_figures() -> None:
+    """An outside tester: two runs named ``grpo-minilab-embedded-tiny-heat-lr0.001-...-seed3``
+    and ``...-lr0.003-...`` both read ``grpo-minilab-embedded-ti…up8-unlock-circuit-seed3``
+    in every figure."""
+    from agents.report import plots
+
+    a = "grpo-minilab-embedded-tiny-heat-lr0.001-clip0.2-group8-unlock-circuit-seed3"
+    b = a.replace("lr0.001", "lr0.003")
+    names = plots.figure_names([a, b, "short", "x" * 60, "x" * 60])
+    assert "lr0.001" in names[0] and "lr0.003" in names[1] and names[2] == "short"
+    assert all(len(n) <= plots.LABEL_CHARS for n in names[:3])
+    assert names[3].startswith("4. ") and names[4].startswith("5. ")  # the same name twice
+    empty = {"curves": fold_curves([], block=1), "coevolution": fold_coevolution([])}
+    runs = [
+        RunData(x, Path(x), "grpo", 3, "", 1, "", 0, **empty, entries={}, calls={}) for x in (a, b)
+    ]
+    render(runs)
+    assert [r.shown for r in runs] == plots.figure_names([a, b])
 
 
 def test_entries_gather_what_the_log_says_of_each() -> None:

@@ -44,6 +44,23 @@ def test_paired_successes_that_all_agree_keep_an_interval_of_their_disagreements
         paired_mean([[0.5, 0.5]])  # scores' differences: successes=False
 
 
+def test_pairs_that_never_went_one_way_keep_that_way_in_their_interval() -> None:
+    """An outside tester: one win among twelve pairs turned [-0.242, +0.242] into
+    [0.000, 0.250] ("never worse"), and eleven wins and a tie had a higher lower bound than
+    twelve wins: a bound at exactly 0 (or 1) wherever the resamples never saw one way."""
+    one = paired_mean([[0.0] * 11 + [1.0]])
+    won_low, won_high = proportion_interval(1 / 12, 12)
+    assert (one.low, one.high) == pytest.approx(
+        (won_low - proportion_interval(0.0, 12)[1], won_high)
+    )
+    assert one.low < 0 < one.value
+    assert paired_mean([[1.0] * 11 + [0.0]]).low < paired_mean([[1.0] * 12]).low
+    both = [[1.0, -1.0, 0.0, 0.0] * 3]  # both ways seen: the bootstrap, as before
+    assert paired_mean(both) == bootstrap_mean(both, successes=False)
+    ninety = paired_mean([[0.0] * 12], level=0.9)  # another level: its own z, still no point
+    assert 0 < ninety.high < paired_mean([[0.0] * 12]).high
+
+
 def test_all_failures_or_all_successes_take_the_pooled_wilson_interval() -> None:
     """An outside tester: a table's cell of 0 of 20 held-out episodes read 0.000 [0.000,
     0.000], an interval that lies below any other on no evidence."""

@@ -96,3 +96,15 @@ def test_the_probe_reports_every_kind_and_the_two_ratios(policy) -> None:
         interval = report["all"][f"{name}_vs_none_interval"]
         ratio = report["all"][f"{name}_vs_none"]
         assert interval is None or interval[0] <= ratio <= interval[1]
+
+
+def test_an_unbounded_ratio_interval_is_written_as_json_holds_it() -> None:
+    """``pretrain.json`` could hold ``Infinity`` (not JSON): a ratio's bound where the "none"
+    side resampled to no success."""
+    import json
+
+    from agents.models.note_probe import _ratio_interval  # pyright: ignore[reportPrivateUsage]
+
+    got = _ratio_interval([False] * 8, [True] + [False] * 7)
+    assert got is not None and got[1] is None
+    assert json.loads(json.dumps({"x": got}, allow_nan=False)) == {"x": got}
