@@ -414,6 +414,28 @@ def given_path(value: str, flag: str, *, lmdb: bool = False) -> Path:
     return Path(value)
 
 
+def too_long(out: Path) -> str:
+    """Why ``out`` is too long a path for a run directory (its path and the run's own files
+    below it, :data:`RUN_PATHS`, beyond what the file system's paths hold), or ""."""
+    there = out.absolute()
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    longest = os.pathconf(there, "PC_PATH_MAX") - 1  # bytes, less the terminating NUL
+    if len(os.fsencode(out.absolute())) + RUN_PATHS <= longest:
+        return ""
+    return (
+        f"too long a path for the run's files below it (this file system's paths hold "
+        f"{longest} bytes, and the run writes up to {RUN_PATHS} more: "
+        "checkpoints/.v000001.partial/generation_config.json ...)"
+    )
+
+
+RUN_PATHS = 96
+"""Bytes a run's own paths may add below its directory (the longest, a checkpoint's file
+while it is written, takes 51), with room for a plug-in's: a run whose path left less failed
+at its first checkpoint ("File name too long"), once its episodes were played."""
+
+
 def openable(path: str, flag: str, reader: str = "the event log's library") -> None:
     """Refuse ``path`` (given as ``flag``) before anything is made there when ``reader`` (a
     library that encodes its paths as UTF-8) cannot open it (:func:`unopenable_path`): the

@@ -25,6 +25,7 @@ from scenarios.cli.common import (
     openable,
     outside_lmdb,
     resolved_path,
+    too_long,
 )
 from stores.rundir import RunDir, find_run, remove_new
 
@@ -50,8 +51,6 @@ def cmd_copy(args: argparse.Namespace) -> int:
         raise InputInvalid(_COPY_UNDER_WAY.format(dest=dest))
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputInvalid(f"{dest}: not a new or empty directory for the copy")
-    from scenarios.cli.run import too_long
-
     if said := too_long(dest):  # the copy's resume could write no checkpoint there
         raise InputInvalid(f"{dest}: {said}; choose a shorter DEST")
     existed = dest.exists()

@@ -26,6 +26,7 @@ from scenarios.cli.common import (
     newest_updates,
     open_run,
     read_meta,
+    too_long,
     version,
 )
 from scenarios.cli.drive import TrackerNotStarted, drive
@@ -311,8 +312,6 @@ def _room_for_files(root: Path) -> None:
     """Refuse a run directory whose path leaves no room for the run's files below it (as
     ``run --out`` does): a resume played its episodes, then failed at its first checkpoint
     ("File name too long")."""
-    from scenarios.cli.run import too_long
-
     if said := too_long(root):
         raise InputInvalid(f"{root}: {said}; move it to a shorter path (coevo copy RUN DEST)")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import LogError, LogLocked
-from scenarios.cli.common import InputInvalid, out_path, stdout_to_stderr, version
+from scenarios.cli.common import InputInvalid, out_path, stdout_to_stderr, too_long, version
 from scenarios.cli.drive import TrackerNotStarted, drive
 from scenarios.cli.resume import model_files_by_role
 from stores.rundir import RunDir, default_run_dir, new_run_id, path_identity
@@ -73,28 +73,6 @@ def _writable(out: Path) -> None:
         raise InputInvalid(f"{out}: cannot {what} not writable by this user; choose another --out")
     if said := too_long(out):
         raise InputInvalid(f"{out}: {said}; choose a shorter --out")
-
-
-def too_long(out: Path) -> str:
-    """Why ``out`` is too long a path for a run directory (its path and the run's own files
-    below it, :data:`RUN_PATHS`, beyond what the file system's paths hold), or ""."""
-    there = out.absolute()
-    while not there.exists() and there != there.parent:
-        there = there.parent
-    longest = os.pathconf(there, "PC_PATH_MAX") - 1  # bytes, less the terminating NUL
-    if len(os.fsencode(out.absolute())) + RUN_PATHS <= longest:
-        return ""
-    return (
-        f"too long a path for the run's files below it (this file system's paths hold "
-        f"{longest} bytes, and the run writes up to {RUN_PATHS} more: "
-        "checkpoints/.v000001.partial/generation_config.json ...)"
-    )
-
-
-RUN_PATHS = 96
-"""Bytes a run's own paths may add below its directory (the longest, a checkpoint's file
-while it is written, takes 51), with room for a plug-in's: a run whose path left less failed
-at its first checkpoint ("File name too long"), once its episodes were played."""
 
 
 def _execute(
