@@ -188,7 +188,8 @@ def bank_figures(runs: Sequence[RunData]) -> str:
     cols = min(3, panels)
     fig, axes = _figure((panels + cols - 1) // cols, cols, height=3.2)
     size = axes[0]
-    _lines(size, runs, lambda r: r.coevolution.bank, drawstyle="steps-post")
+    if not _lines(size, runs, lambda r: r.coevolution.bank, drawstyle="steps-post"):
+        _empty(size, "no entry stored in a training bank")  # (every proposal refused, say)
     size.set_title("entries in the training bank")
     size.set_xlabel("training episodes")
     for ax, (i, r) in zip(axes[1:], with_bank, strict=False):

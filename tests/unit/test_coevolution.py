@@ -193,6 +193,21 @@ def test_a_long_run_name_is_cut_in_the_figures_not_their_panels() -> None:
     assert len(shown) == plots.LABEL_CHARS and shown.endswith("n/run-seed7")
 
 
+def test_a_bank_panel_with_nothing_to_draw_says_so() -> None:
+    """An outside tester: a run whose training bank never held an entry (its proposals all
+    refused) drew an empty 0-1 by 0-1 panel "entries in the training bank", with no word."""
+    from agents.report import plots
+    from agents.report.curves import fold_curves
+
+    refused = [
+        TipRejected(episode="", slot="train/heat", reason="duplicate", duplicate_of=0, call="x1")
+    ]
+    empty = {"curves": fold_curves([], block=1), "coevolution": fold_coevolution(refused)}
+    run = RunData("r", Path("r"), "empo2", 3, "", 1, "", 0, **empty, entries={}, calls={})
+    assert run.coevolution.bank_ops and not run.coevolution.bank
+    assert "no entry stored in a training bank" in plots.bank_figures([run])
+
+
 def test_two_long_run_names_cut_alike_are_kept_apart_in_the_figures() -> None:
     """An outside tester: two runs named ``grpo-minilab-embedded-tiny-heat-lr0.001-...-seed3``
     and ``...-lr0.003-...`` both read ``grpo-minilab-embedded-ti…up8-unlock-circuit-seed3``
