@@ -47,7 +47,7 @@ def test_the_report_draws_a_run_of_one_point_as_a_marker() -> None:
     from agents.report.plots import _lines  # pyright: ignore[reportPrivateUsage]
 
     fig, ax = plt.subplots()
-    runs = [SimpleNamespace(label="one"), SimpleNamespace(label="many")]
+    runs = [SimpleNamespace(label="one", shown=""), SimpleNamespace(label="many", shown="")]
     rows = {"one": [(1.0, 0.5)], "many": [(1.0, 0.5), (2.0, 0.7)]}
     assert _lines(ax, runs, lambda r: rows[r.label], lw=1.2)  # pyright: ignore[reportArgumentType]
     assert [line.get_marker() for line in ax.lines] == ["o", "None"]

@@ -51,5 +51,5 @@ def test_the_credit_histogram_of_equal_large_totals_is_drawn() -> None:
                      credits=[("ep1", total)])
             for i in range(3)
         }  # fmt: skip
-        run = SimpleNamespace(label="c", entries=entries, coevolution=Coevolution())
+        run = SimpleNamespace(label="c", shown="", entries=entries, coevolution=Coevolution())
         assert "<svg" in credit_figure([run])  # type: ignore[list-item]
