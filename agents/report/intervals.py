@@ -99,6 +99,11 @@ def _all_equal_successes(arrays: list[np.ndarray]) -> bool:
     return bool(pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0))
 
 
+def _z(level: float) -> float:
+    """The standard normal quantile of a two-sided interval at ``level`` (1.96 at 0.95)."""
+    return NormalDist().inv_cdf(1 - (1 - level) / 2)
+
+
 def _check_settings(rounds: int, level: float) -> None:
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -145,9 +150,8 @@ def bootstrap_mean(
     arrays = _check(groups)
     _check_settings(rounds, level)
     pooled = np.concatenate(arrays)
-    if successes and pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0):
-        z = NormalDist().inv_cdf(1 - (1 - level) / 2)
-        low, high = proportion_interval(float(pooled[0]), pooled.size, z)
+    if successes and _all_equal_successes(arrays):
+        low, high = proportion_interval(float(pooled[0]), pooled.size, _z(level))
         return Interval(float(pooled[0]), low, high, len(arrays), pooled.size)
     rng = np.random.default_rng(seed)
     means = _resampled_means(arrays, rounds, rng)
@@ -257,9 +261,8 @@ def paired_mean(
     won, lost = int((pooled > 0).sum()), int((pooled < 0).sum())
     if not successes or (won and lost):
         return boot
-    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
     (won_low, won_high), (lost_low, lost_high) = (
-        proportion_interval(k / pooled.size, pooled.size, z) for k in (won, lost)
+        proportion_interval(k / pooled.size, pooled.size, _z(level)) for k in (won, lost)
     )
     low, high = min(boot.low, won_low - lost_high), max(boot.high, won_high - lost_low)
     return Interval(boot.value, low, high, len(arrays), pooled.size)
